@@ -1,0 +1,158 @@
+//! Hugging Face GPT-2 directories: `config.json` plus `model.safetensors`, or shards listed in
+//! `model.safetensors.index.json`. Files are memory-mapped; tensors are converted to f32 on request.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use serde::Deserialize;
+
+/// The GPT-2 hyper-parameters zerostream uses, as named in Hugging Face's `config.json`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct Gpt2Config {
+    /// V: vocabulary size (rows of wte).
+    pub vocab_size: usize,
+    /// P: maximum sequence length (rows of wpe).
+    pub n_positions: usize,
+    /// C: channels.
+    pub n_embd: usize,
+    /// L: transformer blocks.
+    pub n_layer: usize,
+    /// NH: attention heads; C must be a multiple of it.
+    pub n_head: usize,
+    /// Width of the MLP's hidden layer; `null` in config.json means 4C.
+    #[serde(default)]
+    pub n_inner: Option<usize>,
+    #[serde(default = "default_eps")]
+    pub layer_norm_epsilon: f64,
+    #[serde(default = "default_activation")]
+    pub activation_function: String,
+}
+
+fn default_eps() -> f64 {
+    1e-5
+}
+fn default_activation() -> String {
+    "gelu_new".into()
+}
+
+impl Gpt2Config {
+    pub fn hidden(&self) -> usize {
+        self.n_inner.unwrap_or(4 * self.n_embd)
+    }
+
+    /// Checks what the model code relies on.
+    pub fn validate(&self) -> Result<()> {
+        if self.n_embd == 0 || self.n_head == 0 || self.n_layer == 0 || self.vocab_size == 0 || self.n_positions == 0 {
+            bail!("config: n_embd, n_head, n_layer, vocab_size and n_positions must all be positive: {self:?}");
+        }
+        if self.n_embd % self.n_head != 0 {
+            bail!("config: n_embd ({}) must be a multiple of n_head ({})", self.n_embd, self.n_head);
+        }
+        if self.n_embd / self.n_head > 256 {
+            bail!("config: head size n_embd/n_head = {} is above the 256 the attention kernels support", self.n_embd / self.n_head);
+        }
+        if !matches!(self.activation_function.as_str(), "gelu_new" | "gelu_pytorch_tanh") {
+            bail!("config: activation_function {:?} is not supported (expected gelu_new)", self.activation_function);
+        }
+        Ok(())
+    }
+
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let config: Gpt2Config = serde_json::from_str(&text).with_context(|| format!("parsing {} as a GPT-2 config", path.display()))?;
+        config.validate().with_context(|| path.display().to_string())?;
+        Ok(config)
+    }
+}
+
+/// One tensor's place in a memory-mapped file.
+struct Entry {
+    file: usize,
+}
+
+/// A Hugging Face model directory, memory-mapped.
+pub struct HfModel {
+    pub dir: PathBuf,
+    pub config: Gpt2Config,
+    files: Vec<(PathBuf, Mmap)>,
+    index: HashMap<String, Entry>,
+}
+
+impl HfModel {
+    pub fn open(dir: &Path) -> Result<Self> {
+        if !dir.is_dir() {
+            bail!("model directory {} does not exist (expected a Hugging Face GPT-2 directory with config.json and model.safetensors)", dir.display());
+        }
+        let config = Gpt2Config::from_file(&dir.join("config.json"))?;
+        let single = dir.join("model.safetensors");
+        let sharded = dir.join("model.safetensors.index.json");
+        let shard_names: Vec<String> = if single.exists() {
+            vec!["model.safetensors".into()]
+        } else if sharded.exists() {
+            #[derive(Deserialize)]
+            struct Index {
+                weight_map: HashMap<String, String>,
+            }
+            let text = std::fs::read_to_string(&sharded).with_context(|| format!("reading {}", sharded.display()))?;
+            let index: Index = serde_json::from_str(&text).with_context(|| format!("parsing {}", sharded.display()))?;
+            let mut names: Vec<String> = index.weight_map.into_values().collect();
+            names.sort();
+            names.dedup();
+            names
+        } else {
+            bail!("{}: neither model.safetensors nor model.safetensors.index.json found", dir.display());
+        };
+        let mut model = HfModel { dir: dir.to_path_buf(), config, files: Vec::new(), index: HashMap::new() };
+        for name in shard_names {
+            let path = dir.join(&name);
+            let file = File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+            // SAFETY: the file is opened read-only; zerostream never writes model files it has mapped.
+            let mmap = unsafe { Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;
+            let st = SafeTensors::deserialize(&mmap).with_context(|| format!("{}: not a valid safetensors file", path.display()))?;
+            for tensor_name in st.names() {
+                model.index.insert(tensor_name.to_string(), Entry { file: model.files.len() });
+            }
+            model.files.push((path, mmap));
+        }
+        Ok(model)
+    }
+
+    /// The stored name of `name` (`transformer.h.0.ln_1.weight`), also accepting checkpoints saved
+    /// without the `transformer.` prefix (as the original `gpt2` upload is).
+    fn resolve(&self, name: &str) -> Option<&str> {
+        if let Some((k, _)) = self.index.get_key_value(name) {
+            return Some(k);
+        }
+        let bare = name.strip_prefix("transformer.")?;
+        self.index.get_key_value(bare).map(|(k, _)| k.as_str())
+    }
+
+    /// The tensor `name` as f32 (converted from f16, bf16 or f64), checked against `shape`.
+    pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let stored = self
+            .resolve(name)
+            .with_context(|| format!("{}: tensor {name} not found (expected shape {shape:?})", self.dir.display()))?;
+        let (path, mmap) = &self.files[self.index[stored].file];
+        let st = SafeTensors::deserialize(mmap)?;
+        let view = st.tensor(stored)?;
+        if view.shape() != shape {
+            bail!("{}: tensor {name} has shape {:?}, expected {shape:?}", path.display(), view.shape());
+        }
+        to_f32(view.dtype(), view.data()).with_context(|| format!("{}: tensor {name}", path.display()))
+    }
+}
+
+/// Decodes little-endian tensor bytes to f32.
+pub fn to_f32(dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
+    Ok(match dtype {
+        Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect(),
+        Dtype::F64 => bytes.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap()) as f32).collect(),
+        Dtype::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        Dtype::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        other => bail!("dtype {other:?} is not a floating-point type zerostream reads"),
+    })
+}

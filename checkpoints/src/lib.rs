@@ -1,0 +1,8 @@
+//! Model and data files: Hugging Face GPT-2 directories (config.json + safetensors, single or sharded)
+//! and token files (llm.c's format and raw uint16). Formats only: no training logic, no GPU types.
+
+pub mod hf;
+pub mod tokens;
+
+pub use hf::{Gpt2Config, HfModel};
+pub use tokens::TokenFile;

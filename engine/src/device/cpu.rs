@@ -1,0 +1,226 @@
+//! The `cpu` device: every op is its plain-Rust twin from [`crate::ops`], run on rayon's threads.
+//! It lets zerostream run without a Vulkan driver and is the reference the GPU kernels are tested against.
+
+use std::cell::RefCell;
+
+use anyhow::Result;
+
+use super::alloc::{AllocStats, ByteBudget, Charge};
+use super::{AttentionDims, Backend, MatmulShape};
+use crate::ops::{self, encoder::TokenBuckets};
+
+pub struct CpuDevice {
+    budget: ByteBudget,
+}
+
+pub struct CpuTensor {
+    data: RefCell<Vec<f32>>,
+    _charge: Charge,
+}
+
+pub struct CpuTokens {
+    ids: Vec<u32>,
+    buckets: TokenBuckets,
+}
+
+impl CpuDevice {
+    pub fn new(budget_bytes: Option<u64>) -> Self {
+        CpuDevice { budget: ByteBudget::new(budget_bytes.unwrap_or(u64::MAX)) }
+    }
+}
+
+impl Backend for CpuDevice {
+    type Tensor = CpuTensor;
+    type Tokens = CpuTokens;
+
+    fn describe(&self) -> String {
+        format!("cpu ({} threads)", rayon::current_num_threads())
+    }
+    fn alloc(&self, len: usize, label: &str) -> Result<CpuTensor> {
+        let charge = self.budget.charge(4 * len as u64, label)?;
+        Ok(CpuTensor { data: RefCell::new(vec![0.0; len]), _charge: charge })
+    }
+    fn len(&self, t: &CpuTensor) -> usize {
+        t.data.borrow().len()
+    }
+    fn write(&self, t: &CpuTensor, data: &[f32]) {
+        t.data.borrow_mut()[..data.len()].copy_from_slice(data);
+    }
+    fn read(&self, t: &CpuTensor) -> Vec<f32> {
+        t.data.borrow().clone()
+    }
+    fn tokens(&self, ids: &[u32]) -> Result<CpuTokens> {
+        Ok(CpuTokens { ids: ids.to_vec(), buckets: TokenBuckets::new(ids) })
+    }
+    fn alloc_stats(&self) -> AllocStats {
+        self.budget.stats()
+    }
+
+    fn fill(&self, x: &CpuTensor, value: f32) {
+        ops::elementwise::fill(&mut x.data.borrow_mut(), value);
+    }
+    fn axpy(&self, y: &CpuTensor, alpha: f32, x: &CpuTensor, beta: f32) {
+        ops::elementwise::axpy(&mut y.data.borrow_mut(), alpha, &x.data.borrow(), beta);
+    }
+    fn sum_squares(&self, x: &CpuTensor) -> f64 {
+        ops::elementwise::sum_squares(&x.data.borrow())
+    }
+    fn matmul(
+        &self,
+        c: &CpuTensor,
+        a: &CpuTensor,
+        b: &CpuTensor,
+        bias: Option<&CpuTensor>,
+        shape: &MatmulShape,
+        accumulate: bool,
+    ) {
+        let bias = bias.map(|t| t.data.borrow());
+        ops::matmul::matmul(
+            &mut c.data.borrow_mut(),
+            &a.data.borrow(),
+            &b.data.borrow(),
+            bias.as_deref().map(|v| v.as_slice()),
+            shape,
+            accumulate,
+        );
+    }
+    fn bias_backward(&self, dbias: &CpuTensor, dout: &CpuTensor, m: usize, n: usize) {
+        ops::matmul::bias_backward(&mut dbias.data.borrow_mut(), &dout.data.borrow(), m, n);
+    }
+    fn encoder_forward(
+        &self,
+        out: &CpuTensor,
+        tokens: &CpuTokens,
+        wte: &CpuTensor,
+        wpe: &CpuTensor,
+        seq_len: usize,
+        channels: usize,
+    ) {
+        ops::encoder::encoder_forward(
+            &mut out.data.borrow_mut(),
+            &tokens.ids,
+            &wte.data.borrow(),
+            &wpe.data.borrow(),
+            seq_len,
+            channels,
+        );
+    }
+    fn encoder_backward(
+        &self,
+        dwte: &CpuTensor,
+        dwpe: &CpuTensor,
+        dout: &CpuTensor,
+        tokens: &CpuTokens,
+        batch: usize,
+        seq_len: usize,
+        channels: usize,
+    ) {
+        ops::encoder::encoder_backward(
+            &mut dwte.data.borrow_mut(),
+            &mut dwpe.data.borrow_mut(),
+            &dout.data.borrow(),
+            &tokens.buckets,
+            batch,
+            seq_len,
+            channels,
+        );
+    }
+    fn layernorm_forward(
+        &self,
+        out: &CpuTensor,
+        mean: &CpuTensor,
+        rstd: &CpuTensor,
+        x: &CpuTensor,
+        weight: &CpuTensor,
+        bias: &CpuTensor,
+        rows: usize,
+        channels: usize,
+        eps: f32,
+    ) {
+        ops::layernorm::layernorm_forward(
+            &mut out.data.borrow_mut(),
+            &mut mean.data.borrow_mut(),
+            &mut rstd.data.borrow_mut(),
+            &x.data.borrow(),
+            &weight.data.borrow(),
+            &bias.data.borrow(),
+            rows,
+            channels,
+            eps,
+        );
+    }
+    fn layernorm_backward(
+        &self,
+        dx: &CpuTensor,
+        dweight: &CpuTensor,
+        dbias: &CpuTensor,
+        dout: &CpuTensor,
+        x: &CpuTensor,
+        weight: &CpuTensor,
+        mean: &CpuTensor,
+        rstd: &CpuTensor,
+        rows: usize,
+        channels: usize,
+    ) {
+        ops::layernorm::layernorm_backward(
+            &mut dx.data.borrow_mut(),
+            &mut dweight.data.borrow_mut(),
+            &mut dbias.data.borrow_mut(),
+            &dout.data.borrow(),
+            &x.data.borrow(),
+            &weight.data.borrow(),
+            &mean.data.borrow(),
+            &rstd.data.borrow(),
+            rows,
+            channels,
+        );
+    }
+    fn attention_forward(&self, out: &CpuTensor, lse: &CpuTensor, qkv: &CpuTensor, dims: AttentionDims) {
+        ops::attention::attention_forward(&mut out.data.borrow_mut(), &mut lse.data.borrow_mut(), &qkv.data.borrow(), dims);
+    }
+    fn attention_backward(
+        &self,
+        dqkv: &CpuTensor,
+        delta: &CpuTensor,
+        dout: &CpuTensor,
+        qkv: &CpuTensor,
+        out: &CpuTensor,
+        lse: &CpuTensor,
+        dims: AttentionDims,
+    ) {
+        ops::attention::attention_backward(
+            &mut dqkv.data.borrow_mut(),
+            &mut delta.data.borrow_mut(),
+            &dout.data.borrow(),
+            &qkv.data.borrow(),
+            &out.data.borrow(),
+            &lse.data.borrow(),
+            dims,
+        );
+    }
+    fn gelu_forward(&self, out: &CpuTensor, x: &CpuTensor) {
+        ops::gelu::gelu_forward(&mut out.data.borrow_mut(), &x.data.borrow());
+    }
+    fn gelu_backward(&self, dx: &CpuTensor, x: &CpuTensor, dout: &CpuTensor) {
+        ops::gelu::gelu_backward(&mut dx.data.borrow_mut(), &x.data.borrow(), &dout.data.borrow());
+    }
+    fn residual_forward(&self, out: &CpuTensor, a: &CpuTensor, b: &CpuTensor) {
+        ops::elementwise::residual_forward(&mut out.data.borrow_mut(), &a.data.borrow(), &b.data.borrow());
+    }
+    fn crossentropy(
+        &self,
+        losses: &CpuTensor,
+        logits: &CpuTensor,
+        targets: &CpuTokens,
+        vocab: usize,
+        grad_scale: Option<f32>,
+    ) {
+        ops::crossentropy::crossentropy(
+            &mut losses.data.borrow_mut(),
+            &mut logits.data.borrow_mut(),
+            &targets.ids,
+            vocab,
+            grad_scale,
+        );
+    }
+}

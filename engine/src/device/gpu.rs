@@ -1,0 +1,865 @@
+//! The `gpu` device: the WGSL kernels of `shaders/` run through wgpu on any Vulkan, Metal or DX12 adapter.
+//!
+//! Work is recorded into one pending command encoder and submitted when a result is read back (or after
+//! [`MAX_PENDING_PASSES`] passes), so a forward pass is a handful of submissions, not hundreds.
+//!
+//! Large tensors: one storage binding is limited (lavapipe: 128 MiB; even an H100 near 2 GiB), so every
+//! op binds *windows* of its tensors, aligned down to the adapter's offset alignment, and passes the
+//! remaining element offset to the kernel. Ops whose operands do not fit split their work (rows, vocabulary
+//! ranges, or the M/N/K ranges of a product) until every window does.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::ops::Range;
+
+use anyhow::{Context, Result, bail};
+use wgpu::util::DeviceExt;
+
+use super::alloc::{AllocStats, ByteBudget, Charge};
+use super::{AttentionDims, Backend, MatmulShape};
+use crate::ops::elementwise::SUM_SQUARES_GROUP;
+use crate::ops::encoder::TokenBuckets;
+use zerostream_shaders as shaders;
+
+/// Passes recorded before the pending encoder is submitted even without a read-back.
+const MAX_PENDING_PASSES: usize = 256;
+/// Threads per workgroup of the 1-D kernels (elementwise and per-row).
+const WORKGROUP_THREADS: usize = 256;
+/// The optional features zerostream uses when an adapter has them.
+const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
+    .union(wgpu::Features::TIMESTAMP_QUERY)
+    .union(wgpu::Features::SUBGROUP);
+
+/// What `zerostream devices` prints about one adapter.
+#[derive(Clone, Debug)]
+pub struct AdapterSummary {
+    pub index: usize,
+    pub name: String,
+    pub backend: String,
+    pub device_type: wgpu::DeviceType,
+    pub driver: String,
+    pub max_storage_binding_bytes: u64,
+    pub max_buffer_bytes: u64,
+    pub max_workgroup_storage_bytes: u32,
+    pub max_invocations_per_workgroup: u32,
+    pub shader_f16: bool,
+    pub timestamp_query: bool,
+    pub subgroup: bool,
+}
+
+impl AdapterSummary {
+    fn new(index: usize, adapter: &wgpu::Adapter) -> Self {
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let features = adapter.features();
+        AdapterSummary {
+            index,
+            name: info.name,
+            backend: format!("{:?}", info.backend),
+            device_type: info.device_type,
+            driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+            max_storage_binding_bytes: limits.max_storage_buffer_binding_size,
+            max_buffer_bytes: limits.max_buffer_size,
+            max_workgroup_storage_bytes: limits.max_compute_workgroup_storage_size,
+            max_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
+            shader_f16: features.contains(wgpu::Features::SHADER_F16),
+            timestamp_query: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            subgroup: features.contains(wgpu::Features::SUBGROUP),
+        }
+    }
+
+    /// A hardware GPU (discrete, integrated or virtualised), as opposed to a software rasteriser.
+    pub fn is_real_gpu(&self) -> bool {
+        matches!(
+            self.device_type,
+            wgpu::DeviceType::DiscreteGpu | wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::VirtualGpu
+        )
+    }
+
+    fn preference(&self) -> u8 {
+        match self.device_type {
+            wgpu::DeviceType::DiscreteGpu => 0,
+            wgpu::DeviceType::IntegratedGpu => 1,
+            wgpu::DeviceType::VirtualGpu => 2,
+            wgpu::DeviceType::Cpu => 3,
+            wgpu::DeviceType::Other => 4,
+        }
+    }
+}
+
+fn instance() -> wgpu::Instance {
+    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle())
+}
+
+fn adapters(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
+    pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+}
+
+/// Every adapter wgpu finds, in its order (the index `--adapter` takes).
+pub fn list_adapters() -> Vec<AdapterSummary> {
+    adapters(&instance()).iter().enumerate().map(|(i, a)| AdapterSummary::new(i, a)).collect()
+}
+
+/// A flat buffer of 4-byte elements (f32, or u32 words holding two f16) on the GPU.
+pub struct GpuTensor {
+    buffer: wgpu::Buffer,
+    len: usize,
+    _charge: Charge,
+}
+
+/// Token ids and their grouping by token (for the encoder backward), on the GPU.
+pub struct GpuTokens {
+    ids: GpuTensor,
+    buckets: TokenBuckets,
+    bucket_token: GpuTensor,
+    bucket_start: GpuTensor,
+    positions: GpuTensor,
+}
+
+/// One bound window of a tensor: the binding and the element offset of the requested first element in it.
+struct Window<'a> {
+    binding: wgpu::BufferBinding<'a>,
+    elem_offset: u32,
+}
+
+pub struct GpuDevice {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    summary: AdapterSummary,
+    budget: ByteBudget,
+    /// Largest window, in elements, that any op binds (the adapter's limit less the alignment slack).
+    max_window_elems: usize,
+    align_elems: usize,
+    modules: RefCell<HashMap<&'static str, wgpu::ShaderModule>>,
+    pipelines: RefCell<HashMap<(&'static str, &'static str), wgpu::ComputePipeline>>,
+    encoder: RefCell<Option<wgpu::CommandEncoder>>,
+    pending_passes: Cell<usize>,
+}
+
+impl GpuDevice {
+    /// Opens an adapter: `selector` is an index or a case-insensitive substring of the name, as listed by
+    /// `zerostream devices`; without one, the most capable adapter (discrete first, software last).
+    pub fn open(selector: Option<&str>, budget_bytes: Option<u64>) -> Result<Self> {
+        let instance = instance();
+        let found = adapters(&instance);
+        if found.is_empty() {
+            bail!(
+                "no GPU adapter found (wgpu saw no Vulkan, Metal or DX12 device). Install a driver \
+                 (on Debian: apt-get install mesa-vulkan-drivers libvulkan1 for the lavapipe software device) \
+                 or use --device cpu"
+            );
+        }
+        let summaries: Vec<AdapterSummary> = found.iter().enumerate().map(|(i, a)| AdapterSummary::new(i, a)).collect();
+        let index = match selector {
+            Some(sel) => match sel.parse::<usize>() {
+                Ok(i) if i < found.len() => i,
+                Ok(i) => bail!("--adapter {i}: there are only {} adapters (see `zerostream devices`)", found.len()),
+                Err(_) => summaries
+                    .iter()
+                    .position(|s| s.name.to_lowercase().contains(&sel.to_lowercase()))
+                    .with_context(|| {
+                        let names: Vec<_> = summaries.iter().map(|s| s.name.as_str()).collect();
+                        format!("--adapter {sel:?} matches no adapter; found: {}", names.join(", "))
+                    })?,
+            },
+            None => summaries.iter().min_by_key(|s| (s.preference(), s.index)).unwrap().index,
+        };
+        Self::from_adapter(&found[index], summaries[index].clone(), budget_bytes)
+    }
+
+    fn from_adapter(adapter: &wgpu::Adapter, summary: AdapterSummary, budget_bytes: Option<u64>) -> Result<Self> {
+        let features = adapter.features() & WANTED_FEATURES;
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("zerostream"),
+            required_features: features,
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .with_context(|| format!("opening adapter {:?}", summary.name))?;
+        let align_elems = limits.min_storage_buffer_offset_alignment as usize / 4;
+        let max_window_elems = (limits.max_storage_buffer_binding_size as usize / 4).saturating_sub(align_elems);
+        Ok(GpuDevice {
+            device,
+            queue,
+            summary,
+            budget: ByteBudget::new(budget_bytes.unwrap_or(u64::MAX)),
+            max_window_elems,
+            align_elems,
+            modules: RefCell::default(),
+            pipelines: RefCell::default(),
+            encoder: RefCell::default(),
+            pending_passes: Cell::new(0),
+        })
+    }
+
+    pub fn summary(&self) -> &AdapterSummary {
+        &self.summary
+    }
+
+    /// Pretends one binding holds at most `bytes`, so tests exercise the split paths on small tensors.
+    pub fn limit_binding_bytes_for_tests(&mut self, bytes: u64) {
+        let elems = (bytes as usize / 4).saturating_sub(self.align_elems);
+        self.max_window_elems = self.max_window_elems.min(elems.max(self.align_elems));
+    }
+
+    /// Waits until every recorded pass has run.
+    pub fn synchronize(&self) {
+        self.flush();
+        let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
+    }
+
+    fn flush(&self) {
+        if let Some(encoder) = self.encoder.borrow_mut().take() {
+            self.queue.submit([encoder.finish()]);
+        }
+        self.pending_passes.set(0);
+    }
+
+    fn pipeline(&self, kernel: shaders::Kernel, entry: &'static str) -> wgpu::ComputePipeline {
+        if let Some(p) = self.pipelines.borrow().get(&(kernel.name, entry)) {
+            return p.clone();
+        }
+        let module = self
+            .modules
+            .borrow_mut()
+            .entry(kernel.name)
+            .or_insert_with(|| {
+                self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some(kernel.name),
+                    source: wgpu::ShaderSource::Wgsl(kernel.source.into()),
+                })
+            })
+            .clone();
+        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(kernel.name),
+            layout: None,
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        self.pipelines.borrow_mut().insert((kernel.name, entry), pipeline.clone());
+        pipeline
+    }
+
+    /// Records one dispatch: `params` fill the uniform at binding 0, `storage` the numbered bindings.
+    fn dispatch(
+        &self,
+        kernel: shaders::Kernel,
+        entry: &'static str,
+        params: &[u32],
+        storage: &[(u32, wgpu::BufferBinding<'_>)],
+        workgroups: [u32; 3],
+    ) {
+        if workgroups.contains(&0) {
+            return;
+        }
+        let pipeline = self.pipeline(kernel, entry);
+        let uniform = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("params"),
+            contents: bytemuck::cast_slice(params),
+            usage: wgpu::BufferUsages::UNIFORM,
+        });
+        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() }];
+        entries.extend(
+            storage.iter().map(|(binding, b)| wgpu::BindGroupEntry { binding: *binding, resource: wgpu::BindingResource::Buffer(b.clone()) }),
+        );
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(kernel.name),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        {
+            let mut slot = self.encoder.borrow_mut();
+            let encoder = slot.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes: None });
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+        }
+        self.pending_passes.set(self.pending_passes.get() + 1);
+        if self.pending_passes.get() >= MAX_PENDING_PASSES {
+            self.flush();
+        }
+    }
+
+    /// Binds elements `range` of `t` (the window starts at or before `range.start`, aligned).
+    fn window<'a>(&self, t: &'a GpuTensor, range: Range<usize>) -> Window<'a> {
+        assert!(range.end <= t.len.max(1), "window {range:?} past the end of a tensor of {} elements", t.len);
+        let start = range.start / self.align_elems * self.align_elems;
+        let end = range.end.max(start + 1); // bind at least one element; buffers hold at least one
+        Window {
+            binding: wgpu::BufferBinding {
+                buffer: &t.buffer,
+                offset: start as u64 * 4,
+                size: wgpu::BufferSize::new((end - start) as u64 * 4),
+            },
+            elem_offset: (range.start - start) as u32,
+        }
+    }
+
+    /// Whether a window over `range` fits one binding.
+    fn fits(&self, range: &Range<usize>) -> bool {
+        range.len() <= self.max_window_elems
+    }
+
+    /// Splits `0..n` into consecutive pieces of at most `max` elements (and multiples of `multiple`).
+    fn pieces(n: usize, max: usize, multiple: usize) -> Vec<Range<usize>> {
+        let step = (max / multiple).max(1) * multiple;
+        (0..n.max(1)).step_by(step).map(|s| s..(s + step).min(n)).collect()
+    }
+
+    /// Rows per dispatch such that `rows * row_elems` fits one binding for every operand.
+    fn rows_per_piece(&self, row_elems: usize) -> usize {
+        (self.max_window_elems / row_elems.max(1)).max(1)
+    }
+
+    /// A 1-D grid of `groups` workgroups, folded into two dimensions past the per-dimension limit.
+    fn grid(groups: usize) -> [u32; 3] {
+        const MAX: usize = 65535;
+        if groups <= MAX { [groups as u32, 1, 1] } else { [MAX as u32, groups.div_ceil(MAX) as u32, 1] }
+    }
+
+    fn elementwise_grid(n: usize) -> [u32; 3] {
+        Self::grid(n.div_ceil(WORKGROUP_THREADS))
+    }
+
+    fn create_tensor(&self, len: usize, label: &str, usage: wgpu::BufferUsages) -> Result<GpuTensor> {
+        let bytes = (len.max(1) * 4) as u64;
+        let max = self.device.limits().max_buffer_size;
+        if bytes > max {
+            bail!("tensor {label} needs {bytes} bytes, more than this adapter's largest buffer ({max} bytes)");
+        }
+        let charge = self.budget.charge(bytes, label)?;
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size: bytes, usage, mapped_at_creation: false });
+        Ok(GpuTensor { buffer, len, _charge: charge })
+    }
+
+    fn storage_tensor(&self, len: usize, label: &str) -> Result<GpuTensor> {
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        let t = self.create_tensor(len, label, usage)?;
+        // wgpu zero-initialises buffers on creation.
+        Ok(t)
+    }
+
+    /// Uploads raw 32-bit words (token ids, packed halves).
+    pub fn upload_words(&self, words: &[u32], label: &str) -> Result<GpuTensor> {
+        let t = self.storage_tensor(words.len(), label)?;
+        self.write_words(&t, words);
+        Ok(t)
+    }
+
+    pub fn write_words(&self, t: &GpuTensor, words: &[u32]) {
+        if !words.is_empty() {
+            self.flush();
+            self.queue.write_buffer(&t.buffer, 0, bytemuck::cast_slice(words));
+        }
+    }
+
+    /// Reads raw 32-bit words back.
+    pub fn read_words(&self, t: &GpuTensor) -> Vec<u32> {
+        let bytes = (t.len * 4) as u64;
+        if bytes == 0 {
+            return Vec::new();
+        }
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("read-back"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        {
+            let mut slot = self.encoder.borrow_mut();
+            let encoder = slot.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
+            encoder.copy_buffer_to_buffer(&t.buffer, 0, &staging, 0, bytes);
+        }
+        self.flush();
+        let (sender, receiver) = std::sync::mpsc::channel();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = sender.send(r);
+        });
+        self.device.poll(wgpu::PollType::wait_indefinitely()).expect("GPU device lost while reading back a tensor");
+        receiver.recv().expect("map callback dropped").expect("mapping a read-back buffer failed");
+        let view = staging.slice(..).get_mapped_range().expect("mapped range");
+        let words = bytemuck::cast_slice::<u8, u32>(&view).to_vec();
+        drop(view);
+        staging.unmap();
+        words
+    }
+
+    /// out (u32 words, two f16 per word) = f16(x[..n]), round to nearest even.
+    pub fn cast_f32_to_f16(&self, out_words: &GpuTensor, x: &GpuTensor, n: usize) {
+        for r in Self::pieces(n, self.max_window_elems, 2 * self.align_elems) {
+            let xw = self.window(x, r.clone());
+            let ow = self.window(out_words, r.start / 2..r.end.div_ceil(2));
+            self.dispatch(
+                shaders::CAST_F32_TO_F16,
+                "main",
+                &[r.len() as u32, xw.elem_offset, ow.elem_offset, 0],
+                &[(1, xw.binding), (2, ow.binding)],
+                Self::elementwise_grid(r.len().div_ceil(2)),
+            );
+        }
+    }
+
+    /// out[..n] = f32 of the halves packed in `x_words`.
+    pub fn cast_f16_to_f32(&self, out: &GpuTensor, x_words: &GpuTensor, n: usize) {
+        for r in Self::pieces(n, self.max_window_elems, 2 * self.align_elems) {
+            let xw = self.window(x_words, r.start / 2..r.end.div_ceil(2));
+            let ow = self.window(out, r.clone());
+            self.dispatch(
+                shaders::CAST_F16_TO_F32,
+                "main",
+                &[r.len() as u32, xw.elem_offset, ow.elem_offset, 0],
+                &[(1, xw.binding), (2, ow.binding)],
+                Self::elementwise_grid(r.len().div_ceil(2)),
+            );
+        }
+    }
+
+    /// Splits a product until every operand's window fits one binding, then dispatches each piece.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_piece(
+        &self,
+        c: &GpuTensor,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        bias: Option<&GpuTensor>,
+        s: &MatmulShape,
+        rows: Range<usize>,
+        cols: Range<usize>,
+        ks: Range<usize>,
+        accumulate: bool,
+        add_bias: bool,
+    ) {
+        let (wa, wb, wc) = (s.a.span(rows.clone(), ks.clone()), s.b.span(ks.clone(), cols.clone()), s.c.span(rows.clone(), cols.clone()));
+        if !(self.fits(&wa) && self.fits(&wb) && self.fits(&wc)) {
+            // Halve the longest range; halving K turns the second half into an accumulation.
+            let (lr, lc, lk) = (rows.len(), cols.len(), ks.len());
+            if lk >= lr && lk >= lc && lk > 1 {
+                let mid = ks.start + lk / 2;
+                self.matmul_piece(c, a, b, bias, s, rows.clone(), cols.clone(), ks.start..mid, accumulate, add_bias);
+                self.matmul_piece(c, a, b, bias, s, rows, cols, mid..ks.end, true, false);
+            } else if lr >= lc && lr > 1 {
+                let mid = rows.start + lr / 2;
+                self.matmul_piece(c, a, b, bias, s, rows.start..mid, cols.clone(), ks.clone(), accumulate, add_bias);
+                self.matmul_piece(c, a, b, bias, s, mid..rows.end, cols, ks, accumulate, add_bias);
+            } else {
+                assert!(lc > 1, "matmul: a single element's operands exceed one binding");
+                let mid = cols.start + lc / 2;
+                self.matmul_piece(c, a, b, bias, s, rows.clone(), cols.start..mid, ks.clone(), accumulate, add_bias);
+                self.matmul_piece(c, a, b, bias, s, rows, mid..cols.end, ks, accumulate, add_bias);
+            }
+            return;
+        }
+        let (wa, wb, wc) = (self.window(a, wa), self.window(b, wb), self.window(c, wc));
+        let bias_window = bias.map(|t| self.window(t, cols.clone()));
+        let (m, n, k) = (rows.len() as u32, cols.len() as u32, ks.len() as u32);
+        let flags = accumulate as u32 | (((add_bias && bias.is_some()) as u32) << 1);
+        let bias_binding = match &bias_window {
+            Some(w) => w.binding.clone(),
+            None => wc.binding.clone(), // unused by the kernel when bit 1 of flags is clear
+        };
+        let params = [
+            m,
+            n,
+            k,
+            flags,
+            wa.elem_offset,
+            s.a.row_stride as u32,
+            s.a.col_stride as u32,
+            0,
+            wb.elem_offset,
+            s.b.row_stride as u32,
+            s.b.col_stride as u32,
+            0,
+            wc.elem_offset,
+            s.c.row_stride as u32,
+            bias_window.as_ref().map_or(0, |w| w.elem_offset),
+            0,
+        ];
+        // The bias binding aliases C when there is no bias; the kernel never reads it then, but wgpu forbids
+        // a buffer bound read-only and read-write in one dispatch, so bind A in its place.
+        let bias_binding = if bias.is_some() { bias_binding } else { wa.binding.clone() };
+        self.dispatch(
+            shaders::MATMUL,
+            "main",
+            &params,
+            &[(1, wa.binding), (2, wb.binding), (3, bias_binding), (4, wc.binding)],
+            [n.div_ceil(64), m.div_ceil(64), 1],
+        );
+    }
+}
+
+impl Backend for GpuDevice {
+    type Tensor = GpuTensor;
+    type Tokens = GpuTokens;
+
+    fn describe(&self) -> String {
+        format!("{} ({}, {:?})", self.summary.name, self.summary.backend, self.summary.device_type)
+    }
+    fn alloc(&self, len: usize, label: &str) -> Result<GpuTensor> {
+        self.storage_tensor(len, label)
+    }
+    fn len(&self, t: &GpuTensor) -> usize {
+        t.len
+    }
+    fn write(&self, t: &GpuTensor, data: &[f32]) {
+        assert!(data.len() <= t.len, "write of {} elements into a tensor of {}", data.len(), t.len);
+        self.write_words(t, bytemuck::cast_slice(data));
+    }
+    fn read(&self, t: &GpuTensor) -> Vec<f32> {
+        bytemuck::cast_slice(&self.read_words(t)).to_vec()
+    }
+    fn tokens(&self, ids: &[u32]) -> Result<GpuTokens> {
+        let buckets = TokenBuckets::new(ids);
+        Ok(GpuTokens {
+            ids: self.upload_words(ids, "tokens")?,
+            bucket_token: self.upload_words(&buckets.token, "token buckets")?,
+            bucket_start: self.upload_words(&buckets.start, "token bucket starts")?,
+            positions: self.upload_words(&buckets.positions, "token positions")?,
+            buckets,
+        })
+    }
+    fn alloc_stats(&self) -> AllocStats {
+        self.budget.stats()
+    }
+
+    fn fill(&self, x: &GpuTensor, value: f32) {
+        for r in Self::pieces(x.len, self.max_window_elems, self.align_elems) {
+            let w = self.window(x, r.clone());
+            self.dispatch(shaders::FILL, "main", &[r.len() as u32, w.elem_offset, value.to_bits(), 0], &[(1, w.binding)], Self::elementwise_grid(r.len()));
+        }
+    }
+    fn axpy(&self, y: &GpuTensor, alpha: f32, x: &GpuTensor, beta: f32) {
+        for r in Self::pieces(y.len.min(x.len), self.max_window_elems, self.align_elems) {
+            let (xw, yw) = (self.window(x, r.clone()), self.window(y, r.clone()));
+            self.dispatch(
+                shaders::AXPY,
+                "main",
+                &[r.len() as u32, xw.elem_offset, yw.elem_offset, 0, alpha.to_bits(), beta.to_bits(), 0, 0],
+                &[(1, xw.binding), (2, yw.binding)],
+                Self::elementwise_grid(r.len()),
+            );
+        }
+    }
+    fn sum_squares(&self, x: &GpuTensor) -> f64 {
+        let groups = x.len.div_ceil(SUM_SQUARES_GROUP);
+        let partial = self.storage_tensor(groups, "sum_squares partials").expect("sum_squares scratch");
+        // Pieces are whole groups, so the grouping (and the f32 rounding) matches the twin exactly.
+        for r in Self::pieces(x.len, self.max_window_elems, SUM_SQUARES_GROUP) {
+            let xw = self.window(x, r.clone());
+            let first_group = r.start / SUM_SQUARES_GROUP;
+            let piece_groups = r.len().div_ceil(SUM_SQUARES_GROUP);
+            let pw = self.window(&partial, first_group..first_group + piece_groups);
+            self.dispatch(
+                shaders::SUM_SQUARES,
+                "main",
+                &[r.len() as u32, xw.elem_offset, pw.elem_offset, 0],
+                &[(1, xw.binding), (2, pw.binding)],
+                Self::grid(piece_groups),
+            );
+        }
+        self.read(&partial).iter().map(|&v| v as f64).sum()
+    }
+
+    fn matmul(&self, c: &GpuTensor, a: &GpuTensor, b: &GpuTensor, bias: Option<&GpuTensor>, s: &MatmulShape, accumulate: bool) {
+        assert_eq!(s.c.col_stride, 1, "matmul: C must have unit column stride");
+        if s.m == 0 || s.n == 0 {
+            return;
+        }
+        if s.k == 0 {
+            // C = bias (+ C): nothing to multiply; keep the kernel's contract with an empty K loop.
+        }
+        self.matmul_piece(c, a, b, bias, s, 0..s.m, 0..s.n, 0..s.k, accumulate, true);
+    }
+    fn bias_backward(&self, dbias: &GpuTensor, dout: &GpuTensor, m: usize, n: usize) {
+        let step = self.rows_per_piece(n);
+        for rows in Self::pieces(m, step, 1) {
+            let dw = self.window(dout, rows.start * n..rows.end * n);
+            let bw = self.window(dbias, 0..n);
+            self.dispatch(
+                shaders::BIAS_BACKWARD,
+                "main",
+                &[rows.len() as u32, n as u32, dw.elem_offset, bw.elem_offset],
+                &[(1, dw.binding), (2, bw.binding)],
+                [n.div_ceil(32) as u32, 1, 1],
+            );
+        }
+    }
+
+    fn encoder_forward(&self, out: &GpuTensor, tokens: &GpuTokens, wte: &GpuTensor, wpe: &GpuTensor, seq_len: usize, channels: usize) {
+        let rows = tokens.ids.len;
+        let vocab = wte.len / channels;
+        for vocab_range in Self::pieces(vocab, self.rows_per_piece(channels), 1) {
+            let ww = self.window(wte, vocab_range.start * channels..vocab_range.end * channels);
+            let params = [rows as u32, seq_len as u32, channels as u32, vocab_range.start as u32, vocab_range.end as u32, ww.elem_offset, 0, 0];
+            self.dispatch(
+                shaders::ENCODER_FORWARD,
+                "main",
+                &params,
+                &[
+                    (1, tokens.ids.buffer.as_entire_buffer_binding()),
+                    (2, ww.binding),
+                    (3, wpe.buffer.as_entire_buffer_binding()),
+                    (4, out.buffer.as_entire_buffer_binding()),
+                ],
+                Self::elementwise_grid(rows * channels),
+            );
+        }
+    }
+    fn encoder_backward(&self, dwte: &GpuTensor, dwpe: &GpuTensor, dout: &GpuTensor, tokens: &GpuTokens, batch: usize, seq_len: usize, channels: usize) {
+        let vocab = dwte.len / channels;
+        let b = &tokens.buckets;
+        for vocab_range in Self::pieces(vocab, self.rows_per_piece(channels), 1) {
+            // The buckets whose token falls in this vocabulary window.
+            let first = b.token.partition_point(|&t| (t as usize) < vocab_range.start);
+            let last = b.token.partition_point(|&t| (t as usize) < vocab_range.end);
+            if first == last {
+                continue;
+            }
+            let ww = self.window(dwte, vocab_range.start * channels..vocab_range.end * channels);
+            let tw = self.window(&tokens.bucket_token, first..last);
+            let sw = self.window(&tokens.bucket_start, first..last + 1);
+            let params = [
+                (last - first) as u32,
+                channels as u32,
+                batch as u32,
+                seq_len as u32,
+                vocab_range.start as u32,
+                ww.elem_offset,
+                tw.elem_offset,
+                0,
+            ];
+            self.dispatch(
+                shaders::ENCODER_BACKWARD,
+                "token_grad",
+                &params,
+                &[
+                    (1, dout.buffer.as_entire_buffer_binding()),
+                    (2, tw.binding),
+                    (3, sw.binding),
+                    (4, tokens.positions.buffer.as_entire_buffer_binding()),
+                    (5, ww.binding),
+                ],
+                Self::elementwise_grid((last - first) * channels),
+            );
+        }
+        self.encoder_position_grad(dwpe, dout, batch, seq_len, channels);
+    }
+
+    fn layernorm_forward(
+        &self,
+        out: &GpuTensor,
+        mean: &GpuTensor,
+        rstd: &GpuTensor,
+        x: &GpuTensor,
+        weight: &GpuTensor,
+        bias: &GpuTensor,
+        rows: usize,
+        channels: usize,
+        eps: f32,
+    ) {
+        for r in Self::pieces(rows, self.rows_per_piece(channels), 1) {
+            let xw = self.window(x, r.start * channels..r.end * channels);
+            let ow = self.window(out, r.start * channels..r.end * channels);
+            let (mw, rw) = (self.window(mean, r.clone()), self.window(rstd, r.clone()));
+            assert_eq!(mw.elem_offset, rw.elem_offset);
+            let params = [r.len() as u32, channels as u32, eps.to_bits(), xw.elem_offset, ow.elem_offset, mw.elem_offset, 0, 0];
+            self.dispatch(
+                shaders::LAYERNORM_FORWARD,
+                "main",
+                &params,
+                &[
+                    (1, xw.binding),
+                    (2, weight.buffer.as_entire_buffer_binding()),
+                    (3, bias.buffer.as_entire_buffer_binding()),
+                    (4, ow.binding),
+                    (5, mw.binding),
+                    (6, rw.binding),
+                ],
+                Self::grid(r.len()),
+            );
+        }
+    }
+    fn layernorm_backward(
+        &self,
+        dx: &GpuTensor,
+        dweight: &GpuTensor,
+        dbias: &GpuTensor,
+        dout: &GpuTensor,
+        x: &GpuTensor,
+        weight: &GpuTensor,
+        mean: &GpuTensor,
+        rstd: &GpuTensor,
+        rows: usize,
+        channels: usize,
+    ) {
+        for r in Self::pieces(rows, self.rows_per_piece(channels), 1) {
+            let span = r.start * channels..r.end * channels;
+            let (xw, dw, gw) = (self.window(x, span.clone()), self.window(dout, span.clone()), self.window(dx, span));
+            let (mw, rw) = (self.window(mean, r.clone()), self.window(rstd, r.clone()));
+            let params = [r.len() as u32, channels as u32, xw.elem_offset, dw.elem_offset, gw.elem_offset, mw.elem_offset, 0, 0];
+            self.dispatch(
+                shaders::LAYERNORM_BACKWARD,
+                "input_grad",
+                &params,
+                &[
+                    (1, xw.binding.clone()),
+                    (2, dw.binding.clone()),
+                    (3, weight.buffer.as_entire_buffer_binding()),
+                    (4, mw.binding.clone()),
+                    (5, rw.binding.clone()),
+                    (6, gw.binding),
+                ],
+                Self::grid(r.len()),
+            );
+            self.dispatch(
+                shaders::LAYERNORM_BACKWARD,
+                "param_grad",
+                &params,
+                &[
+                    (1, xw.binding),
+                    (2, dw.binding),
+                    (4, mw.binding),
+                    (5, rw.binding),
+                    (7, dweight.buffer.as_entire_buffer_binding()),
+                    (8, dbias.buffer.as_entire_buffer_binding()),
+                ],
+                [channels.div_ceil(32) as u32, 1, 1],
+            );
+        }
+    }
+
+    fn attention_forward(&self, out: &GpuTensor, lse: &GpuTensor, qkv: &GpuTensor, d: AttentionDims) {
+        let (t, c) = (d.seq_len, d.channels);
+        for bs in Self::pieces(d.batch, self.rows_per_piece(3 * t * c), 1) {
+            let qw = self.window(qkv, bs.start * t * 3 * c..bs.end * t * 3 * c);
+            let ow = self.window(out, bs.start * t * c..bs.end * t * c);
+            let lw = self.window(lse, bs.start * d.heads * t..bs.end * d.heads * t);
+            let params = [t as u32, d.heads as u32, d.head_dim() as u32, c as u32, d.scale().to_bits(), qw.elem_offset, ow.elem_offset, lw.elem_offset];
+            self.dispatch(
+                shaders::ATTENTION_FORWARD,
+                "main",
+                &params,
+                &[(1, qw.binding), (2, ow.binding), (3, lw.binding)],
+                [t as u32, d.heads as u32, bs.len() as u32],
+            );
+        }
+    }
+    fn attention_backward(&self, dqkv: &GpuTensor, delta: &GpuTensor, dout: &GpuTensor, qkv: &GpuTensor, out: &GpuTensor, lse: &GpuTensor, d: AttentionDims) {
+        let (t, c) = (d.seq_len, d.channels);
+        for bs in Self::pieces(d.batch, self.rows_per_piece(3 * t * c), 1) {
+            let qkv_span = bs.start * t * 3 * c..bs.end * t * 3 * c;
+            let out_span = bs.start * t * c..bs.end * t * c;
+            let stat_span = bs.start * d.heads * t..bs.end * d.heads * t;
+            let (qw, gw) = (self.window(qkv, qkv_span.clone()), self.window(dqkv, qkv_span));
+            let (ow, dw) = (self.window(out, out_span.clone()), self.window(dout, out_span));
+            let (lw, ew) = (self.window(lse, stat_span.clone()), self.window(delta, stat_span));
+            // One offset per layout: the windows of same-shaped tensors start at the same misalignment.
+            assert!(qw.elem_offset == gw.elem_offset && ow.elem_offset == dw.elem_offset && lw.elem_offset == ew.elem_offset);
+            let params = [t as u32, d.heads as u32, d.head_dim() as u32, c as u32, d.scale().to_bits(), qw.elem_offset, ow.elem_offset, lw.elem_offset];
+            let grid = [t as u32, d.heads as u32, bs.len() as u32];
+            self.dispatch(
+                shaders::ATTENTION_BACKWARD,
+                "query_grad",
+                &params,
+                &[
+                    (1, qw.binding.clone()),
+                    (2, ow.binding),
+                    (3, dw.binding.clone()),
+                    (4, lw.binding.clone()),
+                    (5, ew.binding.clone()),
+                    (6, gw.binding.clone()),
+                ],
+                grid,
+            );
+            self.dispatch(
+                shaders::ATTENTION_BACKWARD,
+                "key_value_grad",
+                &params,
+                &[(1, qw.binding), (3, dw.binding), (4, lw.binding), (5, ew.binding), (6, gw.binding)],
+                grid,
+            );
+        }
+    }
+
+    fn gelu_forward(&self, out: &GpuTensor, x: &GpuTensor) {
+        for r in Self::pieces(out.len.min(x.len), self.max_window_elems, self.align_elems) {
+            let (xw, ow) = (self.window(x, r.clone()), self.window(out, r.clone()));
+            self.dispatch(
+                shaders::GELU_FORWARD,
+                "main",
+                &[r.len() as u32, xw.elem_offset, ow.elem_offset, 0],
+                &[(1, xw.binding), (2, ow.binding)],
+                Self::elementwise_grid(r.len()),
+            );
+        }
+    }
+    fn gelu_backward(&self, dx: &GpuTensor, x: &GpuTensor, dout: &GpuTensor) {
+        for r in Self::pieces(dx.len.min(x.len), self.max_window_elems, self.align_elems) {
+            let (xw, dw, gw) = (self.window(x, r.clone()), self.window(dout, r.clone()), self.window(dx, r.clone()));
+            self.dispatch(
+                shaders::GELU_BACKWARD,
+                "main",
+                &[r.len() as u32, xw.elem_offset, dw.elem_offset, gw.elem_offset],
+                &[(1, xw.binding), (2, dw.binding), (3, gw.binding)],
+                Self::elementwise_grid(r.len()),
+            );
+        }
+    }
+    fn residual_forward(&self, out: &GpuTensor, a: &GpuTensor, b: &GpuTensor) {
+        for r in Self::pieces(out.len, self.max_window_elems, self.align_elems) {
+            let (aw, bw, ow) = (self.window(a, r.clone()), self.window(b, r.clone()), self.window(out, r.clone()));
+            self.dispatch(
+                shaders::RESIDUAL_FORWARD,
+                "main",
+                &[r.len() as u32, aw.elem_offset, bw.elem_offset, ow.elem_offset],
+                &[(1, aw.binding), (2, bw.binding), (3, ow.binding)],
+                Self::elementwise_grid(r.len()),
+            );
+        }
+    }
+
+    fn crossentropy(&self, losses: &GpuTensor, logits: &GpuTensor, targets: &GpuTokens, vocab: usize, grad_scale: Option<f32>) {
+        let rows = targets.ids.len;
+        for r in Self::pieces(rows, self.rows_per_piece(vocab), 1) {
+            let lw = self.window(logits, r.start * vocab..r.end * vocab);
+            let params = [
+                r.len() as u32,
+                vocab as u32,
+                lw.elem_offset,
+                r.start as u32,
+                grad_scale.unwrap_or(0.0).to_bits(),
+                grad_scale.is_some() as u32,
+                0,
+                0,
+            ];
+            self.dispatch(
+                shaders::CROSSENTROPY,
+                "main",
+                &params,
+                &[
+                    (1, lw.binding),
+                    (2, targets.ids.buffer.as_entire_buffer_binding()),
+                    (3, losses.buffer.as_entire_buffer_binding()),
+                ],
+                Self::grid(r.len()),
+            );
+        }
+    }
+}
+
+impl GpuDevice {
+    fn encoder_position_grad(&self, dwpe: &GpuTensor, dout: &GpuTensor, batch: usize, seq_len: usize, channels: usize) {
+        let params = [0, channels as u32, batch as u32, seq_len as u32, 0, 0, 0, 0];
+        self.dispatch(
+            shaders::ENCODER_BACKWARD,
+            "position_grad",
+            &params,
+            &[(1, dout.buffer.as_entire_buffer_binding()), (5, dwpe.buffer.as_entire_buffer_binding())],
+            Self::elementwise_grid(seq_len * channels),
+        );
+    }
+}

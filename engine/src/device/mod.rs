@@ -1,0 +1,223 @@
+//! Devices: the [`Backend`] trait every model op goes through, the `cpu` device (the plain-Rust twins in
+//! [`crate::ops`], parallel with rayon) and the `gpu` device (the WGSL kernels through wgpu).
+//!
+//! A tensor is a flat buffer of f32 that belongs to one device. Ops take outputs first, then inputs, then
+//! dimensions, as in llm.c. Outputs of `*_backward` ops are accumulated into (`+=`) unless the doc says
+//! otherwise, so gradients of a micro-batch sum into place.
+
+pub mod alloc;
+pub mod cpu;
+pub mod gpu;
+
+use anyhow::{Result, bail};
+
+pub use crate::ops::attention::AttentionDims;
+pub use crate::ops::{MatmulShape, Operand};
+pub use alloc::{AllocStats, ByteBudget};
+pub use cpu::CpuDevice;
+pub use gpu::{AdapterSummary, GpuDevice};
+
+/// The operations of GPT-2 training, implemented once per device.
+pub trait Backend {
+    /// A flat f32 buffer on this device.
+    type Tensor;
+    /// Token ids on this device, with whatever index the encoder backward needs.
+    type Tokens;
+
+    /// One line naming the device: "cpu (2 threads)", "NVIDIA H100 (Vulkan)".
+    fn describe(&self) -> String;
+    /// A zero-filled tensor of `len` elements, charged to the device's byte budget.
+    fn alloc(&self, len: usize, label: &str) -> Result<Self::Tensor>;
+    fn len(&self, t: &Self::Tensor) -> usize;
+    fn write(&self, t: &Self::Tensor, data: &[f32]);
+    fn read(&self, t: &Self::Tensor) -> Vec<f32>;
+    /// Uploads token ids (each must be below the vocabulary size; callers check).
+    fn tokens(&self, ids: &[u32]) -> Result<Self::Tokens>;
+    fn alloc_stats(&self) -> AllocStats;
+
+    /// x = value.
+    fn fill(&self, x: &Self::Tensor, value: f32);
+    /// y = alpha * x + beta * y.
+    fn axpy(&self, y: &Self::Tensor, alpha: f32, x: &Self::Tensor, beta: f32);
+    /// Sum of squares of every element (for the global gradient norm).
+    fn sum_squares(&self, x: &Self::Tensor) -> f64;
+
+    /// C = A @ B (+ bias) (+ C if `accumulate`), operands addressed as in `shape`.
+    fn matmul(
+        &self,
+        c: &Self::Tensor,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        bias: Option<&Self::Tensor>,
+        shape: &MatmulShape,
+        accumulate: bool,
+    );
+    /// dbias (N) += column sums of dout (M, N).
+    fn bias_backward(&self, dbias: &Self::Tensor, dout: &Self::Tensor, m: usize, n: usize);
+
+    /// out (B*T, C) = wte[tokens] + wpe[t].
+    fn encoder_forward(
+        &self,
+        out: &Self::Tensor,
+        tokens: &Self::Tokens,
+        wte: &Self::Tensor,
+        wpe: &Self::Tensor,
+        seq_len: usize,
+        channels: usize,
+    );
+    /// dwte[token] += ..., dwpe[t] += ... from dout (B*T, C).
+    #[allow(clippy::too_many_arguments)]
+    fn encoder_backward(
+        &self,
+        dwte: &Self::Tensor,
+        dwpe: &Self::Tensor,
+        dout: &Self::Tensor,
+        tokens: &Self::Tokens,
+        batch: usize,
+        seq_len: usize,
+        channels: usize,
+    );
+
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_forward(
+        &self,
+        out: &Self::Tensor,
+        mean: &Self::Tensor,
+        rstd: &Self::Tensor,
+        x: &Self::Tensor,
+        weight: &Self::Tensor,
+        bias: &Self::Tensor,
+        rows: usize,
+        channels: usize,
+        eps: f32,
+    );
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_backward(
+        &self,
+        dx: &Self::Tensor,
+        dweight: &Self::Tensor,
+        dbias: &Self::Tensor,
+        dout: &Self::Tensor,
+        x: &Self::Tensor,
+        weight: &Self::Tensor,
+        mean: &Self::Tensor,
+        rstd: &Self::Tensor,
+        rows: usize,
+        channels: usize,
+    );
+
+    /// out (B, T, C), lse (B, NH, T) from qkv (B, T, 3C).
+    fn attention_forward(&self, out: &Self::Tensor, lse: &Self::Tensor, qkv: &Self::Tensor, dims: AttentionDims);
+    /// dqkv (B, T, 3C) is overwritten, not accumulated; delta (B, NH, T) is scratch.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_backward(
+        &self,
+        dqkv: &Self::Tensor,
+        delta: &Self::Tensor,
+        dout: &Self::Tensor,
+        qkv: &Self::Tensor,
+        out: &Self::Tensor,
+        lse: &Self::Tensor,
+        dims: AttentionDims,
+    );
+
+    fn gelu_forward(&self, out: &Self::Tensor, x: &Self::Tensor);
+    /// dx += dout * gelu'(x).
+    fn gelu_backward(&self, dx: &Self::Tensor, x: &Self::Tensor, dout: &Self::Tensor);
+    /// out = a + b.
+    fn residual_forward(&self, out: &Self::Tensor, a: &Self::Tensor, b: &Self::Tensor);
+
+    /// losses (rows) = cross-entropy of each row of logits (rows, V) against targets; with `grad_scale`,
+    /// logits are overwritten by dloss/dlogits for a total loss of sum(losses) * grad_scale.
+    fn crossentropy(
+        &self,
+        losses: &Self::Tensor,
+        logits: &Self::Tensor,
+        targets: &Self::Tokens,
+        vocab: usize,
+        grad_scale: Option<f32>,
+    );
+}
+
+/// What `--device` asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceChoice {
+    /// A real GPU if one is found, else the cpu device.
+    Auto,
+    /// A wgpu adapter (software adapters such as lavapipe count); fail if there is none.
+    Gpu,
+    /// The plain-Rust twins on CPU threads.
+    Cpu,
+}
+
+/// The device a run got.
+pub enum AnyDevice {
+    Cpu(CpuDevice),
+    Gpu(GpuDevice),
+}
+
+impl AnyDevice {
+    pub fn describe(&self) -> String {
+        match self {
+            AnyDevice::Cpu(d) => d.describe(),
+            AnyDevice::Gpu(d) => d.describe(),
+        }
+    }
+}
+
+/// Opens the device `choice` asks for. `adapter` (an index or a substring of the name from
+/// `zerostream devices`) picks among wgpu adapters. `budget_bytes` bounds device allocations.
+pub fn open(choice: DeviceChoice, adapter: Option<&str>, budget_bytes: Option<u64>) -> Result<AnyDevice> {
+    match choice {
+        DeviceChoice::Cpu => Ok(AnyDevice::Cpu(CpuDevice::new(budget_bytes))),
+        DeviceChoice::Gpu => Ok(AnyDevice::Gpu(GpuDevice::open(adapter, budget_bytes)?)),
+        DeviceChoice::Auto => {
+            let adapters = gpu::list_adapters();
+            let real = adapters.iter().any(|a| a.is_real_gpu());
+            if adapter.is_some() || real {
+                Ok(AnyDevice::Gpu(GpuDevice::open(adapter, budget_bytes)?))
+            } else {
+                Ok(AnyDevice::Cpu(CpuDevice::new(budget_bytes)))
+            }
+        }
+    }
+}
+
+/// Parses a byte size such as `512MiB`, `2GiB`, `4GB`, `1048576`.
+pub fn parse_bytes(text: &str) -> Result<u64> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = match num.parse() {
+        Ok(v) => v,
+        Err(_) => bail!("invalid size {text:?}: expected a number with an optional unit, like 512MiB or 2GiB"),
+    };
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "t" | "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "tib" => 1024.0f64.powi(4),
+        other => bail!("invalid size {text:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"),
+    };
+    Ok((value * scale).round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn sizes_parse_with_units_and_bad_ones_say_why() {
+        assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_bytes("4GB").unwrap(), 4_000_000_000);
+        assert_eq!(parse_bytes("1048576").unwrap(), 1 << 20);
+        assert!(parse_bytes("12 parsecs").unwrap_err().to_string().contains("unknown unit"));
+        assert!(parse_bytes("MiB").unwrap_err().to_string().contains("expected a number"));
+    }
+}

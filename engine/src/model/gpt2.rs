@@ -1,0 +1,366 @@
+//! GPT-2 (Radford et al. 2019) as Hugging Face's `GPT2LMHeadModel` computes it: token + position
+//! embedding, L pre-LayerNorm blocks (attention, then an MLP with `gelu_new`, each added to the residual
+//! stream), a final LayerNorm, and logits through the embedding matrix (the tied `lm_head`).
+//!
+//! Written once against [`Backend`], so the same code runs on the cpu and gpu devices. Shapes use
+//! B batch, T sequence, C channels, V vocabulary, NH heads, and every weight keeps Hugging Face's
+//! layout: Conv1D weights are (in, out), so a linear layer is `out (BT, N) = in (BT, K) @ W (K, N) + b`.
+
+use anyhow::{Result, bail};
+
+use crate::device::{AttentionDims, Backend, MatmulShape, Operand};
+pub use zerostream_checkpoints::Gpt2Config;
+use zerostream_checkpoints::HfModel;
+
+/// The weights of one transformer block.
+pub struct Block<T> {
+    pub ln_1_weight: T,     // (C)
+    pub ln_1_bias: T,       // (C)
+    pub attn_weight: T,     // (C, 3C)  c_attn
+    pub attn_bias: T,       // (3C)
+    pub attn_proj_weight: T, // (C, C)  attn.c_proj
+    pub attn_proj_bias: T,  // (C)
+    pub ln_2_weight: T,     // (C)
+    pub ln_2_bias: T,       // (C)
+    pub fc_weight: T,       // (C, 4C)  mlp.c_fc
+    pub fc_bias: T,         // (4C)
+    pub fc_proj_weight: T,  // (4C, C)  mlp.c_proj
+    pub fc_proj_bias: T,    // (C)
+}
+
+/// Every parameter of the model (or a gradient of the same structure).
+pub struct Params<T> {
+    pub wte: T, // (V, C), also the lm_head
+    pub wpe: T, // (P, C)
+    pub blocks: Vec<Block<T>>,
+    pub ln_f_weight: T, // (C)
+    pub ln_f_bias: T,   // (C)
+}
+
+/// Hugging Face names and shapes of every parameter, in checkpoint order.
+pub fn parameter_specs(cfg: &Gpt2Config) -> Vec<(String, Vec<usize>)> {
+    let (c, h) = (cfg.n_embd, cfg.hidden());
+    let mut specs = vec![
+        ("transformer.wte.weight".to_string(), vec![cfg.vocab_size, c]),
+        ("transformer.wpe.weight".to_string(), vec![cfg.n_positions, c]),
+    ];
+    for l in 0..cfg.n_layer {
+        let p = format!("transformer.h.{l}");
+        specs.extend([
+            (format!("{p}.ln_1.weight"), vec![c]),
+            (format!("{p}.ln_1.bias"), vec![c]),
+            (format!("{p}.attn.c_attn.weight"), vec![c, 3 * c]),
+            (format!("{p}.attn.c_attn.bias"), vec![3 * c]),
+            (format!("{p}.attn.c_proj.weight"), vec![c, c]),
+            (format!("{p}.attn.c_proj.bias"), vec![c]),
+            (format!("{p}.ln_2.weight"), vec![c]),
+            (format!("{p}.ln_2.bias"), vec![c]),
+            (format!("{p}.mlp.c_fc.weight"), vec![c, h]),
+            (format!("{p}.mlp.c_fc.bias"), vec![h]),
+            (format!("{p}.mlp.c_proj.weight"), vec![h, c]),
+            (format!("{p}.mlp.c_proj.bias"), vec![c]),
+        ]);
+    }
+    specs.push(("transformer.ln_f.weight".to_string(), vec![c]));
+    specs.push(("transformer.ln_f.bias".to_string(), vec![c]));
+    specs
+}
+
+impl<T> Params<T> {
+    /// Builds every tensor with `make(name, shape)`, in the order of [`parameter_specs`].
+    pub fn build(cfg: &Gpt2Config, mut make: impl FnMut(&str, &[usize]) -> Result<T>) -> Result<Self> {
+        let specs = parameter_specs(cfg);
+        let mut made = specs.iter().map(|(name, shape)| make(name, shape)).collect::<Result<Vec<T>>>()?.into_iter();
+        let mut next = || made.next().expect("one tensor per spec");
+        let wte = next();
+        let wpe = next();
+        let blocks = (0..cfg.n_layer)
+            .map(|_| Block {
+                ln_1_weight: next(),
+                ln_1_bias: next(),
+                attn_weight: next(),
+                attn_bias: next(),
+                attn_proj_weight: next(),
+                attn_proj_bias: next(),
+                ln_2_weight: next(),
+                ln_2_bias: next(),
+                fc_weight: next(),
+                fc_bias: next(),
+                fc_proj_weight: next(),
+                fc_proj_bias: next(),
+            })
+            .collect();
+        Ok(Params { wte, wpe, blocks, ln_f_weight: next(), ln_f_bias: next() })
+    }
+
+    /// Every tensor, in the order of [`parameter_specs`].
+    pub fn tensors(&self) -> Vec<&T> {
+        let mut all = vec![&self.wte, &self.wpe];
+        for b in &self.blocks {
+            all.extend([
+                &b.ln_1_weight,
+                &b.ln_1_bias,
+                &b.attn_weight,
+                &b.attn_bias,
+                &b.attn_proj_weight,
+                &b.attn_proj_bias,
+                &b.ln_2_weight,
+                &b.ln_2_bias,
+                &b.fc_weight,
+                &b.fc_bias,
+                &b.fc_proj_weight,
+                &b.fc_proj_bias,
+            ]);
+        }
+        all.extend([&self.ln_f_weight, &self.ln_f_bias]);
+        all
+    }
+}
+
+/// What one block keeps from forward for backward.
+struct BlockActivations<T> {
+    ln_1: T,      // (BT, C)
+    ln_1_mean: T, // (BT)
+    ln_1_rstd: T, // (BT)
+    qkv: T,       // (BT, 3C)
+    atty: T,      // (BT, C) attention output before its projection
+    lse: T,       // (B, NH, T)
+    attn_proj: T, // (BT, C)
+    residual_2: T, // (BT, C) residual + attention
+    ln_2: T,      // (BT, C)
+    ln_2_mean: T, // (BT)
+    ln_2_rstd: T, // (BT)
+    fc: T,        // (BT, 4C)
+    fc_gelu: T,   // (BT, 4C)
+    fc_proj: T,   // (BT, C)
+}
+
+/// Activations of a whole forward pass, and the scratch buffers of backward, for one (B, T).
+struct Activations<T> {
+    batch: usize,
+    seq_len: usize,
+    /// residual[l] is the input of block l, residual[L] the output of the last block: (L+1) x (BT, C).
+    residual: Vec<T>,
+    blocks: Vec<BlockActivations<T>>,
+    ln_f: T,      // (BT, C)
+    ln_f_mean: T, // (BT)
+    ln_f_rstd: T, // (BT)
+    logits: T,    // (BT, V); holds dlogits after a forward with a gradient scale
+    losses: T,    // (BT)
+    // Backward scratch.
+    d_residual: T, // (BT, C)
+    d_c: T,        // (BT, C)
+    d_hidden_a: T, // (BT, 4C)
+    d_hidden_b: T, // (BT, 4C)
+    d_qkv: T,      // (BT, 3C)
+    delta: T,      // (B, NH, T)
+}
+
+impl<T> Activations<T> {
+    fn new<D: Backend<Tensor = T>>(dev: &D, cfg: &Gpt2Config, batch: usize, seq_len: usize) -> Result<Self> {
+        let (bt, c, h, v) = (batch * seq_len, cfg.n_embd, cfg.hidden(), cfg.vocab_size);
+        let stat = batch * cfg.n_head * seq_len;
+        let residual = (0..=cfg.n_layer).map(|l| dev.alloc(bt * c, &format!("residual.{l}"))).collect::<Result<_>>()?;
+        let blocks = (0..cfg.n_layer)
+            .map(|_| -> Result<_> {
+                Ok(BlockActivations {
+                    ln_1: dev.alloc(bt * c, "ln_1")?,
+                    ln_1_mean: dev.alloc(bt, "ln_1 mean")?,
+                    ln_1_rstd: dev.alloc(bt, "ln_1 rstd")?,
+                    qkv: dev.alloc(bt * 3 * c, "qkv")?,
+                    atty: dev.alloc(bt * c, "atty")?,
+                    lse: dev.alloc(stat, "attention lse")?,
+                    attn_proj: dev.alloc(bt * c, "attn_proj")?,
+                    residual_2: dev.alloc(bt * c, "residual_2")?,
+                    ln_2: dev.alloc(bt * c, "ln_2")?,
+                    ln_2_mean: dev.alloc(bt, "ln_2 mean")?,
+                    ln_2_rstd: dev.alloc(bt, "ln_2 rstd")?,
+                    fc: dev.alloc(bt * h, "fc")?,
+                    fc_gelu: dev.alloc(bt * h, "fc_gelu")?,
+                    fc_proj: dev.alloc(bt * c, "fc_proj")?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Activations {
+            batch,
+            seq_len,
+            residual,
+            blocks,
+            ln_f: dev.alloc(bt * c, "ln_f")?,
+            ln_f_mean: dev.alloc(bt, "ln_f mean")?,
+            ln_f_rstd: dev.alloc(bt, "ln_f rstd")?,
+            logits: dev.alloc(bt * v, "logits")?,
+            losses: dev.alloc(bt, "losses")?,
+            d_residual: dev.alloc(bt * c, "d_residual")?,
+            d_c: dev.alloc(bt * c, "d_c")?,
+            d_hidden_a: dev.alloc(bt * h, "d_hidden_a")?,
+            d_hidden_b: dev.alloc(bt * h, "d_hidden_b")?,
+            d_qkv: dev.alloc(bt * 3 * c, "d_qkv")?,
+            delta: dev.alloc(stat, "attention delta")?,
+        })
+    }
+}
+
+/// out (BT, N) = inp (BT, K) @ weight (K, N) + bias: a Hugging Face Conv1D.
+fn linear_forward<D: Backend>(dev: &D, out: &D::Tensor, inp: &D::Tensor, weight: &D::Tensor, bias: &D::Tensor, bt: usize, k: usize, n: usize) {
+    dev.matmul(out, inp, weight, Some(bias), &MatmulShape::row_major(bt, n, k), false);
+}
+
+/// Backward of [`linear_forward`]: dinp = dout @ W^T (overwritten), dW += inp^T @ dout, db += colsum(dout).
+#[allow(clippy::too_many_arguments)]
+fn linear_backward<D: Backend>(
+    dev: &D,
+    dinp: &D::Tensor,
+    dweight: &D::Tensor,
+    dbias: &D::Tensor,
+    dout: &D::Tensor,
+    inp: &D::Tensor,
+    weight: &D::Tensor,
+    bt: usize,
+    k: usize,
+    n: usize,
+) {
+    // dinp (BT, K) = dout (BT, N) @ W^T (N, K)
+    let dinp_shape = MatmulShape { m: bt, n: k, k: n, a: Operand::row_major(n), b: Operand::transposed(n), c: Operand::row_major(k) };
+    dev.matmul(dinp, dout, weight, None, &dinp_shape, false);
+    // dW (K, N) += inp^T (K, BT) @ dout (BT, N)
+    let dw_shape = MatmulShape { m: k, n, k: bt, a: Operand::transposed(k), b: Operand::row_major(n), c: Operand::row_major(n) };
+    dev.matmul(dweight, inp, dout, None, &dw_shape, true);
+    dev.bias_backward(dbias, dout, bt, n);
+}
+
+/// GPT-2 on one device: its parameters, gradients and the activations of the last forward pass.
+pub struct Gpt2<D: Backend> {
+    pub config: Gpt2Config,
+    pub params: Params<D::Tensor>,
+    pub grads: Params<D::Tensor>,
+    acts: Option<Activations<D::Tensor>>,
+}
+
+impl<D: Backend> Gpt2<D> {
+    /// Uploads every parameter from a Hugging Face directory.
+    pub fn from_hf(dev: &D, model: &HfModel) -> Result<Self> {
+        Self::from_fn(dev, &model.config, |name, shape| model.tensor(name, shape))
+    }
+
+    /// Builds the model with `values(name, shape)` giving each parameter's f32 data.
+    pub fn from_fn(dev: &D, cfg: &Gpt2Config, mut values: impl FnMut(&str, &[usize]) -> Result<Vec<f32>>) -> Result<Self> {
+        cfg.validate()?;
+        let params = Params::build(cfg, |name, shape| {
+            let data = values(name, shape)?;
+            let t = dev.alloc(data.len(), name)?;
+            dev.write(&t, &data);
+            Ok(t)
+        })?;
+        let grads = Params::build(cfg, |name, shape| dev.alloc(shape.iter().product(), &format!("grad {name}")))?;
+        Ok(Gpt2 { config: cfg.clone(), params, grads, acts: None })
+    }
+
+    pub fn zero_grads(&self, dev: &D) {
+        for g in self.grads.tensors() {
+            dev.fill(g, 0.0);
+        }
+    }
+
+    /// Forward pass over one micro-batch; returns the mean cross-entropy over its B*T tokens.
+    /// With `loss_grad_scale = Some(s)` the gradient of `s * mean loss` is left in the logits buffer,
+    /// ready for [`Self::backward`] (s = 1/M for a step of M micro-batches).
+    pub fn forward(
+        &mut self,
+        dev: &D,
+        inputs: &D::Tokens,
+        targets: &D::Tokens,
+        batch: usize,
+        seq_len: usize,
+        loss_grad_scale: Option<f32>,
+    ) -> Result<f32> {
+        let cfg = &self.config;
+        if seq_len > cfg.n_positions {
+            bail!("sequence length {seq_len} is longer than the model's n_positions {}", cfg.n_positions);
+        }
+        if self.acts.as_ref().is_none_or(|a| a.batch != batch || a.seq_len != seq_len) {
+            self.acts = None; // free the old ones before allocating
+            self.acts = Some(Activations::new(dev, cfg, batch, seq_len)?);
+        }
+        let acts = self.acts.as_ref().unwrap();
+        let p = &self.params;
+        let (bt, c, h, v) = (batch * seq_len, cfg.n_embd, cfg.hidden(), cfg.vocab_size);
+        let eps = cfg.layer_norm_epsilon as f32;
+        let attn = AttentionDims { batch, seq_len, channels: c, heads: cfg.n_head };
+
+        dev.encoder_forward(&acts.residual[0], inputs, &p.wte, &p.wpe, seq_len, c);
+        for (l, (w, a)) in p.blocks.iter().zip(&acts.blocks).enumerate() {
+            let residual = &acts.residual[l];
+            // x = x + attn(ln_1(x))
+            dev.layernorm_forward(&a.ln_1, &a.ln_1_mean, &a.ln_1_rstd, residual, &w.ln_1_weight, &w.ln_1_bias, bt, c, eps);
+            linear_forward(dev, &a.qkv, &a.ln_1, &w.attn_weight, &w.attn_bias, bt, c, 3 * c);
+            dev.attention_forward(&a.atty, &a.lse, &a.qkv, attn);
+            linear_forward(dev, &a.attn_proj, &a.atty, &w.attn_proj_weight, &w.attn_proj_bias, bt, c, c);
+            dev.residual_forward(&a.residual_2, residual, &a.attn_proj);
+            // x = x + mlp(ln_2(x))
+            dev.layernorm_forward(&a.ln_2, &a.ln_2_mean, &a.ln_2_rstd, &a.residual_2, &w.ln_2_weight, &w.ln_2_bias, bt, c, eps);
+            linear_forward(dev, &a.fc, &a.ln_2, &w.fc_weight, &w.fc_bias, bt, c, h);
+            dev.gelu_forward(&a.fc_gelu, &a.fc);
+            linear_forward(dev, &a.fc_proj, &a.fc_gelu, &w.fc_proj_weight, &w.fc_proj_bias, bt, h, c);
+            dev.residual_forward(&acts.residual[l + 1], &a.residual_2, &a.fc_proj);
+        }
+        let last = &acts.residual[cfg.n_layer];
+        dev.layernorm_forward(&acts.ln_f, &acts.ln_f_mean, &acts.ln_f_rstd, last, &p.ln_f_weight, &p.ln_f_bias, bt, c, eps);
+        // logits (BT, V) = ln_f (BT, C) @ wte^T (C, V)
+        let lm_head = MatmulShape { m: bt, n: v, k: c, a: Operand::row_major(c), b: Operand::transposed(c), c: Operand::row_major(v) };
+        dev.matmul(&acts.logits, &acts.ln_f, &p.wte, None, &lm_head, false);
+        dev.crossentropy(&acts.losses, &acts.logits, targets, v, loss_grad_scale.map(|s| s / bt as f32));
+        let losses = dev.read(&acts.losses);
+        Ok((losses.iter().map(|&x| x as f64).sum::<f64>() / bt as f64) as f32)
+    }
+
+    /// Backward pass of the last forward (which must have had a gradient scale); adds into `grads`.
+    pub fn backward(&mut self, dev: &D, inputs: &D::Tokens) -> Result<()> {
+        let Some(acts) = self.acts.as_ref() else { bail!("backward called before forward") };
+        let (cfg, p, g) = (&self.config, &self.params, &self.grads);
+        let (batch, seq_len) = (acts.batch, acts.seq_len);
+        let (bt, c, h, v) = (batch * seq_len, cfg.n_embd, cfg.hidden(), cfg.vocab_size);
+        let attn = AttentionDims { batch, seq_len, channels: c, heads: cfg.n_head };
+        let d_res = &acts.d_residual;
+
+        // lm_head: d_ln_f (BT, C) = dlogits (BT, V) @ wte (V, C); dwte (V, C) += dlogits^T (V, BT) @ ln_f (BT, C)
+        let dlogits = &acts.logits;
+        dev.matmul(&acts.d_c, dlogits, &p.wte, None, &MatmulShape::row_major(bt, c, v), false);
+        let dwte = MatmulShape { m: v, n: c, k: bt, a: Operand::transposed(v), b: Operand::row_major(c), c: Operand::row_major(c) };
+        dev.matmul(&g.wte, dlogits, &acts.ln_f, None, &dwte, true);
+        dev.fill(d_res, 0.0);
+        let last = &acts.residual[cfg.n_layer];
+        dev.layernorm_backward(d_res, &g.ln_f_weight, &g.ln_f_bias, &acts.d_c, last, &p.ln_f_weight, &acts.ln_f_mean, &acts.ln_f_rstd, bt, c);
+
+        for l in (0..cfg.n_layer).rev() {
+            let (w, gw, a) = (&p.blocks[l], &g.blocks[l], &acts.blocks[l]);
+            // d_res holds d(residual[l+1]) = d(residual_2 + fc_proj): it flows to both unchanged.
+            linear_backward(dev, &acts.d_hidden_a, &gw.fc_proj_weight, &gw.fc_proj_bias, d_res, &a.fc_gelu, &w.fc_proj_weight, bt, h, c);
+            dev.fill(&acts.d_hidden_b, 0.0);
+            dev.gelu_backward(&acts.d_hidden_b, &a.fc, &acts.d_hidden_a);
+            linear_backward(dev, &acts.d_c, &gw.fc_weight, &gw.fc_bias, &acts.d_hidden_b, &a.ln_2, &w.fc_weight, bt, c, h);
+            dev.layernorm_backward(d_res, &gw.ln_2_weight, &gw.ln_2_bias, &acts.d_c, &a.residual_2, &w.ln_2_weight, &a.ln_2_mean, &a.ln_2_rstd, bt, c);
+            // d_res now holds d(residual_2) = d(residual[l] + attn_proj).
+            linear_backward(dev, &acts.d_c, &gw.attn_proj_weight, &gw.attn_proj_bias, d_res, &a.atty, &w.attn_proj_weight, bt, c, c);
+            dev.attention_backward(&acts.d_qkv, &acts.delta, &acts.d_c, &a.qkv, &a.atty, &a.lse, attn);
+            // d_c is free again once attention_backward has consumed it.
+            linear_backward(dev, &acts.d_c, &gw.attn_weight, &gw.attn_bias, &acts.d_qkv, &a.ln_1, &w.attn_weight, bt, c, 3 * c);
+            dev.layernorm_backward(d_res, &gw.ln_1_weight, &gw.ln_1_bias, &acts.d_c, &acts.residual[l], &w.ln_1_weight, &a.ln_1_mean, &a.ln_1_rstd, bt, c);
+        }
+        dev.encoder_backward(&g.wte, &g.wpe, d_res, inputs, batch, seq_len, c);
+        Ok(())
+    }
+
+    /// The inputs of each block and the output of ln_f, as Hugging Face's `hidden_states` (after forward).
+    pub fn hidden_states(&self) -> Vec<&D::Tensor> {
+        let acts = self.acts.as_ref().expect("hidden_states after forward");
+        let mut states: Vec<&D::Tensor> = acts.residual[..self.config.n_layer].iter().collect();
+        states.push(&acts.ln_f);
+        states
+    }
+
+    /// The logits of the last forward (or their gradient, if it had a gradient scale).
+    pub fn logits(&self) -> Option<&D::Tensor> {
+        self.acts.as_ref().map(|a| &a.logits)
+    }
+}

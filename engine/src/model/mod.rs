@@ -1,0 +1,3 @@
+//! Models, written against [`crate::device::Backend`]. GPT-2 first.
+
+pub mod gpt2;

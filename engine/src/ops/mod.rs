@@ -1,0 +1,14 @@
+//! The ops of GPT-2 training, one file per op. Each file holds the plain-Rust twin of the WGSL kernel of
+//! the same name in `shaders/wgsl/`: the `cpu` device runs these twins, and the kernel tests compare every
+//! GPU kernel against its twin. Twins are written for clarity first, parallelised with rayon where the op
+//! is large; shapes are named as in llm.c: B batch, T sequence, C channels, V vocabulary, NH heads.
+
+pub mod attention;
+pub mod crossentropy;
+pub mod elementwise;
+pub mod encoder;
+pub mod gelu;
+pub mod layernorm;
+pub mod matmul;
+
+pub use matmul::{MatmulShape, Operand};

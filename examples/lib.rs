@@ -1,0 +1,1 @@
+//! Examples live beside this file as `NN_name.rs`; this library is empty on purpose.

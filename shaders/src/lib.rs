@@ -1,0 +1,66 @@
+//! The WGSL compute kernels of zerostream, one file per op under `wgsl/`, named after the op.
+//!
+//! This crate only embeds the source text (`include_str!`), so it has no run-time dependencies; the engine
+//! compiles the modules on its device. The test at the bottom parses and validates every kernel with naga,
+//! so an invalid shader fails `cargo test` here rather than at pipeline creation on some user's GPU.
+
+/// One kernel: the op's name (the file's stem) and its WGSL source.
+#[derive(Clone, Copy, Debug)]
+pub struct Kernel {
+    pub name: &'static str,
+    pub source: &'static str,
+}
+
+macro_rules! kernels {
+    ($($ident:ident => $file:literal),* $(,)?) => {
+        $(pub const $ident: Kernel = Kernel { name: $file, source: include_str!(concat!("../wgsl/", $file, ".wgsl")) };)*
+        /// Every kernel, for validation and for warming the pipeline cache.
+        pub const ALL: &[Kernel] = &[$($ident),*];
+    };
+}
+
+kernels! {
+    ATTENTION_BACKWARD => "attention_backward",
+    ATTENTION_FORWARD => "attention_forward",
+    AXPY => "axpy",
+    BIAS_BACKWARD => "bias_backward",
+    CAST_F16_TO_F32 => "cast_f16_to_f32",
+    CAST_F32_TO_F16 => "cast_f32_to_f16",
+    CROSSENTROPY => "crossentropy",
+    ENCODER_BACKWARD => "encoder_backward",
+    ENCODER_FORWARD => "encoder_forward",
+    FILL => "fill",
+    GELU_BACKWARD => "gelu_backward",
+    GELU_FORWARD => "gelu_forward",
+    LAYERNORM_BACKWARD => "layernorm_backward",
+    LAYERNORM_FORWARD => "layernorm_forward",
+    MATMUL => "matmul",
+    RESIDUAL_FORWARD => "residual_forward",
+    SUM_SQUARES => "sum_squares",
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_parses_and_validates() {
+        for kernel in ALL {
+            let module = naga::front::wgsl::parse_str(kernel.source)
+                .unwrap_or_else(|e| panic!("{}.wgsl: {}", kernel.name, e.emit_to_string(kernel.source)));
+            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+                .validate(&module)
+                .unwrap_or_else(|e| panic!("{}.wgsl: {}", kernel.name, e.emit_to_string(kernel.source)));
+            assert!(!module.entry_points.is_empty(), "{}.wgsl has no entry point", kernel.name);
+        }
+    }
+
+    #[test]
+    fn every_wgsl_file_is_listed() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/wgsl");
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let name = entry.unwrap().path().file_stem().unwrap().to_string_lossy().into_owned();
+            assert!(ALL.iter().any(|k| k.name == name), "wgsl/{name}.wgsl is not in shaders::ALL");
+        }
+    }
+}

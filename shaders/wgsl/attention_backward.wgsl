@@ -1,0 +1,123 @@
+// attention_backward, two entry points that together write every element of dqkv (B, T, 3C) once:
+//   query_grad (one workgroup per query t, head h, batch b):
+//       delta_t = dout_t . out_t, and dq_t = scale * sum_j p_tj (dout_t . v_j - delta_t) k_j
+//   key_value_grad (one workgroup per key j): dv_j = sum_{i>=j} p_ij dout_i,
+//       dk_j = scale * sum_{i>=j} p_ij (dout_i . v_j - delta_i) q_i
+// Probabilities are recomputed from the saved log-sum-exp; key_value_grad needs delta from query_grad.
+
+struct Params {
+    seq_len: u32, heads: u32, head_dim: u32, channels: u32,
+    scale: f32, qkv_off: u32, out_off: u32, stat_off: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> qkv: array<f32>;
+@group(0) @binding(2) var<storage, read> out: array<f32>;
+@group(0) @binding(3) var<storage, read> dout: array<f32>;
+@group(0) @binding(4) var<storage, read> lse: array<f32>;
+@group(0) @binding(5) var<storage, read_write> delta: array<f32>;
+@group(0) @binding(6) var<storage, read_write> dqkv: array<f32>;
+
+const LANES: u32 = 256u;
+var<workgroup> row_a: array<f32, 256>; // query_grad: q_t;   key_value_grad: k_j
+var<workgroup> row_b: array<f32, 256>; // query_grad: dout_t; key_value_grad: v_j
+var<workgroup> chunk_p: array<f32, 256>;
+var<workgroup> chunk_ds: array<f32, 256>;
+
+fn qkv_index(b: u32, t: u32, part: u32, h: u32) -> u32 {
+    return p.qkv_off + (b * p.seq_len + t) * 3u * p.channels + part * p.channels + h * p.head_dim;
+}
+fn out_index(b: u32, t: u32, h: u32) -> u32 {
+    return p.out_off + (b * p.seq_len + t) * p.channels + h * p.head_dim;
+}
+fn stat_index(b: u32, h: u32, t: u32) -> u32 { return p.stat_off + (b * p.heads + h) * p.seq_len + t; }
+
+@compute @workgroup_size(256, 1, 1)
+fn query_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let t = wg.x;
+    let h = wg.y;
+    let b = wg.z;
+    if (lane < p.head_dim) {
+        row_a[lane] = qkv[qkv_index(b, t, 0u, h) + lane];
+        row_b[lane] = dout[out_index(b, t, h) + lane];
+        chunk_p[lane] = row_b[lane] * out[out_index(b, t, h) + lane];
+    }
+    workgroupBarrier();
+    var dl = 0.0;
+    for (var d = 0u; d < p.head_dim; d++) { dl += chunk_p[d]; }
+    let row_lse = lse[stat_index(b, h, t)];
+    workgroupBarrier();
+
+    var acc = 0.0;
+    for (var j0 = 0u; j0 <= t; j0 += LANES) {
+        let j = j0 + lane;
+        var ds = 0.0;
+        if (j <= t) {
+            let kb = qkv_index(b, j, 1u, h);
+            let vb = qkv_index(b, j, 2u, h);
+            var qk = 0.0;
+            var dov = 0.0;
+            for (var d = 0u; d < p.head_dim; d++) {
+                qk = fma(row_a[d], qkv[kb + d], qk);
+                dov = fma(row_b[d], qkv[vb + d], dov);
+            }
+            let pj = exp(qk * p.scale - row_lse);
+            ds = pj * (dov - dl);
+        }
+        chunk_ds[lane] = ds;
+        workgroupBarrier();
+        if (lane < p.head_dim) {
+            let n = min(LANES, t + 1u - j0);
+            for (var jj = 0u; jj < n; jj++) { acc = fma(chunk_ds[jj], qkv[qkv_index(b, j0 + jj, 1u, h) + lane], acc); }
+        }
+        workgroupBarrier();
+    }
+    if (lane < p.head_dim) { dqkv[qkv_index(b, t, 0u, h) + lane] = acc * p.scale; }
+    if (lane == 0u) { delta[stat_index(b, h, t)] = dl; }
+}
+
+@compute @workgroup_size(256, 1, 1)
+fn key_value_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let j = wg.x;
+    let h = wg.y;
+    let b = wg.z;
+    if (lane < p.head_dim) {
+        row_a[lane] = qkv[qkv_index(b, j, 1u, h) + lane];
+        row_b[lane] = qkv[qkv_index(b, j, 2u, h) + lane];
+    }
+    workgroupBarrier();
+    var acc_k = 0.0;
+    var acc_v = 0.0;
+    for (var i0 = j; i0 < p.seq_len; i0 += LANES) {
+        let i = i0 + lane;
+        var pi = 0.0;
+        var ds = 0.0;
+        if (i < p.seq_len) {
+            let qb = qkv_index(b, i, 0u, h);
+            let ob = out_index(b, i, h);
+            var qk = 0.0;
+            var dov = 0.0;
+            for (var d = 0u; d < p.head_dim; d++) {
+                qk = fma(qkv[qb + d], row_a[d], qk);
+                dov = fma(dout[ob + d], row_b[d], dov);
+            }
+            pi = exp(qk * p.scale - lse[stat_index(b, h, i)]);
+            ds = pi * (dov - delta[stat_index(b, h, i)]);
+        }
+        chunk_p[lane] = pi;
+        chunk_ds[lane] = ds;
+        workgroupBarrier();
+        if (lane < p.head_dim) {
+            let n = min(LANES, p.seq_len - i0);
+            for (var ii = 0u; ii < n; ii++) {
+                acc_v = fma(chunk_p[ii], dout[out_index(b, i0 + ii, h) + lane], acc_v);
+                acc_k = fma(chunk_ds[ii], qkv[qkv_index(b, i0 + ii, 0u, h) + lane], acc_k);
+            }
+        }
+        workgroupBarrier();
+    }
+    if (lane < p.head_dim) {
+        dqkv[qkv_index(b, j, 1u, h) + lane] = acc_k * p.scale;
+        dqkv[qkv_index(b, j, 2u, h) + lane] = acc_v;
+    }
+}

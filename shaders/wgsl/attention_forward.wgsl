@@ -1,0 +1,81 @@
+// attention_forward: causal multi-head self-attention, softmax(q k^T * scale) v, per head.
+//   qkv (B, T, 3C): q, k, v side by side, head h at columns h*hd of each third.
+//   out (B, T, C), lse (B, NH, T): log-sum-exp of each score row, kept so backward recomputes the
+//   probabilities instead of storing (B, NH, T, T) of them.
+// One workgroup per (query t, head h, batch b); keys are visited in chunks of 256 whose probabilities
+// sit in workgroup memory while the lanes owning output channels accumulate them.
+
+struct Params {
+    seq_len: u32, heads: u32, head_dim: u32, channels: u32,
+    scale: f32, qkv_off: u32, out_off: u32, stat_off: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> qkv: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(3) var<storage, read_write> lse: array<f32>;
+
+const LANES: u32 = 256u;
+var<workgroup> q_row: array<f32, 256>;
+var<workgroup> probs: array<f32, 256>;
+var<workgroup> red_max: array<f32, 256>;
+var<workgroup> red_sum: array<f32, 256>;
+
+fn score(qkv_row: u32, key: u32, h: u32, b: u32) -> f32 {
+    let k_base = p.qkv_off + (b * p.seq_len + key) * 3u * p.channels + p.channels + h * p.head_dim;
+    var dot = 0.0;
+    for (var d = 0u; d < p.head_dim; d++) { dot = fma(q_row[d], qkv[k_base + d], dot); }
+    return dot * p.scale;
+}
+
+@compute @workgroup_size(256, 1, 1)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let t = wg.x;
+    let h = wg.y;
+    let b = wg.z;
+    let row = b * p.seq_len + t;
+    if (lane < p.head_dim) { q_row[lane] = qkv[p.qkv_off + row * 3u * p.channels + h * p.head_dim + lane]; }
+    workgroupBarrier();
+
+    // Pass 1: running max and sum of exponentials over this lane's keys, then combined across lanes.
+    var m = -3.0e38;
+    var s = 0.0;
+    for (var j = lane; j <= t; j += LANES) {
+        let x = score(row, j, h, b);
+        if (x > m) { s = s * exp(m - x) + 1.0; m = x; } else { s += exp(x - m); }
+    }
+    red_max[lane] = m;
+    red_sum[lane] = s;
+    workgroupBarrier();
+    for (var stride = 128u; stride > 0u; stride >>= 1u) {
+        if (lane < stride) {
+            let m1 = red_max[lane];
+            let m2 = red_max[lane + stride];
+            let mm = max(m1, m2);
+            red_sum[lane] = red_sum[lane] * exp(m1 - mm) + red_sum[lane + stride] * exp(m2 - mm);
+            red_max[lane] = mm;
+        }
+        workgroupBarrier();
+    }
+    let row_lse = red_max[0] + log(red_sum[0]);
+
+    // Pass 2: out = sum_j p_j v_j, one chunk of keys at a time.
+    var acc = 0.0;
+    for (var j0 = 0u; j0 <= t; j0 += LANES) {
+        let j = j0 + lane;
+        var pj = 0.0;
+        if (j <= t) { pj = exp(score(row, j, h, b) - row_lse); }
+        probs[lane] = pj;
+        workgroupBarrier();
+        if (lane < p.head_dim) {
+            let n = min(LANES, t + 1u - j0);
+            for (var jj = 0u; jj < n; jj++) {
+                let v_idx = p.qkv_off + (b * p.seq_len + j0 + jj) * 3u * p.channels + 2u * p.channels + h * p.head_dim + lane;
+                acc = fma(probs[jj], qkv[v_idx], acc);
+            }
+        }
+        workgroupBarrier();
+    }
+    if (lane < p.head_dim) { out[p.out_off + row * p.channels + h * p.head_dim + lane] = acc; }
+    if (lane == 0u) { lse[p.stat_off + (b * p.heads + h) * p.seq_len + t] = row_lse; }
+}
