@@ -1,0 +1,48 @@
+//! Helpers shared by the engine's integration tests.
+#![allow(dead_code)]
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use zerostream::device::GpuDevice;
+
+/// The GPU device, or `None` after printing that the test skipped. With ZEROSTREAM_REQUIRE_GPU=1 (CI
+/// sets it) a missing adapter fails the test instead.
+pub fn gpu_or_skip(test: &str) -> Option<GpuDevice> {
+    match GpuDevice::open(None, None) {
+        Ok(dev) => Some(dev),
+        Err(e) => {
+            if std::env::var("ZEROSTREAM_REQUIRE_GPU").as_deref() == Ok("1") {
+                panic!("{test}: ZEROSTREAM_REQUIRE_GPU=1 but no GPU adapter: {e:#}");
+            }
+            eprintln!("SKIPPED {test}: no GPU adapter ({e:#})");
+            None
+        }
+    }
+}
+
+/// Seeded uniform values in [-scale, scale).
+pub fn random(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+}
+
+pub fn random_tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n).map(|_| rng.random_range(0..vocab as u32)).collect()
+}
+
+/// Asserts |got - want| <= atol + rtol * |want| elementwise, naming the first offender.
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst = (0usize, 0.0f32);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs();
+        assert!(err.is_finite() || g == w, "{what}[{i}]: got {g}, want {w}");
+        let excess = err - (atol + rtol * w.abs());
+        if excess > worst.1 {
+            worst = (i, excess);
+        }
+    }
+    let i = worst.0;
+    assert!(worst.1 <= 0.0, "{what}[{i}]: got {}, want {} (atol {atol}, rtol {rtol})", got[i], want[i]);
+}

@@ -1,0 +1,223 @@
+//! Every GPU kernel against its plain-Rust twin (the cpu device), on seeded random inputs at awkward
+//! sizes (1, 63, 65, 4097, and shapes that are multiples of no tile), with `atol + rtol * |ref|`.
+//! Each case also runs with one binding limited to 64 KiB, so the paths that split large tensors
+//! into windows are exercised at sizes a test can afford.
+
+mod common;
+
+use common::{assert_close, gpu_or_skip, random, random_tokens};
+use zerostream::device::{AttentionDims, Backend, CpuDevice, MatmulShape, Operand};
+
+type Outputs = Vec<(String, Vec<f32>)>;
+
+/// Runs the generic case `$case::<D>(&dev)` on the cpu device, the GPU, and the GPU with 64 KiB
+/// bindings, and compares every output with the cpu's.
+macro_rules! check {
+    ($name:literal, $case:ident, $atol:expr, $rtol:expr) => {{
+        let want: Outputs = $case(&CpuDevice::new(None));
+        if let Some(gpu) = gpu_or_skip($name) {
+            let got = $case(&gpu);
+            compare($name, "gpu", &got, &want, $atol, $rtol);
+            let mut small = gpu_or_skip($name).unwrap();
+            small.limit_binding_bytes_for_tests(64 << 10);
+            let got = $case(&small);
+            compare($name, "gpu with 64 KiB bindings", &got, &want, $atol, $rtol);
+        }
+    }};
+}
+
+fn compare(name: &str, label: &str, got: &Outputs, want: &Outputs, atol: f32, rtol: f32) {
+    assert_eq!(got.len(), want.len());
+    for ((n, g), (_, w)) in got.iter().zip(want) {
+        assert_close(&format!("{name}: {n} on {label}"), g, w, atol, rtol);
+    }
+}
+
+fn tensor<D: Backend>(dev: &D, data: &[f32]) -> D::Tensor {
+    let t = dev.alloc(data.len(), "test").unwrap();
+    dev.write(&t, data);
+    t
+}
+
+fn matmul_case<D: Backend>(dev: &D) -> Outputs {
+    let mut out = Outputs::new();
+    // (m, n, k): single elements, tile edges, and a K that needs splitting under 64 KiB bindings.
+    for (i, &(m, n, k)) in [(1, 1, 1), (63, 65, 17), (65, 63, 130), (7, 33, 4097), (130, 200, 96)].iter().enumerate() {
+        let seed = 10 * i as u64;
+        let a = random(seed, m * k, 1.0);
+        let b = random(seed + 1, k * n, 1.0);
+        let bias = random(seed + 2, n, 1.0);
+        let c0 = random(seed + 3, m * n, 1.0);
+        let (ta, tb, tbias) = (tensor(dev, &a), tensor(dev, &b), tensor(dev, &bias));
+        // Forward: row-major with bias, overwriting.
+        let c = tensor(dev, &c0);
+        dev.matmul(&c, &ta, &tb, Some(&tbias), &MatmulShape::row_major(m, n, k), false);
+        out.push((format!("{m}x{n}x{k} forward"), dev.read(&c)));
+        // A transposed (as in dW = X^T dY) and accumulating into C.
+        let c = tensor(dev, &c0);
+        let shape = MatmulShape { m, n, k, a: Operand::transposed(m), b: Operand::row_major(n), c: Operand::row_major(n) };
+        dev.matmul(&c, &ta, &tb, None, &shape, true);
+        out.push((format!("{m}x{n}x{k} A^T accumulate"), dev.read(&c)));
+        // B transposed (as in dX = dY W^T), with an offset into C's rows.
+        let c = tensor(dev, &vec![0.0; m * (n + 3)]);
+        let shape = MatmulShape { m, n, k, a: Operand::row_major(k), b: Operand::transposed(k), c: Operand { offset: 3, row_stride: n + 3, col_stride: 1 } };
+        dev.matmul(&c, &ta, &tb, None, &shape, false);
+        out.push((format!("{m}x{n}x{k} B^T strided C"), dev.read(&c)));
+        // bias_backward
+        let db = tensor(dev, &bias);
+        dev.bias_backward(&db, &tensor(dev, &c0), m, n);
+        out.push((format!("{m}x{n} bias_backward"), dev.read(&db)));
+    }
+    out
+}
+
+#[test]
+fn matmul_matches_twin() {
+    // K up to 4097 of f32 products: rounding grows with sqrt(K).
+    check!("matmul", matmul_case, 1e-4, 1e-4);
+}
+
+fn elementwise_case<D: Backend>(dev: &D) -> Outputs {
+    let mut out = Outputs::new();
+    for n in [1, 63, 65, 4097, 40_000] {
+        let x = random(n as u64, n, 3.0);
+        let y = random(n as u64 + 1, n, 3.0);
+        let (tx, ty) = (tensor(dev, &x), tensor(dev, &y));
+        let t = dev.alloc(n, "out").unwrap();
+        dev.gelu_forward(&t, &tx);
+        out.push((format!("gelu_forward {n}"), dev.read(&t)));
+        let g = tensor(dev, &y);
+        dev.gelu_backward(&g, &tx, &ty);
+        out.push((format!("gelu_backward {n}"), dev.read(&g)));
+        dev.residual_forward(&t, &tx, &ty);
+        out.push((format!("residual_forward {n}"), dev.read(&t)));
+        dev.axpy(&t, 0.5, &tx, -2.0);
+        out.push((format!("axpy {n}"), dev.read(&t)));
+        dev.fill(&t, 1.25);
+        out.push((format!("fill {n}"), dev.read(&t)));
+        out.push((format!("sum_squares {n}"), vec![dev.sum_squares(&tx) as f32]));
+    }
+    // Large magnitudes: gelu must not produce NaN where tanh saturates.
+    let big = tensor(dev, &[-1e4, -30.0, 30.0, 1e4]);
+    let t = dev.alloc(4, "out").unwrap();
+    dev.gelu_forward(&t, &big);
+    out.push(("gelu_forward saturated".into(), dev.read(&t)));
+    out
+}
+
+#[test]
+fn elementwise_ops_match_twins() {
+    check!("elementwise", elementwise_case, 1e-5, 1e-5);
+}
+
+fn layernorm_case<D: Backend>(dev: &D) -> Outputs {
+    let mut out = Outputs::new();
+    for (rows, c) in [(1, 1), (3, 63), (65, 65), (2, 4097), (100, 300)] {
+        let seed = (rows * 1000 + c) as u64;
+        let x: Vec<f32> = random(seed, rows * c, 2.0).iter().map(|v| v + 0.5).collect();
+        let (w, b) = (random(seed + 1, c, 1.0), random(seed + 2, c, 1.0));
+        let (tx, tw, tb) = (tensor(dev, &x), tensor(dev, &w), tensor(dev, &b));
+        let (o, mean, rstd) = (dev.alloc(rows * c, "o").unwrap(), dev.alloc(rows, "m").unwrap(), dev.alloc(rows, "r").unwrap());
+        dev.layernorm_forward(&o, &mean, &rstd, &tx, &tw, &tb, rows, c, 1e-5);
+        out.push((format!("forward {rows}x{c}"), dev.read(&o)));
+        out.push((format!("rstd {rows}x{c}"), dev.read(&rstd)));
+        let dout = tensor(dev, &random(seed + 3, rows * c, 1.0));
+        let (dx, dw, db) = (tensor(dev, &random(seed + 4, rows * c, 1.0)), tensor(dev, &w), tensor(dev, &b));
+        dev.layernorm_backward(&dx, &dw, &db, &dout, &tx, &tw, &mean, &rstd, rows, c);
+        out.push((format!("dx {rows}x{c}"), dev.read(&dx)));
+        out.push((format!("dweight {rows}x{c}"), dev.read(&dw)));
+        out.push((format!("dbias {rows}x{c}"), dev.read(&db)));
+    }
+    out
+}
+
+#[test]
+fn layernorm_matches_twin() {
+    check!("layernorm", layernorm_case, 1e-4, 1e-4);
+}
+
+fn attention_case<D: Backend>(dev: &D) -> Outputs {
+    let mut out = Outputs::new();
+    // (batch, seq_len, heads, head_dim): T past one 256-key chunk, odd head sizes, one head of 64.
+    for (batch, seq_len, heads, hd) in [(1, 1, 1, 1), (2, 5, 3, 7), (1, 300, 2, 64), (3, 17, 4, 16)] {
+        let c = heads * hd;
+        let d = AttentionDims { batch, seq_len, channels: c, heads };
+        let seed = (batch * 7 + seq_len * 31 + heads * 131 + hd) as u64;
+        let qkv = tensor(dev, &random(seed, batch * seq_len * 3 * c, 1.5));
+        let (o, lse) = (dev.alloc(batch * seq_len * c, "o").unwrap(), dev.alloc(batch * heads * seq_len, "lse").unwrap());
+        dev.attention_forward(&o, &lse, &qkv, d);
+        let tag = format!("B{batch} T{seq_len} NH{heads} hd{hd}");
+        out.push((format!("out {tag}"), dev.read(&o)));
+        out.push((format!("lse {tag}"), dev.read(&lse)));
+        let dout = tensor(dev, &random(seed + 1, batch * seq_len * c, 1.0));
+        let (dqkv, delta) = (dev.alloc(batch * seq_len * 3 * c, "dqkv").unwrap(), dev.alloc(batch * heads * seq_len, "delta").unwrap());
+        dev.attention_backward(&dqkv, &delta, &dout, &qkv, &o, &lse, d);
+        out.push((format!("dqkv {tag}"), dev.read(&dqkv)));
+    }
+    out
+}
+
+#[test]
+fn attention_matches_twin() {
+    check!("attention", attention_case, 1e-4, 1e-4);
+}
+
+fn embedding_and_loss_case<D: Backend>(dev: &D) -> Outputs {
+    let mut out = Outputs::new();
+    // vocab 4097 x C 5 = 80 KiB of wte: split into vocabulary windows under 64 KiB bindings.
+    for (batch, seq_len, c, vocab) in [(1, 1, 1, 1), (2, 33, 5, 4097), (3, 7, 65, 63)] {
+        let tag = format!("B{batch} T{seq_len} C{c} V{vocab}");
+        let seed = (batch + seq_len * 10 + c * 100 + vocab) as u64;
+        let ids = random_tokens(seed, batch * seq_len, vocab);
+        let toks = dev.tokens(&ids).unwrap();
+        let (wte, wpe) = (tensor(dev, &random(seed + 1, vocab * c, 1.0)), tensor(dev, &random(seed + 2, seq_len * c, 1.0)));
+        let o = dev.alloc(batch * seq_len * c, "o").unwrap();
+        dev.encoder_forward(&o, &toks, &wte, &wpe, seq_len, c);
+        out.push((format!("encoder_forward {tag}"), dev.read(&o)));
+        let dout = tensor(dev, &random(seed + 3, batch * seq_len * c, 1.0));
+        dev.encoder_backward(&wte, &wpe, &dout, &toks, batch, seq_len, c);
+        out.push((format!("encoder_backward dwte {tag}"), dev.read(&wte)));
+        out.push((format!("encoder_backward dwpe {tag}"), dev.read(&wpe)));
+
+        let rows = batch * seq_len;
+        let logits_data = random(seed + 4, rows * vocab, 8.0);
+        let logits = tensor(dev, &logits_data);
+        let losses = dev.alloc(rows, "losses").unwrap();
+        dev.crossentropy(&losses, &logits, &toks, vocab, None);
+        out.push((format!("crossentropy loss {tag}"), dev.read(&losses)));
+        out.push((format!("crossentropy untouched logits {tag}"), dev.read(&logits)));
+        dev.crossentropy(&losses, &logits, &toks, vocab, Some(1.0 / rows as f32));
+        out.push((format!("crossentropy dlogits {tag}"), dev.read(&logits)));
+    }
+    out
+}
+
+#[test]
+fn embedding_and_crossentropy_match_twins() {
+    check!("embedding and crossentropy", embedding_and_loss_case, 1e-5, 1e-5);
+}
+
+#[test]
+fn f16_casts_match_the_half_crate() {
+    let Some(gpu) = gpu_or_skip("f16 casts") else { return };
+    for n in [1usize, 63, 65, 4097] {
+        let mut x = random(n as u64, n, 100.0);
+        if n > 4 {
+            x[0] = 70000.0; // beyond f16: +inf
+            x[1] = 1e-8; // subnormal in f16
+            x[2] = 1.0 + 1.0 / 2048.0; // a tie: rounds to even
+        }
+        let tx = tensor(&gpu, &x);
+        let words = gpu.upload_words(&vec![0u32; n.div_ceil(2)], "halves").unwrap();
+        gpu.cast_f32_to_f16(&words, &tx, n);
+        let got: Vec<u16> = gpu.read_words(&words).iter().flat_map(|w| [*w as u16, (*w >> 16) as u16]).take(n).collect();
+        let mut want = vec![0u16; n];
+        zerostream::ops::elementwise::cast_f32_to_f16(&mut want, &x);
+        assert_eq!(got, want, "cast_f32_to_f16 n={n}");
+        let back = gpu.alloc(n, "back").unwrap();
+        gpu.cast_f16_to_f32(&back, &words, n);
+        let mut want_back = vec![0f32; n];
+        zerostream::ops::elementwise::cast_f16_to_f32(&mut want_back, &want);
+        assert_eq!(gpu.read(&back), want_back, "cast_f16_to_f32 n={n}");
+    }
+}
