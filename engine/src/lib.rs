@@ -3,6 +3,7 @@
 //! Start at [`device::Backend`] (the ops every device implements), then [`model::gpt2`] (GPT-2's forward
 //! and backward written against that trait). `docs/ARCHITECTURE.md` has the map of the whole project.
 
+pub mod bench;
 pub mod device;
 pub mod eval;
 pub mod model;

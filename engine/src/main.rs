@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use zerostream::bench::{AdamBenchConfig, HalfOrFull};
 use zerostream::device::{self, DeviceChoice};
 
 #[derive(Parser)]
@@ -52,6 +53,34 @@ enum Command {
         batches: usize,
         #[command(flatten)]
         device: DeviceArgs,
+    },
+    /// Measure one link of the offload path against its ceiling.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// CPU AdamW throughput, and the machine's memory bandwidth (STREAM triad) in the same run.
+    Adam {
+        /// Parameters in the shard.
+        #[arg(long, default_value_t = 64 << 20)]
+        params: usize,
+        /// CPU threads (0 = one per core).
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+        /// Precision of the gradients the update reads.
+        #[arg(long, value_enum, default_value = "bf16")]
+        grad: HalfOrFull,
+        /// Precision of the parameter copy written for the GPU (`f32` = no copy).
+        #[arg(long, value_enum, default_value = "bf16")]
+        copy: HalfOrFull,
+        /// Timed steps; the best is reported.
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -105,6 +134,19 @@ fn run(cli: Cli) -> Result<()> {
             eprintln!("device: {}", dev.describe());
             let report = zerostream::eval::evaluate_on(&dev, &model, &data, batch_size, seq_len, batches)?;
             println!("{}", report.to_json(&dev.describe()));
+            Ok(())
+        }
+        Command::Bench(BenchCommand::Adam { params, threads, grad, copy, reps, json }) => {
+            let r = zerostream::bench::bench_adam(&AdamBenchConfig { params, threads, grad, copy, reps })?;
+            if json {
+                println!("{}", r.to_json());
+            } else {
+                println!(
+                    "adam: {} params, {:?} grads, {:?} copy, {} threads ({}): {:.2} Gparam/s, {} B/param = {:.1} GB/s; triad {:.1} GB/s; {:.0}% of triad",
+                    r.params, r.grad, r.copy, r.threads, r.isa, r.gparams_per_s, r.bytes_per_param, r.adam_gbps, r.triad_gbps,
+                    100.0 * r.fraction_of_triad()
+                );
+            }
             Ok(())
         }
     }

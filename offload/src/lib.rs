@@ -2,5 +2,6 @@
 //! their I/O engine). This crate knows nothing of GPUs: the engine hands it slices of host memory.
 
 pub mod adam;
+pub mod membw;
 
 pub use adam::{AdamConfig, AdamW, Grads, Isa, ParamCopy};
