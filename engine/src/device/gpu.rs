@@ -338,9 +338,8 @@ impl GpuDevice {
 
     fn storage_tensor(&self, len: usize, label: &str) -> Result<GpuTensor> {
         let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
-        let t = self.create_tensor(len, label, usage)?;
-        // wgpu zero-initialises buffers on creation.
-        Ok(t)
+        // wgpu zero-initialises buffers on creation, so a new tensor reads as zeros.
+        self.create_tensor(len, label, usage)
     }
 
     /// Uploads raw 32-bit words (token ids, packed halves).
@@ -457,10 +456,6 @@ impl GpuDevice {
         let bias_window = bias.map(|t| self.window(t, cols.clone()));
         let (m, n, k) = (rows.len() as u32, cols.len() as u32, ks.len() as u32);
         let flags = accumulate as u32 | (((add_bias && bias.is_some()) as u32) << 1);
-        let bias_binding = match &bias_window {
-            Some(w) => w.binding.clone(),
-            None => wc.binding.clone(), // unused by the kernel when bit 1 of flags is clear
-        };
         let params = [
             m,
             n,
@@ -479,9 +474,12 @@ impl GpuDevice {
             bias_window.as_ref().map_or(0, |w| w.elem_offset),
             0,
         ];
-        // The bias binding aliases C when there is no bias; the kernel never reads it then, but wgpu forbids
-        // a buffer bound read-only and read-write in one dispatch, so bind A in its place.
-        let bias_binding = if bias.is_some() { bias_binding } else { wa.binding.clone() };
+        // Without a bias the kernel never reads binding 3, but it must be bound: bind A there (binding C
+        // would put one buffer in a read-only and a read-write slot of one dispatch, which wgpu forbids).
+        let bias_binding = match &bias_window {
+            Some(w) => w.binding.clone(),
+            None => wa.binding.clone(),
+        };
         self.dispatch(
             shaders::MATMUL,
             "main",
@@ -568,9 +566,6 @@ impl Backend for GpuDevice {
         assert_eq!(s.c.col_stride, 1, "matmul: C must have unit column stride");
         if s.m == 0 || s.n == 0 {
             return;
-        }
-        if s.k == 0 {
-            // C = bias (+ C): nothing to multiply; keep the kernel's contract with an empty K loop.
         }
         self.matmul_piece(c, a, b, bias, s, 0..s.m, 0..s.n, 0..s.k, accumulate, true);
     }
