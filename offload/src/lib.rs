@@ -1,7 +1,16 @@
-//! Host-side training state: the CPU AdamW (and, as they land, the RAM and NVMe storage tiers and
-//! their I/O engine). This crate knows nothing of GPUs: the engine hands it slices of host memory.
+//! Host-side training state: the CPU AdamW, the store of training tensors on their RAM or NVMe tier,
+//! the I/O engine that moves NVMe shards, and the pipelined sweep that overlaps the two. This crate
+//! knows nothing of GPUs: the engine hands it slices of host memory.
 
 pub mod adam;
+pub mod aligned;
+pub mod io;
 pub mod membw;
+pub mod store;
+pub mod sweep;
 
 pub use adam::{AdamConfig, AdamW, Grads, Isa, ParamCopy};
+pub use aligned::{ALIGN_BYTES, AlignedBuf};
+pub use io::{Direction, IoConfig, IoEngine, IoEngineKind};
+pub use store::{NvmeDir, Stored, StoreError, Tier};
+pub use sweep::pipelined_sweep;

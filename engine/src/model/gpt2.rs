@@ -28,13 +28,18 @@ pub struct Block<T> {
     pub fc_proj_bias: T,    // (C)
 }
 
-/// Every parameter of the model (or a gradient of the same structure).
-pub struct Params<T> {
-    pub wte: T, // (V, C), also the lm_head
-    pub wpe: T, // (P, C)
-    pub blocks: Vec<Block<T>>,
+/// The parameters outside the blocks: the embeddings (wte doubles as the lm_head) and the final layer norm.
+pub struct Head<T> {
+    pub wte: T,         // (V, C), also the lm_head
+    pub wpe: T,         // (P, C)
     pub ln_f_weight: T, // (C)
     pub ln_f_bias: T,   // (C)
+}
+
+/// Every parameter of the model (or a gradient of the same structure).
+pub struct Params<T> {
+    pub head: Head<T>,
+    pub blocks: Vec<Block<T>>,
 }
 
 /// Hugging Face names and shapes of every parameter, in checkpoint order.
@@ -90,14 +95,25 @@ impl<T> Params<T> {
                 fc_proj_bias: next(),
             })
             .collect();
-        Ok(Params { wte, wpe, blocks, ln_f_weight: next(), ln_f_bias: next() })
+        Ok(Params { head: Head { wte, wpe, ln_f_weight: next(), ln_f_bias: next() }, blocks })
     }
 
     /// Every tensor, in the order of [`parameter_specs`].
     pub fn tensors(&self) -> Vec<&T> {
-        let mut all = vec![&self.wte, &self.wpe];
+        let mut all = vec![&self.head.wte, &self.head.wpe];
         for b in &self.blocks {
-            all.extend([
+            all.extend(b.tensors());
+        }
+        all.extend([&self.head.ln_f_weight, &self.head.ln_f_bias]);
+        all
+    }
+}
+
+impl<T> Block<T> {
+    /// The block's tensors, in checkpoint order.
+    pub fn tensors(&self) -> [&T; 12] {
+        let b = self;
+        [
                 &b.ln_1_weight,
                 &b.ln_1_bias,
                 &b.attn_weight,
@@ -110,82 +126,83 @@ impl<T> Params<T> {
                 &b.fc_bias,
                 &b.fc_proj_weight,
                 &b.fc_proj_bias,
-            ]);
-        }
-        all.extend([&self.ln_f_weight, &self.ln_f_bias]);
-        all
+        ]
     }
 }
 
 /// What one block keeps from forward for backward.
-struct BlockActivations<T> {
-    ln_1: T,      // (BT, C)
-    ln_1_mean: T, // (BT)
-    ln_1_rstd: T, // (BT)
-    qkv: T,       // (BT, 3C)
-    atty: T,      // (BT, C) attention output before its projection
-    lse: T,       // (B, NH, T)
-    attn_proj: T, // (BT, C)
+pub struct BlockActivations<T> {
+    ln_1: T,       // (BT, C)
+    ln_1_mean: T,  // (BT)
+    ln_1_rstd: T,  // (BT)
+    qkv: T,        // (BT, 3C)
+    atty: T,       // (BT, C) attention output before its projection
+    lse: T,        // (B, NH, T)
+    attn_proj: T,  // (BT, C)
     residual_2: T, // (BT, C) residual + attention
-    ln_2: T,      // (BT, C)
-    ln_2_mean: T, // (BT)
-    ln_2_rstd: T, // (BT)
-    fc: T,        // (BT, 4C)
-    fc_gelu: T,   // (BT, 4C)
-    fc_proj: T,   // (BT, C)
+    ln_2: T,       // (BT, C)
+    ln_2_mean: T,  // (BT)
+    ln_2_rstd: T,  // (BT)
+    fc: T,         // (BT, 4C)
+    fc_gelu: T,    // (BT, 4C)
+    fc_proj: T,    // (BT, C)
 }
 
-/// Activations of a whole forward pass, and the scratch buffers of backward, for one (B, T).
-struct Activations<T> {
-    batch: usize,
-    seq_len: usize,
-    /// residual[l] is the input of block l, residual[L] the output of the last block: (L+1) x (BT, C).
-    residual: Vec<T>,
-    blocks: Vec<BlockActivations<T>>,
-    ln_f: T,      // (BT, C)
-    ln_f_mean: T, // (BT)
-    ln_f_rstd: T, // (BT)
-    logits: T,    // (BT, V); holds dlogits after a forward with a gradient scale
-    losses: T,    // (BT)
-    // Backward scratch.
-    d_residual: T, // (BT, C)
-    d_c: T,        // (BT, C)
-    d_hidden_a: T, // (BT, 4C)
-    d_hidden_b: T, // (BT, 4C)
-    d_qkv: T,      // (BT, 3C)
-    delta: T,      // (B, NH, T)
+impl<T> BlockActivations<T> {
+    pub fn new<D: Backend<Tensor = T>>(dev: &D, cfg: &Gpt2Config, batch: usize, seq_len: usize) -> Result<Self> {
+        let (bt, c, h) = (batch * seq_len, cfg.n_embd, cfg.hidden());
+        let stat = batch * cfg.n_head * seq_len;
+        Ok(BlockActivations {
+            ln_1: dev.alloc(bt * c, "ln_1")?,
+            ln_1_mean: dev.alloc(bt, "ln_1 mean")?,
+            ln_1_rstd: dev.alloc(bt, "ln_1 rstd")?,
+            qkv: dev.alloc(bt * 3 * c, "qkv")?,
+            atty: dev.alloc(bt * c, "atty")?,
+            lse: dev.alloc(stat, "attention lse")?,
+            attn_proj: dev.alloc(bt * c, "attn_proj")?,
+            residual_2: dev.alloc(bt * c, "residual_2")?,
+            ln_2: dev.alloc(bt * c, "ln_2")?,
+            ln_2_mean: dev.alloc(bt, "ln_2 mean")?,
+            ln_2_rstd: dev.alloc(bt, "ln_2 rstd")?,
+            fc: dev.alloc(bt * h, "fc")?,
+            fc_gelu: dev.alloc(bt * h, "fc_gelu")?,
+            fc_proj: dev.alloc(bt * c, "fc_proj")?,
+        })
+    }
+
+    /// Device bytes of one block's activations, for budget planning.
+    pub fn bytes(cfg: &Gpt2Config, batch: usize, seq_len: usize) -> u64 {
+        let (bt, c, h) = (batch * seq_len, cfg.n_embd, cfg.hidden());
+        let floats = bt * (9 * c + 4) + 2 * bt * h + batch * cfg.n_head * seq_len;
+        4 * floats as u64
+    }
 }
 
-impl<T> Activations<T> {
-    fn new<D: Backend<Tensor = T>>(dev: &D, cfg: &Gpt2Config, batch: usize, seq_len: usize) -> Result<Self> {
+/// The activations outside the blocks (final layer norm, logits, losses) and the backward scratch
+/// buffers, for one (B, T). `d_residual` carries the gradient of the residual stream between blocks.
+pub struct HeadActivations<T> {
+    pub batch: usize,
+    pub seq_len: usize,
+    ln_f: T,           // (BT, C)
+    ln_f_mean: T,      // (BT)
+    ln_f_rstd: T,      // (BT)
+    logits: T,         // (BT, V); holds dlogits after a forward with a gradient scale
+    losses: T,         // (BT)
+    pub d_residual: T, // (BT, C)
+    d_c: T,            // (BT, C)
+    d_hidden_a: T,     // (BT, 4C)
+    d_hidden_b: T,     // (BT, 4C)
+    d_qkv: T,          // (BT, 3C)
+    delta: T,          // (B, NH, T)
+}
+
+impl<T> HeadActivations<T> {
+    pub fn new<D: Backend<Tensor = T>>(dev: &D, cfg: &Gpt2Config, batch: usize, seq_len: usize) -> Result<Self> {
         let (bt, c, h, v) = (batch * seq_len, cfg.n_embd, cfg.hidden(), cfg.vocab_size);
         let stat = batch * cfg.n_head * seq_len;
-        let residual = (0..=cfg.n_layer).map(|l| dev.alloc(bt * c, &format!("residual.{l}"))).collect::<Result<_>>()?;
-        let blocks = (0..cfg.n_layer)
-            .map(|_| -> Result<_> {
-                Ok(BlockActivations {
-                    ln_1: dev.alloc(bt * c, "ln_1")?,
-                    ln_1_mean: dev.alloc(bt, "ln_1 mean")?,
-                    ln_1_rstd: dev.alloc(bt, "ln_1 rstd")?,
-                    qkv: dev.alloc(bt * 3 * c, "qkv")?,
-                    atty: dev.alloc(bt * c, "atty")?,
-                    lse: dev.alloc(stat, "attention lse")?,
-                    attn_proj: dev.alloc(bt * c, "attn_proj")?,
-                    residual_2: dev.alloc(bt * c, "residual_2")?,
-                    ln_2: dev.alloc(bt * c, "ln_2")?,
-                    ln_2_mean: dev.alloc(bt, "ln_2 mean")?,
-                    ln_2_rstd: dev.alloc(bt, "ln_2 rstd")?,
-                    fc: dev.alloc(bt * h, "fc")?,
-                    fc_gelu: dev.alloc(bt * h, "fc_gelu")?,
-                    fc_proj: dev.alloc(bt * c, "fc_proj")?,
-                })
-            })
-            .collect::<Result<_>>()?;
-        Ok(Activations {
+        Ok(HeadActivations {
             batch,
             seq_len,
-            residual,
-            blocks,
             ln_f: dev.alloc(bt * c, "ln_f")?,
             ln_f_mean: dev.alloc(bt, "ln_f mean")?,
             ln_f_rstd: dev.alloc(bt, "ln_f rstd")?,
@@ -198,6 +215,21 @@ impl<T> Activations<T> {
             d_qkv: dev.alloc(bt * 3 * c, "d_qkv")?,
             delta: dev.alloc(stat, "attention delta")?,
         })
+    }
+
+    /// Device bytes of [`HeadActivations::new`], for budget planning.
+    pub fn bytes(cfg: &Gpt2Config, batch: usize, seq_len: usize) -> u64 {
+        let (bt, c, h, v) = (batch * seq_len, cfg.n_embd, cfg.hidden(), cfg.vocab_size);
+        let floats = bt * (6 * c + 3 + v + 2 * h) + batch * cfg.n_head * seq_len;
+        4 * floats as u64
+    }
+
+    /// The logits of the last forward (or their gradient, if it had a gradient scale).
+    pub fn logits(&self) -> &T {
+        &self.logits
+    }
+    pub fn ln_f(&self) -> &T {
+        &self.ln_f
     }
 }
 
@@ -229,7 +261,112 @@ fn linear_backward<D: Backend>(
     dev.bias_backward(dbias, dout, bt, n);
 }
 
-/// GPT-2 on one device: its parameters, gradients and the activations of the last forward pass.
+fn attention_dims(cfg: &Gpt2Config, batch: usize, seq_len: usize) -> AttentionDims {
+    AttentionDims { batch, seq_len, channels: cfg.n_embd, heads: cfg.n_head }
+}
+
+/// x (B, T, C) = wte[tokens] + wpe[0..T]: the input of block 0.
+pub fn embed_forward<D: Backend>(dev: &D, cfg: &Gpt2Config, x: &D::Tensor, head: &Head<D::Tensor>, inputs: &D::Tokens, seq_len: usize) {
+    dev.encoder_forward(x, inputs, &head.wte, &head.wpe, seq_len, cfg.n_embd);
+}
+
+/// Backward of [`embed_forward`]: dwte, dwpe += ... from `acts.d_residual`, the gradient of block 0's input.
+pub fn embed_backward<D: Backend>(dev: &D, cfg: &Gpt2Config, grads: &Head<D::Tensor>, acts: &HeadActivations<D::Tensor>, inputs: &D::Tokens) {
+    dev.encoder_backward(&grads.wte, &grads.wpe, &acts.d_residual, inputs, acts.batch, acts.seq_len, cfg.n_embd);
+}
+
+/// One transformer block: output = x + mlp(ln_2(x + attn(ln_1(x)))), keeping what backward needs in `a`.
+pub fn block_forward<D: Backend>(dev: &D, cfg: &Gpt2Config, w: &Block<D::Tensor>, a: &BlockActivations<D::Tensor>, input: &D::Tensor, output: &D::Tensor, batch: usize, seq_len: usize) {
+    let (bt, c, h) = (batch * seq_len, cfg.n_embd, cfg.hidden());
+    let eps = cfg.layer_norm_epsilon as f32;
+    // x = x + attn(ln_1(x))
+    dev.layernorm_forward(&a.ln_1, &a.ln_1_mean, &a.ln_1_rstd, input, &w.ln_1_weight, &w.ln_1_bias, bt, c, eps);
+    linear_forward(dev, &a.qkv, &a.ln_1, &w.attn_weight, &w.attn_bias, bt, c, 3 * c);
+    dev.attention_forward(&a.atty, &a.lse, &a.qkv, attention_dims(cfg, batch, seq_len));
+    linear_forward(dev, &a.attn_proj, &a.atty, &w.attn_proj_weight, &w.attn_proj_bias, bt, c, c);
+    dev.residual_forward(&a.residual_2, input, &a.attn_proj);
+    // x = x + mlp(ln_2(x))
+    dev.layernorm_forward(&a.ln_2, &a.ln_2_mean, &a.ln_2_rstd, &a.residual_2, &w.ln_2_weight, &w.ln_2_bias, bt, c, eps);
+    linear_forward(dev, &a.fc, &a.ln_2, &w.fc_weight, &w.fc_bias, bt, c, h);
+    dev.gelu_forward(&a.fc_gelu, &a.fc);
+    linear_forward(dev, &a.fc_proj, &a.fc_gelu, &w.fc_proj_weight, &w.fc_proj_bias, bt, h, c);
+    dev.residual_forward(output, &a.residual_2, &a.fc_proj);
+}
+
+/// Backward of [`block_forward`]: `head.d_residual` holds d(output) on entry and d(input) on return;
+/// the block's parameter gradients are added into `g`.
+#[allow(clippy::too_many_arguments)]
+pub fn block_backward<D: Backend>(
+    dev: &D,
+    cfg: &Gpt2Config,
+    w: &Block<D::Tensor>,
+    g: &Block<D::Tensor>,
+    a: &BlockActivations<D::Tensor>,
+    input: &D::Tensor,
+    head: &HeadActivations<D::Tensor>,
+) {
+    let (batch, seq_len) = (head.batch, head.seq_len);
+    let (bt, c, h) = (batch * seq_len, cfg.n_embd, cfg.hidden());
+    let d_res = &head.d_residual;
+    // d_res holds d(output) = d(residual_2 + fc_proj): it flows to both unchanged.
+    linear_backward(dev, &head.d_hidden_a, &g.fc_proj_weight, &g.fc_proj_bias, d_res, &a.fc_gelu, &w.fc_proj_weight, bt, h, c);
+    dev.fill(&head.d_hidden_b, 0.0);
+    dev.gelu_backward(&head.d_hidden_b, &a.fc, &head.d_hidden_a);
+    linear_backward(dev, &head.d_c, &g.fc_weight, &g.fc_bias, &head.d_hidden_b, &a.ln_2, &w.fc_weight, bt, c, h);
+    dev.layernorm_backward(d_res, &g.ln_2_weight, &g.ln_2_bias, &head.d_c, &a.residual_2, &w.ln_2_weight, &a.ln_2_mean, &a.ln_2_rstd, bt, c);
+    // d_res now holds d(residual_2) = d(input + attn_proj).
+    linear_backward(dev, &head.d_c, &g.attn_proj_weight, &g.attn_proj_bias, d_res, &a.atty, &w.attn_proj_weight, bt, c, c);
+    dev.attention_backward(&head.d_qkv, &head.delta, &head.d_c, &a.qkv, &a.atty, &a.lse, attention_dims(cfg, batch, seq_len));
+    // d_c is free again once attention_backward has consumed it.
+    linear_backward(dev, &head.d_c, &g.attn_weight, &g.attn_bias, &head.d_qkv, &a.ln_1, &w.attn_weight, bt, c, 3 * c);
+    dev.layernorm_backward(d_res, &g.ln_1_weight, &g.ln_1_bias, &head.d_c, input, &w.ln_1_weight, &a.ln_1_mean, &a.ln_1_rstd, bt, c);
+}
+
+/// ln_f, the lm_head (wte transposed) and the cross-entropy of the last block's output `x`; returns the
+/// mean loss. With `loss_grad_scale = Some(s)` the gradient of `s * mean loss` is left in the logits.
+pub fn head_forward<D: Backend>(
+    dev: &D,
+    cfg: &Gpt2Config,
+    head: &Head<D::Tensor>,
+    acts: &HeadActivations<D::Tensor>,
+    x: &D::Tensor,
+    targets: &D::Tokens,
+    loss_grad_scale: Option<f32>,
+) -> f32 {
+    let (bt, c, v) = (acts.batch * acts.seq_len, cfg.n_embd, cfg.vocab_size);
+    let eps = cfg.layer_norm_epsilon as f32;
+    dev.layernorm_forward(&acts.ln_f, &acts.ln_f_mean, &acts.ln_f_rstd, x, &head.ln_f_weight, &head.ln_f_bias, bt, c, eps);
+    // logits (BT, V) = ln_f (BT, C) @ wte^T (C, V)
+    let lm_head = MatmulShape { m: bt, n: v, k: c, a: Operand::row_major(c), b: Operand::transposed(c), c: Operand::row_major(v) };
+    dev.matmul(&acts.logits, &acts.ln_f, &head.wte, None, &lm_head, false);
+    dev.crossentropy(&acts.losses, &acts.logits, targets, v, loss_grad_scale.map(|s| s / bt as f32));
+    let losses = dev.read(&acts.losses);
+    (losses.iter().map(|&x| x as f64).sum::<f64>() / bt as f64) as f32
+}
+
+/// Backward of [`head_forward`] (which must have had a gradient scale): adds into the wte and ln_f
+/// gradients and leaves d(x) in `acts.d_residual`.
+pub fn head_backward<D: Backend>(dev: &D, cfg: &Gpt2Config, head: &Head<D::Tensor>, grads: &Head<D::Tensor>, acts: &HeadActivations<D::Tensor>, x: &D::Tensor) {
+    let (bt, c, v) = (acts.batch * acts.seq_len, cfg.n_embd, cfg.vocab_size);
+    // d_ln_f (BT, C) = dlogits (BT, V) @ wte (V, C); dwte (V, C) += dlogits^T (V, BT) @ ln_f (BT, C)
+    let dlogits = &acts.logits;
+    dev.matmul(&acts.d_c, dlogits, &head.wte, None, &MatmulShape::row_major(bt, c, v), false);
+    let dwte = MatmulShape { m: v, n: c, k: bt, a: Operand::transposed(v), b: Operand::row_major(c), c: Operand::row_major(c) };
+    dev.matmul(&grads.wte, dlogits, &acts.ln_f, None, &dwte, true);
+    dev.fill(&acts.d_residual, 0.0);
+    dev.layernorm_backward(&acts.d_residual, &grads.ln_f_weight, &grads.ln_f_bias, &acts.d_c, x, &head.ln_f_weight, &acts.ln_f_mean, &acts.ln_f_rstd, bt, c);
+}
+
+/// Activations of a whole forward pass with every block kept.
+struct Activations<T> {
+    /// residual[l] is the input of block l, residual[L] the output of the last block: (L+1) x (BT, C).
+    residual: Vec<T>,
+    blocks: Vec<BlockActivations<T>>,
+    head: HeadActivations<T>,
+}
+
+/// GPT-2 resident on one device: its parameters, gradients and the activations of the last forward pass.
+/// (The streaming trainer in [`crate::train`] runs the same block functions with blocks streamed in.)
 pub struct Gpt2<D: Backend> {
     pub config: Gpt2Config,
     pub params: Params<D::Tensor>,
@@ -278,76 +415,33 @@ impl<D: Backend> Gpt2<D> {
         if seq_len > cfg.n_positions {
             bail!("sequence length {seq_len} is longer than the model's n_positions {}", cfg.n_positions);
         }
-        if self.acts.as_ref().is_none_or(|a| a.batch != batch || a.seq_len != seq_len) {
+        if self.acts.as_ref().is_none_or(|a| a.head.batch != batch || a.head.seq_len != seq_len) {
             self.acts = None; // free the old ones before allocating
-            self.acts = Some(Activations::new(dev, cfg, batch, seq_len)?);
+            let bt = batch * seq_len;
+            self.acts = Some(Activations {
+                residual: (0..=cfg.n_layer).map(|l| dev.alloc(bt * cfg.n_embd, &format!("residual.{l}"))).collect::<Result<_>>()?,
+                blocks: (0..cfg.n_layer).map(|_| BlockActivations::new(dev, cfg, batch, seq_len)).collect::<Result<_>>()?,
+                head: HeadActivations::new(dev, cfg, batch, seq_len)?,
+            });
         }
         let acts = self.acts.as_ref().unwrap();
         let p = &self.params;
-        let (bt, c, h, v) = (batch * seq_len, cfg.n_embd, cfg.hidden(), cfg.vocab_size);
-        let eps = cfg.layer_norm_epsilon as f32;
-        let attn = AttentionDims { batch, seq_len, channels: c, heads: cfg.n_head };
-
-        dev.encoder_forward(&acts.residual[0], inputs, &p.wte, &p.wpe, seq_len, c);
+        embed_forward(dev, cfg, &acts.residual[0], &p.head, inputs, seq_len);
         for (l, (w, a)) in p.blocks.iter().zip(&acts.blocks).enumerate() {
-            let residual = &acts.residual[l];
-            // x = x + attn(ln_1(x))
-            dev.layernorm_forward(&a.ln_1, &a.ln_1_mean, &a.ln_1_rstd, residual, &w.ln_1_weight, &w.ln_1_bias, bt, c, eps);
-            linear_forward(dev, &a.qkv, &a.ln_1, &w.attn_weight, &w.attn_bias, bt, c, 3 * c);
-            dev.attention_forward(&a.atty, &a.lse, &a.qkv, attn);
-            linear_forward(dev, &a.attn_proj, &a.atty, &w.attn_proj_weight, &w.attn_proj_bias, bt, c, c);
-            dev.residual_forward(&a.residual_2, residual, &a.attn_proj);
-            // x = x + mlp(ln_2(x))
-            dev.layernorm_forward(&a.ln_2, &a.ln_2_mean, &a.ln_2_rstd, &a.residual_2, &w.ln_2_weight, &w.ln_2_bias, bt, c, eps);
-            linear_forward(dev, &a.fc, &a.ln_2, &w.fc_weight, &w.fc_bias, bt, c, h);
-            dev.gelu_forward(&a.fc_gelu, &a.fc);
-            linear_forward(dev, &a.fc_proj, &a.fc_gelu, &w.fc_proj_weight, &w.fc_proj_bias, bt, h, c);
-            dev.residual_forward(&acts.residual[l + 1], &a.residual_2, &a.fc_proj);
+            block_forward(dev, cfg, w, a, &acts.residual[l], &acts.residual[l + 1], batch, seq_len);
         }
-        let last = &acts.residual[cfg.n_layer];
-        dev.layernorm_forward(&acts.ln_f, &acts.ln_f_mean, &acts.ln_f_rstd, last, &p.ln_f_weight, &p.ln_f_bias, bt, c, eps);
-        // logits (BT, V) = ln_f (BT, C) @ wte^T (C, V)
-        let lm_head = MatmulShape { m: bt, n: v, k: c, a: Operand::row_major(c), b: Operand::transposed(c), c: Operand::row_major(v) };
-        dev.matmul(&acts.logits, &acts.ln_f, &p.wte, None, &lm_head, false);
-        dev.crossentropy(&acts.losses, &acts.logits, targets, v, loss_grad_scale.map(|s| s / bt as f32));
-        let losses = dev.read(&acts.losses);
-        Ok((losses.iter().map(|&x| x as f64).sum::<f64>() / bt as f64) as f32)
+        Ok(head_forward(dev, cfg, &p.head, &acts.head, &acts.residual[cfg.n_layer], targets, loss_grad_scale))
     }
 
     /// Backward pass of the last forward (which must have had a gradient scale); adds into `grads`.
     pub fn backward(&mut self, dev: &D, inputs: &D::Tokens) -> Result<()> {
         let Some(acts) = self.acts.as_ref() else { bail!("backward called before forward") };
         let (cfg, p, g) = (&self.config, &self.params, &self.grads);
-        let (batch, seq_len) = (acts.batch, acts.seq_len);
-        let (bt, c, h, v) = (batch * seq_len, cfg.n_embd, cfg.hidden(), cfg.vocab_size);
-        let attn = AttentionDims { batch, seq_len, channels: c, heads: cfg.n_head };
-        let d_res = &acts.d_residual;
-
-        // lm_head: d_ln_f (BT, C) = dlogits (BT, V) @ wte (V, C); dwte (V, C) += dlogits^T (V, BT) @ ln_f (BT, C)
-        let dlogits = &acts.logits;
-        dev.matmul(&acts.d_c, dlogits, &p.wte, None, &MatmulShape::row_major(bt, c, v), false);
-        let dwte = MatmulShape { m: v, n: c, k: bt, a: Operand::transposed(v), b: Operand::row_major(c), c: Operand::row_major(c) };
-        dev.matmul(&g.wte, dlogits, &acts.ln_f, None, &dwte, true);
-        dev.fill(d_res, 0.0);
-        let last = &acts.residual[cfg.n_layer];
-        dev.layernorm_backward(d_res, &g.ln_f_weight, &g.ln_f_bias, &acts.d_c, last, &p.ln_f_weight, &acts.ln_f_mean, &acts.ln_f_rstd, bt, c);
-
+        head_backward(dev, cfg, &p.head, &g.head, &acts.head, &acts.residual[cfg.n_layer]);
         for l in (0..cfg.n_layer).rev() {
-            let (w, gw, a) = (&p.blocks[l], &g.blocks[l], &acts.blocks[l]);
-            // d_res holds d(residual[l+1]) = d(residual_2 + fc_proj): it flows to both unchanged.
-            linear_backward(dev, &acts.d_hidden_a, &gw.fc_proj_weight, &gw.fc_proj_bias, d_res, &a.fc_gelu, &w.fc_proj_weight, bt, h, c);
-            dev.fill(&acts.d_hidden_b, 0.0);
-            dev.gelu_backward(&acts.d_hidden_b, &a.fc, &acts.d_hidden_a);
-            linear_backward(dev, &acts.d_c, &gw.fc_weight, &gw.fc_bias, &acts.d_hidden_b, &a.ln_2, &w.fc_weight, bt, c, h);
-            dev.layernorm_backward(d_res, &gw.ln_2_weight, &gw.ln_2_bias, &acts.d_c, &a.residual_2, &w.ln_2_weight, &a.ln_2_mean, &a.ln_2_rstd, bt, c);
-            // d_res now holds d(residual_2) = d(residual[l] + attn_proj).
-            linear_backward(dev, &acts.d_c, &gw.attn_proj_weight, &gw.attn_proj_bias, d_res, &a.atty, &w.attn_proj_weight, bt, c, c);
-            dev.attention_backward(&acts.d_qkv, &acts.delta, &acts.d_c, &a.qkv, &a.atty, &a.lse, attn);
-            // d_c is free again once attention_backward has consumed it.
-            linear_backward(dev, &acts.d_c, &gw.attn_weight, &gw.attn_bias, &acts.d_qkv, &a.ln_1, &w.attn_weight, bt, c, 3 * c);
-            dev.layernorm_backward(d_res, &gw.ln_1_weight, &gw.ln_1_bias, &acts.d_c, &acts.residual[l], &w.ln_1_weight, &a.ln_1_mean, &a.ln_1_rstd, bt, c);
+            block_backward(dev, cfg, &p.blocks[l], &g.blocks[l], &acts.blocks[l], &acts.residual[l], &acts.head);
         }
-        dev.encoder_backward(&g.wte, &g.wpe, d_res, inputs, batch, seq_len, c);
+        embed_backward(dev, cfg, &g.head, &acts.head, inputs);
         Ok(())
     }
 
@@ -355,12 +449,12 @@ impl<D: Backend> Gpt2<D> {
     pub fn hidden_states(&self) -> Vec<&D::Tensor> {
         let acts = self.acts.as_ref().expect("hidden_states after forward");
         let mut states: Vec<&D::Tensor> = acts.residual[..self.config.n_layer].iter().collect();
-        states.push(&acts.ln_f);
+        states.push(&acts.head.ln_f);
         states
     }
 
     /// The logits of the last forward (or their gradient, if it had a gradient scale).
     pub fn logits(&self) -> Option<&D::Tensor> {
-        self.acts.as_ref().map(|a| &a.logits)
+        self.acts.as_ref().map(|a| &a.head.logits)
     }
 }

@@ -1,0 +1,321 @@
+//! The NVMe I/O engine: moves whole page-aligned buffers to and from files in blocks of a chosen size
+//! with a chosen number in flight.
+//!
+//! - `uring`: raw io_uring (the `io-uring` crate), one ring per thread that uses it — the sweep gives
+//!   reads and writes their own threads, hence separate read and write queues. The buffer is registered
+//!   with the ring when the memlock limit allows (fixed-buffer reads and writes), else used as is.
+//! - `pread`: `queue_depth` threads each issuing pread/pwrite of one block at a time.
+//! - `mmap`: memcpy through a memory map (memmap2), for comparison; always goes through the page cache.
+//!
+//! Files are opened with O_DIRECT unless the filesystem refuses it (tmpfs does), in which case buffered
+//! I/O is used and [`IoEngine::notes`] says so; so does a fall-back from io_uring to pread.
+
+use std::cell::RefCell;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::aligned::ALIGN_BYTES;
+
+/// Which system interface moves the bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IoEngineKind {
+    Uring,
+    Pread,
+    Mmap,
+}
+
+impl IoEngineKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            IoEngineKind::Uring => "uring",
+            IoEngineKind::Pread => "pread",
+            IoEngineKind::Mmap => "mmap",
+        }
+    }
+}
+
+impl std::str::FromStr for IoEngineKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "uring" | "io_uring" => Ok(IoEngineKind::Uring),
+            "pread" => Ok(IoEngineKind::Pread),
+            "mmap" => Ok(IoEngineKind::Mmap),
+            other => Err(format!("unknown I/O engine {other:?}: expected uring, pread or mmap")),
+        }
+    }
+}
+
+impl std::fmt::Display for IoEngineKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How files are read and written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IoConfig {
+    pub engine: IoEngineKind,
+    /// Bytes per request (a multiple of 4 KiB).
+    pub block_bytes: usize,
+    /// Requests in flight at once.
+    pub queue_depth: usize,
+    /// Ask for O_DIRECT (bypass the page cache); refused by some filesystems, then buffered.
+    pub direct: bool,
+}
+
+impl Default for IoConfig {
+    /// 1 MiB blocks, 32 in flight, O_DIRECT, io_uring: fio's usual sequential setting.
+    fn default() -> Self {
+        IoConfig { engine: IoEngineKind::Uring, block_bytes: 1 << 20, queue_depth: 32, direct: true }
+    }
+}
+
+/// An [`IoConfig`] resolved against what this machine allows.
+#[derive(Debug)]
+pub struct IoEngine {
+    pub config: IoConfig,
+    /// One line per fall-back taken ("io_uring unavailable (...): using pread").
+    pub notes: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    Read,
+    Write,
+}
+
+impl IoEngine {
+    /// Checks the configuration and probes io_uring; falls back to pread (with a note) if it cannot be used.
+    pub fn new(mut config: IoConfig) -> io::Result<Self> {
+        if config.block_bytes == 0 || config.block_bytes % ALIGN_BYTES != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("block size {} bytes: expected a positive multiple of {ALIGN_BYTES}", config.block_bytes),
+            ));
+        }
+        if config.queue_depth == 0 || config.queue_depth > 4096 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("queue depth {}: expected 1 to 4096", config.queue_depth)));
+        }
+        let mut notes = Vec::new();
+        if config.engine == IoEngineKind::Uring
+            && let Err(e) = io_uring::IoUring::new(config.queue_depth.next_power_of_two() as u32)
+        {
+            notes.push(format!("io_uring unavailable ({e}): using a pread/pwrite thread pool instead"));
+            config.engine = IoEngineKind::Pread;
+        }
+        Ok(IoEngine { config, notes })
+    }
+
+    /// Opens (creating if asked) a file for this engine: O_DIRECT when configured and allowed. Returns
+    /// the file and whether it is direct.
+    pub fn open(&self, path: &Path, create: bool) -> io::Result<(File, bool)> {
+        let mut options = OpenOptions::new();
+        options.read(true).write(true).create(create);
+        if self.config.direct && self.config.engine != IoEngineKind::Mmap {
+            let mut direct = options.clone();
+            direct.custom_flags(libc::O_DIRECT);
+            match direct.open(path) {
+                Ok(f) => return Ok((f, true)),
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {} // the filesystem refuses O_DIRECT
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((options.open(path)?, false))
+    }
+
+    /// Transfers all of `buf` to or from `file` at `offset`. With O_DIRECT, `buf`, its length and
+    /// `offset` must be multiples of 4 KiB (an [`crate::AlignedBuf`]'s padded view is).
+    pub fn transfer(&self, dir: Direction, file: &File, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        match self.config.engine {
+            IoEngineKind::Uring => uring_transfer(dir, file, offset, buf, self.config.block_bytes, self.config.queue_depth),
+            IoEngineKind::Pread => pread_transfer(dir, file, offset, buf, self.config.block_bytes, self.config.queue_depth),
+            IoEngineKind::Mmap => mmap_transfer(dir, file, offset, buf),
+        }
+    }
+}
+
+fn short(dir: Direction, offset: u64, got: usize, want: usize) -> io::Error {
+    let what = if dir == Direction::Read { "read" } else { "write" };
+    io::Error::new(io::ErrorKind::UnexpectedEof, format!("short {what}: {got} of {want} bytes at offset {offset}"))
+}
+
+fn pread_transfer(dir: Direction, file: &File, offset: u64, buf: &mut [u8], block: usize, depth: usize) -> io::Result<()> {
+    let blocks = buf.len().div_ceil(block);
+    let next = AtomicUsize::new(0);
+    let base = buf.as_mut_ptr() as usize;
+    let len = buf.len();
+    let worker = || -> io::Result<()> {
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= blocks {
+                return Ok(());
+            }
+            let start = i * block;
+            let n = block.min(len - start);
+            // SAFETY: each block index is taken by exactly one thread, so the ranges are disjoint
+            // sub-slices of `buf`, which outlives the scope.
+            let piece = unsafe { std::slice::from_raw_parts_mut((base + start) as *mut u8, n) };
+            let at = offset + start as u64;
+            match dir {
+                Direction::Read => {
+                    let mut done = 0;
+                    while done < n {
+                        match file.read_at(&mut piece[done..], at + done as u64)? {
+                            0 => return Err(short(dir, at, done, n)),
+                            k => done += k,
+                        }
+                    }
+                }
+                Direction::Write => file.write_all_at(piece, at)?,
+            }
+        }
+    };
+    let threads = depth.min(blocks);
+    if threads <= 1 {
+        return worker();
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads).map(|_| s.spawn(&worker)).collect();
+        handles.into_iter().map(|h| h.join().expect("pread worker panicked")).collect::<io::Result<()>>()
+    })
+}
+
+fn mmap_transfer(dir: Direction, file: &File, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+    // SAFETY: the file is ours for the duration of the copy; nobody truncates it meanwhile.
+    let mut map = unsafe { memmap2::MmapOptions::new().offset(offset).len(buf.len()).map_mut(file)? };
+    match dir {
+        Direction::Read => buf.copy_from_slice(&map),
+        Direction::Write => {
+            map.copy_from_slice(buf);
+            map.flush()?;
+        }
+    }
+    Ok(())
+}
+
+thread_local! {
+    /// This thread's ring and its size: each I/O thread submits to its own queue.
+    static RING: RefCell<Option<(io_uring::IoUring, u32)>> = const { RefCell::new(None) };
+}
+
+fn uring_transfer(dir: Direction, file: &File, offset: u64, buf: &mut [u8], block: usize, depth: usize) -> io::Result<()> {
+    use io_uring::{opcode, types};
+    let entries = depth.next_power_of_two() as u32;
+    RING.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.as_ref().is_none_or(|(_, e)| *e != entries) {
+            *slot = Some((io_uring::IoUring::new(entries)?, entries));
+        }
+        let ring = &mut slot.as_mut().unwrap().0;
+        let fd = types::Fd(file.as_raw_fd());
+        let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+        // SAFETY: the buffer stays alive and unmoved until it is unregistered below.
+        let registered = unsafe { ring.submitter().register_buffers(&[iov]) }.is_ok();
+        let blocks = buf.len().div_ceil(block);
+        let (mut submitted, mut completed, mut in_flight) = (0usize, 0usize, 0usize);
+        let mut result = Ok(());
+        while completed < blocks {
+            while submitted < blocks && in_flight < depth {
+                let start = submitted * block;
+                let n = block.min(buf.len() - start) as u32;
+                // SAFETY: in bounds of buf.
+                let ptr = unsafe { buf.as_mut_ptr().add(start) };
+                let at = offset + start as u64;
+                let entry = match (dir, registered) {
+                    (Direction::Read, true) => opcode::ReadFixed::new(fd, ptr, n, 0).offset(at).build(),
+                    (Direction::Read, false) => opcode::Read::new(fd, ptr, n).offset(at).build(),
+                    (Direction::Write, true) => opcode::WriteFixed::new(fd, ptr, n, 0).offset(at).build(),
+                    (Direction::Write, false) => opcode::Write::new(fd, ptr, n).offset(at).build(),
+                };
+                // SAFETY: the buffer outlives the request: we reap every submission before returning.
+                if unsafe { ring.submission().push(&entry.user_data(submitted as u64)) }.is_err() {
+                    break; // queue full: reap first
+                }
+                submitted += 1;
+                in_flight += 1;
+            }
+            ring.submit_and_wait(1)?;
+            for cqe in ring.completion() {
+                in_flight -= 1;
+                completed += 1;
+                let i = cqe.user_data() as usize;
+                let want = block.min(buf.len() - i * block);
+                let got = cqe.result();
+                if got < 0 {
+                    result = result.and(Err(io::Error::from_raw_os_error(-got)));
+                } else if got as usize != want {
+                    result = result.and(Err(short(dir, offset + (i * block) as u64, got as usize, want)));
+                }
+            }
+            if result.is_err() && in_flight == 0 {
+                break;
+            }
+            if result.is_err() {
+                submitted = blocks; // stop issuing; drain what is in flight
+            }
+        }
+        while in_flight > 0 {
+            ring.submit_and_wait(1)?;
+            in_flight -= ring.completion().count();
+        }
+        if registered {
+            let _ = ring.submitter().unregister_buffers();
+        }
+        result
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aligned::AlignedBuf;
+
+    #[test]
+    fn every_engine_round_trips_bytes_at_odd_block_counts() {
+        let dir = tempfile::tempdir().unwrap();
+        for engine in [IoEngineKind::Uring, IoEngineKind::Pread, IoEngineKind::Mmap] {
+            let io = IoEngine::new(IoConfig { engine, block_bytes: 8192, queue_depth: 3, direct: true }).unwrap();
+            let path = dir.path().join(format!("f-{engine}"));
+            let (file, _) = io.open(&path, true).unwrap();
+            let len = 5 * 8192 + 4096; // 5 whole blocks and a partial one
+            file.set_len(len as u64 + 4096).unwrap();
+            let mut out = AlignedBuf::zeroed(len);
+            for (i, b) in out.bytes_mut().iter_mut().enumerate() {
+                *b = (i * 7 % 251) as u8;
+            }
+            io.transfer(Direction::Write, &file, 4096, out.padded_mut()).unwrap();
+            let mut back = AlignedBuf::zeroed(len);
+            io.transfer(Direction::Read, &file, 4096, back.padded_mut()).unwrap();
+            assert!(out.bytes() == back.bytes(), "{engine}: bytes differ after a round trip");
+        }
+    }
+
+    #[test]
+    fn a_read_past_the_end_is_a_short_read_error() {
+        let dir = tempfile::tempdir().unwrap();
+        for engine in [IoEngineKind::Uring, IoEngineKind::Pread] {
+            let io = IoEngine::new(IoConfig { engine, block_bytes: 4096, queue_depth: 2, direct: true }).unwrap();
+            let (file, _) = io.open(&dir.path().join("short"), true).unwrap();
+            file.set_len(4096).unwrap();
+            let mut buf = AlignedBuf::zeroed(3 * 4096);
+            let err = io.transfer(Direction::Read, &file, 0, buf.padded_mut()).unwrap_err();
+            assert!(err.to_string().contains("short read"), "{engine}: {err}");
+        }
+    }
+
+    #[test]
+    fn bad_block_sizes_and_depths_are_refused() {
+        let bad = IoEngine::new(IoConfig { block_bytes: 1000, ..IoConfig::default() }).unwrap_err();
+        assert!(bad.to_string().contains("multiple of 4096"), "{bad}");
+        let bad = IoEngine::new(IoConfig { queue_depth: 0, ..IoConfig::default() }).unwrap_err();
+        assert!(bad.to_string().contains("queue depth"), "{bad}");
+    }
+}

@@ -1,0 +1,307 @@
+//! The store of training tensors: fixed-size, page-aligned flat buffers, each with a home tier.
+//!
+//! A [`Stored`] tensor lives either in RAM (always resident) or in a file on NVMe (resident only
+//! between [`Stored::page_in`] and [`Stored::page_out`]). Files are named `{name}.rank{r}.bin`, sized to
+//! a whole number of pages, and reused by later runs. With verification on, each write also writes a
+//! CRC32 of the data to `{file}.crc`, and each read checks it. The checksum is removed before data is
+//! overwritten and written again only after the data write succeeded, so a failed or interrupted write
+//! never leaves a shard that reads back as valid.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::aligned::{AlignedBuf, align_up};
+use crate::io::{Direction, IoEngine};
+
+/// Where a tensor lives between uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tier {
+    Ram,
+    Nvme,
+}
+
+impl Tier {
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Ram => "cpu",
+            Tier::Nvme => "nvme",
+        }
+    }
+}
+
+/// An error of the store, naming the file and what went wrong.
+#[derive(Debug)]
+pub struct StoreError(pub String);
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for StoreError {}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+fn io_error(what: &str, path: &Path, e: io::Error) -> StoreError {
+    let why = match e.raw_os_error() {
+        Some(libc::ENOSPC) => "the disk is full (ENOSPC)".to_string(),
+        Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS) => format!("not writable ({e})"),
+        _ => e.to_string(),
+    };
+    StoreError(format!("{what} {}: {why}", path.display()))
+}
+
+/// The NVMe tier: a directory, an I/O engine and whether to verify checksums.
+#[derive(Debug)]
+pub struct NvmeDir {
+    pub dir: PathBuf,
+    pub io: IoEngine,
+    pub verify: bool,
+    pub rank: usize,
+}
+
+impl NvmeDir {
+    /// Checks that `dir` exists and is writable (by creating and removing a probe file).
+    pub fn new(dir: &Path, io: IoEngine, verify: bool, rank: usize) -> Result<Self> {
+        let meta = std::fs::metadata(dir).map_err(|e| io_error("NVMe directory", dir, e))?;
+        if !meta.is_dir() {
+            return Err(StoreError(format!("NVMe directory {}: not a directory", dir.display())));
+        }
+        let probe = dir.join(format!(".zerostream-probe-{}", std::process::id()));
+        std::fs::write(&probe, b"probe").map_err(|e| io_error("NVMe directory", dir, e))?;
+        let _ = std::fs::remove_file(&probe);
+        Ok(NvmeDir { dir: dir.to_path_buf(), io, verify, rank })
+    }
+
+    pub fn shard_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.rank{}.bin", self.rank))
+    }
+}
+
+/// One tensor's file on the NVMe tier.
+#[derive(Debug)]
+pub struct ShardFile {
+    pub path: PathBuf,
+    file: File,
+    len_bytes: usize,
+    pub direct: bool,
+}
+
+impl ShardFile {
+    /// Opens `{name}.rank{r}.bin`, creating it at the page-aligned size of `len_bytes`. An existing file of
+    /// another size is refused rather than silently resized: it belongs to another model or run.
+    pub fn open(nvme: &NvmeDir, name: &str, len_bytes: usize) -> Result<Self> {
+        let path = nvme.shard_path(name);
+        let size = align_up(len_bytes) as u64;
+        let existed = path.exists();
+        let (file, direct) = nvme.io.open(&path, true).map_err(|e| io_error("opening shard", &path, e))?;
+        let actual = file.metadata().map_err(|e| io_error("reading the size of", &path, e))?.len();
+        if existed && actual != size && actual != 0 {
+            return Err(StoreError(format!(
+                "shard {} is {actual} bytes, expected {size}: it was written for another model or configuration; remove it or use another directory",
+                path.display()
+            )));
+        }
+        if actual != size {
+            // Reserve the blocks now, so a full disk shows up at start-up rather than mid-run.
+            let err = unsafe { libc::posix_fallocate(std::os::unix::io::AsRawFd::as_raw_fd(&file), 0, size as libc::off_t) };
+            if err != 0 {
+                let e = io::Error::from_raw_os_error(err);
+                if err == libc::ENOSPC {
+                    let _ = std::fs::remove_file(&path);
+                    return Err(io_error("allocating shard", &path, e));
+                }
+                file.set_len(size).map_err(|e| io_error("sizing shard", &path, e))?;
+            }
+        }
+        Ok(ShardFile { path, file, len_bytes, direct })
+    }
+
+    fn crc_path(&self) -> PathBuf {
+        let mut p = self.path.clone().into_os_string();
+        p.push(".crc");
+        PathBuf::from(p)
+    }
+
+    /// Writes the buffer (whole pages) and, with `verify`, its checksum afterwards.
+    pub fn write(&self, nvme: &NvmeDir, buf: &mut AlignedBuf) -> Result<()> {
+        assert_eq!(buf.len_bytes(), self.len_bytes, "shard {}: buffer of the wrong size", self.path.display());
+        let crc_path = self.crc_path();
+        match std::fs::remove_file(&crc_path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_error("invalidating checksum", &crc_path, e)),
+        }
+        nvme.io.transfer(Direction::Write, &self.file, 0, buf.padded_mut()).map_err(|e| io_error("writing shard", &self.path, e))?;
+        if nvme.verify {
+            let crc = crc32fast::hash(buf.bytes());
+            let tmp = crc_path.with_extension("crc.tmp");
+            std::fs::write(&tmp, format!("{crc:08x} {}\n", self.len_bytes)).map_err(|e| io_error("writing checksum", &tmp, e))?;
+            std::fs::rename(&tmp, &crc_path).map_err(|e| io_error("writing checksum", &crc_path, e))?;
+        }
+        Ok(())
+    }
+
+    /// Reads the shard into `buf`; with `verify`, checks it against the checksum of its last good write.
+    pub fn read(&self, nvme: &NvmeDir, buf: &mut AlignedBuf) -> Result<()> {
+        assert_eq!(buf.len_bytes(), self.len_bytes, "shard {}: buffer of the wrong size", self.path.display());
+        nvme.io.transfer(Direction::Read, &self.file, 0, buf.padded_mut()).map_err(|e| io_error("reading shard", &self.path, e))?;
+        if nvme.verify {
+            let crc_path = self.crc_path();
+            let text = std::fs::read_to_string(&crc_path).map_err(|_| {
+                StoreError(format!("shard {}: no checksum ({}): it was never completely written", self.path.display(), crc_path.display()))
+            })?;
+            let want = text.split_whitespace().next().and_then(|h| u32::from_str_radix(h, 16).ok());
+            let got = crc32fast::hash(buf.bytes());
+            if want != Some(got) {
+                return Err(StoreError(format!(
+                    "shard {}: checksum mismatch (file says {:?}, data gives {got:08x}): the data is corrupt",
+                    self.path.display(),
+                    text.trim()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+enum Home {
+    Ram,
+    Nvme(ShardFile),
+}
+
+/// A flat tensor of `len_bytes` with a home tier. RAM tensors are always resident; NVMe ones hold a
+/// buffer only while paged in.
+pub struct Stored {
+    pub name: String,
+    len_bytes: usize,
+    home: Home,
+    resident: Option<AlignedBuf>,
+}
+
+impl Stored {
+    /// A zero-filled tensor on `tier` (`nvme` must be given for [`Tier::Nvme`]). On NVMe the file is
+    /// created (or reused if it has the right size) and left paged out.
+    pub fn new(name: &str, len_bytes: usize, tier: Tier, nvme: Option<&NvmeDir>) -> Result<Self> {
+        let (home, resident) = match tier {
+            Tier::Ram => (Home::Ram, Some(AlignedBuf::zeroed(len_bytes))),
+            Tier::Nvme => {
+                let nvme = nvme.ok_or_else(|| StoreError(format!("{name}: the NVMe tier needs a directory (--nvme-dir)")))?;
+                (Home::Nvme(ShardFile::open(nvme, name, len_bytes)?), None)
+            }
+        };
+        Ok(Stored { name: name.to_string(), len_bytes, home, resident })
+    }
+
+    pub fn tier(&self) -> Tier {
+        match self.home {
+            Home::Ram => Tier::Ram,
+            Home::Nvme(_) => Tier::Nvme,
+        }
+    }
+    pub fn len_bytes(&self) -> usize {
+        self.len_bytes
+    }
+    pub fn is_resident(&self) -> bool {
+        self.resident.is_some()
+    }
+
+    /// Makes the data resident: reads it from its file (RAM tensors already are).
+    pub fn page_in(&mut self, nvme: Option<&NvmeDir>) -> Result<()> {
+        if self.resident.is_none()
+            && let Home::Nvme(file) = &self.home
+        {
+            let nvme = nvme.expect("an NVMe tensor pages in through its directory");
+            let mut buf = AlignedBuf::zeroed(self.len_bytes);
+            file.read(nvme, &mut buf)?;
+            self.resident = Some(buf);
+        }
+        Ok(())
+    }
+
+    /// Makes the data resident without reading it (its old contents are about to be overwritten).
+    pub fn page_in_uninit(&mut self) {
+        if self.resident.is_none() {
+            self.resident = Some(AlignedBuf::zeroed(self.len_bytes));
+        }
+    }
+
+    /// Writes an NVMe tensor back (if `dirty`) and drops its buffer; RAM tensors stay as they are.
+    pub fn page_out(&mut self, nvme: Option<&NvmeDir>, dirty: bool) -> Result<()> {
+        if let Home::Nvme(file) = &self.home
+            && let Some(mut buf) = self.resident.take()
+            && dirty
+        {
+            file.write(nvme.expect("an NVMe tensor pages out through its directory"), &mut buf)?;
+        }
+        Ok(())
+    }
+
+    /// The resident data. Panics if an NVMe tensor is not paged in (a bug in the caller's sequencing).
+    pub fn data(&self) -> &AlignedBuf {
+        self.resident.as_ref().unwrap_or_else(|| panic!("{} used while paged out", self.name))
+    }
+    pub fn data_mut(&mut self) -> &mut AlignedBuf {
+        let name = &self.name;
+        self.resident.as_mut().unwrap_or_else(|| panic!("{name} used while paged out"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::IoConfig;
+
+    fn nvme(dir: &Path, verify: bool) -> NvmeDir {
+        NvmeDir::new(dir, IoEngine::new(IoConfig { block_bytes: 8192, queue_depth: 4, ..IoConfig::default() }).unwrap(), verify, 0).unwrap()
+    }
+
+    #[test]
+    fn nvme_tensors_round_trip_and_files_are_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let nv = nvme(dir.path(), true);
+        let mut t = Stored::new("h.0.master", 10_000, Tier::Nvme, Some(&nv)).unwrap();
+        assert!(!t.is_resident());
+        assert_eq!(std::fs::metadata(nv.shard_path("h.0.master")).unwrap().len(), 12288);
+        t.page_in_uninit();
+        t.data_mut().as_mut_slice::<f32>().iter_mut().enumerate().for_each(|(i, x)| *x = i as f32);
+        t.page_out(Some(&nv), true).unwrap();
+        assert!(!t.is_resident());
+        // A new run reuses the file and reads back what was written.
+        let mut again = Stored::new("h.0.master", 10_000, Tier::Nvme, Some(&nv)).unwrap();
+        again.page_in(Some(&nv)).unwrap();
+        assert!(again.data().as_slice::<f32>().iter().enumerate().all(|(i, &x)| x == i as f32));
+    }
+
+    #[test]
+    fn corruption_missing_checksums_and_wrong_sizes_are_named_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let nv = nvme(dir.path(), true);
+        let mut t = Stored::new("m", 4096, Tier::Nvme, Some(&nv)).unwrap();
+        // Never written: no checksum, so it cannot read back as valid.
+        let err = t.page_in(Some(&nv)).unwrap_err().to_string();
+        assert!(err.contains("never completely written") && err.contains("m.rank0.bin"), "{err}");
+        t.page_in_uninit();
+        t.data_mut().bytes_mut().fill(7);
+        t.page_out(Some(&nv), true).unwrap();
+        // Flip one byte behind the store's back.
+        let path = nv.shard_path("m");
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[100] ^= 1;
+        std::fs::write(&path, bytes).unwrap();
+        let err = t.page_in(Some(&nv)).unwrap_err().to_string();
+        assert!(err.contains("checksum mismatch") && err.contains("m.rank0.bin"), "{err}");
+        let err = Stored::new("m", 3 * 4096, Tier::Nvme, Some(&nv)).err().unwrap().to_string();
+        assert!(err.contains("expected 12288") && err.contains("m.rank0.bin"), "{err}");
+    }
+
+    #[test]
+    fn missing_directories_are_refused_with_the_path() {
+        let io = IoEngine::new(IoConfig::default()).unwrap();
+        let err = NvmeDir::new(Path::new("/nonexistent/zerostream"), io, false, 0).unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/zerostream"), "{err}");
+        let err = Stored::new("x", 16, Tier::Nvme, None).err().unwrap().to_string();
+        assert!(err.contains("--nvme-dir"), "{err}");
+    }
+}
