@@ -40,6 +40,48 @@ fn default_activation() -> String {
 }
 
 impl Gpt2Config {
+    /// The published GPT-2 sizes by name (gpt2, gpt2-medium, gpt2-large, gpt2-xl).
+    pub fn preset(name: &str) -> Option<Self> {
+        let (n_embd, n_layer, n_head) = match name {
+            "gpt2" => (768, 12, 12),
+            "gpt2-medium" => (1024, 24, 16),
+            "gpt2-large" => (1280, 36, 20),
+            "gpt2-xl" => (1600, 48, 25),
+            _ => return None,
+        };
+        Some(Gpt2Config {
+            vocab_size: 50257,
+            n_positions: 1024,
+            n_embd,
+            n_layer,
+            n_head,
+            n_inner: None,
+            layer_norm_epsilon: 1e-5,
+            activation_function: "gelu_new".into(),
+        })
+    }
+
+    /// config.json as Hugging Face's `GPT2Config` writes it (the fields transformers needs to load it).
+    pub fn to_hf_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "vocab_size": self.vocab_size,
+            "n_positions": self.n_positions,
+            "n_ctx": self.n_positions,
+            "n_embd": self.n_embd,
+            "n_layer": self.n_layer,
+            "n_head": self.n_head,
+            "n_inner": self.n_inner,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "activation_function": self.activation_function,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+            "tie_word_embeddings": true,
+        })
+    }
+
     pub fn hidden(&self) -> usize {
         self.n_inner.unwrap_or(4 * self.n_embd)
     }
@@ -155,4 +197,28 @@ pub fn to_f32(dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
         Dtype::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
         other => bail!("dtype {other:?} is not a floating-point type zerostream reads"),
     })
+}
+
+/// Writes a Hugging Face GPT-2 directory: `config.json` and `model.safetensors` (f32), the tensors
+/// given as (name, shape, data). Files are written under temporary names and renamed, so an interrupted
+/// save never leaves a half-written model where a good one was.
+pub fn save_hf(dir: &Path, config: &Gpt2Config, tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let views = tensors
+        .iter()
+        .map(|(name, shape, data)| {
+            let view = safetensors::tensor::TensorView::new(Dtype::F32, shape.clone(), bytemuck::cast_slice(data))
+                .map_err(|e| anyhow::anyhow!("tensor {name}: {e}"))?;
+            Ok((name.clone(), view))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let weights = dir.join("model.safetensors");
+    let tmp = dir.join(".model.safetensors.tmp");
+    safetensors::serialize_to_file(views, None, &tmp).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &weights).with_context(|| format!("writing {}", weights.display()))?;
+    let config_path = dir.join("config.json");
+    let tmp = dir.join(".config.json.tmp");
+    std::fs::write(&tmp, serde_json::to_string_pretty(&config.to_hf_json())?).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &config_path).with_context(|| format!("writing {}", config_path.display()))?;
+    Ok(())
 }

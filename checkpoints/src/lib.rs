@@ -4,5 +4,5 @@
 pub mod hf;
 pub mod tokens;
 
-pub use hf::{Gpt2Config, HfModel};
+pub use hf::{Gpt2Config, HfModel, save_hf};
 pub use tokens::TokenFile;

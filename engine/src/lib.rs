@@ -8,3 +8,4 @@ pub mod device;
 pub mod eval;
 pub mod model;
 pub mod ops;
+pub mod train;

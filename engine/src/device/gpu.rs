@@ -523,6 +523,9 @@ impl Backend for GpuDevice {
     fn alloc_stats(&self) -> AllocStats {
         self.budget.stats()
     }
+    fn synchronize(&self) {
+        GpuDevice::synchronize(self)
+    }
 
     fn fill(&self, x: &GpuTensor, value: f32) {
         for r in Self::pieces(x.len, self.max_window_elems, self.align_elems) {

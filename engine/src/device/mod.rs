@@ -34,6 +34,8 @@ pub trait Backend {
     /// Uploads token ids (each must be below the vocabulary size; callers check).
     fn tokens(&self, ids: &[u32]) -> Result<Self::Tokens>;
     fn alloc_stats(&self) -> AllocStats;
+    /// Waits until all work recorded so far has run (a no-op where ops run synchronously).
+    fn synchronize(&self) {}
 
     /// x = value.
     fn fill(&self, x: &Self::Tensor, value: f32);

@@ -109,7 +109,26 @@ impl<T> Params<T> {
     }
 }
 
+impl<T> Head<T> {
+    /// wte, wpe, ln_f.weight, ln_f.bias: the order of the head's parameter group.
+    pub fn tensors(&self) -> [&T; 4] {
+        [&self.wte, &self.wpe, &self.ln_f_weight, &self.ln_f_bias]
+    }
+    /// The inverse of [`Head::tensors`].
+    pub fn from_tensors(t: Vec<T>) -> Self {
+        let [wte, wpe, ln_f_weight, ln_f_bias]: [T; 4] = t.try_into().unwrap_or_else(|_| panic!("a head has 4 tensors"));
+        Head { wte, wpe, ln_f_weight, ln_f_bias }
+    }
+}
+
 impl<T> Block<T> {
+    /// The inverse of [`Block::tensors`].
+    pub fn from_tensors(t: Vec<T>) -> Self {
+        let [ln_1_weight, ln_1_bias, attn_weight, attn_bias, attn_proj_weight, attn_proj_bias, ln_2_weight, ln_2_bias, fc_weight, fc_bias, fc_proj_weight, fc_proj_bias]: [T; 12] =
+            t.try_into().unwrap_or_else(|_| panic!("a block has 12 tensors"));
+        Block { ln_1_weight, ln_1_bias, attn_weight, attn_bias, attn_proj_weight, attn_proj_bias, ln_2_weight, ln_2_bias, fc_weight, fc_bias, fc_proj_weight, fc_proj_bias }
+    }
+
     /// The block's tensors, in checkpoint order.
     pub fn tensors(&self) -> [&T; 12] {
         let b = self;

@@ -1,0 +1,890 @@
+//! The streaming ZeRO-Offload trainer.
+//!
+//! Host side, per parameter group (the head, then each block; see [`layout`]): fp32 master weights and
+//! Adam moments on the optimizer tier, the working copy the device computes with (f32, or 16-bit per
+//! `--precision`) on the parameter tier, and an f32 gradient accumulator in RAM.
+//!
+//! Device side, under the byte budget: the head's parameters and gradients, the residual stream, the
+//! activations (every block's, or one block's with `--recompute`), and a few block parameter slots that
+//! blocks are uploaded into just before use; the next block's upload is issued while the current block
+//! computes. After each block's backward its gradients are downloaded and added into the host
+//! accumulator.
+//!
+//! The update runs on a worker thread: once a step's gradient norm is known, the worker updates the
+//! groups in order (head, block 0, block 1, ...) while the device thread starts the next step, which
+//! waits for a group only when it is about to upload it. Each group's update is the same function of
+//! the same inputs whichever thread runs when, so the result is bit-identical to running in sequence.
+
+pub mod layout;
+pub mod schedule;
+
+use std::path::PathBuf;
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use half::{bf16, f16};
+use zerostream_checkpoints::TokenFile;
+use zerostream_offload::{AdamConfig, AdamW, Grads, IoConfig, IoEngine, NvmeDir, ParamCopy, Stored, Tier, pipelined_sweep};
+
+use crate::device::Backend;
+use crate::model::gpt2::{self, Block, BlockActivations, Gpt2Config, Head, HeadActivations};
+use layout::{GroupLayout, group_layouts};
+pub use schedule::{LossScaler, LrPlan, LrSchedule};
+
+/// `--precision`: what the device computes with. Math is f32 in every mode; the modes differ in the
+/// working copy of the parameters (rounded to 16 bits) and, for fp16, in dynamic loss scaling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Precision {
+    Fp32,
+    Bf16,
+    Fp16,
+}
+
+impl Precision {
+    pub fn working_bytes_per_param(self) -> usize {
+        if self == Precision::Fp32 { 4 } else { 2 }
+    }
+}
+
+/// Everything a training run is configured with besides the model and the data.
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    /// B: sequences per micro-batch.
+    pub batch: usize,
+    /// T: tokens per sequence.
+    pub seq_len: usize,
+    /// Micro-batches per optimizer step.
+    pub grad_accum: usize,
+    pub steps: u64,
+    pub lr: LrPlan,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    /// Decoupled weight decay, applied to tensors of two or more dimensions only.
+    pub weight_decay: f64,
+    /// Clip the global gradient L2 norm to this (0 = off).
+    pub grad_clip: f64,
+    pub precision: Precision,
+    /// Device bytes the run may hold at once (None = no limit).
+    pub gpu_mem_budget: Option<u64>,
+    /// Keep only each block's input and recompute its activations in backward.
+    pub recompute: bool,
+    pub offload_optimizer: Tier,
+    pub offload_params: Tier,
+    pub nvme_dir: Option<PathBuf>,
+    pub io: IoConfig,
+    /// Checksum every NVMe shard on write and check it on read.
+    pub verify: bool,
+    /// AdamW threads (0 = one per core).
+    pub adam_threads: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            batch: 4,
+            seq_len: 64,
+            grad_accum: 1,
+            steps: 10,
+            lr: LrPlan { peak: 1e-3, min: 0.0, warmup_steps: 0, total_steps: 10, schedule: LrSchedule::Constant },
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            grad_clip: 1.0,
+            precision: Precision::Fp32,
+            gpu_mem_budget: None,
+            recompute: false,
+            offload_optimizer: Tier::Ram,
+            offload_params: Tier::Ram,
+            nvme_dir: None,
+            io: IoConfig::default(),
+            verify: true,
+            adam_threads: 0,
+        }
+    }
+}
+
+/// Where everything lives and how many device bytes each part takes: decided once at start-up.
+#[derive(Clone, Debug)]
+pub struct Placement {
+    pub optimizer_tier: Tier,
+    pub params_tier: Tier,
+    pub params: usize,
+    pub host_optimizer_bytes: u64,
+    pub host_working_bytes: u64,
+    pub host_grad_bytes: u64,
+    pub device_head_bytes: u64,
+    pub device_block_slot_bytes: u64,
+    pub device_activation_bytes: u64,
+    pub device_other_bytes: u64,
+    /// Block parameter slots on the device (2 at least; all blocks if the budget allows).
+    pub block_slots: usize,
+    pub device_budget_bytes: Option<u64>,
+}
+
+impl Placement {
+    /// Device bytes planned in all.
+    pub fn device_bytes(&self) -> u64 {
+        self.device_head_bytes + self.block_slots as u64 * self.device_block_slot_bytes + self.device_activation_bytes + self.device_other_bytes
+    }
+
+    pub fn describe(&self) -> String {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        format!(
+            "placement: {} parameters; master weights + Adam moments {:.1} MiB on {}; working copy {:.1} MiB on {}; gradients {:.1} MiB in RAM\n\
+             device: head {:.1} MiB + {} block slots x {:.1} MiB + activations {:.1} MiB + other {:.1} MiB = {:.1} MiB (budget {})",
+            self.params,
+            mib(self.host_optimizer_bytes),
+            self.optimizer_tier.name(),
+            mib(self.host_working_bytes),
+            self.params_tier.name(),
+            mib(self.host_grad_bytes),
+            mib(self.device_head_bytes),
+            self.block_slots,
+            mib(self.device_block_slot_bytes),
+            mib(self.device_activation_bytes),
+            mib(self.device_other_bytes),
+            mib(self.device_bytes()),
+            self.device_budget_bytes.map_or("none".to_string(), |b| format!("{:.1} MiB", mib(b))),
+        )
+    }
+}
+
+/// Plans the device memory of a run, or refuses a budget that cannot hold the minimum, with the numbers.
+pub fn plan(cfg: &Gpt2Config, tc: &TrainConfig) -> Result<Placement> {
+    let groups = group_layouts(cfg);
+    let params: usize = groups.iter().map(|g| g.len).sum();
+    let block_elems = groups.get(1).map_or(0, |g| g.len);
+    let bt = tc.batch * tc.seq_len;
+    let head_bytes = 2 * 4 * groups[0].len as u64; // parameters and gradients
+    let block_bytes = 4 * block_elems as u64;
+    let kept_blocks = if tc.recompute { 1 } else { cfg.n_layer };
+    let activation_bytes = kept_blocks as u64 * BlockActivations::<()>::bytes(cfg, tc.batch, tc.seq_len)
+        + HeadActivations::<()>::bytes(cfg, tc.batch, tc.seq_len)
+        + 4 * ((cfg.n_layer + 1) * bt * cfg.n_embd) as u64;
+    // One block's gradients, and the token ids with the encoder's index (x and y): 4 words per token each.
+    let other_bytes = block_bytes + 2 * 4 * 4 * bt as u64 + 4096;
+    let minimum = head_bytes + 2 * block_bytes + activation_bytes + other_bytes;
+    let mut block_slots = cfg.n_layer.min(2);
+    if let Some(budget) = tc.gpu_mem_budget {
+        if budget < minimum {
+            bail!(
+                "--gpu-mem-budget {budget} bytes ({:.1} MiB) cannot hold the minimum of {minimum} bytes ({:.1} MiB): \
+                 head parameters+gradients {head_bytes}, 2 block slots x {block_bytes}, activations {activation_bytes}{}, other {other_bytes}. \
+                 Raise the budget, lower --batch-size/--seq-len{}",
+                budget as f64 / 1048576.0,
+                minimum as f64 / 1048576.0,
+                if tc.recompute { " (with --recompute)" } else { "" },
+                if tc.recompute { "" } else { ", or add --recompute" },
+            );
+        }
+        let spare = budget - minimum;
+        block_slots += (spare / block_bytes.max(1)) as usize;
+        block_slots = block_slots.min(cfg.n_layer);
+    } else {
+        block_slots = cfg.n_layer;
+    }
+    let host = |bytes_per_param: usize| (params * bytes_per_param) as u64;
+    Ok(Placement {
+        optimizer_tier: tc.offload_optimizer,
+        params_tier: tc.offload_params,
+        params,
+        host_optimizer_bytes: host(12),
+        host_working_bytes: host(tc.precision.working_bytes_per_param()),
+        host_grad_bytes: host(4),
+        device_head_bytes: head_bytes,
+        device_block_slot_bytes: block_bytes,
+        device_activation_bytes: activation_bytes,
+        device_other_bytes: other_bytes,
+        block_slots,
+        device_budget_bytes: tc.gpu_mem_budget,
+    })
+}
+
+/// What one optimizer step measured.
+#[derive(Clone, Debug, Default)]
+pub struct StepReport {
+    pub step: u64,
+    /// Mean loss of the step's micro-batches, before its update.
+    pub loss: f64,
+    /// Global gradient L2 norm before clipping (unscaled).
+    pub grad_norm: f64,
+    pub lr: f64,
+    pub loss_scale: f32,
+    /// False when fp16 overflowed and the update was skipped.
+    pub applied: bool,
+    pub tokens: usize,
+    pub seconds: f64,
+    /// Time in the device's compute (ops, and waiting for them to finish).
+    pub compute_s: f64,
+    pub upload_s: f64,
+    pub download_s: f64,
+    /// CPU AdamW time of the update that ran during this step (the previous step's gradients).
+    pub adam_s: f64,
+    /// Time the device thread waited for that update.
+    pub update_wait_s: f64,
+    /// Time the device thread waited for NVMe reads of working parameters.
+    pub io_wait_s: f64,
+    pub upload_bytes: u64,
+    pub download_bytes: u64,
+    pub peak_gpu_bytes: u64,
+}
+
+impl StepReport {
+    pub fn tokens_per_s(&self) -> f64 {
+        self.tokens as f64 / self.seconds.max(1e-12)
+    }
+    pub fn gpu_busy_fraction(&self) -> f64 {
+        (self.compute_s / self.seconds.max(1e-12)).min(1.0)
+    }
+    pub fn to_json(&self) -> serde_json::Value {
+        let gbps = |bytes: u64, s: f64| if s > 0.0 { bytes as f64 / s / 1e9 } else { 0.0 };
+        serde_json::json!({
+            "step": self.step,
+            "loss": self.loss,
+            "grad_norm": self.grad_norm,
+            "lr": self.lr,
+            "loss_scale": self.loss_scale,
+            "applied": self.applied,
+            "tokens_per_s": self.tokens_per_s(),
+            "gpu_busy_fraction": self.gpu_busy_fraction(),
+            "peak_gpu_bytes": self.peak_gpu_bytes,
+            "time": {
+                "total_s": self.seconds,
+                "gpu_compute_s": self.compute_s,
+                "upload_s": self.upload_s,
+                "download_s": self.download_s,
+                "adam_s": self.adam_s,
+                "update_wait_s": self.update_wait_s,
+                "io_wait_s": self.io_wait_s,
+            },
+            "upload_gbps": gbps(self.upload_bytes, self.upload_s),
+            "download_gbps": gbps(self.download_bytes, self.download_s),
+        })
+    }
+}
+
+/// The part of a group both threads touch: gradients (written by the device thread, read by the
+/// update) and the working copy (written by the update, read by the device thread for upload).
+struct SharedGroup {
+    grads: Vec<f32>,
+    working: Stored,
+}
+
+/// The part only the update touches.
+struct OptimizerGroup {
+    master: Stored,
+    m: Stored,
+    v: Stored,
+}
+
+/// One update for the worker: everything it needs to know about the step.
+struct UpdateJob {
+    lr: f64,
+    /// AdamW's step number (from 1; skipped steps do not count, as with PyTorch's GradScaler).
+    adam_step: u64,
+    /// Multiplies every gradient: clip coefficient / loss scale.
+    grad_multiplier: f32,
+}
+
+/// How far the worker has got: updates applied per group, AdamW seconds per job, the first error.
+struct Progress {
+    state: Mutex<ProgressState>,
+    changed: Condvar,
+}
+
+struct ProgressState {
+    updated: Vec<u64>,
+    adam_seconds: Vec<f64>,
+    failed: Option<String>,
+}
+
+impl Progress {
+    fn lock(&self) -> MutexGuard<'_, ProgressState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// Blocks until group `k` has had `count` updates.
+    fn wait_for(&self, k: usize, count: u64) -> Result<()> {
+        let mut s = self.lock();
+        loop {
+            if let Some(e) = &s.failed {
+                bail!("the optimizer update failed: {e}");
+            }
+            if s.updated[k] >= count {
+                return Ok(());
+            }
+            s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where the model's initial weights come from.
+pub enum ModelSource<'a> {
+    Hf(&'a zerostream_checkpoints::HfModel),
+    /// GPT-2's initialisation, seeded: N(0, 0.02) weights (c_proj weights scaled by 1/sqrt(2L)),
+    /// zero biases, unit layer-norm gains.
+    Random { config: Gpt2Config, seed: u64 },
+}
+
+impl ModelSource<'_> {
+    pub fn config(&self) -> &Gpt2Config {
+        match self {
+            ModelSource::Hf(m) => &m.config,
+            ModelSource::Random { config, .. } => config,
+        }
+    }
+
+    fn values(&self, index: usize, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        match self {
+            ModelSource::Hf(m) => m.tensor(name, shape),
+            ModelSource::Random { config, seed } => {
+                use rand::SeedableRng;
+                use rand_distr::{Distribution, Normal};
+                let n: usize = shape.iter().product();
+                if name.ends_with(".bias") {
+                    return Ok(vec![0.0; n]);
+                }
+                if name.contains(".ln_") {
+                    return Ok(vec![1.0; n]);
+                }
+                let std = if name.ends_with("c_proj.weight") { 0.02 / (2.0 * config.n_layer as f64).sqrt() } else { 0.02 };
+                // One stream per tensor, so a tensor's values do not depend on the others' sizes.
+                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ index as u64);
+                let normal = Normal::new(0.0f64, std).expect("a valid normal distribution");
+                Ok((0..n).map(|_| normal.sample(&mut rng) as f32).collect())
+            }
+        }
+    }
+}
+
+/// The device-resident part of the run.
+struct DeviceState<D: Backend> {
+    head: Head<D::Tensor>,
+    head_grads: Head<D::Tensor>,
+    head_acts: HeadActivations<D::Tensor>,
+    /// residual[l] is the input of block l; residual[L] the output of the last block.
+    residual: Vec<D::Tensor>,
+    /// One per block, or a single one with --recompute.
+    block_acts: Vec<BlockActivations<D::Tensor>>,
+    slots: Vec<Block<D::Tensor>>,
+    /// Which (block, step) each slot holds.
+    slot_holds: Vec<Option<(usize, u64)>>,
+    block_grads: Block<D::Tensor>,
+}
+
+/// Running totals of where a step's time goes on the device thread.
+#[derive(Default)]
+struct Clock {
+    compute: Duration,
+    upload: Duration,
+    download: Duration,
+    update_wait: Duration,
+    io_wait: Duration,
+    upload_bytes: u64,
+    download_bytes: u64,
+}
+
+fn timed<R>(total: &mut Duration, f: impl FnOnce() -> R) -> R {
+    let t = Instant::now();
+    let r = f();
+    *total += t.elapsed();
+    r
+}
+
+/// A training run in progress.
+pub struct Trainer<'d, D: Backend> {
+    dev: &'d D,
+    pub config: Gpt2Config,
+    pub train: TrainConfig,
+    pub placement: Placement,
+    layouts: Arc<Vec<GroupLayout>>,
+    shared: Arc<Vec<Mutex<SharedGroup>>>,
+    progress: Arc<Progress>,
+    nvme: Option<Arc<NvmeDir>>,
+    jobs: Option<Sender<UpdateJob>>,
+    worker: Option<JoinHandle<Result<Vec<OptimizerGroup>>>>,
+    optimizer: Option<Vec<OptimizerGroup>>,
+    device: DeviceState<D>,
+    pub scaler: LossScaler,
+    /// Optimizer steps done (the next step's index).
+    pub step: u64,
+    /// AdamW steps taken (skipped fp16 steps excluded).
+    adam_steps: u64,
+    /// Updates sent to the worker (every group gets each one).
+    jobs_sent: u64,
+    pub io_notes: Vec<String>,
+}
+
+impl<'d, D: Backend> Trainer<'d, D> {
+    /// Sets up host state (on its tiers) and device state (under the budget) for `source`'s weights.
+    pub fn new(dev: &'d D, source: &ModelSource<'_>, train: TrainConfig) -> Result<Self> {
+        let config = source.config().clone();
+        config.validate()?;
+        if train.batch == 0 || train.seq_len == 0 || train.grad_accum == 0 {
+            bail!("--batch-size, --seq-len and --grad-accum must be positive");
+        }
+        if train.seq_len > config.n_positions {
+            bail!("--seq-len {} is longer than the model's n_positions {}", train.seq_len, config.n_positions);
+        }
+        let placement = plan(&config, &train)?;
+        let layouts = Arc::new(group_layouts(&config));
+
+        let uses_nvme = train.offload_optimizer == Tier::Nvme || train.offload_params == Tier::Nvme;
+        let mut io_notes = Vec::new();
+        let nvme = if uses_nvme {
+            let dir = train.nvme_dir.as_ref().ok_or_else(|| anyhow!("--offload-optimizer nvme / --offload-params nvme need --nvme-dir DIR"))?;
+            let io = IoEngine::new(train.io).context("--io-engine/--block-size/--queue-depth")?;
+            io_notes.extend(io.notes.iter().cloned());
+            Some(Arc::new(NvmeDir::new(dir, io, train.verify, 0)?))
+        } else {
+            None
+        };
+        let nv = nvme.as_deref();
+
+        // Host state, filled group by group from the source.
+        let specs_index: std::collections::HashMap<String, usize> =
+            gpt2::parameter_specs(&config).into_iter().enumerate().map(|(i, (name, _))| (name, i)).collect();
+        let mut shared = Vec::new();
+        let mut optimizer = Vec::new();
+        for g in layouts.iter() {
+            let mut master = Stored::new(&format!("{}.master", g.name), 4 * g.len, train.offload_optimizer, nv)?;
+            let mut m = Stored::new(&format!("{}.adam_m", g.name), 4 * g.len, train.offload_optimizer, nv)?;
+            let mut v = Stored::new(&format!("{}.adam_v", g.name), 4 * g.len, train.offload_optimizer, nv)?;
+            let bytes = train.precision.working_bytes_per_param();
+            let mut working = Stored::new(&format!("{}.working", g.name), bytes * g.len, train.offload_params, nv)?;
+            for s in [&mut master, &mut m, &mut v, &mut working] {
+                s.page_in_uninit();
+            }
+            {
+                let p = master.data_mut().as_mut_slice::<f32>();
+                for t in &g.tensors {
+                    let values = source.values(specs_index[&t.name], &t.name, &t.shape)?;
+                    p[t.range()].copy_from_slice(&values);
+                }
+            }
+            m.data_mut().bytes_mut().fill(0);
+            v.data_mut().bytes_mut().fill(0);
+            write_working(train.precision, master.data().as_slice::<f32>(), &mut working);
+            for s in [&mut master, &mut m, &mut v, &mut working] {
+                s.page_out(nv, true)?;
+            }
+            shared.push(Mutex::new(SharedGroup { grads: vec![0.0; g.len], working }));
+            optimizer.push(OptimizerGroup { master, m, v });
+        }
+
+        let device = Self::allocate_device(dev, &config, &train, &placement)?;
+        let scaler = if train.precision == Precision::Fp16 { LossScaler::new() } else { LossScaler::fixed_one() };
+        let progress = Arc::new(Progress {
+            state: Mutex::new(ProgressState { updated: vec![0; layouts.len()], adam_seconds: Vec::new(), failed: None }),
+            changed: Condvar::new(),
+        });
+        Ok(Trainer {
+            dev,
+            config,
+            train,
+            placement,
+            layouts,
+            shared: Arc::new(shared),
+            progress,
+            nvme,
+            jobs: None,
+            worker: None,
+            optimizer: Some(optimizer),
+            device,
+            scaler,
+            step: 0,
+            adam_steps: 0,
+            jobs_sent: 0,
+            io_notes,
+        })
+    }
+
+    fn allocate_device(dev: &D, cfg: &Gpt2Config, tc: &TrainConfig, placement: &Placement) -> Result<DeviceState<D>> {
+        let alloc_like = |shapes: &[TensorShape]| -> Result<Vec<D::Tensor>> { shapes.iter().map(|(name, len)| dev.alloc(*len, name)).collect() };
+        let groups = group_layouts(cfg);
+        let shapes = |g: &GroupLayout, prefix: &str| -> Vec<TensorShape> { g.tensors.iter().map(|t| (format!("{prefix}{}", t.name), t.len)).collect() };
+        let head = Head::from_tensors(alloc_like(&shapes(&groups[0], ""))?);
+        let head_grads = Head::from_tensors(alloc_like(&shapes(&groups[0], "grad "))?);
+        let head_acts = HeadActivations::new(dev, cfg, tc.batch, tc.seq_len)?;
+        let bt = tc.batch * tc.seq_len;
+        let residual = (0..=cfg.n_layer).map(|l| dev.alloc(bt * cfg.n_embd, &format!("residual.{l}"))).collect::<Result<_>>()?;
+        let kept = if tc.recompute { 1 } else { cfg.n_layer };
+        let block_acts = (0..kept).map(|_| BlockActivations::new(dev, cfg, tc.batch, tc.seq_len)).collect::<Result<_>>()?;
+        let block_grads = Block::from_tensors(alloc_like(&shapes(&groups[1], "grad "))?);
+        let slots = (0..placement.block_slots)
+            .map(|i| Ok(Block::from_tensors(alloc_like(&shapes(&groups[1], &format!("slot {i} ")))?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(DeviceState { head, head_grads, head_acts, residual, block_acts, slot_holds: vec![None; slots.len()], slots, block_grads })
+    }
+
+    fn start_worker(&mut self) -> Result<()> {
+        if self.worker.is_some() {
+            return Ok(());
+        }
+        let optimizer = self.optimizer.take().ok_or_else(|| anyhow!("the optimizer state was lost after an earlier failure"))?;
+        let (tx, rx) = channel();
+        let adam = AdamW::new(
+            AdamConfig { lr: self.train.lr.peak, beta1: self.train.beta1, beta2: self.train.beta2, eps: self.train.eps, weight_decay: self.train.weight_decay },
+            self.train.adam_threads,
+            zerostream_offload::adam::DEFAULT_CHUNK_ELEMS,
+        );
+        let (layouts, shared, progress, nvme, precision) =
+            (self.layouts.clone(), self.shared.clone(), self.progress.clone(), self.nvme.clone(), self.train.precision);
+        let handle = std::thread::Builder::new()
+            .name("adamw".into())
+            .spawn(move || {
+                let result = optimizer_worker(rx, optimizer, adam, &layouts, &shared, &progress, nvme.as_deref(), precision);
+                if let Err(e) = &result {
+                    progress.lock().failed = Some(format!("{e:#}"));
+                    progress.changed.notify_all();
+                }
+                result
+            })
+            .context("spawning the AdamW thread")?;
+        self.jobs = Some(tx);
+        self.worker = Some(handle);
+        Ok(())
+    }
+
+    /// Waits for group `k`'s latest update, then makes sure its working copy is resident for upload.
+    fn wait_group(&self, k: usize, clock: &mut Clock) -> Result<()> {
+        timed(&mut clock.update_wait, || self.progress.wait_for(k, self.jobs_sent))
+    }
+
+    /// Uploads group `k`'s working copy into `tensors` (the head, or a block slot).
+    fn upload_group(&self, k: usize, tensors: &[&D::Tensor], clock: &mut Clock) -> Result<()> {
+        self.wait_group(k, clock)?;
+        let mut shared = lock(&self.shared[k]);
+        let nv = self.nvme.as_deref();
+        timed(&mut clock.io_wait, || shared.working.page_in(nv))?;
+        let layout = &self.layouts[k];
+        let t0 = Instant::now();
+        match self.train.precision {
+            Precision::Fp32 => {
+                let w = shared.working.data().as_slice::<f32>();
+                for (t, slot) in tensors.iter().zip(&layout.tensors) {
+                    self.dev.write(t, &w[slot.range()]);
+                }
+            }
+            Precision::Bf16 | Precision::Fp16 => {
+                let w = shared.working.data().as_slice::<u16>();
+                let fp16 = self.train.precision == Precision::Fp16;
+                for (t, slot) in tensors.iter().zip(&layout.tensors) {
+                    let wide: Vec<f32> = w[slot.range()]
+                        .iter()
+                        .map(|&bits| if fp16 { f16::from_bits(bits).to_f32() } else { bf16::from_bits(bits).to_f32() })
+                        .collect();
+                    self.dev.write(t, &wide);
+                }
+            }
+        }
+        clock.upload += t0.elapsed();
+        clock.upload_bytes += (layout.len * self.train.precision.working_bytes_per_param()) as u64;
+        shared.working.page_out(nv, false)?;
+        Ok(())
+    }
+
+    /// Makes block `l`'s parameters resident in a slot for this step; returns the slot.
+    fn ensure_block(&mut self, l: usize, clock: &mut Clock) -> Result<usize> {
+        let slots = self.device.slots.len();
+        let slot = l % slots;
+        if self.device.slot_holds[slot] != Some((l, self.step)) {
+            let tensors: Vec<&D::Tensor> = self.device.slots[slot].tensors().to_vec();
+            self.upload_group(1 + l, &tensors, clock)?;
+            self.device.slot_holds[slot] = Some((l, self.step));
+        }
+        Ok(slot)
+    }
+
+    /// Adds a downloaded gradient group into the host accumulator (or stores it, for the first
+    /// micro-batch); returns whether any value would overflow 16-bit storage (checked in fp16 only).
+    fn accumulate(&self, k: usize, parts: &[&D::Tensor], first: bool, clock: &mut Clock) -> bool {
+        let mut shared = lock(&self.shared[k]);
+        let layout = &self.layouts[k];
+        let check = self.train.precision == Precision::Fp16;
+        let mut overflow = false;
+        for (t, slot) in parts.iter().zip(&layout.tensors) {
+            let data = timed(&mut clock.download, || self.dev.read(t));
+            clock.download_bytes += 4 * data.len() as u64;
+            let acc = &mut shared.grads[slot.range()];
+            if first {
+                acc.copy_from_slice(&data);
+            } else {
+                acc.iter_mut().zip(&data).for_each(|(a, g)| *a += g);
+            }
+            if check {
+                overflow |= data.iter().any(|g| !(g.abs() <= schedule::F16_MAX));
+            }
+        }
+        overflow
+    }
+
+    /// One optimizer step over micro-batches `step*M .. step*M+M-1` of `data`.
+    pub fn train_step(&mut self, data: &TokenFile) -> Result<StepReport> {
+        self.start_worker()?;
+        let start = Instant::now();
+        let mut clock = Clock::default();
+        let (batch, seq_len, accum) = (self.train.batch, self.train.seq_len, self.train.grad_accum);
+        let n_layer = self.config.n_layer;
+        let model_config = self.config.clone();
+        let lr = self.train.lr.at(self.step);
+        let loss_scale = self.scaler.scale;
+        let adam_before = adam_seconds_total(&self.progress);
+
+        // The head stays resident for the whole step.
+        let head: Vec<&D::Tensor> = self.device.head.tensors().to_vec();
+        self.upload_group(0, &head, &mut clock)?;
+        let mut loss_sum = 0.0f64;
+        let mut overflow = false;
+        for j in 0..accum {
+            let g = self.step as usize * accum + j;
+            let (x, y) = data.micro_batch(g, batch, seq_len)?;
+            let (x, y) = (self.dev.tokens(&x)?, self.dev.tokens(&y)?);
+            let first = j == 0;
+            let (dev, cfg) = (self.dev, &model_config);
+            if first {
+                for t in self.device.head_grads.tensors() {
+                    dev.fill(t, 0.0);
+                }
+            }
+            timed(&mut clock.compute, || gpt2::embed_forward(dev, cfg, &self.device.residual[0], &self.device.head, &x, seq_len));
+            for l in 0..n_layer {
+                let slot = self.ensure_block(l, &mut clock)?;
+                let d = &self.device;
+                let acts = &d.block_acts[if self.train.recompute { 0 } else { l }];
+                timed(&mut clock.compute, || {
+                    gpt2::block_forward(dev, cfg, &d.slots[slot], acts, &d.residual[l], &d.residual[l + 1], batch, seq_len)
+                });
+                if l + 1 < n_layer && d.slots.len() > 1 {
+                    self.ensure_block(l + 1, &mut clock)?; // the next upload overlaps this block's compute
+                }
+            }
+            let d = &self.device;
+            let loss = timed(&mut clock.compute, || {
+                let loss = gpt2::head_forward(dev, cfg, &d.head, &d.head_acts, &d.residual[n_layer], &y, Some(loss_scale / accum as f32));
+                gpt2::head_backward(dev, cfg, &d.head, &d.head_grads, &d.head_acts, &d.residual[n_layer]);
+                loss
+            });
+            loss_sum += loss as f64;
+            for l in (0..n_layer).rev() {
+                let slot = self.ensure_block(l, &mut clock)?;
+                let d = &self.device;
+                timed(&mut clock.compute, || {
+                    let acts = &d.block_acts[if self.train.recompute { 0 } else { l }];
+                    if self.train.recompute {
+                        gpt2::block_forward(dev, cfg, &d.slots[slot], acts, &d.residual[l], &d.residual[l + 1], batch, seq_len);
+                    }
+                    for t in d.block_grads.tensors() {
+                        dev.fill(t, 0.0);
+                    }
+                    gpt2::block_backward(dev, cfg, &d.slots[slot], &d.block_grads, acts, &d.residual[l], &d.head_acts);
+                });
+                if l > 0 && d.slots.len() > 1 {
+                    self.ensure_block(l - 1, &mut clock)?; // upload the next block while this backward runs
+                }
+                timed(&mut clock.compute, || dev.synchronize());
+                let grads: Vec<&D::Tensor> = self.device.block_grads.tensors().to_vec();
+                overflow |= self.accumulate(1 + l, &grads, first, &mut clock);
+            }
+            let d = &self.device;
+            timed(&mut clock.compute, || {
+                gpt2::embed_backward(dev, cfg, &d.head_grads, &d.head_acts, &x);
+                dev.synchronize();
+            });
+        }
+        let head_grads: Vec<&D::Tensor> = self.device.head_grads.tensors().to_vec();
+        overflow |= self.accumulate(0, &head_grads, true, &mut clock);
+
+        // Global norm over every group's (scaled) gradient, in f64, in group order.
+        let sum_squares: f64 = self
+            .shared
+            .iter()
+            .map(|s| lock(s).grads.iter().map(|&g| (g as f64) * (g as f64)).sum::<f64>())
+            .sum();
+        let grad_norm = sum_squares.sqrt() / loss_scale as f64;
+        overflow |= !grad_norm.is_finite();
+        let applied = self.scaler.update(overflow);
+        if applied {
+            // torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), at most 1, in f32.
+            let clip = if self.train.grad_clip > 0.0 { (self.train.grad_clip as f32 / (grad_norm as f32 + 1e-6)).min(1.0) } else { 1.0 };
+            self.adam_steps += 1;
+            let job = UpdateJob { lr, adam_step: self.adam_steps, grad_multiplier: clip / loss_scale };
+            self.jobs.as_ref().expect("the worker is running").send(job).map_err(|_| self.worker_error())?;
+            self.jobs_sent += 1;
+        }
+        let adam_s = adam_seconds_total(&self.progress) - adam_before;
+        let report = StepReport {
+            step: self.step,
+            loss: loss_sum / accum as f64,
+            grad_norm,
+            lr,
+            loss_scale,
+            applied,
+            tokens: batch * seq_len * accum,
+            seconds: start.elapsed().as_secs_f64(),
+            compute_s: clock.compute.as_secs_f64(),
+            upload_s: clock.upload.as_secs_f64(),
+            download_s: clock.download.as_secs_f64(),
+            adam_s,
+            update_wait_s: clock.update_wait.as_secs_f64(),
+            io_wait_s: clock.io_wait.as_secs_f64(),
+            upload_bytes: clock.upload_bytes,
+            download_bytes: clock.download_bytes,
+            peak_gpu_bytes: self.dev.alloc_stats().peak_bytes,
+        };
+        self.step += 1;
+        Ok(report)
+    }
+
+    fn worker_error(&self) -> anyhow::Error {
+        anyhow!("the optimizer update failed: {}", self.progress.lock().failed.clone().unwrap_or_else(|| "its thread stopped".into()))
+    }
+
+    /// Waits for the last update and stops the worker; returns the AdamW seconds it spent after the
+    /// last step's report.
+    pub fn finish(&mut self) -> Result<f64> {
+        let before = adam_seconds_total(&self.progress);
+        self.jobs = None; // closing the channel ends the worker's loop
+        if let Some(handle) = self.worker.take() {
+            let optimizer = handle.join().map_err(|_| anyhow!("the AdamW thread panicked"))??;
+            self.optimizer = Some(optimizer);
+        }
+        Ok(adam_seconds_total(&self.progress) - before)
+    }
+
+    /// The fp32 master weights, tensor by tensor (name, shape, values), after [`Self::finish`].
+    pub fn master_weights(&mut self) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>> {
+        self.finish()?;
+        let nv = self.nvme.clone();
+        let optimizer = self.optimizer.as_mut().expect("finished");
+        let mut out = Vec::new();
+        for (g, opt) in self.layouts.iter().zip(optimizer.iter_mut()) {
+            opt.master.page_in(nv.as_deref())?;
+            let p = opt.master.data().as_slice::<f32>();
+            for t in &g.tensors {
+                out.push((t.name.clone(), t.shape.clone(), p[t.range()].to_vec()));
+            }
+            opt.master.page_out(nv.as_deref(), false)?;
+        }
+        // Checkpoint order, as Hugging Face writes it.
+        let order: std::collections::HashMap<String, usize> =
+            gpt2::parameter_specs(&self.config).into_iter().enumerate().map(|(i, (n, _))| (n, i)).collect();
+        out.sort_by_key(|(name, _, _)| order[name]);
+        Ok(out)
+    }
+
+    /// Adam's first and second moments of every tensor (name, m, v), after [`Self::finish`].
+    pub fn adam_moments(&mut self) -> Result<Vec<(String, Vec<f32>, Vec<f32>)>> {
+        self.finish()?;
+        let nv = self.nvme.clone();
+        let optimizer = self.optimizer.as_mut().expect("finished");
+        let mut out = Vec::new();
+        for (g, opt) in self.layouts.iter().zip(optimizer.iter_mut()) {
+            opt.m.page_in(nv.as_deref())?;
+            opt.v.page_in(nv.as_deref())?;
+            let (m, v) = (opt.m.data().as_slice::<f32>(), opt.v.data().as_slice::<f32>());
+            for t in &g.tensors {
+                out.push((t.name.clone(), m[t.range()].to_vec(), v[t.range()].to_vec()));
+            }
+            opt.m.page_out(nv.as_deref(), false)?;
+            opt.v.page_out(nv.as_deref(), false)?;
+        }
+        Ok(out)
+    }
+}
+
+impl<D: Backend> Drop for Trainer<'_, D> {
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(handle) = self.worker.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+type TensorShape = (String, usize);
+
+fn adam_seconds_total(p: &Progress) -> f64 {
+    p.lock().adam_seconds.iter().sum()
+}
+
+/// Writes the working copy of freshly updated master weights (fp32: the same values).
+fn write_working(precision: Precision, master: &[f32], working: &mut Stored) {
+    match precision {
+        Precision::Fp32 => working.data_mut().as_mut_slice::<f32>().copy_from_slice(master),
+        Precision::Bf16 => {
+            for (w, &p) in working.data_mut().as_mut_slice::<u16>().iter_mut().zip(master) {
+                *w = bf16::from_f32(p).to_bits();
+            }
+        }
+        Precision::Fp16 => {
+            for (w, &p) in working.data_mut().as_mut_slice::<u16>().iter_mut().zip(master) {
+                *w = f16::from_f32(p).to_bits();
+            }
+        }
+    }
+}
+
+/// The update thread: for each job, a pipelined sweep over the groups in order — the next group's
+/// optimizer state is read while AdamW updates this one and the previous one is written back.
+#[allow(clippy::too_many_arguments)]
+fn optimizer_worker(
+    jobs: Receiver<UpdateJob>,
+    mut optimizer: Vec<OptimizerGroup>,
+    mut adam: AdamW,
+    layouts: &[GroupLayout],
+    shared: &[Mutex<SharedGroup>],
+    progress: &Progress,
+    nvme: Option<&NvmeDir>,
+    precision: Precision,
+) -> Result<Vec<OptimizerGroup>> {
+    for job in jobs {
+        let start = Instant::now();
+        adam.config.lr = job.lr;
+        let load = |g: &mut OptimizerGroup| -> Result<(), zerostream_offload::StoreError> {
+            g.master.page_in(nvme)?;
+            g.m.page_in(nvme)?;
+            g.v.page_in(nvme)
+        };
+        let store = |g: &mut OptimizerGroup| -> Result<(), zerostream_offload::StoreError> {
+            g.master.page_out(nvme, true)?;
+            g.m.page_out(nvme, true)?;
+            g.v.page_out(nvme, true)
+        };
+        let compute = |k: usize, g: &mut OptimizerGroup| -> Result<(), zerostream_offload::StoreError> {
+            let mut sh = lock(&shared[k]);
+            let SharedGroup { grads, working } = &mut *sh;
+            working.page_in_uninit();
+            let (p, m, v) = (g.master.data_mut().as_mut_slice::<f32>(), g.m.data_mut(), g.v.data_mut());
+            let (m, v) = (m.as_mut_slice::<f32>(), v.as_mut_slice::<f32>());
+            for t in &layouts[k].tensors {
+                let r = t.range();
+                let copy = match precision {
+                    Precision::Fp32 => ParamCopy::None,
+                    Precision::Bf16 => ParamCopy::Bf16(bytemuck::cast_slice_mut(&mut working.data_mut().as_mut_slice::<u16>()[r.clone()])),
+                    Precision::Fp16 => ParamCopy::F16(bytemuck::cast_slice_mut(&mut working.data_mut().as_mut_slice::<u16>()[r.clone()])),
+                };
+                adam.step(&mut p[r.clone()], &mut m[r.clone()], &mut v[r.clone()], Grads::F32(&grads[r]), copy, job.adam_step, job.grad_multiplier, t.decays());
+            }
+            if precision == Precision::Fp32 {
+                working.data_mut().as_mut_slice::<f32>().copy_from_slice(p);
+            }
+            working.page_out(nvme, true)?;
+            drop(sh);
+            progress.lock().updated[k] += 1;
+            progress.changed.notify_all();
+            Ok(())
+        };
+        optimizer = pipelined_sweep(optimizer, load, compute, store).map_err(|e| anyhow!("{e}"))?;
+        progress.lock().adam_seconds.push(start.elapsed().as_secs_f64());
+    }
+    Ok(optimizer)
+}
