@@ -2,7 +2,9 @@
 //! and token files (llm.c's format and raw uint16). Formats only: no training logic, no GPU types.
 
 pub mod hf;
+pub mod tokenizer;
 pub mod tokens;
 
 pub use hf::{Gpt2Config, HfModel, save_hf};
-pub use tokens::TokenFile;
+pub use tokenizer::Tokenizer;
+pub use tokens::{TokenFile, write_token_file};

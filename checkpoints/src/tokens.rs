@@ -12,7 +12,8 @@ const HEADER_BYTES: usize = 256 * 4;
 
 pub struct TokenFile {
     pub path: PathBuf,
-    mmap: Mmap,
+    /// The file's bytes: a memory map, or tokens made in memory ([`TokenFile::from_tokens`]).
+    mmap: Box<dyn AsRef<[u8]> + Send + Sync>,
     /// Byte offset of the first token.
     start: usize,
     /// Number of tokens.
@@ -50,12 +51,19 @@ impl TokenFile {
             }
             (0, mmap.len() / 2)
         };
-        Ok(TokenFile { path: path.to_path_buf(), mmap, start, len })
+        Ok(TokenFile { path: path.to_path_buf(), mmap: Box::new(mmap), start, len })
+    }
+
+    /// Tokens already in memory (the embedded demo text); `label` names them in errors.
+    pub fn from_tokens(label: &str, tokens: &[u16]) -> Self {
+        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        TokenFile { path: PathBuf::from(label), mmap: Box::new(bytes), start: 0, len: tokens.len() }
     }
 
     pub fn get(&self, i: usize) -> u16 {
         let o = self.start + 2 * i;
-        u16::from_le_bytes([self.mmap[o], self.mmap[o + 1]])
+        let bytes = (*self.mmap).as_ref();
+        u16::from_le_bytes([bytes[o], bytes[o + 1]])
     }
 
     /// Fails naming the first token id at or above `vocab_size`.
@@ -134,4 +142,20 @@ mod tests {
         assert!(tf.check_vocab(128).unwrap_err().to_string().contains("token 200 at position 1"));
         assert!(tf.micro_batch(0, 2, 2).unwrap_err().to_string().contains("fewer than one micro-batch"));
     }
+}
+
+/// Writes `tokens` in llm.c's format (header: magic, version 1, count; then uint16 tokens), through a
+/// temporary file renamed into place.
+pub fn write_token_file(path: &Path, tokens: &[u16]) -> Result<()> {
+    let mut bytes = Vec::with_capacity(HEADER_BYTES + 2 * tokens.len());
+    let mut header = [0i32; 256];
+    header[0] = LLMC_MAGIC;
+    header[1] = 1;
+    header[2] = i32::try_from(tokens.len()).context("more than 2^31 tokens do not fit llm.c's header")?;
+    bytes.extend(header.iter().flat_map(|w| w.to_le_bytes()));
+    bytes.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
 }

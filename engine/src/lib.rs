@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod device;
 pub mod eval;
+pub mod generate;
 pub mod model;
 pub mod ops;
 pub mod train;

@@ -3,10 +3,14 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use zerostream::bench::{AdamBenchConfig, HalfOrFull};
 use zerostream::device::{self, DeviceChoice};
+use zerostream::train::run::{ModelChoice, RunOptions};
+use zerostream::train::{LrPlan, LrSchedule, Precision, TrainConfig};
+use zerostream_checkpoints::{Tokenizer, write_token_file};
+use zerostream_offload::{IoConfig, IoEngineKind, Tier};
 
 #[derive(Parser)]
 #[command(name = "zerostream", version, about = "Train models larger than GPU memory: ZeRO-style offload with WGSL kernels on any GPU.")]
@@ -54,9 +58,165 @@ enum Command {
         #[command(flatten)]
         device: DeviceArgs,
     },
+    /// Train a GPT-2 with parameters streamed to the device and AdamW on the CPU. With no --model,
+    /// --config or --data: a small byte-level GPT-2 on Shakespeare's Hamlet (built in), a few minutes.
+    Train(Box<TrainArgs>),
+    /// Tokenise a text file into a token file `train --data` reads (llm.c's format).
+    Prepare {
+        /// UTF-8 text to tokenise.
+        #[arg(long)]
+        text: PathBuf,
+        /// Token file to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// `gpt2`: GPT-2's BPE (50257 tokens); `bytes`: one token per byte (256).
+        #[arg(long, value_enum, default_value = "gpt2")]
+        tokenizer: Tokenizer,
+    },
     /// Measure one link of the offload path against its ceiling.
     #[command(subcommand)]
     Bench(BenchCommand),
+}
+
+/// Where a kind of state lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum OffloadTarget {
+    /// Host RAM.
+    Cpu,
+    /// Files under --nvme-dir.
+    Nvme,
+}
+
+impl OffloadTarget {
+    fn tier(self) -> Tier {
+        match self {
+            OffloadTarget::Cpu => Tier::Ram,
+            OffloadTarget::Nvme => Tier::Nvme,
+        }
+    }
+}
+
+#[derive(clap::Args)]
+struct IoArgs {
+    /// How NVMe files are read and written: io_uring, a pread/pwrite thread pool, or mmap.
+    #[arg(long, default_value = "uring")]
+    io_engine: IoEngineKind,
+    /// Bytes per NVMe request (a multiple of 4KiB).
+    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
+    block_size: u64,
+    /// NVMe requests in flight.
+    #[arg(long, default_value_t = 32)]
+    queue_depth: usize,
+    /// Use the page cache instead of O_DIRECT.
+    #[arg(long)]
+    buffered: bool,
+}
+
+impl IoArgs {
+    fn config(&self) -> IoConfig {
+        IoConfig { engine: self.io_engine, block_bytes: self.block_size as usize, queue_depth: self.queue_depth, direct: !self.buffered }
+    }
+}
+
+fn parse_size(text: &str) -> Result<u64, String> {
+    device::parse_bytes(text).map_err(|e| e.to_string())
+}
+
+#[derive(clap::Args)]
+struct TrainArgs {
+    /// A Hugging Face GPT-2 directory to start from (config.json + model.safetensors, or sharded).
+    #[arg(long, conflicts_with = "config")]
+    model: Option<PathBuf>,
+    /// Start from random weights: a preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a config.json.
+    #[arg(long)]
+    config: Option<String>,
+    /// Token file (llm.c's format or raw uint16; see `zerostream prepare`). Default: the built-in Hamlet text.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// B: sequences per micro-batch.
+    #[arg(long, default_value_t = 8)]
+    batch_size: usize,
+    /// T: tokens per sequence (at most the model's n_positions).
+    #[arg(long, default_value_t = 128)]
+    seq_len: usize,
+    /// Micro-batches per optimizer step (gradients accumulate in host RAM).
+    #[arg(long, default_value_t = 1)]
+    grad_accum: usize,
+    /// Optimizer steps.
+    #[arg(long, default_value_t = 500)]
+    steps: u64,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 3e-3)]
+    lr: f64,
+    /// Learning rate at the end of a cosine schedule.
+    #[arg(long, default_value_t = 1e-4)]
+    min_lr: f64,
+    /// Steps of linear warm-up from lr/warmup to lr.
+    #[arg(long, default_value_t = 20)]
+    warmup_steps: u64,
+    /// Learning-rate schedule after warm-up.
+    #[arg(long, value_enum, default_value = "cosine")]
+    lr_schedule: LrSchedule,
+    /// AdamW beta1.
+    #[arg(long, default_value_t = 0.9)]
+    beta1: f64,
+    /// AdamW beta2.
+    #[arg(long, default_value_t = 0.95)]
+    beta2: f64,
+    /// AdamW epsilon.
+    #[arg(long, default_value_t = 1e-8)]
+    eps: f64,
+    /// Decoupled weight decay, applied to tensors of two or more dimensions only.
+    #[arg(long, default_value_t = 0.1)]
+    weight_decay: f64,
+    /// Clip the global gradient L2 norm to this (0 = no clipping).
+    #[arg(long, default_value_t = 1.0)]
+    grad_clip: f64,
+    /// Working precision of the parameters the device computes with: fp32, bf16, or fp16 (with
+    /// dynamic loss scaling). Master weights and Adam moments are always fp32.
+    #[arg(long, value_enum, default_value = "fp32")]
+    precision: Precision,
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Most device memory the run may hold, e.g. 512MiB or 2GiB (default: no limit). A budget too
+    /// small for one block and its activations is refused at start-up with the numbers.
+    #[arg(long, value_parser = parse_size)]
+    gpu_mem_budget: Option<u64>,
+    /// Keep only each block's input and recompute its activations during backward (less device memory).
+    #[arg(long)]
+    recompute: bool,
+    /// Where fp32 master weights and Adam moments live.
+    #[arg(long, value_enum, default_value = "cpu")]
+    offload_optimizer: OffloadTarget,
+    /// Where the working copy of the parameters lives between uploads.
+    #[arg(long, value_enum, default_value = "cpu")]
+    offload_params: OffloadTarget,
+    /// Directory for the NVMe tier's files (`{group}.{kind}.rank0.bin`; reused by later runs).
+    #[arg(long)]
+    nvme_dir: Option<PathBuf>,
+    #[command(flatten)]
+    io: IoArgs,
+    /// Do not checksum NVMe shards (faster; corruption then goes unnoticed).
+    #[arg(long)]
+    no_verify: bool,
+    /// CPU threads for AdamW (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    adam_threads: usize,
+    /// Write one JSON object per optimizer step to this file.
+    #[arg(long)]
+    metrics: Option<PathBuf>,
+    /// Save the trained model as a Hugging Face directory.
+    #[arg(long)]
+    save: Option<PathBuf>,
+    /// Seed of the random initialisation (with --config or the built-in model) and of the sample.
+    #[arg(long, default_value_t = 1337)]
+    seed: u64,
+    /// Tokens of text to sample at the end (0 = none).
+    #[arg(long, default_value_t = 300)]
+    sample_tokens: usize,
+    /// Text the sample continues.
+    #[arg(long, default_value = "HAMLET\n")]
+    prompt: String,
 }
 
 #[derive(Subcommand)]
@@ -136,6 +296,14 @@ fn run(cli: Cli) -> Result<()> {
             println!("{}", report.to_json(&dev.describe()));
             Ok(())
         }
+        Command::Train(args) => train(*args),
+        Command::Prepare { text, out, tokenizer } => {
+            let content = std::fs::read_to_string(&text).with_context(|| format!("reading --text {}", text.display()))?;
+            let tokens = tokenizer.encode(&content)?;
+            write_token_file(&out, &tokens)?;
+            eprintln!("{}: {} bytes of text -> {} tokens ({tokenizer:?}, vocab {})", out.display(), content.len(), tokens.len(), tokenizer.vocab_size());
+            Ok(())
+        }
         Command::Bench(BenchCommand::Adam { params, threads, grad, copy, reps, json }) => {
             let r = zerostream::bench::bench_adam(&AdamBenchConfig { params, threads, grad, copy, reps })?;
             if json {
@@ -150,4 +318,56 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
+}
+
+fn train(a: TrainArgs) -> Result<()> {
+    if (a.offload_optimizer == OffloadTarget::Nvme || a.offload_params == OffloadTarget::Nvme) && a.nvme_dir.is_none() {
+        bail!("--offload-optimizer nvme and --offload-params nvme need --nvme-dir DIR");
+    }
+    if a.steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    let model = match (&a.model, &a.config) {
+        (Some(dir), _) => ModelChoice::Hf(dir.clone()),
+        (None, Some(spec)) => ModelChoice::Config(spec.clone()),
+        (None, None) if a.data.is_none() => ModelChoice::Demo,
+        (None, None) => bail!("--data needs a model: --model DIR or --config PRESET|FILE"),
+    };
+    if a.data.is_none() && !matches!(model, ModelChoice::Demo) {
+        bail!("--model/--config need --data FILE (make one with `zerostream prepare`)");
+    }
+    let tc = TrainConfig {
+        batch: a.batch_size,
+        seq_len: a.seq_len,
+        grad_accum: a.grad_accum,
+        steps: a.steps,
+        lr: LrPlan { peak: a.lr, min: a.min_lr, warmup_steps: a.warmup_steps, total_steps: a.steps, schedule: a.lr_schedule },
+        beta1: a.beta1,
+        beta2: a.beta2,
+        eps: a.eps,
+        weight_decay: a.weight_decay,
+        grad_clip: a.grad_clip,
+        precision: a.precision,
+        gpu_mem_budget: a.gpu_mem_budget,
+        recompute: a.recompute,
+        offload_optimizer: a.offload_optimizer.tier(),
+        offload_params: a.offload_params.tier(),
+        nvme_dir: a.nvme_dir.clone(),
+        io: a.io.config(),
+        verify: !a.no_verify,
+        adam_threads: a.adam_threads,
+    };
+    let options = RunOptions {
+        model,
+        data: a.data.clone(),
+        seed: a.seed,
+        metrics: a.metrics.clone(),
+        save: a.save.clone(),
+        sample_tokens: a.sample_tokens,
+        prompt: a.prompt.replace("\\n", "\n"),
+        progress: true,
+    };
+    let dev = device::open(a.device.device, a.device.adapter.as_deref(), a.gpu_mem_budget)?;
+    zerostream::train::run::run_on(&dev, &options, tc)?;
+    Ok(())
 }

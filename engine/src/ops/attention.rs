@@ -38,8 +38,57 @@ impl AttentionDims {
     }
 }
 
+// The kernels use fma(); so do the twins, to give the same roundings. Without the CPU's FMA
+// instructions enabled at compile time `mul_add` is a slow library call, so the two inner loops are
+// compiled twice and the FMA version is chosen at run time (no native builds).
+
+/// a . b, accumulated with fused multiply-adds in index order.
 fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).fold(0.0, |s, (x, y)| x.mul_add(*y, s))
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has FMA (checked just above).
+        return unsafe { dot_fma(a, b) };
+    }
+    dot_portable(a, b)
+}
+
+#[inline(always)]
+fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let mut s = 0.0f32;
+    for i in 0..n {
+        s = a[i].mul_add(b[i], s);
+    }
+    s
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn dot_fma(a: &[f32], b: &[f32]) -> f32 {
+    dot_portable(a, b)
+}
+
+/// acc += s * x elementwise, with fused multiply-adds.
+fn axpy(acc: &mut [f32], s: f32, x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has FMA (checked just above).
+        return unsafe { axpy_fma(acc, s, x) };
+    }
+    axpy_portable(acc, s, x)
+}
+
+#[inline(always)]
+fn axpy_portable(acc: &mut [f32], s: f32, x: &[f32]) {
+    for (a, v) in acc.iter_mut().zip(x) {
+        *a = s.mul_add(*v, *a);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn axpy_fma(acc: &mut [f32], s: f32, x: &[f32]) {
+    axpy_portable(acc, s, x)
 }
 
 /// out = softmax(q k^T * scale, causal) v per head; lse = log-sum-exp of each score row.
@@ -58,10 +107,7 @@ pub fn attention_forward(out: &mut [f32], lse: &mut [f32], qkv: &[f32], d: Atten
             let row_lse = max + scores.iter().map(|s| (s - max).exp()).sum::<f32>().ln();
             let mut o = vec![0.0f32; hd];
             for (j, s) in scores.iter().enumerate() {
-                let p = (s - row_lse).exp();
-                for (x, v) in o.iter_mut().zip(&qkv[d.v(b, j, h)..][..hd]) {
-                    *x = p.mul_add(*v, *x);
-                }
+                axpy(&mut o, (s - row_lse).exp(), &qkv[d.v(b, j, h)..][..hd]);
             }
             (row_lse, o)
         })
@@ -108,17 +154,11 @@ pub fn attention_backward(
             let base = h * hd;
             let (mut dq, mut dk, mut dv) = (vec![0.0f32; hd], vec![0.0f32; hd], vec![0.0f32; hd]);
             for j in 0..=t {
-                let s = ds(b, h, t, j);
-                for (x, k) in dq.iter_mut().zip(&qkv[d.k(b, j, h)..][..hd]) {
-                    *x = s.mul_add(*k, *x);
-                }
+                axpy(&mut dq, ds(b, h, t, j), &qkv[d.k(b, j, h)..][..hd]);
             }
             for i in t..d.seq_len {
-                let (p, s) = (prob(b, h, i, t), ds(b, h, i, t));
-                for e in 0..hd {
-                    dv[e] = p.mul_add(dout[d.o(b, i, h) + e], dv[e]);
-                    dk[e] = s.mul_add(qkv[d.q(b, i, h) + e], dk[e]);
-                }
+                axpy(&mut dv, prob(b, h, i, t), &dout[d.o(b, i, h)..][..hd]);
+                axpy(&mut dk, ds(b, h, i, t), &qkv[d.q(b, i, h)..][..hd]);
             }
             for e in 0..hd {
                 drow[base + e] = dq[e] * scale;

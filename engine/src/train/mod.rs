@@ -16,6 +16,7 @@
 //! the same inputs whichever thread runs when, so the result is bit-identical to running in sequence.
 
 pub mod layout;
+pub mod run;
 pub mod schedule;
 
 use std::path::PathBuf;
