@@ -1,5 +1,6 @@
-//! `zerostream bench ...`: measurements of each link of the offload path. So far: `adam`, the CPU AdamW
-//! against the machine's memory bandwidth measured in the same run.
+//! `zerostream bench ...`: measurements of each link of the offload path: `adam` (the CPU AdamW against
+//! the machine's memory bandwidth measured in the same run) and `h2d`/`d2h` (host<->device through
+//! wgpu). `bench io` is in [`crate::bench_io`].
 
 use std::time::Instant;
 
@@ -8,6 +9,9 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 use zerostream_offload::adam::{self, AdamConfig, AdamW, DEFAULT_CHUNK_ELEMS, Grads, ParamCopy};
 use zerostream_offload::membw;
+
+use crate::device::GpuDevice;
+use crate::device::transfer::TransferMethod;
 
 /// Precision of the gradients fed to the update and of the parameter copy it writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -119,4 +123,72 @@ pub fn bench_adam(cfg: &AdamBenchConfig) -> Result<AdamBenchReport> {
 
 fn grads_elem_bytes(g: HalfOrFull) -> usize {
     if g == HalfOrFull::F32 { 4 } else { 2 }
+}
+
+/// Which way bytes cross.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Link {
+    HostToDevice,
+    DeviceToHost,
+}
+
+/// One size and method of `bench h2d` / `bench d2h`: the best of its repetitions.
+#[derive(Clone, Debug)]
+pub struct TransferRun {
+    pub link: Link,
+    pub method: TransferMethod,
+    pub bytes: u64,
+    pub gbps: f64,
+}
+
+impl TransferRun {
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "link": if self.link == Link::HostToDevice { "h2d" } else { "d2h" },
+            "method": format!("{:?}", self.method), "bytes": self.bytes, "gbps": self.gbps,
+        })
+    }
+}
+
+/// Host<->device GB/s for each size and method, best of `reps`; the data is checked once per size.
+pub fn bench_transfer(dev: &GpuDevice, link: Link, sizes: &[u64], reps: usize, mut on_run: impl FnMut(&TransferRun)) -> Result<Vec<TransferRun>> {
+    let mut runs = Vec::new();
+    for &bytes in sizes {
+        let mut host: Vec<u8> = (0..bytes).map(|i| (i % 253) as u8).collect();
+        for method in [TransferMethod::Direct, TransferMethod::StagingRing] {
+            let mut best = f64::INFINITY;
+            for _ in 0..reps.max(1) {
+                let seconds = match link {
+                    Link::HostToDevice => dev.time_h2d(&host, method)?,
+                    Link::DeviceToHost => {
+                        let expected = host.clone();
+                        let s = dev.time_d2h(&mut host, method)?;
+                        if host != expected {
+                            bail!("d2h {method:?} of {bytes} bytes returned different data");
+                        }
+                        s
+                    }
+                };
+                best = best.min(seconds);
+            }
+            let run = TransferRun { link, method, bytes, gbps: bytes as f64 / best / 1e9 };
+            on_run(&run);
+            runs.push(run);
+        }
+    }
+    Ok(runs)
+}
+
+/// Single-thread memcpy GB/s over `bytes`: the ceiling of a staging copy on the host side.
+pub fn memcpy_gbps(bytes: usize, reps: usize) -> f64 {
+    let src = vec![1u8; bytes];
+    let mut dst = vec![0u8; bytes];
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        dst.copy_from_slice(&src);
+        std::hint::black_box(&mut dst);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    bytes as f64 / best / 1e9
 }

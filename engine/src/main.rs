@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use zerostream::bench::{AdamBenchConfig, HalfOrFull};
+use zerostream::bench::{AdamBenchConfig, HalfOrFull, Link};
+use zerostream::bench_io::{self, IoBenchConfig};
+use zerostream::device::GpuDevice;
 use zerostream::device::{self, DeviceChoice};
 use zerostream::train::run::{ModelChoice, RunOptions};
 use zerostream::train::{LrPlan, LrSchedule, Precision, TrainConfig};
@@ -143,10 +145,10 @@ struct TrainArgs {
     #[arg(long, default_value_t = 1)]
     grad_accum: usize,
     /// Optimizer steps.
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 300)]
     steps: u64,
     /// Peak learning rate.
-    #[arg(long, default_value_t = 3e-3)]
+    #[arg(long, default_value_t = 2e-3)]
     lr: f64,
     /// Learning rate at the end of a cosine schedule.
     #[arg(long, default_value_t = 1e-4)]
@@ -242,6 +244,75 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// NVMe tier: sequential O_DIRECT write then read of a file, per I/O engine, block size and queue
+    /// depth; prints the best configuration (ready for `train`).
+    Io {
+        /// Directory on the drive to measure (a file is written there and removed).
+        #[arg(long)]
+        dir: PathBuf,
+        /// Bytes written then read per configuration.
+        #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+        size: u64,
+        /// Block sizes to try, comma-separated.
+        #[arg(long, default_value = "256KiB,1MiB,8MiB", value_delimiter = ',', value_parser = parse_size)]
+        block_size: Vec<u64>,
+        /// Queue depths to try, comma-separated.
+        #[arg(long, default_value = "8,32,128", value_delimiter = ',')]
+        queue_depth: Vec<usize>,
+        /// I/O engines to try, comma-separated: uring, pread, mmap.
+        #[arg(long, default_value = "uring", value_delimiter = ',')]
+        io_engine: Vec<IoEngineKind>,
+        /// Use the page cache instead of O_DIRECT.
+        #[arg(long)]
+        buffered: bool,
+        /// Also run fio (--direct=1 --ioengine=io_uring --bs=1M --iodepth=32) on the same size, if installed.
+        #[arg(long)]
+        fio: bool,
+        /// Draw bandwidth against block size and queue depth into this SVG file.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Host-to-device throughput through wgpu: queue.write_buffer and a ring of mapped staging buffers.
+    H2d(TransferArgs),
+    /// Device-to-host throughput through wgpu: one mapped read-back buffer and a ring of them.
+    D2h(TransferArgs),
+    /// Every link — RAM bandwidth, CPU AdamW, NVMe write and read, h2d, d2h — in one table beside its ceiling.
+    All {
+        /// Directory for the NVMe measurement (default: the current directory).
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Bytes for the NVMe measurement.
+        #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+        size: u64,
+        /// Parameters for the AdamW measurement.
+        #[arg(long, default_value_t = 64 << 20)]
+        params: usize,
+        /// Which wgpu adapter (index or part of its name).
+        #[arg(long)]
+        adapter: Option<String>,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct TransferArgs {
+    /// Transfer sizes, comma-separated.
+    #[arg(long, default_value = "1MiB,4MiB,16MiB,64MiB,256MiB", value_delimiter = ',', value_parser = parse_size)]
+    sizes: Vec<u64>,
+    /// Repetitions per size and method; the best is reported.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Which wgpu adapter (index or part of its name).
+    #[arg(long)]
+    adapter: Option<String>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 fn main() {
@@ -297,6 +368,45 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Train(args) => train(*args),
+        Command::Bench(BenchCommand::Io { dir, size, block_size, queue_depth, io_engine, buffered, fio, plot, json }) => {
+            let cfg = IoBenchConfig { dir: dir.clone(), size_bytes: size, block_sizes: block_size, queue_depths: queue_depth, engines: io_engine, direct: !buffered };
+            let runs = bench_io::bench_io(&cfg, |r| {
+                if !json {
+                    println!(
+                        "{:>5} block {:>8} qd {:>4}{}: write {:6.2} GB/s, read {:6.2} GB/s",
+                        r.engine.name(), human_bytes(r.block_bytes), r.queue_depth, if r.direct { "" } else { " (buffered)" }, r.write_gbps, r.read_gbps
+                    );
+                }
+            })?;
+            let best = bench_io::best(&runs).context("no configuration ran")?;
+            let fio_gbps = if fio { bench_io::fio(&dir, size, 1 << 20, 32)? } else { None };
+            if fio && fio_gbps.is_none() {
+                eprintln!("fio is not installed: no comparison (apt-get install fio)");
+            }
+            if let Some(path) = &plot {
+                bench_io::plot(&runs, path)?;
+                eprintln!("plot: {}", path.display());
+            }
+            if json {
+                let mut out = serde_json::json!({ "best": best.to_json(), "runs": runs.iter().map(|r| r.to_json()).collect::<Vec<_>>(), "size": size });
+                if let Some((w, r)) = fio_gbps {
+                    out["fio"] = serde_json::json!({ "write_gbps": w, "read_gbps": r, "bs": 1 << 20, "iodepth": 32 });
+                }
+                println!("{out}");
+            } else {
+                println!(
+                    "best: --io-engine {} --block-size {} --queue-depth {} (write {:.2} GB/s, read {:.2} GB/s)",
+                    best.engine.name(), human_bytes(best.block_bytes), best.queue_depth, best.write_gbps, best.read_gbps
+                );
+                if let Some((w, r)) = fio_gbps {
+                    println!("fio (bs 1MiB, iodepth 32): write {w:.2} GB/s, read {r:.2} GB/s; best above is {:.0}% / {:.0}% of it", 100.0 * best.write_gbps / w, 100.0 * best.read_gbps / r);
+                }
+            }
+            Ok(())
+        }
+        Command::Bench(BenchCommand::H2d(t)) => transfer_command(t, Link::HostToDevice),
+        Command::Bench(BenchCommand::D2h(t)) => transfer_command(t, Link::DeviceToHost),
+        Command::Bench(BenchCommand::All { dir, size, params, adapter, json }) => bench_all(&dir, size, params, adapter.as_deref(), json),
         Command::Prepare { text, out, tokenizer } => {
             let content = std::fs::read_to_string(&text).with_context(|| format!("reading --text {}", text.display()))?;
             let tokens = tokenizer.encode(&content)?;
@@ -369,5 +479,75 @@ fn train(a: TrainArgs) -> Result<()> {
     };
     let dev = device::open(a.device.device, a.device.adapter.as_deref(), a.gpu_mem_budget)?;
     zerostream::train::run::run_on(&dev, &options, tc)?;
+    Ok(())
+}
+
+fn human_bytes(b: u64) -> String {
+    if b >= 1 << 30 && b % (1 << 30) == 0 {
+        format!("{}GiB", b >> 30)
+    } else if b >= 1 << 20 && b % (1 << 20) == 0 {
+        format!("{}MiB", b >> 20)
+    } else if b >= 1 << 10 && b % (1 << 10) == 0 {
+        format!("{}KiB", b >> 10)
+    } else {
+        format!("{b}B")
+    }
+}
+
+fn transfer_command(t: TransferArgs, link: Link) -> Result<()> {
+    let dev = GpuDevice::open(t.adapter.as_deref(), None)?;
+    if !t.json {
+        println!("device: {}", zerostream::device::Backend::describe(&dev));
+    }
+    let runs = zerostream::bench::bench_transfer(&dev, link, &t.sizes, t.reps, |r| {
+        if !t.json {
+            println!("{:>8} {:>12}: {:6.2} GB/s", human_bytes(r.bytes), format!("{:?}", r.method), r.gbps);
+        }
+    })?;
+    let ceiling = zerostream::bench::memcpy_gbps(256 << 20, 3);
+    if t.json {
+        println!("{}", serde_json::json!({ "runs": runs.iter().map(|r| r.to_json()).collect::<Vec<_>>(), "memcpy_gbps": ceiling }));
+    } else {
+        println!("host memcpy (one thread): {ceiling:.2} GB/s");
+    }
+    Ok(())
+}
+
+fn bench_all(dir: &std::path::Path, size: u64, params: usize, adapter: Option<&str>, json: bool) -> Result<()> {
+    let mut rows: Vec<(String, f64, String, f64)> = Vec::new(); // link, GB/s, ceiling name, ceiling GB/s
+    let adam = zerostream::bench::bench_adam(&AdamBenchConfig { params, threads: 0, grad: HalfOrFull::Bf16, copy: HalfOrFull::Bf16, reps: 3 })?;
+    rows.push(("RAM (STREAM triad)".into(), adam.triad_gbps, "triad".into(), adam.triad_gbps));
+    rows.push((format!("CPU AdamW ({:.2} Gparam/s, {} B/param)", adam.gparams_per_s, adam.bytes_per_param), adam.adam_gbps, "triad".into(), adam.triad_gbps));
+    let io_cfg = IoBenchConfig { dir: dir.to_path_buf(), size_bytes: size, block_sizes: vec![1 << 20], queue_depths: vec![32], engines: vec![IoEngineKind::Uring], direct: true };
+    let io = bench_io::bench_io(&io_cfg, |_| {})?;
+    let fio = bench_io::fio(dir, size, 1 << 20, 32)?;
+    let (fio_name, fio_w, fio_r) = match fio {
+        Some((w, r)) => ("fio".to_string(), w, r),
+        None => ("fio not installed".to_string(), f64::NAN, f64::NAN),
+    };
+    let direct = if io[0].direct { "" } else { ", buffered: O_DIRECT refused" };
+    rows.push((format!("NVMe write ({}{direct})", dir.display()), io[0].write_gbps, fio_name.clone(), fio_w));
+    rows.push((format!("NVMe read ({}{direct})", dir.display()), io[0].read_gbps, fio_name, fio_r));
+    match GpuDevice::open(adapter, None) {
+        Ok(dev) => {
+            let memcpy = zerostream::bench::memcpy_gbps(256 << 20, 3);
+            for link in [Link::HostToDevice, Link::DeviceToHost] {
+                let runs = zerostream::bench::bench_transfer(&dev, link, &[256 << 20], 2, |_| {})?;
+                let best = runs.iter().max_by(|a, b| a.gbps.total_cmp(&b.gbps)).expect("two methods ran");
+                let name = if link == Link::HostToDevice { "h2d" } else { "d2h" };
+                rows.push((format!("{name} 256MiB {:?} ({})", best.method, zerostream::device::Backend::describe(&dev)), best.gbps, "host memcpy".into(), memcpy));
+            }
+        }
+        Err(e) => eprintln!("no GPU adapter, h2d and d2h not measured: {e:#}"),
+    }
+    if json {
+        let out: Vec<_> = rows.iter().map(|(l, g, c, cg)| serde_json::json!({ "link": l, "gbps": g, "ceiling": c, "ceiling_gbps": cg })).collect();
+        println!("{}", serde_json::json!({ "links": out }));
+    } else {
+        println!("{:<60} {:>9} {:>9}  ceiling", "link", "GB/s", "ceiling");
+        for (l, g, c, cg) in &rows {
+            println!("{l:<60} {g:>9.2} {cg:>9.2}  {c} ({:.0}%)", 100.0 * g / cg);
+        }
+    }
     Ok(())
 }

@@ -123,10 +123,10 @@ struct Window<'a> {
 }
 
 pub struct GpuDevice {
-    device: wgpu::Device,
-    queue: wgpu::Queue,
+    pub(super) device: wgpu::Device,
+    pub(super) queue: wgpu::Queue,
     summary: AdapterSummary,
-    budget: ByteBudget,
+    pub(super) budget: ByteBudget,
     /// Largest window, in elements, that any op binds (the adapter's limit less the alignment slack).
     max_window_elems: usize,
     align_elems: usize,

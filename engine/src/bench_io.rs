@@ -1,0 +1,177 @@
+//! `zerostream bench io`: sequential write then read of a file on the NVMe tier, per I/O engine, block
+//! size and queue depth, through the same engine the trainer uses; optionally beside fio in the same run.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use zerostream_offload::{AlignedBuf, Direction, IoConfig, IoEngine, IoEngineKind};
+
+#[derive(Clone, Debug)]
+pub struct IoBenchConfig {
+    pub dir: PathBuf,
+    pub size_bytes: u64,
+    pub block_sizes: Vec<u64>,
+    pub queue_depths: Vec<usize>,
+    pub engines: Vec<IoEngineKind>,
+    pub direct: bool,
+}
+
+/// One configuration's result.
+#[derive(Clone, Debug)]
+pub struct IoRun {
+    pub engine: IoEngineKind,
+    pub block_bytes: u64,
+    pub queue_depth: usize,
+    pub direct: bool,
+    pub write_gbps: f64,
+    pub read_gbps: f64,
+}
+
+impl IoRun {
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "io_engine": self.engine.name(), "block_size": self.block_bytes, "queue_depth": self.queue_depth,
+            "direct": self.direct, "write_gbps": self.write_gbps, "read_gbps": self.read_gbps,
+        })
+    }
+}
+
+/// Bytes moved per engine call: large enough that refilling the queue between calls costs little,
+/// small enough to keep the buffer modest.
+fn chunk_bytes(block: u64, depth: usize) -> u64 {
+    (64u64 << 20).max(block * depth as u64 * 4)
+}
+
+/// Writes then reads `size` bytes sequentially with one configuration; returns (write, read) GB/s.
+pub fn run_one(path: &Path, size: u64, config: IoConfig) -> Result<IoRun> {
+    let io = IoEngine::new(config).with_context(|| format!("configuration {config:?}"))?;
+    for note in &io.notes {
+        eprintln!("{note}");
+    }
+    let (file, direct) = io.open(path, true).with_context(|| format!("opening {}", path.display()))?;
+    let chunk = chunk_bytes(config.block_bytes as u64, config.queue_depth).min(size.max(4096));
+    let size = size.div_ceil(chunk) * chunk;
+    file.set_len(size).with_context(|| format!("sizing {}", path.display()))?;
+    let mut buf = AlignedBuf::zeroed(chunk as usize);
+    for (i, b) in buf.bytes_mut().iter_mut().enumerate() {
+        *b = (i % 251) as u8; // not zeros: some devices compress or skip them
+    }
+    let mut timed = |dir: Direction| -> Result<f64> {
+        let t = Instant::now();
+        let mut offset = 0;
+        while offset < size {
+            io.transfer(dir, &file, offset, buf.padded_mut()).with_context(|| format!("{dir:?} of {} at offset {offset}", path.display()))?;
+            offset += chunk;
+        }
+        if dir == Direction::Write {
+            file.sync_data().with_context(|| format!("syncing {}", path.display()))?;
+        }
+        Ok(size as f64 / t.elapsed().as_secs_f64() / 1e9)
+    };
+    let write_gbps = timed(Direction::Write)?;
+    let read_gbps = timed(Direction::Read)?;
+    Ok(IoRun { engine: io.config.engine, block_bytes: config.block_bytes as u64, queue_depth: config.queue_depth, direct, write_gbps, read_gbps })
+}
+
+/// Every combination, in order; the test file is removed afterwards.
+pub fn bench_io(cfg: &IoBenchConfig, mut on_run: impl FnMut(&IoRun)) -> Result<Vec<IoRun>> {
+    if !cfg.dir.is_dir() {
+        bail!("--dir {}: not a directory", cfg.dir.display());
+    }
+    let path = cfg.dir.join(format!("zerostream-bench-io-{}.bin", std::process::id()));
+    let mut runs = Vec::new();
+    let result = (|| -> Result<()> {
+        for &engine in &cfg.engines {
+            for &block in &cfg.block_sizes {
+                for &depth in &cfg.queue_depths {
+                    let config = IoConfig { engine, block_bytes: block as usize, queue_depth: depth, direct: cfg.direct };
+                    let run = run_one(&path, cfg.size_bytes, config)?;
+                    on_run(&run);
+                    runs.push(run);
+                }
+            }
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_file(&path);
+    result.map(|()| runs)
+}
+
+/// The configuration with the best sum of read and write bandwidth.
+pub fn best(runs: &[IoRun]) -> Option<&IoRun> {
+    runs.iter().max_by(|a, b| (a.read_gbps + a.write_gbps).total_cmp(&(b.read_gbps + b.write_gbps)))
+}
+
+/// fio's sequential write then read of the same size (`--direct=1 --ioengine=io_uring --bs=1M
+/// --iodepth=32`), in GB/s; None if fio is not installed.
+pub fn fio(dir: &Path, size: u64, block: u64, depth: usize) -> Result<Option<(f64, f64)>> {
+    if std::process::Command::new("fio").arg("--version").output().is_err() {
+        return Ok(None);
+    }
+    let file = dir.join(format!("zerostream-fio-{}.bin", std::process::id()));
+    let mut gbps = Vec::new();
+    for rw in ["write", "read"] {
+        let out = std::process::Command::new("fio")
+            .args(["--name=zerostream", "--direct=1", "--ioengine=io_uring", "--output-format=json", "--end_fsync=1"])
+            .arg(format!("--rw={rw}"))
+            .arg(format!("--bs={block}"))
+            .arg(format!("--iodepth={depth}"))
+            .arg(format!("--size={size}"))
+            .arg(format!("--filename={}", file.display()))
+            .output()
+            .context("running fio")?;
+        if !out.status.success() {
+            let _ = std::fs::remove_file(&file);
+            bail!("fio --rw={rw} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).context("parsing fio's JSON")?;
+        let bw_bytes = json["jobs"][0][rw]["bw_bytes"].as_f64().context("fio's JSON has no bw_bytes")?;
+        gbps.push(bw_bytes / 1e9);
+    }
+    let _ = std::fs::remove_file(&file);
+    Ok(Some((gbps[0], gbps[1])))
+}
+
+/// Draws read and write GB/s against block size, one line per engine and queue depth, as SVG.
+pub fn plot(runs: &[IoRun], path: &Path) -> Result<()> {
+    use plotters::prelude::*;
+    let max = runs.iter().map(|r| r.read_gbps.max(r.write_gbps)).fold(0.0f64, f64::max) * 1.15 + 1e-3;
+    let (min_block, max_block) = runs.iter().fold((u64::MAX, 0u64), |(lo, hi), r| (lo.min(r.block_bytes), hi.max(r.block_bytes)));
+    let root = SVGBackend::new(path, (1000, 500)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let halves = root.split_evenly((1, 2));
+    for (area, (title, pick)) in halves.iter().zip([("write", true), ("read", false)]) {
+        let mut chart = ChartBuilder::on(area)
+            .caption(format!("sequential {title}, GB/s"), ("sans-serif", 18))
+            .margin(10)
+            .x_label_area_size(35)
+            .y_label_area_size(45)
+            .build_cartesian_2d(((min_block as f64).log2() - 0.5)..((max_block as f64).log2() + 0.5), 0.0..max)?;
+        chart
+            .configure_mesh()
+            .x_desc("block size")
+            .x_label_formatter(&|x| format!("{}KiB", (2f64.powf(*x) / 1024.0).round()))
+            .draw()?;
+        let mut keys: Vec<(IoEngineKind, usize)> = runs.iter().map(|r| (r.engine, r.queue_depth)).collect();
+        keys.dedup();
+        keys.sort_by_key(|k| (k.0.name(), k.1));
+        keys.dedup();
+        for (i, key) in keys.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            let points: Vec<(f64, f64)> = runs
+                .iter()
+                .filter(|r| (r.engine, r.queue_depth) == *key)
+                .map(|r| ((r.block_bytes as f64).log2(), if pick { r.write_gbps } else { r.read_gbps }))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+                .label(format!("{} qd{}", key.0, key.1))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], color.stroke_width(2)));
+            chart.draw_series(points.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
+        }
+        chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+    }
+    root.present().with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
