@@ -154,6 +154,9 @@ impl TransferRun {
 pub fn bench_transfer(dev: &GpuDevice, link: Link, sizes: &[u64], reps: usize, mut on_run: impl FnMut(&TransferRun)) -> Result<Vec<TransferRun>> {
     let mut runs = Vec::new();
     for &bytes in sizes {
+        if bytes == 0 || bytes % wgpu::COPY_BUFFER_ALIGNMENT != 0 {
+            bail!("transfer size {bytes} bytes: must be a positive multiple of {} (wgpu's copy alignment)", wgpu::COPY_BUFFER_ALIGNMENT);
+        }
         let mut host: Vec<u8> = (0..bytes).map(|i| (i % 253) as u8).collect();
         for method in [TransferMethod::Direct, TransferMethod::StagingRing] {
             let mut best = f64::INFINITY;

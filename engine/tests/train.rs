@@ -169,3 +169,22 @@ fn half_precision_runs_follow_the_fp32_curve() {
         }
     }
 }
+
+#[test]
+fn gpu_runs_under_the_smallest_budget_are_bit_identical_and_stay_within_it() {
+    let Some(unlimited) = gpu_or_skip("gpu_runs_under_the_smallest_budget_are_bit_identical_and_stay_within_it") else { return };
+    let golden = Golden::load("gpt2-tiny-accum");
+    let base = TrainConfig { steps: 3, ..golden.train_config() };
+    let reference = run(&unlimited, "gpt2-tiny-accum", base.clone());
+    drop(unlimited);
+    let tc = TrainConfig { recompute: true, ..base };
+    let err = zerostream::train::plan(&HfModel::open(&golden_dir("gpt2-tiny-accum").join("model")).unwrap().config, &TrainConfig { gpu_mem_budget: Some(0), ..tc.clone() })
+        .unwrap_err()
+        .to_string();
+    let minimum: u64 = err.split("minimum of ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    let gpu = zerostream::device::GpuDevice::open(None, Some(minimum)).unwrap();
+    let got = run(&gpu, "gpt2-tiny-accum", TrainConfig { gpu_mem_budget: Some(minimum), ..tc });
+    assert!(got.peak_bytes <= minimum, "peak {} bytes above the budget {minimum}", got.peak_bytes);
+    assert!(bits(&got) == bits(&reference), "the budgeted GPU run differs from the unlimited one");
+    println!("gpu: budget {minimum} bytes, peak {} bytes, bit-identical to the unlimited run", got.peak_bytes);
+}

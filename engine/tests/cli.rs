@@ -1,0 +1,69 @@
+//! The `zerostream` binary end to end: a short training run with its metrics file, `prepare`, and the
+//! clear refusals of bad input.
+
+use std::process::Command;
+
+fn zerostream(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_zerostream")).args(args).output().expect("running zerostream")
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_short_run_writes_one_metrics_line_per_step_and_saves_a_loadable_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = dir.path().join("metrics.jsonl");
+    let save = dir.path().join("model");
+    let out = zerostream(&[
+        "train", "--device", "cpu", "--steps", "6", "--batch-size", "2", "--seq-len", "32", "--grad-accum", "2",
+        "--metrics", metrics.to_str().unwrap(), "--save", save.to_str().unwrap(), "--sample-tokens", "20",
+        "--offload-optimizer", "nvme", "--nvme-dir", dir.path().to_str().unwrap(), "--recompute",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(&metrics).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 6);
+    for (s, line) in lines.iter().enumerate() {
+        assert_eq!(line["step"], s as u64);
+        for key in ["loss", "grad_norm", "lr", "loss_scale", "tokens_per_s", "gpu_busy_fraction", "peak_gpu_bytes"] {
+            assert!(line[key].is_number(), "metrics line {s} lacks {key}: {line}");
+        }
+        for key in ["gpu_compute_s", "upload_s", "download_s", "adam_s", "io_wait_s"] {
+            assert!(line["time"][key].is_number(), "metrics line {s} lacks time.{key}: {line}");
+        }
+    }
+    assert!(lines[5]["loss"].as_f64().unwrap() < lines[0]["loss"].as_f64().unwrap(), "the loss should fall: {lines:?}");
+    let err = stderr(&out);
+    assert!(err.contains("placement:") && err.contains("sample ("), "{err}");
+    // The saved directory loads back for evaluation.
+    let hf = zerostream_checkpoints::HfModel::open(&save).unwrap();
+    assert_eq!(hf.config.vocab_size, 256);
+}
+
+#[test]
+fn prepare_writes_a_token_file_train_can_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, "To be, or not to be, that is the question.").unwrap();
+    let tokens = dir.path().join("t.bin");
+    let out = zerostream(&["prepare", "--text", text.to_str().unwrap(), "--out", tokens.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let file = zerostream_checkpoints::TokenFile::open(&tokens).unwrap();
+    assert_eq!(file.get(0), 2514, "GPT-2's id for \"To\"");
+}
+
+#[test]
+fn bad_input_is_refused_with_the_flag_and_the_numbers() {
+    let out = zerostream(&["train", "--device", "cpu", "--gpu-mem-budget", "1MiB"]);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("--gpu-mem-budget") && err.contains("cannot hold the minimum"), "{err}");
+    let out = zerostream(&["train", "--device", "cpu", "--offload-optimizer", "nvme"]);
+    assert!(!out.status.success() && stderr(&out).contains("--nvme-dir"), "{}", stderr(&out));
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny/tokens.bin");
+    let out = zerostream(&["train", "--device", "cpu", "--config", "gpt3", "--data", data]);
+    assert!(!out.status.success() && stderr(&out).contains("gpt3"), "{}", stderr(&out));
+    let out = zerostream(&["train", "--device", "cpu", "--offload-params", "nvme", "--nvme-dir", "/nonexistent/dir"]);
+    assert!(!out.status.success() && stderr(&out).contains("/nonexistent/dir"), "{}", stderr(&out));
+}
