@@ -140,9 +140,10 @@ fn tiers_budgets_and_recompute_give_bit_identical_runs() {
     ];
     for (what, mut tc) in variants {
         if tc.gpu_mem_budget == Some(0) {
-            // The smallest budget the planner accepts: ask for 0 and read the minimum off the refusal.
-            let err = zerostream::train::plan(&HfModel::open(&golden_dir("gpt2-tiny-accum").join("model")).unwrap().config, &tc).unwrap_err().to_string();
-            let minimum: u64 = err.split("minimum of ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+            // The smallest budget the planner accepts; one byte less is refused.
+            let cfg = HfModel::open(&golden_dir("gpt2-tiny-accum").join("model")).unwrap().config;
+            let minimum = zerostream::train::minimum_device_bytes(&cfg, &tc);
+            assert!(zerostream::train::plan(&cfg, &TrainConfig { gpu_mem_budget: Some(minimum - 1), ..tc.clone() }).is_err());
             tc.gpu_mem_budget = Some(minimum);
         }
         let budget = tc.gpu_mem_budget;
@@ -178,10 +179,8 @@ fn gpu_runs_under_the_smallest_budget_are_bit_identical_and_stay_within_it() {
     let reference = run(&unlimited, "gpt2-tiny-accum", base.clone());
     drop(unlimited);
     let tc = TrainConfig { recompute: true, ..base };
-    let err = zerostream::train::plan(&HfModel::open(&golden_dir("gpt2-tiny-accum").join("model")).unwrap().config, &TrainConfig { gpu_mem_budget: Some(0), ..tc.clone() })
-        .unwrap_err()
-        .to_string();
-    let minimum: u64 = err.split("minimum of ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    let cfg = HfModel::open(&golden_dir("gpt2-tiny-accum").join("model")).unwrap().config;
+    let minimum = zerostream::train::minimum_device_bytes(&cfg, &tc);
     let gpu = zerostream::device::GpuDevice::open(None, Some(minimum)).unwrap();
     let got = run(&gpu, "gpt2-tiny-accum", TrainConfig { gpu_mem_budget: Some(minimum), ..tc });
     assert!(got.peak_bytes <= minimum, "peak {} bytes above the budget {minimum}", got.peak_bytes);

@@ -155,21 +155,51 @@ impl Placement {
     }
 }
 
+/// Device bytes of each part of a run, before any budget is applied.
+struct DeviceNeeds {
+    /// Head parameters and their gradients.
+    head_bytes: u64,
+    /// One block's parameters (a slot).
+    block_bytes: u64,
+    activation_bytes: u64,
+    /// One block's gradients and the token ids with the encoder's index (x and y).
+    other_bytes: u64,
+}
+
+impl DeviceNeeds {
+    fn of(cfg: &Gpt2Config, tc: &TrainConfig) -> Self {
+        let groups = group_layouts(cfg);
+        let block_elems = groups.get(1).map_or(0, |g| g.len);
+        let bt = tc.batch * tc.seq_len;
+        let kept_blocks = if tc.recompute { 1 } else { cfg.n_layer };
+        let block_bytes = 4 * block_elems as u64;
+        DeviceNeeds {
+            head_bytes: 2 * 4 * groups[0].len as u64,
+            block_bytes,
+            activation_bytes: kept_blocks as u64 * BlockActivations::<()>::bytes(cfg, tc.batch, tc.seq_len)
+                + HeadActivations::<()>::bytes(cfg, tc.batch, tc.seq_len)
+                + 4 * ((cfg.n_layer + 1) * bt * cfg.n_embd) as u64,
+            other_bytes: block_bytes + 2 * 4 * 4 * bt as u64 + 4096,
+        }
+    }
+
+    /// The least a run can hold: two block slots, so one block uploads while another computes.
+    fn minimum(&self) -> u64 {
+        self.head_bytes + 2 * self.block_bytes + self.activation_bytes + self.other_bytes
+    }
+}
+
+/// The smallest `--gpu-mem-budget` that [`plan`] accepts for this model and configuration.
+pub fn minimum_device_bytes(cfg: &Gpt2Config, tc: &TrainConfig) -> u64 {
+    DeviceNeeds::of(cfg, tc).minimum()
+}
+
 /// Plans the device memory of a run, or refuses a budget that cannot hold the minimum, with the numbers.
 pub fn plan(cfg: &Gpt2Config, tc: &TrainConfig) -> Result<Placement> {
-    let groups = group_layouts(cfg);
-    let params: usize = groups.iter().map(|g| g.len).sum();
-    let block_elems = groups.get(1).map_or(0, |g| g.len);
-    let bt = tc.batch * tc.seq_len;
-    let head_bytes = 2 * 4 * groups[0].len as u64; // parameters and gradients
-    let block_bytes = 4 * block_elems as u64;
-    let kept_blocks = if tc.recompute { 1 } else { cfg.n_layer };
-    let activation_bytes = kept_blocks as u64 * BlockActivations::<()>::bytes(cfg, tc.batch, tc.seq_len)
-        + HeadActivations::<()>::bytes(cfg, tc.batch, tc.seq_len)
-        + 4 * ((cfg.n_layer + 1) * bt * cfg.n_embd) as u64;
-    // One block's gradients, and the token ids with the encoder's index (x and y): 4 words per token each.
-    let other_bytes = block_bytes + 2 * 4 * 4 * bt as u64 + 4096;
-    let minimum = head_bytes + 2 * block_bytes + activation_bytes + other_bytes;
+    let params: usize = group_layouts(cfg).iter().map(|g| g.len).sum();
+    let needs = DeviceNeeds::of(cfg, tc);
+    let DeviceNeeds { head_bytes, block_bytes, activation_bytes, other_bytes } = needs;
+    let minimum = needs.minimum();
     let mut block_slots = cfg.n_layer.min(2);
     if let Some(budget) = tc.gpu_mem_budget {
         if budget < minimum {
