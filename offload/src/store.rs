@@ -62,15 +62,20 @@ pub struct NvmeDir {
 }
 
 impl NvmeDir {
-    /// Checks that `dir` exists and is writable (by creating and removing a probe file).
-    pub fn new(dir: &Path, io: IoEngine, verify: bool, rank: usize) -> Result<Self> {
+    /// Checks that `dir` exists and is writable (by creating and removing a probe file), and whether
+    /// its filesystem accepts O_DIRECT; a refusal is added to `io.notes`.
+    pub fn new(dir: &Path, mut io: IoEngine, verify: bool, rank: usize) -> Result<Self> {
         let meta = std::fs::metadata(dir).map_err(|e| io_error("NVMe directory", dir, e))?;
         if !meta.is_dir() {
             return Err(StoreError(format!("NVMe directory {}: not a directory", dir.display())));
         }
         let probe = dir.join(format!(".zerostream-probe-{}", std::process::id()));
-        std::fs::write(&probe, b"probe").map_err(|e| io_error("NVMe directory", dir, e))?;
+        let opened = io.open(&probe, true).map_err(|e| io_error("NVMe directory", dir, e));
         let _ = std::fs::remove_file(&probe);
+        let (_, direct) = opened?;
+        if io.config.direct && !direct && io.config.engine != crate::io::IoEngineKind::Mmap {
+            io.notes.push(format!("{}: the filesystem refuses O_DIRECT; using buffered I/O (through the page cache)", dir.display()));
+        }
         Ok(NvmeDir { dir: dir.to_path_buf(), io, verify, rank })
     }
 
@@ -294,6 +299,18 @@ mod tests {
         assert!(err.contains("checksum mismatch") && err.contains("m.rank0.bin"), "{err}");
         let err = Stored::new("m", 3 * 4096, Tier::Nvme, Some(&nv)).err().unwrap().to_string();
         assert!(err.contains("expected 12288") && err.contains("m.rank0.bin"), "{err}");
+    }
+
+    #[test]
+    fn a_full_disk_is_named_as_such() {
+        // /dev/full fails every write with ENOSPC.
+        let io = IoEngine::new(IoConfig { engine: crate::io::IoEngineKind::Pread, direct: false, ..IoConfig::default() }).unwrap();
+        let path = Path::new("/dev/full");
+        let (file, _) = io.open(path, false).unwrap();
+        let mut buf = AlignedBuf::zeroed(4096);
+        let e = io.transfer(Direction::Write, &file, 0, buf.padded_mut()).unwrap_err();
+        let err = io_error("writing shard", path, e).to_string();
+        assert!(err.contains("disk is full") && err.contains("/dev/full"), "{err}");
     }
 
     #[test]

@@ -473,8 +473,9 @@ impl<'d, D: Backend> Trainer<'d, D> {
         let nvme = if uses_nvme {
             let dir = train.nvme_dir.as_ref().ok_or_else(|| anyhow!("--offload-optimizer nvme / --offload-params nvme need --nvme-dir DIR"))?;
             let io = IoEngine::new(train.io).context("--io-engine/--block-size/--queue-depth")?;
-            io_notes.extend(io.notes.iter().cloned());
-            Some(Arc::new(NvmeDir::new(dir, io, train.verify, 0)?))
+            let nvme = NvmeDir::new(dir, io, train.verify, 0)?;
+            io_notes.extend(nvme.io.notes.iter().cloned());
+            Some(Arc::new(nvme))
         } else {
             None
         };
