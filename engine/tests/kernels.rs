@@ -6,7 +6,7 @@
 mod common;
 
 use common::{assert_close, gpu_or_skip, random, random_tokens};
-use zerostream::device::{AttentionDims, Backend, CpuDevice, MatmulShape, Operand};
+use zerostream::device::{AttentionDims, Backend, CpuDevice, HalfFormat, MatmulShape, Operand};
 
 type Outputs = Vec<(String, Vec<f32>)>;
 
@@ -198,7 +198,7 @@ fn embedding_and_crossentropy_match_twins() {
 }
 
 #[test]
-fn f16_casts_match_the_half_crate() {
+fn half_casts_match_the_half_crate() {
     let Some(gpu) = gpu_or_skip("f16 casts") else { return };
     for n in [1usize, 63, 65, 4097] {
         let mut x = random(n as u64, n, 100.0);
@@ -219,5 +219,14 @@ fn f16_casts_match_the_half_crate() {
         let mut want_back = vec![0f32; n];
         zerostream::ops::elementwise::cast_f16_to_f32(&mut want_back, &want);
         assert_eq!(gpu.read(&back), want_back, "cast_f16_to_f32 n={n}");
+        // bf16 the same way, through the upload path the trainer uses.
+        let halves: Vec<u16> = x.iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect();
+        let wide = gpu.alloc(n, "bf16 widened").unwrap();
+        gpu.write_16bit(&wide, &halves, HalfFormat::Bf16).unwrap();
+        let mut want_wide = vec![0f32; n];
+        zerostream::ops::elementwise::cast_bf16_to_f32(&mut want_wide, &halves);
+        assert_eq!(gpu.read(&wide), want_wide, "cast_bf16_to_f32 n={n}");
+        gpu.write_16bit(&wide, &want, HalfFormat::F16).unwrap();
+        assert_eq!(gpu.read(&wide), want_back, "write_16bit f16 n={n}");
     }
 }

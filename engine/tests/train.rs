@@ -162,11 +162,19 @@ fn half_precision_runs_follow_the_fp32_curve() {
     let golden = Golden::load("gpt2-tiny");
     let base = golden.train_config();
     let fp32 = run(&CpuDevice::new(None), "gpt2-tiny", base.clone());
+    let gpu = gpu_or_skip("half_precision_runs_follow_the_fp32_curve (gpu part)");
     for precision in [Precision::Bf16, Precision::Fp16] {
         let got = run(&CpuDevice::new(None), "gpt2-tiny", TrainConfig { precision, ..base.clone() });
         for (s, (a, b)) in got.losses.iter().zip(&fp32.losses).enumerate() {
             let rel = (a - b).abs() / b;
             assert!(rel < 0.02, "{precision:?} step {s}: loss {a} vs fp32 {b} ({:.2}%)", rel * 100.0);
+        }
+        // The gpu device uploads the 16-bit words and widens them with a kernel: the same numbers.
+        if let Some(gpu) = &gpu {
+            let on_gpu = run(gpu, "gpt2-tiny", TrainConfig { precision, ..base.clone() });
+            for (s, (a, b)) in on_gpu.losses.iter().zip(&got.losses).enumerate() {
+                assert!((a - b).abs() / b < 1e-5, "{precision:?} step {s}: gpu loss {a} vs cpu {b}");
+            }
         }
     }
 }

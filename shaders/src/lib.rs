@@ -24,6 +24,7 @@ kernels! {
     ATTENTION_FORWARD => "attention_forward",
     AXPY => "axpy",
     BIAS_BACKWARD => "bias_backward",
+    CAST_BF16_TO_F32 => "cast_bf16_to_f32",
     CAST_F16_TO_F32 => "cast_f16_to_f32",
     CAST_F32_TO_F16 => "cast_f32_to_f16",
     CROSSENTROPY => "crossentropy",

@@ -16,7 +16,7 @@ use anyhow::{Context, Result, bail};
 use wgpu::util::DeviceExt;
 
 use super::alloc::{AllocStats, ByteBudget, Charge};
-use super::{AttentionDims, Backend, MatmulShape};
+use super::{AttentionDims, Backend, HalfFormat, MatmulShape};
 use crate::ops::elementwise::SUM_SQUARES_GROUP;
 use crate::ops::encoder::TokenBuckets;
 use zerostream_shaders as shaders;
@@ -404,11 +404,20 @@ impl GpuDevice {
 
     /// out[..n] = f32 of the halves packed in `x_words`.
     pub fn cast_f16_to_f32(&self, out: &GpuTensor, x_words: &GpuTensor, n: usize) {
+        self.widen_halves(shaders::CAST_F16_TO_F32, out, x_words, n)
+    }
+
+    /// out (f32) = bf16 values packed two per u32 word (exact).
+    pub fn cast_bf16_to_f32(&self, out: &GpuTensor, x_words: &GpuTensor, n: usize) {
+        self.widen_halves(shaders::CAST_BF16_TO_F32, out, x_words, n)
+    }
+
+    fn widen_halves(&self, kernel: shaders::Kernel, out: &GpuTensor, x_words: &GpuTensor, n: usize) {
         for r in Self::pieces(n, self.max_window_elems, 2 * self.align_elems) {
             let xw = self.window(x_words, r.start / 2..r.end.div_ceil(2));
             let ow = self.window(out, r.clone());
             self.dispatch(
-                shaders::CAST_F16_TO_F32,
+                kernel,
                 "main",
                 &[r.len() as u32, xw.elem_offset, ow.elem_offset, 0],
                 &[(1, xw.binding), (2, ow.binding)],
@@ -525,6 +534,20 @@ impl Backend for GpuDevice {
     }
     fn synchronize(&self) {
         GpuDevice::synchronize(self)
+    }
+    fn write_16bit(&self, t: &GpuTensor, bits: &[u16], format: HalfFormat) -> Result<()> {
+        assert!(bits.len() <= t.len, "write of {} elements into a tensor of {}", bits.len(), t.len);
+        if bits.is_empty() {
+            return Ok(());
+        }
+        // Half the bytes cross the bus; the widening runs on the device.
+        let words: Vec<u32> = bits.chunks(2).map(|p| p[0] as u32 | (p.get(1).copied().unwrap_or(0) as u32) << 16).collect();
+        let packed = self.upload_words(&words, "16-bit upload")?;
+        match format {
+            HalfFormat::F16 => self.cast_f16_to_f32(t, &packed, bits.len()),
+            HalfFormat::Bf16 => self.cast_bf16_to_f32(t, &packed, bits.len()),
+        }
+        Ok(())
     }
 
     fn fill(&self, x: &GpuTensor, value: f32) {

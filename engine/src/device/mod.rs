@@ -37,6 +37,16 @@ pub trait Backend {
     fn alloc_stats(&self) -> AllocStats;
     /// Waits until all work recorded so far has run (a no-op where ops run synchronously).
     fn synchronize(&self) {}
+    /// t[..n] = 16-bit values widened to f32 (exact). The gpu device sends the 16-bit words (half the
+    /// bytes of an f32 upload) and widens them with a kernel; this default widens on the host.
+    fn write_16bit(&self, t: &Self::Tensor, bits: &[u16], format: HalfFormat) -> Result<()> {
+        let wide: Vec<f32> = match format {
+            HalfFormat::F16 => bits.iter().map(|&b| half::f16::from_bits(b).to_f32()).collect(),
+            HalfFormat::Bf16 => bits.iter().map(|&b| half::bf16::from_bits(b).to_f32()).collect(),
+        };
+        self.write(t, &wide);
+        Ok(())
+    }
 
     /// x = value.
     fn fill(&self, x: &Self::Tensor, value: f32);
@@ -140,6 +150,13 @@ pub trait Backend {
         vocab: usize,
         grad_scale: Option<f32>,
     );
+}
+
+/// A 16-bit floating-point format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HalfFormat {
+    F16,
+    Bf16,
 }
 
 /// What `--device` asked for.

@@ -30,7 +30,7 @@ use half::{bf16, f16};
 use zerostream_checkpoints::TokenFile;
 use zerostream_offload::{AdamConfig, AdamW, Grads, IoConfig, IoEngine, NvmeDir, ParamCopy, Stored, Tier, pipelined_sweep};
 
-use crate::device::Backend;
+use crate::device::{Backend, HalfFormat};
 use crate::model::gpt2::{self, Block, BlockActivations, Gpt2Config, Head, HeadActivations};
 use layout::{GroupLayout, group_layouts};
 pub use schedule::{LossScaler, LrPlan, LrSchedule};
@@ -179,7 +179,11 @@ impl DeviceNeeds {
             activation_bytes: kept_blocks as u64 * BlockActivations::<()>::bytes(cfg, tc.batch, tc.seq_len)
                 + HeadActivations::<()>::bytes(cfg, tc.batch, tc.seq_len)
                 + 4 * ((cfg.n_layer + 1) * bt * cfg.n_embd) as u64,
-            other_bytes: block_bytes + 2 * 4 * 4 * bt as u64 + 4096,
+            // With 16-bit working copies, the packed upload of the largest tensor is staged on the device.
+            other_bytes: block_bytes
+                + 2 * 4 * 4 * bt as u64
+                + 4096
+                + if tc.precision == Precision::Fp32 { 0 } else { 4 * (groups.iter().flat_map(|g| &g.tensors).map(|t| t.len).max().unwrap_or(0) as u64).div_ceil(2) },
         }
     }
 
@@ -608,13 +612,9 @@ impl<'d, D: Backend> Trainer<'d, D> {
             }
             Precision::Bf16 | Precision::Fp16 => {
                 let w = shared.working.data().as_slice::<u16>();
-                let fp16 = self.train.precision == Precision::Fp16;
+                let format = if self.train.precision == Precision::Fp16 { HalfFormat::F16 } else { HalfFormat::Bf16 };
                 for (t, slot) in tensors.iter().zip(&layout.tensors) {
-                    let wide: Vec<f32> = w[slot.range()]
-                        .iter()
-                        .map(|&bits| if fp16 { f16::from_bits(bits).to_f32() } else { bf16::from_bits(bits).to_f32() })
-                        .collect();
-                    self.dev.write(t, &wide);
+                    self.dev.write_16bit(t, &w[slot.range()], format)?;
                 }
             }
         }
