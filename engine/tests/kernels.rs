@@ -230,3 +230,13 @@ fn half_casts_match_the_half_crate() {
         assert_eq!(gpu.read(&wide), want_back, "write_16bit f16 n={n}");
     }
 }
+
+#[test]
+fn attention_too_long_for_one_binding_is_refused_with_the_numbers() {
+    let Some(mut gpu) = gpu_or_skip("attention binding check") else { return };
+    gpu.limit_binding_bytes_for_tests(64 << 10);
+    let long = AttentionDims { batch: 2, seq_len: 64, channels: 128, heads: 4 };
+    let err = gpu.check_attention(long).unwrap_err().to_string();
+    assert!(err.contains("98304 bytes") && err.contains("--seq-len"), "{err}");
+    assert!(gpu.check_attention(AttentionDims { seq_len: 32, ..long }).is_ok());
+}

@@ -535,6 +535,20 @@ impl Backend for GpuDevice {
     fn synchronize(&self) {
         GpuDevice::synchronize(self)
     }
+    fn check_attention(&self, d: AttentionDims) -> Result<()> {
+        let sequence_elems = 3 * d.seq_len * d.channels;
+        if sequence_elems > self.max_window_elems {
+            bail!(
+                "one sequence's q, k and v ({} x 3 x {} floats = {} bytes) exceed this adapter's largest storage binding ({} bytes): lower --seq-len to at most {}",
+                d.seq_len,
+                d.channels,
+                4 * sequence_elems,
+                4 * self.max_window_elems,
+                self.max_window_elems / (3 * d.channels)
+            );
+        }
+        Ok(())
+    }
     fn write_16bit(&self, t: &GpuTensor, bits: &[u16], format: HalfFormat) -> Result<()> {
         assert!(bits.len() <= t.len, "write of {} elements into a tensor of {}", bits.len(), t.len);
         if bits.is_empty() {

@@ -35,6 +35,11 @@ pub trait Backend {
     /// Uploads token ids (each must be below the vocabulary size; callers check).
     fn tokens(&self, ids: &[u32]) -> Result<Self::Tokens>;
     fn alloc_stats(&self) -> AllocStats;
+    /// Fails, with the numbers, if these attention dimensions exceed what the device's kernels can bind
+    /// (the gpu device splits attention by batch only, so one sequence's q, k and v must fit one binding).
+    fn check_attention(&self, _dims: AttentionDims) -> Result<()> {
+        Ok(())
+    }
     /// Waits until all work recorded so far has run (a no-op where ops run synchronously).
     fn synchronize(&self) {}
     /// t[..n] = 16-bit values widened to f32 (exact). The gpu device sends the 16-bit words (half the

@@ -434,6 +434,7 @@ impl<D: Backend> Gpt2<D> {
         if seq_len > cfg.n_positions {
             bail!("sequence length {seq_len} is longer than the model's n_positions {}", cfg.n_positions);
         }
+        dev.check_attention(attention_dims(cfg, batch, seq_len))?;
         if self.acts.as_ref().is_none_or(|a| a.head.batch != batch || a.head.seq_len != seq_len) {
             self.acts = None; // free the old ones before allocating
             let bt = batch * seq_len;

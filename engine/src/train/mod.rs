@@ -469,6 +469,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
         if train.seq_len > config.n_positions {
             bail!("--seq-len {} is longer than the model's n_positions {}", train.seq_len, config.n_positions);
         }
+        dev.check_attention(crate::device::AttentionDims { batch: train.batch, seq_len: train.seq_len, channels: config.n_embd, heads: config.n_head })?;
         let placement = plan(&config, &train)?;
         let layouts = Arc::new(group_layouts(&config));
 
