@@ -219,9 +219,59 @@ impl Isa {
     }
 }
 
+/// Writes the bf16 copy of `src` with non-temporal stores: the copy is only ever read by the device
+/// transfer, so bypassing the cache saves the read-for-ownership of every destination line (2 of the
+/// 30 bytes a mixed-precision update would otherwise move per parameter). Same roundings as
+/// [`bf16_from_f32`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn store_bf16_streaming(src: &[f32], out: &mut [bf16]) {
+    use std::arch::x86_64::{__m256i, _mm_sfence, _mm256_packus_epi32, _mm256_permute4x64_epi64, _mm256_stream_si256};
+    let n = src.len().min(out.len());
+    let mut i = 0;
+    while i < n && (out[i..].as_ptr() as usize) % 32 != 0 {
+        out[i] = bf16_from_f32(src[i]);
+        i += 1;
+    }
+    while i + 16 <= n {
+        // SAFETY: src[i..i + 16] is in bounds; out[i..i + 16] is in bounds and 32-byte aligned.
+        unsafe {
+            let lo = bf16_bits_x8(src[i..].as_ptr());
+            let hi = bf16_bits_x8(src[i + 8..].as_ptr());
+            // packus works within 128-bit lanes: (lo0 hi0 lo1 hi1) -> reorder to (lo0 lo1 hi0 hi1).
+            let packed = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(lo, hi));
+            _mm256_stream_si256(out[i..].as_mut_ptr().cast::<__m256i>(), packed);
+        }
+        i += 16;
+    }
+    for j in i..n {
+        out[j] = bf16_from_f32(src[j]);
+    }
+    // Order the streaming stores before anything that follows (the caller may hand the copy on).
+    _mm_sfence();
+}
+
+/// Eight f32 at `src` rounded to bf16 bits (in the low half of each 32-bit lane): the vector form of
+/// [`bf16_from_f32`], NaN handling included.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn bf16_bits_x8(src: *const f32) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller guarantees 8 readable floats at src.
+    let bits = _mm256_castps_si256(unsafe { _mm256_loadu_ps(src) });
+    let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(1));
+    let rounded = _mm256_srli_epi32::<16>(_mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)));
+    let magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fff_ffff));
+    let nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7f80_0000));
+    let quiet = _mm256_or_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(0x40));
+    _mm256_blendv_epi8(rounded, quiet, nan)
+}
+
 /// The loop body, generic over gradient and copy types; inlined into each instruction-set variant.
+/// With `streaming_copy` (x86 with AVX2) the bf16 copy is written in a second pass over the chunk,
+/// while it is still in cache, with non-temporal stores.
 #[inline(always)]
-fn chunk_body(p: &mut [f32], m: &mut [f32], v: &mut [f32], grads: Grads<'_>, copy: &mut ParamCopy<'_>, k: &StepScalars) {
+fn chunk_body(p: &mut [f32], m: &mut [f32], v: &mut [f32], grads: Grads<'_>, copy: &mut ParamCopy<'_>, k: &StepScalars, streaming_copy: bool) {
     let n = p.len();
     let (m, v) = (&mut m[..n], &mut v[..n]);
     macro_rules! sweep {
@@ -234,6 +284,18 @@ fn chunk_body(p: &mut [f32], m: &mut [f32], v: &mut [f32], grads: Grads<'_>, cop
         }};
     }
     match (grads, copy) {
+        #[cfg(target_arch = "x86_64")]
+        (Grads::Bf16(g), ParamCopy::Bf16(out)) if streaming_copy => {
+            sweep!(g, bf16_to_f32, |_, _| ());
+            // SAFETY: only requested by the AVX2 and AVX-512 variants, whose CPUs have AVX2.
+            unsafe { store_bf16_streaming(p, &mut out[..n]) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Grads::F32(g), ParamCopy::Bf16(out)) if streaming_copy => {
+            sweep!(g, |x: f32| x, |_, _| ());
+            // SAFETY: as above.
+            unsafe { store_bf16_streaming(p, &mut out[..n]) }
+        }
         (Grads::Bf16(g), ParamCopy::Bf16(out)) => {
             let out = &mut out[..n];
             sweep!(g, bf16_to_f32, |i: usize, x: f32| out[i] = bf16_from_f32(x))
@@ -266,13 +328,13 @@ fn chunk_body(p: &mut [f32], m: &mut [f32], v: &mut [f32], grads: Grads<'_>, cop
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
 fn chunk_avx512(p: &mut [f32], m: &mut [f32], v: &mut [f32], grads: Grads<'_>, copy: &mut ParamCopy<'_>, k: &StepScalars) {
-    chunk_body(p, m, v, grads, copy, k)
+    chunk_body(p, m, v, grads, copy, k, true)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn chunk_avx2(p: &mut [f32], m: &mut [f32], v: &mut [f32], grads: Grads<'_>, copy: &mut ParamCopy<'_>, k: &StepScalars) {
-    chunk_body(p, m, v, grads, copy, k)
+    chunk_body(p, m, v, grads, copy, k, true)
 }
 
 fn chunk_dispatch(isa: Isa, p: &mut [f32], m: &mut [f32], v: &mut [f32], grads: Grads<'_>, copy: &mut ParamCopy<'_>, k: &StepScalars) {
@@ -282,7 +344,7 @@ fn chunk_dispatch(isa: Isa, p: &mut [f32], m: &mut [f32], v: &mut [f32], grads: 
         Isa::Avx512 => unsafe { chunk_avx512(p, m, v, grads, copy, k) },
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2Fma => unsafe { chunk_avx2(p, m, v, grads, copy, k) },
-        _ => chunk_body(p, m, v, grads, copy, k),
+        _ => chunk_body(p, m, v, grads, copy, k, false),
     }
 }
 
