@@ -39,6 +39,36 @@ fn tensor<D: Backend>(dev: &D, data: &[f32]) -> D::Tensor {
     t
 }
 
+/// B stored in 16 bits (the weights of a bf16/fp16 working copy), forward and transposed, at odd
+/// offsets so packed words are split; the cpu device holds the same values widened.
+fn matmul_16bit_b_case<D: Backend>(dev: &D) -> Outputs {
+    let mut out = Outputs::new();
+    for (i, &(m, n, k)) in [(1, 1, 1), (63, 65, 17), (7, 33, 4097), (130, 200, 96)].iter().enumerate() {
+        for format in [HalfFormat::F16, HalfFormat::Bf16] {
+            let seed = 100 + 10 * i as u64;
+            let a = random(seed, m * k, 1.0);
+            let b = random(seed + 1, k * n + 1, 1.0);
+            let bits: Vec<u16> = match format {
+                HalfFormat::F16 => b.iter().map(|x| half::f16::from_f32(*x).to_bits()).collect(),
+                HalfFormat::Bf16 => b.iter().map(|x| half::bf16::from_f32(*x).to_bits()).collect(),
+            };
+            let ta = tensor(dev, &a);
+            let tb = dev.alloc_16bit(bits.len(), "b16", format).unwrap();
+            dev.write_16bit(&tb, &bits, format).unwrap();
+            let c = dev.alloc(m * n, "c").unwrap();
+            let forward = MatmulShape { m, n, k, a: Operand::row_major(k), b: Operand { offset: 1, row_stride: n, col_stride: 1 }, c: Operand::row_major(n) };
+            dev.matmul(&c, &ta, &tb, None, &forward, false);
+            out.push((format!("{m}x{n}x{k} {format:?} B at offset 1"), dev.read(&c)));
+            let c = dev.alloc(m * n, "c").unwrap();
+            let transposed = MatmulShape { b: Operand { offset: 1, row_stride: 1, col_stride: k }, ..forward };
+            dev.matmul(&c, &ta, &tb, None, &transposed, false);
+            out.push((format!("{m}x{n}x{k} {format:?} B^T at offset 1"), dev.read(&c)));
+            out.push((format!("{format:?} B read back"), dev.read(&tb)));
+        }
+    }
+    out
+}
+
 fn matmul_case<D: Backend>(dev: &D) -> Outputs {
     let mut out = Outputs::new();
     // (m, n, k): single elements, tile edges, and a K that needs splitting under 64 KiB bindings.
@@ -195,6 +225,11 @@ fn embedding_and_loss_case<D: Backend>(dev: &D) -> Outputs {
 #[test]
 fn embedding_and_crossentropy_match_twins() {
     check!("embedding and crossentropy", embedding_and_loss_case, 1e-5, 1e-5);
+}
+
+#[test]
+fn matmul_with_16bit_b_matches_twin() {
+    check!("matmul with 16-bit B", matmul_16bit_b_case, 1e-4, 1e-4);
 }
 
 #[test]

@@ -194,4 +194,12 @@ fn gpu_runs_under_the_smallest_budget_are_bit_identical_and_stay_within_it() {
     assert!(got.peak_bytes <= minimum, "peak {} bytes above the budget {minimum}", got.peak_bytes);
     assert!(bits(&got) == bits(&reference), "the budgeted GPU run differs from the unlimited one");
     println!("gpu: budget {minimum} bytes, peak {} bytes, bit-identical to the unlimited run", got.peak_bytes);
+    drop(gpu);
+    // With a bf16 working copy the slots hold 16-bit matrices: a smaller minimum, still respected.
+    let bf16 = TrainConfig { precision: Precision::Bf16, steps: 3, recompute: true, ..golden.train_config() };
+    let minimum_bf16 = zerostream::train::minimum_device_bytes(&cfg, &bf16);
+    assert!(minimum_bf16 < minimum, "16-bit slots should need less: {minimum_bf16} vs {minimum}");
+    let gpu = zerostream::device::GpuDevice::open(None, Some(minimum_bf16)).unwrap();
+    let got = run(&gpu, "gpt2-tiny-accum", TrainConfig { gpu_mem_budget: Some(minimum_bf16), ..bf16 });
+    assert!(got.peak_bytes <= minimum_bf16, "bf16: peak {} bytes above the budget {minimum_bf16}", got.peak_bytes);
 }

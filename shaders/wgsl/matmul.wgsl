@@ -3,17 +3,19 @@
 // One kernel serves the forward pass and both backward products: a transposed operand is the same buffer
 // read with its strides swapped. Tiled and register-blocked: a 16x16 workgroup computes a 64x64 tile of C,
 // each invocation a 4x4 block of it, streaming K through workgroup memory 16 at a time.
+// B may be stored in 16 bits (b_format 1 = f16, 2 = bf16, packed two per word, element 2i in the low
+// half): the weights of a 16-bit working copy are read, and widened exactly, where they lie.
 
 struct Params {
     m: u32, n: u32, k: u32, flags: u32, // flags: bit 0 = accumulate into C, bit 1 = add bias
     a_off: u32, a_row_stride: u32, a_col_stride: u32, _pad0: u32,
-    b_off: u32, b_row_stride: u32, b_col_stride: u32, _pad1: u32,
+    b_off: u32, b_row_stride: u32, b_col_stride: u32, b_format: u32, // b_format: 0 f32, 1 f16, 2 bf16
     c_off: u32, c_row_stride: u32, bias_off: u32, _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<storage, read> b: array<u32>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> c: array<f32>;
 
@@ -24,6 +26,14 @@ const THREADS: u32 = 256u;
 
 var<workgroup> a_tile: array<f32, 1024>; // [TILE_K][TILE_M]
 var<workgroup> b_tile: array<f32, 1024>; // [TILE_K][TILE_N]
+
+// Element i of B, widened to f32.
+fn load_b(i: u32) -> f32 {
+    if (p.b_format == 0u) { return bitcast<f32>(b[i]); }
+    let bits = (b[i >> 1u] >> ((i & 1u) * 16u)) & 0xffffu;
+    if (p.b_format == 1u) { return unpack2x16float(bits).x; }
+    return bitcast<f32>(bits << 16u);
+}
 
 @compute @workgroup_size(16, 16, 1)
 fn main(@builtin(workgroup_id) wg: vec3<u32>,
@@ -53,7 +63,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>,
             let gk = k0 + kk;
             let gc = col0 + cc;
             var v = 0.0;
-            if (gk < p.k && gc < p.n) { v = b[p.b_off + gk * p.b_row_stride + gc * p.b_col_stride]; }
+            if (gk < p.k && gc < p.n) { v = load_b(p.b_off + gk * p.b_row_stride + gc * p.b_col_stride); }
             b_tile[kk * TILE_N + cc] = v;
         }
         workgroupBarrier();

@@ -103,8 +103,20 @@ pub fn list_adapters() -> Vec<AdapterSummary> {
 /// A flat buffer of 4-byte elements (f32, or u32 words holding two f16) on the GPU.
 pub struct GpuTensor {
     buffer: wgpu::Buffer,
+    /// Elements (not words: a 16-bit tensor packs two per 32-bit word).
     len: usize,
+    /// f32, or 16-bit values packed two per word (element 2i in the low half).
+    format: Option<HalfFormat>,
     _charge: Charge,
+}
+
+impl GpuTensor {
+    fn elems_per_word(&self) -> usize {
+        if self.format.is_some() { 2 } else { 1 }
+    }
+    fn words(&self) -> usize {
+        self.len.div_ceil(self.elems_per_word())
+    }
 }
 
 /// Token ids and their grouping by token (for the encoder backward), on the GPU.
@@ -285,17 +297,27 @@ impl GpuDevice {
     }
 
     /// Binds elements `range` of `t` (the window starts at or before `range.start`, aligned).
+    /// Binds the words holding elements `range` of an f32 tensor; `elem_offset` locates the first.
     fn window<'a>(&self, t: &'a GpuTensor, range: Range<usize>) -> Window<'a> {
+        assert!(t.format.is_none(), "a 16-bit tensor can only be the B operand of a matmul");
+        self.packed_window(t, range)
+    }
+
+    /// [`Self::window`] for a tensor of any format: `elem_offset` counts elements (halves, for a
+    /// 16-bit tensor) from the start of the binding.
+    fn packed_window<'a>(&self, t: &'a GpuTensor, range: Range<usize>) -> Window<'a> {
         assert!(range.end <= t.len.max(1), "window {range:?} past the end of a tensor of {} elements", t.len);
-        let start = range.start / self.align_elems * self.align_elems;
-        let end = range.end.max(start + 1); // bind at least one element; buffers hold at least one
+        let per = t.elems_per_word();
+        let (first_word, end_word) = (range.start / per, range.end.div_ceil(per));
+        let start = first_word / self.align_elems * self.align_elems;
+        let end = end_word.max(start + 1).min(t.words().max(1)); // bind at least one word; buffers hold one
         Window {
             binding: wgpu::BufferBinding {
                 buffer: &t.buffer,
                 offset: start as u64 * 4,
                 size: wgpu::BufferSize::new((end - start) as u64 * 4),
             },
-            elem_offset: (range.start - start) as u32,
+            elem_offset: (range.start - start * per) as u32,
         }
     }
 
@@ -326,14 +348,19 @@ impl GpuDevice {
     }
 
     fn create_tensor(&self, len: usize, label: &str, usage: wgpu::BufferUsages) -> Result<GpuTensor> {
-        let bytes = (len.max(1) * 4) as u64;
+        self.create_formatted(len, None, label, usage)
+    }
+
+    fn create_formatted(&self, len: usize, format: Option<HalfFormat>, label: &str, usage: wgpu::BufferUsages) -> Result<GpuTensor> {
+        let words = if format.is_some() { len.div_ceil(2) } else { len };
+        let bytes = (words.max(1) * 4) as u64;
         let max = self.device.limits().max_buffer_size;
         if bytes > max {
             bail!("tensor {label} needs {bytes} bytes, more than this adapter's largest buffer ({max} bytes)");
         }
         let charge = self.budget.charge(bytes, label)?;
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size: bytes, usage, mapped_at_creation: false });
-        Ok(GpuTensor { buffer, len, _charge: charge })
+        Ok(GpuTensor { buffer, len, format, _charge: charge })
     }
 
     fn storage_tensor(&self, len: usize, label: &str) -> Result<GpuTensor> {
@@ -358,7 +385,7 @@ impl GpuDevice {
 
     /// Reads raw 32-bit words back.
     pub fn read_words(&self, t: &GpuTensor) -> Vec<u32> {
-        let bytes = (t.len * 4) as u64;
+        let bytes = (t.words() * 4) as u64;
         if bytes == 0 {
             return Vec::new();
         }
@@ -461,7 +488,7 @@ impl GpuDevice {
             }
             return;
         }
-        let (wa, wb, wc) = (self.window(a, wa), self.window(b, wb), self.window(c, wc));
+        let (wa, wb, wc) = (self.window(a, wa), self.packed_window(b, wb), self.window(c, wc));
         let bias_window = bias.map(|t| self.window(t, cols.clone()));
         let (m, n, k) = (rows.len() as u32, cols.len() as u32, ks.len() as u32);
         let flags = accumulate as u32 | (((add_bias && bias.is_some()) as u32) << 1);
@@ -477,7 +504,11 @@ impl GpuDevice {
             wb.elem_offset,
             s.b.row_stride as u32,
             s.b.col_stride as u32,
-            0,
+            match b.format {
+                None => 0,
+                Some(HalfFormat::F16) => 1,
+                Some(HalfFormat::Bf16) => 2,
+            },
             wc.elem_offset,
             s.c.row_stride as u32,
             bias_window.as_ref().map_or(0, |w| w.elem_offset),
@@ -513,11 +544,22 @@ impl Backend for GpuDevice {
         t.len
     }
     fn write(&self, t: &GpuTensor, data: &[f32]) {
+        assert!(t.format.is_none(), "a 16-bit tensor is written with write_16bit");
         assert!(data.len() <= t.len, "write of {} elements into a tensor of {}", data.len(), t.len);
         self.write_words(t, bytemuck::cast_slice(data));
     }
     fn read(&self, t: &GpuTensor) -> Vec<f32> {
-        bytemuck::cast_slice(&self.read_words(t)).to_vec()
+        let words = self.read_words(t);
+        match t.format {
+            None => bytemuck::cast_slice(&words).to_vec(),
+            Some(format) => {
+                let halves = words.iter().flat_map(|w| [*w as u16, (*w >> 16) as u16]).take(t.len);
+                match format {
+                    HalfFormat::F16 => halves.map(|h| half::f16::from_bits(h).to_f32()).collect(),
+                    HalfFormat::Bf16 => halves.map(|h| half::bf16::from_bits(h).to_f32()).collect(),
+                }
+            }
+        }
     }
     fn tokens(&self, ids: &[u32]) -> Result<GpuTokens> {
         let buckets = TokenBuckets::new(ids);
@@ -534,6 +576,10 @@ impl Backend for GpuDevice {
     }
     fn synchronize(&self) {
         GpuDevice::synchronize(self)
+    }
+    fn alloc_16bit(&self, len: usize, label: &str, format: HalfFormat) -> Result<GpuTensor> {
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        self.create_formatted(len, Some(format), label, usage)
     }
     fn check_attention(&self, d: AttentionDims) -> Result<()> {
         let sequence_elems = 3 * d.seq_len * d.channels;
@@ -554,8 +600,13 @@ impl Backend for GpuDevice {
         if bits.is_empty() {
             return Ok(());
         }
-        // Half the bytes cross the bus; the widening runs on the device.
+        // Half the bytes cross the bus; the widening runs on the device, or not at all for a 16-bit tensor.
         let words: Vec<u32> = bits.chunks(2).map(|p| p[0] as u32 | (p.get(1).copied().unwrap_or(0) as u32) << 16).collect();
+        if let Some(stored) = t.format {
+            assert_eq!(stored, format, "write_16bit of {format:?} values into a {stored:?} tensor");
+            self.write_words(t, &words);
+            return Ok(());
+        }
         let packed = self.upload_words(&words, "16-bit upload")?;
         match format {
             HalfFormat::F16 => self.cast_f16_to_f32(t, &packed, bits.len()),

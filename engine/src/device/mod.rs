@@ -35,6 +35,12 @@ pub trait Backend {
     /// Uploads token ids (each must be below the vocabulary size; callers check).
     fn tokens(&self, ids: &[u32]) -> Result<Self::Tokens>;
     fn alloc_stats(&self) -> AllocStats;
+    /// A tensor that holds 16-bit values where the device can store them so (the gpu device packs two
+    /// per word; elsewhere it is an ordinary f32 tensor). Written with [`Backend::write_16bit`] in the same
+    /// format, read back widened, and usable only as the B operand of [`Backend::matmul`].
+    fn alloc_16bit(&self, len: usize, label: &str, _format: HalfFormat) -> Result<Self::Tensor> {
+        self.alloc(len, label)
+    }
     /// Fails, with the numbers, if these attention dimensions exceed what the device's kernels can bind
     /// (the gpu device splits attention by batch only, so one sequence's q, k and v must fit one binding).
     fn check_attention(&self, _dims: AttentionDims) -> Result<()> {

@@ -48,6 +48,14 @@ impl Precision {
     pub fn working_bytes_per_param(self) -> usize {
         if self == Precision::Fp32 { 4 } else { 2 }
     }
+    /// The 16-bit format of the working copy, if it has one.
+    pub fn half_format(self) -> Option<HalfFormat> {
+        match self {
+            Precision::Fp32 => None,
+            Precision::Bf16 => Some(HalfFormat::Bf16),
+            Precision::Fp16 => Some(HalfFormat::F16),
+        }
+    }
 }
 
 /// Everything a training run is configured with besides the model and the data.
@@ -160,7 +168,7 @@ struct DeviceNeeds {
     /// Head parameters and their gradients.
     head_bytes: u64,
     /// One block's parameters (a slot).
-    block_bytes: u64,
+    slot_bytes: u64,
     activation_bytes: u64,
     /// One block's gradients and the token ids with the encoder's index (x and y).
     other_bytes: u64,
@@ -172,10 +180,15 @@ impl DeviceNeeds {
         let block_elems = groups.get(1).map_or(0, |g| g.len);
         let bt = tc.batch * tc.seq_len;
         let kept_blocks = if tc.recompute { 1 } else { cfg.n_layer };
-        let block_bytes = 4 * block_elems as u64;
+        let block_bytes = 4 * block_elems as u64; // gradients, always f32
+        // A slot holds 16-bit matrices (packed two per word) with a 16-bit working copy.
+        let slot_bytes = match tc.precision {
+            Precision::Fp32 => block_bytes,
+            _ => groups.get(1).map_or(0, |g| g.tensors.iter().map(|t| if t.shape.len() >= 2 { 4 * t.len.div_ceil(2) } else { 4 * t.len }).sum::<usize>() as u64),
+        };
         DeviceNeeds {
             head_bytes: 2 * 4 * groups[0].len as u64,
-            block_bytes,
+            slot_bytes,
             activation_bytes: kept_blocks as u64 * BlockActivations::<()>::bytes(cfg, tc.batch, tc.seq_len)
                 + HeadActivations::<()>::bytes(cfg, tc.batch, tc.seq_len)
                 + 4 * ((cfg.n_layer + 1) * bt * cfg.n_embd) as u64,
@@ -189,7 +202,7 @@ impl DeviceNeeds {
 
     /// The least a run can hold: two block slots, so one block uploads while another computes.
     fn minimum(&self) -> u64 {
-        self.head_bytes + 2 * self.block_bytes + self.activation_bytes + self.other_bytes
+        self.head_bytes + 2 * self.slot_bytes + self.activation_bytes + self.other_bytes
     }
 }
 
@@ -202,14 +215,14 @@ pub fn minimum_device_bytes(cfg: &Gpt2Config, tc: &TrainConfig) -> u64 {
 pub fn plan(cfg: &Gpt2Config, tc: &TrainConfig) -> Result<Placement> {
     let params: usize = group_layouts(cfg).iter().map(|g| g.len).sum();
     let needs = DeviceNeeds::of(cfg, tc);
-    let DeviceNeeds { head_bytes, block_bytes, activation_bytes, other_bytes } = needs;
+    let DeviceNeeds { head_bytes, slot_bytes, activation_bytes, other_bytes } = needs;
     let minimum = needs.minimum();
     let mut block_slots = cfg.n_layer.min(2);
     if let Some(budget) = tc.gpu_mem_budget {
         if budget < minimum {
             bail!(
                 "--gpu-mem-budget {budget} bytes ({:.1} MiB) cannot hold the minimum of {minimum} bytes ({:.1} MiB): \
-                 head parameters+gradients {head_bytes}, 2 block slots x {block_bytes}, activations {activation_bytes}{}, other {other_bytes}. \
+                 head parameters+gradients {head_bytes}, 2 block slots x {slot_bytes}, activations {activation_bytes}{}, other {other_bytes}. \
                  Raise the budget, lower --batch-size/--seq-len{}",
                 budget as f64 / 1048576.0,
                 minimum as f64 / 1048576.0,
@@ -218,7 +231,7 @@ pub fn plan(cfg: &Gpt2Config, tc: &TrainConfig) -> Result<Placement> {
             );
         }
         let spare = budget - minimum;
-        block_slots += (spare / block_bytes.max(1)) as usize;
+        block_slots += (spare / slot_bytes.max(1)) as usize;
         block_slots = block_slots.min(cfg.n_layer);
     } else {
         block_slots = cfg.n_layer;
@@ -232,7 +245,7 @@ pub fn plan(cfg: &Gpt2Config, tc: &TrainConfig) -> Result<Placement> {
         host_working_bytes: host(tc.precision.working_bytes_per_param()),
         host_grad_bytes: host(4),
         device_head_bytes: head_bytes,
-        device_block_slot_bytes: block_bytes,
+        device_block_slot_bytes: slot_bytes,
         device_activation_bytes: activation_bytes,
         device_other_bytes: other_bytes,
         block_slots,
@@ -556,8 +569,24 @@ impl<'d, D: Backend> Trainer<'d, D> {
         let kept = if tc.recompute { 1 } else { cfg.n_layer };
         let block_acts = (0..kept).map(|_| BlockActivations::new(dev, cfg, tc.batch, tc.seq_len)).collect::<Result<_>>()?;
         let block_grads = Block::from_tensors(alloc_like(&shapes(&groups[1], "grad "))?);
+        // With a 16-bit working copy the matmul weights stay 16-bit on the device (the matmul widens
+        // them as it reads); biases and layer-norm parameters are widened to f32 on arrival.
+        let slot_format = tc.precision.half_format();
         let slots = (0..placement.block_slots)
-            .map(|i| Ok(Block::from_tensors(alloc_like(&shapes(&groups[1], &format!("slot {i} ")))?)))
+            .map(|i| {
+                let tensors = groups[1]
+                    .tensors
+                    .iter()
+                    .map(|t| {
+                        let label = format!("slot {i} {}", t.name);
+                        match slot_format {
+                            Some(format) if t.shape.len() >= 2 => dev.alloc_16bit(t.len, &label, format),
+                            _ => dev.alloc(t.len, &label),
+                        }
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(Block::from_tensors(tensors))
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(DeviceState { head, head_grads, head_acts, residual, block_acts, slot_holds: vec![None; slots.len()], slots, block_grads })
     }
@@ -613,7 +642,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             }
             Precision::Bf16 | Precision::Fp16 => {
                 let w = shared.working.data().as_slice::<u16>();
-                let format = if self.train.precision == Precision::Fp16 { HalfFormat::F16 } else { HalfFormat::Bf16 };
+                let format = self.train.precision.half_format().expect("a 16-bit precision");
                 for (t, slot) in tensors.iter().zip(&layout.tensors) {
                     self.dev.write_16bit(t, &w[slot.range()], format)?;
                 }
