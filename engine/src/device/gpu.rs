@@ -385,20 +385,33 @@ impl GpuDevice {
 
     /// Reads raw 32-bit words back.
     pub fn read_words(&self, t: &GpuTensor) -> Vec<u32> {
-        let bytes = (t.words() * 4) as u64;
-        if bytes == 0 {
-            return Vec::new();
+        self.read_words_many(&[t]).pop().expect("one tensor read")
+    }
+
+    /// Reads several tensors' words back through one staging buffer: one submission and one wait for
+    /// all of them (a block's twelve gradients cost one round trip, not twelve).
+    pub fn read_words_many(&self, tensors: &[&GpuTensor]) -> Vec<Vec<u32>> {
+        let sizes: Vec<u64> = tensors.iter().map(|t| (t.words() * 4) as u64).collect();
+        let total: u64 = sizes.iter().sum();
+        if total == 0 {
+            return sizes.iter().map(|_| Vec::new()).collect();
         }
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("read-back"),
-            size: bytes,
+            size: total,
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
         {
             let mut slot = self.encoder.borrow_mut();
             let encoder = slot.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
-            encoder.copy_buffer_to_buffer(&t.buffer, 0, &staging, 0, bytes);
+            let mut offset = 0;
+            for (t, &bytes) in tensors.iter().zip(&sizes) {
+                if bytes > 0 {
+                    encoder.copy_buffer_to_buffer(&t.buffer, 0, &staging, offset, bytes);
+                }
+                offset += bytes;
+            }
         }
         self.flush();
         let (sender, receiver) = std::sync::mpsc::channel();
@@ -408,10 +421,31 @@ impl GpuDevice {
         self.device.poll(wgpu::PollType::wait_indefinitely()).expect("GPU device lost while reading back a tensor");
         receiver.recv().expect("map callback dropped").expect("mapping a read-back buffer failed");
         let view = staging.slice(..).get_mapped_range().expect("mapped range");
-        let words = bytemuck::cast_slice::<u8, u32>(&view).to_vec();
+        let all = bytemuck::cast_slice::<u8, u32>(&view);
+        let mut out = Vec::with_capacity(tensors.len());
+        let mut offset = 0;
+        for &bytes in &sizes {
+            let words = (bytes / 4) as usize;
+            out.push(all[offset..offset + words].to_vec());
+            offset += words;
+        }
         drop(view);
         staging.unmap();
-        words
+        out
+    }
+
+    /// A tensor's words as f32 values (16-bit tensors widened).
+    fn widen(t: &GpuTensor, words: Vec<u32>) -> Vec<f32> {
+        match t.format {
+            None => bytemuck::cast_slice(&words).to_vec(),
+            Some(format) => {
+                let halves = words.iter().flat_map(|w| [*w as u16, (*w >> 16) as u16]).take(t.len);
+                match format {
+                    HalfFormat::F16 => halves.map(|h| half::f16::from_bits(h).to_f32()).collect(),
+                    HalfFormat::Bf16 => halves.map(|h| half::bf16::from_bits(h).to_f32()).collect(),
+                }
+            }
+        }
     }
 
     /// out (u32 words, two f16 per word) = f16(x[..n]), round to nearest even.
@@ -549,17 +583,10 @@ impl Backend for GpuDevice {
         self.write_words(t, bytemuck::cast_slice(data));
     }
     fn read(&self, t: &GpuTensor) -> Vec<f32> {
-        let words = self.read_words(t);
-        match t.format {
-            None => bytemuck::cast_slice(&words).to_vec(),
-            Some(format) => {
-                let halves = words.iter().flat_map(|w| [*w as u16, (*w >> 16) as u16]).take(t.len);
-                match format {
-                    HalfFormat::F16 => halves.map(|h| half::f16::from_bits(h).to_f32()).collect(),
-                    HalfFormat::Bf16 => halves.map(|h| half::bf16::from_bits(h).to_f32()).collect(),
-                }
-            }
-        }
+        Self::widen(t, self.read_words(t))
+    }
+    fn read_many(&self, tensors: &[&GpuTensor]) -> Vec<Vec<f32>> {
+        tensors.iter().zip(self.read_words_many(tensors)).map(|(t, words)| Self::widen(t, words)).collect()
     }
     fn tokens(&self, ids: &[u32]) -> Result<GpuTokens> {
         let buckets = TokenBuckets::new(ids);

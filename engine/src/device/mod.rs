@@ -32,6 +32,10 @@ pub trait Backend {
     fn len(&self, t: &Self::Tensor) -> usize;
     fn write(&self, t: &Self::Tensor, data: &[f32]);
     fn read(&self, t: &Self::Tensor) -> Vec<f32>;
+    /// Several tensors at once (the gpu device waits once for all of them).
+    fn read_many(&self, tensors: &[&Self::Tensor]) -> Vec<Vec<f32>> {
+        tensors.iter().map(|t| self.read(t)).collect()
+    }
     /// Uploads token ids (each must be below the vocabulary size; callers check).
     fn tokens(&self, ids: &[u32]) -> Result<Self::Tokens>;
     fn alloc_stats(&self) -> AllocStats;

@@ -520,8 +520,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
                     p[t.range()].copy_from_slice(&values);
                 }
             }
-            m.data_mut().bytes_mut().fill(0);
-            v.data_mut().bytes_mut().fill(0);
+            // m and v start at zero, as page_in_uninit leaves them.
             write_working(train.precision, master.data().as_slice::<f32>(), &mut working);
             for s in [&mut master, &mut m, &mut v, &mut working] {
                 s.page_out(nv, true)?;
@@ -673,14 +672,14 @@ impl<'d, D: Backend> Trainer<'d, D> {
         let layout = &self.layouts[k];
         let check = self.train.precision == Precision::Fp16;
         let mut overflow = false;
-        for (t, slot) in parts.iter().zip(&layout.tensors) {
-            let data = timed(&mut clock.download, || self.dev.read(t));
+        let downloaded = timed(&mut clock.download, || self.dev.read_many(parts));
+        for (data, slot) in downloaded.iter().zip(&layout.tensors) {
             clock.download_bytes += 4 * data.len() as u64;
             let acc = &mut shared.grads[slot.range()];
             if first {
-                acc.copy_from_slice(&data);
+                acc.copy_from_slice(data);
             } else {
-                acc.iter_mut().zip(&data).for_each(|(a, g)| *a += g);
+                acc.iter_mut().zip(data).for_each(|(a, g)| *a += g);
             }
             if check {
                 overflow |= data.iter().any(|g| !(g.abs() <= schedule::F16_MAX));
