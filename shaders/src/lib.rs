@@ -1,4 +1,5 @@
-//! The WGSL compute kernels of zerostream, one file per op under `wgsl/`, named after the op.
+//! The WGSL compute kernels of zerostream, one file per op under `wgsl/`, named after the op; helpers
+//! several kernels share live in `wgsl/common/` and are prepended to the kernels that list them.
 //!
 //! This crate only embeds the source text (`include_str!`), so it has no run-time dependencies; the engine
 //! compiles the modules on its device. The test at the bottom parses and validates every kernel with naga,
@@ -12,8 +13,12 @@ pub struct Kernel {
 }
 
 macro_rules! kernels {
-    ($($ident:ident => $file:literal),* $(,)?) => {
-        $(pub const $ident: Kernel = Kernel { name: $file, source: include_str!(concat!("../wgsl/", $file, ".wgsl")) };)*
+    ($($ident:ident => $file:literal $(with $($common:literal),+)?),* $(,)?) => {
+        $(pub const $ident: Kernel = Kernel {
+            name: $file,
+            // Shared helpers from wgsl/common/ are prepended to the kernel's own file.
+            source: concat!($($(include_str!(concat!("../wgsl/common/", $common, ".wgsl")),)+)? include_str!(concat!("../wgsl/", $file, ".wgsl"))),
+        };)*
         /// Every kernel, for validation and for warming the pipeline cache.
         pub const ALL: &[Kernel] = &[$($ident),*];
     };
@@ -33,8 +38,8 @@ kernels! {
     FILL => "fill",
     GELU_BACKWARD => "gelu_backward",
     GELU_FORWARD => "gelu_forward",
-    LAYERNORM_BACKWARD => "layernorm_backward",
-    LAYERNORM_FORWARD => "layernorm_forward",
+    LAYERNORM_BACKWARD => "layernorm_backward" with "workgroup_sum",
+    LAYERNORM_FORWARD => "layernorm_forward" with "workgroup_sum",
     MATMUL => "matmul",
     RESIDUAL_FORWARD => "residual_forward",
     SUM_SQUARES => "sum_squares",
@@ -60,7 +65,11 @@ mod tests {
     fn every_wgsl_file_is_listed() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/wgsl");
         for entry in std::fs::read_dir(dir).unwrap() {
-            let name = entry.unwrap().path().file_stem().unwrap().to_string_lossy().into_owned();
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                continue; // wgsl/common/: helpers prepended to kernels, not kernels
+            }
+            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
             assert!(ALL.iter().any(|k| k.name == name), "wgsl/{name}.wgsl is not in shaders::ALL");
         }
     }

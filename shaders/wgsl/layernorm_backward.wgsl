@@ -15,19 +15,7 @@ struct Params { rows: u32, channels: u32, x_off: u32, dout_off: u32, dx_off: u32
 @group(0) @binding(7) var<storage, read_write> dweight: array<f32>;
 @group(0) @binding(8) var<storage, read_write> dbias: array<f32>;
 
-var<workgroup> scratch: array<f32, 256>;
-
-fn workgroup_sum(lane: u32, value: f32) -> f32 {
-    scratch[lane] = value;
-    workgroupBarrier();
-    for (var stride = 128u; stride > 0u; stride >>= 1u) {
-        if (lane < stride) { scratch[lane] += scratch[lane + stride]; }
-        workgroupBarrier();
-    }
-    let total = scratch[0];
-    workgroupBarrier();
-    return total;
-}
+// workgroup_sum(lane, value) and its scratch come from common/workgroup_sum.wgsl.
 
 @compute @workgroup_size(256, 1, 1)
 fn input_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

@@ -11,19 +11,7 @@ struct Params { rows: u32, channels: u32, eps: f32, x_off: u32, out_off: u32, st
 @group(0) @binding(5) var<storage, read_write> mean: array<f32>;
 @group(0) @binding(6) var<storage, read_write> rstd: array<f32>;
 
-var<workgroup> scratch: array<f32, 256>;
-
-fn workgroup_sum(lane: u32, value: f32) -> f32 {
-    scratch[lane] = value;
-    workgroupBarrier();
-    for (var stride = 128u; stride > 0u; stride >>= 1u) {
-        if (lane < stride) { scratch[lane] += scratch[lane + stride]; }
-        workgroupBarrier();
-    }
-    let total = scratch[0];
-    workgroupBarrier();
-    return total;
-}
+// workgroup_sum(lane, value) and its scratch come from common/workgroup_sum.wgsl.
 
 @compute @workgroup_size(256, 1, 1)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
