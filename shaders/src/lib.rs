@@ -26,13 +26,12 @@ macro_rules! kernels {
 
 kernels! {
     ATTENTION_BACKWARD => "attention_backward",
-    ATTENTION_FORWARD => "attention_forward",
+    ATTENTION_FORWARD => "attention_forward" with "workgroup_logsumexp",
     AXPY => "axpy",
     BIAS_BACKWARD => "bias_backward",
-    CAST_BF16_TO_F32 => "cast_bf16_to_f32",
-    CAST_F16_TO_F32 => "cast_f16_to_f32",
+    CAST_HALF_TO_F32 => "cast_half_to_f32",
     CAST_F32_TO_F16 => "cast_f32_to_f16",
-    CROSSENTROPY => "crossentropy",
+    CROSSENTROPY => "crossentropy" with "workgroup_logsumexp",
     ENCODER_BACKWARD => "encoder_backward",
     ENCODER_FORWARD => "encoder_forward",
     FILL => "fill",

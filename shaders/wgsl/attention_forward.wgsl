@@ -18,8 +18,7 @@ struct Params {
 const LANES: u32 = 256u;
 var<workgroup> q_row: array<f32, 256>;
 var<workgroup> probs: array<f32, 256>;
-var<workgroup> red_max: array<f32, 256>;
-var<workgroup> red_sum: array<f32, 256>;
+// red_max, red_sum, logsumexp_add and workgroup_logsumexp come from common/workgroup_logsumexp.wgsl.
 
 fn score(qkv_row: u32, key: u32, h: u32, b: u32) -> f32 {
     let k_base = p.qkv_off + (b * p.seq_len + key) * 3u * p.channels + p.channels + h * p.head_dim;
@@ -38,26 +37,9 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     workgroupBarrier();
 
     // Pass 1: running max and sum of exponentials over this lane's keys, then combined across lanes.
-    var m = -3.0e38;
-    var s = 0.0;
-    for (var j = lane; j <= t; j += LANES) {
-        let x = score(row, j, h, b);
-        if (x > m) { s = s * exp(m - x) + 1.0; m = x; } else { s += exp(x - m); }
-    }
-    red_max[lane] = m;
-    red_sum[lane] = s;
-    workgroupBarrier();
-    for (var stride = 128u; stride > 0u; stride >>= 1u) {
-        if (lane < stride) {
-            let m1 = red_max[lane];
-            let m2 = red_max[lane + stride];
-            let mm = max(m1, m2);
-            red_sum[lane] = red_sum[lane] * exp(m1 - mm) + red_sum[lane + stride] * exp(m2 - mm);
-            red_max[lane] = mm;
-        }
-        workgroupBarrier();
-    }
-    let row_lse = red_max[0] + log(red_sum[0]);
+    var state = vec2<f32>(-3.0e38, 0.0);
+    for (var j = lane; j <= t; j += LANES) { state = logsumexp_add(state, score(row, j, h, b)); }
+    let row_lse = workgroup_logsumexp(lane, state);
 
     // Pass 2: out = sum_j p_j v_j, one chunk of keys at a time.
     var acc = 0.0;

@@ -465,22 +465,22 @@ impl GpuDevice {
 
     /// out[..n] = f32 of the halves packed in `x_words`.
     pub fn cast_f16_to_f32(&self, out: &GpuTensor, x_words: &GpuTensor, n: usize) {
-        self.widen_halves(shaders::CAST_F16_TO_F32, out, x_words, n)
+        self.widen_halves(HalfFormat::F16, out, x_words, n)
     }
 
     /// out (f32) = bf16 values packed two per u32 word (exact).
     pub fn cast_bf16_to_f32(&self, out: &GpuTensor, x_words: &GpuTensor, n: usize) {
-        self.widen_halves(shaders::CAST_BF16_TO_F32, out, x_words, n)
+        self.widen_halves(HalfFormat::Bf16, out, x_words, n)
     }
 
-    fn widen_halves(&self, kernel: shaders::Kernel, out: &GpuTensor, x_words: &GpuTensor, n: usize) {
+    fn widen_halves(&self, format: HalfFormat, out: &GpuTensor, x_words: &GpuTensor, n: usize) {
         for r in Self::pieces(n, self.max_window_elems, 2 * self.align_elems) {
             let xw = self.window(x_words, r.start / 2..r.end.div_ceil(2));
             let ow = self.window(out, r.clone());
             self.dispatch(
-                kernel,
+                shaders::CAST_HALF_TO_F32,
                 "main",
-                &[r.len() as u32, xw.elem_offset, ow.elem_offset, 0],
+                &[r.len() as u32, xw.elem_offset, ow.elem_offset, (format == HalfFormat::Bf16) as u32],
                 &[(1, xw.binding), (2, ow.binding)],
                 Self::elementwise_grid(r.len().div_ceil(2)),
             );

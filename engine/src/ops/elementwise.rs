@@ -34,12 +34,12 @@ pub fn cast_f32_to_f16(out: &mut [u16], x: &[f32]) {
     out.par_iter_mut().zip(x.par_iter()).for_each(|(o, v)| *o = half::f16::from_f32(*v).to_bits());
 }
 
-/// bf16 bits -> f32 (exact). Twin of `cast_bf16_to_f32.wgsl`.
+/// bf16 bits -> f32 (exact). Twin of `cast_half_to_f32.wgsl` (format 1).
 pub fn cast_bf16_to_f32(out: &mut [f32], x: &[u16]) {
     out.par_iter_mut().zip(x.par_iter()).for_each(|(o, v)| *o = half::bf16::from_bits(*v).to_f32());
 }
 
-/// f16 bits -> f32 (exact). Twin of `cast_f16_to_f32.wgsl`.
+/// f16 bits -> f32 (exact). Twin of `cast_half_to_f32.wgsl` (format 0).
 pub fn cast_f16_to_f32(out: &mut [f32], x: &[u16]) {
     out.par_iter_mut().zip(x.par_iter()).for_each(|(o, v)| *o = half::f16::from_bits(*v).to_f32());
 }
