@@ -91,7 +91,7 @@ impl Gpt2Config {
         if self.n_embd == 0 || self.n_head == 0 || self.n_layer == 0 || self.vocab_size == 0 || self.n_positions == 0 {
             bail!("config: n_embd, n_head, n_layer, vocab_size and n_positions must all be positive: {self:?}");
         }
-        if self.n_embd % self.n_head != 0 {
+        if !self.n_embd.is_multiple_of(self.n_head) {
             bail!("config: n_embd ({}) must be a multiple of n_head ({})", self.n_embd, self.n_head);
         }
         if self.n_embd / self.n_head > 256 {
@@ -127,7 +127,10 @@ pub struct HfModel {
 impl HfModel {
     pub fn open(dir: &Path) -> Result<Self> {
         if !dir.is_dir() {
-            bail!("model directory {} does not exist (expected a Hugging Face GPT-2 directory with config.json and model.safetensors)", dir.display());
+            bail!(
+                "model directory {} does not exist (expected a Hugging Face GPT-2 directory with config.json and model.safetensors)",
+                dir.display()
+            );
         }
         let config = Gpt2Config::from_file(&dir.join("config.json"))?;
         let single = dir.join("model.safetensors");
@@ -175,9 +178,8 @@ impl HfModel {
 
     /// The tensor `name` as f32 (converted from f16, bf16 or f64), checked against `shape`.
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
-        let stored = self
-            .resolve(name)
-            .with_context(|| format!("{}: tensor {name} not found (expected shape {shape:?})", self.dir.display()))?;
+        let stored =
+            self.resolve(name).with_context(|| format!("{}: tensor {name} not found (expected shape {shape:?})", self.dir.display()))?;
         let (path, mmap) = &self.files[self.index[stored].file];
         let st = SafeTensors::deserialize(mmap)?;
         let view = st.tensor(stored)?;

@@ -33,7 +33,7 @@ impl TokenFile {
             }
             let count = word(2);
             let available = (mmap.len() - HEADER_BYTES) / 2;
-            if count < 0 || count as usize > available || (mmap.len() - HEADER_BYTES) % 2 != 0 {
+            if count < 0 || count as usize > available || !(mmap.len() - HEADER_BYTES).is_multiple_of(2) {
                 bail!(
                     "{}: header says {count} tokens but the file holds {} bytes after the header ({} tokens)",
                     path.display(),

@@ -151,7 +151,13 @@ impl TransferRun {
 }
 
 /// Host<->device GB/s for each size and method, best of `reps`; the data is checked once per size.
-pub fn bench_transfer(dev: &GpuDevice, link: Link, sizes: &[u64], reps: usize, mut on_run: impl FnMut(&TransferRun)) -> Result<Vec<TransferRun>> {
+pub fn bench_transfer(
+    dev: &GpuDevice,
+    link: Link,
+    sizes: &[u64],
+    reps: usize,
+    mut on_run: impl FnMut(&TransferRun),
+) -> Result<Vec<TransferRun>> {
     let mut runs = Vec::new();
     for &bytes in sizes {
         if bytes == 0 || bytes % wgpu::COPY_BUFFER_ALIGNMENT != 0 {

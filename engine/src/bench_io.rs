@@ -61,7 +61,8 @@ pub fn run_one(path: &Path, size: u64, config: IoConfig) -> Result<IoRun> {
         let t = Instant::now();
         let mut offset = 0;
         while offset < size {
-            io.transfer(dir, &file, offset, buf.padded_mut()).with_context(|| format!("{dir:?} of {} at offset {offset}", path.display()))?;
+            io.transfer(dir, &file, offset, buf.padded_mut())
+                .with_context(|| format!("{dir:?} of {} at offset {offset}", path.display()))?;
             offset += chunk;
         }
         if dir == Direction::Write {
@@ -71,7 +72,14 @@ pub fn run_one(path: &Path, size: u64, config: IoConfig) -> Result<IoRun> {
     };
     let write_gbps = timed(Direction::Write)?;
     let read_gbps = timed(Direction::Read)?;
-    Ok(IoRun { engine: io.config.engine, block_bytes: config.block_bytes as u64, queue_depth: config.queue_depth, direct, write_gbps, read_gbps })
+    Ok(IoRun {
+        engine: io.config.engine,
+        block_bytes: config.block_bytes as u64,
+        queue_depth: config.queue_depth,
+        direct,
+        write_gbps,
+        read_gbps,
+    })
 }
 
 /// Every combination, in order; the test file is removed afterwards.
@@ -148,11 +156,7 @@ pub fn plot(runs: &[IoRun], path: &Path) -> Result<()> {
             .x_label_area_size(35)
             .y_label_area_size(45)
             .build_cartesian_2d(((min_block as f64).log2() - 0.5)..((max_block as f64).log2() + 0.5), 0.0..max)?;
-        chart
-            .configure_mesh()
-            .x_desc("block size")
-            .x_label_formatter(&|x| format!("{}KiB", (2f64.powf(*x) / 1024.0).round()))
-            .draw()?;
+        chart.configure_mesh().x_desc("block size").x_label_formatter(&|x| format!("{}KiB", (2f64.powf(*x) / 1024.0).round())).draw()?;
         let mut keys: Vec<(IoEngineKind, usize)> = runs.iter().map(|r| (r.engine, r.queue_depth)).collect();
         keys.dedup();
         keys.sort_by_key(|k| (k.0.name(), k.1));

@@ -8,10 +8,18 @@ use crate::model::gpt2::{Gpt2, Gpt2Config};
 
 /// Continues `prompt` by `new_tokens` tokens sampled at `temperature` (seeded), from weights given as
 /// (name, shape, values). Returns only the new tokens.
-pub fn sample(config: &Gpt2Config, weights: &[(String, Vec<usize>, Vec<f32>)], prompt: &[u32], new_tokens: usize, temperature: f32, seed: u64) -> Result<Vec<u32>> {
+pub fn sample(
+    config: &Gpt2Config,
+    weights: &[(String, Vec<usize>, Vec<f32>)],
+    prompt: &[u32],
+    new_tokens: usize,
+    temperature: f32,
+    seed: u64,
+) -> Result<Vec<u32>> {
     let dev = CpuDevice::new(None);
     let lookup: std::collections::HashMap<&str, &Vec<f32>> = weights.iter().map(|(n, _, v)| (n.as_str(), v)).collect();
-    let mut model = Gpt2::from_fn(&dev, config, |name, _| lookup.get(name).map(|v| v.to_vec()).ok_or_else(|| anyhow!("sampling: no tensor {name}")))?;
+    let mut model =
+        Gpt2::from_fn(&dev, config, |name, _| lookup.get(name).map(|v| v.to_vec()).ok_or_else(|| anyhow!("sampling: no tensor {name}")))?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut context: Vec<u32> = if prompt.is_empty() { vec![0] } else { prompt.to_vec() };
     let (window, vocab) = (config.n_positions, config.vocab_size);

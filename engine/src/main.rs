@@ -369,12 +369,24 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Train(args) => train(*args),
         Command::Bench(BenchCommand::Io { dir, size, block_size, queue_depth, io_engine, buffered, fio, plot, json }) => {
-            let cfg = IoBenchConfig { dir: dir.clone(), size_bytes: size, block_sizes: block_size, queue_depths: queue_depth, engines: io_engine, direct: !buffered };
+            let cfg = IoBenchConfig {
+                dir: dir.clone(),
+                size_bytes: size,
+                block_sizes: block_size,
+                queue_depths: queue_depth,
+                engines: io_engine,
+                direct: !buffered,
+            };
             let runs = bench_io::bench_io(&cfg, |r| {
                 if !json {
                     println!(
                         "{:>5} block {:>8} qd {:>4}{}: write {:6.2} GB/s, read {:6.2} GB/s",
-                        r.engine.name(), human_bytes(r.block_bytes), r.queue_depth, if r.direct { "" } else { " (buffered)" }, r.write_gbps, r.read_gbps
+                        r.engine.name(),
+                        human_bytes(r.block_bytes),
+                        r.queue_depth,
+                        if r.direct { "" } else { " (buffered)" },
+                        r.write_gbps,
+                        r.read_gbps
                     );
                 }
             })?;
@@ -396,10 +408,18 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 println!(
                     "best: --io-engine {} --block-size {} --queue-depth {} (write {:.2} GB/s, read {:.2} GB/s)",
-                    best.engine.name(), human_bytes(best.block_bytes), best.queue_depth, best.write_gbps, best.read_gbps
+                    best.engine.name(),
+                    human_bytes(best.block_bytes),
+                    best.queue_depth,
+                    best.write_gbps,
+                    best.read_gbps
                 );
                 if let Some((w, r)) = fio_gbps {
-                    println!("fio (bs 1MiB, iodepth 32): write {w:.2} GB/s, read {r:.2} GB/s; best above is {:.0}% / {:.0}% of it", 100.0 * best.write_gbps / w, 100.0 * best.read_gbps / r);
+                    println!(
+                        "fio (bs 1MiB, iodepth 32): write {w:.2} GB/s, read {r:.2} GB/s; best above is {:.0}% / {:.0}% of it",
+                        100.0 * best.write_gbps / w,
+                        100.0 * best.read_gbps / r
+                    );
                 }
             }
             Ok(())
@@ -411,7 +431,13 @@ fn run(cli: Cli) -> Result<()> {
             let content = std::fs::read_to_string(&text).with_context(|| format!("reading --text {}", text.display()))?;
             let tokens = tokenizer.encode(&content)?;
             write_token_file(&out, &tokens)?;
-            eprintln!("{}: {} bytes of text -> {} tokens ({tokenizer:?}, vocab {})", out.display(), content.len(), tokens.len(), tokenizer.vocab_size());
+            eprintln!(
+                "{}: {} bytes of text -> {} tokens ({tokenizer:?}, vocab {})",
+                out.display(),
+                content.len(),
+                tokens.len(),
+                tokenizer.vocab_size()
+            );
             Ok(())
         }
         Command::Bench(BenchCommand::Adam { params, threads, grad, copy, reps, json }) => {
@@ -421,7 +447,15 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 println!(
                     "adam: {} params, {:?} grads, {:?} copy, {} threads ({}): {:.2} Gparam/s, {} B/param = {:.1} GB/s; triad {:.1} GB/s; {:.0}% of triad",
-                    r.params, r.grad, r.copy, r.threads, r.isa, r.gparams_per_s, r.bytes_per_param, r.adam_gbps, r.triad_gbps,
+                    r.params,
+                    r.grad,
+                    r.copy,
+                    r.threads,
+                    r.isa,
+                    r.gparams_per_s,
+                    r.bytes_per_param,
+                    r.adam_gbps,
+                    r.triad_gbps,
                     100.0 * r.fraction_of_triad()
                 );
             }
@@ -483,11 +517,11 @@ fn train(a: TrainArgs) -> Result<()> {
 }
 
 fn human_bytes(b: u64) -> String {
-    if b >= 1 << 30 && b % (1 << 30) == 0 {
+    if b >= 1 << 30 && b.is_multiple_of(1 << 30) {
         format!("{}GiB", b >> 30)
-    } else if b >= 1 << 20 && b % (1 << 20) == 0 {
+    } else if b >= 1 << 20 && b.is_multiple_of(1 << 20) {
         format!("{}MiB", b >> 20)
-    } else if b >= 1 << 10 && b % (1 << 10) == 0 {
+    } else if b >= 1 << 10 && b.is_multiple_of(1 << 10) {
         format!("{}KiB", b >> 10)
     } else {
         format!("{b}B")
@@ -515,10 +549,23 @@ fn transfer_command(t: TransferArgs, link: Link) -> Result<()> {
 
 fn bench_all(dir: &std::path::Path, size: u64, params: usize, adapter: Option<&str>, json: bool) -> Result<()> {
     let mut rows: Vec<(String, f64, String, f64)> = Vec::new(); // link, GB/s, ceiling name, ceiling GB/s
-    let adam = zerostream::bench::bench_adam(&AdamBenchConfig { params, threads: 0, grad: HalfOrFull::Bf16, copy: HalfOrFull::Bf16, reps: 3 })?;
+    let adam =
+        zerostream::bench::bench_adam(&AdamBenchConfig { params, threads: 0, grad: HalfOrFull::Bf16, copy: HalfOrFull::Bf16, reps: 3 })?;
     rows.push(("RAM (STREAM triad)".into(), adam.triad_gbps, "triad".into(), adam.triad_gbps));
-    rows.push((format!("CPU AdamW ({:.2} Gparam/s, {} B/param)", adam.gparams_per_s, adam.bytes_per_param), adam.adam_gbps, "triad".into(), adam.triad_gbps));
-    let io_cfg = IoBenchConfig { dir: dir.to_path_buf(), size_bytes: size, block_sizes: vec![1 << 20], queue_depths: vec![32], engines: vec![IoEngineKind::Uring], direct: true };
+    rows.push((
+        format!("CPU AdamW ({:.2} Gparam/s, {} B/param)", adam.gparams_per_s, adam.bytes_per_param),
+        adam.adam_gbps,
+        "triad".into(),
+        adam.triad_gbps,
+    ));
+    let io_cfg = IoBenchConfig {
+        dir: dir.to_path_buf(),
+        size_bytes: size,
+        block_sizes: vec![1 << 20],
+        queue_depths: vec![32],
+        engines: vec![IoEngineKind::Uring],
+        direct: true,
+    };
     let io = bench_io::bench_io(&io_cfg, |_| {})?;
     let fio = bench_io::fio(dir, size, 1 << 20, 32)?;
     let (fio_name, fio_w, fio_r) = match fio {
@@ -535,13 +582,19 @@ fn bench_all(dir: &std::path::Path, size: u64, params: usize, adapter: Option<&s
                 let runs = zerostream::bench::bench_transfer(&dev, link, &[256 << 20], 2, |_| {})?;
                 let best = runs.iter().max_by(|a, b| a.gbps.total_cmp(&b.gbps)).expect("two methods ran");
                 let name = if link == Link::HostToDevice { "h2d" } else { "d2h" };
-                rows.push((format!("{name} 256MiB {:?} ({})", best.method, zerostream::device::Backend::describe(&dev)), best.gbps, "host memcpy".into(), memcpy));
+                rows.push((
+                    format!("{name} 256MiB {:?} ({})", best.method, zerostream::device::Backend::describe(&dev)),
+                    best.gbps,
+                    "host memcpy".into(),
+                    memcpy,
+                ));
             }
         }
         Err(e) => eprintln!("no GPU adapter, h2d and d2h not measured: {e:#}"),
     }
     if json {
-        let out: Vec<_> = rows.iter().map(|(l, g, c, cg)| serde_json::json!({ "link": l, "gbps": g, "ceiling": c, "ceiling_gbps": cg })).collect();
+        let out: Vec<_> =
+            rows.iter().map(|(l, g, c, cg)| serde_json::json!({ "link": l, "gbps": g, "ceiling": c, "ceiling_gbps": cg })).collect();
         println!("{}", serde_json::json!({ "links": out }));
     } else {
         println!("{:<60} {:>9} {:>9}  ceiling", "link", "GB/s", "ceiling");

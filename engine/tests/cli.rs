@@ -17,9 +17,28 @@ fn a_short_run_writes_one_metrics_line_per_step_and_saves_a_loadable_model() {
     let metrics = dir.path().join("metrics.jsonl");
     let save = dir.path().join("model");
     let out = zerostream(&[
-        "train", "--device", "cpu", "--steps", "6", "--batch-size", "2", "--seq-len", "32", "--grad-accum", "2",
-        "--metrics", metrics.to_str().unwrap(), "--save", save.to_str().unwrap(), "--sample-tokens", "20",
-        "--offload-optimizer", "nvme", "--nvme-dir", dir.path().to_str().unwrap(), "--recompute",
+        "train",
+        "--device",
+        "cpu",
+        "--steps",
+        "6",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "32",
+        "--grad-accum",
+        "2",
+        "--metrics",
+        metrics.to_str().unwrap(),
+        "--save",
+        save.to_str().unwrap(),
+        "--sample-tokens",
+        "20",
+        "--offload-optimizer",
+        "nvme",
+        "--nvme-dir",
+        dir.path().to_str().unwrap(),
+        "--recompute",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let lines: Vec<serde_json::Value> =

@@ -56,7 +56,14 @@ fn matmul_16bit_b_case<D: Backend>(dev: &D) -> Outputs {
             let tb = dev.alloc_16bit(bits.len(), "b16", format).unwrap();
             dev.write_16bit(&tb, &bits, format).unwrap();
             let c = dev.alloc(m * n, "c").unwrap();
-            let forward = MatmulShape { m, n, k, a: Operand::row_major(k), b: Operand { offset: 1, row_stride: n, col_stride: 1 }, c: Operand::row_major(n) };
+            let forward = MatmulShape {
+                m,
+                n,
+                k,
+                a: Operand::row_major(k),
+                b: Operand { offset: 1, row_stride: n, col_stride: 1 },
+                c: Operand::row_major(n),
+            };
             dev.matmul(&c, &ta, &tb, None, &forward, false);
             out.push((format!("{m}x{n}x{k} {format:?} B at offset 1"), dev.read(&c)));
             let c = dev.alloc(m * n, "c").unwrap();
@@ -90,7 +97,14 @@ fn matmul_case<D: Backend>(dev: &D) -> Outputs {
         out.push((format!("{m}x{n}x{k} A^T accumulate"), dev.read(&c)));
         // B transposed (as in dX = dY W^T), with an offset into C's rows.
         let c = tensor(dev, &vec![0.0; m * (n + 3)]);
-        let shape = MatmulShape { m, n, k, a: Operand::row_major(k), b: Operand::transposed(k), c: Operand { offset: 3, row_stride: n + 3, col_stride: 1 } };
+        let shape = MatmulShape {
+            m,
+            n,
+            k,
+            a: Operand::row_major(k),
+            b: Operand::transposed(k),
+            c: Operand { offset: 3, row_stride: n + 3, col_stride: 1 },
+        };
         dev.matmul(&c, &ta, &tb, None, &shape, false);
         out.push((format!("{m}x{n}x{k} B^T strided C"), dev.read(&c)));
         // bias_backward

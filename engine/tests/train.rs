@@ -26,7 +26,8 @@ struct Golden {
 
 impl Golden {
     fn load(name: &str) -> Self {
-        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(golden_dir(name).join("golden.json")).unwrap()).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(golden_dir(name).join("golden.json")).unwrap()).unwrap();
         let bytes = std::fs::read(golden_dir(name).join("golden.safetensors")).unwrap();
         Golden { settings: json["config"].clone(), bytes }
     }
@@ -124,7 +125,10 @@ fn trajectories_match_pytorch_on_gpu() {
 }
 
 fn bits(run: &Run) -> (Vec<u64>, Vec<u32>) {
-    (run.losses.iter().map(|l| l.to_bits()).collect(), run.final_params.iter().flat_map(|(_, _, v)| v.iter().map(|x| x.to_bits())).collect())
+    (
+        run.losses.iter().map(|l| l.to_bits()).collect(),
+        run.final_params.iter().flat_map(|(_, _, v)| v.iter().map(|x| x.to_bits())).collect(),
+    )
 }
 
 #[test]
@@ -134,7 +138,10 @@ fn tiers_budgets_and_recompute_give_bit_identical_runs() {
     let reference = run(&CpuDevice::new(None), "gpt2-tiny-accum", base.clone());
     let nvme = tempfile::tempdir().unwrap();
     let variants = [
-        ("optimizer and params on nvme", TrainConfig { offload_optimizer: Tier::Nvme, offload_params: Tier::Nvme, nvme_dir: Some(nvme.path().into()), ..base.clone() }),
+        (
+            "optimizer and params on nvme",
+            TrainConfig { offload_optimizer: Tier::Nvme, offload_params: Tier::Nvme, nvme_dir: Some(nvme.path().into()), ..base.clone() },
+        ),
         ("recompute", TrainConfig { recompute: true, ..base.clone() }),
         ("smallest budget with recompute", TrainConfig { recompute: true, gpu_mem_budget: Some(0), ..base.clone() }),
     ];

@@ -229,7 +229,7 @@ fn store_bf16_streaming(src: &[f32], out: &mut [bf16]) {
     use std::arch::x86_64::{__m256i, _mm_sfence, _mm256_packus_epi32, _mm256_permute4x64_epi64, _mm256_stream_si256};
     let n = src.len().min(out.len());
     let mut i = 0;
-    while i < n && (out[i..].as_ptr() as usize) % 32 != 0 {
+    while i < n && !(out[i..].as_ptr() as usize).is_multiple_of(32) {
         out[i] = bf16_from_f32(src[i]);
         i += 1;
     }
@@ -271,7 +271,15 @@ unsafe fn bf16_bits_x8(src: *const f32) -> std::arch::x86_64::__m256i {
 /// With `streaming_copy` (x86 with AVX2) the bf16 copy is written in a second pass over the chunk,
 /// while it is still in cache, with non-temporal stores.
 #[inline(always)]
-fn chunk_body(p: &mut [f32], m: &mut [f32], v: &mut [f32], grads: Grads<'_>, copy: &mut ParamCopy<'_>, k: &StepScalars, streaming_copy: bool) {
+fn chunk_body(
+    p: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    grads: Grads<'_>,
+    copy: &mut ParamCopy<'_>,
+    k: &StepScalars,
+    streaming_copy: bool,
+) {
     let n = p.len();
     let (m, v) = (&mut m[..n], &mut v[..n]);
     macro_rules! sweep {

@@ -92,7 +92,7 @@ pub enum Direction {
 impl IoEngine {
     /// Checks the configuration and probes io_uring; falls back to pread (with a note) if it cannot be used.
     pub fn new(mut config: IoConfig) -> io::Result<Self> {
-        if config.block_bytes == 0 || config.block_bytes % ALIGN_BYTES != 0 {
+        if config.block_bytes == 0 || !config.block_bytes.is_multiple_of(ALIGN_BYTES) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("block size {} bytes: expected a positive multiple of {ALIGN_BYTES}", config.block_bytes),
@@ -183,8 +183,8 @@ fn pread_transfer(dir: Direction, file: &File, offset: u64, buf: &mut [u8], bloc
         return worker();
     }
     std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads).map(|_| s.spawn(&worker)).collect();
-        handles.into_iter().map(|h| h.join().expect("pread worker panicked")).collect::<io::Result<()>>()
+        let handles: Vec<_> = (0..threads).map(|_| s.spawn(worker)).collect();
+        handles.into_iter().try_for_each(|h| h.join().expect("pread worker panicked"))
     })
 }
 

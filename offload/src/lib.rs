@@ -12,5 +12,5 @@ pub mod sweep;
 pub use adam::{AdamConfig, AdamW, Grads, Isa, ParamCopy};
 pub use aligned::{ALIGN_BYTES, AlignedBuf};
 pub use io::{Direction, IoConfig, IoEngine, IoEngineKind};
-pub use store::{NvmeDir, Stored, StoreError, Tier};
+pub use store::{NvmeDir, StoreError, Stored, Tier};
 pub use sweep::pipelined_sweep;

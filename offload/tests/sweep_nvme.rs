@@ -1,7 +1,7 @@
 //! The pipelined sweep over shards stored on the NVMe tier: every byte written by the computation of
 //! one sweep comes back, checksummed, in the next — for each I/O engine.
 
-use zerostream_offload::{IoConfig, IoEngine, IoEngineKind, NvmeDir, Stored, StoreError, Tier, pipelined_sweep};
+use zerostream_offload::{IoConfig, IoEngine, IoEngineKind, NvmeDir, StoreError, Stored, Tier, pipelined_sweep};
 
 /// FNV-1a over the shard: a checksum the test computes itself, independent of the store's CRC.
 fn fnv(bytes: &[u8]) -> u64 {
@@ -16,7 +16,8 @@ fn every_byte_round_trips_through_two_sweeps() {
         let nvme = NvmeDir::new(dir.path(), io, true, 3).unwrap();
         // Awkward sizes: below a page, a page and a bit, several blocks and a partial one.
         let sizes = [100usize, 4097, 70_001, 16384 * 3 + 12, 1];
-        let mut shards: Vec<Stored> = sizes.iter().enumerate().map(|(k, &n)| Stored::new(&format!("s{k}"), n, Tier::Nvme, Some(&nvme)).unwrap()).collect();
+        let mut shards: Vec<Stored> =
+            sizes.iter().enumerate().map(|(k, &n)| Stored::new(&format!("s{k}"), n, Tier::Nvme, Some(&nvme)).unwrap()).collect();
         for (k, s) in shards.iter_mut().enumerate() {
             s.page_in_uninit();
             for (i, b) in s.data_mut().bytes_mut().iter_mut().enumerate() {
@@ -32,7 +33,10 @@ fn every_byte_round_trips_through_two_sweeps() {
             shards,
             load,
             |k, s| {
-                assert!(s.data().bytes().iter().enumerate().all(|(i, &b)| b == (i * 31 + k * 7) as u8), "{engine}: shard {k} before the sweep");
+                assert!(
+                    s.data().bytes().iter().enumerate().all(|(i, &b)| b == (i * 31 + k * 7) as u8),
+                    "{engine}: shard {k} before the sweep"
+                );
                 for (i, b) in s.data_mut().bytes_mut().iter_mut().enumerate() {
                     *b = (i * 13 + k * 101 + 5) as u8;
                 }

@@ -65,15 +65,7 @@ impl Backend for CpuDevice {
     fn sum_squares(&self, x: &CpuTensor) -> f64 {
         ops::elementwise::sum_squares(&x.data.borrow())
     }
-    fn matmul(
-        &self,
-        c: &CpuTensor,
-        a: &CpuTensor,
-        b: &CpuTensor,
-        bias: Option<&CpuTensor>,
-        shape: &MatmulShape,
-        accumulate: bool,
-    ) {
+    fn matmul(&self, c: &CpuTensor, a: &CpuTensor, b: &CpuTensor, bias: Option<&CpuTensor>, shape: &MatmulShape, accumulate: bool) {
         let bias = bias.map(|t| t.data.borrow());
         ops::matmul::matmul(
             &mut c.data.borrow_mut(),
@@ -87,23 +79,8 @@ impl Backend for CpuDevice {
     fn bias_backward(&self, dbias: &CpuTensor, dout: &CpuTensor, m: usize, n: usize) {
         ops::matmul::bias_backward(&mut dbias.data.borrow_mut(), &dout.data.borrow(), m, n);
     }
-    fn encoder_forward(
-        &self,
-        out: &CpuTensor,
-        tokens: &CpuTokens,
-        wte: &CpuTensor,
-        wpe: &CpuTensor,
-        seq_len: usize,
-        channels: usize,
-    ) {
-        ops::encoder::encoder_forward(
-            &mut out.data.borrow_mut(),
-            &tokens.ids,
-            &wte.data.borrow(),
-            &wpe.data.borrow(),
-            seq_len,
-            channels,
-        );
+    fn encoder_forward(&self, out: &CpuTensor, tokens: &CpuTokens, wte: &CpuTensor, wpe: &CpuTensor, seq_len: usize, channels: usize) {
+        ops::encoder::encoder_forward(&mut out.data.borrow_mut(), &tokens.ids, &wte.data.borrow(), &wpe.data.borrow(), seq_len, channels);
     }
     fn encoder_backward(
         &self,
@@ -207,20 +184,7 @@ impl Backend for CpuDevice {
     fn residual_forward(&self, out: &CpuTensor, a: &CpuTensor, b: &CpuTensor) {
         ops::elementwise::residual_forward(&mut out.data.borrow_mut(), &a.data.borrow(), &b.data.borrow());
     }
-    fn crossentropy(
-        &self,
-        losses: &CpuTensor,
-        logits: &CpuTensor,
-        targets: &CpuTokens,
-        vocab: usize,
-        grad_scale: Option<f32>,
-    ) {
-        ops::crossentropy::crossentropy(
-            &mut losses.data.borrow_mut(),
-            &mut logits.data.borrow_mut(),
-            &targets.ids,
-            vocab,
-            grad_scale,
-        );
+    fn crossentropy(&self, losses: &CpuTensor, logits: &CpuTensor, targets: &CpuTokens, vocab: usize, grad_scale: Option<f32>) {
+        ops::crossentropy::crossentropy(&mut losses.data.borrow_mut(), &mut logits.data.borrow_mut(), &targets.ids, vocab, grad_scale);
     }
 }

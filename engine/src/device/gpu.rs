@@ -26,9 +26,7 @@ const MAX_PENDING_PASSES: usize = 256;
 /// Threads per workgroup of the 1-D kernels (elementwise and per-row).
 const WORKGROUP_THREADS: usize = 256;
 /// The optional features zerostream uses when an adapter has them.
-const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
-    .union(wgpu::Features::TIMESTAMP_QUERY)
-    .union(wgpu::Features::SUBGROUP);
+const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16.union(wgpu::Features::TIMESTAMP_QUERY).union(wgpu::Features::SUBGROUP);
 
 /// What `zerostream devices` prints about one adapter.
 #[derive(Clone, Debug)]
@@ -70,10 +68,7 @@ impl AdapterSummary {
 
     /// A hardware GPU (discrete, integrated or virtualised), as opposed to a software rasteriser.
     pub fn is_real_gpu(&self) -> bool {
-        matches!(
-            self.device_type,
-            wgpu::DeviceType::DiscreteGpu | wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::VirtualGpu
-        )
+        matches!(self.device_type, wgpu::DeviceType::DiscreteGpu | wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::VirtualGpu)
     }
 
     fn preference(&self) -> u8 {
@@ -166,13 +161,10 @@ impl GpuDevice {
             Some(sel) => match sel.parse::<usize>() {
                 Ok(i) if i < found.len() => i,
                 Ok(i) => bail!("--adapter {i}: there are only {} adapters (see `zerostream devices`)", found.len()),
-                Err(_) => summaries
-                    .iter()
-                    .position(|s| s.name.to_lowercase().contains(&sel.to_lowercase()))
-                    .with_context(|| {
-                        let names: Vec<_> = summaries.iter().map(|s| s.name.as_str()).collect();
-                        format!("--adapter {sel:?} matches no adapter; found: {}", names.join(", "))
-                    })?,
+                Err(_) => summaries.iter().position(|s| s.name.to_lowercase().contains(&sel.to_lowercase())).with_context(|| {
+                    let names: Vec<_> = summaries.iter().map(|s| s.name.as_str()).collect();
+                    format!("--adapter {sel:?} matches no adapter; found: {}", names.join(", "))
+                })?,
             },
             None => summaries.iter().min_by_key(|s| (s.preference(), s.index)).unwrap().index,
         };
@@ -275,7 +267,9 @@ impl GpuDevice {
         });
         let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() }];
         entries.extend(
-            storage.iter().map(|(binding, b)| wgpu::BindGroupEntry { binding: *binding, resource: wgpu::BindingResource::Buffer(b.clone()) }),
+            storage
+                .iter()
+                .map(|(binding, b)| wgpu::BindGroupEntry { binding: *binding, resource: wgpu::BindingResource::Buffer(b.clone()) }),
         );
         let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(kernel.name),
@@ -359,7 +353,8 @@ impl GpuDevice {
             bail!("tensor {label} needs {bytes} bytes, more than this adapter's largest buffer ({max} bytes)");
         }
         let charge = self.budget.charge(bytes, label)?;
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size: bytes, usage, mapped_at_creation: false });
+        let buffer =
+            self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size: bytes, usage, mapped_at_creation: false });
         Ok(GpuTensor { buffer, len, format, _charge: charge })
     }
 
@@ -645,7 +640,13 @@ impl Backend for GpuDevice {
     fn fill(&self, x: &GpuTensor, value: f32) {
         for r in Self::pieces(x.len, self.max_window_elems, self.align_elems) {
             let w = self.window(x, r.clone());
-            self.dispatch(shaders::FILL, "main", &[r.len() as u32, w.elem_offset, value.to_bits(), 0], &[(1, w.binding)], Self::elementwise_grid(r.len()));
+            self.dispatch(
+                shaders::FILL,
+                "main",
+                &[r.len() as u32, w.elem_offset, value.to_bits(), 0],
+                &[(1, w.binding)],
+                Self::elementwise_grid(r.len()),
+            );
         }
     }
     fn axpy(&self, y: &GpuTensor, alpha: f32, x: &GpuTensor, beta: f32) {
@@ -707,7 +708,8 @@ impl Backend for GpuDevice {
         let vocab = wte.len / channels;
         for vocab_range in Self::pieces(vocab, self.rows_per_piece(channels), 1) {
             let ww = self.window(wte, vocab_range.start * channels..vocab_range.end * channels);
-            let params = [rows as u32, seq_len as u32, channels as u32, vocab_range.start as u32, vocab_range.end as u32, ww.elem_offset, 0, 0];
+            let params =
+                [rows as u32, seq_len as u32, channels as u32, vocab_range.start as u32, vocab_range.end as u32, ww.elem_offset, 0, 0];
             self.dispatch(
                 shaders::ENCODER_FORWARD,
                 "main",
@@ -722,7 +724,16 @@ impl Backend for GpuDevice {
             );
         }
     }
-    fn encoder_backward(&self, dwte: &GpuTensor, dwpe: &GpuTensor, dout: &GpuTensor, tokens: &GpuTokens, batch: usize, seq_len: usize, channels: usize) {
+    fn encoder_backward(
+        &self,
+        dwte: &GpuTensor,
+        dwpe: &GpuTensor,
+        dout: &GpuTensor,
+        tokens: &GpuTokens,
+        batch: usize,
+        seq_len: usize,
+        channels: usize,
+    ) {
         let vocab = dwte.len / channels;
         let b = &tokens.buckets;
         for vocab_range in Self::pieces(vocab, self.rows_per_piece(channels), 1) {
@@ -851,7 +862,16 @@ impl Backend for GpuDevice {
             let qw = self.window(qkv, bs.start * t * 3 * c..bs.end * t * 3 * c);
             let ow = self.window(out, bs.start * t * c..bs.end * t * c);
             let lw = self.window(lse, bs.start * d.heads * t..bs.end * d.heads * t);
-            let params = [t as u32, d.heads as u32, d.head_dim() as u32, c as u32, d.scale().to_bits(), qw.elem_offset, ow.elem_offset, lw.elem_offset];
+            let params = [
+                t as u32,
+                d.heads as u32,
+                d.head_dim() as u32,
+                c as u32,
+                d.scale().to_bits(),
+                qw.elem_offset,
+                ow.elem_offset,
+                lw.elem_offset,
+            ];
             self.dispatch(
                 shaders::ATTENTION_FORWARD,
                 "main",
@@ -861,7 +881,16 @@ impl Backend for GpuDevice {
             );
         }
     }
-    fn attention_backward(&self, dqkv: &GpuTensor, delta: &GpuTensor, dout: &GpuTensor, qkv: &GpuTensor, out: &GpuTensor, lse: &GpuTensor, d: AttentionDims) {
+    fn attention_backward(
+        &self,
+        dqkv: &GpuTensor,
+        delta: &GpuTensor,
+        dout: &GpuTensor,
+        qkv: &GpuTensor,
+        out: &GpuTensor,
+        lse: &GpuTensor,
+        d: AttentionDims,
+    ) {
         let (t, c) = (d.seq_len, d.channels);
         for bs in Self::pieces(d.batch, self.rows_per_piece(3 * t * c), 1) {
             let qkv_span = bs.start * t * 3 * c..bs.end * t * 3 * c;
@@ -872,7 +901,16 @@ impl Backend for GpuDevice {
             let (lw, ew) = (self.window(lse, stat_span.clone()), self.window(delta, stat_span));
             // One offset per layout: the windows of same-shaped tensors start at the same misalignment.
             assert!(qw.elem_offset == gw.elem_offset && ow.elem_offset == dw.elem_offset && lw.elem_offset == ew.elem_offset);
-            let params = [t as u32, d.heads as u32, d.head_dim() as u32, c as u32, d.scale().to_bits(), qw.elem_offset, ow.elem_offset, lw.elem_offset];
+            let params = [
+                t as u32,
+                d.heads as u32,
+                d.head_dim() as u32,
+                c as u32,
+                d.scale().to_bits(),
+                qw.elem_offset,
+                ow.elem_offset,
+                lw.elem_offset,
+            ];
             let grid = [t as u32, d.heads as u32, bs.len() as u32];
             self.dispatch(
                 shaders::ATTENTION_BACKWARD,
@@ -953,11 +991,7 @@ impl Backend for GpuDevice {
                 shaders::CROSSENTROPY,
                 "main",
                 &params,
-                &[
-                    (1, lw.binding),
-                    (2, targets.ids.buffer.as_entire_buffer_binding()),
-                    (3, losses.buffer.as_entire_buffer_binding()),
-                ],
+                &[(1, lw.binding), (2, targets.ids.buffer.as_entire_buffer_binding()), (3, losses.buffer.as_entire_buffer_binding())],
                 Self::grid(r.len()),
             );
         }

@@ -157,14 +157,7 @@ pub trait Backend {
 
     /// losses (rows) = cross-entropy of each row of logits (rows, V) against targets; with `grad_scale`,
     /// logits are overwritten by dloss/dlogits for a total loss of sum(losses) * grad_scale.
-    fn crossentropy(
-        &self,
-        losses: &Self::Tensor,
-        logits: &Self::Tensor,
-        targets: &Self::Tokens,
-        vocab: usize,
-        grad_scale: Option<f32>,
-    );
+    fn crossentropy(&self, losses: &Self::Tensor, logits: &Self::Tensor, targets: &Self::Tokens, vocab: usize, grad_scale: Option<f32>);
 }
 
 /// A 16-bit floating-point format.

@@ -48,7 +48,8 @@ impl GpuDevice {
 
     fn bench_buffer(&self, bytes: u64, usage: wgpu::BufferUsages, label: &str) -> Result<(wgpu::Buffer, super::alloc::Charge)> {
         let charge = self.budget.charge(bytes, label)?;
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size: bytes, usage, mapped_at_creation: false });
+        let buffer =
+            self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size: bytes, usage, mapped_at_creation: false });
         Ok((buffer, charge))
     }
 
@@ -97,7 +98,11 @@ impl GpuDevice {
     /// Seconds to bring a device buffer of `host.len()` bytes into `host`.
     pub fn time_d2h(&self, host: &mut [u8], method: TransferMethod) -> Result<f64> {
         let bytes = host.len() as u64;
-        let (src, _c) = self.bench_buffer(bytes, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST, "d2h source")?;
+        let (src, _c) = self.bench_buffer(
+            bytes,
+            wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            "d2h source",
+        )?;
         self.queue.write_buffer(&src, 0, host);
         self.queue.submit([]);
         self.synchronize();

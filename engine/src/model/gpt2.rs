@@ -14,18 +14,18 @@ use zerostream_checkpoints::HfModel;
 
 /// The weights of one transformer block.
 pub struct Block<T> {
-    pub ln_1_weight: T,     // (C)
-    pub ln_1_bias: T,       // (C)
-    pub attn_weight: T,     // (C, 3C)  c_attn
-    pub attn_bias: T,       // (3C)
+    pub ln_1_weight: T,      // (C)
+    pub ln_1_bias: T,        // (C)
+    pub attn_weight: T,      // (C, 3C)  c_attn
+    pub attn_bias: T,        // (3C)
     pub attn_proj_weight: T, // (C, C)  attn.c_proj
-    pub attn_proj_bias: T,  // (C)
-    pub ln_2_weight: T,     // (C)
-    pub ln_2_bias: T,       // (C)
-    pub fc_weight: T,       // (C, 4C)  mlp.c_fc
-    pub fc_bias: T,         // (4C)
-    pub fc_proj_weight: T,  // (4C, C)  mlp.c_proj
-    pub fc_proj_bias: T,    // (C)
+    pub attn_proj_bias: T,   // (C)
+    pub ln_2_weight: T,      // (C)
+    pub ln_2_bias: T,        // (C)
+    pub fc_weight: T,        // (C, 4C)  mlp.c_fc
+    pub fc_bias: T,          // (4C)
+    pub fc_proj_weight: T,   // (4C, C)  mlp.c_proj
+    pub fc_proj_bias: T,     // (C)
 }
 
 /// The parameters outside the blocks: the embeddings (wte doubles as the lm_head) and the final layer norm.
@@ -124,27 +124,52 @@ impl<T> Head<T> {
 impl<T> Block<T> {
     /// The inverse of [`Block::tensors`].
     pub fn from_tensors(t: Vec<T>) -> Self {
-        let [ln_1_weight, ln_1_bias, attn_weight, attn_bias, attn_proj_weight, attn_proj_bias, ln_2_weight, ln_2_bias, fc_weight, fc_bias, fc_proj_weight, fc_proj_bias]: [T; 12] =
-            t.try_into().unwrap_or_else(|_| panic!("a block has 12 tensors"));
-        Block { ln_1_weight, ln_1_bias, attn_weight, attn_bias, attn_proj_weight, attn_proj_bias, ln_2_weight, ln_2_bias, fc_weight, fc_bias, fc_proj_weight, fc_proj_bias }
+        let [
+            ln_1_weight,
+            ln_1_bias,
+            attn_weight,
+            attn_bias,
+            attn_proj_weight,
+            attn_proj_bias,
+            ln_2_weight,
+            ln_2_bias,
+            fc_weight,
+            fc_bias,
+            fc_proj_weight,
+            fc_proj_bias,
+        ]: [T; 12] = t.try_into().unwrap_or_else(|_| panic!("a block has 12 tensors"));
+        Block {
+            ln_1_weight,
+            ln_1_bias,
+            attn_weight,
+            attn_bias,
+            attn_proj_weight,
+            attn_proj_bias,
+            ln_2_weight,
+            ln_2_bias,
+            fc_weight,
+            fc_bias,
+            fc_proj_weight,
+            fc_proj_bias,
+        }
     }
 
     /// The block's tensors, in checkpoint order.
     pub fn tensors(&self) -> [&T; 12] {
         let b = self;
         [
-                &b.ln_1_weight,
-                &b.ln_1_bias,
-                &b.attn_weight,
-                &b.attn_bias,
-                &b.attn_proj_weight,
-                &b.attn_proj_bias,
-                &b.ln_2_weight,
-                &b.ln_2_bias,
-                &b.fc_weight,
-                &b.fc_bias,
-                &b.fc_proj_weight,
-                &b.fc_proj_bias,
+            &b.ln_1_weight,
+            &b.ln_1_bias,
+            &b.attn_weight,
+            &b.attn_bias,
+            &b.attn_proj_weight,
+            &b.attn_proj_bias,
+            &b.ln_2_weight,
+            &b.ln_2_bias,
+            &b.fc_weight,
+            &b.fc_bias,
+            &b.fc_proj_weight,
+            &b.fc_proj_bias,
         ]
     }
 }
@@ -253,7 +278,17 @@ impl<T> HeadActivations<T> {
 }
 
 /// out (BT, N) = inp (BT, K) @ weight (K, N) + bias: a Hugging Face Conv1D.
-fn linear_forward<D: Backend>(dev: &D, out: &D::Tensor, inp: &D::Tensor, weight: &D::Tensor, bias: &D::Tensor, bt: usize, k: usize, n: usize) {
+#[allow(clippy::too_many_arguments)]
+fn linear_forward<D: Backend>(
+    dev: &D,
+    out: &D::Tensor,
+    inp: &D::Tensor,
+    weight: &D::Tensor,
+    bias: &D::Tensor,
+    bt: usize,
+    k: usize,
+    n: usize,
+) {
     dev.matmul(out, inp, weight, Some(bias), &MatmulShape::row_major(bt, n, k), false);
 }
 
@@ -290,12 +325,28 @@ pub fn embed_forward<D: Backend>(dev: &D, cfg: &Gpt2Config, x: &D::Tensor, head:
 }
 
 /// Backward of [`embed_forward`]: dwte, dwpe += ... from `acts.d_residual`, the gradient of block 0's input.
-pub fn embed_backward<D: Backend>(dev: &D, cfg: &Gpt2Config, grads: &Head<D::Tensor>, acts: &HeadActivations<D::Tensor>, inputs: &D::Tokens) {
+pub fn embed_backward<D: Backend>(
+    dev: &D,
+    cfg: &Gpt2Config,
+    grads: &Head<D::Tensor>,
+    acts: &HeadActivations<D::Tensor>,
+    inputs: &D::Tokens,
+) {
     dev.encoder_backward(&grads.wte, &grads.wpe, &acts.d_residual, inputs, acts.batch, acts.seq_len, cfg.n_embd);
 }
 
 /// One transformer block: output = x + mlp(ln_2(x + attn(ln_1(x)))), keeping what backward needs in `a`.
-pub fn block_forward<D: Backend>(dev: &D, cfg: &Gpt2Config, w: &Block<D::Tensor>, a: &BlockActivations<D::Tensor>, input: &D::Tensor, output: &D::Tensor, batch: usize, seq_len: usize) {
+#[allow(clippy::too_many_arguments)]
+pub fn block_forward<D: Backend>(
+    dev: &D,
+    cfg: &Gpt2Config,
+    w: &Block<D::Tensor>,
+    a: &BlockActivations<D::Tensor>,
+    input: &D::Tensor,
+    output: &D::Tensor,
+    batch: usize,
+    seq_len: usize,
+) {
     let (bt, c, h) = (batch * seq_len, cfg.n_embd, cfg.hidden());
     let eps = cfg.layer_norm_epsilon as f32;
     // x = x + attn(ln_1(x))
@@ -332,7 +383,18 @@ pub fn block_backward<D: Backend>(
     dev.fill(&head.d_hidden_b, 0.0);
     dev.gelu_backward(&head.d_hidden_b, &a.fc, &head.d_hidden_a);
     linear_backward(dev, &head.d_c, &g.fc_weight, &g.fc_bias, &head.d_hidden_b, &a.ln_2, &w.fc_weight, bt, c, h);
-    dev.layernorm_backward(d_res, &g.ln_2_weight, &g.ln_2_bias, &head.d_c, &a.residual_2, &w.ln_2_weight, &a.ln_2_mean, &a.ln_2_rstd, bt, c);
+    dev.layernorm_backward(
+        d_res,
+        &g.ln_2_weight,
+        &g.ln_2_bias,
+        &head.d_c,
+        &a.residual_2,
+        &w.ln_2_weight,
+        &a.ln_2_mean,
+        &a.ln_2_rstd,
+        bt,
+        c,
+    );
     // d_res now holds d(residual_2) = d(input + attn_proj).
     linear_backward(dev, &head.d_c, &g.attn_proj_weight, &g.attn_proj_bias, d_res, &a.atty, &w.attn_proj_weight, bt, c, c);
     dev.attention_backward(&head.d_qkv, &head.delta, &head.d_c, &a.qkv, &a.atty, &a.lse, attention_dims(cfg, batch, seq_len));
@@ -365,7 +427,14 @@ pub fn head_forward<D: Backend>(
 
 /// Backward of [`head_forward`] (which must have had a gradient scale): adds into the wte and ln_f
 /// gradients and leaves d(x) in `acts.d_residual`.
-pub fn head_backward<D: Backend>(dev: &D, cfg: &Gpt2Config, head: &Head<D::Tensor>, grads: &Head<D::Tensor>, acts: &HeadActivations<D::Tensor>, x: &D::Tensor) {
+pub fn head_backward<D: Backend>(
+    dev: &D,
+    cfg: &Gpt2Config,
+    head: &Head<D::Tensor>,
+    grads: &Head<D::Tensor>,
+    acts: &HeadActivations<D::Tensor>,
+    x: &D::Tensor,
+) {
     let (bt, c, v) = (acts.batch * acts.seq_len, cfg.n_embd, cfg.vocab_size);
     // d_ln_f (BT, C) = dlogits (BT, V) @ wte (V, C); dwte (V, C) += dlogits^T (V, BT) @ ln_f (BT, C)
     let dlogits = &acts.logits;
@@ -373,7 +442,18 @@ pub fn head_backward<D: Backend>(dev: &D, cfg: &Gpt2Config, head: &Head<D::Tenso
     let dwte = MatmulShape { m: v, n: c, k: bt, a: Operand::transposed(v), b: Operand::row_major(c), c: Operand::row_major(c) };
     dev.matmul(&grads.wte, dlogits, &acts.ln_f, None, &dwte, true);
     dev.fill(&acts.d_residual, 0.0);
-    dev.layernorm_backward(&acts.d_residual, &grads.ln_f_weight, &grads.ln_f_bias, &acts.d_c, x, &head.ln_f_weight, &acts.ln_f_mean, &acts.ln_f_rstd, bt, c);
+    dev.layernorm_backward(
+        &acts.d_residual,
+        &grads.ln_f_weight,
+        &grads.ln_f_bias,
+        &acts.d_c,
+        x,
+        &head.ln_f_weight,
+        &acts.ln_f_mean,
+        &acts.ln_f_rstd,
+        bt,
+        c,
+    );
 }
 
 /// Activations of a whole forward pass with every block kept.

@@ -95,9 +95,8 @@ unsafe fn axpy_fma(acc: &mut [f32], s: f32, x: &[f32]) {
 /// Twin of `attention_forward.wgsl`.
 pub fn attention_forward(out: &mut [f32], lse: &mut [f32], qkv: &[f32], d: AttentionDims) {
     let hd = d.head_dim();
-    let rows: Vec<(usize, usize, usize)> = (0..d.batch)
-        .flat_map(|b| (0..d.heads).flat_map(move |h| (0..d.seq_len).map(move |t| (b, h, t))))
-        .collect();
+    let rows: Vec<(usize, usize, usize)> =
+        (0..d.batch).flat_map(|b| (0..d.heads).flat_map(move |h| (0..d.seq_len).map(move |t| (b, h, t)))).collect();
     let results: Vec<(f32, Vec<f32>)> = rows
         .par_iter()
         .map(|&(b, h, t)| {
@@ -121,15 +120,7 @@ pub fn attention_forward(out: &mut [f32], lse: &mut [f32], qkv: &[f32], d: Atten
 /// dqkv (overwritten) from dout; delta (B, NH, T) = rowsum(dout * out) is scratch that the GPU version
 /// passes between its two entry points. Twin of `attention_backward.wgsl`.
 #[allow(clippy::too_many_arguments)]
-pub fn attention_backward(
-    dqkv: &mut [f32],
-    delta: &mut [f32],
-    dout: &[f32],
-    qkv: &[f32],
-    out: &[f32],
-    lse: &[f32],
-    d: AttentionDims,
-) {
+pub fn attention_backward(dqkv: &mut [f32], delta: &mut [f32], dout: &[f32], qkv: &[f32], out: &[f32], lse: &[f32], d: AttentionDims) {
     let hd = d.head_dim();
     let scale = d.scale();
     for b in 0..d.batch {

@@ -22,11 +22,7 @@ pub const SUM_SQUARES_GROUP: usize = 4096;
 
 /// Sum of x^2: f32 partial sums over groups of 4096 elements, added in f64. Twin of `sum_squares.wgsl`.
 pub fn sum_squares(x: &[f32]) -> f64 {
-    x.par_chunks(SUM_SQUARES_GROUP)
-        .map(|g| g.iter().fold(0.0f32, |s, v| v.mul_add(*v, s)) as f64)
-        .collect::<Vec<_>>()
-        .iter()
-        .sum()
+    x.par_chunks(SUM_SQUARES_GROUP).map(|g| g.iter().fold(0.0f32, |s, v| v.mul_add(*v, s)) as f64).collect::<Vec<_>>().iter().sum()
 }
 
 /// f32 -> f16 bits, round to nearest even. Twin of `cast_f32_to_f16.wgsl` (which packs two per word).

@@ -16,11 +16,8 @@ pub fn layernorm_forward(
     eps: f32,
 ) {
     let c = channels;
-    out[..rows * c]
-        .par_chunks_mut(c)
-        .zip(mean[..rows].par_iter_mut().zip(rstd[..rows].par_iter_mut()))
-        .enumerate()
-        .for_each(|(row, (o, (mu_out, r_out)))| {
+    out[..rows * c].par_chunks_mut(c).zip(mean[..rows].par_iter_mut().zip(rstd[..rows].par_iter_mut())).enumerate().for_each(
+        |(row, (o, (mu_out, r_out)))| {
             let xr = &x[row * c..][..c];
             let mu = xr.iter().sum::<f32>() / c as f32;
             let var = xr.iter().map(|v| (v - mu) * (v - mu)).sum::<f32>() / c as f32;
@@ -30,7 +27,8 @@ pub fn layernorm_forward(
             }
             *mu_out = mu;
             *r_out = r;
-        });
+        },
+    );
 }
 
 /// dx += rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dout * weight; dweight += sum dout * xhat;

@@ -69,7 +69,7 @@ pub fn matmul(c: &mut [f32], a: &[f32], b: &[f32], bias: Option<&[f32]>, s: &Mat
     }
     let c_row = s.c.row_stride;
     let c = &mut c[s.c.offset..];
-    let rows_in = |len: usize| (len + c_row - 1) / c_row;
+    let rows_in = |len: usize| len.div_ceil(c_row);
     // Split C into disjoint blocks of rows, one rayon task each.
     let block = ROWS_PER_TASK * c_row;
     let needed = (s.m - 1) * c_row + s.n;

@@ -138,7 +138,10 @@ pub struct Placement {
 impl Placement {
     /// Device bytes planned in all.
     pub fn device_bytes(&self) -> u64 {
-        self.device_head_bytes + self.block_slots as u64 * self.device_block_slot_bytes + self.device_activation_bytes + self.device_other_bytes
+        self.device_head_bytes
+            + self.block_slots as u64 * self.device_block_slot_bytes
+            + self.device_activation_bytes
+            + self.device_other_bytes
     }
 
     pub fn describe(&self) -> String {
@@ -184,7 +187,9 @@ impl DeviceNeeds {
         // A slot holds 16-bit matrices (packed two per word) with a 16-bit working copy.
         let slot_bytes = match tc.precision {
             Precision::Fp32 => block_bytes,
-            _ => groups.get(1).map_or(0, |g| g.tensors.iter().map(|t| if t.shape.len() >= 2 { 4 * t.len.div_ceil(2) } else { 4 * t.len }).sum::<usize>() as u64),
+            _ => groups.get(1).map_or(0, |g| {
+                g.tensors.iter().map(|t| if t.shape.len() >= 2 { 4 * t.len.div_ceil(2) } else { 4 * t.len }).sum::<usize>() as u64
+            }),
         };
         DeviceNeeds {
             head_bytes: 2 * 4 * groups[0].len as u64,
@@ -196,7 +201,11 @@ impl DeviceNeeds {
             other_bytes: block_bytes
                 + 2 * 4 * 4 * bt as u64
                 + 4096
-                + if tc.precision == Precision::Fp32 { 0 } else { 4 * (groups.iter().flat_map(|g| &g.tensors).map(|t| t.len).max().unwrap_or(0) as u64).div_ceil(2) },
+                + if tc.precision == Precision::Fp32 {
+                    0
+                } else {
+                    4 * (groups.iter().flat_map(|g| &g.tensors).map(|t| t.len).max().unwrap_or(0) as u64).div_ceil(2)
+                },
         }
     }
 
@@ -379,7 +388,10 @@ pub enum ModelSource<'a> {
     Hf(&'a zerostream_checkpoints::HfModel),
     /// GPT-2's initialisation, seeded: N(0, 0.02) weights (c_proj weights scaled by 1/sqrt(2L)),
     /// zero biases, unit layer-norm gains.
-    Random { config: Gpt2Config, seed: u64 },
+    Random {
+        config: Gpt2Config,
+        seed: u64,
+    },
 }
 
 impl ModelSource<'_> {
@@ -482,14 +494,20 @@ impl<'d, D: Backend> Trainer<'d, D> {
         if train.seq_len > config.n_positions {
             bail!("--seq-len {} is longer than the model's n_positions {}", train.seq_len, config.n_positions);
         }
-        dev.check_attention(crate::device::AttentionDims { batch: train.batch, seq_len: train.seq_len, channels: config.n_embd, heads: config.n_head })?;
+        dev.check_attention(crate::device::AttentionDims {
+            batch: train.batch,
+            seq_len: train.seq_len,
+            channels: config.n_embd,
+            heads: config.n_head,
+        })?;
         let placement = plan(&config, &train)?;
         let layouts = Arc::new(group_layouts(&config));
 
         let uses_nvme = train.offload_optimizer == Tier::Nvme || train.offload_params == Tier::Nvme;
         let mut io_notes = Vec::new();
         let nvme = if uses_nvme {
-            let dir = train.nvme_dir.as_ref().ok_or_else(|| anyhow!("--offload-optimizer nvme / --offload-params nvme need --nvme-dir DIR"))?;
+            let dir =
+                train.nvme_dir.as_ref().ok_or_else(|| anyhow!("--offload-optimizer nvme / --offload-params nvme need --nvme-dir DIR"))?;
             let io = IoEngine::new(train.io).context("--io-engine/--block-size/--queue-depth")?;
             let nvme = NvmeDir::new(dir, io, train.verify, 0)?;
             io_notes.extend(nvme.io.notes.iter().cloned());
@@ -557,9 +575,12 @@ impl<'d, D: Backend> Trainer<'d, D> {
     }
 
     fn allocate_device(dev: &D, cfg: &Gpt2Config, tc: &TrainConfig, placement: &Placement) -> Result<DeviceState<D>> {
-        let alloc_like = |shapes: &[TensorShape]| -> Result<Vec<D::Tensor>> { shapes.iter().map(|(name, len)| dev.alloc(*len, name)).collect() };
+        let alloc_like =
+            |shapes: &[TensorShape]| -> Result<Vec<D::Tensor>> { shapes.iter().map(|(name, len)| dev.alloc(*len, name)).collect() };
         let groups = group_layouts(cfg);
-        let shapes = |g: &GroupLayout, prefix: &str| -> Vec<TensorShape> { g.tensors.iter().map(|t| (format!("{prefix}{}", t.name), t.len)).collect() };
+        let shapes = |g: &GroupLayout, prefix: &str| -> Vec<TensorShape> {
+            g.tensors.iter().map(|t| (format!("{prefix}{}", t.name), t.len)).collect()
+        };
         let head = Head::from_tensors(alloc_like(&shapes(&groups[0], ""))?);
         let head_grads = Head::from_tensors(alloc_like(&shapes(&groups[0], "grad "))?);
         let head_acts = HeadActivations::new(dev, cfg, tc.batch, tc.seq_len)?;
@@ -597,7 +618,13 @@ impl<'d, D: Backend> Trainer<'d, D> {
         let optimizer = self.optimizer.take().ok_or_else(|| anyhow!("the optimizer state was lost after an earlier failure"))?;
         let (tx, rx) = channel();
         let adam = AdamW::new(
-            AdamConfig { lr: self.train.lr.peak, beta1: self.train.beta1, beta2: self.train.beta2, eps: self.train.eps, weight_decay: self.train.weight_decay },
+            AdamConfig {
+                lr: self.train.lr.peak,
+                beta1: self.train.beta1,
+                beta2: self.train.beta2,
+                eps: self.train.eps,
+                weight_decay: self.train.weight_decay,
+            },
             self.train.adam_threads,
             zerostream_offload::adam::DEFAULT_CHUNK_ELEMS,
         );
@@ -682,7 +709,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
                 acc.iter_mut().zip(data).for_each(|(a, g)| *a += g);
             }
             if check {
-                overflow |= data.iter().any(|g| !(g.abs() <= schedule::F16_MAX));
+                overflow |= data.iter().any(|g| !g.is_finite() || g.abs() > schedule::F16_MAX);
             }
         }
         overflow
@@ -765,11 +792,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
         overflow |= self.accumulate(0, &head_grads, true, &mut clock);
 
         // Global norm over every group's (scaled) gradient, in f64, in group order.
-        let sum_squares: f64 = self
-            .shared
-            .iter()
-            .map(|s| lock(s).grads.iter().map(|&g| (g as f64) * (g as f64)).sum::<f64>())
-            .sum();
+        let sum_squares: f64 = self.shared.iter().map(|s| lock(s).grads.iter().map(|&g| (g as f64) * (g as f64)).sum::<f64>()).sum();
         let grad_norm = sum_squares.sqrt() / loss_scale as f64;
         overflow |= !grad_norm.is_finite();
         let applied = self.scaler.update(overflow);
@@ -822,7 +845,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
     }
 
     /// The fp32 master weights, tensor by tensor (name, shape, values), after [`Self::finish`].
-    pub fn master_weights(&mut self) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>> {
+    pub fn master_weights(&mut self) -> Result<Vec<NamedTensor>> {
         self.finish()?;
         let nv = self.nvme.clone();
         let optimizer = self.optimizer.as_mut().expect("finished");
@@ -843,7 +866,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
     }
 
     /// Adam's first and second moments of every tensor (name, m, v), after [`Self::finish`].
-    pub fn adam_moments(&mut self) -> Result<Vec<(String, Vec<f32>, Vec<f32>)>> {
+    pub fn adam_moments(&mut self) -> Result<Vec<Moments>> {
         self.finish()?;
         let nv = self.nvme.clone();
         let optimizer = self.optimizer.as_mut().expect("finished");
@@ -872,6 +895,12 @@ impl<D: Backend> Drop for Trainer<'_, D> {
 }
 
 type TensorShape = (String, usize);
+
+/// A parameter tensor on the host: (Hugging Face name, shape, values).
+pub type NamedTensor = (String, Vec<usize>, Vec<f32>);
+
+/// A parameter's AdamW moments on the host: (Hugging Face name, m, v).
+pub type Moments = (String, Vec<f32>, Vec<f32>);
 
 fn adam_seconds_total(p: &Progress) -> f64 {
     p.lock().adam_seconds.iter().sum()
@@ -933,7 +962,16 @@ fn optimizer_worker(
                     Precision::Bf16 => ParamCopy::Bf16(bytemuck::cast_slice_mut(&mut working.data_mut().as_mut_slice::<u16>()[r.clone()])),
                     Precision::Fp16 => ParamCopy::F16(bytemuck::cast_slice_mut(&mut working.data_mut().as_mut_slice::<u16>()[r.clone()])),
                 };
-                adam.step(&mut p[r.clone()], &mut m[r.clone()], &mut v[r.clone()], Grads::F32(&grads[r]), copy, job.adam_step, job.grad_multiplier, t.decays());
+                adam.step(
+                    &mut p[r.clone()],
+                    &mut m[r.clone()],
+                    &mut v[r.clone()],
+                    Grads::F32(&grads[r]),
+                    copy,
+                    job.adam_step,
+                    job.grad_multiplier,
+                    t.decays(),
+                );
             }
             if precision == Precision::Fp32 {
                 working.data_mut().as_mut_slice::<f32>().copy_from_slice(p);

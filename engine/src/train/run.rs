@@ -137,7 +137,9 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig) -> Res
         say(note.clone());
     }
     let mut metrics = match &options.metrics {
-        Some(path) => Some(std::io::BufWriter::new(std::fs::File::create(path).with_context(|| format!("creating --metrics {}", path.display()))?)),
+        Some(path) => {
+            Some(std::io::BufWriter::new(std::fs::File::create(path).with_context(|| format!("creating --metrics {}", path.display()))?))
+        }
         None => None,
     };
     let bar = if options.progress { ProgressBar::new(steps) } else { ProgressBar::hidden() };
@@ -162,7 +164,14 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig) -> Res
         ));
         bar.inc(1);
         if options.progress && (r.step % 25 == 0 || r.step + 1 == steps) {
-            let line = format!("step {:>5}: loss {:.4}, grad norm {:.3}, lr {:.2e}, {:.0} tok/s", r.step, r.loss, r.grad_norm, r.lr, r.tokens_per_s());
+            let line = format!(
+                "step {:>5}: loss {:.4}, grad norm {:.3}, lr {:.2e}, {:.0} tok/s",
+                r.step,
+                r.loss,
+                r.grad_norm,
+                r.lr,
+                r.tokens_per_s()
+            );
             if bar.is_hidden() { eprintln!("{line}") } else { bar.println(line) }
         }
         reports.push(r);
