@@ -13,7 +13,6 @@ use std::collections::HashMap;
 use std::ops::Range;
 
 use anyhow::{Context, Result, bail};
-use wgpu::util::DeviceExt;
 
 use super::alloc::{AllocStats, ByteBudget, Charge};
 use super::{AttentionDims, Backend, HalfFormat, MatmulShape};
@@ -141,7 +140,16 @@ pub struct GpuDevice {
     pipelines: RefCell<HashMap<(&'static str, &'static str), wgpu::ComputePipeline>>,
     encoder: RefCell<Option<wgpu::CommandEncoder>>,
     pending_passes: Cell<usize>,
+    /// One uniform buffer holding the Params of every pending pass, a slot each, instead of a buffer per
+    /// dispatch; `uniform_bytes` is its contents, written to it just before the encoder is submitted.
+    uniform_arena: wgpu::Buffer,
+    uniform_bytes: RefCell<Vec<u8>>,
+    /// Bytes per slot: the adapter's uniform offset alignment (at least the largest Params).
+    uniform_slot_bytes: usize,
 }
+
+/// The largest Params any kernel takes, in bytes.
+const MAX_PARAMS_BYTES: usize = 64;
 
 impl GpuDevice {
     /// Opens an adapter: `selector` is an index or a case-insensitive substring of the name, as listed by
@@ -183,6 +191,13 @@ impl GpuDevice {
         .with_context(|| format!("opening adapter {:?}", summary.name))?;
         let align_elems = limits.min_storage_buffer_offset_alignment as usize / 4;
         let max_window_elems = (limits.max_storage_buffer_binding_size as usize / 4).saturating_sub(align_elems);
+        let uniform_slot_bytes = (limits.min_uniform_buffer_offset_alignment as usize).max(MAX_PARAMS_BYTES);
+        let uniform_arena = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("params arena"),
+            size: (uniform_slot_bytes * MAX_PENDING_PASSES) as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
         Ok(GpuDevice {
             device,
             queue,
@@ -194,6 +209,9 @@ impl GpuDevice {
             pipelines: RefCell::default(),
             encoder: RefCell::default(),
             pending_passes: Cell::new(0),
+            uniform_arena,
+            uniform_bytes: RefCell::default(),
+            uniform_slot_bytes,
         })
     }
 
@@ -215,6 +233,12 @@ impl GpuDevice {
 
     fn flush(&self) {
         if let Some(encoder) = self.encoder.borrow_mut().take() {
+            // Queue writes land before the next submission's commands, after the previous one's.
+            let mut bytes = self.uniform_bytes.borrow_mut();
+            if !bytes.is_empty() {
+                self.queue.write_buffer(&self.uniform_arena, 0, &bytes);
+                bytes.clear();
+            }
             self.queue.submit([encoder.finish()]);
         }
         self.pending_passes.set(0);
@@ -260,12 +284,26 @@ impl GpuDevice {
             return;
         }
         let pipeline = self.pipeline(kernel, entry);
-        let uniform = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("params"),
-            contents: bytemuck::cast_slice(params),
-            usage: wgpu::BufferUsages::UNIFORM,
-        });
-        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() }];
+        // This pass's Params go into its slot of the arena (written at flush, before the submission).
+        let params_bytes: &[u8] = bytemuck::cast_slice(params);
+        assert!(
+            params_bytes.len() <= MAX_PARAMS_BYTES && params_bytes.len() % 16 == 0,
+            "{}: Params of {} bytes",
+            kernel.name,
+            params_bytes.len()
+        );
+        let slot_offset = self.pending_passes.get() * self.uniform_slot_bytes;
+        {
+            let mut bytes = self.uniform_bytes.borrow_mut();
+            bytes.resize(slot_offset, 0);
+            bytes.extend_from_slice(params_bytes);
+        }
+        let uniform = wgpu::BufferBinding {
+            buffer: &self.uniform_arena,
+            offset: slot_offset as u64,
+            size: wgpu::BufferSize::new(params_bytes.len() as u64),
+        };
+        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: wgpu::BindingResource::Buffer(uniform) }];
         entries.extend(
             storage
                 .iter()
