@@ -32,6 +32,7 @@ impl CpuDevice {
 impl Backend for CpuDevice {
     type Tensor = CpuTensor;
     type Tokens = CpuTokens;
+    type PendingRead = Vec<Vec<f32>>;
 
     fn describe(&self) -> String {
         format!("cpu ({} threads)", rayon::current_num_threads())
@@ -45,6 +46,12 @@ impl Backend for CpuDevice {
     }
     fn write(&self, t: &CpuTensor, data: &[f32]) {
         t.data.borrow_mut()[..data.len()].copy_from_slice(data);
+    }
+    fn begin_read(&self, tensors: &[&CpuTensor]) -> Vec<Vec<f32>> {
+        tensors.iter().map(|t| self.read(t)).collect()
+    }
+    fn finish_read(&self, pending: Vec<Vec<f32>>) -> Vec<Vec<f32>> {
+        pending
     }
     fn read(&self, t: &CpuTensor) -> Vec<f32> {
         t.data.borrow().clone()

@@ -113,6 +113,16 @@ impl GpuTensor {
     }
 }
 
+/// A read-back in flight: the staging buffer its copies were submitted into, the submission, and the
+/// pieces (bytes, format and length of each tensor).
+pub struct GpuPendingRead {
+    staging: Option<wgpu::Buffer>,
+    sizes: Vec<u64>,
+    formats: Vec<(Option<HalfFormat>, usize)>,
+    mapped: Option<std::sync::mpsc::Receiver<Result<(), wgpu::BufferAsyncError>>>,
+    submission: Option<wgpu::SubmissionIndex>,
+}
+
 /// Token ids and their grouping by token (for the encoder backward), on the GPU.
 pub struct GpuTokens {
     ids: GpuTensor,
@@ -231,7 +241,9 @@ impl GpuDevice {
         let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
     }
 
-    fn flush(&self) {
+    /// Submits the pending encoder (if any); returns its submission.
+    fn flush(&self) -> Option<wgpu::SubmissionIndex> {
+        let mut submission = None;
         if let Some(encoder) = self.encoder.borrow_mut().take() {
             // Queue writes land before the next submission's commands, after the previous one's.
             let mut bytes = self.uniform_bytes.borrow_mut();
@@ -239,9 +251,10 @@ impl GpuDevice {
                 self.queue.write_buffer(&self.uniform_arena, 0, &bytes);
                 bytes.clear();
             }
-            self.queue.submit([encoder.finish()]);
+            submission = Some(self.queue.submit([encoder.finish()]));
         }
         self.pending_passes.set(0);
+        submission
     }
 
     fn pipeline(&self, kernel: shaders::Kernel, entry: &'static str) -> wgpu::ComputePipeline {
@@ -424,10 +437,16 @@ impl GpuDevice {
     /// Reads several tensors' words back through one staging buffer: one submission and one wait for
     /// all of them (a block's twelve gradients cost one round trip, not twelve).
     pub fn read_words_many(&self, tensors: &[&GpuTensor]) -> Vec<Vec<u32>> {
+        self.finish_read_words(self.begin_read_words(tensors))
+    }
+
+    /// Records copies of `tensors` into one staging buffer, submits them and asks for the mapping.
+    fn begin_read_words(&self, tensors: &[&GpuTensor]) -> GpuPendingRead {
         let sizes: Vec<u64> = tensors.iter().map(|t| (t.words() * 4) as u64).collect();
+        let formats = tensors.iter().map(|t| (t.format, t.len)).collect();
         let total: u64 = sizes.iter().sum();
         if total == 0 {
-            return sizes.iter().map(|_| Vec::new()).collect();
+            return GpuPendingRead { staging: None, sizes, formats, mapped: None, submission: None };
         }
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("read-back"),
@@ -446,18 +465,38 @@ impl GpuDevice {
                 offset += bytes;
             }
         }
-        self.flush();
+        let submission = self.flush();
         let (sender, receiver) = std::sync::mpsc::channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
             let _ = sender.send(r);
         });
-        self.device.poll(wgpu::PollType::wait_indefinitely()).expect("GPU device lost while reading back a tensor");
-        receiver.recv().expect("map callback dropped").expect("mapping a read-back buffer failed");
+        GpuPendingRead { staging: Some(staging), sizes, formats, mapped: Some(receiver), submission }
+    }
+
+    /// Waits for the submission holding the copies (not for work submitted after it) and copies out.
+    fn finish_read_words(&self, pending: GpuPendingRead) -> Vec<Vec<u32>> {
+        let (Some(staging), Some(mapped)) = (pending.staging, pending.mapped) else {
+            return pending.sizes.iter().map(|_| Vec::new()).collect();
+        };
+        loop {
+            match mapped.try_recv() {
+                Ok(result) => {
+                    result.expect("mapping a read-back buffer failed");
+                    break;
+                }
+                Err(std::sync::mpsc::TryRecvError::Empty) => {
+                    self.device
+                        .poll(wgpu::PollType::Wait { submission_index: pending.submission.clone(), timeout: None })
+                        .expect("GPU device lost while reading back a tensor");
+                }
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => panic!("map callback dropped"),
+            }
+        }
         let view = staging.slice(..).get_mapped_range().expect("mapped range");
         let all = bytemuck::cast_slice::<u8, u32>(&view);
-        let mut out = Vec::with_capacity(tensors.len());
+        let mut out = Vec::with_capacity(pending.sizes.len());
         let mut offset = 0;
-        for &bytes in &sizes {
+        for &bytes in &pending.sizes {
             let words = (bytes / 4) as usize;
             out.push(all[offset..offset + words].to_vec());
             offset += words;
@@ -467,12 +506,12 @@ impl GpuDevice {
         out
     }
 
-    /// A tensor's words as f32 values (16-bit tensors widened).
-    fn widen(t: &GpuTensor, words: Vec<u32>) -> Vec<f32> {
-        match t.format {
+    /// A tensor's words as f32 values (16-bit tensors of `len` elements widened).
+    fn widen(format: Option<HalfFormat>, len: usize, words: Vec<u32>) -> Vec<f32> {
+        match format {
             None => bytemuck::cast_slice(&words).to_vec(),
             Some(format) => {
-                let halves = words.iter().flat_map(|w| [*w as u16, (*w >> 16) as u16]).take(t.len);
+                let halves = words.iter().flat_map(|w| [*w as u16, (*w >> 16) as u16]).take(len);
                 match format {
                     HalfFormat::F16 => halves.map(|h| half::f16::from_bits(h).to_f32()).collect(),
                     HalfFormat::Bf16 => halves.map(|h| half::bf16::from_bits(h).to_f32()).collect(),
@@ -600,6 +639,7 @@ impl GpuDevice {
 impl Backend for GpuDevice {
     type Tensor = GpuTensor;
     type Tokens = GpuTokens;
+    type PendingRead = GpuPendingRead;
 
     fn describe(&self) -> String {
         format!("{} ({}, {:?})", self.summary.name, self.summary.backend, self.summary.device_type)
@@ -616,10 +656,14 @@ impl Backend for GpuDevice {
         self.write_words(t, bytemuck::cast_slice(data));
     }
     fn read(&self, t: &GpuTensor) -> Vec<f32> {
-        Self::widen(t, self.read_words(t))
+        Self::widen(t.format, t.len, self.read_words(t))
     }
-    fn read_many(&self, tensors: &[&GpuTensor]) -> Vec<Vec<f32>> {
-        tensors.iter().zip(self.read_words_many(tensors)).map(|(t, words)| Self::widen(t, words)).collect()
+    fn begin_read(&self, tensors: &[&GpuTensor]) -> GpuPendingRead {
+        self.begin_read_words(tensors)
+    }
+    fn finish_read(&self, pending: GpuPendingRead) -> Vec<Vec<f32>> {
+        let formats = pending.formats.clone();
+        self.finish_read_words(pending).into_iter().zip(formats).map(|(words, (format, len))| Self::widen(format, len, words)).collect()
     }
     fn tokens(&self, ids: &[u32]) -> Result<GpuTokens> {
         let buckets = TokenBuckets::new(ids);

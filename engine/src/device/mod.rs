@@ -24,6 +24,8 @@ pub trait Backend {
     type Tensor;
     /// Token ids on this device, with whatever index the encoder backward needs.
     type Tokens;
+    /// A read-back in flight: started by [`Backend::begin_read`], completed by [`Backend::finish_read`].
+    type PendingRead;
 
     /// One line naming the device: "cpu (2 threads)", "NVIDIA H100 (Vulkan)".
     fn describe(&self) -> String;
@@ -34,8 +36,14 @@ pub trait Backend {
     fn read(&self, t: &Self::Tensor) -> Vec<f32>;
     /// Several tensors at once (the gpu device waits once for all of them).
     fn read_many(&self, tensors: &[&Self::Tensor]) -> Vec<Vec<f32>> {
-        tensors.iter().map(|t| self.read(t)).collect()
+        self.finish_read(self.begin_read(tensors))
     }
+    /// Starts reading `tensors` back as they are once all work recorded so far has run; work recorded
+    /// afterwards may overwrite them without changing what is read. The gpu device submits the copies
+    /// and returns at once, so the download overlaps whatever is recorded next.
+    fn begin_read(&self, tensors: &[&Self::Tensor]) -> Self::PendingRead;
+    /// Waits for a read started by [`Backend::begin_read`] and returns the values.
+    fn finish_read(&self, pending: Self::PendingRead) -> Vec<Vec<f32>>;
     /// Uploads token ids (each must be below the vocabulary size; callers check).
     fn tokens(&self, ids: &[u32]) -> Result<Self::Tokens>;
     fn alloc_stats(&self) -> AllocStats;

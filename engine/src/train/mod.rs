@@ -173,7 +173,8 @@ struct DeviceNeeds {
     /// One block's parameters (a slot).
     slot_bytes: u64,
     activation_bytes: u64,
-    /// One block's gradients and the token ids with the encoder's index (x and y).
+    /// Two blocks' gradients (downloads overlap the next backward) and the token ids with the encoder's
+    /// index (x and y).
     other_bytes: u64,
 }
 
@@ -198,7 +199,7 @@ impl DeviceNeeds {
                 + HeadActivations::<()>::bytes(cfg, tc.batch, tc.seq_len)
                 + 4 * ((cfg.n_layer + 1) * bt * cfg.n_embd) as u64,
             // With 16-bit working copies, the packed upload of the largest tensor is staged on the device.
-            other_bytes: block_bytes
+            other_bytes: 2 * block_bytes
                 + 2 * 4 * 4 * bt as u64
                 + 4096
                 + if tc.precision == Precision::Fp32 {
@@ -437,7 +438,8 @@ struct DeviceState<D: Backend> {
     slots: Vec<Block<D::Tensor>>,
     /// Which (block, step) each slot holds.
     slot_holds: Vec<Option<(usize, u64)>>,
-    block_grads: Block<D::Tensor>,
+    /// Two, used in turn, so one block's gradients download while the next block's are computed.
+    block_grads: [Block<D::Tensor>; 2],
 }
 
 /// Running totals of where a step's time goes on the device thread.
@@ -588,7 +590,10 @@ impl<'d, D: Backend> Trainer<'d, D> {
         let residual = (0..=cfg.n_layer).map(|l| dev.alloc(bt * cfg.n_embd, &format!("residual.{l}"))).collect::<Result<_>>()?;
         let kept = if tc.recompute { 1 } else { cfg.n_layer };
         let block_acts = (0..kept).map(|_| BlockActivations::new(dev, cfg, tc.batch, tc.seq_len)).collect::<Result<_>>()?;
-        let block_grads = Block::from_tensors(alloc_like(&shapes(&groups[1], "grad "))?);
+        let block_grads = [
+            Block::from_tensors(alloc_like(&shapes(&groups[1], "grad A "))?),
+            Block::from_tensors(alloc_like(&shapes(&groups[1], "grad B "))?),
+        ];
         // With a 16-bit working copy the matmul weights stay 16-bit on the device (the matmul widens
         // them as it reads); biases and layer-norm parameters are widened to f32 on arrival.
         let slot_format = tc.precision.half_format();
@@ -692,14 +697,14 @@ impl<'d, D: Backend> Trainer<'d, D> {
         Ok(slot)
     }
 
-    /// Adds a downloaded gradient group into the host accumulator (or stores it, for the first
-    /// micro-batch); returns whether any value would overflow 16-bit storage (checked in fp16 only).
-    fn accumulate(&self, k: usize, parts: &[&D::Tensor], first: bool, clock: &mut Clock) -> bool {
+    /// Finishes a gradient group's download and adds it into the host accumulator (or stores it, for the
+    /// first micro-batch); returns whether any value would overflow 16-bit storage (checked in fp16 only).
+    fn accumulate(&self, k: usize, pending: D::PendingRead, first: bool, clock: &mut Clock) -> bool {
         let mut shared = lock(&self.shared[k]);
         let layout = &self.layouts[k];
         let check = self.train.precision == Precision::Fp16;
         let mut overflow = false;
-        let downloaded = timed(&mut clock.download, || self.dev.read_many(parts));
+        let downloaded = timed(&mut clock.download, || self.dev.finish_read(pending));
         for (data, slot) in downloaded.iter().zip(&layout.tensors) {
             clock.download_bytes += 4 * data.len() as u64;
             let acc = &mut shared.grads[slot.range()];
@@ -762,25 +767,34 @@ impl<'d, D: Backend> Trainer<'d, D> {
                 loss
             });
             loss_sum += loss as f64;
+            // Block l's gradients download while block l-1's backward runs: two gradient buffers take
+            // turns, and a block's read is finished only after the next block's work is submitted.
+            let mut in_flight: Option<(usize, D::PendingRead)> = None;
             for l in (0..n_layer).rev() {
                 let slot = self.ensure_block(l, &mut clock)?;
                 let d = &self.device;
+                let grads = &d.block_grads[l % 2];
                 timed(&mut clock.compute, || {
                     let acts = &d.block_acts[if self.train.recompute { 0 } else { l }];
                     if self.train.recompute {
                         gpt2::block_forward(dev, cfg, &d.slots[slot], acts, &d.residual[l], &d.residual[l + 1], batch, seq_len);
                     }
-                    for t in d.block_grads.tensors() {
+                    for t in grads.tensors() {
                         dev.fill(t, 0.0);
                     }
-                    gpt2::block_backward(dev, cfg, &d.slots[slot], &d.block_grads, acts, &d.residual[l], &d.head_acts);
+                    gpt2::block_backward(dev, cfg, &d.slots[slot], grads, acts, &d.residual[l], &d.head_acts);
                 });
                 if l > 0 && d.slots.len() > 1 {
                     self.ensure_block(l - 1, &mut clock)?; // upload the next block while this backward runs
                 }
-                timed(&mut clock.compute, || dev.synchronize());
-                let grads: Vec<&D::Tensor> = self.device.block_grads.tensors().to_vec();
-                overflow |= self.accumulate(1 + l, &grads, first, &mut clock);
+                if let Some((done, pending)) = in_flight.take() {
+                    overflow |= self.accumulate(1 + done, pending, first, &mut clock);
+                }
+                let grads: Vec<&D::Tensor> = self.device.block_grads[l % 2].tensors().to_vec();
+                in_flight = Some((l, timed(&mut clock.download, || dev.begin_read(&grads))));
+            }
+            if let Some((done, pending)) = in_flight.take() {
+                overflow |= self.accumulate(1 + done, pending, first, &mut clock);
             }
             let d = &self.device;
             timed(&mut clock.compute, || {
@@ -789,7 +803,8 @@ impl<'d, D: Backend> Trainer<'d, D> {
             });
         }
         let head_grads: Vec<&D::Tensor> = self.device.head_grads.tensors().to_vec();
-        overflow |= self.accumulate(0, &head_grads, true, &mut clock);
+        let pending = timed(&mut clock.download, || self.dev.begin_read(&head_grads));
+        overflow |= self.accumulate(0, pending, true, &mut clock);
 
         // Global norm over every group's (scaled) gradient, in f64, in group order.
         let sum_squares: f64 = self.shared.iter().map(|s| lock(s).grads.iter().map(|&g| (g as f64) * (g as f64)).sum::<f64>()).sum();
