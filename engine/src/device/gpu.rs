@@ -300,7 +300,7 @@ impl GpuDevice {
         // This pass's Params go into its slot of the arena (written at flush, before the submission).
         let params_bytes: &[u8] = bytemuck::cast_slice(params);
         assert!(
-            params_bytes.len() <= MAX_PARAMS_BYTES && params_bytes.len() % 16 == 0,
+            params_bytes.len() <= MAX_PARAMS_BYTES && params_bytes.len().is_multiple_of(16),
             "{}: Params of {} bytes",
             kernel.name,
             params_bytes.len()

@@ -1,0 +1,64 @@
+//! What one optimizer step measured: the `--metrics` line and the progress bar's numbers.
+
+/// What one optimizer step measured.
+#[derive(Clone, Debug, Default)]
+pub struct StepReport {
+    pub step: u64,
+    /// Mean loss of the step's micro-batches, before its update.
+    pub loss: f64,
+    /// Global gradient L2 norm before clipping (unscaled).
+    pub grad_norm: f64,
+    pub lr: f64,
+    pub loss_scale: f32,
+    /// False when fp16 overflowed and the update was skipped.
+    pub applied: bool,
+    pub tokens: usize,
+    pub seconds: f64,
+    /// Time in the device's compute (ops, and waiting for them to finish).
+    pub compute_s: f64,
+    pub upload_s: f64,
+    pub download_s: f64,
+    /// CPU AdamW time of the update that ran during this step (the previous step's gradients).
+    pub adam_s: f64,
+    /// Time the device thread waited for that update.
+    pub update_wait_s: f64,
+    /// Time the device thread waited for NVMe reads of working parameters.
+    pub io_wait_s: f64,
+    pub upload_bytes: u64,
+    pub download_bytes: u64,
+    pub peak_gpu_bytes: u64,
+}
+
+impl StepReport {
+    pub fn tokens_per_s(&self) -> f64 {
+        self.tokens as f64 / self.seconds.max(1e-12)
+    }
+    pub fn gpu_busy_fraction(&self) -> f64 {
+        (self.compute_s / self.seconds.max(1e-12)).min(1.0)
+    }
+    pub fn to_json(&self) -> serde_json::Value {
+        let gbps = |bytes: u64, s: f64| if s > 0.0 { bytes as f64 / s / 1e9 } else { 0.0 };
+        serde_json::json!({
+            "step": self.step,
+            "loss": self.loss,
+            "grad_norm": self.grad_norm,
+            "lr": self.lr,
+            "loss_scale": self.loss_scale,
+            "applied": self.applied,
+            "tokens_per_s": self.tokens_per_s(),
+            "gpu_busy_fraction": self.gpu_busy_fraction(),
+            "peak_gpu_bytes": self.peak_gpu_bytes,
+            "time": {
+                "total_s": self.seconds,
+                "gpu_compute_s": self.compute_s,
+                "upload_s": self.upload_s,
+                "download_s": self.download_s,
+                "adam_s": self.adam_s,
+                "update_wait_s": self.update_wait_s,
+                "io_wait_s": self.io_wait_s,
+            },
+            "upload_gbps": gbps(self.upload_bytes, self.upload_s),
+            "download_gbps": gbps(self.download_bytes, self.download_s),
+        })
+    }
+}

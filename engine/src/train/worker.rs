@@ -1,0 +1,157 @@
+//! The AdamW thread: for each step, a pipelined sweep over the parameter groups in order, while the
+//! device thread goes on with the next step and waits for a group only when it is about to upload it.
+
+use std::sync::mpsc::Receiver;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use anyhow::{Result, anyhow, bail};
+use half::{bf16, f16};
+use zerostream_offload::{AdamW, Grads, NvmeDir, ParamCopy, Stored, pipelined_sweep};
+
+use super::config::Precision;
+use super::layout::GroupLayout;
+
+/// The part of a group both threads touch: gradients (written by the device thread, read by the
+/// update) and the working copy (written by the update, read by the device thread for upload).
+pub(super) struct SharedGroup {
+    pub(super) grads: Vec<f32>,
+    pub(super) working: Stored,
+}
+
+/// The part only the update touches.
+pub(super) struct OptimizerGroup {
+    pub(super) master: Stored,
+    pub(super) m: Stored,
+    pub(super) v: Stored,
+}
+
+/// One update for the worker: everything it needs to know about the step.
+pub(super) struct UpdateJob {
+    pub(super) lr: f64,
+    /// AdamW's step number (from 1; skipped steps do not count, as with PyTorch's GradScaler).
+    pub(super) adam_step: u64,
+    /// Multiplies every gradient: clip coefficient / loss scale.
+    pub(super) grad_multiplier: f32,
+}
+
+/// How far the worker has got: updates applied per group, AdamW seconds per job, the first error.
+pub(super) struct Progress {
+    pub(super) state: Mutex<ProgressState>,
+    pub(super) changed: Condvar,
+}
+
+pub(super) struct ProgressState {
+    pub(super) updated: Vec<u64>,
+    pub(super) adam_seconds: Vec<f64>,
+    pub(super) failed: Option<String>,
+}
+
+impl Progress {
+    pub(super) fn lock(&self) -> MutexGuard<'_, ProgressState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// Blocks until group `k` has had `count` updates.
+    pub(super) fn wait_for(&self, k: usize, count: u64) -> Result<()> {
+        let mut s = self.lock();
+        loop {
+            if let Some(e) = &s.failed {
+                bail!("the optimizer update failed: {e}");
+            }
+            if s.updated[k] >= count {
+                return Ok(());
+            }
+            s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(super) fn adam_seconds_total(p: &Progress) -> f64 {
+    p.lock().adam_seconds.iter().sum()
+}
+
+/// Writes the working copy of freshly updated master weights (fp32: the same values).
+pub(super) fn write_working(precision: Precision, master: &[f32], working: &mut Stored) {
+    match precision {
+        Precision::Fp32 => working.data_mut().as_mut_slice::<f32>().copy_from_slice(master),
+        Precision::Bf16 => {
+            for (w, &p) in working.data_mut().as_mut_slice::<u16>().iter_mut().zip(master) {
+                *w = bf16::from_f32(p).to_bits();
+            }
+        }
+        Precision::Fp16 => {
+            for (w, &p) in working.data_mut().as_mut_slice::<u16>().iter_mut().zip(master) {
+                *w = f16::from_f32(p).to_bits();
+            }
+        }
+    }
+}
+
+/// The update thread: for each job, a pipelined sweep over the groups in order — the next group's
+/// optimizer state is read while AdamW updates this one and the previous one is written back.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn optimizer_worker(
+    jobs: Receiver<UpdateJob>,
+    mut optimizer: Vec<OptimizerGroup>,
+    mut adam: AdamW,
+    layouts: &[GroupLayout],
+    shared: &[Mutex<SharedGroup>],
+    progress: &Progress,
+    nvme: Option<&NvmeDir>,
+    precision: Precision,
+) -> Result<Vec<OptimizerGroup>> {
+    for job in jobs {
+        let start = Instant::now();
+        adam.config.lr = job.lr;
+        let load = |g: &mut OptimizerGroup| -> Result<(), zerostream_offload::StoreError> {
+            g.master.page_in(nvme)?;
+            g.m.page_in(nvme)?;
+            g.v.page_in(nvme)
+        };
+        let store = |g: &mut OptimizerGroup| -> Result<(), zerostream_offload::StoreError> {
+            g.master.page_out(nvme, true)?;
+            g.m.page_out(nvme, true)?;
+            g.v.page_out(nvme, true)
+        };
+        let compute = |k: usize, g: &mut OptimizerGroup| -> Result<(), zerostream_offload::StoreError> {
+            let mut sh = lock(&shared[k]);
+            let SharedGroup { grads, working } = &mut *sh;
+            working.page_in_uninit();
+            let (p, m, v) = (g.master.data_mut().as_mut_slice::<f32>(), g.m.data_mut(), g.v.data_mut());
+            let (m, v) = (m.as_mut_slice::<f32>(), v.as_mut_slice::<f32>());
+            for t in &layouts[k].tensors {
+                let r = t.range();
+                let copy = match precision {
+                    Precision::Fp32 => ParamCopy::None,
+                    Precision::Bf16 => ParamCopy::Bf16(bytemuck::cast_slice_mut(&mut working.data_mut().as_mut_slice::<u16>()[r.clone()])),
+                    Precision::Fp16 => ParamCopy::F16(bytemuck::cast_slice_mut(&mut working.data_mut().as_mut_slice::<u16>()[r.clone()])),
+                };
+                adam.step(
+                    &mut p[r.clone()],
+                    &mut m[r.clone()],
+                    &mut v[r.clone()],
+                    Grads::F32(&grads[r]),
+                    copy,
+                    job.adam_step,
+                    job.grad_multiplier,
+                    t.decays(),
+                );
+            }
+            if precision == Precision::Fp32 {
+                working.data_mut().as_mut_slice::<f32>().copy_from_slice(p);
+            }
+            working.page_out(nvme, true)?;
+            drop(sh);
+            progress.lock().updated[k] += 1;
+            progress.changed.notify_all();
+            Ok(())
+        };
+        optimizer = pipelined_sweep(optimizer, load, compute, store).map_err(|e| anyhow!("{e}"))?;
+        progress.lock().adam_seconds.push(start.elapsed().as_secs_f64());
+    }
+    Ok(optimizer)
+}
