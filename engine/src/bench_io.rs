@@ -158,7 +158,6 @@ pub fn plot(runs: &[IoRun], path: &Path) -> Result<()> {
             .build_cartesian_2d(((min_block as f64).log2() - 0.5)..((max_block as f64).log2() + 0.5), 0.0..max)?;
         chart.configure_mesh().x_desc("block size").x_label_formatter(&|x| format!("{}KiB", (2f64.powf(*x) / 1024.0).round())).draw()?;
         let mut keys: Vec<(IoEngineKind, usize)> = runs.iter().map(|r| (r.engine, r.queue_depth)).collect();
-        keys.dedup();
         keys.sort_by_key(|k| (k.0.name(), k.1));
         keys.dedup();
         for (i, key) in keys.iter().enumerate() {

@@ -113,6 +113,13 @@ impl GpuTensor {
     }
 }
 
+/// The Params of both attention kernels: dimensions, scale, and the offsets of the qkv-, out- and
+/// statistics-shaped windows.
+fn attention_params(d: AttentionDims, qkv: &Window<'_>, out: &Window<'_>, stat: &Window<'_>) -> [u32; 8] {
+    let (t, c) = (d.seq_len as u32, d.channels as u32);
+    [t, d.heads as u32, d.head_dim() as u32, c, d.scale().to_bits(), qkv.elem_offset, out.elem_offset, stat.elem_offset]
+}
+
 /// A read-back in flight: the staging buffer its copies were submitted into, the submission, and the
 /// pieces (bytes, format and length of each tensor).
 pub struct GpuPendingRead {
@@ -944,16 +951,7 @@ impl Backend for GpuDevice {
             let qw = self.window(qkv, bs.start * t * 3 * c..bs.end * t * 3 * c);
             let ow = self.window(out, bs.start * t * c..bs.end * t * c);
             let lw = self.window(lse, bs.start * d.heads * t..bs.end * d.heads * t);
-            let params = [
-                t as u32,
-                d.heads as u32,
-                d.head_dim() as u32,
-                c as u32,
-                d.scale().to_bits(),
-                qw.elem_offset,
-                ow.elem_offset,
-                lw.elem_offset,
-            ];
+            let params = attention_params(d, &qw, &ow, &lw);
             self.dispatch(
                 shaders::ATTENTION_FORWARD,
                 "main",
@@ -983,16 +981,7 @@ impl Backend for GpuDevice {
             let (lw, ew) = (self.window(lse, stat_span.clone()), self.window(delta, stat_span));
             // One offset per layout: the windows of same-shaped tensors start at the same misalignment.
             assert!(qw.elem_offset == gw.elem_offset && ow.elem_offset == dw.elem_offset && lw.elem_offset == ew.elem_offset);
-            let params = [
-                t as u32,
-                d.heads as u32,
-                d.head_dim() as u32,
-                c as u32,
-                d.scale().to_bits(),
-                qw.elem_offset,
-                ow.elem_offset,
-                lw.elem_offset,
-            ];
+            let params = attention_params(d, &qw, &ow, &lw);
             let grid = [t as u32, d.heads as u32, bs.len() as u32];
             self.dispatch(
                 shaders::ATTENTION_BACKWARD,

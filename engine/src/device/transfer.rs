@@ -1,5 +1,6 @@
 //! Host<->device throughput through wgpu, for `zerostream bench h2d` / `bench d2h`: the ways the
-//! trainer can move parameters up and gradients down, timed until the data has arrived.
+//! trainer can move parameters up and gradients down, timed until the data has arrived. Tested (the
+//! bytes that come back) in tests/transfer.rs.
 
 use std::sync::mpsc::{Receiver, channel};
 use std::time::Instant;
@@ -67,7 +68,7 @@ impl GpuDevice {
             TransferMethod::StagingRing => {
                 let chunk = RING_CHUNK_BYTES.min(bytes);
                 let mut ring = Vec::new();
-                for i in 0..RING_LEN {
+                for _ in 0..RING_LEN {
                     let charge = self.budget.charge(chunk, "h2d staging")?;
                     let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
                         label: Some("h2d staging"),
@@ -75,10 +76,10 @@ impl GpuDevice {
                         usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
                         mapped_at_creation: true,
                     });
-                    ring.push((buffer, None::<Receiver<_>>, charge, i));
+                    ring.push((buffer, None::<Receiver<_>>, charge));
                 }
                 for (k, piece) in host.chunks(chunk as usize).enumerate() {
-                    let (buffer, pending, _, _) = &mut ring[k % RING_LEN];
+                    let (buffer, pending, _) = &mut ring[k % RING_LEN];
                     if let Some(rx) = pending.take() {
                         self.wait_mapped(&rx)?;
                     }
@@ -144,9 +145,4 @@ impl GpuDevice {
         }
         Ok(start.elapsed().as_secs_f64())
     }
-}
-
-#[cfg(test)]
-mod tests {
-    // Exercised with data checks in tests/transfer.rs (needs an adapter).
 }

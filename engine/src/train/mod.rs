@@ -135,10 +135,9 @@ pub struct Trainer<'d, D: Backend> {
     pub scaler: LossScaler,
     /// Optimizer steps done (the next step's index).
     pub step: u64,
-    /// AdamW steps taken (skipped fp16 steps excluded).
+    /// AdamW steps taken (skipped fp16 steps excluded): each is one update job that the worker applies
+    /// to every group, so group k is current once it has had this many.
     adam_steps: u64,
-    /// Updates sent to the worker (every group gets each one).
-    jobs_sent: u64,
     pub io_notes: Vec<String>,
 }
 
@@ -177,8 +176,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
         let nv = nvme.as_deref();
 
         // Host state, filled group by group from the source.
-        let specs_index: std::collections::HashMap<String, usize> =
-            gpt2::parameter_specs(&config).into_iter().enumerate().map(|(i, (name, _))| (name, i)).collect();
+        let specs_index = checkpoint_order(&config);
         let mut shared = Vec::new();
         let mut optimizer = Vec::new();
         for g in layouts.iter() {
@@ -228,7 +226,6 @@ impl<'d, D: Backend> Trainer<'d, D> {
             scaler,
             step: 0,
             adam_steps: 0,
-            jobs_sent: 0,
             io_notes,
         })
     }
@@ -310,7 +307,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
 
     /// Waits for group `k`'s latest update, then makes sure its working copy is resident for upload.
     fn wait_group(&self, k: usize, clock: &mut Clock) -> Result<()> {
-        timed(&mut clock.update_wait, || self.progress.wait_for(k, self.jobs_sent))
+        timed(&mut clock.update_wait, || self.progress.wait_for(k, self.adam_steps))
     }
 
     /// Uploads group `k`'s working copy into `tensors` (the head, or a block slot).
@@ -474,7 +471,6 @@ impl<'d, D: Backend> Trainer<'d, D> {
             self.adam_steps += 1;
             let job = UpdateJob { lr, adam_step: self.adam_steps, grad_multiplier: clip / loss_scale };
             self.jobs.as_ref().expect("the worker is running").send(job).map_err(|_| self.worker_error())?;
-            self.jobs_sent += 1;
         }
         let adam_s = adam_seconds_total(&self.progress) - adam_before;
         let report = StepReport {
@@ -531,28 +527,8 @@ impl<'d, D: Backend> Trainer<'d, D> {
             opt.master.page_out(nv.as_deref(), false)?;
         }
         // Checkpoint order, as Hugging Face writes it.
-        let order: std::collections::HashMap<String, usize> =
-            gpt2::parameter_specs(&self.config).into_iter().enumerate().map(|(i, (n, _))| (n, i)).collect();
+        let order = checkpoint_order(&self.config);
         out.sort_by_key(|(name, _, _)| order[name]);
-        Ok(out)
-    }
-
-    /// Adam's first and second moments of every tensor (name, m, v), after [`Self::finish`].
-    pub fn adam_moments(&mut self) -> Result<Vec<Moments>> {
-        self.finish()?;
-        let nv = self.nvme.clone();
-        let optimizer = self.optimizer.as_mut().expect("finished");
-        let mut out = Vec::new();
-        for (g, opt) in self.layouts.iter().zip(optimizer.iter_mut()) {
-            opt.m.page_in(nv.as_deref())?;
-            opt.v.page_in(nv.as_deref())?;
-            let (m, v) = (opt.m.data().as_slice::<f32>(), opt.v.data().as_slice::<f32>());
-            for t in &g.tensors {
-                out.push((t.name.clone(), m[t.range()].to_vec(), v[t.range()].to_vec()));
-            }
-            opt.m.page_out(nv.as_deref(), false)?;
-            opt.v.page_out(nv.as_deref(), false)?;
-        }
         Ok(out)
     }
 }
@@ -568,8 +544,10 @@ impl<D: Backend> Drop for Trainer<'_, D> {
 
 type TensorShape = (String, usize);
 
+/// Each parameter's index in checkpoint order, by name.
+fn checkpoint_order(cfg: &Gpt2Config) -> std::collections::HashMap<String, usize> {
+    gpt2::parameter_specs(cfg).into_iter().enumerate().map(|(i, (name, _))| (name, i)).collect()
+}
+
 /// A parameter tensor on the host: (Hugging Face name, shape, values).
 pub type NamedTensor = (String, Vec<usize>, Vec<f32>);
-
-/// A parameter's AdamW moments on the host: (Hugging Face name, m, v).
-pub type Moments = (String, Vec<f32>, Vec<f32>);
