@@ -9,8 +9,9 @@ use zerostream::bench::{AdamBenchConfig, HalfOrFull, Link};
 use zerostream::bench_io::{self, IoBenchConfig};
 use zerostream::device::GpuDevice;
 use zerostream::device::{self, DeviceChoice};
+use zerostream::train::ranks::RankDevice;
 use zerostream::train::run::{ModelChoice, RunOptions};
-use zerostream::train::{LrPlan, LrSchedule, Precision, TrainConfig};
+use zerostream::train::{LrPlan, LrSchedule, Precision, TrainConfig, ZeroStage};
 use zerostream_checkpoints::{Tokenizer, write_token_file};
 use zerostream_offload::{IoConfig, IoEngineKind, Tier};
 
@@ -63,6 +64,10 @@ enum Command {
     /// Train a GPT-2 with parameters streamed to the device and AdamW on the CPU. With no --model,
     /// --config or --data: a small byte-level GPT-2 on Shakespeare's Hamlet (built in), a few minutes.
     Train(Box<TrainArgs>),
+    /// Does it fit? The placement `train` would use with the same flags — host bytes per rank on each
+    /// tier, device bytes, block slots — for a model, a batch, a world size and a ZeRO stage, without
+    /// loading weights or training. Exits non-zero, with the numbers, when the device budget is too small.
+    Plan(Box<TrainArgs>),
     /// Tokenise a text file into a token file `train --data` reads (llm.c's format).
     Prepare {
         /// UTF-8 text to tokenise.
@@ -118,6 +123,10 @@ impl IoArgs {
     fn config(&self) -> IoConfig {
         IoConfig { engine: self.io_engine, block_bytes: self.block_size as usize, queue_depth: self.queue_depth, direct: !self.buffered }
     }
+}
+
+fn parse_stage(text: &str) -> Result<ZeroStage, String> {
+    text.trim().parse::<u8>().ok().and_then(ZeroStage::from_number).ok_or_else(|| format!("expected 1, 2 or 3, got {text:?}"))
 }
 
 fn parse_size(text: &str) -> Result<u64, String> {
@@ -204,6 +213,18 @@ struct TrainArgs {
     /// CPU threads for AdamW (0 = one per core).
     #[arg(long, default_value_t = 0)]
     adam_threads: usize,
+    /// Ranks in this process, one thread and one device each (data parallel, ZeRO-partitioned state).
+    /// Under `mpirun` leave this out: the world size comes from MPI.
+    #[arg(long)]
+    world_size: Option<usize>,
+    /// One device per rank, comma-separated: a GPU adapter's index or name, or `cpu` (e.g. `0,1` or
+    /// `cpu,cpu`). Default: every rank opens --device/--adapter. Under mpirun, indexed by the node-local rank.
+    #[arg(long)]
+    devices: Option<String>,
+    /// What is split between ranks: 1 = fp32 master weights and Adam moments; 2 = also the gradients;
+    /// 3 = also the working copy of the parameters (gathered before each upload). Default 2.
+    #[arg(long, value_parser = parse_stage, default_value = "2")]
+    zero_stage: ZeroStage,
     /// Write one JSON object per optimizer step to this file.
     #[arg(long)]
     metrics: Option<PathBuf>,
@@ -368,6 +389,7 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Train(args) => train(*args),
+        Command::Plan(args) => plan(*args),
         Command::Bench(BenchCommand::Io { dir, size, block_size, queue_depth, io_engine, buffered, fio, plot, json }) => {
             let cfg = IoBenchConfig {
                 dir: dir.clone(),
@@ -464,7 +486,8 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-fn train(a: TrainArgs) -> Result<()> {
+/// The run `train` would make of these flags: what to load and do, and the training configuration.
+fn resolve_train(a: &TrainArgs) -> Result<(RunOptions, TrainConfig)> {
     if (a.offload_optimizer == OffloadTarget::Nvme || a.offload_params == OffloadTarget::Nvme) && a.nvme_dir.is_none() {
         bail!("--offload-optimizer nvme and --offload-params nvme need --nvme-dir DIR");
     }
@@ -500,6 +523,7 @@ fn train(a: TrainArgs) -> Result<()> {
         io: a.io.config(),
         verify: !a.no_verify,
         adam_threads: a.adam_threads,
+        zero_stage: a.zero_stage,
     };
     let options = RunOptions {
         model,
@@ -511,8 +535,92 @@ fn train(a: TrainArgs) -> Result<()> {
         prompt: a.prompt.replace("\\n", "\n"),
         progress: true,
     };
-    let dev = device::open(a.device.device, a.device.adapter.as_deref(), a.gpu_mem_budget)?;
-    zerostream::train::run::run_on(&dev, &options, tc)?;
+    Ok((options, tc))
+}
+
+/// CPU cores each of `ranks` ranks on this machine gets for AdamW, unless --adam-threads says.
+fn adam_threads_per_rank(requested: usize, ranks: usize) -> usize {
+    if requested > 0 {
+        return requested;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / ranks.max(1)).max(1)
+}
+
+fn train(a: TrainArgs) -> Result<()> {
+    let (options, mut tc) = resolve_train(&a)?;
+    let devices = a.devices.as_deref().map(RankDevice::parse_list).transpose()?.unwrap_or_default();
+    let launched = zerostream::comm::launcher_world_size().unwrap_or(1);
+    if launched > 1 {
+        if a.world_size.is_some() {
+            bail!(
+                "--world-size cannot be combined with an MPI launch of {launched} processes: under mpirun the world size is mpirun's -n; \
+                 leave --world-size out"
+            );
+        }
+        return train_mpi(&a, &devices, &options, tc);
+    }
+    let world = a.world_size.unwrap_or(1);
+    if world == 0 {
+        bail!("--world-size must be at least 1");
+    }
+    if world == 1 && devices.len() > 1 {
+        bail!("--devices lists {} devices but --world-size is 1: add --world-size {}", devices.len(), devices.len());
+    }
+    if world == 1 {
+        let which = devices.first().cloned().unwrap_or(RankDevice::Default);
+        let dev = which.open(a.device.device, a.device.adapter.as_deref(), a.gpu_mem_budget)?;
+        zerostream::train::run::run_on(&dev, &options, tc)?;
+        return Ok(());
+    }
+    tc.adam_threads = adam_threads_per_rank(tc.adam_threads, world);
+    zerostream::train::ranks::train_in_process(world, &devices, a.device.device, a.device.adapter.as_deref(), &options, tc)?;
+    Ok(())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn train_mpi(_: &TrainArgs, _: &[RankDevice], _: &RunOptions, _: TrainConfig) -> Result<()> {
+    let n = zerostream::comm::launcher_world_size().unwrap_or(1);
+    bail!(
+        "started by mpirun as one of {n} processes, but this zerostream was built without MPI support: \
+         rebuild with `cargo build --release --features zerostream/mpi` (needs OpenMPI and libclang), \
+         or run one process with --world-size N for ranks on this machine"
+    )
+}
+
+#[cfg(feature = "mpi")]
+fn train_mpi(a: &TrainArgs, devices: &[RankDevice], options: &RunOptions, mut tc: TrainConfig) -> Result<()> {
+    use zerostream::comm::{Comm, mpi::MpiWorld};
+    let mpi = MpiWorld::init().context("initialising MPI")?;
+    let (rank, local_rank) = (mpi.rank(), mpi.node_local_rank());
+    tc.adam_threads = adam_threads_per_rank(tc.adam_threads, mpi.node_local_size());
+    let which = match devices.get(local_rank) {
+        Some(d) => d.clone(),
+        None if !devices.is_empty() => {
+            bail!("--devices lists {} devices, but this node runs at least {} ranks", devices.len(), local_rank + 1)
+        }
+        None => zerostream::train::ranks::default_device_for_local_rank(local_rank, a.device.device, a.device.adapter.as_deref()),
+    };
+    let comm = Comm::new(Box::new(mpi.comm()));
+    let opened = which.open(a.device.device, a.device.adapter.as_deref(), a.gpu_mem_budget);
+    let result = opened.and_then(|dev| match &dev {
+        device::AnyDevice::Cpu(d) => zerostream::train::run::run(d, options, tc, comm).map(|_| ()),
+        device::AnyDevice::Gpu(d) => zerostream::train::run::run(d, options, tc, comm).map(|_| ()),
+    });
+    if let Err(e) = result {
+        // Stop every rank now rather than leave them waiting in a collective.
+        mpi.abort(&format!("rank {rank}: {e:#}"));
+    }
+    Ok(())
+}
+
+fn plan(a: TrainArgs) -> Result<()> {
+    let (options, tc) = resolve_train(&a)?;
+    let world = a.world_size.or_else(zerostream::comm::launcher_world_size).unwrap_or(1).max(1);
+    let config = zerostream::train::run::model_config(&options.model)?;
+    let placement = zerostream::train::plan(&config, &tc, world)?;
+    println!("{}", placement.describe());
+    println!("{}", placement.host_summary());
     Ok(())
 }
 

@@ -150,7 +150,7 @@ fn tiers_budgets_and_recompute_give_bit_identical_runs() {
             // The smallest budget the planner accepts; one byte less is refused.
             let cfg = HfModel::open(&golden_dir("gpt2-tiny-accum").join("model")).unwrap().config;
             let minimum = zerostream::train::minimum_device_bytes(&cfg, &tc);
-            assert!(zerostream::train::plan(&cfg, &TrainConfig { gpu_mem_budget: Some(minimum - 1), ..tc.clone() }).is_err());
+            assert!(zerostream::train::plan(&cfg, &TrainConfig { gpu_mem_budget: Some(minimum - 1), ..tc.clone() }, 1).is_err());
             tc.gpu_mem_budget = Some(minimum);
         }
         let budget = tc.gpu_mem_budget;

@@ -688,6 +688,9 @@ impl Backend for GpuDevice {
     fn synchronize(&self) {
         GpuDevice::synchronize(self)
     }
+    fn is_async(&self) -> bool {
+        true
+    }
     fn alloc_16bit(&self, len: usize, label: &str, format: HalfFormat) -> Result<GpuTensor> {
         let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
         self.create_formatted(len, Some(format), label, usage)

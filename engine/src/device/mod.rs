@@ -60,6 +60,11 @@ pub trait Backend {
     }
     /// Waits until all work recorded so far has run (a no-op where ops run synchronously).
     fn synchronize(&self) {}
+    /// Whether ops return before their work has run (the gpu device), so host work done meanwhile
+    /// overlaps it.
+    fn is_async(&self) -> bool {
+        false
+    }
     /// t[..n] = 16-bit values widened to f32 (exact). The gpu device sends the 16-bit words (half the
     /// bytes of an f32 upload) and widens them with a kernel; this default widens on the host.
     fn write_16bit(&self, t: &Self::Tensor, bits: &[u16], format: HalfFormat) -> Result<()> {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use zerostream_offload::{IoConfig, Tier};
 
 use super::schedule::{LrPlan, LrSchedule};
+use super::shard::ZeroStage;
 use crate::device::HalfFormat;
 
 /// `--precision`: what the device computes with. Math is f32 in every mode; the modes differ in the
@@ -62,6 +63,8 @@ pub struct TrainConfig {
     pub verify: bool,
     /// AdamW threads (0 = one per core).
     pub adam_threads: usize,
+    /// Which state is split between ranks (with more than one rank).
+    pub zero_stage: ZeroStage,
 }
 
 impl Default for TrainConfig {
@@ -86,6 +89,7 @@ impl Default for TrainConfig {
             io: IoConfig::default(),
             verify: true,
             adam_threads: 0,
+            zero_stage: ZeroStage::Two,
         }
     }
 }

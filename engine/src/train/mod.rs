@@ -18,9 +18,11 @@
 mod config;
 pub mod layout;
 mod plan;
+pub mod ranks;
 mod report;
 pub mod run;
 pub mod schedule;
+pub mod shard;
 mod worker;
 
 use std::sync::mpsc::{Sender, channel};
@@ -32,6 +34,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use zerostream_checkpoints::TokenFile;
 use zerostream_offload::{AdamConfig, AdamW, IoEngine, NvmeDir, Stored, Tier};
 
+use crate::comm::Comm;
 use crate::device::Backend;
 use crate::model::gpt2::{self, Block, BlockActivations, Gpt2Config, Head, HeadActivations};
 pub use config::{Precision, TrainConfig};
@@ -39,6 +42,7 @@ use layout::{GroupLayout, group_layouts};
 pub use plan::{Placement, minimum_device_bytes, plan};
 pub use report::StepReport;
 pub use schedule::{LossScaler, LrPlan, LrSchedule};
+pub use shard::{GroupShard, Sharding, ZeroStage};
 use worker::{OptimizerGroup, Progress, ProgressState, SharedGroup, UpdateJob, adam_seconds_total, lock, optimizer_worker, write_working};
 
 /// Where the model's initial weights come from.
@@ -125,7 +129,14 @@ pub struct Trainer<'d, D: Backend> {
     pub train: TrainConfig,
     pub placement: Placement,
     layouts: Arc<Vec<GroupLayout>>,
+    /// This rank's slice of each group.
+    shards: Arc<Vec<GroupShard>>,
+    sharding: Sharding,
+    comm: Comm,
     shared: Arc<Vec<Mutex<SharedGroup>>>,
+    /// Stage 1 with several ranks: each block group's whole gradient, summed over this rank's
+    /// micro-batches and reduce-scattered once at the end of the step (empty otherwise).
+    stage1_grads: Vec<Vec<f32>>,
     progress: Arc<Progress>,
     nvme: Option<Arc<NvmeDir>>,
     jobs: Option<Sender<UpdateJob>>,
@@ -142,8 +153,15 @@ pub struct Trainer<'d, D: Backend> {
 }
 
 impl<'d, D: Backend> Trainer<'d, D> {
-    /// Sets up host state (on its tiers) and device state (under the budget) for `source`'s weights.
+    /// A single-rank run: host state (on its tiers) and device state (under the budget) for `source`'s
+    /// weights.
     pub fn new(dev: &'d D, source: &ModelSource<'_>, train: TrainConfig) -> Result<Self> {
+        Self::with_comm(dev, source, train, Comm::single())
+    }
+
+    /// This rank's part of a run of `comm.world_size()` ranks: every rank calls this with the same
+    /// model and configuration (checked), then calls the same methods in the same order.
+    pub fn with_comm(dev: &'d D, source: &ModelSource<'_>, train: TrainConfig, comm: Comm) -> Result<Self> {
         let config = source.config().clone();
         config.validate()?;
         if train.batch == 0 || train.seq_len == 0 || train.grad_accum == 0 {
@@ -158,8 +176,11 @@ impl<'d, D: Backend> Trainer<'d, D> {
             channels: config.n_embd,
             heads: config.n_head,
         })?;
-        let placement = plan(&config, &train)?;
+        let sharding = Sharding { rank: comm.rank(), world: comm.world_size(), stage: train.zero_stage };
+        check_same_configuration(&comm, &config, &train)?;
+        let placement = plan(&config, &train, sharding.world)?;
         let layouts = Arc::new(group_layouts(&config));
+        let shards: Arc<Vec<GroupShard>> = Arc::new(layouts.iter().map(|g| sharding.group(g.len)).collect());
 
         let uses_nvme = train.offload_optimizer == Tier::Nvme || train.offload_params == Tier::Nvme;
         let mut io_notes = Vec::new();
@@ -167,7 +188,10 @@ impl<'d, D: Backend> Trainer<'d, D> {
             let dir =
                 train.nvme_dir.as_ref().ok_or_else(|| anyhow!("--offload-optimizer nvme / --offload-params nvme need --nvme-dir DIR"))?;
             let io = IoEngine::new(train.io).context("--io-engine/--block-size/--queue-depth")?;
-            let nvme = NvmeDir::new(dir, io, train.verify, 0)?;
+            // Each rank has its own subdirectory with stable names, so a restart finds its files.
+            let rank_dir = dir.join(format!("rank{}", sharding.rank));
+            std::fs::create_dir_all(&rank_dir).with_context(|| format!("creating the NVMe directory {}", rank_dir.display()))?;
+            let nvme = NvmeDir::new(&rank_dir, io, train.verify, sharding.rank)?;
             io_notes.extend(nvme.io.notes.iter().cloned());
             Some(Arc::new(nvme))
         } else {
@@ -179,29 +203,32 @@ impl<'d, D: Backend> Trainer<'d, D> {
         let specs_index = checkpoint_order(&config);
         let mut shared = Vec::new();
         let mut optimizer = Vec::new();
-        for g in layouts.iter() {
-            let mut master = Stored::new(&format!("{}.master", g.name), 4 * g.len, train.offload_optimizer, nv)?;
-            let mut m = Stored::new(&format!("{}.adam_m", g.name), 4 * g.len, train.offload_optimizer, nv)?;
-            let mut v = Stored::new(&format!("{}.adam_v", g.name), 4 * g.len, train.offload_optimizer, nv)?;
+        let mut stage1_grads = Vec::new();
+        for (k, (g, shard)) in layouts.iter().zip(shards.iter()).enumerate() {
+            let slice = shard.slice_len();
+            let mut master = Stored::new(&format!("{}.master", g.name), 4 * slice, train.offload_optimizer, nv)?;
+            let mut m = Stored::new(&format!("{}.adam_m", g.name), 4 * slice, train.offload_optimizer, nv)?;
+            let mut v = Stored::new(&format!("{}.adam_v", g.name), 4 * slice, train.offload_optimizer, nv)?;
             let bytes = train.precision.working_bytes_per_param();
-            let mut working = Stored::new(&format!("{}.working", g.name), bytes * g.len, train.offload_params, nv)?;
+            let mut working = Stored::new(&format!("{}.working", g.name), bytes * shard.working_len, train.offload_params, nv)?;
             for s in [&mut master, &mut m, &mut v, &mut working] {
                 s.page_in_uninit();
             }
-            {
-                let p = master.data_mut().as_mut_slice::<f32>();
-                for t in &g.tensors {
-                    let values = source.values(specs_index[&t.name], &t.name, &t.shape)?;
-                    p[t.range()].copy_from_slice(&values);
-                }
+            // The whole group, one group at a time: every rank keeps only its parts of it.
+            let mut whole = vec![0.0f32; shard.padded_len];
+            for t in &g.tensors {
+                let values = source.values(specs_index[&t.name], &t.name, &t.shape)?;
+                whole[t.range()].copy_from_slice(&values);
             }
+            master.data_mut().as_mut_slice::<f32>().copy_from_slice(&whole[shard.owned.clone()]);
             // m and v start at zero, as page_in_uninit leaves them.
-            write_working(train.precision, master.data().as_slice::<f32>(), &mut working);
+            write_working(train.precision, &whole[shard.working_base..shard.working_base + shard.working_len], &mut working, 0);
             for s in [&mut master, &mut m, &mut v, &mut working] {
                 s.page_out(nv, true)?;
             }
-            shared.push(Mutex::new(SharedGroup { grads: vec![0.0; g.len], working }));
+            shared.push(Mutex::new(SharedGroup { grads: vec![0.0; slice], working, gathered: 0 }));
             optimizer.push(OptimizerGroup { master, m, v });
+            stage1_grads.push(if k > 0 && !sharding.shards_grads() { vec![0.0; shard.padded_len] } else { Vec::new() });
         }
 
         let device = Self::allocate_device(dev, &config, &train, &placement)?;
@@ -216,7 +243,11 @@ impl<'d, D: Backend> Trainer<'d, D> {
             train,
             placement,
             layouts,
+            shards,
+            sharding,
+            comm,
             shared: Arc::new(shared),
+            stage1_grads,
             progress,
             nvme,
             jobs: None,
@@ -287,12 +318,18 @@ impl<'d, D: Backend> Trainer<'d, D> {
             self.train.adam_threads,
             zerostream_offload::adam::DEFAULT_CHUNK_ELEMS,
         );
-        let (layouts, shared, progress, nvme, precision) =
-            (self.layouts.clone(), self.shared.clone(), self.progress.clone(), self.nvme.clone(), self.train.precision);
+        let (layouts, shards, shared, progress, nvme, precision) = (
+            self.layouts.clone(),
+            self.shards.clone(),
+            self.shared.clone(),
+            self.progress.clone(),
+            self.nvme.clone(),
+            self.train.precision,
+        );
         let handle = std::thread::Builder::new()
             .name("adamw".into())
             .spawn(move || {
-                let result = optimizer_worker(rx, optimizer, adam, &layouts, &shared, &progress, nvme.as_deref(), precision);
+                let result = optimizer_worker(rx, optimizer, adam, &layouts, &shards, &shared, &progress, nvme.as_deref(), precision);
                 if let Err(e) = &result {
                     progress.lock().failed = Some(format!("{e:#}"));
                     progress.changed.notify_all();
@@ -310,33 +347,62 @@ impl<'d, D: Backend> Trainer<'d, D> {
         timed(&mut clock.update_wait, || self.progress.wait_for(k, self.adam_steps))
     }
 
-    /// Uploads group `k`'s working copy into `tensors` (the head, or a block slot).
+    /// Uploads group `k`'s working copy into `tensors` (the head, or a block slot). With several ranks the
+    /// other ranks' slices are gathered first: once per update into the whole copy (stages 1-2), or
+    /// into a temporary for this upload alone (stage 3).
     fn upload_group(&self, k: usize, tensors: &[&D::Tensor], clock: &mut Clock) -> Result<()> {
         self.wait_group(k, clock)?;
         let mut shared = lock(&self.shared[k]);
         let nv = self.nvme.as_deref();
         timed(&mut clock.io_wait, || shared.working.page_in(nv))?;
-        let layout = &self.layouts[k];
-        let t0 = Instant::now();
-        match self.train.precision {
-            Precision::Fp32 => {
-                let w = shared.working.data().as_slice::<f32>();
-                for (t, slot) in tensors.iter().zip(&layout.tensors) {
-                    self.dev.write(t, &w[slot.range()]);
-                }
+        let dirty = match self.train.precision {
+            Precision::Fp32 => self.upload_words::<f32>(k, &mut shared, tensors, clock)?,
+            Precision::Bf16 | Precision::Fp16 => self.upload_words::<u16>(k, &mut shared, tensors, clock)?,
+        };
+        shared.working.page_out(nv, dirty)?;
+        Ok(())
+    }
+
+    /// [`Self::upload_group`] for working-copy words of type `T` (f32, or 16-bit words); returns
+    /// whether the resident working copy changed (it was completed by a gather).
+    fn upload_words<T: bytemuck::Pod + Default>(
+        &self,
+        k: usize,
+        shared: &mut SharedGroup,
+        tensors: &[&D::Tensor],
+        clock: &mut Clock,
+    ) -> Result<bool> {
+        let (shard, layout) = (&self.shards[k], &self.layouts[k]);
+        let busy = self.dev.is_async();
+        let mut dirty = false;
+        let gathered: Vec<T>;
+        let whole: &[T] = if self.sharding.shards_params() {
+            let mut all = vec![T::default(); shard.padded_len];
+            self.comm.all_gather(shared.working.data().as_slice::<T>(), &mut all, busy)?;
+            gathered = all;
+            &gathered
+        } else {
+            if self.sharding.world > 1 && shared.gathered != self.adam_steps {
+                let w = shared.working.data_mut().as_mut_slice::<T>();
+                let mine = w[shard.owned.clone()].to_vec();
+                self.comm.all_gather(&mine, w, busy)?;
+                shared.gathered = self.adam_steps;
+                dirty = true;
             }
-            Precision::Bf16 | Precision::Fp16 => {
-                let w = shared.working.data().as_slice::<u16>();
-                let format = self.train.precision.half_format().expect("a 16-bit precision");
-                for (t, slot) in tensors.iter().zip(&layout.tensors) {
-                    self.dev.write_16bit(t, &w[slot.range()], format)?;
-                }
+            shared.working.data().as_slice::<T>()
+        };
+        let t0 = Instant::now();
+        let format = self.train.precision.half_format();
+        for (t, slot) in tensors.iter().zip(&layout.tensors) {
+            let words = &whole[slot.range()];
+            match format {
+                None => self.dev.write(t, bytemuck::cast_slice(words)),
+                Some(format) => self.dev.write_16bit(t, bytemuck::cast_slice(words), format)?,
             }
         }
         clock.upload += t0.elapsed();
         clock.upload_bytes += (layout.len * self.train.precision.working_bytes_per_param()) as u64;
-        shared.working.page_out(nv, false)?;
-        Ok(())
+        Ok(dirty)
     }
 
     /// Makes block `l`'s parameters resident in a slot for this step; returns the slot.
@@ -351,27 +417,61 @@ impl<'d, D: Backend> Trainer<'d, D> {
         Ok(slot)
     }
 
-    /// Finishes a gradient group's download and adds it into the host accumulator (or stores it, for the
-    /// first micro-batch); returns whether any value would overflow 16-bit storage (checked in fp16 only).
-    fn accumulate(&self, k: usize, pending: D::PendingRead, first: bool, clock: &mut Clock) -> bool {
-        let mut shared = lock(&self.shared[k]);
+    /// Finishes a gradient group's download and adds it into this rank's accumulator (or stores it, for
+    /// the first micro-batch): with several ranks, after reduce-scattering it (stages 2-3, and the head
+    /// in every stage), or whole (stage 1 blocks, reduced at the end of the step). Returns whether any
+    /// value would overflow 16-bit storage (checked in fp16 only).
+    fn accumulate(&mut self, k: usize, pending: D::PendingRead, first: bool, clock: &mut Clock) -> Result<bool> {
+        let downloaded = timed(&mut clock.download, || self.dev.finish_read(pending));
         let layout = &self.layouts[k];
         let check = self.train.precision == Precision::Fp16;
         let mut overflow = false;
-        let downloaded = timed(&mut clock.download, || self.dev.finish_read(pending));
-        for (data, slot) in downloaded.iter().zip(&layout.tensors) {
+        for data in &downloaded {
             clock.download_bytes += 4 * data.len() as u64;
-            let acc = &mut shared.grads[slot.range()];
+            if check {
+                overflow |= data.iter().any(|g| !g.is_finite() || g.abs() > schedule::F16_MAX);
+            }
+        }
+        let add = |acc: &mut [f32], data: &[f32]| {
             if first {
                 acc.copy_from_slice(data);
             } else {
                 acc.iter_mut().zip(data).for_each(|(a, g)| *a += g);
             }
-            if check {
-                overflow |= data.iter().any(|g| !g.is_finite() || g.abs() > schedule::F16_MAX);
+        };
+        if self.sharding.world == 1 {
+            let mut shared = lock(&self.shared[k]);
+            for (data, slot) in downloaded.iter().zip(&layout.tensors) {
+                add(&mut shared.grads[slot.range()], data);
             }
+        } else if !self.stage1_grads[k].is_empty() {
+            for (data, slot) in downloaded.iter().zip(&layout.tensors) {
+                add(&mut self.stage1_grads[k][slot.range()], data);
+            }
+        } else {
+            let shard = &self.shards[k];
+            let mut whole = vec![0.0f32; shard.padded_len];
+            for (data, slot) in downloaded.iter().zip(&layout.tensors) {
+                whole[slot.range()].copy_from_slice(data);
+            }
+            let mut mine = vec![0.0f32; shard.slice_len()];
+            self.comm.reduce_scatter_sum(&whole, &mut mine, self.dev.is_async())?;
+            add(&mut lock(&self.shared[k]).grads, &mine);
         }
-        overflow
+        Ok(overflow)
+    }
+
+    /// Stage 1 with several ranks: reduce-scatters each block's whole gradient (this rank's micro-batches
+    /// summed) into this rank's slice.
+    fn reduce_stage1_grads(&mut self) -> Result<()> {
+        for k in 0..self.layouts.len() {
+            if self.stage1_grads[k].is_empty() {
+                continue;
+            }
+            let mut shared = lock(&self.shared[k]);
+            self.comm.reduce_scatter_sum(&self.stage1_grads[k], &mut shared.grads, false)?;
+        }
+        Ok(())
     }
 
     /// One optimizer step over micro-batches `step*M .. step*M+M-1` of `data`.
@@ -385,6 +485,10 @@ impl<'d, D: Backend> Trainer<'d, D> {
         let lr = self.train.lr.at(self.step);
         let loss_scale = self.scaler.scale;
         let adam_before = adam_seconds_total(&self.progress);
+        let comm_before = self.comm.stats();
+        let (rank, world) = (self.sharding.rank, self.sharding.world);
+        // Micro-batches per step over all ranks: the step loss is their mean.
+        let micro_batches = accum * world;
 
         // The head stays resident for the whole step.
         let head: Vec<&D::Tensor> = self.device.head.tensors().to_vec();
@@ -392,7 +496,9 @@ impl<'d, D: Backend> Trainer<'d, D> {
         let mut loss_sum = 0.0f64;
         let mut overflow = false;
         for j in 0..accum {
-            let g = self.step as usize * accum + j;
+            // The training contract: micro-batch i of the step goes to rank i % world, accumulation
+            // index i / world.
+            let g = self.step as usize * micro_batches + j * world + rank;
             let (x, y) = data.micro_batch(g, batch, seq_len)?;
             let (x, y) = (self.dev.tokens(&x)?, self.dev.tokens(&y)?);
             let first = j == 0;
@@ -416,7 +522,8 @@ impl<'d, D: Backend> Trainer<'d, D> {
             }
             let d = &self.device;
             let loss = timed(&mut clock.compute, || {
-                let loss = gpt2::head_forward(dev, cfg, &d.head, &d.head_acts, &d.residual[n_layer], &y, Some(loss_scale / accum as f32));
+                let loss =
+                    gpt2::head_forward(dev, cfg, &d.head, &d.head_acts, &d.residual[n_layer], &y, Some(loss_scale / micro_batches as f32));
                 gpt2::head_backward(dev, cfg, &d.head, &d.head_grads, &d.head_acts, &d.residual[n_layer]);
                 loss
             });
@@ -442,13 +549,13 @@ impl<'d, D: Backend> Trainer<'d, D> {
                     self.ensure_block(l - 1, &mut clock)?; // upload the next block while this backward runs
                 }
                 if let Some((done, pending)) = in_flight.take() {
-                    overflow |= self.accumulate(1 + done, pending, first, &mut clock);
+                    overflow |= self.accumulate(1 + done, pending, first, &mut clock)?;
                 }
                 let grads: Vec<&D::Tensor> = self.device.block_grads[l % 2].tensors().to_vec();
                 in_flight = Some((l, timed(&mut clock.download, || dev.begin_read(&grads))));
             }
             if let Some((done, pending)) = in_flight.take() {
-                overflow |= self.accumulate(1 + done, pending, first, &mut clock);
+                overflow |= self.accumulate(1 + done, pending, first, &mut clock)?;
             }
             let d = &self.device;
             timed(&mut clock.compute, || {
@@ -458,12 +565,16 @@ impl<'d, D: Backend> Trainer<'d, D> {
         }
         let head_grads: Vec<&D::Tensor> = self.device.head_grads.tensors().to_vec();
         let pending = timed(&mut clock.download, || self.dev.begin_read(&head_grads));
-        overflow |= self.accumulate(0, pending, true, &mut clock);
+        overflow |= self.accumulate(0, pending, true, &mut clock)?;
+        self.reduce_stage1_grads()?;
 
-        // Global norm over every group's (scaled) gradient, in f64, in group order.
+        // Global norm over every group's (scaled) gradient, in f64: each rank sums its slices in group
+        // order, and the ranks' sums are added in rank order.
         let sum_squares: f64 = self.shared.iter().map(|s| lock(s).grads.iter().map(|&g| (g as f64) * (g as f64)).sum::<f64>()).sum();
-        let grad_norm = sum_squares.sqrt() / loss_scale as f64;
+        let grad_norm = self.comm.sum_f64(sum_squares)?.sqrt() / loss_scale as f64;
         overflow |= !grad_norm.is_finite();
+        let overflow = self.comm.any(overflow)?;
+        let loss_sum = self.comm.sum_f64(loss_sum)?;
         let applied = self.scaler.update(overflow);
         if applied {
             // torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), at most 1, in f32.
@@ -475,12 +586,12 @@ impl<'d, D: Backend> Trainer<'d, D> {
         let adam_s = adam_seconds_total(&self.progress) - adam_before;
         let report = StepReport {
             step: self.step,
-            loss: loss_sum / accum as f64,
+            loss: loss_sum / micro_batches as f64,
             grad_norm,
             lr,
             loss_scale,
             applied,
-            tokens: batch * seq_len * accum,
+            tokens: batch * seq_len * micro_batches,
             seconds: start.elapsed().as_secs_f64(),
             compute_s: clock.compute.as_secs_f64(),
             upload_s: clock.upload.as_secs_f64(),
@@ -491,6 +602,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             upload_bytes: clock.upload_bytes,
             download_bytes: clock.download_bytes,
             peak_gpu_bytes: self.dev.alloc_stats().peak_bytes,
+            comm: self.comm.stats() - comm_before,
         };
         self.step += 1;
         Ok(report)
@@ -512,17 +624,19 @@ impl<'d, D: Backend> Trainer<'d, D> {
         Ok(adam_seconds_total(&self.progress) - before)
     }
 
-    /// The fp32 master weights, tensor by tensor (name, shape, values), after [`Self::finish`].
+    /// The fp32 master weights, tensor by tensor (name, shape, values), after [`Self::finish`]. With
+    /// several ranks this is a collective: every rank calls it and gets the whole model.
     pub fn master_weights(&mut self) -> Result<Vec<NamedTensor>> {
         self.finish()?;
         let nv = self.nvme.clone();
         let optimizer = self.optimizer.as_mut().expect("finished");
         let mut out = Vec::new();
-        for (g, opt) in self.layouts.iter().zip(optimizer.iter_mut()) {
+        for ((g, shard), opt) in self.layouts.iter().zip(self.shards.iter()).zip(optimizer.iter_mut()) {
             opt.master.page_in(nv.as_deref())?;
-            let p = opt.master.data().as_slice::<f32>();
+            let mut whole = vec![0.0f32; shard.padded_len];
+            self.comm.all_gather(opt.master.data().as_slice::<f32>(), &mut whole, false)?;
             for t in &g.tensors {
-                out.push((t.name.clone(), t.shape.clone(), p[t.range()].to_vec()));
+                out.push((t.name.clone(), t.shape.clone(), whole[t.range()].to_vec()));
             }
             opt.master.page_out(nv.as_deref(), false)?;
         }
@@ -547,6 +661,26 @@ type TensorShape = (String, usize);
 /// Each parameter's index in checkpoint order, by name.
 fn checkpoint_order(cfg: &Gpt2Config) -> std::collections::HashMap<String, usize> {
     gpt2::parameter_specs(cfg).into_iter().enumerate().map(|(i, (name, _))| (name, i)).collect()
+}
+
+/// Refuses to start unless every rank was given the same model and configuration (a hash of both,
+/// gathered from every rank): under MPI each process parses its own command line.
+fn check_same_configuration(comm: &Comm, config: &Gpt2Config, train: &TrainConfig) -> Result<()> {
+    if comm.world_size() == 1 {
+        return Ok(());
+    }
+    let text = format!("{config:?}\n{train:?}");
+    // FNV-1a: the same on every process of any build.
+    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    let hashes = comm.gather_scalars(hash)?;
+    let differ: Vec<usize> = (0..hashes.len()).filter(|&r| hashes[r] != hashes[0]).collect();
+    if !differ.is_empty() {
+        bail!(
+            "ranks {differ:?} were started with a different model or configuration than rank 0 (configuration hashes {hashes:x?}); \
+             every rank must get the same flags"
+        );
+    }
+    Ok(())
 }
 
 /// A parameter tensor on the host: (Hugging Face name, shape, values).

@@ -6,6 +6,7 @@ use zerostream_offload::Tier;
 
 use super::config::{Precision, TrainConfig};
 use super::layout::group_layouts;
+use super::shard::{Sharding, ZeroStage};
 use crate::model::gpt2::{BlockActivations, Gpt2Config, HeadActivations};
 
 /// Where everything lives and how many device bytes each part takes: decided once at start-up.
@@ -14,8 +15,13 @@ pub struct Placement {
     pub optimizer_tier: Tier,
     pub params_tier: Tier,
     pub params: usize,
+    pub world_size: usize,
+    pub zero_stage: ZeroStage,
+    /// Per rank: this rank's fp32 master weights and Adam moments (1/N of them from stage 1 on).
     pub host_optimizer_bytes: u64,
+    /// Per rank: the working copy (1/N of it in stage 3).
     pub host_working_bytes: u64,
+    /// Per rank: the gradient accumulator in RAM (1/N of it from stage 2 on).
     pub host_grad_bytes: u64,
     pub device_head_bytes: u64,
     pub device_block_slot_bytes: u64,
@@ -35,17 +41,56 @@ impl Placement {
             + self.device_other_bytes
     }
 
+    /// Host bytes per rank in RAM and on NVMe (by the tiers chosen).
+    pub fn host_bytes_per_rank(&self) -> (u64, u64) {
+        let mut ram = self.host_grad_bytes;
+        let mut nvme = 0;
+        for (bytes, tier) in [(self.host_optimizer_bytes, self.optimizer_tier), (self.host_working_bytes, self.params_tier)] {
+            if tier == Tier::Nvme { nvme += bytes } else { ram += bytes }
+        }
+        (ram, nvme)
+    }
+
+    /// One line: the host state per rank and for all ranks on one machine, against the RAM this
+    /// machine has available now.
+    pub fn host_summary(&self) -> String {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let (ram, nvme) = self.host_bytes_per_rank();
+        let all = ram * self.world_size as u64;
+        let verdict = match available_ram_bytes() {
+            Some(avail) if all <= avail => format!("fits in the {:.1} GiB of RAM available here", gib(avail)),
+            Some(avail) => format!(
+                "does NOT fit in the {:.1} GiB of RAM available here (put more state on NVMe, or more ranks on other machines)",
+                gib(avail)
+            ),
+            None => "RAM available here unknown".to_string(),
+        };
+        format!(
+            "host state per rank: {:.2} GiB in RAM, {:.2} GiB on NVMe; {} rank(s) on one machine: {:.2} GiB of RAM, {verdict}",
+            gib(ram),
+            gib(nvme),
+            self.world_size,
+            gib(all)
+        )
+    }
+
     pub fn describe(&self) -> String {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let ranks = if self.world_size > 1 {
+            format!("; {} ranks, ZeRO stage {}, per rank:", self.world_size, self.zero_stage.number())
+        } else {
+            ";".to_string()
+        };
         format!(
-            "placement: {} parameters; master weights + Adam moments {:.1} MiB on {}; working copy {:.1} MiB on {}; gradients {:.1} MiB in RAM\n\
-             device: head {:.1} MiB + {} block slots x {:.1} MiB + activations {:.1} MiB + other {:.1} MiB = {:.1} MiB (budget {})",
+            "placement: {} parameters{ranks} master weights + Adam moments {:.1} MiB on {}; working copy {:.1} MiB on {}; gradients {:.1} MiB in RAM\n\
+             device{}: head {:.1} MiB + {} block slots x {:.1} MiB + activations {:.1} MiB + other {:.1} MiB = {:.1} MiB (budget {})",
             self.params,
             mib(self.host_optimizer_bytes),
             self.optimizer_tier.name(),
             mib(self.host_working_bytes),
             self.params_tier.name(),
             mib(self.host_grad_bytes),
+            if self.world_size > 1 { " (each rank)" } else { "" },
             mib(self.device_head_bytes),
             self.block_slots,
             mib(self.device_block_slot_bytes),
@@ -55,6 +100,14 @@ impl Placement {
             self.device_budget_bytes.map_or("none".to_string(), |b| format!("{:.1} MiB", mib(b))),
         )
     }
+}
+
+/// MemAvailable from /proc/meminfo (Linux), in bytes.
+fn available_ram_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// Device bytes of each part of a run, before any budget is applied.
@@ -112,9 +165,11 @@ pub fn minimum_device_bytes(cfg: &Gpt2Config, tc: &TrainConfig) -> u64 {
     DeviceNeeds::of(cfg, tc).minimum()
 }
 
-/// Plans the device memory of a run, or refuses a budget that cannot hold the minimum, with the numbers.
-pub fn plan(cfg: &Gpt2Config, tc: &TrainConfig) -> Result<Placement> {
-    let params: usize = group_layouts(cfg).iter().map(|g| g.len).sum();
+/// Plans one rank's host and device memory in a run of `world_size` ranks, or refuses a budget that
+/// cannot hold the device minimum, with the numbers.
+pub fn plan(cfg: &Gpt2Config, tc: &TrainConfig, world_size: usize) -> Result<Placement> {
+    let groups = group_layouts(cfg);
+    let params: usize = groups.iter().map(|g| g.len).sum();
     let needs = DeviceNeeds::of(cfg, tc);
     let DeviceNeeds { head_bytes, slot_bytes, activation_bytes, other_bytes } = needs;
     let minimum = needs.minimum();
@@ -137,14 +192,21 @@ pub fn plan(cfg: &Gpt2Config, tc: &TrainConfig) -> Result<Placement> {
     } else {
         block_slots = cfg.n_layer;
     }
-    let host = |bytes_per_param: usize| (params * bytes_per_param) as u64;
+    // Rank 0's share (the largest, with padding) of each kind of host state, group by group.
+    let sharding = Sharding { rank: 0, world: world_size.max(1), stage: tc.zero_stage };
+    let shards: Vec<_> = groups.iter().map(|g| sharding.group(g.len)).collect();
+    let slices = shards.iter().map(|s| s.slice_len()).sum::<usize>() as u64;
+    let working = shards.iter().map(|s| s.working_len).sum::<usize>() as u64;
+    let grads = if sharding.shards_grads() { slices } else { shards.iter().map(|s| s.padded_len).sum::<usize>() as u64 + slices };
     Ok(Placement {
         optimizer_tier: tc.offload_optimizer,
         params_tier: tc.offload_params,
         params,
-        host_optimizer_bytes: host(12),
-        host_working_bytes: host(tc.precision.working_bytes_per_param()),
-        host_grad_bytes: host(4),
+        world_size: sharding.world,
+        zero_stage: tc.zero_stage,
+        host_optimizer_bytes: 12 * slices,
+        host_working_bytes: tc.precision.working_bytes_per_param() as u64 * working,
+        host_grad_bytes: 4 * grads,
         device_head_bytes: head_bytes,
         device_block_slot_bytes: slot_bytes,
         device_activation_bytes: activation_bytes,

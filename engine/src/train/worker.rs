@@ -11,15 +11,22 @@ use zerostream_offload::{AdamW, Grads, NvmeDir, ParamCopy, Stored, pipelined_swe
 
 use super::config::Precision;
 use super::layout::GroupLayout;
+use super::shard::{GroupShard, intersect};
 
 /// The part of a group both threads touch: gradients (written by the device thread, read by the
 /// update) and the working copy (written by the update, read by the device thread for upload).
 pub(super) struct SharedGroup {
+    /// This rank's slice of the step's summed gradient (all of it with one rank).
     pub(super) grads: Vec<f32>,
+    /// This rank's working copy: the whole group (its own slice fresh from the update, the others'
+    /// gathered by the device thread before upload) or, in stage 3, its slice alone.
     pub(super) working: Stored,
+    /// How many updates the whole working copy reflects (stages 1-2 with several ranks: the device
+    /// thread gathers the other ranks' slices once per update).
+    pub(super) gathered: u64,
 }
 
-/// The part only the update touches.
+/// The part only the update touches: this rank's slices.
 pub(super) struct OptimizerGroup {
     pub(super) master: Stored,
     pub(super) m: Stored,
@@ -74,17 +81,18 @@ pub(super) fn adam_seconds_total(p: &Progress) -> f64 {
     p.lock().adam_seconds.iter().sum()
 }
 
-/// Writes the working copy of freshly updated master weights (fp32: the same values).
-pub(super) fn write_working(precision: Precision, master: &[f32], working: &mut Stored) {
+/// Writes the working copy of master weights (fp32: the same values) at element `at` of `working`.
+pub(super) fn write_working(precision: Precision, master: &[f32], working: &mut Stored, at: usize) {
+    let n = master.len();
     match precision {
-        Precision::Fp32 => working.data_mut().as_mut_slice::<f32>().copy_from_slice(master),
+        Precision::Fp32 => working.data_mut().as_mut_slice::<f32>()[at..at + n].copy_from_slice(master),
         Precision::Bf16 => {
-            for (w, &p) in working.data_mut().as_mut_slice::<u16>().iter_mut().zip(master) {
+            for (w, &p) in working.data_mut().as_mut_slice::<u16>()[at..at + n].iter_mut().zip(master) {
                 *w = bf16::from_f32(p).to_bits();
             }
         }
         Precision::Fp16 => {
-            for (w, &p) in working.data_mut().as_mut_slice::<u16>().iter_mut().zip(master) {
+            for (w, &p) in working.data_mut().as_mut_slice::<u16>()[at..at + n].iter_mut().zip(master) {
                 *w = f16::from_f32(p).to_bits();
             }
         }
@@ -99,6 +107,7 @@ pub(super) fn optimizer_worker(
     mut optimizer: Vec<OptimizerGroup>,
     mut adam: AdamW,
     layouts: &[GroupLayout],
+    shards: &[GroupShard],
     shared: &[Mutex<SharedGroup>],
     progress: &Progress,
     nvme: Option<&NvmeDir>,
@@ -119,22 +128,26 @@ pub(super) fn optimizer_worker(
         };
         let compute = |k: usize, g: &mut OptimizerGroup| -> Result<(), zerostream_offload::StoreError> {
             let mut sh = lock(&shared[k]);
-            let SharedGroup { grads, working } = &mut *sh;
+            let SharedGroup { grads, working, .. } = &mut *sh;
             working.page_in_uninit();
             let (p, m, v) = (g.master.data_mut().as_mut_slice::<f32>(), g.m.data_mut(), g.v.data_mut());
             let (m, v) = (m.as_mut_slice::<f32>(), v.as_mut_slice::<f32>());
+            let shard = &shards[k];
+            // Each tensor's part inside this rank's slice; `o` indexes the slice, `w` the working copy.
             for t in &layouts[k].tensors {
-                let r = t.range();
+                let Some(r) = intersect(t.range(), &shard.owned) else { continue };
+                let o = r.start - shard.owned.start..r.end - shard.owned.start;
+                let w = r.start - shard.working_base..r.end - shard.working_base;
                 let copy = match precision {
                     Precision::Fp32 => ParamCopy::None,
-                    Precision::Bf16 => ParamCopy::Bf16(bytemuck::cast_slice_mut(&mut working.data_mut().as_mut_slice::<u16>()[r.clone()])),
-                    Precision::Fp16 => ParamCopy::F16(bytemuck::cast_slice_mut(&mut working.data_mut().as_mut_slice::<u16>()[r.clone()])),
+                    Precision::Bf16 => ParamCopy::Bf16(bytemuck::cast_slice_mut(&mut working.data_mut().as_mut_slice::<u16>()[w])),
+                    Precision::Fp16 => ParamCopy::F16(bytemuck::cast_slice_mut(&mut working.data_mut().as_mut_slice::<u16>()[w])),
                 };
                 adam.step(
-                    &mut p[r.clone()],
-                    &mut m[r.clone()],
-                    &mut v[r.clone()],
-                    Grads::F32(&grads[r]),
+                    &mut p[o.clone()],
+                    &mut m[o.clone()],
+                    &mut v[o.clone()],
+                    Grads::F32(&grads[o]),
                     copy,
                     job.adam_step,
                     job.grad_multiplier,
@@ -142,7 +155,7 @@ pub(super) fn optimizer_worker(
                 );
             }
             if precision == Precision::Fp32 {
-                working.data_mut().as_mut_slice::<f32>().copy_from_slice(p);
+                write_working(precision, p, working, shard.owned.start - shard.working_base);
             }
             working.page_out(nvme, true)?;
             drop(sh);

@@ -1,0 +1,231 @@
+//! Collectives between ranks: the few operations ZeRO needs, behind one small trait with two
+//! implementations — [`local`] (ranks as threads of one process, exchanging through shared memory) and
+//! `mpi` (processes under `mpirun`, through the `mpi` crate; cargo feature `mpi`).
+//!
+//! The trait moves bytes only. Every reduction is done here, on top of it, in one fixed order: a
+//! reduce-scatter is an all-to-all exchange of slices followed by a local sum in rank order
+//! (rank 0's slice + rank 1's + ...), and a scalar all-reduce gathers every rank's value and sums them
+//! the same way. So the numbers never depend on the transport or on MPI's choice of algorithm:
+//! in-process and MPI runs of the same world size are bit-identical.
+
+pub mod local;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+
+use std::cell::Cell;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+
+/// Moves bytes between the ranks of one world. Every rank calls the same collectives in the same
+/// order; a rank that fails calls [`Collectives::abort`] so that the others stop instead of waiting.
+pub trait Collectives {
+    fn rank(&self) -> usize;
+    fn world_size(&self) -> usize;
+    /// `out[r*n..(r+1)*n]` = rank r's `mine` (n = `mine.len()`, the same on every rank).
+    fn all_gather_bytes(&self, mine: &[u8], out: &mut [u8]) -> Result<()>;
+    /// Personalised exchange: `send` is world_size chunks of n bytes, chunk s for rank s;
+    /// `recv[r*n..(r+1)*n]` receives what rank r sent to this rank.
+    fn all_to_all_bytes(&self, send: &[u8], recv: &mut [u8]) -> Result<()>;
+    /// `buf` = root's `buf`, on every rank.
+    fn broadcast_bytes(&self, root: usize, buf: &mut [u8]) -> Result<()>;
+    fn barrier(&self) -> Result<()>;
+    /// Tells every other rank that this one failed, with why, so that none of them hangs in a
+    /// collective (in-process: they return an error naming this rank; MPI: the job is aborted).
+    fn abort(&self, message: &str);
+    /// One line naming the transport ("in-process, 2 ranks", "MPI, 4 processes").
+    fn describe(&self) -> String;
+}
+
+/// The error a rank gets in a collective when another rank has failed: names that rank and its error.
+#[derive(Debug)]
+pub struct PeerFailed {
+    pub rank: usize,
+    pub why: String,
+}
+
+impl std::fmt::Display for PeerFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "rank {} failed: {}", self.rank, self.why)
+    }
+}
+
+impl std::error::Error for PeerFailed {}
+
+/// Bytes and seconds spent in collectives, counted by [`Comm`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CommStats {
+    /// Bytes this rank sent to other ranks (its own slice, which stays, is not counted).
+    pub sent_bytes: u64,
+    pub seconds: f64,
+    /// Of `seconds`, the part spent while the device still had work in flight (so hidden behind it).
+    pub overlapped_seconds: f64,
+}
+
+impl std::ops::Sub for CommStats {
+    type Output = CommStats;
+    fn sub(self, o: CommStats) -> CommStats {
+        CommStats {
+            sent_bytes: self.sent_bytes - o.sent_bytes,
+            seconds: self.seconds - o.seconds,
+            overlapped_seconds: self.overlapped_seconds - o.overlapped_seconds,
+        }
+    }
+}
+
+/// Largest chunk one transport call moves per rank: MPI counts are 32-bit, and bounded chunks keep the
+/// in-process exchange's temporary copies small.
+const MAX_CHUNK_BYTES: usize = 256 << 20;
+
+/// A rank's handle on its world: the typed collectives the trainer uses, built on a [`Collectives`]
+/// transport, with the deterministic reductions and the traffic counters.
+pub struct Comm {
+    transport: Box<dyn Collectives>,
+    stats: Cell<CommStats>,
+}
+
+impl Comm {
+    pub fn new(transport: Box<dyn Collectives>) -> Self {
+        Comm { transport, stats: Cell::new(CommStats::default()) }
+    }
+
+    /// A world of one: every collective is a copy.
+    pub fn single() -> Self {
+        Comm::new(Box::new(local::LocalWorld::new(1).pop().expect("one rank")))
+    }
+
+    pub fn rank(&self) -> usize {
+        self.transport.rank()
+    }
+    pub fn world_size(&self) -> usize {
+        self.transport.world_size()
+    }
+    pub fn describe(&self) -> String {
+        self.transport.describe()
+    }
+    pub fn stats(&self) -> CommStats {
+        self.stats.get()
+    }
+    pub fn abort(&self, message: &str) {
+        self.transport.abort(message)
+    }
+    pub fn barrier(&self) -> Result<()> {
+        self.transport.barrier()
+    }
+
+    fn count<R>(&self, sent_bytes: usize, device_busy: bool, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        let start = Instant::now();
+        let r = f();
+        let s = start.elapsed().as_secs_f64();
+        let mut stats = self.stats.get();
+        stats.sent_bytes += sent_bytes as u64;
+        stats.seconds += s;
+        if device_busy {
+            stats.overlapped_seconds += s;
+        }
+        self.stats.set(stats);
+        r
+    }
+
+    /// `out[r*n..(r+1)*n]` = rank r's `mine`, for plain-old-data elements.
+    pub fn all_gather<T: bytemuck::Pod>(&self, mine: &[T], out: &mut [T], device_busy: bool) -> Result<()> {
+        let world = self.world_size();
+        if out.len() != world * mine.len() {
+            bail!("all-gather: {} elements out for {} ranks of {}", out.len(), world, mine.len());
+        }
+        let (mine, out): (&[u8], &mut [u8]) = (bytemuck::cast_slice(mine), bytemuck::cast_slice_mut(out));
+        let n = mine.len();
+        self.count((world - 1) * n, device_busy, || {
+            if n <= MAX_CHUNK_BYTES {
+                return self.transport.all_gather_bytes(mine, out);
+            }
+            let mut tmp = vec![0u8; world * MAX_CHUNK_BYTES];
+            for start in (0..n).step_by(MAX_CHUNK_BYTES) {
+                let c = MAX_CHUNK_BYTES.min(n - start);
+                self.transport.all_gather_bytes(&mine[start..start + c], &mut tmp[..world * c])?;
+                for r in 0..world {
+                    out[r * n + start..r * n + start + c].copy_from_slice(&tmp[r * c..(r + 1) * c]);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Every rank's value of `x`, in rank order.
+    pub fn gather_scalars<T: bytemuck::Pod + Default>(&self, x: T) -> Result<Vec<T>> {
+        let mut out = vec![T::default(); self.world_size()];
+        self.all_gather(&[x], &mut out, false)?;
+        Ok(out)
+    }
+
+    /// The sum over ranks of `x`, added in rank order (the same bits on every rank and transport).
+    pub fn sum_f64(&self, x: f64) -> Result<f64> {
+        Ok(self.gather_scalars(x)?.into_iter().fold(0.0, |a, b| a + b))
+    }
+
+    /// Whether `flag` is set on any rank.
+    pub fn any(&self, flag: bool) -> Result<bool> {
+        Ok(self.gather_scalars(flag as u8)?.contains(&1))
+    }
+
+    /// Reduce-scatter of f32: `full` is world_size slices of n = `out.len()` elements; `out` becomes the
+    /// sum over ranks of their slice `rank`, added in rank order: ((s_0 + s_1) + s_2) + ...
+    pub fn reduce_scatter_sum(&self, full: &[f32], out: &mut [f32], device_busy: bool) -> Result<()> {
+        let (world, n) = (self.world_size(), out.len());
+        if full.len() != world * n {
+            bail!("reduce-scatter: {} elements in for {} ranks of {}", full.len(), world, n);
+        }
+        if world == 1 {
+            out.copy_from_slice(full);
+            return Ok(());
+        }
+        let mut received = vec![0f32; world * n];
+        let chunk = (MAX_CHUNK_BYTES / 4).max(1);
+        self.count((world - 1) * n * 4, device_busy, || {
+            for start in (0..n).step_by(chunk) {
+                let c = chunk.min(n - start);
+                let send: Vec<f32>;
+                let send_slice: &[f32] = if c == n {
+                    full
+                } else {
+                    send = (0..world).flat_map(|s| full[s * n + start..s * n + start + c].iter().copied()).collect();
+                    &send
+                };
+                let recv = &mut received[world * start..world * (start + c)];
+                self.transport.all_to_all_bytes(bytemuck::cast_slice(send_slice), bytemuck::cast_slice_mut(recv))?;
+            }
+            Ok(())
+        })?;
+        // received holds, chunk by chunk, each rank's part of this rank's slice: sum them in rank order.
+        for start in (0..n).step_by(chunk) {
+            let c = chunk.min(n - start);
+            let parts = &received[world * start..world * (start + c)];
+            let o = &mut out[start..start + c];
+            o.copy_from_slice(&parts[..c]);
+            for r in 1..world {
+                o.iter_mut().zip(&parts[r * c..(r + 1) * c]).for_each(|(a, b)| *a += b);
+            }
+        }
+        Ok(())
+    }
+
+    /// `buf` = root's `buf` on every rank.
+    pub fn broadcast(&self, root: usize, buf: &mut [u8]) -> Result<()> {
+        let sent = if self.rank() == root { (self.world_size() - 1) * buf.len() } else { 0 };
+        self.count(sent, false, || {
+            for chunk in buf.chunks_mut(MAX_CHUNK_BYTES) {
+                self.transport.broadcast_bytes(root, chunk)?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// How long a rank waits in a collective for the others before it names the ones that never came.
+pub const PEER_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The world size an MPI launcher gave this process, read from the variables the launchers
+/// set (OpenMPI, MPICH), so that a binary built without MPI can still tell it was started by `mpirun`.
+pub fn launcher_world_size() -> Option<usize> {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"].iter().find_map(|v| std::env::var(v).ok()).and_then(|s| s.trim().parse().ok())
+}

@@ -1,0 +1,93 @@
+//! MPI ranks: one process per rank under `mpirun`, exchanging through the `mpi` crate (OpenMPI).
+//!
+//! Only byte movement goes through MPI (all-gather, all-to-all, broadcast, barrier); the sums are done
+//! in rank order by [`super::Comm`], so MPI's choice of reduction algorithm never changes a result.
+//! Collectives are called from one thread (the rank's device thread), so MPI needs no thread support.
+
+use anyhow::Result;
+use mpi::topology::{Communicator, SimpleCommunicator};
+use mpi::traits::*;
+
+use super::Collectives;
+
+/// The MPI environment of this process: initialised once, finalised when dropped.
+pub struct MpiWorld {
+    _universe: mpi::environment::Universe,
+    world: SimpleCommunicator,
+}
+
+/// One process's end of an MPI world.
+pub struct MpiComm {
+    world: SimpleCommunicator,
+}
+
+impl MpiWorld {
+    /// Initialises MPI (None if it was initialised already).
+    pub fn init() -> Option<Self> {
+        let universe = mpi::initialize()?;
+        let world = universe.world();
+        Some(MpiWorld { _universe: universe, world })
+    }
+
+    pub fn size(&self) -> usize {
+        self.world.size() as usize
+    }
+
+    pub fn rank(&self) -> usize {
+        self.world.rank() as usize
+    }
+
+    /// This process's rank among the processes of its node (to pick a GPU adapter).
+    pub fn node_local_rank(&self) -> usize {
+        self.world.split_shared(self.world.rank()).rank() as usize
+    }
+
+    /// How many processes of the job run on this node (to share its cores).
+    pub fn node_local_size(&self) -> usize {
+        self.world.split_shared(self.world.rank()).size() as usize
+    }
+
+    /// Prints why and stops every process of the job (MPI_Abort).
+    pub fn abort(&self, message: &str) -> ! {
+        eprintln!("error: {message}; stopping every rank");
+        self.world.abort(1)
+    }
+
+    /// A handle for the trainer: a duplicate of the world communicator, so that nothing else
+    /// this process does with MPI can interleave with the trainer's collectives.
+    pub fn comm(&self) -> MpiComm {
+        MpiComm { world: self.world.duplicate() }
+    }
+}
+
+impl Collectives for MpiComm {
+    fn rank(&self) -> usize {
+        self.world.rank() as usize
+    }
+    fn world_size(&self) -> usize {
+        self.world.size() as usize
+    }
+    fn all_gather_bytes(&self, mine: &[u8], out: &mut [u8]) -> Result<()> {
+        self.world.all_gather_into(mine, out);
+        Ok(())
+    }
+    fn all_to_all_bytes(&self, send: &[u8], recv: &mut [u8]) -> Result<()> {
+        self.world.all_to_all_into(send, recv);
+        Ok(())
+    }
+    fn broadcast_bytes(&self, root: usize, buf: &mut [u8]) -> Result<()> {
+        self.world.process_at_rank(root as i32).broadcast_into(buf);
+        Ok(())
+    }
+    fn barrier(&self) -> Result<()> {
+        self.world.barrier();
+        Ok(())
+    }
+    fn abort(&self, message: &str) {
+        eprintln!("error: rank {} failed: {message}; stopping every rank", self.world.rank());
+        self.world.abort(1)
+    }
+    fn describe(&self) -> String {
+        format!("MPI, {} processes", self.world.size())
+    }
+}
