@@ -6,107 +6,12 @@
 
 mod common;
 
-use std::path::PathBuf;
-
 use common::gpu_or_skip;
-use safetensors::SafeTensors;
-use zerostream::device::{Backend, CpuDevice};
-use zerostream::train::{LrPlan, LrSchedule, ModelSource, Precision, TrainConfig, Trainer};
-use zerostream_checkpoints::{HfModel, TokenFile};
+use common::trajectory::{Golden, Run, bits, check_trajectory, golden_dir, run};
+use zerostream::device::CpuDevice;
+use zerostream::train::{Precision, TrainConfig};
+use zerostream_checkpoints::HfModel;
 use zerostream_offload::Tier;
-
-fn golden_dir(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name)
-}
-
-struct Golden {
-    settings: serde_json::Value,
-    bytes: Vec<u8>,
-}
-
-impl Golden {
-    fn load(name: &str) -> Self {
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(golden_dir(name).join("golden.json")).unwrap()).unwrap();
-        let bytes = std::fs::read(golden_dir(name).join("golden.safetensors")).unwrap();
-        Golden { settings: json["config"].clone(), bytes }
-    }
-    fn setting(&self, key: &str) -> f64 {
-        self.settings[key].as_str().unwrap().parse().unwrap()
-    }
-    fn f64(&self, name: &str) -> Vec<f64> {
-        let st = SafeTensors::deserialize(&self.bytes).unwrap();
-        let view = st.tensor(name).unwrap_or_else(|_| panic!("golden tensor {name} missing"));
-        view.data().chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap())).collect()
-    }
-    fn train_config(&self) -> TrainConfig {
-        let steps = self.setting("steps") as u64;
-        TrainConfig {
-            batch: self.setting("batch") as usize,
-            seq_len: self.setting("seq") as usize,
-            grad_accum: self.setting("grad_accum") as usize,
-            steps,
-            lr: LrPlan { peak: self.setting("lr"), min: 0.0, warmup_steps: 0, total_steps: steps, schedule: LrSchedule::Constant },
-            beta1: self.setting("beta1"),
-            beta2: self.setting("beta2"),
-            eps: self.setting("eps"),
-            weight_decay: self.setting("wd"),
-            grad_clip: self.setting("clip"),
-            ..TrainConfig::default()
-        }
-    }
-}
-
-struct Run {
-    losses: Vec<f64>,
-    norms: Vec<f64>,
-    final_params: Vec<(String, Vec<usize>, Vec<f32>)>,
-    peak_bytes: u64,
-}
-
-fn run<D: Backend>(dev: &D, name: &str, tc: TrainConfig) -> Run {
-    let hf = HfModel::open(&golden_dir(name).join("model")).unwrap();
-    let tokens = TokenFile::open(&golden_dir(name).join("tokens.bin")).unwrap();
-    let steps = tc.steps;
-    let mut trainer = Trainer::new(dev, &ModelSource::Hf(&hf), tc).unwrap();
-    let (mut losses, mut norms) = (Vec::new(), Vec::new());
-    for _ in 0..steps {
-        let r = trainer.train_step(&tokens).unwrap();
-        losses.push(r.loss);
-        norms.push(r.grad_norm);
-    }
-    let final_params = trainer.master_weights().unwrap();
-    Run { losses, norms, final_params, peak_bytes: dev.alloc_stats().peak_bytes }
-}
-
-fn check_trajectory<D: Backend>(dev: &D, name: &str, label: &str) {
-    let golden = Golden::load(name);
-    let got = run(dev, name, golden.train_config());
-    let (want_loss, want_norm) = (golden.f64("trajectory.loss"), golden.f64("trajectory.grad_norm"));
-    assert_eq!(got.losses.len(), want_loss.len());
-    let mut worst = (0.0f64, 0.0f64);
-    for (s, ((l, wl), (n, wn))) in got.losses.iter().zip(&want_loss).zip(got.norms.iter().zip(&want_norm)).enumerate() {
-        let (le, ne) = ((l - wl).abs() / wl.abs(), (n - wn).abs() / wn.abs());
-        assert!(le < 1e-5, "[{label} {name}] step {s}: loss {l} vs {wl}: relative error {le:.2e}");
-        assert!(ne < 1e-4, "[{label} {name}] step {s}: grad norm {n} vs {wn}: relative error {ne:.2e}");
-        worst = (worst.0.max(le), worst.1.max(ne));
-    }
-    println!("[{label} {name}] worst relative error over {} steps: loss {:.2e}, grad norm {:.2e}", want_loss.len(), worst.0, worst.1);
-    // Final parameters: PyTorch's own float32 rerun lands within 0.03%-0.2% of the largest parameter of
-    // this float64 reference (AdamW turns tiny differences in near-zero gradients into steps of size
-    // lr); we hold each tensor to that bound, 0.2% of its largest magnitude, and report the worst.
-    let mut worst = (String::new(), 0.0f64);
-    for (tensor, _, values) in &got.final_params {
-        let want = golden.f64(&format!("final.{tensor}"));
-        let scale = want.iter().fold(0.0f64, |a, w| a.max(w.abs()));
-        let err = values.iter().zip(&want).map(|(g, w)| (*g as f64 - w).abs()).fold(0.0, f64::max) / scale;
-        assert!(err < 2e-3, "[{label} {name}] final {tensor}: max abs error {err:.2e} of its largest magnitude");
-        if err > worst.1 {
-            worst = (tensor.clone(), err);
-        }
-    }
-    println!("[{label} {name}] final parameters: worst max-abs error {:.2e} of the tensor's largest magnitude ({})", worst.1, worst.0);
-}
 
 #[test]
 fn trajectories_match_pytorch_on_cpu() {
@@ -122,13 +27,6 @@ fn trajectories_match_pytorch_on_gpu() {
         check_trajectory(&gpu, "gpt2-tiny", &label);
         check_trajectory(&gpu, "gpt2-tiny-accum", &label);
     }
-}
-
-fn bits(run: &Run) -> (Vec<u64>, Vec<u32>) {
-    (
-        run.losses.iter().map(|l| l.to_bits()).collect(),
-        run.final_params.iter().flat_map(|(_, _, v)| v.iter().map(|x| x.to_bits())).collect(),
-    )
 }
 
 #[test]

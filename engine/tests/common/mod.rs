@@ -1,6 +1,8 @@
 //! Helpers shared by the engine's integration tests.
 #![allow(dead_code)]
 
+pub mod trajectory;
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use zerostream::device::GpuDevice;

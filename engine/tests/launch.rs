@@ -1,0 +1,107 @@
+//! The `zerostream` binary with ranks: `--world-size` in one process, and `mpirun -n 2` (with the `mpi`
+//! feature) giving bit-identical losses, gradient norms and saved weights; and the refusals around MPI
+//! launches.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn golden(file: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/gpt2-tiny-accum").join(file).to_str().unwrap().to_string()
+}
+
+/// `train` on the gpt2-tiny-accum golden with world 2 x accum 1, writing metrics and the model into `dir`.
+fn train_args(dir: &Path, stage: &str) -> Vec<String> {
+    let p = |f: &str| dir.join(f).to_str().unwrap().to_string();
+    [
+        "train", "--model", &golden("model"), "--data", &golden("tokens.bin"), "--device", "cpu", "--steps", "4", "--batch-size", "4",
+        "--seq-len", "16", "--lr", "1e-3", "--warmup-steps", "0", "--lr-schedule", "constant", "--grad-clip", "0.5", "--zero-stage",
+        stage, "--sample-tokens", "0", "--metrics", &p("metrics.jsonl"), "--save", &p("model"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn check(out: &Output, what: &str) {
+    assert!(out.status.success(), "{what} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// (loss, grad_norm) of each metrics line, as written (shortest round-trip text: equal text, equal bits).
+fn trajectory(dir: &Path) -> Vec<(String, String)> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (v["loss"].to_string(), v["grad_norm"].to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn world_size_two_in_process_trains_and_reports_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = train_args(dir.path(), "3");
+    args.extend(["--world-size".into(), "2".into()]);
+    let out = Command::new(env!("CARGO_BIN_EXE_zerostream")).args(&args).output().unwrap();
+    check(&out, "--world-size 2");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("2 ranks, ZeRO stage 3, per rank"), "the plan is per rank:\n{stderr}");
+    assert_eq!(stderr.matches("done:").count(), 1, "one summary, from rank 0:\n{stderr}");
+    let steps = trajectory(dir.path());
+    assert_eq!(steps.len(), 4, "one metrics line per step, from rank 0 only");
+    let line: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap().lines().nth(1).unwrap()).unwrap();
+    assert!(line["comm_bytes"].as_u64().unwrap() > 0 && line["comm_s"].as_f64().unwrap() >= 0.0, "{line}");
+    assert!(dir.path().join("model/model.safetensors").exists());
+}
+
+#[test]
+fn world_size_under_an_mpi_launch_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = train_args(dir.path(), "2");
+    args.extend(["--world-size".into(), "2".into()]);
+    let out = Command::new(env!("CARGO_BIN_EXE_zerostream")).args(&args).env("OMPI_COMM_WORLD_SIZE", "2").output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--world-size cannot be combined with an MPI launch"), "{stderr}");
+    assert!(!dir.path().join("metrics.jsonl").exists(), "nothing written");
+}
+
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn a_build_without_mpi_says_so_under_mpirun() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_zerostream"))
+        .args(train_args(dir.path(), "2"))
+        .env("OMPI_COMM_WORLD_SIZE", "2")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("built without MPI support") && stderr.contains("--features zerostream/mpi"), "{stderr}");
+}
+
+/// mpirun -n 2 and --world-size 2 give the same bits, at each stage.
+#[cfg(feature = "mpi")]
+#[test]
+fn mpirun_two_processes_equal_two_in_process_ranks_bit_for_bit() {
+    for stage in ["1", "2", "3"] {
+        let (local, mpi) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut args = train_args(local.path(), stage);
+        args.extend(["--world-size".into(), "2".into()]);
+        check(&Command::new(env!("CARGO_BIN_EXE_zerostream")).args(&args).output().unwrap(), "--world-size 2");
+        let out = Command::new("mpirun")
+            .args(["--allow-run-as-root", "--oversubscribe", "-n", "2", env!("CARGO_BIN_EXE_zerostream")])
+            .args(train_args(mpi.path(), stage))
+            .output()
+            .expect("running mpirun (apt-get install openmpi-bin)");
+        check(&out, "mpirun -n 2");
+        let (a, b) = (trajectory(local.path()), trajectory(mpi.path()));
+        assert_eq!(a.len(), 4);
+        assert_eq!(a, b, "stage {stage}: losses and gradient norms, in-process vs MPI");
+        let weights = |d: &Path| std::fs::read(d.join("model/model.safetensors")).unwrap();
+        assert!(weights(local.path()) == weights(mpi.path()), "stage {stage}: saved weights differ between in-process and MPI");
+        println!("stage {stage}: mpirun -n 2 and --world-size 2 are bit-identical over {} steps: {a:?}", a.len());
+    }
+}
