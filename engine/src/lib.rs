@@ -4,6 +4,7 @@
 //! and backward written against that trait). `docs/ARCHITECTURE.md` has the map of the whole project.
 
 pub mod bench;
+pub mod bench_comm;
 pub mod bench_io;
 pub mod comm;
 pub mod device;

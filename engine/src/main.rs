@@ -300,6 +300,23 @@ enum BenchCommand {
     H2d(TransferArgs),
     /// Device-to-host throughput through wgpu: one mapped read-back buffer and a ring of them.
     D2h(TransferArgs),
+    /// All-gather and reduce-scatter GB/s per rank through the trainer's collectives: in-process ranks
+    /// beside a memcpy ceiling, or under mpirun (built with the mpi feature) beside MPI's own
+    /// MPI_Allgather and MPI_Reduce_scatter_block on the same sizes.
+    Collectives {
+        /// In-process ranks (ignored under mpirun, where the world is mpirun's -n).
+        #[arg(long, default_value_t = 2)]
+        world_size: usize,
+        /// Bytes of each rank's slice, comma-separated.
+        #[arg(long, default_value = "1MiB,16MiB,64MiB", value_delimiter = ',', value_parser = parse_size)]
+        sizes: Vec<u64>,
+        /// Timed repetitions per size; the best is reported.
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Every link — RAM bandwidth, CPU AdamW, NVMe write and read, h2d, d2h — in one table beside its ceiling.
     All {
         /// Directory for the NVMe measurement (default: the current directory).
@@ -448,6 +465,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Bench(BenchCommand::H2d(t)) => transfer_command(t, Link::HostToDevice),
         Command::Bench(BenchCommand::D2h(t)) => transfer_command(t, Link::DeviceToHost),
+        Command::Bench(BenchCommand::Collectives { world_size, sizes, reps, json }) => bench_collectives(world_size, &sizes, reps, json),
         Command::Bench(BenchCommand::All { dir, size, params, adapter, json }) => bench_all(&dir, size, params, adapter.as_deref(), json),
         Command::Prepare { text, out, tokenizer } => {
             let content = std::fs::read_to_string(&text).with_context(|| format!("reading --text {}", text.display()))?;
@@ -622,6 +640,54 @@ fn plan(a: TrainArgs) -> Result<()> {
     println!("{}", placement.describe());
     println!("{}", placement.host_summary());
     Ok(())
+}
+
+fn bench_collectives(world_size: usize, sizes: &[u64], reps: usize, json: bool) -> Result<()> {
+    use zerostream::bench_comm::{CollectiveRun, bench_collectives};
+    let launched = zerostream::comm::launcher_world_size().unwrap_or(1);
+    let (runs, transport): (Vec<CollectiveRun>, String) = if launched > 1 {
+        mpi_bench_collectives(sizes, reps)?
+    } else {
+        let all = zerostream::train::ranks::in_process(world_size, |comm| {
+            let t = comm.describe();
+            Ok((bench_collectives(&comm, sizes, reps, |_, _| Ok(Vec::new()))?, t))
+        })?;
+        all.into_iter().next().expect("rank 0")
+    };
+    let Some(runs) = (!runs.is_empty()).then_some(runs) else { return Ok(()) }; // not rank 0 under MPI
+    let memcpy = zerostream::bench::memcpy_gbps(sizes.iter().copied().max().unwrap_or(1 << 20) as usize, 3);
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "transport": transport, "memcpy_gbps": memcpy, "runs": runs.iter().map(|r| r.to_json()).collect::<Vec<_>>() })
+        );
+        return Ok(());
+    }
+    println!("collectives: {transport}; GB/s per rank = bytes a rank receives from the others / time");
+    for r in &runs {
+        println!("{:<20} slice {:>8}: {:8.3} ms  {:7.2} GB/s per rank", r.op, human_bytes(r.slice_bytes), 1e3 * r.seconds, r.gbps_per_rank);
+    }
+    println!("ceiling: host memcpy (one thread) {memcpy:.2} GB/s");
+    Ok(())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_bench_collectives(_: &[u64], _: usize) -> Result<(Vec<zerostream::bench_comm::CollectiveRun>, String)> {
+    bail!("started by mpirun, but this zerostream was built without MPI support: rebuild with `--features zerostream/mpi`")
+}
+
+/// This process's part of `bench collectives` under mpirun; rank 0 gets the rows, the others none.
+#[cfg(feature = "mpi")]
+fn mpi_bench_collectives(sizes: &[u64], reps: usize) -> Result<(Vec<zerostream::bench_comm::CollectiveRun>, String)> {
+    use zerostream::comm::{Comm, mpi::MpiWorld};
+    let mpi = MpiWorld::init().context("initialising MPI")?;
+    let raw = mpi.comm();
+    let comm = Comm::new(Box::new(mpi.comm()));
+    let runs = zerostream::bench_comm::bench_collectives(&comm, sizes, reps, |n, reps| {
+        zerostream::bench_comm::mpi_reference(&comm, &raw, n, reps)
+    })?;
+    let transport = comm.describe();
+    Ok((if comm.rank() == 0 { runs } else { Vec::new() }, transport))
 }
 
 fn human_bytes(b: u64) -> String {

@@ -13,9 +13,35 @@ fn golden(file: &str) -> String {
 fn train_args(dir: &Path, stage: &str) -> Vec<String> {
     let p = |f: &str| dir.join(f).to_str().unwrap().to_string();
     [
-        "train", "--model", &golden("model"), "--data", &golden("tokens.bin"), "--device", "cpu", "--steps", "4", "--batch-size", "4",
-        "--seq-len", "16", "--lr", "1e-3", "--warmup-steps", "0", "--lr-schedule", "constant", "--grad-clip", "0.5", "--zero-stage",
-        stage, "--sample-tokens", "0", "--metrics", &p("metrics.jsonl"), "--save", &p("model"),
+        "train",
+        "--model",
+        &golden("model"),
+        "--data",
+        &golden("tokens.bin"),
+        "--device",
+        "cpu",
+        "--steps",
+        "4",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "16",
+        "--lr",
+        "1e-3",
+        "--warmup-steps",
+        "0",
+        "--lr-schedule",
+        "constant",
+        "--grad-clip",
+        "0.5",
+        "--zero-stage",
+        stage,
+        "--sample-tokens",
+        "0",
+        "--metrics",
+        &p("metrics.jsonl"),
+        "--save",
+        &p("model"),
     ]
     .iter()
     .map(|s| s.to_string())
@@ -72,11 +98,8 @@ fn world_size_under_an_mpi_launch_is_refused() {
 #[test]
 fn a_build_without_mpi_says_so_under_mpirun() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_zerostream"))
-        .args(train_args(dir.path(), "2"))
-        .env("OMPI_COMM_WORLD_SIZE", "2")
-        .output()
-        .unwrap();
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_zerostream")).args(train_args(dir.path(), "2")).env("OMPI_COMM_WORLD_SIZE", "2").output().unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("built without MPI support") && stderr.contains("--features zerostream/mpi"), "{stderr}");

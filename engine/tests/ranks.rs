@@ -111,6 +111,36 @@ fn sharded_runs_are_bit_identical_across_tiers_budgets_and_recompute() {
     }
 }
 
+/// Bytes sent per step match the ZeRO volumes: with Ψ the padded parameter count and N ranks, every
+/// stage reduce-scatters the gradients ((N-1)/N x 4Ψ bytes); stages 1-2 all-gather the updated working
+/// copy once per step from step 1 on, and stage 3 gathers it before each upload (once per step here,
+/// where every block stays resident between forward and backward); plus three scalars.
+#[test]
+fn comm_bytes_match_the_zero_volumes() {
+    let golden = Golden::load(GOLDEN);
+    let cfg = zerostream_checkpoints::HfModel::open(&common::trajectory::golden_dir(GOLDEN).join("model")).unwrap().config;
+    for world in [2usize, 4] {
+        let psi: usize = zerostream::train::layout::group_layouts(&cfg)
+            .iter()
+            .map(|g| zerostream::train::Sharding { rank: 0, world, stage: ZeroStage::Two }.group(g.len).padded_len)
+            .sum();
+        let share = |bytes_per_param: usize| ((world - 1) * psi / world * bytes_per_param) as u64;
+        let scalars = ((world - 1) * (8 + 1 + 8)) as u64;
+        for stage in STAGES {
+            for precision in [zerostream::train::Precision::Fp32, zerostream::train::Precision::Bf16] {
+                let tc = TrainConfig { steps: 3, precision, ..with(&golden.train_config(), 1, stage) };
+                let got = run_world(Dev::Cpu, world, tc).unwrap();
+                let reduce = share(4); // f32 gradients (one micro-batch per rank here)
+                let gather = share(precision.working_bytes_per_param());
+                let first = if stage == ZeroStage::Three { reduce + gather } else { reduce };
+                let want = [first + scalars, reduce + gather + scalars, reduce + gather + scalars];
+                assert_eq!(got.comm_bytes, want, "world {world} stage {} {precision:?}: bytes sent per step", stage.number());
+            }
+        }
+        println!("world {world}: comm bytes per step = 2 x (N-1)/N x Ψ bytes in fp32 (Ψ = {psi} padded parameters), as ZeRO says");
+    }
+}
+
 #[test]
 fn a_failing_rank_stops_every_rank_with_its_error() {
     let start = std::time::Instant::now();

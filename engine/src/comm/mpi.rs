@@ -60,6 +60,19 @@ impl MpiWorld {
     }
 }
 
+impl MpiComm {
+    /// MPI_Allgather of f32, MPI's own algorithm (the reference `bench collectives` compares with).
+    pub fn mpi_all_gather(&self, mine: &[f32], out: &mut [f32]) {
+        self.world.all_gather_into(mine, out);
+    }
+
+    /// MPI_Reduce_scatter_block with MPI_SUM of f32: MPI's own reduction (its order is MPI's choice,
+    /// which is why the trainer does not use it).
+    pub fn mpi_reduce_scatter_sum(&self, full: &[f32], out: &mut [f32]) {
+        self.world.reduce_scatter_block_into(full, out, mpi::collective::SystemOperation::sum());
+    }
+}
+
 impl Collectives for MpiComm {
     fn rank(&self) -> usize {
         self.world.rank() as usize

@@ -54,6 +54,8 @@ impl Golden {
 pub struct Run {
     pub losses: Vec<f64>,
     pub norms: Vec<f64>,
+    /// Bytes this rank sent in collectives, per step.
+    pub comm_bytes: Vec<u64>,
     pub final_params: Vec<(String, Vec<usize>, Vec<f32>)>,
     pub peak_bytes: u64,
 }
@@ -68,14 +70,15 @@ pub fn run_rank<D: Backend>(dev: &D, name: &str, tc: TrainConfig, comm: Comm) ->
     let tokens = TokenFile::open(&golden_dir(name).join("tokens.bin"))?;
     let steps = tc.steps;
     let mut trainer = Trainer::with_comm(dev, &ModelSource::Hf(&hf), tc, comm)?;
-    let (mut losses, mut norms) = (Vec::new(), Vec::new());
+    let (mut losses, mut norms, mut comm_bytes) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..steps {
         let r = trainer.train_step(&tokens)?;
         losses.push(r.loss);
         norms.push(r.grad_norm);
+        comm_bytes.push(r.comm.sent_bytes);
     }
     let final_params = trainer.master_weights()?;
-    Ok(Run { losses, norms, final_params, peak_bytes: dev.alloc_stats().peak_bytes })
+    Ok(Run { losses, norms, comm_bytes, final_params, peak_bytes: dev.alloc_stats().peak_bytes })
 }
 
 pub fn check_trajectory<D: Backend>(dev: &D, name: &str, label: &str) {
@@ -119,4 +122,3 @@ pub fn bits(run: &Run) -> (Vec<u64>, Vec<u32>) {
         run.final_params.iter().flat_map(|(_, _, v)| v.iter().map(|x| x.to_bits())).collect(),
     )
 }
-

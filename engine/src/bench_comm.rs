@@ -1,0 +1,105 @@
+//! `zerostream bench collectives`: all-gather and reduce-scatter GB/s per rank, through the trainer's
+//! own [`Comm`] — in-process beside a one-thread memcpy ceiling, or under mpirun beside MPI's own
+//! `MPI_Allgather` and `MPI_Reduce_scatter_block` on the same sizes in the same run.
+//!
+//! A rank's GB/s counts the bytes it receives from the other ranks, (N-1)/N of the gathered (or
+//! reduced) buffer, over the slowest rank's time.
+
+use std::time::Instant;
+
+use anyhow::Result;
+
+use crate::comm::Comm;
+
+/// One measured collective at one size.
+#[derive(Clone, Debug)]
+pub struct CollectiveRun {
+    /// `all-gather`, `reduce-scatter`, or `mpi all-gather` / `mpi reduce-scatter` (MPI's own).
+    pub op: String,
+    /// Bytes of each rank's slice.
+    pub slice_bytes: u64,
+    pub world_size: usize,
+    pub seconds: f64,
+    /// Bytes each rank received from the others per second, in GB/s.
+    pub gbps_per_rank: f64,
+}
+
+impl CollectiveRun {
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "op": self.op, "slice_bytes": self.slice_bytes, "world_size": self.world_size,
+            "seconds": self.seconds, "gbps_per_rank": self.gbps_per_rank,
+        })
+    }
+}
+
+/// Best-of-`reps` time of `f` on this rank, made the slowest rank's (the collective ends when it does).
+fn best_time(comm: &Comm, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?; // warm-up: first-touch of the buffers
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        comm.barrier()?;
+        let start = Instant::now();
+        f()?;
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    let all = comm.gather_scalars(best)?;
+    Ok(all.into_iter().fold(0.0, f64::max))
+}
+
+fn record(op: &str, slice_bytes: usize, world: usize, seconds: f64) -> CollectiveRun {
+    let received = (world - 1) * slice_bytes;
+    CollectiveRun {
+        op: op.into(),
+        slice_bytes: slice_bytes as u64,
+        world_size: world,
+        seconds,
+        gbps_per_rank: received as f64 / seconds.max(1e-12) / 1e9,
+    }
+}
+
+/// Measures the trainer's all-gather and reduce-scatter at each slice size on this rank's world (every
+/// rank calls it); `extra` adds transport-specific rows (MPI's own collectives) at each size.
+pub fn bench_collectives(
+    comm: &Comm,
+    slice_sizes_bytes: &[u64],
+    reps: usize,
+    mut extra: impl FnMut(usize, usize) -> Result<Vec<CollectiveRun>>,
+) -> Result<Vec<CollectiveRun>> {
+    let world = comm.world_size();
+    let mut runs = Vec::new();
+    for &size in slice_sizes_bytes {
+        let n = (size as usize / 4).max(1);
+        let mine = vec![comm.rank() as f32; n];
+        let mut all = vec![0.0f32; world * n];
+        let t = best_time(comm, reps, || comm.all_gather(&mine, &mut all, false))?;
+        runs.push(record("all-gather", 4 * n, world, t));
+        let full = vec![1.0f32; world * n];
+        let mut out = vec![0.0f32; n];
+        let t = best_time(comm, reps, || comm.reduce_scatter_sum(&full, &mut out, false))?;
+        runs.push(record("reduce-scatter", 4 * n, world, t));
+        runs.extend(extra(n, reps)?);
+    }
+    Ok(runs)
+}
+
+/// MPI's own MPI_Allgather and MPI_Reduce_scatter_block (sum of f32) on `n` floats per rank.
+#[cfg(feature = "mpi")]
+pub fn mpi_reference(comm: &Comm, raw: &crate::comm::mpi::MpiComm, n: usize, reps: usize) -> Result<Vec<CollectiveRun>> {
+    let world = comm.world_size();
+    let mine = vec![comm.rank() as f32; n];
+    let mut all = vec![0.0f32; world * n];
+    let t = best_time(comm, reps, || {
+        raw.mpi_all_gather(&mine, &mut all);
+        Ok(())
+    })?;
+    let mut runs = vec![record("mpi all-gather", 4 * n, world, t)];
+    let full = vec![1.0f32; world * n];
+    let mut out = vec![0.0f32; n];
+    let t = best_time(comm, reps, || {
+        raw.mpi_reduce_scatter_sum(&full, &mut out);
+        Ok(())
+    })?;
+    runs.push(record("mpi reduce-scatter", 4 * n, world, t));
+    Ok(runs)
+}
