@@ -225,6 +225,10 @@ struct TrainArgs {
     /// 3 = also the working copy of the parameters (gathered before each upload). Default 2.
     #[arg(long, value_parser = parse_stage, default_value = "2")]
     zero_stage: ZeroStage,
+    /// Run the strictly sequential schedule (no upload ahead, no download or AdamW overlapped with
+    /// compute): slower, and bit-identical to the default overlapped one — for checking that it is.
+    #[arg(long)]
+    sequential: bool,
     /// Write one JSON object per optimizer step to this file.
     #[arg(long)]
     metrics: Option<PathBuf>,
@@ -505,7 +509,8 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 /// The run `train` would make of these flags: what to load and do, and the training configuration.
-fn resolve_train(a: &TrainArgs) -> Result<(RunOptions, TrainConfig)> {
+/// `plan` needs no data (`needs_data` false).
+fn resolve_train(a: &TrainArgs, needs_data: bool) -> Result<(RunOptions, TrainConfig)> {
     if (a.offload_optimizer == OffloadTarget::Nvme || a.offload_params == OffloadTarget::Nvme) && a.nvme_dir.is_none() {
         bail!("--offload-optimizer nvme and --offload-params nvme need --nvme-dir DIR");
     }
@@ -515,10 +520,10 @@ fn resolve_train(a: &TrainArgs) -> Result<(RunOptions, TrainConfig)> {
     let model = match (&a.model, &a.config) {
         (Some(dir), _) => ModelChoice::Hf(dir.clone()),
         (None, Some(spec)) => ModelChoice::Config(spec.clone()),
-        (None, None) if a.data.is_none() => ModelChoice::Demo,
+        (None, None) if a.data.is_none() || !needs_data => ModelChoice::Demo,
         (None, None) => bail!("--data needs a model: --model DIR or --config PRESET|FILE"),
     };
-    if a.data.is_none() && !matches!(model, ModelChoice::Demo) {
+    if needs_data && a.data.is_none() && !matches!(model, ModelChoice::Demo) {
         bail!("--model/--config need --data FILE (make one with `zerostream prepare`)");
     }
     let tc = TrainConfig {
@@ -542,6 +547,7 @@ fn resolve_train(a: &TrainArgs) -> Result<(RunOptions, TrainConfig)> {
         verify: !a.no_verify,
         adam_threads: a.adam_threads,
         zero_stage: a.zero_stage,
+        sequential: a.sequential,
     };
     let options = RunOptions {
         model,
@@ -566,7 +572,7 @@ fn adam_threads_per_rank(requested: usize, ranks: usize) -> usize {
 }
 
 fn train(a: TrainArgs) -> Result<()> {
-    let (options, mut tc) = resolve_train(&a)?;
+    let (options, mut tc) = resolve_train(&a, true)?;
     let devices = a.devices.as_deref().map(RankDevice::parse_list).transpose()?.unwrap_or_default();
     let launched = zerostream::comm::launcher_world_size().unwrap_or(1);
     if launched > 1 {
@@ -633,7 +639,7 @@ fn train_mpi(a: &TrainArgs, devices: &[RankDevice], options: &RunOptions, mut tc
 }
 
 fn plan(a: TrainArgs) -> Result<()> {
-    let (options, tc) = resolve_train(&a)?;
+    let (options, tc) = resolve_train(&a, false)?;
     let world = a.world_size.or_else(zerostream::comm::launcher_world_size).unwrap_or(1).max(1);
     let config = zerostream::train::run::model_config(&options.model)?;
     let placement = zerostream::train::plan(&config, &tc, world)?;

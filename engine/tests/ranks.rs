@@ -103,6 +103,14 @@ fn sharded_runs_are_bit_identical_across_tiers_budgets_and_recompute() {
     }
     let got = run_world(Dev::Cpu, 2, TrainConfig { recompute: true, ..base.clone() }).unwrap();
     assert!(bits(&got) == bits(&reference), "stage 3 with --recompute differs");
+    let got = run_world(Dev::Cpu, 2, TrainConfig { sequential: true, ..base.clone() }).unwrap();
+    assert!(bits(&got) == bits(&reference), "stage 3: the overlapped schedule differs from the strictly sequential one");
+    if let Some(gpu) = gpu_or_skip("sharded_runs_are_bit_identical (gpu part)") {
+        drop(gpu);
+        let overlapped = run_world(Dev::Gpu, 2, base.clone()).unwrap();
+        let sequential = run_world(Dev::Gpu, 2, TrainConfig { sequential: true, ..base.clone() }).unwrap();
+        assert!(bits(&overlapped) == bits(&sequential), "gpu stage 3: the overlapped schedule differs from the sequential one");
+    }
     // bf16 working copies, gathered as 16-bit words: every stage gives the same run.
     let bf16 = TrainConfig { precision: zerostream::train::Precision::Bf16, ..base.clone() };
     let runs: Vec<_> = STAGES.iter().map(|&s| run_world(Dev::Cpu, 2, TrainConfig { zero_stage: s, ..bf16.clone() }).unwrap()).collect();

@@ -7,8 +7,8 @@
 mod common;
 
 use common::gpu_or_skip;
-use common::trajectory::{Golden, Run, bits, check_trajectory, golden_dir, run};
-use zerostream::device::CpuDevice;
+use common::trajectory::{Golden, bits, check_trajectory, golden_dir, run};
+use zerostream::device::{Backend, CpuDevice};
 use zerostream::train::{Precision, TrainConfig};
 use zerostream_checkpoints::HfModel;
 use zerostream_offload::Tier;
@@ -41,6 +41,7 @@ fn tiers_budgets_and_recompute_give_bit_identical_runs() {
             TrainConfig { offload_optimizer: Tier::Nvme, offload_params: Tier::Nvme, nvme_dir: Some(nvme.path().into()), ..base.clone() },
         ),
         ("recompute", TrainConfig { recompute: true, ..base.clone() }),
+        ("the strictly sequential schedule", TrainConfig { sequential: true, ..base.clone() }),
         ("smallest budget with recompute", TrainConfig { recompute: true, gpu_mem_budget: Some(0), ..base.clone() }),
     ];
     for (what, mut tc) in variants {
@@ -90,6 +91,10 @@ fn gpu_runs_under_the_smallest_budget_are_bit_identical_and_stay_within_it() {
     let golden = Golden::load("gpt2-tiny-accum");
     let base = TrainConfig { steps: 3, ..golden.train_config() };
     let reference = run(&unlimited, "gpt2-tiny-accum", base.clone());
+    // The overlapped schedule (uploads ahead, downloads behind the next backward, AdamW behind the next
+    // step) against the strictly sequential one.
+    let sequential = run(&unlimited, "gpt2-tiny-accum", TrainConfig { sequential: true, ..base.clone() });
+    assert!(bits(&sequential) == bits(&reference), "the overlapped GPU run differs from the sequential schedule");
     drop(unlimited);
     let tc = TrainConfig { recompute: true, ..base };
     let cfg = HfModel::open(&golden_dir("gpt2-tiny-accum").join("model")).unwrap().config;

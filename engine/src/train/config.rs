@@ -65,6 +65,10 @@ pub struct TrainConfig {
     pub adam_threads: usize,
     /// Which state is split between ranks (with more than one rank).
     pub zero_stage: ZeroStage,
+    /// The strictly sequential schedule: no block uploaded ahead, each gradient download finished
+    /// before the next backward starts, and each update finished before the step returns. Slower; the
+    /// oracle that the overlapped schedule must equal bit for bit.
+    pub sequential: bool,
 }
 
 impl Default for TrainConfig {
@@ -90,6 +94,7 @@ impl Default for TrainConfig {
             verify: true,
             adam_threads: 0,
             zero_stage: ZeroStage::Two,
+            sequential: false,
         }
     }
 }

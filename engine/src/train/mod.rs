@@ -516,7 +516,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
                 timed(&mut clock.compute, || {
                     gpt2::block_forward(dev, cfg, &d.slots[slot], acts, &d.residual[l], &d.residual[l + 1], batch, seq_len)
                 });
-                if l + 1 < n_layer && d.slots.len() > 1 {
+                if l + 1 < n_layer && d.slots.len() > 1 && !self.train.sequential {
                     self.ensure_block(l + 1, &mut clock)?; // the next upload overlaps this block's compute
                 }
             }
@@ -545,7 +545,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
                     }
                     gpt2::block_backward(dev, cfg, &d.slots[slot], grads, acts, &d.residual[l], &d.head_acts);
                 });
-                if l > 0 && d.slots.len() > 1 {
+                if l > 0 && d.slots.len() > 1 && !self.train.sequential {
                     self.ensure_block(l - 1, &mut clock)?; // upload the next block while this backward runs
                 }
                 if let Some((done, pending)) = in_flight.take() {
@@ -553,6 +553,11 @@ impl<'d, D: Backend> Trainer<'d, D> {
                 }
                 let grads: Vec<&D::Tensor> = self.device.block_grads[l % 2].tensors().to_vec();
                 in_flight = Some((l, timed(&mut clock.download, || dev.begin_read(&grads))));
+                if self.train.sequential
+                    && let Some((done, pending)) = in_flight.take()
+                {
+                    overflow |= self.accumulate(1 + done, pending, first, &mut clock)?;
+                }
             }
             if let Some((done, pending)) = in_flight.take() {
                 overflow |= self.accumulate(1 + done, pending, first, &mut clock)?;
@@ -582,6 +587,11 @@ impl<'d, D: Backend> Trainer<'d, D> {
             self.adam_steps += 1;
             let job = UpdateJob { lr, adam_step: self.adam_steps, grad_multiplier: clip / loss_scale };
             self.jobs.as_ref().expect("the worker is running").send(job).map_err(|_| self.worker_error())?;
+            if self.train.sequential {
+                for k in 0..self.layouts.len() {
+                    self.wait_group(k, &mut clock)?;
+                }
+            }
         }
         let adam_s = adam_seconds_total(&self.progress) - adam_before;
         let report = StepReport {
