@@ -150,6 +150,20 @@ fn comm_bytes_match_the_zero_volumes() {
 }
 
 #[test]
+fn ranks_started_with_different_configurations_are_refused() {
+    let golden = Golden::load(GOLDEN);
+    let base = with(&golden.train_config(), 1, ZeroStage::Two);
+    let err = in_process(2, |comm: Comm| {
+        let lr = if comm.rank() == 1 { 2e-3 } else { 1e-3 };
+        let tc = TrainConfig { lr: zerostream::train::LrPlan { peak: lr, ..base.lr }, ..base.clone() };
+        run_rank(&CpuDevice::new(None), GOLDEN, tc, comm)
+    })
+    .err()
+    .expect("a mismatch is refused");
+    assert!(format!("{err:#}").contains("ranks [1] were started with a different model or configuration"), "{err:#}");
+}
+
+#[test]
 fn a_failing_rank_stops_every_rank_with_its_error() {
     let start = std::time::Instant::now();
     let err = in_process(3, |comm: Comm| -> Result<()> {

@@ -17,6 +17,7 @@
 
 mod config;
 pub mod layout;
+pub mod pipeline;
 mod plan;
 pub mod ranks;
 mod report;
@@ -25,6 +26,7 @@ pub mod schedule;
 pub mod shard;
 mod worker;
 
+use std::collections::VecDeque;
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -39,6 +41,7 @@ use crate::device::Backend;
 use crate::model::gpt2::{self, Block, BlockActivations, Gpt2Config, Head, HeadActivations};
 pub use config::{Precision, TrainConfig};
 use layout::{GroupLayout, group_layouts};
+use pipeline::Op;
 pub use plan::{Placement, minimum_device_bytes, plan};
 pub use report::StepReport;
 pub use schedule::{LossScaler, LrPlan, LrSchedule};
@@ -101,6 +104,24 @@ struct DeviceState<D: Backend> {
     slot_holds: Vec<Option<(usize, u64)>>,
     /// Two, used in turn, so one block's gradients download while the next block's are computed.
     block_grads: [Block<D::Tensor>; 2],
+}
+
+/// What one step carries from operation to operation.
+struct StepState<D: Backend> {
+    clock: Clock,
+    /// Micro-batches per step over all ranks: the step loss is their mean.
+    micro_batches: usize,
+    lr: f64,
+    loss_scale: f32,
+    /// The current micro-batch's (inputs, targets) on the device.
+    tokens: Option<(D::Tokens, D::Tokens)>,
+    /// Gradient downloads begun and not yet finished: (block, read).
+    in_flight: VecDeque<(usize, D::PendingRead)>,
+    micro: usize,
+    loss_sum: f64,
+    overflow: bool,
+    grad_norm: f64,
+    applied: bool,
 }
 
 /// Running totals of where a step's time goes on the device thread.
@@ -474,126 +495,31 @@ impl<'d, D: Backend> Trainer<'d, D> {
         Ok(())
     }
 
-    /// One optimizer step over micro-batches `step*M .. step*M+M-1` of `data`.
+    /// One optimizer step over micro-batches `step*M .. step*M+M-1` of `data` (M = accumulation x
+    /// ranks; this rank's are those i with i % world = rank): runs [`pipeline::step_schedule`].
     pub fn train_step(&mut self, data: &TokenFile) -> Result<StepReport> {
         self.start_worker()?;
         let start = Instant::now();
-        let mut clock = Clock::default();
-        let (batch, seq_len, accum) = (self.train.batch, self.train.seq_len, self.train.grad_accum);
-        let n_layer = self.config.n_layer;
-        let model_config = self.config.clone();
-        let lr = self.train.lr.at(self.step);
-        let loss_scale = self.scaler.scale;
         let adam_before = adam_seconds_total(&self.progress);
         let comm_before = self.comm.stats();
-        let (rank, world) = (self.sharding.rank, self.sharding.world);
-        // Micro-batches per step over all ranks: the step loss is their mean.
-        let micro_batches = accum * world;
-
-        // The head stays resident for the whole step.
-        let head: Vec<&D::Tensor> = self.device.head.tensors().to_vec();
-        self.upload_group(0, &head, &mut clock)?;
-        let mut loss_sum = 0.0f64;
-        let mut overflow = false;
-        for j in 0..accum {
-            // The training contract: micro-batch i of the step goes to rank i % world, accumulation
-            // index i / world.
-            let g = self.step as usize * micro_batches + j * world + rank;
-            let (x, y) = data.micro_batch(g, batch, seq_len)?;
-            let (x, y) = (self.dev.tokens(&x)?, self.dev.tokens(&y)?);
-            let first = j == 0;
-            let (dev, cfg) = (self.dev, &model_config);
-            if first {
-                for t in self.device.head_grads.tensors() {
-                    dev.fill(t, 0.0);
-                }
-            }
-            timed(&mut clock.compute, || gpt2::embed_forward(dev, cfg, &self.device.residual[0], &self.device.head, &x, seq_len));
-            for l in 0..n_layer {
-                let slot = self.ensure_block(l, &mut clock)?;
-                let d = &self.device;
-                let acts = &d.block_acts[if self.train.recompute { 0 } else { l }];
-                timed(&mut clock.compute, || {
-                    gpt2::block_forward(dev, cfg, &d.slots[slot], acts, &d.residual[l], &d.residual[l + 1], batch, seq_len)
-                });
-                if l + 1 < n_layer && d.slots.len() > 1 && !self.train.sequential {
-                    self.ensure_block(l + 1, &mut clock)?; // the next upload overlaps this block's compute
-                }
-            }
-            let d = &self.device;
-            let loss = timed(&mut clock.compute, || {
-                let loss =
-                    gpt2::head_forward(dev, cfg, &d.head, &d.head_acts, &d.residual[n_layer], &y, Some(loss_scale / micro_batches as f32));
-                gpt2::head_backward(dev, cfg, &d.head, &d.head_grads, &d.head_acts, &d.residual[n_layer]);
-                loss
-            });
-            loss_sum += loss as f64;
-            // Block l's gradients download while block l-1's backward runs: two gradient buffers take
-            // turns, and a block's read is finished only after the next block's work is submitted.
-            let mut in_flight: Option<(usize, D::PendingRead)> = None;
-            for l in (0..n_layer).rev() {
-                let slot = self.ensure_block(l, &mut clock)?;
-                let d = &self.device;
-                let grads = &d.block_grads[l % 2];
-                timed(&mut clock.compute, || {
-                    let acts = &d.block_acts[if self.train.recompute { 0 } else { l }];
-                    if self.train.recompute {
-                        gpt2::block_forward(dev, cfg, &d.slots[slot], acts, &d.residual[l], &d.residual[l + 1], batch, seq_len);
-                    }
-                    for t in grads.tensors() {
-                        dev.fill(t, 0.0);
-                    }
-                    gpt2::block_backward(dev, cfg, &d.slots[slot], grads, acts, &d.residual[l], &d.head_acts);
-                });
-                if l > 0 && d.slots.len() > 1 && !self.train.sequential {
-                    self.ensure_block(l - 1, &mut clock)?; // upload the next block while this backward runs
-                }
-                if let Some((done, pending)) = in_flight.take() {
-                    overflow |= self.accumulate(1 + done, pending, first, &mut clock)?;
-                }
-                let grads: Vec<&D::Tensor> = self.device.block_grads[l % 2].tensors().to_vec();
-                in_flight = Some((l, timed(&mut clock.download, || dev.begin_read(&grads))));
-                if self.train.sequential
-                    && let Some((done, pending)) = in_flight.take()
-                {
-                    overflow |= self.accumulate(1 + done, pending, first, &mut clock)?;
-                }
-            }
-            if let Some((done, pending)) = in_flight.take() {
-                overflow |= self.accumulate(1 + done, pending, first, &mut clock)?;
-            }
-            let d = &self.device;
-            timed(&mut clock.compute, || {
-                gpt2::embed_backward(dev, cfg, &d.head_grads, &d.head_acts, &x);
-                dev.synchronize();
-            });
+        let mut st = StepState::<D> {
+            clock: Clock::default(),
+            micro_batches: self.train.grad_accum * self.sharding.world,
+            lr: self.train.lr.at(self.step),
+            loss_scale: self.scaler.scale,
+            tokens: None,
+            in_flight: VecDeque::new(),
+            micro: 0,
+            loss_sum: 0.0,
+            overflow: false,
+            grad_norm: 0.0,
+            applied: false,
+        };
+        let schedule = pipeline::step_schedule(self.config.n_layer, self.train.grad_accum, !self.train.sequential);
+        for op in schedule {
+            self.run_op(op, data, &mut st)?;
         }
-        let head_grads: Vec<&D::Tensor> = self.device.head_grads.tensors().to_vec();
-        let pending = timed(&mut clock.download, || self.dev.begin_read(&head_grads));
-        overflow |= self.accumulate(0, pending, true, &mut clock)?;
-        self.reduce_stage1_grads()?;
-
-        // Global norm over every group's (scaled) gradient, in f64: each rank sums its slices in group
-        // order, and the ranks' sums are added in rank order.
-        let sum_squares: f64 = self.shared.iter().map(|s| lock(s).grads.iter().map(|&g| (g as f64) * (g as f64)).sum::<f64>()).sum();
-        let grad_norm = self.comm.sum_f64(sum_squares)?.sqrt() / loss_scale as f64;
-        overflow |= !grad_norm.is_finite();
-        let overflow = self.comm.any(overflow)?;
-        let loss_sum = self.comm.sum_f64(loss_sum)?;
-        let applied = self.scaler.update(overflow);
-        if applied {
-            // torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), at most 1, in f32.
-            let clip = if self.train.grad_clip > 0.0 { (self.train.grad_clip as f32 / (grad_norm as f32 + 1e-6)).min(1.0) } else { 1.0 };
-            self.adam_steps += 1;
-            let job = UpdateJob { lr, adam_step: self.adam_steps, grad_multiplier: clip / loss_scale };
-            self.jobs.as_ref().expect("the worker is running").send(job).map_err(|_| self.worker_error())?;
-            if self.train.sequential {
-                for k in 0..self.layouts.len() {
-                    self.wait_group(k, &mut clock)?;
-                }
-            }
-        }
-        let adam_s = adam_seconds_total(&self.progress) - adam_before;
+        let StepState { clock, micro_batches, lr, loss_scale, loss_sum, grad_norm, applied, .. } = st;
         let report = StepReport {
             step: self.step,
             loss: loss_sum / micro_batches as f64,
@@ -601,12 +527,12 @@ impl<'d, D: Backend> Trainer<'d, D> {
             lr,
             loss_scale,
             applied,
-            tokens: batch * seq_len * micro_batches,
+            tokens: self.train.batch * self.train.seq_len * micro_batches,
             seconds: start.elapsed().as_secs_f64(),
             compute_s: clock.compute.as_secs_f64(),
             upload_s: clock.upload.as_secs_f64(),
             download_s: clock.download.as_secs_f64(),
-            adam_s,
+            adam_s: adam_seconds_total(&self.progress) - adam_before,
             update_wait_s: clock.update_wait.as_secs_f64(),
             io_wait_s: clock.io_wait.as_secs_f64(),
             upload_bytes: clock.upload_bytes,
@@ -616,6 +542,123 @@ impl<'d, D: Backend> Trainer<'d, D> {
         };
         self.step += 1;
         Ok(report)
+    }
+
+    /// Executes one operation of the step's schedule.
+    fn run_op(&mut self, op: Op, data: &TokenFile, st: &mut StepState<D>) -> Result<()> {
+        let (dev, batch, seq_len, recompute) = (self.dev, self.train.batch, self.train.seq_len, self.train.recompute);
+        let (cfg, n_layer) = (&self.config, self.config.n_layer);
+        let d = &self.device;
+        let acts = |l: usize| &d.block_acts[if recompute { 0 } else { l }];
+        match op {
+            Op::FetchHead => {
+                let head: Vec<&D::Tensor> = d.head.tensors().to_vec();
+                self.upload_group(0, &head, &mut st.clock)?;
+            }
+            Op::Embed { micro } => {
+                // The training contract: micro-batch i of the step goes to rank i % world, accumulation
+                // index i / world.
+                let (rank, world) = (self.sharding.rank, self.sharding.world);
+                let g = self.step as usize * st.micro_batches + micro * world + rank;
+                let (x, y) = data.micro_batch(g, batch, seq_len)?;
+                let (x, y) = (dev.tokens(&x)?, dev.tokens(&y)?);
+                if micro == 0 {
+                    d.head_grads.tensors().iter().for_each(|t| dev.fill(t, 0.0));
+                }
+                timed(&mut st.clock.compute, || gpt2::embed_forward(dev, cfg, &d.residual[0], &d.head, &x, seq_len));
+                st.tokens = Some((x, y));
+                st.micro = micro;
+            }
+            Op::Fetch { block } => {
+                self.ensure_block(block, &mut st.clock)?;
+            }
+            Op::Forward { block: l } => {
+                let slot = self.slot_of(l)?;
+                timed(&mut st.clock.compute, || {
+                    gpt2::block_forward(dev, cfg, &d.slots[slot], acts(l), &d.residual[l], &d.residual[l + 1], batch, seq_len)
+                });
+            }
+            Op::Head => {
+                let y = &st.tokens.as_ref().expect("embedded first").1;
+                let scale = Some(st.loss_scale / st.micro_batches as f32);
+                let loss = timed(&mut st.clock.compute, || {
+                    let loss = gpt2::head_forward(dev, cfg, &d.head, &d.head_acts, &d.residual[n_layer], y, scale);
+                    gpt2::head_backward(dev, cfg, &d.head, &d.head_grads, &d.head_acts, &d.residual[n_layer]);
+                    loss
+                });
+                st.loss_sum += loss as f64;
+            }
+            Op::Backward { block: l } => {
+                let slot = self.slot_of(l)?;
+                let grads = &d.block_grads[l % 2];
+                timed(&mut st.clock.compute, || {
+                    if recompute {
+                        gpt2::block_forward(dev, cfg, &d.slots[slot], acts(l), &d.residual[l], &d.residual[l + 1], batch, seq_len);
+                    }
+                    grads.tensors().iter().for_each(|t| dev.fill(t, 0.0));
+                    gpt2::block_backward(dev, cfg, &d.slots[slot], grads, acts(l), &d.residual[l], &d.head_acts);
+                });
+            }
+            Op::BeginDownload { block } => {
+                let grads: Vec<&D::Tensor> = d.block_grads[block % 2].tensors().to_vec();
+                let pending = timed(&mut st.clock.download, || dev.begin_read(&grads));
+                st.in_flight.push_back((block, pending));
+            }
+            Op::FinishDownload { block } => {
+                let (done, pending) = st.in_flight.pop_front().expect("a download was begun");
+                debug_assert_eq!(done, block, "downloads finish in the order they began");
+                st.overflow |= self.accumulate(1 + done, pending, st.micro == 0, &mut st.clock)?;
+            }
+            Op::EmbedBackward => {
+                let x = &st.tokens.as_ref().expect("embedded first").0;
+                timed(&mut st.clock.compute, || {
+                    gpt2::embed_backward(dev, cfg, &d.head_grads, &d.head_acts, x);
+                    dev.synchronize();
+                });
+            }
+            Op::DownloadHead => {
+                let head_grads: Vec<&D::Tensor> = d.head_grads.tensors().to_vec();
+                let pending = timed(&mut st.clock.download, || dev.begin_read(&head_grads));
+                st.overflow |= self.accumulate(0, pending, true, &mut st.clock)?;
+            }
+            Op::ReduceBlocks => self.reduce_stage1_grads()?,
+            Op::Update => self.update(st)?,
+            Op::AwaitUpdate => {
+                for k in 0..self.layouts.len() {
+                    self.wait_group(k, &mut st.clock)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The slot that holds block `l` this step (its Fetch comes first in every schedule).
+    fn slot_of(&self, l: usize) -> Result<usize> {
+        let slot = l % self.device.slots.len();
+        if self.device.slot_holds[slot] != Some((l, self.step)) {
+            bail!("internal: block {l} computed before it was fetched (schedule bug)");
+        }
+        Ok(slot)
+    }
+
+    /// The end of a step: the loss, the global norm and fp16 overflow agreed across ranks, the loss
+    /// scale updated, and AdamW handed to the worker thread (unless the step is skipped).
+    fn update(&mut self, st: &mut StepState<D>) -> Result<()> {
+        // Global norm over every group's (scaled) gradient, in f64: each rank sums its slices in group
+        // order, and the ranks' sums are added in rank order.
+        let sum_squares: f64 = self.shared.iter().map(|s| lock(s).grads.iter().map(|&g| (g as f64) * (g as f64)).sum::<f64>()).sum();
+        st.grad_norm = self.comm.sum_f64(sum_squares)?.sqrt() / st.loss_scale as f64;
+        let overflow = self.comm.any(st.overflow || !st.grad_norm.is_finite())?;
+        st.loss_sum = self.comm.sum_f64(st.loss_sum)?;
+        st.applied = self.scaler.update(overflow);
+        if st.applied {
+            // torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), at most 1, in f32.
+            let clip = if self.train.grad_clip > 0.0 { (self.train.grad_clip as f32 / (st.grad_norm as f32 + 1e-6)).min(1.0) } else { 1.0 };
+            self.adam_steps += 1;
+            let job = UpdateJob { lr: st.lr, adam_step: self.adam_steps, grad_multiplier: clip / st.loss_scale };
+            self.jobs.as_ref().expect("the worker is running").send(job).map_err(|_| self.worker_error())?;
+        }
+        Ok(())
     }
 
     fn worker_error(&self) -> anyhow::Error {
