@@ -517,6 +517,8 @@ fn resolve_train(a: &TrainArgs, needs_data: bool) -> Result<(RunOptions, TrainCo
     if a.steps == 0 {
         bail!("--steps must be at least 1");
     }
+    check_hyperparameters(a)?;
+    check_outputs(a)?;
     let model = match (&a.model, &a.config) {
         (Some(dir), _) => ModelChoice::Hf(dir.clone()),
         (None, Some(spec)) => ModelChoice::Config(spec.clone()),
@@ -560,6 +562,46 @@ fn resolve_train(a: &TrainArgs, needs_data: bool) -> Result<(RunOptions, TrainCo
         progress: true,
     };
     Ok((options, tc))
+}
+
+/// Refuses optimizer settings that cannot train: each named with the range it must lie in.
+fn check_hyperparameters(a: &TrainArgs) -> Result<()> {
+    let checks: [(&str, f64, fn(f64) -> bool, &str); 7] = [
+        ("--lr", a.lr, |x| x > 0.0, "a finite number > 0"),
+        ("--min-lr", a.min_lr, |x| x >= 0.0, "a finite number >= 0"),
+        ("--beta1", a.beta1, |x| (0.0..1.0).contains(&x), "in [0, 1)"),
+        ("--beta2", a.beta2, |x| (0.0..1.0).contains(&x), "in [0, 1)"),
+        ("--eps", a.eps, |x| x > 0.0, "a finite number > 0"),
+        ("--weight-decay", a.weight_decay, |x| x >= 0.0, "a finite number >= 0"),
+        ("--grad-clip", a.grad_clip, |x| x >= 0.0, "a finite number >= 0 (0 = no clipping)"),
+    ];
+    for (flag, value, ok, range) in checks {
+        if !value.is_finite() || !ok(value) {
+            bail!("{flag} {value}: must be {range}");
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a `--metrics` file that is one of the run's inputs (it would be truncated), before any work.
+fn check_outputs(a: &TrainArgs) -> Result<()> {
+    let Some(metrics) = &a.metrics else { return Ok(()) };
+    let mut inputs: Vec<PathBuf> = a.data.iter().cloned().collect();
+    if let Some(dir) = &a.model {
+        inputs.extend(std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| e.path()));
+    }
+    let same = |p: &PathBuf| match (std::fs::canonicalize(p), std::fs::canonicalize(metrics)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    };
+    if let Some(input) = inputs.iter().find(|p| same(p)) {
+        bail!(
+            "--metrics {} is the same file as the input {}: it would be overwritten; choose another path",
+            metrics.display(),
+            input.display()
+        );
+    }
+    Ok(())
 }
 
 /// CPU cores each of `ranks` ranks on this machine gets for AdamW, unless --adam-threads says.

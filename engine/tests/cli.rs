@@ -83,6 +83,31 @@ fn bad_input_is_refused_with_the_flag_and_the_numbers() {
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny/tokens.bin");
     let out = zerostream(&["train", "--device", "cpu", "--config", "gpt3", "--data", data]);
     assert!(!out.status.success() && stderr(&out).contains("gpt3"), "{}", stderr(&out));
-    let out = zerostream(&["train", "--device", "cpu", "--offload-params", "nvme", "--nvme-dir", "/nonexistent/dir"]);
-    assert!(!out.status.success() && stderr(&out).contains("/nonexistent/dir"), "{}", stderr(&out));
+    let out = zerostream(&["train", "--device", "cpu", "--offload-params", "nvme", "--nvme-dir", "/proc/nonexistent/dir"]);
+    assert!(!out.status.success() && stderr(&out).contains("/proc/nonexistent/dir"), "{}", stderr(&out));
+}
+
+#[test]
+fn hyperparameters_out_of_range_and_metrics_over_an_input_are_refused_before_any_work() {
+    for (flag, value) in [
+        ("--lr", "nan"),
+        ("--lr", "-1"),
+        ("--beta1", "1"),
+        ("--beta2", "2"),
+        ("--eps", "0"),
+        ("--weight-decay", "-100"),
+        ("--grad-clip", "inf"),
+    ] {
+        let out = zerostream(&["train", "--device", "cpu", "--steps", "1", &format!("{flag}={value}")]);
+        let err = stderr(&out);
+        assert!(!out.status.success() && err.contains(flag) && err.contains("must be"), "{flag} {value}: {err}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("tokens.bin");
+    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny/tokens.bin"), &data).unwrap();
+    let before = std::fs::read(&data).unwrap();
+    let d = data.to_str().unwrap();
+    let out = zerostream(&["train", "--device", "cpu", "--config", "gpt2", "--data", d, "--metrics", d]);
+    assert!(!out.status.success() && stderr(&out).contains("same file as the input"), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&data).unwrap(), before, "the data file is untouched");
 }
