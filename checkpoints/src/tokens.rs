@@ -23,6 +23,14 @@ pub struct TokenFile {
 impl TokenFile {
     /// Opens `path`: llm.c's format when it starts with the magic number, raw uint16 otherwise.
     pub fn open(path: &Path) -> Result<Self> {
+        // A pipe would block the open until a writer comes, and a directory cannot be mapped: refuse both at once.
+        let meta = std::fs::metadata(path).with_context(|| format!("token file {}", path.display()))?;
+        if !meta.is_file() {
+            bail!(
+                "token file {}: not a regular file (a directory, pipe or device); give a file written by `zerostream prepare`",
+                path.display()
+            );
+        }
         let file = File::open(path).with_context(|| format!("opening token file {}", path.display()))?;
         // SAFETY: read-only mapping of a file zerostream does not modify while it is open.
         let mmap = unsafe { Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;

@@ -58,6 +58,9 @@ pub fn evaluate<D: Backend>(dev: &D, model_dir: &Path, data: &Path, batch: usize
     if batches > 1 {
         eprintln!();
     }
+    if !sum.is_finite() {
+        anyhow::bail!("the model's loss on {} is {sum} (not finite): its weights hold NaN or infinite values", data.display());
+    }
     Ok(EvalReport {
         loss: sum / batches as f64,
         tokens: batches * batch * seq_len,

@@ -110,4 +110,11 @@ fn hyperparameters_out_of_range_and_metrics_over_an_input_are_refused_before_any
     let out = zerostream(&["train", "--device", "cpu", "--config", "gpt2", "--data", d, "--metrics", d]);
     assert!(!out.status.success() && stderr(&out).contains("same file as the input"), "{}", stderr(&out));
     assert_eq!(std::fs::read(&data).unwrap(), before, "the data file is untouched");
+    // A pipe or a directory as --data is refused at once (a pipe would block the open).
+    let fifo = dir.path().join("fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    for path in [fifo.to_str().unwrap(), dir.path().to_str().unwrap()] {
+        let out = zerostream(&["train", "--device", "cpu", "--config", "gpt2", "--data", path, "--steps", "1"]);
+        assert!(!out.status.success() && stderr(&out).contains("not a regular file"), "{path}: {}", stderr(&out));
+    }
 }

@@ -59,6 +59,8 @@ pub struct NvmeDir {
     pub io: IoEngine,
     pub verify: bool,
     pub rank: usize,
+    /// Held for as long as this run uses the directory: a second run given it is refused.
+    _lock: File,
 }
 
 impl NvmeDir {
@@ -69,6 +71,20 @@ impl NvmeDir {
         if !meta.is_dir() {
             return Err(StoreError(format!("NVMe directory {}: not a directory", dir.display())));
         }
+        let lock_path = dir.join(".zerostream.lock");
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| io_error("NVMe directory lock", &lock_path, e))?;
+        if lock.try_lock().is_err() {
+            return Err(StoreError(format!(
+                "NVMe directory {} is in use by another zerostream run (it holds {}): give each run its own --nvme-dir",
+                dir.display(),
+                lock_path.display()
+            )));
+        }
         let probe = dir.join(format!(".zerostream-probe-{}", std::process::id()));
         let opened = io.open(&probe, true).map_err(|e| io_error("NVMe directory", dir, e));
         let _ = std::fs::remove_file(&probe);
@@ -76,7 +92,7 @@ impl NvmeDir {
         if io.config.direct && !direct && io.config.engine != crate::io::IoEngineKind::Mmap {
             io.notes.push(format!("{}: the filesystem refuses O_DIRECT; using buffered I/O (through the page cache)", dir.display()));
         }
-        Ok(NvmeDir { dir: dir.to_path_buf(), io, verify, rank })
+        Ok(NvmeDir { dir: dir.to_path_buf(), io, verify, rank, _lock: lock })
     }
 
     pub fn shard_path(&self, name: &str) -> PathBuf {
@@ -260,6 +276,17 @@ mod tests {
 
     fn nvme(dir: &Path, verify: bool) -> NvmeDir {
         NvmeDir::new(dir, IoEngine::new(IoConfig { block_bytes: 8192, queue_depth: 4, ..IoConfig::default() }).unwrap(), verify, 0).unwrap()
+    }
+
+    #[test]
+    fn a_directory_in_use_by_another_run_is_refused_until_it_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = nvme(dir.path(), true);
+        let io = IoEngine::new(IoConfig::default()).unwrap();
+        let err = NvmeDir::new(dir.path(), io, true, 0).unwrap_err();
+        assert!(err.0.contains("in use by another zerostream run"), "{}", err.0);
+        drop(first);
+        nvme(dir.path(), true); // the lock goes with the run
     }
 
     #[test]
