@@ -1,9 +1,10 @@
 //! In-process ranks: N threads of one process exchanging through shared memory (no sockets).
 //!
-//! Every collective is one round on a shared table: each rank deposits its buffer, waits until all N
-//! have, takes what it needs from the others' deposits, and leaves; the round closes when the last
-//! rank leaves, and a rank arriving early for the next round waits for that. A rank that fails marks
-//! the table, and every rank waiting in (or later entering) a collective returns an error naming it.
+//! Every collective is one round on a shared table: each rank posts where its send buffer is, waits
+//! until all N have, copies what it needs straight out of the others' buffers (no intermediate copy),
+//! and leaves; it returns only once every rank has left, so its own buffer outlives every read of it.
+//! A rank that fails marks the table, and every rank waiting for others to arrive (now or in a later
+//! collective) returns an error naming it.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
@@ -12,8 +13,8 @@ use anyhow::{Result, anyhow};
 
 use super::{Collectives, PEER_TIMEOUT, PeerFailed};
 
-/// What ranks deposit for one round: the bytes they send (and, for broadcast, only the root's).
-type Deposit = Option<Arc<Vec<u8>>>;
+/// Where a rank's send buffer is for one round (address, length), or None if it sends nothing.
+type Deposit = Option<(usize, usize)>;
 
 #[derive(Default)]
 struct Round {
@@ -21,6 +22,8 @@ struct Round {
     full: bool,
     arrived: usize,
     left: usize,
+    /// Counts closed rounds: a rank that has left waits for it to change.
+    closed: u64,
     deposits: Vec<Deposit>,
     /// Which ranks have arrived in this round.
     came: Vec<bool>,
@@ -67,11 +70,12 @@ impl LocalComm {
     fn wait<'a>(&self, mut g: MutexGuard<'a, Round>, what: &str, ready: impl Fn(&Round) -> bool) -> Result<MutexGuard<'a, Round>> {
         let start = Instant::now();
         loop {
-            if let Some((rank, why)) = &g.failed {
-                return Err(PeerFailed { rank: *rank, why: why.clone() }.into());
-            }
+            // Ready first: once every rank has arrived, every rank reads and leaves, failure or not.
             if ready(&g) {
                 return Ok(g);
+            }
+            if let Some((rank, why)) = &g.failed {
+                return Err(PeerFailed { rank: *rank, why: why.clone() }.into());
             }
             let waited = start.elapsed();
             if waited >= PEER_TIMEOUT {
@@ -82,35 +86,56 @@ impl LocalComm {
         }
     }
 
-    /// One round: deposit `mine` (None: nothing to send), then `take` reads the full table.
-    fn round(&self, what: &str, mine: Deposit, take: impl FnOnce(&[Deposit])) -> Result<()> {
+    /// One round: post `mine` (None: nothing to send), then `take` reads the others' buffers.
+    fn round(&self, what: &str, mine: Option<&[u8]>, take: impl FnOnce(&[Option<&[u8]>])) -> Result<()> {
         let world = self.table.world;
         let g = self.lock();
-        // A rank that finished the last round early waits here until every rank has left it.
+        // A rank that left the last round early waits here until every rank has left it.
         let mut g = self.wait(g, what, |r| !r.full)?;
-        g.deposits[self.rank] = mine;
+        g.deposits[self.rank] = mine.map(|m| (m.as_ptr() as usize, m.len()));
         g.came[self.rank] = true;
         g.arrived += 1;
         if g.arrived == world {
             g.full = true;
             self.table.changed.notify_all();
         }
-        let mut g = self.wait(g, what, |r| r.full)?;
-        let deposits = g.deposits.clone(); // Arcs: the bytes are copied outside the lock
-        g.left += 1;
-        if g.left == world {
-            let failed = g.failed.take();
-            *g = Round { failed, ..Round::empty(world) };
-            self.table.changed.notify_all();
-        }
+        let g = self.wait(g, what, |r| r.full)?;
+        let (deposits, closed) = (g.deposits.clone(), g.closed);
         drop(g);
-        take(&deposits);
+        // Leaving is counted even if `take` panics, so the others never wait for a rank that is gone.
+        let leave = Leave { comm: self, closed };
+        // SAFETY: each posted buffer is a live shared borrow held by a rank that is inside this round, and
+        // no rank returns from the round before every rank has left it (`Leave::drop` waits), so the
+        // bytes stay valid and unchanged while anyone reads them. Every buffer a rank writes (its
+        // receive buffer) is a separate `&mut` borrow, never posted.
+        let views: Vec<Option<&[u8]>> =
+            deposits.iter().map(|d| d.map(|(ptr, len)| unsafe { std::slice::from_raw_parts(ptr as *const u8, len) })).collect();
+        take(&views);
+        drop(leave);
         Ok(())
     }
 }
 
-fn deposit(bytes: &[u8]) -> Deposit {
-    Some(Arc::new(bytes.to_vec()))
+/// Leaves a round: the last rank out closes it; every rank waits until it is closed.
+struct Leave<'a> {
+    comm: &'a LocalComm,
+    closed: u64,
+}
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        let world = self.comm.table.world;
+        let mut g = self.comm.lock();
+        g.left += 1;
+        if g.left == world {
+            let (failed, closed) = (g.failed.take(), g.closed + 1);
+            *g = Round { failed, closed, ..Round::empty(world) };
+            self.comm.table.changed.notify_all();
+        }
+        while g.closed == self.closed {
+            g = self.comm.table.changed.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+    }
 }
 
 impl Collectives for LocalComm {
@@ -122,29 +147,27 @@ impl Collectives for LocalComm {
     }
     fn all_gather_bytes(&self, mine: &[u8], out: &mut [u8]) -> Result<()> {
         let n = mine.len();
-        self.round("all-gather", deposit(mine), |d| {
+        self.round("all-gather", Some(mine), |d| {
             for (r, dep) in d.iter().enumerate() {
-                out[r * n..(r + 1) * n].copy_from_slice(dep.as_ref().expect("every rank deposits"));
+                out[r * n..(r + 1) * n].copy_from_slice(dep.expect("every rank posts"));
             }
         })
     }
     fn all_to_all_bytes(&self, send: &[u8], recv: &mut [u8]) -> Result<()> {
         let n = send.len() / self.table.world;
         let me = self.rank;
-        self.round("all-to-all", deposit(send), |d| {
+        self.round("all-to-all", Some(send), |d| {
             for (r, dep) in d.iter().enumerate() {
-                recv[r * n..(r + 1) * n].copy_from_slice(&dep.as_ref().expect("every rank deposits")[me * n..(me + 1) * n]);
+                recv[r * n..(r + 1) * n].copy_from_slice(&dep.expect("every rank posts")[me * n..(me + 1) * n]);
             }
         })
     }
     fn broadcast_bytes(&self, root: usize, buf: &mut [u8]) -> Result<()> {
-        let mine = if self.rank == root { deposit(buf) } else { None };
         let me = self.rank;
-        self.round("broadcast", mine, |d| {
-            if me != root {
-                buf.copy_from_slice(d[root].as_ref().expect("the root deposits"));
-            }
-        })
+        if me == root {
+            return self.round("broadcast", Some(buf), |_| {});
+        }
+        self.round("broadcast", None, |d| buf.copy_from_slice(d[root].expect("the root posts")))
     }
     fn barrier(&self) -> Result<()> {
         self.round("barrier", None, |_| {})
