@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod bench_io;
+pub mod bench_kernels;
 pub mod device;
 pub mod eval;
 pub mod generate;
