@@ -11,6 +11,7 @@
 #   ZS       the zerostream binary (default: .device/zerostream if present, else target/release/zerostream)
 #   B, T     micro-batch for kernels, training and PyTorch (default 4 and 1024)
 #   STEPS    training steps per run (default 3; the first includes pipeline creation and is left out of the means)
+#   XL_B, XL_T, XL_STEPS   the same for the 1.5B run (default B, T, STEPS)
 #   SKIP     parts to leave out, space-separated: kernels transfer torch train-gpt2 train-gpt2-xl
 #   BUDGET_GPT2, BUDGET_XL   --gpu-mem-budget of the two training runs (default 16GiB and 60GiB)
 #   KERNEL_FLAGS  more flags for `bench kernels` (e.g. --quick on a software adapter)
@@ -27,6 +28,7 @@ if [ -z "${ZS:-}" ]; then
   if [ -x .device/zerostream ]; then ZS=.device/zerostream; else ZS=target/release/zerostream; fi
 fi
 B=${B:-4} T=${T:-1024} STEPS=${STEPS:-3} SKIP=${SKIP:-}
+XL_B=${XL_B:-$B} XL_T=${XL_T:-$T} XL_STEPS=${XL_STEPS:-$STEPS}
 BUDGET_GPT2=${BUDGET_GPT2:-16GiB} BUDGET_XL=${BUDGET_XL:-60GiB}
 work=$(mktemp -d)
 export PYTHONUNBUFFERED=1
@@ -41,13 +43,16 @@ part() { # name seconds command...
   local start=$SECONDS
   timeout --signal=INT --kill-after=10 "$limit" "$@" >"$work/$name.out" 2>"$work/$name.err"
   local rc=$?
-  echo "$name rc=$rc $((SECONDS - start))s" | tee -a "$work/parts.txt" >&2
+  echo "$name rc=$rc $((SECONDS - start))s: $*" | tee -a "$work/parts.txt" >&2
   render
+  save_raw
 }
+# Keeps the raw outputs (JSON lines, logs) beside the results, in one file.
+save_raw() { (cd "$work" && tail -n +1 parts.txt *.out *.err *.metrics) >"${results%.md}.raw.txt" 2>/dev/null; }
 
-render() { python3 - "$work" "$results" "$B" "$T" <<'PY'
+render() { python3 - "$work" "$results" "$B" "$T" "$XL_B" "$XL_T" <<'PY'
 import json, os, sys, datetime
-work, results, B, T = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+work, results, B, T, XL_B, XL_T = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
 def read(name):
     p = os.path.join(work, name)
     return open(p, errors="replace").read() if os.path.exists(p) else None
@@ -151,7 +156,7 @@ for model in ("gpt2", "gpt2-xl"):
     err = read(f"train-{model}.err")
     if err is None: continue
     m = jsonl(f"train-{model}.metrics")
-    md += [f"## zerostream train --config {model} --device gpu (B={B}, T={T})\n"]
+    md += [f"## zerostream train --config {model} --device gpu\n"]
     if m:
         md += ["| step | loss | tokens/s | step (s) | compute (s) | upload (s) | download (s) | AdamW wait (s) | busy (host-timed) | peak device MiB |",
                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -161,11 +166,15 @@ for model in ("gpt2", "gpt2-xl"):
                       f"{t_['download_s']:.3f} | {t_['update_wait_s']:.3f} | {pct(r['gpu_busy_fraction'])} | {r['peak_gpu_bytes']/2**20:.0f} |")
         later = m[1:] or m
         mean_s = sum(r["time"]["total_s"] for r in later) / len(later)
-        est = [s for s in steps if s["model"] == model and s["batch"] == B and s["seq_len"] == T]
+        b_run, t_run = (B, T) if model == "gpt2" else (XL_B, XL_T)
+        # Every kernel's work is linear in B at a fixed T, so another batch's estimate scales.
+        est = [s for s in steps if s["model"] == model and s["seq_len"] == t_run]
         md.append("")
         if est:
-            md.append(f"Device busy from GPU timestamps: the step's kernels take {est[0]['step_kernel_seconds']:.3f} s (bench kernels) "
-                      f"of a {mean_s:.3f} s step (mean after the first) = **{pct(est[0]['step_kernel_seconds']/mean_s)}**.\n")
+            kernel_s = est[0]["step_kernel_seconds"] * b_run / est[0]["batch"]
+            how = "" if est[0]["batch"] == b_run else f", scaled from B={est[0]['batch']} to B={b_run}"
+            md.append(f"Device busy from GPU timestamps: the step's kernels take {kernel_s:.3f} s (bench kernels{how}) "
+                      f"of a {mean_s:.3f} s step (mean after the first) = **{pct(kernel_s/mean_s)}**.\n")
     md += [block(tail("\n".join(l for l in err.splitlines() if not l.startswith("\r")), 14))]
 
 md += ["## Raw output\n"]
@@ -187,8 +196,8 @@ PY
 } >"$work/machine.out" 2>&1
 render
 
-skipped kernels || part kernels 200 "$ZS" bench kernels --batch-size "$B" --seq-len "$T" --json ${KERNEL_FLAGS:-}
-skipped transfer || { part h2d 60 "$ZS" bench h2d --json; part d2h 60 "$ZS" bench d2h --json; }
+skipped kernels || part kernels 240 "$ZS" bench kernels --batch-size "$B" --seq-len "$T" --json ${KERNEL_FLAGS:-}
+skipped transfer || { part h2d 60 "$ZS" bench h2d --json; part d2h 90 "$ZS" bench d2h --json; }
 
 # PyTorch: the same shapes, timed with CUDA events (median after warm-up).
 cat >"$work/torch_ref.py" <<'PY'
@@ -278,7 +287,7 @@ for _ in range(5):
 s = statistics.median(times)
 emit(kind="train", model="gpt2", dtype="fp32", attn=attn, batch=B, seq_len=T, seconds=s, tokens_per_s=B * T / s)
 PY
-skipped torch || part torch 200 python3 "$work/torch_ref.py" "$B" "$T"
+skipped torch || part torch 150 python3 "$work/torch_ref.py" "$B" "$T"
 
 # Training: random uint16 tokens (raw nanoGPT-style file), a few steps of each model on the GPU.
 python3 - "$work/tokens.bin" <<'PY'
@@ -286,16 +295,12 @@ import random, sys, array
 random.seed(1337)
 array.array("H", (random.randrange(50257) for _ in range(1 << 20))).tofile(open(sys.argv[1], "wb"))
 PY
-train() { # model budget seconds
-  part "train-$1" "$3" "$ZS" train --config "$1" --data "$work/tokens.bin" --device gpu --steps "$STEPS" \
-    --batch-size "$B" --seq-len "$T" --warmup-steps 1 --sample-tokens 0 --gpu-mem-budget "$2" \
+train() { # model budget seconds batch seq_len steps
+  part "train-$1" "$3" "$ZS" train --config "$1" --data "$work/tokens.bin" --device gpu --steps "$6" \
+    --batch-size "$4" --seq-len "$5" --warmup-steps 1 --sample-tokens 0 --gpu-mem-budget "$2" \
     --metrics "$work/train-$1.metrics"
 }
-skipped train-gpt2 || train gpt2 "$BUDGET_GPT2" 120
-skipped train-gpt2-xl || train gpt2-xl "$BUDGET_XL" 240
-
-# Keep the raw outputs beside the results, in one file.
-(cd "$work" && tail -n +1 parts.txt *.out *.err *.metrics) >"${results%.md}.raw.txt" 2>/dev/null
-render
+skipped train-gpt2 || train gpt2 "$BUDGET_GPT2" 120 "$B" "$T" "$STEPS"
+skipped train-gpt2-xl || train gpt2-xl "$BUDGET_XL" 240 "$XL_B" "$XL_T" "$XL_STEPS"
 echo "results: $results" >&2
 cat "$work/parts.txt" >&2
