@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod bench_comm;
 pub mod bench_io;
+pub mod bench_kernels;
 pub mod comm;
 pub mod device;
 pub mod eval;

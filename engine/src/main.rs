@@ -7,6 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use zerostream::bench::{AdamBenchConfig, HalfOrFull, Link};
 use zerostream::bench_io::{self, IoBenchConfig};
+use zerostream::bench_kernels::KernelBenchConfig;
 use zerostream::device::GpuDevice;
 use zerostream::device::{self, DeviceChoice};
 use zerostream::train::ranks::RankDevice;
@@ -321,6 +322,9 @@ enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Every kernel of a GPT-2 training step on the GPU, at the shapes of GPT-2 124M and 1.5B: GFLOP/s
+    /// (matmul, attention) or GB/s (the rest) beside the adapter's peak and a measured device copy.
+    Kernels(KernelArgs),
     /// Every link — RAM bandwidth, CPU AdamW, NVMe write and read, h2d, d2h — in one table beside its ceiling.
     All {
         /// Directory for the NVMe measurement (default: the current directory).
@@ -353,6 +357,43 @@ struct TransferArgs {
     #[arg(long)]
     adapter: Option<String>,
     /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct KernelArgs {
+    /// Model shapes, comma-separated: gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl (1.5B), or tiny.
+    #[arg(long, default_value = "gpt2,gpt2-xl", value_delimiter = ',')]
+    models: Vec<String>,
+    /// B: sequences per micro-batch.
+    #[arg(long, default_value_t = 4)]
+    batch_size: usize,
+    /// T: tokens per sequence (at most 1024, the presets' n_positions).
+    #[arg(long, default_value_t = 1024)]
+    seq_len: usize,
+    /// Timed repetitions per kernel, after one warm-up; the median is reported (0 = as many as fill
+    /// about 0.2 s, between 3 and 200).
+    #[arg(long, default_value_t = 0)]
+    reps: usize,
+    /// Only kernels whose name contains one of these, comma-separated (e.g. matmul,attention).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Bytes of the device-to-device copy that measures the memory ceiling.
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    copy_size: u64,
+    /// Tiny shapes (a 2-layer, 128-wide model, B=2, T=64), 2 repetitions and a 16 MiB copy: seconds on
+    /// a software adapter such as lavapipe. Replaces --models, --batch-size, --seq-len, --reps, --copy-size.
+    #[arg(long)]
+    quick: bool,
+    /// Time with the host clock around each repetition's submit-and-wait even where the adapter has
+    /// GPU timestamp queries (to cross-check them; includes submission latency).
+    #[arg(long)]
+    wall_clock: bool,
+    /// Which wgpu adapter (index or part of its name).
+    #[arg(long)]
+    adapter: Option<String>,
+    /// Print one JSON object per kernel and shape (and one per model with its step's kernel time).
     #[arg(long)]
     json: bool,
 }
@@ -470,6 +511,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(BenchCommand::H2d(t)) => transfer_command(t, Link::HostToDevice),
         Command::Bench(BenchCommand::D2h(t)) => transfer_command(t, Link::DeviceToHost),
         Command::Bench(BenchCommand::Collectives { world_size, sizes, reps, json }) => bench_collectives(world_size, &sizes, reps, json),
+        Command::Bench(BenchCommand::Kernels(k)) => kernels_command(k),
         Command::Bench(BenchCommand::All { dir, size, params, adapter, json }) => bench_all(&dir, size, params, adapter.as_deref(), json),
         Command::Prepare { text, out, tokenizer } => {
             let content = std::fs::read_to_string(&text).with_context(|| format!("reading --text {}", text.display()))?;
@@ -765,6 +807,44 @@ fn transfer_command(t: TransferArgs, link: Link) -> Result<()> {
         println!("{}", serde_json::json!({ "runs": runs.iter().map(|r| r.to_json()).collect::<Vec<_>>(), "memcpy_gbps": ceiling }));
     } else {
         println!("host memcpy (one thread): {ceiling:.2} GB/s");
+    }
+    Ok(())
+}
+
+fn kernels_command(k: KernelArgs) -> Result<()> {
+    let cfg = if k.quick {
+        KernelBenchConfig { only: k.only, wall_clock: k.wall_clock, ..KernelBenchConfig::quick() }
+    } else {
+        KernelBenchConfig {
+            models: k.models,
+            batch: k.batch_size,
+            seq_len: k.seq_len,
+            reps: k.reps,
+            only: k.only,
+            copy_bytes: k.copy_size,
+            wall_clock: k.wall_clock,
+        }
+    };
+    let dev = GpuDevice::open(k.adapter.as_deref(), None)?;
+    eprintln!(
+        "bench kernels: {} (B={}, T={}, models {})",
+        zerostream::device::Backend::describe(&dev),
+        cfg.batch,
+        cfg.seq_len,
+        cfg.models.join(",")
+    );
+    let report = zerostream::bench_kernels::bench_kernels(&dev, &cfg, |r| {
+        eprintln!("  {} {} {} {} {}: {:.1} us", r.model, r.kernel, r.case, r.precision, r.shape, r.seconds * 1e6)
+    })?;
+    if k.json {
+        for r in &report.runs {
+            println!("{}", report.run_json(r));
+        }
+        for s in &report.steps {
+            println!("{}", report.step_json(s));
+        }
+    } else {
+        print!("{}", report.table());
     }
     Ok(())
 }

@@ -1084,3 +1084,13 @@ impl GpuDevice {
         );
     }
 }
+
+// For `device::timing` (`zerostream bench kernels`): commands recorded into the same stream as the
+// kernels, so a timestamp lands exactly between two ops.
+impl GpuDevice {
+    /// Records `f` into the pending command encoder: after every pass recorded so far, before any recorded later.
+    pub(super) fn record(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        let mut slot = self.encoder.borrow_mut();
+        f(slot.get_or_insert_with(|| self.device.create_command_encoder(&Default::default())));
+    }
+}

@@ -8,6 +8,7 @@
 pub mod alloc;
 pub mod cpu;
 pub mod gpu;
+pub mod timing;
 pub mod transfer;
 
 use anyhow::{Result, bail};

@@ -1,0 +1,306 @@
+#!/usr/bin/env bash
+# benches/gpu.sh: what a lent GPU machine should measure, in one command, written into ONE markdown file:
+# the adapter (zerostream devices, nvidia-smi), `zerostream bench kernels` (GPT-2 124M and 1.5B shapes),
+# `bench h2d` / `bench d2h`, a GPT-2 124M and a GPT-2 1.5B (gpt2-xl) training run on the GPU, and PyTorch
+# on the same shapes: torch.matmul (fp32 without TF32, and bf16), scaled_dot_product_attention,
+# pinned-memory copies, and a Hugging Face GPT2LMHeadModel fp32 training step. Each part is rendered into
+# the results file as soon as it finishes, so a run cut short still leaves what it measured.
+#
+# Usage:  bash benches/gpu.sh [RESULTS.md]     (default: $OUT/results.md if $OUT is set, else ./gpu-results.md)
+# Environment (all optional):
+#   ZS       the zerostream binary (default: .device/zerostream if present, else target/release/zerostream)
+#   B, T     micro-batch for kernels, training and PyTorch (default 4 and 1024)
+#   STEPS    training steps per run (default 3; the first includes pipeline creation and is left out of the means)
+#   XL_B, XL_T, XL_STEPS   the same for the 1.5B run (default B, T, STEPS)
+#   SKIP     parts to leave out, space-separated: kernels transfer torch train-gpt2 train-gpt2-xl
+#   BUDGET_GPT2, BUDGET_XL   --gpu-mem-budget of the two training runs (default 16GiB and 60GiB)
+#   KERNEL_FLAGS  more flags for `bench kernels` (e.g. --quick on a software adapter)
+# Raw outputs (JSON lines, logs) are kept beside the results file in one file, <name>.raw.txt.
+#
+# On a GPU machine without a Vulkan loader, unpack one first (../shared/device/README.md):
+#   for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
+#   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+set -uo pipefail
+
+results=${1:-${OUT:+$OUT/results.md}}
+results=${results:-gpu-results.md}
+if [ -z "${ZS:-}" ]; then
+  if [ -x .device/zerostream ]; then ZS=.device/zerostream; else ZS=target/release/zerostream; fi
+fi
+B=${B:-4} T=${T:-1024} STEPS=${STEPS:-3} SKIP=${SKIP:-}
+XL_B=${XL_B:-$B} XL_T=${XL_T:-$T} XL_STEPS=${XL_STEPS:-$STEPS}
+BUDGET_GPT2=${BUDGET_GPT2:-16GiB} BUDGET_XL=${BUDGET_XL:-60GiB}
+work=$(mktemp -d)
+export PYTHONUNBUFFERED=1
+mkdir -p "$(dirname "$results")"
+[ -x "$ZS" ] || { echo "no zerostream binary at $ZS (set ZS, or build: cargo build --release)" >&2; exit 1; }
+
+skipped() { case " $SKIP " in *" $1 "*) echo "skipping $1" >&2; return 0;; esac; return 1; }
+# Runs a part with a time limit, keeping its stdout and stderr; never stops the script.
+part() { # name seconds command...
+  local name=$1 limit=$2; shift 2
+  echo "== $name (at most ${limit}s): $*" >&2
+  local start=$SECONDS
+  timeout --signal=INT --kill-after=10 "$limit" "$@" >"$work/$name.out" 2>"$work/$name.err"
+  local rc=$?
+  echo "$name rc=$rc $((SECONDS - start))s: $*" | tee -a "$work/parts.txt" >&2
+  render
+  save_raw
+}
+# Keeps the raw outputs (JSON lines, logs) beside the results, in one file.
+save_raw() { (cd "$work" && tail -n +1 parts.txt *.out *.err *.metrics) >"${results%.md}.raw.txt" 2>/dev/null; }
+
+render() { python3 - "$work" "$results" "$B" "$T" "$XL_B" "$XL_T" <<'PY'
+import json, os, sys, datetime
+work, results, B, T, XL_B, XL_T = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
+def read(name):
+    p = os.path.join(work, name)
+    return open(p, errors="replace").read() if os.path.exists(p) else None
+def jsonl(name):
+    out = []
+    for line in (read(name) or "").splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try: out.append(json.loads(line))
+            except ValueError: pass
+    return out
+def block(text, lang=""):
+    return f"```{lang}\n{(text or '').rstrip()}\n```\n"
+def tail(text, n=40):
+    return "\n".join((text or "").rstrip().splitlines()[-n:])
+def pct(x): return "-" if x is None else f"{100*x:.1f}%"
+md = [f"# zerostream on a lent GPU ({datetime.date.today()})\n",
+      f"Written by benches/gpu.sh; micro-batch B={B}, T={T}. Parts and their exit codes (124 = time limit):\n",
+      block(read("parts.txt"))]
+md += ["## Machine\n", block(read("machine.out"))]
+
+kernels = [r for r in jsonl("kernels.out") if "kernel" in r]
+steps = [r for r in jsonl("kernels.out") if "step_kernel_seconds" in r]
+torch = jsonl("torch.out")
+if kernels:
+    k0 = kernels[0]
+    md += ["## zerostream bench kernels\n",
+           f"Adapter {k0['adapter']}; timer {k0['timer']}; peak: " +
+           (f"{k0['peak_part']} datasheet, {k0['peak_fp32_gflops']/1e3:.1f} TFLOP/s fp32, {k0['peak_mem_gbps']:.0f} GB/s" if k0["peak_part"] else "unknown") +
+           f"; measured device-to-device copy {k0['copy_gbps']:.0f} GB/s (read + written).\n",
+           "| model | kernel | case | precision | shape | x/step | time (us) | rate | % of peak | % of copy | % of step |",
+           "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in kernels:
+        rate = f"{r['gflops']:.0f} GFLOP/s" if r["bound"] == "compute" else f"{r['gbps']:.0f} GB/s"
+        md.append(f"| {r['model']} | {r['kernel']} | {r['case']} | {r['precision']} | {r['shape']} | {r['per_step']} | "
+                  f"{r['seconds']*1e6:.1f} | {rate} | {pct(r['fraction_of_peak'])} | {pct(r['fraction_of_copy'])} | {pct(r['share_of_step'])} |")
+    md.append("")
+    for s in steps:
+        md.append(f"- {s['model']}: one fp32 training step's kernels take **{s['step_kernel_seconds']*1e3:.1f} ms** of device time "
+                  f"({s['layers']} layers; {s['tokens_per_s_at_full_busy']:.0f} tokens/s if the device never waited).")
+    md.append("")
+elif read("kernels.err") is not None:
+    md += ["## zerostream bench kernels (failed)\n", block(tail(read("kernels.err")))]
+
+# zerostream matmul against torch.matmul on the same shapes.
+tm = {(r["model"], r["case"], r["dtype"]): r for r in torch if r.get("kind") == "matmul"}
+if kernels and tm:
+    md += ["## Matmul: zerostream against torch.matmul, same shapes and layouts\n",
+           "torch fp32 runs with TF32 off (true fp32 FMA, like ours); bf16 is all operands bf16 on tensor cores. "
+           "zerostream's bf16-B reads B as bf16 and computes in fp32.\n",
+           "| model | case | shape | zerostream fp32 GFLOP/s | torch fp32 GFLOP/s | ratio | zerostream bf16-B GFLOP/s | torch bf16 GFLOP/s | ratio |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    zs = {(r["model"], r["case"], r["precision"]): r for r in kernels if r["kernel"] == "matmul"}
+    for (model, case, prec), r in zs.items():
+        if prec != "fp32": continue
+        t32, t16, z16 = tm.get((model, case, "fp32")), tm.get((model, case, "bf16")), zs.get((model, case, "bf16-B"))
+        g = lambda x, k="gflops": x[k] if x else None
+        f = lambda v: "-" if v is None else f"{v:.0f}"
+        ratio = lambda a, b: "-" if a is None or b is None else f"{a/b:.2f}"
+        md.append(f"| {model} | {case} | {r['shape']} | {f(r['gflops'])} | {f(g(t32))} | {ratio(r['gflops'], g(t32))} | "
+                  f"{f(g(z16))} | {f(g(t16))} | {ratio(g(z16), g(t16))} |")
+    md.append("")
+
+if torch:
+    md += ["## PyTorch on the same machine\n", "| what | shape | dtype | time (us) | rate |", "|---|---|---|---:|---:|"]
+    for r in torch:
+        if r.get("kind") in ("matmul", "sdpa", "peak"):
+            rate = f"{r['gflops']:.0f} GFLOP/s" if "gflops" in r else f"{r['gbps']:.0f} GB/s"
+            md.append(f"| {r['kind']} {r.get('model','')} {r.get('case','')} | {r.get('shape','')} | {r.get('dtype','')} | {r['seconds']*1e6:.1f} | {rate} |")
+        elif r.get("kind") == "copy":
+            md.append(f"| {r['direction']} copy ({r['memory']}) | {r['bytes']>>20} MiB | uint8 | {r['seconds']*1e6:.1f} | {r['gbps']:.1f} GB/s |")
+        elif r.get("kind") == "train":
+            md.append(f"| GPT2LMHeadModel train step ({r['dtype']}, {r['attn']}) | B={r['batch']} T={r['seq_len']} | {r['dtype']} | {r['seconds']*1e6:.0f} | {r['tokens_per_s']:.0f} tokens/s |")
+    md.append("")
+    env = [r for r in torch if r.get("kind") == "env"]
+    if env: md.append(f"PyTorch: {json.dumps(env[0])}\n")
+if read("torch.err") and not torch:
+    md += ["## PyTorch (failed)\n", block(tail(read("torch.err")))]
+
+# Upload and download.
+for link in ("h2d", "d2h"):
+    rows = [json.loads(l) for l in (read(f"{link}.out") or "").splitlines() if l.startswith("{")]
+    if rows:
+        md += [f"## zerostream bench {link}\n", "| bytes | method | GB/s |", "|---:|---|---:|"]
+        for r in rows[0]["runs"]:
+            md.append(f"| {r['bytes']>>20} MiB | {r['method']} | {r['gbps']:.2f} |")
+        md.append(f"\nhost memcpy (one thread): {rows[0]['memcpy_gbps']:.2f} GB/s\n")
+        pinned = [r for r in torch if r.get("kind") == "copy" and r["direction"] == link and r["memory"] == "pinned"]
+        ours = {r["bytes"]: r["gbps"] for r in rows[0]["runs"] if r["gbps"] == max(x["gbps"] for x in rows[0]["runs"] if x["bytes"] == r["bytes"])}
+        if pinned:
+            md.append("| bytes | zerostream best GB/s | torch pinned GB/s | ratio |\n|---:|---:|---:|---:|")
+            for p in pinned:
+                if p["bytes"] in ours:
+                    md.append(f"| {p['bytes']>>20} MiB | {ours[p['bytes']]:.2f} | {p['gbps']:.2f} | {ours[p['bytes']]/p['gbps']:.2f} |")
+            md.append("")
+    elif read(f"{link}.err") is not None:
+        md += [f"## zerostream bench {link} (failed)\n", block(tail(read(f"{link}.err")))]
+
+# Training runs.
+for model in ("gpt2", "gpt2-xl"):
+    err = read(f"train-{model}.err")
+    if err is None: continue
+    m = jsonl(f"train-{model}.metrics")
+    md += [f"## zerostream train --config {model} --device gpu\n"]
+    if m:
+        md += ["| step | loss | tokens/s | step (s) | compute (s) | upload (s) | download (s) | AdamW wait (s) | busy (host-timed) | peak device MiB |",
+               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in m:
+            t_ = r["time"]
+            md.append(f"| {r['step']} | {r['loss']:.4f} | {r['tokens_per_s']:.0f} | {t_['total_s']:.3f} | {t_['gpu_compute_s']:.3f} | {t_['upload_s']:.3f} | "
+                      f"{t_['download_s']:.3f} | {t_['update_wait_s']:.3f} | {pct(r['gpu_busy_fraction'])} | {r['peak_gpu_bytes']/2**20:.0f} |")
+        later = m[1:] or m
+        mean_s = sum(r["time"]["total_s"] for r in later) / len(later)
+        b_run, t_run = (B, T) if model == "gpt2" else (XL_B, XL_T)
+        # Every kernel's work is linear in B at a fixed T, so another batch's estimate scales.
+        est = [s for s in steps if s["model"] == model and s["seq_len"] == t_run]
+        md.append("")
+        if est:
+            kernel_s = est[0]["step_kernel_seconds"] * b_run / est[0]["batch"]
+            how = "" if est[0]["batch"] == b_run else f", scaled from B={est[0]['batch']} to B={b_run}"
+            md.append(f"Device busy from GPU timestamps: the step's kernels take {kernel_s:.3f} s (bench kernels{how}) "
+                      f"of a {mean_s:.3f} s step (mean after the first) = **{pct(kernel_s/mean_s)}**.\n")
+    md += [block(tail("\n".join(l for l in err.splitlines() if not l.startswith("\r")), 14))]
+
+md += ["## Raw output\n"]
+for name in ("kernels.out", "torch.out"):
+    if read(name): md += [f"`{name}`:\n", block(read(name), "jsonl")]
+open(results, "w").write("\n".join(md) + "\n")
+PY
+}
+
+# ---------------------------------------------------------------------------------------------------
+{
+  echo "date: $(date -u +%FT%TZ); host: $(hostname); kernel: $(uname -r); cpus: $(nproc); $(free -g | awk '/Mem:/ {print "RAM " $2 " GiB"}')"
+  echo "binary: $ZS ($("$ZS" --version 2>&1))"
+  echo; echo "\$ zerostream devices"; "$ZS" devices 2>&1
+  if command -v nvidia-smi >/dev/null; then
+    echo; echo "\$ nvidia-smi --query-gpu=..."
+    nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current,clocks.sm,clocks.max.sm,clocks.mem,power.limit,pstate,temperature.gpu,utilization.gpu --format=csv 2>&1
+  fi
+} >"$work/machine.out" 2>&1
+render
+
+skipped kernels || part kernels 240 "$ZS" bench kernels --batch-size "$B" --seq-len "$T" --json ${KERNEL_FLAGS:-}
+skipped transfer || { part h2d 60 "$ZS" bench h2d --json; part d2h 90 "$ZS" bench d2h --json; }
+
+# PyTorch: the same shapes, timed with CUDA events (median after warm-up).
+cat >"$work/torch_ref.py" <<'PY'
+import json, sys, time, statistics, torch
+B, T = int(sys.argv[1]), int(sys.argv[2])
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+dev = torch.device("cuda")
+def emit(**kv): print(json.dumps(kv), flush=True)
+emit(kind="env", torch=torch.__version__, cuda=torch.version.cuda, device=torch.cuda.get_device_name(0),
+     sms=torch.cuda.get_device_properties(0).multi_processor_count)
+def bench(fn, target_s=0.2, max_reps=100):
+    fn(); torch.cuda.synchronize()
+    times = []
+    start = time.perf_counter()
+    while len(times) < max_reps and (len(times) < 3 or time.perf_counter() - start < target_s):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); fn(); b.record(); b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(times)
+def rnd(*shape, dtype=torch.float32): return torch.randn(*shape, device=dev, dtype=dtype)
+models = {"gpt2": (768, 12), "gpt2-xl": (1600, 25)}
+V, bt = 50257, B * T
+# Peaks measured here: a large product and a device copy.
+for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+    a, b = rnd(8192, 8192, dtype=dtype), rnd(8192, 8192, dtype=dtype)
+    s = bench(lambda: a @ b)
+    emit(kind="peak", case="matmul 8192^3", shape="8192x8192x8192", dtype=name, seconds=s, gflops=2 * 8192**3 / s / 1e9)
+x = torch.empty(1 << 30, dtype=torch.uint8, device=dev).random_(0, 255)
+s = bench(lambda: x.clone())
+emit(kind="peak", case="device copy (read + write)", shape="1 GiB", dtype="uint8", seconds=s, gbps=2 * (1 << 30) / s / 1e9)
+del x, a, b
+# The model's products, in the layouts zerostream uses (HF Conv1D weights are (in, out)).
+for model, (C, NH) in models.items():
+    for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        for lin, k, n in (("qkv", C, 3 * C), ("attn_proj", C, C), ("fc", C, 4 * C), ("fc_proj", 4 * C, C)):
+            inp, w, dout = rnd(bt, k, dtype=dtype), rnd(k, n, dtype=dtype), rnd(bt, n, dtype=dtype)
+            for case, fn, (m_, n_, k_) in ((f"{lin} forward", lambda: inp @ w, (bt, n, k)),
+                                         (f"{lin} dinp", lambda: dout @ w.t(), (bt, k, n)),
+                                         (f"{lin} dW", lambda: inp.t() @ dout, (k, n, bt))):
+                s = bench(fn)
+                emit(kind="matmul", model=model, case=case, shape=f"M={m_} N={n_} K={k_}", dtype=name, seconds=s, gflops=2 * m_ * n_ * k_ / s / 1e9)
+            del inp, w, dout
+        ln_f, wte, dlogits = rnd(bt, C, dtype=dtype), rnd(V, C, dtype=dtype), rnd(bt, V, dtype=dtype)
+        for case, fn, (m_, n_, k_) in (("lm_head forward", lambda: ln_f @ wte.t(), (bt, V, C)),
+                                     ("lm_head dinp", lambda: dlogits @ wte, (bt, C, V)),
+                                     ("lm_head dW", lambda: dlogits.t() @ ln_f, (V, C, bt))):
+            s = bench(fn)
+            emit(kind="matmul", model=model, case=case, shape=f"M={m_} N={n_} K={k_}", dtype=name, seconds=s, gflops=2 * m_ * n_ * k_ / s / 1e9)
+        del ln_f, wte, dlogits
+        # Causal attention; FLOPs count the causal half, backward 2.5x forward (as bench kernels does).
+        hd = C // NH
+        q, k_, v = (rnd(B, NH, T, hd, dtype=dtype).requires_grad_() for _ in range(3))
+        flops = 4 * B * NH * hd * T * (T + 1) / 2
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        fwd = bench(lambda: sdpa(q, k_, v, is_causal=True))
+        go = rnd(B, NH, T, hd, dtype=dtype)
+        both = bench(lambda: sdpa(q, k_, v, is_causal=True).backward(go))
+        shape = f"B={B} T={T} NH={NH} hd={hd}"
+        emit(kind="sdpa", model=model, case="forward", shape=shape, dtype=name, seconds=fwd, gflops=flops / fwd / 1e9)
+        emit(kind="sdpa", model=model, case="backward (fwd+bwd minus fwd)", shape=shape, dtype=name, seconds=both - fwd, gflops=2.5 * flops / (both - fwd) / 1e9)
+        del q, k_, v, go
+torch.cuda.empty_cache()
+# Host<->device copies, pinned and pageable, the sizes of bench h2d/d2h.
+for size in (1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20):
+    gpu = torch.empty(size, dtype=torch.uint8, device=dev)
+    for memory in ("pinned", "pageable"):
+        host = torch.empty(size, dtype=torch.uint8, pin_memory=(memory == "pinned")).random_(0, 255)
+        s = bench(lambda: gpu.copy_(host, non_blocking=True))
+        emit(kind="copy", direction="h2d", memory=memory, bytes=size, seconds=s, gbps=size / s / 1e9)
+        s = bench(lambda: host.copy_(gpu, non_blocking=True))
+        emit(kind="copy", direction="d2h", memory=memory, bytes=size, seconds=s, gbps=size / s / 1e9)
+# A GPT-2 124M training step in fp32 (TF32 off), as Hugging Face's model computes it.
+from transformers import GPT2Config, GPT2LMHeadModel
+model = GPT2LMHeadModel(GPT2Config()).to(dev)
+attn = getattr(model.config, "_attn_implementation", "?")
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+ids = torch.randint(0, V, (B, T + 1), device=dev)
+def step():
+    loss = model(input_ids=ids[:, :-1], labels=ids[:, 1:]).loss  # HF shifts labels itself; fine for timing
+    loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+for _ in range(2): step()
+torch.cuda.synchronize()
+times = []
+for _ in range(5):
+    t0 = time.perf_counter(); step(); torch.cuda.synchronize(); times.append(time.perf_counter() - t0)
+s = statistics.median(times)
+emit(kind="train", model="gpt2", dtype="fp32", attn=attn, batch=B, seq_len=T, seconds=s, tokens_per_s=B * T / s)
+PY
+skipped torch || part torch 150 python3 "$work/torch_ref.py" "$B" "$T"
+
+# Training: random uint16 tokens (raw nanoGPT-style file), a few steps of each model on the GPU.
+python3 - "$work/tokens.bin" <<'PY'
+import random, sys, array
+random.seed(1337)
+array.array("H", (random.randrange(50257) for _ in range(1 << 20))).tofile(open(sys.argv[1], "wb"))
+PY
+train() { # model budget seconds batch seq_len steps
+  part "train-$1" "$3" "$ZS" train --config "$1" --data "$work/tokens.bin" --device gpu --steps "$6" \
+    --batch-size "$4" --seq-len "$5" --warmup-steps 1 --sample-tokens 0 --gpu-mem-budget "$2" \
+    --metrics "$work/train-$1.metrics"
+}
+skipped train-gpt2 || train gpt2 "$BUDGET_GPT2" 120 "$B" "$T" "$STEPS"
+skipped train-gpt2-xl || train gpt2-xl "$BUDGET_XL" 240 "$XL_B" "$XL_T" "$XL_STEPS"
+echo "results: $results" >&2
+cat "$work/parts.txt" >&2

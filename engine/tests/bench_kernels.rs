@@ -1,0 +1,55 @@
+//! `zerostream bench kernels --quick --json` on whatever adapter there is (lavapipe in CI): a row for
+//! every kernel of the training step, each with a positive, finite rate, and the step's kernel time.
+
+mod common;
+
+use std::collections::HashSet;
+use std::process::Command;
+
+/// Every op a GPT-2 training step records on the gpu device.
+const STEP_KERNELS: &[&str] = &[
+    "matmul",
+    "bias_backward",
+    "attention_forward",
+    "attention_backward",
+    "layernorm_forward",
+    "layernorm_backward",
+    "gelu_forward",
+    "gelu_backward",
+    "residual_forward",
+    "fill",
+    "encoder_forward",
+    "encoder_backward",
+    "crossentropy",
+];
+
+#[test]
+fn bench_kernels_quick_gives_every_kernel_a_positive_rate() {
+    let test = "bench_kernels_quick_gives_every_kernel_a_positive_rate";
+    let Some(dev) = common::gpu_or_skip(test) else { return };
+    drop(dev); // the binary opens its own
+    let out = Command::new(env!("CARGO_BIN_EXE_zerostream"))
+        .args(["bench", "kernels", "--quick", "--json"])
+        .output()
+        .expect("running zerostream");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench kernels failed: {stderr}");
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}")))
+        .collect();
+    let rows: Vec<&serde_json::Value> = lines.iter().filter(|v| v.get("kernel").is_some()).collect();
+    let kernels: HashSet<&str> = rows.iter().map(|r| r["kernel"].as_str().expect("kernel is a string")).collect();
+    for k in STEP_KERNELS {
+        assert!(kernels.contains(k), "no row for {k}; rows: {kernels:?}");
+    }
+    assert!(rows.iter().any(|r| r["precision"] == "bf16-B"), "no row for the matmul with a 16-bit B operand");
+    for r in &rows {
+        let rate = if r["bound"] == "compute" { r["gflops"].as_f64() } else { r["gbps"].as_f64() };
+        let rate = rate.unwrap_or_else(|| panic!("no rate in {r}"));
+        assert!(rate.is_finite() && rate > 0.0, "rate {rate} in {r}");
+        assert!(r["seconds"].as_f64().is_some_and(|s| s > 0.0), "seconds in {r}");
+    }
+    let step = lines.iter().find(|v| v.get("step_kernel_seconds").is_some()).expect("a step estimate line");
+    assert!(step["step_kernel_seconds"].as_f64().is_some_and(|s| s.is_finite() && s > 0.0), "{step}");
+}
