@@ -12,7 +12,7 @@ pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
@@ -82,11 +82,13 @@ const MAX_CHUNK_BYTES: usize = 256 << 20;
 pub struct Comm {
     transport: Box<dyn Collectives>,
     stats: Cell<CommStats>,
+    /// The reduce-scatter's receive buffer, kept between calls (it runs once per block per micro-batch).
+    received: RefCell<Vec<f32>>,
 }
 
 impl Comm {
     pub fn new(transport: Box<dyn Collectives>) -> Self {
-        Comm { transport, stats: Cell::new(CommStats::default()) }
+        Comm { transport, stats: Cell::new(CommStats::default()), received: RefCell::new(Vec::new()) }
     }
 
     /// A world of one: every collective is a copy.
@@ -179,7 +181,8 @@ impl Comm {
             out.copy_from_slice(full);
             return Ok(());
         }
-        let mut received = vec![0f32; world * n];
+        let mut received = self.received.borrow_mut();
+        received.resize(world * n, 0.0);
         let chunk = (MAX_CHUNK_BYTES / 4).max(1);
         self.count((world - 1) * n * 4, device_busy, || {
             for start in (0..n).step_by(chunk) {

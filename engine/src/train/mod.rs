@@ -158,6 +158,8 @@ pub struct Trainer<'d, D: Backend> {
     /// Stage 1 with several ranks: each block group's whole gradient, summed over this rank's
     /// micro-batches and reduce-scattered once at the end of the step (empty otherwise).
     stage1_grads: Vec<Vec<f32>>,
+    /// A block's whole downloaded gradient and this rank's reduced slice of it, reused between calls.
+    reduce_scratch: (Vec<f32>, Vec<f32>),
     progress: Arc<Progress>,
     nvme: Option<Arc<NvmeDir>>,
     jobs: Option<Sender<UpdateJob>>,
@@ -269,6 +271,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             comm,
             shared: Arc::new(shared),
             stage1_grads,
+            reduce_scratch: (Vec::new(), Vec::new()),
             progress,
             nvme,
             jobs: None,
@@ -471,13 +474,17 @@ impl<'d, D: Backend> Trainer<'d, D> {
             }
         } else {
             let shard = &self.shards[k];
-            let mut whole = vec![0.0f32; shard.padded_len];
+            let (whole, mine) = &mut self.reduce_scratch;
+            // The tensors cover 0..len; the padding after them must be zero (an earlier, longer group may
+            // have left values there).
+            whole.resize(shard.padded_len, 0.0);
+            whole[shard.len..].fill(0.0);
+            mine.resize(shard.slice_len(), 0.0);
             for (data, slot) in downloaded.iter().zip(&layout.tensors) {
                 whole[slot.range()].copy_from_slice(data);
             }
-            let mut mine = vec![0.0f32; shard.slice_len()];
-            self.comm.reduce_scatter_sum(&whole, &mut mine, self.dev.is_async())?;
-            add(&mut lock(&self.shared[k]).grads, &mine);
+            self.comm.reduce_scatter_sum(whole, mine, self.dev.is_async())?;
+            add(&mut lock(&self.shared[k]).grads, mine);
         }
         Ok(overflow)
     }
