@@ -708,10 +708,7 @@ fn train_mpi(a: &TrainArgs, devices: &[RankDevice], options: &RunOptions, mut tc
     };
     let comm = Comm::new(Box::new(mpi.comm()));
     let opened = which.open(a.device.device, a.device.adapter.as_deref(), a.gpu_mem_budget);
-    let result = opened.and_then(|dev| match &dev {
-        device::AnyDevice::Cpu(d) => zerostream::train::run::run(d, options, tc, comm).map(|_| ()),
-        device::AnyDevice::Gpu(d) => zerostream::train::run::run(d, options, tc, comm).map(|_| ()),
-    });
+    let result = opened.and_then(|dev| zerostream::train::run::run_rank_on(&dev, options, tc, comm));
     if let Err(e) = result {
         // Stop every rank now rather than leave them waiting in a collective.
         mpi.abort(&format!("rank {rank}: {e:#}"));

@@ -9,7 +9,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use anyhow::{Result, anyhow, bail};
 
 use super::TrainConfig;
-use super::run::{RunOptions, RunSummary, run};
+use super::run::{RunOptions, RunSummary, run_rank_on};
 use crate::comm::local::LocalWorld;
 use crate::comm::{Collectives, Comm, PeerFailed};
 use crate::device::{self, AnyDevice, DeviceChoice};
@@ -144,9 +144,6 @@ pub fn train_in_process(
         let rank = comm.rank();
         let which = devices.get(rank).cloned().unwrap_or(RankDevice::Default);
         let dev = which.open(choice, adapter, train.gpu_mem_budget).map_err(|e| e.context(format!("rank {rank}: opening its device")))?;
-        match &dev {
-            AnyDevice::Cpu(d) => run(d, options, train.clone(), comm),
-            AnyDevice::Gpu(d) => run(d, options, train.clone(), comm),
-        }
+        run_rank_on(&dev, options, train.clone(), comm)
     })
 }

@@ -84,9 +84,14 @@ fn resolve_config(spec: &str) -> Result<Gpt2Config> {
 
 /// Runs `zerostream train` on one rank, on whichever device was opened.
 pub fn run_on(dev: &AnyDevice, options: &RunOptions, train: TrainConfig) -> Result<RunSummary> {
+    run_rank_on(dev, options, train, Comm::single())
+}
+
+/// This rank's part of `zerostream train` (see [`run`]), on whichever device was opened.
+pub fn run_rank_on(dev: &AnyDevice, options: &RunOptions, train: TrainConfig, comm: Comm) -> Result<RunSummary> {
     match dev {
-        AnyDevice::Cpu(d) => run(d, options, train, Comm::single()),
-        AnyDevice::Gpu(d) => run(d, options, train, Comm::single()),
+        AnyDevice::Cpu(d) => run(d, options, train, comm),
+        AnyDevice::Gpu(d) => run(d, options, train, comm),
     }
 }
 
