@@ -114,11 +114,23 @@ impl IoEngine {
     /// Opens (creating if asked) a file for this engine: O_DIRECT when configured and allowed. Returns
     /// the file and whether it is direct.
     pub fn open(&self, path: &Path, create: bool) -> io::Result<(File, bool)> {
+        self.open_with_flags(path, create, 0)
+    }
+
+    /// Like [`IoEngine::open`], but a symbolic link at `path` itself is refused (O_NOFOLLOW: the open
+    /// fails with ELOOP) rather than followed, so a file planted in a directory we own cannot redirect
+    /// our writes elsewhere. Links among the directories leading to `path` are still followed.
+    pub fn open_nofollow(&self, path: &Path, create: bool) -> io::Result<(File, bool)> {
+        self.open_with_flags(path, create, libc::O_NOFOLLOW)
+    }
+
+    fn open_with_flags(&self, path: &Path, create: bool, flags: libc::c_int) -> io::Result<(File, bool)> {
         let mut options = OpenOptions::new();
-        options.read(true).write(true).create(create);
+        // `custom_flags` replaces rather than adds, hence O_DIRECT is or-ed in below, not set apart.
+        options.read(true).write(true).create(create).custom_flags(flags);
         if self.config.direct && self.config.engine != IoEngineKind::Mmap {
             let mut direct = options.clone();
-            direct.custom_flags(libc::O_DIRECT);
+            direct.custom_flags(flags | libc::O_DIRECT);
             match direct.open(path) {
                 Ok(f) => return Ok((f, true)),
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {} // the filesystem refuses O_DIRECT
