@@ -6,6 +6,7 @@ pub mod adam;
 pub mod aligned;
 pub mod io;
 pub mod membw;
+mod shard_file;
 pub mod store;
 pub mod sweep;
 

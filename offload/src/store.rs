@@ -1,18 +1,27 @@
 //! The store of training tensors: fixed-size, page-aligned flat buffers, each with a home tier.
 //!
 //! A [`Stored`] tensor lives either in RAM (always resident) or in a file on NVMe (resident only
-//! between [`Stored::page_in`] and [`Stored::page_out`]). Files are named `{name}.rank{r}.bin`, sized to
-//! a whole number of pages, and reused by later runs. With verification on, each write also writes a
-//! CRC32 of the data to `{file}.crc`, and each read checks it. The checksum is removed before data is
-//! overwritten and written again only after the data write succeeded, so a failed or interrupted write
-//! never leaves a shard that reads back as valid.
+//! between [`Stored::page_in`] and [`Stored::page_out`]). Files are named `{name}.rank{r}.bin` and
+//! reused by later runs. Each holds the data padded to whole pages, then a one-page footer (magic,
+//! format version, length and, with verification on, the data's CRC32), checked on every read.
+//!
+//! The NVMe tier never overwrites the only copy of a tensor: a write goes to a fresh
+//! `{name}.rank{r}.bin.next` beside the old file and is renamed over it, so a process killed mid-write
+//! leaves either the old state or the new one (the `.next` left behind is removed when the shard is
+//! next opened). Writing therefore needs room on disk for one more copy of the shard being written.
+//! Symbolic links inside the directory are never followed (every open there uses O_NOFOLLOW), so a
+//! link planted where a shard or the lock should be cannot redirect writes elsewhere.
+//! See [`ShardFile`] for the file itself.
 
 use std::fs::File;
 use std::io;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::aligned::{AlignedBuf, align_up};
-use crate::io::{Direction, IoEngine};
+use crate::aligned::AlignedBuf;
+use crate::io::IoEngine;
+pub use crate::shard_file::ShardFile;
+use crate::shard_file::{open_error, open_in_dir};
 
 /// Where a tensor lives between uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -43,7 +52,7 @@ impl std::error::Error for StoreError {}
 
 pub type Result<T> = std::result::Result<T, StoreError>;
 
-fn io_error(what: &str, path: &Path, e: io::Error) -> StoreError {
+pub(crate) fn io_error(what: &str, path: &Path, e: io::Error) -> StoreError {
     let why = match e.raw_os_error() {
         Some(libc::ENOSPC) => "the disk is full (ENOSPC)".to_string(),
         Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS) => format!("not writable ({e})"),
@@ -64,9 +73,11 @@ pub struct NvmeDir {
 }
 
 impl NvmeDir {
-    /// Checks that `dir` exists and is writable (by creating and removing a probe file), and whether
-    /// its filesystem accepts O_DIRECT; a refusal is added to `io.notes`.
+    /// Creates `dir` if it is missing, checks that it is a writable directory (by creating and removing
+    /// a probe file) that no other run holds, and whether its filesystem accepts O_DIRECT; a refusal is
+    /// added to `io.notes`.
     pub fn new(dir: &Path, mut io: IoEngine, verify: bool, rank: usize) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| io_error("creating the NVMe directory", dir, e))?;
         let meta = std::fs::metadata(dir).map_err(|e| io_error("NVMe directory", dir, e))?;
         if !meta.is_dir() {
             return Err(StoreError(format!("NVMe directory {}: not a directory", dir.display())));
@@ -76,8 +87,9 @@ impl NvmeDir {
             .create(true)
             .truncate(false)
             .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&lock_path)
-            .map_err(|e| io_error("NVMe directory lock", &lock_path, e))?;
+            .map_err(|e| open_error("NVMe directory lock", &lock_path, e))?;
         if lock.try_lock().is_err() {
             return Err(StoreError(format!(
                 "NVMe directory {} is in use by another zerostream run (it holds {}): give each run its own --nvme-dir",
@@ -86,7 +98,7 @@ impl NvmeDir {
             )));
         }
         let probe = dir.join(format!(".zerostream-probe-{}", std::process::id()));
-        let opened = io.open(&probe, true).map_err(|e| io_error("NVMe directory", dir, e));
+        let opened = open_in_dir(&io, "NVMe directory probe", &probe, true);
         let _ = std::fs::remove_file(&probe);
         let (_, direct) = opened?;
         if io.config.direct && !direct && io.config.engine != crate::io::IoEngineKind::Mmap {
@@ -97,93 +109,6 @@ impl NvmeDir {
 
     pub fn shard_path(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}.rank{}.bin", self.rank))
-    }
-}
-
-/// One tensor's file on the NVMe tier.
-#[derive(Debug)]
-pub struct ShardFile {
-    pub path: PathBuf,
-    file: File,
-    len_bytes: usize,
-    pub direct: bool,
-}
-
-impl ShardFile {
-    /// Opens `{name}.rank{r}.bin`, creating it at the page-aligned size of `len_bytes`. An existing file of
-    /// another size is refused rather than silently resized: it belongs to another model or run.
-    pub fn open(nvme: &NvmeDir, name: &str, len_bytes: usize) -> Result<Self> {
-        let path = nvme.shard_path(name);
-        let size = align_up(len_bytes) as u64;
-        let existed = path.exists();
-        let (file, direct) = nvme.io.open(&path, true).map_err(|e| io_error("opening shard", &path, e))?;
-        let actual = file.metadata().map_err(|e| io_error("reading the size of", &path, e))?.len();
-        if existed && actual != size && actual != 0 {
-            return Err(StoreError(format!(
-                "shard {} is {actual} bytes, expected {size}: it was written for another model or configuration; remove it or use another directory",
-                path.display()
-            )));
-        }
-        if actual != size {
-            // Reserve the blocks now, so a full disk shows up at start-up rather than mid-run.
-            let err = unsafe { libc::posix_fallocate(std::os::unix::io::AsRawFd::as_raw_fd(&file), 0, size as libc::off_t) };
-            if err != 0 {
-                let e = io::Error::from_raw_os_error(err);
-                if err == libc::ENOSPC {
-                    let _ = std::fs::remove_file(&path);
-                    return Err(io_error("allocating shard", &path, e));
-                }
-                file.set_len(size).map_err(|e| io_error("sizing shard", &path, e))?;
-            }
-        }
-        Ok(ShardFile { path, file, len_bytes, direct })
-    }
-
-    fn crc_path(&self) -> PathBuf {
-        let mut p = self.path.clone().into_os_string();
-        p.push(".crc");
-        PathBuf::from(p)
-    }
-
-    /// Writes the buffer (whole pages) and, with `verify`, its checksum afterwards.
-    pub fn write(&self, nvme: &NvmeDir, buf: &mut AlignedBuf) -> Result<()> {
-        assert_eq!(buf.len_bytes(), self.len_bytes, "shard {}: buffer of the wrong size", self.path.display());
-        let crc_path = self.crc_path();
-        match std::fs::remove_file(&crc_path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_error("invalidating checksum", &crc_path, e)),
-        }
-        nvme.io.transfer(Direction::Write, &self.file, 0, buf.padded_mut()).map_err(|e| io_error("writing shard", &self.path, e))?;
-        if nvme.verify {
-            let crc = crc32fast::hash(buf.bytes());
-            let tmp = crc_path.with_extension("crc.tmp");
-            std::fs::write(&tmp, format!("{crc:08x} {}\n", self.len_bytes)).map_err(|e| io_error("writing checksum", &tmp, e))?;
-            std::fs::rename(&tmp, &crc_path).map_err(|e| io_error("writing checksum", &crc_path, e))?;
-        }
-        Ok(())
-    }
-
-    /// Reads the shard into `buf`; with `verify`, checks it against the checksum of its last good write.
-    pub fn read(&self, nvme: &NvmeDir, buf: &mut AlignedBuf) -> Result<()> {
-        assert_eq!(buf.len_bytes(), self.len_bytes, "shard {}: buffer of the wrong size", self.path.display());
-        nvme.io.transfer(Direction::Read, &self.file, 0, buf.padded_mut()).map_err(|e| io_error("reading shard", &self.path, e))?;
-        if nvme.verify {
-            let crc_path = self.crc_path();
-            let text = std::fs::read_to_string(&crc_path).map_err(|_| {
-                StoreError(format!("shard {}: no checksum ({}): it was never completely written", self.path.display(), crc_path.display()))
-            })?;
-            let want = text.split_whitespace().next().and_then(|h| u32::from_str_radix(h, 16).ok());
-            let got = crc32fast::hash(buf.bytes());
-            if want != Some(got) {
-                return Err(StoreError(format!(
-                    "shard {}: checksum mismatch (file says {:?}, data gives {got:08x}): the data is corrupt",
-                    self.path.display(),
-                    text.trim()
-                )));
-            }
-        }
-        Ok(())
     }
 }
 
@@ -272,7 +197,7 @@ impl Stored {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::io::IoConfig;
+    use crate::io::{Direction, IoConfig};
 
     fn nvme(dir: &Path, verify: bool) -> NvmeDir {
         NvmeDir::new(dir, IoEngine::new(IoConfig { block_bytes: 8192, queue_depth: 4, ..IoConfig::default() }).unwrap(), verify, 0).unwrap()
@@ -295,7 +220,8 @@ mod tests {
         let nv = nvme(dir.path(), true);
         let mut t = Stored::new("h.0.master", 10_000, Tier::Nvme, Some(&nv)).unwrap();
         assert!(!t.is_resident());
-        assert_eq!(std::fs::metadata(nv.shard_path("h.0.master")).unwrap().len(), 12288);
+        // 10,000 bytes padded to three pages, and the footer's page.
+        assert_eq!(std::fs::metadata(nv.shard_path("h.0.master")).unwrap().len(), 12288 + 4096);
         t.page_in_uninit();
         t.data_mut().as_mut_slice::<f32>().iter_mut().enumerate().for_each(|(i, x)| *x = i as f32);
         t.page_out(Some(&nv), true).unwrap();
@@ -311,7 +237,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let nv = nvme(dir.path(), true);
         let mut t = Stored::new("m", 4096, Tier::Nvme, Some(&nv)).unwrap();
-        // Never written: no checksum, so it cannot read back as valid.
+        // Never written: no footer, so it cannot read back as valid.
         let err = t.page_in(Some(&nv)).unwrap_err().to_string();
         assert!(err.contains("never completely written") && err.contains("m.rank0.bin"), "{err}");
         t.page_in_uninit();
@@ -325,7 +251,7 @@ mod tests {
         let err = t.page_in(Some(&nv)).unwrap_err().to_string();
         assert!(err.contains("checksum mismatch") && err.contains("m.rank0.bin"), "{err}");
         let err = Stored::new("m", 3 * 4096, Tier::Nvme, Some(&nv)).err().unwrap().to_string();
-        assert!(err.contains("expected 12288") && err.contains("m.rank0.bin"), "{err}");
+        assert!(err.contains("expected 16384") && err.contains("m.rank0.bin"), "{err}");
     }
 
     #[test]
@@ -341,10 +267,19 @@ mod tests {
     }
 
     #[test]
-    fn missing_directories_are_refused_with_the_path() {
-        let io = IoEngine::new(IoConfig::default()).unwrap();
-        let err = NvmeDir::new(Path::new("/nonexistent/zerostream"), io, false, 0).unwrap_err().to_string();
-        assert!(err.contains("/nonexistent/zerostream"), "{err}");
+    fn missing_directories_are_created_and_uncreatable_ones_refused_with_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let deep = dir.path().join("a/b/rank0");
+        nvme(&deep, true);
+        assert!(deep.is_dir());
+        // procfs refuses new directories, and a regular file cannot have children.
+        let file = dir.path().join("plain");
+        std::fs::write(&file, b"x").unwrap();
+        for path in [Path::new("/proc/zerostream-nvme"), &file.join("child"), &file] {
+            let io = IoEngine::new(IoConfig::default()).unwrap();
+            let err = NvmeDir::new(path, io, false, 0).unwrap_err().to_string();
+            assert!(err.contains(&*path.to_string_lossy()), "{err}");
+        }
         let err = Stored::new("x", 16, Tier::Nvme, None).err().unwrap().to_string();
         assert!(err.contains("--nvme-dir"), "{err}");
     }

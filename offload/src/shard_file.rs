@@ -1,0 +1,247 @@
+//! One tensor's file on the NVMe tier, replaced whole on every write.
+//!
+//! A shard file is `[data, padded to whole pages][footer: one page]`. The footer says what the data
+//! is (magic, format version, length) and, with verification on, holds the data's CRC32. A write goes
+//! into a fresh sibling `{file}.next` and is then renamed over `{file}`: rename replaces the directory
+//! entry atomically, so whatever kills the process mid-write, the shard reads back as either the old
+//! state or the new one, and data and checksum can never disagree because they travel in one file.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use crate::aligned::{ALIGN_BYTES, AlignedBuf, align_up};
+use crate::io::{Direction, IoEngine};
+use crate::store::{NvmeDir, Result, StoreError, io_error};
+
+/// The footer's size: one page, so it keeps O_DIRECT's alignment after the page-aligned data.
+pub const FOOTER_BYTES: usize = ALIGN_BYTES;
+/// The first bytes of every footer.
+const MAGIC: [u8; 8] = *b"ZSSHARD\0";
+/// Bumped whenever the layout of the file or the footer changes.
+const FORMAT_VERSION: u32 = 1;
+/// Footer flag: the data's CRC32 is present.
+const HAS_CRC: u32 = 1;
+/// The footer's fields (little-endian): magic, version, flags, data length, data CRC32, and a CRC32 of
+/// those 28 bytes, so a damaged footer is told apart from damaged data. The rest of the page is zero.
+const FIELDS_BYTES: usize = 28;
+
+/// The size of a shard file holding `len_bytes` of data.
+pub fn file_bytes(len_bytes: usize) -> u64 {
+    (align_up(len_bytes) + FOOTER_BYTES) as u64
+}
+
+fn encode_footer(page: &mut [u8], len_bytes: usize, crc: Option<u32>) {
+    page.fill(0);
+    page[0..8].copy_from_slice(&MAGIC);
+    page[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    page[12..16].copy_from_slice(&(if crc.is_some() { HAS_CRC } else { 0 }).to_le_bytes());
+    page[16..24].copy_from_slice(&(len_bytes as u64).to_le_bytes());
+    page[24..28].copy_from_slice(&crc.unwrap_or(0).to_le_bytes());
+    let own = crc32fast::hash(&page[..FIELDS_BYTES]);
+    page[28..32].copy_from_slice(&own.to_le_bytes());
+}
+
+fn u32_at(page: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(page[at..at + 4].try_into().unwrap())
+}
+
+/// Checks a footer read from `path` against the expected length; returns the data's CRC32 if it has one.
+fn decode_footer(path: &Path, page: &[u8], len_bytes: usize) -> Result<Option<u32>> {
+    let p = path.display();
+    if page.iter().all(|&b| b == 0) {
+        // What a file created at open but never written holds (fallocate reads back as zeros).
+        return Err(StoreError(format!("shard {p}: no footer: it was never completely written")));
+    }
+    if page[0..8] != MAGIC {
+        return Err(StoreError(format!(
+            "shard {p}: not a zerostream shard of this format (footer magic {:02x?}): it was written by another version or for another model; remove it or use another directory",
+            &page[0..8]
+        )));
+    }
+    if u32_at(page, 28) != crc32fast::hash(&page[..FIELDS_BYTES]) {
+        return Err(StoreError(format!("shard {p}: footer checksum mismatch: the footer is corrupt")));
+    }
+    let version = u32_at(page, 8);
+    if version != FORMAT_VERSION {
+        return Err(StoreError(format!(
+            "shard {p}: format version {version}, this build reads {FORMAT_VERSION}: it was written by another version; remove it or use another directory"
+        )));
+    }
+    let len = u64::from_le_bytes(page[16..24].try_into().unwrap());
+    if len != len_bytes as u64 {
+        return Err(StoreError(format!(
+            "shard {p} holds {len} bytes, expected {len_bytes}: it was written by another version or for another model or configuration; remove it or use another directory"
+        )));
+    }
+    Ok((u32_at(page, 12) & HAS_CRC != 0).then(|| u32_at(page, 24)))
+}
+
+/// An error opening a file inside the NVMe directory, where a symbolic link is refused (O_NOFOLLOW).
+pub(crate) fn open_error(what: &str, path: &Path, e: io::Error) -> StoreError {
+    if e.raw_os_error() == Some(libc::ELOOP) {
+        return StoreError(format!(
+            "{what} {}: it is a symbolic link, and symlinks inside the NVMe directory are not followed (ELOOP); replace it with a regular file or remove it",
+            path.display()
+        ));
+    }
+    io_error(what, path, e)
+}
+
+/// Opens (creating if asked) a file inside the NVMe directory without following a symlink at its path.
+pub(crate) fn open_in_dir(io: &IoEngine, what: &str, path: &Path, create: bool) -> Result<(File, bool)> {
+    io.open_nofollow(path, create).map_err(|e| open_error(what, path, e))
+}
+
+/// Removes `path` if it is there (a symlink is removed itself, never its target).
+fn remove_if_present(what: &str, path: &Path) -> Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_error(what, path, e)),
+    }
+}
+
+/// Reserves `size` bytes for `file` now, so a full disk shows up before any data is written (and, for
+/// a `.next` file, before the old state could be lost). On ENOSPC the caller removes the file.
+fn reserve(file: &File, path: &Path, size: u64) -> Result<()> {
+    // SAFETY: a plain system call on a descriptor we own.
+    let err = unsafe { libc::posix_fallocate(std::os::unix::io::AsRawFd::as_raw_fd(file), 0, size as libc::off_t) };
+    match err {
+        0 => Ok(()),
+        libc::ENOSPC => Err(io_error("allocating shard", path, io::Error::from_raw_os_error(err))),
+        // The filesystem cannot preallocate (or refuses glibc's emulation on an O_DIRECT file): size it.
+        _ => file.set_len(size).map_err(|e| io_error("sizing shard", path, e)),
+    }
+}
+
+/// One tensor's file on the NVMe tier.
+#[derive(Debug)]
+pub struct ShardFile {
+    pub path: PathBuf,
+    /// The current file. Each write replaces it (the rename makes a new inode current), so reads go
+    /// through the descriptor of whichever file the last write left; the lock keeps a read from
+    /// seeing the swap half-done.
+    file: Mutex<File>,
+    len_bytes: usize,
+    pub direct: bool,
+}
+
+impl ShardFile {
+    /// Opens `{name}.rank{r}.bin`, creating it (zeros: never written) at the page-aligned size of
+    /// `len_bytes` plus the footer's page, or reusing it if it has that size. A file of another size is
+    /// refused rather than silently resized: it belongs to another model, run or version. A `.next`
+    /// file left by an interrupted write is removed: that write never completed, so the old file is the
+    /// state (and the directory's lock, held by `nvme`, means no other run is writing it now).
+    pub fn open(nvme: &NvmeDir, name: &str, len_bytes: usize) -> Result<Self> {
+        let path = nvme.shard_path(name);
+        remove_if_present("removing the unfinished write", &next_path(&path))?;
+        let size = file_bytes(len_bytes);
+        let (file, direct) = open_in_dir(&nvme.io, "opening shard", &path, true)?;
+        let meta = file.metadata().map_err(|e| io_error("reading the size of", &path, e))?;
+        if !meta.is_file() {
+            return Err(StoreError(format!("shard {}: not a regular file; remove it or use another directory", path.display())));
+        }
+        let actual = meta.len();
+        if actual != size && actual != 0 {
+            return Err(StoreError(format!(
+                "shard {} is {actual} bytes, expected {size}: it was written by another version or for another model or configuration; remove it or use another directory",
+                path.display()
+            )));
+        }
+        if actual == 0 {
+            // New (or created by a run that died before sizing it): nothing in it to keep.
+            if let Err(e) = reserve(&file, &path, size) {
+                let _ = std::fs::remove_file(&path);
+                return Err(e);
+            }
+        }
+        Ok(ShardFile { path, file: Mutex::new(file), len_bytes, direct })
+    }
+
+    fn current(&self) -> MutexGuard<'_, File> {
+        // A File has no invariant a panicking holder could have broken.
+        self.file.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Writes the buffer (whole pages) and its footer to a fresh `.next` file, then renames it over the
+    /// shard. Until the rename the old file is untouched; after it the new one is complete.
+    pub fn write(&self, nvme: &NvmeDir, buf: &mut AlignedBuf) -> Result<()> {
+        assert_eq!(buf.len_bytes(), self.len_bytes, "shard {}: buffer of the wrong size", self.path.display());
+        let mut current = self.current();
+        let next = next_path(&self.path);
+        // Fresh each time: whatever is there (a failed write's leftover, a planted symlink) goes first,
+        // and O_NOFOLLOW refuses a link that appears in between.
+        remove_if_present("removing the unfinished write", &next)?;
+        let (file, _) = open_in_dir(&nvme.io, "creating shard", &next, true)?;
+        if let Err(e) = self.fill(nvme, &file, &next, buf) {
+            let _ = std::fs::remove_file(&next);
+            return Err(e);
+        }
+        // No fsync: the guarantee is against the process dying (SIGKILL, OOM, a crash), and the kernel
+        // keeps both the written data and the rename (page cache, journal) and flushes them in its own
+        // time. Surviving a power loss would take an fsync of the file and the directory per write;
+        // without it, a file torn by one is caught by the footer check or, with verify, by the CRC
+        // (with verify off, torn data behind an intact footer would go unnoticed).
+        if let Err(e) = std::fs::rename(&next, &self.path) {
+            let _ = std::fs::remove_file(&next);
+            return Err(io_error("replacing shard", &self.path, e));
+        }
+        // Dropping the old descriptor frees the old file's blocks.
+        *current = file;
+        Ok(())
+    }
+
+    /// Sizes `file` (a new `.next`) and writes the data and then the footer into it.
+    fn fill(&self, nvme: &NvmeDir, file: &File, path: &Path, buf: &mut AlignedBuf) -> Result<()> {
+        let data_bytes = align_up(self.len_bytes);
+        reserve(file, path, file_bytes(self.len_bytes))?;
+        let crc = nvme.verify.then(|| crc32fast::hash(buf.bytes()));
+        nvme.io.transfer(Direction::Write, file, 0, &mut buf.padded_mut()[..data_bytes]).map_err(|e| io_error("writing shard", path, e))?;
+        let mut footer = AlignedBuf::zeroed(FOOTER_BYTES);
+        encode_footer(footer.padded_mut(), self.len_bytes, crc);
+        nvme.io
+            .transfer(Direction::Write, file, data_bytes as u64, footer.padded_mut())
+            .map_err(|e| io_error("writing the footer of shard", path, e))
+    }
+
+    /// Reads the shard into `buf` after checking its footer; with `verify`, checks the data's CRC32.
+    pub fn read(&self, nvme: &NvmeDir, buf: &mut AlignedBuf) -> Result<()> {
+        assert_eq!(buf.len_bytes(), self.len_bytes, "shard {}: buffer of the wrong size", self.path.display());
+        let current = self.current();
+        let data_bytes = align_up(self.len_bytes);
+        let mut footer = AlignedBuf::zeroed(FOOTER_BYTES);
+        nvme.io
+            .transfer(Direction::Read, &current, data_bytes as u64, footer.padded_mut())
+            .map_err(|e| io_error("reading the footer of shard", &self.path, e))?;
+        let want = decode_footer(&self.path, footer.padded(), self.len_bytes)?;
+        nvme.io
+            .transfer(Direction::Read, &current, 0, &mut buf.padded_mut()[..data_bytes])
+            .map_err(|e| io_error("reading shard", &self.path, e))?;
+        drop(current);
+        if nvme.verify {
+            let Some(want) = want else {
+                return Err(StoreError(format!(
+                    "shard {}: written without a checksum (verification was off), so it cannot be verified; write it again with verification on, or turn it off",
+                    self.path.display()
+                )));
+            };
+            let got = crc32fast::hash(buf.bytes());
+            if want != got {
+                return Err(StoreError(format!(
+                    "shard {}: checksum mismatch (footer says {want:08x}, data gives {got:08x}): the data is corrupt",
+                    self.path.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where a write of `path` goes before it replaces it.
+pub fn next_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".next");
+    PathBuf::from(p)
+}
