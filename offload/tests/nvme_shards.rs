@@ -1,0 +1,259 @@
+//! Shard files on the NVMe tier as the disk sees them: a write replaces the file whole (never the only
+//! copy in place), a write cut short leaves the old state, damage is named, and symlinks inside the
+//! directory are refused rather than followed.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use zerostream_offload::{IoConfig, IoEngine, IoEngineKind, NvmeDir, Stored, Tier};
+
+const FOOTER: usize = 4096;
+
+fn nvme_with(dir: &Path, engine: IoEngineKind, verify: bool) -> NvmeDir {
+    let io = IoEngine::new(IoConfig { engine, block_bytes: 8192, queue_depth: 4, ..IoConfig::default() }).unwrap();
+    NvmeDir::new(dir, io, verify, 0).unwrap()
+}
+
+fn nvme(dir: &Path) -> NvmeDir {
+    nvme_with(dir, IoEngineKind::Pread, true)
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// Writes `bytes` as the whole of tensor `t`.
+fn write(t: &mut Stored, nv: &NvmeDir, bytes: &[u8]) {
+    t.page_in_uninit();
+    t.data_mut().bytes_mut().copy_from_slice(bytes);
+    t.page_out(Some(nv), true).unwrap();
+}
+
+/// Reads tensor `t` back (and pages it out again, clean).
+fn read(t: &mut Stored, nv: &NvmeDir) -> Result<Vec<u8>, String> {
+    t.page_in(Some(nv)).map_err(|e| e.to_string())?;
+    let bytes = t.data().bytes().to_vec();
+    t.page_out(Some(nv), false).unwrap();
+    Ok(bytes)
+}
+
+fn next_of(path: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.next", path.display()))
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    names
+}
+
+fn flip(path: &Path, at: usize) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[at] ^= 0x10;
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn a_write_replaces_the_file_whole_and_leaves_nothing_beside_it() {
+    for engine in [IoEngineKind::Uring, IoEngineKind::Pread, IoEngineKind::Mmap] {
+        let dir = tempfile::tempdir().unwrap();
+        let nv = nvme_with(dir.path(), engine, true);
+        let len = 3 * 4096 + 10;
+        let mut t = Stored::new("g.master", len, Tier::Nvme, Some(&nv)).unwrap();
+        let path = nv.shard_path("g.master");
+        let (v1, v2) = (pattern(len, 1), pattern(len, 2));
+        write(&mut t, &nv, &v1);
+        assert_eq!(names(dir.path()), [".zerostream.lock", "g.master.rank0.bin"], "{engine}: no .crc, no .next");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), (4 * 4096 + FOOTER) as u64);
+        // Keep the first version's file open: the second write must go to another file, not over it.
+        let first = std::fs::File::open(&path).unwrap();
+        write(&mut t, &nv, &v2);
+        assert_ne!(first.metadata().unwrap().ino(), std::fs::metadata(&path).unwrap().ino(), "{engine}: a new inode each write");
+        let mut old = vec![0u8; len];
+        std::os::unix::fs::FileExt::read_exact_at(&first, &mut old, 0).unwrap();
+        assert!(old == v1, "{engine}: the first version was overwritten in place");
+        assert!(read(&mut t, &nv).unwrap() == v2, "{engine}: the second version reads back");
+        assert_eq!(names(dir.path()), [".zerostream.lock", "g.master.rank0.bin"], "{engine}");
+        // A later run reuses the file and reads the last version.
+        drop(t);
+        let mut again = Stored::new("g.master", len, Tier::Nvme, Some(&nv)).unwrap();
+        assert!(read(&mut again, &nv).unwrap() == v2, "{engine}: after reopening");
+    }
+}
+
+#[test]
+fn an_interrupted_write_leaves_the_old_state_and_its_leftover_is_removed_on_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let nv = nvme(dir.path());
+    let len = 5000;
+    let v1 = pattern(len, 7);
+    write(&mut Stored::new("w", len, Tier::Nvme, Some(&nv)).unwrap(), &nv, &v1);
+    let path = nv.shard_path("w");
+    let next = next_of(&path);
+    // What a write killed part-way leaves: a whole-sized file of garbage, a truncated one, an empty one.
+    let leftovers = [pattern(2 * 4096 + FOOTER, 99), pattern(100, 3), Vec::new()];
+    for leftover in leftovers {
+        std::fs::write(&next, &leftover).unwrap();
+        let mut t = Stored::new("w", len, Tier::Nvme, Some(&nv)).unwrap();
+        assert!(!next.exists(), "the leftover of {} bytes is removed on open", leftover.len());
+        assert!(read(&mut t, &nv).unwrap() == v1, "the old state reads back past a leftover of {} bytes", leftover.len());
+    }
+}
+
+#[test]
+fn a_failed_write_keeps_the_old_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let nv = nvme(dir.path());
+    let v1 = pattern(4096, 5);
+    let mut t = Stored::new("f", 4096, Tier::Nvme, Some(&nv)).unwrap();
+    write(&mut t, &nv, &v1);
+    // A directory where the write's `.next` file must go: the write cannot start.
+    let next = next_of(&nv.shard_path("f"));
+    std::fs::create_dir_all(next.join("blocker")).unwrap();
+    t.page_in_uninit();
+    t.data_mut().bytes_mut().fill(0xee);
+    let err = t.page_out(Some(&nv), true).unwrap_err().to_string();
+    assert!(err.contains("f.rank0.bin.next"), "{err}");
+    assert!(read(&mut t, &nv).unwrap() == v1, "the old state survives the failed write");
+}
+
+#[test]
+fn damaged_data_and_footers_are_named_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let nv = nvme(dir.path());
+    let len = 6000;
+    let mut t = Stored::new("d", len, Tier::Nvme, Some(&nv)).unwrap();
+    let path = nv.shard_path("d");
+    let footer = 2 * 4096;
+    let cases: [(usize, &[&str]); 4] = [
+        (123, &["checksum mismatch", "corrupt"]),                // a data byte
+        (footer + 2, &["another version", "another model"]),     // the magic
+        (footer + 17, &["footer checksum mismatch", "corrupt"]), // the length field
+        (footer + 25, &["footer checksum mismatch", "corrupt"]), // the data's CRC field
+    ];
+    for (at, words) in cases {
+        write(&mut t, &nv, &pattern(len, 1));
+        flip(&path, at);
+        let err = read(&mut t, &nv).unwrap_err();
+        assert!(err.contains("d.rank0.bin") && words.iter().all(|w| err.contains(w)), "byte {at}: {err}");
+    }
+    // Same file size, another length: a file written for another model.
+    write(&mut t, &nv, &pattern(len, 1));
+    let mut other = Stored::new("d", len + 100, Tier::Nvme, Some(&nv)).unwrap();
+    let err = read(&mut other, &nv).unwrap_err();
+    assert!(err.contains("holds 6000 bytes, expected 6100") && err.contains("another model"), "{err}");
+}
+
+#[test]
+fn without_verification_no_checksum_is_written_and_a_verifying_run_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = pattern(4096, 9);
+    {
+        let nv = nvme_with(dir.path(), IoEngineKind::Pread, false);
+        let mut t = Stored::new("n", 4096, Tier::Nvme, Some(&nv)).unwrap();
+        write(&mut t, &nv, &v1);
+        assert!(read(&mut t, &nv).unwrap() == v1);
+    }
+    let nv = nvme(dir.path());
+    let mut t = Stored::new("n", 4096, Tier::Nvme, Some(&nv)).unwrap();
+    let err = read(&mut t, &nv).unwrap_err();
+    assert!(err.contains("n.rank0.bin") && err.contains("without a checksum"), "{err}");
+}
+
+#[test]
+fn a_symlink_where_a_shard_should_be_is_refused_and_its_target_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let nv = nvme(dir.path());
+    let target = elsewhere.path().join("precious");
+    std::fs::write(&target, b"precious").unwrap();
+    let path = nv.shard_path("s");
+    std::os::unix::fs::symlink(&target, &path).unwrap();
+    let err = Stored::new("s", 4096, Tier::Nvme, Some(&nv)).err().unwrap().to_string();
+    assert!(err.contains(&*path.to_string_lossy()) && err.contains("symlinks") && err.contains("not followed"), "{err}");
+    assert_eq!(std::fs::read(&target).unwrap(), b"precious");
+    // A dangling link is refused too, and its target is not created.
+    let missing = elsewhere.path().join("missing");
+    std::os::unix::fs::symlink(&missing, nv.shard_path("t")).unwrap();
+    let err = Stored::new("t", 4096, Tier::Nvme, Some(&nv)).err().unwrap().to_string();
+    assert!(err.contains("t.rank0.bin") && err.contains("not followed"), "{err}");
+    assert!(!missing.exists());
+}
+
+#[test]
+fn a_symlink_planted_as_the_next_file_or_the_shard_is_replaced_not_written_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let nv = nvme(dir.path());
+    let target = elsewhere.path().join("precious");
+    std::fs::write(&target, b"precious").unwrap();
+    let mut t = Stored::new("p", 4096, Tier::Nvme, Some(&nv)).unwrap();
+    let path = nv.shard_path("p");
+    std::os::unix::fs::symlink(&target, next_of(&path)).unwrap();
+    write(&mut t, &nv, &pattern(4096, 1));
+    // After the shard was opened, a link put in its place is renamed over, not written through.
+    std::fs::remove_file(&path).unwrap();
+    std::os::unix::fs::symlink(&target, &path).unwrap();
+    write(&mut t, &nv, &pattern(4096, 2));
+    assert_eq!(std::fs::read(&target).unwrap(), b"precious");
+    assert!(!std::fs::symlink_metadata(&path).unwrap().file_type().is_symlink());
+    assert!(read(&mut t, &nv).unwrap() == pattern(4096, 2));
+}
+
+#[test]
+fn the_lock_file_as_a_symlink_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let target = elsewhere.path().join("precious");
+    std::fs::write(&target, b"precious").unwrap();
+    let lock = dir.path().join(".zerostream.lock");
+    std::os::unix::fs::symlink(&target, &lock).unwrap();
+    let err = NvmeDir::new(dir.path(), IoEngine::new(IoConfig::default()).unwrap(), true, 0).unwrap_err().to_string();
+    assert!(err.contains(&*lock.to_string_lossy()) && err.contains("not followed"), "{err}");
+    assert_eq!(std::fs::read(&target).unwrap(), b"precious");
+}
+
+/// The child side of the test below: rewrites one shard, every byte `k` in version `k`, until killed.
+fn write_versions_until_killed(dir: &Path) -> ! {
+    let nv = nvme(dir);
+    let mut t = Stored::new("k", KILLED_BYTES, Tier::Nvme, Some(&nv)).unwrap();
+    for k in 1u8.. {
+        write(&mut t, &nv, &vec![k; KILLED_BYTES]);
+    }
+    unreachable!("256 versions written before the kill");
+}
+
+const KILLED_BYTES: usize = 8 << 20;
+
+#[test]
+fn a_process_killed_mid_write_leaves_one_whole_version() {
+    if let Some(dir) = std::env::var_os("ZEROSTREAM_TEST_KILL_DIR") {
+        write_versions_until_killed(Path::new(&dir));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let nv = nvme(dir.path());
+        write(&mut Stored::new("k", KILLED_BYTES, Tier::Nvme, Some(&nv)).unwrap(), &nv, &vec![0; KILLED_BYTES]);
+    }
+    let path = dir.path().join("k.rank0.bin");
+    for delay_ms in [5, 20, 45, 80, 130] {
+        // This test again, in a child process that finds the variable set.
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "a_process_killed_mid_write_leaves_one_whole_version", "--test-threads=1", "--quiet"])
+            .env("ZEROSTREAM_TEST_KILL_DIR", dir.path())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        let leftover = next_of(&path).exists();
+        // The child's lock went with it; reopening removes any `.next` and reads a whole version.
+        let nv = nvme(dir.path());
+        let mut t = Stored::new("k", KILLED_BYTES, Tier::Nvme, Some(&nv)).unwrap();
+        assert!(!next_of(&path).exists());
+        let back = read(&mut t, &nv).unwrap_or_else(|e| panic!("killed after {delay_ms} ms (leftover .next: {leftover}): {e}"));
+        assert!(back.iter().all(|&b| b == back[0]), "killed after {delay_ms} ms: a mix of versions");
+        eprintln!("killed after {delay_ms} ms: version {} reads back, leftover .next: {leftover}", back[0]);
+    }
+}
