@@ -1,7 +1,10 @@
 //! Model and data files: Hugging Face GPT-2 directories (config.json + safetensors, single or sharded)
-//! and token files (llm.c's format and raw uint16). Formats only: no training logic, no GPU types.
+//! and token files (llm.c's format and raw uint16), streamed safetensors writing, and the crash-safe
+//! checkpoint directory. Formats only: no training logic, no GPU types.
 
+pub mod checkpoint;
 pub mod hf;
+pub mod safetensors_stream;
 pub mod tokenizer;
 pub mod tokens;
 

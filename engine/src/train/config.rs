@@ -1,9 +1,13 @@
 //! What a training run is configured with: `--precision` and every other setting besides the model
 //! and the data.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use zerostream_offload::{IoConfig, Tier};
+use anyhow::{Context, Result, bail};
+use clap::ValueEnum;
+use serde_json::{Value, json};
+use zerostream_offload::{IoConfig, IoEngineKind, Tier};
 
 use super::schedule::{LrPlan, LrSchedule};
 use super::shard::ZeroStage;
@@ -95,6 +99,144 @@ impl Default for TrainConfig {
             adam_threads: 0,
             zero_stage: ZeroStage::Two,
             sequential: false,
+        }
+    }
+}
+
+/// A run's settings by flag name (`lr`, `batch-size`, ...), as the user types them: what a checkpoint
+/// records and what resume compares.
+pub type Flags = BTreeMap<String, Value>;
+
+/// Flags that change what a run computes: on resume they must match the checkpoint's.
+pub const MEANING_FLAGS: &[&str] = &[
+    "precision",
+    "batch-size",
+    "seq-len",
+    "lr",
+    "min-lr",
+    "warmup-steps",
+    "lr-schedule",
+    "beta1",
+    "beta2",
+    "eps",
+    "weight-decay",
+    "grad-clip",
+];
+
+fn enum_name<E: ValueEnum>(e: E) -> String {
+    e.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default()
+}
+
+fn tier_from(name: &str) -> Result<Tier> {
+    match name {
+        "cpu" => Ok(Tier::Ram),
+        "nvme" => Ok(Tier::Nvme),
+        other => bail!("expected cpu or nvme, got {other:?}"),
+    }
+}
+
+impl TrainConfig {
+    /// Every setting under its flag name, with the value as typed on the command line.
+    pub fn to_flags(&self) -> Flags {
+        let mut f = Flags::new();
+        let mut put = |k: &str, v: Value| {
+            f.insert(k.to_string(), v);
+        };
+        put("batch-size", json!(self.batch));
+        put("seq-len", json!(self.seq_len));
+        put("grad-accum", json!(self.grad_accum));
+        put("steps", json!(self.steps));
+        put("lr", json!(self.lr.peak));
+        put("min-lr", json!(self.lr.min));
+        put("warmup-steps", json!(self.lr.warmup_steps));
+        put("lr-schedule", json!(enum_name(self.lr.schedule)));
+        put("beta1", json!(self.beta1));
+        put("beta2", json!(self.beta2));
+        put("eps", json!(self.eps));
+        put("weight-decay", json!(self.weight_decay));
+        put("grad-clip", json!(self.grad_clip));
+        put("precision", json!(enum_name(self.precision)));
+        put("gpu-mem-budget", json!(self.gpu_mem_budget));
+        put("recompute", json!(self.recompute));
+        put("offload-optimizer", json!(self.offload_optimizer.name()));
+        put("offload-params", json!(self.offload_params.name()));
+        put("nvme-dir", json!(self.nvme_dir.as_ref().map(|p| p.display().to_string())));
+        put("io-engine", json!(self.io.engine.name()));
+        put("block-size", json!(self.io.block_bytes));
+        put("queue-depth", json!(self.io.queue_depth));
+        put("buffered", json!(!self.io.direct));
+        put("no-verify", json!(!self.verify));
+        put("adam-threads", json!(self.adam_threads));
+        put("zero-stage", json!(self.zero_stage.number()));
+        put("sequential", json!(self.sequential));
+        f
+    }
+
+    /// The configuration [`TrainConfig::to_flags`] wrote (a checkpoint's); errors name the flag.
+    pub fn from_flags(f: &Flags) -> Result<Self> {
+        let get = |k: &str| f.get(k).with_context(|| format!("the setting {k} is missing"));
+        let uint = |k: &str| get(k)?.as_u64().with_context(|| format!("{k}: expected a whole number"));
+        let float = |k: &str| get(k)?.as_f64().with_context(|| format!("{k}: expected a number"));
+        let flag = |k: &str| get(k)?.as_bool().with_context(|| format!("{k}: expected true or false"));
+        let text = |k: &str| get(k)?.as_str().map(str::to_string).with_context(|| format!("{k}: expected a string"));
+        let parse_enum = |k: &str| -> Result<String> { text(k) };
+        let precision = Precision::from_str(&parse_enum("precision")?, true).map_err(|e| anyhow::anyhow!("precision: {e}"))?;
+        let schedule = LrSchedule::from_str(&parse_enum("lr-schedule")?, true).map_err(|e| anyhow::anyhow!("lr-schedule: {e}"))?;
+        let steps = uint("steps")?;
+        let engine: IoEngineKind = text("io-engine")?.parse().map_err(|e: String| anyhow::anyhow!("io-engine: {e}"))?;
+        let stage = ZeroStage::from_number(uint("zero-stage")? as u8).context("zero-stage: expected 1, 2 or 3")?;
+        Ok(TrainConfig {
+            batch: uint("batch-size")? as usize,
+            seq_len: uint("seq-len")? as usize,
+            grad_accum: uint("grad-accum")? as usize,
+            steps,
+            lr: LrPlan { peak: float("lr")?, min: float("min-lr")?, warmup_steps: uint("warmup-steps")?, total_steps: steps, schedule },
+            beta1: float("beta1")?,
+            beta2: float("beta2")?,
+            eps: float("eps")?,
+            weight_decay: float("weight-decay")?,
+            grad_clip: float("grad-clip")?,
+            precision,
+            gpu_mem_budget: get("gpu-mem-budget")?.as_u64(),
+            recompute: flag("recompute")?,
+            offload_optimizer: tier_from(&text("offload-optimizer")?).context("offload-optimizer")?,
+            offload_params: tier_from(&text("offload-params")?).context("offload-params")?,
+            nvme_dir: get("nvme-dir")?.as_str().map(PathBuf::from),
+            io: IoConfig {
+                engine,
+                block_bytes: uint("block-size")? as usize,
+                queue_depth: uint("queue-depth")? as usize,
+                direct: !flag("buffered")?,
+            },
+            verify: !flag("no-verify")?,
+            adam_threads: uint("adam-threads")? as usize,
+            zero_stage: stage,
+            sequential: flag("sequential")?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_round_trip() {
+        let mut tc = TrainConfig {
+            precision: Precision::Bf16,
+            gpu_mem_budget: Some(1 << 30),
+            nvme_dir: Some("/x".into()),
+            ..TrainConfig::default()
+        };
+        tc.lr.schedule = LrSchedule::Cosine;
+        tc.offload_optimizer = Tier::Nvme;
+        let flags = tc.to_flags();
+        assert_eq!(flags["precision"], "bf16");
+        assert_eq!(flags["lr-schedule"], "cosine");
+        let back = TrainConfig::from_flags(&flags).unwrap();
+        assert_eq!(format!("{back:?}"), format!("{tc:?}"));
+        for k in MEANING_FLAGS {
+            assert!(flags.contains_key(*k), "{k}");
         }
     }
 }

@@ -15,12 +15,14 @@
 //! waits for a group only when it is about to upload it. Each group's update is the same function of
 //! the same inputs whichever thread runs when, so the result is bit-identical to running in sequence.
 
+pub mod checkpoint;
 mod config;
 pub mod layout;
 pub mod pipeline;
 mod plan;
 pub mod ranks;
 mod report;
+pub mod resume;
 pub mod run;
 pub mod schedule;
 pub mod shard;
@@ -39,7 +41,8 @@ use zerostream_offload::{AdamConfig, AdamW, IoEngine, NvmeDir, Stored, Tier};
 use crate::comm::Comm;
 use crate::device::Backend;
 use crate::model::gpt2::{self, Block, BlockActivations, Gpt2Config, Head, HeadActivations};
-pub use config::{Precision, TrainConfig};
+pub use checkpoint::{Checkpoint, RunRecord, SaveDtype};
+pub use config::{Flags, MEANING_FLAGS, Precision, TrainConfig};
 use layout::{GroupLayout, group_layouts};
 use pipeline::Op;
 pub use plan::{Placement, minimum_device_bytes, plan};
@@ -57,6 +60,8 @@ pub enum ModelSource<'a> {
         config: Gpt2Config,
         seed: u64,
     },
+    /// A checkpoint being resumed: fp32 master weights, Adam moments and counters.
+    Checkpoint(&'a Checkpoint),
 }
 
 impl ModelSource<'_> {
@@ -64,6 +69,7 @@ impl ModelSource<'_> {
         match self {
             ModelSource::Hf(m) => &m.config,
             ModelSource::Random { config, .. } => config,
+            ModelSource::Checkpoint(c) => &c.config,
         }
     }
 
@@ -86,6 +92,7 @@ impl ModelSource<'_> {
                 let normal = Normal::new(0.0f64, std).expect("a valid normal distribution");
                 Ok((0..n).map(|_| normal.sample(&mut rng) as f32).collect())
             }
+            ModelSource::Checkpoint(c) => bail!("internal: {} is read group by group, not tensor {name} at a time", c.dir.display()),
         }
     }
 }
@@ -237,15 +244,26 @@ impl<'d, D: Backend> Trainer<'d, D> {
             for s in [&mut master, &mut m, &mut v, &mut working] {
                 s.page_in_uninit();
             }
-            // The whole group, one group at a time: every rank keeps only its parts of it.
-            let mut whole = vec![0.0f32; shard.padded_len];
-            for t in &g.tensors {
-                let values = source.values(specs_index[&t.name], &t.name, &t.shape)?;
-                whole[t.range()].copy_from_slice(&values);
+            let working_range = shard.working_base..shard.working_base + shard.working_len;
+            if let ModelSource::Checkpoint(c) = source {
+                // This rank's slices at this world size, cut from whichever ranks' files hold them.
+                c.read_range(&g.name, "master", shard.owned.clone(), master.data_mut().as_mut_slice())?;
+                c.read_range(&g.name, "adam_m", shard.owned.clone(), m.data_mut().as_mut_slice())?;
+                c.read_range(&g.name, "adam_v", shard.owned.clone(), v.data_mut().as_mut_slice())?;
+                let mut values = vec![0.0f32; shard.working_len];
+                c.read_range(&g.name, "master", working_range, &mut values)?;
+                write_working(train.precision, &values, &mut working, 0);
+            } else {
+                // The whole group, one group at a time: every rank keeps only its parts of it.
+                let mut whole = vec![0.0f32; shard.padded_len];
+                for t in &g.tensors {
+                    let values = source.values(specs_index[&t.name], &t.name, &t.shape)?;
+                    whole[t.range()].copy_from_slice(&values);
+                }
+                master.data_mut().as_mut_slice::<f32>().copy_from_slice(&whole[shard.owned.clone()]);
+                // m and v start at zero, as page_in_uninit leaves them.
+                write_working(train.precision, &whole[working_range], &mut working, 0);
             }
-            master.data_mut().as_mut_slice::<f32>().copy_from_slice(&whole[shard.owned.clone()]);
-            // m and v start at zero, as page_in_uninit leaves them.
-            write_working(train.precision, &whole[shard.working_base..shard.working_base + shard.working_len], &mut working, 0);
             for s in [&mut master, &mut m, &mut v, &mut working] {
                 s.page_out(nv, true)?;
             }
@@ -255,9 +273,17 @@ impl<'d, D: Backend> Trainer<'d, D> {
         }
 
         let device = Self::allocate_device(dev, &config, &train, &placement)?;
-        let scaler = if train.precision == Precision::Fp16 { LossScaler::new() } else { LossScaler::fixed_one() };
+        let mut scaler = if train.precision == Precision::Fp16 { LossScaler::new() } else { LossScaler::fixed_one() };
+        // A resumed run carries on from the checkpoint's counters; the working copy it was built with
+        // is whole and current.
+        let (mut step, mut adam_steps) = (0, 0);
+        if let ModelSource::Checkpoint(c) = source {
+            (step, adam_steps) = (c.state.step, c.state.adam_steps);
+            scaler = LossScaler::restore(&c.state.loss_scaler);
+            shared.iter_mut().for_each(|s: &mut Mutex<SharedGroup>| lock(s).gathered = adam_steps);
+        }
         let progress = Arc::new(Progress {
-            state: Mutex::new(ProgressState { updated: vec![0; layouts.len()], adam_seconds: Vec::new(), failed: None }),
+            state: Mutex::new(ProgressState { updated: vec![adam_steps; layouts.len()], adam_seconds: Vec::new(), failed: None }),
             changed: Condvar::new(),
         });
         Ok(Trainer {
@@ -279,8 +305,8 @@ impl<'d, D: Backend> Trainer<'d, D> {
             optimizer: Some(optimizer),
             device,
             scaler,
-            step: 0,
-            adam_steps: 0,
+            step,
+            adam_steps,
             io_notes,
         })
     }
@@ -666,6 +692,11 @@ impl<'d, D: Backend> Trainer<'d, D> {
             self.jobs.as_ref().expect("the worker is running").send(job).map_err(|_| self.worker_error())?;
         }
         Ok(())
+    }
+
+    /// Collective: whether any rank says `flag` (a stop asked for on one rank stops them all at the same step).
+    pub fn agree_any(&self, flag: bool) -> Result<bool> {
+        self.comm.any(flag)
     }
 
     fn worker_error(&self) -> anyhow::Error {

@@ -1,15 +1,20 @@
 //! `zerostream train` as a library call: resolve the model and data, print the resolved configuration,
-//! run the steps with a progress bar and a metrics file, save, summarise, and sample some text.
+//! run the steps with a progress bar and a metrics file, checkpoint, stop cleanly on a signal, save,
+//! summarise, and sample some text.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use zerostream_checkpoints::{Gpt2Config, HfModel, TokenFile, Tokenizer, save_hf};
+use zerostream_checkpoints::checkpoint::CheckpointRoot;
+use zerostream_checkpoints::{Gpt2Config, HfModel, TokenFile, Tokenizer};
 
-use super::{ModelSource, StepReport, TrainConfig, Trainer};
+use super::checkpoint::{Checkpoint, RunRecord, SaveDtype, truncate_metrics};
+use super::{Flags, ModelSource, Precision, StepReport, TrainConfig, Trainer};
 use crate::comm::Comm;
 use crate::device::{AnyDevice, Backend};
 
@@ -39,6 +44,19 @@ pub enum ModelChoice {
     Config(String),
     /// The built-in demo model.
     Demo,
+    /// A checkpoint (`step-NNNNNNNN/`) to resume: weights, optimizer state and counters.
+    Resume(PathBuf),
+}
+
+/// Checkpointing: where, how often, how many to keep.
+#[derive(Clone, Debug, Default)]
+pub struct CheckpointOptions {
+    /// The root holding `step-NNNNNNNN/` directories (None: no checkpoints).
+    pub dir: Option<PathBuf>,
+    /// Every this many steps (0: only at the end and when stopped by a signal).
+    pub every: u64,
+    /// Checkpoints to keep, the newest (0: all).
+    pub keep: usize,
 }
 
 /// What to do besides the steps themselves.
@@ -49,6 +67,11 @@ pub struct RunOptions {
     pub seed: u64,
     pub metrics: Option<PathBuf>,
     pub save: Option<PathBuf>,
+    /// The saved model's dtype (None: the working precision).
+    pub save_dtype: Option<SaveDtype>,
+    pub checkpoints: CheckpointOptions,
+    /// Set by SIGINT/SIGTERM: finish the step, checkpoint, stop.
+    pub stop: Option<Arc<AtomicBool>>,
     pub sample_tokens: usize,
     pub prompt: String,
     /// Progress bar and summaries on stderr (off in tests).
@@ -60,6 +83,10 @@ pub struct RunSummary {
     pub steps: Vec<StepReport>,
     pub seconds: f64,
     pub sample: Option<String>,
+    /// Stopped by a signal before the last step (the step it stopped after, counted from the start).
+    pub stopped_at: Option<u64>,
+    /// The last checkpoint written, if any.
+    pub checkpoint: Option<PathBuf>,
 }
 
 /// The model configuration a choice names, without loading weights (for `zerostream plan`).
@@ -68,6 +95,10 @@ pub fn model_config(choice: &ModelChoice) -> Result<Gpt2Config> {
         ModelChoice::Hf(dir) => Gpt2Config::from_file(&dir.join("config.json")),
         ModelChoice::Config(spec) => resolve_config(spec),
         ModelChoice::Demo => Ok(demo_config()),
+        ModelChoice::Resume(dir) => {
+            let state = super::resume::read_state(dir)?;
+            serde_json::from_value(state.model).with_context(|| format!("{}: the model configuration", dir.display()))
+        }
     }
 }
 
@@ -96,11 +127,11 @@ pub fn run_rank_on(dev: &AnyDevice, options: &RunOptions, train: TrainConfig, co
 }
 
 /// This rank's part of `zerostream train`. Every rank trains; rank 0 alone prints, writes the metrics,
-/// saves the model and samples.
+/// checkpoints' shared files, saves the model and samples.
 pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: Comm) -> Result<RunSummary> {
     let lead = comm.rank() == 0;
     let world = comm.world_size();
-    let hf;
+    let (hf, resumed);
     let source = match &options.model {
         ModelChoice::Hf(dir) => {
             hf = HfModel::open(dir)?;
@@ -108,6 +139,10 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         }
         ModelChoice::Config(spec) => ModelSource::Random { config: resolve_config(spec)?, seed: options.seed },
         ModelChoice::Demo => ModelSource::Random { config: demo_config(), seed: options.seed },
+        ModelChoice::Resume(dir) => {
+            resumed = Checkpoint::open(dir)?;
+            ModelSource::Checkpoint(&resumed)
+        }
     };
     let config = source.config().clone();
     let tokens = match &options.data {
@@ -115,11 +150,88 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         None => TokenFile::from_tokens("<embedded Hamlet text>", &Tokenizer::Bytes.encode(DEMO_TEXT)?),
     };
     tokens.check_vocab(config.vocab_size)?;
+    if let ModelSource::Checkpoint(c) = &source
+        && c.state.data_tokens != tokens.len
+    {
+        bail!(
+            "{} holds {} tokens, but the checkpoint {} was trained on {} ({} tokens): resume on the same data",
+            tokens.path.display(),
+            tokens.len,
+            c.dir.display(),
+            c.state.data,
+            c.state.data_tokens
+        );
+    }
     let say = |line: String| {
         if options.progress && lead {
             eprintln!("{line}");
         }
     };
+    describe_run(&say, options, &train, &config, &tokens, dev, &comm);
+    // Rank 0 holds the checkpoint root (its lock, its leftovers) for the whole run.
+    let root = match (&options.checkpoints.dir, lead) {
+        (Some(dir), true) => {
+            let root = CheckpointRoot::open(dir)?;
+            for path in &root.removed_leftovers {
+                say(format!("removed {} (left by an interrupted save)", path.display()));
+            }
+            Some(root)
+        }
+        _ => None,
+    };
+    let record = RunRecord {
+        seed: options.seed,
+        data: tokens.path.display().to_string(),
+        data_tokens: tokens.len,
+        settings: run_settings(&train, options, world),
+        save_dtype: options.save_dtype.unwrap_or(SaveDtype::of(train.precision)),
+        keep: options.checkpoints.keep,
+    };
+    let mut trainer = Trainer::with_comm(dev, &source, train, comm)?;
+    if let ModelSource::Checkpoint(c) = &source {
+        say(format!("resumed from {} at step {} (next micro-batch {})", c.dir.display(), c.state.step, c.state.next_micro_batch));
+    }
+    drop(source);
+    say(trainer.placement.describe());
+    for note in &trainer.io_notes {
+        say(note.clone());
+    }
+    let start = Instant::now();
+    let outcome = train_steps(&mut trainer, &tokens, options, root.as_ref(), &record, &say)?;
+    let last_update_s = trainer.finish()?;
+    let seconds = start.elapsed().as_secs_f64();
+    summarise(&say, &outcome.reports, seconds, last_update_s, dev.alloc_stats().peak_bytes);
+    if let Some(step) = outcome.stopped_at {
+        return Ok(RunSummary { steps: outcome.reports, seconds, sample: None, stopped_at: Some(step), checkpoint: outcome.checkpoint });
+    }
+    if let Some(dir) = &options.save {
+        trainer.save_model(dir, record.save_dtype)?;
+        say(format!("saved {} (config.json, model.safetensors, {:?})", dir.display(), record.save_dtype));
+    }
+    let sample = sample_text(&mut trainer, options, &config, lead, &say)?;
+    Ok(RunSummary { steps: outcome.reports, seconds, sample, stopped_at: None, checkpoint: outcome.checkpoint })
+}
+
+/// Every setting of the run by flag name: the trainer's, the seed, the data and the world size.
+fn run_settings(train: &TrainConfig, options: &RunOptions, world: usize) -> Flags {
+    let mut settings = train.to_flags();
+    settings.insert("seed".into(), options.seed.into());
+    settings.insert("data".into(), options.data.as_ref().map(|p| p.display().to_string()).into());
+    settings.insert("world-size".into(), world.into());
+    settings
+}
+
+/// The lines a run starts with: devices, ranks, model, data and the training settings.
+fn describe_run<D: Backend>(
+    say: &dyn Fn(String),
+    options: &RunOptions,
+    train: &TrainConfig,
+    config: &Gpt2Config,
+    tokens: &TokenFile,
+    dev: &D,
+    comm: &Comm,
+) {
+    let world = comm.world_size();
     if world > 1 {
         // Every rank names its device; the rest is rank 0's to say.
         if options.progress {
@@ -139,15 +251,17 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         tokens.path.display(),
         tokens.len
     ));
+    let flag = |v: &serde_json::Value| v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
+    let f = train.to_flags();
     say(format!(
-        "training: {} steps x {} micro-batches of {}x{} tokens{}; lr {} ({:?}, warmup {}, min {}), betas {}/{}, eps {}, weight decay {}, clip {}, {:?}{}",
+        "training: {} steps x {} micro-batches of {}x{} tokens{}; lr {} ({}, warmup {}, min {}), betas {}/{}, eps {}, weight decay {}, clip {}, {}{}",
         train.steps,
         train.grad_accum * world,
         train.batch,
         train.seq_len,
         if world > 1 { format!(" ({} per rank)", train.grad_accum) } else { String::new() },
         train.lr.peak,
-        train.lr.schedule,
+        flag(&f["lr-schedule"]),
         train.lr.warmup_steps,
         train.lr.min,
         train.beta1,
@@ -155,41 +269,61 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         train.eps,
         train.weight_decay,
         train.grad_clip,
-        train.precision,
+        flag(&f["precision"]),
         if train.recompute { ", recompute" } else { "" }
     ));
-    let steps = train.steps;
-    let mut trainer = Trainer::with_comm(dev, &source, train, comm)?;
-    say(trainer.placement.describe());
-    for note in &trainer.io_notes {
-        say(note.clone());
+    if let Some(dir) = &options.checkpoints.dir {
+        let every = options.checkpoints.every;
+        say(format!(
+            "checkpoints: {} ({}; keep {})",
+            dir.display(),
+            if every > 0 { format!("every {every} steps and at the end") } else { "at the end".into() },
+            if options.checkpoints.keep > 0 { options.checkpoints.keep.to_string() } else { "all".into() }
+        ));
     }
+}
+
+/// What the step loop did.
+struct StepsOutcome {
+    reports: Vec<StepReport>,
+    stopped_at: Option<u64>,
+    checkpoint: Option<PathBuf>,
+}
+
+/// Consecutive steps skipped for non-finite gradients after which a run stops: a few in fp32/bf16
+/// (nothing will change), more in fp16, where the loss scale halves each time until it fits.
+fn skip_limit(precision: Precision) -> u64 {
+    if precision == Precision::Fp16 { 24 } else { 3 }
+}
+
+/// Runs the steps from the trainer's current step to `--steps`, with metrics, progress, checkpoints
+/// and a clean stop when asked.
+fn train_steps<D: Backend>(
+    trainer: &mut Trainer<'_, D>,
+    tokens: &TokenFile,
+    options: &RunOptions,
+    root: Option<&CheckpointRoot>,
+    record: &RunRecord,
+    say: &dyn Fn(String),
+) -> Result<StepsOutcome> {
+    let lead = trainer.sharding.rank == 0;
+    let steps = trainer.train.steps;
+    let first_step = trainer.step;
     let mut metrics = match &options.metrics {
-        Some(path) if lead => {
-            Some(std::io::BufWriter::new(std::fs::File::create(path).with_context(|| format!("creating --metrics {}", path.display()))?))
-        }
+        Some(path) if lead => Some(open_metrics(path, first_step)?),
         _ => None,
     };
     let bar = if options.progress && lead { ProgressBar::new(steps) } else { ProgressBar::hidden() };
     bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}").expect("a valid template"));
-    let start = Instant::now();
-    let mut reports = Vec::new();
-    for _ in 0..steps {
-        let r = trainer.train_step(&tokens)?;
+    bar.set_position(first_step);
+    let mut out = StepsOutcome { reports: Vec::new(), stopped_at: None, checkpoint: None };
+    let mut skipped_in_a_row = 0;
+    while trainer.step < steps {
+        let r = trainer.train_step(tokens)?;
         if let Some(m) = metrics.as_mut() {
             writeln!(m, "{}", r.to_json()).and_then(|()| m.flush()).context("writing --metrics")?;
         }
-        bar.set_message(format!(
-            "loss {:.4} | {:.0} tok/s | compute {:.0}% upload {:.0}% download {:.0}% update-wait {:.0}% io {:.0}%{}",
-            r.loss,
-            r.tokens_per_s(),
-            100.0 * r.compute_s / r.seconds,
-            100.0 * r.upload_s / r.seconds,
-            100.0 * r.download_s / r.seconds,
-            100.0 * r.update_wait_s / r.seconds,
-            100.0 * r.io_wait_s / r.seconds,
-            if r.applied { String::new() } else { format!(" | overflow: skipped, loss scale {}", trainer.scaler.scale) }
-        ));
+        bar.set_message(progress_message(&r, trainer.scaler.scale));
         bar.inc(1);
         if options.progress && lead && (r.step % 25 == 0 || r.step + 1 == steps) {
             let line = format!(
@@ -202,47 +336,109 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
             );
             if bar.is_hidden() { eprintln!("{line}") } else { bar.println(line) }
         }
-        reports.push(r);
-    }
-    bar.finish_and_clear();
-    let last_update_s = trainer.finish()?;
-    let seconds = start.elapsed().as_secs_f64();
-    if let (Some(first), Some(last)) = (reports.first(), reports.last()) {
-        let n = reports.len() as f64;
-        let mean = |f: fn(&StepReport) -> f64| reports.iter().map(f).sum::<f64>() / n;
-        say(format!(
-            "done: {} steps in {seconds:.1} s; loss {:.4} -> {:.4}; {:.0} tokens/s; per step: compute {:.3} s, upload {:.3} s, download {:.3} s, AdamW {:.3} s (waited {:.3} s), NVMe wait {:.3} s; device peak {:.1} MiB",
-            reports.len(),
-            first.loss,
-            last.loss,
-            reports.iter().map(|r| r.tokens).sum::<usize>() as f64 / seconds,
-            mean(|r| r.compute_s),
-            mean(|r| r.upload_s),
-            mean(|r| r.download_s),
-            (reports.iter().map(|r| r.adam_s).sum::<f64>() + last_update_s) / n,
-            mean(|r| r.update_wait_s),
-            mean(|r| r.io_wait_s),
-            dev.alloc_stats().peak_bytes as f64 / 1048576.0,
-        ));
-    }
-    let weights = if options.save.is_some() || options.sample_tokens > 0 { Some(trainer.master_weights()?) } else { None };
-    let weights = weights.filter(|_| lead);
-    if let (Some(dir), Some(w)) = (&options.save, &weights) {
-        save_hf(dir, &config, w)?;
-        say(format!("saved {} (config.json, model.safetensors)", dir.display()));
-    }
-    let mut sample = None;
-    if let (true, Some(w)) = (options.sample_tokens > 0, &weights) {
-        match Tokenizer::for_vocab(config.vocab_size) {
-            Some(tok) => {
-                let prompt: Vec<u32> = tok.encode(&options.prompt)?.into_iter().map(u32::from).collect();
-                let ids = crate::generate::sample(&config, w, &prompt, options.sample_tokens, 0.8, options.seed)?;
-                let text = format!("{}{}", options.prompt, tok.decode(&ids));
-                say(format!("sample ({} tokens, temperature 0.8):\n{text}", options.sample_tokens));
-                sample = Some(text);
+        skipped_in_a_row = if r.applied { 0 } else { skipped_in_a_row + 1 };
+        let (loss, step) = (r.loss, r.step);
+        out.reports.push(r);
+        if skipped_in_a_row >= skip_limit(trainer.train.precision) {
+            bar.finish_and_clear();
+            bail!(
+                "steps {}..={step} were all skipped: the gradients held non-finite values (loss {loss}); the model or the \
+                 learning rate has diverged{}",
+                step + 1 - skipped_in_a_row,
+                out.checkpoint.as_ref().map(|p| format!("; the last checkpoint is {}", p.display())).unwrap_or_default()
+            );
+        }
+        let asked = options.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed));
+        let stop = trainer.agree_any(asked)?;
+        let cadence = options.checkpoints.every > 0 && trainer.step.is_multiple_of(options.checkpoints.every);
+        if let Some(dir) = &options.checkpoints.dir
+            && (cadence || stop || trainer.step == steps)
+        {
+            let path = trainer.save_checkpoint(dir, root, record)?;
+            if bar.is_hidden() {
+                say(format!("checkpoint: {}", path.display()))
+            } else {
+                bar.println(format!("checkpoint: {}", path.display()))
             }
-            None => say(format!("no sample: no known tokenizer has the model's vocab_size {}", config.vocab_size)),
+            out.checkpoint = Some(path);
+        }
+        if stop && trainer.step < steps {
+            out.stopped_at = Some(trainer.step);
+            break;
         }
     }
-    Ok(RunSummary { steps: reports, seconds, sample })
+    bar.finish_and_clear();
+    Ok(out)
+}
+
+/// The metrics file: new, or — when resuming at `first_step` — the earlier rows kept and the new
+/// ones appended.
+fn open_metrics(path: &Path, first_step: u64) -> Result<std::io::BufWriter<std::fs::File>> {
+    let file = if first_step > 0 {
+        truncate_metrics(path, first_step)?;
+        std::fs::OpenOptions::new().create(true).append(true).open(path)
+    } else {
+        std::fs::File::create(path)
+    };
+    Ok(std::io::BufWriter::new(file.with_context(|| format!("opening --metrics {}", path.display()))?))
+}
+
+fn progress_message(r: &StepReport, scale: f32) -> String {
+    format!(
+        "loss {:.4} | {:.0} tok/s | compute {:.0}% upload {:.0}% download {:.0}% update-wait {:.0}% io {:.0}%{}",
+        r.loss,
+        r.tokens_per_s(),
+        100.0 * r.compute_s / r.seconds,
+        100.0 * r.upload_s / r.seconds,
+        100.0 * r.download_s / r.seconds,
+        100.0 * r.update_wait_s / r.seconds,
+        100.0 * r.io_wait_s / r.seconds,
+        if r.applied { String::new() } else { format!(" | overflow: skipped, loss scale {scale}") }
+    )
+}
+
+fn summarise(say: &dyn Fn(String), reports: &[StepReport], seconds: f64, last_update_s: f64, peak_device_bytes: u64) {
+    let (Some(first), Some(last)) = (reports.first(), reports.last()) else { return };
+    let n = reports.len() as f64;
+    let mean = |f: fn(&StepReport) -> f64| reports.iter().map(f).sum::<f64>() / n;
+    say(format!(
+        "done: {} steps in {seconds:.1} s; loss {:.4} -> {:.4}; {:.0} tokens/s; per step: compute {:.3} s, upload {:.3} s, download {:.3} s, AdamW {:.3} s (waited {:.3} s), NVMe wait {:.3} s; device peak {:.1} MiB",
+        reports.len(),
+        first.loss,
+        last.loss,
+        reports.iter().map(|r| r.tokens).sum::<usize>() as f64 / seconds,
+        mean(|r| r.compute_s),
+        mean(|r| r.upload_s),
+        mean(|r| r.download_s),
+        (reports.iter().map(|r| r.adam_s).sum::<f64>() + last_update_s) / n,
+        mean(|r| r.update_wait_s),
+        mean(|r| r.io_wait_s),
+        peak_device_bytes as f64 / 1048576.0,
+    ));
+}
+
+/// The end-of-run sample (rank 0 prints it; every rank takes part in gathering the weights).
+fn sample_text<D: Backend>(
+    trainer: &mut Trainer<'_, D>,
+    options: &RunOptions,
+    config: &Gpt2Config,
+    lead: bool,
+    say: &dyn Fn(String),
+) -> Result<Option<String>> {
+    if options.sample_tokens == 0 {
+        return Ok(None);
+    }
+    let Some(tok) = Tokenizer::for_vocab(config.vocab_size) else {
+        say(format!("no sample: no known tokenizer has the model's vocab_size {}", config.vocab_size));
+        return Ok(None);
+    };
+    let weights = trainer.master_weights()?;
+    if !lead {
+        return Ok(None);
+    }
+    let prompt: Vec<u32> = tok.encode(&options.prompt)?.into_iter().map(u32::from).collect();
+    let ids = crate::generate::sample(config, &weights, &prompt, options.sample_tokens, 0.8, options.seed)?;
+    let text = format!("{}{}", options.prompt, tok.decode(&ids));
+    say(format!("sample ({} tokens, temperature 0.8):\n{text}", options.sample_tokens));
+    Ok(Some(text))
 }

@@ -57,6 +57,14 @@ impl LossScaler {
     pub fn fixed_one() -> Self {
         LossScaler { scale: 1.0, clean_steps: 0, growth_interval: u32::MAX }
     }
+    /// The scaler's state, for a checkpoint.
+    pub fn state(&self) -> super::checkpoint::ScalerState {
+        super::checkpoint::ScalerState { scale: self.scale, clean_steps: self.clean_steps, growth_interval: self.growth_interval }
+    }
+    /// The scaler a checkpoint recorded.
+    pub fn restore(s: &super::checkpoint::ScalerState) -> Self {
+        LossScaler { scale: s.scale, clean_steps: s.clean_steps, growth_interval: s.growth_interval }
+    }
     /// Records whether the step overflowed; returns whether to apply it.
     pub fn update(&mut self, overflowed: bool) -> bool {
         if overflowed {

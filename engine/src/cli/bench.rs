@@ -1,0 +1,429 @@
+//! `zerostream bench ...`: each link of the offload path (AdamW, NVMe, h2d, d2h, collectives, kernels)
+//! measured beside its ceiling.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use zerostream::bench::{AdamBenchConfig, HalfOrFull, Link};
+use zerostream::bench_io::{self, IoBenchConfig};
+use zerostream::bench_kernels::KernelBenchConfig;
+use zerostream::device::GpuDevice;
+use zerostream_offload::IoEngineKind;
+
+use crate::parse_size;
+
+#[derive(clap::Subcommand)]
+pub enum BenchCommand {
+    /// CPU AdamW throughput, and the machine's memory bandwidth (STREAM triad) in the same run.
+    Adam {
+        /// Parameters in the shard.
+        #[arg(long, default_value_t = 64 << 20)]
+        params: usize,
+        /// CPU threads (0 = one per core).
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+        /// Precision of the gradients the update reads.
+        #[arg(long, value_enum, default_value = "bf16")]
+        grad: HalfOrFull,
+        /// Precision of the parameter copy written for the GPU (`f32` = no copy).
+        #[arg(long, value_enum, default_value = "bf16")]
+        copy: HalfOrFull,
+        /// Timed steps; the best is reported.
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// NVMe tier: sequential O_DIRECT write then read of a file, per I/O engine, block size and queue
+    /// depth; prints the best configuration (ready for `train`).
+    Io {
+        /// Directory on the drive to measure (a file is written there and removed).
+        #[arg(long)]
+        dir: PathBuf,
+        /// Bytes written then read per configuration.
+        #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+        size: u64,
+        /// Block sizes to try, comma-separated.
+        #[arg(long, default_value = "256KiB,1MiB,8MiB", value_delimiter = ',', value_parser = parse_size)]
+        block_size: Vec<u64>,
+        /// Queue depths to try, comma-separated.
+        #[arg(long, default_value = "8,32,128", value_delimiter = ',')]
+        queue_depth: Vec<usize>,
+        /// I/O engines to try, comma-separated: uring, pread, mmap.
+        #[arg(long, default_value = "uring", value_delimiter = ',')]
+        io_engine: Vec<IoEngineKind>,
+        /// Use the page cache instead of O_DIRECT.
+        #[arg(long)]
+        buffered: bool,
+        /// Also run fio (--direct=1 --ioengine=io_uring --bs=1M --iodepth=32) on the same size, if installed.
+        #[arg(long)]
+        fio: bool,
+        /// Draw bandwidth against block size and queue depth into this SVG file.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Host-to-device throughput through wgpu: queue.write_buffer and a ring of mapped staging buffers.
+    H2d(TransferArgs),
+    /// Device-to-host throughput through wgpu: one mapped read-back buffer and a ring of them.
+    D2h(TransferArgs),
+    /// All-gather and reduce-scatter GB/s per rank through the trainer's collectives: in-process ranks
+    /// beside a memcpy ceiling, or under mpirun (built with the mpi feature) beside MPI's own
+    /// MPI_Allgather and MPI_Reduce_scatter_block on the same sizes.
+    Collectives {
+        /// In-process ranks (ignored under mpirun, where the world is mpirun's -n).
+        #[arg(long, default_value_t = 2)]
+        world_size: usize,
+        /// Bytes of each rank's slice, comma-separated.
+        #[arg(long, default_value = "1MiB,16MiB,64MiB", value_delimiter = ',', value_parser = parse_size)]
+        sizes: Vec<u64>,
+        /// Timed repetitions per size; the best is reported.
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every kernel of a GPT-2 training step on the GPU, at the shapes of GPT-2 124M and 1.5B: GFLOP/s
+    /// (matmul, attention) or GB/s (the rest) beside the adapter's peak and a measured device copy.
+    Kernels(KernelArgs),
+    /// Every link — RAM bandwidth, CPU AdamW, NVMe write and read, h2d, d2h — in one table beside its ceiling.
+    All {
+        /// Directory for the NVMe measurement (default: the current directory).
+        #[arg(long, default_value = ".")]
+        dir: PathBuf,
+        /// Bytes for the NVMe measurement.
+        #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+        size: u64,
+        /// Parameters for the AdamW measurement.
+        #[arg(long, default_value_t = 64 << 20)]
+        params: usize,
+        /// Which wgpu adapter (index or part of its name).
+        #[arg(long)]
+        adapter: Option<String>,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(clap::Args)]
+pub struct TransferArgs {
+    /// Transfer sizes, comma-separated.
+    #[arg(long, default_value = "1MiB,4MiB,16MiB,64MiB,256MiB", value_delimiter = ',', value_parser = parse_size)]
+    sizes: Vec<u64>,
+    /// Repetitions per size and method; the best is reported.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Which wgpu adapter (index or part of its name).
+    #[arg(long)]
+    adapter: Option<String>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct KernelArgs {
+    /// Model shapes, comma-separated: gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl (1.5B), or tiny.
+    #[arg(long, default_value = "gpt2,gpt2-xl", value_delimiter = ',')]
+    models: Vec<String>,
+    /// B: sequences per micro-batch.
+    #[arg(long, default_value_t = 4)]
+    batch_size: usize,
+    /// T: tokens per sequence (at most 1024, the presets' n_positions).
+    #[arg(long, default_value_t = 1024)]
+    seq_len: usize,
+    /// Timed repetitions per kernel, after one warm-up; the median is reported (0 = as many as fill
+    /// about 0.2 s, between 3 and 200).
+    #[arg(long, default_value_t = 0)]
+    reps: usize,
+    /// Only kernels whose name contains one of these, comma-separated (e.g. matmul,attention).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Bytes of the device-to-device copy that measures the memory ceiling.
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    copy_size: u64,
+    /// Tiny shapes (a 2-layer, 128-wide model, B=2, T=64), 2 repetitions and a 16 MiB copy: seconds on
+    /// a software adapter such as lavapipe. Replaces --models, --batch-size, --seq-len, --reps, --copy-size.
+    #[arg(long)]
+    quick: bool,
+    /// Time with the host clock around each repetition's submit-and-wait even where the adapter has
+    /// GPU timestamp queries (to cross-check them; includes submission latency).
+    #[arg(long)]
+    wall_clock: bool,
+    /// Which wgpu adapter (index or part of its name).
+    #[arg(long)]
+    adapter: Option<String>,
+    /// Print one JSON object per kernel and shape (and one per model with its step's kernel time).
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs one `zerostream bench` subcommand.
+pub fn run(cmd: BenchCommand) -> Result<()> {
+    match cmd {
+        BenchCommand::Io { dir, size, block_size, queue_depth, io_engine, buffered, fio, plot, json } => {
+            let cfg = IoBenchConfig {
+                dir: dir.clone(),
+                size_bytes: size,
+                block_sizes: block_size,
+                queue_depths: queue_depth,
+                engines: io_engine,
+                direct: !buffered,
+            };
+            let runs = bench_io::bench_io(&cfg, |r| {
+                if !json {
+                    println!(
+                        "{:>5} block {:>8} qd {:>4}{}: write {:6.2} GB/s, read {:6.2} GB/s",
+                        r.engine.name(),
+                        human_bytes(r.block_bytes),
+                        r.queue_depth,
+                        if r.direct { "" } else { " (buffered)" },
+                        r.write_gbps,
+                        r.read_gbps
+                    );
+                }
+            })?;
+            let best = bench_io::best(&runs).context("no configuration ran")?;
+            let fio_gbps = if fio { bench_io::fio(&dir, size, 1 << 20, 32)? } else { None };
+            if fio && fio_gbps.is_none() {
+                eprintln!("fio is not installed: no comparison (apt-get install fio)");
+            }
+            if let Some(path) = &plot {
+                bench_io::plot(&runs, path)?;
+                eprintln!("plot: {}", path.display());
+            }
+            if json {
+                let mut out = serde_json::json!({ "best": best.to_json(), "runs": runs.iter().map(|r| r.to_json()).collect::<Vec<_>>(), "size": size });
+                if let Some((w, r)) = fio_gbps {
+                    out["fio"] = serde_json::json!({ "write_gbps": w, "read_gbps": r, "bs": 1 << 20, "iodepth": 32 });
+                }
+                println!("{out}");
+            } else {
+                println!(
+                    "best: --io-engine {} --block-size {} --queue-depth {} (write {:.2} GB/s, read {:.2} GB/s)",
+                    best.engine.name(),
+                    human_bytes(best.block_bytes),
+                    best.queue_depth,
+                    best.write_gbps,
+                    best.read_gbps
+                );
+                if let Some((w, r)) = fio_gbps {
+                    println!(
+                        "fio (bs 1MiB, iodepth 32): write {w:.2} GB/s, read {r:.2} GB/s; best above is {:.0}% / {:.0}% of it",
+                        100.0 * best.write_gbps / w,
+                        100.0 * best.read_gbps / r
+                    );
+                }
+            }
+            Ok(())
+        }
+        BenchCommand::H2d(t) => transfer_command(t, Link::HostToDevice),
+        BenchCommand::D2h(t) => transfer_command(t, Link::DeviceToHost),
+        BenchCommand::Collectives { world_size, sizes, reps, json } => bench_collectives(world_size, &sizes, reps, json),
+        BenchCommand::Kernels(k) => kernels_command(k),
+        BenchCommand::All { dir, size, params, adapter, json } => bench_all(&dir, size, params, adapter.as_deref(), json),
+        BenchCommand::Adam { params, threads, grad, copy, reps, json } => {
+            let r = zerostream::bench::bench_adam(&AdamBenchConfig { params, threads, grad, copy, reps })?;
+            if json {
+                println!("{}", r.to_json());
+            } else {
+                println!(
+                    "adam: {} params, {:?} grads, {:?} copy, {} threads ({}): {:.2} Gparam/s, {} B/param = {:.1} GB/s; triad {:.1} GB/s; {:.0}% of triad",
+                    r.params,
+                    r.grad,
+                    r.copy,
+                    r.threads,
+                    r.isa,
+                    r.gparams_per_s,
+                    r.bytes_per_param,
+                    r.adam_gbps,
+                    r.triad_gbps,
+                    100.0 * r.fraction_of_triad()
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+fn bench_collectives(world_size: usize, sizes: &[u64], reps: usize, json: bool) -> Result<()> {
+    use zerostream::bench_comm::{CollectiveRun, bench_collectives};
+    let launched = zerostream::comm::launcher_world_size().unwrap_or(1);
+    let (runs, transport): (Vec<CollectiveRun>, String) = if launched > 1 {
+        mpi_bench_collectives(sizes, reps)?
+    } else {
+        let all = zerostream::train::ranks::in_process(world_size, |comm| {
+            let t = comm.describe();
+            Ok((bench_collectives(&comm, sizes, reps, |_, _| Ok(Vec::new()))?, t))
+        })?;
+        all.into_iter().next().expect("rank 0")
+    };
+    if runs.is_empty() {
+        return Ok(()); // not rank 0 under MPI
+    }
+    let memcpy = zerostream::bench::memcpy_gbps(sizes.iter().copied().max().unwrap_or(1 << 20) as usize, 3);
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "transport": transport, "memcpy_gbps": memcpy, "runs": runs.iter().map(|r| r.to_json()).collect::<Vec<_>>() })
+        );
+        return Ok(());
+    }
+    println!("collectives: {transport}; GB/s per rank = bytes a rank receives from the others / time");
+    for r in &runs {
+        println!("{:<20} slice {:>8}: {:8.3} ms  {:7.2} GB/s per rank", r.op, human_bytes(r.slice_bytes), 1e3 * r.seconds, r.gbps_per_rank);
+    }
+    println!("ceiling: host memcpy (one thread) {memcpy:.2} GB/s");
+    Ok(())
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpi_bench_collectives(_: &[u64], _: usize) -> Result<(Vec<zerostream::bench_comm::CollectiveRun>, String)> {
+    anyhow::bail!("started by mpirun, but this zerostream was built without MPI support: rebuild with `--features zerostream/mpi`")
+}
+
+/// This process's part of `bench collectives` under mpirun; rank 0 gets the rows, the others none.
+#[cfg(feature = "mpi")]
+fn mpi_bench_collectives(sizes: &[u64], reps: usize) -> Result<(Vec<zerostream::bench_comm::CollectiveRun>, String)> {
+    use zerostream::comm::{Comm, mpi::MpiWorld};
+    let mpi = MpiWorld::init().context("initialising MPI")?;
+    let raw = mpi.comm();
+    let comm = Comm::new(Box::new(mpi.comm()));
+    let runs = zerostream::bench_comm::bench_collectives(&comm, sizes, reps, |n, reps| {
+        zerostream::bench_comm::mpi_reference(&comm, &raw, n, reps)
+    })?;
+    let transport = comm.describe();
+    Ok((if comm.rank() == 0 { runs } else { Vec::new() }, transport))
+}
+
+fn human_bytes(b: u64) -> String {
+    if b >= 1 << 30 && b.is_multiple_of(1 << 30) {
+        format!("{}GiB", b >> 30)
+    } else if b >= 1 << 20 && b.is_multiple_of(1 << 20) {
+        format!("{}MiB", b >> 20)
+    } else if b >= 1 << 10 && b.is_multiple_of(1 << 10) {
+        format!("{}KiB", b >> 10)
+    } else {
+        format!("{b}B")
+    }
+}
+
+fn transfer_command(t: TransferArgs, link: Link) -> Result<()> {
+    let dev = GpuDevice::open(t.adapter.as_deref(), None)?;
+    if !t.json {
+        println!("device: {}", zerostream::device::Backend::describe(&dev));
+    }
+    let runs = zerostream::bench::bench_transfer(&dev, link, &t.sizes, t.reps, |r| {
+        if !t.json {
+            println!("{:>8} {:>12}: {:6.2} GB/s", human_bytes(r.bytes), format!("{:?}", r.method), r.gbps);
+        }
+    })?;
+    let ceiling = zerostream::bench::memcpy_gbps(256 << 20, 3);
+    if t.json {
+        println!("{}", serde_json::json!({ "runs": runs.iter().map(|r| r.to_json()).collect::<Vec<_>>(), "memcpy_gbps": ceiling }));
+    } else {
+        println!("host memcpy (one thread): {ceiling:.2} GB/s");
+    }
+    Ok(())
+}
+
+fn kernels_command(k: KernelArgs) -> Result<()> {
+    let cfg = if k.quick {
+        KernelBenchConfig { only: k.only, wall_clock: k.wall_clock, ..KernelBenchConfig::quick() }
+    } else {
+        KernelBenchConfig {
+            models: k.models,
+            batch: k.batch_size,
+            seq_len: k.seq_len,
+            reps: k.reps,
+            only: k.only,
+            copy_bytes: k.copy_size,
+            wall_clock: k.wall_clock,
+        }
+    };
+    let dev = GpuDevice::open(k.adapter.as_deref(), None)?;
+    eprintln!(
+        "bench kernels: {} (B={}, T={}, models {})",
+        zerostream::device::Backend::describe(&dev),
+        cfg.batch,
+        cfg.seq_len,
+        cfg.models.join(",")
+    );
+    let report = zerostream::bench_kernels::bench_kernels(&dev, &cfg, |r| {
+        eprintln!("  {} {} {} {} {}: {:.1} us", r.model, r.kernel, r.case, r.precision, r.shape, r.seconds * 1e6)
+    })?;
+    if k.json {
+        for r in &report.runs {
+            println!("{}", report.run_json(r));
+        }
+        for s in &report.steps {
+            println!("{}", report.step_json(s));
+        }
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
+fn bench_all(dir: &std::path::Path, size: u64, params: usize, adapter: Option<&str>, json: bool) -> Result<()> {
+    let mut rows: Vec<(String, f64, String, f64)> = Vec::new(); // link, GB/s, ceiling name, ceiling GB/s
+    let adam =
+        zerostream::bench::bench_adam(&AdamBenchConfig { params, threads: 0, grad: HalfOrFull::Bf16, copy: HalfOrFull::Bf16, reps: 3 })?;
+    rows.push(("RAM (STREAM triad)".into(), adam.triad_gbps, "triad".into(), adam.triad_gbps));
+    rows.push((
+        format!("CPU AdamW ({:.2} Gparam/s, {} B/param)", adam.gparams_per_s, adam.bytes_per_param),
+        adam.adam_gbps,
+        "triad".into(),
+        adam.triad_gbps,
+    ));
+    let io_cfg = IoBenchConfig {
+        dir: dir.to_path_buf(),
+        size_bytes: size,
+        block_sizes: vec![1 << 20],
+        queue_depths: vec![32],
+        engines: vec![IoEngineKind::Uring],
+        direct: true,
+    };
+    let io = bench_io::bench_io(&io_cfg, |_| {})?;
+    let fio = bench_io::fio(dir, size, 1 << 20, 32)?;
+    let (fio_name, fio_w, fio_r) = match fio {
+        Some((w, r)) => ("fio".to_string(), w, r),
+        None => ("fio not installed".to_string(), f64::NAN, f64::NAN),
+    };
+    let direct = if io[0].direct { "" } else { ", buffered: O_DIRECT refused" };
+    rows.push((format!("NVMe write ({}{direct})", dir.display()), io[0].write_gbps, fio_name.clone(), fio_w));
+    rows.push((format!("NVMe read ({}{direct})", dir.display()), io[0].read_gbps, fio_name, fio_r));
+    match GpuDevice::open(adapter, None) {
+        Ok(dev) => {
+            let memcpy = zerostream::bench::memcpy_gbps(256 << 20, 3);
+            for link in [Link::HostToDevice, Link::DeviceToHost] {
+                let runs = zerostream::bench::bench_transfer(&dev, link, &[256 << 20], 2, |_| {})?;
+                let best = runs.iter().max_by(|a, b| a.gbps.total_cmp(&b.gbps)).expect("two methods ran");
+                let name = if link == Link::HostToDevice { "h2d" } else { "d2h" };
+                rows.push((
+                    format!("{name} 256MiB {:?} ({})", best.method, zerostream::device::Backend::describe(&dev)),
+                    best.gbps,
+                    "host memcpy".into(),
+                    memcpy,
+                ));
+            }
+        }
+        Err(e) => eprintln!("no GPU adapter, h2d and d2h not measured: {e:#}"),
+    }
+    if json {
+        let out: Vec<_> =
+            rows.iter().map(|(l, g, c, cg)| serde_json::json!({ "link": l, "gbps": g, "ceiling": c, "ceiling_gbps": cg })).collect();
+        println!("{}", serde_json::json!({ "links": out }));
+    } else {
+        println!("{:<60} {:>9} {:>9}  ceiling", "link", "GB/s", "ceiling");
+        for (l, g, c, cg) in &rows {
+            println!("{l:<60} {g:>9.2} {cg:>9.2}  {c} ({:.0}%)", 100.0 * g / cg);
+        }
+    }
+    Ok(())
+}

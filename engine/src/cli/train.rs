@@ -1,0 +1,465 @@
+//! `zerostream train` and `zerostream plan`: their flags, the checks made before any work (ranges,
+//! outputs that would overwrite inputs, `--resume` against the checkpoint), the launch on one rank, on
+//! in-process ranks or under mpirun, and SIGINT/SIGTERM.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use anyhow::{Context, Result, bail};
+use zerostream::train::ranks::RankDevice;
+use zerostream::train::run::{CheckpointOptions, ModelChoice, RunOptions, RunSummary};
+use zerostream::train::{LrPlan, LrSchedule, Precision, SaveDtype, TrainConfig, ZeroStage};
+use zerostream_offload::{IoConfig, IoEngineKind, Tier};
+
+use crate::{DeviceArgs, parse_size};
+
+/// Where a kind of state lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum OffloadTarget {
+    /// Host RAM.
+    Cpu,
+    /// Files under --nvme-dir.
+    Nvme,
+}
+
+impl OffloadTarget {
+    fn tier(self) -> Tier {
+        match self {
+            OffloadTarget::Cpu => Tier::Ram,
+            OffloadTarget::Nvme => Tier::Nvme,
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct IoArgs {
+    /// How NVMe files are read and written: io_uring, a pread/pwrite thread pool, or mmap.
+    #[arg(long, default_value = "uring")]
+    io_engine: IoEngineKind,
+    /// Bytes per NVMe request (a multiple of 4KiB).
+    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
+    block_size: u64,
+    /// NVMe requests in flight.
+    #[arg(long, default_value_t = 32)]
+    queue_depth: usize,
+    /// Use the page cache instead of O_DIRECT.
+    #[arg(long)]
+    buffered: bool,
+}
+
+impl IoArgs {
+    fn config(&self) -> IoConfig {
+        IoConfig { engine: self.io_engine, block_bytes: self.block_size as usize, queue_depth: self.queue_depth, direct: !self.buffered }
+    }
+}
+
+fn parse_stage(text: &str) -> Result<ZeroStage, String> {
+    text.trim().parse::<u8>().ok().and_then(ZeroStage::from_number).ok_or_else(|| format!("expected 1, 2 or 3, got {text:?}"))
+}
+
+#[derive(clap::Args)]
+pub struct TrainArgs {
+    /// A Hugging Face GPT-2 directory to start from (config.json + model.safetensors, or sharded).
+    #[arg(long, conflicts_with = "config")]
+    model: Option<PathBuf>,
+    /// Start from random weights: a preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a config.json.
+    #[arg(long)]
+    config: Option<String>,
+    /// Token file (llm.c's format or raw uint16; see `zerostream prepare`). Default: the built-in Hamlet text.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// B: sequences per micro-batch.
+    #[arg(long, default_value_t = 8)]
+    batch_size: usize,
+    /// T: tokens per sequence (at most the model's n_positions).
+    #[arg(long, default_value_t = 128)]
+    seq_len: usize,
+    /// Micro-batches per optimizer step (gradients accumulate in host RAM).
+    #[arg(long, default_value_t = 1)]
+    grad_accum: usize,
+    /// Optimizer steps.
+    #[arg(long, default_value_t = 300)]
+    steps: u64,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 2e-3)]
+    lr: f64,
+    /// Learning rate at the end of a cosine schedule.
+    #[arg(long, default_value_t = 1e-4)]
+    min_lr: f64,
+    /// Steps of linear warm-up from lr/warmup to lr.
+    #[arg(long, default_value_t = 20)]
+    warmup_steps: u64,
+    /// Learning-rate schedule after warm-up.
+    #[arg(long, value_enum, default_value = "cosine")]
+    lr_schedule: LrSchedule,
+    /// AdamW beta1.
+    #[arg(long, default_value_t = 0.9)]
+    beta1: f64,
+    /// AdamW beta2.
+    #[arg(long, default_value_t = 0.95)]
+    beta2: f64,
+    /// AdamW epsilon.
+    #[arg(long, default_value_t = 1e-8)]
+    eps: f64,
+    /// Decoupled weight decay, applied to tensors of two or more dimensions only.
+    #[arg(long, default_value_t = 0.1)]
+    weight_decay: f64,
+    /// Clip the global gradient L2 norm to this (0 = no clipping).
+    #[arg(long, default_value_t = 1.0)]
+    grad_clip: f64,
+    /// Working precision of the parameters the device computes with: fp32, bf16, or fp16 (with
+    /// dynamic loss scaling). Master weights and Adam moments are always fp32.
+    #[arg(long, value_enum, default_value = "fp32")]
+    precision: Precision,
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Most device memory the run may hold, e.g. 512MiB or 2GiB (default: no limit). A budget too
+    /// small for one block and its activations is refused at start-up with the numbers.
+    #[arg(long, value_parser = parse_size)]
+    gpu_mem_budget: Option<u64>,
+    /// Keep only each block's input and recompute its activations during backward (less device memory).
+    #[arg(long)]
+    recompute: bool,
+    /// Where fp32 master weights and Adam moments live.
+    #[arg(long, value_enum, default_value = "cpu")]
+    offload_optimizer: OffloadTarget,
+    /// Where the working copy of the parameters lives between uploads.
+    #[arg(long, value_enum, default_value = "cpu")]
+    offload_params: OffloadTarget,
+    /// Directory for the NVMe tier's files (`{group}.{kind}.rank0.bin`; reused by later runs).
+    #[arg(long)]
+    nvme_dir: Option<PathBuf>,
+    #[command(flatten)]
+    io: IoArgs,
+    /// Do not checksum NVMe shards (faster; corruption then goes unnoticed).
+    #[arg(long)]
+    no_verify: bool,
+    /// CPU threads for AdamW (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    adam_threads: usize,
+    /// Ranks in this process, one thread and one device each (data parallel, ZeRO-partitioned state).
+    /// Under `mpirun` leave this out: the world size comes from MPI.
+    #[arg(long)]
+    world_size: Option<usize>,
+    /// One device per rank, comma-separated: a GPU adapter's index or name, or `cpu` (e.g. `0,1` or
+    /// `cpu,cpu`). Default: every rank opens --device/--adapter. Under mpirun, indexed by the node-local rank.
+    #[arg(long)]
+    devices: Option<String>,
+    /// What is split between ranks: 1 = fp32 master weights and Adam moments; 2 = also the gradients;
+    /// 3 = also the working copy of the parameters (gathered before each upload). Default 2.
+    #[arg(long, value_parser = parse_stage, default_value = "2")]
+    zero_stage: ZeroStage,
+    /// Run the strictly sequential schedule (no upload ahead, no download or AdamW overlapped with
+    /// compute): slower, and bit-identical to the default overlapped one — for checking that it is.
+    #[arg(long)]
+    sequential: bool,
+    /// Write one JSON object per optimizer step to this file.
+    #[arg(long)]
+    metrics: Option<PathBuf>,
+    /// Save the trained model as a Hugging Face directory (config.json + model.safetensors), written
+    /// beside it and moved into place whole. An existing model directory there is replaced; a directory
+    /// holding other files is refused.
+    #[arg(long)]
+    save: Option<PathBuf>,
+    /// The saved model's weights (--save and checkpoints): f32, bf16 or f16. Default: the working
+    /// precision. The optimizer state in checkpoints is always f32.
+    #[arg(long, value_enum)]
+    save_dtype: Option<SaveDtype>,
+    /// Write checkpoints under this directory (created if missing): step-NNNNNNNN/ with the model, every
+    /// rank's optimizer state and the trainer state, written crash-safe; `latest` names the newest. One
+    /// is always written at the end and when SIGINT/SIGTERM stops the run.
+    #[arg(long)]
+    checkpoint_dir: Option<PathBuf>,
+    /// Also checkpoint every N optimizer steps (0 = only at the end and when stopped).
+    #[arg(long, default_value_t = 0)]
+    checkpoint_every: u64,
+    /// Keep only the newest K checkpoints (0 = keep all).
+    #[arg(long, default_value_t = 0)]
+    keep_checkpoints: usize,
+    /// Resume from a checkpoint: a step-NNNNNNNN/ directory, or a --checkpoint-dir (its latest). The
+    /// model, optimizer state, counters and settings come from it; flags given override harmless
+    /// settings (--steps, which counts from the start of training; world size, tiers, budget,
+    /// checkpointing), and flags that would change what is computed (precision, batch geometry,
+    /// optimizer, schedule, seed) must match it. --data defaults to the checkpoint's.
+    #[arg(long, conflicts_with_all = ["model", "config"])]
+    resume: Option<PathBuf>,
+    /// Seed of the random initialisation (with --config or the built-in model) and of the sample.
+    #[arg(long, default_value_t = 1337)]
+    seed: u64,
+    /// Tokens of text to sample at the end (0 = none).
+    #[arg(long, default_value_t = 300)]
+    sample_tokens: usize,
+    /// Text the sample continues.
+    #[arg(long, default_value = "HAMLET\n")]
+    prompt: String,
+}
+
+/// The run `train` would make of these flags: what to load and do, and the training configuration.
+/// `plan` needs no data (`needs_data` false).
+fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>) -> Result<(RunOptions, TrainConfig)> {
+    if (a.offload_optimizer == OffloadTarget::Nvme || a.offload_params == OffloadTarget::Nvme) && a.nvme_dir.is_none() {
+        bail!("--offload-optimizer nvme and --offload-params nvme need --nvme-dir DIR");
+    }
+    if a.steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    if a.checkpoint_dir.is_none() && (a.checkpoint_every > 0 || a.keep_checkpoints > 0) {
+        bail!("--checkpoint-every and --keep-checkpoints need --checkpoint-dir DIR");
+    }
+    check_hyperparameters(a)?;
+    let model = match (&a.model, &a.config, &a.resume) {
+        (_, _, Some(path)) => ModelChoice::Resume(zerostream_checkpoints::checkpoint::resolve_resume(path)?),
+        (Some(dir), _, _) => ModelChoice::Hf(dir.clone()),
+        (None, Some(spec), _) => ModelChoice::Config(spec.clone()),
+        (None, None, None) if a.data.is_none() || !needs_data => ModelChoice::Demo,
+        (None, None, None) => bail!("--data needs a model: --model DIR or --config PRESET|FILE"),
+    };
+    let mut tc = TrainConfig {
+        batch: a.batch_size,
+        seq_len: a.seq_len,
+        grad_accum: a.grad_accum,
+        steps: a.steps,
+        lr: LrPlan { peak: a.lr, min: a.min_lr, warmup_steps: a.warmup_steps, total_steps: a.steps, schedule: a.lr_schedule },
+        beta1: a.beta1,
+        beta2: a.beta2,
+        eps: a.eps,
+        weight_decay: a.weight_decay,
+        grad_clip: a.grad_clip,
+        precision: a.precision,
+        gpu_mem_budget: a.gpu_mem_budget,
+        recompute: a.recompute,
+        offload_optimizer: a.offload_optimizer.tier(),
+        offload_params: a.offload_params.tier(),
+        nvme_dir: a.nvme_dir.clone(),
+        io: a.io.config(),
+        verify: !a.no_verify,
+        adam_threads: a.adam_threads,
+        zero_stage: a.zero_stage,
+        sequential: a.sequential,
+    };
+    let (mut data, mut seed) = (a.data.clone(), a.seed);
+    if let ModelChoice::Resume(dir) = &model {
+        let state = zerostream::train::resume::read_state(dir)?;
+        let world = a.world_size.or_else(zerostream::comm::launcher_world_size).unwrap_or(1);
+        tc = zerostream::train::resume::merge(dir, &state, &tc, explicit, a.seed, world)?;
+        seed = state.seed;
+        // The built-in text has no path; anything else trained on is a file.
+        if data.is_none() {
+            data = state.settings.get("data").and_then(|d| d.as_str()).map(PathBuf::from);
+        }
+    }
+    if needs_data && data.is_none() && !matches!(model, ModelChoice::Demo | ModelChoice::Resume(_)) {
+        bail!("--model/--config need --data FILE (make one with `zerostream prepare`)");
+    }
+    check_outputs(a, &model, data.as_deref())?;
+    let options = RunOptions {
+        model,
+        data,
+        seed,
+        metrics: a.metrics.clone(),
+        save: a.save.clone(),
+        save_dtype: a.save_dtype,
+        checkpoints: CheckpointOptions { dir: a.checkpoint_dir.clone(), every: a.checkpoint_every, keep: a.keep_checkpoints },
+        stop: None,
+        sample_tokens: a.sample_tokens,
+        prompt: a.prompt.replace("\\n", "\n"),
+        progress: true,
+    };
+    Ok((options, tc))
+}
+
+/// Refuses optimizer settings that cannot train: each named with the range it must lie in.
+fn check_hyperparameters(a: &TrainArgs) -> Result<()> {
+    let checks: [(&str, f64, fn(f64) -> bool, &str); 7] = [
+        ("--lr", a.lr, |x| x > 0.0, "a finite number > 0"),
+        ("--min-lr", a.min_lr, |x| x >= 0.0, "a finite number >= 0"),
+        ("--beta1", a.beta1, |x| (0.0..1.0).contains(&x), "in [0, 1)"),
+        ("--beta2", a.beta2, |x| (0.0..1.0).contains(&x), "in [0, 1)"),
+        ("--eps", a.eps, |x| x > 0.0, "a finite number > 0"),
+        ("--weight-decay", a.weight_decay, |x| x >= 0.0, "a finite number >= 0"),
+        ("--grad-clip", a.grad_clip, |x| x >= 0.0, "a finite number >= 0 (0 = no clipping)"),
+    ];
+    for (flag, value, ok, range) in checks {
+        if !value.is_finite() || !ok(value) {
+            bail!("{flag} {value}: must be {range}");
+        }
+    }
+    Ok(())
+}
+
+/// Checks the run's outputs before any work: none is one of its inputs (it would be overwritten), and
+/// `--save` can be written (its parent is created if missing) and holds no files but a model's.
+fn check_outputs(a: &TrainArgs, model: &ModelChoice, data: Option<&Path>) -> Result<()> {
+    let mut inputs: Vec<PathBuf> = data.iter().map(|p| p.to_path_buf()).collect();
+    let model_dir = match model {
+        ModelChoice::Hf(dir) | ModelChoice::Resume(dir) => Some(dir.clone()),
+        _ => None,
+    };
+    if let Some(dir) = &model_dir {
+        inputs.push(dir.clone());
+        inputs.extend(std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| e.path()));
+    }
+    let same = |a: &Path, b: &Path| match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    };
+    let outputs = [("--metrics", &a.metrics), ("--save", &a.save), ("--checkpoint-dir", &a.checkpoint_dir)];
+    for (flag, path) in outputs {
+        let Some(path) = path else { continue };
+        if let Some(input) = inputs.iter().find(|p| same(p, path)) {
+            bail!("{flag} {} is the input {}: it would be overwritten; choose another path", path.display(), input.display());
+        }
+    }
+    if let (Some(save), Some(root)) = (&a.save, &a.checkpoint_dir)
+        && same(save, root)
+    {
+        bail!("--save {} is also the --checkpoint-dir: give the saved model its own directory", save.display());
+    }
+    if let Some(save) = &a.save {
+        check_save_dir(save)?;
+    }
+    Ok(())
+}
+
+/// Files a model directory `--save` may replace holds.
+const MODEL_FILES: &[&str] = &["config.json", "model.safetensors", "generation_config.json", "vocab.json", "merges.txt", "tokenizer.json"];
+
+/// `--save DIR`: refused unless it is new or a model directory (so replacing it loses nothing else), and
+/// unless its parent accepts the directory it is written into first.
+fn check_save_dir(save: &Path) -> Result<()> {
+    if save.exists() {
+        if !save.is_dir() {
+            bail!("--save {}: exists and is not a directory", save.display());
+        }
+        let entries = std::fs::read_dir(save).with_context(|| format!("--save {}: cannot list it", save.display()))?;
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !MODEL_FILES.contains(&name.as_str()) {
+                bail!(
+                    "--save {} holds {name}, which is not part of a model: saving replaces the whole directory; choose a new or empty one",
+                    save.display()
+                );
+            }
+        }
+    }
+    let partial = zerostream::train::checkpoint::save_partial_dir(save)?;
+    if let Some(parent) = partial.parent() {
+        std::fs::create_dir_all(parent).with_context(|| format!("--save {}: creating {}", save.display(), parent.display()))?;
+    }
+    // A probe now rather than an error after the whole run.
+    let _ = std::fs::remove_dir_all(&partial);
+    std::fs::create_dir(&partial)
+        .with_context(|| format!("--save {}: cannot write {} (is it writable?)", save.display(), partial.display()))?;
+    std::fs::remove_dir(&partial).with_context(|| format!("removing {}", partial.display()))?;
+    Ok(())
+}
+
+/// SIGINT and SIGTERM set the returned flag (the run finishes its step, checkpoints and stops); a
+/// second one ends the process at once.
+fn stop_on_signals() -> Result<Arc<AtomicBool>> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let stop = Arc::new(AtomicBool::new(false));
+    for (signal, code) in [(SIGINT, 130), (SIGTERM, 143)] {
+        // Registered first, so it sees the flag before the second handler sets it: the first signal
+        // only sets it, the second exits.
+        signal_hook::flag::register_conditional_shutdown(signal, code, stop.clone()).context("installing a signal handler")?;
+        signal_hook::flag::register(signal, stop.clone()).context("installing a signal handler")?;
+    }
+    Ok(stop)
+}
+
+/// The exit code and message of a run stopped by a signal (rank 0's summary).
+fn stopped(summary: &RunSummary) -> i32 {
+    let Some(step) = summary.stopped_at else { return 0 };
+    match &summary.checkpoint {
+        Some(path) => {
+            eprintln!("stopped by a signal after step {step}; checkpoint {}; continue with --resume {}", path.display(), path.display())
+        }
+        None => eprintln!("stopped by a signal after step {step}; no --checkpoint-dir was given, so nothing was saved"),
+    }
+    130
+}
+
+/// CPU cores each of `ranks` ranks on this machine gets for AdamW, unless --adam-threads says.
+fn adam_threads_per_rank(requested: usize, ranks: usize) -> usize {
+    if requested > 0 {
+        return requested;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / ranks.max(1)).max(1)
+}
+
+pub fn train(a: TrainArgs, explicit: &BTreeSet<String>) -> Result<i32> {
+    let (mut options, mut tc) = resolve_train(&a, true, explicit)?;
+    options.stop = Some(stop_on_signals()?);
+    let devices = a.devices.as_deref().map(RankDevice::parse_list).transpose()?.unwrap_or_default();
+    let launched = zerostream::comm::launcher_world_size().unwrap_or(1);
+    if launched > 1 {
+        if a.world_size.is_some() {
+            bail!(
+                "--world-size cannot be combined with an MPI launch of {launched} processes: under mpirun the world size is mpirun's -n; \
+                 leave --world-size out"
+            );
+        }
+        return train_mpi(&a, &devices, &options, tc);
+    }
+    let world = a.world_size.unwrap_or(1);
+    if world == 1 && devices.len() > 1 {
+        bail!("--devices lists {} devices but --world-size is 1: add --world-size {}", devices.len(), devices.len());
+    }
+    if world == 1 {
+        let which = devices.first().cloned().unwrap_or(RankDevice::Default);
+        let dev = which.open(a.device.device, a.device.adapter.as_deref(), a.gpu_mem_budget)?;
+        let summary = zerostream::train::run::run_on(&dev, &options, tc)?;
+        return Ok(stopped(&summary));
+    }
+    tc.adam_threads = adam_threads_per_rank(tc.adam_threads, world);
+    let summaries =
+        zerostream::train::ranks::train_in_process(world, &devices, a.device.device, a.device.adapter.as_deref(), &options, tc)?;
+    Ok(summaries.first().map_or(0, stopped))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn train_mpi(_: &TrainArgs, _: &[RankDevice], _: &RunOptions, _: TrainConfig) -> Result<i32> {
+    let n = zerostream::comm::launcher_world_size().unwrap_or(1);
+    bail!(
+        "started by mpirun as one of {n} processes, but this zerostream was built without MPI support: \
+         rebuild with `cargo build --release --features zerostream/mpi` (needs OpenMPI and libclang), \
+         or run one process with --world-size N for ranks on this machine"
+    )
+}
+
+#[cfg(feature = "mpi")]
+fn train_mpi(a: &TrainArgs, devices: &[RankDevice], options: &RunOptions, mut tc: TrainConfig) -> Result<i32> {
+    use zerostream::comm::{Comm, mpi::MpiWorld};
+    let mpi = MpiWorld::init().context("initialising MPI")?;
+    let (rank, local_rank) = (mpi.rank(), mpi.node_local_rank());
+    tc.adam_threads = adam_threads_per_rank(tc.adam_threads, mpi.node_local_size());
+    let which = match devices.get(local_rank) {
+        Some(d) => d.clone(),
+        None if !devices.is_empty() => {
+            bail!("--devices lists {} devices, but this node runs at least {} ranks", devices.len(), local_rank + 1)
+        }
+        None => zerostream::train::ranks::default_device_for_local_rank(local_rank, a.device.device, a.device.adapter.as_deref()),
+    };
+    let comm = Comm::new(Box::new(mpi.comm()));
+    let opened = which.open(a.device.device, a.device.adapter.as_deref(), a.gpu_mem_budget);
+    let result = opened.and_then(|dev| zerostream::train::run::run_rank_on(&dev, options, tc, comm));
+    match result {
+        Ok(summary) => Ok(if rank == 0 { stopped(&summary) } else { i32::from(summary.stopped_at.is_some()) * 130 }),
+        // Stop every rank now rather than leave them waiting in a collective.
+        Err(e) => mpi.abort(&format!("rank {rank}: {e:#}")),
+    }
+}
+
+pub fn plan(a: TrainArgs, explicit: &BTreeSet<String>) -> Result<()> {
+    let (options, tc) = resolve_train(&a, false, explicit)?;
+    let world = a.world_size.or_else(zerostream::comm::launcher_world_size).unwrap_or(1).max(1);
+    let config = zerostream::train::run::model_config(&options.model)?;
+    let placement = zerostream::train::plan(&config, &tc, world)?;
+    println!("{}", placement.describe());
+    println!("{}", placement.host_summary());
+    Ok(())
+}

@@ -1,0 +1,399 @@
+//! What a checkpoint holds and how the trainer writes and reads it, one group at a time.
+//!
+//! `step-NNNNNNNN/` (see `zerostream_checkpoints::checkpoint` for the crash-safe directory moves):
+//! - `config.json` + `model.safetensors`: a Hugging Face model directory in `--save-dtype`;
+//! - `optimizer.rank{r}.safetensors`, one per rank: `{group}.master`, `{group}.adam_m`, `{group}.adam_v`,
+//!   each the rank's fp32 slice of the group's padded flat buffer; the metadata holds the world size,
+//!   the stage and every group's length, padded length and owned range, so another world size can
+//!   re-split the state;
+//! - `trainer_state.json`: counters, loss scaler, data position, every setting, and the manifest
+//!   (size and CRC32 of every other file).
+//!
+//! Only a few groups are ever in host memory at once beyond the trainer's own state: each group is
+//! paged in, written (and, for the model file, gathered from the ranks) and paged out in turn.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use serde::{Deserialize, Serialize};
+use zerostream_checkpoints::checkpoint::{CheckpointRoot, FileDigest, STATE_FILE, partial_dir, verify_files, write_file_atomic};
+use zerostream_checkpoints::safetensors_stream::{StreamWriter, TensorEntry};
+use zerostream_checkpoints::{Gpt2Config, hf::to_f32};
+
+use super::config::Flags;
+use super::{Precision, Trainer};
+use crate::device::Backend;
+
+/// `--save-dtype`: the dtype of the saved model's weights (the optimizer state is always fp32).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SaveDtype {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl SaveDtype {
+    /// The working precision's dtype: what the run computed with.
+    pub fn of(precision: Precision) -> Self {
+        match precision {
+            Precision::Fp32 => SaveDtype::F32,
+            Precision::Bf16 => SaveDtype::Bf16,
+            Precision::Fp16 => SaveDtype::F16,
+        }
+    }
+    fn dtype(self) -> Dtype {
+        match self {
+            SaveDtype::F32 => Dtype::F32,
+            SaveDtype::Bf16 => Dtype::BF16,
+            SaveDtype::F16 => Dtype::F16,
+        }
+    }
+    /// The name transformers' `torch_dtype` uses.
+    fn torch_name(self) -> &'static str {
+        match self {
+            SaveDtype::F32 => "float32",
+            SaveDtype::Bf16 => "bfloat16",
+            SaveDtype::F16 => "float16",
+        }
+    }
+}
+
+pub const FORMAT: &str = "zerostream-checkpoint";
+pub const FORMAT_VERSION: u32 = 1;
+const MODEL_FILE: &str = "model.safetensors";
+const CONFIG_FILE: &str = "config.json";
+
+fn optimizer_file(rank: usize) -> String {
+    format!("optimizer.rank{rank}.safetensors")
+}
+
+/// The loss scaler's state (fp16's dynamic scale; 1 and never changing otherwise).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ScalerState {
+    pub scale: f32,
+    pub clean_steps: u32,
+    pub growth_interval: u32,
+}
+
+/// `trainer_state.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TrainerState {
+    pub format: String,
+    pub format_version: u32,
+    pub zerostream_version: String,
+    /// Optimizer steps completed: the next step's index.
+    pub step: u64,
+    /// AdamW updates applied (fp16 steps skipped for overflow do not count).
+    pub adam_steps: u64,
+    /// The learning rate the next step will use: where the schedule stands.
+    pub next_lr: f64,
+    pub loss_scaler: ScalerState,
+    /// The first global micro-batch of the next step (step x micro-batches per step).
+    pub next_micro_batch: u64,
+    pub micro_batches_per_step: usize,
+    /// The seed every random draw derives from (initialisation, sampling; counter-based, so there is
+    /// no generator state beyond it and the counters above).
+    pub seed: u64,
+    pub world_size: usize,
+    pub zero_stage: u8,
+    /// The token file trained on and its length, so a resume on other data is caught.
+    pub data: String,
+    pub data_tokens: usize,
+    /// config.json of the model.
+    pub model: serde_json::Value,
+    /// Every training setting by flag name.
+    pub settings: Flags,
+    /// Size and CRC32 of every other file of the checkpoint.
+    pub files: BTreeMap<String, FileDigest>,
+}
+
+/// What a checkpoint records about the run beyond the trainer's own state.
+pub struct RunRecord {
+    pub seed: u64,
+    pub data: String,
+    pub data_tokens: usize,
+    pub settings: Flags,
+    pub save_dtype: SaveDtype,
+    /// Checkpoints to keep (0 = all).
+    pub keep: usize,
+}
+
+/// Writes config.json for `config` saved in `dtype`; returns its digest.
+fn write_config(dir: &Path, config: &Gpt2Config, dtype: SaveDtype) -> Result<(String, FileDigest)> {
+    let mut json = config.to_hf_json();
+    json["torch_dtype"] = dtype.torch_name().into();
+    let text = serde_json::to_string_pretty(&json)?;
+    let path = dir.join(CONFIG_FILE);
+    std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+    Ok((CONFIG_FILE.into(), FileDigest { bytes: text.len() as u64, crc32: crc32fast::hash(text.as_bytes()) }))
+}
+
+impl<D: Backend> Trainer<'_, D> {
+    /// Collective: writes into `dir` (which must exist) this rank's optimizer slices and, on rank 0,
+    /// the model (gathered group by group) in `dtype`; with `optimizer` false only the model. Returns
+    /// the files rank 0 wrote and the digests of every rank's optimizer file (rank 0 only).
+    fn write_state(&mut self, dir: &Path, dtype: SaveDtype, optimizer: bool) -> Result<Vec<(String, FileDigest)>> {
+        self.finish()?;
+        let (rank, world) = (self.sharding.rank, self.sharding.world);
+        let lead = rank == 0;
+        let mut model = if lead {
+            let entries =
+                self.layouts.iter().flat_map(|g| g.tensors.iter().map(|t| TensorEntry::new(&t.name, dtype.dtype(), t.shape.clone())));
+            let meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+            Some(StreamWriter::create(&dir.join(MODEL_FILE), entries.collect(), &meta)?)
+        } else {
+            None
+        };
+        let mut opt = if optimizer {
+            let mut entries = Vec::new();
+            for (g, shard) in self.layouts.iter().zip(self.shards.iter()) {
+                for kind in ["master", "adam_m", "adam_v"] {
+                    entries.push(TensorEntry::new(format!("{}.{kind}", g.name), Dtype::F32, vec![shard.slice_len()]));
+                }
+            }
+            Some(StreamWriter::create(&dir.join(optimizer_file(rank)), entries, &self.layout_metadata())?)
+        } else {
+            None
+        };
+        let nv = self.nvme.clone();
+        let nv = nv.as_deref();
+        let optimizer_groups = self.optimizer.as_mut().expect("finished");
+        for (k, (g, shard)) in self.layouts.iter().zip(self.shards.iter()).enumerate() {
+            let og = &mut optimizer_groups[k];
+            og.master.page_in(nv)?;
+            if let Some(w) = opt.as_mut() {
+                og.m.page_in(nv)?;
+                og.v.page_in(nv)?;
+                w.write_tensor(&format!("{}.master", g.name), og.master.data().bytes())?;
+                w.write_tensor(&format!("{}.adam_m", g.name), og.m.data().bytes())?;
+                w.write_tensor(&format!("{}.adam_v", g.name), og.v.data().bytes())?;
+                og.m.page_out(nv, false)?;
+                og.v.page_out(nv, false)?;
+            }
+            let mine = og.master.data().as_slice::<f32>();
+            let gathered;
+            let whole: &[f32] = if world > 1 {
+                let mut all = vec![0.0f32; shard.padded_len];
+                self.comm.all_gather(mine, &mut all, false)?;
+                gathered = all;
+                &gathered
+            } else {
+                mine
+            };
+            if let Some(w) = model.as_mut() {
+                for t in &g.tensors {
+                    w.write_f32(&t.name, &whole[t.range()])?;
+                }
+            }
+            og.master.page_out(nv, false)?;
+        }
+        let mut files = Vec::new();
+        if let Some(w) = model {
+            files.push((MODEL_FILE.to_string(), w.finish()?));
+            files.push(write_config(dir, &self.config, dtype)?);
+        }
+        if let Some(w) = opt {
+            let digest = w.finish()?;
+            let sizes = self.comm.gather_scalars(digest.bytes)?;
+            let crcs = self.comm.gather_scalars(digest.crc32)?;
+            if lead {
+                for r in 0..world {
+                    files.push((optimizer_file(r), FileDigest { bytes: sizes[r], crc32: crcs[r] }));
+                }
+            }
+        }
+        Ok(files)
+    }
+
+    /// The flat layout of this rank's optimizer file, as safetensors metadata.
+    fn layout_metadata(&self) -> BTreeMap<String, String> {
+        let groups: Vec<_> = self
+            .layouts
+            .iter()
+            .zip(self.shards.iter())
+            .map(|(g, s)| serde_json::json!({ "group": g.name, "len": s.len, "padded_len": s.padded_len, "owned": [s.owned.start, s.owned.end] }))
+            .collect();
+        BTreeMap::from([
+            ("format".to_string(), "zerostream-optimizer".to_string()),
+            ("world_size".to_string(), self.sharding.world.to_string()),
+            ("rank".to_string(), self.sharding.rank.to_string()),
+            ("zero_stage".to_string(), self.sharding.stage.number().to_string()),
+            ("groups".to_string(), serde_json::Value::from(groups).to_string()),
+        ])
+    }
+
+    /// Collective: writes checkpoint `step-{self.step}` under `root_dir`, whose lock rank 0 holds
+    /// (`root`). Returns the checkpoint's directory once it is committed on every rank.
+    pub fn save_checkpoint(&mut self, root_dir: &Path, root: Option<&CheckpointRoot>, record: &RunRecord) -> Result<PathBuf> {
+        let partial = match root {
+            Some(root) => root.begin(self.step)?,
+            None => partial_dir(root_dir, self.step),
+        };
+        self.comm.barrier()?; // the directory exists for every rank
+        let mut files: BTreeMap<String, FileDigest> = self.write_state(&partial, record.save_dtype, true)?.into_iter().collect();
+        let mut target = root_dir.join(zerostream_checkpoints::checkpoint::step_name(self.step));
+        if let Some(root) = root {
+            let state = self.trainer_state(record, std::mem::take(&mut files));
+            let path = partial.join(STATE_FILE);
+            std::fs::write(&path, serde_json::to_string_pretty(&state)?).with_context(|| format!("writing {}", path.display()))?;
+            target = root.commit(self.step, &partial)?;
+            root.prune(record.keep, self.step)?;
+        }
+        self.comm.barrier()?;
+        Ok(target)
+    }
+
+    fn trainer_state(&self, record: &RunRecord, files: BTreeMap<String, FileDigest>) -> TrainerState {
+        let micro_batches_per_step = self.train.grad_accum * self.sharding.world;
+        TrainerState {
+            format: FORMAT.into(),
+            format_version: FORMAT_VERSION,
+            zerostream_version: env!("CARGO_PKG_VERSION").into(),
+            step: self.step,
+            adam_steps: self.adam_steps,
+            next_lr: self.train.lr.at(self.step),
+            loss_scaler: self.scaler.state(),
+            next_micro_batch: self.step * micro_batches_per_step as u64,
+            micro_batches_per_step,
+            seed: record.seed,
+            world_size: self.sharding.world,
+            zero_stage: self.sharding.stage.number(),
+            data: record.data.clone(),
+            data_tokens: record.data_tokens,
+            model: self.config.to_hf_json(),
+            settings: record.settings.clone(),
+            files,
+        }
+    }
+
+    /// Collective: saves the model as a Hugging Face directory `dir` (config.json + model.safetensors in
+    /// `dtype`), written beside it and moved into place whole; an existing model there is replaced.
+    pub fn save_model(&mut self, dir: &Path, dtype: SaveDtype) -> Result<()> {
+        let partial = save_partial_dir(dir)?;
+        if self.sharding.rank == 0 {
+            if partial.exists() {
+                std::fs::remove_dir_all(&partial).with_context(|| format!("removing {}", partial.display()))?;
+            }
+            std::fs::create_dir_all(&partial).with_context(|| format!("creating {}", partial.display()))?;
+        }
+        self.comm.barrier()?;
+        self.write_state(&partial, dtype, false)?;
+        if self.sharding.rank == 0 {
+            zerostream_checkpoints::checkpoint::publish_dir(&partial, dir)?;
+        }
+        self.comm.barrier()
+    }
+}
+
+/// Where `--save DIR` is written before it is moved into place: `.{name}.partial` beside it.
+pub fn save_partial_dir(dir: &Path) -> Result<PathBuf> {
+    let name = dir.file_name().and_then(|n| n.to_str()).with_context(|| format!("--save {}: needs a directory name", dir.display()))?;
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    Ok(parent.join(format!(".{name}.partial")))
+}
+
+/// One rank's optimizer file of a checkpoint: its mapping and the group slices it holds.
+struct RankFile {
+    path: PathBuf,
+    mmap: Mmap,
+    /// Group name -> (owned range in the group's flat coordinates, the group's unpadded length).
+    owned: BTreeMap<String, (Range<usize>, usize)>,
+}
+
+/// A checkpoint opened for resuming: its state, verified files and optimizer slices.
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    pub state: TrainerState,
+    pub config: Gpt2Config,
+    ranks: Vec<RankFile>,
+}
+
+impl Checkpoint {
+    /// Opens the checkpoint `dir` (a `step-NNNNNNNN` directory) and checks every file against its
+    /// manifest; a truncated, corrupt or missing file is refused by name.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let state_path = dir.join(STATE_FILE);
+        let text = std::fs::read_to_string(&state_path).with_context(|| format!("reading {}", state_path.display()))?;
+        let state: TrainerState =
+            serde_json::from_str(&text).with_context(|| format!("{}: not a zerostream trainer state (corrupt?)", state_path.display()))?;
+        if state.format != FORMAT || state.format_version != FORMAT_VERSION {
+            bail!(
+                "{}: format {} version {}, expected {FORMAT} version {FORMAT_VERSION}",
+                state_path.display(),
+                state.format,
+                state.format_version
+            );
+        }
+        verify_files(dir, &state.files)?;
+        let config: Gpt2Config =
+            serde_json::from_value(state.model.clone()).with_context(|| format!("{}: the model configuration", state_path.display()))?;
+        let mut ranks = Vec::new();
+        for r in 0..state.world_size {
+            let path = dir.join(optimizer_file(r));
+            let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+            // SAFETY: read-only mapping of a checkpoint file; checkpoints are never modified once committed.
+            let mmap = unsafe { Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;
+            let owned = read_layout(&path, &mmap)?;
+            ranks.push(RankFile { path, mmap, owned });
+        }
+        Ok(Checkpoint { dir: dir.to_path_buf(), state, config, ranks })
+    }
+
+    /// Elements `range` (group coordinates) of `group`'s `kind` (master, adam_m, adam_v), gathered from
+    /// whichever ranks' slices hold them; elements past the group's tensors (padding) are zero.
+    pub fn read_range(&self, group: &str, kind: &str, range: Range<usize>, out: &mut [f32]) -> Result<()> {
+        assert_eq!(out.len(), range.len());
+        out.fill(0.0);
+        for rf in &self.ranks {
+            let Some((owned, len)) = rf.owned.get(group) else {
+                bail!("{}: no group {group} (the checkpoint is of another model)", rf.path.display());
+            };
+            let wanted = range.start.min(*len)..range.end.min(*len);
+            let Some(r) = super::shard::intersect(wanted, owned) else { continue };
+            let st = SafeTensors::deserialize(&rf.mmap).with_context(|| format!("{}: not a valid safetensors file", rf.path.display()))?;
+            let name = format!("{group}.{kind}");
+            let view = st.tensor(&name).with_context(|| format!("{}: tensor {name}", rf.path.display()))?;
+            let bytes = &view.data()[4 * (r.start - owned.start)..4 * (r.end - owned.start)];
+            out[r.start - range.start..r.end - range.start].copy_from_slice(&to_f32(Dtype::F32, bytes)?);
+        }
+        Ok(())
+    }
+}
+
+/// The group slices an optimizer file's metadata declares.
+fn read_layout(path: &Path, mmap: &[u8]) -> Result<BTreeMap<String, (Range<usize>, usize)>> {
+    let (_, meta) = SafeTensors::read_metadata(mmap).with_context(|| format!("{}: not a valid safetensors file", path.display()))?;
+    let groups =
+        meta.metadata().as_ref().and_then(|m| m.get("groups")).with_context(|| format!("{}: no layout in the metadata", path.display()))?;
+    let groups: Vec<serde_json::Value> =
+        serde_json::from_str(groups).with_context(|| format!("{}: the layout metadata", path.display()))?;
+    let mut out = BTreeMap::new();
+    for g in groups {
+        let (Some(name), Some(len), Some([s, e])) = (
+            g["group"].as_str(),
+            g["len"].as_u64(),
+            g["owned"].as_array().map(|a| [a.first().and_then(|x| x.as_u64()), a.get(1).and_then(|x| x.as_u64())]),
+        ) else {
+            bail!("{}: malformed group in the layout metadata: {g}", path.display());
+        };
+        let (Some(s), Some(e)) = (s, e) else { bail!("{}: malformed owned range: {g}", path.display()) };
+        out.insert(name.to_string(), (s as usize..e as usize, len as usize));
+    }
+    Ok(out)
+}
+
+/// Replaces `path` (a metrics file of a run being resumed) with its rows of steps before `step`, so
+/// the resumed run's rows continue it without duplicates.
+pub fn truncate_metrics(path: &Path, step: u64) -> Result<()> {
+    let Ok(text) = std::fs::read_to_string(path) else { return Ok(()) };
+    let kept: String = text
+        .lines()
+        .filter(|line| serde_json::from_str::<serde_json::Value>(line).ok().and_then(|v| v["step"].as_u64()).is_some_and(|s| s < step))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    write_file_atomic(path, kept.as_bytes())
+}

@@ -1,0 +1,150 @@
+//! `--resume`: the settings a resumed run trains with. A resumed run continues the recorded run: every
+//! setting not given on the command line is the checkpoint's; settings given that would change what
+//! the run computes ([`MEANING_FLAGS`]: precision, batch geometry, optimizer and schedule) must equal
+//! the checkpoint's and are refused by name otherwise; the rest (steps, world size, tiers, budget,
+//! cadence) may change. The micro-batches per step (grad-accum x world size) stay the checkpoint's, so
+//! the data order and the step's mean are the same at any world size.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use zerostream_checkpoints::checkpoint::STATE_FILE;
+
+use super::checkpoint::TrainerState;
+use super::config::{MEANING_FLAGS, TrainConfig};
+
+/// Reads a checkpoint's `trainer_state.json` (without checking its other files: [`super::Checkpoint::open`]
+/// does that before any state is used).
+pub fn read_state(dir: &Path) -> Result<TrainerState> {
+    let path = dir.join(STATE_FILE);
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}: not a zerostream trainer state (corrupt?)", path.display()))
+}
+
+/// The configuration of a run resuming from `state` (in `dir`) at `world` ranks, given the command
+/// line's configuration `cli`, the flags the user typed (`explicit`, by flag name) and `seed`.
+pub fn merge(
+    dir: &Path,
+    state: &TrainerState,
+    cli: &TrainConfig,
+    explicit: &BTreeSet<String>,
+    seed: u64,
+    world: usize,
+) -> Result<TrainConfig> {
+    let mut flags = state.settings.clone();
+    let given = cli.to_flags();
+    for (name, value) in &given {
+        if !explicit.contains(name) {
+            continue;
+        }
+        let recorded = flags.get(name);
+        if MEANING_FLAGS.contains(&name.as_str()) && recorded != Some(value) {
+            bail!(
+                "--{name} {} differs from the checkpoint's {} ({}): it changes what the run computes, so a resumed run keeps it; \
+                 leave --{name} out to use the checkpoint's",
+                show(value),
+                recorded.map_or("(none)".into(), show),
+                dir.display()
+            );
+        }
+        flags.insert(name.clone(), value.clone());
+    }
+    if explicit.contains("seed") && seed != state.seed {
+        bail!("--seed {seed} differs from the checkpoint's {} ({}): leave --seed out to use the checkpoint's", state.seed, dir.display());
+    }
+    let per_step = state.micro_batches_per_step;
+    if explicit.contains("grad-accum") {
+        if cli.grad_accum * world != per_step {
+            bail!(
+                "--grad-accum {} x {world} rank(s) = {} micro-batches per step, but the checkpoint's run took {per_step} ({}): \
+                 resuming must keep the micro-batches per step (give --grad-accum {}, or leave it out)",
+                cli.grad_accum,
+                cli.grad_accum * world,
+                dir.display(),
+                if per_step.is_multiple_of(world) { (per_step / world).to_string() } else { "that divides it".into() }
+            );
+        }
+    } else if !per_step.is_multiple_of(world) {
+        bail!(
+            "the checkpoint's run took {per_step} micro-batches per step, which {world} ranks cannot share evenly ({}): \
+             resume with a world size that divides {per_step}",
+            dir.display()
+        );
+    } else {
+        flags.insert("grad-accum".into(), (per_step / world).into());
+    }
+    let tc = TrainConfig::from_flags(&flags).with_context(|| format!("the settings recorded in {}", dir.join(STATE_FILE).display()))?;
+    if tc.steps <= state.step {
+        bail!(
+            "--steps {} counts from the start of training, and the checkpoint {} is already at step {}: nothing to do (give a larger --steps)",
+            tc.steps,
+            dir.display(),
+            state.step
+        );
+    }
+    Ok(tc)
+}
+
+fn show(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::checkpoint::ScalerState;
+
+    fn state(tc: &TrainConfig, world: usize) -> TrainerState {
+        TrainerState {
+            format: String::new(),
+            format_version: 1,
+            zerostream_version: String::new(),
+            step: 5,
+            adam_steps: 5,
+            next_lr: 0.0,
+            loss_scaler: ScalerState { scale: 1.0, clean_steps: 0, growth_interval: 1 },
+            next_micro_batch: 0,
+            micro_batches_per_step: tc.grad_accum * world,
+            seed: 1,
+            world_size: world,
+            zero_stage: 2,
+            data: String::new(),
+            data_tokens: 0,
+            model: serde_json::Value::Null,
+            settings: tc.to_flags(),
+            files: Default::default(),
+        }
+    }
+
+    #[test]
+    fn unset_flags_come_from_the_checkpoint_and_meaning_flags_must_match() {
+        let recorded =
+            TrainConfig { grad_accum: 2, lr: crate::train::LrPlan { peak: 3e-3, ..TrainConfig::default().lr }, ..TrainConfig::default() };
+        let st = state(&recorded, 1);
+        let cli = TrainConfig::default();
+        let dir = Path::new("ck");
+        let none = BTreeSet::new();
+        let tc = merge(dir, &st, &cli, &none, 1, 1).unwrap();
+        assert_eq!((tc.lr.peak, tc.grad_accum), (3e-3, 2));
+        // Two ranks share the two micro-batches.
+        assert_eq!(merge(dir, &st, &cli, &none, 1, 2).unwrap().grad_accum, 1);
+        let err = merge(dir, &st, &cli, &none, 1, 3).unwrap_err().to_string();
+        assert!(err.contains("cannot share evenly"), "{err}");
+        let lr = BTreeSet::from(["lr".to_string()]);
+        let err = merge(dir, &st, &cli, &lr, 1, 1).unwrap_err().to_string();
+        assert!(err.contains("--lr 0.001 differs from the checkpoint's 0.003"), "{err}");
+        let accum = BTreeSet::from(["grad-accum".to_string()]);
+        let err = merge(dir, &st, &TrainConfig { grad_accum: 1, ..cli.clone() }, &accum, 1, 1).unwrap_err().to_string();
+        assert!(err.contains("micro-batches per step"), "{err}");
+        let steps = BTreeSet::from(["steps".to_string()]);
+        assert_eq!(merge(dir, &st, &TrainConfig { steps: 20, ..cli.clone() }, &steps, 1, 1).unwrap().steps, 20);
+        let err = merge(dir, &st, &TrainConfig { steps: 5, ..cli.clone() }, &steps, 1, 1).unwrap_err().to_string();
+        assert!(err.contains("nothing to do"), "{err}");
+        let seed = BTreeSet::from(["seed".to_string()]);
+        assert!(merge(dir, &st, &cli, &seed, 2, 1).unwrap_err().to_string().contains("--seed 2"));
+    }
+}
