@@ -2,6 +2,7 @@
 //! and token files (llm.c's format and raw uint16). Formats only: no training logic, no GPU types.
 
 pub mod hf;
+mod io;
 pub mod tokenizer;
 pub mod tokens;
 
