@@ -1,11 +1,13 @@
 //! Model and data files: Hugging Face GPT-2 directories (config.json + safetensors, single or sharded)
 //! and token files (llm.c's format and raw uint16). Formats only: no training logic, no GPU types.
 
+pub mod config;
 pub mod hf;
 mod io;
 pub mod tokenizer;
 pub mod tokens;
 
-pub use hf::{Gpt2Config, HfModel, save_hf};
+pub use config::Gpt2Config;
+pub use hf::{HfModel, save_hf};
 pub use tokenizer::Tokenizer;
 pub use tokens::{TokenFile, write_token_file};
