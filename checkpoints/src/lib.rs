@@ -1,5 +1,6 @@
 //! Model and data files: Hugging Face GPT-2 directories (config.json + safetensors, single or sharded)
 //! and token files (llm.c's format and raw uint16). Formats only: no training logic, no GPU types.
+//! Bad input is an error naming the file and what was expected, never a panic or a signal.
 
 pub mod config;
 pub mod hf;
