@@ -25,16 +25,7 @@ fn main() -> anyhow::Result<()> {
         nvme_dir: Some(nvme.clone()),
         ..TrainConfig::default()
     };
-    let options = RunOptions {
-        model: ModelChoice::Demo,
-        data: None,
-        seed: 1337,
-        metrics: None,
-        save: None,
-        sample_tokens: 200,
-        prompt: "HAMLET\n".into(),
-        progress: true,
-    };
+    let options = RunOptions { sample_tokens: 200, ..RunOptions::new(ModelChoice::Demo) };
     let dev = device::open(DeviceChoice::Auto, None, Some(budget))?;
     let summary = zerostream::train::run::run_on(&dev, &options, train)?;
     let (first, last) = (summary.steps.first().unwrap(), summary.steps.last().unwrap());

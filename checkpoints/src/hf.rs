@@ -1,131 +1,57 @@
 //! Hugging Face GPT-2 directories: `config.json` plus `model.safetensors`, or shards listed in
-//! `model.safetensors.index.json`. Files are memory-mapped; tensors are converted to f32 on request.
+//! `model.safetensors.index.json`. Opening reads and checks each file's header; a tensor is read on
+//! request with a positioned read (not memory-mapped, so a file truncated under a run is an error, not
+//! SIGBUS) and converted to f32, refusing NaN and infinities.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use memmap2::Mmap;
-use safetensors::{Dtype, SafeTensors};
+use safetensors::Dtype;
+use safetensors::tensor::Metadata;
 use serde::Deserialize;
 
-/// The GPT-2 hyper-parameters zerostream uses, as named in Hugging Face's `config.json`.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-pub struct Gpt2Config {
-    /// V: vocabulary size (rows of wte).
-    pub vocab_size: usize,
-    /// P: maximum sequence length (rows of wpe).
-    pub n_positions: usize,
-    /// C: channels.
-    pub n_embd: usize,
-    /// L: transformer blocks.
-    pub n_layer: usize,
-    /// NH: attention heads; C must be a multiple of it.
-    pub n_head: usize,
-    /// Width of the MLP's hidden layer; `null` in config.json means 4C.
-    #[serde(default)]
-    pub n_inner: Option<usize>,
-    #[serde(default = "default_eps")]
-    pub layer_norm_epsilon: f64,
-    #[serde(default = "default_activation")]
-    pub activation_function: String,
+pub use crate::config::Gpt2Config;
+use crate::io::{Stamp, open_regular, read_exact_at};
+
+/// Largest safetensors header accepted (the safetensors crate's own limit): a corrupt length field
+/// must not make us allocate gigabytes.
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// One safetensors file of the model, open.
+struct Shard {
+    path: PathBuf,
+    file: File,
+    /// The file as opened; a tensor read from a file that changed since is refused.
+    stamp: Stamp,
 }
 
-fn default_eps() -> f64 {
-    1e-5
-}
-fn default_activation() -> String {
-    "gelu_new".into()
-}
-
-impl Gpt2Config {
-    /// The published GPT-2 sizes by name (gpt2, gpt2-medium, gpt2-large, gpt2-xl).
-    pub fn preset(name: &str) -> Option<Self> {
-        let (n_embd, n_layer, n_head) = match name {
-            "gpt2" => (768, 12, 12),
-            "gpt2-medium" => (1024, 24, 16),
-            "gpt2-large" => (1280, 36, 20),
-            "gpt2-xl" => (1600, 48, 25),
-            _ => return None,
-        };
-        Some(Gpt2Config {
-            vocab_size: 50257,
-            n_positions: 1024,
-            n_embd,
-            n_layer,
-            n_head,
-            n_inner: None,
-            layer_norm_epsilon: 1e-5,
-            activation_function: "gelu_new".into(),
-        })
-    }
-
-    /// config.json as Hugging Face's `GPT2Config` writes it (the fields transformers needs to load it).
-    pub fn to_hf_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "architectures": ["GPT2LMHeadModel"],
-            "model_type": "gpt2",
-            "vocab_size": self.vocab_size,
-            "n_positions": self.n_positions,
-            "n_ctx": self.n_positions,
-            "n_embd": self.n_embd,
-            "n_layer": self.n_layer,
-            "n_head": self.n_head,
-            "n_inner": self.n_inner,
-            "layer_norm_epsilon": self.layer_norm_epsilon,
-            "activation_function": self.activation_function,
-            "resid_pdrop": 0.0,
-            "embd_pdrop": 0.0,
-            "attn_pdrop": 0.0,
-            "tie_word_embeddings": true,
-        })
-    }
-
-    pub fn hidden(&self) -> usize {
-        self.n_inner.unwrap_or(4 * self.n_embd)
-    }
-
-    /// Checks what the model code relies on.
-    pub fn validate(&self) -> Result<()> {
-        if self.n_embd == 0 || self.n_head == 0 || self.n_layer == 0 || self.vocab_size == 0 || self.n_positions == 0 {
-            bail!("config: n_embd, n_head, n_layer, vocab_size and n_positions must all be positive: {self:?}");
-        }
-        if !self.n_embd.is_multiple_of(self.n_head) {
-            bail!("config: n_embd ({}) must be a multiple of n_head ({})", self.n_embd, self.n_head);
-        }
-        if self.n_embd / self.n_head > 256 {
-            bail!("config: head size n_embd/n_head = {} is above the 256 the attention kernels support", self.n_embd / self.n_head);
-        }
-        if !matches!(self.activation_function.as_str(), "gelu_new" | "gelu_pytorch_tanh") {
-            bail!("config: activation_function {:?} is not supported (expected gelu_new)", self.activation_function);
-        }
-        Ok(())
-    }
-
-    pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let config: Gpt2Config = serde_json::from_str(&text).with_context(|| format!("parsing {} as a GPT-2 config", path.display()))?;
-        config.validate().with_context(|| path.display().to_string())?;
-        Ok(config)
-    }
-}
-
-/// One tensor's place in a memory-mapped file.
+/// One tensor's place: which shard, its type and shape, and its bytes' absolute offset and length.
 struct Entry {
-    file: usize,
+    shard: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    offset: u64,
+    bytes: usize,
 }
 
-/// A Hugging Face model directory, memory-mapped.
+/// A Hugging Face model directory, its safetensors headers read.
 pub struct HfModel {
     pub dir: PathBuf,
     pub config: Gpt2Config,
-    files: Vec<(PathBuf, Mmap)>,
+    shards: Vec<Shard>,
     index: HashMap<String, Entry>,
 }
 
 impl HfModel {
     pub fn open(dir: &Path) -> Result<Self> {
+        if dir.exists() && !dir.is_dir() {
+            bail!(
+                "model directory {} is not a directory (expected a Hugging Face GPT-2 directory with config.json and model.safetensors)",
+                dir.display()
+            );
+        }
         if !dir.is_dir() {
             bail!(
                 "model directory {} does not exist (expected a Hugging Face GPT-2 directory with config.json and model.safetensors)",
@@ -142,8 +68,9 @@ impl HfModel {
             struct Index {
                 weight_map: HashMap<String, String>,
             }
-            let text = std::fs::read_to_string(&sharded).with_context(|| format!("reading {}", sharded.display()))?;
-            let index: Index = serde_json::from_str(&text).with_context(|| format!("parsing {}", sharded.display()))?;
+            let (file, _) = open_regular(&sharded, "safetensors index")?;
+            let index: Index = serde_json::from_reader(std::io::BufReader::new(file))
+                .with_context(|| format!("safetensors index {}: expected a JSON object with a weight_map", sharded.display()))?;
             let mut names: Vec<String> = index.weight_map.into_values().collect();
             names.sort();
             names.dedup();
@@ -151,17 +78,25 @@ impl HfModel {
         } else {
             bail!("{}: neither model.safetensors nor model.safetensors.index.json found", dir.display());
         };
-        let mut model = HfModel { dir: dir.to_path_buf(), config, files: Vec::new(), index: HashMap::new() };
+        let mut model = HfModel { dir: dir.to_path_buf(), config, shards: Vec::new(), index: HashMap::new() };
         for name in shard_names {
             let path = dir.join(&name);
-            let file = File::open(&path).with_context(|| format!("opening {}", path.display()))?;
-            // SAFETY: the file is opened read-only; zerostream never writes model files it has mapped.
-            let mmap = unsafe { Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;
-            let st = SafeTensors::deserialize(&mmap).with_context(|| format!("{}: not a valid safetensors file", path.display()))?;
-            for tensor_name in st.names() {
-                model.index.insert(tensor_name.to_string(), Entry { file: model.files.len() });
+            let (file, meta) = open_regular(&path, "safetensors file")?;
+            let stamp = Stamp::of(&meta);
+            let (data_start, metadata) =
+                read_header(&file, stamp.len).map_err(|e| anyhow::anyhow!("safetensors file {}: {e}", path.display()))?;
+            for (tensor_name, info) in metadata.tensors() {
+                let (begin, end) = info.data_offsets;
+                let entry = Entry {
+                    shard: model.shards.len(),
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    offset: data_start + begin as u64,
+                    bytes: end - begin,
+                };
+                model.index.insert(tensor_name, entry);
             }
-            model.files.push((path, mmap));
+            model.shards.push(Shard { path, file, stamp });
         }
         Ok(model)
     }
@@ -176,18 +111,65 @@ impl HfModel {
         self.index.get_key_value(bare).map(|(k, _)| k.as_str())
     }
 
-    /// The tensor `name` as f32 (converted from f16, bf16 or f64), checked against `shape`.
+    /// The tensor `name` as f32 (converted from f16, bf16 or f64), checked against `shape`. NaN and
+    /// infinities (also f64 values too large for f32) are refused: training from them would only
+    /// skip every step.
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let stored =
             self.resolve(name).with_context(|| format!("{}: tensor {name} not found (expected shape {shape:?})", self.dir.display()))?;
-        let (path, mmap) = &self.files[self.index[stored].file];
-        let st = SafeTensors::deserialize(mmap)?;
-        let view = st.tensor(stored)?;
-        if view.shape() != shape {
-            bail!("{}: tensor {name} has shape {:?}, expected {shape:?}", path.display(), view.shape());
+        let entry = &self.index[stored];
+        let shard = &self.shards[entry.shard];
+        let path = shard.path.display();
+        if entry.shape != shape {
+            bail!("{path}: tensor {name} has shape {:?}, expected {shape:?}", entry.shape);
         }
-        to_f32(view.dtype(), view.data()).with_context(|| format!("{}: tensor {name}", path.display()))
+        if !matches!(entry.dtype, Dtype::F32 | Dtype::F64 | Dtype::F16 | Dtype::BF16) {
+            bail!("{path}: tensor {name}: dtype {:?} is not a floating-point type zerostream reads (F32, F64, F16, BF16)", entry.dtype);
+        }
+        if let Some(change) = shard.stamp.change(&shard.file).with_context(|| format!("safetensors file {path}"))? {
+            bail!("safetensors file {path} changed after it was opened: {change}");
+        }
+        let mut bytes = vec![0u8; entry.bytes];
+        read_exact_at(&shard.file, &mut bytes, entry.offset).with_context(|| {
+            format!("safetensors file {path}: reading tensor {name} (bytes {}..{})", entry.offset, entry.offset + entry.bytes as u64)
+        })?;
+        let values = to_f32(entry.dtype, &bytes).with_context(|| format!("{path}: tensor {name}"))?;
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            bail!(
+                "{path}: tensor {name} holds a non-finite value ({} as f32) at element {i} of {}; the weights must be finite numbers",
+                values[i],
+                values.len()
+            );
+        }
+        Ok(values)
     }
+}
+
+/// Reads and checks the header of a safetensors file of `size` bytes: (byte offset of the tensor
+/// data, the tensors). The header must describe exactly the bytes that follow it.
+fn read_header(file: &File, size: u64) -> std::result::Result<(u64, Metadata), String> {
+    if size < 8 {
+        return Err(format!("{size} bytes, shorter than the 8-byte header length (truncated?)"));
+    }
+    let mut word = [0u8; 8];
+    read_exact_at(file, &mut word, 0).map_err(|e| format!("reading the header length: {e}"))?;
+    let n = u64::from_le_bytes(word);
+    if n > MAX_HEADER_BYTES {
+        return Err(format!("header length {n} is above the {MAX_HEADER_BYTES} bytes safetensors allows (not a safetensors file?)"));
+    }
+    if 8 + n > size {
+        return Err(format!("header length {n} runs past the end of the file ({size} bytes; truncated?)"));
+    }
+    let mut header = vec![0u8; n as usize];
+    read_exact_at(file, &mut header, 8).map_err(|e| format!("reading the {n}-byte header: {e}"))?;
+    let text = std::str::from_utf8(&header).map_err(|e| format!("header is not UTF-8 ({e})"))?;
+    let metadata: Metadata = serde_json::from_str(text).map_err(|e| format!("invalid header: {e}"))?;
+    let data = size - 8 - n;
+    if metadata.data_len() as u64 != data {
+        let why = if (metadata.data_len() as u64) > data { "truncated?" } else { "trailing bytes" };
+        return Err(format!("header describes {} bytes of tensor data but {data} follow it ({why})", metadata.data_len()));
+    }
+    Ok((8 + n, metadata))
 }
 
 /// Decodes little-endian tensor bytes to f32.

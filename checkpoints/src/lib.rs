@@ -1,13 +1,17 @@
 //! Model and data files: Hugging Face GPT-2 directories (config.json + safetensors, single or sharded)
 //! and token files (llm.c's format and raw uint16), streamed safetensors writing, and the crash-safe
-//! checkpoint directory. Formats only: no training logic, no GPU types.
+//! checkpoint directory. Formats only: no training logic, no GPU types. Bad input is an error naming
+//! the file and what was expected, never a panic or a signal.
 
 pub mod checkpoint;
+pub mod config;
 pub mod hf;
+mod io;
 pub mod safetensors_stream;
 pub mod tokenizer;
 pub mod tokens;
 
-pub use hf::{Gpt2Config, HfModel, save_hf};
+pub use config::Gpt2Config;
+pub use hf::{HfModel, save_hf};
 pub use tokenizer::Tokenizer;
 pub use tokens::{TokenFile, write_token_file};

@@ -1,83 +1,84 @@
 //! Token files: llm.c's format (a 256 x int32 little-endian header: magic 20240520, version 1, token
-//! count; then uint16 tokens) or raw little-endian uint16 (nanoGPT's `.bin`). Memory-mapped.
+//! count; then uint16 tokens) or raw little-endian uint16 (nanoGPT's `.bin`). Read with positioned
+//! reads, not memory-mapped: a file truncated or rewritten during a run then gives an error naming it,
+//! where a map would have killed the process with SIGBUS.
 
 use std::fs::File;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use memmap2::Mmap;
+
+use crate::io::{Stamp, create_temp_beside, open_regular, read_exact_at, rename_into_place};
 
 pub const LLMC_MAGIC: i32 = 20240520;
 const HEADER_BYTES: usize = 256 * 4;
+/// Tokens read at a time by [`TokenFile::check_vocab`] (4 MiB).
+const SCAN_TOKENS: usize = 1 << 21;
 
 pub struct TokenFile {
     pub path: PathBuf,
-    /// The file's bytes: a memory map, or tokens made in memory ([`TokenFile::from_tokens`]).
-    mmap: Box<dyn AsRef<[u8]> + Send + Sync>,
-    /// Byte offset of the first token.
-    start: usize,
+    source: Source,
     /// Number of tokens.
     pub len: usize,
 }
 
+enum Source {
+    /// Tokens made in memory ([`TokenFile::from_tokens`]).
+    Memory(Vec<u16>),
+    /// An open file; `start` is the byte offset of the first token, `stamp` the file as opened.
+    File { file: File, start: u64, stamp: Stamp },
+}
+
 impl TokenFile {
     /// Opens `path`: llm.c's format when it starts with the magic number, raw uint16 otherwise.
+    /// Pipes, directories and devices are refused at once.
     pub fn open(path: &Path) -> Result<Self> {
-        // A pipe would block the open until a writer comes, and a directory cannot be mapped: refuse both at once.
-        let meta = std::fs::metadata(path).with_context(|| format!("token file {}", path.display()))?;
-        if !meta.is_file() {
-            bail!(
-                "token file {}: not a regular file (a directory, pipe or device); give a file written by `zerostream prepare`",
-                path.display()
-            );
-        }
-        let file = File::open(path).with_context(|| format!("opening token file {}", path.display()))?;
-        // SAFETY: read-only mapping of a file zerostream does not modify while it is open.
-        let mmap = unsafe { Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;
-        let word = |i: usize| i32::from_le_bytes(mmap[4 * i..4 * i + 4].try_into().unwrap());
-        let (start, len) = if mmap.len() >= HEADER_BYTES && word(0) == LLMC_MAGIC {
-            if word(1) != 1 {
-                bail!("{}: llm.c token file version {} is not supported (expected 1)", path.display(), word(1));
-            }
-            let count = word(2);
-            let available = (mmap.len() - HEADER_BYTES) / 2;
-            if count < 0 || count as usize > available || !(mmap.len() - HEADER_BYTES).is_multiple_of(2) {
-                bail!(
-                    "{}: header says {count} tokens but the file holds {} bytes after the header ({} tokens)",
-                    path.display(),
-                    mmap.len() - HEADER_BYTES,
-                    available
-                );
-            }
-            (HEADER_BYTES, count as usize)
-        } else {
-            if mmap.len() >= 4 && word(0) != LLMC_MAGIC && mmap.len() >= HEADER_BYTES && looks_like_header(&mmap) {
-                bail!("{}: starts with a 256-word header whose magic {} is not llm.c's {LLMC_MAGIC}", path.display(), word(0));
-            }
-            if mmap.len() % 2 != 0 {
-                bail!("{}: odd length ({} bytes); a raw token file holds little-endian uint16 tokens", path.display(), mmap.len());
-            }
-            (0, mmap.len() / 2)
-        };
-        Ok(TokenFile { path: path.to_path_buf(), mmap: Box::new(mmap), start, len })
+        let (file, meta) = open_regular(path, "token file")?;
+        let stamp = Stamp::of(&meta);
+        let mut head = vec![0u8; stamp.len.min(HEADER_BYTES as u64) as usize];
+        read_exact_at(&file, &mut head, 0).with_context(|| format!("reading token file {}", path.display()))?;
+        let (start, len) = layout(&head, stamp.len).map_err(|e| anyhow::anyhow!("token file {}: {e}", path.display()))?;
+        Ok(TokenFile { path: path.to_path_buf(), source: Source::File { file, start, stamp }, len })
     }
 
     /// Tokens already in memory (the embedded demo text); `label` names them in errors.
     pub fn from_tokens(label: &str, tokens: &[u16]) -> Self {
-        let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
-        TokenFile { path: PathBuf::from(label), mmap: Box::new(bytes), start: 0, len: tokens.len() }
+        TokenFile { path: PathBuf::from(label), source: Source::Memory(tokens.to_vec()), len: tokens.len() }
     }
 
+    /// Token `i`. Panics when `i` is out of range or the file cannot be read (it changed during the
+    /// run); [`TokenFile::try_get`] returns those as errors.
     pub fn get(&self, i: usize) -> u16 {
-        let o = self.start + 2 * i;
-        let bytes = (*self.mmap).as_ref();
-        u16::from_le_bytes([bytes[o], bytes[o + 1]])
+        self.try_get(i).unwrap_or_else(|e| panic!("{e:#}"))
     }
 
-    /// Fails naming the first token id at or above `vocab_size`.
+    /// Token `i`, or an error naming the file when `i` is out of range or the file cannot be read.
+    pub fn try_get(&self, i: usize) -> Result<u16> {
+        if i >= self.len {
+            bail!("{}: token position {i} is past the end ({} tokens)", self.path.display(), self.len);
+        }
+        let mut t = [0u16];
+        self.read(i, &mut t)?;
+        Ok(t[0])
+    }
+
+    /// Fails naming the first token id at or above `vocab_size`. Reads the whole file, in large chunks.
     pub fn check_vocab(&self, vocab_size: usize) -> Result<()> {
-        if let Some(i) = (0..self.len).find(|&i| self.get(i) as usize >= vocab_size) {
-            bail!("{}: token {} at position {i} is not below the model's vocab_size {vocab_size}", self.path.display(), self.get(i));
+        let mut buf = vec![0u16; SCAN_TOKENS.min(self.len)];
+        let mut first = 0;
+        while first < self.len {
+            let chunk = &mut buf[..SCAN_TOKENS.min(self.len - first)];
+            self.read(first, chunk)?;
+            if let Some(j) = chunk.iter().position(|&t| t as usize >= vocab_size) {
+                bail!(
+                    "{}: token {} at position {} is not below the model's vocab_size {vocab_size}",
+                    self.path.display(),
+                    chunk[j],
+                    first + j
+                );
+            }
+            first += chunk.len();
         }
         Ok(())
     }
@@ -85,30 +86,127 @@ impl TokenFile {
     /// Micro-batch `g` of the training contract: window `g mod floor((n-1)/(B*T))` of B*T+1 tokens;
     /// returns (x, y), each B*T long.
     pub fn micro_batch(&self, g: usize, batch: usize, seq_len: usize) -> Result<(Vec<u32>, Vec<u32>)> {
-        let span = batch * seq_len;
+        let span = batch.checked_mul(seq_len).filter(|&s| s > 0 && s < usize::MAX);
+        let Some(span) = span else {
+            bail!("{}: a micro-batch of B = {batch} by T = {seq_len} tokens is empty or too large", self.path.display());
+        };
         if self.len < span + 1 {
             bail!("{}: {} tokens, fewer than one micro-batch of B*T+1 = {}", self.path.display(), self.len, span + 1);
         }
         let windows = (self.len - 1) / span;
         let start = (g % windows) * span;
-        let x = (start..start + span).map(|i| self.get(i) as u32).collect();
-        let y = (start + 1..start + span + 1).map(|i| self.get(i) as u32).collect();
+        let mut tokens = vec![0u16; span + 1];
+        self.read(start, &mut tokens)?;
+        let x = tokens[..span].iter().map(|&t| t as u32).collect();
+        let y = tokens[1..].iter().map(|&t| t as u32).collect();
         Ok((x, y))
     }
+
+    /// Fills `out` with tokens `first..first + out.len()` (within `0..len`). A file that changed since
+    /// it was opened is an error, whether its size and time show it or the read comes up short.
+    fn read(&self, first: usize, out: &mut [u16]) -> Result<()> {
+        let (file, start, stamp) = match &self.source {
+            Source::Memory(tokens) => {
+                out.copy_from_slice(&tokens[first..first + out.len()]);
+                return Ok(());
+            }
+            Source::File { file, start, stamp } => (file, *start, stamp),
+        };
+        let changed = |what: &str| {
+            anyhow::anyhow!(
+                "token file {} changed during the run: {what}; expected {} tokens ({} bytes) as when it was opened",
+                self.path.display(),
+                self.len,
+                stamp.len
+            )
+        };
+        if let Some(change) = stamp.change(file).with_context(|| format!("token file {}", self.path.display()))? {
+            return Err(changed(&change));
+        }
+        let offset = start + 2 * first as u64;
+        let mut bytes = vec![0u8; 2 * out.len()];
+        if let Err(e) = read_exact_at(file, &mut bytes, offset) {
+            let place = format!("tokens {first}..{} (bytes {offset}..{})", first + out.len(), offset + bytes.len() as u64);
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                return Err(changed(&format!("reading {place} reached the end of the file")));
+            }
+            return Err(e).with_context(|| format!("token file {}: reading {place}", self.path.display()));
+        }
+        for (t, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+            *t = u16::from_le_bytes([b[0], b[1]]);
+        }
+        Ok(())
+    }
+}
+
+/// Where the tokens of a file of `size` bytes starting with `head` (its first 1024 bytes, or all of
+/// a shorter file) lie: (byte offset of the first token, number of tokens).
+fn layout(head: &[u8], size: u64) -> std::result::Result<(u64, usize), String> {
+    let word = |i: usize| i32::from_le_bytes(head[4 * i..4 * i + 4].try_into().unwrap());
+    let count_of = |bytes: u64| usize::try_from(bytes / 2).map_err(|_| format!("{size} bytes is more tokens than this machine can index"));
+    let magic = head.len() >= 4 && word(0) == LLMC_MAGIC;
+    if magic && head.len() < HEADER_BYTES {
+        return Err(format!("starts with llm.c's magic {LLMC_MAGIC} but holds {size} bytes, less than the {HEADER_BYTES}-byte header"));
+    }
+    if magic {
+        if word(1) != 1 {
+            return Err(format!("llm.c token file version {} is not supported (expected 1)", word(1)));
+        }
+        let count = word(2);
+        let after = size - HEADER_BYTES as u64;
+        let available = count_of(after)?;
+        if count < 0 || count as usize > available || !after.is_multiple_of(2) {
+            return Err(format!("header says {count} tokens but the file holds {after} bytes after the header ({available} tokens)"));
+        }
+        return Ok((HEADER_BYTES as u64, count as usize));
+    }
+    if head.len() == HEADER_BYTES && looks_like_header(head) {
+        return Err(format!("starts with a 256-word header whose magic {} is not llm.c's {LLMC_MAGIC}", word(0)));
+    }
+    if !size.is_multiple_of(2) {
+        return Err(format!("odd length ({size} bytes); a raw token file holds little-endian uint16 tokens"));
+    }
+    Ok((0, count_of(size)?))
 }
 
 /// A file whose first words look like a small-integer header (version and count fields) rather than
 /// uint16 token pairs: the magic is wrong but the layout says header.
-fn looks_like_header(mmap: &[u8]) -> bool {
-    let word = |i: usize| i32::from_le_bytes(mmap[4 * i..4 * i + 4].try_into().unwrap());
+fn looks_like_header(head: &[u8]) -> bool {
     // llm.c writes zeros after the third word; token data almost never has 253 zero words in a row.
-    (3..256).all(|i| word(i) == 0)
+    head[12..HEADER_BYTES].iter().all(|&b| b == 0)
+}
+
+/// Writes `tokens` in llm.c's format (header: magic, version 1, count; then uint16 tokens) to a new
+/// temporary file beside `path`, synced, then renamed onto `path`. No other file is touched: the
+/// temporary name is one that did not exist, and an existing `path` that is not a regular file (a
+/// directory, pipe or device) is refused rather than replaced.
+pub fn write_token_file(path: &Path, tokens: &[u16]) -> Result<()> {
+    if let Ok(meta) = std::fs::metadata(path)
+        && !meta.is_file()
+    {
+        bail!("token file {} exists and is not a regular file (a directory, pipe or device); give a file path", path.display());
+    }
+    let mut bytes = Vec::with_capacity(HEADER_BYTES + 2 * tokens.len());
+    let mut header = [0i32; 256];
+    header[0] = LLMC_MAGIC;
+    header[1] = 1;
+    header[2] = i32::try_from(tokens.len()).context("more than 2^31 tokens do not fit llm.c's header")?;
+    bytes.extend(header.iter().flat_map(|w| w.to_le_bytes()));
+    bytes.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
+    let (mut file, tmp) = create_temp_beside(path)?;
+    // sync_all before the rename: otherwise a crash can leave `path` renamed but empty.
+    if let Err(e) = file.write_all(&bytes).and_then(|()| file.sync_all()) {
+        drop(file);
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("writing token file {} (through {})", path.display(), tmp.display()));
+    }
+    drop(file);
+    rename_into_place(&tmp, path)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
 
     fn write(bytes: &[u8]) -> tempfile::NamedTempFile {
         let mut f = tempfile::NamedTempFile::new().unwrap();
@@ -131,12 +229,16 @@ mod tests {
         let tokens: Vec<u16> = (0..11).collect();
         let a = write(&llmc(&tokens, LLMC_MAGIC, 11));
         let b = write(&tokens.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<_>>());
-        for f in [a.path(), b.path()] {
-            let tf = TokenFile::open(f).unwrap();
+        let files = [TokenFile::open(a.path()).unwrap(), TokenFile::open(b.path()).unwrap(), TokenFile::from_tokens("mem", &tokens)];
+        for tf in files {
             assert_eq!(tf.len, 11);
+            assert_eq!(tf.get(10), 10);
             // B*T = 4: windows = (11-1)/4 = 2; micro-batch 2 wraps to window 0.
             assert_eq!(tf.micro_batch(1, 2, 2).unwrap(), (vec![4, 5, 6, 7], vec![5, 6, 7, 8]));
             assert_eq!(tf.micro_batch(2, 2, 2).unwrap(), tf.micro_batch(0, 2, 2).unwrap());
+            assert!(tf.try_get(11).is_err());
+            tf.check_vocab(11).unwrap();
+            assert!(tf.check_vocab(10).unwrap_err().to_string().contains("token 10 at position 10"));
         }
     }
 
@@ -145,25 +247,12 @@ mod tests {
         let err = |bytes: &[u8]| TokenFile::open(write(bytes).path()).err().map(|e| format!("{e:#}")).unwrap_or_default();
         assert!(err(&llmc(&[1, 2], 12345, 2)).contains("magic 12345"));
         assert!(err(&llmc(&[1, 2], LLMC_MAGIC, 5)).contains("header says 5 tokens"));
+        assert!(err(&llmc(&[], LLMC_MAGIC, 0)[..100]).contains("less than the 1024-byte header"));
         assert!(err(&[1, 2, 3]).contains("odd length"));
         let tf = TokenFile::open(write(&[1, 0, 200, 0]).path()).unwrap();
         assert!(tf.check_vocab(128).unwrap_err().to_string().contains("token 200 at position 1"));
         assert!(tf.micro_batch(0, 2, 2).unwrap_err().to_string().contains("fewer than one micro-batch"));
+        assert!(tf.micro_batch(0, 0, 2).unwrap_err().to_string().contains("empty or too large"));
+        assert!(tf.micro_batch(0, usize::MAX, 2).unwrap_err().to_string().contains("empty or too large"));
     }
-}
-
-/// Writes `tokens` in llm.c's format (header: magic, version 1, count; then uint16 tokens), through a
-/// temporary file renamed into place.
-pub fn write_token_file(path: &Path, tokens: &[u16]) -> Result<()> {
-    let mut bytes = Vec::with_capacity(HEADER_BYTES + 2 * tokens.len());
-    let mut header = [0i32; 256];
-    header[0] = LLMC_MAGIC;
-    header[1] = 1;
-    header[2] = i32::try_from(tokens.len()).context("more than 2^31 tokens do not fit llm.c's header")?;
-    bytes.extend(header.iter().flat_map(|w| w.to_le_bytes()));
-    bytes.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
-    Ok(())
 }

@@ -188,6 +188,11 @@ pub struct TrainArgs {
     /// Seed of the random initialisation (with --config or the built-in model) and of the sample.
     #[arg(long, default_value_t = 1337)]
     seed: u64,
+    /// Dropout probability for every dropout of the model, overriding its config.json (resid_pdrop,
+    /// embd_pdrop, attn_pdrop). Dropout is not implemented yet: only 0 is accepted, which trains a model
+    /// whose config asks for dropout (such as the published gpt2) without it.
+    #[arg(long)]
+    dropout: Option<f64>,
     /// Tokens of text to sample at the end (0 = none).
     #[arg(long, default_value_t = 300)]
     sample_tokens: usize,
@@ -262,6 +267,7 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>) -
         save: a.save.clone(),
         save_dtype: a.save_dtype,
         checkpoints: CheckpointOptions { dir: a.checkpoint_dir.clone(), every: a.checkpoint_every, keep: a.keep_checkpoints },
+        dropout: a.dropout,
         stop: None,
         sample_tokens: a.sample_tokens,
         prompt: a.prompt.replace("\\n", "\n"),

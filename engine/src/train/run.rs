@@ -33,6 +33,9 @@ pub fn demo_config() -> Gpt2Config {
         n_inner: None,
         layer_norm_epsilon: 1e-5,
         activation_function: "gelu_new".into(),
+        resid_pdrop: 0.0,
+        embd_pdrop: 0.0,
+        attn_pdrop: 0.0,
     }
 }
 
@@ -70,12 +73,35 @@ pub struct RunOptions {
     /// The saved model's dtype (None: the working precision).
     pub save_dtype: Option<SaveDtype>,
     pub checkpoints: CheckpointOptions,
+    /// `--dropout`: overrides the model's dropout probabilities (only 0 is implemented so far).
+    pub dropout: Option<f64>,
     /// Set by SIGINT/SIGTERM: finish the step, checkpoint, stop.
     pub stop: Option<Arc<AtomicBool>>,
     pub sample_tokens: usize,
     pub prompt: String,
     /// Progress bar and summaries on stderr (off in tests).
     pub progress: bool,
+}
+
+impl RunOptions {
+    /// `model` with the command line's defaults: the built-in text, seed 1337, no files written, a
+    /// 300-token sample after "HAMLET", progress on stderr.
+    pub fn new(model: ModelChoice) -> Self {
+        RunOptions {
+            model,
+            data: None,
+            seed: 1337,
+            metrics: None,
+            save: None,
+            save_dtype: None,
+            checkpoints: CheckpointOptions::default(),
+            dropout: None,
+            stop: None,
+            sample_tokens: 300,
+            prompt: "HAMLET\n".into(),
+            progress: true,
+        }
+    }
 }
 
 /// What a run did.
@@ -145,6 +171,17 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         }
     };
     let config = source.config().clone();
+    if let Some(p) = options.dropout
+        && p != 0.0
+    {
+        bail!("--dropout {p}: dropout is not implemented yet; only --dropout 0 (train without it) is accepted");
+    }
+    if let (Some(asked), None) = (config.dropout_requested(), options.dropout) {
+        bail!(
+            "the model's config.json asks for dropout ({asked}), which zerostream does not implement yet: pass --dropout 0 to \
+             train without it"
+        );
+    }
     let tokens = match &options.data {
         Some(path) => TokenFile::open(path)?,
         None => TokenFile::from_tokens("<embedded Hamlet text>", &Tokenizer::Bytes.encode(DEMO_TEXT)?),

@@ -1,0 +1,234 @@
+//! GPT-2's hyper-parameters as Hugging Face's `config.json` names them, and the checks that keep a
+//! config the engine would train differently from what it asks (an option the engine does not
+//! implement, another model family) from being trained at all.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+/// Largest vocabulary, context, width or MLP width accepted (2^24). Far above any GPT-2, and low
+/// enough that products of them (parameter counts, activation sizes) cannot overflow.
+const MAX_DIM: usize = 1 << 24;
+/// Most transformer blocks accepted.
+const MAX_LAYERS: usize = 1 << 16;
+/// Most parameters accepted (2^40, about 1.1 trillion).
+const MAX_PARAMETERS: u128 = 1 << 40;
+
+/// The GPT-2 hyper-parameters zerostream uses, as named in Hugging Face's `config.json`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub struct Gpt2Config {
+    /// V: vocabulary size (rows of wte).
+    pub vocab_size: usize,
+    /// P: maximum sequence length (rows of wpe).
+    pub n_positions: usize,
+    /// C: channels.
+    pub n_embd: usize,
+    /// L: transformer blocks.
+    pub n_layer: usize,
+    /// NH: attention heads; C must be a multiple of it.
+    pub n_head: usize,
+    /// Width of the MLP's hidden layer; `null` in config.json means 4C.
+    #[serde(default)]
+    pub n_inner: Option<usize>,
+    #[serde(default = "default_eps")]
+    pub layer_norm_epsilon: f64,
+    #[serde(default = "default_activation")]
+    pub activation_function: String,
+    /// Dropout probabilities as the config asks for them (0 when absent). The engine implements no
+    /// dropout: they are kept so that the trainer can refuse or override them by name
+    /// ([`Gpt2Config::dropout_requested`]), since the published `gpt2` checkpoints ask for 0.1.
+    #[serde(default)]
+    pub resid_pdrop: f64,
+    #[serde(default)]
+    pub embd_pdrop: f64,
+    #[serde(default)]
+    pub attn_pdrop: f64,
+}
+
+fn default_eps() -> f64 {
+    1e-5
+}
+fn default_activation() -> String {
+    "gelu_new".into()
+}
+
+impl Gpt2Config {
+    /// The published GPT-2 sizes by name (gpt2, gpt2-medium, gpt2-large, gpt2-xl), without dropout.
+    pub fn preset(name: &str) -> Option<Self> {
+        let (n_embd, n_layer, n_head) = match name {
+            "gpt2" => (768, 12, 12),
+            "gpt2-medium" => (1024, 24, 16),
+            "gpt2-large" => (1280, 36, 20),
+            "gpt2-xl" => (1600, 48, 25),
+            _ => return None,
+        };
+        Some(Gpt2Config {
+            vocab_size: 50257,
+            n_positions: 1024,
+            n_embd,
+            n_layer,
+            n_head,
+            n_inner: None,
+            layer_norm_epsilon: 1e-5,
+            activation_function: "gelu_new".into(),
+            resid_pdrop: 0.0,
+            embd_pdrop: 0.0,
+            attn_pdrop: 0.0,
+        })
+    }
+
+    /// config.json as Hugging Face's `GPT2Config` writes it (the fields transformers needs to load it).
+    pub fn to_hf_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "vocab_size": self.vocab_size,
+            "n_positions": self.n_positions,
+            "n_ctx": self.n_positions,
+            "n_embd": self.n_embd,
+            "n_layer": self.n_layer,
+            "n_head": self.n_head,
+            "n_inner": self.n_inner,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "activation_function": self.activation_function,
+            "resid_pdrop": self.resid_pdrop,
+            "embd_pdrop": self.embd_pdrop,
+            "attn_pdrop": self.attn_pdrop,
+            "tie_word_embeddings": true,
+        })
+    }
+
+    pub fn hidden(&self) -> usize {
+        self.n_inner.unwrap_or(4 * self.n_embd)
+    }
+
+    /// The non-zero dropout probabilities, described (`"resid_pdrop = 0.1, attn_pdrop = 0.1"`); `None`
+    /// when the config asks for no dropout. The engine trains without dropout, so a caller either
+    /// refuses such a config or says that it overrides them.
+    pub fn dropout_requested(&self) -> Option<String> {
+        let set: Vec<String> = [("resid_pdrop", self.resid_pdrop), ("embd_pdrop", self.embd_pdrop), ("attn_pdrop", self.attn_pdrop)]
+            .iter()
+            .filter(|(_, p)| *p != 0.0)
+            .map(|(k, p)| format!("{k} = {p}"))
+            .collect();
+        (!set.is_empty()).then(|| set.join(", "))
+    }
+
+    /// Checks what the model code relies on.
+    pub fn validate(&self) -> Result<()> {
+        if self.n_embd == 0 || self.n_head == 0 || self.n_layer == 0 || self.vocab_size == 0 || self.n_positions == 0 {
+            bail!("config: n_embd, n_head, n_layer, vocab_size and n_positions must all be positive: {self:?}");
+        }
+        for (key, value) in [("vocab_size", self.vocab_size), ("n_positions", self.n_positions), ("n_embd", self.n_embd)] {
+            if value > MAX_DIM {
+                bail!("config: {key} = {value} is above the {MAX_DIM} zerostream supports");
+            }
+        }
+        if let Some(inner) = self.n_inner
+            && (inner == 0 || inner > MAX_DIM)
+        {
+            bail!("config: n_inner = {inner} must be positive and at most {MAX_DIM} (or null for 4 * n_embd)");
+        }
+        if self.n_layer > MAX_LAYERS {
+            bail!("config: n_layer = {} is above the {MAX_LAYERS} zerostream supports", self.n_layer);
+        }
+        if !self.n_embd.is_multiple_of(self.n_head) {
+            bail!("config: n_embd ({}) must be a multiple of n_head ({})", self.n_embd, self.n_head);
+        }
+        if self.n_embd / self.n_head > 256 {
+            bail!("config: head size n_embd/n_head = {} is above the 256 the attention kernels support", self.n_embd / self.n_head);
+        }
+        let (v, p, c, h, l) =
+            (self.vocab_size as u128, self.n_positions as u128, self.n_embd as u128, self.hidden() as u128, self.n_layer as u128);
+        // wte, wpe, final LayerNorm; per block: 2 LayerNorms, qkv, attention projection, MLP.
+        let parameters = (v + p + 2) * c + l * (4 * c + 3 * c * c + 3 * c + c * c + c + 2 * c * h + h + c);
+        if parameters > MAX_PARAMETERS {
+            bail!("config: {parameters} parameters is above the {MAX_PARAMETERS} zerostream supports");
+        }
+        if !self.layer_norm_epsilon.is_finite() || self.layer_norm_epsilon <= 0.0 {
+            bail!("config: layer_norm_epsilon = {} must be a positive number", self.layer_norm_epsilon);
+        }
+        if !matches!(self.activation_function.as_str(), "gelu_new" | "gelu_pytorch_tanh") {
+            bail!("config: activation_function {:?} is not supported (expected gelu_new or gelu_pytorch_tanh)", self.activation_function);
+        }
+        for (key, p) in [("resid_pdrop", self.resid_pdrop), ("embd_pdrop", self.embd_pdrop), ("attn_pdrop", self.attn_pdrop)] {
+            if !(0.0..1.0).contains(&p) {
+                bail!("config: {key} = {p} is not a dropout probability (expected 0 <= p < 1)");
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads a Hugging Face `config.json`, refusing (by key) options the engine does not implement
+    /// and model families other than GPT-2, then [`Gpt2Config::validate`]s it.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let (mut file, _) = crate::io::open_regular(path, "config")?;
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut file, &mut text).with_context(|| format!("reading config {}", path.display()))?;
+        let value: Value = serde_json::from_str(&text).with_context(|| format!("config {}: not valid JSON", path.display()))?;
+        let Some(object) = value.as_object() else {
+            bail!("config {}: expected a JSON object (Hugging Face's config.json), found {}", path.display(), kind(&value));
+        };
+        refuse_unsupported(object).map_err(|e| anyhow::anyhow!("config {}: {e}", path.display()))?;
+        let config: Gpt2Config = serde_json::from_value(value).with_context(|| format!("config {}: not a GPT-2 config", path.display()))?;
+        config.validate().with_context(|| format!("config {}", path.display()))?;
+        Ok(config)
+    }
+}
+
+/// Fails naming the first key of `config` that asks for something the engine does not do: another
+/// model family, or a GPT-2 option with a non-default value that would change what is computed.
+fn refuse_unsupported(config: &Map<String, Value>) -> std::result::Result<(), String> {
+    if let Some(model_type) = config.get("model_type") {
+        match model_type.as_str() {
+            Some("gpt2") => {}
+            Some(other) => {
+                return Err(format!(
+                    "model_type {other:?}: this model family is not supported yet (zerostream trains GPT-2, model_type \"gpt2\")"
+                ));
+            }
+            None => return Err(format!("model_type is {}, expected the string \"gpt2\"", kind(model_type))),
+        }
+    }
+    // (key, the value the engine implements, what the other value would ask for)
+    let options = [
+        ("scale_attn_weights", true, "attention scores not divided by sqrt(head size)"),
+        ("scale_attn_by_inverse_layer_idx", false, "attention scores further divided by the layer number"),
+        ("reorder_and_upcast_attn", false, "Mistral's reordered, upcast attention"),
+        ("add_cross_attention", false, "cross-attention to an encoder"),
+        ("tie_word_embeddings", true, "an output layer (lm_head) separate from wte"),
+    ];
+    for (key, supported, meaning) in options {
+        match config.get(key) {
+            None => {}
+            Some(Value::Bool(b)) if *b == supported => {}
+            Some(Value::Bool(_)) => {
+                return Err(format!(
+                    "{key} = {} asks for {meaning}, which zerostream does not implement (supported: {key} = {supported})",
+                    !supported
+                ));
+            }
+            Some(other) => return Err(format!("{key} is {}, expected true or false (supported: {supported})", kind(other))),
+        }
+    }
+    if let Some(f) = config.get("activation_function")
+        && !matches!(f.as_str(), Some("gelu_new" | "gelu_pytorch_tanh"))
+    {
+        return Err(format!("activation_function {f} is not supported (supported: \"gelu_new\" or \"gelu_pytorch_tanh\", the tanh GELU)"));
+    }
+    Ok(())
+}
+
+/// A JSON value's type, for errors.
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}

@@ -1,0 +1,132 @@
+//! File access shared by the readers and writers: opening only regular files, positioned reads,
+//! a file's size and modification time to notice it changing under a run, and temporary names that
+//! can never be an existing file.
+
+use std::fs::{File, Metadata, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
+
+use anyhow::{Context, Result, bail};
+
+/// Opens `path` for reading and refuses anything but a regular file. `what` names the file in errors
+/// ("token file", "safetensors file").
+///
+/// A plain open of a FIFO blocks until a writer comes, and a directory or device is no model or
+/// data file: open without blocking, then look at what was opened (not at the path, which could be
+/// swapped between a check and the open).
+pub(crate) fn open_regular(path: &Path, what: &str) -> Result<(File, Metadata)> {
+    let mut options = OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        // O_NONBLOCK only changes how pipes and devices open and read; regular files ignore it.
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    #[cfg(not(unix))]
+    refuse_irregular(path, what, &std::fs::metadata(path).with_context(|| format!("{what} {}", path.display()))?)?;
+    let file = options.open(path).with_context(|| format!("opening {what} {}", path.display()))?;
+    let meta = file.metadata().with_context(|| format!("{what} {}", path.display()))?;
+    refuse_irregular(path, what, &meta)?;
+    Ok((file, meta))
+}
+
+fn refuse_irregular(path: &Path, what: &str, meta: &Metadata) -> Result<()> {
+    if !meta.is_file() {
+        let kind = if meta.is_dir() { "a directory" } else { "a pipe, socket or device" };
+        bail!("{what} {} is {kind}, not a regular file", path.display());
+    }
+    Ok(())
+}
+
+/// Fills `buf` from `offset`. A file shorter than `offset + buf.len()` gives `UnexpectedEof`; a memory
+/// map of the same file would have raised SIGBUS instead.
+#[cfg(unix)]
+pub(crate) fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+}
+
+#[cfg(windows)]
+pub(crate) fn read_exact_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> std::io::Result<()> {
+    use std::os::windows::fs::FileExt;
+    while !buf.is_empty() {
+        match file.seek_read(buf, offset) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                buf = &mut buf[n..];
+                offset += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// A file's size and modification time when it was opened. Compared with the open file's current
+/// ones before each read: a file rewritten in place would otherwise hand a run a mix of old and new
+/// data. (A file replaced by a rename is not seen: the run keeps reading the file it opened.)
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Stamp {
+    pub len: u64,
+    modified: Option<SystemTime>,
+}
+
+impl Stamp {
+    pub fn of(meta: &Metadata) -> Self {
+        Stamp { len: meta.len(), modified: meta.modified().ok() }
+    }
+
+    /// What changed in `file` since this stamp was taken, in words; `None` when nothing did.
+    pub fn change(&self, file: &File) -> std::io::Result<Option<String>> {
+        let now = Stamp::of(&file.metadata()?);
+        Ok(if now.len != self.len {
+            Some(format!("it was {} bytes when opened and is {} bytes now", self.len, now.len))
+        } else if now.modified != self.modified {
+            Some("it was rewritten after it was opened".into())
+        } else {
+            None
+        })
+    }
+}
+
+/// Creates a new file beside `path` to write it through, named `.{name}.zerostream-{pid}-{n}.tmp`.
+/// It is created with `create_new`, so it is never a file that already exists (another run's
+/// temporary file, or a user's `x.tmp`): on a clash the next number is tried.
+pub(crate) fn create_temp_beside(path: &Path) -> Result<(File, PathBuf)> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let name = path.file_name().with_context(|| format!("{}: not a file name", path.display()))?;
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    // The clock only spreads names apart between processes that share a pid (containers).
+    let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    for _ in 0..1000 {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let tmp = dir.join(format!(".{}.zerostream-{}-{nanos}-{n}.tmp", name.to_string_lossy(), std::process::id()));
+        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+            Ok(file) => return Ok((file, tmp)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e).with_context(|| format!("writing {}: creating a temporary file in {}", path.display(), dir.display())),
+        }
+    }
+    bail!("writing {}: no free temporary name in {} after 1000 tries", path.display(), dir.display())
+}
+
+/// Moves the finished (synced) temporary file `tmp` onto `path`, removing `tmp` (ours) when that fails.
+pub(crate) fn rename_into_place(tmp: &Path, path: &Path) -> Result<()> {
+    if let Err(e) = std::fs::rename(tmp, path) {
+        let _ = std::fs::remove_file(tmp);
+        return Err(e).with_context(|| format!("writing {}: renaming {} onto it", path.display(), tmp.display()));
+    }
+    // The rename is durable once the directory is synced. The file is complete either way, so a
+    // directory that cannot be synced (some filesystems refuse) is no error.
+    #[cfg(unix)]
+    if let Some(dir) = tmp.parent() {
+        let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+        let _ = File::open(dir).and_then(|d| d.sync_all());
+    }
+    Ok(())
+}
