@@ -182,8 +182,9 @@ pub struct TrainArgs {
     /// model, optimizer state, counters and settings come from it; flags given override harmless
     /// settings (--steps, which counts from the start of training; world size, tiers, budget,
     /// checkpointing), and flags that would change what is computed (precision, batch geometry,
-    /// optimizer, schedule, seed) must match it. --data defaults to the checkpoint's.
-    #[arg(long, conflicts_with_all = ["model", "config"])]
+    /// optimizer, schedule, seed) must match it. --data defaults to the checkpoint's; --model or
+    /// --config, if given, must name the checkpoint's model (its weights come from the checkpoint).
+    #[arg(long)]
     resume: Option<PathBuf>,
     /// Seed of the random initialisation (with --config or the built-in model) and of the sample.
     #[arg(long, default_value_t = 1337)]
@@ -247,6 +248,7 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>) -
     let (mut data, mut seed) = (a.data.clone(), a.seed);
     if let ModelChoice::Resume(dir) = &model {
         let state = zerostream::train::resume::read_state(dir)?;
+        check_resumed_model(a, dir)?;
         let world = a.world_size.or_else(zerostream::comm::launcher_world_size).unwrap_or(1);
         tc = zerostream::train::resume::merge(dir, &state, &tc, explicit, a.seed, world)?;
         seed = state.seed;
@@ -274,6 +276,31 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>) -
         progress: true,
     };
     Ok((options, tc))
+}
+
+/// With --resume, a --model or --config given as well must describe the checkpoint's model.
+fn check_resumed_model(a: &TrainArgs, checkpoint: &Path) -> Result<()> {
+    let (flag, given) = match (&a.model, &a.config) {
+        (Some(dir), _) => ("--model", ModelChoice::Hf(dir.clone())),
+        (None, Some(spec)) => ("--config", ModelChoice::Config(spec.clone())),
+        _ => return Ok(()),
+    };
+    let ours = zerostream::train::run::model_config(&ModelChoice::Resume(checkpoint.to_path_buf()))?;
+    let theirs = zerostream::train::run::model_config(&given)?;
+    if ours != theirs {
+        bail!(
+            "{flag} is not the checkpoint's model ({}): the checkpoint has {} layers x {} channels, vocab {}; {flag} has {} x {}, vocab {}. \
+             Leave {flag} out: the model comes from the checkpoint",
+            checkpoint.display(),
+            ours.n_layer,
+            ours.n_embd,
+            ours.vocab_size,
+            theirs.n_layer,
+            theirs.n_embd,
+            theirs.vocab_size
+        );
+    }
+    Ok(())
 }
 
 /// Refuses optimizer settings that cannot train: each named with the range it must lie in.
