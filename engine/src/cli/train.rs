@@ -389,6 +389,12 @@ fn check_save_dir(save: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Refuses before any work a run whose state would not fit in this machine's RAM (`ranks_here` ranks).
+fn check_host_ram(options: &RunOptions, tc: &TrainConfig, world: usize, ranks_here: usize) -> Result<()> {
+    let config = zerostream::train::run::model_config(&options.model)?;
+    zerostream::train::plan(&config, tc, world)?.check_host_ram(ranks_here)
+}
+
 /// SIGINT and SIGTERM set the returned flag (the run finishes its step, checkpoints and stops); a
 /// second one ends the process at once.
 fn stop_on_signals() -> Result<Arc<AtomicBool>> {
@@ -439,6 +445,7 @@ pub fn train(a: TrainArgs, explicit: &BTreeSet<String>) -> Result<i32> {
         return train_mpi(&a, &devices, &options, tc);
     }
     let world = a.world_size.unwrap_or(1);
+    check_host_ram(&options, &tc, world, world)?;
     if world == 1 && devices.len() > 1 {
         bail!("--devices lists {} devices but --world-size is 1: add --world-size {}", devices.len(), devices.len());
     }
@@ -469,6 +476,9 @@ fn train_mpi(a: &TrainArgs, devices: &[RankDevice], options: &RunOptions, mut tc
     use zerostream::comm::{Comm, mpi::MpiWorld};
     let mpi = MpiWorld::init().context("initialising MPI")?;
     let (rank, local_rank) = (mpi.rank(), mpi.node_local_rank());
+    if let Err(e) = check_host_ram(options, &tc, mpi.size(), mpi.node_local_size()) {
+        mpi.abort(&format!("rank {rank}: {e:#}"));
+    }
     tc.adam_threads = adam_threads_per_rank(tc.adam_threads, mpi.node_local_size());
     let which = match devices.get(local_rank) {
         Some(d) => d.clone(),

@@ -74,6 +74,25 @@ impl Placement {
         )
     }
 
+    /// Refuses, with the numbers, a run whose state in RAM for `ranks_here` ranks on this machine is
+    /// more than the RAM available now: better at start-up than an abort when an allocation fails.
+    pub fn check_host_ram(&self, ranks_here: usize) -> Result<()> {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let need = self.host_bytes_per_rank().0 * ranks_here as u64;
+        if let Some(avail) = available_ram_bytes()
+            && need > avail
+        {
+            bail!(
+                "host RAM: {ranks_here} rank(s) here need {:.2} GiB of RAM for their state, but only {:.2} GiB is available: put the \
+                 optimizer state and parameters on NVMe (--offload-optimizer nvme --offload-params nvme --nvme-dir DIR), use a \
+                 higher --zero-stage, or spread the ranks over more machines",
+                gib(need),
+                gib(avail)
+            );
+        }
+        Ok(())
+    }
+
     pub fn describe(&self) -> String {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         let ranks = if self.world_size > 1 {
