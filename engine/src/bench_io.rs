@@ -84,6 +84,8 @@ pub fn run_one(path: &Path, size: u64, config: IoConfig) -> Result<IoRun> {
 
 /// Every combination, in order; the test file is removed afterwards.
 pub fn bench_io(cfg: &IoBenchConfig, mut on_run: impl FnMut(&IoRun)) -> Result<Vec<IoRun>> {
+    // A missing directory is created, as the NVMe tier creates its own.
+    std::fs::create_dir_all(&cfg.dir).with_context(|| format!("--dir {}: cannot create it", cfg.dir.display()))?;
     if !cfg.dir.is_dir() {
         bail!("--dir {}: not a directory", cfg.dir.display());
     }

@@ -1,4 +1,5 @@
-//! `zerostream eval`: the mean loss of a model over the first N micro-batches of a token file.
+//! `zerostream eval`: the mean loss of a model over the first N micro-batches of a token file, with the
+//! model streamed block by block as in training.
 
 use std::path::Path;
 use std::time::Instant;
@@ -6,8 +7,9 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use zerostream_checkpoints::{HfModel, TokenFile};
 
-use crate::device::{AnyDevice, Backend};
-use crate::model::gpt2::Gpt2;
+use crate::device::{AnyDevice, AttentionDims, Backend};
+use crate::model::gpt2::{Block, BlockActivations, Head, HeadActivations, block_forward, embed_forward, head_forward};
+use crate::train::layout::{GroupLayout, group_layouts};
 
 /// What an evaluation measured.
 #[derive(Clone, Debug)]
@@ -33,24 +35,54 @@ impl EvalReport {
     }
 }
 
-/// Mean of the micro-batch losses of micro-batches 0..batches (the training contract's order).
+/// Mean of the micro-batch losses of micro-batches 0..batches (the training contract's order), with
+/// the model streamed: the head resident, one block slot refilled block by block from the model's
+/// files, two residual buffers. Host memory holds one tensor at a time, whatever the model's size.
 pub fn evaluate<D: Backend>(dev: &D, model_dir: &Path, data: &Path, batch: usize, seq_len: usize, batches: usize) -> Result<EvalReport> {
     if batch == 0 || seq_len == 0 || batches == 0 {
         bail!("--batch-size, --seq-len and --batches must be positive");
     }
     let hf = HfModel::open(model_dir)?;
+    let cfg = &hf.config;
     let tokens = TokenFile::open(data)?;
-    tokens.check_vocab(hf.config.vocab_size)?;
-    if seq_len > hf.config.n_positions {
-        bail!("--seq-len {seq_len} is longer than the model's n_positions {} ({})", hf.config.n_positions, model_dir.display());
+    tokens.check_vocab(cfg.vocab_size)?;
+    if seq_len > cfg.n_positions {
+        bail!("--seq-len {seq_len} is longer than the model's n_positions {} ({})", cfg.n_positions, model_dir.display());
     }
-    let mut model = Gpt2::from_hf(dev, &hf).with_context(|| format!("loading {}", model_dir.display()))?;
+    dev.check_attention(AttentionDims { batch, seq_len, channels: cfg.n_embd, heads: cfg.n_head })?;
+    let groups = group_layouts(cfg);
+    // Fills `into` (or new tensors) with group `g`'s parameters, read one tensor at a time.
+    let fill = |g: &GroupLayout, into: Option<&[&D::Tensor]>| -> Result<Vec<D::Tensor>> {
+        let mut made = Vec::new();
+        for (i, t) in g.tensors.iter().enumerate() {
+            let values = hf.tensor(&t.name, &t.shape).with_context(|| format!("loading {}", model_dir.display()))?;
+            match into {
+                Some(slot) => dev.write(slot[i], &values),
+                None => {
+                    let x = dev.alloc(t.len, &t.name)?;
+                    dev.write(&x, &values);
+                    made.push(x);
+                }
+            }
+        }
+        Ok(made)
+    };
+    let head = Head::from_tensors(fill(&groups[0], None)?);
+    let slot = Block::from_tensors(groups[1].tensors.iter().map(|t| dev.alloc(t.len, &format!("slot {}", t.name))).collect::<Result<_>>()?);
+    let (acts, head_acts) = (BlockActivations::new(dev, cfg, batch, seq_len)?, HeadActivations::new(dev, cfg, batch, seq_len)?);
+    let bt = batch * seq_len;
+    let residual = [dev.alloc(bt * cfg.n_embd, "residual A")?, dev.alloc(bt * cfg.n_embd, "residual B")?];
     let start = Instant::now();
     let mut sum = 0.0f64;
     for g in 0..batches {
         let (x, y) = tokens.micro_batch(g, batch, seq_len)?;
         let (x, y) = (dev.tokens(&x)?, dev.tokens(&y)?);
-        sum += model.forward(dev, &x, &y, batch, seq_len, None)? as f64;
+        embed_forward(dev, cfg, &residual[0], &head, &x, seq_len);
+        for l in 0..cfg.n_layer {
+            fill(&groups[1 + l], Some(slot.tensors().as_slice()))?;
+            block_forward(dev, cfg, &slot, &acts, &residual[l % 2], &residual[(l + 1) % 2], batch, seq_len);
+        }
+        sum += head_forward(dev, cfg, &head, &head_acts, &residual[cfg.n_layer % 2], &y, None) as f64;
         if batches > 1 {
             eprint!("\reval: micro-batch {}/{batches}", g + 1);
         }

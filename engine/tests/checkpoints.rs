@@ -340,7 +340,9 @@ fn corrupt_checkpoints_are_refused_by_name_and_the_previous_one_still_resumes() 
         a.extend(strings(&["--resume", from.to_str().unwrap()]));
         zerostream(&a)
     };
-    let damage: [(&str, fn(&Path), &str); 3] = [
+    // (file, how it is damaged, what the refusal says)
+    type Damage = (&'static str, fn(&Path), &'static str);
+    let damage: [Damage; 3] = [
         (
             "model.safetensors",
             |p| {
@@ -478,4 +480,36 @@ fn save_targets_are_checked_before_any_work() {
     zerostream_checkpoints::HfModel::open(&model).unwrap();
     let names: Vec<PathBuf> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
     assert!(names.iter().all(|p| !p.to_string_lossy().ends_with(".partial")), "{names:?}");
+}
+
+/// `eval` streams the model block by block; its loss is the golden's first-step loss (the same model,
+/// micro-batch 0) on both devices.
+#[test]
+fn streamed_eval_gives_the_golden_loss() {
+    let golden = common::trajectory::Golden::load("gpt2-tiny");
+    let g = common::trajectory::golden_dir("gpt2-tiny");
+    let want = golden.f64("trajectory.loss")[0];
+    let mut devices = vec!["cpu"];
+    if common::gpu_or_skip("streamed_eval_gives_the_golden_loss (gpu)").is_some() {
+        devices.push("gpu");
+    }
+    for device in devices {
+        let out = zerostream(&strings(&[
+            "eval",
+            "--device",
+            device,
+            "--model",
+            g.join("model").to_str().unwrap(),
+            "--data",
+            g.join("tokens.bin").to_str().unwrap(),
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "16",
+        ]));
+        assert!(out.status.success(), "{}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let loss = v["loss"].as_f64().unwrap();
+        assert!((loss - want).abs() / want < 1e-5, "{device}: eval loss {loss}, golden {want}");
+    }
 }

@@ -108,7 +108,7 @@ fn hyperparameters_out_of_range_and_metrics_over_an_input_are_refused_before_any
     let before = std::fs::read(&data).unwrap();
     let d = data.to_str().unwrap();
     let out = zerostream(&["train", "--device", "cpu", "--config", "gpt2", "--data", d, "--metrics", d]);
-    assert!(!out.status.success() && stderr(&out).contains("same file as the input"), "{}", stderr(&out));
+    assert!(!out.status.success() && stderr(&out).contains("is the input"), "{}", stderr(&out));
     assert_eq!(std::fs::read(&data).unwrap(), before, "the data file is untouched");
     // A pipe or a directory as --data is refused at once (a pipe would block the open).
     let fifo = dir.path().join("fifo");
@@ -117,4 +117,55 @@ fn hyperparameters_out_of_range_and_metrics_over_an_input_are_refused_before_any
         let out = zerostream(&["train", "--device", "cpu", "--config", "gpt2", "--data", path, "--steps", "1"]);
         assert!(!out.status.success() && stderr(&out).contains("not a regular file"), "{path}: {}", stderr(&out));
     }
+}
+
+#[test]
+fn a_diverged_run_stops_with_an_error_after_a_few_skipped_steps() {
+    // lr 1e30 sends the weights to infinity in one update; every later step's gradients are non-finite.
+    let out = zerostream(&[
+        "train",
+        "--device",
+        "cpu",
+        "--steps",
+        "20",
+        "--batch-size",
+        "1",
+        "--seq-len",
+        "16",
+        "--lr",
+        "1e30",
+        "--warmup-steps",
+        "0",
+        "--lr-schedule",
+        "constant",
+        "--grad-clip",
+        "0",
+        "--sample-tokens",
+        "0",
+    ]);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("were all skipped") && err.contains("diverged"), "{err}");
+}
+
+#[test]
+fn a_run_too_big_for_this_machines_ram_is_refused_before_any_work() {
+    // 64 in-process ranks of GPT-2 1.5B at stage 1 would need about 800 GB of RAM.
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny/tokens.bin");
+    let out = zerostream(&[
+        "train",
+        "--device",
+        "cpu",
+        "--config",
+        "gpt2-xl",
+        "--data",
+        data,
+        "--world-size",
+        "64",
+        "--zero-stage",
+        "1",
+        "--steps",
+        "1",
+    ]);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("host RAM") && err.contains("GiB is available"), "{err}");
 }

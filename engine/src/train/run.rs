@@ -411,6 +411,9 @@ fn train_steps<D: Backend>(
 /// The metrics file: new, or — when resuming at `first_step` — the earlier rows kept and the new
 /// ones appended.
 fn open_metrics(path: &Path, first_step: u64) -> Result<std::io::BufWriter<std::fs::File>> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).with_context(|| format!("--metrics {}: creating {}", path.display(), parent.display()))?;
+    }
     let file = if first_step > 0 {
         truncate_metrics(path, first_step)?;
         std::fs::OpenOptions::new().create(true).append(true).open(path)
