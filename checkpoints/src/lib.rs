@@ -14,4 +14,4 @@ pub mod tokens;
 pub use config::Gpt2Config;
 pub use hf::{HfModel, save_hf};
 pub use tokenizer::Tokenizer;
-pub use tokens::{TokenFile, write_token_file};
+pub use tokens::{TokenFile, TokenWidth, write_token_file};

@@ -1,7 +1,8 @@
-//! Token files: llm.c's format (a 256 x int32 little-endian header: magic 20240520, version 1, token
-//! count; then uint16 tokens) or raw little-endian uint16 (nanoGPT's `.bin`). Read with positioned
-//! reads, not memory-mapped: a file truncated or rewritten during a run then gives an error naming it,
-//! where a map would have killed the process with SIGBUS.
+//! Token files: llm.c's formats — a 256 x int32 little-endian header (magic 20240520, version 1, token
+//! count; then uint16 tokens: GPT-2), or (magic 20240801, version 7; then uint32 tokens: Llama-3) — or
+//! raw little-endian tokens (nanoGPT's `.bin`: uint16, or uint32 with `--data-dtype u32`). Read with
+//! positioned reads, not memory-mapped: a file truncated or rewritten during a run then gives an error
+//! naming it, where a map would have killed the process with SIGBUS.
 
 use std::fs::File;
 use std::io::Write;
@@ -12,60 +13,85 @@ use anyhow::{Context, Result, bail};
 use crate::io::{Stamp, create_temp_beside, open_regular, read_exact_at, rename_into_place};
 
 pub const LLMC_MAGIC: i32 = 20240520;
+/// llm.c's Llama-3 token files: version 7, uint32 tokens.
+pub const LLMC_MAGIC_U32: i32 = 20240801;
 const HEADER_BYTES: usize = 256 * 4;
 /// Tokens read at a time by [`TokenFile::check_vocab`] (4 MiB).
 const SCAN_TOKENS: usize = 1 << 21;
+
+/// How wide each token of a file is (`--data-dtype`, for raw files; llm.c's header says it itself).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TokenWidth {
+    U16,
+    U32,
+}
+
+impl TokenWidth {
+    fn bytes(self) -> usize {
+        match self {
+            TokenWidth::U16 => 2,
+            TokenWidth::U32 => 4,
+        }
+    }
+}
 
 pub struct TokenFile {
     pub path: PathBuf,
     source: Source,
     /// Number of tokens.
     pub len: usize,
+    pub width: TokenWidth,
 }
 
 enum Source {
     /// Tokens made in memory ([`TokenFile::from_tokens`]).
-    Memory(Vec<u16>),
+    Memory(Vec<u32>),
     /// An open file; `start` is the byte offset of the first token, `stamp` the file as opened.
     File { file: File, start: u64, stamp: Stamp },
 }
 
 impl TokenFile {
-    /// Opens `path`: llm.c's format when it starts with the magic number, raw uint16 otherwise.
-    /// Pipes, directories and devices are refused at once.
+    /// Opens `path`: llm.c's formats when it starts with one of their magic numbers, raw uint16
+    /// otherwise. Pipes, directories and devices are refused at once.
     pub fn open(path: &Path) -> Result<Self> {
+        Self::open_with(path, TokenWidth::U16)
+    }
+
+    /// [`TokenFile::open`], reading a raw (headerless) file as tokens of `raw_width`.
+    pub fn open_with(path: &Path, raw_width: TokenWidth) -> Result<Self> {
         let (file, meta) = open_regular(path, "token file")?;
         let stamp = Stamp::of(&meta);
         let mut head = vec![0u8; stamp.len.min(HEADER_BYTES as u64) as usize];
         read_exact_at(&file, &mut head, 0).with_context(|| format!("reading token file {}", path.display()))?;
-        let (start, len) = layout(&head, stamp.len).map_err(|e| anyhow::anyhow!("token file {}: {e}", path.display()))?;
-        Ok(TokenFile { path: path.to_path_buf(), source: Source::File { file, start, stamp }, len })
+        let (start, len, width) = layout(&head, stamp.len, raw_width).map_err(|e| anyhow::anyhow!("token file {}: {e}", path.display()))?;
+        Ok(TokenFile { path: path.to_path_buf(), source: Source::File { file, start, stamp }, len, width })
     }
 
     /// Tokens already in memory (the embedded demo text); `label` names them in errors.
     pub fn from_tokens(label: &str, tokens: &[u16]) -> Self {
-        TokenFile { path: PathBuf::from(label), source: Source::Memory(tokens.to_vec()), len: tokens.len() }
+        let tokens: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
+        TokenFile { path: PathBuf::from(label), len: tokens.len(), source: Source::Memory(tokens), width: TokenWidth::U16 }
     }
 
     /// Token `i`. Panics when `i` is out of range or the file cannot be read (it changed during the
     /// run); [`TokenFile::try_get`] returns those as errors.
-    pub fn get(&self, i: usize) -> u16 {
+    pub fn get(&self, i: usize) -> u32 {
         self.try_get(i).unwrap_or_else(|e| panic!("{e:#}"))
     }
 
     /// Token `i`, or an error naming the file when `i` is out of range or the file cannot be read.
-    pub fn try_get(&self, i: usize) -> Result<u16> {
+    pub fn try_get(&self, i: usize) -> Result<u32> {
         if i >= self.len {
             bail!("{}: token position {i} is past the end ({} tokens)", self.path.display(), self.len);
         }
-        let mut t = [0u16];
+        let mut t = [0u32];
         self.read(i, &mut t)?;
         Ok(t[0])
     }
 
     /// Fails naming the first token id at or above `vocab_size`. Reads the whole file, in large chunks.
     pub fn check_vocab(&self, vocab_size: usize) -> Result<()> {
-        let mut buf = vec![0u16; SCAN_TOKENS.min(self.len)];
+        let mut buf = vec![0u32; SCAN_TOKENS.min(self.len)];
         let mut first = 0;
         while first < self.len {
             let chunk = &mut buf[..SCAN_TOKENS.min(self.len - first)];
@@ -95,16 +121,14 @@ impl TokenFile {
         }
         let windows = (self.len - 1) / span;
         let start = (g % windows) * span;
-        let mut tokens = vec![0u16; span + 1];
+        let mut tokens = vec![0u32; span + 1];
         self.read(start, &mut tokens)?;
-        let x = tokens[..span].iter().map(|&t| t as u32).collect();
-        let y = tokens[1..].iter().map(|&t| t as u32).collect();
-        Ok((x, y))
+        Ok((tokens[..span].to_vec(), tokens[1..].to_vec()))
     }
 
     /// Fills `out` with tokens `first..first + out.len()` (within `0..len`). A file that changed since
     /// it was opened is an error, whether its size and time show it or the read comes up short.
-    fn read(&self, first: usize, out: &mut [u16]) -> Result<()> {
+    fn read(&self, first: usize, out: &mut [u32]) -> Result<()> {
         let (file, start, stamp) = match &self.source {
             Source::Memory(tokens) => {
                 out.copy_from_slice(&tokens[first..first + out.len()]);
@@ -123,8 +147,9 @@ impl TokenFile {
         if let Some(change) = stamp.change(file).with_context(|| format!("token file {}", self.path.display()))? {
             return Err(changed(&change));
         }
-        let offset = start + 2 * first as u64;
-        let mut bytes = vec![0u8; 2 * out.len()];
+        let w = self.width.bytes();
+        let offset = start + (w * first) as u64;
+        let mut bytes = vec![0u8; w * out.len()];
         if let Err(e) = read_exact_at(file, &mut bytes, offset) {
             let place = format!("tokens {first}..{} (bytes {offset}..{})", first + out.len(), offset + bytes.len() as u64);
             if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -132,41 +157,58 @@ impl TokenFile {
             }
             return Err(e).with_context(|| format!("token file {}: reading {place}", self.path.display()));
         }
-        for (t, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-            *t = u16::from_le_bytes([b[0], b[1]]);
+        match self.width {
+            TokenWidth::U16 => out.iter_mut().zip(bytes.chunks_exact(2)).for_each(|(t, b)| *t = u16::from_le_bytes([b[0], b[1]]) as u32),
+            TokenWidth::U32 => {
+                out.iter_mut().zip(bytes.chunks_exact(4)).for_each(|(t, b)| *t = u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            }
         }
         Ok(())
     }
 }
 
 /// Where the tokens of a file of `size` bytes starting with `head` (its first 1024 bytes, or all of
-/// a shorter file) lie: (byte offset of the first token, number of tokens).
-fn layout(head: &[u8], size: u64) -> std::result::Result<(u64, usize), String> {
+/// a shorter file) lie: (byte offset of the first token, number of tokens, token width); a file without
+/// llm.c's header holds tokens of `raw_width`.
+fn layout(head: &[u8], size: u64, raw_width: TokenWidth) -> std::result::Result<(u64, usize, TokenWidth), String> {
     let word = |i: usize| i32::from_le_bytes(head[4 * i..4 * i + 4].try_into().unwrap());
-    let count_of = |bytes: u64| usize::try_from(bytes / 2).map_err(|_| format!("{size} bytes is more tokens than this machine can index"));
-    let magic = head.len() >= 4 && word(0) == LLMC_MAGIC;
-    if magic && head.len() < HEADER_BYTES {
-        return Err(format!("starts with llm.c's magic {LLMC_MAGIC} but holds {size} bytes, less than the {HEADER_BYTES}-byte header"));
-    }
-    if magic {
-        if word(1) != 1 {
-            return Err(format!("llm.c token file version {} is not supported (expected 1)", word(1)));
+    let count_of = |bytes: u64, w: TokenWidth| {
+        usize::try_from(bytes / w.bytes() as u64).map_err(|_| format!("{size} bytes is more tokens than this machine can index"))
+    };
+    let header = match head.len() >= 4 && word(0) == LLMC_MAGIC {
+        true => Some((LLMC_MAGIC, 1, TokenWidth::U16)),
+        false if head.len() >= 4 && word(0) == LLMC_MAGIC_U32 => Some((LLMC_MAGIC_U32, 7, TokenWidth::U32)),
+        false => None,
+    };
+    if let Some((magic, version, width)) = header {
+        if head.len() < HEADER_BYTES {
+            return Err(format!("starts with llm.c's magic {magic} but holds {size} bytes, less than the {HEADER_BYTES}-byte header"));
+        }
+        if word(1) != version {
+            return Err(format!("llm.c token file (magic {magic}) version {} is not supported (expected {version})", word(1)));
         }
         let count = word(2);
         let after = size - HEADER_BYTES as u64;
-        let available = count_of(after)?;
-        if count < 0 || count as usize > available || !after.is_multiple_of(2) {
-            return Err(format!("header says {count} tokens but the file holds {after} bytes after the header ({available} tokens)"));
+        let available = count_of(after, width)?;
+        if count < 0 || count as usize > available || !after.is_multiple_of(width.bytes() as u64) {
+            return Err(format!(
+                "header says {count} tokens but the file holds {after} bytes after the header ({available} tokens of {} bytes)",
+                width.bytes()
+            ));
         }
-        return Ok((HEADER_BYTES as u64, count as usize));
+        return Ok((HEADER_BYTES as u64, count as usize, width));
     }
     if head.len() == HEADER_BYTES && looks_like_header(head) {
-        return Err(format!("starts with a 256-word header whose magic {} is not llm.c's {LLMC_MAGIC}", word(0)));
+        return Err(format!("starts with a 256-word header whose magic {} is not llm.c's {LLMC_MAGIC} or {LLMC_MAGIC_U32}", word(0)));
     }
-    if !size.is_multiple_of(2) {
-        return Err(format!("odd length ({size} bytes); a raw token file holds little-endian uint16 tokens"));
+    if !size.is_multiple_of(raw_width.bytes() as u64) {
+        return Err(format!(
+            "length {size} bytes is not a multiple of {}: a raw token file holds little-endian {} tokens (--data-dtype)",
+            raw_width.bytes(),
+            if raw_width == TokenWidth::U16 { "uint16" } else { "uint32" }
+        ));
     }
-    Ok((0, count_of(size)?))
+    Ok((0, count_of(size, raw_width)?, raw_width))
 }
 
 /// A file whose first words look like a small-integer header (version and count fields) rather than
@@ -243,12 +285,37 @@ mod tests {
     }
 
     #[test]
+    fn llama3_files_and_raw_uint32_read_as_u32() {
+        let tokens: Vec<u32> = vec![0, 70_000, 128_255, 5];
+        let mut header = [0i32; 256];
+        header[0] = LLMC_MAGIC_U32;
+        header[1] = 7;
+        header[2] = 4;
+        let mut bytes: Vec<u8> = header.iter().flat_map(|w| w.to_le_bytes()).collect();
+        bytes.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
+        let llama = TokenFile::open(write(&bytes).path()).unwrap();
+        let raw = TokenFile::open_with(write(&bytes[HEADER_BYTES..]).path(), TokenWidth::U32).unwrap();
+        for tf in [llama, raw] {
+            assert_eq!((tf.len, tf.width, tf.get(2)), (4, TokenWidth::U32, 128_255));
+            assert_eq!(tf.micro_batch(0, 1, 3).unwrap(), (vec![0, 70_000, 128_255], vec![70_000, 128_255, 5]));
+            assert!(tf.check_vocab(128_000).unwrap_err().to_string().contains("token 128255 at position 2"));
+        }
+        header[1] = 1;
+        let mut wrong: Vec<u8> = header.iter().flat_map(|w| w.to_le_bytes()).collect();
+        wrong.extend(&bytes[HEADER_BYTES..]);
+        let err = TokenFile::open(write(&wrong).path()).err().unwrap().to_string();
+        assert!(err.contains("version 1 is not supported (expected 7)"), "{err}");
+        let err = TokenFile::open_with(write(&[1, 2, 3, 4, 5, 6]).path(), TokenWidth::U32).err().unwrap().to_string();
+        assert!(err.contains("not a multiple of 4") && err.contains("--data-dtype"), "{err}");
+    }
+
+    #[test]
     fn bad_files_say_what_is_wrong() {
         let err = |bytes: &[u8]| TokenFile::open(write(bytes).path()).err().map(|e| format!("{e:#}")).unwrap_or_default();
         assert!(err(&llmc(&[1, 2], 12345, 2)).contains("magic 12345"));
         assert!(err(&llmc(&[1, 2], LLMC_MAGIC, 5)).contains("header says 5 tokens"));
         assert!(err(&llmc(&[], LLMC_MAGIC, 0)[..100]).contains("less than the 1024-byte header"));
-        assert!(err(&[1, 2, 3]).contains("odd length"));
+        assert!(err(&[1, 2, 3]).contains("not a multiple of 2"));
         let tf = TokenFile::open(write(&[1, 0, 200, 0]).path()).unwrap();
         assert!(tf.check_vocab(128).unwrap_err().to_string().contains("token 200 at position 1"));
         assert!(tf.micro_batch(0, 2, 2).unwrap_err().to_string().contains("fewer than one micro-batch"));

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use zerostream_checkpoints::{HfModel, TokenFile};
+use zerostream_checkpoints::{HfModel, TokenFile, TokenWidth};
 
 use crate::device::{AnyDevice, AttentionDims, Backend};
 use crate::model::gpt2::{Block, BlockActivations, Head, HeadActivations, block_forward, embed_forward, head_forward};
@@ -38,13 +38,21 @@ impl EvalReport {
 /// Mean of the micro-batch losses of micro-batches 0..batches (the training contract's order), with
 /// the model streamed: the head resident, one block slot refilled block by block from the model's
 /// files, two residual buffers. Host memory holds one tensor at a time, whatever the model's size.
-pub fn evaluate<D: Backend>(dev: &D, model_dir: &Path, data: &Path, batch: usize, seq_len: usize, batches: usize) -> Result<EvalReport> {
+pub fn evaluate<D: Backend>(
+    dev: &D,
+    model_dir: &Path,
+    data: &Path,
+    data_dtype: TokenWidth,
+    batch: usize,
+    seq_len: usize,
+    batches: usize,
+) -> Result<EvalReport> {
     if batch == 0 || seq_len == 0 || batches == 0 {
         bail!("--batch-size, --seq-len and --batches must be positive");
     }
     let hf = HfModel::open(model_dir)?;
     let cfg = &hf.config;
-    let tokens = TokenFile::open(data)?;
+    let tokens = TokenFile::open_with(data, data_dtype)?;
     tokens.check_vocab(cfg.vocab_size)?;
     if seq_len > cfg.n_positions {
         bail!("--seq-len {seq_len} is longer than the model's n_positions {} ({})", cfg.n_positions, model_dir.display());
@@ -103,9 +111,17 @@ pub fn evaluate<D: Backend>(dev: &D, model_dir: &Path, data: &Path, batch: usize
 }
 
 /// [`evaluate`] on whichever device was opened.
-pub fn evaluate_on(dev: &AnyDevice, model_dir: &Path, data: &Path, batch: usize, seq_len: usize, batches: usize) -> Result<EvalReport> {
+pub fn evaluate_on(
+    dev: &AnyDevice,
+    model_dir: &Path,
+    data: &Path,
+    data_dtype: TokenWidth,
+    batch: usize,
+    seq_len: usize,
+    batches: usize,
+) -> Result<EvalReport> {
     match dev {
-        AnyDevice::Cpu(d) => evaluate(d, model_dir, data, batch, seq_len, batches),
-        AnyDevice::Gpu(d) => evaluate(d, model_dir, data, batch, seq_len, batches),
+        AnyDevice::Cpu(d) => evaluate(d, model_dir, data, data_dtype, batch, seq_len, batches),
+        AnyDevice::Gpu(d) => evaluate(d, model_dir, data, data_dtype, batch, seq_len, batches),
     }
 }

@@ -44,9 +44,13 @@ enum Command {
         /// A Hugging Face GPT-2 directory: config.json and model.safetensors (or sharded with an index).
         #[arg(long)]
         model: PathBuf,
-        /// Token file: llm.c's format (header with magic 20240520) or raw little-endian uint16.
+        /// Token file: llm.c's formats (header with magic 20240520: uint16 tokens; 20240801: uint32) or raw
+        /// little-endian tokens (see --data-dtype).
         #[arg(long)]
         data: PathBuf,
+        /// Token width of a raw --data file without llm.c's header: u16 or u32.
+        #[arg(long, value_enum, default_value = "u16")]
+        data_dtype: zerostream_checkpoints::TokenWidth,
         /// B: sequences per micro-batch.
         #[arg(long, default_value_t = 4)]
         batch_size: usize,
@@ -150,10 +154,10 @@ fn run(cli: Cli, explicit: &BTreeSet<String>) -> Result<i32> {
             println!("cpu: the plain-Rust kernels on {} threads (--device cpu)", rayon::current_num_threads());
             Ok(0)
         }
-        Command::Eval { model, data, batch_size, seq_len, batches, device } => {
+        Command::Eval { model, data, data_dtype, batch_size, seq_len, batches, device } => {
             let dev = device::open(device.device, device.adapter.as_deref(), None)?;
             eprintln!("device: {}", dev.describe());
-            let report = zerostream::eval::evaluate_on(&dev, &model, &data, batch_size, seq_len, batches)?;
+            let report = zerostream::eval::evaluate_on(&dev, &model, &data, data_dtype, batch_size, seq_len, batches)?;
             println!("{}", report.to_json(&dev.describe()));
             Ok(0)
         }

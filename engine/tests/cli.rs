@@ -169,3 +169,45 @@ fn a_run_too_big_for_this_machines_ram_is_refused_before_any_work() {
     let err = stderr(&out);
     assert!(!out.status.success() && err.contains("host RAM") && err.contains("GiB is available"), "{err}");
 }
+
+#[test]
+fn raw_uint32_token_files_train_like_the_uint16_original() {
+    let dir = tempfile::tempdir().unwrap();
+    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny");
+    let original = zerostream_checkpoints::TokenFile::open(std::path::Path::new(&format!("{golden}/tokens.bin"))).unwrap();
+    let raw = dir.path().join("tokens.u32");
+    let words: Vec<u8> = (0..original.len).flat_map(|i| original.get(i).to_le_bytes()).collect();
+    std::fs::write(&raw, words).unwrap();
+    let losses = |data: &str, dtype: &str| {
+        let metrics = dir.path().join(format!("{dtype}.jsonl"));
+        let model = format!("{golden}/model");
+        let out = zerostream(&[
+            "train",
+            "--device",
+            "cpu",
+            "--model",
+            &model,
+            "--data",
+            data,
+            "--data-dtype",
+            dtype,
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "8",
+            "--sample-tokens",
+            "0",
+            "--metrics",
+            metrics.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        std::fs::read_to_string(&metrics)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"].clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(losses(&format!("{golden}/tokens.bin"), "u16"), losses(raw.to_str().unwrap(), "u32"));
+}

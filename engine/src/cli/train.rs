@@ -11,6 +11,7 @@ use anyhow::{Context, Result, bail};
 use zerostream::train::ranks::RankDevice;
 use zerostream::train::run::{CheckpointOptions, ModelChoice, RunOptions, RunSummary};
 use zerostream::train::{LrPlan, LrSchedule, Precision, SaveDtype, TrainConfig, ZeroStage};
+use zerostream_checkpoints::TokenWidth;
 use zerostream_offload::{IoConfig, IoEngineKind, Tier};
 
 use crate::{DeviceArgs, parse_size};
@@ -67,9 +68,14 @@ pub struct TrainArgs {
     /// Start from random weights: a preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a config.json.
     #[arg(long)]
     config: Option<String>,
-    /// Token file (llm.c's format or raw uint16; see `zerostream prepare`). Default: the built-in Hamlet text.
+    /// Token file (llm.c's uint16 or Llama-3 uint32 format, or raw tokens: see --data-dtype; `zerostream
+    /// prepare` writes one). Default: the built-in Hamlet text.
     #[arg(long)]
     data: Option<PathBuf>,
+    /// Token width of a raw --data file without llm.c's header: u16 (GPT-2's vocabulary) or u32 (larger
+    /// vocabularies, Llama-3's). llm.c's files say their own width.
+    #[arg(long, value_enum, default_value = "u16")]
+    data_dtype: TokenWidth,
     /// B: sequences per micro-batch.
     #[arg(long, default_value_t = 8)]
     batch_size: usize,
@@ -245,7 +251,7 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>) -
         zero_stage: a.zero_stage,
         sequential: a.sequential,
     };
-    let (mut data, mut seed) = (a.data.clone(), a.seed);
+    let (mut data, mut seed, mut data_dtype) = (a.data.clone(), a.seed, a.data_dtype);
     if let ModelChoice::Resume(dir) = &model {
         let state = zerostream::train::resume::read_state(dir)?;
         check_resumed_model(a, dir)?;
@@ -256,6 +262,9 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>) -
         if data.is_none() {
             data = state.settings.get("data").and_then(|d| d.as_str()).map(PathBuf::from);
         }
+        if !explicit.contains("data-dtype") && state.settings.get("data-dtype").and_then(|d| d.as_str()) == Some("u32") {
+            data_dtype = TokenWidth::U32;
+        }
     }
     if needs_data && data.is_none() && !matches!(model, ModelChoice::Demo | ModelChoice::Resume(_)) {
         bail!("--model/--config need --data FILE (make one with `zerostream prepare`)");
@@ -264,6 +273,7 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>) -
     let options = RunOptions {
         model,
         data,
+        data_dtype,
         seed,
         metrics: a.metrics.clone(),
         save: a.save.clone(),

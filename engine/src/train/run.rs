@@ -11,7 +11,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use zerostream_checkpoints::checkpoint::CheckpointRoot;
-use zerostream_checkpoints::{Gpt2Config, HfModel, TokenFile, Tokenizer};
+use zerostream_checkpoints::{Gpt2Config, HfModel, TokenFile, TokenWidth, Tokenizer};
 
 use super::checkpoint::{Checkpoint, RunRecord, SaveDtype, truncate_metrics};
 use super::{Flags, ModelSource, Precision, StepReport, TrainConfig, Trainer};
@@ -67,6 +67,8 @@ pub struct RunOptions {
     pub model: ModelChoice,
     /// None: the embedded demo text, tokenised as bytes.
     pub data: Option<PathBuf>,
+    /// Token width of a raw (headerless) --data file.
+    pub data_dtype: TokenWidth,
     pub seed: u64,
     pub metrics: Option<PathBuf>,
     pub save: Option<PathBuf>,
@@ -90,6 +92,7 @@ impl RunOptions {
         RunOptions {
             model,
             data: None,
+            data_dtype: TokenWidth::U16,
             seed: 1337,
             metrics: None,
             save: None,
@@ -183,7 +186,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         );
     }
     let tokens = match &options.data {
-        Some(path) => TokenFile::open(path)?,
+        Some(path) => TokenFile::open_with(path, options.data_dtype)?,
         None => TokenFile::from_tokens("<embedded Hamlet text>", &Tokenizer::Bytes.encode(DEMO_TEXT)?),
     };
     tokens.check_vocab(config.vocab_size)?;
@@ -255,6 +258,7 @@ fn run_settings(train: &TrainConfig, options: &RunOptions, world: usize) -> Flag
     settings.insert("seed".into(), options.seed.into());
     settings.insert("data".into(), options.data.as_ref().map(|p| p.display().to_string()).into());
     settings.insert("world-size".into(), world.into());
+    settings.insert("data-dtype".into(), if options.data_dtype == TokenWidth::U32 { "u32" } else { "u16" }.into());
     settings
 }
 
