@@ -7,6 +7,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod hf;
 mod io;
+pub mod llama_config;
 pub mod safetensors_stream;
 pub mod tokenizer;
 pub mod tokens;
