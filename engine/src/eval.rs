@@ -7,8 +7,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use zerostream_checkpoints::{HfModel, TokenFile, TokenWidth};
 
-use crate::device::{AnyDevice, AttentionDims, Backend};
-use crate::model::gpt2::{Block, BlockActivations, Head, HeadActivations, block_forward, embed_forward, head_forward};
+use crate::device::{AnyDevice, Backend};
+use crate::model::Model;
 use crate::train::layout::{GroupLayout, group_layouts};
 
 /// What an evaluation measured.
@@ -51,21 +51,19 @@ pub fn evaluate<D: Backend>(
         bail!("--batch-size, --seq-len and --batches must be positive");
     }
     let hf = HfModel::open(model_dir)?;
-    let cfg = &hf.config;
+    let model = Model::of_hf(&hf);
     let tokens = TokenFile::open_with(data, data_dtype)?;
-    tokens.check_vocab(cfg.vocab_size)?;
-    if seq_len > cfg.n_positions {
-        bail!("--seq-len {seq_len} is longer than the model's n_positions {} ({})", cfg.n_positions, model_dir.display());
-    }
-    dev.check_attention(AttentionDims { batch, seq_len, channels: cfg.n_embd, heads: cfg.n_head })?;
-    let groups = group_layouts(cfg);
+    tokens.check_vocab(model.vocab_size())?;
+    model.check_seq_len(seq_len).with_context(|| model_dir.display().to_string())?;
+    dev.check_attention(model.attention_dims(batch, seq_len))?;
+    let groups = group_layouts(&model);
     // Fills `into` (or new tensors) with group `g`'s parameters, read one tensor at a time.
-    let fill = |g: &GroupLayout, into: Option<&[&D::Tensor]>| -> Result<Vec<D::Tensor>> {
+    let fill = |g: &GroupLayout, into: Option<&[D::Tensor]>| -> Result<Vec<D::Tensor>> {
         let mut made = Vec::new();
         for (i, t) in g.tensors.iter().enumerate() {
             let values = hf.tensor(&t.name, &t.shape).with_context(|| format!("loading {}", model_dir.display()))?;
             match into {
-                Some(slot) => dev.write(slot[i], &values),
+                Some(slot) => dev.write(&slot[i], &values),
                 None => {
                     let x = dev.alloc(t.len, &t.name)?;
                     dev.write(&x, &values);
@@ -75,22 +73,22 @@ pub fn evaluate<D: Backend>(
         }
         Ok(made)
     };
-    let head = Head::from_tensors(fill(&groups[0], None)?);
-    let slot = Block::from_tensors(groups[1].tensors.iter().map(|t| dev.alloc(t.len, &format!("slot {}", t.name))).collect::<Result<_>>()?);
-    let (acts, head_acts) = (BlockActivations::new(dev, cfg, batch, seq_len)?, HeadActivations::new(dev, cfg, batch, seq_len)?);
+    let head = fill(&groups[0], None)?;
+    let slot: Vec<D::Tensor> = groups[1].tensors.iter().map(|t| dev.alloc(t.len, &format!("slot {}", t.name))).collect::<Result<_>>()?;
+    let (acts, head_acts) = (model.block_acts(dev, batch, seq_len)?, model.head_acts(dev, batch, seq_len)?);
     let bt = batch * seq_len;
-    let residual = [dev.alloc(bt * cfg.n_embd, "residual A")?, dev.alloc(bt * cfg.n_embd, "residual B")?];
+    let residual = [dev.alloc(bt * model.width(), "residual A")?, dev.alloc(bt * model.width(), "residual B")?];
     let start = Instant::now();
     let mut sum = 0.0f64;
     for g in 0..batches {
         let (x, y) = tokens.micro_batch(g, batch, seq_len)?;
         let (x, y) = (dev.tokens(&x)?, dev.tokens(&y)?);
-        embed_forward(dev, cfg, &residual[0], &head, &x, seq_len);
-        for l in 0..cfg.n_layer {
-            fill(&groups[1 + l], Some(slot.tensors().as_slice()))?;
-            block_forward(dev, cfg, &slot, &acts, &residual[l % 2], &residual[(l + 1) % 2], batch, seq_len);
+        model.embed_forward(dev, &residual[0], &head, &x, seq_len);
+        for l in 0..model.n_layer() {
+            fill(&groups[1 + l], Some(&slot))?;
+            model.block_forward(dev, &slot, &acts, &residual[l % 2], &residual[(l + 1) % 2], batch, seq_len);
         }
-        sum += head_forward(dev, cfg, &head, &head_acts, &residual[cfg.n_layer % 2], &y, None) as f64;
+        sum += model.head_forward(dev, &head, &head_acts, &residual[model.n_layer() % 2], &y, None) as f64;
         if batches > 1 {
             eprint!("\reval: micro-batch {}/{batches}", g + 1);
         }

@@ -1,15 +1,15 @@
-//! Sampling text from a trained model: the resident [`Gpt2`] on the cpu device, one token at a time.
+//! Sampling text from a trained model: the model resident on the cpu device, one token at a time.
 
-use anyhow::{Result, anyhow};
+use anyhow::Result;
 use rand::{Rng, SeedableRng};
 
-use crate::device::{Backend, CpuDevice};
-use crate::model::gpt2::{Gpt2, Gpt2Config};
+use crate::device::CpuDevice;
+use crate::model::Model;
 
 /// Continues `prompt` by `new_tokens` tokens sampled at `temperature` (seeded), from weights given as
 /// (name, shape, values). Returns only the new tokens.
 pub fn sample(
-    config: &Gpt2Config,
+    model: &Model,
     weights: &[(String, Vec<usize>, Vec<f32>)],
     prompt: &[u32],
     new_tokens: usize,
@@ -17,12 +17,10 @@ pub fn sample(
     seed: u64,
 ) -> Result<Vec<u32>> {
     let dev = CpuDevice::new(None);
-    let lookup: std::collections::HashMap<&str, &Vec<f32>> = weights.iter().map(|(n, _, v)| (n.as_str(), v)).collect();
-    let mut model =
-        Gpt2::from_fn(&dev, config, |name, _| lookup.get(name).map(|v| v.to_vec()).ok_or_else(|| anyhow!("sampling: no tensor {name}")))?;
+    let mut logits_of = model.resident_logits(&dev, weights)?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut context: Vec<u32> = if prompt.is_empty() { vec![0] } else { prompt.to_vec() };
-    let (window, vocab) = (config.n_positions, config.vocab_size);
+    let (window, vocab) = (model.max_seq_len(), model.vocab_size());
     let mut out = Vec::with_capacity(new_tokens);
     for _ in 0..new_tokens {
         // A fixed T, padded on the right: causal attention makes the padding invisible to earlier positions.
@@ -31,9 +29,7 @@ pub fn sample(
         let t = window.min(context.len() + new_tokens).max(live.len());
         let mut ids = live.to_vec();
         ids.resize(t, 0);
-        let tokens = dev.tokens(&ids)?;
-        model.forward(&dev, &tokens, &tokens, 1, t, None)?;
-        let logits = dev.read(model.logits().expect("logits after forward"));
+        let logits = logits_of(&ids)?;
         let row = &logits[(live.len() - 1) * vocab..live.len() * vocab];
         let next = sample_row(row, temperature, &mut rng);
         out.push(next);

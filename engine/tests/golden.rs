@@ -79,7 +79,8 @@ fn check_forward_backward<D: Backend>(dev: &D, label: &str) {
     model.forward(dev, &xt, &yt, batch, seq_len, Some(1.0)).unwrap();
     model.backward(dev, &xt).unwrap();
     let mut worst = (String::new(), 0.0f64);
-    for ((name, _), grad) in parameter_specs(&cfg).iter().zip(model.grads.tensors()) {
+    for (spec, grad) in parameter_specs(&cfg).iter().zip(model.grads.tensors()) {
+        let name = &spec.name;
         let err = rel_l2_err(&dev.read(grad), &golden.f64(&format!("grad.{name}")));
         assert!(err < 1e-4, "[{label}] grad.{name}: relative L2 error {err:.2e}");
         if err > worst.1 {

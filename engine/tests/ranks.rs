@@ -126,9 +126,10 @@ fn sharded_runs_are_bit_identical_across_tiers_budgets_and_recompute() {
 #[test]
 fn comm_bytes_match_the_zero_volumes() {
     let golden = Golden::load(GOLDEN);
-    let cfg = zerostream_checkpoints::HfModel::open(&common::trajectory::golden_dir(GOLDEN).join("model")).unwrap().config;
+    let hf = zerostream_checkpoints::HfModel::open(&common::trajectory::golden_dir(GOLDEN).join("model")).unwrap();
+    let model = zerostream::model::Model::of_hf(&hf);
     for world in [2usize, 4] {
-        let psi: usize = zerostream::train::layout::group_layouts(&cfg)
+        let psi: usize = zerostream::train::layout::group_layouts(&model)
             .iter()
             .map(|g| zerostream::train::Sharding { rank: 0, world, stage: ZeroStage::Two }.group(g.len).padded_len)
             .sum();

@@ -299,15 +299,11 @@ fn check_resumed_model(a: &TrainArgs, checkpoint: &Path) -> Result<()> {
     let theirs = zerostream::train::run::model_config(&given)?;
     if ours != theirs {
         bail!(
-            "{flag} is not the checkpoint's model ({}): the checkpoint has {} layers x {} channels, vocab {}; {flag} has {} x {}, vocab {}. \
-             Leave {flag} out: the model comes from the checkpoint",
+            "{flag} is not the checkpoint's model ({}): the checkpoint has {}; {flag} has {}. Leave {flag} out: the model comes from \
+             the checkpoint",
             checkpoint.display(),
-            ours.n_layer,
-            ours.n_embd,
-            ours.vocab_size,
-            theirs.n_layer,
-            theirs.n_embd,
-            theirs.vocab_size
+            ours.describe(),
+            theirs.describe()
         );
     }
     Ok(())

@@ -8,32 +8,43 @@
 
 use anyhow::{Result, bail};
 
+use super::TensorSpec;
 use crate::device::{AttentionDims, Backend, MatmulShape, Operand};
 pub use zerostream_checkpoints::Gpt2Config;
 use zerostream_checkpoints::HfModel;
 
-/// The weights of one transformer block.
-pub struct Block<T> {
-    pub ln_1_weight: T,      // (C)
-    pub ln_1_bias: T,        // (C)
-    pub attn_weight: T,      // (C, 3C)  c_attn
-    pub attn_bias: T,        // (3C)
-    pub attn_proj_weight: T, // (C, C)  attn.c_proj
-    pub attn_proj_bias: T,   // (C)
-    pub ln_2_weight: T,      // (C)
-    pub ln_2_bias: T,        // (C)
-    pub fc_weight: T,        // (C, 4C)  mlp.c_fc
-    pub fc_bias: T,          // (4C)
-    pub fc_proj_weight: T,   // (4C, C)  mlp.c_proj
-    pub fc_proj_bias: T,     // (C)
+crate::tensor_group! {
+    /// The weights of one transformer block, in Hugging Face's layout (Conv1D weights are (in, out)).
+    pub struct Block, config cfg: Gpt2Config {
+        ln_1_weight => "ln_1.weight", [cfg.n_embd], no_decay;
+        ln_1_bias => "ln_1.bias", [cfg.n_embd], no_decay;
+        attn_weight => "attn.c_attn.weight", [cfg.n_embd, 3 * cfg.n_embd], decay;
+        attn_bias => "attn.c_attn.bias", [3 * cfg.n_embd], no_decay;
+        attn_proj_weight => "attn.c_proj.weight", [cfg.n_embd, cfg.n_embd], decay;
+        attn_proj_bias => "attn.c_proj.bias", [cfg.n_embd], no_decay;
+        ln_2_weight => "ln_2.weight", [cfg.n_embd], no_decay;
+        ln_2_bias => "ln_2.bias", [cfg.n_embd], no_decay;
+        fc_weight => "mlp.c_fc.weight", [cfg.n_embd, cfg.hidden()], decay;
+        fc_bias => "mlp.c_fc.bias", [cfg.hidden()], no_decay;
+        fc_proj_weight => "mlp.c_proj.weight", [cfg.hidden(), cfg.n_embd], decay;
+        fc_proj_bias => "mlp.c_proj.bias", [cfg.n_embd], no_decay;
+    }
 }
 
-/// The parameters outside the blocks: the embeddings (wte doubles as the lm_head) and the final layer norm.
-pub struct Head<T> {
-    pub wte: T,         // (V, C), also the lm_head
-    pub wpe: T,         // (P, C)
-    pub ln_f_weight: T, // (C)
-    pub ln_f_bias: T,   // (C)
+crate::tensor_group! {
+    /// The parameters outside the blocks: the embeddings (wte doubles as the tied lm_head) and the final
+    /// layer norm.
+    pub struct Head, config cfg: Gpt2Config {
+        wte => "transformer.wte.weight", [cfg.vocab_size, cfg.n_embd], decay;
+        wpe => "transformer.wpe.weight", [cfg.n_positions, cfg.n_embd], decay;
+        ln_f_weight => "transformer.ln_f.weight", [cfg.n_embd], no_decay;
+        ln_f_bias => "transformer.ln_f.bias", [cfg.n_embd], no_decay;
+    }
+}
+
+/// Block l's Hugging Face name prefix.
+pub fn block_prefix(l: usize) -> String {
+    format!("transformer.h.{l}.")
 }
 
 /// Every parameter of the model (or a gradient of the same structure).
@@ -42,135 +53,58 @@ pub struct Params<T> {
     pub blocks: Vec<Block<T>>,
 }
 
-/// Hugging Face names and shapes of every parameter, in checkpoint order.
-pub fn parameter_specs(cfg: &Gpt2Config) -> Vec<(String, Vec<usize>)> {
-    let (c, h) = (cfg.n_embd, cfg.hidden());
-    let mut specs = vec![
-        ("transformer.wte.weight".to_string(), vec![cfg.vocab_size, c]),
-        ("transformer.wpe.weight".to_string(), vec![cfg.n_positions, c]),
-    ];
+/// Every parameter in Hugging Face's checkpoint order: wte, wpe, the blocks, ln_f.
+pub fn parameter_specs(cfg: &Gpt2Config) -> Vec<TensorSpec> {
+    let head = Head::<()>::specs(cfg, "");
+    let mut specs = head[..2].to_vec();
     for l in 0..cfg.n_layer {
-        let p = format!("transformer.h.{l}");
-        specs.extend([
-            (format!("{p}.ln_1.weight"), vec![c]),
-            (format!("{p}.ln_1.bias"), vec![c]),
-            (format!("{p}.attn.c_attn.weight"), vec![c, 3 * c]),
-            (format!("{p}.attn.c_attn.bias"), vec![3 * c]),
-            (format!("{p}.attn.c_proj.weight"), vec![c, c]),
-            (format!("{p}.attn.c_proj.bias"), vec![c]),
-            (format!("{p}.ln_2.weight"), vec![c]),
-            (format!("{p}.ln_2.bias"), vec![c]),
-            (format!("{p}.mlp.c_fc.weight"), vec![c, h]),
-            (format!("{p}.mlp.c_fc.bias"), vec![h]),
-            (format!("{p}.mlp.c_proj.weight"), vec![h, c]),
-            (format!("{p}.mlp.c_proj.bias"), vec![c]),
-        ]);
+        specs.extend(Block::<()>::specs(cfg, &block_prefix(l)));
     }
-    specs.push(("transformer.ln_f.weight".to_string(), vec![c]));
-    specs.push(("transformer.ln_f.bias".to_string(), vec![c]));
+    specs.extend_from_slice(&head[2..]);
     specs
+}
+
+/// GPT-2's initialisation of tensor `spec` (number `index` in checkpoint order), seeded: N(0, 0.02)
+/// weights (c_proj weights scaled by 1/sqrt(2L)), zero biases, unit layer-norm gains. Each tensor has
+/// its own stream, so its values do not depend on the other tensors' sizes.
+pub fn init_values(cfg: &Gpt2Config, spec: &TensorSpec, index: usize, seed: u64) -> Vec<f32> {
+    use rand::SeedableRng;
+    use rand_distr::{Distribution, Normal};
+    let (name, n) = (spec.name.as_str(), spec.len());
+    if name.ends_with(".bias") {
+        return vec![0.0; n];
+    }
+    if name.contains(".ln_") {
+        return vec![1.0; n];
+    }
+    let std = if name.ends_with("c_proj.weight") { 0.02 / (2.0 * cfg.n_layer as f64).sqrt() } else { 0.02 };
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ index as u64);
+    let normal = Normal::new(0.0f64, std).expect("a valid normal distribution");
+    (0..n).map(|_| normal.sample(&mut rng) as f32).collect()
 }
 
 impl<T> Params<T> {
     /// Builds every tensor with `make(name, shape)`, in the order of [`parameter_specs`].
     pub fn build(cfg: &Gpt2Config, mut make: impl FnMut(&str, &[usize]) -> Result<T>) -> Result<Self> {
-        let specs = parameter_specs(cfg);
-        let mut made = specs.iter().map(|(name, shape)| make(name, shape)).collect::<Result<Vec<T>>>()?.into_iter();
-        let mut next = || made.next().expect("one tensor per spec");
-        let wte = next();
-        let wpe = next();
-        let blocks = (0..cfg.n_layer)
-            .map(|_| Block {
-                ln_1_weight: next(),
-                ln_1_bias: next(),
-                attn_weight: next(),
-                attn_bias: next(),
-                attn_proj_weight: next(),
-                attn_proj_bias: next(),
-                ln_2_weight: next(),
-                ln_2_bias: next(),
-                fc_weight: next(),
-                fc_bias: next(),
-                fc_proj_weight: next(),
-                fc_proj_bias: next(),
-            })
-            .collect();
-        Ok(Params { head: Head { wte, wpe, ln_f_weight: next(), ln_f_bias: next() }, blocks })
+        let mut made = parameter_specs(cfg).iter().map(|t| make(&t.name, &t.shape)).collect::<Result<Vec<T>>>()?.into_iter();
+        let (wte, wpe) = (made.next().expect("wte"), made.next().expect("wpe"));
+        let per_block = Block::<()>::specs(cfg, "").len();
+        let blocks = (0..cfg.n_layer).map(|_| Block::from_tensors(made.by_ref().take(per_block).collect())).collect();
+        let rest: Vec<T> = made.collect();
+        let mut head = vec![wte, wpe];
+        head.extend(rest);
+        Ok(Params { head: Head::from_tensors(head), blocks })
     }
 
     /// Every tensor, in the order of [`parameter_specs`].
     pub fn tensors(&self) -> Vec<&T> {
-        let mut all = vec![&self.head.wte, &self.head.wpe];
+        let head = self.head.tensors();
+        let mut all = head[..2].to_vec();
         for b in &self.blocks {
             all.extend(b.tensors());
         }
-        all.extend([&self.head.ln_f_weight, &self.head.ln_f_bias]);
+        all.extend_from_slice(&head[2..]);
         all
-    }
-}
-
-impl<T> Head<T> {
-    /// wte, wpe, ln_f.weight, ln_f.bias: the order of the head's parameter group.
-    pub fn tensors(&self) -> [&T; 4] {
-        [&self.wte, &self.wpe, &self.ln_f_weight, &self.ln_f_bias]
-    }
-    /// The inverse of [`Head::tensors`].
-    pub fn from_tensors(t: Vec<T>) -> Self {
-        let [wte, wpe, ln_f_weight, ln_f_bias]: [T; 4] = t.try_into().unwrap_or_else(|_| panic!("a head has 4 tensors"));
-        Head { wte, wpe, ln_f_weight, ln_f_bias }
-    }
-}
-
-impl<T> Block<T> {
-    /// The inverse of [`Block::tensors`].
-    pub fn from_tensors(t: Vec<T>) -> Self {
-        let [
-            ln_1_weight,
-            ln_1_bias,
-            attn_weight,
-            attn_bias,
-            attn_proj_weight,
-            attn_proj_bias,
-            ln_2_weight,
-            ln_2_bias,
-            fc_weight,
-            fc_bias,
-            fc_proj_weight,
-            fc_proj_bias,
-        ]: [T; 12] = t.try_into().unwrap_or_else(|_| panic!("a block has 12 tensors"));
-        Block {
-            ln_1_weight,
-            ln_1_bias,
-            attn_weight,
-            attn_bias,
-            attn_proj_weight,
-            attn_proj_bias,
-            ln_2_weight,
-            ln_2_bias,
-            fc_weight,
-            fc_bias,
-            fc_proj_weight,
-            fc_proj_bias,
-        }
-    }
-
-    /// The block's tensors, in checkpoint order.
-    pub fn tensors(&self) -> [&T; 12] {
-        let b = self;
-        [
-            &b.ln_1_weight,
-            &b.ln_1_bias,
-            &b.attn_weight,
-            &b.attn_bias,
-            &b.attn_proj_weight,
-            &b.attn_proj_bias,
-            &b.ln_2_weight,
-            &b.ln_2_bias,
-            &b.fc_weight,
-            &b.fc_bias,
-            &b.fc_proj_weight,
-            &b.fc_proj_bias,
-        ]
     }
 }
 
@@ -315,12 +249,12 @@ fn linear_backward<D: Backend>(
     dev.bias_backward(dbias, dout, bt, n);
 }
 
-fn attention_dims(cfg: &Gpt2Config, batch: usize, seq_len: usize) -> AttentionDims {
+pub fn attention_dims(cfg: &Gpt2Config, batch: usize, seq_len: usize) -> AttentionDims {
     AttentionDims { batch, seq_len, channels: cfg.n_embd, heads: cfg.n_head }
 }
 
 /// x (B, T, C) = wte[tokens] + wpe[0..T]: the input of block 0.
-pub fn embed_forward<D: Backend>(dev: &D, cfg: &Gpt2Config, x: &D::Tensor, head: &Head<D::Tensor>, inputs: &D::Tokens, seq_len: usize) {
+pub fn embed_forward<D: Backend>(dev: &D, cfg: &Gpt2Config, x: &D::Tensor, head: &Head<&D::Tensor>, inputs: &D::Tokens, seq_len: usize) {
     dev.encoder_forward(x, inputs, &head.wte, &head.wpe, seq_len, cfg.n_embd);
 }
 
@@ -328,7 +262,7 @@ pub fn embed_forward<D: Backend>(dev: &D, cfg: &Gpt2Config, x: &D::Tensor, head:
 pub fn embed_backward<D: Backend>(
     dev: &D,
     cfg: &Gpt2Config,
-    grads: &Head<D::Tensor>,
+    grads: &Head<&D::Tensor>,
     acts: &HeadActivations<D::Tensor>,
     inputs: &D::Tokens,
 ) {
@@ -340,7 +274,7 @@ pub fn embed_backward<D: Backend>(
 pub fn block_forward<D: Backend>(
     dev: &D,
     cfg: &Gpt2Config,
-    w: &Block<D::Tensor>,
+    w: &Block<&D::Tensor>,
     a: &BlockActivations<D::Tensor>,
     input: &D::Tensor,
     output: &D::Tensor,
@@ -369,8 +303,8 @@ pub fn block_forward<D: Backend>(
 pub fn block_backward<D: Backend>(
     dev: &D,
     cfg: &Gpt2Config,
-    w: &Block<D::Tensor>,
-    g: &Block<D::Tensor>,
+    w: &Block<&D::Tensor>,
+    g: &Block<&D::Tensor>,
     a: &BlockActivations<D::Tensor>,
     input: &D::Tensor,
     head: &HeadActivations<D::Tensor>,
@@ -408,7 +342,7 @@ pub fn block_backward<D: Backend>(
 pub fn head_forward<D: Backend>(
     dev: &D,
     cfg: &Gpt2Config,
-    head: &Head<D::Tensor>,
+    head: &Head<&D::Tensor>,
     acts: &HeadActivations<D::Tensor>,
     x: &D::Tensor,
     targets: &D::Tokens,
@@ -430,8 +364,8 @@ pub fn head_forward<D: Backend>(
 pub fn head_backward<D: Backend>(
     dev: &D,
     cfg: &Gpt2Config,
-    head: &Head<D::Tensor>,
-    grads: &Head<D::Tensor>,
+    head: &Head<&D::Tensor>,
+    grads: &Head<&D::Tensor>,
     acts: &HeadActivations<D::Tensor>,
     x: &D::Tensor,
 ) {
@@ -526,22 +460,22 @@ impl<D: Backend> Gpt2<D> {
         }
         let acts = self.acts.as_ref().unwrap();
         let p = &self.params;
-        embed_forward(dev, cfg, &acts.residual[0], &p.head, inputs, seq_len);
+        embed_forward(dev, cfg, &acts.residual[0], &p.head.refs(), inputs, seq_len);
         for (l, (w, a)) in p.blocks.iter().zip(&acts.blocks).enumerate() {
-            block_forward(dev, cfg, w, a, &acts.residual[l], &acts.residual[l + 1], batch, seq_len);
+            block_forward(dev, cfg, &w.refs(), a, &acts.residual[l], &acts.residual[l + 1], batch, seq_len);
         }
-        Ok(head_forward(dev, cfg, &p.head, &acts.head, &acts.residual[cfg.n_layer], targets, loss_grad_scale))
+        Ok(head_forward(dev, cfg, &p.head.refs(), &acts.head, &acts.residual[cfg.n_layer], targets, loss_grad_scale))
     }
 
     /// Backward pass of the last forward (which must have had a gradient scale); adds into `grads`.
     pub fn backward(&mut self, dev: &D, inputs: &D::Tokens) -> Result<()> {
         let Some(acts) = self.acts.as_ref() else { bail!("backward called before forward") };
         let (cfg, p, g) = (&self.config, &self.params, &self.grads);
-        head_backward(dev, cfg, &p.head, &g.head, &acts.head, &acts.residual[cfg.n_layer]);
+        head_backward(dev, cfg, &p.head.refs(), &g.head.refs(), &acts.head, &acts.residual[cfg.n_layer]);
         for l in (0..cfg.n_layer).rev() {
-            block_backward(dev, cfg, &p.blocks[l], &g.blocks[l], &acts.blocks[l], &acts.residual[l], &acts.head);
+            block_backward(dev, cfg, &p.blocks[l].refs(), &g.blocks[l].refs(), &acts.blocks[l], &acts.residual[l], &acts.head);
         }
-        embed_backward(dev, cfg, &g.head, &acts.head, inputs);
+        embed_backward(dev, cfg, &g.head.refs(), &acts.head, inputs);
         Ok(())
     }
 

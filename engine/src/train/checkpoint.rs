@@ -21,12 +21,13 @@ use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 use zerostream_checkpoints::checkpoint::{CheckpointRoot, FileDigest, STATE_FILE, partial_dir, verify_files, write_file_atomic};
+use zerostream_checkpoints::hf::to_f32;
 use zerostream_checkpoints::safetensors_stream::{StreamWriter, TensorEntry};
-use zerostream_checkpoints::{Gpt2Config, hf::to_f32};
 
 use super::config::Flags;
 use super::{Precision, Trainer};
 use crate::device::Backend;
+use crate::model::Model;
 
 /// `--save-dtype`: the dtype of the saved model's weights (the optimizer state is always fp32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -123,8 +124,8 @@ pub struct RunRecord {
 }
 
 /// Writes config.json for `config` saved in `dtype`; returns its digest.
-fn write_config(dir: &Path, config: &Gpt2Config, dtype: SaveDtype) -> Result<(String, FileDigest)> {
-    let mut json = config.to_hf_json();
+fn write_config(dir: &Path, model: &Model, dtype: SaveDtype) -> Result<(String, FileDigest)> {
+    let mut json = model.to_hf_json();
     json["torch_dtype"] = dtype.torch_name().into();
     let text = serde_json::to_string_pretty(&json)?;
     let path = dir.join(CONFIG_FILE);
@@ -194,7 +195,7 @@ impl<D: Backend> Trainer<'_, D> {
         let mut files = Vec::new();
         if let Some(w) = model {
             files.push((MODEL_FILE.to_string(), w.finish()?));
-            files.push(write_config(dir, &self.config, dtype)?);
+            files.push(write_config(dir, &self.model, dtype)?);
         }
         if let Some(w) = opt {
             let digest = w.finish()?;
@@ -264,7 +265,7 @@ impl<D: Backend> Trainer<'_, D> {
             zero_stage: self.sharding.stage.number(),
             data: record.data.clone(),
             data_tokens: record.data_tokens,
-            model: self.config.to_hf_json(),
+            model: self.model.to_hf_json(),
             settings: record.settings.clone(),
             files,
         }
@@ -308,7 +309,7 @@ struct RankFile {
 pub struct Checkpoint {
     pub dir: PathBuf,
     pub state: TrainerState,
-    pub config: Gpt2Config,
+    pub model: Model,
     ranks: Vec<RankFile>,
 }
 
@@ -329,8 +330,7 @@ impl Checkpoint {
             );
         }
         verify_files(dir, &state.files)?;
-        let config: Gpt2Config =
-            serde_json::from_value(state.model.clone()).with_context(|| format!("{}: the model configuration", state_path.display()))?;
+        let model = Model::from_hf_json(&state.model).with_context(|| format!("{}", state_path.display()))?;
         let mut ranks = Vec::new();
         for r in 0..state.world_size {
             let path = dir.join(optimizer_file(r));
@@ -340,7 +340,7 @@ impl Checkpoint {
             let owned = read_layout(&path, &mmap)?;
             ranks.push(RankFile { path, mmap, owned });
         }
-        Ok(Checkpoint { dir: dir.to_path_buf(), state, config, ranks })
+        Ok(Checkpoint { dir: dir.to_path_buf(), state, model, ranks })
     }
 
     /// Elements `range` (group coordinates) of `group`'s `kind` (master, adam_m, adam_v), gathered from

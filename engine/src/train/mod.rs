@@ -40,7 +40,7 @@ use zerostream_offload::{AdamConfig, AdamW, IoEngine, NvmeDir, Stored, Tier};
 
 use crate::comm::Comm;
 use crate::device::Backend;
-use crate::model::gpt2::{self, Block, BlockActivations, Gpt2Config, Head, HeadActivations};
+use crate::model::{BlockActs, HeadActs, Model, TensorSpec};
 pub use checkpoint::{Checkpoint, RunRecord, SaveDtype};
 pub use config::{Flags, MEANING_FLAGS, Precision, TrainConfig};
 use layout::{GroupLayout, group_layouts};
@@ -54,10 +54,9 @@ use worker::{OptimizerGroup, Progress, ProgressState, SharedGroup, UpdateJob, ad
 /// Where the model's initial weights come from.
 pub enum ModelSource<'a> {
     Hf(&'a zerostream_checkpoints::HfModel),
-    /// GPT-2's initialisation, seeded: N(0, 0.02) weights (c_proj weights scaled by 1/sqrt(2L)),
-    /// zero biases, unit layer-norm gains.
+    /// The family's random initialisation, seeded.
     Random {
-        config: Gpt2Config,
+        model: Model,
         seed: u64,
     },
     /// A checkpoint being resumed: fp32 master weights, Adam moments and counters.
@@ -65,52 +64,39 @@ pub enum ModelSource<'a> {
 }
 
 impl ModelSource<'_> {
-    pub fn config(&self) -> &Gpt2Config {
+    pub fn model(&self) -> Model {
         match self {
-            ModelSource::Hf(m) => &m.config,
-            ModelSource::Random { config, .. } => config,
-            ModelSource::Checkpoint(c) => &c.config,
+            ModelSource::Hf(m) => Model::of_hf(m),
+            ModelSource::Random { model, .. } => model.clone(),
+            ModelSource::Checkpoint(c) => c.model.clone(),
         }
     }
 
-    fn values(&self, index: usize, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+    /// Tensor `spec`'s initial values (number `index` in checkpoint order).
+    fn values(&self, index: usize, spec: &TensorSpec) -> Result<Vec<f32>> {
         match self {
-            ModelSource::Hf(m) => m.tensor(name, shape),
-            ModelSource::Random { config, seed } => {
-                use rand::SeedableRng;
-                use rand_distr::{Distribution, Normal};
-                let n: usize = shape.iter().product();
-                if name.ends_with(".bias") {
-                    return Ok(vec![0.0; n]);
-                }
-                if name.contains(".ln_") {
-                    return Ok(vec![1.0; n]);
-                }
-                let std = if name.ends_with("c_proj.weight") { 0.02 / (2.0 * config.n_layer as f64).sqrt() } else { 0.02 };
-                // One stream per tensor, so a tensor's values do not depend on the others' sizes.
-                let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ index as u64);
-                let normal = Normal::new(0.0f64, std).expect("a valid normal distribution");
-                Ok((0..n).map(|_| normal.sample(&mut rng) as f32).collect())
-            }
-            ModelSource::Checkpoint(c) => bail!("internal: {} is read group by group, not tensor {name} at a time", c.dir.display()),
+            ModelSource::Hf(m) => m.tensor(&spec.name, &spec.shape),
+            ModelSource::Random { model, seed } => Ok(model.init(spec, index, *seed)),
+            ModelSource::Checkpoint(c) => bail!("internal: {} is read group by group, not tensor {} at a time", c.dir.display(), spec.name),
         }
     }
 }
 
 /// The device-resident part of the run.
 struct DeviceState<D: Backend> {
-    head: Head<D::Tensor>,
-    head_grads: Head<D::Tensor>,
-    head_acts: HeadActivations<D::Tensor>,
+    /// The head group's tensors and gradients, in the family's table order (as every group below).
+    head: Vec<D::Tensor>,
+    head_grads: Vec<D::Tensor>,
+    head_acts: HeadActs<D::Tensor>,
     /// residual[l] is the input of block l; residual[L] the output of the last block.
     residual: Vec<D::Tensor>,
     /// One per block, or a single one with --recompute.
-    block_acts: Vec<BlockActivations<D::Tensor>>,
-    slots: Vec<Block<D::Tensor>>,
+    block_acts: Vec<BlockActs<D::Tensor>>,
+    slots: Vec<Vec<D::Tensor>>,
     /// Which (block, step) each slot holds.
     slot_holds: Vec<Option<(usize, u64)>>,
     /// Two, used in turn, so one block's gradients download while the next block's are computed.
-    block_grads: [Block<D::Tensor>; 2],
+    block_grads: [Vec<D::Tensor>; 2],
 }
 
 /// What one step carries from operation to operation.
@@ -153,7 +139,7 @@ fn timed<R>(total: &mut Duration, f: impl FnOnce() -> R) -> R {
 /// A training run in progress.
 pub struct Trainer<'d, D: Backend> {
     dev: &'d D,
-    pub config: Gpt2Config,
+    pub model: Model,
     pub train: TrainConfig,
     pub placement: Placement,
     layouts: Arc<Vec<GroupLayout>>,
@@ -192,24 +178,17 @@ impl<'d, D: Backend> Trainer<'d, D> {
     /// This rank's part of a run of `comm.world_size()` ranks: every rank calls this with the same
     /// model and configuration (checked), then calls the same methods in the same order.
     pub fn with_comm(dev: &'d D, source: &ModelSource<'_>, train: TrainConfig, comm: Comm) -> Result<Self> {
-        let config = source.config().clone();
-        config.validate()?;
+        let model = source.model();
+        model.validate()?;
         if train.batch == 0 || train.seq_len == 0 || train.grad_accum == 0 {
             bail!("--batch-size, --seq-len and --grad-accum must be positive");
         }
-        if train.seq_len > config.n_positions {
-            bail!("--seq-len {} is longer than the model's n_positions {}", train.seq_len, config.n_positions);
-        }
-        dev.check_attention(crate::device::AttentionDims {
-            batch: train.batch,
-            seq_len: train.seq_len,
-            channels: config.n_embd,
-            heads: config.n_head,
-        })?;
+        model.check_seq_len(train.seq_len)?;
+        dev.check_attention(model.attention_dims(train.batch, train.seq_len))?;
         let sharding = Sharding { rank: comm.rank(), world: comm.world_size(), stage: train.zero_stage };
-        check_same_configuration(&comm, &config, &train)?;
-        let placement = plan(&config, &train, sharding.world)?;
-        let layouts = Arc::new(group_layouts(&config));
+        check_same_configuration(&comm, &model, &train)?;
+        let placement = plan(&model, &train, sharding.world)?;
+        let layouts = Arc::new(group_layouts(&model));
         let shards: Arc<Vec<GroupShard>> = Arc::new(layouts.iter().map(|g| sharding.group(g.len)).collect());
 
         let uses_nvme = train.offload_optimizer == Tier::Nvme || train.offload_params == Tier::Nvme;
@@ -230,7 +209,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
         let nv = nvme.as_deref();
 
         // Host state, filled group by group from the source.
-        let specs_index = checkpoint_order(&config);
+        let specs_index = checkpoint_order(&model);
         let mut shared = Vec::new();
         let mut optimizer = Vec::new();
         let mut stage1_grads = Vec::new();
@@ -257,7 +236,8 @@ impl<'d, D: Backend> Trainer<'d, D> {
                 // The whole group, one group at a time: every rank keeps only its parts of it.
                 let mut whole = vec![0.0f32; shard.padded_len];
                 for t in &g.tensors {
-                    let values = source.values(specs_index[&t.name], &t.name, &t.shape)?;
+                    let spec = TensorSpec { name: t.name.clone(), shape: t.shape.clone(), decay: t.decay };
+                    let values = source.values(specs_index[&t.name], &spec)?;
                     whole[t.range()].copy_from_slice(&values);
                 }
                 master.data_mut().as_mut_slice::<f32>().copy_from_slice(&whole[shard.owned.clone()]);
@@ -272,7 +252,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             stage1_grads.push(if k > 0 && !sharding.shards_grads() { vec![0.0; shard.padded_len] } else { Vec::new() });
         }
 
-        let device = Self::allocate_device(dev, &config, &train, &placement)?;
+        let device = Self::allocate_device(dev, &model, &train, &placement)?;
         let mut scaler = if train.precision == Precision::Fp16 { LossScaler::new() } else { LossScaler::fixed_one() };
         // A resumed run carries on from the checkpoint's counters; the working copy it was built with
         // is whole and current.
@@ -288,7 +268,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
         });
         Ok(Trainer {
             dev,
-            config,
+            model,
             train,
             placement,
             layouts,
@@ -311,30 +291,25 @@ impl<'d, D: Backend> Trainer<'d, D> {
         })
     }
 
-    fn allocate_device(dev: &D, cfg: &Gpt2Config, tc: &TrainConfig, placement: &Placement) -> Result<DeviceState<D>> {
-        let alloc_like =
-            |shapes: &[TensorShape]| -> Result<Vec<D::Tensor>> { shapes.iter().map(|(name, len)| dev.alloc(*len, name)).collect() };
-        let groups = group_layouts(cfg);
-        let shapes = |g: &GroupLayout, prefix: &str| -> Vec<TensorShape> {
-            g.tensors.iter().map(|t| (format!("{prefix}{}", t.name), t.len)).collect()
+    fn allocate_device(dev: &D, model: &Model, tc: &TrainConfig, placement: &Placement) -> Result<DeviceState<D>> {
+        let groups = group_layouts(model);
+        let alloc_group = |g: &GroupLayout, prefix: &str| -> Result<Vec<D::Tensor>> {
+            g.tensors.iter().map(|t| dev.alloc(t.len, &format!("{prefix}{}", t.name))).collect()
         };
-        let head = Head::from_tensors(alloc_like(&shapes(&groups[0], ""))?);
-        let head_grads = Head::from_tensors(alloc_like(&shapes(&groups[0], "grad "))?);
-        let head_acts = HeadActivations::new(dev, cfg, tc.batch, tc.seq_len)?;
+        let head = alloc_group(&groups[0], "")?;
+        let head_grads = alloc_group(&groups[0], "grad ")?;
+        let head_acts = model.head_acts(dev, tc.batch, tc.seq_len)?;
         let bt = tc.batch * tc.seq_len;
-        let residual = (0..=cfg.n_layer).map(|l| dev.alloc(bt * cfg.n_embd, &format!("residual.{l}"))).collect::<Result<_>>()?;
-        let kept = if tc.recompute { 1 } else { cfg.n_layer };
-        let block_acts = (0..kept).map(|_| BlockActivations::new(dev, cfg, tc.batch, tc.seq_len)).collect::<Result<_>>()?;
-        let block_grads = [
-            Block::from_tensors(alloc_like(&shapes(&groups[1], "grad A "))?),
-            Block::from_tensors(alloc_like(&shapes(&groups[1], "grad B "))?),
-        ];
+        let residual = (0..=model.n_layer()).map(|l| dev.alloc(bt * model.width(), &format!("residual.{l}"))).collect::<Result<_>>()?;
+        let kept = if tc.recompute { 1 } else { model.n_layer() };
+        let block_acts = (0..kept).map(|_| model.block_acts(dev, tc.batch, tc.seq_len)).collect::<Result<_>>()?;
+        let block_grads = [alloc_group(&groups[1], "grad A ")?, alloc_group(&groups[1], "grad B ")?];
         // With a 16-bit working copy the matmul weights stay 16-bit on the device (the matmul widens
-        // them as it reads); biases and layer-norm parameters are widened to f32 on arrival.
+        // them as it reads); biases and norm weights are widened to f32 on arrival.
         let slot_format = tc.precision.half_format();
         let slots = (0..placement.block_slots)
             .map(|i| {
-                let tensors = groups[1]
+                groups[1]
                     .tensors
                     .iter()
                     .map(|t| {
@@ -344,8 +319,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
                             _ => dev.alloc(t.len, &label),
                         }
                     })
-                    .collect::<Result<Vec<_>>>()?;
-                Ok(Block::from_tensors(tensors))
+                    .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(DeviceState { head, head_grads, head_acts, residual, block_acts, slot_holds: vec![None; slots.len()], slots, block_grads })
@@ -460,7 +434,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
         let slots = self.device.slots.len();
         let slot = l % slots;
         if self.device.slot_holds[slot] != Some((l, self.step)) {
-            let tensors: Vec<&D::Tensor> = self.device.slots[slot].tensors().to_vec();
+            let tensors: Vec<&D::Tensor> = self.device.slots[slot].iter().collect();
             self.upload_group(1 + l, &tensors, clock)?;
             self.device.slot_holds[slot] = Some((l, self.step));
         }
@@ -548,7 +522,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             grad_norm: 0.0,
             applied: false,
         };
-        let schedule = pipeline::step_schedule(self.config.n_layer, self.train.grad_accum, !self.train.sequential);
+        let schedule = pipeline::step_schedule(self.model.n_layer(), self.train.grad_accum, !self.train.sequential);
         for op in schedule {
             self.run_op(op, data, &mut st)?;
         }
@@ -580,12 +554,12 @@ impl<'d, D: Backend> Trainer<'d, D> {
     /// Executes one operation of the step's schedule.
     fn run_op(&mut self, op: Op, data: &TokenFile, st: &mut StepState<D>) -> Result<()> {
         let (dev, batch, seq_len, recompute) = (self.dev, self.train.batch, self.train.seq_len, self.train.recompute);
-        let (cfg, n_layer) = (&self.config, self.config.n_layer);
+        let (model, n_layer) = (&self.model, self.model.n_layer());
         let d = &self.device;
         let acts = |l: usize| &d.block_acts[if recompute { 0 } else { l }];
         match op {
             Op::FetchHead => {
-                let head: Vec<&D::Tensor> = d.head.tensors().to_vec();
+                let head: Vec<&D::Tensor> = d.head.iter().collect();
                 self.upload_group(0, &head, &mut st.clock)?;
             }
             Op::Embed { micro } => {
@@ -596,9 +570,9 @@ impl<'d, D: Backend> Trainer<'d, D> {
                 let (x, y) = data.micro_batch(g, batch, seq_len)?;
                 let (x, y) = (dev.tokens(&x)?, dev.tokens(&y)?);
                 if micro == 0 {
-                    d.head_grads.tensors().iter().for_each(|t| dev.fill(t, 0.0));
+                    d.head_grads.iter().for_each(|t| dev.fill(t, 0.0));
                 }
-                timed(&mut st.clock.compute, || gpt2::embed_forward(dev, cfg, &d.residual[0], &d.head, &x, seq_len));
+                timed(&mut st.clock.compute, || model.embed_forward(dev, &d.residual[0], &d.head, &x, seq_len));
                 st.tokens = Some((x, y));
                 st.micro = micro;
             }
@@ -608,15 +582,15 @@ impl<'d, D: Backend> Trainer<'d, D> {
             Op::Forward { block: l } => {
                 let slot = self.slot_of(l)?;
                 timed(&mut st.clock.compute, || {
-                    gpt2::block_forward(dev, cfg, &d.slots[slot], acts(l), &d.residual[l], &d.residual[l + 1], batch, seq_len)
+                    model.block_forward(dev, &d.slots[slot], acts(l), &d.residual[l], &d.residual[l + 1], batch, seq_len)
                 });
             }
             Op::Head => {
                 let y = &st.tokens.as_ref().expect("embedded first").1;
                 let scale = Some(st.loss_scale / st.micro_batches as f32);
                 let loss = timed(&mut st.clock.compute, || {
-                    let loss = gpt2::head_forward(dev, cfg, &d.head, &d.head_acts, &d.residual[n_layer], y, scale);
-                    gpt2::head_backward(dev, cfg, &d.head, &d.head_grads, &d.head_acts, &d.residual[n_layer]);
+                    let loss = model.head_forward(dev, &d.head, &d.head_acts, &d.residual[n_layer], y, scale);
+                    model.head_backward(dev, &d.head, &d.head_grads, &d.head_acts, &d.residual[n_layer]);
                     loss
                 });
                 st.loss_sum += loss as f64;
@@ -626,14 +600,14 @@ impl<'d, D: Backend> Trainer<'d, D> {
                 let grads = &d.block_grads[l % 2];
                 timed(&mut st.clock.compute, || {
                     if recompute {
-                        gpt2::block_forward(dev, cfg, &d.slots[slot], acts(l), &d.residual[l], &d.residual[l + 1], batch, seq_len);
+                        model.block_forward(dev, &d.slots[slot], acts(l), &d.residual[l], &d.residual[l + 1], batch, seq_len);
                     }
-                    grads.tensors().iter().for_each(|t| dev.fill(t, 0.0));
-                    gpt2::block_backward(dev, cfg, &d.slots[slot], grads, acts(l), &d.residual[l], &d.head_acts);
+                    grads.iter().for_each(|t| dev.fill(t, 0.0));
+                    model.block_backward(dev, &d.slots[slot], grads, acts(l), &d.residual[l], &d.head_acts);
                 });
             }
             Op::BeginDownload { block } => {
-                let grads: Vec<&D::Tensor> = d.block_grads[block % 2].tensors().to_vec();
+                let grads: Vec<&D::Tensor> = d.block_grads[block % 2].iter().collect();
                 let pending = timed(&mut st.clock.download, || dev.begin_read(&grads));
                 st.in_flight.push_back((block, pending));
             }
@@ -645,12 +619,12 @@ impl<'d, D: Backend> Trainer<'d, D> {
             Op::EmbedBackward => {
                 let x = &st.tokens.as_ref().expect("embedded first").0;
                 timed(&mut st.clock.compute, || {
-                    gpt2::embed_backward(dev, cfg, &d.head_grads, &d.head_acts, x);
+                    model.embed_backward(dev, &d.head_grads, &d.head_acts, x);
                     dev.synchronize();
                 });
             }
             Op::DownloadHead => {
-                let head_grads: Vec<&D::Tensor> = d.head_grads.tensors().to_vec();
+                let head_grads: Vec<&D::Tensor> = d.head_grads.iter().collect();
                 let pending = timed(&mut st.clock.download, || dev.begin_read(&head_grads));
                 st.overflow |= self.accumulate(0, pending, true, &mut st.clock)?;
             }
@@ -732,7 +706,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             opt.master.page_out(nv.as_deref(), false)?;
         }
         // Checkpoint order, as Hugging Face writes it.
-        let order = checkpoint_order(&self.config);
+        let order = checkpoint_order(&self.model);
         out.sort_by_key(|(name, _, _)| order[name]);
         Ok(out)
     }
@@ -747,16 +721,14 @@ impl<D: Backend> Drop for Trainer<'_, D> {
     }
 }
 
-type TensorShape = (String, usize);
-
 /// Each parameter's index in checkpoint order, by name.
-fn checkpoint_order(cfg: &Gpt2Config) -> std::collections::HashMap<String, usize> {
-    gpt2::parameter_specs(cfg).into_iter().enumerate().map(|(i, (name, _))| (name, i)).collect()
+fn checkpoint_order(model: &Model) -> std::collections::HashMap<String, usize> {
+    model.checkpoint_specs().into_iter().enumerate().map(|(i, t)| (t.name, i)).collect()
 }
 
 /// Refuses to start unless every rank was given the same model and configuration (a hash of both,
 /// gathered from every rank): under MPI each process parses its own command line.
-fn check_same_configuration(comm: &Comm, config: &Gpt2Config, train: &TrainConfig) -> Result<()> {
+fn check_same_configuration(comm: &Comm, config: &Model, train: &TrainConfig) -> Result<()> {
     if comm.world_size() == 1 {
         return Ok(());
     }

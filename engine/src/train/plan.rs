@@ -7,7 +7,7 @@ use zerostream_offload::Tier;
 use super::config::{Precision, TrainConfig};
 use super::layout::group_layouts;
 use super::shard::{Sharding, ZeroStage};
-use crate::model::gpt2::{BlockActivations, Gpt2Config, HeadActivations};
+use crate::model::Model;
 
 /// Where everything lives and how many device bytes each part takes: decided once at start-up.
 #[derive(Clone, Debug)]
@@ -142,11 +142,11 @@ struct DeviceNeeds {
 }
 
 impl DeviceNeeds {
-    fn of(cfg: &Gpt2Config, tc: &TrainConfig) -> Self {
-        let groups = group_layouts(cfg);
+    fn of(model: &Model, tc: &TrainConfig) -> Self {
+        let groups = group_layouts(model);
         let block_elems = groups.get(1).map_or(0, |g| g.len);
         let bt = tc.batch * tc.seq_len;
-        let kept_blocks = if tc.recompute { 1 } else { cfg.n_layer };
+        let kept_blocks = if tc.recompute { 1 } else { model.n_layer() };
         let block_bytes = 4 * block_elems as u64; // gradients, always f32
         // A slot holds 16-bit matrices (packed two per word) with a 16-bit working copy.
         let slot_bytes = match tc.precision {
@@ -158,9 +158,9 @@ impl DeviceNeeds {
         DeviceNeeds {
             head_bytes: 2 * 4 * groups[0].len as u64,
             slot_bytes,
-            activation_bytes: kept_blocks as u64 * BlockActivations::<()>::bytes(cfg, tc.batch, tc.seq_len)
-                + HeadActivations::<()>::bytes(cfg, tc.batch, tc.seq_len)
-                + 4 * ((cfg.n_layer + 1) * bt * cfg.n_embd) as u64,
+            activation_bytes: kept_blocks as u64 * model.block_activation_bytes(tc.batch, tc.seq_len)
+                + model.head_activation_bytes(tc.batch, tc.seq_len)
+                + 4 * ((model.n_layer() + 1) * bt * model.width()) as u64,
             // With 16-bit working copies, the packed upload of the largest tensor is staged on the device.
             other_bytes: 2 * block_bytes
                 + 2 * 4 * 4 * bt as u64
@@ -180,19 +180,19 @@ impl DeviceNeeds {
 }
 
 /// The smallest `--gpu-mem-budget` that [`plan`] accepts for this model and configuration.
-pub fn minimum_device_bytes(cfg: &Gpt2Config, tc: &TrainConfig) -> u64 {
-    DeviceNeeds::of(cfg, tc).minimum()
+pub fn minimum_device_bytes(model: &Model, tc: &TrainConfig) -> u64 {
+    DeviceNeeds::of(model, tc).minimum()
 }
 
 /// Plans one rank's host and device memory in a run of `world_size` ranks, or refuses a budget that
 /// cannot hold the device minimum, with the numbers.
-pub fn plan(cfg: &Gpt2Config, tc: &TrainConfig, world_size: usize) -> Result<Placement> {
-    let groups = group_layouts(cfg);
+pub fn plan(model: &Model, tc: &TrainConfig, world_size: usize) -> Result<Placement> {
+    let groups = group_layouts(model);
     let params: usize = groups.iter().map(|g| g.len).sum();
-    let needs = DeviceNeeds::of(cfg, tc);
+    let needs = DeviceNeeds::of(model, tc);
     let DeviceNeeds { head_bytes, slot_bytes, activation_bytes, other_bytes } = needs;
     let minimum = needs.minimum();
-    let mut block_slots = cfg.n_layer.min(2);
+    let mut block_slots = model.n_layer().min(2);
     if let Some(budget) = tc.gpu_mem_budget {
         if budget < minimum {
             bail!(
@@ -207,9 +207,9 @@ pub fn plan(cfg: &Gpt2Config, tc: &TrainConfig, world_size: usize) -> Result<Pla
         }
         let spare = budget - minimum;
         block_slots += (spare / slot_bytes.max(1)) as usize;
-        block_slots = block_slots.min(cfg.n_layer);
+        block_slots = block_slots.min(model.n_layer());
     } else {
-        block_slots = cfg.n_layer;
+        block_slots = model.n_layer();
     }
     // Rank 0's share (the largest, with padding) of each kind of host state, group by group.
     let sharding = Sharding { rank: 0, world: world_size.max(1), stage: tc.zero_stage };

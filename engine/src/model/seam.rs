@@ -1,0 +1,277 @@
+//! [`Model`]: the one type the engine outside `model/` sees. Each method is a dispatch to the family's
+//! module; tensors cross the seam as flat lists in the family's table order (a parameter group), and
+//! activations as the family's own structs behind [`BlockActs`] / [`HeadActs`].
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use zerostream_checkpoints::{Gpt2Config, HfModel};
+
+use super::TensorSpec;
+use super::gpt2::{self, Block, BlockActivations, Head, HeadActivations};
+use crate::device::{AttentionDims, Backend, CpuDevice};
+
+/// A model: its family and configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Model {
+    Gpt2(Gpt2Config),
+}
+
+/// What one block keeps from forward for backward (the family's own struct).
+pub enum BlockActs<T> {
+    Gpt2(BlockActivations<T>),
+}
+
+/// The activations outside the blocks and the backward scratch (the family's own struct).
+pub enum HeadActs<T> {
+    Gpt2(HeadActivations<T>),
+}
+
+/// Next-token logits of a model resident on the cpu device, for a sequence of token ids.
+pub type ResidentLogits<'a> = Box<dyn FnMut(&[u32]) -> Result<Vec<f32>> + 'a>;
+
+impl Model {
+    /// The model a Hugging Face `config.json` describes (by its `model_type`).
+    pub fn from_config_file(path: &Path) -> Result<Self> {
+        Ok(Model::Gpt2(Gpt2Config::from_file(path)?))
+    }
+
+    /// The model of a config.json already parsed (a checkpoint's record of it).
+    pub fn from_hf_json(value: &serde_json::Value) -> Result<Self> {
+        let config: Gpt2Config = serde_json::from_value(value.clone()).context("the model configuration")?;
+        config.validate()?;
+        Ok(Model::Gpt2(config))
+    }
+
+    /// The model of an opened Hugging Face directory.
+    pub fn of_hf(hf: &HfModel) -> Self {
+        Model::Gpt2(hf.config.clone())
+    }
+
+    /// A preset by name, with random weights to come.
+    pub fn preset(name: &str) -> Option<Self> {
+        Gpt2Config::preset(name).map(Model::Gpt2)
+    }
+    pub const PRESETS: &'static str = "gpt2, gpt2-medium, gpt2-large, gpt2-xl";
+
+    /// The built-in run's model: a 4-layer, 128-wide GPT-2 over bytes (0.8M parameters).
+    pub fn demo() -> Self {
+        Model::Gpt2(Gpt2Config {
+            vocab_size: 256,
+            n_positions: 128,
+            n_embd: 128,
+            n_layer: 4,
+            n_head: 4,
+            n_inner: None,
+            layer_norm_epsilon: 1e-5,
+            activation_function: "gelu_new".into(),
+            resid_pdrop: 0.0,
+            embd_pdrop: 0.0,
+            attn_pdrop: 0.0,
+        })
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        match self {
+            Model::Gpt2(c) => c.validate(),
+        }
+    }
+
+    /// config.json as transformers writes it.
+    pub fn to_hf_json(&self) -> serde_json::Value {
+        match self {
+            Model::Gpt2(c) => c.to_hf_json(),
+        }
+    }
+
+    pub fn n_layer(&self) -> usize {
+        match self {
+            Model::Gpt2(c) => c.n_layer,
+        }
+    }
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            Model::Gpt2(c) => c.vocab_size,
+        }
+    }
+    /// C: the residual stream's width.
+    pub fn width(&self) -> usize {
+        match self {
+            Model::Gpt2(c) => c.n_embd,
+        }
+    }
+    /// The longest sequence the model takes.
+    pub fn max_seq_len(&self) -> usize {
+        match self {
+            Model::Gpt2(c) => c.n_positions,
+        }
+    }
+
+    /// One line for people: family and shape.
+    pub fn describe(&self) -> String {
+        match self {
+            Model::Gpt2(c) => format!(
+                "GPT-2, {} layers, {} channels, {} heads, vocab {}, context {}",
+                c.n_layer, c.n_embd, c.n_head, c.vocab_size, c.n_positions
+            ),
+        }
+    }
+
+    /// The dropout the config asks for, if any (the engine implements none).
+    pub fn dropout_requested(&self) -> Option<String> {
+        match self {
+            Model::Gpt2(c) => c.dropout_requested(),
+        }
+    }
+
+    pub fn attention_dims(&self, batch: usize, seq_len: usize) -> AttentionDims {
+        match self {
+            Model::Gpt2(c) => gpt2::attention_dims(c, batch, seq_len),
+        }
+    }
+
+    /// The tensors outside the blocks (the head group), in table order.
+    pub fn head_specs(&self) -> Vec<TensorSpec> {
+        match self {
+            Model::Gpt2(c) => Head::<()>::specs(c, ""),
+        }
+    }
+    /// Block `l`'s tensors, in table order.
+    pub fn block_specs(&self, l: usize) -> Vec<TensorSpec> {
+        match self {
+            Model::Gpt2(c) => Block::<()>::specs(c, &gpt2::block_prefix(l)),
+        }
+    }
+    /// Every tensor in the order of the family's Hugging Face checkpoints.
+    pub fn checkpoint_specs(&self) -> Vec<TensorSpec> {
+        match self {
+            Model::Gpt2(c) => gpt2::parameter_specs(c),
+        }
+    }
+
+    /// The family's random initialisation of tensor `spec` (number `index` in checkpoint order), seeded.
+    pub fn init(&self, spec: &TensorSpec, index: usize, seed: u64) -> Vec<f32> {
+        match self {
+            Model::Gpt2(c) => gpt2::init_values(c, spec, index, seed),
+        }
+    }
+
+    /// Device bytes of one block's activations, for the plan.
+    pub fn block_activation_bytes(&self, batch: usize, seq_len: usize) -> u64 {
+        match self {
+            Model::Gpt2(c) => BlockActivations::<()>::bytes(c, batch, seq_len),
+        }
+    }
+    /// Device bytes of the head's activations and the backward scratch, for the plan.
+    pub fn head_activation_bytes(&self, batch: usize, seq_len: usize) -> u64 {
+        match self {
+            Model::Gpt2(c) => HeadActivations::<()>::bytes(c, batch, seq_len),
+        }
+    }
+
+    pub fn block_acts<D: Backend>(&self, dev: &D, batch: usize, seq_len: usize) -> Result<BlockActs<D::Tensor>> {
+        match self {
+            Model::Gpt2(c) => Ok(BlockActs::Gpt2(BlockActivations::new(dev, c, batch, seq_len)?)),
+        }
+    }
+    pub fn head_acts<D: Backend>(&self, dev: &D, batch: usize, seq_len: usize) -> Result<HeadActs<D::Tensor>> {
+        match self {
+            Model::Gpt2(c) => Ok(HeadActs::Gpt2(HeadActivations::new(dev, c, batch, seq_len)?)),
+        }
+    }
+
+    /// x (B, T, C): the input of block 0, from the head group's embeddings.
+    pub fn embed_forward<D: Backend>(&self, dev: &D, x: &D::Tensor, head: &[D::Tensor], inputs: &D::Tokens, seq_len: usize) {
+        match self {
+            Model::Gpt2(c) => gpt2::embed_forward(dev, c, x, &Head::view(head), inputs, seq_len),
+        }
+    }
+
+    /// Block `block` (its group's tensors) from `input` to `output`, keeping what backward needs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn block_forward<D: Backend>(
+        &self,
+        dev: &D,
+        block: &[D::Tensor],
+        acts: &BlockActs<D::Tensor>,
+        input: &D::Tensor,
+        output: &D::Tensor,
+        batch: usize,
+        seq_len: usize,
+    ) {
+        match (self, acts) {
+            (Model::Gpt2(c), BlockActs::Gpt2(a)) => gpt2::block_forward(dev, c, &Block::view(block), a, input, output, batch, seq_len),
+        }
+    }
+
+    /// The loss of the last block's output `x` against `targets`; with `loss_grad_scale`, the gradient
+    /// of `scale * loss` is left for [`Model::head_backward`].
+    pub fn head_forward<D: Backend>(
+        &self,
+        dev: &D,
+        head: &[D::Tensor],
+        acts: &HeadActs<D::Tensor>,
+        x: &D::Tensor,
+        targets: &D::Tokens,
+        loss_grad_scale: Option<f32>,
+    ) -> f32 {
+        match (self, acts) {
+            (Model::Gpt2(c), HeadActs::Gpt2(a)) => gpt2::head_forward(dev, c, &Head::view(head), a, x, targets, loss_grad_scale),
+        }
+    }
+
+    pub fn head_backward<D: Backend>(&self, dev: &D, head: &[D::Tensor], grads: &[D::Tensor], acts: &HeadActs<D::Tensor>, x: &D::Tensor) {
+        match (self, acts) {
+            (Model::Gpt2(c), HeadActs::Gpt2(a)) => gpt2::head_backward(dev, c, &Head::view(head), &Head::view(grads), a, x),
+        }
+    }
+
+    /// Backward of [`Model::block_forward`]: the residual gradient in the head's scratch goes from the
+    /// block's output to its input; the block's gradients are added into `grads`.
+    pub fn block_backward<D: Backend>(
+        &self,
+        dev: &D,
+        block: &[D::Tensor],
+        grads: &[D::Tensor],
+        acts: &BlockActs<D::Tensor>,
+        input: &D::Tensor,
+        head_acts: &HeadActs<D::Tensor>,
+    ) {
+        match (self, acts, head_acts) {
+            (Model::Gpt2(c), BlockActs::Gpt2(a), HeadActs::Gpt2(h)) => {
+                gpt2::block_backward(dev, c, &Block::view(block), &Block::view(grads), a, input, h)
+            }
+        }
+    }
+
+    pub fn embed_backward<D: Backend>(&self, dev: &D, grads: &[D::Tensor], acts: &HeadActs<D::Tensor>, inputs: &D::Tokens) {
+        match (self, acts) {
+            (Model::Gpt2(c), HeadActs::Gpt2(a)) => gpt2::embed_backward(dev, c, &Head::view(grads), a, inputs),
+        }
+    }
+
+    /// The model resident on the cpu device with `weights` (name, shape, values), as a function from a
+    /// sequence of token ids to its logits (T x V).
+    pub fn resident_logits<'a>(&self, dev: &'a CpuDevice, weights: &[(String, Vec<usize>, Vec<f32>)]) -> Result<ResidentLogits<'a>> {
+        let lookup: std::collections::HashMap<&str, &Vec<f32>> = weights.iter().map(|(n, _, v)| (n.as_str(), v)).collect();
+        let get = |name: &str| lookup.get(name).map(|v| v.to_vec()).with_context(|| format!("sampling: no tensor {name}"));
+        match self {
+            Model::Gpt2(c) => {
+                let mut model = gpt2::Gpt2::from_fn(dev, c, |name, _| get(name))?;
+                Ok(Box::new(move |ids: &[u32]| {
+                    let tokens = dev.tokens(ids)?;
+                    model.forward(dev, &tokens, &tokens, 1, ids.len(), None)?;
+                    Ok(dev.read(model.logits().expect("logits after forward")))
+                }))
+            }
+        }
+    }
+
+    /// Refuses a sequence length the model cannot take.
+    pub fn check_seq_len(&self, seq_len: usize) -> Result<()> {
+        if seq_len > self.max_seq_len() {
+            bail!("--seq-len {seq_len} is longer than the model's context of {} positions", self.max_seq_len());
+        }
+        Ok(())
+    }
+}
