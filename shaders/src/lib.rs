@@ -42,6 +42,11 @@ kernels! {
     MATMUL => "matmul",
     RESIDUAL_FORWARD => "residual_forward",
     SUM_SQUARES => "sum_squares",
+    RMSNORM_BACKWARD => "rmsnorm_backward" with "workgroup_sum",
+    RMSNORM_FORWARD => "rmsnorm_forward" with "workgroup_sum",
+    ROPE => "rope",
+    SWIGLU_BACKWARD => "swiglu_backward" with "sigmoid",
+    SWIGLU_FORWARD => "swiglu_forward" with "sigmoid",
 }
 
 #[cfg(test)]

@@ -194,4 +194,77 @@ impl Backend for CpuDevice {
     fn crossentropy(&self, losses: &CpuTensor, logits: &CpuTensor, targets: &CpuTokens, vocab: usize, grad_scale: Option<f32>) {
         ops::crossentropy::crossentropy(&mut losses.data.borrow_mut(), &mut logits.data.borrow_mut(), &targets.ids, vocab, grad_scale);
     }
+
+    fn rmsnorm_forward(
+        &self,
+        out: &CpuTensor,
+        rstd: &CpuTensor,
+        x: &CpuTensor,
+        weight: &CpuTensor,
+        rows: usize,
+        channels: usize,
+        eps: f32,
+    ) {
+        ops::rmsnorm::rmsnorm_forward(
+            &mut out.data.borrow_mut(),
+            &mut rstd.data.borrow_mut(),
+            &x.data.borrow(),
+            &weight.data.borrow(),
+            rows,
+            channels,
+            eps,
+        );
+    }
+    fn rmsnorm_backward(
+        &self,
+        dx: &CpuTensor,
+        dweight: &CpuTensor,
+        dout: &CpuTensor,
+        x: &CpuTensor,
+        weight: &CpuTensor,
+        rstd: &CpuTensor,
+        rows: usize,
+        channels: usize,
+    ) {
+        ops::rmsnorm::rmsnorm_backward(
+            &mut dx.data.borrow_mut(),
+            &mut dweight.data.borrow_mut(),
+            &dout.data.borrow(),
+            &x.data.borrow(),
+            &weight.data.borrow(),
+            &rstd.data.borrow(),
+            rows,
+            channels,
+        );
+    }
+    fn rope(
+        &self,
+        x: &CpuTensor,
+        inv_freq: &CpuTensor,
+        rows_per_seq: usize,
+        rows: usize,
+        row_stride: usize,
+        col_offset: usize,
+        heads: usize,
+        head_dim: usize,
+        inverse: bool,
+    ) {
+        ops::rope::rope(
+            &mut x.data.borrow_mut(),
+            &inv_freq.data.borrow(),
+            rows_per_seq,
+            rows,
+            row_stride,
+            col_offset,
+            heads,
+            head_dim,
+            inverse,
+        );
+    }
+    fn swiglu_forward(&self, out: &CpuTensor, gate_up: &CpuTensor, rows: usize, hidden: usize) {
+        ops::swiglu::swiglu_forward(&mut out.data.borrow_mut(), &gate_up.data.borrow(), rows, hidden);
+    }
+    fn swiglu_backward(&self, d_gate_up: &CpuTensor, dout: &CpuTensor, gate_up: &CpuTensor, rows: usize, hidden: usize) {
+        ops::swiglu::swiglu_backward(&mut d_gate_up.data.borrow_mut(), &dout.data.borrow(), &gate_up.data.borrow(), rows, hidden);
+    }
 }

@@ -1070,6 +1070,53 @@ impl Backend for GpuDevice {
             );
         }
     }
+
+    // Llama's ops: the dispatch code is in gpu_llama.rs.
+    fn rmsnorm_forward(
+        &self,
+        out: &GpuTensor,
+        rstd: &GpuTensor,
+        x: &GpuTensor,
+        weight: &GpuTensor,
+        rows: usize,
+        channels: usize,
+        eps: f32,
+    ) {
+        self.dispatch_rmsnorm_forward(out, rstd, x, weight, rows, channels, eps)
+    }
+    fn rmsnorm_backward(
+        &self,
+        dx: &GpuTensor,
+        dweight: &GpuTensor,
+        dout: &GpuTensor,
+        x: &GpuTensor,
+        weight: &GpuTensor,
+        rstd: &GpuTensor,
+        rows: usize,
+        channels: usize,
+    ) {
+        self.dispatch_rmsnorm_backward(dx, dweight, dout, x, weight, rstd, rows, channels)
+    }
+    fn rope(
+        &self,
+        x: &GpuTensor,
+        inv_freq: &GpuTensor,
+        rows_per_seq: usize,
+        rows: usize,
+        row_stride: usize,
+        col_offset: usize,
+        heads: usize,
+        head_dim: usize,
+        inverse: bool,
+    ) {
+        self.dispatch_rope(x, inv_freq, rows_per_seq, rows, row_stride, col_offset, heads, head_dim, inverse)
+    }
+    fn swiglu_forward(&self, out: &GpuTensor, gate_up: &GpuTensor, rows: usize, hidden: usize) {
+        self.dispatch_swiglu_forward(out, gate_up, rows, hidden)
+    }
+    fn swiglu_backward(&self, d_gate_up: &GpuTensor, dout: &GpuTensor, gate_up: &GpuTensor, rows: usize, hidden: usize) {
+        self.dispatch_swiglu_backward(d_gate_up, dout, gate_up, rows, hidden)
+    }
 }
 
 impl GpuDevice {
@@ -1094,3 +1141,8 @@ impl GpuDevice {
         f(slot.get_or_insert_with(|| self.device.create_command_encoder(&Default::default())));
     }
 }
+
+// Llama's kernels (RMSNorm, RoPE, SwiGLU) are dispatched from gpu_llama.rs, a child module so that it
+// shares this file's private helpers (windows, pieces, dispatch) without widening their visibility.
+#[path = "gpu_llama.rs"]
+mod llama;

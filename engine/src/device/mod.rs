@@ -172,6 +172,61 @@ pub trait Backend {
     /// losses (rows) = cross-entropy of each row of logits (rows, V) against targets; with `grad_scale`,
     /// logits are overwritten by dloss/dlogits for a total loss of sum(losses) * grad_scale.
     fn crossentropy(&self, losses: &Self::Tensor, logits: &Self::Tensor, targets: &Self::Tokens, vocab: usize, grad_scale: Option<f32>);
+
+    // Llama's ops (transformers' LlamaForCausalLM).
+
+    /// RMSNorm fused with its weight: rstd (rows) = 1 / sqrt(mean(x^2) + eps), out (rows, C) =
+    /// weight (C) * (x * rstd); x (rows, C).
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_forward(
+        &self,
+        out: &Self::Tensor,
+        rstd: &Self::Tensor,
+        x: &Self::Tensor,
+        weight: &Self::Tensor,
+        rows: usize,
+        channels: usize,
+        eps: f32,
+    );
+    /// dx (rows, C) += rstd * (g - xhat * mean(g * xhat)) with g = dout * weight, xhat = x * rstd;
+    /// dweight (C) += sum over rows of dout * xhat. dout, x (rows, C), weight (C), rstd (rows) as saved by
+    /// [`Backend::rmsnorm_forward`].
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_backward(
+        &self,
+        dx: &Self::Tensor,
+        dweight: &Self::Tensor,
+        dout: &Self::Tensor,
+        x: &Self::Tensor,
+        weight: &Self::Tensor,
+        rstd: &Self::Tensor,
+        rows: usize,
+        channels: usize,
+    );
+    /// Rotary position embedding in place, transformers' rotate-half convention: in each row r of
+    /// x (rows, row_stride) (rows = B*T; position t = r % rows_per_seq), each of `heads` heads of head_dim
+    /// D at columns col_offset + h*D, each i < D/2: angle = f32(t) * inv_freq[i],
+    /// (x[i], x[i + D/2]) = (a cos - b sin, b cos + a sin). inv_freq (D/2) is the caller's (rope scaling
+    /// included). `inverse` rotates by -angle: RoPE's backward, applied in place to the gradient. For
+    /// q and k packed as (B, T, (H + 2*KV) * D) [q | k | v]: col_offset 0, heads H + KV. D must be even.
+    #[allow(clippy::too_many_arguments)]
+    fn rope(
+        &self,
+        x: &Self::Tensor,
+        inv_freq: &Self::Tensor,
+        rows_per_seq: usize,
+        rows: usize,
+        row_stride: usize,
+        col_offset: usize,
+        heads: usize,
+        head_dim: usize,
+        inverse: bool,
+    );
+    /// out (rows, F) = silu(gate) * up, silu(g) = g * sigmoid(g); gate_up (rows, 2F) is [gate | up] per row.
+    fn swiglu_forward(&self, out: &Self::Tensor, gate_up: &Self::Tensor, rows: usize, hidden: usize);
+    /// d_gate_up (rows, 2F) = [dout * up * silu'(gate) | dout * silu(gate)], overwritten, not accumulated
+    /// (it is the gradient of one matmul's output); dout (rows, F), gate_up (rows, 2F) = [gate | up].
+    fn swiglu_backward(&self, d_gate_up: &Self::Tensor, dout: &Self::Tensor, gate_up: &Self::Tensor, rows: usize, hidden: usize);
 }
 
 /// A 16-bit floating-point format.

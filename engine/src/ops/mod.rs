@@ -12,3 +12,8 @@ pub mod layernorm;
 pub mod matmul;
 
 pub use matmul::{MatmulShape, Operand};
+
+// Llama's ops.
+pub mod rmsnorm;
+pub mod rope;
+pub mod swiglu;
