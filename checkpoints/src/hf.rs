@@ -13,6 +13,7 @@ use safetensors::tensor::Metadata;
 use serde::Deserialize;
 
 pub use crate::config::Gpt2Config;
+use crate::llama_config::LlamaConfig;
 use crate::io::{Stamp, open_regular, read_exact_at};
 
 /// Largest safetensors header accepted (the safetensors crate's own limit): a corrupt length field
@@ -39,7 +40,7 @@ struct Entry {
 /// A Hugging Face model directory, its safetensors headers read.
 pub struct HfModel {
     pub dir: PathBuf,
-    pub config: Gpt2Config,
+    pub config: ArchConfig,
     shards: Vec<Shard>,
     index: HashMap<String, Entry>,
 }
@@ -48,17 +49,17 @@ impl HfModel {
     pub fn open(dir: &Path) -> Result<Self> {
         if dir.exists() && !dir.is_dir() {
             bail!(
-                "model directory {} is not a directory (expected a Hugging Face GPT-2 directory with config.json and model.safetensors)",
+                "model directory {} is not a directory (expected a Hugging Face model directory with config.json and model.safetensors)",
                 dir.display()
             );
         }
         if !dir.is_dir() {
             bail!(
-                "model directory {} does not exist (expected a Hugging Face GPT-2 directory with config.json and model.safetensors)",
+                "model directory {} does not exist (expected a Hugging Face model directory with config.json and model.safetensors)",
                 dir.display()
             );
         }
-        let config = Gpt2Config::from_file(&dir.join("config.json"))?;
+        let config = ArchConfig::from_file(&dir.join("config.json"))?;
         let single = dir.join("model.safetensors");
         let sharded = dir.join("model.safetensors.index.json");
         let shard_names: Vec<String> = if single.exists() {
@@ -183,26 +184,20 @@ pub fn to_f32(dtype: Dtype, bytes: &[u8]) -> Result<Vec<f32>> {
     })
 }
 
-/// Writes a Hugging Face GPT-2 directory: `config.json` and `model.safetensors` (f32), the tensors
-/// given as (name, shape, data). Files are written under temporary names and renamed, so an interrupted
-/// save never leaves a half-written model where a good one was.
-pub fn save_hf(dir: &Path, config: &Gpt2Config, tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let views = tensors
-        .iter()
-        .map(|(name, shape, data)| {
-            let view = safetensors::tensor::TensorView::new(Dtype::F32, shape.clone(), bytemuck::cast_slice(data))
-                .map_err(|e| anyhow::anyhow!("tensor {name}: {e}"))?;
-            Ok((name.clone(), view))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let weights = dir.join("model.safetensors");
-    let tmp = dir.join(".model.safetensors.tmp");
-    safetensors::serialize_to_file(views, None, &tmp).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, &weights).with_context(|| format!("writing {}", weights.display()))?;
-    let config_path = dir.join("config.json");
-    let tmp = dir.join(".config.json.tmp");
-    std::fs::write(&tmp, serde_json::to_string_pretty(&config.to_hf_json())?).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, &config_path).with_context(|| format!("writing {}", config_path.display()))?;
-    Ok(())
+/// A config.json of one of the families zerostream implements, chosen by its `model_type`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ArchConfig {
+    Gpt2(Gpt2Config),
+    Llama(LlamaConfig),
+}
+
+impl ArchConfig {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let value: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parsing {} as JSON", path.display()))?;
+        match value.get("model_type").and_then(|v| v.as_str()) {
+            Some("llama" | "mistral" | "qwen2") => Ok(ArchConfig::Llama(LlamaConfig::from_file(path)?)),
+            _ => Ok(ArchConfig::Gpt2(Gpt2Config::from_file(path)?)),
+        }
+    }
 }

@@ -13,6 +13,7 @@ pub mod tokenizer;
 pub mod tokens;
 
 pub use config::Gpt2Config;
-pub use hf::{HfModel, save_hf};
+pub use hf::{ArchConfig, HfModel};
+pub use llama_config::LlamaConfig;
 pub use tokenizer::Tokenizer;
 pub use tokens::{TokenFile, TokenWidth, write_token_file};

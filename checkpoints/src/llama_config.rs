@@ -203,6 +203,40 @@ impl LlamaConfig {
         Self::from_json(map).with_context(|| format!("{}", path.display()))
     }
 
+    /// config.json as transformers 5 writes it for `LlamaForCausalLM` (RoPE under `rope_parameters`).
+    pub fn to_hf_json(&self) -> Value {
+        let mut rope = serde_json::json!({ "rope_theta": self.rope_theta, "rope_type": "default" });
+        if let Some(s) = &self.rope_scaling {
+            rope = serde_json::json!({
+                "rope_theta": self.rope_theta,
+                "rope_type": "llama3",
+                "factor": s.factor,
+                "low_freq_factor": s.low_freq_factor,
+                "high_freq_factor": s.high_freq_factor,
+                "original_max_position_embeddings": s.original_max_position_embeddings,
+            });
+        }
+        serde_json::json!({
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_parameters": rope,
+            "attention_bias": self.attention_bias,
+            "mlp_bias": self.mlp_bias,
+            "hidden_act": "silu",
+            "attention_dropout": 0.0,
+            "tie_word_embeddings": self.tie_word_embeddings,
+        })
+    }
+
     /// Checks what the model code relies on.
     pub fn validate(&self) -> Result<()> {
         let dims = [self.vocab_size, self.hidden_size, self.intermediate_size, self.num_hidden_layers, self.num_attention_heads];

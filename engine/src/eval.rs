@@ -51,7 +51,7 @@ pub fn evaluate<D: Backend>(
         bail!("--batch-size, --seq-len and --batches must be positive");
     }
     let hf = HfModel::open(model_dir)?;
-    let model = Model::of_hf(&hf);
+    let model = Model::of_hf(&hf)?;
     let tokens = TokenFile::open_with(data, data_dtype)?;
     tokens.check_vocab(model.vocab_size())?;
     model.check_seq_len(seq_len).with_context(|| model_dir.display().to_string())?;
@@ -83,7 +83,7 @@ pub fn evaluate<D: Backend>(
     for g in 0..batches {
         let (x, y) = tokens.micro_batch(g, batch, seq_len)?;
         let (x, y) = (dev.tokens(&x)?, dev.tokens(&y)?);
-        model.embed_forward(dev, &residual[0], &head, &x, seq_len);
+        model.embed_forward(dev, &residual[0], &head, &head_acts, &x, seq_len);
         for l in 0..model.n_layer() {
             fill(&groups[1 + l], Some(&slot))?;
             model.block_forward(dev, &slot, &acts, &residual[l % 2], &residual[(l + 1) % 2], batch, seq_len);

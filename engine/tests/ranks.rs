@@ -127,7 +127,7 @@ fn sharded_runs_are_bit_identical_across_tiers_budgets_and_recompute() {
 fn comm_bytes_match_the_zero_volumes() {
     let golden = Golden::load(GOLDEN);
     let hf = zerostream_checkpoints::HfModel::open(&common::trajectory::golden_dir(GOLDEN).join("model")).unwrap();
-    let model = zerostream::model::Model::of_hf(&hf);
+    let model = zerostream::model::Model::of_hf(&hf).unwrap();
     for world in [2usize, 4] {
         let psi: usize = zerostream::train::layout::group_layouts(&model)
             .iter()

@@ -47,7 +47,7 @@ fn tiers_budgets_and_recompute_give_bit_identical_runs() {
     for (what, mut tc) in variants {
         if tc.gpu_mem_budget == Some(0) {
             // The smallest budget the planner accepts; one byte less is refused.
-            let cfg = zerostream::model::Model::of_hf(&HfModel::open(&golden_dir("gpt2-tiny-accum").join("model")).unwrap());
+            let cfg = zerostream::model::Model::of_hf(&HfModel::open(&golden_dir("gpt2-tiny-accum").join("model")).unwrap()).unwrap();
             let minimum = zerostream::train::minimum_device_bytes(&cfg, &tc);
             assert!(zerostream::train::plan(&cfg, &TrainConfig { gpu_mem_budget: Some(minimum - 1), ..tc.clone() }, 1).is_err());
             tc.gpu_mem_budget = Some(minimum);
@@ -97,7 +97,7 @@ fn gpu_runs_under_the_smallest_budget_are_bit_identical_and_stay_within_it() {
     assert!(bits(&sequential) == bits(&reference), "the overlapped GPU run differs from the sequential schedule");
     drop(unlimited);
     let tc = TrainConfig { recompute: true, ..base };
-    let cfg = zerostream::model::Model::of_hf(&HfModel::open(&golden_dir("gpt2-tiny-accum").join("model")).unwrap());
+    let cfg = zerostream::model::Model::of_hf(&HfModel::open(&golden_dir("gpt2-tiny-accum").join("model")).unwrap()).unwrap();
     let minimum = zerostream::train::minimum_device_bytes(&cfg, &tc);
     let gpu = zerostream::device::GpuDevice::open(None, Some(minimum)).unwrap();
     let got = run(&gpu, "gpt2-tiny-accum", TrainConfig { gpu_mem_budget: Some(minimum), ..tc });

@@ -410,7 +410,10 @@ pub struct Gpt2<D: Backend> {
 impl<D: Backend> Gpt2<D> {
     /// Uploads every parameter from a Hugging Face directory.
     pub fn from_hf(dev: &D, model: &HfModel) -> Result<Self> {
-        Self::from_fn(dev, &model.config, |name, shape| model.tensor(name, shape))
+        let zerostream_checkpoints::ArchConfig::Gpt2(config) = &model.config else {
+            bail!("{}: not a GPT-2 model", model.dir.display());
+        };
+        Self::from_fn(dev, config, |name, shape| model.tensor(name, shape))
     }
 
     /// Builds the model with `values(name, shape)` giving each parameter's f32 data.

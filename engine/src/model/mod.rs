@@ -6,6 +6,7 @@
 //! module outside `model/` names one).
 
 pub mod gpt2;
+pub mod llama;
 mod seam;
 
 pub use seam::{BlockActs, HeadActs, Model};

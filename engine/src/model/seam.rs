@@ -5,26 +5,30 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use zerostream_checkpoints::{Gpt2Config, HfModel};
+use zerostream_checkpoints::{ArchConfig, Gpt2Config, HfModel, LlamaConfig};
 
 use super::TensorSpec;
 use super::gpt2::{self, Block, BlockActivations, Head, HeadActivations};
+use super::llama;
 use crate::device::{AttentionDims, Backend, CpuDevice};
 
 /// A model: its family and configuration.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Model {
     Gpt2(Gpt2Config),
+    Llama(LlamaConfig),
 }
 
 /// What one block keeps from forward for backward (the family's own struct).
 pub enum BlockActs<T> {
     Gpt2(BlockActivations<T>),
+    Llama(llama::BlockActivations<T>),
 }
 
 /// The activations outside the blocks and the backward scratch (the family's own struct).
 pub enum HeadActs<T> {
     Gpt2(HeadActivations<T>),
+    Llama(llama::HeadActivations<T>),
 }
 
 /// Next-token logits of a model resident on the cpu device, for a sequence of token ids.
@@ -33,26 +37,40 @@ pub type ResidentLogits<'a> = Box<dyn FnMut(&[u32]) -> Result<Vec<f32>> + 'a>;
 impl Model {
     /// The model a Hugging Face `config.json` describes (by its `model_type`).
     pub fn from_config_file(path: &Path) -> Result<Self> {
-        Ok(Model::Gpt2(Gpt2Config::from_file(path)?))
+        Self::of_arch(ArchConfig::from_file(path)?)
+    }
+
+    fn of_arch(config: ArchConfig) -> Result<Self> {
+        match config {
+            ArchConfig::Gpt2(c) => Ok(Model::Gpt2(c)),
+            ArchConfig::Llama(c) => {
+                llama::check_supported(&c)?;
+                Ok(Model::Llama(c))
+            }
+        }
     }
 
     /// The model of a config.json already parsed (a checkpoint's record of it).
     pub fn from_hf_json(value: &serde_json::Value) -> Result<Self> {
-        let config: Gpt2Config = serde_json::from_value(value.clone()).context("the model configuration")?;
-        config.validate()?;
-        Ok(Model::Gpt2(config))
+        let map = value.as_object().context("the model configuration: expected a JSON object")?;
+        if map.get("model_type").and_then(|t| t.as_str()) == Some("gpt2") {
+            let config: Gpt2Config = serde_json::from_value(value.clone()).context("the model configuration")?;
+            config.validate()?;
+            return Ok(Model::Gpt2(config));
+        }
+        Self::of_arch(ArchConfig::Llama(LlamaConfig::from_json(map)?))
     }
 
     /// The model of an opened Hugging Face directory.
-    pub fn of_hf(hf: &HfModel) -> Self {
-        Model::Gpt2(hf.config.clone())
+    pub fn of_hf(hf: &HfModel) -> Result<Self> {
+        Self::of_arch(hf.config.clone())
     }
 
     /// A preset by name, with random weights to come.
     pub fn preset(name: &str) -> Option<Self> {
-        Gpt2Config::preset(name).map(Model::Gpt2)
+        Gpt2Config::preset(name).map(Model::Gpt2).or_else(|| LlamaConfig::preset(name).map(Model::Llama))
     }
-    pub const PRESETS: &'static str = "gpt2, gpt2-medium, gpt2-large, gpt2-xl";
+    pub const PRESETS: &'static str = "gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-3.2-1b, llama-3-8b";
 
     /// The built-in run's model: a 4-layer, 128-wide GPT-2 over bytes (0.8M parameters).
     pub fn demo() -> Self {
@@ -74,6 +92,7 @@ impl Model {
     pub fn validate(&self) -> Result<()> {
         match self {
             Model::Gpt2(c) => c.validate(),
+            Model::Llama(c) => c.validate(),
         }
     }
 
@@ -81,29 +100,34 @@ impl Model {
     pub fn to_hf_json(&self) -> serde_json::Value {
         match self {
             Model::Gpt2(c) => c.to_hf_json(),
+            Model::Llama(c) => c.to_hf_json(),
         }
     }
 
     pub fn n_layer(&self) -> usize {
         match self {
             Model::Gpt2(c) => c.n_layer,
+            Model::Llama(c) => c.num_hidden_layers,
         }
     }
     pub fn vocab_size(&self) -> usize {
         match self {
             Model::Gpt2(c) => c.vocab_size,
+            Model::Llama(c) => c.vocab_size,
         }
     }
     /// C: the residual stream's width.
     pub fn width(&self) -> usize {
         match self {
             Model::Gpt2(c) => c.n_embd,
+            Model::Llama(c) => c.hidden_size,
         }
     }
     /// The longest sequence the model takes.
     pub fn max_seq_len(&self) -> usize {
         match self {
             Model::Gpt2(c) => c.n_positions,
+            Model::Llama(c) => c.max_position_embeddings,
         }
     }
 
@@ -114,6 +138,19 @@ impl Model {
                 "GPT-2, {} layers, {} channels, {} heads, vocab {}, context {}",
                 c.n_layer, c.n_embd, c.n_head, c.vocab_size, c.n_positions
             ),
+            Model::Llama(c) => format!(
+                "Llama ({}), {} layers, {} hidden, {} heads ({} key/value) of {}, MLP {}, vocab {}, context {}{}",
+                c.model_type,
+                c.num_hidden_layers,
+                c.hidden_size,
+                c.num_attention_heads,
+                c.num_key_value_heads,
+                c.head_dim,
+                c.intermediate_size,
+                c.vocab_size,
+                c.max_position_embeddings,
+                if c.tie_word_embeddings { ", tied head" } else { "" }
+            ),
         }
     }
 
@@ -121,12 +158,14 @@ impl Model {
     pub fn dropout_requested(&self) -> Option<String> {
         match self {
             Model::Gpt2(c) => c.dropout_requested(),
+            Model::Llama(_) => None,
         }
     }
 
     pub fn attention_dims(&self, batch: usize, seq_len: usize) -> AttentionDims {
         match self {
             Model::Gpt2(c) => gpt2::attention_dims(c, batch, seq_len),
+            Model::Llama(c) => llama::attention_dims(c, batch, seq_len),
         }
     }
 
@@ -134,18 +173,21 @@ impl Model {
     pub fn head_specs(&self) -> Vec<TensorSpec> {
         match self {
             Model::Gpt2(c) => Head::<()>::specs(c, ""),
+            Model::Llama(c) => llama::head_specs(c),
         }
     }
     /// Block `l`'s tensors, in table order.
     pub fn block_specs(&self, l: usize) -> Vec<TensorSpec> {
         match self {
             Model::Gpt2(c) => Block::<()>::specs(c, &gpt2::block_prefix(l)),
+            Model::Llama(c) => llama::Block::<()>::specs(c, &llama::block_prefix(l)),
         }
     }
     /// Every tensor in the order of the family's Hugging Face checkpoints.
     pub fn checkpoint_specs(&self) -> Vec<TensorSpec> {
         match self {
             Model::Gpt2(c) => gpt2::parameter_specs(c),
+            Model::Llama(c) => llama::parameter_specs(c),
         }
     }
 
@@ -153,6 +195,7 @@ impl Model {
     pub fn init(&self, spec: &TensorSpec, index: usize, seed: u64) -> Vec<f32> {
         match self {
             Model::Gpt2(c) => gpt2::init_values(c, spec, index, seed),
+            Model::Llama(_) => llama::init_values(spec, index, seed),
         }
     }
 
@@ -160,30 +203,44 @@ impl Model {
     pub fn block_activation_bytes(&self, batch: usize, seq_len: usize) -> u64 {
         match self {
             Model::Gpt2(c) => BlockActivations::<()>::bytes(c, batch, seq_len),
+            Model::Llama(c) => llama::BlockActivations::<()>::bytes(c, batch, seq_len),
         }
     }
     /// Device bytes of the head's activations and the backward scratch, for the plan.
     pub fn head_activation_bytes(&self, batch: usize, seq_len: usize) -> u64 {
         match self {
             Model::Gpt2(c) => HeadActivations::<()>::bytes(c, batch, seq_len),
+            Model::Llama(c) => llama::HeadActivations::<()>::bytes(c, batch, seq_len),
         }
     }
 
     pub fn block_acts<D: Backend>(&self, dev: &D, batch: usize, seq_len: usize) -> Result<BlockActs<D::Tensor>> {
         match self {
             Model::Gpt2(c) => Ok(BlockActs::Gpt2(BlockActivations::new(dev, c, batch, seq_len)?)),
+            Model::Llama(c) => Ok(BlockActs::Llama(llama::BlockActivations::new(dev, c, batch, seq_len)?)),
         }
     }
     pub fn head_acts<D: Backend>(&self, dev: &D, batch: usize, seq_len: usize) -> Result<HeadActs<D::Tensor>> {
         match self {
             Model::Gpt2(c) => Ok(HeadActs::Gpt2(HeadActivations::new(dev, c, batch, seq_len)?)),
+            Model::Llama(c) => Ok(HeadActs::Llama(llama::HeadActivations::new(dev, c, batch, seq_len)?)),
         }
     }
 
     /// x (B, T, C): the input of block 0, from the head group's embeddings.
-    pub fn embed_forward<D: Backend>(&self, dev: &D, x: &D::Tensor, head: &[D::Tensor], inputs: &D::Tokens, seq_len: usize) {
-        match self {
-            Model::Gpt2(c) => gpt2::embed_forward(dev, c, x, &Head::view(head), inputs, seq_len),
+    pub fn embed_forward<D: Backend>(
+        &self,
+        dev: &D,
+        x: &D::Tensor,
+        head: &[D::Tensor],
+        acts: &HeadActs<D::Tensor>,
+        inputs: &D::Tokens,
+        seq_len: usize,
+    ) {
+        match (self, acts) {
+            (Model::Gpt2(c), _) => gpt2::embed_forward(dev, c, x, &Head::view(head), inputs, seq_len),
+            (Model::Llama(c), HeadActs::Llama(a)) => llama::embed_forward(dev, c, x, head, a, inputs, seq_len),
+            _ => unreachable!("activations of another family"),
         }
     }
 
@@ -201,6 +258,8 @@ impl Model {
     ) {
         match (self, acts) {
             (Model::Gpt2(c), BlockActs::Gpt2(a)) => gpt2::block_forward(dev, c, &Block::view(block), a, input, output, batch, seq_len),
+            (Model::Llama(c), BlockActs::Llama(a)) => llama::block_forward(dev, c, &llama::Block::view(block), a, input, output, batch, seq_len),
+            _ => unreachable!("activations of another family"),
         }
     }
 
@@ -217,12 +276,16 @@ impl Model {
     ) -> f32 {
         match (self, acts) {
             (Model::Gpt2(c), HeadActs::Gpt2(a)) => gpt2::head_forward(dev, c, &Head::view(head), a, x, targets, loss_grad_scale),
+            (Model::Llama(c), HeadActs::Llama(a)) => llama::head_forward(dev, c, head, a, x, targets, loss_grad_scale),
+            _ => unreachable!("activations of another family"),
         }
     }
 
     pub fn head_backward<D: Backend>(&self, dev: &D, head: &[D::Tensor], grads: &[D::Tensor], acts: &HeadActs<D::Tensor>, x: &D::Tensor) {
         match (self, acts) {
             (Model::Gpt2(c), HeadActs::Gpt2(a)) => gpt2::head_backward(dev, c, &Head::view(head), &Head::view(grads), a, x),
+            (Model::Llama(c), HeadActs::Llama(a)) => llama::head_backward(dev, c, head, grads, a, x),
+            _ => unreachable!("activations of another family"),
         }
     }
 
@@ -241,29 +304,57 @@ impl Model {
             (Model::Gpt2(c), BlockActs::Gpt2(a), HeadActs::Gpt2(h)) => {
                 gpt2::block_backward(dev, c, &Block::view(block), &Block::view(grads), a, input, h)
             }
+            (Model::Llama(c), BlockActs::Llama(a), HeadActs::Llama(h)) => {
+                llama::block_backward(dev, c, &llama::Block::view(block), &llama::Block::view(grads), a, input, h)
+            }
+            _ => unreachable!("activations of another family"),
         }
     }
 
     pub fn embed_backward<D: Backend>(&self, dev: &D, grads: &[D::Tensor], acts: &HeadActs<D::Tensor>, inputs: &D::Tokens) {
         match (self, acts) {
             (Model::Gpt2(c), HeadActs::Gpt2(a)) => gpt2::embed_backward(dev, c, &Head::view(grads), a, inputs),
+            (Model::Llama(c), HeadActs::Llama(a)) => llama::embed_backward(dev, c, grads, a, inputs),
+            _ => unreachable!("activations of another family"),
         }
     }
 
     /// The model resident on the cpu device with `weights` (name, shape, values), as a function from a
-    /// sequence of token ids to its logits (T x V).
-    pub fn resident_logits<'a>(&self, dev: &'a CpuDevice, weights: &[(String, Vec<usize>, Vec<f32>)]) -> Result<ResidentLogits<'a>> {
+    /// sequence of token ids to its logits (T x V): every group uploaded once, the layers run in turn.
+    pub fn resident_logits<'a>(&'a self, dev: &'a CpuDevice, weights: &[(String, Vec<usize>, Vec<f32>)]) -> Result<ResidentLogits<'a>> {
         let lookup: std::collections::HashMap<&str, &Vec<f32>> = weights.iter().map(|(n, _, v)| (n.as_str(), v)).collect();
-        let get = |name: &str| lookup.get(name).map(|v| v.to_vec()).with_context(|| format!("sampling: no tensor {name}"));
-        match self {
-            Model::Gpt2(c) => {
-                let mut model = gpt2::Gpt2::from_fn(dev, c, |name, _| get(name))?;
-                Ok(Box::new(move |ids: &[u32]| {
-                    let tokens = dev.tokens(ids)?;
-                    model.forward(dev, &tokens, &tokens, 1, ids.len(), None)?;
-                    Ok(dev.read(model.logits().expect("logits after forward")))
-                }))
+        let upload = |specs: Vec<TensorSpec>| -> Result<Vec<<CpuDevice as Backend>::Tensor>> {
+            specs
+                .iter()
+                .map(|t| {
+                    let values = lookup.get(t.name.as_str()).with_context(|| format!("sampling: no tensor {}", t.name))?;
+                    let x = dev.alloc(t.len(), &t.name)?;
+                    dev.write(&x, values);
+                    Ok(x)
+                })
+                .collect()
+        };
+        let head = upload(self.head_specs())?;
+        let blocks = (0..self.n_layer()).map(|l| upload(self.block_specs(l))).collect::<Result<Vec<_>>>()?;
+        Ok(Box::new(move |ids: &[u32]| {
+            let t = ids.len();
+            let tokens = dev.tokens(ids)?;
+            let (block_acts, head_acts) = (self.block_acts(dev, 1, t)?, self.head_acts(dev, 1, t)?);
+            let x = [dev.alloc(t * self.width(), "x A")?, dev.alloc(t * self.width(), "x B")?];
+            self.embed_forward(dev, &x[0], &head, &head_acts, &tokens, t);
+            for (l, block) in blocks.iter().enumerate() {
+                self.block_forward(dev, block, &block_acts, &x[l % 2], &x[(l + 1) % 2], 1, t);
             }
+            self.head_forward(dev, &head, &head_acts, &x[self.n_layer() % 2], &tokens, None);
+            Ok(dev.read(self.logits(&head_acts)))
+        }))
+    }
+
+    /// The logits of the last head forward (or their gradient, after one with a gradient scale).
+    pub fn logits<'t, T>(&self, acts: &'t HeadActs<T>) -> &'t T {
+        match acts {
+            HeadActs::Gpt2(a) => a.logits(),
+            HeadActs::Llama(a) => a.logits(),
         }
     }
 

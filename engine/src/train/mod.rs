@@ -66,7 +66,7 @@ pub enum ModelSource<'a> {
 impl ModelSource<'_> {
     pub fn model(&self) -> Model {
         match self {
-            ModelSource::Hf(m) => Model::of_hf(m),
+            ModelSource::Hf(m) => Model::of_hf(m).expect("checked when the source was made"),
             ModelSource::Random { model, .. } => model.clone(),
             ModelSource::Checkpoint(c) => c.model.clone(),
         }
@@ -572,7 +572,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
                 if micro == 0 {
                     d.head_grads.iter().for_each(|t| dev.fill(t, 0.0));
                 }
-                timed(&mut st.clock.compute, || model.embed_forward(dev, &d.residual[0], &d.head, &x, seq_len));
+                timed(&mut st.clock.compute, || model.embed_forward(dev, &d.residual[0], &d.head, &d.head_acts, &x, seq_len));
                 st.tokens = Some((x, y));
                 st.micro = micro;
             }

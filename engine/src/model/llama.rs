@@ -1,0 +1,372 @@
+//! Llama (Touvron et al. 2023) as transformers' `LlamaForCausalLM` computes it: token embedding, L
+//! pre-RMSNorm blocks (grouped-query attention with rotary position embeddings, then a SwiGLU MLP, each
+//! added to the residual stream), a final RMSNorm, and logits through `lm_head` (or the embedding, when
+//! tied).
+//!
+//! Shapes: B batch, T sequence, C hidden, F MLP width, V vocabulary, H query heads, KV key/value heads,
+//! D head width. Weights keep Hugging Face's `nn.Linear` layout (out, in): a linear layer is
+//! `y (BT, out) = x (BT, in) @ W^T`. q, k and v are written side by side into one (BT, (H + 2KV) D)
+//! buffer [q | k | v], so one RoPE call rotates q and k together and attention reads K/V per kv head
+//! without repeating them.
+
+use anyhow::{Result, bail};
+
+use super::TensorSpec;
+use crate::device::{AttentionDims, Backend, MatmulShape, Operand};
+pub use zerostream_checkpoints::LlamaConfig;
+
+crate::tensor_group! {
+    /// The weights of one decoder layer, in Hugging Face's `nn.Linear` (out, in) layout.
+    pub struct Block, config cfg: LlamaConfig {
+        input_layernorm => "input_layernorm.weight", [cfg.hidden_size], no_decay;
+        q_proj => "self_attn.q_proj.weight", [cfg.num_attention_heads * cfg.head_dim, cfg.hidden_size], decay;
+        k_proj => "self_attn.k_proj.weight", [cfg.num_key_value_heads * cfg.head_dim, cfg.hidden_size], decay;
+        v_proj => "self_attn.v_proj.weight", [cfg.num_key_value_heads * cfg.head_dim, cfg.hidden_size], decay;
+        o_proj => "self_attn.o_proj.weight", [cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim], decay;
+        post_attention_layernorm => "post_attention_layernorm.weight", [cfg.hidden_size], no_decay;
+        gate_proj => "mlp.gate_proj.weight", [cfg.intermediate_size, cfg.hidden_size], decay;
+        up_proj => "mlp.up_proj.weight", [cfg.intermediate_size, cfg.hidden_size], decay;
+        down_proj => "mlp.down_proj.weight", [cfg.hidden_size, cfg.intermediate_size], decay;
+    }
+}
+
+crate::tensor_group! {
+    /// The parameters outside the layers with an untied head.
+    pub struct Head, config cfg: LlamaConfig {
+        embed_tokens => "model.embed_tokens.weight", [cfg.vocab_size, cfg.hidden_size], decay;
+        norm => "model.norm.weight", [cfg.hidden_size], no_decay;
+        lm_head => "lm_head.weight", [cfg.vocab_size, cfg.hidden_size], decay;
+    }
+}
+
+crate::tensor_group! {
+    /// The parameters outside the layers when `lm_head` is the embedding (tie_word_embeddings).
+    pub struct TiedHead, config cfg: LlamaConfig {
+        embed_tokens => "model.embed_tokens.weight", [cfg.vocab_size, cfg.hidden_size], decay;
+        norm => "model.norm.weight", [cfg.hidden_size], no_decay;
+    }
+}
+
+/// Layer l's Hugging Face name prefix.
+pub fn block_prefix(l: usize) -> String {
+    format!("model.layers.{l}.")
+}
+
+/// The head group's tensors in table order.
+pub fn head_specs(cfg: &LlamaConfig) -> Vec<TensorSpec> {
+    if cfg.tie_word_embeddings { TiedHead::<()>::specs(cfg, "") } else { Head::<()>::specs(cfg, "") }
+}
+
+/// (embed_tokens, norm, lm_head) of a head group given in table order: lm_head is the embedding when tied.
+fn head_parts<'a, T>(cfg: &LlamaConfig, head: &'a [T]) -> (&'a T, &'a T, &'a T) {
+    if cfg.tie_word_embeddings {
+        let h = TiedHead::view(head);
+        (h.embed_tokens, h.norm, h.embed_tokens)
+    } else {
+        let h = Head::view(head);
+        (h.embed_tokens, h.norm, h.lm_head)
+    }
+}
+
+/// Every parameter in Hugging Face's checkpoint order: embedding, layers, final norm, lm_head.
+pub fn parameter_specs(cfg: &LlamaConfig) -> Vec<TensorSpec> {
+    let head = head_specs(cfg);
+    let mut specs = vec![head[0].clone()];
+    for l in 0..cfg.num_hidden_layers {
+        specs.extend(Block::<()>::specs(cfg, &block_prefix(l)));
+    }
+    specs.extend_from_slice(&head[1..]);
+    specs
+}
+
+/// What the engine implements of a Llama config: refuses the rest by name.
+pub fn check_supported(cfg: &LlamaConfig) -> Result<()> {
+    if cfg.attention_bias || cfg.qkv_bias || cfg.mlp_bias {
+        bail!("attention_bias / mlp_bias (and Qwen2's q/k/v biases) are not implemented yet for Llama-family models");
+    }
+    Ok(())
+}
+
+/// Llama's initialisation: N(0, 0.02) matrices (transformers' initializer_range), unit norm weights.
+pub fn init_values(spec: &TensorSpec, index: usize, seed: u64) -> Vec<f32> {
+    use rand::SeedableRng;
+    use rand_distr::{Distribution, Normal};
+    if spec.shape.len() < 2 {
+        return vec![1.0; spec.len()];
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ index as u64);
+    let normal = Normal::new(0.0f64, 0.02).expect("a valid normal distribution");
+    (0..spec.len()).map(|_| normal.sample(&mut rng) as f32).collect()
+}
+
+pub fn attention_dims(cfg: &LlamaConfig, batch: usize, seq_len: usize) -> AttentionDims {
+    AttentionDims::gqa(batch, seq_len, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+}
+
+/// Widths of the packed [q | k | v] buffer: (q, one of k or v, all).
+fn qkv_widths(cfg: &LlamaConfig) -> (usize, usize, usize) {
+    let (q, kv) = (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim);
+    (q, kv, q + 2 * kv)
+}
+
+/// What one layer keeps from forward for backward.
+pub struct BlockActivations<T> {
+    ln_1: T,       // (BT, C)
+    ln_1_rstd: T,  // (BT)
+    qkv: T,        // (BT, (H + 2KV) D), q and k rotated
+    atty: T,       // (BT, H D) attention output before o_proj
+    lse: T,        // (B, H, T)
+    attn_proj: T,  // (BT, C)
+    residual_2: T, // (BT, C) residual + attention
+    ln_2: T,       // (BT, C)
+    ln_2_rstd: T,  // (BT)
+    gate_up: T,    // (BT, 2F) [gate | up]
+    act: T,        // (BT, F) silu(gate) * up
+    down: T,       // (BT, C)
+    /// RoPE's inverse frequencies (D/2), the config's (Llama-3 scaling included).
+    inv_freq: T,
+}
+
+impl<T> BlockActivations<T> {
+    pub fn new<D: Backend<Tensor = T>>(dev: &D, cfg: &LlamaConfig, batch: usize, seq_len: usize) -> Result<Self> {
+        let (bt, c, f) = (batch * seq_len, cfg.hidden_size, cfg.intermediate_size);
+        let (qw, _, qkv_w) = qkv_widths(cfg);
+        let inv_freq = dev.alloc(cfg.head_dim / 2, "rope inv_freq")?;
+        dev.write(&inv_freq, &cfg.inv_freq());
+        Ok(BlockActivations {
+            ln_1: dev.alloc(bt * c, "ln_1")?,
+            ln_1_rstd: dev.alloc(bt, "ln_1 rstd")?,
+            qkv: dev.alloc(bt * qkv_w, "qkv")?,
+            atty: dev.alloc(bt * qw, "atty")?,
+            lse: dev.alloc(batch * cfg.num_attention_heads * seq_len, "attention lse")?,
+            attn_proj: dev.alloc(bt * c, "attn_proj")?,
+            residual_2: dev.alloc(bt * c, "residual_2")?,
+            ln_2: dev.alloc(bt * c, "ln_2")?,
+            ln_2_rstd: dev.alloc(bt, "ln_2 rstd")?,
+            gate_up: dev.alloc(bt * 2 * f, "gate_up")?,
+            act: dev.alloc(bt * f, "swiglu")?,
+            down: dev.alloc(bt * c, "down")?,
+            inv_freq,
+        })
+    }
+
+    /// Device bytes of one layer's activations, for budget planning.
+    pub fn bytes(cfg: &LlamaConfig, batch: usize, seq_len: usize) -> u64 {
+        let (bt, c, f) = (batch * seq_len, cfg.hidden_size, cfg.intermediate_size);
+        let (qw, _, qkv_w) = qkv_widths(cfg);
+        let floats = bt * (6 * c + 2 + qkv_w + qw + 3 * f) + batch * cfg.num_attention_heads * seq_len + cfg.head_dim / 2;
+        4 * floats as u64
+    }
+}
+
+/// The activations outside the layers and the backward scratch, for one (B, T).
+pub struct HeadActivations<T> {
+    pub batch: usize,
+    pub seq_len: usize,
+    ln_f: T,           // (BT, C)
+    ln_f_rstd: T,      // (BT)
+    logits: T,         // (BT, V); holds dlogits after a forward with a gradient scale
+    losses: T,         // (BT)
+    pub d_residual: T, // (BT, C)
+    d_c: T,            // (BT, C)
+    d_att: T,          // (BT, H D)
+    d_act: T,          // (BT, F)
+    d_gate_up: T,      // (BT, 2F)
+    d_qkv: T,          // (BT, (H + 2KV) D)
+    delta: T,          // (B, H, T)
+    /// Zeros (T, C): Llama has no position embedding, and the embedding kernel adds one.
+    no_positions: T,
+    /// Where the embedding's backward puts the (unused) position gradient.
+    d_no_positions: T,
+}
+
+impl<T> HeadActivations<T> {
+    pub fn new<D: Backend<Tensor = T>>(dev: &D, cfg: &LlamaConfig, batch: usize, seq_len: usize) -> Result<Self> {
+        let (bt, c, f, v) = (batch * seq_len, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+        let (qw, _, qkv_w) = qkv_widths(cfg);
+        let no_positions = dev.alloc(seq_len * c, "no position embedding")?;
+        dev.fill(&no_positions, 0.0);
+        Ok(HeadActivations {
+            batch,
+            seq_len,
+            ln_f: dev.alloc(bt * c, "ln_f")?,
+            ln_f_rstd: dev.alloc(bt, "ln_f rstd")?,
+            logits: dev.alloc(bt * v, "logits")?,
+            losses: dev.alloc(bt, "losses")?,
+            d_residual: dev.alloc(bt * c, "d_residual")?,
+            d_c: dev.alloc(bt * c, "d_c")?,
+            d_att: dev.alloc(bt * qw, "d_att")?,
+            d_act: dev.alloc(bt * f, "d_act")?,
+            d_gate_up: dev.alloc(bt * 2 * f, "d_gate_up")?,
+            d_qkv: dev.alloc(bt * qkv_w, "d_qkv")?,
+            delta: dev.alloc(batch * cfg.num_attention_heads * seq_len, "attention delta")?,
+            no_positions,
+            d_no_positions: dev.alloc(seq_len * c, "d no positions")?,
+        })
+    }
+
+    /// Device bytes of [`HeadActivations::new`], for budget planning.
+    pub fn bytes(cfg: &LlamaConfig, batch: usize, seq_len: usize) -> u64 {
+        let (bt, c, f, v) = (batch * seq_len, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+        let (qw, _, qkv_w) = qkv_widths(cfg);
+        let floats = bt * (4 * c + 2 + v + qw + 3 * f + qkv_w) + batch * cfg.num_attention_heads * seq_len + 2 * seq_len * c;
+        4 * floats as u64
+    }
+
+    /// The output of the final RMSNorm (Hugging Face's last hidden state).
+    pub fn ln_f(&self) -> &T {
+        &self.ln_f
+    }
+    pub fn logits(&self) -> &T {
+        &self.logits
+    }
+}
+
+/// y[:, col..col + n] (BT rows of `ld`) = x (BT, k) @ W^T, W (n, k) in `nn.Linear` layout.
+fn linear_into(bt: usize, k: usize, n: usize, ld: usize, col: usize) -> MatmulShape {
+    MatmulShape { m: bt, n, k, a: Operand::row_major(k), b: Operand::transposed(k), c: Operand { offset: col, row_stride: ld, col_stride: 1 } }
+}
+
+/// dx (BT, k) (+)= dy[:, col..col + n] @ W, W (n, k): the input gradient of [`linear_into`].
+fn linear_dx(bt: usize, k: usize, n: usize, ld: usize, col: usize) -> MatmulShape {
+    MatmulShape { m: bt, n: k, k: n, a: Operand { offset: col, row_stride: ld, col_stride: 1 }, b: Operand::row_major(k), c: Operand::row_major(k) }
+}
+
+/// dW (n, k) += dy[:, col..col + n]^T @ x (BT, k): the weight gradient of [`linear_into`].
+fn linear_dw(bt: usize, k: usize, n: usize, ld: usize, col: usize) -> MatmulShape {
+    MatmulShape { m: n, n: k, k: bt, a: Operand { offset: col, row_stride: 1, col_stride: ld }, b: Operand::row_major(k), c: Operand::row_major(k) }
+}
+
+/// x (B, T, C) = embed_tokens[tokens]: the input of layer 0.
+pub fn embed_forward<D: Backend>(
+    dev: &D,
+    cfg: &LlamaConfig,
+    x: &D::Tensor,
+    head: &[D::Tensor],
+    acts: &HeadActivations<D::Tensor>,
+    inputs: &D::Tokens,
+    seq_len: usize,
+) {
+    let (embed, _, _) = head_parts(cfg, head);
+    dev.encoder_forward(x, inputs, embed, &acts.no_positions, seq_len, cfg.hidden_size);
+}
+
+/// Backward of [`embed_forward`]: d(embed_tokens) += ... from `acts.d_residual`.
+pub fn embed_backward<D: Backend>(dev: &D, cfg: &LlamaConfig, grads: &[D::Tensor], acts: &HeadActivations<D::Tensor>, inputs: &D::Tokens) {
+    let (d_embed, _, _) = head_parts(cfg, grads);
+    dev.encoder_backward(d_embed, &acts.d_no_positions, &acts.d_residual, inputs, acts.batch, acts.seq_len, cfg.hidden_size);
+}
+
+/// One decoder layer: output = x + mlp(norm_2(x + attn(norm_1(x)))), keeping what backward needs in `a`.
+#[allow(clippy::too_many_arguments)]
+pub fn block_forward<D: Backend>(
+    dev: &D,
+    cfg: &LlamaConfig,
+    w: &Block<&D::Tensor>,
+    a: &BlockActivations<D::Tensor>,
+    input: &D::Tensor,
+    output: &D::Tensor,
+    batch: usize,
+    seq_len: usize,
+) {
+    let (bt, c, f, eps) = (batch * seq_len, cfg.hidden_size, cfg.intermediate_size, cfg.rms_norm_eps as f32);
+    let (qw, kvw, qkv_w) = qkv_widths(cfg);
+    // x = x + o_proj(attention(rope(q), rope(k), v)), q, k, v from norm_1(x)
+    dev.rmsnorm_forward(&a.ln_1, &a.ln_1_rstd, input, w.input_layernorm, bt, c, eps);
+    for (weight, col, width) in [(w.q_proj, 0, qw), (w.k_proj, qw, kvw), (w.v_proj, qw + kvw, kvw)] {
+        dev.matmul(&a.qkv, &a.ln_1, weight, None, &linear_into(bt, c, width, qkv_w, col), false);
+    }
+    let rotated_heads = cfg.num_attention_heads + cfg.num_key_value_heads;
+    dev.rope(&a.qkv, &a.inv_freq, seq_len, bt, qkv_w, 0, rotated_heads, cfg.head_dim, false);
+    dev.attention_forward(&a.atty, &a.lse, &a.qkv, attention_dims(cfg, batch, seq_len));
+    dev.matmul(&a.attn_proj, &a.atty, w.o_proj, None, &linear_into(bt, qw, c, c, 0), false);
+    dev.residual_forward(&a.residual_2, input, &a.attn_proj);
+    // x = x + down(silu(gate(norm_2(x))) * up(norm_2(x)))
+    dev.rmsnorm_forward(&a.ln_2, &a.ln_2_rstd, &a.residual_2, w.post_attention_layernorm, bt, c, eps);
+    dev.matmul(&a.gate_up, &a.ln_2, w.gate_proj, None, &linear_into(bt, c, f, 2 * f, 0), false);
+    dev.matmul(&a.gate_up, &a.ln_2, w.up_proj, None, &linear_into(bt, c, f, 2 * f, f), false);
+    dev.swiglu_forward(&a.act, &a.gate_up, bt, f);
+    dev.matmul(&a.down, &a.act, w.down_proj, None, &linear_into(bt, f, c, c, 0), false);
+    dev.residual_forward(output, &a.residual_2, &a.down);
+}
+
+/// Backward of [`block_forward`]: `h.d_residual` holds d(output) on entry and d(input) on return; the
+/// layer's gradients are added into `g`.
+#[allow(clippy::too_many_arguments)]
+pub fn block_backward<D: Backend>(
+    dev: &D,
+    cfg: &LlamaConfig,
+    w: &Block<&D::Tensor>,
+    g: &Block<&D::Tensor>,
+    a: &BlockActivations<D::Tensor>,
+    input: &D::Tensor,
+    h: &HeadActivations<D::Tensor>,
+) {
+    let (batch, seq_len) = (h.batch, h.seq_len);
+    let (bt, c, f) = (batch * seq_len, cfg.hidden_size, cfg.intermediate_size);
+    let (qw, kvw, qkv_w) = qkv_widths(cfg);
+    let d_res = &h.d_residual;
+    // The MLP: d_res holds d(output) = d(residual_2 + down), flowing to both unchanged.
+    dev.matmul(&h.d_act, d_res, w.down_proj, None, &linear_dx(bt, f, c, c, 0), false);
+    dev.matmul(g.down_proj, d_res, &a.act, None, &linear_dw(bt, f, c, c, 0), true);
+    dev.swiglu_backward(&h.d_gate_up, &h.d_act, &a.gate_up, bt, f);
+    dev.matmul(&h.d_c, &h.d_gate_up, w.gate_proj, None, &linear_dx(bt, c, f, 2 * f, 0), false);
+    dev.matmul(&h.d_c, &h.d_gate_up, w.up_proj, None, &linear_dx(bt, c, f, 2 * f, f), true);
+    dev.matmul(g.gate_proj, &h.d_gate_up, &a.ln_2, None, &linear_dw(bt, c, f, 2 * f, 0), true);
+    dev.matmul(g.up_proj, &h.d_gate_up, &a.ln_2, None, &linear_dw(bt, c, f, 2 * f, f), true);
+    dev.rmsnorm_backward(d_res, g.post_attention_layernorm, &h.d_c, &a.residual_2, w.post_attention_layernorm, &a.ln_2_rstd, bt, c);
+    // Attention: d_res now holds d(residual_2) = d(input + attn_proj).
+    dev.matmul(&h.d_att, d_res, w.o_proj, None, &linear_dx(bt, qw, c, c, 0), false);
+    dev.matmul(g.o_proj, d_res, &a.atty, None, &linear_dw(bt, qw, c, c, 0), true);
+    dev.attention_backward(&h.d_qkv, &h.delta, &h.d_att, &a.qkv, &a.atty, &a.lse, attention_dims(cfg, batch, seq_len));
+    // RoPE is a rotation: its backward rotates the gradients of q and k back.
+    let rotated_heads = cfg.num_attention_heads + cfg.num_key_value_heads;
+    dev.rope(&h.d_qkv, &a.inv_freq, seq_len, bt, qkv_w, 0, rotated_heads, cfg.head_dim, true);
+    for (i, (weight, grad, col, width)) in [(w.q_proj, g.q_proj, 0, qw), (w.k_proj, g.k_proj, qw, kvw), (w.v_proj, g.v_proj, qw + kvw, kvw)]
+        .into_iter()
+        .enumerate()
+    {
+        dev.matmul(&h.d_c, &h.d_qkv, weight, None, &linear_dx(bt, c, width, qkv_w, col), i > 0);
+        dev.matmul(grad, &h.d_qkv, &a.ln_1, None, &linear_dw(bt, c, width, qkv_w, col), true);
+    }
+    dev.rmsnorm_backward(d_res, g.input_layernorm, &h.d_c, input, w.input_layernorm, &a.ln_1_rstd, bt, c);
+}
+
+/// The final RMSNorm, lm_head and cross-entropy of the last layer's output `x`; returns the mean loss.
+/// With `loss_grad_scale = Some(s)` the gradient of `s * mean loss` is left in the logits.
+pub fn head_forward<D: Backend>(
+    dev: &D,
+    cfg: &LlamaConfig,
+    head: &[D::Tensor],
+    acts: &HeadActivations<D::Tensor>,
+    x: &D::Tensor,
+    targets: &D::Tokens,
+    loss_grad_scale: Option<f32>,
+) -> f32 {
+    let (bt, c, v) = (acts.batch * acts.seq_len, cfg.hidden_size, cfg.vocab_size);
+    let (_, norm, lm_head) = head_parts(cfg, head);
+    dev.rmsnorm_forward(&acts.ln_f, &acts.ln_f_rstd, x, norm, bt, c, cfg.rms_norm_eps as f32);
+    dev.matmul(&acts.logits, &acts.ln_f, lm_head, None, &linear_into(bt, c, v, v, 0), false);
+    dev.crossentropy(&acts.losses, &acts.logits, targets, v, loss_grad_scale.map(|s| s / bt as f32));
+    let losses = dev.read(&acts.losses);
+    (losses.iter().map(|&x| x as f64).sum::<f64>() / bt as f64) as f32
+}
+
+/// Backward of [`head_forward`] (which must have had a gradient scale): adds into the lm_head (or the
+/// tied embedding) and norm gradients and leaves d(x) in `acts.d_residual`.
+pub fn head_backward<D: Backend>(
+    dev: &D,
+    cfg: &LlamaConfig,
+    head: &[D::Tensor],
+    grads: &[D::Tensor],
+    acts: &HeadActivations<D::Tensor>,
+    x: &D::Tensor,
+) {
+    let (bt, c, v) = (acts.batch * acts.seq_len, cfg.hidden_size, cfg.vocab_size);
+    let (_, norm, lm_head) = head_parts(cfg, head);
+    let (_, d_norm, d_lm_head) = head_parts(cfg, grads);
+    dev.matmul(&acts.d_c, &acts.logits, lm_head, None, &linear_dx(bt, c, v, v, 0), false);
+    dev.matmul(d_lm_head, &acts.logits, &acts.ln_f, None, &linear_dw(bt, c, v, v, 0), true);
+    dev.fill(&acts.d_residual, 0.0);
+    dev.rmsnorm_backward(&acts.d_residual, d_norm, &acts.d_c, x, norm, &acts.ln_f_rstd, bt, c);
+}
