@@ -49,7 +49,7 @@ pub fn evaluate<D: Backend>(dev: &D, model_dir: &Path, data: &Path, batch: usize
     if seq_len > cfg.n_positions {
         bail!("--seq-len {seq_len} is longer than the model's n_positions {} ({})", cfg.n_positions, model_dir.display());
     }
-    dev.check_attention(AttentionDims { batch, seq_len, channels: cfg.n_embd, heads: cfg.n_head })?;
+    dev.check_attention(AttentionDims::mha(batch, seq_len, cfg.n_embd, cfg.n_head))?;
     let groups = group_layouts(cfg);
     // Fills `into` (or new tensors) with group `g`'s parameters, read one tensor at a time.
     let fill = |g: &GroupLayout, into: Option<&[&D::Tensor]>| -> Result<Vec<D::Tensor>> {

@@ -185,7 +185,7 @@ fn attention_case<D: Backend>(dev: &D) -> Outputs {
     // (batch, seq_len, heads, head_dim): T past one 256-key chunk, odd head sizes, one head of 64.
     for (batch, seq_len, heads, hd) in [(1, 1, 1, 1), (2, 5, 3, 7), (1, 300, 2, 64), (3, 17, 4, 16)] {
         let c = heads * hd;
-        let d = AttentionDims { batch, seq_len, channels: c, heads };
+        let d = AttentionDims::mha(batch, seq_len, c, heads);
         let seed = (batch * 7 + seq_len * 31 + heads * 131 + hd) as u64;
         let qkv = tensor(dev, &random(seed, batch * seq_len * 3 * c, 1.5));
         let (o, lse) = (dev.alloc(batch * seq_len * c, "o").unwrap(), dev.alloc(batch * heads * seq_len, "lse").unwrap());
@@ -284,7 +284,7 @@ fn half_casts_match_the_half_crate() {
 fn attention_too_long_for_one_binding_is_refused_with_the_numbers() {
     let Some(mut gpu) = gpu_or_skip("attention binding check") else { return };
     gpu.limit_binding_bytes_for_tests(64 << 10);
-    let long = AttentionDims { batch: 2, seq_len: 64, channels: 128, heads: 4 };
+    let long = AttentionDims::mha(2, 64, 128, 4);
     let err = gpu.check_attention(long).unwrap_err().to_string();
     assert!(err.contains("98304 bytes") && err.contains("--seq-len"), "{err}");
     assert!(gpu.check_attention(AttentionDims { seq_len: 32, ..long }).is_ok());

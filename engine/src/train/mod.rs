@@ -200,12 +200,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
         if train.seq_len > config.n_positions {
             bail!("--seq-len {} is longer than the model's n_positions {}", train.seq_len, config.n_positions);
         }
-        dev.check_attention(crate::device::AttentionDims {
-            batch: train.batch,
-            seq_len: train.seq_len,
-            channels: config.n_embd,
-            heads: config.n_head,
-        })?;
+        dev.check_attention(crate::device::AttentionDims::mha(train.batch, train.seq_len, config.n_embd, config.n_head))?;
         let sharding = Sharding { rank: comm.rank(), world: comm.world_size(), stage: train.zero_stage };
         check_same_configuration(&comm, &config, &train)?;
         let placement = plan(&config, &train, sharding.world)?;
