@@ -13,8 +13,8 @@ use safetensors::tensor::Metadata;
 use serde::Deserialize;
 
 pub use crate::config::Gpt2Config;
-use crate::llama_config::LlamaConfig;
 use crate::io::{Stamp, open_regular, read_exact_at};
+use crate::llama_config::LlamaConfig;
 
 /// Largest safetensors header accepted (the safetensors crate's own limit): a corrupt length field
 /// must not make us allocate gigabytes.

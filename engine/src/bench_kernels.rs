@@ -180,7 +180,7 @@ pub fn bench_kernels(dev: &GpuDevice, cfg: &KernelBenchConfig, mut on_run: impl 
         if cfg.seq_len > m.n_positions {
             bail!("--seq-len {} is longer than {name}'s n_positions {}", cfg.seq_len, m.n_positions);
         }
-        dev.check_attention(AttentionDims { batch: cfg.batch, seq_len: cfg.seq_len, channels: m.n_embd, heads: m.n_head })?;
+        dev.check_attention(AttentionDims::mha(cfg.batch, cfg.seq_len, m.n_embd, m.n_head))?;
     }
     let timer = if cfg.wall_clock { Timer::WallClock } else { dev.best_timer() };
     let (copy_gbps, copy_bytes) = dev.copy_gbps(cfg.copy_bytes, if cfg.reps > 0 { cfg.reps } else { 20 }, timer)?;
@@ -301,7 +301,7 @@ impl Bench<'_> {
             self.linear(lin, bt, l)?;
         }
         self.lm_head(bt, c, m.vocab_size)?;
-        self.attention(AttentionDims { batch: b, seq_len: t, channels: c, heads: m.n_head }, l)?;
+        self.attention(AttentionDims::mha(b, t, c, m.n_head), l)?;
         self.layernorm(bt, c, 2 * l + 1)?;
         self.elementwise(bt, c, m.hidden(), l)?;
         self.embeddings(b, t, c, m.vocab_size)?;
@@ -496,14 +496,14 @@ impl Bench<'_> {
             return Ok(());
         }
         let dev = self.dev;
-        let (bt, c, stat) = (d.batch * d.seq_len, d.channels, d.batch * d.heads * d.seq_len);
-        let qkv = random_tensor(dev, bt * 3 * c, 8, "qkv")?;
+        let (bt, c, stat) = (d.batch * d.seq_len, d.out_width(), d.stat_len());
+        let qkv = random_tensor(dev, bt * d.qkv_width(), 8, "qkv")?;
         let (out, lse) = (dev.alloc(bt * c, "attention out")?, dev.alloc(stat, "lse")?);
         let dout = random_tensor(dev, bt * c, 9, "d attention out")?;
-        let (dqkv, delta) = (dev.alloc(bt * 3 * c, "d qkv")?, dev.alloc(stat, "delta")?);
+        let (dqkv, delta) = (dev.alloc(bt * d.qkv_width(), "d qkv")?, dev.alloc(stat, "delta")?);
         let pairs = (d.seq_len * (d.seq_len + 1) / 2) as f64;
-        let forward_flops = 4.0 * (d.batch * d.heads * d.head_dim()) as f64 * pairs;
-        let shape = format!("B={} T={} NH={} hd={}", d.batch, d.seq_len, d.heads, d.head_dim());
+        let forward_flops = 4.0 * (d.batch * d.heads * d.head_dim) as f64 * pairs;
+        let shape = format!("B={} T={} NH={} hd={}", d.batch, d.seq_len, d.heads, d.head_dim);
         let compute = |kernel, flops, bytes| Case {
             kernel,
             case: "causal self-attention".into(),

@@ -58,7 +58,7 @@ fn a_short_run_writes_one_metrics_line_per_step_and_saves_a_loadable_model() {
     assert!(err.contains("placement:") && err.contains("sample ("), "{err}");
     // The saved directory loads back for evaluation.
     let hf = zerostream_checkpoints::HfModel::open(&save).unwrap();
-    assert_eq!(hf.config.vocab_size, 256);
+    assert_eq!(zerostream::model::Model::of_hf(&hf).unwrap().vocab_size(), 256);
 }
 
 #[test]

@@ -53,7 +53,7 @@ fn rel_l2_err(got: &[f32], want: &[f64]) -> f64 {
 fn check_forward_backward<D: Backend>(dev: &D, label: &str) {
     let golden = Golden::load("gpt2-tiny");
     let hf = HfModel::open(&golden_dir("gpt2-tiny").join("model")).unwrap();
-    let cfg = hf.config.clone();
+    let zerostream_checkpoints::ArchConfig::Gpt2(cfg) = hf.config.clone() else { panic!("gpt2-tiny is a GPT-2") };
     let mut model = Gpt2::from_hf(dev, &hf).unwrap();
     let (x, y) = (golden.ints("x"), golden.ints("y"));
     let (batch, seq_len) = (4, 16);

@@ -7,6 +7,7 @@ mod common;
 
 use common::{assert_close, gpu_or_skip, random, random_tokens};
 use zerostream::device::{AttentionDims, Backend, CpuDevice, HalfFormat, MatmulShape, Operand};
+use zerostream::ops::attention::MAX_HEAD_DIM;
 
 type Outputs = Vec<(String, Vec<f32>)>;
 
@@ -185,7 +186,7 @@ fn attention_case<D: Backend>(dev: &D) -> Outputs {
     // (batch, seq_len, heads, head_dim): T past one 256-key chunk, odd head sizes, one head of 64.
     for (batch, seq_len, heads, hd) in [(1, 1, 1, 1), (2, 5, 3, 7), (1, 300, 2, 64), (3, 17, 4, 16)] {
         let c = heads * hd;
-        let d = AttentionDims { batch, seq_len, channels: c, heads };
+        let d = AttentionDims::mha(batch, seq_len, c, heads);
         let seed = (batch * 7 + seq_len * 31 + heads * 131 + hd) as u64;
         let qkv = tensor(dev, &random(seed, batch * seq_len * 3 * c, 1.5));
         let (o, lse) = (dev.alloc(batch * seq_len * c, "o").unwrap(), dev.alloc(batch * heads * seq_len, "lse").unwrap());
@@ -204,6 +205,44 @@ fn attention_case<D: Backend>(dev: &D) -> Outputs {
 #[test]
 fn attention_matches_twin() {
     check!("attention", attention_case, 1e-4, 1e-4);
+}
+
+/// Grouped-query attention: every (heads, kv_heads) pair at every head dim up to the kernels' largest,
+/// cycling through awkward T and B; and T past one 256-key chunk, where key_value_grad's loop over a
+/// group's heads restarts its chunks.
+fn gqa_attention_case<D: Backend>(dev: &D) -> Outputs {
+    let mut out = Outputs::new();
+    let mut cases = Vec::new();
+    for (i, &(heads, kv_heads)) in [(4, 2), (4, 1), (6, 3), (8, 8), (3, 1)].iter().enumerate() {
+        for (k, &head_dim) in [12, 32, 64, 80, 128, MAX_HEAD_DIM].iter().enumerate() {
+            cases.push(AttentionDims::gqa([1, 3][(i + k) % 2], [1, 17, 65][(i + k) % 3], heads, kv_heads, head_dim));
+        }
+    }
+    cases.push(AttentionDims::gqa(2, 300, 4, 2, 12));
+    cases.push(AttentionDims::gqa(1, 260, 3, 1, 80));
+    for d in cases {
+        let tag = format!("B{} T{} H{} G{} D{}", d.batch, d.seq_len, d.heads, d.kv_heads, d.head_dim);
+        let seed = (d.batch * 7 + d.seq_len * 31 + d.heads * 131 + d.kv_heads * 17 + d.head_dim) as u64;
+        let rows = d.batch * d.seq_len;
+        let qkv = tensor(dev, &random(seed, rows * d.qkv_width(), 1.5));
+        let (o, lse) = (dev.alloc(rows * d.out_width(), "o").unwrap(), dev.alloc(d.stat_len(), "lse").unwrap());
+        dev.attention_forward(&o, &lse, &qkv, d);
+        out.push((format!("out {tag}"), dev.read(&o)));
+        out.push((format!("lse {tag}"), dev.read(&lse)));
+        let dout = tensor(dev, &random(seed + 1, rows * d.out_width(), 1.0));
+        // Garbage in dqkv and delta: both must be overwritten.
+        let dqkv = tensor(dev, &random(seed + 2, rows * d.qkv_width(), 9.0));
+        let delta = tensor(dev, &random(seed + 3, d.stat_len(), 9.0));
+        dev.attention_backward(&dqkv, &delta, &dout, &qkv, &o, &lse, d);
+        out.push((format!("dqkv {tag}"), dev.read(&dqkv)));
+        out.push((format!("delta {tag}"), dev.read(&delta)));
+    }
+    out
+}
+
+#[test]
+fn gqa_attention_matches_twin() {
+    check!("gqa attention", gqa_attention_case, 1e-4, 1e-4);
 }
 
 fn embedding_and_loss_case<D: Backend>(dev: &D) -> Outputs {
@@ -284,7 +323,7 @@ fn half_casts_match_the_half_crate() {
 fn attention_too_long_for_one_binding_is_refused_with_the_numbers() {
     let Some(mut gpu) = gpu_or_skip("attention binding check") else { return };
     gpu.limit_binding_bytes_for_tests(64 << 10);
-    let long = AttentionDims { batch: 2, seq_len: 64, channels: 128, heads: 4 };
+    let long = AttentionDims::mha(2, 64, 128, 4);
     let err = gpu.check_attention(long).unwrap_err().to_string();
     assert!(err.contains("98304 bytes") && err.contains("--seq-len"), "{err}");
     assert!(gpu.check_attention(AttentionDims { seq_len: 32, ..long }).is_ok());
@@ -382,4 +421,14 @@ fn swiglu_case<D: Backend>(dev: &D) -> Outputs {
 #[test]
 fn swiglu_matches_twin() {
     check!("swiglu", swiglu_case, 1e-5, 1e-5);
+}
+
+#[test]
+fn attention_head_dims_the_kernels_cannot_run_are_refused() {
+    let Some(gpu) = gpu_or_skip("attention head dim check") else { return };
+    assert!(gpu.check_attention(AttentionDims::gqa(1, 8, 4, 2, MAX_HEAD_DIM)).is_ok());
+    let err = gpu.check_attention(AttentionDims::gqa(1, 8, 4, 2, MAX_HEAD_DIM + 1)).unwrap_err().to_string();
+    assert!(err.contains(&format!("head dim {} is above the {MAX_HEAD_DIM}", MAX_HEAD_DIM + 1)), "{err}");
+    let err = gpu.check_attention(AttentionDims::gqa(1, 8, 6, 4, 64)).unwrap_err().to_string();
+    assert!(err.contains("6 query heads do not split into groups over 4"), "{err}");
 }

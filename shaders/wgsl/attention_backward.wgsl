@@ -1,13 +1,18 @@
-// attention_backward, two entry points that together write every element of dqkv (B, T, 3C) once:
-//   query_grad (one workgroup per query t, head h, batch b):
+// attention_backward, two entry points that together write every element of dqkv once (layouts as in
+// attention_forward.wgsl: qkv and dqkv (B, T, (H + 2G) D), query head h reads key/value head h / group):
+//   query_grad (one workgroup per query t, query head h, batch b):
 //       delta_t = dout_t . out_t, and dq_t = scale * sum_j p_tj (dout_t . v_j - delta_t) k_j
-//   key_value_grad (one workgroup per key j): dv_j = sum_{i>=j} p_ij dout_i,
-//       dk_j = scale * sum_{i>=j} p_ij (dout_i . v_j - delta_i) q_i
+//   key_value_grad (one workgroup per key j, key/value head g, batch b), summing over the group's query
+//       heads h: dv_j = sum_h sum_{i>=j} p_ij dout_i, dk_j = scale * sum_h sum_{i>=j} p_ij (dout_i . v_j - delta_i) q_i
 // Probabilities are recomputed from the saved log-sum-exp; key_value_grad needs delta from query_grad.
+// A shared head's gradient is one workgroup's running sum over the group's heads in order: deterministic,
+// without atomics or a second reduction pass.
 
 struct Params {
-    seq_len: u32, heads: u32, head_dim: u32, channels: u32,
+    seq_len: u32, heads: u32, group: u32, head_dim: u32,
     scale: f32, qkv_off: u32, out_off: u32, stat_off: u32,
+    // Floats per qkv row, and where its k and v parts start.
+    qkv_width: u32, k_start: u32, v_start: u32, _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -24,11 +29,12 @@ var<workgroup> row_b: array<f32, 256>; // query_grad: dout_t; key_value_grad: v_
 var<workgroup> chunk_p: array<f32, 256>;
 var<workgroup> chunk_ds: array<f32, 256>;
 
-fn qkv_index(b: u32, t: u32, part: u32, h: u32) -> u32 {
-    return p.qkv_off + (b * p.seq_len + t) * 3u * p.channels + part * p.channels + h * p.head_dim;
+// Column `part_start` (0, k_start or v_start) + head * D of row (b, t) of qkv or dqkv.
+fn qkv_index(b: u32, t: u32, part_start: u32, head: u32) -> u32 {
+    return p.qkv_off + (b * p.seq_len + t) * p.qkv_width + part_start + head * p.head_dim;
 }
 fn out_index(b: u32, t: u32, h: u32) -> u32 {
-    return p.out_off + (b * p.seq_len + t) * p.channels + h * p.head_dim;
+    return p.out_off + ((b * p.seq_len + t) * p.heads + h) * p.head_dim;
 }
 fn stat_index(b: u32, h: u32, t: u32) -> u32 { return p.stat_off + (b * p.heads + h) * p.seq_len + t; }
 
@@ -37,6 +43,7 @@ fn query_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     let t = wg.x;
     let h = wg.y;
     let b = wg.z;
+    let g = h / p.group;
     if (lane < p.head_dim) {
         row_a[lane] = qkv[qkv_index(b, t, 0u, h) + lane];
         row_b[lane] = dout[out_index(b, t, h) + lane];
@@ -53,8 +60,8 @@ fn query_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         let j = j0 + lane;
         var ds = 0.0;
         if (j <= t) {
-            let kb = qkv_index(b, j, 1u, h);
-            let vb = qkv_index(b, j, 2u, h);
+            let kb = qkv_index(b, j, p.k_start, g);
+            let vb = qkv_index(b, j, p.v_start, g);
             var qk = 0.0;
             var dov = 0.0;
             for (var d = 0u; d < p.head_dim; d++) {
@@ -68,7 +75,7 @@ fn query_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         workgroupBarrier();
         if (lane < p.head_dim) {
             let n = min(LANES, t + 1u - j0);
-            for (var jj = 0u; jj < n; jj++) { acc = fma(chunk_ds[jj], qkv[qkv_index(b, j0 + jj, 1u, h) + lane], acc); }
+            for (var jj = 0u; jj < n; jj++) { acc = fma(chunk_ds[jj], qkv[qkv_index(b, j0 + jj, p.k_start, g) + lane], acc); }
         }
         workgroupBarrier();
     }
@@ -79,45 +86,47 @@ fn query_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 @compute @workgroup_size(256, 1, 1)
 fn key_value_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let j = wg.x;
-    let h = wg.y;
+    let g = wg.y;
     let b = wg.z;
     if (lane < p.head_dim) {
-        row_a[lane] = qkv[qkv_index(b, j, 1u, h) + lane];
-        row_b[lane] = qkv[qkv_index(b, j, 2u, h) + lane];
+        row_a[lane] = qkv[qkv_index(b, j, p.k_start, g) + lane];
+        row_b[lane] = qkv[qkv_index(b, j, p.v_start, g) + lane];
     }
     workgroupBarrier();
     var acc_k = 0.0;
     var acc_v = 0.0;
-    for (var i0 = j; i0 < p.seq_len; i0 += LANES) {
-        let i = i0 + lane;
-        var pi = 0.0;
-        var ds = 0.0;
-        if (i < p.seq_len) {
-            let qb = qkv_index(b, i, 0u, h);
-            let ob = out_index(b, i, h);
-            var qk = 0.0;
-            var dov = 0.0;
-            for (var d = 0u; d < p.head_dim; d++) {
-                qk = fma(qkv[qb + d], row_a[d], qk);
-                dov = fma(dout[ob + d], row_b[d], dov);
+    for (var h = g * p.group; h < (g + 1u) * p.group; h++) {
+        for (var i0 = j; i0 < p.seq_len; i0 += LANES) {
+            let i = i0 + lane;
+            var pi = 0.0;
+            var ds = 0.0;
+            if (i < p.seq_len) {
+                let qb = qkv_index(b, i, 0u, h);
+                let ob = out_index(b, i, h);
+                var qk = 0.0;
+                var dov = 0.0;
+                for (var d = 0u; d < p.head_dim; d++) {
+                    qk = fma(qkv[qb + d], row_a[d], qk);
+                    dov = fma(dout[ob + d], row_b[d], dov);
+                }
+                pi = exp(qk * p.scale - lse[stat_index(b, h, i)]);
+                ds = pi * (dov - delta[stat_index(b, h, i)]);
             }
-            pi = exp(qk * p.scale - lse[stat_index(b, h, i)]);
-            ds = pi * (dov - delta[stat_index(b, h, i)]);
-        }
-        chunk_p[lane] = pi;
-        chunk_ds[lane] = ds;
-        workgroupBarrier();
-        if (lane < p.head_dim) {
-            let n = min(LANES, p.seq_len - i0);
-            for (var ii = 0u; ii < n; ii++) {
-                acc_v = fma(chunk_p[ii], dout[out_index(b, i0 + ii, h) + lane], acc_v);
-                acc_k = fma(chunk_ds[ii], qkv[qkv_index(b, i0 + ii, 0u, h) + lane], acc_k);
+            chunk_p[lane] = pi;
+            chunk_ds[lane] = ds;
+            workgroupBarrier();
+            if (lane < p.head_dim) {
+                let n = min(LANES, p.seq_len - i0);
+                for (var ii = 0u; ii < n; ii++) {
+                    acc_v = fma(chunk_p[ii], dout[out_index(b, i0 + ii, h) + lane], acc_v);
+                    acc_k = fma(chunk_ds[ii], qkv[qkv_index(b, i0 + ii, 0u, h) + lane], acc_k);
+                }
             }
+            workgroupBarrier();
         }
-        workgroupBarrier();
     }
     if (lane < p.head_dim) {
-        dqkv[qkv_index(b, j, 1u, h) + lane] = acc_k * p.scale;
-        dqkv[qkv_index(b, j, 2u, h) + lane] = acc_v;
+        dqkv[qkv_index(b, j, p.k_start, g) + lane] = acc_k * p.scale;
+        dqkv[qkv_index(b, j, p.v_start, g) + lane] = acc_v;
     }
 }

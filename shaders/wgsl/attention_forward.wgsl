@@ -1,13 +1,16 @@
-// attention_forward: causal multi-head self-attention, softmax(q k^T * scale) v, per head.
-//   qkv (B, T, 3C): q, k, v side by side, head h at columns h*hd of each third.
-//   out (B, T, C), lse (B, NH, T): log-sum-exp of each score row, kept so backward recomputes the
-//   probabilities instead of storing (B, NH, T, T) of them.
+// attention_forward: causal self-attention with grouped-query heads, softmax(q k^T * scale) v per query head.
+//   qkv (B, T, (H + 2G) D) = [q (H D) | k (G D) | v (G D)], head h at columns h D of its part; query head
+//   h reads key/value head h / group (group = H / G), shared in place by the group. GPT-2: G = H, qkv (B, T, 3C).
+//   out (B, T, H D), lse (B, H, T): log-sum-exp of each score row, kept so backward recomputes the
+//   probabilities instead of storing (B, H, T, T) of them.
 // One workgroup per (query t, head h, batch b); keys are visited in chunks of 256 whose probabilities
-// sit in workgroup memory while the lanes owning output channels accumulate them.
+// sit in workgroup memory while the lanes owning output channels accumulate them (so D <= 256).
 
 struct Params {
-    seq_len: u32, heads: u32, head_dim: u32, channels: u32,
+    seq_len: u32, heads: u32, group: u32, head_dim: u32,
     scale: f32, qkv_off: u32, out_off: u32, stat_off: u32,
+    // Floats per qkv row, and where its k and v parts start.
+    qkv_width: u32, k_start: u32, v_start: u32, _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -20,8 +23,8 @@ var<workgroup> q_row: array<f32, 256>;
 var<workgroup> probs: array<f32, 256>;
 // red_max, red_sum, logsumexp_add and workgroup_logsumexp come from common/workgroup_logsumexp.wgsl.
 
-fn score(qkv_row: u32, key: u32, h: u32, b: u32) -> f32 {
-    let k_base = p.qkv_off + (b * p.seq_len + key) * 3u * p.channels + p.channels + h * p.head_dim;
+fn score(key: u32, g: u32, b: u32) -> f32 {
+    let k_base = p.qkv_off + (b * p.seq_len + key) * p.qkv_width + p.k_start + g * p.head_dim;
     var dot = 0.0;
     for (var d = 0u; d < p.head_dim; d++) { dot = fma(q_row[d], qkv[k_base + d], dot); }
     return dot * p.scale;
@@ -32,32 +35,33 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let t = wg.x;
     let h = wg.y;
     let b = wg.z;
+    let g = h / p.group;
     let row = b * p.seq_len + t;
-    if (lane < p.head_dim) { q_row[lane] = qkv[p.qkv_off + row * 3u * p.channels + h * p.head_dim + lane]; }
+    if (lane < p.head_dim) { q_row[lane] = qkv[p.qkv_off + row * p.qkv_width + h * p.head_dim + lane]; }
     workgroupBarrier();
 
     // Pass 1: running max and sum of exponentials over this lane's keys, then combined across lanes.
     var state = vec2<f32>(-3.0e38, 0.0);
-    for (var j = lane; j <= t; j += LANES) { state = logsumexp_add(state, score(row, j, h, b)); }
+    for (var j = lane; j <= t; j += LANES) { state = logsumexp_add(state, score(j, g, b)); }
     let row_lse = workgroup_logsumexp(lane, state);
 
     // Pass 2: out = sum_j p_j v_j, one chunk of keys at a time.
     var acc = 0.0;
+    let v_col = p.qkv_off + p.v_start + g * p.head_dim + lane;
     for (var j0 = 0u; j0 <= t; j0 += LANES) {
         let j = j0 + lane;
         var pj = 0.0;
-        if (j <= t) { pj = exp(score(row, j, h, b) - row_lse); }
+        if (j <= t) { pj = exp(score(j, g, b) - row_lse); }
         probs[lane] = pj;
         workgroupBarrier();
         if (lane < p.head_dim) {
             let n = min(LANES, t + 1u - j0);
             for (var jj = 0u; jj < n; jj++) {
-                let v_idx = p.qkv_off + (b * p.seq_len + j0 + jj) * 3u * p.channels + 2u * p.channels + h * p.head_dim + lane;
-                acc = fma(probs[jj], qkv[v_idx], acc);
+                acc = fma(probs[jj], qkv[v_col + (b * p.seq_len + j0 + jj) * p.qkv_width], acc);
             }
         }
         workgroupBarrier();
     }
-    if (lane < p.head_dim) { out[p.out_off + row * p.channels + h * p.head_dim + lane] = acc; }
+    if (lane < p.head_dim) { out[p.out_off + row * p.heads * p.head_dim + h * p.head_dim + lane] = acc; }
     if (lane == 0u) { lse[p.stat_off + (b * p.heads + h) * p.seq_len + t] = row_lse; }
 }

@@ -113,11 +113,12 @@ impl GpuTensor {
     }
 }
 
-/// The Params of both attention kernels: dimensions, scale, and the offsets of the qkv-, out- and
-/// statistics-shaped windows.
-fn attention_params(d: AttentionDims, qkv: &Window<'_>, out: &Window<'_>, stat: &Window<'_>) -> [u32; 8] {
-    let (t, c) = (d.seq_len as u32, d.channels as u32);
-    [t, d.heads as u32, d.head_dim() as u32, c, d.scale().to_bits(), qkv.elem_offset, out.elem_offset, stat.elem_offset]
+/// The Params of both attention kernels: dimensions, scale, the offsets of the qkv-, out- and
+/// statistics-shaped windows, and the qkv row's width and part starts.
+fn attention_params(d: AttentionDims, qkv: &Window<'_>, out: &Window<'_>, stat: &Window<'_>) -> [u32; 12] {
+    let [t, heads, group, hd, qkv_width, k_start, v_start] =
+        [d.seq_len, d.heads, d.group(), d.head_dim, d.qkv_width(), d.q_width(), d.q_width() + d.kv_width()].map(|n| n as u32);
+    [t, heads, group, hd, d.scale().to_bits(), qkv.elem_offset, out.elem_offset, stat.elem_offset, qkv_width, k_start, v_start, 0]
 }
 
 /// A read-back in flight: the staging buffer its copies were submitted into, the submission, and the
@@ -696,18 +697,7 @@ impl Backend for GpuDevice {
         self.create_formatted(len, Some(format), label, usage)
     }
     fn check_attention(&self, d: AttentionDims) -> Result<()> {
-        let sequence_elems = 3 * d.seq_len * d.channels;
-        if sequence_elems > self.max_window_elems {
-            bail!(
-                "one sequence's q, k and v ({} x 3 x {} floats = {} bytes) exceed this adapter's largest storage binding ({} bytes): lower --seq-len to at most {}",
-                d.seq_len,
-                d.channels,
-                4 * sequence_elems,
-                4 * self.max_window_elems,
-                self.max_window_elems / (3 * d.channels)
-            );
-        }
-        Ok(())
+        d.check_kernel_limits(self.max_window_elems, self.device.limits().max_compute_workgroup_storage_size as usize)
     }
     fn write_16bit(&self, t: &GpuTensor, bits: &[u16], format: HalfFormat) -> Result<()> {
         assert!(bits.len() <= t.len, "write of {} elements into a tensor of {}", bits.len(), t.len);
@@ -949,10 +939,10 @@ impl Backend for GpuDevice {
     }
 
     fn attention_forward(&self, out: &GpuTensor, lse: &GpuTensor, qkv: &GpuTensor, d: AttentionDims) {
-        let (t, c) = (d.seq_len, d.channels);
-        for bs in Self::pieces(d.batch, self.rows_per_piece(3 * t * c), 1) {
-            let qw = self.window(qkv, bs.start * t * 3 * c..bs.end * t * 3 * c);
-            let ow = self.window(out, bs.start * t * c..bs.end * t * c);
+        let (t, qkv_row, out_row) = (d.seq_len, d.qkv_width(), d.out_width());
+        for bs in Self::pieces(d.batch, self.rows_per_piece(t * qkv_row), 1) {
+            let qw = self.window(qkv, bs.start * t * qkv_row..bs.end * t * qkv_row);
+            let ow = self.window(out, bs.start * t * out_row..bs.end * t * out_row);
             let lw = self.window(lse, bs.start * d.heads * t..bs.end * d.heads * t);
             let params = attention_params(d, &qw, &ow, &lw);
             self.dispatch(
@@ -974,10 +964,10 @@ impl Backend for GpuDevice {
         lse: &GpuTensor,
         d: AttentionDims,
     ) {
-        let (t, c) = (d.seq_len, d.channels);
-        for bs in Self::pieces(d.batch, self.rows_per_piece(3 * t * c), 1) {
-            let qkv_span = bs.start * t * 3 * c..bs.end * t * 3 * c;
-            let out_span = bs.start * t * c..bs.end * t * c;
+        let (t, qkv_row, out_row) = (d.seq_len, d.qkv_width(), d.out_width());
+        for bs in Self::pieces(d.batch, self.rows_per_piece(t * qkv_row), 1) {
+            let qkv_span = bs.start * t * qkv_row..bs.end * t * qkv_row;
+            let out_span = bs.start * t * out_row..bs.end * t * out_row;
             let stat_span = bs.start * d.heads * t..bs.end * d.heads * t;
             let (qw, gw) = (self.window(qkv, qkv_span.clone()), self.window(dqkv, qkv_span));
             let (ow, dw) = (self.window(out, out_span.clone()), self.window(dout, out_span));
@@ -985,7 +975,6 @@ impl Backend for GpuDevice {
             // One offset per layout: the windows of same-shaped tensors start at the same misalignment.
             assert!(qw.elem_offset == gw.elem_offset && ow.elem_offset == dw.elem_offset && lw.elem_offset == ew.elem_offset);
             let params = attention_params(d, &qw, &ow, &lw);
-            let grid = [t as u32, d.heads as u32, bs.len() as u32];
             self.dispatch(
                 shaders::ATTENTION_BACKWARD,
                 "query_grad",
@@ -998,14 +987,15 @@ impl Backend for GpuDevice {
                     (5, ew.binding.clone()),
                     (6, gw.binding.clone()),
                 ],
-                grid,
+                [t as u32, d.heads as u32, bs.len() as u32],
             );
+            // One workgroup per key/value head: it sums the gradients of the group's query heads.
             self.dispatch(
                 shaders::ATTENTION_BACKWARD,
                 "key_value_grad",
                 &params,
                 &[(1, qw.binding), (3, dw.binding), (4, lw.binding), (5, ew.binding), (6, gw.binding)],
-                grid,
+                [t as u32, d.kv_heads as u32, bs.len() as u32],
             );
         }
     }

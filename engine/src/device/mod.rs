@@ -54,10 +54,11 @@ pub trait Backend {
     fn alloc_16bit(&self, len: usize, label: &str, _format: HalfFormat) -> Result<Self::Tensor> {
         self.alloc(len, label)
     }
-    /// Fails, with the numbers, if these attention dimensions exceed what the device's kernels can bind
-    /// (the gpu device splits attention by batch only, so one sequence's q, k and v must fit one binding).
-    fn check_attention(&self, _dims: AttentionDims) -> Result<()> {
-        Ok(())
+    /// Fails, with the numbers, if these attention dimensions are inconsistent or exceed what the device's
+    /// kernels support: the gpu device's head dim and workgroup memory, and one binding for one sequence's
+    /// q, k and v (it splits attention by batch only).
+    fn check_attention(&self, dims: AttentionDims) -> Result<()> {
+        dims.check()
     }
     /// Waits until all work recorded so far has run (a no-op where ops run synchronously).
     fn synchronize(&self) {}
@@ -148,9 +149,9 @@ pub trait Backend {
         channels: usize,
     );
 
-    /// out (B, T, C), lse (B, NH, T) from qkv (B, T, 3C).
+    /// out (B, T, H D), lse (B, H, T) from qkv (B, T, (H + 2G) D): see [`crate::ops::attention`].
     fn attention_forward(&self, out: &Self::Tensor, lse: &Self::Tensor, qkv: &Self::Tensor, dims: AttentionDims);
-    /// dqkv (B, T, 3C) is overwritten, not accumulated; delta (B, NH, T) is scratch.
+    /// dqkv (B, T, (H + 2G) D) is overwritten, not accumulated; delta (B, H, T) is scratch.
     #[allow(clippy::too_many_arguments)]
     fn attention_backward(
         &self,

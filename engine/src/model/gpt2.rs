@@ -250,7 +250,7 @@ fn linear_backward<D: Backend>(
 }
 
 pub fn attention_dims(cfg: &Gpt2Config, batch: usize, seq_len: usize) -> AttentionDims {
-    AttentionDims { batch, seq_len, channels: cfg.n_embd, heads: cfg.n_head }
+    AttentionDims::mha(batch, seq_len, cfg.n_embd, cfg.n_head)
 }
 
 /// x (B, T, C) = wte[tokens] + wpe[0..T]: the input of block 0.

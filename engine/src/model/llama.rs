@@ -224,17 +224,38 @@ impl<T> HeadActivations<T> {
 
 /// y[:, col..col + n] (BT rows of `ld`) = x (BT, k) @ W^T, W (n, k) in `nn.Linear` layout.
 fn linear_into(bt: usize, k: usize, n: usize, ld: usize, col: usize) -> MatmulShape {
-    MatmulShape { m: bt, n, k, a: Operand::row_major(k), b: Operand::transposed(k), c: Operand { offset: col, row_stride: ld, col_stride: 1 } }
+    MatmulShape {
+        m: bt,
+        n,
+        k,
+        a: Operand::row_major(k),
+        b: Operand::transposed(k),
+        c: Operand { offset: col, row_stride: ld, col_stride: 1 },
+    }
 }
 
 /// dx (BT, k) (+)= dy[:, col..col + n] @ W, W (n, k): the input gradient of [`linear_into`].
 fn linear_dx(bt: usize, k: usize, n: usize, ld: usize, col: usize) -> MatmulShape {
-    MatmulShape { m: bt, n: k, k: n, a: Operand { offset: col, row_stride: ld, col_stride: 1 }, b: Operand::row_major(k), c: Operand::row_major(k) }
+    MatmulShape {
+        m: bt,
+        n: k,
+        k: n,
+        a: Operand { offset: col, row_stride: ld, col_stride: 1 },
+        b: Operand::row_major(k),
+        c: Operand::row_major(k),
+    }
 }
 
 /// dW (n, k) += dy[:, col..col + n]^T @ x (BT, k): the weight gradient of [`linear_into`].
 fn linear_dw(bt: usize, k: usize, n: usize, ld: usize, col: usize) -> MatmulShape {
-    MatmulShape { m: n, n: k, k: bt, a: Operand { offset: col, row_stride: 1, col_stride: ld }, b: Operand::row_major(k), c: Operand::row_major(k) }
+    MatmulShape {
+        m: n,
+        n: k,
+        k: bt,
+        a: Operand { offset: col, row_stride: 1, col_stride: ld },
+        b: Operand::row_major(k),
+        c: Operand::row_major(k),
+    }
 }
 
 /// x (B, T, C) = embed_tokens[tokens]: the input of layer 0.
@@ -322,9 +343,8 @@ pub fn block_backward<D: Backend>(
     // RoPE is a rotation: its backward rotates the gradients of q and k back.
     let rotated_heads = cfg.num_attention_heads + cfg.num_key_value_heads;
     dev.rope(&h.d_qkv, &a.inv_freq, seq_len, bt, qkv_w, 0, rotated_heads, cfg.head_dim, true);
-    for (i, (weight, grad, col, width)) in [(w.q_proj, g.q_proj, 0, qw), (w.k_proj, g.k_proj, qw, kvw), (w.v_proj, g.v_proj, qw + kvw, kvw)]
-        .into_iter()
-        .enumerate()
+    for (i, (weight, grad, col, width)) in
+        [(w.q_proj, g.q_proj, 0, qw), (w.k_proj, g.k_proj, qw, kvw), (w.v_proj, g.v_proj, qw + kvw, kvw)].into_iter().enumerate()
     {
         dev.matmul(&h.d_c, &h.d_qkv, weight, None, &linear_dx(bt, c, width, qkv_w, col), i > 0);
         dev.matmul(grad, &h.d_qkv, &a.ln_1, None, &linear_dw(bt, c, width, qkv_w, col), true);

@@ -258,7 +258,9 @@ impl Model {
     ) {
         match (self, acts) {
             (Model::Gpt2(c), BlockActs::Gpt2(a)) => gpt2::block_forward(dev, c, &Block::view(block), a, input, output, batch, seq_len),
-            (Model::Llama(c), BlockActs::Llama(a)) => llama::block_forward(dev, c, &llama::Block::view(block), a, input, output, batch, seq_len),
+            (Model::Llama(c), BlockActs::Llama(a)) => {
+                llama::block_forward(dev, c, &llama::Block::view(block), a, input, output, batch, seq_len)
+            }
             _ => unreachable!("activations of another family"),
         }
     }
@@ -348,6 +350,14 @@ impl Model {
             self.head_forward(dev, &head, &head_acts, &x[self.n_layer() % 2], &tokens, None);
             Ok(dev.read(self.logits(&head_acts)))
         }))
+    }
+
+    /// The output of the final norm in the last head forward (Hugging Face's last hidden state).
+    pub fn final_hidden<'t, T>(&self, acts: &'t HeadActs<T>) -> &'t T {
+        match acts {
+            HeadActs::Gpt2(a) => a.ln_f(),
+            HeadActs::Llama(a) => a.ln_f(),
+        }
     }
 
     /// The logits of the last head forward (or their gradient, after one with a gradient scale).

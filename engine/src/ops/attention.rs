@@ -1,37 +1,134 @@
-//! attention: causal multi-head self-attention over the fused qkv projection, and its backward.
+//! attention: causal self-attention over the fused qkv projection, with grouped-query heads, and its
+//! backward.
 //!
-//! Layouts: qkv (B, T, 3C) with q, k, v side by side and head h at columns h*hd of each third;
-//! out (B, T, C); lse and delta (B, NH, T). Backward recomputes the probabilities from the saved
-//! log-sum-exp, so nothing of size (T, T) is ever stored.
+//! Layouts, with H query heads, G key/value heads (H a multiple of G) and head dim D:
+//! qkv (B, T, (H + 2G) D) = [q (H D) | k (G D) | v (G D)], head h at columns h D of its part;
+//! out (B, T, H D); lse and delta (B, H, T). Query head h attends with key/value head h / (H / G), so
+//! each k and v head serves a group of H / G consecutive query heads (transformers' `repeat_kv` order)
+//! and is read in place, never repeated. GPT-2's multi-head attention is G = H: qkv (B, T, 3C).
+//!
+//! Backward recomputes the probabilities from the saved log-sum-exp, so nothing of size (T, T) is ever
+//! stored. The k and v gradients of a shared head are sums over its group's query heads, taken in head
+//! order so the result is deterministic.
 
+use anyhow::{Result, bail};
 use rayon::prelude::*;
 
-#[derive(Clone, Copy, Debug)]
+/// The largest head dim the WGSL kernels take: they run one 256-lane workgroup per query row (or key
+/// row), each lane owning one channel of the head, and hold head rows in workgroup arrays of 256.
+pub const MAX_HEAD_DIM: usize = 256;
+/// Workgroup memory each attention kernel declares (four arrays of 256 floats; the test below reads
+/// the WGSL to keep this true). It does not depend on the head dim.
+pub const KERNEL_WORKGROUP_BYTES: usize = 4096;
+
+/// The shape of one attention call; see the module docs for the layouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttentionDims {
     pub batch: usize,
     pub seq_len: usize,
-    pub channels: usize,
+    /// Query heads (H).
     pub heads: usize,
+    /// Key/value heads (G); `heads` must be a multiple of it.
+    pub kv_heads: usize,
+    /// Channels per head (D), for queries, keys and values alike.
+    pub head_dim: usize,
 }
 
 impl AttentionDims {
-    pub fn head_dim(&self) -> usize {
-        self.channels / self.heads
+    /// GPT-2's multi-head attention: `heads` heads of `channels / heads`, each with its own k and v.
+    pub fn mha(batch: usize, seq_len: usize, channels: usize, heads: usize) -> Self {
+        assert!(heads > 0 && channels.is_multiple_of(heads), "attention: {channels} channels do not split into {heads} heads");
+        AttentionDims { batch, seq_len, heads, kv_heads: heads, head_dim: channels / heads }
+    }
+
+    /// Grouped-query attention (Llama): `heads` query heads share `kv_heads` key/value heads.
+    pub fn gqa(batch: usize, seq_len: usize, heads: usize, kv_heads: usize, head_dim: usize) -> Self {
+        AttentionDims { batch, seq_len, heads, kv_heads, head_dim }
+    }
+
+    /// Fails, with the numbers, unless the heads split into groups and the head dim is positive.
+    pub fn check(&self) -> Result<()> {
+        if self.heads == 0 || self.kv_heads == 0 || self.head_dim == 0 {
+            bail!("attention needs at least one head, one key/value head and one channel per head: {self:?}");
+        }
+        if !self.heads.is_multiple_of(self.kv_heads) {
+            bail!("attention: {} query heads do not split into groups over {} key/value heads", self.heads, self.kv_heads);
+        }
+        Ok(())
+    }
+
+    /// [`Self::check`], then the limits of the WGSL kernels: the head dim, the adapter's workgroup memory
+    /// (`workgroup_bytes`), and one sequence's qkv within one storage binding of `max_binding_elems`
+    /// floats (the gpu device splits attention by batch only).
+    pub fn check_kernel_limits(&self, max_binding_elems: usize, workgroup_bytes: usize) -> Result<()> {
+        self.check()?;
+        if self.head_dim > MAX_HEAD_DIM {
+            bail!("attention head dim {} is above the {MAX_HEAD_DIM} the gpu kernels support (one lane per channel)", self.head_dim);
+        }
+        if KERNEL_WORKGROUP_BYTES > workgroup_bytes {
+            bail!(
+                "the attention kernels need {KERNEL_WORKGROUP_BYTES} bytes of workgroup memory (head dims up to {MAX_HEAD_DIM}), \
+                 this adapter allows {workgroup_bytes}: head dim {} cannot run on it",
+                self.head_dim
+            );
+        }
+        let sequence_elems = self.seq_len * self.qkv_width();
+        if sequence_elems > max_binding_elems {
+            bail!(
+                "one sequence's q, k and v ({} x {} floats = {} bytes) exceed this adapter's largest storage binding ({} bytes): lower --seq-len to at most {}",
+                self.seq_len,
+                self.qkv_width(),
+                4 * sequence_elems,
+                4 * max_binding_elems,
+                max_binding_elems / self.qkv_width()
+            );
+        }
+        Ok(())
+    }
+
+    /// Query heads per key/value head.
+    pub fn group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+    /// The key/value head that query head `h` reads.
+    pub fn kv_head(&self, h: usize) -> usize {
+        h / self.group()
+    }
+    /// Floats of q in one qkv row (H D); also where k starts.
+    pub fn q_width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+    /// Floats of k, and of v, in one qkv row (G D).
+    pub fn kv_width(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+    /// Floats of one qkv row ((H + 2G) D).
+    pub fn qkv_width(&self) -> usize {
+        self.q_width() + 2 * self.kv_width()
+    }
+    /// Floats of one out row (H D).
+    pub fn out_width(&self) -> usize {
+        self.q_width()
+    }
+    /// Elements of lse, and of delta (B H T).
+    pub fn stat_len(&self) -> usize {
+        self.batch * self.heads * self.seq_len
     }
     pub fn scale(&self) -> f32 {
-        1.0 / (self.head_dim() as f32).sqrt()
+        1.0 / (self.head_dim as f32).sqrt()
     }
     fn q(&self, b: usize, t: usize, h: usize) -> usize {
-        (b * self.seq_len + t) * 3 * self.channels + h * self.head_dim()
+        (b * self.seq_len + t) * self.qkv_width() + h * self.head_dim
     }
-    fn k(&self, b: usize, t: usize, h: usize) -> usize {
-        self.q(b, t, h) + self.channels
+    /// Key `g` is a key/value head.
+    fn k(&self, b: usize, t: usize, g: usize) -> usize {
+        (b * self.seq_len + t) * self.qkv_width() + self.q_width() + g * self.head_dim
     }
-    fn v(&self, b: usize, t: usize, h: usize) -> usize {
-        self.q(b, t, h) + 2 * self.channels
+    fn v(&self, b: usize, t: usize, g: usize) -> usize {
+        self.k(b, t, g) + self.kv_width()
     }
     fn o(&self, b: usize, t: usize, h: usize) -> usize {
-        (b * self.seq_len + t) * self.channels + h * self.head_dim()
+        (b * self.seq_len + t) * self.out_width() + h * self.head_dim
     }
     fn stat(&self, b: usize, h: usize, t: usize) -> usize {
         (b * self.heads + h) * self.seq_len + t
@@ -91,22 +188,24 @@ unsafe fn axpy_fma(acc: &mut [f32], s: f32, x: &[f32]) {
     axpy_portable(acc, s, x)
 }
 
-/// out = softmax(q k^T * scale, causal) v per head; lse = log-sum-exp of each score row.
-/// Twin of `attention_forward.wgsl`.
+/// out = softmax(q k^T * scale, causal) v per query head, k and v from its key/value head; lse =
+/// log-sum-exp of each score row. Twin of `attention_forward.wgsl`.
 pub fn attention_forward(out: &mut [f32], lse: &mut [f32], qkv: &[f32], d: AttentionDims) {
-    let hd = d.head_dim();
+    d.check().expect("attention dims");
+    let hd = d.head_dim;
     let rows: Vec<(usize, usize, usize)> =
         (0..d.batch).flat_map(|b| (0..d.heads).flat_map(move |h| (0..d.seq_len).map(move |t| (b, h, t)))).collect();
     let results: Vec<(f32, Vec<f32>)> = rows
         .par_iter()
         .map(|&(b, h, t)| {
+            let g = d.kv_head(h);
             let q = &qkv[d.q(b, t, h)..][..hd];
-            let scores: Vec<f32> = (0..=t).map(|j| dot(q, &qkv[d.k(b, j, h)..][..hd]) * d.scale()).collect();
+            let scores: Vec<f32> = (0..=t).map(|j| dot(q, &qkv[d.k(b, j, g)..][..hd]) * d.scale()).collect();
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let row_lse = max + scores.iter().map(|s| (s - max).exp()).sum::<f32>().ln();
             let mut o = vec![0.0f32; hd];
             for (j, s) in scores.iter().enumerate() {
-                axpy(&mut o, (s - row_lse).exp(), &qkv[d.v(b, j, h)..][..hd]);
+                axpy(&mut o, (s - row_lse).exp(), &qkv[d.v(b, j, g)..][..hd]);
             }
             (row_lse, o)
         })
@@ -117,11 +216,13 @@ pub fn attention_forward(out: &mut [f32], lse: &mut [f32], qkv: &[f32], d: Atten
     }
 }
 
-/// dqkv (overwritten) from dout; delta (B, NH, T) = rowsum(dout * out) is scratch that the GPU version
-/// passes between its two entry points. Twin of `attention_backward.wgsl`.
+/// dqkv (overwritten) from dout; delta (B, H, T) = rowsum(dout * out) is scratch that the GPU version
+/// passes between its two entry points. The k and v gradients of a key/value head sum its group's query
+/// heads in head order, as `key_value_grad` does. Twin of `attention_backward.wgsl`.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward(dqkv: &mut [f32], delta: &mut [f32], dout: &[f32], qkv: &[f32], out: &[f32], lse: &[f32], d: AttentionDims) {
-    let hd = d.head_dim();
+    d.check().expect("attention dims");
+    let hd = d.head_dim;
     let scale = d.scale();
     for b in 0..d.batch {
         for h in 0..d.heads {
@@ -131,31 +232,40 @@ pub fn attention_backward(dqkv: &mut [f32], delta: &mut [f32], dout: &[f32], qkv
         }
     }
     let prob = |b: usize, h: usize, i: usize, j: usize| {
-        (dot(&qkv[d.q(b, i, h)..][..hd], &qkv[d.k(b, j, h)..][..hd]) * scale - lse[d.stat(b, h, i)]).exp()
+        (dot(&qkv[d.q(b, i, h)..][..hd], &qkv[d.k(b, j, d.kv_head(h))..][..hd]) * scale - lse[d.stat(b, h, i)]).exp()
     };
     // ds_ij = p_ij (dout_i . v_j - delta_i), the gradient of the score (before scaling).
     let ds = |b: usize, h: usize, i: usize, j: usize| {
-        prob(b, h, i, j) * (dot(&dout[d.o(b, i, h)..][..hd], &qkv[d.v(b, j, h)..][..hd]) - delta[d.stat(b, h, i)])
+        prob(b, h, i, j) * (dot(&dout[d.o(b, i, h)..][..hd], &qkv[d.v(b, j, d.kv_head(h))..][..hd]) - delta[d.stat(b, h, i)])
     };
     // One task per (b, t): each writes the q, k and v gradients of its own row only.
-    let row_len = 3 * d.channels;
+    let (row_len, k_start, v_start) = (d.qkv_width(), d.q_width(), d.q_width() + d.kv_width());
     dqkv[..d.batch * d.seq_len * row_len].par_chunks_mut(row_len).enumerate().for_each(|(row, drow)| {
         let (b, t) = (row / d.seq_len, row % d.seq_len);
         for h in 0..d.heads {
-            let base = h * hd;
-            let (mut dq, mut dk, mut dv) = (vec![0.0f32; hd], vec![0.0f32; hd], vec![0.0f32; hd]);
+            let mut dq = vec![0.0f32; hd];
             for j in 0..=t {
-                axpy(&mut dq, ds(b, h, t, j), &qkv[d.k(b, j, h)..][..hd]);
+                axpy(&mut dq, ds(b, h, t, j), &qkv[d.k(b, j, d.kv_head(h))..][..hd]);
             }
-            for i in t..d.seq_len {
-                axpy(&mut dv, prob(b, h, i, t), &dout[d.o(b, i, h)..][..hd]);
-                axpy(&mut dk, ds(b, h, i, t), &qkv[d.q(b, i, h)..][..hd]);
+            for (dst, q) in drow[h * hd..][..hd].iter_mut().zip(&dq) {
+                *dst = q * scale;
+            }
+        }
+        for g in 0..d.kv_heads {
+            let (mut dk, mut dv) = (vec![0.0f32; hd], vec![0.0f32; hd]);
+            for h in g * d.group()..(g + 1) * d.group() {
+                for i in t..d.seq_len {
+                    axpy(&mut dv, prob(b, h, i, t), &dout[d.o(b, i, h)..][..hd]);
+                    axpy(&mut dk, ds(b, h, i, t), &qkv[d.q(b, i, h)..][..hd]);
+                }
             }
             for e in 0..hd {
-                drow[base + e] = dq[e] * scale;
-                drow[d.channels + base + e] = dk[e] * scale;
-                drow[2 * d.channels + base + e] = dv[e];
+                drow[k_start + g * hd + e] = dk[e] * scale;
+                drow[v_start + g * hd + e] = dv[e];
             }
         }
     });
 }
+
+#[cfg(test)]
+mod tests;

@@ -28,6 +28,15 @@ impl Golden {
     pub fn setting(&self, key: &str) -> f64 {
         self.settings[key].as_str().unwrap().parse().unwrap()
     }
+    /// An integer tensor (int32 or int64) of the golden, as u32 (token ids).
+    pub fn f64_or_ints(&self, name: &str) -> Vec<u32> {
+        let st = SafeTensors::deserialize(&self.bytes).unwrap();
+        let view = st.tensor(name).unwrap_or_else(|_| panic!("golden tensor {name} missing"));
+        match view.dtype() {
+            safetensors::Dtype::I64 => view.data().chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap()) as u32).collect(),
+            _ => view.data().chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap()) as u32).collect(),
+        }
+    }
     pub fn f64(&self, name: &str) -> Vec<f64> {
         let st = SafeTensors::deserialize(&self.bytes).unwrap();
         let view = st.tensor(name).unwrap_or_else(|_| panic!("golden tensor {name} missing"));

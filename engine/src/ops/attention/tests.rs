@@ -1,0 +1,130 @@
+//! The grouped-query twins against the multi-head twins run on K and V repeated per group (what
+//! transformers' `repeat_kv` materialises; only this test does), the dimension checks, and the kernel
+//! limits against the WGSL they describe.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use wgpu::naga;
+
+use super::*;
+
+fn random(seed: u64, n: usize) -> Vec<f32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n).map(|_| rng.random_range(-1.5..1.5)).collect()
+}
+
+/// The qkv of multi-head attention with each key/value head of `d` repeated `heads / kv_heads` times
+/// in place, as transformers' `repeat_kv` expands (B, G, T, D) to (B, G * n_rep, T, D).
+fn repeat_kv(qkv: &[f32], d: AttentionDims) -> Vec<f32> {
+    let (hd, qw, kw) = (d.head_dim, d.q_width(), d.kv_width());
+    let n_rep = d.heads / d.kv_heads;
+    let mut out = Vec::with_capacity(d.batch * d.seq_len * 3 * qw);
+    for row in qkv.chunks(d.qkv_width()) {
+        out.extend_from_slice(&row[..qw]);
+        for part in [&row[qw..][..kw], &row[qw + kw..][..kw]] {
+            for head in part.chunks(hd) {
+                for _ in 0..n_rep {
+                    out.extend_from_slice(head);
+                }
+            }
+        }
+    }
+    out
+}
+
+struct Run {
+    out: Vec<f32>,
+    lse: Vec<f32>,
+    dqkv: Vec<f32>,
+    delta: Vec<f32>,
+}
+
+fn run(qkv: &[f32], dout: &[f32], d: AttentionDims) -> Run {
+    let rows = d.batch * d.seq_len;
+    let (mut out, mut lse) = (vec![0.0; rows * d.out_width()], vec![0.0; d.stat_len()]);
+    attention_forward(&mut out, &mut lse, qkv, d);
+    // NaN, so a gradient left unwritten shows.
+    let (mut dqkv, mut delta) = (vec![f32::NAN; rows * d.qkv_width()], vec![0.0; d.stat_len()]);
+    attention_backward(&mut dqkv, &mut delta, dout, qkv, &out, &lse, d);
+    Run { out, lse, dqkv, delta }
+}
+
+#[test]
+fn grouped_query_attention_is_multi_head_attention_on_repeated_kv() {
+    for (heads, kv_heads, head_dim, batch, seq_len) in
+        [(4, 2, 12, 2, 9), (4, 1, 5, 1, 17), (6, 3, 8, 3, 4), (3, 1, 3, 1, 1), (2, 2, 4, 2, 6)]
+    {
+        let d = AttentionDims::gqa(batch, seq_len, heads, kv_heads, head_dim);
+        let mha = AttentionDims::mha(batch, seq_len, heads * head_dim, heads);
+        let tag = format!("H{heads} G{kv_heads} D{head_dim} B{batch} T{seq_len}");
+        let seed = (heads * 100 + kv_heads * 10 + head_dim) as u64;
+        let qkv = random(seed, batch * seq_len * d.qkv_width());
+        let dout = random(seed + 1, batch * seq_len * d.out_width());
+        let (got, want) = (run(&qkv, &dout, d), run(&repeat_kv(&qkv, d), &dout, mha));
+        // The same products in the same order: equal to the bit.
+        assert_eq!(got.out, want.out, "{tag}: out");
+        assert_eq!(got.lse, want.lse, "{tag}: lse");
+        assert_eq!(got.delta, want.delta, "{tag}: delta");
+        let (qw, kw) = (d.q_width(), d.kv_width());
+        for (r, (g_row, w_row)) in got.dqkv.chunks(d.qkv_width()).zip(want.dqkv.chunks(mha.qkv_width())).enumerate() {
+            assert_eq!(g_row[..qw], w_row[..qw], "{tag}: dq of row {r}");
+            // A shared head's gradient is the sum of its repeated copies' gradients (summed here per
+            // copy, there in one running sum: equal up to rounding).
+            for (part, mha_part) in [(qw, qw), (qw + kw, 2 * qw)] {
+                for e in 0..kw {
+                    let (g, c) = (e / head_dim, e % head_dim);
+                    let copies: f32 = (g * d.group()..(g + 1) * d.group()).map(|h| w_row[mha_part + h * head_dim + c]).sum();
+                    let got = g_row[part + e];
+                    assert!((got - copies).abs() <= 1e-5 * (1.0 + copies.abs()), "{tag}: row {r} part {part} [{e}]: {got} vs {copies}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn dimensions_are_checked_with_the_numbers() {
+    let ok = AttentionDims::gqa(2, 64, 32, 8, 128);
+    assert!(ok.check().is_ok() && ok.check_kernel_limits(usize::MAX, 16384).is_ok());
+    assert_eq!((ok.group(), ok.kv_head(5), ok.kv_head(31), ok.q_width(), ok.kv_width(), ok.qkv_width()), (4, 1, 7, 4096, 1024, 6144));
+    let gpt2 = AttentionDims::mha(4, 16, 768, 12);
+    assert_eq!((gpt2.kv_heads, gpt2.head_dim, gpt2.qkv_width(), gpt2.out_width(), gpt2.stat_len()), (12, 64, 2304, 768, 4 * 12 * 16));
+
+    let err = |d: AttentionDims| d.check_kernel_limits(1 << 20, 16384).unwrap_err().to_string();
+    assert!(err(AttentionDims { kv_heads: 3, ..ok }).contains("32 query heads do not split into groups over 3"));
+    assert!(err(AttentionDims { kv_heads: 0, ..ok }).contains("at least one"));
+    assert!(err(AttentionDims { head_dim: 0, ..ok }).contains("at least one"));
+    assert!(err(AttentionDims { head_dim: 257, ..ok }).contains("head dim 257 is above the 256"));
+    assert!(AttentionDims { head_dim: 256, ..ok }.check_kernel_limits(usize::MAX, 16384).is_ok());
+    let small_workgroup = ok.check_kernel_limits(usize::MAX, 2048).unwrap_err().to_string();
+    assert!(small_workgroup.contains("need 4096 bytes") && small_workgroup.contains("allows 2048"), "{small_workgroup}");
+    // 64 x 6144 floats of qkv per sequence.
+    let long = ok.check_kernel_limits(64 * 6144 - 1, 16384).unwrap_err().to_string();
+    assert!(long.contains("1572864 bytes") && long.contains("--seq-len to at most 63"), "{long}");
+}
+
+/// Elements of a workgroup array, or 1 for a scalar.
+fn elements(module: &naga::Module, ty: naga::Handle<naga::Type>) -> u32 {
+    match module.types[ty].inner {
+        naga::TypeInner::Array { size: naga::ArraySize::Constant(n), .. } => n.get(),
+        _ => 1,
+    }
+}
+
+#[test]
+fn kernel_limits_describe_the_wgsl() {
+    for kernel in [zerostream_shaders::ATTENTION_FORWARD, zerostream_shaders::ATTENTION_BACKWARD] {
+        let module = naga::front::wgsl::parse_str(kernel.source).unwrap();
+        let workgroup: Vec<_> =
+            module.global_variables.iter().map(|(_, v)| v).filter(|v| v.space == naga::AddressSpace::WorkGroup).collect();
+        let bytes: u32 = workgroup.iter().map(|v| module.types[v.ty].inner.size(module.to_ctx())).sum();
+        assert_eq!(bytes as usize, KERNEL_WORKGROUP_BYTES, "{}", kernel.name);
+        // Rows of a head live in these arrays, and one lane owns each channel.
+        for v in workgroup.iter().filter(|v| matches!(v.name.as_deref(), Some("q_row" | "row_a" | "row_b"))) {
+            assert!(elements(&module, v.ty) as usize >= MAX_HEAD_DIM, "{}: {:?}", kernel.name, v.name);
+        }
+        for entry in &module.entry_points {
+            assert!(entry.workgroup_size[0] as usize >= MAX_HEAD_DIM, "{}: {}", kernel.name, entry.name);
+        }
+    }
+}
