@@ -186,7 +186,7 @@ fn refuse_unsupported(config: &Map<String, Value>) -> std::result::Result<(), St
             Some("gpt2") => {}
             Some(other) => {
                 return Err(format!(
-                    "model_type {other:?}: this model family is not supported yet (zerostream trains GPT-2, model_type \"gpt2\")"
+                    "model_type {other:?}: not a family zerostream implements (gpt2; llama, mistral, qwen2)"
                 ));
             }
             None => return Err(format!("model_type is {}, expected the string \"gpt2\"", kind(model_type))),

@@ -41,7 +41,7 @@ enum Command {
     },
     /// Mean loss of a model over the first micro-batches of a token file; prints one JSON line.
     Eval {
-        /// A Hugging Face GPT-2 directory: config.json and model.safetensors (or sharded with an index).
+        /// A Hugging Face model directory (GPT-2 or Llama): config.json and model.safetensors (or sharded).
         #[arg(long)]
         model: PathBuf,
         /// Token file: llm.c's formats (header with magic 20240520: uint16 tokens; 20240801: uint32) or raw

@@ -62,10 +62,12 @@ fn parse_stage(text: &str) -> Result<ZeroStage, String> {
 
 #[derive(clap::Args)]
 pub struct TrainArgs {
-    /// A Hugging Face GPT-2 directory to start from (config.json + model.safetensors, or sharded).
+    /// A Hugging Face model directory to start from (GPT2LMHeadModel or LlamaForCausalLM: config.json +
+    /// model.safetensors, or sharded).
     #[arg(long, conflicts_with = "config")]
     model: Option<PathBuf>,
-    /// Start from random weights: a preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a config.json.
+    /// Start from random weights: a preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-3.2-1b, llama-3-8b)
+    /// or a config.json.
     #[arg(long)]
     config: Option<String>,
     /// Token file (llm.c's uint16 or Llama-3 uint32 format, or raw tokens: see --data-dtype; `zerostream
