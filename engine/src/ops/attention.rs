@@ -17,8 +17,8 @@ use rayon::prelude::*;
 /// The largest head dim the WGSL kernels take: they run one 256-lane workgroup per query row (or key
 /// row), each lane owning one channel of the head, and hold head rows in workgroup arrays of 256.
 pub const MAX_HEAD_DIM: usize = 256;
-/// Workgroup memory each attention kernel declares (four arrays of 256 floats; the test below reads
-/// the WGSL to keep this true). It does not depend on the head dim.
+/// Workgroup memory each attention kernel declares: four arrays of 256 floats, whatever the head dim
+/// (`attention/tests.rs` reads the WGSL to keep this true).
 pub const KERNEL_WORKGROUP_BYTES: usize = 4096;
 
 /// The shape of one attention call; see the module docs for the layouts.
@@ -120,7 +120,7 @@ impl AttentionDims {
     fn q(&self, b: usize, t: usize, h: usize) -> usize {
         (b * self.seq_len + t) * self.qkv_width() + h * self.head_dim
     }
-    /// Key `g` is a key/value head.
+    /// `g` is a key/value head, as in `v`.
     fn k(&self, b: usize, t: usize, g: usize) -> usize {
         (b * self.seq_len + t) * self.qkv_width() + self.q_width() + g * self.head_dim
     }
