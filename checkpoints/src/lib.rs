@@ -15,5 +15,5 @@ pub mod tokens;
 pub use config::Gpt2Config;
 pub use hf::{ArchConfig, HfModel};
 pub use llama_config::LlamaConfig;
-pub use tokenizer::Tokenizer;
-pub use tokens::{TokenFile, TokenWidth, write_token_file};
+pub use tokenizer::{HfTokenizer, TextTokenizer, Tokenizer};
+pub use tokens::{TokenFile, TokenWidth, write_token_file, write_token_file_u32};

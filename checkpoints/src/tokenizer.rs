@@ -1,7 +1,10 @@
 //! Text to token ids and back: GPT-2's byte-pair encoding (through tiktoken-rs, whose `r50k_base` is
-//! GPT-2's vocabulary) or one token per byte (a 256-entry vocabulary for small character-level models).
+//! GPT-2's vocabulary), one token per byte (a 256-entry vocabulary for small character-level models),
+//! or any Hugging Face `tokenizer.json` (Llama-3's, Mistral's, Qwen's: through the `tokenizers` crate).
 
-use anyhow::{Result, bail};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Tokenizer {
@@ -57,6 +60,79 @@ impl Tokenizer {
     }
 }
 
+/// A Hugging Face `tokenizer.json`.
+pub struct HfTokenizer {
+    pub path: PathBuf,
+    inner: tokenizers::Tokenizer,
+}
+
+impl HfTokenizer {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let meta = std::fs::metadata(path).with_context(|| format!("tokenizer {}", path.display()))?;
+        if !meta.is_file() {
+            bail!("tokenizer {}: not a regular file (expected a Hugging Face tokenizer.json)", path.display());
+        }
+        let inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| anyhow::anyhow!("tokenizer {}: not a Hugging Face tokenizer.json ({e})", path.display()))?;
+        Ok(HfTokenizer { path: path.to_path_buf(), inner })
+    }
+
+    /// Ids up to the largest one the tokenizer knows, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// The ids of `text`, without special tokens (a training corpus is plain text).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self.inner.encode(text, false).map_err(|e| anyhow::anyhow!("tokenizer {}: {e}", self.path.display()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> String {
+        self.inner.decode(ids, false).unwrap_or_else(|e| format!("<undecodable tokens: {e}>"))
+    }
+}
+
+/// What `prepare --tokenizer` names: a built-in tokenizer or a tokenizer.json.
+pub enum TextTokenizer {
+    Builtin(Tokenizer),
+    Hf(HfTokenizer),
+}
+
+impl TextTokenizer {
+    /// `gpt2`, `bytes`, or the path of a Hugging Face tokenizer.json.
+    pub fn parse(spec: &str) -> Result<Self> {
+        match spec {
+            "gpt2" => Ok(TextTokenizer::Builtin(Tokenizer::Gpt2)),
+            "bytes" => Ok(TextTokenizer::Builtin(Tokenizer::Bytes)),
+            path if Path::new(path).exists() => Ok(TextTokenizer::Hf(HfTokenizer::from_file(Path::new(path))?)),
+            other => bail!("--tokenizer {other:?}: expected gpt2, bytes, or the path of a Hugging Face tokenizer.json (no such file)"),
+        }
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            TextTokenizer::Builtin(t) => t.vocab_size(),
+            TextTokenizer::Hf(t) => t.vocab_size(),
+        }
+    }
+
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        match self {
+            TextTokenizer::Builtin(t) => Ok(t.encode(text)?.into_iter().map(u32::from).collect()),
+            TextTokenizer::Hf(t) => t.encode(text),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            TextTokenizer::Builtin(Tokenizer::Gpt2) => "gpt2".into(),
+            TextTokenizer::Builtin(Tokenizer::Bytes) => "bytes".into(),
+            TextTokenizer::Hf(t) => t.path.display().to_string(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,5 +147,36 @@ mod tests {
         let bytes = Tokenizer::Bytes.encode(text).unwrap();
         assert_eq!(bytes.len(), text.len());
         assert_eq!(Tokenizer::Bytes.decode(&bytes.iter().map(|&t| t as u32).collect::<Vec<_>>()), text);
+    }
+
+    /// A word-level tokenizer.json with one id above 65535, written by the tokenizers crate itself.
+    pub(crate) fn word_level_tokenizer(dir: &Path) -> PathBuf {
+        use tokenizers::models::wordlevel::WordLevel;
+        use tokenizers::pre_tokenizers::whitespace::Whitespace;
+        let vocab =
+            [("[UNK]", 0u32), ("to", 1), ("be", 2), ("or", 3), ("not", 70_000)].into_iter().map(|(w, i)| (w.to_string(), i)).collect();
+        let model = WordLevel::builder().vocab(vocab).unk_token("[UNK]".into()).build().unwrap();
+        let mut tok = tokenizers::Tokenizer::new(model);
+        tok.with_pre_tokenizer(Some(Whitespace {}));
+        let path = dir.join("tokenizer.json");
+        tok.save(&path, false).unwrap();
+        path
+    }
+
+    #[test]
+    fn hugging_face_tokenizer_files_encode_and_bad_ones_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = word_level_tokenizer(dir.path());
+        let tok = TextTokenizer::parse(path.to_str().unwrap()).unwrap();
+        assert_eq!(tok.encode("to be or not to be").unwrap(), vec![1, 2, 3, 70_000, 1, 2]);
+        assert_eq!(tok.encode("question").unwrap(), vec![0]);
+        let TextTokenizer::Hf(hf) = &tok else { panic!() };
+        assert_eq!(hf.decode(&[1, 2]), "to be");
+        std::fs::write(dir.path().join("bad.json"), "{ not a tokenizer").unwrap();
+        let err = TextTokenizer::parse(dir.path().join("bad.json").to_str().unwrap()).err().unwrap().to_string();
+        assert!(err.contains("bad.json") && err.contains("not a Hugging Face tokenizer.json"), "{err}");
+        let err = TextTokenizer::parse("llama").err().unwrap().to_string();
+        assert!(err.contains("--tokenizer \"llama\""), "{err}");
+        assert!(matches!(TextTokenizer::parse("gpt2").unwrap(), TextTokenizer::Builtin(Tokenizer::Gpt2)));
     }
 }

@@ -223,18 +223,35 @@ fn looks_like_header(head: &[u8]) -> bool {
 /// temporary name is one that did not exist, and an existing `path` that is not a regular file (a
 /// directory, pipe or device) is refused rather than replaced.
 pub fn write_token_file(path: &Path, tokens: &[u16]) -> Result<()> {
+    let wide: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
+    write_tokens(path, &wide, TokenWidth::U16)
+}
+
+/// [`write_token_file`] for ids of any size: llm.c's uint16 format when every id fits 16 bits, its
+/// Llama-3 format (magic 20240801, version 7, uint32) otherwise.
+pub fn write_token_file_u32(path: &Path, tokens: &[u32]) -> Result<()> {
+    let width = if tokens.iter().all(|&t| t <= u16::MAX as u32) { TokenWidth::U16 } else { TokenWidth::U32 };
+    write_tokens(path, tokens, width)
+}
+
+fn write_tokens(path: &Path, tokens: &[u32], width: TokenWidth) -> Result<()> {
     if let Ok(meta) = std::fs::metadata(path)
         && !meta.is_file()
     {
         bail!("token file {} exists and is not a regular file (a directory, pipe or device); give a file path", path.display());
     }
-    let mut bytes = Vec::with_capacity(HEADER_BYTES + 2 * tokens.len());
+    let mut bytes = Vec::with_capacity(HEADER_BYTES + width.bytes() * tokens.len());
     let mut header = [0i32; 256];
-    header[0] = LLMC_MAGIC;
-    header[1] = 1;
+    (header[0], header[1]) = match width {
+        TokenWidth::U16 => (LLMC_MAGIC, 1),
+        TokenWidth::U32 => (LLMC_MAGIC_U32, 7),
+    };
     header[2] = i32::try_from(tokens.len()).context("more than 2^31 tokens do not fit llm.c's header")?;
     bytes.extend(header.iter().flat_map(|w| w.to_le_bytes()));
-    bytes.extend(tokens.iter().flat_map(|t| t.to_le_bytes()));
+    match width {
+        TokenWidth::U16 => bytes.extend(tokens.iter().flat_map(|&t| (t as u16).to_le_bytes())),
+        TokenWidth::U32 => bytes.extend(tokens.iter().flat_map(|t| t.to_le_bytes())),
+    }
     let (mut file, tmp) = create_temp_beside(path)?;
     // sync_all before the rename: otherwise a crash can leave `path` renamed but empty.
     if let Err(e) = file.write_all(&bytes).and_then(|()| file.sync_all()) {
@@ -282,6 +299,17 @@ mod tests {
             tf.check_vocab(11).unwrap();
             assert!(tf.check_vocab(10).unwrap_err().to_string().contains("token 10 at position 10"));
         }
+    }
+
+    #[test]
+    fn wide_ids_are_written_in_llama3_format_and_narrow_ones_in_gpt2s() {
+        let dir = tempfile::tempdir().unwrap();
+        let (wide, narrow) = (dir.path().join("wide.bin"), dir.path().join("narrow.bin"));
+        write_token_file_u32(&wide, &[1, 70_000, 3]).unwrap();
+        write_token_file_u32(&narrow, &[1, 65_535, 3]).unwrap();
+        let (w, n) = (TokenFile::open(&wide).unwrap(), TokenFile::open(&narrow).unwrap());
+        assert_eq!((w.width, w.get(1)), (TokenWidth::U32, 70_000));
+        assert_eq!((n.width, n.get(1)), (TokenWidth::U16, 65_535));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use cli::bench::BenchCommand;
 use cli::train::TrainArgs;
 use zerostream::device::{self, DeviceChoice};
-use zerostream_checkpoints::{Tokenizer, write_token_file};
+use zerostream_checkpoints::{TextTokenizer, write_token_file_u32};
 
 #[derive(Parser)]
 #[command(name = "zerostream", version, about = "Train models larger than GPU memory: ZeRO-style offload with WGSL kernels on any GPU.")]
@@ -78,9 +78,11 @@ enum Command {
         /// Token file to write.
         #[arg(long)]
         out: PathBuf,
-        /// `gpt2`: GPT-2's BPE (50257 tokens); `bytes`: one token per byte (256).
-        #[arg(long, value_enum, default_value = "gpt2")]
-        tokenizer: Tokenizer,
+        /// `gpt2`: GPT-2's BPE (50257 tokens); `bytes`: one token per byte (256); or the path of a Hugging
+        /// Face tokenizer.json (Llama-3's, Mistral's, ...). Ids above 65535 are written as llm.c's uint32
+        /// (Llama-3) format.
+        #[arg(long, default_value = "gpt2")]
+        tokenizer: String,
     },
     /// Measure one link of the offload path against its ceiling.
     #[command(subcommand)]
@@ -165,14 +167,16 @@ fn run(cli: Cli, explicit: &BTreeSet<String>) -> Result<i32> {
         Command::Plan(args) => cli::train::plan(*args, explicit).map(|()| 0),
         Command::Bench(b) => cli::bench::run(b).map(|()| 0),
         Command::Prepare { text, out, tokenizer } => {
+            let tokenizer = TextTokenizer::parse(&tokenizer)?;
             let content = std::fs::read_to_string(&text).with_context(|| format!("reading --text {}", text.display()))?;
             let tokens = tokenizer.encode(&content)?;
-            write_token_file(&out, &tokens)?;
+            write_token_file_u32(&out, &tokens)?;
             eprintln!(
-                "{}: {} bytes of text -> {} tokens ({tokenizer:?}, vocab {})",
+                "{}: {} bytes of text -> {} tokens ({}, vocab {})",
                 out.display(),
                 content.len(),
                 tokens.len(),
+                tokenizer.describe(),
                 tokenizer.vocab_size()
             );
             Ok(0)

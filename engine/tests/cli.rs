@@ -211,3 +211,36 @@ fn raw_uint32_token_files_train_like_the_uint16_original() {
     };
     assert_eq!(losses(&format!("{golden}/tokens.bin"), "u16"), losses(raw.to_str().unwrap(), "u32"));
 }
+
+#[test]
+fn prepare_tokenises_with_a_hugging_face_tokenizer_json() {
+    let dir = tempfile::tempdir().unwrap();
+    // A word-level tokenizer.json as transformers' tokenizers library writes one; "not" has an id above
+    // 65535, so the file must be written in llm.c's uint32 (Llama-3) format.
+    let tokenizer = dir.path().join("tokenizer.json");
+    std::fs::write(
+        &tokenizer,
+        r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
+            "pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
+            "model":{"type":"WordLevel","vocab":{"[UNK]":0,"to":1,"be":2,"or":3,"not":70000},"unk_token":"[UNK]"}}"#,
+    )
+    .unwrap();
+    let text = dir.path().join("hamlet.txt");
+    std::fs::write(&text, "to be or not to be that").unwrap();
+    let out = dir.path().join("tokens.bin");
+    let run = zerostream(&[
+        "prepare",
+        "--text",
+        text.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--tokenizer",
+        tokenizer.to_str().unwrap(),
+    ]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    let file = zerostream_checkpoints::TokenFile::open(&out).unwrap();
+    assert_eq!(file.width, zerostream_checkpoints::TokenWidth::U32);
+    assert_eq!((0..file.len).map(|i| file.get(i)).collect::<Vec<_>>(), vec![1, 2, 3, 70000, 1, 2, 0]);
+    let bad = zerostream(&["prepare", "--text", text.to_str().unwrap(), "--out", out.to_str().unwrap(), "--tokenizer", "nonesuch.json"]);
+    assert!(!bad.status.success() && stderr(&bad).contains("nonesuch.json"), "{}", stderr(&bad));
+}
