@@ -41,7 +41,12 @@ fn trajectory(metrics: &Path) -> Vec<(u64, u64, u64)> {
 
 /// Asserts two checkpoints hold the same model, optimizer state and counters, byte for byte.
 fn assert_same_checkpoint(a: &Path, b: &Path, label: &str) {
-    for name in ["model.safetensors", "optimizer.rank0.safetensors", "config.json"] {
+    let ranks =
+        std::fs::read_dir(a).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).filter(|n| n.starts_with("optimizer.rank"));
+    let mut names: Vec<String> = ["model.safetensors", "config.json"].iter().map(|s| s.to_string()).chain(ranks).collect();
+    names.sort();
+    assert!(names.iter().any(|n| n == "optimizer.rank0.safetensors"), "[{label}] {names:?}");
+    for name in &names {
         let (x, y) = (std::fs::read(a.join(name)).unwrap(), std::fs::read(b.join(name)).unwrap());
         assert!(x == y, "[{label}] {name} differs between {} and {}", a.display(), b.display());
     }
@@ -55,7 +60,12 @@ fn assert_same_checkpoint(a: &Path, b: &Path, label: &str) {
 
 /// The tiny golden model and its tokens, with a cosine schedule whose warm-up ends mid-run.
 fn tiny_args(extra: &[&str]) -> Vec<String> {
-    let g = common::trajectory::golden_dir("gpt2-tiny-accum");
+    golden_args("gpt2-tiny-accum", extra)
+}
+
+/// [`tiny_args`] for the golden model `name`.
+fn golden_args(name: &str, extra: &[&str]) -> Vec<String> {
+    let g = common::trajectory::golden_dir(name);
     let mut a = strings(&[
         "train",
         "--model",
@@ -86,10 +96,14 @@ fn tiny_args(extra: &[&str]) -> Vec<String> {
 /// Trains 10 steps straight, and 5 + 5 with a resume between, with `extra` flags; asserts the metrics
 /// and the final checkpoints are identical.
 fn check_resume_equality(label: &str, extra: &[&str]) {
+    check_resume_equality_of("gpt2-tiny-accum", label, extra)
+}
+
+fn check_resume_equality_of(golden: &str, label: &str, extra: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let d = |n: &str| dir.path().join(n);
     let with = |more: &[&str]| {
-        let mut a = tiny_args(extra);
+        let mut a = golden_args(golden, extra);
         a.extend(strings(more));
         a
     };
@@ -146,6 +160,18 @@ fn resuming_equals_not_stopping_on_the_cpu_device() {
         &["--device", "cpu", "--precision", "bf16", "--offload-optimizer", "nvme", "--offload-params", "nvme"],
     );
     check_resume_equality("cpu fp16 ram", &["--device", "cpu", "--precision", "fp16"]);
+}
+
+#[test]
+fn resuming_a_llama_equals_not_stopping() {
+    check_resume_equality_of(
+        "llama-tiny",
+        "llama cpu bf16 nvme",
+        &["--device", "cpu", "--precision", "bf16", "--offload-optimizer", "nvme"],
+    );
+    if common::gpu_or_skip("resuming_a_llama_equals_not_stopping (gpu)").is_some() {
+        check_resume_equality_of("llama-tiny", "llama gpu fp32 two ranks", &["--device", "gpu", "--world-size", "2", "--zero-stage", "3"]);
+    }
 }
 
 #[test]
