@@ -107,43 +107,22 @@ fn check_resume_equality_of(golden: &str, label: &str, extra: &[&str]) {
         a.extend(strings(more));
         a
     };
-    let straight = zerostream(&with(&[
-        "--steps",
-        "10",
-        "--checkpoint-dir",
-        &path(&d("a")),
-        "--metrics",
-        &path(&d("a.jsonl")),
-        "--nvme-dir",
-        &path(&d("nvme-a")),
-    ]));
-    assert!(straight.status.success(), "[{label}] {}", stderr(&straight));
-    let first = zerostream(&with(&[
-        "--steps",
-        "5",
-        "--checkpoint-dir",
-        &path(&d("b")),
-        "--metrics",
-        &path(&d("b.jsonl")),
-        "--nvme-dir",
-        &path(&d("nvme-b")),
-    ]));
-    assert!(first.status.success(), "[{label}] {}", stderr(&first));
+    // One run: to `steps`, checkpointing into run `name`'s directory, resuming from it if asked.
+    let leg = |name: &str, steps: &str, resume: bool| {
+        let (ck, metrics, nvme) = (path(&d(name)), path(&d(&format!("{name}.jsonl"))), path(&d(&format!("nvme-{name}"))));
+        let mut args = vec!["--steps", steps, "--checkpoint-dir", &ck, "--metrics", &metrics, "--nvme-dir", &nvme];
+        if resume {
+            args.extend(["--resume", &ck]);
+        }
+        let out = zerostream(&with(&args));
+        assert!(out.status.success(), "[{label}] {}", stderr(&out));
+        out
+    };
+    leg("a", "10", false);
+    leg("b", "5", false);
     // --steps counts from the start; the settings (schedule length included) come from the flags,
     // which must agree with the checkpoint's.
-    let second = zerostream(&with(&[
-        "--steps",
-        "10",
-        "--resume",
-        &path(&d("b")),
-        "--checkpoint-dir",
-        &path(&d("b")),
-        "--metrics",
-        &path(&d("b.jsonl")),
-        "--nvme-dir",
-        &path(&d("nvme-b")),
-    ]));
-    assert!(second.status.success(), "[{label}] {}", stderr(&second));
+    let second = leg("b", "10", true);
     assert!(stderr(&second).contains("resumed from"), "{}", stderr(&second));
     let (a, b) = (trajectory(&d("a.jsonl")), trajectory(&d("b.jsonl")));
     assert_eq!(a.len(), 10);
