@@ -58,12 +58,7 @@ fn assert_same_checkpoint(a: &Path, b: &Path, label: &str) {
     }
 }
 
-/// The tiny golden model and its tokens, with a cosine schedule whose warm-up ends mid-run.
-fn tiny_args(extra: &[&str]) -> Vec<String> {
-    golden_args("gpt2-tiny-accum", extra)
-}
-
-/// [`tiny_args`] for the golden model `name`.
+/// The tiny golden model `name` and its tokens, with a cosine schedule whose warm-up ends mid-run.
 fn golden_args(name: &str, extra: &[&str]) -> Vec<String> {
     let g = common::trajectory::golden_dir(name);
     let mut a = strings(&[

@@ -17,6 +17,7 @@
 
 pub mod checkpoint;
 mod config;
+mod device_state;
 pub mod layout;
 pub mod pipeline;
 mod plan;
@@ -26,6 +27,7 @@ pub mod resume;
 pub mod run;
 pub mod schedule;
 pub mod shard;
+mod transfer;
 mod worker;
 
 use std::collections::VecDeque;
@@ -40,9 +42,10 @@ use zerostream_offload::{AdamConfig, AdamW, IoEngine, NvmeDir, Stored, Tier};
 
 use crate::comm::Comm;
 use crate::device::Backend;
-use crate::model::{BlockActs, HeadActs, Model, TensorSpec};
+use crate::model::{Model, TensorSpec};
 pub use checkpoint::{Checkpoint, RunRecord, SaveDtype};
 pub use config::{Flags, MEANING_FLAGS, Precision, TrainConfig};
+use device_state::DeviceState;
 use layout::{GroupLayout, group_layouts};
 use pipeline::Op;
 pub use plan::{Placement, minimum_device_bytes, plan};
@@ -80,23 +83,6 @@ impl ModelSource<'_> {
             ModelSource::Checkpoint(c) => bail!("internal: {} is read group by group, not tensor {} at a time", c.dir.display(), spec.name),
         }
     }
-}
-
-/// The device-resident part of the run.
-struct DeviceState<D: Backend> {
-    /// The head group's tensors and gradients, in the family's table order (as every group below).
-    head: Vec<D::Tensor>,
-    head_grads: Vec<D::Tensor>,
-    head_acts: HeadActs<D::Tensor>,
-    /// residual[l] is the input of block l; residual[L] the output of the last block.
-    residual: Vec<D::Tensor>,
-    /// One per block, or a single one with --recompute.
-    block_acts: Vec<BlockActs<D::Tensor>>,
-    slots: Vec<Vec<D::Tensor>>,
-    /// Which (block, step) each slot holds.
-    slot_holds: Vec<Option<(usize, u64)>>,
-    /// Two, used in turn, so one block's gradients download while the next block's are computed.
-    block_grads: [Vec<D::Tensor>; 2],
 }
 
 /// What one step carries from operation to operation.
@@ -291,40 +277,6 @@ impl<'d, D: Backend> Trainer<'d, D> {
         })
     }
 
-    fn allocate_device(dev: &D, model: &Model, tc: &TrainConfig, placement: &Placement) -> Result<DeviceState<D>> {
-        let groups = group_layouts(model);
-        let alloc_group = |g: &GroupLayout, prefix: &str| -> Result<Vec<D::Tensor>> {
-            g.tensors.iter().map(|t| dev.alloc(t.len, &format!("{prefix}{}", t.name))).collect()
-        };
-        let head = alloc_group(&groups[0], "")?;
-        let head_grads = alloc_group(&groups[0], "grad ")?;
-        let head_acts = model.head_acts(dev, tc.batch, tc.seq_len)?;
-        let bt = tc.batch * tc.seq_len;
-        let residual = (0..=model.n_layer()).map(|l| dev.alloc(bt * model.width(), &format!("residual.{l}"))).collect::<Result<_>>()?;
-        let kept = if tc.recompute { 1 } else { model.n_layer() };
-        let block_acts = (0..kept).map(|_| model.block_acts(dev, tc.batch, tc.seq_len)).collect::<Result<_>>()?;
-        let block_grads = [alloc_group(&groups[1], "grad A ")?, alloc_group(&groups[1], "grad B ")?];
-        // With a 16-bit working copy the matmul weights stay 16-bit on the device (the matmul widens
-        // them as it reads); biases and norm weights are widened to f32 on arrival.
-        let slot_format = tc.precision.half_format();
-        let slots = (0..placement.block_slots)
-            .map(|i| {
-                groups[1]
-                    .tensors
-                    .iter()
-                    .map(|t| {
-                        let label = format!("slot {i} {}", t.name);
-                        match slot_format {
-                            Some(format) if t.shape.len() >= 2 => dev.alloc_16bit(t.len, &label, format),
-                            _ => dev.alloc(t.len, &label),
-                        }
-                    })
-                    .collect::<Result<Vec<_>>>()
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(DeviceState { head, head_grads, head_acts, residual, block_acts, slot_holds: vec![None; slots.len()], slots, block_grads })
-    }
-
     fn start_worker(&mut self) -> Result<()> {
         if self.worker.is_some() {
             return Ok(());
@@ -369,137 +321,6 @@ impl<'d, D: Backend> Trainer<'d, D> {
     /// Waits for group `k`'s latest update, then makes sure its working copy is resident for upload.
     fn wait_group(&self, k: usize, clock: &mut Clock) -> Result<()> {
         timed(&mut clock.update_wait, || self.progress.wait_for(k, self.adam_steps))
-    }
-
-    /// Uploads group `k`'s working copy into `tensors` (the head, or a block slot). With several ranks the
-    /// other ranks' slices are gathered first: once per update into the whole copy (stages 1-2), or
-    /// into a temporary for this upload alone (stage 3).
-    fn upload_group(&self, k: usize, tensors: &[&D::Tensor], clock: &mut Clock) -> Result<()> {
-        self.wait_group(k, clock)?;
-        let mut shared = lock(&self.shared[k]);
-        let nv = self.nvme.as_deref();
-        timed(&mut clock.io_wait, || shared.working.page_in(nv))?;
-        let dirty = match self.train.precision {
-            Precision::Fp32 => self.upload_words::<f32>(k, &mut shared, tensors, clock)?,
-            Precision::Bf16 | Precision::Fp16 => self.upload_words::<u16>(k, &mut shared, tensors, clock)?,
-        };
-        shared.working.page_out(nv, dirty)?;
-        Ok(())
-    }
-
-    /// [`Self::upload_group`] for working-copy words of type `T` (f32, or 16-bit words); returns
-    /// whether the resident working copy changed (it was completed by a gather).
-    fn upload_words<T: bytemuck::Pod + Default>(
-        &self,
-        k: usize,
-        shared: &mut SharedGroup,
-        tensors: &[&D::Tensor],
-        clock: &mut Clock,
-    ) -> Result<bool> {
-        let (shard, layout) = (&self.shards[k], &self.layouts[k]);
-        let busy = self.dev.is_async();
-        let mut dirty = false;
-        let gathered: Vec<T>;
-        let whole: &[T] = if self.sharding.shards_params() {
-            let mut all = vec![T::default(); shard.padded_len];
-            self.comm.all_gather(shared.working.data().as_slice::<T>(), &mut all, busy)?;
-            gathered = all;
-            &gathered
-        } else {
-            if self.sharding.world > 1 && shared.gathered != self.adam_steps {
-                let w = shared.working.data_mut().as_mut_slice::<T>();
-                let mine = w[shard.owned.clone()].to_vec();
-                self.comm.all_gather(&mine, w, busy)?;
-                shared.gathered = self.adam_steps;
-                dirty = true;
-            }
-            shared.working.data().as_slice::<T>()
-        };
-        let t0 = Instant::now();
-        let format = self.train.precision.half_format();
-        for (t, slot) in tensors.iter().zip(&layout.tensors) {
-            let words = &whole[slot.range()];
-            match format {
-                None => self.dev.write(t, bytemuck::cast_slice(words)),
-                Some(format) => self.dev.write_16bit(t, bytemuck::cast_slice(words), format)?,
-            }
-        }
-        clock.upload += t0.elapsed();
-        clock.upload_bytes += (layout.len * self.train.precision.working_bytes_per_param()) as u64;
-        Ok(dirty)
-    }
-
-    /// Makes block `l`'s parameters resident in a slot for this step; returns the slot.
-    fn ensure_block(&mut self, l: usize, clock: &mut Clock) -> Result<usize> {
-        let slots = self.device.slots.len();
-        let slot = l % slots;
-        if self.device.slot_holds[slot] != Some((l, self.step)) {
-            let tensors: Vec<&D::Tensor> = self.device.slots[slot].iter().collect();
-            self.upload_group(1 + l, &tensors, clock)?;
-            self.device.slot_holds[slot] = Some((l, self.step));
-        }
-        Ok(slot)
-    }
-
-    /// Finishes a gradient group's download and adds it into this rank's accumulator (or stores it, for
-    /// the first micro-batch): with several ranks, after reduce-scattering it (stages 2-3, and the head
-    /// in every stage), or whole (stage 1 blocks, reduced at the end of the step). Returns whether any
-    /// value would overflow 16-bit storage (checked in fp16 only).
-    fn accumulate(&mut self, k: usize, pending: D::PendingRead, first: bool, clock: &mut Clock) -> Result<bool> {
-        let downloaded = timed(&mut clock.download, || self.dev.finish_read(pending));
-        let layout = &self.layouts[k];
-        let check = self.train.precision == Precision::Fp16;
-        let mut overflow = false;
-        for data in &downloaded {
-            clock.download_bytes += 4 * data.len() as u64;
-            if check {
-                overflow |= data.iter().any(|g| !g.is_finite() || g.abs() > schedule::F16_MAX);
-            }
-        }
-        let add = |acc: &mut [f32], data: &[f32]| {
-            if first {
-                acc.copy_from_slice(data);
-            } else {
-                acc.iter_mut().zip(data).for_each(|(a, g)| *a += g);
-            }
-        };
-        if self.sharding.world == 1 {
-            let mut shared = lock(&self.shared[k]);
-            for (data, slot) in downloaded.iter().zip(&layout.tensors) {
-                add(&mut shared.grads[slot.range()], data);
-            }
-        } else if !self.stage1_grads[k].is_empty() {
-            for (data, slot) in downloaded.iter().zip(&layout.tensors) {
-                add(&mut self.stage1_grads[k][slot.range()], data);
-            }
-        } else {
-            let shard = &self.shards[k];
-            let (whole, mine) = &mut self.reduce_scratch;
-            // The tensors cover 0..len; the padding after them must be zero (an earlier, longer group may
-            // have left values there).
-            whole.resize(shard.padded_len, 0.0);
-            whole[shard.len..].fill(0.0);
-            mine.resize(shard.slice_len(), 0.0);
-            for (data, slot) in downloaded.iter().zip(&layout.tensors) {
-                whole[slot.range()].copy_from_slice(data);
-            }
-            self.comm.reduce_scatter_sum(whole, mine, self.dev.is_async())?;
-            add(&mut lock(&self.shared[k]).grads, mine);
-        }
-        Ok(overflow)
-    }
-
-    /// Stage 1 with several ranks: reduce-scatters each block's whole gradient (this rank's micro-batches
-    /// summed) into this rank's slice.
-    fn reduce_stage1_grads(&mut self) -> Result<()> {
-        for k in 0..self.layouts.len() {
-            if self.stage1_grads[k].is_empty() {
-                continue;
-            }
-            let mut shared = lock(&self.shared[k]);
-            self.comm.reduce_scatter_sum(&self.stage1_grads[k], &mut shared.grads, false)?;
-        }
-        Ok(())
     }
 
     /// One optimizer step over micro-batches `step*M .. step*M+M-1` of `data` (M = accumulation x

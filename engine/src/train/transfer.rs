@@ -1,0 +1,144 @@
+//! Moving a group between host and device: uploading its working copy (gathered from the other ranks
+//! first where they hold parts of it), and adding a downloaded gradient into this rank's accumulator
+//! (reduce-scattered across ranks first where the stage splits gradients).
+
+use std::time::Instant;
+
+use anyhow::Result;
+
+use super::worker::{SharedGroup, lock};
+use super::{Clock, Precision, Trainer, schedule, timed};
+use crate::device::Backend;
+
+impl<D: Backend> Trainer<'_, D> {
+    /// Uploads group `k`'s working copy into `tensors` (the head, or a block slot). With several ranks the
+    /// other ranks' slices are gathered first: once per update into the whole copy (stages 1-2), or
+    /// into a temporary for this upload alone (stage 3).
+    pub(super) fn upload_group(&self, k: usize, tensors: &[&D::Tensor], clock: &mut Clock) -> Result<()> {
+        self.wait_group(k, clock)?;
+        let mut shared = lock(&self.shared[k]);
+        let nv = self.nvme.as_deref();
+        timed(&mut clock.io_wait, || shared.working.page_in(nv))?;
+        let dirty = match self.train.precision {
+            Precision::Fp32 => self.upload_words::<f32>(k, &mut shared, tensors, clock)?,
+            Precision::Bf16 | Precision::Fp16 => self.upload_words::<u16>(k, &mut shared, tensors, clock)?,
+        };
+        shared.working.page_out(nv, dirty)?;
+        Ok(())
+    }
+
+    /// [`Self::upload_group`] for working-copy words of type `T` (f32, or 16-bit words); returns
+    /// whether the resident working copy changed (it was completed by a gather).
+    fn upload_words<T: bytemuck::Pod + Default>(
+        &self,
+        k: usize,
+        shared: &mut SharedGroup,
+        tensors: &[&D::Tensor],
+        clock: &mut Clock,
+    ) -> Result<bool> {
+        let (shard, layout) = (&self.shards[k], &self.layouts[k]);
+        let busy = self.dev.is_async();
+        let mut dirty = false;
+        let gathered: Vec<T>;
+        let whole: &[T] = if self.sharding.shards_params() {
+            let mut all = vec![T::default(); shard.padded_len];
+            self.comm.all_gather(shared.working.data().as_slice::<T>(), &mut all, busy)?;
+            gathered = all;
+            &gathered
+        } else {
+            if self.sharding.world > 1 && shared.gathered != self.adam_steps {
+                let w = shared.working.data_mut().as_mut_slice::<T>();
+                let mine = w[shard.owned.clone()].to_vec();
+                self.comm.all_gather(&mine, w, busy)?;
+                shared.gathered = self.adam_steps;
+                dirty = true;
+            }
+            shared.working.data().as_slice::<T>()
+        };
+        let t0 = Instant::now();
+        let format = self.train.precision.half_format();
+        for (t, slot) in tensors.iter().zip(&layout.tensors) {
+            let words = &whole[slot.range()];
+            match format {
+                None => self.dev.write(t, bytemuck::cast_slice(words)),
+                Some(format) => self.dev.write_16bit(t, bytemuck::cast_slice(words), format)?,
+            }
+        }
+        clock.upload += t0.elapsed();
+        clock.upload_bytes += (layout.len * self.train.precision.working_bytes_per_param()) as u64;
+        Ok(dirty)
+    }
+
+    /// Makes block `l`'s parameters resident in a slot for this step; returns the slot.
+    pub(super) fn ensure_block(&mut self, l: usize, clock: &mut Clock) -> Result<usize> {
+        let slots = self.device.slots.len();
+        let slot = l % slots;
+        if self.device.slot_holds[slot] != Some((l, self.step)) {
+            let tensors: Vec<&D::Tensor> = self.device.slots[slot].iter().collect();
+            self.upload_group(1 + l, &tensors, clock)?;
+            self.device.slot_holds[slot] = Some((l, self.step));
+        }
+        Ok(slot)
+    }
+
+    /// Finishes a gradient group's download and adds it into this rank's accumulator (or stores it, for
+    /// the first micro-batch): with several ranks, after reduce-scattering it (stages 2-3, and the head
+    /// in every stage), or whole (stage 1 blocks, reduced at the end of the step). Returns whether any
+    /// value would overflow 16-bit storage (checked in fp16 only).
+    pub(super) fn accumulate(&mut self, k: usize, pending: D::PendingRead, first: bool, clock: &mut Clock) -> Result<bool> {
+        let downloaded = timed(&mut clock.download, || self.dev.finish_read(pending));
+        let layout = &self.layouts[k];
+        let check = self.train.precision == Precision::Fp16;
+        let mut overflow = false;
+        for data in &downloaded {
+            clock.download_bytes += 4 * data.len() as u64;
+            if check {
+                overflow |= data.iter().any(|g| !g.is_finite() || g.abs() > schedule::F16_MAX);
+            }
+        }
+        let add = |acc: &mut [f32], data: &[f32]| {
+            if first {
+                acc.copy_from_slice(data);
+            } else {
+                acc.iter_mut().zip(data).for_each(|(a, g)| *a += g);
+            }
+        };
+        if self.sharding.world == 1 {
+            let mut shared = lock(&self.shared[k]);
+            for (data, slot) in downloaded.iter().zip(&layout.tensors) {
+                add(&mut shared.grads[slot.range()], data);
+            }
+        } else if !self.stage1_grads[k].is_empty() {
+            for (data, slot) in downloaded.iter().zip(&layout.tensors) {
+                add(&mut self.stage1_grads[k][slot.range()], data);
+            }
+        } else {
+            let shard = &self.shards[k];
+            let (whole, mine) = &mut self.reduce_scratch;
+            // The tensors cover 0..len; the padding after them must be zero (an earlier, longer group may
+            // have left values there).
+            whole.resize(shard.padded_len, 0.0);
+            whole[shard.len..].fill(0.0);
+            mine.resize(shard.slice_len(), 0.0);
+            for (data, slot) in downloaded.iter().zip(&layout.tensors) {
+                whole[slot.range()].copy_from_slice(data);
+            }
+            self.comm.reduce_scatter_sum(whole, mine, self.dev.is_async())?;
+            add(&mut lock(&self.shared[k]).grads, mine);
+        }
+        Ok(overflow)
+    }
+
+    /// Stage 1 with several ranks: reduce-scatters each block's whole gradient (this rank's micro-batches
+    /// summed) into this rank's slice.
+    pub(super) fn reduce_stage1_grads(&mut self) -> Result<()> {
+        for k in 0..self.layouts.len() {
+            if self.stage1_grads[k].is_empty() {
+                continue;
+            }
+            let mut shared = lock(&self.shared[k]);
+            self.comm.reduce_scatter_sum(&self.stage1_grads[k], &mut shared.grads, false)?;
+        }
+        Ok(())
+    }
+}
