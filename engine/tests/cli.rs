@@ -244,3 +244,30 @@ fn prepare_tokenises_with_a_hugging_face_tokenizer_json() {
     let bad = zerostream(&["prepare", "--text", text.to_str().unwrap(), "--out", out.to_str().unwrap(), "--tokenizer", "nonesuch.json"]);
     assert!(!bad.status.success() && stderr(&bad).contains("nonesuch.json"), "{}", stderr(&bad));
 }
+
+#[test]
+fn a_full_disk_under_the_metrics_file_does_not_stop_training() {
+    // /dev/full fails every write with ENOSPC.
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let out = zerostream(&[
+        "train",
+        "--device",
+        "cpu",
+        "--steps",
+        "2",
+        "--batch-size",
+        "1",
+        "--seq-len",
+        "16",
+        "--sample-tokens",
+        "0",
+        "--metrics",
+        "/dev/full",
+        "--checkpoint-dir",
+        ck.to_str().unwrap(),
+    ]);
+    let err = stderr(&out);
+    assert!(out.status.success() && err.contains("writing --metrics failed at step 0"), "{err}");
+    assert_eq!(std::fs::read_to_string(ck.join("latest")).unwrap().trim(), "step-00000002", "the training finished: {err}");
+}

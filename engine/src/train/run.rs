@@ -336,8 +336,18 @@ fn train_steps<D: Backend>(
     let mut skipped_in_a_row = 0;
     while trainer.step < steps {
         let r = trainer.train_step(tokens)?;
-        if let Some(m) = metrics.as_mut() {
-            writeln!(m, "{}", r.to_json()).and_then(|()| m.flush()).context("writing --metrics")?;
+        if let Some(m) = metrics.as_mut()
+            && let Err(e) = writeln!(m, "{}", r.to_json()).and_then(|()| m.flush())
+        {
+            // The metrics are a record of the training, not the training: a full disk there stops
+            // the record, not the run (its checkpoints go on, or fail on their own).
+            let note = format!("warning: writing --metrics failed at step {} ({e}); training continues without metrics", r.step);
+            if bar.is_hidden() {
+                eprintln!("{note}")
+            } else {
+                bar.println(note)
+            }
+            metrics = None;
         }
         bar.set_message(progress_message(&r, trainer.scaler.scale));
         bar.inc(1);
