@@ -185,7 +185,9 @@ fn refuse_unsupported(config: &Map<String, Value>) -> std::result::Result<(), St
         match model_type.as_str() {
             Some("gpt2") => {}
             Some(other) => {
-                return Err(format!("model_type {other:?}: this model family is not supported yet (zerostream reads gpt2, llama, mistral and qwen2)"));
+                return Err(format!(
+                    "model_type {other:?}: this model family is not supported yet (zerostream reads gpt2, llama, mistral and qwen2)"
+                ));
             }
             None => return Err(format!("model_type is {}, expected the string \"gpt2\"", kind(model_type))),
         }

@@ -138,6 +138,11 @@ impl LlamaConfig {
         {
             bail!("sliding_window: sliding-window attention is not supported (every query attends to all earlier tokens)");
         }
+        if let Some(types) = map.get("layer_types").and_then(Value::as_array)
+            && let Some(other) = types.iter().find(|t| t.as_str() != Some("full_attention"))
+        {
+            bail!("layer_types: {other} layers are not supported (every layer attends to all earlier tokens: full_attention)");
+        }
         for key in ["attention_dropout"] {
             if f64_of(map, key)?.is_some_and(|p| p != 0.0) {
                 bail!("{key}: dropout is not implemented (expected 0)");

@@ -9,7 +9,7 @@
 //! buffer [q | k | v], so one RoPE call rotates q and k together and attention reads K/V per kv head
 //! without repeating them.
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 
 use super::TensorSpec;
 use crate::device::{AttentionDims, Backend, MatmulShape, Operand};
@@ -47,6 +47,73 @@ crate::tensor_group! {
     }
 }
 
+crate::tensor_group! {
+    /// Biases of q, k and v (Qwen2; Llama's `attention_bias`).
+    pub struct QkvBias, config cfg: LlamaConfig {
+        q => "self_attn.q_proj.bias", [cfg.num_attention_heads * cfg.head_dim], no_decay;
+        k => "self_attn.k_proj.bias", [cfg.num_key_value_heads * cfg.head_dim], no_decay;
+        v => "self_attn.v_proj.bias", [cfg.num_key_value_heads * cfg.head_dim], no_decay;
+    }
+}
+
+crate::tensor_group! {
+    /// The bias of o_proj (Llama's `attention_bias`).
+    pub struct OBias, config cfg: LlamaConfig {
+        o => "self_attn.o_proj.bias", [cfg.hidden_size], no_decay;
+    }
+}
+
+crate::tensor_group! {
+    /// The MLP's biases (Llama's `mlp_bias`).
+    pub struct MlpBias, config cfg: LlamaConfig {
+        gate => "mlp.gate_proj.bias", [cfg.intermediate_size], no_decay;
+        up => "mlp.up_proj.bias", [cfg.intermediate_size], no_decay;
+        down => "mlp.down_proj.bias", [cfg.hidden_size], no_decay;
+    }
+}
+
+/// A layer's group: the weights' table, then the bias tables the config asks for, in this order.
+pub fn block_specs(cfg: &LlamaConfig, l: usize) -> Vec<TensorSpec> {
+    let prefix = block_prefix(l);
+    let mut specs = Block::<()>::specs(cfg, &prefix);
+    if cfg.qkv_bias || cfg.attention_bias {
+        specs.extend(QkvBias::<()>::specs(cfg, &prefix));
+    }
+    if cfg.attention_bias {
+        specs.extend(OBias::<()>::specs(cfg, &prefix));
+    }
+    if cfg.mlp_bias {
+        specs.extend(MlpBias::<()>::specs(cfg, &prefix));
+    }
+    specs
+}
+
+/// A layer's tensors, given in [`block_specs`] order, by name.
+pub struct Layer<'a, T> {
+    pub w: Block<&'a T>,
+    pub qkv_bias: Option<QkvBias<&'a T>>,
+    pub o_bias: Option<OBias<&'a T>>,
+    pub mlp_bias: Option<MlpBias<&'a T>>,
+}
+
+impl<'a, T> Layer<'a, T> {
+    pub fn view(cfg: &LlamaConfig, t: &'a [T]) -> Self {
+        let (weights, mut rest) = t.split_at(Block::<()>::specs(cfg, "").len());
+        let mut take = |present: bool, n: usize| -> Option<&'a [T]> {
+            present.then(|| {
+                let (these, after) = rest.split_at(n);
+                rest = after;
+                these
+            })
+        };
+        let qkv_bias = take(cfg.qkv_bias || cfg.attention_bias, 3).map(QkvBias::view);
+        let o_bias = take(cfg.attention_bias, 1).map(OBias::view);
+        let mlp_bias = take(cfg.mlp_bias, 3).map(MlpBias::view);
+        assert!(rest.is_empty(), "a Llama layer: {} tensors given", t.len());
+        Layer { w: Block::view(weights), qkv_bias, o_bias, mlp_bias }
+    }
+}
+
 /// Layer l's Hugging Face name prefix.
 pub fn block_prefix(l: usize) -> String {
     format!("model.layers.{l}.")
@@ -73,17 +140,14 @@ pub fn parameter_specs(cfg: &LlamaConfig) -> Vec<TensorSpec> {
     let head = head_specs(cfg);
     let mut specs = vec![head[0].clone()];
     for l in 0..cfg.num_hidden_layers {
-        specs.extend(Block::<()>::specs(cfg, &block_prefix(l)));
+        specs.extend(block_specs(cfg, l));
     }
     specs.extend_from_slice(&head[1..]);
     specs
 }
 
-/// What the engine implements of a Llama config: refuses the rest by name.
-pub fn check_supported(cfg: &LlamaConfig) -> Result<()> {
-    if cfg.attention_bias || cfg.qkv_bias || cfg.mlp_bias {
-        bail!("attention_bias / mlp_bias (and Qwen2's q/k/v biases) are not implemented yet for Llama-family models");
-    }
+/// What the engine implements of a Llama config (everything the config reader accepts).
+pub fn check_supported(_cfg: &LlamaConfig) -> Result<()> {
     Ok(())
 }
 
@@ -178,6 +242,8 @@ pub struct HeadActivations<T> {
     no_positions: T,
     /// Where the embedding's backward puts the (unused) position gradient.
     d_no_positions: T,
+    /// Ones (BT): a bias gradient is ones (1, BT) @ d(output window) when the output is a window.
+    ones: T,
 }
 
 impl<T> HeadActivations<T> {
@@ -186,6 +252,8 @@ impl<T> HeadActivations<T> {
         let (qw, _, qkv_w) = qkv_widths(cfg);
         let no_positions = dev.alloc(seq_len * c, "no position embedding")?;
         dev.fill(&no_positions, 0.0);
+        let ones = dev.alloc(bt, "ones")?;
+        dev.fill(&ones, 1.0);
         Ok(HeadActivations {
             batch,
             seq_len,
@@ -202,6 +270,7 @@ impl<T> HeadActivations<T> {
             delta: dev.alloc(batch * cfg.num_attention_heads * seq_len, "attention delta")?,
             no_positions,
             d_no_positions: dev.alloc(seq_len * c, "d no positions")?,
+            ones,
         })
     }
 
@@ -209,7 +278,7 @@ impl<T> HeadActivations<T> {
     pub fn bytes(cfg: &LlamaConfig, batch: usize, seq_len: usize) -> u64 {
         let (bt, c, f, v) = (batch * seq_len, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
         let (qw, _, qkv_w) = qkv_widths(cfg);
-        let floats = bt * (4 * c + 2 + v + qw + 3 * f + qkv_w) + batch * cfg.num_attention_heads * seq_len + 2 * seq_len * c;
+        let floats = bt * (4 * c + 3 + v + qw + 3 * f + qkv_w) + batch * cfg.num_attention_heads * seq_len + 2 * seq_len * c;
         4 * floats as u64
     }
 
@@ -258,6 +327,18 @@ fn linear_dw(bt: usize, k: usize, n: usize, ld: usize, col: usize) -> MatmulShap
     }
 }
 
+/// dbias (n) += column sums of dy[:, col..col + n] (BT rows of `ld`), as ones (1, BT) @ that window.
+fn bias_dw(bt: usize, n: usize, ld: usize, col: usize) -> MatmulShape {
+    MatmulShape {
+        m: 1,
+        n,
+        k: bt,
+        a: Operand::row_major(bt),
+        b: Operand { offset: col, row_stride: ld, col_stride: 1 },
+        c: Operand::row_major(n),
+    }
+}
+
 /// x (B, T, C) = embed_tokens[tokens]: the input of layer 0.
 pub fn embed_forward<D: Backend>(
     dev: &D,
@@ -283,7 +364,7 @@ pub fn embed_backward<D: Backend>(dev: &D, cfg: &LlamaConfig, grads: &[D::Tensor
 pub fn block_forward<D: Backend>(
     dev: &D,
     cfg: &LlamaConfig,
-    w: &Block<&D::Tensor>,
+    layer: &[D::Tensor],
     a: &BlockActivations<D::Tensor>,
     input: &D::Tensor,
     output: &D::Tensor,
@@ -292,22 +373,25 @@ pub fn block_forward<D: Backend>(
 ) {
     let (bt, c, f, eps) = (batch * seq_len, cfg.hidden_size, cfg.intermediate_size, cfg.rms_norm_eps as f32);
     let (qw, kvw, qkv_w) = qkv_widths(cfg);
+    let Layer { w, qkv_bias, o_bias, mlp_bias } = Layer::view(cfg, layer);
+    let (qb, kb, vb) = (qkv_bias.as_ref().map(|b| b.q), qkv_bias.as_ref().map(|b| b.k), qkv_bias.as_ref().map(|b| b.v));
     // x = x + o_proj(attention(rope(q), rope(k), v)), q, k, v from norm_1(x)
     dev.rmsnorm_forward(&a.ln_1, &a.ln_1_rstd, input, w.input_layernorm, bt, c, eps);
-    for (weight, col, width) in [(w.q_proj, 0, qw), (w.k_proj, qw, kvw), (w.v_proj, qw + kvw, kvw)] {
-        dev.matmul(&a.qkv, &a.ln_1, weight, None, &linear_into(bt, c, width, qkv_w, col), false);
+    for (weight, bias, col, width) in [(w.q_proj, qb, 0, qw), (w.k_proj, kb, qw, kvw), (w.v_proj, vb, qw + kvw, kvw)] {
+        dev.matmul(&a.qkv, &a.ln_1, weight, bias, &linear_into(bt, c, width, qkv_w, col), false);
     }
     let rotated_heads = cfg.num_attention_heads + cfg.num_key_value_heads;
     dev.rope(&a.qkv, &a.inv_freq, seq_len, bt, qkv_w, 0, rotated_heads, cfg.head_dim, false);
     dev.attention_forward(&a.atty, &a.lse, &a.qkv, attention_dims(cfg, batch, seq_len));
-    dev.matmul(&a.attn_proj, &a.atty, w.o_proj, None, &linear_into(bt, qw, c, c, 0), false);
+    dev.matmul(&a.attn_proj, &a.atty, w.o_proj, o_bias.as_ref().map(|b| b.o), &linear_into(bt, qw, c, c, 0), false);
     dev.residual_forward(&a.residual_2, input, &a.attn_proj);
     // x = x + down(silu(gate(norm_2(x))) * up(norm_2(x)))
     dev.rmsnorm_forward(&a.ln_2, &a.ln_2_rstd, &a.residual_2, w.post_attention_layernorm, bt, c, eps);
-    dev.matmul(&a.gate_up, &a.ln_2, w.gate_proj, None, &linear_into(bt, c, f, 2 * f, 0), false);
-    dev.matmul(&a.gate_up, &a.ln_2, w.up_proj, None, &linear_into(bt, c, f, 2 * f, f), false);
+    let (gb, ub, db) = (mlp_bias.as_ref().map(|b| b.gate), mlp_bias.as_ref().map(|b| b.up), mlp_bias.as_ref().map(|b| b.down));
+    dev.matmul(&a.gate_up, &a.ln_2, w.gate_proj, gb, &linear_into(bt, c, f, 2 * f, 0), false);
+    dev.matmul(&a.gate_up, &a.ln_2, w.up_proj, ub, &linear_into(bt, c, f, 2 * f, f), false);
     dev.swiglu_forward(&a.act, &a.gate_up, bt, f);
-    dev.matmul(&a.down, &a.act, w.down_proj, None, &linear_into(bt, f, c, c, 0), false);
+    dev.matmul(&a.down, &a.act, w.down_proj, db, &linear_into(bt, f, c, c, 0), false);
     dev.residual_forward(output, &a.residual_2, &a.down);
 }
 
@@ -317,8 +401,8 @@ pub fn block_forward<D: Backend>(
 pub fn block_backward<D: Backend>(
     dev: &D,
     cfg: &LlamaConfig,
-    w: &Block<&D::Tensor>,
-    g: &Block<&D::Tensor>,
+    layer: &[D::Tensor],
+    grads: &[D::Tensor],
     a: &BlockActivations<D::Tensor>,
     input: &D::Tensor,
     h: &HeadActivations<D::Tensor>,
@@ -326,30 +410,46 @@ pub fn block_backward<D: Backend>(
     let (batch, seq_len) = (h.batch, h.seq_len);
     let (bt, c, f) = (batch * seq_len, cfg.hidden_size, cfg.intermediate_size);
     let (qw, kvw, qkv_w) = qkv_widths(cfg);
+    let (w, g) = (Layer::view(cfg, layer).w, Layer::view(cfg, grads));
     let d_res = &h.d_residual;
     // The MLP: d_res holds d(output) = d(residual_2 + down), flowing to both unchanged.
     dev.matmul(&h.d_act, d_res, w.down_proj, None, &linear_dx(bt, f, c, c, 0), false);
-    dev.matmul(g.down_proj, d_res, &a.act, None, &linear_dw(bt, f, c, c, 0), true);
+    dev.matmul(g.w.down_proj, d_res, &a.act, None, &linear_dw(bt, f, c, c, 0), true);
     dev.swiglu_backward(&h.d_gate_up, &h.d_act, &a.gate_up, bt, f);
+    if let Some(b) = &g.mlp_bias {
+        dev.bias_backward(b.down, d_res, bt, c);
+        dev.matmul(b.gate, &h.ones, &h.d_gate_up, None, &bias_dw(bt, f, 2 * f, 0), true);
+        dev.matmul(b.up, &h.ones, &h.d_gate_up, None, &bias_dw(bt, f, 2 * f, f), true);
+    }
     dev.matmul(&h.d_c, &h.d_gate_up, w.gate_proj, None, &linear_dx(bt, c, f, 2 * f, 0), false);
     dev.matmul(&h.d_c, &h.d_gate_up, w.up_proj, None, &linear_dx(bt, c, f, 2 * f, f), true);
-    dev.matmul(g.gate_proj, &h.d_gate_up, &a.ln_2, None, &linear_dw(bt, c, f, 2 * f, 0), true);
-    dev.matmul(g.up_proj, &h.d_gate_up, &a.ln_2, None, &linear_dw(bt, c, f, 2 * f, f), true);
-    dev.rmsnorm_backward(d_res, g.post_attention_layernorm, &h.d_c, &a.residual_2, w.post_attention_layernorm, &a.ln_2_rstd, bt, c);
+    dev.matmul(g.w.gate_proj, &h.d_gate_up, &a.ln_2, None, &linear_dw(bt, c, f, 2 * f, 0), true);
+    dev.matmul(g.w.up_proj, &h.d_gate_up, &a.ln_2, None, &linear_dw(bt, c, f, 2 * f, f), true);
+    dev.rmsnorm_backward(d_res, g.w.post_attention_layernorm, &h.d_c, &a.residual_2, w.post_attention_layernorm, &a.ln_2_rstd, bt, c);
     // Attention: d_res now holds d(residual_2) = d(input + attn_proj).
     dev.matmul(&h.d_att, d_res, w.o_proj, None, &linear_dx(bt, qw, c, c, 0), false);
-    dev.matmul(g.o_proj, d_res, &a.atty, None, &linear_dw(bt, qw, c, c, 0), true);
+    dev.matmul(g.w.o_proj, d_res, &a.atty, None, &linear_dw(bt, qw, c, c, 0), true);
+    if let Some(b) = &g.o_bias {
+        dev.bias_backward(b.o, d_res, bt, c);
+    }
     dev.attention_backward(&h.d_qkv, &h.delta, &h.d_att, &a.qkv, &a.atty, &a.lse, attention_dims(cfg, batch, seq_len));
     // RoPE is a rotation: its backward rotates the gradients of q and k back.
     let rotated_heads = cfg.num_attention_heads + cfg.num_key_value_heads;
     dev.rope(&h.d_qkv, &a.inv_freq, seq_len, bt, qkv_w, 0, rotated_heads, cfg.head_dim, true);
-    for (i, (weight, grad, col, width)) in
-        [(w.q_proj, g.q_proj, 0, qw), (w.k_proj, g.k_proj, qw, kvw), (w.v_proj, g.v_proj, qw + kvw, kvw)].into_iter().enumerate()
-    {
+    let qkv_bias = g.qkv_bias.as_ref();
+    let parts = [
+        (w.q_proj, g.w.q_proj, qkv_bias.map(|b| b.q), 0, qw),
+        (w.k_proj, g.w.k_proj, qkv_bias.map(|b| b.k), qw, kvw),
+        (w.v_proj, g.w.v_proj, qkv_bias.map(|b| b.v), qw + kvw, kvw),
+    ];
+    for (i, (weight, grad, bias_grad, col, width)) in parts.into_iter().enumerate() {
         dev.matmul(&h.d_c, &h.d_qkv, weight, None, &linear_dx(bt, c, width, qkv_w, col), i > 0);
         dev.matmul(grad, &h.d_qkv, &a.ln_1, None, &linear_dw(bt, c, width, qkv_w, col), true);
+        if let Some(db) = bias_grad {
+            dev.matmul(db, &h.ones, &h.d_qkv, None, &bias_dw(bt, width, qkv_w, col), true);
+        }
     }
-    dev.rmsnorm_backward(d_res, g.input_layernorm, &h.d_c, input, w.input_layernorm, &a.ln_1_rstd, bt, c);
+    dev.rmsnorm_backward(d_res, g.w.input_layernorm, &h.d_c, input, w.input_layernorm, &a.ln_1_rstd, bt, c);
 }
 
 /// The final RMSNorm, lm_head and cross-entropy of the last layer's output `x`; returns the mean loss.

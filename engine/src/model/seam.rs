@@ -180,7 +180,7 @@ impl Model {
     pub fn block_specs(&self, l: usize) -> Vec<TensorSpec> {
         match self {
             Model::Gpt2(c) => Block::<()>::specs(c, &gpt2::block_prefix(l)),
-            Model::Llama(c) => llama::Block::<()>::specs(c, &llama::block_prefix(l)),
+            Model::Llama(c) => llama::block_specs(c, l),
         }
     }
     /// Every tensor in the order of the family's Hugging Face checkpoints.
@@ -258,9 +258,7 @@ impl Model {
     ) {
         match (self, acts) {
             (Model::Gpt2(c), BlockActs::Gpt2(a)) => gpt2::block_forward(dev, c, &Block::view(block), a, input, output, batch, seq_len),
-            (Model::Llama(c), BlockActs::Llama(a)) => {
-                llama::block_forward(dev, c, &llama::Block::view(block), a, input, output, batch, seq_len)
-            }
+            (Model::Llama(c), BlockActs::Llama(a)) => llama::block_forward(dev, c, block, a, input, output, batch, seq_len),
             _ => unreachable!("activations of another family"),
         }
     }
@@ -306,9 +304,7 @@ impl Model {
             (Model::Gpt2(c), BlockActs::Gpt2(a), HeadActs::Gpt2(h)) => {
                 gpt2::block_backward(dev, c, &Block::view(block), &Block::view(grads), a, input, h)
             }
-            (Model::Llama(c), BlockActs::Llama(a), HeadActs::Llama(h)) => {
-                llama::block_backward(dev, c, &llama::Block::view(block), &llama::Block::view(grads), a, input, h)
-            }
+            (Model::Llama(c), BlockActs::Llama(a), HeadActs::Llama(h)) => llama::block_backward(dev, c, block, grads, a, input, h),
             _ => unreachable!("activations of another family"),
         }
     }

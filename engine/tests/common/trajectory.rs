@@ -28,6 +28,13 @@ impl Golden {
     pub fn setting(&self, key: &str) -> f64 {
         self.settings[key].as_str().unwrap().parse().unwrap()
     }
+    pub fn has(&self, name: &str) -> bool {
+        SafeTensors::deserialize(&self.bytes).unwrap().tensor(name).is_ok()
+    }
+    /// How many of the golden's tensors are named `{prefix}...`.
+    pub fn count_prefixed(&self, prefix: &str) -> usize {
+        SafeTensors::deserialize(&self.bytes).unwrap().names().iter().filter(|n| n.starts_with(prefix)).count()
+    }
     /// An integer tensor (int32 or int64) of the golden, as u32 (token ids).
     pub fn f64_or_ints(&self, name: &str) -> Vec<u32> {
         let st = SafeTensors::deserialize(&self.bytes).unwrap();
