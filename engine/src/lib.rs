@@ -13,4 +13,5 @@ pub mod eval;
 pub mod generate;
 pub mod model;
 pub mod ops;
+pub mod plot;
 pub mod train;

@@ -84,6 +84,16 @@ enum Command {
         #[arg(long, default_value = "gpt2")]
         tokenizer: String,
     },
+    /// Training curves from metrics files (`train --metrics`): loss and validation loss against tokens,
+    /// learning rate and tokens/s against the step; several files are overlaid for comparison.
+    Plot {
+        /// Metrics files (one JSON object per step), one curve each.
+        #[arg(required = true)]
+        metrics: Vec<PathBuf>,
+        /// The SVG file to write.
+        #[arg(short, long, default_value = "loss.svg")]
+        out: PathBuf,
+    },
     /// Measure one link of the offload path against its ceiling.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -166,6 +176,15 @@ fn run(cli: Cli, explicit: &BTreeSet<String>) -> Result<i32> {
         Command::Train(args) => cli::train::train(*args, explicit),
         Command::Plan(args) => cli::train::plan(*args, explicit).map(|()| 0),
         Command::Bench(b) => cli::bench::run(b).map(|()| 0),
+        Command::Plot { metrics, out } => {
+            if let Some(input) = metrics.iter().find(|m| std::fs::canonicalize(m).ok() == std::fs::canonicalize(&out).ok()) {
+                anyhow::bail!("-o {} is the metrics file {}: it would be overwritten", out.display(), input.display());
+            }
+            let curves = metrics.iter().map(|m| zerostream::plot::read_metrics(m)).collect::<Result<Vec<_>>>()?;
+            zerostream::plot::plot(&curves, &out)?;
+            eprintln!("plot: {} ({} run(s))", out.display(), curves.len());
+            Ok(0)
+        }
         Command::Prepare { text, out, tokenizer } => {
             let tokenizer = TextTokenizer::parse(&tokenizer)?;
             let content = std::fs::read_to_string(&text).with_context(|| format!("reading --text {}", text.display()))?;

@@ -271,3 +271,40 @@ fn a_full_disk_under_the_metrics_file_does_not_stop_training() {
     assert!(out.status.success() && err.contains("writing --metrics failed at step 0"), "{err}");
     assert_eq!(std::fs::read_to_string(ck.join("latest")).unwrap().trim(), "step-00000002", "the training finished: {err}");
 }
+
+#[test]
+fn plot_overlays_runs_and_never_overwrites_its_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    for (name, lr) in [("a", "2e-3"), ("b", "1e-3")] {
+        let metrics = dir.path().join(format!("{name}.jsonl"));
+        let out = zerostream(&[
+            "train",
+            "--device",
+            "cpu",
+            "--steps",
+            "3",
+            "--batch-size",
+            "1",
+            "--seq-len",
+            "16",
+            "--lr",
+            lr,
+            "--sample-tokens",
+            "0",
+            "--metrics",
+            metrics.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        files.push(metrics.to_str().unwrap().to_string());
+    }
+    assert!(dir.path().join("loss.svg").exists(), "a run writes loss.svg beside its metrics");
+    let svg = dir.path().join("cmp.svg");
+    let out = zerostream(&["plot", &files[0], &files[1], "-o", svg.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+    let before = std::fs::read(&files[0]).unwrap();
+    let out = zerostream(&["plot", &files[0], "-o", &files[0]]);
+    assert!(!out.status.success() && stderr(&out).contains("would be overwritten"), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&files[0]).unwrap(), before);
+}

@@ -47,6 +47,7 @@ impl StepReport {
             "lr": self.lr,
             "loss_scale": self.loss_scale,
             "applied": self.applied,
+            "tokens": self.tokens,
             "tokens_per_s": self.tokens_per_s(),
             "gpu_busy_fraction": self.gpu_busy_fraction(),
             "peak_gpu_bytes": self.peak_gpu_bytes,

@@ -224,6 +224,14 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
     let outcome = train_steps(&mut trainer, &tokens, options, root.as_ref(), &record, &say)?;
     let last_update_s = trainer.finish()?;
     let seconds = start.elapsed().as_secs_f64();
+    if let (Some(metrics), true) = (&options.metrics, lead) {
+        // The curves beside the metrics; a failure to draw them costs the picture, not the run.
+        let svg = metrics.with_file_name("loss.svg");
+        match crate::plot::read_metrics(metrics).and_then(|c| crate::plot::plot(&[c], &svg)) {
+            Ok(()) => say(format!("plot: {}", svg.display())),
+            Err(e) => say(format!("warning: no plot ({e:#})")),
+        }
+    }
     summarise(&say, &outcome.reports, seconds, last_update_s, dev.alloc_stats().peak_bytes);
     if let Some(step) = outcome.stopped_at {
         return Ok(RunSummary { steps: outcome.reports, seconds, sample: None, stopped_at: Some(step), checkpoint: outcome.checkpoint });

@@ -1,0 +1,136 @@
+//! `zerostream plot`: training curves from `--metrics` files — loss (and validation loss, where the rows
+//! have it) against tokens seen, the learning rate and tokens/s against the step — several runs
+//! overlaid, one colour each, as one SVG (plotters).
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use plotters::prelude::*;
+
+/// One run's rows: (step, tokens seen after the step, loss, val_loss, lr, tokens/s).
+pub struct Curve {
+    pub label: String,
+    pub points: Vec<Point>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Point {
+    pub step: f64,
+    pub tokens: f64,
+    pub loss: f64,
+    pub val_loss: Option<f64>,
+    pub lr: f64,
+    pub tokens_per_s: f64,
+}
+
+/// Reads a metrics file (one JSON object per step); a malformed line is an error naming the file and line.
+pub fn read_metrics(path: &Path) -> Result<Curve> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading metrics {}", path.display()))?;
+    let mut points = Vec::new();
+    let mut tokens = 0.0;
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let row: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("{} line {}: not a JSON object", path.display(), i + 1))?;
+        let num = |key: &str| row[key].as_f64().with_context(|| format!("{} line {}: no number \"{key}\"", path.display(), i + 1));
+        // Older files have no "tokens": then steps stand in for tokens.
+        tokens += row["tokens"].as_f64().unwrap_or(1.0);
+        points.push(Point {
+            step: num("step")?,
+            tokens,
+            loss: num("loss")?,
+            val_loss: row["val_loss"].as_f64(),
+            lr: num("lr")?,
+            tokens_per_s: num("tokens_per_s")?,
+        });
+    }
+    if points.is_empty() {
+        bail!("metrics {}: no rows", path.display());
+    }
+    let label = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string());
+    Ok(Curve { label, points })
+}
+
+fn range(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
+    let (lo, hi) = values.filter(|v| v.is_finite()).fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    if lo > hi {
+        return 0.0..1.0;
+    }
+    let pad = ((hi - lo) * 0.05).max(hi.abs() * 1e-3).max(1e-12);
+    (lo - pad)..(hi + pad)
+}
+
+/// Draws `curves` into the SVG file `out`: loss against tokens on top, learning rate and tokens/s below.
+pub fn plot(curves: &[Curve], out: &Path) -> Result<()> {
+    let root = SVGBackend::new(out, (1100, 760)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (top, bottom) = root.split_vertically(440);
+    let lower = bottom.split_evenly((1, 2));
+    let all = || curves.iter().flat_map(|c| c.points.iter());
+    let mut loss = ChartBuilder::on(&top)
+        .caption("loss (solid: training, dashed: validation) against tokens seen", ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(35)
+        .y_label_area_size(55)
+        .build_cartesian_2d(range(all().map(|p| p.tokens)), range(all().flat_map(|p| std::iter::once(p.loss).chain(p.val_loss))))?;
+    loss.configure_mesh().x_desc("tokens").y_desc("loss").draw()?;
+    for (i, c) in curves.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        loss.draw_series(LineSeries::new(c.points.iter().map(|p| (p.tokens, p.loss)), color.stroke_width(2)))?
+            .label(c.label.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+        let val: Vec<(f64, f64)> = c.points.iter().filter_map(|p| p.val_loss.map(|v| (p.tokens, v))).collect();
+        if !val.is_empty() {
+            loss.draw_series(DashedLineSeries::new(val.clone(), 6, 4, color.stroke_width(2)))?;
+            loss.draw_series(val.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
+        }
+    }
+    loss.configure_series_labels().background_style(WHITE.mix(0.85)).border_style(BLACK).draw()?;
+    type Pick = fn(&Point) -> f64;
+    let panels: [(&str, Pick); 2] = [("learning rate", |p| p.lr), ("tokens/s", |p| p.tokens_per_s)];
+    for (area, (title, pick)) in lower.iter().zip(panels) {
+        let mut chart = ChartBuilder::on(area)
+            .caption(format!("{title} against the step"), ("sans-serif", 16))
+            .margin(12)
+            .x_label_area_size(35)
+            .y_label_area_size(60)
+            .build_cartesian_2d(range(all().map(|p| p.step)), range(all().map(pick)))?;
+        chart.configure_mesh().x_desc("step").draw()?;
+        for (i, c) in curves.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            chart.draw_series(LineSeries::new(c.points.iter().map(|p| (p.step, pick(p))), color.stroke_width(2)))?;
+        }
+    }
+    root.present().with_context(|| format!("writing {}", out.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_files_plot_and_bad_lines_name_the_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("run.jsonl");
+        let rows: String = (0..5)
+            .map(|s| {
+                let val = if s % 2 == 0 { format!(r#","val_loss":{}"#, 5.0 - s as f64 * 0.4) } else { String::new() };
+                format!("{{\"step\":{s},\"tokens\":256,\"loss\":{},\"lr\":0.001,\"tokens_per_s\":1000{val}}}\n", 5.0 - s as f64 * 0.5)
+            })
+            .collect();
+        std::fs::write(&good, rows).unwrap();
+        let curve = read_metrics(&good).unwrap();
+        assert_eq!((curve.label.as_str(), curve.points.len(), curve.points[4].tokens), ("run", 5, 1280.0));
+        assert_eq!(curve.points[2].val_loss, Some(4.2));
+        let svg = dir.path().join("loss.svg");
+        plot(&[curve], &svg).unwrap();
+        let text = std::fs::read_to_string(&svg).unwrap();
+        assert!(text.starts_with("<svg") && text.contains("run") && text.contains("tokens/s"), "{}", &text[..200.min(text.len())]);
+        let bad = dir.path().join("bad.jsonl");
+        std::fs::write(&bad, "{\"step\":0,\"loss\":1,\"lr\":1,\"tokens_per_s\":1}\nnot json\n").unwrap();
+        let err = read_metrics(&bad).err().unwrap().to_string();
+        assert!(err.contains("bad.jsonl line 2"), "{err}");
+        std::fs::write(&bad, "").unwrap();
+        assert!(read_metrics(&bad).err().unwrap().to_string().contains("no rows"));
+    }
+}
