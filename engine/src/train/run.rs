@@ -224,7 +224,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
     let outcome = train_steps(&mut trainer, &tokens, options, root.as_ref(), &record, &say)?;
     let last_update_s = trainer.finish()?;
     let seconds = start.elapsed().as_secs_f64();
-    if let (Some(metrics), true) = (&options.metrics, lead) {
+    if let (Some(metrics), true, true) = (&options.metrics, lead, outcome.metrics_written) {
         // The curves beside the metrics; a failure to draw them costs the picture, not the run.
         let svg = metrics.with_file_name("loss.svg");
         match crate::plot::read_metrics(metrics).and_then(|c| crate::plot::plot(&[c], &svg)) {
@@ -310,6 +310,8 @@ fn describe_run<D: Backend>(
 /// What the step loop did.
 struct StepsOutcome {
     reports: Vec<StepReport>,
+    /// Every row went to the metrics file (a regular file), so it can be plotted.
+    metrics_written: bool,
     stopped_at: Option<u64>,
     checkpoint: Option<PathBuf>,
 }
@@ -340,7 +342,8 @@ fn train_steps<D: Backend>(
     let bar = if options.progress && lead { ProgressBar::new(steps) } else { ProgressBar::hidden() };
     bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}").expect("a valid template"));
     bar.set_position(first_step);
-    let mut out = StepsOutcome { reports: Vec::new(), stopped_at: None, checkpoint: None };
+    let regular = options.metrics.as_ref().is_some_and(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()));
+    let mut out = StepsOutcome { reports: Vec::new(), metrics_written: metrics.is_some() && regular, stopped_at: None, checkpoint: None };
     let mut skipped_in_a_row = 0;
     while trainer.step < steps {
         let r = trainer.train_step(tokens)?;
