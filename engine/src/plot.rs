@@ -25,6 +25,10 @@ pub struct Point {
 
 /// Reads a metrics file (one JSON object per step); a malformed line is an error naming the file and line.
 pub fn read_metrics(path: &Path) -> Result<Curve> {
+    // A device or pipe could be read forever (/dev/zero): only regular files are metrics.
+    if !std::fs::metadata(path).with_context(|| format!("metrics {}", path.display()))?.is_file() {
+        bail!("metrics {}: not a regular file", path.display());
+    }
     let text = std::fs::read_to_string(path).with_context(|| format!("reading metrics {}", path.display()))?;
     let mut points = Vec::new();
     let mut tokens = 0.0;
@@ -132,5 +136,6 @@ mod tests {
         assert!(err.contains("bad.jsonl line 2"), "{err}");
         std::fs::write(&bad, "").unwrap();
         assert!(read_metrics(&bad).err().unwrap().to_string().contains("no rows"));
+        assert!(read_metrics(Path::new("/dev/zero")).err().unwrap().to_string().contains("not a regular file"));
     }
 }
