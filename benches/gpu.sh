@@ -162,8 +162,8 @@ for model in ("gpt2", "gpt2-xl"):
                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in m:
             t_ = r["time"]
-            md.append(f"| {r['step']} | {r['loss']:.4f} | {r['tokens_per_s']:.0f} | {t_['total_s']:.3f} | {t_['gpu_compute_s']:.3f} | {t_['upload_s']:.3f} | "
-                      f"{t_['download_s']:.3f} | {t_['update_wait_s']:.3f} | {pct(r['gpu_busy_fraction'])} | {r['peak_gpu_bytes']/2**20:.0f} |")
+            md.append(f"| {r['step']} | {r['loss']:.4f} | {r['tokens_per_s']:.0f} | {t_['total_s']:.3f} | {t_['device_compute_s']:.3f} | {t_['upload_s']:.3f} | "
+                      f"{t_['download_s']:.3f} | {t_['update_wait_s']:.3f} | {pct(r['device_busy_fraction'])} | {r['peak_device_bytes']/2**20:.0f} |")
         later = m[1:] or m
         mean_s = sum(r["time"]["total_s"] for r in later) / len(later)
         b_run, t_run = (B, T) if model == "gpt2" else (XL_B, XL_T)

@@ -46,10 +46,10 @@ fn a_short_run_writes_one_metrics_line_per_step_and_saves_a_loadable_model() {
     assert_eq!(lines.len(), 6);
     for (s, line) in lines.iter().enumerate() {
         assert_eq!(line["step"], s as u64);
-        for key in ["loss", "grad_norm", "lr", "loss_scale", "tokens_per_s", "gpu_busy_fraction", "peak_gpu_bytes"] {
+        for key in ["loss", "grad_norm", "lr", "loss_scale", "tokens_per_s", "device_busy_fraction", "peak_device_bytes"] {
             assert!(line[key].is_number(), "metrics line {s} lacks {key}: {line}");
         }
-        for key in ["gpu_compute_s", "upload_s", "download_s", "adam_s", "io_wait_s"] {
+        for key in ["device_compute_s", "upload_s", "download_s", "adam_s", "io_wait_s"] {
             assert!(line["time"][key].is_number(), "metrics line {s} lacks time.{key}: {line}");
         }
     }

@@ -365,7 +365,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             io_wait_s: clock.io_wait.as_secs_f64(),
             upload_bytes: clock.upload_bytes,
             download_bytes: clock.download_bytes,
-            peak_gpu_bytes: self.dev.alloc_stats().peak_bytes,
+            peak_device_bytes: self.dev.alloc_stats().peak_bytes,
             comm: self.comm.stats() - comm_before,
         };
         self.step += 1;

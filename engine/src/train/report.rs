@@ -26,7 +26,7 @@ pub struct StepReport {
     pub io_wait_s: f64,
     pub upload_bytes: u64,
     pub download_bytes: u64,
-    pub peak_gpu_bytes: u64,
+    pub peak_device_bytes: u64,
     /// This rank's collectives during the step: bytes sent, seconds, and seconds hidden behind device work.
     pub comm: crate::comm::CommStats,
 }
@@ -35,7 +35,7 @@ impl StepReport {
     pub fn tokens_per_s(&self) -> f64 {
         self.tokens as f64 / self.seconds.max(1e-12)
     }
-    pub fn gpu_busy_fraction(&self) -> f64 {
+    pub fn device_busy_fraction(&self) -> f64 {
         (self.compute_s / self.seconds.max(1e-12)).min(1.0)
     }
     pub fn to_json(&self) -> serde_json::Value {
@@ -49,11 +49,11 @@ impl StepReport {
             "applied": self.applied,
             "tokens": self.tokens,
             "tokens_per_s": self.tokens_per_s(),
-            "gpu_busy_fraction": self.gpu_busy_fraction(),
-            "peak_gpu_bytes": self.peak_gpu_bytes,
+            "device_busy_fraction": self.device_busy_fraction(),
+            "peak_device_bytes": self.peak_device_bytes,
             "time": {
                 "total_s": self.seconds,
-                "gpu_compute_s": self.compute_s,
+                "device_compute_s": self.compute_s,
                 "upload_s": self.upload_s,
                 "download_s": self.download_s,
                 "adam_s": self.adam_s,
