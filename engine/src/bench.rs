@@ -21,6 +21,17 @@ pub enum HalfOrFull {
     Bf16,
 }
 
+impl std::fmt::Display for HalfOrFull {
+    /// As the flags take it: f32, f16, bf16.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HalfOrFull::F32 => "f32",
+            HalfOrFull::F16 => "f16",
+            HalfOrFull::Bf16 => "bf16",
+        })
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct AdamBenchConfig {
     pub params: usize,

@@ -233,7 +233,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 println!("{}", r.to_json());
             } else {
                 println!(
-                    "adam: {} params, {:?} grads, {:?} copy, {} threads ({}): {:.2} Gparam/s, {} B/param = {:.1} GB/s; triad {:.1} GB/s; {:.0}% of triad",
+                    "adam: {} params, {} grads, {} copy, {} threads ({}): {:.2} Gparam/s, {} B/param = {:.1} GB/s; triad {:.1} GB/s; {:.0}% of triad",
                     r.params,
                     r.grad,
                     r.copy,

@@ -38,6 +38,14 @@ pub enum SaveDtype {
 }
 
 impl SaveDtype {
+    /// The value as `--save-dtype` takes it.
+    pub fn flag(self) -> &'static str {
+        match self {
+            SaveDtype::F32 => "f32",
+            SaveDtype::Bf16 => "bf16",
+            SaveDtype::F16 => "f16",
+        }
+    }
     /// The working precision's dtype: what the run computed with.
     pub fn of(precision: Precision) -> Self {
         match precision {

@@ -238,7 +238,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
     }
     if let Some(dir) = &options.save {
         trainer.save_model(dir, record.save_dtype)?;
-        say(format!("saved {} (config.json, model.safetensors, {:?})", dir.display(), record.save_dtype));
+        say(format!("saved {} (config.json, model.safetensors, {})", dir.display(), record.save_dtype.flag()));
     }
     let sample = sample_text(&mut trainer, options, &model, lead, &say)?;
     Ok(RunSummary { steps: outcome.reports, seconds, sample, stopped_at: None, checkpoint: outcome.checkpoint })
