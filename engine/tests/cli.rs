@@ -308,3 +308,62 @@ fn plot_overlays_runs_and_never_overwrites_its_input() {
     assert!(!out.status.success() && stderr(&out).contains("would be overwritten"), "{}", stderr(&out));
     assert_eq!(std::fs::read(&files[0]).unwrap(), before);
 }
+
+#[test]
+fn validation_loss_is_the_number_eval_gives_for_the_same_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny");
+    let (model, data) = (format!("{golden}/model"), format!("{golden}/tokens.bin"));
+    let metrics = dir.path().join("m.jsonl");
+    let out = zerostream(&[
+        "train",
+        "--device",
+        "cpu",
+        "--model",
+        &model,
+        "--data",
+        &data,
+        "--val-data",
+        &data,
+        "--eval-every",
+        "2",
+        "--eval-batches",
+        "3",
+        "--steps",
+        "4",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--sample-tokens",
+        "0",
+        "--metrics",
+        metrics.to_str().unwrap(),
+    ]);
+    let err = stderr(&out);
+    assert!(out.status.success() && err.contains("validation: loss"), "{err}");
+    let rows: Vec<serde_json::Value> =
+        std::fs::read_to_string(&metrics).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let has_val: Vec<bool> = rows.iter().map(|r| r["val_loss"].is_number()).collect();
+    assert_eq!(has_val, [true, false, true, false], "steps 0 and 2 are validated");
+    // Step 0's validation is the initial model's: `eval` of the same model on the same micro-batches.
+    let eval = zerostream(&[
+        "eval",
+        "--device",
+        "cpu",
+        "--model",
+        &model,
+        "--data",
+        &data,
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--batches",
+        "3",
+    ]);
+    assert!(eval.status.success(), "{}", stderr(&eval));
+    let eval: serde_json::Value = serde_json::from_slice(&eval.stdout).unwrap();
+    assert_eq!(rows[0]["val_loss"].as_f64(), eval["loss"].as_f64());
+    assert!((rows[0]["val_perplexity"].as_f64().unwrap() - rows[0]["val_loss"].as_f64().unwrap().exp()).abs() < 1e-9);
+}

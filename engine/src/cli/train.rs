@@ -78,6 +78,18 @@ pub struct TrainArgs {
     /// vocabularies, Llama-3's). llm.c's files say their own width.
     #[arg(long, value_enum, default_value = "u16")]
     data_dtype: TokenWidth,
+    /// Held-out token file for the validation loss (and perplexity): in the progress lines, the
+    /// metrics rows (`val_loss`) and the summary. `prepare --val-fraction` makes one.
+    #[arg(long)]
+    val_data: Option<PathBuf>,
+    /// Validate before every step that is a multiple of N, on the weights that step starts from (step
+    /// 0: the initial model). 0 = only after the last step.
+    #[arg(long, default_value_t = 0)]
+    eval_every: u64,
+    /// Micro-batches of --val-data per validation (the first ones, in the order `eval` reads them, so
+    /// the number is the one `zerostream eval` gives for the same weights).
+    #[arg(long, default_value_t = 4)]
+    eval_batches: usize,
     /// B: sequences per micro-batch.
     #[arg(long, default_value_t = 8)]
     batch_size: usize,
@@ -276,6 +288,9 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>) -
         model,
         data,
         data_dtype,
+        val_data: a.val_data.clone(),
+        eval_every: a.eval_every,
+        eval_batches: a.eval_batches,
         seed,
         metrics: a.metrics.clone(),
         save: a.save.clone(),
@@ -333,7 +348,7 @@ fn check_hyperparameters(a: &TrainArgs) -> Result<()> {
 /// Checks the run's outputs before any work: none is one of its inputs (it would be overwritten), and
 /// `--save` can be written (its parent is created if missing) and holds no files but a model's.
 fn check_outputs(a: &TrainArgs, model: &ModelChoice, data: Option<&Path>) -> Result<()> {
-    let mut inputs: Vec<PathBuf> = data.iter().map(|p| p.to_path_buf()).collect();
+    let mut inputs: Vec<PathBuf> = data.iter().map(|p| p.to_path_buf()).chain(a.val_data.iter().cloned()).collect();
     let model_dir = match model {
         ModelChoice::Hf(dir) | ModelChoice::Resume(dir) => Some(dir.clone()),
         _ => None,

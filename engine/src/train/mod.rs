@@ -28,6 +28,7 @@ pub mod run;
 pub mod schedule;
 pub mod shard;
 mod transfer;
+mod validate;
 mod worker;
 
 use std::collections::VecDeque;
@@ -367,6 +368,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             download_bytes: clock.download_bytes,
             peak_device_bytes: self.dev.alloc_stats().peak_bytes,
             comm: self.comm.stats() - comm_before,
+            val_loss: None,
         };
         self.step += 1;
         Ok(report)

@@ -27,6 +27,8 @@ pub struct StepReport {
     pub upload_bytes: u64,
     pub download_bytes: u64,
     pub peak_device_bytes: u64,
+    /// The validation loss of the weights this step started from (when the step was one to evaluate).
+    pub val_loss: Option<f64>,
     /// This rank's collectives during the step: bytes sent, seconds, and seconds hidden behind device work.
     pub comm: crate::comm::CommStats,
 }
@@ -40,7 +42,7 @@ impl StepReport {
     }
     pub fn to_json(&self) -> serde_json::Value {
         let gbps = |bytes: u64, s: f64| if s > 0.0 { bytes as f64 / s / 1e9 } else { 0.0 };
-        serde_json::json!({
+        let mut row = serde_json::json!({
             "step": self.step,
             "loss": self.loss,
             "grad_norm": self.grad_norm,
@@ -65,6 +67,11 @@ impl StepReport {
             "comm_bytes": self.comm.sent_bytes,
             "upload_gbps": gbps(self.upload_bytes, self.upload_s),
             "download_gbps": gbps(self.download_bytes, self.download_s),
-        })
+        });
+        if let Some(v) = self.val_loss {
+            row["val_loss"] = v.into();
+            row["val_perplexity"] = v.exp().into();
+        }
+        row
     }
 }

@@ -53,6 +53,12 @@ pub struct RunOptions {
     pub data: Option<PathBuf>,
     /// Token width of a raw (headerless) --data file.
     pub data_dtype: TokenWidth,
+    /// Held-out tokens for the validation loss (same width rule as --data).
+    pub val_data: Option<PathBuf>,
+    /// Validation before every step that is a multiple of this (0: only at the end).
+    pub eval_every: u64,
+    /// Micro-batches of --val-data per validation.
+    pub eval_batches: usize,
     pub seed: u64,
     pub metrics: Option<PathBuf>,
     pub save: Option<PathBuf>,
@@ -77,6 +83,9 @@ impl RunOptions {
             model,
             data: None,
             data_dtype: TokenWidth::U16,
+            val_data: None,
+            eval_every: 0,
+            eval_batches: 4,
             seed: 1337,
             metrics: None,
             save: None,
@@ -100,6 +109,8 @@ pub struct RunSummary {
     pub stopped_at: Option<u64>,
     /// The last checkpoint written, if any.
     pub checkpoint: Option<PathBuf>,
+    /// The validation loss of the final weights (with --val-data).
+    pub val_loss: Option<f64>,
 }
 
 /// The model a choice names, without loading weights (for `zerostream plan`).
@@ -174,6 +185,14 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         None => TokenFile::from_tokens("<embedded Hamlet text>", &Tokenizer::Bytes.encode(DEMO_TEXT)?),
     };
     tokens.check_vocab(model.vocab_size())?;
+    let validation = match &options.val_data {
+        Some(path) => {
+            let v = TokenFile::open_with(path, options.data_dtype)?;
+            v.check_vocab(model.vocab_size())?;
+            Some(v)
+        }
+        None => None,
+    };
     if let ModelSource::Checkpoint(c) = &source
         && c.state.data_tokens != tokens.len
     {
@@ -221,8 +240,20 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         say(note.clone());
     }
     let start = Instant::now();
-    let outcome = train_steps(&mut trainer, &tokens, options, root.as_ref(), &record, &say)?;
+    let outcome = train_steps(&mut trainer, &tokens, validation.as_ref(), options, root.as_ref(), &record, &say)?;
     let last_update_s = trainer.finish()?;
+    let mut final_val_loss = None;
+    if let Some(v) = &validation {
+        let loss = trainer.validation_loss(v, options.eval_batches)?;
+        say(format!(
+            "validation: loss {loss:.4} (perplexity {:.2}) after step {} on {} micro-batches of {}",
+            loss.exp(),
+            trainer.step,
+            options.eval_batches,
+            v.path.display()
+        ));
+        final_val_loss = Some(loss);
+    }
     let seconds = start.elapsed().as_secs_f64();
     if let (Some(metrics), true, true) = (&options.metrics, lead, outcome.metrics_written) {
         // The curves beside the metrics; a failure to draw them costs the picture, not the run.
@@ -234,14 +265,21 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
     }
     summarise(&say, &outcome.reports, seconds, last_update_s, dev.alloc_stats().peak_bytes);
     if let Some(step) = outcome.stopped_at {
-        return Ok(RunSummary { steps: outcome.reports, seconds, sample: None, stopped_at: Some(step), checkpoint: outcome.checkpoint });
+        return Ok(RunSummary {
+            steps: outcome.reports,
+            seconds,
+            sample: None,
+            stopped_at: Some(step),
+            checkpoint: outcome.checkpoint,
+            val_loss: final_val_loss,
+        });
     }
     if let Some(dir) = &options.save {
         trainer.save_model(dir, record.save_dtype)?;
         say(format!("saved {} (config.json, model.safetensors, {})", dir.display(), record.save_dtype.flag()));
     }
     let sample = sample_text(&mut trainer, options, &model, lead, &say)?;
-    Ok(RunSummary { steps: outcome.reports, seconds, sample, stopped_at: None, checkpoint: outcome.checkpoint })
+    Ok(RunSummary { steps: outcome.reports, seconds, sample, stopped_at: None, checkpoint: outcome.checkpoint, val_loss: final_val_loss })
 }
 
 /// Every setting of the run by flag name: the trainer's, the seed, the data and the world size.
@@ -324,9 +362,11 @@ fn skip_limit(precision: Precision) -> u64 {
 
 /// Runs the steps from the trainer's current step to `--steps`, with metrics, progress, checkpoints
 /// and a clean stop when asked.
+#[allow(clippy::too_many_arguments)]
 fn train_steps<D: Backend>(
     trainer: &mut Trainer<'_, D>,
     tokens: &TokenFile,
+    validation: Option<&TokenFile>,
     options: &RunOptions,
     root: Option<&CheckpointRoot>,
     record: &RunRecord,
@@ -346,7 +386,15 @@ fn train_steps<D: Backend>(
     let mut out = StepsOutcome { reports: Vec::new(), metrics_written: metrics.is_some() && regular, stopped_at: None, checkpoint: None };
     let mut skipped_in_a_row = 0;
     while trainer.step < steps {
-        let r = trainer.train_step(tokens)?;
+        // Validation of the weights this step starts from, so step 0's is the initial model's.
+        let val_loss = match validation {
+            Some(v) if options.eval_every > 0 && trainer.step.is_multiple_of(options.eval_every) => {
+                Some(trainer.validation_loss(v, options.eval_batches)?)
+            }
+            _ => None,
+        };
+        let mut r = trainer.train_step(tokens)?;
+        r.val_loss = val_loss;
         if let Some(m) = metrics.as_mut()
             && let Err(e) = writeln!(m, "{}", r.to_json()).and_then(|()| m.flush())
         {
@@ -362,7 +410,7 @@ fn train_steps<D: Backend>(
         }
         bar.set_message(progress_message(&r, trainer.scaler.scale));
         bar.inc(1);
-        if options.progress && lead && (r.step % 25 == 0 || r.step + 1 == steps) {
+        if options.progress && lead && (r.step % 25 == 0 || r.step + 1 == steps || r.val_loss.is_some()) {
             let line = format!(
                 "step {:>5}: loss {:.4}, grad norm {:.3}, lr {:.2e}, {:.0} tok/s",
                 r.step,
