@@ -124,6 +124,18 @@ impl TextTokenizer {
         }
     }
 
+    /// The token written between documents: GPT-2's <|endoftext|> (50256), a tokenizer.json's eos token
+    /// when it names one; none for bytes.
+    pub fn end_of_text(&self) -> Option<u32> {
+        match self {
+            TextTokenizer::Builtin(Tokenizer::Gpt2) => Some(50256),
+            TextTokenizer::Builtin(Tokenizer::Bytes) => None,
+            TextTokenizer::Hf(t) => {
+                ["<|end_of_text|>", "<|endoftext|>", "</s>", "<|im_end|>", "<eos>"].iter().find_map(|w| t.inner.token_to_id(w))
+            }
+        }
+    }
+
     pub fn describe(&self) -> String {
         match self {
             TextTokenizer::Builtin(Tokenizer::Gpt2) => "gpt2".into(),

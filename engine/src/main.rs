@@ -6,12 +6,11 @@ mod cli;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use cli::bench::BenchCommand;
 use cli::train::TrainArgs;
 use zerostream::device::{self, DeviceChoice};
-use zerostream_checkpoints::{TextTokenizer, write_token_file_u32};
 
 #[derive(Parser)]
 #[command(name = "zerostream", version, about = "Train models larger than GPU memory: ZeRO-style offload with WGSL kernels on any GPU.")]
@@ -70,20 +69,8 @@ enum Command {
     /// tier, device bytes, block slots — for a model, a batch, a world size and a ZeRO stage, without
     /// loading weights or training. Exits non-zero, with the numbers, when the device budget is too small.
     Plan(Box<TrainArgs>),
-    /// Tokenise a text file into a token file `train --data` reads (llm.c's format).
-    Prepare {
-        /// UTF-8 text to tokenise.
-        #[arg(long)]
-        text: PathBuf,
-        /// Token file to write.
-        #[arg(long)]
-        out: PathBuf,
-        /// `gpt2`: GPT-2's BPE (50257 tokens); `bytes`: one token per byte (256); or the path of a Hugging
-        /// Face tokenizer.json (Llama-3's, Mistral's, ...). Ids above 65535 are written as llm.c's uint32
-        /// (Llama-3) format.
-        #[arg(long, default_value = "gpt2")]
-        tokenizer: String,
-    },
+    /// Tokenise a text file into token files `train --data` / `--val-data` read (llm.c's format).
+    Prepare(cli::prepare::PrepareArgs),
     /// Training curves from metrics files (`train --metrics`): loss and validation loss against tokens,
     /// learning rate and tokens/s against the step; several files are overlaid for comparison.
     Plot {
@@ -185,20 +172,6 @@ fn run(cli: Cli, explicit: &BTreeSet<String>) -> Result<i32> {
             eprintln!("plot: {} ({} run(s))", out.display(), curves.len());
             Ok(0)
         }
-        Command::Prepare { text, out, tokenizer } => {
-            let tokenizer = TextTokenizer::parse(&tokenizer)?;
-            let content = std::fs::read_to_string(&text).with_context(|| format!("reading --text {}", text.display()))?;
-            let tokens = tokenizer.encode(&content)?;
-            write_token_file_u32(&out, &tokens)?;
-            eprintln!(
-                "{}: {} bytes of text -> {} tokens ({}, vocab {})",
-                out.display(),
-                content.len(),
-                tokens.len(),
-                tokenizer.describe(),
-                tokenizer.vocab_size()
-            );
-            Ok(0)
-        }
+        Command::Prepare(args) => cli::prepare::prepare(args).map(|()| 0),
     }
 }

@@ -367,3 +367,25 @@ fn validation_loss_is_the_number_eval_gives_for_the_same_weights() {
     assert_eq!(rows[0]["val_loss"].as_f64(), eval["loss"].as_f64());
     assert!((rows[0]["val_perplexity"].as_f64().unwrap() - rows[0]["val_loss"].as_f64().unwrap().exp()).abs() < 1e-9);
 }
+
+#[test]
+fn prepare_splits_documents_and_holds_out_a_validation_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("docs.txt");
+    let docs: Vec<String> = (0..10).map(|i| format!("Document number {i} says hello.")).collect();
+    std::fs::write(&text, docs.join("\n\n")).unwrap();
+    let out = dir.path().join("docs.bin");
+    let run = zerostream(&["prepare", "--text", text.to_str().unwrap(), "--out", out.to_str().unwrap(), "--val-fraction", "0.2"]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    let read = |p: &std::path::Path| {
+        let f = zerostream_checkpoints::TokenFile::open(p).unwrap();
+        (0..f.len).map(|i| f.get(i)).collect::<Vec<u32>>()
+    };
+    let (train, val) = (read(&out), read(&dir.path().join("docs.val.bin")));
+    // GPT-2's <|endoftext|> between documents: 8 training documents, 2 held out.
+    assert_eq!(train.iter().filter(|&&t| t == 50256).count(), 7);
+    assert_eq!(val.iter().filter(|&&t| t == 50256).count(), 1);
+    assert!(stderr(&run).contains("2 held-out documents"), "{}", stderr(&run));
+    let bad = zerostream(&["prepare", "--text", text.to_str().unwrap(), "--out", out.to_str().unwrap(), "--val-fraction", "1.5"]);
+    assert!(!bad.status.success() && stderr(&bad).contains("--val-fraction 1.5"), "{}", stderr(&bad));
+}

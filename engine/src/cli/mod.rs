@@ -1,4 +1,5 @@
 //! The subcommands with the most flags, one file each; `main.rs` holds the command table and the small ones.
 
 pub mod bench;
+pub mod prepare;
 pub mod train;

@@ -1,0 +1,113 @@
+//! `zerostream prepare`: a text file to token files. The text is cut into documents at a separator
+//! (default: blank lines), each document tokenised on its own and followed by the tokenizer's
+//! end-of-text token where it has one, so no window of training silently runs one document into the
+//! next; `--val-fraction` holds out the last documents as a validation file.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use zerostream_checkpoints::{TextTokenizer, write_token_file_u32};
+
+#[derive(clap::Args)]
+pub struct PrepareArgs {
+    /// UTF-8 text to tokenise.
+    #[arg(long)]
+    text: PathBuf,
+    /// Token file to write (the training part, with --val-fraction).
+    #[arg(long)]
+    out: PathBuf,
+    /// `gpt2`: GPT-2's BPE (50257 tokens); `bytes`: one token per byte (256); or the path of a Hugging
+    /// Face tokenizer.json (Llama-3's, Mistral's, ...). Ids above 65535 are written as llm.c's uint32
+    /// (Llama-3) format.
+    #[arg(long, default_value = "gpt2")]
+    tokenizer: String,
+    /// What separates documents in the text (`\n` for a newline): between documents the tokenizer's
+    /// end-of-text token is written (GPT-2's <|endoftext|>; a tokenizer.json's eos token, when it names
+    /// one); with `bytes` the separator itself is kept. Default: a blank line.
+    #[arg(long, default_value = "\\n\\n")]
+    doc_separator: String,
+    /// Hold out this fraction of the documents (the last ones) as a validation file, written beside
+    /// --out as `NAME.val.EXT` (for `train --val-data`). 0 = none.
+    #[arg(long, default_value_t = 0.0)]
+    val_fraction: f64,
+}
+
+/// `x.bin` -> `x.val.bin`.
+fn val_path(out: &Path) -> PathBuf {
+    let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = match out.extension() {
+        Some(ext) => format!("{stem}.val.{}", ext.to_string_lossy()),
+        None => format!("{stem}.val"),
+    };
+    out.with_file_name(name)
+}
+
+pub fn prepare(a: PrepareArgs) -> Result<()> {
+    if !(0.0..1.0).contains(&a.val_fraction) {
+        bail!("--val-fraction {}: must be in [0, 1)", a.val_fraction);
+    }
+    let separator = a.doc_separator.replace("\\n", "\n").replace("\\t", "\t");
+    if separator.is_empty() {
+        bail!("--doc-separator: must not be empty");
+    }
+    let tokenizer = TextTokenizer::parse(&a.tokenizer)?;
+    let content = std::fs::read_to_string(&a.text).with_context(|| format!("reading --text {}", a.text.display()))?;
+    let val_out = val_path(&a.out);
+    for out in [&a.out, &val_out] {
+        if std::fs::canonicalize(out).ok() == std::fs::canonicalize(&a.text).ok() {
+            bail!("{} is the --text file: it would be overwritten", out.display());
+        }
+    }
+    let documents: Vec<&str> = content.split(separator.as_str()).filter(|d| !d.trim().is_empty()).collect();
+    let between: Vec<u32> = match tokenizer.end_of_text() {
+        Some(eot) => vec![eot],
+        None => tokenizer.encode(&separator)?,
+    };
+    let bar = if content.len() > 8 << 20 { ProgressBar::new(documents.len() as u64) } else { ProgressBar::hidden() };
+    bar.set_style(
+        ProgressStyle::with_template("tokenising {bar:30} {pos}/{len} documents [{elapsed_precise}<{eta_precise}]").expect("a template"),
+    );
+    let held_out = ((documents.len() as f64) * a.val_fraction).round() as usize;
+    if a.val_fraction > 0.0 && (held_out == 0 || held_out == documents.len()) {
+        bail!(
+            "--val-fraction {} of {} documents leaves {} for validation and {} for training: both need at least one (split at --doc-separator)",
+            a.val_fraction,
+            documents.len(),
+            held_out,
+            documents.len() - held_out
+        );
+    }
+    let split = documents.len() - held_out;
+    let (mut train, mut val) = (Vec::new(), Vec::new());
+    for (i, doc) in documents.iter().enumerate() {
+        let part = if i < split { &mut train } else { &mut val };
+        if !part.is_empty() {
+            part.extend_from_slice(&between);
+        }
+        part.extend(tokenizer.encode(doc)?);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    write_token_file_u32(&a.out, &train)?;
+    eprintln!(
+        "{}: {} documents, {} bytes of text -> {} tokens ({}, vocab {})",
+        a.out.display(),
+        split,
+        content.len(),
+        train.len(),
+        tokenizer.describe(),
+        tokenizer.vocab_size()
+    );
+    if held_out > 0 {
+        write_token_file_u32(&val_out, &val)?;
+        eprintln!(
+            "{}: {} held-out documents -> {} tokens (train --val-data {})",
+            val_out.display(),
+            held_out,
+            val.len(),
+            val_out.display()
+        );
+    }
+    Ok(())
+}
