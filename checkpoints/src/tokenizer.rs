@@ -63,7 +63,7 @@ impl Tokenizer {
 /// A Hugging Face `tokenizer.json`.
 pub struct HfTokenizer {
     pub path: PathBuf,
-    inner: tokenizers::Tokenizer,
+    pub(crate) inner: tokenizers::Tokenizer,
 }
 
 impl HfTokenizer {

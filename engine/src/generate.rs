@@ -1,13 +1,73 @@
-//! Sampling text from a trained model: the model resident on the cpu device, one token at a time.
+//! Text generation: the model resident on a device (the cpu device or a GPU), one token at a time —
+//! greedy (temperature 0) or sampled with temperature, top-k and top-p from a seeded generator.
+//! `zerostream generate` and the end-of-run sample both come here.
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use rand::{Rng, SeedableRng};
 
-use crate::device::CpuDevice;
+use crate::device::{Backend, CpuDevice};
 use crate::model::Model;
 
-/// Continues `prompt` by `new_tokens` tokens sampled at `temperature` (seeded), from weights given as
-/// (name, shape, values). Returns only the new tokens.
+/// How the next token is chosen.
+#[derive(Clone, Debug)]
+pub struct Sampling {
+    pub max_new_tokens: usize,
+    /// 0: greedy (the first most likely token, as torch.argmax picks it).
+    pub temperature: f32,
+    /// Keep only the k most likely tokens (0: all).
+    pub top_k: usize,
+    /// Keep the fewest most likely tokens whose probabilities add up to at least p (1: all).
+    pub top_p: f32,
+    pub seed: u64,
+}
+
+impl Sampling {
+    pub fn check(&self) -> Result<()> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            bail!("--temperature {}: must be a finite number >= 0 (0 = greedy)", self.temperature);
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            bail!("--top-p {}: must be in (0, 1]", self.top_p);
+        }
+        Ok(())
+    }
+}
+
+/// Continues `prompt` with up to `s.max_new_tokens` tokens, calling `on_token` with each as it comes;
+/// returns the new tokens. `weight(name, shape)` gives each parameter's values.
+pub fn generate<D: Backend>(
+    dev: &D,
+    model: &Model,
+    weight: &dyn Fn(&str, &[usize]) -> Result<Vec<f32>>,
+    prompt: &[u32],
+    s: &Sampling,
+    mut on_token: impl FnMut(u32),
+) -> Result<Vec<u32>> {
+    s.check()?;
+    if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= model.vocab_size()) {
+        bail!("prompt token {bad} is not below the model's vocab_size {}", model.vocab_size());
+    }
+    let mut logits_of = model.resident_logits(dev, weight)?;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(s.seed);
+    let mut context: Vec<u32> = if prompt.is_empty() { vec![0] } else { prompt.to_vec() };
+    let (window, vocab) = (model.max_seq_len(), model.vocab_size());
+    let mut out = Vec::with_capacity(s.max_new_tokens);
+    for _ in 0..s.max_new_tokens {
+        // Each step sees the last `window` tokens. (No KV cache yet: the whole window is recomputed.)
+        let start = context.len().saturating_sub(window);
+        let live = &context[start..];
+        let logits = logits_of(live)?;
+        let row = &logits[(live.len() - 1) * vocab..live.len() * vocab];
+        let next = pick(row, s, &mut rng);
+        on_token(next);
+        out.push(next);
+        context.push(next);
+    }
+    Ok(out)
+}
+
+/// The end-of-run sample: `new_tokens` tokens at `temperature` on the cpu device, from weights given as
+/// (name, shape, values).
 pub fn sample(
     model: &Model,
     weights: &[(String, Vec<usize>, Vec<f32>)],
@@ -16,40 +76,74 @@ pub fn sample(
     temperature: f32,
     seed: u64,
 ) -> Result<Vec<u32>> {
-    let dev = CpuDevice::new(None);
-    let mut logits_of = model.resident_logits(&dev, weights)?;
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-    let mut context: Vec<u32> = if prompt.is_empty() { vec![0] } else { prompt.to_vec() };
-    let (window, vocab) = (model.max_seq_len(), model.vocab_size());
-    let mut out = Vec::with_capacity(new_tokens);
-    for _ in 0..new_tokens {
-        // A fixed T, padded on the right: causal attention makes the padding invisible to earlier positions.
-        let start = context.len().saturating_sub(window);
-        let live = &context[start..];
-        let t = window.min(context.len() + new_tokens).max(live.len());
-        let mut ids = live.to_vec();
-        ids.resize(t, 0);
-        let logits = logits_of(&ids)?;
-        let row = &logits[(live.len() - 1) * vocab..live.len() * vocab];
-        let next = sample_row(row, temperature, &mut rng);
-        out.push(next);
-        context.push(next);
-    }
-    Ok(out)
+    let lookup: std::collections::HashMap<&str, &Vec<f32>> = weights.iter().map(|(n, _, v)| (n.as_str(), v)).collect();
+    let weight = |name: &str, _: &[usize]| -> Result<Vec<f32>> {
+        lookup.get(name).map(|v| v.to_vec()).ok_or_else(|| anyhow::anyhow!("sampling: no tensor {name}"))
+    };
+    let s = Sampling { max_new_tokens: new_tokens, temperature, top_k: 0, top_p: 1.0, seed };
+    generate(&CpuDevice::new(None), model, &weight, prompt, &s, |_| {})
 }
 
-fn sample_row(logits: &[f32], temperature: f32, rng: &mut impl Rng) -> u32 {
-    if temperature <= 0.0 {
-        return logits.iter().enumerate().fold((0, f32::MIN), |best, (i, &x)| if x > best.1 { (i, x) } else { best }).0 as u32;
+/// The next token from one row of logits.
+fn pick(logits: &[f32], s: &Sampling, rng: &mut impl Rng) -> u32 {
+    if s.temperature == 0.0 {
+        return logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |best, (i, &x)| if x > best.1 { (i, x) } else { best }).0 as u32;
     }
-    let max = logits.iter().fold(f32::MIN, |a, &b| a.max(b));
-    let weights: Vec<f64> = logits.iter().map(|&x| (((x - max) / temperature) as f64).exp()).collect();
-    let mut pick = rng.random::<f64>() * weights.iter().sum::<f64>();
-    for (i, w) in weights.iter().enumerate() {
-        pick -= w;
-        if pick <= 0.0 {
-            return i as u32;
+    // Candidates from most to least likely (ties by id, so the order is the same everywhere).
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    if s.top_k > 0 {
+        order.truncate(s.top_k);
+    }
+    let max = logits[order[0]];
+    let weights: Vec<f64> = order.iter().map(|&i| (((logits[i] - max) / s.temperature) as f64).exp()).collect();
+    let total: f64 = weights.iter().sum();
+    let mut keep = weights.len();
+    if s.top_p < 1.0 {
+        let mut cumulative = 0.0;
+        for (n, w) in weights.iter().enumerate() {
+            cumulative += w / total;
+            if cumulative >= s.top_p as f64 {
+                keep = n + 1;
+                break;
+            }
         }
     }
-    (weights.len() - 1) as u32
+    let mass: f64 = weights[..keep].iter().sum();
+    let mut draw = rng.random::<f64>() * mass;
+    for (n, w) in weights[..keep].iter().enumerate() {
+        draw -= w;
+        if draw <= 0.0 {
+            return order[n] as u32;
+        }
+    }
+    order[keep - 1] as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(temperature: f32, top_k: usize, top_p: f32) -> Sampling {
+        Sampling { max_new_tokens: 1, temperature, top_k, top_p, seed: 1 }
+    }
+
+    #[test]
+    fn greedy_top_k_and_top_p_pick_from_the_right_candidates() {
+        let logits = [0.0f32, 3.0, 1.0, 3.0, -1.0];
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        assert_eq!(pick(&logits, &settings(0.0, 0, 1.0), &mut rng), 1, "the first of the tied maxima");
+        for _ in 0..200 {
+            let k2 = pick(&logits, &settings(1.0, 2, 1.0), &mut rng);
+            assert!(k2 == 1 || k2 == 3, "top-k 2 keeps ids 1 and 3, got {k2}");
+            // The two tied maxima hold about 0.84 of the mass: top-p 0.5 keeps the first of them only.
+            assert_eq!(pick(&logits, &settings(1.0, 0, 0.5), &mut rng), 1);
+        }
+        let mut seen = [0usize; 5];
+        for _ in 0..2000 {
+            seen[pick(&logits, &settings(1.0, 0, 1.0), &mut rng) as usize] += 1;
+        }
+        assert!(seen.iter().all(|&n| n > 0), "every token is possible without top-k/top-p: {seen:?}");
+        assert!(settings(-1.0, 0, 1.0).check().is_err() && settings(1.0, 0, 0.0).check().is_err());
+    }
 }

@@ -71,6 +71,8 @@ enum Command {
     Plan(Box<TrainArgs>),
     /// Tokenise a text file into token files `train --data` / `--val-data` read (llm.c's format).
     Prepare(cli::prepare::PrepareArgs),
+    /// Generate text from a saved model (greedy or sampled), printed as it comes; on a GPU or the cpu device.
+    Generate(Box<cli::generate::GenerateArgs>),
     /// Training curves from metrics files (`train --metrics`): loss and validation loss against tokens,
     /// learning rate and tokens/s against the step; several files are overlaid for comparison.
     Plot {
@@ -173,5 +175,6 @@ fn run(cli: Cli, explicit: &BTreeSet<String>) -> Result<i32> {
             Ok(0)
         }
         Command::Prepare(args) => cli::prepare::prepare(args).map(|()| 0),
+        Command::Generate(args) => cli::generate::run(*args).map(|()| 0),
     }
 }

@@ -10,7 +10,7 @@ use zerostream_checkpoints::{ArchConfig, Gpt2Config, HfModel, LlamaConfig};
 use super::TensorSpec;
 use super::gpt2::{self, Block, BlockActivations, Head, HeadActivations};
 use super::llama;
-use crate::device::{AttentionDims, Backend, CpuDevice};
+use crate::device::{AttentionDims, Backend};
 
 /// A model: its family and configuration.
 #[derive(Clone, Debug, PartialEq)]
@@ -317,17 +317,20 @@ impl Model {
         }
     }
 
-    /// The model resident on the cpu device with `weights` (name, shape, values), as a function from a
+    /// The model resident on `dev`, its weights from `weight(name, shape)`, as a function from a
     /// sequence of token ids to its logits (T x V): every group uploaded once, the layers run in turn.
-    pub fn resident_logits<'a>(&'a self, dev: &'a CpuDevice, weights: &[(String, Vec<usize>, Vec<f32>)]) -> Result<ResidentLogits<'a>> {
-        let lookup: std::collections::HashMap<&str, &Vec<f32>> = weights.iter().map(|(n, _, v)| (n.as_str(), v)).collect();
-        let upload = |specs: Vec<TensorSpec>| -> Result<Vec<<CpuDevice as Backend>::Tensor>> {
+    pub fn resident_logits<'a, D: Backend>(
+        &'a self,
+        dev: &'a D,
+        weight: &dyn Fn(&str, &[usize]) -> Result<Vec<f32>>,
+    ) -> Result<ResidentLogits<'a>> {
+        let upload = |specs: Vec<TensorSpec>| -> Result<Vec<D::Tensor>> {
             specs
                 .iter()
                 .map(|t| {
-                    let values = lookup.get(t.name.as_str()).with_context(|| format!("sampling: no tensor {}", t.name))?;
+                    let values = weight(&t.name, &t.shape)?;
                     let x = dev.alloc(t.len(), &t.name)?;
-                    dev.write(&x, values);
+                    dev.write(&x, &values);
                     Ok(x)
                 })
                 .collect()

@@ -1,0 +1,140 @@
+//! `zerostream generate`: text from a saved model (a Hugging Face directory, a `--save` or a
+//! checkpoint), printed as it comes, or one JSON line with `--json`.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use zerostream::generate::{Sampling, generate};
+use zerostream::model::Model;
+use zerostream_checkpoints::{HfModel, HfTokenizer, Tokenizer};
+
+use crate::DeviceArgs;
+
+#[derive(clap::Args)]
+pub struct GenerateArgs {
+    /// A Hugging Face model directory: `--save`'s output, a checkpoint's step-NNNNNNNN/, or a download.
+    #[arg(long)]
+    model: PathBuf,
+    /// Text to continue (tokenised with the model directory's tokenizer.json, or GPT-2's BPE / bytes by
+    /// the vocabulary size).
+    #[arg(long, conflicts_with_all = ["prompt_file", "prompt_tokens"])]
+    prompt: Option<String>,
+    /// A file whose text to continue.
+    #[arg(long, conflicts_with = "prompt_tokens")]
+    prompt_file: Option<PathBuf>,
+    /// Token ids to continue, comma-separated (e.g. 464,3290,318).
+    #[arg(long, value_delimiter = ',')]
+    prompt_tokens: Option<Vec<u32>>,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 100)]
+    max_new_tokens: usize,
+    /// Sampling temperature; 0 = greedy (always the most likely token).
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f32,
+    /// Sample only among the k most likely tokens (0 = all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Sample only among the most likely tokens that together hold probability p (1 = all).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Seed of the sampling.
+    #[arg(long, default_value_t = 1337)]
+    seed: u64,
+    /// Print one JSON line: {"new_tokens", "ids", "text" (when a tokenizer is known)}.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    device: DeviceArgs,
+}
+
+/// Text <-> ids for a model directory.
+enum Text {
+    Builtin(Tokenizer),
+    Hf(HfTokenizer),
+}
+
+impl Text {
+    fn encode(&self, s: &str) -> Result<Vec<u32>> {
+        match self {
+            Text::Builtin(t) => Ok(t.encode(s)?.into_iter().map(u32::from).collect()),
+            Text::Hf(t) => t.encode(s),
+        }
+    }
+    fn decode(&self, ids: &[u32]) -> String {
+        match self {
+            Text::Builtin(t) => t.decode(ids),
+            Text::Hf(t) => t.decode(ids),
+        }
+    }
+}
+
+pub fn run(a: GenerateArgs) -> Result<()> {
+    let hf = HfModel::open(&a.model)?;
+    let model = Model::of_hf(&hf)?;
+    let json_tokenizer = a.model.join("tokenizer.json");
+    let text = if json_tokenizer.is_file() {
+        Some(Text::Hf(HfTokenizer::from_file(&json_tokenizer)?))
+    } else {
+        Tokenizer::for_vocab(model.vocab_size()).map(Text::Builtin)
+    };
+    let prompt_text = match (&a.prompt, &a.prompt_file) {
+        (Some(p), _) => Some(p.replace("\\n", "\n")),
+        (None, Some(f)) => Some(std::fs::read_to_string(f).with_context(|| format!("reading --prompt-file {}", f.display()))?),
+        (None, None) => None,
+    };
+    let prompt: Vec<u32> = match (&a.prompt_tokens, &prompt_text, &text) {
+        (Some(ids), _, _) => ids.clone(),
+        (None, Some(p), Some(t)) => t.encode(p)?,
+        (None, Some(_), None) => bail!(
+            "no tokenizer for this model (vocab_size {}, no tokenizer.json in {}): give --prompt-tokens",
+            model.vocab_size(),
+            a.model.display()
+        ),
+        (None, None, _) => bail!("give --prompt TEXT, --prompt-file FILE or --prompt-tokens ID,ID,..."),
+    };
+    let sampling = Sampling { max_new_tokens: a.max_new_tokens, temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
+    let dev = zerostream::device::open(a.device.device, a.device.adapter.as_deref(), None)?;
+    eprintln!("device: {}; model: {}", dev.describe(), model.describe());
+    let weight = |name: &str, shape: &[usize]| hf.tensor(name, shape);
+    // Printed as they come: the text of all new tokens so far, minus what was printed (a character
+    // can span tokens).
+    let mut new = Vec::new();
+    let mut printed = 0;
+    if !a.json
+        && let Some(p) = &prompt_text
+    {
+        print!("{p}");
+    }
+    let mut on_token = |id: u32| {
+        new.push(id);
+        if a.json {
+            return;
+        }
+        match &text {
+            Some(t) => {
+                let so_far = t.decode(&new);
+                if so_far.len() > printed && !so_far.ends_with('\u{FFFD}') {
+                    print!("{}", &so_far[printed..]);
+                    printed = so_far.len();
+                }
+            }
+            None => print!("{id} "),
+        }
+        let _ = std::io::stdout().flush();
+    };
+    let ids = match &dev {
+        zerostream::device::AnyDevice::Cpu(d) => generate(d, &model, &weight, &prompt, &sampling, &mut on_token)?,
+        zerostream::device::AnyDevice::Gpu(d) => generate(d, &model, &weight, &prompt, &sampling, &mut on_token)?,
+    };
+    if a.json {
+        let mut line = serde_json::json!({ "new_tokens": ids.len(), "ids": ids });
+        if let Some(t) = &text {
+            line["text"] = t.decode(&ids).into();
+        }
+        println!("{line}");
+    } else {
+        println!();
+    }
+    Ok(())
+}
