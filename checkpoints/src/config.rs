@@ -56,9 +56,9 @@ pub struct Gpt2Config {
     /// Whether block l's attention scores are further divided by l + 1 (a stabiliser for deep models).
     #[serde(default)]
     pub scale_attn_by_inverse_layer_idx: bool,
-    /// transformers computes attention in float32 when this is set, whatever the model's dtype. The
-    /// engine's attention is float32 throughout, so both values compute the same: it is only kept to be
-    /// written back.
+    /// With this set, transformers scales q before the q k product instead of after it (equal in exact
+    /// arithmetic) and computes the softmax in float32 whatever the model's dtype. The engine's attention
+    /// is float32 throughout, so both values compute the same: it is only kept to be written back.
     #[serde(default)]
     pub reorder_and_upcast_attn: bool,
     /// Whether the output layer is wte (tied) or a separate `lm_head.weight` (V, C).

@@ -151,6 +151,9 @@ fn scale_q(name: &str, mut values: Vec<f32>, s: impl Fn(usize) -> f32) -> Vec<f3
     values
 }
 
+type ConfigEdit = Box<dyn Fn(&mut Gpt2Config)>;
+type QScale = Box<dyn Fn(usize) -> f32>;
+
 /// `scale_attn_weights: false` leaves q . k unscaled, so it computes what the scaled model computes with
 /// q divided by sqrt(head size); `scale_attn_by_inverse_layer_idx` divides block l's scores by l + 1, so
 /// it computes what the plain model computes with block l's q divided by l + 1. Logits and the
@@ -158,7 +161,7 @@ fn scale_q(name: &str, mut values: Vec<f32>, s: impl Fn(usize) -> f32) -> Vec<f3
 fn check_attention_scales<D: Backend>(dev: &D, label: &str) {
     let (logits, grads) = run_variant(dev, |_| {}, |_, v| v);
     let sqrt_d = (8f32).sqrt(); // head size 32 / 4
-    let variants: [(&str, Box<dyn Fn(&mut Gpt2Config)>, Box<dyn Fn(usize) -> f32>); 2] = [
+    let variants: [(&str, ConfigEdit, QScale); 2] = [
         ("scale_attn_weights false", Box::new(|c| c.scale_attn_weights = false), Box::new(move |_| 1.0 / sqrt_d)),
         ("scale_attn_by_inverse_layer_idx", Box::new(|c| c.scale_attn_by_inverse_layer_idx = true), Box::new(|l| (l + 1) as f32)),
     ];

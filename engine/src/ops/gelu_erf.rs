@@ -43,7 +43,7 @@ pub fn erf(x: f32) -> f32 {
 #[allow(clippy::excessive_precision)]
 fn erf_series(x: f32) -> f32 {
     let x2 = x * x;
-    x * (1.1283791670955126
+    x * (std::f32::consts::FRAC_2_SQRT_PI
         + x2 * (-0.37612638903183754
             + x2 * (0.11283791670955126
                 + x2 * (-0.026866170645131252
