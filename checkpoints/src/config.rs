@@ -8,6 +8,10 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+/// The `activation_function`s the engine implements: the tanh GELU under both of its names, the exact
+/// (erf) GELU, and ReLU.
+pub const ACTIVATIONS: [&str; 4] = ["gelu_new", "gelu_pytorch_tanh", "gelu", "relu"];
+
 /// Largest vocabulary, context, width or MLP width accepted (2^24). Far above any GPT-2, and low
 /// enough that products of them (parameter counts, activation sizes) cannot overflow.
 const MAX_DIM: usize = 1 << 24;
@@ -45,6 +49,25 @@ pub struct Gpt2Config {
     pub embd_pdrop: f64,
     #[serde(default)]
     pub attn_pdrop: f64,
+    /// Whether attention scores are divided by sqrt(head size) (transformers' default; false leaves
+    /// them unscaled).
+    #[serde(default = "yes")]
+    pub scale_attn_weights: bool,
+    /// Whether block l's attention scores are further divided by l + 1 (a stabiliser for deep models).
+    #[serde(default)]
+    pub scale_attn_by_inverse_layer_idx: bool,
+    /// With this set, transformers scales q before the q k product instead of after it (equal in exact
+    /// arithmetic) and computes the softmax in float32 whatever the model's dtype. The engine's attention
+    /// is float32 throughout, so both values compute the same: it is only kept to be written back.
+    #[serde(default)]
+    pub reorder_and_upcast_attn: bool,
+    /// Whether the output layer is wte (tied) or a separate `lm_head.weight` (V, C).
+    #[serde(default = "yes")]
+    pub tie_word_embeddings: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn default_eps() -> f64 {
@@ -76,6 +99,10 @@ impl Gpt2Config {
             resid_pdrop: 0.0,
             embd_pdrop: 0.0,
             attn_pdrop: 0.0,
+            scale_attn_weights: true,
+            scale_attn_by_inverse_layer_idx: false,
+            reorder_and_upcast_attn: false,
+            tie_word_embeddings: true,
         })
     }
 
@@ -96,7 +123,10 @@ impl Gpt2Config {
             "resid_pdrop": self.resid_pdrop,
             "embd_pdrop": self.embd_pdrop,
             "attn_pdrop": self.attn_pdrop,
-            "tie_word_embeddings": true,
+            "scale_attn_weights": self.scale_attn_weights,
+            "scale_attn_by_inverse_layer_idx": self.scale_attn_by_inverse_layer_idx,
+            "reorder_and_upcast_attn": self.reorder_and_upcast_attn,
+            "tie_word_embeddings": self.tie_word_embeddings,
         })
     }
 
@@ -142,16 +172,18 @@ impl Gpt2Config {
         }
         let (v, p, c, h, l) =
             (self.vocab_size as u128, self.n_positions as u128, self.n_embd as u128, self.hidden() as u128, self.n_layer as u128);
-        // wte, wpe, final LayerNorm; per block: 2 LayerNorms, qkv, attention projection, MLP.
-        let parameters = (v + p + 2) * c + l * (4 * c + 3 * c * c + 3 * c + c * c + c + 2 * c * h + h + c);
+        // wte, wpe, final LayerNorm, an untied lm_head; per block: 2 LayerNorms, qkv, attention
+        // projection, MLP.
+        let lm_head = if self.tie_word_embeddings { 0 } else { v * c };
+        let parameters = (v + p + 2) * c + lm_head + l * (4 * c + 3 * c * c + 3 * c + c * c + c + 2 * c * h + h + c);
         if parameters > MAX_PARAMETERS {
             bail!("config: {parameters} parameters is above the {MAX_PARAMETERS} zerostream supports");
         }
         if !self.layer_norm_epsilon.is_finite() || self.layer_norm_epsilon <= 0.0 {
             bail!("config: layer_norm_epsilon = {} must be a positive number", self.layer_norm_epsilon);
         }
-        if !matches!(self.activation_function.as_str(), "gelu_new" | "gelu_pytorch_tanh") {
-            bail!("config: activation_function {:?} is not supported (expected gelu_new or gelu_pytorch_tanh)", self.activation_function);
+        if !ACTIVATIONS.contains(&self.activation_function.as_str()) {
+            bail!("config: activation_function {:?} is not supported (expected one of {ACTIVATIONS:?})", self.activation_function);
         }
         for (key, p) in [("resid_pdrop", self.resid_pdrop), ("embd_pdrop", self.embd_pdrop), ("attn_pdrop", self.attn_pdrop)] {
             if !(0.0..1.0).contains(&p) {
@@ -192,14 +224,16 @@ fn refuse_unsupported(config: &Map<String, Value>) -> std::result::Result<(), St
             None => return Err(format!("model_type is {}, expected the string \"gpt2\"", kind(model_type))),
         }
     }
+    // Options the engine implements either way: only a value that is not a boolean is refused.
+    for key in ["scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "tie_word_embeddings"] {
+        if let Some(value) = config.get(key)
+            && !value.is_boolean()
+        {
+            return Err(format!("{key} is {}, expected true or false", kind(value)));
+        }
+    }
     // (key, the value the engine implements, what the other value would ask for)
-    let options = [
-        ("scale_attn_weights", true, "attention scores not divided by sqrt(head size)"),
-        ("scale_attn_by_inverse_layer_idx", false, "attention scores further divided by the layer number"),
-        ("reorder_and_upcast_attn", false, "Mistral's reordered, upcast attention"),
-        ("add_cross_attention", false, "cross-attention to an encoder"),
-        ("tie_word_embeddings", true, "an output layer (lm_head) separate from wte"),
-    ];
+    let options = [("add_cross_attention", false, "cross-attention to an encoder")];
     for (key, supported, meaning) in options {
         match config.get(key) {
             None => {}
@@ -214,9 +248,9 @@ fn refuse_unsupported(config: &Map<String, Value>) -> std::result::Result<(), St
         }
     }
     if let Some(f) = config.get("activation_function")
-        && !matches!(f.as_str(), Some("gelu_new" | "gelu_pytorch_tanh"))
+        && !f.as_str().is_some_and(|f| ACTIVATIONS.contains(&f))
     {
-        return Err(format!("activation_function {f} is not supported (supported: \"gelu_new\" or \"gelu_pytorch_tanh\", the tanh GELU)"));
+        return Err(format!("activation_function {f} is not supported (supported: {ACTIVATIONS:?})"));
     }
     Ok(())
 }

@@ -18,7 +18,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::device::gpu::GpuTensor;
 use crate::device::timing::Timer;
-use crate::device::{AttentionDims, Backend, GpuDevice, HalfFormat, MatmulShape, Operand};
+use crate::device::{Activation, AttentionDims, Backend, GpuDevice, HalfFormat, MatmulShape, Operand};
 use crate::model::gpt2::Gpt2Config;
 
 /// Seconds of repetitions aimed for per kernel when `reps` is 0.
@@ -549,9 +549,9 @@ impl Bench<'_> {
             let x = random_tensor(dev, nh, 14, "gelu x")?;
             let (out, dout, dx) = (dev.alloc(nh, "gelu out")?, random_tensor(dev, nh, 15, "d gelu out")?, dev.alloc(nh, "gelu dx")?);
             let forward = Case::memory("gelu_forward", "mlp", h_shape.clone(), f32_bytes(2 * nh), layers);
-            self.time(forward, || dev.gelu_forward(&out, &x))?;
+            self.time(forward, || dev.activation_forward(Activation::GeluTanh, &out, &x))?;
             let backward = Case::memory("gelu_backward", "mlp (dx +=)", h_shape.clone(), f32_bytes(4 * nh), layers);
-            self.time(backward, || dev.gelu_backward(&dx, &x, &dout))?;
+            self.time(backward, || dev.activation_backward(Activation::GeluTanh, &dx, &x, &dout))?;
         }
         let a = random_tensor(dev, nc, 16, "a")?;
         let y = random_tensor(dev, nc, 17, "b")?;

@@ -86,7 +86,7 @@ pub fn evaluate<D: Backend>(
         model.embed_forward(dev, &residual[0], &head, &head_acts, &x, seq_len);
         for l in 0..model.n_layer() {
             fill(&groups[1 + l], Some(&slot))?;
-            model.block_forward(dev, &slot, &acts, &residual[l % 2], &residual[(l + 1) % 2], batch, seq_len);
+            model.block_forward(dev, l, &slot, &acts, &residual[l % 2], &residual[(l + 1) % 2], batch, seq_len);
         }
         sum += model.head_forward(dev, &head, &head_acts, &residual[model.n_layer() % 2], &y, None) as f64;
         if batches > 1 {

@@ -59,7 +59,7 @@ fn check_forward_backward<D: Backend>(dev: &D, name: &str, label: &str) {
     let (xt, yt) = (dev.tokens(&x).unwrap(), dev.tokens(&y).unwrap());
     model.embed_forward(dev, &residual[0], &head, &head_acts, &xt, seq_len);
     for (l, ((w, _), a)) in blocks.iter().zip(&acts).enumerate() {
-        model.block_forward(dev, w, a, &residual[l], &residual[l + 1], batch, seq_len);
+        model.block_forward(dev, l, w, a, &residual[l], &residual[l + 1], batch, seq_len);
     }
     let n = blocks.len();
     let loss = model.head_forward(dev, &head, &head_acts, &residual[n], &yt, None) as f64;
@@ -79,7 +79,7 @@ fn check_forward_backward<D: Backend>(dev: &D, name: &str, label: &str) {
     model.head_forward(dev, &head, &head_acts, &residual[n], &yt, Some(1.0));
     model.head_backward(dev, &head, &head_grads, &head_acts, &residual[n]);
     for (l, ((w, g), a)) in blocks.iter().zip(&acts).enumerate().rev() {
-        model.block_backward(dev, w, g, a, &residual[l], &head_acts);
+        model.block_backward(dev, l, w, g, a, &residual[l], &head_acts);
     }
     model.embed_backward(dev, &head_grads, &head_acts, &xt);
     let mut worst = (String::new(), 0.0f64);

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{assert_close, gpu_or_skip, random, random_tokens};
-use zerostream::device::{AttentionDims, Backend, CpuDevice, HalfFormat, MatmulShape, Operand};
+use zerostream::device::{Activation, AttentionDims, Backend, CpuDevice, HalfFormat, MatmulShape, Operand};
 use zerostream::ops::attention::MAX_HEAD_DIM;
 
 type Outputs = Vec<(String, Vec<f32>)>;
@@ -129,11 +129,6 @@ fn elementwise_case<D: Backend>(dev: &D) -> Outputs {
         let y = random(n as u64 + 1, n, 3.0);
         let (tx, ty) = (tensor(dev, &x), tensor(dev, &y));
         let t = dev.alloc(n, "out").unwrap();
-        dev.gelu_forward(&t, &tx);
-        out.push((format!("gelu_forward {n}"), dev.read(&t)));
-        let g = tensor(dev, &y);
-        dev.gelu_backward(&g, &tx, &ty);
-        out.push((format!("gelu_backward {n}"), dev.read(&g)));
         dev.residual_forward(&t, &tx, &ty);
         out.push((format!("residual_forward {n}"), dev.read(&t)));
         dev.axpy(&t, 0.5, &tx, -2.0);
@@ -142,17 +137,45 @@ fn elementwise_case<D: Backend>(dev: &D) -> Outputs {
         out.push((format!("fill {n}"), dev.read(&t)));
         out.push((format!("sum_squares {n}"), vec![dev.sum_squares(&tx) as f32]));
     }
-    // Large magnitudes: gelu must not produce NaN where tanh saturates.
-    let big = tensor(dev, &[-1e4, -30.0, 30.0, 1e4]);
-    let t = dev.alloc(4, "out").unwrap();
-    dev.gelu_forward(&t, &big);
-    out.push(("gelu_forward saturated".into(), dev.read(&t)));
     out
 }
 
 #[test]
 fn elementwise_ops_match_twins() {
     check!("elementwise", elementwise_case, 1e-5, 1e-5);
+}
+
+/// Each MLP activation, forward and backward (accumulating into a non-zero dx), at awkward sizes, and at
+/// magnitudes where tanh and erfc saturate and exp underflows (no NaN), and at 0 (ReLU's kink).
+fn activation_case<D: Backend>(dev: &D) -> Outputs {
+    let mut out = Outputs::new();
+    for f in [Activation::GeluTanh, Activation::GeluErf, Activation::Relu] {
+        for n in [1, 63, 65, 4097, 40_000] {
+            let (x, y) = (random(n as u64, n, 4.0), random(n as u64 + 1, n, 3.0));
+            let (tx, ty) = (tensor(dev, &x), tensor(dev, &y));
+            let t = dev.alloc(n, "out").unwrap();
+            dev.activation_forward(f, &t, &tx);
+            out.push((format!("{f:?} forward {n}"), dev.read(&t)));
+            let g = tensor(dev, &y);
+            dev.activation_backward(f, &g, &tx, &ty);
+            out.push((format!("{f:?} backward {n}"), dev.read(&g)));
+        }
+        let edges = [-1e4, -30.0, -9.0, -0.0, 0.0, 1e-30, 9.0, 30.0, 1e4];
+        let (big, ones) = (tensor(dev, &edges), tensor(dev, &[1.0; 9]));
+        let t = dev.alloc(edges.len(), "out").unwrap();
+        dev.activation_forward(f, &t, &big);
+        let (forward, dx) = (dev.read(&t), tensor(dev, &[0.0; 9]));
+        assert!(forward.iter().all(|v| v.is_finite()), "{f:?} forward at the edges: {forward:?}");
+        out.push((format!("{f:?} forward at the edges"), forward));
+        dev.activation_backward(f, &dx, &big, &ones);
+        out.push((format!("{f:?} backward at the edges"), dev.read(&dx)));
+    }
+    out
+}
+
+#[test]
+fn activations_match_twins() {
+    check!("activations", activation_case, 1e-5, 1e-5);
 }
 
 fn layernorm_case<D: Backend>(dev: &D) -> Outputs {
@@ -205,6 +228,53 @@ fn attention_case<D: Backend>(dev: &D) -> Outputs {
 #[test]
 fn attention_matches_twin() {
     check!("attention", attention_case, 1e-4, 1e-4);
+}
+
+/// An explicit softmax scale: 1 (GPT-2's `scale_attn_weights: false`), and 1/sqrt(D) / (l + 1)
+/// (`scale_attn_by_inverse_layer_idx` at layer 2), read by both kernels from their Params.
+fn attention_scale_case<D: Backend>(dev: &D) -> Outputs {
+    let mut out = Outputs::new();
+    for (batch, seq_len, heads, kv_heads, hd, scale) in [(2, 5, 3, 3, 7, 1.0), (1, 260, 4, 2, 12, 1.0 / (12f32.sqrt() * 3.0))] {
+        let d = AttentionDims::gqa(batch, seq_len, heads, kv_heads, hd).with_scale(scale);
+        let rows = batch * seq_len;
+        let seed = (seq_len * 31 + hd) as u64;
+        let qkv = tensor(dev, &random(seed, rows * d.qkv_width(), 1.0));
+        let (o, lse) = (dev.alloc(rows * d.out_width(), "o").unwrap(), dev.alloc(d.stat_len(), "lse").unwrap());
+        dev.attention_forward(&o, &lse, &qkv, d);
+        let tag = format!("B{batch} T{seq_len} H{heads} G{kv_heads} D{hd} scale {scale}");
+        out.push((format!("out {tag}"), dev.read(&o)));
+        out.push((format!("lse {tag}"), dev.read(&lse)));
+        let dout = tensor(dev, &random(seed + 1, rows * d.out_width(), 1.0));
+        let (dqkv, delta) = (dev.alloc(rows * d.qkv_width(), "dqkv").unwrap(), dev.alloc(d.stat_len(), "delta").unwrap());
+        dev.attention_backward(&dqkv, &delta, &dout, &qkv, &o, &lse, d);
+        out.push((format!("dqkv {tag}"), dev.read(&dqkv)));
+    }
+    out
+}
+
+#[test]
+fn attention_with_explicit_scale_matches_twin() {
+    check!("attention scale", attention_scale_case, 1e-4, 1e-4);
+}
+
+/// The scale is really used: scaling q by s with scale 1 is the default-scaled attention of q s sqrt(D).
+#[test]
+fn attention_scale_multiplies_the_scores() {
+    let dev = CpuDevice::new(None);
+    let (batch, seq_len, heads, hd) = (2, 9, 3, 8);
+    let c = heads * hd;
+    let qkv = random(77, batch * seq_len * 3 * c, 1.0);
+    let mut scaled_q = qkv.clone();
+    for row in scaled_q.chunks_mut(3 * c) {
+        row[..c].iter_mut().for_each(|q| *q *= 0.25 * (hd as f32).sqrt());
+    }
+    let run = |qkv: &[f32], d: AttentionDims| {
+        let (o, lse) = (dev.alloc(batch * seq_len * c, "o").unwrap(), dev.alloc(d.stat_len(), "lse").unwrap());
+        dev.attention_forward(&o, &lse, &tensor(&dev, qkv), d);
+        dev.read(&o)
+    };
+    let d = AttentionDims::mha(batch, seq_len, c, heads);
+    assert_close("scale 0.25 vs q scaled", &run(&qkv, d.with_scale(0.25)), &run(&scaled_q, d), 1e-5, 1e-5);
 }
 
 /// Grouped-query attention: every (heads, kv_heads) pair at every head dim up to the kernels' largest,

@@ -24,15 +24,12 @@ fn with(key: &str, value: Value) -> Value {
 fn config_options_the_engine_does_not_implement_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     for (key, value, expected) in [
-        ("scale_attn_weights", json!(false), "supported: scale_attn_weights = true"),
-        ("scale_attn_by_inverse_layer_idx", json!(true), "supported: scale_attn_by_inverse_layer_idx = false"),
-        ("reorder_and_upcast_attn", json!(true), "supported: reorder_and_upcast_attn = false"),
         ("add_cross_attention", json!(true), "supported: add_cross_attention = false"),
-        ("tie_word_embeddings", json!(false), "lm_head"),
         ("scale_attn_weights", json!("yes"), "scale_attn_weights is a string, expected true or false"),
-        ("model_type", json!("llama"), "model_type \"llama\": this model family is not supported yet"),
+        ("tie_word_embeddings", json!(0), "tie_word_embeddings is a number, expected true or false"),
+        ("model_type", json!("llama"), "model_type \"llama\": not a family zerostream implements"),
         ("model_type", json!(2), "model_type is a number"),
-        ("activation_function", json!("relu"), "activation_function \"relu\" is not supported"),
+        ("activation_function", json!("swish"), "activation_function \"swish\" is not supported"),
         ("n_embd", json!(1u64 << 40), "n_embd = 1099511627776 is above"),
         ("n_inner", json!(0), "n_inner = 0 must be positive"),
         ("layer_norm_epsilon", json!(-1.0), "layer_norm_epsilon = -1 must be a positive number"),
@@ -44,11 +41,47 @@ fn config_options_the_engine_does_not_implement_are_refused_by_name() {
     }
     // A llama config lacks GPT-2's keys: the family is named before any missing key is.
     let llama = json!({"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32});
-    assert!(config_error(dir.path(), &llama).contains("not supported yet"));
+    assert!(config_error(dir.path(), &llama).contains("not a family zerostream implements"));
     assert!(config_error(dir.path(), &json!([1, 2])).contains("expected a JSON object"));
     std::fs::write(dir.path().join("config.json"), "{\"n_embd\": 4,").unwrap();
     let path = dir.path().join("config.json");
     assert!(names(&Gpt2Config::from_file(&path).unwrap_err(), &path).contains("not valid JSON"));
+}
+
+#[test]
+fn implemented_options_are_accepted_and_written_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    let mut config = tiny_config();
+    for (key, value) in [
+        ("scale_attn_weights", json!(false)),
+        ("scale_attn_by_inverse_layer_idx", json!(true)),
+        ("reorder_and_upcast_attn", json!(true)),
+        ("tie_word_embeddings", json!(false)),
+        ("activation_function", json!("relu")),
+    ] {
+        config[key] = value;
+    }
+    std::fs::write(&path, config.to_string()).unwrap();
+    let parsed = Gpt2Config::from_file(&path).unwrap();
+    assert!(!parsed.scale_attn_weights && parsed.scale_attn_by_inverse_layer_idx && parsed.reorder_and_upcast_attn);
+    assert!(!parsed.tie_word_embeddings);
+    assert_eq!(parsed.activation_function, "relu");
+    std::fs::write(&path, parsed.to_hf_json().to_string()).unwrap();
+    assert_eq!(Gpt2Config::from_file(&path).unwrap(), parsed);
+    for f in ["gelu_new", "gelu_pytorch_tanh", "gelu", "relu"] {
+        std::fs::write(&path, with("activation_function", json!(f)).to_string()).unwrap();
+        assert_eq!(Gpt2Config::from_file(&path).unwrap().activation_function, f);
+    }
+    // Absent keys mean transformers' defaults.
+    let mut bare = tiny_config();
+    for key in ["scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "tie_word_embeddings"] {
+        bare.as_object_mut().unwrap().remove(key);
+    }
+    std::fs::write(&path, bare.to_string()).unwrap();
+    let parsed = Gpt2Config::from_file(&path).unwrap();
+    assert!(parsed.scale_attn_weights && !parsed.scale_attn_by_inverse_layer_idx && !parsed.reorder_and_upcast_attn);
+    assert!(parsed.tie_word_embeddings);
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use anyhow::Result;
 
 use super::alloc::{AllocStats, ByteBudget, Charge};
-use super::{AttentionDims, Backend, MatmulShape};
+use super::{Activation, AttentionDims, Backend, MatmulShape};
 use crate::ops::{self, encoder::TokenBuckets};
 
 pub struct CpuDevice {
@@ -182,11 +182,11 @@ impl Backend for CpuDevice {
             dims,
         );
     }
-    fn gelu_forward(&self, out: &CpuTensor, x: &CpuTensor) {
-        ops::gelu::gelu_forward(&mut out.data.borrow_mut(), &x.data.borrow());
+    fn activation_forward(&self, f: Activation, out: &CpuTensor, x: &CpuTensor) {
+        f.forward(&mut out.data.borrow_mut(), &x.data.borrow());
     }
-    fn gelu_backward(&self, dx: &CpuTensor, x: &CpuTensor, dout: &CpuTensor) {
-        ops::gelu::gelu_backward(&mut dx.data.borrow_mut(), &x.data.borrow(), &dout.data.borrow());
+    fn activation_backward(&self, f: Activation, dx: &CpuTensor, x: &CpuTensor, dout: &CpuTensor) {
+        f.backward(&mut dx.data.borrow_mut(), &x.data.borrow(), &dout.data.borrow());
     }
     fn residual_forward(&self, out: &CpuTensor, a: &CpuTensor, b: &CpuTensor) {
         ops::elementwise::residual_forward(&mut out.data.borrow_mut(), &a.data.borrow(), &b.data.borrow());

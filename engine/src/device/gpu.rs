@@ -15,7 +15,7 @@ use std::ops::Range;
 use anyhow::{Context, Result, bail};
 
 use super::alloc::{AllocStats, ByteBudget, Charge};
-use super::{AttentionDims, Backend, HalfFormat, MatmulShape};
+use super::{Activation, AttentionDims, Backend, HalfFormat, MatmulShape};
 use crate::ops::elementwise::SUM_SQUARES_GROUP;
 use crate::ops::encoder::TokenBuckets;
 use zerostream_shaders as shaders;
@@ -118,7 +118,7 @@ impl GpuTensor {
 fn attention_params(d: AttentionDims, qkv: &Window<'_>, out: &Window<'_>, stat: &Window<'_>) -> [u32; 12] {
     let [t, heads, group, hd, qkv_width, k_start, v_start] =
         [d.seq_len, d.heads, d.group(), d.head_dim, d.qkv_width(), d.q_width(), d.q_width() + d.kv_width()].map(|n| n as u32);
-    [t, heads, group, hd, d.scale().to_bits(), qkv.elem_offset, out.elem_offset, stat.elem_offset, qkv_width, k_start, v_start, 0]
+    [t, heads, group, hd, d.scale.to_bits(), qkv.elem_offset, out.elem_offset, stat.elem_offset, qkv_width, k_start, v_start, 0]
 }
 
 /// A read-back in flight: the staging buffer its copies were submitted into, the submission, and the
@@ -1000,11 +1000,16 @@ impl Backend for GpuDevice {
         }
     }
 
-    fn gelu_forward(&self, out: &GpuTensor, x: &GpuTensor) {
+    fn activation_forward(&self, f: Activation, out: &GpuTensor, x: &GpuTensor) {
+        let kernel = match f {
+            Activation::GeluTanh => shaders::GELU_FORWARD,
+            Activation::GeluErf => shaders::GELU_ERF_FORWARD,
+            Activation::Relu => shaders::RELU_FORWARD,
+        };
         for r in Self::pieces(out.len.min(x.len), self.max_window_elems, self.align_elems) {
             let (xw, ow) = (self.window(x, r.clone()), self.window(out, r.clone()));
             self.dispatch(
-                shaders::GELU_FORWARD,
+                kernel,
                 "main",
                 &[r.len() as u32, xw.elem_offset, ow.elem_offset, 0],
                 &[(1, xw.binding), (2, ow.binding)],
@@ -1012,11 +1017,17 @@ impl Backend for GpuDevice {
             );
         }
     }
-    fn gelu_backward(&self, dx: &GpuTensor, x: &GpuTensor, dout: &GpuTensor) {
+    fn activation_backward(&self, f: Activation, dx: &GpuTensor, x: &GpuTensor, dout: &GpuTensor) {
+        // The three kernels share one Params layout and binding order.
+        let kernel = match f {
+            Activation::GeluTanh => shaders::GELU_BACKWARD,
+            Activation::GeluErf => shaders::GELU_ERF_BACKWARD,
+            Activation::Relu => shaders::RELU_BACKWARD,
+        };
         for r in Self::pieces(dx.len.min(x.len), self.max_window_elems, self.align_elems) {
             let (xw, dw, gw) = (self.window(x, r.clone()), self.window(dout, r.clone()), self.window(dx, r.clone()));
             self.dispatch(
-                shaders::GELU_BACKWARD,
+                kernel,
                 "main",
                 &[r.len() as u32, xw.elem_offset, dw.elem_offset, gw.elem_offset],
                 &[(1, xw.binding), (2, dw.binding), (3, gw.binding)],

@@ -13,6 +13,7 @@ pub mod transfer;
 
 use anyhow::{Result, bail};
 
+pub use crate::ops::activation::Activation;
 pub use crate::ops::attention::AttentionDims;
 pub use crate::ops::{MatmulShape, Operand};
 pub use alloc::{AllocStats, ByteBudget};
@@ -164,9 +165,10 @@ pub trait Backend {
         dims: AttentionDims,
     );
 
-    fn gelu_forward(&self, out: &Self::Tensor, x: &Self::Tensor);
-    /// dx += dout * gelu'(x).
-    fn gelu_backward(&self, dx: &Self::Tensor, x: &Self::Tensor, dout: &Self::Tensor);
+    /// out = f(x) elementwise, f an MLP activation ([`Activation`]).
+    fn activation_forward(&self, f: Activation, out: &Self::Tensor, x: &Self::Tensor);
+    /// dx += dout * f'(x).
+    fn activation_backward(&self, f: Activation, dx: &Self::Tensor, x: &Self::Tensor, dout: &Self::Tensor);
     /// out = a + b.
     fn residual_forward(&self, out: &Self::Tensor, a: &Self::Tensor, b: &Self::Tensor);
 

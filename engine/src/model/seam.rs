@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use zerostream_checkpoints::{ArchConfig, Gpt2Config, HfModel, LlamaConfig};
 
 use super::TensorSpec;
-use super::gpt2::{self, Block, BlockActivations, Head, HeadActivations};
+use super::gpt2::{self, Block, BlockActivations, HeadActivations};
 use super::llama;
 use crate::device::{AttentionDims, Backend};
 
@@ -86,6 +86,10 @@ impl Model {
             resid_pdrop: 0.0,
             embd_pdrop: 0.0,
             attn_pdrop: 0.0,
+            scale_attn_weights: true,
+            scale_attn_by_inverse_layer_idx: false,
+            reorder_and_upcast_attn: false,
+            tie_word_embeddings: true,
         })
     }
 
@@ -172,7 +176,7 @@ impl Model {
     /// The tensors outside the blocks (the head group), in table order.
     pub fn head_specs(&self) -> Vec<TensorSpec> {
         match self {
-            Model::Gpt2(c) => Head::<()>::specs(c, ""),
+            Model::Gpt2(c) => gpt2::head_specs(c),
             Model::Llama(c) => llama::head_specs(c),
         }
     }
@@ -238,17 +242,18 @@ impl Model {
         seq_len: usize,
     ) {
         match (self, acts) {
-            (Model::Gpt2(c), _) => gpt2::embed_forward(dev, c, x, &Head::view(head), inputs, seq_len),
+            (Model::Gpt2(c), _) => gpt2::embed_forward(dev, c, x, &gpt2::head_view(c, head), inputs, seq_len),
             (Model::Llama(c), HeadActs::Llama(a)) => llama::embed_forward(dev, c, x, head, a, inputs, seq_len),
             _ => unreachable!("activations of another family"),
         }
     }
 
-    /// Block `block` (its group's tensors) from `input` to `output`, keeping what backward needs.
+    /// Block `l` (its group's tensors in `block`) from `input` to `output`, keeping what backward needs.
     #[allow(clippy::too_many_arguments)]
     pub fn block_forward<D: Backend>(
         &self,
         dev: &D,
+        l: usize,
         block: &[D::Tensor],
         acts: &BlockActs<D::Tensor>,
         input: &D::Tensor,
@@ -257,7 +262,7 @@ impl Model {
         seq_len: usize,
     ) {
         match (self, acts) {
-            (Model::Gpt2(c), BlockActs::Gpt2(a)) => gpt2::block_forward(dev, c, &Block::view(block), a, input, output, batch, seq_len),
+            (Model::Gpt2(c), BlockActs::Gpt2(a)) => gpt2::block_forward(dev, c, l, &Block::view(block), a, input, output, batch, seq_len),
             (Model::Llama(c), BlockActs::Llama(a)) => llama::block_forward(dev, c, block, a, input, output, batch, seq_len),
             _ => unreachable!("activations of another family"),
         }
@@ -275,7 +280,7 @@ impl Model {
         loss_grad_scale: Option<f32>,
     ) -> f32 {
         match (self, acts) {
-            (Model::Gpt2(c), HeadActs::Gpt2(a)) => gpt2::head_forward(dev, c, &Head::view(head), a, x, targets, loss_grad_scale),
+            (Model::Gpt2(c), HeadActs::Gpt2(a)) => gpt2::head_forward(dev, c, &gpt2::head_view(c, head), a, x, targets, loss_grad_scale),
             (Model::Llama(c), HeadActs::Llama(a)) => llama::head_forward(dev, c, head, a, x, targets, loss_grad_scale),
             _ => unreachable!("activations of another family"),
         }
@@ -283,17 +288,19 @@ impl Model {
 
     pub fn head_backward<D: Backend>(&self, dev: &D, head: &[D::Tensor], grads: &[D::Tensor], acts: &HeadActs<D::Tensor>, x: &D::Tensor) {
         match (self, acts) {
-            (Model::Gpt2(c), HeadActs::Gpt2(a)) => gpt2::head_backward(dev, c, &Head::view(head), &Head::view(grads), a, x),
+            (Model::Gpt2(c), HeadActs::Gpt2(a)) => gpt2::head_backward(dev, c, &gpt2::head_view(c, head), &gpt2::head_view(c, grads), a, x),
             (Model::Llama(c), HeadActs::Llama(a)) => llama::head_backward(dev, c, head, grads, a, x),
             _ => unreachable!("activations of another family"),
         }
     }
 
     /// Backward of [`Model::block_forward`]: the residual gradient in the head's scratch goes from the
-    /// block's output to its input; the block's gradients are added into `grads`.
+    /// block's output to its input; block `l`'s gradients are added into `grads`.
+    #[allow(clippy::too_many_arguments)]
     pub fn block_backward<D: Backend>(
         &self,
         dev: &D,
+        l: usize,
         block: &[D::Tensor],
         grads: &[D::Tensor],
         acts: &BlockActs<D::Tensor>,
@@ -302,7 +309,7 @@ impl Model {
     ) {
         match (self, acts, head_acts) {
             (Model::Gpt2(c), BlockActs::Gpt2(a), HeadActs::Gpt2(h)) => {
-                gpt2::block_backward(dev, c, &Block::view(block), &Block::view(grads), a, input, h)
+                gpt2::block_backward(dev, c, l, &Block::view(block), &Block::view(grads), a, input, h)
             }
             (Model::Llama(c), BlockActs::Llama(a), HeadActs::Llama(h)) => llama::block_backward(dev, c, block, grads, a, input, h),
             _ => unreachable!("activations of another family"),
@@ -311,7 +318,7 @@ impl Model {
 
     pub fn embed_backward<D: Backend>(&self, dev: &D, grads: &[D::Tensor], acts: &HeadActs<D::Tensor>, inputs: &D::Tokens) {
         match (self, acts) {
-            (Model::Gpt2(c), HeadActs::Gpt2(a)) => gpt2::embed_backward(dev, c, &Head::view(grads), a, inputs),
+            (Model::Gpt2(c), HeadActs::Gpt2(a)) => gpt2::embed_backward(dev, c, &gpt2::head_view(c, grads), a, inputs),
             (Model::Llama(c), HeadActs::Llama(a)) => llama::embed_backward(dev, c, grads, a, inputs),
             _ => unreachable!("activations of another family"),
         }
@@ -344,7 +351,7 @@ impl Model {
             let x = [dev.alloc(t * self.width(), "x A")?, dev.alloc(t * self.width(), "x B")?];
             self.embed_forward(dev, &x[0], &head, &head_acts, &tokens, t);
             for (l, block) in blocks.iter().enumerate() {
-                self.block_forward(dev, block, &block_acts, &x[l % 2], &x[(l + 1) % 2], 1, t);
+                self.block_forward(dev, l, block, &block_acts, &x[l % 2], &x[(l + 1) % 2], 1, t);
             }
             self.head_forward(dev, &head, &head_acts, &x[self.n_layer() % 2], &tokens, None);
             Ok(dev.read(self.logits(&head_acts)))

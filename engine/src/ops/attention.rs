@@ -22,7 +22,7 @@ pub const MAX_HEAD_DIM: usize = 256;
 pub const KERNEL_WORKGROUP_BYTES: usize = 4096;
 
 /// The shape of one attention call; see the module docs for the layouts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionDims {
     pub batch: usize,
     pub seq_len: usize,
@@ -32,24 +32,37 @@ pub struct AttentionDims {
     pub kv_heads: usize,
     /// Channels per head (D), for queries, keys and values alike.
     pub head_dim: usize,
+    /// What the scores q . k are multiplied by before the softmax: 1/sqrt(D) from the constructors; a
+    /// model sets another with [`Self::with_scale`] (GPT-2's `scale_attn_weights: false` is 1). Both
+    /// kernels and both twins read it from here and never recompute it.
+    pub scale: f32,
 }
 
 impl AttentionDims {
     /// GPT-2's multi-head attention: `heads` heads of `channels / heads`, each with its own k and v.
     pub fn mha(batch: usize, seq_len: usize, channels: usize, heads: usize) -> Self {
         assert!(heads > 0 && channels.is_multiple_of(heads), "attention: {channels} channels do not split into {heads} heads");
-        AttentionDims { batch, seq_len, heads, kv_heads: heads, head_dim: channels / heads }
+        let head_dim = channels / heads;
+        AttentionDims { batch, seq_len, heads, kv_heads: heads, head_dim, scale: default_scale(head_dim) }
     }
 
     /// Grouped-query attention (Llama): `heads` query heads share `kv_heads` key/value heads.
     pub fn gqa(batch: usize, seq_len: usize, heads: usize, kv_heads: usize, head_dim: usize) -> Self {
-        AttentionDims { batch, seq_len, heads, kv_heads, head_dim }
+        AttentionDims { batch, seq_len, heads, kv_heads, head_dim, scale: default_scale(head_dim) }
+    }
+
+    /// The same shape with the scores multiplied by `scale` instead.
+    pub fn with_scale(self, scale: f32) -> Self {
+        AttentionDims { scale, ..self }
     }
 
     /// Fails, with the numbers, unless the heads split into groups and the head dim is positive.
     pub fn check(&self) -> Result<()> {
         if self.heads == 0 || self.kv_heads == 0 || self.head_dim == 0 {
             bail!("attention needs at least one head, one key/value head and one channel per head: {self:?}");
+        }
+        if !self.scale.is_finite() {
+            bail!("attention: the score scale {} is not a finite number", self.scale);
         }
         if !self.heads.is_multiple_of(self.kv_heads) {
             bail!("attention: {} query heads do not split into groups over {} key/value heads", self.heads, self.kv_heads);
@@ -114,9 +127,6 @@ impl AttentionDims {
     pub fn stat_len(&self) -> usize {
         self.batch * self.heads * self.seq_len
     }
-    pub fn scale(&self) -> f32 {
-        1.0 / (self.head_dim as f32).sqrt()
-    }
     fn q(&self, b: usize, t: usize, h: usize) -> usize {
         (b * self.seq_len + t) * self.qkv_width() + h * self.head_dim
     }
@@ -133,6 +143,11 @@ impl AttentionDims {
     fn stat(&self, b: usize, h: usize, t: usize) -> usize {
         (b * self.heads + h) * self.seq_len + t
     }
+}
+
+/// Scaled dot-product attention's 1/sqrt(D) (Vaswani et al. 2017).
+fn default_scale(head_dim: usize) -> f32 {
+    1.0 / (head_dim as f32).sqrt()
 }
 
 // The kernels use fma(); so do the twins, to give the same roundings. Without the CPU's FMA
@@ -200,7 +215,7 @@ pub fn attention_forward(out: &mut [f32], lse: &mut [f32], qkv: &[f32], d: Atten
         .map(|&(b, h, t)| {
             let g = d.kv_head(h);
             let q = &qkv[d.q(b, t, h)..][..hd];
-            let scores: Vec<f32> = (0..=t).map(|j| dot(q, &qkv[d.k(b, j, g)..][..hd]) * d.scale()).collect();
+            let scores: Vec<f32> = (0..=t).map(|j| dot(q, &qkv[d.k(b, j, g)..][..hd]) * d.scale).collect();
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let row_lse = max + scores.iter().map(|s| (s - max).exp()).sum::<f32>().ln();
             let mut o = vec![0.0f32; hd];
@@ -223,7 +238,7 @@ pub fn attention_forward(out: &mut [f32], lse: &mut [f32], qkv: &[f32], d: Atten
 pub fn attention_backward(dqkv: &mut [f32], delta: &mut [f32], dout: &[f32], qkv: &[f32], out: &[f32], lse: &[f32], d: AttentionDims) {
     d.check().expect("attention dims");
     let hd = d.head_dim;
-    let scale = d.scale();
+    let scale = d.scale;
     for b in 0..d.batch {
         for h in 0..d.heads {
             for t in 0..d.seq_len {

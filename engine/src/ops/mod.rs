@@ -3,13 +3,16 @@
 //! GPU kernel against its twin. Twins are written for clarity first, parallelised with rayon where the op
 //! is large; shapes are named as in llm.c: B batch, T sequence, C channels, V vocabulary, NH heads.
 
+pub mod activation;
 pub mod attention;
 pub mod crossentropy;
 pub mod elementwise;
 pub mod encoder;
 pub mod gelu;
+pub mod gelu_erf;
 pub mod layernorm;
 pub mod matmul;
+pub mod relu;
 
 pub use matmul::{MatmulShape, Operand};
 

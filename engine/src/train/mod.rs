@@ -405,7 +405,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             Op::Forward { block: l } => {
                 let slot = self.slot_of(l)?;
                 timed(&mut st.clock.compute, || {
-                    model.block_forward(dev, &d.slots[slot], acts(l), &d.residual[l], &d.residual[l + 1], batch, seq_len)
+                    model.block_forward(dev, l, &d.slots[slot], acts(l), &d.residual[l], &d.residual[l + 1], batch, seq_len)
                 });
             }
             Op::Head => {
@@ -423,10 +423,10 @@ impl<'d, D: Backend> Trainer<'d, D> {
                 let grads = &d.block_grads[l % 2];
                 timed(&mut st.clock.compute, || {
                     if recompute {
-                        model.block_forward(dev, &d.slots[slot], acts(l), &d.residual[l], &d.residual[l + 1], batch, seq_len);
+                        model.block_forward(dev, l, &d.slots[slot], acts(l), &d.residual[l], &d.residual[l + 1], batch, seq_len);
                     }
                     grads.iter().for_each(|t| dev.fill(t, 0.0));
-                    model.block_backward(dev, &d.slots[slot], grads, acts(l), &d.residual[l], &d.head_acts);
+                    model.block_backward(dev, l, &d.slots[slot], grads, acts(l), &d.residual[l], &d.head_acts);
                 });
             }
             Op::BeginDownload { block } => {

@@ -33,7 +33,7 @@ impl<D: Backend> Trainer<'_, D> {
                 let slot = self.ensure_block(l, &mut clock)?;
                 let d = &self.device;
                 let acts = &d.block_acts[l.min(d.block_acts.len() - 1)];
-                self.model.block_forward(dev, &d.slots[slot], acts, &d.residual[l], &d.residual[l + 1], batch, seq_len);
+                self.model.block_forward(dev, l, &d.slots[slot], acts, &d.residual[l], &d.residual[l + 1], batch, seq_len);
             }
             let d = &self.device;
             sum += self.model.head_forward(dev, &d.head, &d.head_acts, &d.residual[n_layer], &y, None) as f64;

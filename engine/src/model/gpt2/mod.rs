@@ -1,17 +1,22 @@
 //! GPT-2 (Radford et al. 2019) as Hugging Face's `GPT2LMHeadModel` computes it: token + position
-//! embedding, L pre-LayerNorm blocks (attention, then an MLP with `gelu_new`, each added to the residual
-//! stream), a final LayerNorm, and logits through the embedding matrix (the tied `lm_head`).
+//! embedding, L pre-LayerNorm blocks (attention, then an MLP with the configured activation, each added
+//! to the residual stream), a final LayerNorm, and logits through `lm_head`: the embedding matrix when
+//! tied (`tie_word_embeddings`, the default), else a separate (V, C) tensor. Attention scores are scaled
+//! by 1/sqrt(head size) unless `scale_attn_weights` is false, and by 1/(l + 1) more in block l with
+//! `scale_attn_by_inverse_layer_idx`.
 //!
 //! Written once against [`Backend`], so the same code runs on the cpu and gpu devices. Shapes use
 //! B batch, T sequence, C channels, V vocabulary, NH heads, and every weight keeps Hugging Face's
 //! layout: Conv1D weights are (in, out), so a linear layer is `out (BT, N) = in (BT, K) @ W (K, N) + b`.
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 
 use super::TensorSpec;
-use crate::device::{AttentionDims, Backend, MatmulShape, Operand};
+use crate::device::{Activation, AttentionDims, Backend, MatmulShape, Operand};
 pub use zerostream_checkpoints::Gpt2Config;
-use zerostream_checkpoints::HfModel;
+
+mod resident;
+pub use resident::{Gpt2, Params};
 
 crate::tensor_group! {
     /// The weights of one transformer block, in Hugging Face's layout (Conv1D weights are (in, out)).
@@ -32,13 +37,41 @@ crate::tensor_group! {
 }
 
 crate::tensor_group! {
-    /// The parameters outside the blocks: the embeddings (wte doubles as the tied lm_head) and the final
-    /// layer norm.
+    /// The parameters outside the blocks with an untied head: the embeddings, the final layer norm and
+    /// the output layer.
     pub struct Head, config cfg: Gpt2Config {
         wte => "transformer.wte.weight", [cfg.vocab_size, cfg.n_embd], decay;
         wpe => "transformer.wpe.weight", [cfg.n_positions, cfg.n_embd], decay;
         ln_f_weight => "transformer.ln_f.weight", [cfg.n_embd], no_decay;
         ln_f_bias => "transformer.ln_f.bias", [cfg.n_embd], no_decay;
+        lm_head => "lm_head.weight", [cfg.vocab_size, cfg.n_embd], decay;
+    }
+}
+
+crate::tensor_group! {
+    /// The parameters outside the blocks when wte doubles as the lm_head (tie_word_embeddings).
+    pub struct TiedHead, config cfg: Gpt2Config {
+        wte => "transformer.wte.weight", [cfg.vocab_size, cfg.n_embd], decay;
+        wpe => "transformer.wpe.weight", [cfg.n_positions, cfg.n_embd], decay;
+        ln_f_weight => "transformer.ln_f.weight", [cfg.n_embd], no_decay;
+        ln_f_bias => "transformer.ln_f.bias", [cfg.n_embd], no_decay;
+    }
+}
+
+/// The head group's tensors in table order.
+pub fn head_specs(cfg: &Gpt2Config) -> Vec<TensorSpec> {
+    if cfg.tie_word_embeddings { TiedHead::<()>::specs(cfg, "") } else { Head::<()>::specs(cfg, "") }
+}
+
+/// The head group given in table order, as a [`Head`] whose `lm_head` is wte when tied: the head
+/// functions read (and, given gradients, add into) `lm_head` either way, so a tied model's output layer
+/// gradient lands in wte's.
+pub fn head_view<'a, T>(cfg: &Gpt2Config, head: &'a [T]) -> Head<&'a T> {
+    if cfg.tie_word_embeddings {
+        let h = TiedHead::view(head);
+        Head { wte: h.wte, wpe: h.wpe, ln_f_weight: h.ln_f_weight, ln_f_bias: h.ln_f_bias, lm_head: h.wte }
+    } else {
+        Head::view(head)
     }
 }
 
@@ -47,15 +80,9 @@ pub fn block_prefix(l: usize) -> String {
     format!("transformer.h.{l}.")
 }
 
-/// Every parameter of the model (or a gradient of the same structure).
-pub struct Params<T> {
-    pub head: Head<T>,
-    pub blocks: Vec<Block<T>>,
-}
-
-/// Every parameter in Hugging Face's checkpoint order: wte, wpe, the blocks, ln_f.
+/// Every parameter in Hugging Face's checkpoint order: wte, wpe, the blocks, ln_f, and lm_head if untied.
 pub fn parameter_specs(cfg: &Gpt2Config) -> Vec<TensorSpec> {
-    let head = Head::<()>::specs(cfg, "");
+    let head = head_specs(cfg);
     let mut specs = head[..2].to_vec();
     for l in 0..cfg.n_layer {
         specs.extend(Block::<()>::specs(cfg, &block_prefix(l)));
@@ -81,31 +108,6 @@ pub fn init_values(cfg: &Gpt2Config, spec: &TensorSpec, index: usize, seed: u64)
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ index as u64);
     let normal = Normal::new(0.0f64, std).expect("a valid normal distribution");
     (0..n).map(|_| normal.sample(&mut rng) as f32).collect()
-}
-
-impl<T> Params<T> {
-    /// Builds every tensor with `make(name, shape)`, in the order of [`parameter_specs`].
-    pub fn build(cfg: &Gpt2Config, mut make: impl FnMut(&str, &[usize]) -> Result<T>) -> Result<Self> {
-        let mut made = parameter_specs(cfg).iter().map(|t| make(&t.name, &t.shape)).collect::<Result<Vec<T>>>()?.into_iter();
-        let (wte, wpe) = (made.next().expect("wte"), made.next().expect("wpe"));
-        let per_block = Block::<()>::specs(cfg, "").len();
-        let blocks = (0..cfg.n_layer).map(|_| Block::from_tensors(made.by_ref().take(per_block).collect())).collect();
-        let rest: Vec<T> = made.collect();
-        let mut head = vec![wte, wpe];
-        head.extend(rest);
-        Ok(Params { head: Head::from_tensors(head), blocks })
-    }
-
-    /// Every tensor, in the order of [`parameter_specs`].
-    pub fn tensors(&self) -> Vec<&T> {
-        let head = self.head.tensors();
-        let mut all = head[..2].to_vec();
-        for b in &self.blocks {
-            all.extend(b.tensors());
-        }
-        all.extend_from_slice(&head[2..]);
-        all
-    }
 }
 
 /// What one block keeps from forward for backward.
@@ -249,8 +251,26 @@ fn linear_backward<D: Backend>(
     dev.bias_backward(dbias, dout, bt, n);
 }
 
+/// The shape of every block's attention, with the scale of block 0.
 pub fn attention_dims(cfg: &Gpt2Config, batch: usize, seq_len: usize) -> AttentionDims {
-    AttentionDims::mha(batch, seq_len, cfg.n_embd, cfg.n_head)
+    block_attention_dims(cfg, batch, seq_len, 0)
+}
+
+/// Block l's attention, scaled as transformers' `GPT2Attention` does: by 1/sqrt(head size) if
+/// `scale_attn_weights`, and by 1/(l + 1) more if `scale_attn_by_inverse_layer_idx`.
+pub fn block_attention_dims(cfg: &Gpt2Config, batch: usize, seq_len: usize, l: usize) -> AttentionDims {
+    let d = AttentionDims::mha(batch, seq_len, cfg.n_embd, cfg.n_head);
+    let mut scale = if cfg.scale_attn_weights { d.scale } else { 1.0 };
+    if cfg.scale_attn_by_inverse_layer_idx {
+        scale /= (l + 1) as f32;
+    }
+    d.with_scale(scale)
+}
+
+/// The MLP's activation (`validate` has refused any other name).
+pub fn activation(cfg: &Gpt2Config) -> Activation {
+    Activation::from_hf_name(&cfg.activation_function)
+        .unwrap_or_else(|| panic!("activation_function {:?}: the config was not validated", cfg.activation_function))
 }
 
 /// x (B, T, C) = wte[tokens] + wpe[0..T]: the input of block 0.
@@ -269,11 +289,12 @@ pub fn embed_backward<D: Backend>(
     dev.encoder_backward(&grads.wte, &grads.wpe, &acts.d_residual, inputs, acts.batch, acts.seq_len, cfg.n_embd);
 }
 
-/// One transformer block: output = x + mlp(ln_2(x + attn(ln_1(x)))), keeping what backward needs in `a`.
+/// Block l: output = x + mlp(ln_2(x + attn(ln_1(x)))), keeping what backward needs in `a`.
 #[allow(clippy::too_many_arguments)]
 pub fn block_forward<D: Backend>(
     dev: &D,
     cfg: &Gpt2Config,
+    l: usize,
     w: &Block<&D::Tensor>,
     a: &BlockActivations<D::Tensor>,
     input: &D::Tensor,
@@ -286,13 +307,13 @@ pub fn block_forward<D: Backend>(
     // x = x + attn(ln_1(x))
     dev.layernorm_forward(&a.ln_1, &a.ln_1_mean, &a.ln_1_rstd, input, &w.ln_1_weight, &w.ln_1_bias, bt, c, eps);
     linear_forward(dev, &a.qkv, &a.ln_1, &w.attn_weight, &w.attn_bias, bt, c, 3 * c);
-    dev.attention_forward(&a.atty, &a.lse, &a.qkv, attention_dims(cfg, batch, seq_len));
+    dev.attention_forward(&a.atty, &a.lse, &a.qkv, block_attention_dims(cfg, batch, seq_len, l));
     linear_forward(dev, &a.attn_proj, &a.atty, &w.attn_proj_weight, &w.attn_proj_bias, bt, c, c);
     dev.residual_forward(&a.residual_2, input, &a.attn_proj);
     // x = x + mlp(ln_2(x))
     dev.layernorm_forward(&a.ln_2, &a.ln_2_mean, &a.ln_2_rstd, &a.residual_2, &w.ln_2_weight, &w.ln_2_bias, bt, c, eps);
     linear_forward(dev, &a.fc, &a.ln_2, &w.fc_weight, &w.fc_bias, bt, c, h);
-    dev.gelu_forward(&a.fc_gelu, &a.fc);
+    dev.activation_forward(activation(cfg), &a.fc_gelu, &a.fc);
     linear_forward(dev, &a.fc_proj, &a.fc_gelu, &w.fc_proj_weight, &w.fc_proj_bias, bt, h, c);
     dev.residual_forward(output, &a.residual_2, &a.fc_proj);
 }
@@ -303,6 +324,7 @@ pub fn block_forward<D: Backend>(
 pub fn block_backward<D: Backend>(
     dev: &D,
     cfg: &Gpt2Config,
+    l: usize,
     w: &Block<&D::Tensor>,
     g: &Block<&D::Tensor>,
     a: &BlockActivations<D::Tensor>,
@@ -315,7 +337,7 @@ pub fn block_backward<D: Backend>(
     // d_res holds d(output) = d(residual_2 + fc_proj): it flows to both unchanged.
     linear_backward(dev, &head.d_hidden_a, &g.fc_proj_weight, &g.fc_proj_bias, d_res, &a.fc_gelu, &w.fc_proj_weight, bt, h, c);
     dev.fill(&head.d_hidden_b, 0.0);
-    dev.gelu_backward(&head.d_hidden_b, &a.fc, &head.d_hidden_a);
+    dev.activation_backward(activation(cfg), &head.d_hidden_b, &a.fc, &head.d_hidden_a);
     linear_backward(dev, &head.d_c, &g.fc_weight, &g.fc_bias, &head.d_hidden_b, &a.ln_2, &w.fc_weight, bt, c, h);
     dev.layernorm_backward(
         d_res,
@@ -331,13 +353,13 @@ pub fn block_backward<D: Backend>(
     );
     // d_res now holds d(residual_2) = d(input + attn_proj).
     linear_backward(dev, &head.d_c, &g.attn_proj_weight, &g.attn_proj_bias, d_res, &a.atty, &w.attn_proj_weight, bt, c, c);
-    dev.attention_backward(&head.d_qkv, &head.delta, &head.d_c, &a.qkv, &a.atty, &a.lse, attention_dims(cfg, batch, seq_len));
+    dev.attention_backward(&head.d_qkv, &head.delta, &head.d_c, &a.qkv, &a.atty, &a.lse, block_attention_dims(cfg, batch, seq_len, l));
     // d_c is free again once attention_backward has consumed it.
     linear_backward(dev, &head.d_c, &g.attn_weight, &g.attn_bias, &head.d_qkv, &a.ln_1, &w.attn_weight, bt, c, 3 * c);
     dev.layernorm_backward(d_res, &g.ln_1_weight, &g.ln_1_bias, &head.d_c, input, &w.ln_1_weight, &a.ln_1_mean, &a.ln_1_rstd, bt, c);
 }
 
-/// ln_f, the lm_head (wte transposed) and the cross-entropy of the last block's output `x`; returns the
+/// ln_f, the lm_head (transposed) and the cross-entropy of the last block's output `x`; returns the
 /// mean loss. With `loss_grad_scale = Some(s)` the gradient of `s * mean loss` is left in the logits.
 pub fn head_forward<D: Backend>(
     dev: &D,
@@ -351,16 +373,16 @@ pub fn head_forward<D: Backend>(
     let (bt, c, v) = (acts.batch * acts.seq_len, cfg.n_embd, cfg.vocab_size);
     let eps = cfg.layer_norm_epsilon as f32;
     dev.layernorm_forward(&acts.ln_f, &acts.ln_f_mean, &acts.ln_f_rstd, x, &head.ln_f_weight, &head.ln_f_bias, bt, c, eps);
-    // logits (BT, V) = ln_f (BT, C) @ wte^T (C, V)
+    // logits (BT, V) = ln_f (BT, C) @ lm_head^T (C, V)
     let lm_head = MatmulShape { m: bt, n: v, k: c, a: Operand::row_major(c), b: Operand::transposed(c), c: Operand::row_major(v) };
-    dev.matmul(&acts.logits, &acts.ln_f, &head.wte, None, &lm_head, false);
+    dev.matmul(&acts.logits, &acts.ln_f, head.lm_head, None, &lm_head, false);
     dev.crossentropy(&acts.losses, &acts.logits, targets, v, loss_grad_scale.map(|s| s / bt as f32));
     let losses = dev.read(&acts.losses);
     (losses.iter().map(|&x| x as f64).sum::<f64>() / bt as f64) as f32
 }
 
-/// Backward of [`head_forward`] (which must have had a gradient scale): adds into the wte and ln_f
-/// gradients and leaves d(x) in `acts.d_residual`.
+/// Backward of [`head_forward`] (which must have had a gradient scale): adds into the lm_head (wte when
+/// tied) and ln_f gradients and leaves d(x) in `acts.d_residual`.
 pub fn head_backward<D: Backend>(
     dev: &D,
     cfg: &Gpt2Config,
@@ -370,11 +392,11 @@ pub fn head_backward<D: Backend>(
     x: &D::Tensor,
 ) {
     let (bt, c, v) = (acts.batch * acts.seq_len, cfg.n_embd, cfg.vocab_size);
-    // d_ln_f (BT, C) = dlogits (BT, V) @ wte (V, C); dwte (V, C) += dlogits^T (V, BT) @ ln_f (BT, C)
+    // d_ln_f (BT, C) = dlogits (BT, V) @ lm_head (V, C); dlm_head (V, C) += dlogits^T (V, BT) @ ln_f (BT, C)
     let dlogits = &acts.logits;
-    dev.matmul(&acts.d_c, dlogits, &head.wte, None, &MatmulShape::row_major(bt, c, v), false);
-    let dwte = MatmulShape { m: v, n: c, k: bt, a: Operand::transposed(v), b: Operand::row_major(c), c: Operand::row_major(c) };
-    dev.matmul(&grads.wte, dlogits, &acts.ln_f, None, &dwte, true);
+    dev.matmul(&acts.d_c, dlogits, head.lm_head, None, &MatmulShape::row_major(bt, c, v), false);
+    let dlm_head = MatmulShape { m: v, n: c, k: bt, a: Operand::transposed(v), b: Operand::row_major(c), c: Operand::row_major(c) };
+    dev.matmul(grads.lm_head, dlogits, &acts.ln_f, None, &dlm_head, true);
     dev.fill(&acts.d_residual, 0.0);
     dev.layernorm_backward(
         &acts.d_residual,
@@ -388,110 +410,4 @@ pub fn head_backward<D: Backend>(
         bt,
         c,
     );
-}
-
-/// Activations of a whole forward pass with every block kept.
-struct Activations<T> {
-    /// residual[l] is the input of block l, residual[L] the output of the last block: (L+1) x (BT, C).
-    residual: Vec<T>,
-    blocks: Vec<BlockActivations<T>>,
-    head: HeadActivations<T>,
-}
-
-/// GPT-2 resident on one device: its parameters, gradients and the activations of the last forward pass.
-/// (The streaming trainer in [`crate::train`] runs the same block functions with blocks streamed in.)
-pub struct Gpt2<D: Backend> {
-    pub config: Gpt2Config,
-    pub params: Params<D::Tensor>,
-    pub grads: Params<D::Tensor>,
-    acts: Option<Activations<D::Tensor>>,
-}
-
-impl<D: Backend> Gpt2<D> {
-    /// Uploads every parameter from a Hugging Face directory.
-    pub fn from_hf(dev: &D, model: &HfModel) -> Result<Self> {
-        let zerostream_checkpoints::ArchConfig::Gpt2(config) = &model.config else {
-            bail!("{}: not a GPT-2 model", model.dir.display());
-        };
-        Self::from_fn(dev, config, |name, shape| model.tensor(name, shape))
-    }
-
-    /// Builds the model with `values(name, shape)` giving each parameter's f32 data.
-    pub fn from_fn(dev: &D, cfg: &Gpt2Config, mut values: impl FnMut(&str, &[usize]) -> Result<Vec<f32>>) -> Result<Self> {
-        cfg.validate()?;
-        let params = Params::build(cfg, |name, shape| {
-            let data = values(name, shape)?;
-            let t = dev.alloc(data.len(), name)?;
-            dev.write(&t, &data);
-            Ok(t)
-        })?;
-        let grads = Params::build(cfg, |name, shape| dev.alloc(shape.iter().product(), &format!("grad {name}")))?;
-        Ok(Gpt2 { config: cfg.clone(), params, grads, acts: None })
-    }
-
-    pub fn zero_grads(&self, dev: &D) {
-        for g in self.grads.tensors() {
-            dev.fill(g, 0.0);
-        }
-    }
-
-    /// Forward pass over one micro-batch; returns the mean cross-entropy over its B*T tokens.
-    /// With `loss_grad_scale = Some(s)` the gradient of `s * mean loss` is left in the logits buffer,
-    /// ready for [`Self::backward`] (s = 1/M for a step of M micro-batches).
-    pub fn forward(
-        &mut self,
-        dev: &D,
-        inputs: &D::Tokens,
-        targets: &D::Tokens,
-        batch: usize,
-        seq_len: usize,
-        loss_grad_scale: Option<f32>,
-    ) -> Result<f32> {
-        let cfg = &self.config;
-        if seq_len > cfg.n_positions {
-            bail!("sequence length {seq_len} is longer than the model's n_positions {}", cfg.n_positions);
-        }
-        dev.check_attention(attention_dims(cfg, batch, seq_len))?;
-        if self.acts.as_ref().is_none_or(|a| a.head.batch != batch || a.head.seq_len != seq_len) {
-            self.acts = None; // free the old ones before allocating
-            let bt = batch * seq_len;
-            self.acts = Some(Activations {
-                residual: (0..=cfg.n_layer).map(|l| dev.alloc(bt * cfg.n_embd, &format!("residual.{l}"))).collect::<Result<_>>()?,
-                blocks: (0..cfg.n_layer).map(|_| BlockActivations::new(dev, cfg, batch, seq_len)).collect::<Result<_>>()?,
-                head: HeadActivations::new(dev, cfg, batch, seq_len)?,
-            });
-        }
-        let acts = self.acts.as_ref().unwrap();
-        let p = &self.params;
-        embed_forward(dev, cfg, &acts.residual[0], &p.head.refs(), inputs, seq_len);
-        for (l, (w, a)) in p.blocks.iter().zip(&acts.blocks).enumerate() {
-            block_forward(dev, cfg, &w.refs(), a, &acts.residual[l], &acts.residual[l + 1], batch, seq_len);
-        }
-        Ok(head_forward(dev, cfg, &p.head.refs(), &acts.head, &acts.residual[cfg.n_layer], targets, loss_grad_scale))
-    }
-
-    /// Backward pass of the last forward (which must have had a gradient scale); adds into `grads`.
-    pub fn backward(&mut self, dev: &D, inputs: &D::Tokens) -> Result<()> {
-        let Some(acts) = self.acts.as_ref() else { bail!("backward called before forward") };
-        let (cfg, p, g) = (&self.config, &self.params, &self.grads);
-        head_backward(dev, cfg, &p.head.refs(), &g.head.refs(), &acts.head, &acts.residual[cfg.n_layer]);
-        for l in (0..cfg.n_layer).rev() {
-            block_backward(dev, cfg, &p.blocks[l].refs(), &g.blocks[l].refs(), &acts.blocks[l], &acts.residual[l], &acts.head);
-        }
-        embed_backward(dev, cfg, &g.head.refs(), &acts.head, inputs);
-        Ok(())
-    }
-
-    /// The inputs of each block and the output of ln_f, as Hugging Face's `hidden_states` (after forward).
-    pub fn hidden_states(&self) -> Vec<&D::Tensor> {
-        let acts = self.acts.as_ref().expect("hidden_states after forward");
-        let mut states: Vec<&D::Tensor> = acts.residual[..self.config.n_layer].iter().collect();
-        states.push(&acts.head.ln_f);
-        states
-    }
-
-    /// The logits of the last forward (or their gradient, if it had a gradient scale).
-    pub fn logits(&self) -> Option<&D::Tensor> {
-        self.acts.as_ref().map(|a| &a.head.logits)
-    }
 }
