@@ -27,7 +27,7 @@ fn config_options_the_engine_does_not_implement_are_refused_by_name() {
         ("add_cross_attention", json!(true), "supported: add_cross_attention = false"),
         ("scale_attn_weights", json!("yes"), "scale_attn_weights is a string, expected true or false"),
         ("tie_word_embeddings", json!(0), "tie_word_embeddings is a number, expected true or false"),
-        ("model_type", json!("llama"), "model_type \"llama\": not a family zerostream implements"),
+        ("model_type", json!("llama"), "model_type \"llama\": this model family is not supported yet"),
         ("model_type", json!(2), "model_type is a number"),
         ("activation_function", json!("swish"), "activation_function \"swish\" is not supported"),
         ("n_embd", json!(1u64 << 40), "n_embd = 1099511627776 is above"),
@@ -41,7 +41,7 @@ fn config_options_the_engine_does_not_implement_are_refused_by_name() {
     }
     // A llama config lacks GPT-2's keys: the family is named before any missing key is.
     let llama = json!({"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32});
-    assert!(config_error(dir.path(), &llama).contains("not a family zerostream implements"));
+    assert!(config_error(dir.path(), &llama).contains("this model family is not supported yet"));
     assert!(config_error(dir.path(), &json!([1, 2])).contains("expected a JSON object"));
     std::fs::write(dir.path().join("config.json"), "{\"n_embd\": 4,").unwrap();
     let path = dir.path().join("config.json");
