@@ -389,3 +389,74 @@ fn prepare_splits_documents_and_holds_out_a_validation_file() {
     let bad = zerostream(&["prepare", "--text", text.to_str().unwrap(), "--out", out.to_str().unwrap(), "--val-fraction", "1.5"]);
     assert!(!bad.status.success() && stderr(&bad).contains("--val-fraction 1.5"), "{}", stderr(&bad));
 }
+
+/// Greedy decoding gives the tokens transformers' greedy `generate` gives (recorded from it: see
+/// tests/golden/gpt2-tiny-trained/README.md), on the cpu device and the GPU.
+#[test]
+fn greedy_generation_matches_transformers_on_both_devices() {
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny-trained");
+    let want: Vec<u64> = vec![32, 116, 104, 101, 32, 110, 101, 32, 97, 110, 32, 110, 32, 98, 101, 32, 116, 101, 32, 97];
+    let mut devices = vec!["cpu"];
+    if common_gpu_available() {
+        devices.push("gpu");
+    }
+    for device in devices {
+        let out = zerostream(&[
+            "generate",
+            "--model",
+            model,
+            "--prompt-tokens",
+            "84,104,101",
+            "--max-new-tokens",
+            "20",
+            "--temperature",
+            "0",
+            "--json",
+            "--device",
+            device,
+        ]);
+        assert!(out.status.success(), "{device}: {}", stderr(&out));
+        let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let ids: Vec<u64> = line["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        assert_eq!(ids, want, "{device}");
+        assert_eq!(line["new_tokens"], 20);
+    }
+    // Sampling is seeded: the same seed, the same tokens.
+    let sampled = |seed: &str| {
+        let out = zerostream(&[
+            "generate",
+            "--model",
+            model,
+            "--prompt-tokens",
+            "84",
+            "--max-new-tokens",
+            "8",
+            "--top-k",
+            "5",
+            "--top-p",
+            "0.9",
+            "--seed",
+            seed,
+            "--json",
+            "--device",
+            "cpu",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(sampled("3"), sampled("3"));
+    let bad = zerostream(&["generate", "--model", model, "--prompt-tokens", "500", "--device", "cpu"]);
+    assert!(!bad.status.success() && stderr(&bad).contains("prompt token 500"), "{}", stderr(&bad));
+}
+
+/// Whether a GPU adapter is there (a test that needs one fails under ZEROSTREAM_REQUIRE_GPU=1 without it).
+fn common_gpu_available() -> bool {
+    match zerostream::device::GpuDevice::open(None, None) {
+        Ok(_) => true,
+        Err(e) => {
+            assert!(std::env::var("ZEROSTREAM_REQUIRE_GPU").as_deref() != Ok("1"), "ZEROSTREAM_REQUIRE_GPU=1 but no GPU adapter: {e:#}");
+            eprintln!("SKIPPED the GPU half: no GPU adapter ({e:#})");
+            false
+        }
+    }
+}
