@@ -2,6 +2,9 @@
 //! the same name in `shaders/wgsl/`: the `cpu` device runs these twins, and the kernel tests compare every
 //! GPU kernel against its twin. Twins are written for clarity first, parallelised with rayon where the op
 //! is large; shapes are named as in llm.c: B batch, T sequence, C channels, V vocabulary, NH heads.
+//!
+//! One file is not a twin: `matmul_fast` computes the matmul twin's product with the `gemm` crate's
+//! run-time dispatched SIMD kernels for the `cpu` device, and its tests compare it with the twin.
 
 pub mod attention;
 pub mod crossentropy;
@@ -10,6 +13,7 @@ pub mod encoder;
 pub mod gelu;
 pub mod layernorm;
 pub mod matmul;
+pub mod matmul_fast;
 
 pub use matmul::{MatmulShape, Operand};
 
