@@ -1,4 +1,5 @@
-//! The `cpu` device: every op is its plain-Rust twin from [`crate::ops`], run on rayon's threads.
+//! The `cpu` device: every op is its plain-Rust twin from [`crate::ops`], run on rayon's threads, except
+//! matmul, which runs [`crate::ops::matmul_fast`] (tested against its twin).
 //! It lets zerostream run without a Vulkan driver and is the reference the GPU kernels are tested against.
 
 use std::cell::RefCell;
@@ -74,7 +75,9 @@ impl Backend for CpuDevice {
     }
     fn matmul(&self, c: &CpuTensor, a: &CpuTensor, b: &CpuTensor, bias: Option<&CpuTensor>, shape: &MatmulShape, accumulate: bool) {
         let bias = bias.map(|t| t.data.borrow());
-        ops::matmul::matmul(
+        // The one op that is not its twin: the fast matmul (AVX-512 where the CPU has it), tested against
+        // `ops::matmul::matmul` in `ops::matmul_fast`'s tests.
+        ops::matmul_fast::matmul(
             &mut c.data.borrow_mut(),
             &a.data.borrow(),
             &b.data.borrow(),
