@@ -40,9 +40,8 @@ pub struct Gpt2Config {
     pub layer_norm_epsilon: f64,
     #[serde(default = "default_activation")]
     pub activation_function: String,
-    /// Dropout probabilities as the config asks for them (0 when absent). The engine implements no
-    /// dropout: they are kept so that the trainer can refuse or override them by name
-    /// ([`Gpt2Config::dropout_requested`]), since the published `gpt2` checkpoints ask for 0.1.
+    /// Dropout probabilities (0 when absent; the published `gpt2` checkpoints ask for 0.1), applied in
+    /// training only; `zerostream train --dropout P` overrides all three.
     #[serde(default)]
     pub resid_pdrop: f64,
     #[serde(default)]
@@ -135,8 +134,7 @@ impl Gpt2Config {
     }
 
     /// The non-zero dropout probabilities, described (`"resid_pdrop = 0.1, attn_pdrop = 0.1"`); `None`
-    /// when the config asks for no dropout. The engine trains without dropout, so a caller either
-    /// refuses such a config or says that it overrides them.
+    /// when the config asks for no dropout.
     pub fn dropout_requested(&self) -> Option<String> {
         let set: Vec<String> = [("resid_pdrop", self.resid_pdrop), ("embd_pdrop", self.embd_pdrop), ("attn_pdrop", self.attn_pdrop)]
             .iter()

@@ -83,10 +83,10 @@ pub fn evaluate<D: Backend>(
     for g in 0..batches {
         let (x, y) = tokens.micro_batch(g, batch, seq_len)?;
         let (x, y) = (dev.tokens(&x)?, dev.tokens(&y)?);
-        model.embed_forward(dev, &residual[0], &head, &head_acts, &x, seq_len);
+        model.embed_forward(dev, &residual[0], &head, &head_acts, &x, seq_len, None);
         for l in 0..model.n_layer() {
             fill(&groups[1 + l], Some(&slot))?;
-            model.block_forward(dev, l, &slot, &acts, &residual[l % 2], &residual[(l + 1) % 2], batch, seq_len);
+            model.block_forward(dev, l, &slot, &acts, &residual[l % 2], &residual[(l + 1) % 2], batch, seq_len, None);
         }
         sum += model.head_forward(dev, &head, &head_acts, &residual[model.n_layer() % 2], &y, None) as f64;
         if batches > 1 {

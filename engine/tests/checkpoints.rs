@@ -134,6 +134,8 @@ fn resuming_equals_not_stopping_on_the_cpu_device() {
         &["--device", "cpu", "--precision", "bf16", "--offload-optimizer", "nvme", "--offload-params", "nvme"],
     );
     check_resume_equality("cpu fp16 ram", &["--device", "cpu", "--precision", "fp16"]);
+    // A resumed run draws the masks the uninterrupted one would have, recomputed activations too.
+    check_resume_equality("cpu dropout recompute", &["--device", "cpu", "--dropout", "0.1", "--recompute"]);
 }
 
 #[test]
@@ -154,7 +156,7 @@ fn resuming_equals_not_stopping_on_the_gpu() {
         return;
     }
     check_resume_equality("gpu fp32 nvme", &["--device", "gpu", "--offload-optimizer", "nvme"]);
-    check_resume_equality("gpu bf16 ram", &["--device", "gpu", "--precision", "bf16"]);
+    check_resume_equality("gpu bf16 ram dropout", &["--device", "gpu", "--precision", "bf16", "--dropout", "0.1"]);
     check_resume_equality("gpu fp16 nvme", &["--device", "gpu", "--precision", "fp16", "--offload-params", "nvme"]);
 }
 
@@ -434,6 +436,7 @@ fn flags_that_change_a_resumed_runs_meaning_are_refused_by_name() {
         (&["--lr-schedule", "constant"][..], "--lr-schedule constant differs from the checkpoint's cosine"),
         (&["--grad-accum", "3"][..], "micro-batches per step"),
         (&["--seed", "5"][..], "--seed 5 differs"),
+        (&["--dropout", "0.2"][..], "--dropout 0.2 differs from the checkpoint's (none)"),
         (&["--config", "gpt2"][..], "is not the checkpoint's model"),
     ] {
         let out = resume_to(4, extra);

@@ -57,9 +57,9 @@ fn check_forward_backward<D: Backend>(dev: &D, name: &str, label: &str) {
     let head_acts = model.head_acts(dev, batch, seq_len).unwrap();
     let residual: Vec<_> = (0..=blocks.len()).map(|_| dev.alloc(batch * seq_len * model.width(), "residual").unwrap()).collect();
     let (xt, yt) = (dev.tokens(&x).unwrap(), dev.tokens(&y).unwrap());
-    model.embed_forward(dev, &residual[0], &head, &head_acts, &xt, seq_len);
+    model.embed_forward(dev, &residual[0], &head, &head_acts, &xt, seq_len, None);
     for (l, ((w, _), a)) in blocks.iter().zip(&acts).enumerate() {
-        model.block_forward(dev, l, w, a, &residual[l], &residual[l + 1], batch, seq_len);
+        model.block_forward(dev, l, w, a, &residual[l], &residual[l + 1], batch, seq_len, None);
     }
     let n = blocks.len();
     let loss = model.head_forward(dev, &head, &head_acts, &residual[n], &yt, None) as f64;
@@ -79,9 +79,9 @@ fn check_forward_backward<D: Backend>(dev: &D, name: &str, label: &str) {
     model.head_forward(dev, &head, &head_acts, &residual[n], &yt, Some(1.0));
     model.head_backward(dev, &head, &head_grads, &head_acts, &residual[n]);
     for (l, ((w, g), a)) in blocks.iter().zip(&acts).enumerate().rev() {
-        model.block_backward(dev, l, w, g, a, &residual[l], &head_acts);
+        model.block_backward(dev, l, w, g, a, &residual[l], &head_acts, None);
     }
-    model.embed_backward(dev, &head_grads, &head_acts, &xt);
+    model.embed_backward(dev, &head_grads, &head_acts, &xt, None);
     let mut worst = (String::new(), 0.0f64);
     let all = std::iter::once((&groups[0], &head_grads)).chain(groups[1..].iter().zip(blocks.iter().map(|(_, g)| g)));
     for (group, grads) in all {

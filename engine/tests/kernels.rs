@@ -3,42 +3,13 @@
 //! Each case also runs with one binding limited to 64 KiB, so the paths that split large tensors
 //! into windows are exercised at sizes a test can afford.
 
+#[macro_use]
 mod common;
 
-use common::{assert_close, gpu_or_skip, random, random_tokens};
+use common::kernel_check::{Outputs, tensor};
+use common::{gpu_or_skip, random, random_tokens};
 use zerostream::device::{Activation, AttentionDims, Backend, CpuDevice, HalfFormat, MatmulShape, Operand};
 use zerostream::ops::attention::MAX_HEAD_DIM;
-
-type Outputs = Vec<(String, Vec<f32>)>;
-
-/// Runs the generic case `$case::<D>(&dev)` on the cpu device, the GPU, and the GPU with 64 KiB
-/// bindings, and compares every output with the cpu's.
-macro_rules! check {
-    ($name:literal, $case:ident, $atol:expr, $rtol:expr) => {{
-        let want: Outputs = $case(&CpuDevice::new(None));
-        if let Some(gpu) = gpu_or_skip($name) {
-            let got = $case(&gpu);
-            compare($name, "gpu", &got, &want, $atol, $rtol);
-            let mut small = gpu_or_skip($name).unwrap();
-            small.limit_binding_bytes_for_tests(64 << 10);
-            let got = $case(&small);
-            compare($name, "gpu with 64 KiB bindings", &got, &want, $atol, $rtol);
-        }
-    }};
-}
-
-fn compare(name: &str, label: &str, got: &Outputs, want: &Outputs, atol: f32, rtol: f32) {
-    assert_eq!(got.len(), want.len());
-    for ((n, g), (_, w)) in got.iter().zip(want) {
-        assert_close(&format!("{name}: {n} on {label}"), g, w, atol, rtol);
-    }
-}
-
-fn tensor<D: Backend>(dev: &D, data: &[f32]) -> D::Tensor {
-    let t = dev.alloc(data.len(), "test").unwrap();
-    dev.write(&t, data);
-    t
-}
 
 /// B stored in 16 bits (the weights of a bf16/fp16 working copy), forward and transposed, at odd
 /// offsets so packed words are split; the cpu device holds the same values widened.

@@ -25,13 +25,15 @@ macro_rules! kernels {
 }
 
 kernels! {
-    ATTENTION_BACKWARD => "attention_backward",
-    ATTENTION_FORWARD => "attention_forward" with "workgroup_logsumexp",
+    ATTENTION_BACKWARD => "attention_backward" with "dropout_mask",
+    ATTENTION_FORWARD => "attention_forward" with "workgroup_logsumexp", "dropout_mask",
     AXPY => "axpy",
     BIAS_BACKWARD => "bias_backward",
     CAST_HALF_TO_F32 => "cast_half_to_f32",
     CAST_F32_TO_F16 => "cast_f32_to_f16",
     CROSSENTROPY => "crossentropy" with "workgroup_logsumexp",
+    DROPOUT => "dropout" with "dropout_mask",
+    DROPOUT_RESIDUAL => "dropout_residual" with "dropout_mask",
     ENCODER_BACKWARD => "encoder_backward",
     ENCODER_FORWARD => "encoder_forward",
     FILL => "fill",

@@ -5,6 +5,8 @@
 //   key_value_grad (one workgroup per key j, key/value head g, batch b), summing over the group's query
 //       heads h: dv_j = sum_h sum_{i>=j} p_ij dout_i, dk_j = scale * sum_h sum_{i>=j} p_ij (dout_i . v_j - delta_i) q_i
 // Probabilities are recomputed from the saved log-sum-exp; key_value_grad needs delta from query_grad.
+// With dropout (mask m, forward used m p): dv_j sums m_ij p_ij dout_i and ds_ij = p_ij (m_ij dout_i . v_j -
+// delta_i); delta = dout . out is unchanged, since out already holds the masked sum.
 // A shared head's gradient is one workgroup's running sum over the group's heads in order: deterministic,
 // without atomics or a second reduction pass.
 
@@ -12,7 +14,19 @@ struct Params {
     seq_len: u32, heads: u32, group: u32, head_dim: u32,
     scale: f32, qkv_off: u32, out_off: u32, stat_off: u32,
     // Floats per qkv row, and where its k and v parts start.
-    qkv_width: u32, k_start: u32, v_start: u32, _pad: u32,
+    qkv_width: u32, k_start: u32, v_start: u32,
+    // The batch this call's b = 0 is in the whole tensor (the gpu device splits attention by batch).
+    batch_base: u32,
+    // Dropout on the probabilities (common/dropout_mask.wgsl); threshold 0 means none.
+    drop_key0: u32, drop_key1: u32, drop_threshold: u32, drop_scale: f32,
+}
+
+// What probability (query t, key j) of head h in batch b is multiplied by after the softmax: the
+// dropout mask's 0 or 1/(1 - p), or exactly 1 without dropout. Mask row (b H + h) T + t, column j.
+fn prob_dropout(b: u32, h: u32, t: u32, j: u32) -> f32 {
+    if (p.drop_threshold == 0u) { return 1.0; }
+    let row = ((p.batch_base + b) * p.heads + h) * p.seq_len + t;
+    return dropout_multiplier(p.drop_key0, p.drop_key1, p.drop_threshold, p.drop_scale, row, j);
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -69,7 +83,7 @@ fn query_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
                 dov = fma(row_b[d], qkv[vb + d], dov);
             }
             let pj = exp(qk * p.scale - row_lse);
-            ds = pj * (dov - dl);
+            ds = pj * (dov * prob_dropout(b, h, t, j) - dl);
         }
         chunk_ds[lane] = ds;
         workgroupBarrier();
@@ -109,8 +123,10 @@ fn key_value_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
                     qk = fma(qkv[qb + d], row_a[d], qk);
                     dov = fma(dout[ob + d], row_b[d], dov);
                 }
-                pi = exp(qk * p.scale - lse[stat_index(b, h, i)]);
-                ds = pi * (dov - delta[stat_index(b, h, i)]);
+                let m = prob_dropout(b, h, i, j);
+                let pu = exp(qk * p.scale - lse[stat_index(b, h, i)]);
+                ds = pu * (dov * m - delta[stat_index(b, h, i)]);
+                pi = pu * m;
             }
             chunk_p[lane] = pi;
             chunk_ds[lane] = ds;

@@ -2,7 +2,8 @@
 //   qkv (B, T, (H + 2G) D) = [q (H D) | k (G D) | v (G D)], head h at columns h D of its part; query head
 //   h reads key/value head h / group (group = H / G), shared in place by the group. GPT-2: G = H, qkv (B, T, 3C).
 //   out (B, T, H D), lse (B, H, T): log-sum-exp of each score row, kept so backward recomputes the
-//   probabilities instead of storing (B, H, T, T) of them.
+//   probabilities instead of storing (B, H, T, T) of them. With dropout the probabilities are masked
+//   after the softmax (lse is the undropped one's).
 // One workgroup per (query t, head h, batch b); keys are visited in chunks of 256 whose probabilities
 // sit in workgroup memory while the lanes owning output channels accumulate them (so D <= 256).
 
@@ -10,7 +11,19 @@ struct Params {
     seq_len: u32, heads: u32, group: u32, head_dim: u32,
     scale: f32, qkv_off: u32, out_off: u32, stat_off: u32,
     // Floats per qkv row, and where its k and v parts start.
-    qkv_width: u32, k_start: u32, v_start: u32, _pad: u32,
+    qkv_width: u32, k_start: u32, v_start: u32,
+    // The batch this call's b = 0 is in the whole tensor (the gpu device splits attention by batch).
+    batch_base: u32,
+    // Dropout on the probabilities (common/dropout_mask.wgsl); threshold 0 means none.
+    drop_key0: u32, drop_key1: u32, drop_threshold: u32, drop_scale: f32,
+}
+
+// What probability (query t, key j) of head h in batch b is multiplied by after the softmax: the
+// dropout mask's 0 or 1/(1 - p), or exactly 1 without dropout. Mask row (b H + h) T + t, column j.
+fn prob_dropout(b: u32, h: u32, t: u32, j: u32) -> f32 {
+    if (p.drop_threshold == 0u) { return 1.0; }
+    let row = ((p.batch_base + b) * p.heads + h) * p.seq_len + t;
+    return dropout_multiplier(p.drop_key0, p.drop_key1, p.drop_threshold, p.drop_scale, row, j);
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -51,7 +64,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     for (var j0 = 0u; j0 <= t; j0 += LANES) {
         let j = j0 + lane;
         var pj = 0.0;
-        if (j <= t) { pj = exp(score(j, g, b) - row_lse); }
+        if (j <= t) { pj = exp(score(j, g, b) - row_lse) * prob_dropout(b, h, t, j); }
         probs[lane] = pj;
         workgroupBarrier();
         if (lane < p.head_dim) {

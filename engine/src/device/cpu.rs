@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use anyhow::Result;
 
 use super::alloc::{AllocStats, ByteBudget, Charge};
-use super::{Activation, AttentionDims, Backend, MatmulShape};
+use super::{Activation, AttentionDims, Backend, DropoutMask, MatmulShape};
 use crate::ops::{self, encoder::TokenBuckets};
 
 pub struct CpuDevice {
@@ -193,6 +193,12 @@ impl Backend for CpuDevice {
     }
     fn residual_forward(&self, out: &CpuTensor, a: &CpuTensor, b: &CpuTensor) {
         ops::elementwise::residual_forward(&mut out.data.borrow_mut(), &a.data.borrow(), &b.data.borrow());
+    }
+    fn dropout(&self, out: &CpuTensor, x: &CpuTensor, cols: usize, mask: &DropoutMask) {
+        ops::dropout::dropout(&mut out.data.borrow_mut(), &x.data.borrow(), cols, mask);
+    }
+    fn dropout_residual(&self, out: &CpuTensor, residual: &CpuTensor, x: &CpuTensor, cols: usize, mask: &DropoutMask) {
+        ops::dropout::dropout_residual(&mut out.data.borrow_mut(), &residual.data.borrow(), &x.data.borrow(), cols, mask);
     }
     fn crossentropy(&self, losses: &CpuTensor, logits: &CpuTensor, targets: &CpuTokens, vocab: usize, grad_scale: Option<f32>) {
         ops::crossentropy::crossentropy(&mut losses.data.borrow_mut(), &mut logits.data.borrow_mut(), &targets.ids, vocab, grad_scale);

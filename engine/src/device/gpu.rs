@@ -15,7 +15,7 @@ use std::ops::Range;
 use anyhow::{Context, Result, bail};
 
 use super::alloc::{AllocStats, ByteBudget, Charge};
-use super::{Activation, AttentionDims, Backend, HalfFormat, MatmulShape};
+use super::{Activation, AttentionDims, Backend, DropoutMask, HalfFormat, MatmulShape};
 use crate::ops::elementwise::SUM_SQUARES_GROUP;
 use crate::ops::encoder::TokenBuckets;
 use zerostream_shaders as shaders;
@@ -114,11 +114,23 @@ impl GpuTensor {
 }
 
 /// The Params of both attention kernels: dimensions, scale, the offsets of the qkv-, out- and
-/// statistics-shaped windows, and the qkv row's width and part starts.
-fn attention_params(d: AttentionDims, qkv: &Window<'_>, out: &Window<'_>, stat: &Window<'_>) -> [u32; 12] {
-    let [t, heads, group, hd, qkv_width, k_start, v_start] =
-        [d.seq_len, d.heads, d.group(), d.head_dim, d.qkv_width(), d.q_width(), d.q_width() + d.kv_width()].map(|n| n as u32);
-    [t, heads, group, hd, d.scale.to_bits(), qkv.elem_offset, out.elem_offset, stat.elem_offset, qkv_width, k_start, v_start, 0]
+/// statistics-shaped windows, the qkv row's width and part starts, the first batch of this piece, and
+/// the dropout mask on the probabilities (threshold 0: none).
+fn attention_params(d: AttentionDims, qkv: &Window<'_>, out: &Window<'_>, stat: &Window<'_>, batch_base: usize) -> [u32; 16] {
+    let [t, heads, group, hd, qkv_width, k_start, v_start, batch_base] =
+        [d.seq_len, d.heads, d.group(), d.head_dim, d.qkv_width(), d.q_width(), d.q_width() + d.kv_width(), batch_base]
+            .map(|n| n as u32);
+    let (key, threshold, drop_scale) = d.dropout.map_or(([0, 0], 0, 1.0f32), |m| (m.key, m.threshold, m.scale));
+    let (scale, drop_scale) = (d.scale.to_bits(), drop_scale.to_bits());
+    let (qkv_off, out_off, stat_off) = (qkv.elem_offset, out.elem_offset, stat.elem_offset);
+    [t, heads, group, hd, scale, qkv_off, out_off, stat_off, qkv_width, k_start, v_start, batch_base, key[0], key[1], threshold, drop_scale]
+}
+
+/// The Params of `dropout.wgsl` and `dropout_residual.wgsl` for a piece of `n` elements starting at
+/// element `base` of the tensor (the mask is indexed by the whole tensor's rows and columns).
+fn dropout_params(n: usize, x_off: u32, out_off: u32, base: usize, cols: usize, mask: &DropoutMask, residual_off: u32) -> [u32; 12] {
+    let [n, base, cols] = [n, base, cols].map(|v| v as u32);
+    [n, x_off, out_off, base, cols, mask.key[0], mask.key[1], mask.threshold, mask.scale.to_bits(), residual_off, 0, 0]
 }
 
 /// A read-back in flight: the staging buffer its copies were submitted into, the submission, and the
@@ -944,7 +956,7 @@ impl Backend for GpuDevice {
             let qw = self.window(qkv, bs.start * t * qkv_row..bs.end * t * qkv_row);
             let ow = self.window(out, bs.start * t * out_row..bs.end * t * out_row);
             let lw = self.window(lse, bs.start * d.heads * t..bs.end * d.heads * t);
-            let params = attention_params(d, &qw, &ow, &lw);
+            let params = attention_params(d, &qw, &ow, &lw, bs.start);
             self.dispatch(
                 shaders::ATTENTION_FORWARD,
                 "main",
@@ -974,7 +986,7 @@ impl Backend for GpuDevice {
             let (lw, ew) = (self.window(lse, stat_span.clone()), self.window(delta, stat_span));
             // One offset per layout: the windows of same-shaped tensors start at the same misalignment.
             assert!(qw.elem_offset == gw.elem_offset && ow.elem_offset == dw.elem_offset && lw.elem_offset == ew.elem_offset);
-            let params = attention_params(d, &qw, &ow, &lw);
+            let params = attention_params(d, &qw, &ow, &lw, bs.start);
             self.dispatch(
                 shaders::ATTENTION_BACKWARD,
                 "query_grad",
@@ -1045,6 +1057,21 @@ impl Backend for GpuDevice {
                 &[(1, aw.binding), (2, bw.binding), (3, ow.binding)],
                 Self::elementwise_grid(r.len()),
             );
+        }
+    }
+    fn dropout(&self, out: &GpuTensor, x: &GpuTensor, cols: usize, mask: &DropoutMask) {
+        for r in Self::pieces(out.len.min(x.len), self.max_window_elems, self.align_elems) {
+            let (xw, ow) = (self.window(x, r.clone()), self.window(out, r.clone()));
+            let params = dropout_params(r.len(), xw.elem_offset, ow.elem_offset, r.start, cols, mask, 0);
+            self.dispatch(shaders::DROPOUT, "main", &params, &[(1, xw.binding), (2, ow.binding)], Self::elementwise_grid(r.len()));
+        }
+    }
+    fn dropout_residual(&self, out: &GpuTensor, residual: &GpuTensor, x: &GpuTensor, cols: usize, mask: &DropoutMask) {
+        for r in Self::pieces(out.len.min(x.len).min(residual.len), self.max_window_elems, self.align_elems) {
+            let (xw, ow, rw) = (self.window(x, r.clone()), self.window(out, r.clone()), self.window(residual, r.clone()));
+            let params = dropout_params(r.len(), xw.elem_offset, ow.elem_offset, r.start, cols, mask, rw.elem_offset);
+            let bindings = [(1, xw.binding), (2, ow.binding), (3, rw.binding)];
+            self.dispatch(shaders::DROPOUT_RESIDUAL, "main", &params, &bindings, Self::elementwise_grid(r.len()));
         }
     }
 

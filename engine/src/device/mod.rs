@@ -15,6 +15,7 @@ use anyhow::{Result, bail};
 
 pub use crate::ops::activation::Activation;
 pub use crate::ops::attention::AttentionDims;
+pub use crate::ops::dropout::DropoutMask;
 pub use crate::ops::{MatmulShape, Operand};
 pub use alloc::{AllocStats, ByteBudget};
 pub use cpu::CpuDevice;
@@ -171,6 +172,11 @@ pub trait Backend {
     fn activation_backward(&self, f: Activation, dx: &Self::Tensor, x: &Self::Tensor, dout: &Self::Tensor);
     /// out = a + b.
     fn residual_forward(&self, out: &Self::Tensor, a: &Self::Tensor, b: &Self::Tensor);
+    /// out = x * mask, x and out (rows, `cols`): kept elements scaled by 1/(1 - p), dropped ones 0
+    /// ([`crate::ops::dropout`]). out and x may have different lengths: the shorter one's elements.
+    fn dropout(&self, out: &Self::Tensor, x: &Self::Tensor, cols: usize, mask: &DropoutMask);
+    /// out = residual + x * mask: a residual connection after a dropout, in one pass.
+    fn dropout_residual(&self, out: &Self::Tensor, residual: &Self::Tensor, x: &Self::Tensor, cols: usize, mask: &DropoutMask);
 
     /// losses (rows) = cross-entropy of each row of logits (rows, V) against targets; with `grad_scale`,
     /// logits are overwritten by dloss/dlogits for a total loss of sum(losses) * grad_scale.

@@ -11,6 +11,7 @@ use super::TensorSpec;
 use super::gpt2::{self, Block, BlockActivations, HeadActivations};
 use super::llama;
 use crate::device::{AttentionDims, Backend};
+use crate::ops::dropout::{DropoutKeys, DropoutRates};
 
 /// A model: its family and configuration.
 #[derive(Clone, Debug, PartialEq)]
@@ -158,12 +159,40 @@ impl Model {
         }
     }
 
-    /// The dropout the config asks for, if any (the engine implements none).
-    pub fn dropout_requested(&self) -> Option<String> {
+    /// The dropout probabilities training applies (all 0 for the families without dropout).
+    pub fn dropout_rates(&self) -> DropoutRates {
+        match self {
+            Model::Gpt2(c) => gpt2::dropout_rates(c),
+            Model::Llama(_) => DropoutRates::default(),
+        }
+    }
+
+    /// The dropout training applies, described by the config's names; `None` without dropout.
+    pub fn describe_dropout(&self) -> Option<String> {
         match self {
             Model::Gpt2(c) => c.dropout_requested(),
             Model::Llama(_) => None,
         }
+    }
+
+    /// The model with every dropout probability set to `p` (`--dropout P`); refused for a family that
+    /// has no dropout unless p is 0.
+    pub fn with_dropout(&self, p: f64) -> Result<Model> {
+        if !(0.0..1.0).contains(&p) {
+            bail!("--dropout {p}: expected a probability 0 <= p < 1");
+        }
+        match self {
+            Model::Gpt2(c) => Ok(Model::Gpt2(Gpt2Config { resid_pdrop: p, embd_pdrop: p, attn_pdrop: p, ..c.clone() })),
+            Model::Llama(_) if p == 0.0 => Ok(self.clone()),
+            Model::Llama(_) => bail!("--dropout {p}: the llama family has no dropout in zerostream (attention_dropout must be 0)"),
+        }
+    }
+
+    /// The masks' keys of one training micro-batch (global index `micro_batch` of the training
+    /// contract), or `None` when the model drops nothing, so runs without dropout never draw a mask.
+    pub fn dropout_keys(&self, seed: u64, step: u64, micro_batch: u64) -> Option<DropoutKeys> {
+        let rates = self.dropout_rates();
+        (!rates.is_zero()).then_some(DropoutKeys { rates, seed, step, micro_batch })
     }
 
     pub fn attention_dims(&self, batch: usize, seq_len: usize) -> AttentionDims {
@@ -240,15 +269,17 @@ impl Model {
         acts: &HeadActs<D::Tensor>,
         inputs: &D::Tokens,
         seq_len: usize,
+        dropout: Option<&DropoutKeys>,
     ) {
         match (self, acts) {
-            (Model::Gpt2(c), _) => gpt2::embed_forward(dev, c, x, &gpt2::head_view(c, head), inputs, seq_len),
+            (Model::Gpt2(c), HeadActs::Gpt2(a)) => gpt2::embed_forward(dev, c, x, &gpt2::head_view(c, head), a, inputs, seq_len, dropout),
             (Model::Llama(c), HeadActs::Llama(a)) => llama::embed_forward(dev, c, x, head, a, inputs, seq_len),
             _ => unreachable!("activations of another family"),
         }
     }
 
-    /// Block `l` (its group's tensors in `block`) from `input` to `output`, keeping what backward needs.
+    /// Block `l` (its group's tensors in `block`) from `input` to `output`, keeping what backward needs;
+    /// `dropout` is the micro-batch's in training ([`Model::dropout_keys`]), `None` in evaluation.
     #[allow(clippy::too_many_arguments)]
     pub fn block_forward<D: Backend>(
         &self,
@@ -260,9 +291,12 @@ impl Model {
         output: &D::Tensor,
         batch: usize,
         seq_len: usize,
+        dropout: Option<&DropoutKeys>,
     ) {
         match (self, acts) {
-            (Model::Gpt2(c), BlockActs::Gpt2(a)) => gpt2::block_forward(dev, c, l, &Block::view(block), a, input, output, batch, seq_len),
+            (Model::Gpt2(c), BlockActs::Gpt2(a)) => {
+                gpt2::block_forward(dev, c, l, &Block::view(block), a, input, output, batch, seq_len, dropout)
+            }
             (Model::Llama(c), BlockActs::Llama(a)) => llama::block_forward(dev, c, block, a, input, output, batch, seq_len),
             _ => unreachable!("activations of another family"),
         }
@@ -306,19 +340,27 @@ impl Model {
         acts: &BlockActs<D::Tensor>,
         input: &D::Tensor,
         head_acts: &HeadActs<D::Tensor>,
+        dropout: Option<&DropoutKeys>,
     ) {
         match (self, acts, head_acts) {
             (Model::Gpt2(c), BlockActs::Gpt2(a), HeadActs::Gpt2(h)) => {
-                gpt2::block_backward(dev, c, l, &Block::view(block), &Block::view(grads), a, input, h)
+                gpt2::block_backward(dev, c, l, &Block::view(block), &Block::view(grads), a, input, h, dropout)
             }
             (Model::Llama(c), BlockActs::Llama(a), HeadActs::Llama(h)) => llama::block_backward(dev, c, block, grads, a, input, h),
             _ => unreachable!("activations of another family"),
         }
     }
 
-    pub fn embed_backward<D: Backend>(&self, dev: &D, grads: &[D::Tensor], acts: &HeadActs<D::Tensor>, inputs: &D::Tokens) {
+    pub fn embed_backward<D: Backend>(
+        &self,
+        dev: &D,
+        grads: &[D::Tensor],
+        acts: &HeadActs<D::Tensor>,
+        inputs: &D::Tokens,
+        dropout: Option<&DropoutKeys>,
+    ) {
         match (self, acts) {
-            (Model::Gpt2(c), HeadActs::Gpt2(a)) => gpt2::embed_backward(dev, c, &gpt2::head_view(c, grads), a, inputs),
+            (Model::Gpt2(c), HeadActs::Gpt2(a)) => gpt2::embed_backward(dev, c, &gpt2::head_view(c, grads), a, inputs, dropout),
             (Model::Llama(c), HeadActs::Llama(a)) => llama::embed_backward(dev, c, grads, a, inputs),
             _ => unreachable!("activations of another family"),
         }
@@ -349,9 +391,9 @@ impl Model {
             let tokens = dev.tokens(ids)?;
             let (block_acts, head_acts) = (self.block_acts(dev, 1, t)?, self.head_acts(dev, 1, t)?);
             let x = [dev.alloc(t * self.width(), "x A")?, dev.alloc(t * self.width(), "x B")?];
-            self.embed_forward(dev, &x[0], &head, &head_acts, &tokens, t);
+            self.embed_forward(dev, &x[0], &head, &head_acts, &tokens, t, None);
             for (l, block) in blocks.iter().enumerate() {
-                self.block_forward(dev, l, block, &block_acts, &x[l % 2], &x[(l + 1) % 2], 1, t);
+                self.block_forward(dev, l, block, &block_acts, &x[l % 2], &x[(l + 1) % 2], 1, t, None);
             }
             self.head_forward(dev, &head, &head_acts, &x[self.n_layer() % 2], &tokens, None);
             Ok(dev.read(self.logits(&head_acts)))

@@ -14,6 +14,8 @@
 use anyhow::{Result, bail};
 use rayon::prelude::*;
 
+use super::dropout::DropoutMask;
+
 /// The largest head dim the WGSL kernels take: they run one 256-lane workgroup per query row (or key
 /// row), each lane owning one channel of the head, and hold head rows in workgroup arrays of 256.
 pub const MAX_HEAD_DIM: usize = 256;
@@ -36,6 +38,9 @@ pub struct AttentionDims {
     /// model sets another with [`Self::with_scale`] (GPT-2's `scale_attn_weights: false` is 1). Both
     /// kernels and both twins read it from here and never recompute it.
     pub scale: f32,
+    /// Dropout on the probabilities after the softmax (GPT-2's `attn_pdrop`), or none. The mask's row
+    /// is (b H + h) T + t for query t of head h in batch b, its column the key.
+    pub dropout: Option<DropoutMask>,
 }
 
 impl AttentionDims {
@@ -43,17 +48,31 @@ impl AttentionDims {
     pub fn mha(batch: usize, seq_len: usize, channels: usize, heads: usize) -> Self {
         assert!(heads > 0 && channels.is_multiple_of(heads), "attention: {channels} channels do not split into {heads} heads");
         let head_dim = channels / heads;
-        AttentionDims { batch, seq_len, heads, kv_heads: heads, head_dim, scale: default_scale(head_dim) }
+        AttentionDims { batch, seq_len, heads, kv_heads: heads, head_dim, scale: default_scale(head_dim), dropout: None }
     }
 
     /// Grouped-query attention (Llama): `heads` query heads share `kv_heads` key/value heads.
     pub fn gqa(batch: usize, seq_len: usize, heads: usize, kv_heads: usize, head_dim: usize) -> Self {
-        AttentionDims { batch, seq_len, heads, kv_heads, head_dim, scale: default_scale(head_dim) }
+        AttentionDims { batch, seq_len, heads, kv_heads, head_dim, scale: default_scale(head_dim), dropout: None }
     }
 
     /// The same shape with the scores multiplied by `scale` instead.
     pub fn with_scale(self, scale: f32) -> Self {
         AttentionDims { scale, ..self }
+    }
+
+    /// The same attention with `dropout` on its probabilities.
+    pub fn with_dropout(self, dropout: Option<DropoutMask>) -> Self {
+        AttentionDims { dropout, ..self }
+    }
+
+    /// What probability (query t, key j) of head h in batch b is multiplied by: the mask's 0 or
+    /// 1/(1 - p), or exactly 1 without dropout. As `prob_dropout` in the WGSL kernels.
+    pub fn prob_dropout(&self, b: usize, h: usize, t: usize, j: usize) -> f32 {
+        match &self.dropout {
+            None => 1.0,
+            Some(mask) => mask.multiplier(((b * self.heads + h) * self.seq_len + t) as u32, j as u32),
+        }
     }
 
     /// Fails, with the numbers, unless the heads split into groups and the head dim is positive.
@@ -220,7 +239,7 @@ pub fn attention_forward(out: &mut [f32], lse: &mut [f32], qkv: &[f32], d: Atten
             let row_lse = max + scores.iter().map(|s| (s - max).exp()).sum::<f32>().ln();
             let mut o = vec![0.0f32; hd];
             for (j, s) in scores.iter().enumerate() {
-                axpy(&mut o, (s - row_lse).exp(), &qkv[d.v(b, j, g)..][..hd]);
+                axpy(&mut o, (s - row_lse).exp() * d.prob_dropout(b, h, t, j), &qkv[d.v(b, j, g)..][..hd]);
             }
             (row_lse, o)
         })
@@ -249,9 +268,11 @@ pub fn attention_backward(dqkv: &mut [f32], delta: &mut [f32], dout: &[f32], qkv
     let prob = |b: usize, h: usize, i: usize, j: usize| {
         (dot(&qkv[d.q(b, i, h)..][..hd], &qkv[d.k(b, j, d.kv_head(h))..][..hd]) * scale - lse[d.stat(b, h, i)]).exp()
     };
-    // ds_ij = p_ij (dout_i . v_j - delta_i), the gradient of the score (before scaling).
+    // ds_ij = p_ij (m_ij dout_i . v_j - delta_i), the gradient of the score (before scaling), with m the
+    // dropout mask (1 without dropout); delta = dout . out already holds the masked sum.
     let ds = |b: usize, h: usize, i: usize, j: usize| {
-        prob(b, h, i, j) * (dot(&dout[d.o(b, i, h)..][..hd], &qkv[d.v(b, j, d.kv_head(h))..][..hd]) - delta[d.stat(b, h, i)])
+        let dov = dot(&dout[d.o(b, i, h)..][..hd], &qkv[d.v(b, j, d.kv_head(h))..][..hd]);
+        prob(b, h, i, j) * (dov * d.prob_dropout(b, h, i, j) - delta[d.stat(b, h, i)])
     };
     // One task per (b, t): each writes the q, k and v gradients of its own row only.
     let (row_len, k_start, v_start) = (d.qkv_width(), d.q_width(), d.q_width() + d.kv_width());
@@ -270,7 +291,7 @@ pub fn attention_backward(dqkv: &mut [f32], delta: &mut [f32], dout: &[f32], qkv
             let (mut dk, mut dv) = (vec![0.0f32; hd], vec![0.0f32; hd]);
             for h in g * d.group()..(g + 1) * d.group() {
                 for i in t..d.seq_len {
-                    axpy(&mut dv, prob(b, h, i, t), &dout[d.o(b, i, h)..][..hd]);
+                    axpy(&mut dv, prob(b, h, i, t) * d.prob_dropout(b, h, i, t), &dout[d.o(b, i, h)..][..hd]);
                     axpy(&mut dk, ds(b, h, i, t), &qkv[d.q(b, i, h)..][..hd]);
                 }
             }

@@ -9,6 +9,7 @@
 pub mod activation;
 pub mod attention;
 pub mod crossentropy;
+pub mod dropout;
 pub mod elementwise;
 pub mod encoder;
 pub mod gelu;

@@ -73,6 +73,10 @@ pub struct TrainConfig {
     /// before the next backward starts, and each update finished before the step returns. Slower; the
     /// oracle that the overlapped schedule must equal bit for bit.
     pub sequential: bool,
+    /// `--dropout P`: every dropout probability of the model set to P (None: the config's).
+    pub dropout: Option<f64>,
+    /// `--seed`: of the initialisation, the dropout masks and the sample.
+    pub seed: u64,
 }
 
 impl Default for TrainConfig {
@@ -99,6 +103,8 @@ impl Default for TrainConfig {
             adam_threads: 0,
             zero_stage: ZeroStage::Two,
             sequential: false,
+            dropout: None,
+            seed: 1337,
         }
     }
 }
@@ -121,6 +127,7 @@ pub const MEANING_FLAGS: &[&str] = &[
     "eps",
     "weight-decay",
     "grad-clip",
+    "dropout",
 ];
 
 fn enum_name<E: ValueEnum>(e: E) -> String {
@@ -169,6 +176,8 @@ impl TrainConfig {
         put("adam-threads", json!(self.adam_threads));
         put("zero-stage", json!(self.zero_stage.number()));
         put("sequential", json!(self.sequential));
+        put("dropout", json!(self.dropout));
+        put("seed", json!(self.seed));
         f
     }
 
@@ -212,6 +221,9 @@ impl TrainConfig {
             adam_threads: uint("adam-threads")? as usize,
             zero_stage: stage,
             sequential: flag("sequential")?,
+            // Checkpoints from before dropout existed trained without it.
+            dropout: f.get("dropout").and_then(Value::as_f64),
+            seed: uint("seed")?,
         })
     }
 }
@@ -226,6 +238,8 @@ mod tests {
             precision: Precision::Bf16,
             gpu_mem_budget: Some(1 << 30),
             nvme_dir: Some("/x".into()),
+            dropout: Some(0.1),
+            seed: 7,
             ..TrainConfig::default()
         };
         tc.lr.schedule = LrSchedule::Cosine;

@@ -44,6 +44,7 @@ use zerostream_offload::{AdamConfig, AdamW, IoEngine, NvmeDir, Stored, Tier};
 use crate::comm::Comm;
 use crate::device::Backend;
 use crate::model::{Model, TensorSpec};
+use crate::ops::dropout::DropoutKeys;
 pub use checkpoint::{Checkpoint, RunRecord, SaveDtype};
 pub use config::{Flags, MEANING_FLAGS, Precision, TrainConfig};
 use device_state::DeviceState;
@@ -98,6 +99,8 @@ struct StepState<D: Backend> {
     /// Gradient downloads begun and not yet finished: (block, read).
     in_flight: VecDeque<(usize, D::PendingRead)>,
     micro: usize,
+    /// The current micro-batch's dropout masks' keys (None without dropout).
+    dropout: Option<DropoutKeys>,
     loss_sum: f64,
     overflow: bool,
     grad_norm: f64,
@@ -165,7 +168,10 @@ impl<'d, D: Backend> Trainer<'d, D> {
     /// This rank's part of a run of `comm.world_size()` ranks: every rank calls this with the same
     /// model and configuration (checked), then calls the same methods in the same order.
     pub fn with_comm(dev: &'d D, source: &ModelSource<'_>, train: TrainConfig, comm: Comm) -> Result<Self> {
-        let model = source.model();
+        let model = match train.dropout {
+            Some(p) => source.model().with_dropout(p)?,
+            None => source.model(),
+        };
         model.validate()?;
         if train.batch == 0 || train.seq_len == 0 || train.grad_accum == 0 {
             bail!("--batch-size, --seq-len and --grad-accum must be positive");
@@ -339,6 +345,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             tokens: None,
             in_flight: VecDeque::new(),
             micro: 0,
+            dropout: None,
             loss_sum: 0.0,
             overflow: false,
             grad_norm: 0.0,
@@ -395,7 +402,10 @@ impl<'d, D: Backend> Trainer<'d, D> {
                 if micro == 0 {
                     d.head_grads.iter().for_each(|t| dev.fill(t, 0.0));
                 }
-                timed(&mut st.clock.compute, || model.embed_forward(dev, &d.residual[0], &d.head, &d.head_acts, &x, seq_len));
+                // Masks are keyed by the global micro-batch index, so they do not depend on the world size.
+                st.dropout = model.dropout_keys(self.train.seed, self.step, g as u64);
+                let dropout = st.dropout.as_ref();
+                timed(&mut st.clock.compute, || model.embed_forward(dev, &d.residual[0], &d.head, &d.head_acts, &x, seq_len, dropout));
                 st.tokens = Some((x, y));
                 st.micro = micro;
             }
@@ -404,8 +414,9 @@ impl<'d, D: Backend> Trainer<'d, D> {
             }
             Op::Forward { block: l } => {
                 let slot = self.slot_of(l)?;
+                let dropout = st.dropout.as_ref();
                 timed(&mut st.clock.compute, || {
-                    model.block_forward(dev, l, &d.slots[slot], acts(l), &d.residual[l], &d.residual[l + 1], batch, seq_len)
+                    model.block_forward(dev, l, &d.slots[slot], acts(l), &d.residual[l], &d.residual[l + 1], batch, seq_len, dropout)
                 });
             }
             Op::Head => {
@@ -421,12 +432,14 @@ impl<'d, D: Backend> Trainer<'d, D> {
             Op::Backward { block: l } => {
                 let slot = self.slot_of(l)?;
                 let grads = &d.block_grads[l % 2];
+                let dropout = st.dropout.as_ref();
                 timed(&mut st.clock.compute, || {
                     if recompute {
-                        model.block_forward(dev, l, &d.slots[slot], acts(l), &d.residual[l], &d.residual[l + 1], batch, seq_len);
+                        // The same keys draw the same masks: the recomputed activations are forward's.
+                        model.block_forward(dev, l, &d.slots[slot], acts(l), &d.residual[l], &d.residual[l + 1], batch, seq_len, dropout);
                     }
                     grads.iter().for_each(|t| dev.fill(t, 0.0));
-                    model.block_backward(dev, l, &d.slots[slot], grads, acts(l), &d.residual[l], &d.head_acts);
+                    model.block_backward(dev, l, &d.slots[slot], grads, acts(l), &d.residual[l], &d.head_acts, dropout);
                 });
             }
             Op::BeginDownload { block } => {
@@ -442,7 +455,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             Op::EmbedBackward => {
                 let x = &st.tokens.as_ref().expect("embedded first").0;
                 timed(&mut st.clock.compute, || {
-                    model.embed_backward(dev, &d.head_grads, &d.head_acts, x);
+                    model.embed_backward(dev, &d.head_grads, &d.head_acts, x, st.dropout.as_ref());
                     dev.synchronize();
                 });
             }

@@ -89,6 +89,7 @@ pub fn merge(
 fn show(v: &serde_json::Value) -> String {
     match v {
         serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "(none)".into(),
         other => other.to_string(),
     }
 }

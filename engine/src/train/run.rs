@@ -65,8 +65,6 @@ pub struct RunOptions {
     /// The saved model's dtype (None: the working precision).
     pub save_dtype: Option<SaveDtype>,
     pub checkpoints: CheckpointOptions,
-    /// `--dropout`: overrides the model's dropout probabilities (only 0 is implemented so far).
-    pub dropout: Option<f64>,
     /// Set by SIGINT/SIGTERM: finish the step, checkpoint, stop.
     pub stop: Option<Arc<AtomicBool>>,
     pub sample_tokens: usize,
@@ -91,7 +89,6 @@ impl RunOptions {
             save: None,
             save_dtype: None,
             checkpoints: CheckpointOptions::default(),
-            dropout: None,
             stop: None,
             sample_tokens: 300,
             prompt: "HAMLET\n".into(),
@@ -168,18 +165,13 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
             ModelSource::Checkpoint(&resumed)
         }
     };
-    let model = source.model();
-    if let Some(p) = options.dropout
-        && p != 0.0
-    {
-        bail!("--dropout {p}: dropout is not implemented yet; only --dropout 0 (train without it) is accepted");
-    }
-    if let (Some(asked), None) = (model.dropout_requested(), options.dropout) {
-        bail!(
-            "the model's config.json asks for dropout ({asked}), which zerostream does not implement yet: pass --dropout 0 to \
-             train without it"
-        );
-    }
+    // One seed for the initialisation, the dropout masks and the sample.
+    let train = TrainConfig { seed: options.seed, ..train };
+    // The model as the trainer will run it (`--dropout` applied).
+    let model = match train.dropout {
+        Some(p) => source.model().with_dropout(p)?,
+        None => source.model(),
+    };
     let tokens = match &options.data {
         Some(path) => TokenFile::open_with(path, options.data_dtype)?,
         None => TokenFile::from_tokens("<embedded Hamlet text>", &Tokenizer::Bytes.encode(DEMO_TEXT)?),
@@ -334,6 +326,9 @@ fn describe_run<D: Backend>(
         flag(&f["precision"]),
         if train.recompute { ", recompute" } else { "" }
     ));
+    if let Some(dropout) = model.describe_dropout() {
+        say(format!("dropout: {dropout} (training steps only; masks keyed by seed {}, step and micro-batch)", train.seed));
+    }
     if let Some(dir) = &options.checkpoints.dir {
         let every = options.checkpoints.every;
         say(format!(

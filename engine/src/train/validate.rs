@@ -28,12 +28,12 @@ impl<D: Backend> Trainer<'_, D> {
             let (x, y) = data.micro_batch(g, batch, seq_len)?;
             let (x, y) = (dev.tokens(&x)?, dev.tokens(&y)?);
             let d = &self.device;
-            self.model.embed_forward(dev, &d.residual[0], &d.head, &d.head_acts, &x, seq_len);
+            self.model.embed_forward(dev, &d.residual[0], &d.head, &d.head_acts, &x, seq_len, None);
             for l in 0..n_layer {
                 let slot = self.ensure_block(l, &mut clock)?;
                 let d = &self.device;
                 let acts = &d.block_acts[l.min(d.block_acts.len() - 1)];
-                self.model.block_forward(dev, l, &d.slots[slot], acts, &d.residual[l], &d.residual[l + 1], batch, seq_len);
+                self.model.block_forward(dev, l, &d.slots[slot], acts, &d.residual[l], &d.residual[l + 1], batch, seq_len, None);
             }
             let d = &self.device;
             sum += self.model.head_forward(dev, &d.head, &d.head_acts, &d.residual[n_layer], &y, None) as f64;

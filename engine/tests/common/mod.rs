@@ -1,6 +1,7 @@
 //! Helpers shared by the engine's integration tests.
 #![allow(dead_code)]
 
+pub mod kernel_check;
 pub mod trajectory;
 
 use rand::{Rng, SeedableRng};

@@ -10,6 +10,7 @@ use super::{
     head_backward, head_forward, head_view, parameter_specs,
 };
 use crate::device::Backend;
+use crate::ops::dropout::DropoutKeys;
 
 /// Every parameter of the model (or a gradient of the same structure).
 pub struct Params<T> {
@@ -57,6 +58,8 @@ pub struct Gpt2<D: Backend> {
     pub config: Gpt2Config,
     pub params: Params<D::Tensor>,
     pub grads: Params<D::Tensor>,
+    /// The dropout of the next forward and backward (None: none, as in evaluation).
+    pub dropout: Option<DropoutKeys>,
     acts: Option<Activations<D::Tensor>>,
 }
 
@@ -79,7 +82,7 @@ impl<D: Backend> Gpt2<D> {
             Ok(t)
         })?;
         let grads = Params::build(cfg, |name, shape| dev.alloc(shape.iter().product(), &format!("grad {name}")))?;
-        Ok(Gpt2 { config: cfg.clone(), params, grads, acts: None })
+        Ok(Gpt2 { config: cfg.clone(), params, grads, dropout: None, acts: None })
     }
 
     pub fn zero_grads(&self, dev: &D) {
@@ -115,10 +118,10 @@ impl<D: Backend> Gpt2<D> {
             });
         }
         let acts = self.acts.as_ref().unwrap();
-        let p = &self.params;
-        embed_forward(dev, cfg, &acts.residual[0], &head_view(cfg, &p.head), inputs, seq_len);
+        let (p, dropout) = (&self.params, self.dropout.as_ref());
+        embed_forward(dev, cfg, &acts.residual[0], &head_view(cfg, &p.head), &acts.head, inputs, seq_len, dropout);
         for (l, (w, a)) in p.blocks.iter().zip(&acts.blocks).enumerate() {
-            block_forward(dev, cfg, l, &w.refs(), a, &acts.residual[l], &acts.residual[l + 1], batch, seq_len);
+            block_forward(dev, cfg, l, &w.refs(), a, &acts.residual[l], &acts.residual[l + 1], batch, seq_len, dropout);
         }
         Ok(head_forward(dev, cfg, &head_view(cfg, &p.head), &acts.head, &acts.residual[cfg.n_layer], targets, loss_grad_scale))
     }
@@ -126,12 +129,12 @@ impl<D: Backend> Gpt2<D> {
     /// Backward pass of the last forward (which must have had a gradient scale); adds into `grads`.
     pub fn backward(&mut self, dev: &D, inputs: &D::Tokens) -> Result<()> {
         let Some(acts) = self.acts.as_ref() else { bail!("backward called before forward") };
-        let (cfg, p, g) = (&self.config, &self.params, &self.grads);
+        let (cfg, p, g, dropout) = (&self.config, &self.params, &self.grads, self.dropout.as_ref());
         head_backward(dev, cfg, &head_view(cfg, &p.head), &head_view(cfg, &g.head), &acts.head, &acts.residual[cfg.n_layer]);
         for l in (0..cfg.n_layer).rev() {
-            block_backward(dev, cfg, l, &p.blocks[l].refs(), &g.blocks[l].refs(), &acts.blocks[l], &acts.residual[l], &acts.head);
+            block_backward(dev, cfg, l, &p.blocks[l].refs(), &g.blocks[l].refs(), &acts.blocks[l], &acts.residual[l], &acts.head, dropout);
         }
-        embed_backward(dev, cfg, &head_view(cfg, &g.head), &acts.head, inputs);
+        embed_backward(dev, cfg, &head_view(cfg, &g.head), &acts.head, inputs, dropout);
         Ok(())
     }
 
