@@ -61,6 +61,7 @@ impl Tokenizer {
 }
 
 /// A Hugging Face `tokenizer.json`.
+#[derive(Clone)]
 pub struct HfTokenizer {
     pub path: PathBuf,
     pub(crate) inner: tokenizers::Tokenizer,
@@ -89,8 +90,63 @@ impl HfTokenizer {
     }
 
     pub fn decode(&self, ids: &[u32]) -> String {
-        self.inner.decode(ids, false).unwrap_or_else(|e| format!("<undecodable tokens: {e}>"))
+        let text = self.inner.decode(ids, false).unwrap_or_else(|e| format!("<undecodable tokens: {e}>"));
+        if matches!(self.inner.get_model(), tokenizers::ModelWrapper::WordLevel(_)) {
+            return tidy_words(&text);
+        }
+        text
     }
+
+    /// A word-level tokenizer made from `text` by the tokenizers crate: every word (apostrophes
+    /// inside or leading it, as in "Who's" and "'Tis"), punctuation mark and line break is a token,
+    /// ids by descending frequency (ties alphabetical, so the same text always gives the same ids),
+    /// `[UNK]` = 0 for words the text lacks; decoding joins words with spaces and tidies them
+    /// around punctuation. `label` names it in messages.
+    pub fn word_level(text: &str, label: &str) -> Result<Self> {
+        use tokenizers::models::TrainerWrapper;
+        use tokenizers::models::wordlevel::{WordLevel, WordLevelTrainer};
+        use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+        let err = |e: tokenizers::Error| anyhow::anyhow!("making the word-level tokenizer {label}: {e}");
+        let model = WordLevel::builder().unk_token("[UNK]".into()).build().map_err(err)?;
+        let mut inner = tokenizers::Tokenizer::new(model);
+        let words = Split::new(SplitPattern::Regex(r"'?\w+(?:'\w+)*|[^\w\s]|\n".into()), tokenizers::SplitDelimiterBehavior::Removed, true)
+            .map_err(err)?;
+        inner.with_pre_tokenizer(Some(words));
+        inner.with_decoder(Some(tokenizers::decoders::wordpiece::WordPiece::new("##".into(), true)));
+        let mut trainer: TrainerWrapper = WordLevelTrainer::builder()
+            .show_progress(false)
+            .vocab_size(usize::MAX)
+            .special_tokens(vec![tokenizers::AddedToken::from("[UNK]", true)])
+            .build()
+            .map_err(|e| anyhow::anyhow!("making the word-level tokenizer {label}: {e}"))?
+            .into();
+        inner.train(&mut trainer, std::iter::once(text)).map_err(err)?;
+        Ok(HfTokenizer { path: PathBuf::from(label), inner })
+    }
+
+    /// Writes the tokenizer as a Hugging Face `tokenizer.json` at `path`.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        self.inner.save(path, false).map_err(|e| anyhow::anyhow!("writing the tokenizer {}: {e}", path.display()))
+    }
+}
+
+/// Word-level decoding joins every token with a space: take the spaces back out before closing
+/// punctuation, after opening brackets, and around line breaks.
+fn tidy_words(text: &str) -> String {
+    let lines = text.split('\n').map(|line| {
+        let mut out = String::with_capacity(line.len());
+        for c in line.trim().chars() {
+            if matches!(c, ',' | '.' | ';' | ':' | '!' | '?' | ')' | ']') && out.ends_with(' ') {
+                out.pop();
+            }
+            if c == ' ' && (out.ends_with('(') || out.ends_with('[')) {
+                continue;
+            }
+            out.push(c);
+        }
+        out
+    });
+    lines.collect::<Vec<_>>().join("\n")
 }
 
 /// What `prepare --tokenizer` names: a built-in tokenizer or a tokenizer.json.
@@ -121,6 +177,13 @@ impl TextTokenizer {
         match self {
             TextTokenizer::Builtin(t) => Ok(t.encode(text)?.into_iter().map(u32::from).collect()),
             TextTokenizer::Hf(t) => t.encode(text),
+        }
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> String {
+        match self {
+            TextTokenizer::Builtin(t) => t.decode(ids),
+            TextTokenizer::Hf(t) => t.decode(ids),
         }
     }
 
@@ -173,6 +236,25 @@ mod tests {
         let path = dir.join("tokenizer.json");
         tok.save(&path, false).unwrap();
         path
+    }
+
+    #[test]
+    fn word_level_tokenizers_are_deterministic_and_round_trip_words() {
+        let text = "BERNARDO\nWho's there?\n\nFRANCISCO\nNay, answer me: stand, and unfold yourself.\n'Tis there, there.\n";
+        let tok = HfTokenizer::word_level(text, "test").unwrap();
+        let again = HfTokenizer::word_level(text, "test").unwrap();
+        let ids = tok.encode(text).unwrap();
+        assert_eq!(ids, again.encode(text).unwrap(), "the same text gives the same ids");
+        // [UNK] is 0, then by frequency: the line break (7), then "," and "there" (3 each, alphabetical).
+        assert_eq!(tok.encode(", there").unwrap(), vec![2, 3]);
+        assert_eq!(tok.encode("Hamlet").unwrap(), vec![0]);
+        let words: Vec<String> = ids.iter().map(|&i| tok.inner.id_to_token(i).unwrap()).collect();
+        assert!(words.contains(&"Who's".to_string()) && words.contains(&"'Tis".to_string()), "{words:?}");
+        assert_eq!(tok.decode(&ids), text, "words, punctuation and lines come back");
+        let dir = tempfile::tempdir().unwrap();
+        tok.save(&dir.path().join("tokenizer.json")).unwrap();
+        let loaded = HfTokenizer::from_file(&dir.path().join("tokenizer.json")).unwrap();
+        assert_eq!(loaded.encode(text).unwrap(), ids);
     }
 
     #[test]

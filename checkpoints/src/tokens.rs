@@ -73,6 +73,12 @@ impl TokenFile {
         TokenFile { path: PathBuf::from(label), len: tokens.len(), source: Source::Memory(tokens), width: TokenWidth::U16 }
     }
 
+    /// In-memory token ids of any width (the built-in run's).
+    pub fn from_ids(label: &str, tokens: &[u32]) -> Self {
+        let width = if tokens.iter().any(|&t| t > u16::MAX as u32) { TokenWidth::U32 } else { TokenWidth::U16 };
+        TokenFile { path: PathBuf::from(label), len: tokens.len(), source: Source::Memory(tokens.to_vec()), width }
+    }
+
     /// Token `i`. Panics when `i` is out of range or the file cannot be read (it changed during the
     /// run); [`TokenFile::try_get`] returns those as errors.
     pub fn get(&self, i: usize) -> u32 {

@@ -7,7 +7,7 @@
 mod common;
 
 use common::kernel_check::{Outputs, tensor};
-use common::{gpu_or_skip, random, random_tokens};
+use common::{assert_close, gpu_or_skip, random, random_tokens};
 use zerostream::device::{Activation, AttentionDims, Backend, CpuDevice, HalfFormat, MatmulShape, Operand};
 use zerostream::ops::attention::MAX_HEAD_DIM;
 

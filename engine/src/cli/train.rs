@@ -83,7 +83,8 @@ pub struct TrainArgs {
     #[arg(long)]
     val_data: Option<PathBuf>,
     /// Validate before every step that is a multiple of N, on the weights that step starts from (step
-    /// 0: the initial model). 0 = only after the last step.
+    /// 0: the initial model). 0 = only after the last step. The built-in run (no --data) validates on
+    /// the last scenes of Hamlet every 100 steps unless this is given.
     #[arg(long, default_value_t = 0)]
     eval_every: u64,
     /// Micro-batches of --val-data per validation (the first ones, in the order `eval` reads them, so
@@ -287,12 +288,13 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>) -
         bail!("--model/--config need --data FILE (make one with `zerostream prepare`)");
     }
     check_outputs(a, &model, data.as_deref())?;
+    let eval_every = if data.is_none() && !explicit.contains("eval-every") { 100 } else { a.eval_every };
     let options = RunOptions {
         model,
         data,
         data_dtype,
         val_data: a.val_data.clone(),
-        eval_every: a.eval_every,
+        eval_every,
         eval_batches: a.eval_batches,
         seed,
         metrics: a.metrics.clone(),

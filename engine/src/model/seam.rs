@@ -73,10 +73,11 @@ impl Model {
     }
     pub const PRESETS: &'static str = "gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-3.2-1b, llama-3-8b";
 
-    /// The built-in run's model: a 4-layer, 128-wide GPT-2 over bytes (0.8M parameters).
-    pub fn demo() -> Self {
+    /// The built-in run's model: a 4-layer, 128-wide GPT-2 over the words of its text, with dropout
+    /// 0.1 against a corpus this small (0.8M parameters besides the vocab_size x 128 embedding).
+    pub fn demo(vocab_size: usize) -> Self {
         Model::Gpt2(Gpt2Config {
-            vocab_size: 256,
+            vocab_size,
             n_positions: 128,
             n_embd: 128,
             n_layer: 4,
@@ -84,9 +85,9 @@ impl Model {
             n_inner: None,
             layer_norm_epsilon: 1e-5,
             activation_function: "gelu_new".into(),
-            resid_pdrop: 0.0,
-            embd_pdrop: 0.0,
-            attn_pdrop: 0.0,
+            resid_pdrop: 0.1,
+            embd_pdrop: 0.1,
+            attn_pdrop: 0.1,
             scale_attn_weights: true,
             scale_attn_by_inverse_layer_idx: false,
             reorder_and_upcast_attn: false,

