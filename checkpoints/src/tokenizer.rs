@@ -77,6 +77,21 @@ impl HfTokenizer {
         Ok(HfTokenizer { path: path.to_path_buf(), inner })
     }
 
+    /// The tokenizer of a model directory: its tokenizer.json, else its vocab.json + merges.txt (a
+    /// byte-level BPE such as GPT-2's, as `--save` writes it); None when it has neither.
+    pub fn from_model_dir(dir: &Path) -> Result<Option<Self>> {
+        let json = dir.join("tokenizer.json");
+        if json.is_file() {
+            return Self::from_file(&json).map(Some);
+        }
+        let (vocab, merges) = (dir.join("vocab.json"), dir.join("merges.txt"));
+        if vocab.is_file() && merges.is_file() {
+            let inner = crate::tokenizer_files::byte_level_bpe_from_files(&vocab, &merges)?;
+            return Ok(Some(HfTokenizer { path: vocab, inner }));
+        }
+        Ok(None)
+    }
+
     /// Ids up to the largest one the tokenizer knows, added tokens included.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
@@ -146,7 +161,7 @@ impl TextTokenizer {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]

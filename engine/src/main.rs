@@ -94,6 +94,8 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 fn main() {
+    // SAFETY: no other thread has started yet.
+    unsafe { device::gpu::quiet_wayland_probe() };
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // The flags typed on the command line (not defaulted), by flag name: `--resume` keeps the

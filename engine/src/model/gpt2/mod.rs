@@ -273,7 +273,7 @@ pub fn activation(cfg: &Gpt2Config) -> Activation {
         .unwrap_or_else(|| panic!("activation_function {:?}: the config was not validated", cfg.activation_function))
 }
 
-/// x (B, T, C) = wte[tokens] + wpe[0..T]: the input of block 0.
+/// x (B, T, C) = `wte[tokens] + wpe[0..T]`: the input of block 0.
 pub fn embed_forward<D: Backend>(dev: &D, cfg: &Gpt2Config, x: &D::Tensor, head: &Head<&D::Tensor>, inputs: &D::Tokens, seq_len: usize) {
     dev.encoder_forward(x, inputs, &head.wte, &head.wpe, seq_len, cfg.n_embd);
 }
