@@ -11,7 +11,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use zerostream_checkpoints::checkpoint::CheckpointRoot;
-use zerostream_checkpoints::{HfModel, TokenFile, TokenWidth, Tokenizer};
+use zerostream_checkpoints::{DataTokenizer, HfModel, TokenFile, TokenWidth, Tokenizer};
 
 use super::checkpoint::{Checkpoint, RunRecord, SaveDtype, truncate_metrics};
 use super::{Flags, ModelSource, Precision, StepReport, TrainConfig, Trainer};
@@ -65,6 +65,10 @@ pub struct RunOptions {
     /// The saved model's dtype (None: the working precision).
     pub save_dtype: Option<SaveDtype>,
     pub checkpoints: CheckpointOptions,
+    /// The tokenizer the data was prepared with, written into every saved model directory and
+    /// checkpoint. None: the record `zerostream prepare` left beside --data (`NAME.tokenizer`), or
+    /// bytes for the built-in text; with neither, no tokenizer files are written.
+    pub tokenizer: Option<DataTokenizer>,
     /// `--dropout`: overrides the model's dropout probabilities (only 0 is implemented so far).
     pub dropout: Option<f64>,
     /// Set by SIGINT/SIGTERM: finish the step, checkpoint, stop.
@@ -91,6 +95,7 @@ impl RunOptions {
             save: None,
             save_dtype: None,
             checkpoints: CheckpointOptions::default(),
+            tokenizer: None,
             dropout: None,
             stop: None,
             sample_tokens: 300,
@@ -222,6 +227,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         }
         _ => None,
     };
+    let tokenizer_files = tokenizer_files(&say, options, &model)?;
     let record = RunRecord {
         seed: options.seed,
         data: tokens.path.display().to_string(),
@@ -229,6 +235,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         settings: run_settings(&train, options, world),
         save_dtype: options.save_dtype.unwrap_or(SaveDtype::of(train.precision)),
         keep: options.checkpoints.keep,
+        tokenizer_files,
     };
     let mut trainer = Trainer::with_comm(dev, &source, train, comm)?;
     if let ModelSource::Checkpoint(c) = &source {
@@ -275,11 +282,38 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         });
     }
     if let Some(dir) = &options.save {
-        trainer.save_model(dir, record.save_dtype)?;
-        say(format!("saved {} (config.json, model.safetensors, {})", dir.display(), record.save_dtype.flag()));
+        trainer.save_model(dir, record.save_dtype, &record.tokenizer_files)?;
+        let names: Vec<&str> = record.tokenizer_files.iter().map(|(n, _)| n.as_str()).collect();
+        let tokenizer = if names.is_empty() { String::new() } else { format!(", {}", names.join(", ")) };
+        say(format!("saved {} (config.json, model.safetensors{tokenizer}; {})", dir.display(), record.save_dtype.flag()));
     }
     let sample = sample_text(&mut trainer, options, &model, lead, &say)?;
     Ok(RunSummary { steps: outcome.reports, seconds, sample, stopped_at: None, checkpoint: outcome.checkpoint, val_loss: final_val_loss })
+}
+
+/// The files that make saved model directories carry the data's tokenizer (see
+/// [`RunOptions::tokenizer`]); says which, or why there are none.
+fn tokenizer_files(say: &dyn Fn(String), options: &RunOptions, model: &Model) -> Result<Vec<(String, Vec<u8>)>> {
+    let found = match (&options.tokenizer, &options.data) {
+        (Some(t), _) => Some(t.clone()),
+        (None, Some(data)) => DataTokenizer::read_beside(data)?,
+        (None, None) => Some(DataTokenizer::Bytes),
+    };
+    let Some(tokenizer) = found else {
+        if options.save.is_some() || options.checkpoints.dir.is_some() {
+            let data = options.data.as_deref().map(|d| DataTokenizer::sidecar(d).display().to_string()).unwrap_or_default();
+            say(format!("tokenizer: unknown (no {data}; pass --tokenizer): saved models get no tokenizer files"));
+        }
+        return Ok(Vec::new());
+    };
+    if tokenizer == DataTokenizer::Gpt2 && model.vocab_size() < 50257 {
+        bail!("the data was tokenised with GPT-2's BPE (50257 tokens), but the model's vocab_size is {}", model.vocab_size());
+    }
+    let files = tokenizer.model_files(model.max_seq_len())?;
+    if files.is_empty() {
+        say(format!("tokenizer: {} (no Hugging Face tokenizer files exist for it: saved models get none)", tokenizer.describe()));
+    }
+    Ok(files)
 }
 
 /// Every setting of the run by flag name: the trainer's, the seed, the data and the world size.
