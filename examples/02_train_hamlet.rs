@@ -8,7 +8,7 @@
 use zerostream::device::{self, DeviceChoice};
 use zerostream::train::run::{ModelChoice, RunOptions};
 use zerostream::train::{LrPlan, LrSchedule, TrainConfig};
-use zerostream_offload::Tier;
+use zerostream::offload::Tier;
 
 fn main() -> anyhow::Result<()> {
     let steps: u64 = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(100);

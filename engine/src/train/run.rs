@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use indicatif::{ProgressBar, ProgressStyle};
 use zerostream_checkpoints::checkpoint::CheckpointRoot;
 use zerostream_checkpoints::{DataTokenizer, HfModel, TokenFile, TokenWidth, Tokenizer};
 
@@ -262,6 +261,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         final_val_loss = Some(loss);
     }
     let seconds = start.elapsed().as_secs_f64();
+    #[cfg(feature = "plot")]
     if let (Some(metrics), true, true) = (&options.metrics, lead, outcome.metrics_written) {
         // The curves beside the metrics; a failure to draw them costs the picture, not the run.
         let svg = metrics.with_file_name("loss.svg");
@@ -383,6 +383,7 @@ fn describe_run<D: Backend>(
 struct StepsOutcome {
     reports: Vec<StepReport>,
     /// Every row went to the metrics file (a regular file), so it can be plotted.
+    #[cfg_attr(not(feature = "plot"), allow(dead_code))]
     metrics_written: bool,
     stopped_at: Option<u64>,
     checkpoint: Option<PathBuf>,
@@ -413,9 +414,7 @@ fn train_steps<D: Backend>(
         Some(path) if lead => Some(open_metrics(path, first_step)?),
         _ => None,
     };
-    let bar = if options.progress && lead { ProgressBar::new(steps) } else { ProgressBar::hidden() };
-    bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}").expect("a valid template"));
-    bar.set_position(first_step);
+    let bar = super::progress::Progress::new(steps, first_step, options.progress && lead);
     let regular = options.metrics.as_ref().is_some_and(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()));
     let mut out = StepsOutcome { reports: Vec::new(), metrics_written: metrics.is_some() && regular, stopped_at: None, checkpoint: None };
     let mut skipped_in_a_row = 0;
@@ -434,16 +433,10 @@ fn train_steps<D: Backend>(
         {
             // The metrics are a record of the training, not the training: a full disk there stops
             // the record, not the run (its checkpoints go on, or fail on their own).
-            let note = format!("warning: writing --metrics failed at step {} ({e}); training continues without metrics", r.step);
-            if bar.is_hidden() {
-                eprintln!("{note}")
-            } else {
-                bar.println(note)
-            }
+            bar.println(format!("warning: writing --metrics failed at step {} ({e}); training continues without metrics", r.step));
             metrics = None;
         }
-        bar.set_message(progress_message(&r, trainer.scaler.scale));
-        bar.inc(1);
+        bar.step(progress_message(&r, trainer.scaler.scale));
         if options.progress && lead && (r.step % 25 == 0 || r.step + 1 == steps || r.val_loss.is_some()) {
             let line = format!(
                 "step {:>5}: loss {:.4}, grad norm {:.3}, lr {:.2e}, {:.0} tok/s",
@@ -453,13 +446,13 @@ fn train_steps<D: Backend>(
                 r.lr,
                 r.tokens_per_s()
             );
-            if bar.is_hidden() { eprintln!("{line}") } else { bar.println(line) }
+            bar.println(line);
         }
         skipped_in_a_row = if r.applied { 0 } else { skipped_in_a_row + 1 };
         let (loss, step) = (r.loss, r.step);
         out.reports.push(r);
         if skipped_in_a_row >= skip_limit(trainer.train.precision) {
-            bar.finish_and_clear();
+            bar.finish();
             bail!(
                 "steps {}..={step} were all skipped: the gradients held non-finite values (loss {loss}); the model or the \
                  learning rate has diverged{}",
@@ -486,7 +479,7 @@ fn train_steps<D: Backend>(
             break;
         }
     }
-    bar.finish_and_clear();
+    bar.finish();
     Ok(out)
 }
 
