@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-use crate::tokenizer::HfTokenizer;
+use crate::tokenizer::{HfTokenizer, Tokenizer};
 
 /// What a token file was tokenised with.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,6 +92,28 @@ impl DataTokenizer {
         };
         crate::checkpoint::write_file_atomic(&path, bytes)?;
         Ok(path)
+    }
+
+    /// Refuses a model whose vocabulary is smaller than this tokenizer's (its files would name ids the
+    /// model does not have).
+    pub fn check_vocab(&self, model_vocab: usize) -> Result<()> {
+        let ours = match self {
+            DataTokenizer::Gpt2 => Tokenizer::Gpt2.vocab_size(),
+            DataTokenizer::Bytes => Tokenizer::Bytes.vocab_size(),
+            DataTokenizer::Json(bytes) => tokenizers::Tokenizer::from_bytes(bytes)
+                .map_err(|e| anyhow::anyhow!("the data's tokenizer.json: {e}"))?
+                .get_vocab(true)
+                .values()
+                .max()
+                .map_or(0, |&id| id as usize + 1),
+        };
+        if model_vocab < ours {
+            bail!(
+                "the data was tokenised with {} ({ours} tokens), but the model's vocab_size is {model_vocab}: pass --tokenizer                  to name the right one",
+                self.describe()
+            );
+        }
+        Ok(())
     }
 
     /// `gpt2`, `bytes` or `tokenizer.json`.
@@ -203,7 +225,6 @@ pub fn byte_level_bpe_from_files(vocab: &Path, merges: &Path) -> Result<tokenize
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Tokenizer;
 
     #[test]
     fn written_vocab_and_merges_encode_like_the_builtin_gpt2() {
@@ -248,6 +269,10 @@ mod tests {
         assert_eq!(DataTokenizer::read_beside(&data).unwrap(), Some(tok.clone()));
         assert_eq!(tok.model_files(8).unwrap(), vec![("tokenizer.json".to_string(), std::fs::read(&json).unwrap())]);
         assert!(DataTokenizer::Bytes.model_files(8).unwrap().is_empty());
+        assert!(DataTokenizer::Gpt2.check_vocab(50304).is_ok() && tok.check_vocab(70_001).is_ok());
+        let err = DataTokenizer::Gpt2.check_vocab(256).unwrap_err().to_string();
+        assert!(err.contains("gpt2 (50257 tokens)") && err.contains("vocab_size is 256"), "{err}");
+        assert!(tok.check_vocab(70_000).is_err(), "the word-level tokenizer's largest id is 70000");
         std::fs::write(DataTokenizer::sidecar(&data), "sentencepiece\n").unwrap();
         let err = DataTokenizer::read_beside(&data).unwrap_err().to_string();
         assert!(err.contains("book.bin.tokenizer") && err.contains("expected `gpt2`"), "{err}");

@@ -306,9 +306,7 @@ fn tokenizer_files(say: &dyn Fn(String), options: &RunOptions, model: &Model) ->
         }
         return Ok(Vec::new());
     };
-    if tokenizer == DataTokenizer::Gpt2 && model.vocab_size() < 50257 {
-        bail!("the data was tokenised with GPT-2's BPE (50257 tokens), but the model's vocab_size is {}", model.vocab_size());
-    }
+    tokenizer.check_vocab(model.vocab_size())?;
     let files = tokenizer.model_files(model.max_seq_len())?;
     if files.is_empty() {
         say(format!("tokenizer: {} (no Hugging Face tokenizer files exist for it: saved models get none)", tokenizer.describe()));
