@@ -57,7 +57,8 @@ pub fn prepare(a: PrepareArgs) -> Result<()> {
     let tokenizer = TextTokenizer::parse(&a.tokenizer)?;
     let content = std::fs::read_to_string(&a.text).with_context(|| format!("reading --text {}", a.text.display()))?;
     let val_out = val_path(&a.out);
-    for out in [&a.out, &val_out] {
+    let records = [DataTokenizer::sidecar(&a.out), DataTokenizer::sidecar(&val_out)];
+    for out in [&a.out, &val_out, &records[0], &records[1]] {
         if std::fs::canonicalize(out).ok() == std::fs::canonicalize(&a.text).ok() {
             bail!("{} is the --text file: it would be overwritten", out.display());
         }
