@@ -48,7 +48,7 @@ pub mod prelude {
     pub use crate::device::{self, AnyDevice, Backend, DeviceChoice};
     pub use crate::offload::{IoConfig, IoEngineKind, Tier};
     pub use crate::{
-        CheckpointOptions, EvalReport, LrPlan, LrSchedule, Model, ModelChoice, ModelSource, Precision, RunOptions, RunSummary,
-        Sampling, SaveDtype, StepReport, TrainConfig, Trainer, ZeroStage, evaluate_on, generate, run_on,
+        CheckpointOptions, EvalReport, LrPlan, LrSchedule, Model, ModelChoice, ModelSource, Precision, RunOptions, RunSummary, Sampling,
+        SaveDtype, StepReport, TrainConfig, Trainer, ZeroStage, evaluate_on, generate, run_on,
     };
 }

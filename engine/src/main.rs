@@ -130,9 +130,8 @@ fn main() {
 /// The command line, with `train`/`plan --config-file FILE`'s flags placed before the command line's
 /// own (which win). A later flag overrides an earlier one of the same name.
 fn parse_args() -> Result<clap::ArgMatches> {
-    let command = || {
-        cli::config_file::COMMANDS.iter().fold(Cli::command(), |c, name| c.mut_subcommand(*name, |s| s.args_override_self(true)))
-    };
+    let command =
+        || cli::config_file::COMMANDS.iter().fold(Cli::command(), |c, name| c.mut_subcommand(*name, |s| s.args_override_self(true)));
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let matches = command().get_matches_from(&argv);
     let Some((name, sub_matches)) = matches.subcommand().filter(|(n, _)| cli::config_file::COMMANDS.contains(n)) else {

@@ -13,7 +13,11 @@ fn stderr(out: &std::process::Output) -> String {
 }
 
 fn losses(metrics: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(metrics).unwrap().lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"].clone()).collect()
+    std::fs::read_to_string(metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"].clone())
+        .collect()
 }
 
 #[test]
@@ -32,7 +36,9 @@ fn config_file_flags_apply_the_command_line_wins_and_the_resolved_copy_repeats_t
     assert_eq!(first.len(), 3, "--steps on the command line wins over the file's 5");
     let resolved = dir.path().join("m.config.toml");
     let text = std::fs::read_to_string(&resolved).unwrap();
-    for line in ["steps = 3", "batch-size = 2", "seq-len = 16", "lr = 0.003", "lr-schedule = \"constant\"", "recompute = true", "seed = 1337"] {
+    for line in
+        ["steps = 3", "batch-size = 2", "seq-len = 16", "lr = 0.003", "lr-schedule = \"constant\"", "recompute = true", "seed = 1337"]
+    {
         assert!(text.lines().any(|l| l == line), "{line:?} not in the resolved configuration:\n{text}");
     }
     // The resolved file alone repeats the run: same metrics path, same losses, bit for bit.
@@ -130,7 +136,18 @@ fn saved_models_and_checkpoints_carry_the_tokenizer_the_data_was_prepared_with()
     let sample = "Whether 'tis nobler in the mind to suffer the slings and arrows";
     let builtin: Vec<u32> = zerostream_checkpoints::Tokenizer::Gpt2.encode(sample).unwrap().into_iter().map(u32::from).collect();
     assert_eq!(tok.encode(sample).unwrap(), builtin);
-    let out = zerostream(&["generate", "--device", "cpu", "--model", save.to_str().unwrap(), "--prompt", "To be", "--max-new-tokens", "2", "--json"]);
+    let out = zerostream(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        save.to_str().unwrap(),
+        "--prompt",
+        "To be",
+        "--max-new-tokens",
+        "2",
+        "--json",
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     // A damaged tokenizer file in a checkpoint is caught by its manifest.
     std::fs::write(step.join("merges.txt"), "#version: 0.2\n").unwrap();

@@ -268,7 +268,8 @@ impl<D: Backend> Trainer<'_, D> {
             None => partial_dir(root_dir, self.step),
         };
         self.comm.barrier()?; // the directory exists for every rank
-        let mut files: BTreeMap<String, FileDigest> = self.write_state(&partial, record.save_dtype, true, &record.tokenizer_files)?.into_iter().collect();
+        let mut files: BTreeMap<String, FileDigest> =
+            self.write_state(&partial, record.save_dtype, true, &record.tokenizer_files)?.into_iter().collect();
         let mut target = root_dir.join(zerostream_checkpoints::checkpoint::step_name(self.step));
         if let Some(root) = root {
             let state = self.trainer_state(record, std::mem::take(&mut files));
