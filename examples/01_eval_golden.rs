@@ -17,7 +17,7 @@ fn main() -> anyhow::Result<()> {
 
     let dev = device::open(DeviceChoice::Auto, None, None)?;
     println!("device: {}", dev.describe());
-    let report = zerostream::eval::evaluate_on(&dev, &model, &tokens, zerostream_checkpoints::TokenWidth::U16, 4, 16, 4)?;
+    let report = zerostream::eval::evaluate_on(&dev, &model, &tokens, zerostream::checkpoints::TokenWidth::U16, 4, 16, 4)?;
     println!("mean loss over {} tokens: {:.6} ({:.0} tokens/s)", report.tokens, report.loss, report.tokens as f64 / report.seconds);
     Ok(())
 }

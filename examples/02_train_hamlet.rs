@@ -6,9 +6,9 @@
 //! Run: `cargo run --release -p zerostream-examples --example 02_train_hamlet [STEPS]`
 
 use zerostream::device::{self, DeviceChoice};
+use zerostream::offload::Tier;
 use zerostream::train::run::{ModelChoice, RunOptions};
 use zerostream::train::{LrPlan, LrSchedule, TrainConfig};
-use zerostream_offload::Tier;
 
 fn main() -> anyhow::Result<()> {
     let steps: u64 = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(100);

@@ -10,10 +10,12 @@ mod io;
 pub mod llama_config;
 pub mod safetensors_stream;
 pub mod tokenizer;
+pub mod tokenizer_files;
 pub mod tokens;
 
 pub use config::Gpt2Config;
 pub use hf::{ArchConfig, HfModel};
 pub use llama_config::LlamaConfig;
 pub use tokenizer::{HfTokenizer, TextTokenizer, Tokenizer};
+pub use tokenizer_files::DataTokenizer;
 pub use tokens::{TokenFile, TokenWidth, write_token_file, write_token_file_u32};

@@ -78,6 +78,21 @@ impl HfTokenizer {
         Ok(HfTokenizer { path: path.to_path_buf(), inner })
     }
 
+    /// The tokenizer of a model directory: its tokenizer.json, else its vocab.json + merges.txt (a
+    /// byte-level BPE such as GPT-2's, as `--save` writes it); None when it has neither.
+    pub fn from_model_dir(dir: &Path) -> Result<Option<Self>> {
+        let json = dir.join("tokenizer.json");
+        if json.is_file() {
+            return Self::from_file(&json).map(Some);
+        }
+        let (vocab, merges) = (dir.join("vocab.json"), dir.join("merges.txt"));
+        if vocab.is_file() && merges.is_file() {
+            let inner = crate::tokenizer_files::byte_level_bpe_from_files(&vocab, &merges)?;
+            return Ok(Some(HfTokenizer { path: vocab, inner }));
+        }
+        Ok(None)
+    }
+
     /// Ids up to the largest one the tokenizer knows, added tokens included.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
@@ -127,6 +142,12 @@ impl HfTokenizer {
     /// Writes the tokenizer as a Hugging Face `tokenizer.json` at `path`.
     pub fn save(&self, path: &Path) -> Result<()> {
         self.inner.save(path, false).map_err(|e| anyhow::anyhow!("writing the tokenizer {}: {e}", path.display()))
+    }
+
+    /// The tokenizer as the text of a Hugging Face `tokenizer.json`.
+    pub fn to_json(&self) -> Result<Vec<u8>> {
+        let text = self.inner.to_string(false).map_err(|e| anyhow::anyhow!("serialising the tokenizer {}: {e}", self.path.display()))?;
+        Ok(text.into_bytes())
     }
 }
 
@@ -209,7 +230,7 @@ impl TextTokenizer {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]

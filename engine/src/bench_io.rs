@@ -144,6 +144,7 @@ pub fn fio(dir: &Path, size: u64, block: u64, depth: usize) -> Result<Option<(f6
 }
 
 /// Draws read and write GB/s against block size, one line per engine and queue depth, as SVG.
+#[cfg(feature = "plot")]
 pub fn plot(runs: &[IoRun], path: &Path) -> Result<()> {
     use plotters::prelude::*;
     let max = runs.iter().map(|r| r.read_gbps.max(r.write_gbps)).fold(0.0f64, f64::max) * 1.15 + 1e-3;

@@ -1,7 +1,20 @@
-//! zerostream's engine: the devices and their kernels, the GPT-2 model, and the `zerostream` binary.
+//! zerostream's engine: the devices and their kernels, the models, the streaming trainer, evaluation,
+//! generation and the benches — everything the `zerostream` binary does, as a library.
 //!
-//! Start at [`device::Backend`] (the ops every device implements), then [`model::gpt2`] (GPT-2's forward
-//! and backward written against that trait). `docs/ARCHITECTURE.md` has the map of the whole project.
+//! One dependency line is enough: `zerostream = { path = "engine" }` (the formats and host-memory tiers
+//! come along as [`checkpoints`] and [`offload`]), and `use zerostream::prelude::*;` brings in what a
+//! training program needs: open a device ([`device::open`]), describe the run ([`TrainConfig`],
+//! [`RunOptions`]) and run it ([`run_on`]), or drive the [`Trainer`] a step at a time. The command line's
+//! parsing stays in the binary (`src/main.rs`, `src/cli/`); `examples/03_train_library.rs` trains a model
+//! in about forty lines.
+//!
+//! Cargo features: `progress` (the training loop's progress bar, indicatif) and `plot` (SVG curves,
+//! plotters) are on by default; `default-features = false` leaves both out. `mpi` adds multi-process
+//! ranks.
+//!
+//! To read the code, start at [`device::Backend`] (the ops every device implements), then
+//! [`model::gpt2`] (GPT-2's forward and backward written against that trait). `docs/ARCHITECTURE.md`
+//! has the map of the whole project.
 
 pub mod bench;
 pub mod bench_comm;
@@ -13,5 +26,29 @@ pub mod eval;
 pub mod generate;
 pub mod model;
 pub mod ops;
+#[cfg(feature = "plot")]
 pub mod plot;
 pub mod train;
+
+/// The model, data and checkpoint formats (the `zerostream-checkpoints` crate).
+pub use zerostream_checkpoints as checkpoints;
+/// Host-memory tiers, NVMe I/O and the CPU AdamW (the `zerostream-offload` crate).
+pub use zerostream_offload as offload;
+
+pub use device::{AnyDevice, Backend, DeviceChoice};
+pub use eval::{EvalReport, evaluate_on};
+pub use generate::{Sampling, generate};
+pub use model::Model;
+pub use train::run::{CheckpointOptions, ModelChoice, RunOptions, RunSummary, run_on};
+pub use train::{LrPlan, LrSchedule, ModelSource, Precision, SaveDtype, StepReport, TrainConfig, Trainer, ZeroStage};
+
+/// What a program that trains, evaluates or samples needs, in one `use zerostream::prelude::*;`.
+pub mod prelude {
+    pub use crate::checkpoints::{DataTokenizer, HfModel, TokenFile, TokenWidth, Tokenizer};
+    pub use crate::device::{self, AnyDevice, Backend, DeviceChoice};
+    pub use crate::offload::{IoConfig, IoEngineKind, Tier};
+    pub use crate::{
+        CheckpointOptions, EvalReport, LrPlan, LrSchedule, Model, ModelChoice, ModelSource, Precision, RunOptions, RunSummary, Sampling,
+        SaveDtype, StepReport, TrainConfig, Trainer, ZeroStage, evaluate_on, generate, run_on,
+    };
+}

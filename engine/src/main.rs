@@ -94,7 +94,12 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 fn main() {
-    let matches = Cli::command().get_matches();
+    // SAFETY: no other thread has started yet.
+    unsafe { device::gpu::quiet_wayland_probe() };
+    let matches = parse_args().unwrap_or_else(|e| {
+        eprintln!("error: {e:#}");
+        std::process::exit(2);
+    });
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // The flags typed on the command line (not defaulted), by flag name: `--resume` keeps the
     // checkpoint's settings for the rest.
@@ -107,7 +112,13 @@ fn main() {
                 .collect()
         })
         .unwrap_or_default();
-    match run(cli, &explicit) {
+    // `train`'s flags as resolved (file, command line, defaults), for the copy beside its metrics.
+    let resolved = matches
+        .subcommand()
+        .filter(|(name, _)| *name == "train")
+        .map(|(name, sub)| cli::config_file::resolved(Cli::command().find_subcommand(name).expect("train"), sub))
+        .unwrap_or_default();
+    match run(cli, &explicit, &resolved) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -116,8 +127,27 @@ fn main() {
     }
 }
 
+/// The command line, with `train`/`plan --config-file FILE`'s flags placed before the command line's
+/// own (which win). A later flag overrides an earlier one of the same name.
+fn parse_args() -> Result<clap::ArgMatches> {
+    let command =
+        || cli::config_file::COMMANDS.iter().fold(Cli::command(), |c, name| c.mut_subcommand(*name, |s| s.args_override_self(true)));
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let matches = command().get_matches_from(&argv);
+    let Some((name, sub_matches)) = matches.subcommand().filter(|(n, _)| cli::config_file::COMMANDS.contains(n)) else {
+        return Ok(matches);
+    };
+    let cmd = command();
+    let sub = cmd.find_subcommand(name).expect("a subcommand of the table");
+    let expanded = cli::config_file::expand_args(argv.clone(), name, sub, sub_matches)?;
+    if expanded == argv {
+        return Ok(matches);
+    }
+    Ok(command().get_matches_from(expanded))
+}
+
 /// Runs a subcommand; returns the exit code (non-zero when training was stopped by a signal).
-fn run(cli: Cli, explicit: &BTreeSet<String>) -> Result<i32> {
+fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
     match cli.command {
         Command::Devices { json } => {
             let adapters = device::gpu::list_adapters();
@@ -162,7 +192,7 @@ fn run(cli: Cli, explicit: &BTreeSet<String>) -> Result<i32> {
             println!("{}", report.to_json(&dev.describe()));
             Ok(0)
         }
-        Command::Train(args) => cli::train::train(*args, explicit),
+        Command::Train(args) => cli::train::train(*args, explicit, resolved),
         Command::Plan(args) => cli::train::plan(*args, explicit).map(|()| 0),
         Command::Bench(b) => cli::bench::run(b).map(|()| 0),
         Command::Plot { metrics, out } => {

@@ -16,8 +16,8 @@ pub struct GenerateArgs {
     /// A Hugging Face model directory: `--save`'s output, a checkpoint's step-NNNNNNNN/, or a download.
     #[arg(long)]
     model: PathBuf,
-    /// Text to continue (tokenised with the model directory's tokenizer.json, or GPT-2's BPE / bytes by
-    /// the vocabulary size).
+    /// Text to continue (tokenised with the model directory's tokenizer.json or vocab.json + merges.txt,
+    /// else GPT-2's BPE / bytes by the vocabulary size).
     #[arg(long, conflicts_with_all = ["prompt_file", "prompt_tokens"])]
     prompt: Option<String>,
     /// A file whose text to continue.
@@ -72,11 +72,9 @@ impl Text {
 pub fn run(a: GenerateArgs) -> Result<()> {
     let hf = HfModel::open(&a.model)?;
     let model = Model::of_hf(&hf)?;
-    let json_tokenizer = a.model.join("tokenizer.json");
-    let text = if json_tokenizer.is_file() {
-        Some(Text::Hf(HfTokenizer::from_file(&json_tokenizer)?))
-    } else {
-        Tokenizer::for_vocab(model.vocab_size()).map(Text::Builtin)
+    let text = match HfTokenizer::from_model_dir(&a.model)? {
+        Some(t) => Some(Text::Hf(t)),
+        None => Tokenizer::for_vocab(model.vocab_size()).map(Text::Builtin),
     };
     let prompt_text = match (&a.prompt, &a.prompt_file) {
         (Some(p), _) => Some(p.replace("\\n", "\n")),
@@ -87,7 +85,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         (Some(ids), _, _) => ids.clone(),
         (None, Some(p), Some(t)) => t.encode(p)?,
         (None, Some(_), None) => bail!(
-            "no tokenizer for this model (vocab_size {}, no tokenizer.json in {}): give --prompt-tokens",
+            "no tokenizer for this model (vocab_size {}, no tokenizer.json or vocab.json + merges.txt in {}): give --prompt-tokens",
             model.vocab_size(),
             a.model.display()
         ),

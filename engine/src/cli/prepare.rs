@@ -1,13 +1,15 @@
 //! `zerostream prepare`: a text file to token files. The text is cut into documents at a separator
 //! (default: blank lines), each document tokenised on its own and followed by the tokenizer's
 //! end-of-text token where it has one, so no window of training silently runs one document into the
-//! next; `--val-fraction` holds out the last documents as a validation file.
+//! next; `--val-fraction` holds out the last documents as a validation file. Beside each token file,
+//! `NAME.tokenizer` records the tokenizer (`gpt2`, `bytes`, or a copy of the tokenizer.json), which
+//! `train` writes into the model directories it saves.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use zerostream_checkpoints::{TextTokenizer, write_token_file_u32};
+use zerostream_checkpoints::{DataTokenizer, TextTokenizer, write_token_file_u32};
 
 #[derive(clap::Args)]
 pub struct PrepareArgs {
@@ -19,7 +21,8 @@ pub struct PrepareArgs {
     out: PathBuf,
     /// `gpt2`: GPT-2's BPE (50257 tokens); `bytes`: one token per byte (256); or the path of a Hugging
     /// Face tokenizer.json (Llama-3's, Mistral's, ...). Ids above 65535 are written as llm.c's uint32
-    /// (Llama-3) format.
+    /// (Llama-3) format. Recorded beside --out as `NAME.tokenizer`, so that the models `train` saves
+    /// carry the tokenizer.
     #[arg(long, default_value = "gpt2")]
     tokenizer: String,
     /// What separates documents in the text (`\n` for a newline): between documents the tokenizer's
@@ -54,7 +57,8 @@ pub fn prepare(a: PrepareArgs) -> Result<()> {
     let tokenizer = TextTokenizer::parse(&a.tokenizer)?;
     let content = std::fs::read_to_string(&a.text).with_context(|| format!("reading --text {}", a.text.display()))?;
     let val_out = val_path(&a.out);
-    for out in [&a.out, &val_out] {
+    let records = [DataTokenizer::sidecar(&a.out), DataTokenizer::sidecar(&val_out)];
+    for out in [&a.out, &val_out, &records[0], &records[1]] {
         if std::fs::canonicalize(out).ok() == std::fs::canonicalize(&a.text).ok() {
             bail!("{} is the --text file: it would be overwritten", out.display());
         }
@@ -89,7 +93,9 @@ pub fn prepare(a: PrepareArgs) -> Result<()> {
         bar.inc(1);
     }
     bar.finish_and_clear();
+    let record = DataTokenizer::parse(&a.tokenizer, "--tokenizer")?;
     write_token_file_u32(&a.out, &train)?;
+    record.write_beside(&a.out)?;
     eprintln!(
         "{}: {} documents, {} bytes of text -> {} tokens ({}, vocab {})",
         a.out.display(),
@@ -101,6 +107,7 @@ pub fn prepare(a: PrepareArgs) -> Result<()> {
     );
     if held_out > 0 {
         write_token_file_u32(&val_out, &val)?;
+        record.write_beside(&val_out)?;
         eprintln!(
             "{}: {} held-out documents -> {} tokens (train --val-data {})",
             val_out.display(),

@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use zerostream::train::ranks::RankDevice;
 use zerostream::train::run::{CheckpointOptions, ModelChoice, RunOptions, RunSummary};
 use zerostream::train::{LrPlan, LrSchedule, Precision, SaveDtype, TrainConfig, ZeroStage};
-use zerostream_checkpoints::TokenWidth;
+use zerostream_checkpoints::{DataTokenizer, TokenWidth};
 use zerostream_offload::{IoConfig, IoEngineKind, Tier};
 
 use crate::{DeviceArgs, parse_size};
@@ -62,6 +62,11 @@ fn parse_stage(text: &str) -> Result<ZeroStage, String> {
 
 #[derive(clap::Args)]
 pub struct TrainArgs {
+    /// Flags from a TOML file, one `flag-name = value` per line (`lr = 3e-4`, `precision = "bf16"`,
+    /// `recompute = true`); flags on the command line win. With --metrics, the run's resolved
+    /// configuration is written beside them as `NAME.config.toml`, which repeats the run.
+    #[arg(long)]
+    config_file: Option<PathBuf>,
     /// A Hugging Face model directory to start from (GPT2LMHeadModel or LlamaForCausalLM: config.json +
     /// model.safetensors, or sharded).
     #[arg(long, conflicts_with = "config")]
@@ -78,6 +83,12 @@ pub struct TrainArgs {
     /// vocabularies, Llama-3's). llm.c's files say their own width.
     #[arg(long, value_enum, default_value = "u16")]
     data_dtype: TokenWidth,
+    /// The tokenizer --data was prepared with, written into every saved model directory and checkpoint
+    /// (GPT-2's BPE as vocab.json + merges.txt, a tokenizer.json copied, bytes as nothing): `gpt2`,
+    /// `bytes` or the path of a tokenizer.json. Default: the record `prepare` leaves beside the token
+    /// file (`NAME.tokenizer`); the built-in text has its own word tokenizer.
+    #[arg(long)]
+    tokenizer: Option<String>,
     /// Held-out token file for the validation loss (and perplexity): in the progress lines, the
     /// metrics rows (`val_loss`) and the summary. `prepare --val-fraction` makes one.
     #[arg(long)]
@@ -301,6 +312,7 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>) -
         save: a.save.clone(),
         save_dtype: a.save_dtype,
         checkpoints: CheckpointOptions { dir: a.checkpoint_dir.clone(), every: a.checkpoint_every, keep: a.keep_checkpoints },
+        tokenizer: a.tokenizer.as_deref().map(|t| DataTokenizer::parse(t, "--tokenizer")).transpose()?,
         stop: None,
         sample_tokens: a.sample_tokens,
         prompt: a.prompt.replace("\\n", "\n"),
@@ -386,7 +398,16 @@ fn check_outputs(a: &TrainArgs, model: &ModelChoice, data: Option<&Path>) -> Res
 }
 
 /// Files a model directory `--save` may replace holds.
-const MODEL_FILES: &[&str] = &["config.json", "model.safetensors", "generation_config.json", "vocab.json", "merges.txt", "tokenizer.json"];
+const MODEL_FILES: &[&str] = &[
+    "config.json",
+    "model.safetensors",
+    "generation_config.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+];
 
 /// `--save DIR`: refused unless it is new or a model directory (so replacing it loses nothing else), and
 /// unless its parent accepts the directory it is written into first.
@@ -459,8 +480,12 @@ fn adam_threads_per_rank(requested: usize, ranks: usize) -> usize {
     (cores / ranks.max(1)).max(1)
 }
 
-pub fn train(a: TrainArgs, explicit: &BTreeSet<String>) -> Result<i32> {
+/// `resolved`: every flag's value, as a TOML file, written beside the metrics.
+pub fn train(a: TrainArgs, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
     let (mut options, mut tc) = resolve_train(&a, true, explicit)?;
+    if let Some(metrics) = &a.metrics {
+        crate::cli::config_file::write_resolved(metrics, resolved, a.config_file.as_deref())?;
+    }
     options.stop = Some(stop_on_signals()?);
     let devices = a.devices.as_deref().map(RankDevice::parse_list).transpose()?.unwrap_or_default();
     let launched = zerostream::comm::launcher_world_size().unwrap_or(1);

@@ -1,7 +1,7 @@
 //! The `gpu` device: the WGSL kernels of `shaders/` run through wgpu on any Vulkan, Metal or DX12 adapter.
 //!
 //! Work is recorded into one pending command encoder and submitted when a result is read back (or after
-//! [`MAX_PENDING_PASSES`] passes), so a forward pass is a handful of submissions, not hundreds.
+//! `MAX_PENDING_PASSES` passes), so a forward pass is a handful of submissions, not hundreds.
 //!
 //! Large tensors: one storage binding is limited (lavapipe: 128 MiB; even an H100 near 2 GiB), so every
 //! op binds *windows* of its tensors, aligned down to the adapter's offset alignment, and passes the
@@ -11,6 +11,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ops::Range;
+use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 
@@ -78,6 +79,28 @@ impl AdapterSummary {
             wgpu::DeviceType::Cpu => 3,
             wgpu::DeviceType::Other => 4,
         }
+    }
+}
+
+/// Keeps Mesa's Vulkan device-select layer quiet on a machine without a desktop session.
+///
+/// wgpu enables every window-system extension the driver offers (it cannot know that zerostream never
+/// draws), and with `VK_KHR_wayland_surface` enabled, Mesa's implicit `VK_LAYER_MESA_device_select` asks
+/// the Wayland compositor which GPU is the default one. Without `XDG_RUNTIME_DIR` libwayland prints
+/// `error: XDG_RUNTIME_DIR is invalid or not set in the environment.` to stderr and the question fails
+/// (there is no compositor to ask). When the variable is unset (or not an absolute path) this sets it,
+/// for this process and its children only, to the temporary directory, where no compositor socket
+/// exists: the question then fails silently. `DRI_PRIME`, `MESA_VK_DEVICE_SELECT` and a real session's
+/// variable are left alone, so the layer still does what a user asked of it.
+///
+/// # Safety
+/// Changes the environment: call it before any other thread of the process is started (the binary
+/// does, first thing in `main`), as [`std::env::set_var`] requires.
+pub unsafe fn quiet_wayland_probe() {
+    let set = std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|d| Path::new(&d).is_absolute());
+    if !set {
+        // SAFETY: the caller guarantees no other thread reads or writes the environment now.
+        unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) };
     }
 }
 

@@ -100,7 +100,7 @@ pub trait Backend {
     /// dbias (N) += column sums of dout (M, N).
     fn bias_backward(&self, dbias: &Self::Tensor, dout: &Self::Tensor, m: usize, n: usize);
 
-    /// out (B*T, C) = wte[tokens] + wpe[t].
+    /// out (B*T, C) = `wte[tokens] + wpe[t]`.
     fn encoder_forward(
         &self,
         out: &Self::Tensor,
@@ -110,7 +110,7 @@ pub trait Backend {
         seq_len: usize,
         channels: usize,
     );
-    /// dwte[token] += ..., dwpe[t] += ... from dout (B*T, C).
+    /// `dwte[token] += ...`, `dwpe[t] += ...` from dout (B*T, C).
     #[allow(clippy::too_many_arguments)]
     fn encoder_backward(
         &self,
@@ -214,8 +214,8 @@ pub trait Backend {
     );
     /// Rotary position embedding in place, transformers' rotate-half convention: in each row r of
     /// x (rows, row_stride) (rows = B*T; position t = r % rows_per_seq), each of `heads` heads of head_dim
-    /// D at columns col_offset + h*D, each i < D/2: angle = f32(t) * inv_freq[i],
-    /// (x[i], x[i + D/2]) = (a cos - b sin, b cos + a sin). inv_freq (D/2) is the caller's (rope scaling
+    /// D at columns col_offset + h*D, each i < D/2: `angle = f32(t) * inv_freq[i]`,
+    /// `(x[i], x[i + D/2]) = (a cos - b sin, b cos + a sin)`. inv_freq (D/2) is the caller's (rope scaling
     /// included). `inverse` rotates by -angle: RoPE's backward, applied in place to the gradient. For
     /// q and k packed as (B, T, (H + 2*KV) * D) [q | k | v]: col_offset 0, heads H + KV. D must be even.
     #[allow(clippy::too_many_arguments)]

@@ -339,7 +339,7 @@ fn bias_dw(bt: usize, n: usize, ld: usize, col: usize) -> MatmulShape {
     }
 }
 
-/// x (B, T, C) = embed_tokens[tokens]: the input of layer 0.
+/// x (B, T, C) = `embed_tokens[tokens]`: the input of layer 0.
 pub fn embed_forward<D: Backend>(
     dev: &D,
     cfg: &LlamaConfig,

@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-/// losses[row] = logsumexp(logits[row]) - logits[row][target]; with `grad_scale`, logits are overwritten
+/// `losses[row] = logsumexp(logits[row]) - logits[row][target]`; with `grad_scale`, logits are overwritten
 /// by (softmax - onehot(target)) * grad_scale. Twin of `crossentropy.wgsl`.
 pub fn crossentropy(losses: &mut [f32], logits: &mut [f32], targets: &[u32], vocab: usize, grad_scale: Option<f32>) {
     logits[..targets.len() * vocab].par_chunks_mut(vocab).zip(losses.par_iter_mut().zip(targets.par_iter())).for_each(

@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-/// out (B*T, C) = wte[tokens] (V, C) + wpe[t] (P, C). Twin of `encoder_forward.wgsl`.
+/// out (B*T, C) = `wte[tokens]` (V, C) + `wpe[t]` (P, C). Twin of `encoder_forward.wgsl`.
 pub fn encoder_forward(out: &mut [f32], tokens: &[u32], wte: &[f32], wpe: &[f32], seq_len: usize, channels: usize) {
     let c = channels;
     out[..tokens.len() * c].par_chunks_mut(c).zip(tokens.par_iter()).enumerate().for_each(|(row, (o, &tok))| {
@@ -43,7 +43,7 @@ impl TokenBuckets {
     }
 }
 
-/// dwte[token] += sum of dout rows holding that token; dwpe[t] += sum over b of dout[b, t].
+/// `dwte[token]` += sum of dout rows holding that token; `dwpe[t]` += sum over b of `dout[b, t]`.
 /// Twin of `encoder_backward.wgsl` (same summation order).
 pub fn encoder_backward(
     dwte: &mut [f32],

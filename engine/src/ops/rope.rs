@@ -4,7 +4,7 @@
 //! x is (rows, row_stride) with rows = B*T; row r is position t = r % T. The rotated heads are the `heads`
 //! blocks of head_dim D starting at column `col_offset` (for Llama's packed (B, T, (H + 2*KV) * D) buffer
 //! [q | k | v], col_offset 0 and heads H + KV rotate q and k in one call). Within a head, element i < D/2
-//! pairs with i + D/2: angle = f32(t) * inv_freq[i] (an f32 product, as transformers computes its
+//! pairs with i + D/2: `angle = f32(t) * inv_freq[i]` (an f32 product, as transformers computes its
 //! frequencies in float32), (a, b) -> (a cos - b sin, b cos + a sin). `inverse` rotates by -angle, which is
 //! RoPE's backward applied to the gradient. inv_freq (D/2) is the caller's, so rope scaling is too.
 //!

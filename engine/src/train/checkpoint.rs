@@ -6,6 +6,8 @@
 //!   each the rank's fp32 slice of the group's padded flat buffer; the metadata holds the world size,
 //!   the stage and every group's length, padded length and owned range, so another world size can
 //!   re-split the state;
+//! - the tokenizer's files when the run knows its tokenizer (`RunRecord::tokenizer_files`: GPT-2's
+//!   vocab.json + merges.txt + tokenizer_config.json + special_tokens_map.json, or a tokenizer.json);
 //! - `trainer_state.json`: counters, loss scaler, data position, every setting, and the manifest
 //!   (size and CRC32 of every other file).
 //!
@@ -129,6 +131,21 @@ pub struct RunRecord {
     pub save_dtype: SaveDtype,
     /// Checkpoints to keep (0 = all).
     pub keep: usize,
+    /// Files (name, contents) that make the saved model directories carry the data's tokenizer
+    /// (`DataTokenizer::model_files`); empty when it is unknown or has none (bytes).
+    pub tokenizer_files: Vec<(String, Vec<u8>)>,
+}
+
+/// Writes `files` (name, contents) into `dir`; returns their digests.
+fn write_extra_files(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<Vec<(String, FileDigest)>> {
+    files
+        .iter()
+        .map(|(name, bytes)| {
+            let path = dir.join(name);
+            std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
+            Ok((name.clone(), FileDigest { bytes: bytes.len() as u64, crc32: crc32fast::hash(bytes) }))
+        })
+        .collect()
 }
 
 /// Writes config.json for `config` saved in `dtype`; returns its digest.
@@ -143,9 +160,16 @@ fn write_config(dir: &Path, model: &Model, dtype: SaveDtype) -> Result<(String, 
 
 impl<D: Backend> Trainer<'_, D> {
     /// Collective: writes into `dir` (which must exist) this rank's optimizer slices and, on rank 0,
-    /// the model (gathered group by group) in `dtype`; with `optimizer` false only the model. Returns
-    /// the files rank 0 wrote and the digests of every rank's optimizer file (rank 0 only).
-    fn write_state(&mut self, dir: &Path, dtype: SaveDtype, optimizer: bool) -> Result<Vec<(String, FileDigest)>> {
+    /// the model (gathered group by group) in `dtype` and the `extra` files; with `optimizer` false
+    /// only the model and `extra`. Returns the files rank 0 wrote and the digests of every rank's
+    /// optimizer file (rank 0 only).
+    fn write_state(
+        &mut self,
+        dir: &Path,
+        dtype: SaveDtype,
+        optimizer: bool,
+        extra: &[(String, Vec<u8>)],
+    ) -> Result<Vec<(String, FileDigest)>> {
         self.finish()?;
         let (rank, world) = (self.sharding.rank, self.sharding.world);
         let lead = rank == 0;
@@ -204,6 +228,7 @@ impl<D: Backend> Trainer<'_, D> {
         if let Some(w) = model {
             files.push((MODEL_FILE.to_string(), w.finish()?));
             files.push(write_config(dir, &self.model, dtype)?);
+            files.extend(write_extra_files(dir, extra)?);
         }
         if let Some(w) = opt {
             let digest = w.finish()?;
@@ -243,7 +268,8 @@ impl<D: Backend> Trainer<'_, D> {
             None => partial_dir(root_dir, self.step),
         };
         self.comm.barrier()?; // the directory exists for every rank
-        let mut files: BTreeMap<String, FileDigest> = self.write_state(&partial, record.save_dtype, true)?.into_iter().collect();
+        let mut files: BTreeMap<String, FileDigest> =
+            self.write_state(&partial, record.save_dtype, true, &record.tokenizer_files)?.into_iter().collect();
         let mut target = root_dir.join(zerostream_checkpoints::checkpoint::step_name(self.step));
         if let Some(root) = root {
             let state = self.trainer_state(record, std::mem::take(&mut files));
@@ -280,8 +306,9 @@ impl<D: Backend> Trainer<'_, D> {
     }
 
     /// Collective: saves the model as a Hugging Face directory `dir` (config.json + model.safetensors in
-    /// `dtype`), written beside it and moved into place whole; an existing model there is replaced.
-    pub fn save_model(&mut self, dir: &Path, dtype: SaveDtype) -> Result<()> {
+    /// `dtype`, and the `tokenizer_files`, see [`RunRecord::tokenizer_files`]), written beside it and
+    /// moved into place whole; an existing model there is replaced.
+    pub fn save_model(&mut self, dir: &Path, dtype: SaveDtype, tokenizer_files: &[(String, Vec<u8>)]) -> Result<()> {
         let partial = save_partial_dir(dir)?;
         if self.sharding.rank == 0 {
             if partial.exists() {
@@ -290,7 +317,7 @@ impl<D: Backend> Trainer<'_, D> {
             std::fs::create_dir_all(&partial).with_context(|| format!("creating {}", partial.display()))?;
         }
         self.comm.barrier()?;
-        self.write_state(&partial, dtype, false)?;
+        self.write_state(&partial, dtype, false, tokenizer_files)?;
         if self.sharding.rank == 0 {
             zerostream_checkpoints::checkpoint::publish_dir(&partial, dir)?;
         }

@@ -22,6 +22,7 @@ mod device_state;
 pub mod layout;
 pub mod pipeline;
 mod plan;
+mod progress;
 pub mod ranks;
 mod report;
 pub mod resume;

@@ -9,9 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use indicatif::{ProgressBar, ProgressStyle};
 use zerostream_checkpoints::checkpoint::CheckpointRoot;
-use zerostream_checkpoints::{HfModel, TextTokenizer, TokenFile, TokenWidth, Tokenizer};
+use zerostream_checkpoints::{DataTokenizer, HfModel, TextTokenizer, TokenFile, TokenWidth, Tokenizer};
 
 use super::checkpoint::{Checkpoint, RunRecord, SaveDtype, truncate_metrics};
 use super::{Flags, ModelSource, Precision, StepReport, TrainConfig, Trainer};
@@ -64,6 +63,10 @@ pub struct RunOptions {
     /// The saved model's dtype (None: the working precision).
     pub save_dtype: Option<SaveDtype>,
     pub checkpoints: CheckpointOptions,
+    /// The tokenizer the data was prepared with, written into every saved model directory and
+    /// checkpoint. None: the record `zerostream prepare` left beside --data (`NAME.tokenizer`), or
+    /// the word tokenizer of the built-in text; with neither, no tokenizer files are written.
+    pub tokenizer: Option<DataTokenizer>,
     /// Set by SIGINT/SIGTERM: finish the step, checkpoint, stop.
     pub stop: Option<Arc<AtomicBool>>,
     pub sample_tokens: usize,
@@ -88,6 +91,7 @@ impl RunOptions {
             save: None,
             save_dtype: None,
             checkpoints: CheckpointOptions::default(),
+            tokenizer: None,
             stop: None,
             sample_tokens: 300,
             prompt: "HAMLET\n".into(),
@@ -214,6 +218,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         }
         _ => None,
     };
+    let tokenizer_files = tokenizer_files(&say, options, &model)?;
     let record = RunRecord {
         seed: options.seed,
         data: tokens.path.display().to_string(),
@@ -221,6 +226,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         settings: run_settings(&train, options, world),
         save_dtype: options.save_dtype.unwrap_or(SaveDtype::of(train.precision)),
         keep: options.checkpoints.keep,
+        tokenizer_files,
     };
     let mut trainer = Trainer::with_comm(dev, &source, train, comm)?;
     if let ModelSource::Checkpoint(c) = &source {
@@ -247,6 +253,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         final_val_loss = Some(loss);
     }
     let seconds = start.elapsed().as_secs_f64();
+    #[cfg(feature = "plot")]
     if let (Some(metrics), true, true) = (&options.metrics, lead, outcome.metrics_written) {
         // The curves beside the metrics; a failure to draw them costs the picture, not the run.
         let svg = metrics.with_file_name("loss.svg");
@@ -267,11 +274,36 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         });
     }
     if let Some(dir) = &options.save {
-        trainer.save_model(dir, record.save_dtype)?;
-        say(format!("saved {} (config.json, model.safetensors, {})", dir.display(), record.save_dtype.flag()));
+        trainer.save_model(dir, record.save_dtype, &record.tokenizer_files)?;
+        let names: Vec<&str> = record.tokenizer_files.iter().map(|(n, _)| n.as_str()).collect();
+        let tokenizer = if names.is_empty() { String::new() } else { format!(", {}", names.join(", ")) };
+        say(format!("saved {} (config.json, model.safetensors{tokenizer}; {})", dir.display(), record.save_dtype.flag()));
     }
     let sample = sample_text(&mut trainer, options, &model, lead, &say)?;
     Ok(RunSummary { steps: outcome.reports, seconds, sample, stopped_at: None, checkpoint: outcome.checkpoint, val_loss: final_val_loss })
+}
+
+/// The files that make saved model directories carry the data's tokenizer (see
+/// [`RunOptions::tokenizer`]); says which, or why there are none.
+fn tokenizer_files(say: &dyn Fn(String), options: &RunOptions, model: &Model) -> Result<Vec<(String, Vec<u8>)>> {
+    let found = match (&options.tokenizer, &options.data) {
+        (Some(t), _) => Some(t.clone()),
+        (None, Some(data)) => DataTokenizer::read_beside(data)?,
+        (None, None) => Some(DataTokenizer::Json(Demo::get()?.tokenizer.to_json()?)),
+    };
+    let Some(tokenizer) = found else {
+        if options.save.is_some() || options.checkpoints.dir.is_some() {
+            let data = options.data.as_deref().map(|d| DataTokenizer::sidecar(d).display().to_string()).unwrap_or_default();
+            say(format!("tokenizer: unknown (no {data}; pass --tokenizer): saved models get no tokenizer files"));
+        }
+        return Ok(Vec::new());
+    };
+    tokenizer.check_vocab(model.vocab_size())?;
+    let files = tokenizer.model_files(model.max_seq_len())?;
+    if files.is_empty() {
+        say(format!("tokenizer: {} (no Hugging Face tokenizer files exist for it: saved models get none)", tokenizer.describe()));
+    }
+    Ok(files)
 }
 
 /// Every setting of the run by flag name: the trainer's, the seed, the data and the world size.
@@ -344,6 +376,7 @@ fn describe_run<D: Backend>(
 struct StepsOutcome {
     reports: Vec<StepReport>,
     /// Every row went to the metrics file (a regular file), so it can be plotted.
+    #[cfg_attr(not(feature = "plot"), allow(dead_code))]
     metrics_written: bool,
     stopped_at: Option<u64>,
     checkpoint: Option<PathBuf>,
@@ -374,9 +407,7 @@ fn train_steps<D: Backend>(
         Some(path) if lead => Some(open_metrics(path, first_step)?),
         _ => None,
     };
-    let bar = if options.progress && lead { ProgressBar::new(steps) } else { ProgressBar::hidden() };
-    bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}").expect("a valid template"));
-    bar.set_position(first_step);
+    let bar = super::progress::Progress::new(steps, first_step, options.progress && lead);
     let regular = options.metrics.as_ref().is_some_and(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()));
     let mut out = StepsOutcome { reports: Vec::new(), metrics_written: metrics.is_some() && regular, stopped_at: None, checkpoint: None };
     let mut skipped_in_a_row = 0;
@@ -395,16 +426,10 @@ fn train_steps<D: Backend>(
         {
             // The metrics are a record of the training, not the training: a full disk there stops
             // the record, not the run (its checkpoints go on, or fail on their own).
-            let note = format!("warning: writing --metrics failed at step {} ({e}); training continues without metrics", r.step);
-            if bar.is_hidden() {
-                eprintln!("{note}")
-            } else {
-                bar.println(note)
-            }
+            bar.println(format!("warning: writing --metrics failed at step {} ({e}); training continues without metrics", r.step));
             metrics = None;
         }
-        bar.set_message(progress_message(&r, trainer.scaler.scale));
-        bar.inc(1);
+        bar.step(progress_message(&r, trainer.scaler.scale));
         if options.progress && lead && (r.step % 25 == 0 || r.step + 1 == steps || r.val_loss.is_some()) {
             let line = format!(
                 "step {:>5}: loss {:.4}, grad norm {:.3}, lr {:.2e}, {:.0} tok/s",
@@ -414,13 +439,13 @@ fn train_steps<D: Backend>(
                 r.lr,
                 r.tokens_per_s()
             );
-            if bar.is_hidden() { eprintln!("{line}") } else { bar.println(line) }
+            bar.println(line);
         }
         skipped_in_a_row = if r.applied { 0 } else { skipped_in_a_row + 1 };
         let (loss, step) = (r.loss, r.step);
         out.reports.push(r);
         if skipped_in_a_row >= skip_limit(trainer.train.precision) {
-            bar.finish_and_clear();
+            bar.finish();
             bail!(
                 "steps {}..={step} were all skipped: the gradients held non-finite values (loss {loss}); the model or the \
                  learning rate has diverged{}",
@@ -447,7 +472,7 @@ fn train_steps<D: Backend>(
             break;
         }
     }
-    bar.finish_and_clear();
+    bar.finish();
     Ok(out)
 }
 

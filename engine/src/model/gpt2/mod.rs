@@ -279,7 +279,7 @@ pub fn dropout_rates(cfg: &Gpt2Config) -> DropoutRates {
     DropoutRates { embd: cfg.embd_pdrop, attn: cfg.attn_pdrop, resid: cfg.resid_pdrop }
 }
 
-/// x (B, T, C) = dropout(wte[tokens] + wpe[0..T]): the input of block 0. With embedding dropout the
+/// x (B, T, C) = `dropout(wte[tokens] + wpe[0..T])`: the input of block 0. With embedding dropout the
 /// sum goes through `acts.d_c`, free during forward.
 #[allow(clippy::too_many_arguments)]
 pub fn embed_forward<D: Backend>(

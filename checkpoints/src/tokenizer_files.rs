@@ -1,0 +1,285 @@
+//! The tokenizer a token file was prepared with, and the files that let a saved model directory carry
+//! it, so `AutoTokenizer.from_pretrained(dir)` (and `zerostream generate`) tokenise as training did.
+//!
+//! `zerostream prepare --out book.bin` writes `book.bin.tokenizer` beside the token file: the word
+//! `gpt2` or `bytes`, or a verbatim copy of the Hugging Face tokenizer.json it was given. `train` reads it
+//! (or takes `--tokenizer`) and writes into every saved model directory and checkpoint:
+//! - GPT-2's BPE: `vocab.json` and `merges.txt` as transformers' `GPT2Tokenizer` expects them, derived
+//!   from tiktoken's ranks (token bytes shown through GPT-2's byte-to-unicode table; each merge recovered
+//!   by re-running BPE on a token's bytes with only the merges of lower rank), plus
+//!   `tokenizer_config.json` and `special_tokens_map.json` (`<|endoftext|>` as bos, eos and unk);
+//! - a tokenizer.json: copied;
+//! - bytes: nothing (no Hugging Face tokenizer is one token per byte of UTF-8 without a vocabulary file).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+
+use crate::tokenizer::{HfTokenizer, Tokenizer};
+
+/// What a token file was tokenised with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DataTokenizer {
+    /// GPT-2's BPE (tiktoken's r50k_base).
+    Gpt2,
+    /// One token per byte.
+    Bytes,
+    /// A Hugging Face tokenizer.json: its bytes, as given.
+    Json(Vec<u8>),
+}
+
+/// GPT-2's end-of-text token, its only special token.
+const END_OF_TEXT: &str = "<|endoftext|>";
+const END_OF_TEXT_ID: u32 = 50256;
+
+impl DataTokenizer {
+    /// `gpt2`, `bytes`, or the path of a Hugging Face tokenizer.json (checked to load); `flag` names
+    /// the option in errors.
+    pub fn parse(spec: &str, flag: &str) -> Result<Self> {
+        match spec {
+            "gpt2" => Ok(DataTokenizer::Gpt2),
+            "bytes" => Ok(DataTokenizer::Bytes),
+            path if Path::new(path).exists() => {
+                HfTokenizer::from_file(Path::new(path)).with_context(|| format!("{flag} {path}"))?;
+                Ok(DataTokenizer::Json(std::fs::read(path).with_context(|| format!("{flag}: reading {path}"))?))
+            }
+            other => bail!("{flag} {other:?}: expected gpt2, bytes, or the path of a Hugging Face tokenizer.json (no such file)"),
+        }
+    }
+
+    /// `book.bin` -> `book.bin.tokenizer`: where `prepare` records the tokenizer of a token file.
+    pub fn sidecar(token_file: &Path) -> PathBuf {
+        let mut name = token_file.file_name().unwrap_or_default().to_os_string();
+        name.push(".tokenizer");
+        token_file.with_file_name(name)
+    }
+
+    /// The tokenizer recorded beside `token_file`, if there is a record; one that cannot be read or
+    /// understood is an error naming it.
+    pub fn read_beside(token_file: &Path) -> Result<Option<Self>> {
+        let path = Self::sidecar(token_file);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        let tok = match String::from_utf8_lossy(&bytes).trim() {
+            "gpt2" => DataTokenizer::Gpt2,
+            "bytes" => DataTokenizer::Bytes,
+            text if text.starts_with('{') => {
+                tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
+                    anyhow::anyhow!("{}: not a Hugging Face tokenizer.json ({e}); `zerostream prepare` writes this file", path.display())
+                })?;
+                DataTokenizer::Json(bytes)
+            }
+            _ => bail!(
+                "{}: expected `gpt2`, `bytes` or a Hugging Face tokenizer.json (the record `zerostream prepare` writes of the \
+                 tokenizer of {})",
+                path.display(),
+                token_file.display()
+            ),
+        };
+        Ok(Some(tok))
+    }
+
+    /// Records this tokenizer beside `token_file` (written aside and renamed into place).
+    pub fn write_beside(&self, token_file: &Path) -> Result<PathBuf> {
+        let path = Self::sidecar(token_file);
+        let bytes: &[u8] = match self {
+            DataTokenizer::Gpt2 => b"gpt2\n",
+            DataTokenizer::Bytes => b"bytes\n",
+            DataTokenizer::Json(bytes) => bytes,
+        };
+        crate::checkpoint::write_file_atomic(&path, bytes)?;
+        Ok(path)
+    }
+
+    /// Refuses a model whose vocabulary is smaller than this tokenizer's (its files would name ids the
+    /// model does not have).
+    pub fn check_vocab(&self, model_vocab: usize) -> Result<()> {
+        let ours = match self {
+            DataTokenizer::Gpt2 => Tokenizer::Gpt2.vocab_size(),
+            DataTokenizer::Bytes => Tokenizer::Bytes.vocab_size(),
+            DataTokenizer::Json(bytes) => tokenizers::Tokenizer::from_bytes(bytes)
+                .map_err(|e| anyhow::anyhow!("the data's tokenizer.json: {e}"))?
+                .get_vocab(true)
+                .values()
+                .max()
+                .map_or(0, |&id| id as usize + 1),
+        };
+        if model_vocab < ours {
+            bail!(
+                "the data was tokenised with {} ({ours} tokens), but the model's vocab_size is {model_vocab}: pass --tokenizer                  to name the right one",
+                self.describe()
+            );
+        }
+        Ok(())
+    }
+
+    /// `gpt2`, `bytes` or `tokenizer.json`.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            DataTokenizer::Gpt2 => "gpt2",
+            DataTokenizer::Bytes => "bytes",
+            DataTokenizer::Json(_) => "tokenizer.json",
+        }
+    }
+
+    /// The files (name, contents) a model directory gets for this tokenizer; `model_max_length` is the
+    /// model's context length. Empty for bytes.
+    pub fn model_files(&self, model_max_length: usize) -> Result<Vec<(String, Vec<u8>)>> {
+        Ok(match self {
+            DataTokenizer::Bytes => Vec::new(),
+            DataTokenizer::Json(bytes) => vec![("tokenizer.json".into(), bytes.clone())],
+            DataTokenizer::Gpt2 => {
+                let (vocab, merges) = gpt2_vocab_and_merges()?;
+                let special = serde_json::json!({ "bos_token": END_OF_TEXT, "eos_token": END_OF_TEXT, "unk_token": END_OF_TEXT });
+                let mut config = special.clone();
+                config["tokenizer_class"] = "GPT2Tokenizer".into();
+                config["model_max_length"] = model_max_length.into();
+                config["add_prefix_space"] = false.into();
+                config["errors"] = "replace".into();
+                vec![
+                    ("vocab.json".into(), vocab.into_bytes()),
+                    ("merges.txt".into(), merges.into_bytes()),
+                    ("tokenizer_config.json".into(), serde_json::to_vec_pretty(&config)?),
+                    ("special_tokens_map.json".into(), serde_json::to_vec_pretty(&special)?),
+                ]
+            }
+        })
+    }
+}
+
+/// GPT-2's table from bytes to printable characters (`bytes_to_unicode` in its encoder.py): printable
+/// Latin-1 bytes stand for themselves, the others for 256, 257, ... in byte order.
+fn bytes_to_unicode() -> [char; 256] {
+    let mut table = ['\0'; 256];
+    let mut next = 256u32;
+    for b in 0..=255u8 {
+        let printable = matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        table[b as usize] = if printable {
+            char::from(b)
+        } else {
+            next += 1;
+            char::from_u32(next - 1).expect("a valid char")
+        };
+    }
+    table
+}
+
+/// The parts BPE leaves `token` in when only merges of rank below `max_rank` may apply (tiktoken's
+/// merge rule: always the adjacent pair whose concatenation has the lowest rank).
+fn bpe_parts<'a>(token: &'a [u8], ranks: &HashMap<&[u8], u32>, max_rank: u32) -> Vec<&'a [u8]> {
+    let mut bounds: Vec<usize> = (0..=token.len()).collect();
+    loop {
+        let best = (0..bounds.len().saturating_sub(2))
+            .filter_map(|i| ranks.get(&token[bounds[i]..bounds[i + 2]]).map(|&r| (r, i)))
+            .filter(|&(r, _)| r < max_rank)
+            .min();
+        let Some((_, i)) = best else { break };
+        bounds.remove(i + 1);
+    }
+    bounds.windows(2).map(|w| &token[w[0]..w[1]]).collect()
+}
+
+/// GPT-2's `vocab.json` and `merges.txt`, from tiktoken's r50k_base ranks.
+pub fn gpt2_vocab_and_merges() -> Result<(String, String)> {
+    let bpe = tiktoken_rs::r50k_base_singleton();
+    let tokens: Vec<Vec<u8>> = (0..END_OF_TEXT_ID)
+        .map(|id| bpe.decode_bytes(&[id]).map_err(|e| anyhow::anyhow!("GPT-2 token {id}: {e}")))
+        .collect::<Result<_>>()?;
+    let ranks: HashMap<&[u8], u32> = tokens.iter().enumerate().map(|(id, t)| (t.as_slice(), id as u32)).collect();
+    let table = bytes_to_unicode();
+    let shown = |bytes: &[u8]| bytes.iter().map(|&b| table[b as usize]).collect::<String>();
+    let mut vocab = serde_json::Map::new();
+    let mut merges = String::from("#version: 0.2\n");
+    for (id, token) in tokens.iter().enumerate() {
+        vocab.insert(shown(token), (id as u32).into());
+        if token.len() > 1 {
+            let parts = bpe_parts(token, &ranks, id as u32);
+            let [a, b] = parts.as_slice() else {
+                bail!("GPT-2 token {id} is not the merge of two lower-ranked tokens ({} parts)", parts.len());
+            };
+            merges.push_str(&format!("{} {}\n", shown(a), shown(b)));
+        }
+    }
+    vocab.insert(END_OF_TEXT.into(), END_OF_TEXT_ID.into());
+    Ok((serde_json::to_string(&vocab)?, merges))
+}
+
+/// A tokenizer for a model directory holding `vocab.json` and `merges.txt` (a byte-level BPE such as
+/// GPT-2's), built the way transformers' GPT2TokenizerFast builds it.
+pub fn byte_level_bpe_from_files(vocab: &Path, merges: &Path) -> Result<tokenizers::Tokenizer> {
+    use tokenizers::models::bpe::BPE;
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    let (v, m) = (vocab.to_str().context("vocab.json: a UTF-8 path")?, merges.to_str().context("merges.txt: a UTF-8 path")?);
+    let model = BPE::from_file(v, m)
+        .build()
+        .map_err(|e| anyhow::anyhow!("{} and {}: not a byte-level BPE vocabulary and merges ({e})", vocab.display(), merges.display()))?;
+    let mut tok = tokenizers::Tokenizer::new(model);
+    tok.with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)));
+    tok.with_decoder(Some(ByteLevel::default()));
+    Ok(tok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn written_vocab_and_merges_encode_like_the_builtin_gpt2() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = DataTokenizer::Gpt2.model_files(1024).unwrap();
+        let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json"]);
+        for (name, bytes) in &files {
+            std::fs::write(dir.path().join(name), bytes).unwrap();
+        }
+        let merges = std::fs::read_to_string(dir.path().join("merges.txt")).unwrap();
+        assert_eq!(merges.lines().count(), 1 + 50000, "GPT-2 has 50000 merges");
+        assert!(merges.lines().nth(1) == Some("Ġ t"), "GPT-2's first merge is \"Ġ t\": {:?}", merges.lines().nth(1));
+        let tok = byte_level_bpe_from_files(&dir.path().join("vocab.json"), &dir.path().join("merges.txt")).unwrap();
+        assert_eq!(tok.get_vocab_size(true), 50257);
+        for text in [
+            "Who's there? Nay, answer me: stand, and unfold yourself.",
+            "  leading spaces,\ttabs\nand newlines\n\n",
+            "naïve café — 東京 🦀 1234567 don't I'll we've",
+            "indivisibility antidisestablishmentarianism",
+        ] {
+            let ours: Vec<u32> = tok.encode(text, false).unwrap().get_ids().to_vec();
+            let builtin: Vec<u32> = Tokenizer::Gpt2.encode(text).unwrap().into_iter().map(u32::from).collect();
+            assert_eq!(ours, builtin, "{text:?}");
+            assert_eq!(tok.decode(&ours, false).unwrap(), text);
+        }
+    }
+
+    #[test]
+    fn sidecars_round_trip_and_bad_ones_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("book.bin");
+        assert_eq!(DataTokenizer::read_beside(&data).unwrap(), None);
+        for tok in [DataTokenizer::Gpt2, DataTokenizer::Bytes] {
+            tok.write_beside(&data).unwrap();
+            assert_eq!(DataTokenizer::read_beside(&data).unwrap(), Some(tok));
+        }
+        assert_eq!(DataTokenizer::sidecar(&data), dir.path().join("book.bin.tokenizer"));
+        let json = crate::tokenizer::tests::word_level_tokenizer(dir.path());
+        let tok = DataTokenizer::parse(json.to_str().unwrap(), "--tokenizer").unwrap();
+        tok.write_beside(&data).unwrap();
+        assert_eq!(DataTokenizer::read_beside(&data).unwrap(), Some(tok.clone()));
+        assert_eq!(tok.model_files(8).unwrap(), vec![("tokenizer.json".to_string(), std::fs::read(&json).unwrap())]);
+        assert!(DataTokenizer::Bytes.model_files(8).unwrap().is_empty());
+        assert!(DataTokenizer::Gpt2.check_vocab(50304).is_ok() && tok.check_vocab(70_001).is_ok());
+        let err = DataTokenizer::Gpt2.check_vocab(256).unwrap_err().to_string();
+        assert!(err.contains("gpt2 (50257 tokens)") && err.contains("vocab_size is 256"), "{err}");
+        assert!(tok.check_vocab(70_000).is_err(), "the word-level tokenizer's largest id is 70000");
+        std::fs::write(DataTokenizer::sidecar(&data), "sentencepiece\n").unwrap();
+        let err = DataTokenizer::read_beside(&data).unwrap_err().to_string();
+        assert!(err.contains("book.bin.tokenizer") && err.contains("expected `gpt2`"), "{err}");
+        std::fs::write(DataTokenizer::sidecar(&data), "{ broken").unwrap();
+        let err = DataTokenizer::read_beside(&data).unwrap_err().to_string();
+        assert!(err.contains("book.bin.tokenizer") && err.contains("not a Hugging Face tokenizer.json"), "{err}");
+        let err = DataTokenizer::parse("sentencepiece", "--tokenizer").unwrap_err().to_string();
+        assert!(err.contains("--tokenizer \"sentencepiece\""), "{err}");
+    }
+}

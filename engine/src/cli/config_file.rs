@@ -1,0 +1,138 @@
+//! `train --config-file run.toml` (and `plan`): flags from a TOML file, and the resolved configuration
+//! of a run written beside its metrics so the run can be repeated.
+//!
+//! A key is a flag's long name (`batch-size = 8`, `precision = "bf16"`, `recompute = true`); `_` may
+//! stand for `-`. Values are what the flag takes on the command line, as a TOML string or number; an
+//! on/off flag takes `true` or `false`. The file's flags are placed before the command line's, so a flag
+//! given on the command line wins; both count as given for `--resume`. Unknown keys and values of the
+//! wrong type are refused with the file, the key and what was expected.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::{ArgAction, ArgMatches, Command};
+
+/// The flag naming the file.
+pub const FLAG: &str = "config-file";
+
+/// The subcommands that take `--config-file`.
+pub const COMMANDS: &[&str] = &["train", "plan"];
+
+/// `argv` with the flags of `sub_matches`' `--config-file` (if given) inserted right after the
+/// subcommand `name`, so that the command line's own flags, which follow, win.
+pub fn expand_args(argv: Vec<OsString>, name: &str, sub: &Command, sub_matches: &ArgMatches) -> Result<Vec<OsString>> {
+    let Some(file) = sub_matches.get_one::<PathBuf>(&FLAG.replace('-', "_")) else { return Ok(argv) };
+    let from_file = read(file, sub)?;
+    let at = argv.iter().skip(1).position(|a| a == name).context("the subcommand in the arguments")? + 2;
+    let mut out = argv[..at].to_vec();
+    out.extend(from_file);
+    out.extend_from_slice(&argv[at..]);
+    Ok(out)
+}
+
+/// The flags `file` holds, as command-line arguments of `sub`, each checked on its own.
+pub fn read(file: &Path, sub: &Command) -> Result<Vec<OsString>> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("--config-file {}: cannot read it", file.display()))?;
+    let table: toml::Table = text.parse().map_err(|e| anyhow::anyhow!("--config-file {}: not valid TOML: {e}", file.display()))?;
+    let mut args = Vec::new();
+    for (key, value) in &table {
+        let name = key.replace('_', "-");
+        let at = |what: String| anyhow::anyhow!("--config-file {}: key `{key}`: {what}", file.display());
+        let Some(arg) = sub.get_arguments().find(|a| a.get_long() == Some(name.as_str())) else {
+            bail!(at(format!("`{}` has no flag --{name} (`zerostream {} --help` lists them)", sub.get_name(), sub.get_name())));
+        };
+        if name == FLAG {
+            bail!(at("a config file cannot name another".into()));
+        }
+        let flag = format!("--{name}");
+        if matches!(arg.get_action(), ArgAction::SetTrue) {
+            match value {
+                toml::Value::Boolean(true) => args.push(OsString::from(&flag)),
+                toml::Value::Boolean(false) => {}
+                other => bail!(at(format!("expected true or false (--{name} is an on/off flag), got {}", other.type_str()))),
+            }
+            continue;
+        }
+        let text = match value {
+            toml::Value::String(s) => s.clone(),
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            other => bail!(at(format!("expected a string or a number (the value of --{name}), got {}", other.type_str()))),
+        };
+        // The flag's own parser says what it expects.
+        let mut alone = sub.clone().disable_help_flag(true).disable_version_flag(true);
+        alone = alone.mut_args(|a| a.required(false));
+        if let Err(e) = alone.try_get_matches_from([OsString::from(sub.get_name()), OsString::from(&flag), OsString::from(&text)]) {
+            let message = e.render().to_string();
+            let first = message.lines().next().unwrap_or_default().trim_start_matches("error: ");
+            bail!(at(first.to_string()));
+        }
+        args.push(OsString::from(flag));
+        args.push(OsString::from(text));
+    }
+    Ok(args)
+}
+
+/// Every flag of `sub` as resolved in `matches` (command line, config file and defaults), as a TOML
+/// file `--config-file` repeats the run with. Flags not given and without a default are left out.
+pub fn resolved(sub: &Command, matches: &ArgMatches) -> String {
+    let mut out = format!(
+        "# The resolved configuration of a `zerostream {}` run (every flag, given or defaulted).\n\
+         # Repeat the run with: zerostream {} --config-file THIS_FILE\n",
+        sub.get_name(),
+        sub.get_name()
+    );
+    for arg in sub.get_arguments() {
+        let (Some(long), id) = (arg.get_long(), arg.get_id().as_str()) else { continue };
+        if long == FLAG || matches.value_source(id).is_none() {
+            continue;
+        }
+        let value = if matches!(arg.get_action(), ArgAction::SetTrue) {
+            toml::Value::Boolean(matches.get_flag(id))
+        } else {
+            let Some(raw) = matches.get_raw(id).and_then(|mut v| v.next()) else { continue };
+            let raw = raw.to_string_lossy().into_owned();
+            // A number only where reading it back gives the same text (see `read`); anything else,
+            // including text that merely looks numeric, stays a string.
+            match (raw.parse::<i64>(), raw.parse::<f64>()) {
+                (Ok(i), _) if i.to_string() == raw => toml::Value::Integer(i),
+                (_, Ok(f)) if f.is_finite() && f.to_string() == raw => toml::Value::Float(f),
+                _ => toml::Value::String(raw),
+            }
+        };
+        out.push_str(&format!("{long} = {value}\n"));
+    }
+    out
+}
+
+/// Where the resolved configuration of a run with `--metrics METRICS` goes: `run.jsonl` ->
+/// `run.config.toml`, beside it.
+pub fn resolved_path(metrics: &Path) -> PathBuf {
+    let stem = metrics.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    metrics.with_file_name(format!("{stem}.config.toml"))
+}
+
+/// Writes `text` as the resolved configuration beside `metrics`, unless that path is the config file
+/// the run was started from and holds something else (it would be lost): then it is refused.
+pub fn write_resolved(metrics: &Path, text: &str, config_file: Option<&Path>) -> Result<PathBuf> {
+    let path = resolved_path(metrics);
+    if let Some(input) = config_file
+        && std::fs::canonicalize(input).ok().is_some_and(|c| std::fs::canonicalize(&path).ok() == Some(c))
+    {
+        if std::fs::read_to_string(input).ok().as_deref() == Some(text) {
+            return Ok(path);
+        }
+        bail!(
+            "--metrics {} would write the resolved configuration to {}, which is the --config-file: it would be overwritten; \
+             choose another --metrics path",
+            metrics.display(),
+            path.display()
+        );
+    }
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    }
+    zerostream_checkpoints::checkpoint::write_file_atomic(&path, text.as_bytes())?;
+    Ok(path)
+}

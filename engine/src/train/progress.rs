@@ -1,0 +1,62 @@
+//! The step loop's progress bar: indicatif's with the `progress` feature (on by default), else no bar,
+//! the lines it would have printed above itself going to stderr instead.
+
+/// A progress bar over the optimizer steps, or nothing.
+pub(crate) struct Progress {
+    #[cfg(feature = "progress")]
+    bar: indicatif::ProgressBar,
+}
+
+impl Progress {
+    /// A bar of `len` steps at `position`, drawn on stderr when `show`.
+    pub(crate) fn new(len: u64, position: u64, show: bool) -> Self {
+        #[cfg(feature = "progress")]
+        {
+            let bar = if show { indicatif::ProgressBar::new(len) } else { indicatif::ProgressBar::hidden() };
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed_precise}<{eta_precise}] {msg}")
+                    .expect("a valid template"),
+            );
+            bar.set_position(position);
+            Progress { bar }
+        }
+        #[cfg(not(feature = "progress"))]
+        {
+            let _ = (len, position, show);
+            Progress {}
+        }
+    }
+
+    /// No bar is drawn: lines go straight to stderr.
+    pub(crate) fn is_hidden(&self) -> bool {
+        #[cfg(feature = "progress")]
+        return self.bar.is_hidden();
+        #[cfg(not(feature = "progress"))]
+        true
+    }
+
+    /// Prints `line` above the bar (or to stderr when there is none).
+    pub(crate) fn println(&self, line: String) {
+        #[cfg(feature = "progress")]
+        if !self.bar.is_hidden() {
+            return self.bar.println(line);
+        }
+        eprintln!("{line}");
+    }
+
+    /// One more step done, described by `message`.
+    pub(crate) fn step(&self, message: String) {
+        #[cfg(feature = "progress")]
+        {
+            self.bar.set_message(message);
+            self.bar.inc(1);
+        }
+        #[cfg(not(feature = "progress"))]
+        let _ = message;
+    }
+
+    pub(crate) fn finish(&self) {
+        #[cfg(feature = "progress")]
+        self.bar.finish_and_clear();
+    }
+}

@@ -1,0 +1,136 @@
+//! What a finished run prints about itself: the `done:` line of step-time averages, and the three lines
+//! that end it — what was trained on what, where its state lived, and the traffic of the offload links.
+
+use super::StepReport;
+use super::plan::Placement;
+use crate::model::Model;
+
+/// Byte counts of one run's offload links, all ranks' state included where the run knows it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Traffic {
+    pub upload_bytes: u64,
+    pub download_bytes: u64,
+    /// NVMe bytes read and written by this rank's tier (None: nothing lived on NVMe).
+    pub nvme_read_bytes: Option<u64>,
+    pub nvme_written_bytes: Option<u64>,
+}
+
+impl Traffic {
+    /// The host <-> device bytes of `reports`, with this rank's NVMe counters.
+    pub fn of(reports: &[StepReport], nvme: Option<(u64, u64)>) -> Self {
+        Traffic {
+            upload_bytes: reports.iter().map(|r| r.upload_bytes).sum(),
+            download_bytes: reports.iter().map(|r| r.download_bytes).sum(),
+            nvme_read_bytes: nvme.map(|n| n.0),
+            nvme_written_bytes: nvme.map(|n| n.1),
+        }
+    }
+}
+
+/// `1.5M`, `124M`, `1.56B`.
+fn count(n: f64) -> String {
+    match n {
+        n if n >= 1e9 => format!("{:.2}B", n / 1e9),
+        n if n >= 1e6 => format!("{:.1}M", n / 1e6),
+        n if n >= 1e3 => format!("{:.0}k", n / 1e3),
+        n => format!("{n:.0}"),
+    }
+}
+
+/// `17.1 MiB`, `2.30 GiB`.
+fn bytes(b: u64) -> String {
+    let b = b as f64;
+    if b >= (1u64 << 30) as f64 { format!("{:.2} GiB", b / (1u64 << 30) as f64) } else { format!("{:.1} MiB", b / (1u64 << 20) as f64) }
+}
+
+/// The three closing lines of a run: what it trained, where the state lived, what moved.
+#[allow(clippy::too_many_arguments)]
+pub fn what_it_did(
+    model: &Model,
+    placement: &Placement,
+    reports: &[StepReport],
+    data_tokens: usize,
+    seconds: f64,
+    val_loss: Option<f64>,
+    device: &str,
+    traffic: &Traffic,
+) -> [String; 3] {
+    let tokens: usize = reports.iter().map(|r| r.tokens).sum();
+    let (first, last) = (reports.first().map_or(f64::NAN, |r| r.loss), reports.last().map_or(f64::NAN, |r| r.loss));
+    let validation = val_loss.map_or(String::new(), |v| format!(", validation {v:.3} (perplexity {:.1})", v.exp()));
+    let trained = format!(
+        "trained {} parameters ({}) for {} steps on {} tokens ({:.1} passes over {}) in {seconds:.0} s: loss {first:.3} -> {last:.3}{validation}",
+        count(placement.params as f64),
+        model.describe(),
+        reports.len(),
+        count(tokens as f64),
+        tokens as f64 / data_tokens.max(1) as f64,
+        count(data_tokens as f64),
+    );
+    let ranks = if placement.world_size > 1 { format!(" per rank ({} ranks, ZeRO stage {})", placement.world_size, placement.zero_stage.number()) } else { String::new() };
+    let lived = format!(
+        "state{ranks}: fp32 master weights + AdamW moments {} in {}, working copy {} in {}, gradients {} in RAM; on the device ({device}) at most {} ({})",
+        bytes(placement.host_optimizer_bytes),
+        tier_place(placement.optimizer_tier),
+        bytes(placement.host_working_bytes),
+        tier_place(placement.params_tier),
+        bytes(placement.host_grad_bytes),
+        bytes(reports.iter().map(|r| r.peak_device_bytes).max().unwrap_or(0)),
+        placement.device_budget_bytes.map_or("no budget".to_string(), |b| format!("budget {}", bytes(b))),
+    );
+    let steps = reports.len().max(1) as u64;
+    let nvme = match (traffic.nvme_read_bytes, traffic.nvme_written_bytes) {
+        (Some(r), Some(w)) => format!("NVMe read {} and wrote {}", bytes(r), bytes(w)),
+        _ => "nothing on NVMe".to_string(),
+    };
+    let moved = format!(
+        "traffic: {} host -> device and {} device -> host ({} and {} a step); {nvme}",
+        bytes(traffic.upload_bytes),
+        bytes(traffic.download_bytes),
+        bytes(traffic.upload_bytes / steps),
+        bytes(traffic.download_bytes / steps),
+    );
+    [trained, lived, moved]
+}
+
+fn tier_place(tier: zerostream_offload::Tier) -> &'static str {
+    match tier {
+        zerostream_offload::Tier::Ram => "RAM",
+        zerostream_offload::Tier::Nvme => "NVMe",
+    }
+}
+
+/// The `done:` line: steps, loss, throughput, and the mean of each part of a step.
+pub fn summarise(say: &dyn Fn(String), reports: &[StepReport], seconds: f64, last_update_s: f64, peak_device_bytes: u64) {
+    let (Some(first), Some(last)) = (reports.first(), reports.last()) else { return };
+    let n = reports.len() as f64;
+    let mean = |f: fn(&StepReport) -> f64| reports.iter().map(f).sum::<f64>() / n;
+    say(format!(
+        "done: {} steps in {seconds:.1} s; loss {:.4} -> {:.4}; {:.0} tokens/s; per step: compute {:.3} s, upload {:.3} s, download {:.3} s, AdamW {:.3} s (waited {:.3} s), NVMe wait {:.3} s; device peak {:.1} MiB",
+        reports.len(),
+        first.loss,
+        last.loss,
+        reports.iter().map(|r| r.tokens).sum::<usize>() as f64 / seconds,
+        mean(|r| r.compute_s),
+        mean(|r| r.upload_s),
+        mean(|r| r.download_s),
+        (reports.iter().map(|r| r.adam_s).sum::<f64>() + last_update_s) / n,
+        mean(|r| r.update_wait_s),
+        mean(|r| r.io_wait_s),
+        peak_device_bytes as f64 / 1048576.0,
+    ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_and_bytes_read_as_people_write_them() {
+        assert_eq!(count(1_489_920.0), "1.5M");
+        assert_eq!(count(1_557_611_200.0), "1.56B");
+        assert_eq!(count(44_249.0), "44k");
+        assert_eq!(bytes(17_930_000), "17.1 MiB");
+        assert_eq!(bytes(5 << 30), "5.00 GiB");
+    }
+}

@@ -1,0 +1,208 @@
+//! The `zerostream` binary's conveniences end to end: `--config-file` and the resolved copy beside the
+//! metrics, the tokenizer files in saved models and checkpoints, and a quiet graphics stack.
+
+use std::path::Path;
+use std::process::Command;
+
+fn zerostream(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_zerostream")).args(args).output().expect("running zerostream")
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn losses(metrics: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"].clone())
+        .collect()
+}
+
+#[test]
+fn config_file_flags_apply_the_command_line_wins_and_the_resolved_copy_repeats_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("run.toml");
+    let metrics = dir.path().join("m.jsonl");
+    std::fs::write(
+        &file,
+        "steps = 5\nbatch_size = 2\nseq-len = 16\nsample-tokens = 0\ndevice = \"cpu\"\nlr = 3e-3\nlr-schedule = \"constant\"\nrecompute = true\n",
+    )
+    .unwrap();
+    let out = zerostream(&["train", "--config-file", file.to_str().unwrap(), "--steps", "3", "--metrics", metrics.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let first = losses(&metrics);
+    assert_eq!(first.len(), 3, "--steps on the command line wins over the file's 5");
+    let resolved = dir.path().join("m.config.toml");
+    let text = std::fs::read_to_string(&resolved).unwrap();
+    for line in
+        ["steps = 3", "batch-size = 2", "seq-len = 16", "lr = 0.003", "lr-schedule = \"constant\"", "recompute = true", "seed = 1337"]
+    {
+        assert!(text.lines().any(|l| l == line), "{line:?} not in the resolved configuration:\n{text}");
+    }
+    // The resolved file alone repeats the run: same metrics path, same losses, bit for bit.
+    std::fs::remove_file(&metrics).unwrap();
+    let out = zerostream(&["train", "--config-file", resolved.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(losses(&metrics), first);
+    assert_eq!(std::fs::read_to_string(&resolved).unwrap(), text, "repeating the run leaves its configuration as it was");
+    // A different run would overwrite the file it was started from: refused before any work.
+    let out = zerostream(&["train", "--config-file", resolved.to_str().unwrap(), "--steps", "4"]);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("is the --config-file"), "{err}");
+    assert_eq!(losses(&metrics), first, "nothing ran");
+}
+
+#[test]
+fn config_files_with_unknown_keys_or_wrong_types_are_refused_by_file_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&str, &str, &[&str]); 6] = [
+        ("bogus = 1\n", "bogus", &["has no flag --bogus"]),
+        ("steps = \"many\"\n", "steps", &["invalid value 'many'", "--steps"]),
+        ("recompute = 1\n", "recompute", &["expected true or false"]),
+        ("lr = [1, 2]\n", "lr", &["expected a string or a number", "array"]),
+        ("precision = \"fp8\"\n", "precision", &["invalid value 'fp8'"]),
+        ("config-file = \"x.toml\"\n", "config-file", &["cannot name another"]),
+    ];
+    for (i, (body, key, expected)) in cases.iter().enumerate() {
+        let file = dir.path().join(format!("bad{i}.toml"));
+        std::fs::write(&file, body).unwrap();
+        for sub in ["train", "plan"] {
+            let out = zerostream(&[sub, "--config-file", file.to_str().unwrap(), "--device", "cpu"]);
+            let err = stderr(&out);
+            assert_eq!(out.status.code(), Some(2), "{sub} {body:?}: {err}");
+            assert!(err.contains(&format!("bad{i}.toml")) && err.contains(&format!("key `{key}`")), "{body:?}: {err}");
+            for e in *expected {
+                assert!(err.contains(e), "{body:?}: expected {e:?} in {err}");
+            }
+        }
+    }
+    let file = dir.path().join("broken.toml");
+    std::fs::write(&file, "steps = = 3\n").unwrap();
+    let err = stderr(&zerostream(&["train", "--config-file", file.to_str().unwrap()]));
+    assert!(err.contains("broken.toml") && err.contains("not valid TOML"), "{err}");
+    let err = stderr(&zerostream(&["train", "--config-file", dir.path().join("missing.toml").to_str().unwrap()]));
+    assert!(err.contains("missing.toml") && err.contains("cannot read it"), "{err}");
+}
+
+/// A GPT-2 with GPT-2's vocabulary, small enough to train a step in a moment.
+fn tiny_gpt2_vocab_config(dir: &Path) -> String {
+    let path = dir.join("config.json");
+    let config = serde_json::json!({
+        "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 50257, "n_positions": 32,
+        "n_embd": 32, "n_layer": 1, "n_head": 2, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "tie_word_embeddings": true
+    });
+    std::fs::write(&path, config.to_string()).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn saved_models_and_checkpoints_carry_the_tokenizer_the_data_was_prepared_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, "To be, or not to be, that is the question.\n\nWhether 'tis nobler in the mind to suffer.\n".repeat(8)).unwrap();
+    let tokens = dir.path().join("t.bin");
+    let out = zerostream(&["prepare", "--text", text.to_str().unwrap(), "--out", tokens.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(dir.path().join("t.bin.tokenizer")).unwrap(), "gpt2\n");
+    let (save, ckpt) = (dir.path().join("saved"), dir.path().join("ckpt"));
+    let config = tiny_gpt2_vocab_config(dir.path());
+    let args = |save: &Path| {
+        let mut a: Vec<String> = ["train", "--device", "cpu", "--config", &config, "--data", tokens.to_str().unwrap(), "--steps", "1"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        for s in ["--batch-size", "1", "--seq-len", "16", "--sample-tokens", "0", "--save", save.to_str().unwrap()] {
+            a.push(s.into());
+        }
+        a
+    };
+    let mut first = args(&save);
+    first.extend(["--checkpoint-dir".to_string(), ckpt.to_str().unwrap().to_string()]);
+    let out = zerostream(&first.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let files = ["vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json"];
+    let step = ckpt.join("step-00000001");
+    let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(step.join("trainer_state.json")).unwrap()).unwrap();
+    for f in files {
+        assert!(save.join(f).is_file() && step.join(f).is_file(), "{f} missing");
+        assert!(state["files"][f]["crc32"].is_number(), "{f} not in the checkpoint's manifest: {}", state["files"]);
+    }
+    // The saved files tokenise as the built-in GPT-2 BPE does, and `generate` uses them.
+    let tok = zerostream_checkpoints::HfTokenizer::from_model_dir(&save).unwrap().expect("a tokenizer");
+    assert!(tok.path.ends_with("vocab.json"));
+    let sample = "Whether 'tis nobler in the mind to suffer the slings and arrows";
+    let builtin: Vec<u32> = zerostream_checkpoints::Tokenizer::Gpt2.encode(sample).unwrap().into_iter().map(u32::from).collect();
+    assert_eq!(tok.encode(sample).unwrap(), builtin);
+    let out = zerostream(&[
+        "generate",
+        "--device",
+        "cpu",
+        "--model",
+        save.to_str().unwrap(),
+        "--prompt",
+        "To be",
+        "--max-new-tokens",
+        "2",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // A damaged tokenizer file in a checkpoint is caught by its manifest.
+    std::fs::write(step.join("merges.txt"), "#version: 0.2\n").unwrap();
+    let out = zerostream(&["train", "--device", "cpu", "--resume", step.to_str().unwrap(), "--steps", "2", "--sample-tokens", "0"]);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("merges.txt"), "{err}");
+    // --save over a directory holding a saved model with its tokenizer files replaces it; --tokenizer
+    // overrides the record, and bytes have no files.
+    let mut again = args(&save);
+    again.extend(["--tokenizer".to_string(), "bytes".to_string()]);
+    let out = zerostream(&again.iter().map(String::as_str).collect::<Vec<_>>());
+    let err = stderr(&out);
+    assert!(out.status.success() && err.contains("tokenizer: bytes (no Hugging Face tokenizer files"), "{err}");
+    assert!(!save.join("vocab.json").exists() && save.join("model.safetensors").is_file());
+}
+
+#[test]
+fn a_token_file_without_a_tokenizer_record_saves_a_model_without_tokenizer_files_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny");
+    let save = dir.path().join("saved");
+    let out = zerostream(&[
+        "train",
+        "--device",
+        "cpu",
+        "--model",
+        &format!("{golden}/model"),
+        "--data",
+        &format!("{golden}/tokens.bin"),
+        "--steps",
+        "1",
+        "--batch-size",
+        "1",
+        "--seq-len",
+        "8",
+        "--sample-tokens",
+        "0",
+        "--save",
+        save.to_str().unwrap(),
+    ]);
+    let err = stderr(&out);
+    assert!(out.status.success() && err.contains("tokenizer: unknown") && err.contains("tokens.bin.tokenizer"), "{err}");
+    let mut names: Vec<String> = std::fs::read_dir(&save).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    assert_eq!(names, ["config.json", "model.safetensors"]);
+    let out = zerostream(&["train", "--device", "cpu", "--tokenizer", "sentencepiece", "--steps", "1"]);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("--tokenizer \"sentencepiece\""), "{err}");
+}
+
+#[test]
+fn no_graphics_stack_warning_without_a_desktop_session() {
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_zerostream")).arg("devices").env_remove("XDG_RUNTIME_DIR").output().expect("running zerostream");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(!err.contains("XDG_RUNTIME_DIR"), "a warning from the graphics stack: {err}");
+}
