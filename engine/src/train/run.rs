@@ -505,7 +505,8 @@ fn summarise(say: &dyn Fn(String), reports: &[StepReport], seconds: f64, last_up
     ));
 }
 
-/// The end-of-run sample (rank 0 prints it; every rank takes part in gathering the weights).
+/// The end-of-run sample, streamed from the trainer's state group by group (rank 0 prints it; every rank
+/// computes it, taking part in each group's gather).
 fn sample_text<D: Backend>(
     trainer: &mut Trainer<'_, D>,
     options: &RunOptions,
@@ -520,12 +521,14 @@ fn sample_text<D: Backend>(
         say(format!("no sample: no known tokenizer has the model's vocab_size {}", model.vocab_size()));
         return Ok(None);
     };
-    let weights = trainer.master_weights()?;
+    // Every rank generates the same tokens: the loader's gathers are collectives, called by each rank
+    // in the same order. One group at a time is in RAM beside the cpu device's bounded budget.
+    let prompt: Vec<u32> = tok.encode(&options.prompt)?.into_iter().map(u32::from).collect();
+    let mut load = |g: usize| trainer.master_group(g);
+    let ids = crate::generate::sample(model, &mut load, &prompt, options.sample_tokens, 0.8, options.seed)?;
     if !lead {
         return Ok(None);
     }
-    let prompt: Vec<u32> = tok.encode(&options.prompt)?.into_iter().map(u32::from).collect();
-    let ids = crate::generate::sample(model, &weights, &prompt, options.sample_tokens, 0.8, options.seed)?;
     let text = format!("{}{}", options.prompt, tok.decode(&ids));
     say(format!("sample ({} tokens, temperature 0.8):\n{text}", options.sample_tokens));
     Ok(Some(text))
