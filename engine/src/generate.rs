@@ -97,7 +97,14 @@ pub const SAMPLE_BYTES: u64 = 2 << 30;
 
 /// The end-of-run sample: `new_tokens` tokens at `temperature` on the cpu device, whose bytes are held
 /// to [`SAMPLE_BYTES`] (or the least a token needs, if more), with the weights from `load`.
-pub fn sample(model: &Model, load: &mut GroupLoader<'_>, prompt: &[u32], new_tokens: usize, temperature: f32, seed: u64) -> Result<Vec<u32>> {
+pub fn sample(
+    model: &Model,
+    load: &mut GroupLoader<'_>,
+    prompt: &[u32],
+    new_tokens: usize,
+    temperature: f32,
+    seed: u64,
+) -> Result<Vec<u32>> {
     let budget = SAMPLE_BYTES.max(DecodePlan::min_bytes(model, cache_positions(model, prompt, new_tokens)));
     let s = Sampling { max_new_tokens: new_tokens, temperature, top_k: 0, top_p: 1.0, seed };
     generate(&CpuDevice::new(Some(budget)), model, load, prompt, &s, |_| {}, |_| {})

@@ -465,7 +465,8 @@ fn greedy_generation_matches_transformers_on_both_devices() {
 #[test]
 fn the_end_of_run_sample_runs_on_every_rank() {
     let dir = tempfile::tempdir().unwrap();
-    let args = ["train", "--device", "cpu", "--steps", "1", "--batch-size", "2", "--seq-len", "32", "--world-size", "2", "--sample-tokens", "12"];
+    let args =
+        ["train", "--device", "cpu", "--steps", "1", "--batch-size", "2", "--seq-len", "32", "--world-size", "2", "--sample-tokens", "12"];
     let out = zerostream(&[&args[..], &["--offload-optimizer", "nvme", "--nvme-dir", dir.path().to_str().unwrap()]].concat());
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stderr(&out).matches("sample (12 tokens").count(), 1, "{}", stderr(&out));

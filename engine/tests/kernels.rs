@@ -487,7 +487,9 @@ fn rope_at_matches_twin() {
 /// attention tests', 300 positions (more keys than a workgroup has lanes), and the largest head dim.
 fn attention_decode_case<D: Backend>(dev: &D) -> Outputs {
     let mut out = Outputs::new();
-    for (i, (t, heads, kv_heads, hd)) in [(7, 1, 1, 1), (40, 6, 2, 5), (300, 4, 1, 16), (19, 8, 1, 3), (5, 2, 1, MAX_HEAD_DIM)].into_iter().enumerate() {
+    for (i, (t, heads, kv_heads, hd)) in
+        [(7, 1, 1, 1), (40, 6, 2, 5), (300, 4, 1, 16), (19, 8, 1, 3), (5, 2, 1, MAX_HEAD_DIM)].into_iter().enumerate()
+    {
         let attn = AttentionDims::gqa(1, t, heads, kv_heads, hd).with_scale(0.3);
         let qkv = random(300 + i as u64, t * attn.qkv_width(), 1.0);
         let capacity = t + 2;

@@ -235,7 +235,13 @@ fn alloc_block<D: Backend>(dev: &D, model: &Model, l: usize) -> Result<Vec<D::Te
 }
 
 /// Block l's values into `into` (a slot), or into new tensors; values of the wrong size are refused.
-fn upload_block<D: Backend>(dev: &D, model: &Model, l: usize, values: Vec<Vec<f32>>, into: Option<&Vec<D::Tensor>>) -> Result<Vec<D::Tensor>> {
+fn upload_block<D: Backend>(
+    dev: &D,
+    model: &Model,
+    l: usize,
+    values: Vec<Vec<f32>>,
+    into: Option<&Vec<D::Tensor>>,
+) -> Result<Vec<D::Tensor>> {
     let specs = model.block_specs(l);
     if values.len() != specs.len() {
         bail!("block {l}: {} tensors given, {} expected", values.len(), specs.len());

@@ -53,12 +53,7 @@ impl DecodeDims {
             bail!("decode attention runs one sequence, not a batch of {}", self.attn.batch);
         }
         if self.past + self.rows() > self.capacity {
-            bail!(
-                "decode attention: {} cached + {} new rows do not fit a cache of {} rows",
-                self.past,
-                self.rows(),
-                self.capacity
-            );
+            bail!("decode attention: {} cached + {} new rows do not fit a cache of {} rows", self.past, self.rows(), self.capacity);
         }
         Ok(())
     }
@@ -136,7 +131,9 @@ mod tests {
     /// causal attention's rows bit for bit, and fills the cache with every row's k and v.
     #[test]
     fn pieces_against_the_cache_equal_full_attention() {
-        for (seed, (t, heads, kv_heads, hd)) in [(9, 1, 1, 1), (17, 6, 2, 5), (33, 4, 4, 16), (70, 8, 1, 3), (5, 3, 3, 64)].into_iter().enumerate() {
+        for (seed, (t, heads, kv_heads, hd)) in
+            [(9, 1, 1, 1), (17, 6, 2, 5), (33, 4, 4, 16), (70, 8, 1, 3), (5, 3, 3, 64)].into_iter().enumerate()
+        {
             let full = AttentionDims::gqa(1, t, heads, kv_heads, hd).with_scale(0.37);
             let qkv = random(seed as u64, t * full.qkv_width());
             let (mut want, mut lse) = (vec![0.0; t * full.out_width()], vec![0.0; full.stat_len()]);
@@ -155,7 +152,10 @@ mod tests {
                 assert_eq!(out, want[past * full.out_width()..][..n * full.out_width()], "t {t}, rows {past}..{}", past + n);
             }
             for r in 0..t {
-                assert_eq!(cache[r * 2 * full.kv_width()..][..2 * full.kv_width()], qkv[r * full.qkv_width() + full.q_width()..][..2 * full.kv_width()]);
+                assert_eq!(
+                    cache[r * 2 * full.kv_width()..][..2 * full.kv_width()],
+                    qkv[r * full.qkv_width() + full.q_width()..][..2 * full.kv_width()]
+                );
             }
         }
     }

@@ -88,7 +88,17 @@ impl<T> Decoder<T> {
 
     /// Block l on the new rows, as `gpt2::block_forward` computes it, attention over `cache`.
     #[allow(clippy::too_many_arguments)]
-    pub fn block<D: Backend<Tensor = T>>(&self, dev: &D, l: usize, block: &[T], a: &Acts<T>, cache: &T, input: &T, output: &T, dims: DecodeDims) {
+    pub fn block<D: Backend<Tensor = T>>(
+        &self,
+        dev: &D,
+        l: usize,
+        block: &[T],
+        a: &Acts<T>,
+        cache: &T,
+        input: &T,
+        output: &T,
+        dims: DecodeDims,
+    ) {
         let cfg = &self.cfg;
         let w = Block::view(block);
         let (n, c, h) = (dims.rows(), cfg.n_embd, cfg.hidden());

@@ -74,7 +74,14 @@ pub fn decode_dims(cfg: &LlamaConfig, rows: usize, past: usize, capacity: usize)
 
 /// y[:, col..col + n] (rows of `ld`) = x (rows, k) @ W^T, W (n, k): `llama`'s `linear_into`.
 fn linear_into(rows: usize, k: usize, n: usize, ld: usize, col: usize) -> MatmulShape {
-    MatmulShape { m: rows, n, k, a: Operand::row_major(k), b: Operand::transposed(k), c: Operand { offset: col, row_stride: ld, col_stride: 1 } }
+    MatmulShape {
+        m: rows,
+        n,
+        k,
+        a: Operand::row_major(k),
+        b: Operand::transposed(k),
+        c: Operand { offset: col, row_stride: ld, col_stride: 1 },
+    }
 }
 
 impl<T> Decoder<T> {

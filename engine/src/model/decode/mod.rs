@@ -83,7 +83,15 @@ impl Model {
 
 impl<T> Decoder<T> {
     /// x (n, C): the embedding of the n new tokens at positions first_position ...
-    pub fn embed<D: Backend<Tensor = T>>(&self, dev: &D, acts: &StepActs<T>, x: &T, tokens: &D::Tokens, rows: usize, first_position: usize) {
+    pub fn embed<D: Backend<Tensor = T>>(
+        &self,
+        dev: &D,
+        acts: &StepActs<T>,
+        x: &T,
+        tokens: &D::Tokens,
+        rows: usize,
+        first_position: usize,
+    ) {
         match (self, acts) {
             (Decoder::Gpt2(d), StepActs::Gpt2(a)) => d.embed(dev, a, x, tokens, rows, first_position),
             (Decoder::Llama(d), StepActs::Llama(a)) => d.embed(dev, a, x, tokens, rows),
