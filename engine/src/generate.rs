@@ -1,12 +1,16 @@
-//! Text generation: the model resident on a device (the cpu device or a GPU), one token at a time —
-//! greedy (temperature 0) or sampled with temperature, top-k and top-p from a seeded generator.
-//! `zerostream generate` and the end-of-run sample both come here.
+//! Text generation with a KV cache: the prompt is fed once, then one token per step attends to the
+//! cached keys and values ([`session`]); blocks are streamed under the device's byte budget as in
+//! training. Greedy (temperature 0) or sampled with temperature, top-k and top-p from a seeded
+//! generator. `zerostream generate` and the end-of-run sample of `zerostream train` both come here.
+
+pub mod session;
 
 use anyhow::{Result, bail};
 use rand::{Rng, SeedableRng};
 
 use crate::device::{Backend, CpuDevice};
 use crate::model::Model;
+pub use session::{DecodePlan, GroupLoader, Session};
 
 /// How the next token is chosen.
 #[derive(Clone, Debug)]
@@ -33,55 +37,77 @@ impl Sampling {
     }
 }
 
+/// Positions the caches need for `prompt` (or one start token) and `max_new_tokens`, at most the
+/// model's context.
+pub fn cache_positions(model: &Model, prompt: &[u32], max_new_tokens: usize) -> usize {
+    (prompt.len().max(1) + max_new_tokens).min(model.max_seq_len())
+}
+
 /// Continues `prompt` with up to `s.max_new_tokens` tokens, calling `on_token` with each as it comes;
-/// returns the new tokens. `weight(name, shape)` gives each parameter's values.
+/// returns the new tokens. `load(g)` gives group g's values ([`GroupLoader`]); `on_plan` is told how
+/// the device bytes are spent before the first token.
+///
+/// Each step sees the last `max_seq_len` tokens, as a full recompute would: once the cache is full,
+/// it is refilled from the last `max_seq_len` tokens (positions start again at 0).
 pub fn generate<D: Backend>(
     dev: &D,
     model: &Model,
-    weight: &dyn Fn(&str, &[usize]) -> Result<Vec<f32>>,
+    load: &mut GroupLoader<'_>,
     prompt: &[u32],
     s: &Sampling,
+    on_plan: impl FnOnce(&DecodePlan),
     mut on_token: impl FnMut(u32),
 ) -> Result<Vec<u32>> {
     s.check()?;
     if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= model.vocab_size()) {
         bail!("prompt token {bad} is not below the model's vocab_size {}", model.vocab_size());
     }
-    let mut logits_of = model.resident_logits(dev, weight)?;
+    if s.max_new_tokens == 0 {
+        return Ok(Vec::new());
+    }
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(s.seed);
     let mut context: Vec<u32> = if prompt.is_empty() { vec![0] } else { prompt.to_vec() };
-    let (window, vocab) = (model.max_seq_len(), model.vocab_size());
+    let window = model.max_seq_len();
+    let capacity = cache_positions(model, &context, s.max_new_tokens);
+    let first = &context[context.len().saturating_sub(window)..];
+    let mut session = Session::new(dev, model, load, capacity, first.len())?;
+    on_plan(session.plan());
+    let mut logits = session.feed(first)?;
     let mut out = Vec::with_capacity(s.max_new_tokens);
-    for _ in 0..s.max_new_tokens {
-        // Each step sees the last `window` tokens. (No KV cache yet: the whole window is recomputed.)
-        let start = context.len().saturating_sub(window);
-        let live = &context[start..];
-        let logits = logits_of(live)?;
-        let row = &logits[(live.len() - 1) * vocab..live.len() * vocab];
-        let next = pick(row, s, &mut rng);
+    loop {
+        let next = pick(&logits, s, &mut rng);
         on_token(next);
         out.push(next);
         context.push(next);
+        if out.len() == s.max_new_tokens {
+            return Ok(out);
+        }
+        logits = if session.past() < capacity {
+            session.feed(&[next])?
+        } else {
+            session.reset();
+            session.feed(&context[context.len() - window..])?
+        };
     }
-    Ok(out)
 }
 
-/// The end-of-run sample: `new_tokens` tokens at `temperature` on the cpu device, from weights given as
-/// (name, shape, values).
+/// The cpu device's budget for the end-of-run sample: blocks beyond it are streamed from the trainer's
+/// state one group at a time rather than all held in RAM.
+pub const SAMPLE_BYTES: u64 = 2 << 30;
+
+/// The end-of-run sample: `new_tokens` tokens at `temperature` on the cpu device, whose bytes are held
+/// to [`SAMPLE_BYTES`] (or the least a token needs, if more), with the weights from `load`.
 pub fn sample(
     model: &Model,
-    weights: &[(String, Vec<usize>, Vec<f32>)],
+    load: &mut GroupLoader<'_>,
     prompt: &[u32],
     new_tokens: usize,
     temperature: f32,
     seed: u64,
 ) -> Result<Vec<u32>> {
-    let lookup: std::collections::HashMap<&str, &Vec<f32>> = weights.iter().map(|(n, _, v)| (n.as_str(), v)).collect();
-    let weight = |name: &str, _: &[usize]| -> Result<Vec<f32>> {
-        lookup.get(name).map(|v| v.to_vec()).ok_or_else(|| anyhow::anyhow!("sampling: no tensor {name}"))
-    };
+    let budget = SAMPLE_BYTES.max(DecodePlan::min_bytes(model, cache_positions(model, prompt, new_tokens)));
     let s = Sampling { max_new_tokens: new_tokens, temperature, top_k: 0, top_p: 1.0, seed };
-    generate(&CpuDevice::new(None), model, &weight, prompt, &s, |_| {})
+    generate(&CpuDevice::new(Some(budget)), model, load, prompt, &s, |_| {}, |_| {})
 }
 
 /// The next token from one row of logits.

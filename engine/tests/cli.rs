@@ -58,7 +58,12 @@ fn a_short_run_writes_one_metrics_line_per_step_and_saves_a_loadable_model() {
     assert!(err.contains("placement:") && err.contains("sample ("), "{err}");
     // The saved directory loads back for evaluation.
     let hf = zerostream_checkpoints::HfModel::open(&save).unwrap();
-    assert_eq!(zerostream::model::Model::of_hf(&hf).unwrap().vocab_size(), 256);
+    let demo = zerostream::train::demo::Demo::get().unwrap();
+    assert_eq!(zerostream::model::Model::of_hf(&hf).unwrap().vocab_size(), demo.vocab_size());
+    // The built-in run's word tokenizer goes with the model, so its words come back from `generate`.
+    let saved = zerostream_checkpoints::HfTokenizer::from_file(&save.join("tokenizer.json")).unwrap();
+    assert_eq!(saved.encode("HAMLET\nWho's there?").unwrap(), demo.tokenizer.encode("HAMLET\nWho's there?").unwrap());
+    assert!(err.contains("what it did:") && err.contains("state:") && err.contains("traffic:"), "{err}");
 }
 
 #[test]
@@ -401,25 +406,36 @@ fn greedy_generation_matches_transformers_on_both_devices() {
         devices.push("gpu");
     }
     for device in devices {
-        let out = zerostream(&[
-            "generate",
-            "--model",
-            model,
-            "--prompt-tokens",
-            "84,104,101",
-            "--max-new-tokens",
-            "20",
-            "--temperature",
-            "0",
-            "--json",
-            "--device",
-            device,
-        ]);
-        assert!(out.status.success(), "{device}: {}", stderr(&out));
-        let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let ids: Vec<u64> = line["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
-        assert_eq!(ids, want, "{device}");
-        assert_eq!(line["new_tokens"], 20);
+        // Everything resident (134 KiB); then 100 KiB, which holds the head, the cache and one block slot
+        // (84 KiB: both blocks are uploaded for every token).
+        for budget in [None, Some("100KiB")] {
+            let mut args = vec![
+                "generate",
+                "--model",
+                model,
+                "--prompt-tokens",
+                "84,104,101",
+                "--max-new-tokens",
+                "20",
+                "--temperature",
+                "0",
+                "--json",
+                "--device",
+                device,
+            ];
+            args.extend(budget.iter().flat_map(|b| ["--gpu-mem-budget", b]));
+            let out = zerostream(&args);
+            assert!(out.status.success(), "{device} {budget:?}: {}", stderr(&out));
+            let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            let ids: Vec<u64> = line["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+            assert_eq!(ids, want, "{device} {budget:?}");
+            assert_eq!(line["new_tokens"], 20);
+            let plan = if budget.is_some() { "0 of 2 blocks resident, the rest streamed" } else { "2 of 2 blocks resident;" };
+            assert!(stderr(&out).contains(plan), "{device} {budget:?}: {}", stderr(&out));
+        }
+        let small = zerostream(&["generate", "--model", model, "--prompt-tokens", "84", "--device", device, "--gpu-mem-budget", "50KiB"]);
+        let err = stderr(&small);
+        assert!(!small.status.success() && err.contains("one token needs") && err.contains("--gpu-mem-budget"), "{device}: {err}");
     }
     // Sampling is seeded: the same seed, the same tokens.
     let sampled = |seed: &str| {
@@ -447,6 +463,18 @@ fn greedy_generation_matches_transformers_on_both_devices() {
     assert_eq!(sampled("3"), sampled("3"));
     let bad = zerostream(&["generate", "--model", model, "--prompt-tokens", "500", "--device", "cpu"]);
     assert!(!bad.status.success() && stderr(&bad).contains("prompt token 500"), "{}", stderr(&bad));
+}
+
+/// The end-of-run sample with two ranks: each rank generates, paging the master weights in group by
+/// group (each group's gather is a collective), and rank 0 prints the text.
+#[test]
+fn the_end_of_run_sample_runs_on_every_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let args =
+        ["train", "--device", "cpu", "--steps", "1", "--batch-size", "2", "--seq-len", "32", "--world-size", "2", "--sample-tokens", "12"];
+    let out = zerostream(&[&args[..], &["--offload-optimizer", "nvme", "--nvme-dir", dir.path().to_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stderr(&out).matches("sample (12 tokens").count(), 1, "{}", stderr(&out));
 }
 
 /// Whether a GPU adapter is there (a test that needs one fails under ZEROSTREAM_REQUIRE_GPU=1 without it).

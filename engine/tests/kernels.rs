@@ -8,7 +8,7 @@ mod common;
 
 use common::kernel_check::{Outputs, tensor};
 use common::{assert_close, gpu_or_skip, random, random_tokens};
-use zerostream::device::{Activation, AttentionDims, Backend, CpuDevice, HalfFormat, MatmulShape, Operand};
+use zerostream::device::{Activation, AttentionDims, Backend, CpuDevice, DecodeDims, HalfFormat, MatmulShape, Operand};
 use zerostream::ops::attention::MAX_HEAD_DIM;
 
 /// B stored in 16 bits (the weights of a bf16/fp16 working copy), forward and transposed, at odd
@@ -432,6 +432,71 @@ fn rope_case<D: Backend>(dev: &D) -> Outputs {
 fn rope_matches_twin() {
     // Both sides reduce angles exactly (ops/rope.rs), so thousands of radians cost no accuracy.
     check!("rope", rope_case, 1e-6, 1e-6);
+}
+
+/// RoPE at absolute positions (generation's new rows): one row far along, and a chunk of 300 rows from
+/// position 5000, split into pieces under 64 KiB bindings.
+fn rope_at_case<D: Backend>(dev: &D) -> Outputs {
+    let mut out = Outputs::new();
+    for (first, rows, h, kv, d) in [(0, 1, 1, 1, 12), (1234, 1, 5, 1, 12), (5000, 300, 3, 2, 64), (7, 9, 2, 1, 128)] {
+        let stride = (h + 2 * kv) * d;
+        let inv_freq = tensor(dev, &llama_inv_freq(d, 5e5));
+        let x = tensor(dev, &random((rows * stride + first) as u64, rows * stride, 1.0));
+        dev.rope_at(&x, &inv_freq, first, rows, stride, 0, h + kv, d);
+        out.push((format!("rows {first}..{} H{h} KV{kv} D{d}", first + rows), dev.read(&x)));
+    }
+    out
+}
+
+#[test]
+fn rope_at_matches_twin() {
+    check!("rope at", rope_at_case, 1e-6, 1e-6);
+}
+
+/// Decode attention: a sequence fed as a prompt, two single rows and the rest, against a cache two
+/// rows longer than needed; every call's output, and the cache at the end. Head counts and dims as the
+/// attention tests', 300 positions (more keys than a workgroup has lanes), and the largest head dim.
+fn attention_decode_case<D: Backend>(dev: &D) -> Outputs {
+    let mut out = Outputs::new();
+    for (i, (t, heads, kv_heads, hd)) in
+        [(7, 1, 1, 1), (40, 6, 2, 5), (300, 4, 1, 16), (19, 8, 1, 3), (5, 2, 1, MAX_HEAD_DIM)].into_iter().enumerate()
+    {
+        let attn = AttentionDims::gqa(1, t, heads, kv_heads, hd).with_scale(0.3);
+        let qkv = random(300 + i as u64, t * attn.qkv_width(), 1.0);
+        let capacity = t + 2;
+        let cache = dev.alloc(capacity * 2 * attn.kv_width(), "cache").unwrap();
+        let cuts = [0, t / 2, t / 2 + 1, t / 2 + 2, t];
+        for w in cuts.windows(2) {
+            let (past, n) = (w[0], w[1].max(w[0]) - w[0]);
+            if n == 0 {
+                continue;
+            }
+            let d = DecodeDims::new(AttentionDims { seq_len: n, ..attn }, past, capacity);
+            let x = tensor(dev, &qkv[past * attn.qkv_width()..][..n * attn.qkv_width()]);
+            let o = dev.alloc(n * attn.out_width(), "out").unwrap();
+            dev.check_attention_decode(d).unwrap();
+            dev.attention_decode(&o, &cache, &x, d);
+            out.push((format!("T{t} H{heads} KV{kv_heads} D{hd}: rows {past}..{}", past + n), dev.read(&o)));
+        }
+        out.push((format!("T{t} H{heads} KV{kv_heads} D{hd}: cache"), dev.read(&cache)));
+    }
+    out
+}
+
+#[test]
+fn attention_decode_matches_twin() {
+    check!("attention decode", attention_decode_case, 1e-5, 1e-5);
+}
+
+/// A cache longer than one binding is refused with the numbers.
+#[test]
+fn attention_decode_cache_too_long_for_one_binding_is_refused() {
+    let Some(mut gpu) = gpu_or_skip("attention decode binding check") else { return };
+    gpu.limit_binding_bytes_for_tests(64 << 10);
+    let d = DecodeDims::new(AttentionDims::gqa(1, 1, 4, 2, 16), 0, 1000);
+    let err = gpu.check_attention_decode(d).unwrap_err().to_string();
+    assert!(err.contains("key/value cache") && err.contains("positions fit"), "{err}");
+    assert!(gpu.check_attention_decode(DecodeDims { capacity: 100, ..d }).is_ok());
 }
 
 fn swiglu_case<D: Backend>(dev: &D) -> Outputs {

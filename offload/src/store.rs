@@ -17,6 +17,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::aligned::AlignedBuf;
 use crate::io::IoEngine;
@@ -68,6 +69,9 @@ pub struct NvmeDir {
     pub io: IoEngine,
     pub verify: bool,
     pub rank: usize,
+    /// Bytes paged in from and out to this directory's shards (what [`NvmeDir::traffic`] reports).
+    read_bytes: AtomicU64,
+    written_bytes: AtomicU64,
     /// Held for as long as this run uses the directory: a second run given it is refused.
     _lock: File,
 }
@@ -104,7 +108,12 @@ impl NvmeDir {
         if io.config.direct && !direct && io.config.engine != crate::io::IoEngineKind::Mmap {
             io.notes.push(format!("{}: the filesystem refuses O_DIRECT; using buffered I/O (through the page cache)", dir.display()));
         }
-        Ok(NvmeDir { dir: dir.to_path_buf(), io, verify, rank, _lock: lock })
+        Ok(NvmeDir { dir: dir.to_path_buf(), io, verify, rank, read_bytes: AtomicU64::new(0), written_bytes: AtomicU64::new(0), _lock: lock })
+    }
+
+    /// (bytes read, bytes written) by every tensor paged in and out through this directory so far.
+    pub fn traffic(&self) -> (u64, u64) {
+        (self.read_bytes.load(Ordering::Relaxed), self.written_bytes.load(Ordering::Relaxed))
     }
 
     pub fn shard_path(&self, name: &str) -> PathBuf {
@@ -161,6 +170,7 @@ impl Stored {
             let nvme = nvme.expect("an NVMe tensor pages in through its directory");
             let mut buf = AlignedBuf::zeroed(self.len_bytes);
             file.read(nvme, &mut buf)?;
+            nvme.read_bytes.fetch_add(self.len_bytes as u64, Ordering::Relaxed);
             self.resident = Some(buf);
         }
         Ok(())
@@ -179,7 +189,9 @@ impl Stored {
             && let Some(mut buf) = self.resident.take()
             && dirty
         {
-            file.write(nvme.expect("an NVMe tensor pages out through its directory"), &mut buf)?;
+            let nvme = nvme.expect("an NVMe tensor pages out through its directory");
+            file.write(nvme, &mut buf)?;
+            nvme.written_bytes.fetch_add(self.len_bytes as u64, Ordering::Relaxed);
         }
         Ok(())
     }

@@ -26,6 +26,7 @@ macro_rules! kernels {
 
 kernels! {
     ATTENTION_BACKWARD => "attention_backward" with "dropout_mask",
+    ATTENTION_DECODE => "attention_decode" with "workgroup_logsumexp",
     ATTENTION_FORWARD => "attention_forward" with "workgroup_logsumexp", "dropout_mask",
     AXPY => "axpy",
     BIAS_BACKWARD => "bias_backward",

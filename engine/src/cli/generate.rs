@@ -5,8 +5,9 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use zerostream::generate::{Sampling, generate};
+use zerostream::generate::{DecodePlan, Sampling, generate};
 use zerostream::model::Model;
+use zerostream::train::layout::group_layouts;
 use zerostream_checkpoints::{HfModel, HfTokenizer, Tokenizer};
 
 use crate::DeviceArgs;
@@ -46,6 +47,11 @@ pub struct GenerateArgs {
     json: bool,
     #[command(flatten)]
     device: DeviceArgs,
+    /// Most device memory generation may hold, e.g. 512MiB (default: no limit). The head, the key/value
+    /// cache and as many blocks as fit stay on the device; the other blocks are uploaded again for every
+    /// token. A budget too small for one token is refused with the numbers.
+    #[arg(long, value_parser = crate::parse_size)]
+    gpu_mem_budget: Option<u64>,
 }
 
 /// Text <-> ids for a model directory.
@@ -92,9 +98,14 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         (None, None, _) => bail!("give --prompt TEXT, --prompt-file FILE or --prompt-tokens ID,ID,..."),
     };
     let sampling = Sampling { max_new_tokens: a.max_new_tokens, temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
-    let dev = zerostream::device::open(a.device.device, a.device.adapter.as_deref(), None)?;
+    let dev = zerostream::device::open(a.device.device, a.device.adapter.as_deref(), a.gpu_mem_budget)?;
     eprintln!("device: {}; model: {}", dev.describe(), model.describe());
-    let weight = |name: &str, shape: &[usize]| hf.tensor(name, shape);
+    // Group g's tensors, read from the model's files one group at a time.
+    let groups = group_layouts(&model);
+    let mut load = |g: usize| -> Result<Vec<Vec<f32>>> {
+        groups[g].tensors.iter().map(|t| hf.tensor(&t.name, &t.shape).with_context(|| a.model.display().to_string())).collect()
+    };
+    let on_plan = |p: &DecodePlan| eprintln!("generate: {}", p.describe());
     // Printed as they come: the text of all new tokens so far, minus what was printed (a character
     // can span tokens).
     let mut new = Vec::new();
@@ -122,8 +133,8 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         let _ = std::io::stdout().flush();
     };
     let ids = match &dev {
-        zerostream::device::AnyDevice::Cpu(d) => generate(d, &model, &weight, &prompt, &sampling, &mut on_token)?,
-        zerostream::device::AnyDevice::Gpu(d) => generate(d, &model, &weight, &prompt, &sampling, &mut on_token)?,
+        zerostream::device::AnyDevice::Cpu(d) => generate(d, &model, &mut load, &prompt, &sampling, on_plan, &mut on_token)?,
+        zerostream::device::AnyDevice::Gpu(d) => generate(d, &model, &mut load, &prompt, &sampling, on_plan, &mut on_token)?,
     };
     if a.json {
         let mut line = serde_json::json!({ "new_tokens": ids.len(), "ids": ids });

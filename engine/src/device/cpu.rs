@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use anyhow::Result;
 
 use super::alloc::{AllocStats, ByteBudget, Charge};
-use super::{Activation, AttentionDims, Backend, DropoutMask, MatmulShape};
+use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, MatmulShape};
 use crate::ops::{self, encoder::TokenBuckets};
 
 pub struct CpuDevice {
@@ -269,6 +269,23 @@ impl Backend for CpuDevice {
             head_dim,
             inverse,
         );
+    }
+    fn rope_at(
+        &self,
+        x: &CpuTensor,
+        inv_freq: &CpuTensor,
+        first_position: usize,
+        rows: usize,
+        row_stride: usize,
+        col_offset: usize,
+        heads: usize,
+        head_dim: usize,
+    ) {
+        let (mut x, inv_freq) = (x.data.borrow_mut(), inv_freq.data.borrow());
+        ops::rope::rope_at(&mut x, &inv_freq, first_position, rows, row_stride, col_offset, heads, head_dim);
+    }
+    fn attention_decode(&self, out: &CpuTensor, cache: &CpuTensor, qkv: &CpuTensor, dims: DecodeDims) {
+        ops::attention_decode::attention_decode(&mut out.data.borrow_mut(), &mut cache.data.borrow_mut(), &qkv.data.borrow(), dims);
     }
     fn swiglu_forward(&self, out: &CpuTensor, gate_up: &CpuTensor, rows: usize, hidden: usize) {
         ops::swiglu::swiglu_forward(&mut out.data.borrow_mut(), &gate_up.data.borrow(), rows, hidden);

@@ -16,7 +16,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 
 use super::alloc::{AllocStats, ByteBudget, Charge};
-use super::{Activation, AttentionDims, Backend, DropoutMask, HalfFormat, MatmulShape};
+use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, HalfFormat, MatmulShape};
 use crate::ops::elementwise::SUM_SQUARES_GROUP;
 use crate::ops::encoder::TokenBuckets;
 use zerostream_shaders as shaders;
@@ -1162,6 +1162,27 @@ impl Backend for GpuDevice {
     ) {
         self.dispatch_rope(x, inv_freq, rows_per_seq, rows, row_stride, col_offset, heads, head_dim, inverse)
     }
+    fn rope_at(
+        &self,
+        x: &GpuTensor,
+        inv_freq: &GpuTensor,
+        first_position: usize,
+        rows: usize,
+        row_stride: usize,
+        col_offset: usize,
+        heads: usize,
+        head_dim: usize,
+    ) {
+        // A period no row reaches: row r is position first_position + r.
+        let period = u32::MAX as usize;
+        self.dispatch_rope_from(x, inv_freq, first_position, period, rows, row_stride, col_offset, heads, head_dim, false)
+    }
+    fn attention_decode(&self, out: &GpuTensor, cache: &GpuTensor, qkv: &GpuTensor, dims: DecodeDims) {
+        self.dispatch_attention_decode(out, cache, qkv, dims)
+    }
+    fn check_attention_decode(&self, dims: DecodeDims) -> Result<()> {
+        dims.check_kernel_limits(self.max_window_elems, self.device.limits().max_compute_workgroup_storage_size as usize)
+    }
     fn swiglu_forward(&self, out: &GpuTensor, gate_up: &GpuTensor, rows: usize, hidden: usize) {
         self.dispatch_swiglu_forward(out, gate_up, rows, hidden)
     }
@@ -1197,3 +1218,6 @@ impl GpuDevice {
 // shares this file's private helpers (windows, pieces, dispatch) without widening their visibility.
 #[path = "gpu_llama.rs"]
 mod llama;
+// The decode attention of generation with a KV cache, likewise.
+#[path = "gpu_decode.rs"]
+mod decode;

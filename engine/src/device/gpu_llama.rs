@@ -91,11 +91,31 @@ impl GpuDevice {
         head_dim: usize,
         inverse: bool,
     ) {
+        assert!(rows == 0 || rows_per_seq > 0, "rope: rows_per_seq is 0");
+        self.dispatch_rope_from(x, inv_freq, 0, rows_per_seq, rows, row_stride, col_offset, heads, head_dim, inverse)
+    }
+
+    /// `rope.wgsl` with the first row at position `first_position` (then `first_position + r`, modulo
+    /// `rows_per_seq`): `Backend::rope` with 0, `Backend::rope_at` with a period no row reaches.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn dispatch_rope_from(
+        &self,
+        x: &GpuTensor,
+        inv_freq: &GpuTensor,
+        first_position: usize,
+        rows_per_seq: usize,
+        rows: usize,
+        row_stride: usize,
+        col_offset: usize,
+        heads: usize,
+        head_dim: usize,
+        inverse: bool,
+    ) {
         let half = head_dim / 2;
         assert!(head_dim.is_multiple_of(2), "rope: head_dim {head_dim} is odd");
         assert!(inv_freq.len >= half, "rope: {} inverse frequencies for head_dim {head_dim}", inv_freq.len);
         assert!(col_offset + heads * head_dim <= row_stride, "rope: heads past the end of a row of {row_stride}");
-        assert!(rows == 0 || rows_per_seq > 0, "rope: rows_per_seq is 0");
+        assert!(first_position + rows < u32::MAX as usize, "rope: position {} past u32", first_position + rows);
         if rows == 0 || heads == 0 || half == 0 {
             return;
         }
@@ -111,7 +131,7 @@ impl GpuDevice {
                 heads as u32,
                 half as u32,
                 xw.elem_offset,
-                r.start as u32,
+                (first_position + r.start) as u32,
                 inverse as u32,
             ];
             self.dispatch(

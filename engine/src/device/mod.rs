@@ -15,6 +15,7 @@ use anyhow::{Result, bail};
 
 pub use crate::ops::activation::Activation;
 pub use crate::ops::attention::AttentionDims;
+pub use crate::ops::attention_decode::DecodeDims;
 pub use crate::ops::dropout::DropoutMask;
 pub use crate::ops::{MatmulShape, Operand};
 pub use alloc::{AllocStats, ByteBudget};
@@ -166,6 +167,16 @@ pub trait Backend {
         dims: AttentionDims,
     );
 
+    /// Generation with a KV cache: copies the k and v of the new rows of qkv (n, (H + 2G) D) into
+    /// cache (capacity, 2 G D) at rows past .., then out (n, H D) = causal attention of the new queries
+    /// over cache rows 0 ..= past + i. See [`crate::ops::attention_decode`].
+    fn attention_decode(&self, out: &Self::Tensor, cache: &Self::Tensor, qkv: &Self::Tensor, dims: DecodeDims);
+    /// Fails, with the numbers, if these decode dimensions are inconsistent or exceed what the device's
+    /// kernel supports (the gpu device: the head dim, and one layer's cache within one binding).
+    fn check_attention_decode(&self, dims: DecodeDims) -> Result<()> {
+        dims.check()
+    }
+
     /// out = f(x) elementwise, f an MLP activation ([`Activation`]).
     fn activation_forward(&self, f: Activation, out: &Self::Tensor, x: &Self::Tensor);
     /// dx += dout * f'(x).
@@ -230,6 +241,20 @@ pub trait Backend {
         heads: usize,
         head_dim: usize,
         inverse: bool,
+    );
+    /// [`Backend::rope`] forward with row r at position `first_position + r` (no wrap): the new rows of
+    /// a generation step with a KV cache.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_at(
+        &self,
+        x: &Self::Tensor,
+        inv_freq: &Self::Tensor,
+        first_position: usize,
+        rows: usize,
+        row_stride: usize,
+        col_offset: usize,
+        heads: usize,
+        head_dim: usize,
     );
     /// out (rows, F) = silu(gate) * up, silu(g) = g * sigmoid(g); gate_up (rows, 2F) is [gate | up] per row.
     fn swiglu_forward(&self, out: &Self::Tensor, gate_up: &Self::Tensor, rows: usize, hidden: usize);

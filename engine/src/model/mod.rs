@@ -5,6 +5,7 @@
 //! means its module, its kernels and its golden test (`engine/tests/model_seam.rs` checks that no
 //! module outside `model/` names one).
 
+pub mod decode;
 pub mod gpt2;
 pub mod llama;
 mod seam;

@@ -174,7 +174,7 @@ fn default_scale(head_dim: usize) -> f32 {
 // compiled twice and the FMA version is chosen at run time (no native builds).
 
 /// a . b, accumulated with fused multiply-adds in index order.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has FMA (checked just above).
@@ -200,7 +200,7 @@ unsafe fn dot_fma(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// acc += s * x elementwise, with fused multiply-adds.
-fn axpy(acc: &mut [f32], s: f32, x: &[f32]) {
+pub(crate) fn axpy(acc: &mut [f32], s: f32, x: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has FMA (checked just above).

@@ -8,6 +8,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod attention_decode;
 pub mod crossentropy;
 pub mod dropout;
 pub mod elementwise;

@@ -70,17 +70,48 @@ pub fn rope(
     head_dim: usize,
     inverse: bool,
 ) {
+    assert!(rows == 0 || rows_per_seq > 0, "rope: rows_per_seq is 0");
+    rotate(x, inv_freq, |row| row % rows_per_seq, rows, row_stride, col_offset, heads, head_dim, inverse);
+}
+
+/// [`rope`] forward, with row r at position `first_position + r` (no wrap): the new rows of a generation
+/// step with a KV cache. Twin of `rope.wgsl` dispatched with `first_row` = `first_position`.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_at(
+    x: &mut [f32],
+    inv_freq: &[f32],
+    first_position: usize,
+    rows: usize,
+    row_stride: usize,
+    col_offset: usize,
+    heads: usize,
+    head_dim: usize,
+) {
+    rotate(x, inv_freq, |row| first_position + row, rows, row_stride, col_offset, heads, head_dim, false);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rotate(
+    x: &mut [f32],
+    inv_freq: &[f32],
+    position: impl Fn(usize) -> usize + Sync,
+    rows: usize,
+    row_stride: usize,
+    col_offset: usize,
+    heads: usize,
+    head_dim: usize,
+    inverse: bool,
+) {
     let half = head_dim / 2;
     assert!(head_dim.is_multiple_of(2), "rope: head_dim {head_dim} is odd");
     assert!(inv_freq.len() >= half, "rope: {} inverse frequencies for head_dim {head_dim}", inv_freq.len());
     assert!(col_offset + heads * head_dim <= row_stride, "rope: heads past the end of a row of {row_stride}");
     assert!(rows * row_stride <= x.len(), "rope: x holds fewer than {rows} rows of {row_stride}");
-    assert!(rows == 0 || rows_per_seq > 0, "rope: rows_per_seq is 0");
     if rows == 0 || heads * half == 0 {
         return;
     }
     x[..rows * row_stride].par_chunks_mut(row_stride).enumerate().for_each(|(row, xr)| {
-        let t = (row % rows_per_seq) as f32;
+        let t = position(row) as f32;
         for (i, &freq) in inv_freq[..half].iter().enumerate() {
             let (sin, cos) = sincos(t * freq);
             let sin = if inverse { -sin } else { sin };

@@ -29,6 +29,7 @@ pub mod resume;
 pub mod run;
 pub mod schedule;
 pub mod shard;
+pub mod summary;
 mod transfer;
 mod validate;
 mod worker;
@@ -517,6 +518,11 @@ impl<'d, D: Backend> Trainer<'d, D> {
 
     /// Waits for the last update and stops the worker; returns the AdamW seconds it spent after the
     /// last step's report.
+    /// (bytes read, bytes written) through this rank's NVMe tier so far; None when nothing lives there.
+    pub fn nvme_traffic(&self) -> Option<(u64, u64)> {
+        self.nvme.as_ref().map(|n| n.traffic())
+    }
+
     pub fn finish(&mut self) -> Result<f64> {
         let before = adam_seconds_total(&self.progress);
         self.jobs = None; // closing the channel ends the worker's loop
@@ -527,21 +533,35 @@ impl<'d, D: Backend> Trainer<'d, D> {
         Ok(adam_seconds_total(&self.progress) - before)
     }
 
-    /// The fp32 master weights, tensor by tensor (name, shape, values), after [`Self::finish`]. With
-    /// several ranks this is a collective: every rank calls it and gets the whole model.
-    pub fn master_weights(&mut self) -> Result<Vec<NamedTensor>> {
+    /// Group g's fp32 master weights in table order (g as in the layout: 0 the head, 1 + l block l),
+    /// after [`Self::finish`]: the group is paged in, gathered from the ranks and paged out again, so one
+    /// group at a time is assembled in RAM. With several ranks this is a collective: every rank calls it
+    /// for the same groups in the same order.
+    pub fn master_group(&mut self, g: usize) -> Result<Vec<Vec<f32>>> {
         self.finish()?;
         let nv = self.nvme.clone();
         let optimizer = self.optimizer.as_mut().expect("finished");
+        let Some(((layout, shard), opt)) = self.layouts.get(g).zip(self.shards.get(g)).zip(optimizer.get_mut(g)) else {
+            bail!("no parameter group {g}: the model has {}", self.layouts.len());
+        };
+        opt.master.page_in(nv.as_deref())?;
+        let mut whole = vec![0.0f32; shard.padded_len];
+        let gathered = self.comm.all_gather(opt.master.data().as_slice::<f32>(), &mut whole, false);
+        opt.master.page_out(nv.as_deref(), false)?;
+        gathered?;
+        Ok(layout.tensors.iter().map(|t| whole[t.range()].to_vec()).collect())
+    }
+
+    /// The fp32 master weights, tensor by tensor (name, shape, values), in checkpoint order, after
+    /// [`Self::finish`]: the whole model in RAM (the tests' comparisons; the sample and checkpoints go
+    /// group by group with [`Self::master_group`]). A collective, as that is.
+    pub fn master_weights(&mut self) -> Result<Vec<NamedTensor>> {
         let mut out = Vec::new();
-        for ((g, shard), opt) in self.layouts.iter().zip(self.shards.iter()).zip(optimizer.iter_mut()) {
-            opt.master.page_in(nv.as_deref())?;
-            let mut whole = vec![0.0f32; shard.padded_len];
-            self.comm.all_gather(opt.master.data().as_slice::<f32>(), &mut whole, false)?;
-            for t in &g.tensors {
-                out.push((t.name.clone(), t.shape.clone(), whole[t.range()].to_vec()));
+        for g in 0..self.layouts.len() {
+            let values = self.master_group(g)?;
+            for (t, v) in self.layouts[g].tensors.iter().zip(values) {
+                out.push((t.name.clone(), t.shape.clone(), v));
             }
-            opt.master.page_out(nv.as_deref(), false)?;
         }
         // Checkpoint order, as Hugging Face writes it.
         let order = checkpoint_order(&self.model);

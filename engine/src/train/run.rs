@@ -13,6 +13,7 @@ use zerostream_checkpoints::checkpoint::CheckpointRoot;
 use zerostream_checkpoints::{DataTokenizer, HfModel, TextTokenizer, TokenFile, TokenWidth, Tokenizer};
 
 use super::checkpoint::{Checkpoint, RunRecord, SaveDtype, truncate_metrics};
+use super::summary::{Traffic, summarise, what_it_did};
 use super::{Flags, ModelSource, Precision, StepReport, TrainConfig, Trainer};
 use crate::comm::Comm;
 use crate::device::{AnyDevice, Backend};
@@ -280,6 +281,12 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         say(format!("saved {} (config.json, model.safetensors{tokenizer}; {})", dir.display(), record.save_dtype.flag()));
     }
     let sample = sample_text(&mut trainer, options, &model, lead, &say)?;
+    let traffic = Traffic::of(&outcome.reports, trainer.nvme_traffic());
+    let device = dev.describe();
+    let (placement, data_tokens) = (&trainer.placement, tokens.len);
+    for (i, line) in what_it_did(&model, placement, &outcome.reports, data_tokens, seconds, final_val_loss, &device, &traffic).iter().enumerate() {
+        say(if i == 0 { format!("what it did: {line}") } else { line.clone() });
+    }
     Ok(RunSummary { steps: outcome.reports, seconds, sample, stopped_at: None, checkpoint: outcome.checkpoint, val_loss: final_val_loss })
 }
 
@@ -505,27 +512,8 @@ fn progress_message(r: &StepReport, scale: f32) -> String {
     )
 }
 
-fn summarise(say: &dyn Fn(String), reports: &[StepReport], seconds: f64, last_update_s: f64, peak_device_bytes: u64) {
-    let (Some(first), Some(last)) = (reports.first(), reports.last()) else { return };
-    let n = reports.len() as f64;
-    let mean = |f: fn(&StepReport) -> f64| reports.iter().map(f).sum::<f64>() / n;
-    say(format!(
-        "done: {} steps in {seconds:.1} s; loss {:.4} -> {:.4}; {:.0} tokens/s; per step: compute {:.3} s, upload {:.3} s, download {:.3} s, AdamW {:.3} s (waited {:.3} s), NVMe wait {:.3} s; device peak {:.1} MiB",
-        reports.len(),
-        first.loss,
-        last.loss,
-        reports.iter().map(|r| r.tokens).sum::<usize>() as f64 / seconds,
-        mean(|r| r.compute_s),
-        mean(|r| r.upload_s),
-        mean(|r| r.download_s),
-        (reports.iter().map(|r| r.adam_s).sum::<f64>() + last_update_s) / n,
-        mean(|r| r.update_wait_s),
-        mean(|r| r.io_wait_s),
-        peak_device_bytes as f64 / 1048576.0,
-    ));
-}
-
-/// The end-of-run sample (rank 0 prints it; every rank takes part in gathering the weights).
+/// The end-of-run sample, streamed from the trainer's state group by group (rank 0 prints it; every rank
+/// computes it, taking part in each group's gather).
 fn sample_text<D: Backend>(
     trainer: &mut Trainer<'_, D>,
     options: &RunOptions,
@@ -545,12 +533,14 @@ fn sample_text<D: Backend>(
             return Ok(None);
         }
     };
-    let weights = trainer.master_weights()?;
+    // Every rank generates the same tokens: the loader's gathers are collectives, called by each rank
+    // in the same order. One group at a time is in RAM beside the cpu device's bounded budget.
+    let prompt = tok.encode(&options.prompt)?;
+    let mut load = |g: usize| trainer.master_group(g);
+    let ids = crate::generate::sample(model, &mut load, &prompt, options.sample_tokens, 0.8, options.seed)?;
     if !lead {
         return Ok(None);
     }
-    let prompt = tok.encode(&options.prompt)?;
-    let ids = crate::generate::sample(model, &weights, &prompt, options.sample_tokens, 0.8, options.seed)?;
     let text = tok.decode(&[prompt, ids].concat());
     say(format!("sample ({} tokens, temperature 0.8):\n{text}", options.sample_tokens));
     Ok(Some(text))

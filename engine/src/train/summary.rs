@@ -84,7 +84,8 @@ pub fn what_it_did(
         _ => "nothing on NVMe".to_string(),
     };
     let moved = format!(
-        "traffic: {} host -> device and {} device -> host ({} and {} a step); {nvme}",
+        "traffic{}: {} host -> device and {} device -> host ({} and {} a step); {nvme}",
+        if placement.world_size > 1 { " (rank 0)" } else { "" },
         bytes(traffic.upload_bytes),
         bytes(traffic.download_bytes),
         bytes(traffic.upload_bytes / steps),

@@ -113,7 +113,7 @@ fn elements(module: &naga::Module, ty: naga::Handle<naga::Type>) -> u32 {
 
 #[test]
 fn kernel_limits_describe_the_wgsl() {
-    for kernel in [zerostream_shaders::ATTENTION_FORWARD, zerostream_shaders::ATTENTION_BACKWARD] {
+    for kernel in [zerostream_shaders::ATTENTION_FORWARD, zerostream_shaders::ATTENTION_BACKWARD, zerostream_shaders::ATTENTION_DECODE] {
         let module = naga::front::wgsl::parse_str(kernel.source).unwrap();
         let workgroup: Vec<_> =
             module.global_variables.iter().map(|(_, v)| v).filter(|v| v.space == naga::AddressSpace::WorkGroup).collect();
