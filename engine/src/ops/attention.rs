@@ -19,6 +19,9 @@ use super::dropout::DropoutMask;
 /// The largest head dim the WGSL kernels take: they run one 256-lane workgroup per query row (or key
 /// row), each lane owning one channel of the head, and hold head rows in workgroup arrays of 256.
 pub const MAX_HEAD_DIM: usize = 256;
+/// The most workgroups a dispatch may have along one dimension (WebGPU's
+/// `maxComputeWorkgroupsPerDimension`, which every adapter wgpu opens allows).
+pub const MAX_GRID_DIM: usize = 65535;
 /// Workgroup memory each attention kernel declares: four arrays of 256 floats, whatever the head dim
 /// (`attention/tests.rs` reads the WGSL to keep this true).
 pub const KERNEL_WORKGROUP_BYTES: usize = 4096;
@@ -94,6 +97,15 @@ impl AttentionDims {
     /// floats (the gpu device splits attention by batch only).
     pub fn check_kernel_limits(&self, max_binding_elems: usize, workgroup_bytes: usize) -> Result<()> {
         self.check()?;
+        // One workgroup per (query, head): both are grid dimensions, which WebGPU caps at 65535.
+        if self.seq_len > MAX_GRID_DIM || self.heads > MAX_GRID_DIM {
+            bail!(
+                "attention over {} positions and {} heads: the gpu kernels run one workgroup per position and head, at most \
+                 {MAX_GRID_DIM} of each (lower --seq-len)",
+                self.seq_len,
+                self.heads
+            );
+        }
         if self.head_dim > MAX_HEAD_DIM {
             bail!("attention head dim {} is above the {MAX_HEAD_DIM} the gpu kernels support (one lane per channel)", self.head_dim);
         }

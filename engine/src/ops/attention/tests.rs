@@ -98,6 +98,10 @@ fn dimensions_are_checked_with_the_numbers() {
     assert!(AttentionDims { head_dim: 256, ..ok }.check_kernel_limits(usize::MAX, 16384).is_ok());
     let small_workgroup = ok.check_kernel_limits(usize::MAX, 2048).unwrap_err().to_string();
     assert!(small_workgroup.contains("need 4096 bytes") && small_workgroup.contains("allows 2048"), "{small_workgroup}");
+    // Past the dispatch grid's 65535 workgroups a dimension.
+    let too_long = AttentionDims { seq_len: 65536, ..ok }.check_kernel_limits(usize::MAX, 16384).unwrap_err().to_string();
+    assert!(too_long.contains("65536 positions") && too_long.contains("at most 65535"), "{too_long}");
+    assert!(AttentionDims { seq_len: 65535, ..ok }.check_kernel_limits(usize::MAX, 16384).is_ok());
     // 64 x 6144 floats of qkv per sequence.
     let long = ok.check_kernel_limits(64 * 6144 - 1, 16384).unwrap_err().to_string();
     assert!(long.contains("1572864 bytes") && long.contains("--seq-len to at most 63"), "{long}");
