@@ -6,7 +6,10 @@
 //! The model is a GPT-2 shape with few layers and a vocabulary large beside its width, so the head group
 //! (embeddings, logits) is most of the device bytes, as in GPT-2 XL's failure at 2 and 3 GiB.
 
-use zerostream::device::{Backend, CpuDevice};
+mod common;
+
+use common::gpu_or_skip;
+use zerostream::device::{Backend, CpuDevice, GpuDevice};
 use zerostream::model::Model;
 use zerostream::train::{ModelSource, Precision, TrainConfig, Trainer, minimum_device_bytes_on, plan_on};
 use zerostream_checkpoints::TokenFile;
@@ -19,10 +22,9 @@ fn small_gpt2() -> Model {
     Model::Gpt2(c)
 }
 
-/// Trains two steps under `budget` and returns the peak device bytes, or the error the trainer gave.
-fn peak_of_two_steps(model: &Model, tc: &TrainConfig, tokens: &TokenFile) -> anyhow::Result<u64> {
-    let dev = CpuDevice::new(tc.gpu_mem_budget);
-    let mut trainer = Trainer::new(&dev, &ModelSource::Random { model: model.clone(), seed: 7 }, tc.clone())?;
+/// Trains two steps on `dev` and returns its peak device bytes, or the error the trainer gave.
+fn peak_of_two_steps<D: Backend>(dev: &D, model: &Model, tc: &TrainConfig, tokens: &TokenFile) -> anyhow::Result<u64> {
+    let mut trainer = Trainer::new(dev, &ModelSource::Random { model: model.clone(), seed: 7 }, tc.clone())?;
     for _ in 0..2 {
         let r = trainer.train_step(tokens)?;
         assert!(r.loss.is_finite(), "loss {}", r.loss);
@@ -33,6 +35,22 @@ fn peak_of_two_steps(model: &Model, tc: &TrainConfig, tokens: &TokenFile) -> any
 
 #[test]
 fn every_accepted_budget_is_kept_and_every_refused_one_names_the_minimum() {
+    // The cpu device allocates exactly what the plan counts: the peak equals the plan.
+    walk_budgets(|budget| CpuDevice::new(budget), true);
+}
+
+#[test]
+fn every_accepted_budget_is_kept_on_the_gpu() {
+    // The gpu device's token buffers depend on how many distinct tokens a micro-batch has, which the
+    // plan bounds from above: the peak is at most the plan.
+    if gpu_or_skip("every_accepted_budget_is_kept_on_the_gpu").is_some() {
+        walk_budgets(|budget| GpuDevice::open(None, budget).unwrap(), false);
+    }
+}
+
+/// Walks each configuration's budgets on devices from `open(budget)`; `exact`: the peak must equal the
+/// plan's device bytes, not only stay within the budget.
+fn walk_budgets<D: Backend>(open: impl Fn(Option<u64>) -> D, exact: bool) {
     let model = small_gpt2();
     let tokens: Vec<u16> = (0..4096u32).map(|i| ((i.wrapping_mul(2654435761) >> 7) % 3001) as u16).collect();
     let tokens = TokenFile::from_tokens("walk", &tokens);
@@ -40,7 +58,7 @@ fn every_accepted_budget_is_kept_and_every_refused_one_names_the_minimum() {
     let base = TrainConfig { batch: 2, seq_len: 16, steps: 2, ..TrainConfig::default() };
     let variants = [
         ("fp32", base.clone()),
-        ("fp32 --recompute", TrainConfig { recompute: true, ..base.clone() }),
+        ("fp32 --recompute --grad-accum 2", TrainConfig { recompute: true, grad_accum: 2, ..base.clone() }),
         ("bf16", TrainConfig { precision: Precision::Bf16, ..base.clone() }),
         (
             "bf16 --recompute, optimizer and params on nvme",
@@ -54,7 +72,7 @@ fn every_accepted_budget_is_kept_and_every_refused_one_names_the_minimum() {
             },
         ),
     ];
-    let costs = CpuDevice::new(None).alloc_costs();
+    let costs = open(None).alloc_costs();
     for (what, tc) in variants {
         let minimum = minimum_device_bytes_on(&model, &tc, costs);
         let everything = plan_on(&model, &tc, 1, costs).unwrap();
@@ -71,16 +89,18 @@ fn every_accepted_budget_is_kept_and_every_refused_one_names_the_minimum() {
                     assert!(budget < minimum, "{what}: budget {budget} refused though the minimum is {minimum}: {e:#}");
                     assert!(format!("{e:#}").contains(&format!("minimum of {minimum} bytes")), "{what}: {e:#}");
                     // The trainer refuses it too, before any work.
-                    let err = peak_of_two_steps(&model, &tc, &tokens).unwrap_err();
+                    let err = peak_of_two_steps(&open(Some(budget)), &model, &tc, &tokens).unwrap_err();
                     assert!(format!("{err:#}").contains(&format!("minimum of {minimum} bytes")), "{what}: {err:#}");
                 }
                 Ok(p) => {
                     assert!(budget >= minimum, "{what}: budget {budget} under the minimum {minimum} accepted");
                     assert!(p.device_bytes() <= budget, "{what}: plan of {} bytes accepted under {budget}", p.device_bytes());
-                    let peak = peak_of_two_steps(&model, &tc, &tokens)
+                    let peak = peak_of_two_steps(&open(Some(budget)), &model, &tc, &tokens)
                         .unwrap_or_else(|e| panic!("{what}: budget {budget} accepted ({} slots) but the run failed: {e:#}", p.block_slots));
                     assert!(peak <= budget, "{what}: peak {peak} bytes above the accepted budget {budget}");
-                    assert_eq!(peak, p.device_bytes(), "{what}: the plan's {} bytes are not the peak", p.device_bytes());
+                    if exact {
+                        assert_eq!(peak, p.device_bytes(), "{what}: the plan's {} bytes are not the peak", p.device_bytes());
+                    }
                     slots_seen.push(p.block_slots);
                 }
             }

@@ -391,6 +391,8 @@ impl<'d, D: Backend> Trainer<'d, D> {
                 let (rank, world) = (self.sharding.rank, self.sharding.world);
                 let g = self.step as usize * st.micro_batches + micro * world + rank;
                 let (x, y) = data.micro_batch(g, batch, seq_len)?;
+                // The previous micro-batch's ids go first: the plan counts one micro-batch's on the device.
+                st.tokens = None;
                 let (x, y) = (dev.tokens(&x)?, dev.tokens(&y)?);
                 if micro == 0 {
                     d.head_grads.iter().for_each(|t| dev.fill(t, 0.0));
