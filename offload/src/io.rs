@@ -325,8 +325,9 @@ fn uring_transfer(dir: Direction, file: &File, offset: u64, buf: &mut [u8], tota
             })
             .collect();
         // SAFETY: the buffer stays alive and unmoved until the table is cleared below, before returning.
-        let fixed_buf =
-            *buffer_table && pieces <= REGISTERED_PIECES as usize && unsafe { ring.submitter().register_buffers_update(0, &iovs, None) }.is_ok();
+        let fixed_buf = *buffer_table
+            && pieces <= REGISTERED_PIECES as usize
+            && unsafe { ring.submitter().register_buffers_update(0, &iovs, None) }.is_ok();
         let blocks = total.div_ceil(block as u64) as usize;
         let (mut submitted, mut completed, mut in_flight) = (0usize, 0usize, 0usize);
         let mut result = Ok(());
@@ -389,7 +390,10 @@ fn uring_transfer(dir: Direction, file: &File, offset: u64, buf: &mut [u8], tota
                 *slot = None; // dropping the ring unregisters everything
             }
         }
-        if fixed_file && let Some(r) = slot.as_mut() && r.ring.submitter().register_files_update(0, &[-1]).is_err() {
+        if fixed_file
+            && let Some(r) = slot.as_mut()
+            && r.ring.submitter().register_files_update(0, &[-1]).is_err()
+        {
             *slot = None;
         }
         result
