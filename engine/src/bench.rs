@@ -220,7 +220,7 @@ pub struct Ceiling {
     pub gbps: f64,
     /// Why a link can come out above this ceiling (it is a reference measured in the same run, not a
     /// physical bound), printed whenever one does.
-    pub exceeded_because: &'static str,
+    pub exceeded_because: String,
 }
 
 /// One row of `bench all`: a link, its GB/s and the ceiling it is held against (none for a row that is
@@ -256,7 +256,7 @@ impl LinkRow {
             if let Some(f) = self.fraction() {
                 v["fraction_of_ceiling"] = f.into();
                 if f > 1.0 {
-                    v["above_ceiling_because"] = c.exceeded_because.into();
+                    v["above_ceiling_because"] = c.exceeded_because.clone().into();
                 }
             }
         }
@@ -279,7 +279,11 @@ mod tests {
     use super::*;
 
     fn row(link: &str, gbps: f64, ceiling_gbps: f64) -> LinkRow {
-        LinkRow { link: link.into(), gbps, ceiling: Some(Ceiling { name: "fio".into(), gbps: ceiling_gbps, exceeded_because: "noise" }) }
+        LinkRow {
+            link: link.into(),
+            gbps,
+            ceiling: Some(Ceiling { name: "fio".into(), gbps: ceiling_gbps, exceeded_because: "noise".into() }),
+        }
     }
 
     #[test]
