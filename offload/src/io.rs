@@ -147,10 +147,45 @@ impl IoEngine {
             return Ok(());
         }
         match self.config.engine {
-            IoEngineKind::Uring => uring_transfer(dir, file, offset, buf, self.config.block_bytes, self.config.queue_depth),
+            IoEngineKind::Uring => {
+                uring_transfer(dir, file, offset, buf, buf.len() as u64, self.config.block_bytes, self.config.queue_depth)
+            }
             IoEngineKind::Pread => pread_transfer(dir, file, offset, buf, self.config.block_bytes, self.config.queue_depth),
             IoEngineKind::Mmap => mmap_transfer(dir, file, offset, buf),
         }
+    }
+
+    /// Moves `total_bytes` between `file` at `offset` and `buf` in one stream of requests, reusing `buf`
+    /// from its start each time it is used up (what fio does with its buffers): a benchmark's way to
+    /// stream a large file through a modest buffer with the queue kept full throughout. `total_bytes`
+    /// must be a multiple of the buffer's length and the buffer a multiple of the block size. Reads
+    /// overwrite the buffer over and over. Engines other than io_uring move one buffer at a time.
+    pub fn transfer_repeated(&self, dir: Direction, file: &File, offset: u64, buf: &mut [u8], total_bytes: u64) -> io::Result<()> {
+        let len = buf.len() as u64;
+        if len == 0 || !total_bytes.is_multiple_of(len) || !buf.len().is_multiple_of(self.config.block_bytes) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "repeated transfer of {total_bytes} bytes through a buffer of {len}: expected a multiple of the buffer, itself a multiple of the block size {}",
+                    self.config.block_bytes
+                ),
+            ));
+        }
+        match self.config.engine {
+            IoEngineKind::Uring => uring_transfer(dir, file, offset, buf, total_bytes, self.config.block_bytes, self.config.queue_depth),
+            _ => (0..total_bytes / len).try_for_each(|k| self.transfer(dir, file, offset + k * len, buf)),
+        }
+    }
+}
+
+/// Reserves `size` bytes for `file` (posix_fallocate), so writes fill allocated blocks rather than
+/// allocating them as they go; where the filesystem cannot preallocate, just sizes it.
+pub fn preallocate(file: &File, size: u64) -> io::Result<()> {
+    // SAFETY: a plain system call on a descriptor the caller owns.
+    match unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, size as libc::off_t) } {
+        0 => Ok(()),
+        libc::ENOSPC => Err(io::Error::from_raw_os_error(libc::ENOSPC)),
+        _ => file.set_len(size),
     }
 }
 
@@ -213,39 +248,104 @@ fn mmap_transfer(dir: Direction, file: &File, offset: u64, buf: &mut [u8]) -> io
     Ok(())
 }
 
-thread_local! {
-    /// This thread's ring and its size: each I/O thread submits to its own queue.
-    static RING: RefCell<Option<(io_uring::IoUring, u32)>> = const { RefCell::new(None) };
+/// Buffers at most this large are registered as one entry (the kernel's limit is 1 GiB).
+const REGISTERED_PIECE_BYTES: usize = 512 << 20;
+/// Entries in each ring's sparse buffer table: buffers of up to 8 GiB are registered whole.
+const REGISTERED_PIECES: u32 = 16;
+
+/// One thread's io_uring with a sparse table of one file and [`REGISTERED_PIECES`] buffers, registered
+/// once when the ring is made; each transfer fills the tables (an update: no quiescing of the ring) and
+/// clears them when it ends, so no page stays pinned beyond the transfer that used it.
+struct Ring {
+    ring: io_uring::IoUring,
+    entries: u32,
+    file_table: bool,
+    buffer_table: bool,
 }
 
-fn uring_transfer(dir: Direction, file: &File, offset: u64, buf: &mut [u8], block: usize, depth: usize) -> io::Result<()> {
+impl Ring {
+    fn new(entries: u32) -> io::Result<Self> {
+        // One thread submits and reaps (the ring is thread-local): the kernel may skip the interrupts and
+        // locking that sharing would need. Older kernels refuse the flags: then a plain ring.
+        let ring = io_uring::IoUring::builder()
+            .setup_single_issuer()
+            .setup_coop_taskrun()
+            .build(entries)
+            .or_else(|_| io_uring::IoUring::new(entries))?;
+        let file_table = ring.submitter().register_files_sparse(1).is_ok();
+        let buffer_table = ring.submitter().register_buffers_sparse(REGISTERED_PIECES).is_ok();
+        Ok(Ring { ring, entries, file_table, buffer_table })
+    }
+}
+
+thread_local! {
+    /// This thread's ring: each I/O thread submits to its own queue.
+    static RING: RefCell<Option<Ring>> = const { RefCell::new(None) };
+}
+
+/// `submit_and_wait`, retried when a signal interrupts the wait (training handles SIGINT).
+fn submit_and_wait(ring: &io_uring::IoUring, want: usize) -> io::Result<usize> {
+    loop {
+        match ring.submit_and_wait(want) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
+/// Where block `i` of a transfer of `total` bytes lies: its file offset, its offset in the buffer (the
+/// buffer is reused from its start when `total` exceeds it) and its length.
+fn block_at(i: usize, offset: u64, total: u64, buf_len: usize, block: usize) -> (u64, usize, usize) {
+    let start = i as u64 * block as u64;
+    let n = (block as u64).min(total - start) as usize;
+    (offset + start, (start % buf_len as u64) as usize, n)
+}
+
+/// Moves `total` bytes between `file` at `offset` and `buf`, in blocks of `block` with `depth` in
+/// flight; `buf` is reused from its start when `total` is a multiple of its length larger than it.
+fn uring_transfer(dir: Direction, file: &File, offset: u64, buf: &mut [u8], total: u64, block: usize, depth: usize) -> io::Result<()> {
     use io_uring::{opcode, types};
     let entries = depth.next_power_of_two() as u32;
     RING.with(|cell| {
         let mut slot = cell.borrow_mut();
-        if slot.as_ref().is_none_or(|(_, e)| *e != entries) {
-            *slot = Some((io_uring::IoUring::new(entries)?, entries));
+        if slot.as_ref().is_none_or(|r| r.entries != entries) {
+            *slot = Some(Ring::new(entries)?);
         }
-        let ring = &mut slot.as_mut().unwrap().0;
-        let fd = types::Fd(file.as_raw_fd());
-        let iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-        // SAFETY: the buffer stays alive and unmoved until it is unregistered below.
-        let registered = unsafe { ring.submitter().register_buffers(&[iov]) }.is_ok();
-        let blocks = buf.len().div_ceil(block);
+        let Ring { ring, file_table, buffer_table, .. } = slot.as_mut().unwrap();
+        let fd = file.as_raw_fd();
+        let fixed_file = *file_table && ring.submitter().register_files_update(0, &[fd]).is_ok();
+        // The buffer in pieces of at most REGISTERED_PIECE_BYTES, each a whole number of blocks.
+        let piece = (REGISTERED_PIECE_BYTES / block).max(1) * block;
+        let pieces = buf.len().div_ceil(piece);
+        let iovs: Vec<libc::iovec> = (0..pieces)
+            .map(|k| {
+                let start = k * piece;
+                // SAFETY: start < buf.len().
+                libc::iovec { iov_base: unsafe { buf.as_mut_ptr().add(start) }.cast(), iov_len: piece.min(buf.len() - start) }
+            })
+            .collect();
+        // SAFETY: the buffer stays alive and unmoved until the table is cleared below, before returning.
+        let fixed_buf = *buffer_table
+            && pieces <= REGISTERED_PIECES as usize
+            && unsafe { ring.submitter().register_buffers_update(0, &iovs, None) }.is_ok();
+        let blocks = total.div_ceil(block as u64) as usize;
         let (mut submitted, mut completed, mut in_flight) = (0usize, 0usize, 0usize);
         let mut result = Ok(());
         while completed < blocks {
             while submitted < blocks && in_flight < depth {
-                let start = submitted * block;
-                let n = block.min(buf.len() - start) as u32;
-                // SAFETY: in bounds of buf.
-                let ptr = unsafe { buf.as_mut_ptr().add(start) };
-                let at = offset + start as u64;
-                let entry = match (dir, registered) {
-                    (Direction::Read, true) => opcode::ReadFixed::new(fd, ptr, n, 0).offset(at).build(),
-                    (Direction::Read, false) => opcode::Read::new(fd, ptr, n).offset(at).build(),
-                    (Direction::Write, true) => opcode::WriteFixed::new(fd, ptr, n, 0).offset(at).build(),
-                    (Direction::Write, false) => opcode::Write::new(fd, ptr, n).offset(at).build(),
+                let (at, in_buf, n) = block_at(submitted, offset, total, buf.len(), block);
+                // SAFETY: in_buf + n <= buf.len().
+                let ptr = unsafe { buf.as_mut_ptr().add(in_buf) };
+                let (n32, index) = (n as u32, (in_buf / piece) as u16);
+                let entry = match (dir, fixed_file, fixed_buf) {
+                    (Direction::Read, true, true) => opcode::ReadFixed::new(types::Fixed(0), ptr, n32, index).offset(at).build(),
+                    (Direction::Read, false, true) => opcode::ReadFixed::new(types::Fd(fd), ptr, n32, index).offset(at).build(),
+                    (Direction::Read, true, false) => opcode::Read::new(types::Fixed(0), ptr, n32).offset(at).build(),
+                    (Direction::Read, false, false) => opcode::Read::new(types::Fd(fd), ptr, n32).offset(at).build(),
+                    (Direction::Write, true, true) => opcode::WriteFixed::new(types::Fixed(0), ptr, n32, index).offset(at).build(),
+                    (Direction::Write, false, true) => opcode::WriteFixed::new(types::Fd(fd), ptr, n32, index).offset(at).build(),
+                    (Direction::Write, true, false) => opcode::Write::new(types::Fixed(0), ptr, n32).offset(at).build(),
+                    (Direction::Write, false, false) => opcode::Write::new(types::Fd(fd), ptr, n32).offset(at).build(),
                 };
                 // SAFETY: the buffer outlives the request: we reap every submission before returning.
                 if unsafe { ring.submission().push(&entry.user_data(submitted as u64)) }.is_err() {
@@ -254,32 +354,47 @@ fn uring_transfer(dir: Direction, file: &File, offset: u64, buf: &mut [u8], bloc
                 submitted += 1;
                 in_flight += 1;
             }
-            ring.submit_and_wait(1)?;
+            // One system call submits the whole batch and waits for the first completion.
+            if let Err(e) = submit_and_wait(ring, 1) {
+                result = result.and(Err(e));
+                break;
+            }
             for cqe in ring.completion() {
                 in_flight -= 1;
                 completed += 1;
-                let i = cqe.user_data() as usize;
-                let want = block.min(buf.len() - i * block);
+                let (at, _, want) = block_at(cqe.user_data() as usize, offset, total, buf.len(), block);
                 let got = cqe.result();
                 if got < 0 {
                     result = result.and(Err(io::Error::from_raw_os_error(-got)));
                 } else if got as usize != want {
-                    result = result.and(Err(short(dir, offset + (i * block) as u64, got as usize, want)));
+                    result = result.and(Err(short(dir, at, got as usize, want)));
                 }
-            }
-            if result.is_err() && in_flight == 0 {
-                break;
             }
             if result.is_err() {
                 submitted = blocks; // stop issuing; drain what is in flight
+                if in_flight == 0 {
+                    break;
+                }
             }
         }
         while in_flight > 0 {
-            ring.submit_and_wait(1)?;
+            // Nothing returns while the kernel may still write into `buf`: only a broken ring stops this.
+            submit_and_wait(ring, 1).expect("io_uring failed with requests in flight");
             in_flight -= ring.completion().count();
         }
-        if registered {
-            let _ = ring.submitter().unregister_buffers();
+        // Nothing of this call stays registered: the pages are unpinned and the file is released now.
+        if fixed_buf {
+            let empty = vec![libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; pieces];
+            // SAFETY: empty entries clear the table.
+            if unsafe { ring.submitter().register_buffers_update(0, &empty, None) }.is_err() {
+                *slot = None; // dropping the ring unregisters everything
+            }
+        }
+        if fixed_file
+            && let Some(r) = slot.as_mut()
+            && r.ring.submitter().register_files_update(0, &[-1]).is_err()
+        {
+            *slot = None;
         }
         result
     })
@@ -320,6 +435,32 @@ mod tests {
             let mut buf = AlignedBuf::zeroed(3 * 4096);
             let err = io.transfer(Direction::Read, &file, 0, buf.padded_mut()).unwrap_err();
             assert!(err.to_string().contains("short read"), "{engine}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_repeated_transfer_streams_the_buffer_over_the_whole_range() {
+        let dir = tempfile::tempdir().unwrap();
+        for engine in [IoEngineKind::Uring, IoEngineKind::Pread] {
+            let io = IoEngine::new(IoConfig { engine, block_bytes: 8192, queue_depth: 4, direct: true }).unwrap();
+            let (file, _) = io.open(&dir.path().join(format!("r-{engine}")), true).unwrap();
+            let (chunk, repeats) = (3 * 8192, 5u64);
+            preallocate(&file, 4096 + chunk as u64 * repeats).unwrap();
+            let mut out = AlignedBuf::zeroed(chunk);
+            for (i, b) in out.bytes_mut().iter_mut().enumerate() {
+                *b = (i * 13 % 251) as u8;
+            }
+            io.transfer_repeated(Direction::Write, &file, 4096, out.padded_mut(), chunk as u64 * repeats).unwrap();
+            let mut whole = AlignedBuf::zeroed(chunk * repeats as usize);
+            io.transfer(Direction::Read, &file, 4096, whole.padded_mut()).unwrap();
+            for (k, copy) in whole.bytes().chunks(chunk).enumerate() {
+                assert!(copy == out.bytes(), "{engine}: repeat {k} differs");
+            }
+            let mut back = AlignedBuf::zeroed(chunk);
+            io.transfer_repeated(Direction::Read, &file, 4096, back.padded_mut(), chunk as u64 * repeats).unwrap();
+            assert!(back.bytes() == out.bytes(), "{engine}: repeated read");
+            let err = io.transfer_repeated(Direction::Read, &file, 0, back.padded_mut(), chunk as u64 + 8192).unwrap_err();
+            assert!(err.to_string().contains("multiple of the buffer"), "{err}");
         }
     }
 

@@ -6,6 +6,44 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Result, bail};
 
+/// What a device charges its budget for each kind of allocation. The devices charge with these and the
+/// planner (`train::plan`) counts with them, so the bytes planned are the bytes allocated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocCosts {
+    /// 16-bit tensors are stored two values per 32-bit word (the gpu device), not widened to f32.
+    pub packs_16bit: bool,
+    /// Token ids and 16-bit values on their way to an f32 tensor pass through device buffers.
+    pub stages_uploads: bool,
+}
+
+impl AllocCosts {
+    /// The gpu device: packed 16-bit tensors, token ids and 16-bit uploads staged on the device.
+    pub const GPU: AllocCosts = AllocCosts { packs_16bit: true, stages_uploads: true };
+    /// The cpu device: every tensor f32; token ids and uploads stay in host memory.
+    pub const CPU: AllocCosts = AllocCosts { packs_16bit: false, stages_uploads: false };
+
+    /// An f32 tensor of `len` elements (an empty one still takes a word).
+    pub fn tensor_bytes(&self, len: usize) -> u64 {
+        4 * len.max(1) as u64
+    }
+
+    /// A tensor of `len` 16-bit values (`Backend::alloc_16bit`).
+    pub fn tensor_16bit_bytes(&self, len: usize) -> u64 {
+        if self.packs_16bit { self.tensor_bytes(len.div_ceil(2)) } else { self.tensor_bytes(len) }
+    }
+
+    /// At most the bytes of one `Backend::tokens` call of `n` ids: the ids, the distinct tokens, their
+    /// starts and the positions grouped by token (the encoder's backward buckets).
+    pub fn tokens_bytes(&self, n: usize) -> u64 {
+        if self.stages_uploads { 3 * self.tensor_bytes(n) + self.tensor_bytes(n + 1) } else { 0 }
+    }
+
+    /// The device staging of one `Backend::write_16bit` of `len` values into an f32 tensor.
+    pub fn upload_16bit_bytes(&self, len: usize) -> u64 {
+        if self.stages_uploads { self.tensor_bytes(len.div_ceil(2)) } else { 0 }
+    }
+}
+
 #[derive(Debug)]
 struct Counters {
     budget_bytes: u64,

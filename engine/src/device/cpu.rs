@@ -6,7 +6,7 @@ use std::cell::RefCell;
 
 use anyhow::Result;
 
-use super::alloc::{AllocStats, ByteBudget, Charge};
+use super::alloc::{AllocCosts, AllocStats, ByteBudget, Charge};
 use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, MatmulShape};
 use crate::ops::{self, encoder::TokenBuckets};
 
@@ -39,7 +39,7 @@ impl Backend for CpuDevice {
         format!("cpu ({} threads)", rayon::current_num_threads())
     }
     fn alloc(&self, len: usize, label: &str) -> Result<CpuTensor> {
-        let charge = self.budget.charge(4 * len as u64, label)?;
+        let charge = self.budget.charge(AllocCosts::CPU.tensor_bytes(len), label)?;
         Ok(CpuTensor { data: RefCell::new(vec![0.0; len]), _charge: charge })
     }
     fn len(&self, t: &CpuTensor) -> usize {
@@ -62,6 +62,9 @@ impl Backend for CpuDevice {
     }
     fn alloc_stats(&self) -> AllocStats {
         self.budget.stats()
+    }
+    fn alloc_costs(&self) -> AllocCosts {
+        AllocCosts::CPU
     }
 
     fn fill(&self, x: &CpuTensor, value: f32) {

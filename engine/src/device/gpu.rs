@@ -15,7 +15,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 
-use super::alloc::{AllocStats, ByteBudget, Charge};
+use super::alloc::{AllocCosts, AllocStats, ByteBudget, Charge};
 use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, HalfFormat, MatmulShape};
 use crate::ops::elementwise::SUM_SQUARES_GROUP;
 use crate::ops::encoder::TokenBuckets;
@@ -440,8 +440,7 @@ impl GpuDevice {
     }
 
     fn create_formatted(&self, len: usize, format: Option<HalfFormat>, label: &str, usage: wgpu::BufferUsages) -> Result<GpuTensor> {
-        let words = if format.is_some() { len.div_ceil(2) } else { len };
-        let bytes = (words.max(1) * 4) as u64;
+        let bytes = if format.is_some() { AllocCosts::GPU.tensor_16bit_bytes(len) } else { AllocCosts::GPU.tensor_bytes(len) };
         let max = self.device.limits().max_buffer_size;
         if bytes > max {
             bail!("tensor {label} needs {bytes} bytes, more than this adapter's largest buffer ({max} bytes)");
@@ -720,6 +719,9 @@ impl Backend for GpuDevice {
     }
     fn alloc_stats(&self) -> AllocStats {
         self.budget.stats()
+    }
+    fn alloc_costs(&self) -> AllocCosts {
+        AllocCosts::GPU
     }
     fn synchronize(&self) {
         GpuDevice::synchronize(self)

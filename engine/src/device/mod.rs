@@ -18,7 +18,7 @@ pub use crate::ops::attention::AttentionDims;
 pub use crate::ops::attention_decode::DecodeDims;
 pub use crate::ops::dropout::DropoutMask;
 pub use crate::ops::{MatmulShape, Operand};
-pub use alloc::{AllocStats, ByteBudget};
+pub use alloc::{AllocCosts, AllocStats, ByteBudget};
 pub use cpu::CpuDevice;
 pub use gpu::{AdapterSummary, GpuDevice};
 
@@ -51,6 +51,8 @@ pub trait Backend {
     /// Uploads token ids (each must be below the vocabulary size; callers check).
     fn tokens(&self, ids: &[u32]) -> Result<Self::Tokens>;
     fn alloc_stats(&self) -> AllocStats;
+    /// What each kind of allocation charges the budget on this device (the planner counts with it).
+    fn alloc_costs(&self) -> AllocCosts;
     /// A tensor that holds 16-bit values where the device can store them so (the gpu device packs two
     /// per word; elsewhere it is an ordinary f32 tensor). Written with [`Backend::write_16bit`] in the same
     /// format, read back widened, and usable only as the B operand of [`Backend::matmul`].

@@ -4,6 +4,7 @@
 use anyhow::Result;
 
 use super::layout::{GroupLayout, group_layouts};
+use super::plan::slot_format;
 use super::{Placement, TrainConfig, Trainer};
 use crate::device::Backend;
 use crate::model::{BlockActs, HeadActs, Model};
@@ -41,7 +42,6 @@ impl<D: Backend> Trainer<'_, D> {
         let block_grads = [alloc_group(&groups[1], "grad A ")?, alloc_group(&groups[1], "grad B ")?];
         // With a 16-bit working copy the matmul weights stay 16-bit on the device (the matmul widens
         // them as it reads); biases and norm weights are widened to f32 on arrival.
-        let slot_format = tc.precision.half_format();
         let slots = (0..placement.block_slots)
             .map(|i| {
                 groups[1]
@@ -49,9 +49,9 @@ impl<D: Backend> Trainer<'_, D> {
                     .iter()
                     .map(|t| {
                         let label = format!("slot {i} {}", t.name);
-                        match slot_format {
-                            Some(format) if t.shape.len() >= 2 => dev.alloc_16bit(t.len, &label, format),
-                            _ => dev.alloc(t.len, &label),
+                        match slot_format(t, tc.precision) {
+                            Some(format) => dev.alloc_16bit(t.len, &label, format),
+                            None => dev.alloc(t.len, &label),
                         }
                     })
                     .collect::<Result<Vec<_>>>()

@@ -53,7 +53,7 @@ pub use config::{Flags, MEANING_FLAGS, Precision, TrainConfig};
 use device_state::DeviceState;
 use layout::{GroupLayout, group_layouts};
 use pipeline::Op;
-pub use plan::{Placement, minimum_device_bytes, plan};
+pub use plan::{Placement, minimum_device_bytes, minimum_device_bytes_on, plan, plan_on};
 pub use report::StepReport;
 pub use schedule::{LossScaler, LrPlan, LrSchedule};
 pub use shard::{GroupShard, Sharding, ZeroStage};
@@ -183,7 +183,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
         dev.check_attention(model.attention_dims(train.batch, train.seq_len))?;
         let sharding = Sharding { rank: comm.rank(), world: comm.world_size(), stage: train.zero_stage };
         check_same_configuration(&comm, &model, &train)?;
-        let placement = plan(&model, &train, sharding.world)?;
+        let placement = plan_on(&model, &train, sharding.world, dev.alloc_costs())?;
         let layouts = Arc::new(group_layouts(&model));
         let shards: Arc<Vec<GroupShard>> = Arc::new(layouts.iter().map(|g| sharding.group(g.len)).collect());
 
@@ -401,6 +401,8 @@ impl<'d, D: Backend> Trainer<'d, D> {
                 let (rank, world) = (self.sharding.rank, self.sharding.world);
                 let g = self.step as usize * st.micro_batches + micro * world + rank;
                 let (x, y) = data.micro_batch(g, batch, seq_len)?;
+                // The previous micro-batch's ids go first: the plan counts one micro-batch's on the device.
+                st.tokens = None;
                 let (x, y) = (dev.tokens(&x)?, dev.tokens(&y)?);
                 if micro == 0 {
                     d.head_grads.iter().for_each(|t| dev.fill(t, 0.0));

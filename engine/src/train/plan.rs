@@ -5,8 +5,9 @@ use anyhow::{Result, bail};
 use zerostream_offload::Tier;
 
 use super::config::{Precision, TrainConfig};
-use super::layout::group_layouts;
+use super::layout::{GroupLayout, TensorSlot, group_layouts};
 use super::shard::{Sharding, ZeroStage};
+use crate::device::{AllocCosts, HalfFormat};
 use crate::model::Model;
 
 /// Where everything lives and how many device bytes each part takes: decided once at start-up.
@@ -129,47 +130,61 @@ fn available_ram_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Device bytes of each part of a run, before any budget is applied.
+/// The format a block slot stores tensor `t` in: 16-bit for matrices when the working copy is 16-bit
+/// (the matmul widens them as it reads), f32 otherwise. [`DeviceNeeds`] counts slots with it and
+/// `device_state` allocates them with it.
+pub(super) fn slot_format(t: &TensorSlot, precision: Precision) -> Option<HalfFormat> {
+    precision.half_format().filter(|_| t.shape.len() >= 2)
+}
+
+/// Device bytes of each part of a run, before any budget is applied, counted with the device's own
+/// [`AllocCosts`] tensor by tensor, as the trainer allocates them.
 struct DeviceNeeds {
     /// Head parameters and their gradients.
     head_bytes: u64,
     /// One block's parameters (a slot).
     slot_bytes: u64,
     activation_bytes: u64,
-    /// Two blocks' gradients (downloads overlap the next backward) and the token ids with the encoder's
-    /// index (x and y).
+    /// Two blocks' gradients (downloads overlap the next backward), the token ids of one micro-batch
+    /// (x and y) and the staging of a 16-bit upload into an f32 tensor.
     other_bytes: u64,
 }
 
 impl DeviceNeeds {
-    fn of(model: &Model, tc: &TrainConfig) -> Self {
+    fn of(model: &Model, tc: &TrainConfig, costs: AllocCosts) -> Self {
         let groups = group_layouts(model);
-        let block_elems = groups.get(1).map_or(0, |g| g.len);
+        let f32_bytes = |g: &GroupLayout| g.tensors.iter().map(|t| costs.tensor_bytes(t.len)).sum::<u64>();
+        let block = groups.get(1);
+        let slot_bytes = block.map_or(0, |g| {
+            g.tensors
+                .iter()
+                .map(|t| match slot_format(t, tc.precision) {
+                    Some(_) => costs.tensor_16bit_bytes(t.len),
+                    None => costs.tensor_bytes(t.len),
+                })
+                .sum()
+        });
         let bt = tc.batch * tc.seq_len;
         let kept_blocks = if tc.recompute { 1 } else { model.n_layer() };
-        let block_bytes = 4 * block_elems as u64; // gradients, always f32
-        // A slot holds 16-bit matrices (packed two per word) with a 16-bit working copy.
-        let slot_bytes = match tc.precision {
-            Precision::Fp32 => block_bytes,
-            _ => groups.get(1).map_or(0, |g| {
-                g.tensors.iter().map(|t| if t.shape.len() >= 2 { 4 * t.len.div_ceil(2) } else { 4 * t.len }).sum::<usize>() as u64
-            }),
+        // With a 16-bit working copy, every f32 tensor (the head's, and a slot's vectors) is written
+        // from 16-bit words staged on the device; one at a time.
+        let staged_16bit = match tc.precision {
+            Precision::Fp32 => 0,
+            _ => groups
+                .iter()
+                .enumerate()
+                .flat_map(|(k, g)| g.tensors.iter().filter(move |t| k == 0 || slot_format(t, tc.precision).is_none()))
+                .map(|t| costs.upload_16bit_bytes(t.len))
+                .max()
+                .unwrap_or(0),
         };
         DeviceNeeds {
-            head_bytes: 2 * 4 * groups[0].len as u64,
+            head_bytes: 2 * f32_bytes(&groups[0]),
             slot_bytes,
             activation_bytes: kept_blocks as u64 * model.block_activation_bytes(tc.batch, tc.seq_len)
                 + model.head_activation_bytes(tc.batch, tc.seq_len)
-                + 4 * ((model.n_layer() + 1) * bt * model.width()) as u64,
-            // With 16-bit working copies, the packed upload of the largest tensor is staged on the device.
-            other_bytes: 2 * block_bytes
-                + 2 * 4 * 4 * bt as u64
-                + 4096
-                + if tc.precision == Precision::Fp32 {
-                    0
-                } else {
-                    4 * (groups.iter().flat_map(|g| &g.tensors).map(|t| t.len).max().unwrap_or(0) as u64).div_ceil(2)
-                },
+                + (model.n_layer() as u64 + 1) * costs.tensor_bytes(bt * model.width()),
+            other_bytes: 2 * block.map_or(0, f32_bytes) + 2 * costs.tokens_bytes(bt) + staged_16bit,
         }
     }
 
@@ -179,17 +194,29 @@ impl DeviceNeeds {
     }
 }
 
-/// The smallest `--gpu-mem-budget` that [`plan`] accepts for this model and configuration.
+/// The smallest `--gpu-mem-budget` that [`plan`] accepts for this model and configuration, on the gpu
+/// device.
 pub fn minimum_device_bytes(model: &Model, tc: &TrainConfig) -> u64 {
-    DeviceNeeds::of(model, tc).minimum()
+    minimum_device_bytes_on(model, tc, AllocCosts::GPU)
 }
 
-/// Plans one rank's host and device memory in a run of `world_size` ranks, or refuses a budget that
-/// cannot hold the device minimum, with the numbers.
+/// The smallest budget [`plan_on`] accepts on a device that allocates with `costs`.
+pub fn minimum_device_bytes_on(model: &Model, tc: &TrainConfig, costs: AllocCosts) -> u64 {
+    DeviceNeeds::of(model, tc, costs).minimum()
+}
+
+/// [`plan_on`] for the gpu device (the command line's `plan`, before any device is opened).
 pub fn plan(model: &Model, tc: &TrainConfig, world_size: usize) -> Result<Placement> {
+    plan_on(model, tc, world_size, AllocCosts::GPU)
+}
+
+/// Plans one rank's host and device memory in a run of `world_size` ranks on a device that allocates
+/// with `costs` (`Backend::alloc_costs`), or refuses a budget that cannot hold the device minimum, with
+/// the numbers. The device bytes planned are those the trainer allocates, tensor by tensor.
+pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocCosts) -> Result<Placement> {
     let groups = group_layouts(model);
     let params: usize = groups.iter().map(|g| g.len).sum();
-    let needs = DeviceNeeds::of(model, tc);
+    let needs = DeviceNeeds::of(model, tc, costs);
     let DeviceNeeds { head_bytes, slot_bytes, activation_bytes, other_bytes } = needs;
     let minimum = needs.minimum();
     let mut block_slots = model.n_layer().min(2);
