@@ -25,9 +25,9 @@ macro_rules! kernels {
 }
 
 kernels! {
-    ATTENTION_BACKWARD => "attention_backward" with "dropout_mask",
+    ATTENTION_BACKWARD => "attention_backward" with "dropout_mask", "attention_params",
     ATTENTION_DECODE => "attention_decode" with "workgroup_logsumexp",
-    ATTENTION_FORWARD => "attention_forward" with "workgroup_logsumexp", "dropout_mask",
+    ATTENTION_FORWARD => "attention_forward" with "workgroup_logsumexp", "dropout_mask", "attention_params",
     AXPY => "axpy",
     BIAS_BACKWARD => "bias_backward",
     CAST_HALF_TO_F32 => "cast_half_to_f32",

@@ -312,6 +312,7 @@ fn mpi_bench_collectives(_: &[u64], _: usize) -> Result<(Vec<zerostream::bench_c
 /// This process's part of `bench collectives` under mpirun; rank 0 gets the rows, the others none.
 #[cfg(feature = "mpi")]
 fn mpi_bench_collectives(sizes: &[u64], reps: usize) -> Result<(Vec<zerostream::bench_comm::CollectiveRun>, String)> {
+    use anyhow::Context;
     use zerostream::comm::{Comm, mpi::MpiWorld};
     let mpi = MpiWorld::init().context("initialising MPI")?;
     let raw = mpi.comm();

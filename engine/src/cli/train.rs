@@ -344,6 +344,35 @@ fn check_resumed_model(a: &TrainArgs, checkpoint: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Where `zerostream train` with no arguments at all keeps what it made.
+pub const FIRST_RUN_DIR: &str = "zerostream-hamlet";
+
+/// `zerostream train` with no arguments at all (the README's first command) keeps its metrics, the
+/// loss plot and the model in [`FIRST_RUN_DIR`], so the run can be looked at and generated from. Only
+/// this run's own file names are ever replaced there: a directory holding anything else is left alone.
+fn keep_first_run_files(options: &mut RunOptions) -> Result<()> {
+    let dir = PathBuf::from(FIRST_RUN_DIR);
+    let ours = ["metrics.jsonl", "metrics.config.toml", "loss.svg", "model"];
+    if dir.exists() {
+        let entries = std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?;
+        for entry in entries {
+            let name = entry?.file_name();
+            if !ours.iter().any(|o| name == *o) {
+                eprintln!(
+                    "note: {} holds {} (not this run's): the run writes no files; give --metrics/--save to keep them elsewhere",
+                    dir.display(),
+                    dir.join(&name).display()
+                );
+                return Ok(());
+            }
+        }
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    options.metrics = Some(dir.join("metrics.jsonl"));
+    options.save = Some(dir.join("model"));
+    Ok(())
+}
+
 /// Refuses optimizer settings that cannot train: each named with the range it must lie in.
 fn check_hyperparameters(a: &TrainArgs) -> Result<()> {
     let checks: [(&str, f64, fn(f64) -> bool, &str); 7] = [
@@ -483,7 +512,10 @@ fn adam_threads_per_rank(requested: usize, ranks: usize) -> usize {
 /// `resolved`: every flag's value, as a TOML file, written beside the metrics.
 pub fn train(a: TrainArgs, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
     let (mut options, mut tc) = resolve_train(&a, true, explicit)?;
-    if let Some(metrics) = &a.metrics {
+    if explicit.is_empty() {
+        keep_first_run_files(&mut options)?;
+    }
+    if let Some(metrics) = &options.metrics {
         crate::cli::config_file::write_resolved(metrics, resolved, a.config_file.as_deref())?;
     }
     options.stop = Some(stop_on_signals()?);

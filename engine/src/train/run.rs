@@ -438,8 +438,9 @@ fn train_steps<D: Backend>(
         }
         bar.step(progress_message(&r, trainer.scaler.scale));
         if options.progress && lead && (r.step % 25 == 0 || r.step + 1 == steps || r.val_loss.is_some()) {
+            let val = r.val_loss.map_or(String::new(), |v| format!(", validation loss {v:.4} (perplexity {:.1})", v.exp()));
             let line = format!(
-                "step {:>5}: loss {:.4}, grad norm {:.3}, lr {:.2e}, {:.0} tok/s",
+                "step {:>5}: loss {:.4}, grad norm {:.3}, lr {:.2e}, {:.0} tok/s{val}",
                 r.step,
                 r.loss,
                 r.grad_norm,
