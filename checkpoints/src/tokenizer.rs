@@ -152,7 +152,8 @@ impl HfTokenizer {
 }
 
 /// Word-level decoding joins every token with a space: take the spaces back out before closing
-/// punctuation, after opening brackets, and around line breaks.
+/// punctuation, after opening brackets, and around line breaks; and show a run of blank lines (which a
+/// small model emits often, the line break being the commonest token) as one.
 fn tidy_words(text: &str) -> String {
     let lines = text.split('\n').map(|line| {
         let mut out = String::with_capacity(line.len());
@@ -167,7 +168,11 @@ fn tidy_words(text: &str) -> String {
         }
         out
     });
-    lines.collect::<Vec<_>>().join("\n")
+    let mut out = lines.collect::<Vec<_>>().join("\n");
+    while out.contains("\n\n\n") {
+        out = out.replace("\n\n\n", "\n\n");
+    }
+    out
 }
 
 /// What `prepare --tokenizer` names: a built-in tokenizer or a tokenizer.json.
@@ -272,6 +277,8 @@ pub(crate) mod tests {
         let words: Vec<String> = ids.iter().map(|&i| tok.inner.id_to_token(i).unwrap()).collect();
         assert!(words.contains(&"Who's".to_string()) && words.contains(&"'Tis".to_string()), "{words:?}");
         assert_eq!(tok.decode(&ids), text, "words, punctuation and lines come back");
+        let breaks = tok.encode("\n").unwrap();
+        assert_eq!(tok.decode(&[ids.clone(), breaks.repeat(5), ids.clone()].concat()), format!("{text}\n{text}"), "blank lines shown as one");
         let dir = tempfile::tempdir().unwrap();
         tok.save(&dir.path().join("tokenizer.json")).unwrap();
         let loaded = HfTokenizer::from_file(&dir.path().join("tokenizer.json")).unwrap();
