@@ -1,5 +1,5 @@
-//! 03: a training program on the library alone, no command line: a small byte-level GPT-2 trained on
-//! the first part of Hamlet, a step at a time, with its validation loss on the rest and a sample.
+//! 03: a training program on the library alone, no command line: the built-in run's small GPT-2 trained
+//! on Hamlet in words, a step at a time, with its validation loss on the last scenes and a sample.
 //!
 //! Shows: `zerostream::prelude` (one dependency line), `Trainer` driven directly (what `run_on` and
 //! `zerostream train` do around it: progress, metrics, checkpoints), and generation from its weights.
@@ -8,12 +8,11 @@
 use zerostream::prelude::*;
 
 fn train<D: Backend>(dev: &D, steps: u64) -> anyhow::Result<(f64, f64, f64)> {
-    let text = zerostream::train::run::DEMO_TEXT;
-    let (train_text, held_out) = text.split_at(text.len() * 9 / 10);
-    let tokens = TokenFile::from_tokens("hamlet (train)", &Tokenizer::Bytes.encode(train_text)?);
-    let validation = TokenFile::from_tokens("hamlet (validation)", &Tokenizer::Bytes.encode(held_out)?);
+    // Hamlet in words (a word-level tokenizer made from the play), its last scenes held out.
+    let demo = zerostream::train::demo::Demo::get()?;
+    let (tokens, validation) = (demo.train_tokens(), demo.val_tokens());
 
-    let model = Model::demo(); // 4 layers, 128 wide, 256 tokens: one per byte
+    let model = demo.model(); // 4 layers, 128 wide, one token per word of the play
     let lr = LrPlan { peak: 2e-3, min: 1e-4, warmup_steps: steps / 10, total_steps: steps, schedule: LrSchedule::Cosine };
     let config = TrainConfig { batch: 8, seq_len: 64, steps, lr, ..TrainConfig::default() };
     let mut trainer = Trainer::new(dev, &ModelSource::Random { model: model.clone(), seed: 1337 }, config)?;
@@ -29,10 +28,10 @@ fn train<D: Backend>(dev: &D, steps: u64) -> anyhow::Result<(f64, f64, f64)> {
     }
     let val_loss = trainer.validation_loss(&validation, 4)?;
 
-    let weights = trainer.master_weights()?;
-    let prompt: Vec<u32> = Tokenizer::Bytes.encode("HAMLET\n")?.into_iter().map(u32::from).collect();
-    let ids = zerostream::generate::sample(&model, &weights, &prompt, 120, 0.8, 1337)?;
-    println!("validation loss {val_loss:.4}; sample:\nHAMLET\n{}", Tokenizer::Bytes.decode(&ids));
+    // Generation reads the trainer's weights one group at a time.
+    let prompt = demo.tokenizer.encode("HAMLET\n")?;
+    let ids = zerostream::generate::sample(&model, &mut |g| trainer.master_group(g), &prompt, 60, 0.8, 1337)?;
+    println!("validation loss {val_loss:.4}; sample:\n{}", demo.tokenizer.decode(&[prompt, ids].concat()));
     Ok((losses[0], losses[losses.len() - 1], val_loss))
 }
 
