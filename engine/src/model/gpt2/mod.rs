@@ -293,9 +293,9 @@ pub fn embed_forward<D: Backend>(
     dropout: Option<&DropoutKeys>,
 ) {
     match dropout.and_then(|d| d.mask(0, DropoutSite::Embedding)) {
-        None => dev.encoder_forward(x, inputs, &head.wte, &head.wpe, seq_len, cfg.n_embd),
+        None => dev.encoder_forward(x, inputs, head.wte, head.wpe, seq_len, cfg.n_embd),
         Some(mask) => {
-            dev.encoder_forward(&acts.d_c, inputs, &head.wte, &head.wpe, seq_len, cfg.n_embd);
+            dev.encoder_forward(&acts.d_c, inputs, head.wte, head.wpe, seq_len, cfg.n_embd);
             dev.dropout(x, &acts.d_c, cfg.n_embd, &mask);
         }
     }
@@ -318,7 +318,7 @@ pub fn embed_backward<D: Backend>(
             &acts.d_c
         }
     };
-    dev.encoder_backward(&grads.wte, &grads.wpe, d_embedding, inputs, acts.batch, acts.seq_len, cfg.n_embd);
+    dev.encoder_backward(grads.wte, grads.wpe, d_embedding, inputs, acts.batch, acts.seq_len, cfg.n_embd);
 }
 
 /// residual + dropout(x) into `out`: the residual connection of `site` in block l.
@@ -384,16 +384,16 @@ pub fn block_forward<D: Backend>(
     let (bt, c, h) = (batch * seq_len, cfg.n_embd, cfg.hidden());
     let eps = cfg.layer_norm_epsilon as f32;
     // x = x + attn(ln_1(x))
-    dev.layernorm_forward(&a.ln_1, &a.ln_1_mean, &a.ln_1_rstd, input, &w.ln_1_weight, &w.ln_1_bias, bt, c, eps);
-    linear_forward(dev, &a.qkv, &a.ln_1, &w.attn_weight, &w.attn_bias, bt, c, 3 * c);
+    dev.layernorm_forward(&a.ln_1, &a.ln_1_mean, &a.ln_1_rstd, input, w.ln_1_weight, w.ln_1_bias, bt, c, eps);
+    linear_forward(dev, &a.qkv, &a.ln_1, w.attn_weight, w.attn_bias, bt, c, 3 * c);
     dev.attention_forward(&a.atty, &a.lse, &a.qkv, block_attention(cfg, batch, seq_len, l, dropout));
-    linear_forward(dev, &a.attn_proj, &a.atty, &w.attn_proj_weight, &w.attn_proj_bias, bt, c, c);
+    linear_forward(dev, &a.attn_proj, &a.atty, w.attn_proj_weight, w.attn_proj_bias, bt, c, c);
     residual_add(dev, &a.residual_2, input, &a.attn_proj, c, dropout, l, DropoutSite::AttentionOutput);
     // x = x + mlp(ln_2(x))
-    dev.layernorm_forward(&a.ln_2, &a.ln_2_mean, &a.ln_2_rstd, &a.residual_2, &w.ln_2_weight, &w.ln_2_bias, bt, c, eps);
-    linear_forward(dev, &a.fc, &a.ln_2, &w.fc_weight, &w.fc_bias, bt, c, h);
+    dev.layernorm_forward(&a.ln_2, &a.ln_2_mean, &a.ln_2_rstd, &a.residual_2, w.ln_2_weight, w.ln_2_bias, bt, c, eps);
+    linear_forward(dev, &a.fc, &a.ln_2, w.fc_weight, w.fc_bias, bt, c, h);
     dev.activation_forward(activation(cfg), &a.fc_gelu, &a.fc);
-    linear_forward(dev, &a.fc_proj, &a.fc_gelu, &w.fc_proj_weight, &w.fc_proj_bias, bt, h, c);
+    linear_forward(dev, &a.fc_proj, &a.fc_gelu, w.fc_proj_weight, w.fc_proj_bias, bt, h, c);
     residual_add(dev, output, &a.residual_2, &a.fc_proj, c, dropout, l, DropoutSite::MlpOutput);
 }
 
@@ -417,17 +417,17 @@ pub fn block_backward<D: Backend>(
     // d_res holds d(output) = d(residual_2 + dropout(fc_proj)): it flows to residual_2 unchanged, and
     // to fc_proj through the mask (into d_c, free until the fc backward).
     let d_fc_proj = residual_branch_grad(dev, d_res, &head.d_c, c, dropout, l, DropoutSite::MlpOutput);
-    linear_backward(dev, &head.d_hidden_a, &g.fc_proj_weight, &g.fc_proj_bias, d_fc_proj, &a.fc_gelu, &w.fc_proj_weight, bt, h, c);
+    linear_backward(dev, &head.d_hidden_a, g.fc_proj_weight, g.fc_proj_bias, d_fc_proj, &a.fc_gelu, w.fc_proj_weight, bt, h, c);
     dev.fill(&head.d_hidden_b, 0.0);
     dev.activation_backward(activation(cfg), &head.d_hidden_b, &a.fc, &head.d_hidden_a);
-    linear_backward(dev, &head.d_c, &g.fc_weight, &g.fc_bias, &head.d_hidden_b, &a.ln_2, &w.fc_weight, bt, c, h);
+    linear_backward(dev, &head.d_c, g.fc_weight, g.fc_bias, &head.d_hidden_b, &a.ln_2, w.fc_weight, bt, c, h);
     dev.layernorm_backward(
         d_res,
-        &g.ln_2_weight,
-        &g.ln_2_bias,
+        g.ln_2_weight,
+        g.ln_2_bias,
         &head.d_c,
         &a.residual_2,
-        &w.ln_2_weight,
+        w.ln_2_weight,
         &a.ln_2_mean,
         &a.ln_2_rstd,
         bt,
@@ -436,12 +436,12 @@ pub fn block_backward<D: Backend>(
     // d_res now holds d(residual_2) = d(input + dropout(attn_proj)); the masked copy goes in d_qkv,
     // free until attention_backward.
     let d_attn_proj = residual_branch_grad(dev, d_res, &head.d_qkv, c, dropout, l, DropoutSite::AttentionOutput);
-    linear_backward(dev, &head.d_c, &g.attn_proj_weight, &g.attn_proj_bias, d_attn_proj, &a.atty, &w.attn_proj_weight, bt, c, c);
+    linear_backward(dev, &head.d_c, g.attn_proj_weight, g.attn_proj_bias, d_attn_proj, &a.atty, w.attn_proj_weight, bt, c, c);
     let attention = block_attention(cfg, batch, seq_len, l, dropout);
     dev.attention_backward(&head.d_qkv, &head.delta, &head.d_c, &a.qkv, &a.atty, &a.lse, attention);
     // d_c is free again once attention_backward has consumed it.
-    linear_backward(dev, &head.d_c, &g.attn_weight, &g.attn_bias, &head.d_qkv, &a.ln_1, &w.attn_weight, bt, c, 3 * c);
-    dev.layernorm_backward(d_res, &g.ln_1_weight, &g.ln_1_bias, &head.d_c, input, &w.ln_1_weight, &a.ln_1_mean, &a.ln_1_rstd, bt, c);
+    linear_backward(dev, &head.d_c, g.attn_weight, g.attn_bias, &head.d_qkv, &a.ln_1, w.attn_weight, bt, c, 3 * c);
+    dev.layernorm_backward(d_res, g.ln_1_weight, g.ln_1_bias, &head.d_c, input, w.ln_1_weight, &a.ln_1_mean, &a.ln_1_rstd, bt, c);
 }
 
 /// ln_f, the lm_head (transposed) and the cross-entropy of the last block's output `x`; returns the
@@ -457,7 +457,7 @@ pub fn head_forward<D: Backend>(
 ) -> f32 {
     let (bt, c, v) = (acts.batch * acts.seq_len, cfg.n_embd, cfg.vocab_size);
     let eps = cfg.layer_norm_epsilon as f32;
-    dev.layernorm_forward(&acts.ln_f, &acts.ln_f_mean, &acts.ln_f_rstd, x, &head.ln_f_weight, &head.ln_f_bias, bt, c, eps);
+    dev.layernorm_forward(&acts.ln_f, &acts.ln_f_mean, &acts.ln_f_rstd, x, head.ln_f_weight, head.ln_f_bias, bt, c, eps);
     // logits (BT, V) = ln_f (BT, C) @ lm_head^T (C, V)
     let lm_head = MatmulShape { m: bt, n: v, k: c, a: Operand::row_major(c), b: Operand::transposed(c), c: Operand::row_major(v) };
     dev.matmul(&acts.logits, &acts.ln_f, head.lm_head, None, &lm_head, false);
@@ -485,11 +485,11 @@ pub fn head_backward<D: Backend>(
     dev.fill(&acts.d_residual, 0.0);
     dev.layernorm_backward(
         &acts.d_residual,
-        &grads.ln_f_weight,
-        &grads.ln_f_bias,
+        grads.ln_f_weight,
+        grads.ln_f_bias,
         &acts.d_c,
         x,
-        &head.ln_f_weight,
+        head.ln_f_weight,
         &acts.ln_f_mean,
         &acts.ln_f_rstd,
         bt,
