@@ -488,3 +488,18 @@ fn common_gpu_available() -> bool {
         }
     }
 }
+
+/// `plan` (and train's check before any work) counts with the costs of the device `--device` names:
+/// the cpu device keeps 16-bit block slots widened to f32, a GPU packs them.
+#[test]
+fn plan_counts_slots_as_the_named_device_stores_them() {
+    let slot = |device: &str| -> String {
+        let out = zerostream(&["plan", "--device", device, "--precision", "bf16"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let at = text.find("block slots x ").unwrap_or_else(|| panic!("{text}"));
+        text[at..].split_whitespace().nth(3).unwrap().to_string()
+    };
+    let (cpu, gpu): (f64, f64) = (slot("cpu").parse().unwrap(), slot("gpu").parse().unwrap());
+    assert!((cpu / gpu - 2.0).abs() < 0.3, "a bf16 slot: {cpu} MiB on the cpu device, {gpu} MiB on a GPU");
+}

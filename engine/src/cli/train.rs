@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use anyhow::{Context, Result, bail};
+use zerostream::device::{AllocCosts, DeviceChoice};
 use zerostream::train::ranks::RankDevice;
 use zerostream::train::run::{CheckpointOptions, ModelChoice, RunOptions, RunSummary};
 use zerostream::train::{LrPlan, LrSchedule, Precision, SaveDtype, TrainConfig, ZeroStage};
@@ -323,10 +324,21 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>) -
     Ok((options, tc))
 }
 
-/// Refuses before any work a run whose state would not fit in this machine's RAM (`ranks_here` ranks).
-fn check_host_ram(options: &RunOptions, tc: &TrainConfig, world: usize, ranks_here: usize) -> Result<()> {
+/// What the device `--device` names charges for its allocations, for planning before it is opened:
+/// the cpu device's costs for `cpu`, a GPU's otherwise (`auto` falls back to the cpu device only where
+/// no GPU is found, and the trainer then plans again with the device it opened).
+fn planned_costs(choice: DeviceChoice) -> AllocCosts {
+    match choice {
+        DeviceChoice::Cpu => AllocCosts::CPU,
+        DeviceChoice::Gpu | DeviceChoice::Auto => AllocCosts::GPU,
+    }
+}
+
+/// Refuses before any work a run whose state would not fit in this machine's RAM (`ranks_here` ranks),
+/// or whose device budget the chosen device cannot keep.
+fn check_host_ram(a: &TrainArgs, options: &RunOptions, tc: &TrainConfig, world: usize, ranks_here: usize) -> Result<()> {
     let config = zerostream::train::run::model_config(&options.model)?;
-    zerostream::train::plan(&config, tc, world)?.check_host_ram(ranks_here)
+    zerostream::train::plan_on(&config, tc, world, planned_costs(a.device.device))?.check_host_ram(ranks_here)
 }
 
 /// SIGINT and SIGTERM set the returned flag (the run finishes its step, checkpoints and stops); a
@@ -386,7 +398,7 @@ pub fn train(a: TrainArgs, explicit: &BTreeSet<String>, resolved: &str) -> Resul
         return train_mpi(&a, &devices, &options, tc);
     }
     let world = a.world_size.unwrap_or(1);
-    check_host_ram(&options, &tc, world, world)?;
+    check_host_ram(&a, &options, &tc, world, world)?;
     if world == 1 && devices.len() > 1 {
         bail!("--devices lists {} devices but --world-size is 1: add --world-size {}", devices.len(), devices.len());
     }
@@ -417,7 +429,7 @@ fn train_mpi(a: &TrainArgs, devices: &[RankDevice], options: &RunOptions, mut tc
     use zerostream::comm::{Comm, mpi::MpiWorld};
     let mpi = MpiWorld::init().context("initialising MPI")?;
     let (rank, local_rank) = (mpi.rank(), mpi.node_local_rank());
-    if let Err(e) = check_host_ram(options, &tc, mpi.size(), mpi.node_local_size()) {
+    if let Err(e) = check_host_ram(a, options, &tc, mpi.size(), mpi.node_local_size()) {
         mpi.abort(&format!("rank {rank}: {e:#}"));
     }
     tc.adam_threads = adam_threads_per_rank(tc.adam_threads, mpi.node_local_size());
@@ -442,7 +454,7 @@ pub fn plan(a: TrainArgs, explicit: &BTreeSet<String>) -> Result<()> {
     let (options, tc) = resolve_train(&a, false, explicit)?;
     let world = a.world_size.or_else(zerostream::comm::launcher_world_size).unwrap_or(1).max(1);
     let config = zerostream::train::run::model_config(&options.model)?;
-    let placement = zerostream::train::plan(&config, &tc, world)?;
+    let placement = zerostream::train::plan_on(&config, &tc, world, planned_costs(a.device.device))?;
     println!("{}", placement.describe());
     println!("{}", placement.host_summary());
     Ok(())
