@@ -10,9 +10,8 @@ use crate::model::Model;
 pub struct Traffic {
     pub upload_bytes: u64,
     pub download_bytes: u64,
-    /// NVMe bytes read and written by this rank's tier (None: nothing lived on NVMe).
-    pub nvme_read_bytes: Option<u64>,
-    pub nvme_written_bytes: Option<u64>,
+    /// (bytes read, bytes written) through this rank's NVMe tier (None: nothing lived on NVMe).
+    pub nvme_bytes: Option<(u64, u64)>,
 }
 
 impl Traffic {
@@ -21,8 +20,7 @@ impl Traffic {
         Traffic {
             upload_bytes: reports.iter().map(|r| r.upload_bytes).sum(),
             download_bytes: reports.iter().map(|r| r.download_bytes).sum(),
-            nvme_read_bytes: nvme.map(|n| n.0),
-            nvme_written_bytes: nvme.map(|n| n.1),
+            nvme_bytes: nvme,
         }
     }
 }
@@ -79,9 +77,9 @@ pub fn what_it_did(
         placement.device_budget_bytes.map_or("no budget".to_string(), |b| format!("budget {}", bytes(b))),
     );
     let steps = reports.len().max(1) as u64;
-    let nvme = match (traffic.nvme_read_bytes, traffic.nvme_written_bytes) {
-        (Some(r), Some(w)) => format!("NVMe read {} and wrote {}", bytes(r), bytes(w)),
-        _ => "nothing on NVMe".to_string(),
+    let nvme = match traffic.nvme_bytes {
+        Some((read, written)) => format!("NVMe read {} and wrote {}", bytes(read), bytes(written)),
+        None => "nothing on NVMe".to_string(),
     };
     let moved = format!(
         "traffic{}: {} host -> device and {} device -> host ({} and {} a step); {nvme}",
