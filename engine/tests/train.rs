@@ -61,6 +61,15 @@ fn tiers_budgets_and_recompute_give_bit_identical_runs() {
             println!("{what}: peak device bytes {} within the budget {b}", got.peak_bytes);
         }
     }
+    // With the optimizer state on NVMe the gradient accumulator was there too (one file per group,
+    // accumulated across the two micro-batches of each step), not in RAM.
+    let grad_files = std::fs::read_dir(nvme.path().join("rank0"))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".grad.rank0.bin"))
+        .count();
+    let model = zerostream::model::Model::of_hf(&HfModel::open(&golden_dir("gpt2-tiny-accum").join("model")).unwrap()).unwrap();
+    let groups = zerostream::train::layout::group_layouts(&model).len();
+    assert_eq!(grad_files, groups, "one gradient file per parameter group on the NVMe tier");
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! The pipelined sweep over shards: shard k+1 is read while the caller's computation runs on shard k
 //! and shard k-1 is written back. Reads and writes run on their own threads (their own I/O queues);
-//! bounded channels keep at most one shard waiting on each side, so at most five shards are in memory
-//! at once, whatever the number of shards.
+//! the hand-overs are rendezvous channels (nothing waits in a queue), so at most three shards are in
+//! memory at once (the one being read, computed and written), whatever the number of shards: with the
+//! optimizer state on NVMe this bounds the host RAM of an update.
 
 use std::sync::mpsc::sync_channel;
 
@@ -20,8 +21,8 @@ where
 {
     let count = shards.len();
     std::thread::scope(|scope| {
-        let (loaded_tx, loaded_rx) = sync_channel::<Result<(usize, S), E>>(1);
-        let (computed_tx, computed_rx) = sync_channel::<(usize, S)>(1);
+        let (loaded_tx, loaded_rx) = sync_channel::<Result<(usize, S), E>>(0);
+        let (computed_tx, computed_rx) = sync_channel::<(usize, S)>(0);
         let load = &load;
         let store = &store;
         std::thread::Builder::new()
@@ -100,6 +101,34 @@ mod tests {
         for (k, s) in out.iter().enumerate() {
             assert_eq!(s, &vec![k as u32, k as u32, k as u32, 100, 200, 300]);
         }
+    }
+
+    #[test]
+    fn at_most_three_shards_are_resident_at_once() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (resident, peak) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let pause = |ms| std::thread::sleep(std::time::Duration::from_millis(ms));
+        // A fast reader before a slow computation and a slow writer: the reader runs ahead as far as the
+        // hand-overs let it, and the writer holds its shard while the next is computed.
+        pipelined_sweep(
+            (0..12).collect::<Vec<usize>>(),
+            |_| -> Result<(), ()> {
+                let now = resident.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                Ok(())
+            },
+            |_, _| {
+                pause(5);
+                Ok(())
+            },
+            |_| {
+                pause(5);
+                resident.fetch_sub(1, Ordering::SeqCst);
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!(peak.load(Ordering::SeqCst), 3, "read ahead one, compute one, write back one");
     }
 
     #[test]

@@ -112,7 +112,7 @@ pub struct TrainArgs {
     /// T: tokens per sequence (at most the model's n_positions).
     #[arg(long, default_value_t = 128)]
     seq_len: usize,
-    /// Micro-batches per optimizer step (gradients accumulate in host RAM).
+    /// Micro-batches per optimizer step (gradients accumulate on the host, where the optimizer state lives).
     #[arg(long, default_value_t = 1)]
     grad_accum: usize,
     /// Optimizer steps.
@@ -158,7 +158,8 @@ pub struct TrainArgs {
     /// Keep only each block's input and recompute its activations during backward (less device memory).
     #[arg(long)]
     recompute: bool,
-    /// Where fp32 master weights and Adam moments live.
+    /// Where fp32 master weights, Adam moments and the step's fp32 gradient accumulator live (with nvme,
+    /// host RAM holds only the few groups being updated or accumulated).
     #[arg(long, value_enum, default_value = "cpu")]
     offload_optimizer: OffloadTarget,
     /// Where the working copy of the parameters lives between uploads.

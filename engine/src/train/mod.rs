@@ -243,8 +243,11 @@ impl<'d, D: Backend> Trainer<'d, D> {
             for s in [&mut master, &mut m, &mut v, &mut working] {
                 s.page_out(nv, true)?;
             }
-            shared.push(Mutex::new(SharedGroup { grads: vec![0.0; slice], working, gathered: 0 }));
-            optimizer.push(OptimizerGroup { master, m, v });
+            // Gradients live with the optimizer state (written whole by the step's first micro-batch).
+            let mut grads = Stored::new(&format!("{}.grad", g.name), 4 * slice, train.offload_optimizer, nv)?;
+            grads.page_out(nv, false)?;
+            shared.push(Mutex::new(SharedGroup { grads, grad_sum_squares: 0.0, working, gathered: 0 }));
+            optimizer.push(OptimizerGroup { group: k, master, m, v });
             stage1_grads.push(if k > 0 && !sharding.shards_grads() { vec![0.0; shard.padded_len] } else { Vec::new() });
         }
 
@@ -340,6 +343,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
         let start = Instant::now();
         let adam_before = adam_seconds_total(&self.progress);
         let comm_before = self.comm.stats();
+        let nvme_before = self.nvme_traffic().unwrap_or_default();
         let mut st = StepState::<D> {
             clock: Clock::default(),
             micro_batches: self.train.grad_accum * self.sharding.world,
@@ -359,6 +363,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             self.run_op(op, data, &mut st)?;
         }
         let StepState { clock, micro_batches, lr, loss_scale, loss_sum, grad_norm, applied, .. } = st;
+        let nvme_after = self.nvme_traffic().unwrap_or_default();
         let report = StepReport {
             step: self.step,
             loss: loss_sum / micro_batches as f64,
@@ -377,6 +382,9 @@ impl<'d, D: Backend> Trainer<'d, D> {
             upload_bytes: clock.upload_bytes,
             download_bytes: clock.download_bytes,
             peak_device_bytes: self.dev.alloc_stats().peak_bytes,
+            nvme_read_bytes: nvme_after.0 - nvme_before.0,
+            nvme_written_bytes: nvme_after.1 - nvme_before.1,
+            peak_rss_bytes: report::peak_rss_bytes(),
             comm: self.comm.stats() - comm_before,
             val_loss: None,
         };
@@ -455,7 +463,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             Op::FinishDownload { block } => {
                 let (done, pending) = st.in_flight.pop_front().expect("a download was begun");
                 debug_assert_eq!(done, block, "downloads finish in the order they began");
-                st.overflow |= self.accumulate(1 + done, pending, st.micro == 0, &mut st.clock)?;
+                st.overflow |= self.accumulate(1 + done, pending, st.micro == 0, st.micro + 1 == self.train.grad_accum, &mut st.clock)?;
             }
             Op::EmbedBackward => {
                 let x = &st.tokens.as_ref().expect("embedded first").0;
@@ -467,7 +475,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             Op::DownloadHead => {
                 let head_grads: Vec<&D::Tensor> = d.head_grads.iter().collect();
                 let pending = timed(&mut st.clock.download, || dev.begin_read(&head_grads));
-                st.overflow |= self.accumulate(0, pending, true, &mut st.clock)?;
+                st.overflow |= self.accumulate(0, pending, true, true, &mut st.clock)?;
             }
             Op::ReduceBlocks => self.reduce_stage1_grads()?,
             Op::Update => self.update(st)?,
@@ -494,7 +502,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
     fn update(&mut self, st: &mut StepState<D>) -> Result<()> {
         // Global norm over every group's (scaled) gradient, in f64: each rank sums its slices in group
         // order, and the ranks' sums are added in rank order.
-        let sum_squares: f64 = self.shared.iter().map(|s| lock(s).grads.iter().map(|&g| (g as f64) * (g as f64)).sum::<f64>()).sum();
+        let sum_squares: f64 = self.shared.iter().map(|s| lock(s).grad_sum_squares).sum();
         st.grad_norm = self.comm.sum_f64(sum_squares)?.sqrt() / st.loss_scale as f64;
         let overflow = self.comm.any(st.overflow || !st.grad_norm.is_finite())?;
         st.loss_sum = self.comm.sum_f64(st.loss_sum)?;

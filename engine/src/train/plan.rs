@@ -22,8 +22,11 @@ pub struct Placement {
     pub host_optimizer_bytes: u64,
     /// Per rank: the working copy (1/N of it in stage 3).
     pub host_working_bytes: u64,
-    /// Per rank: the gradient accumulator in RAM (1/N of it from stage 2 on).
+    /// Per rank: the gradient accumulator (this rank's slices), on the optimizer's tier.
     pub host_grad_bytes: u64,
+    /// Per rank, stage 1 with several ranks: each block's whole gradient summed over this rank's
+    /// micro-batches before the end-of-step reduce-scatter, in RAM.
+    pub host_stage1_grad_bytes: u64,
     pub device_head_bytes: u64,
     pub device_block_slot_bytes: u64,
     pub device_activation_bytes: u64,
@@ -44,9 +47,12 @@ impl Placement {
 
     /// Host bytes per rank in RAM and on NVMe (by the tiers chosen).
     pub fn host_bytes_per_rank(&self) -> (u64, u64) {
-        let mut ram = self.host_grad_bytes;
+        let mut ram = self.host_stage1_grad_bytes;
         let mut nvme = 0;
-        for (bytes, tier) in [(self.host_optimizer_bytes, self.optimizer_tier), (self.host_working_bytes, self.params_tier)] {
+        for (bytes, tier) in [
+            (self.host_optimizer_bytes + self.host_grad_bytes, self.optimizer_tier),
+            (self.host_working_bytes, self.params_tier),
+        ] {
             if tier == Tier::Nvme { nvme += bytes } else { ram += bytes }
         }
         (ram, nvme)
@@ -102,14 +108,18 @@ impl Placement {
             ";".to_string()
         };
         format!(
-            "placement: {} parameters{ranks} master weights + Adam moments {:.1} MiB on {}; working copy {:.1} MiB on {}; gradients {:.1} MiB in RAM\n\
+            "placement: {} parameters{ranks} master weights + Adam moments + gradients {:.1} MiB on {}; working copy {:.1} MiB on {}{}\n\
              device{}: head {:.1} MiB + {} block slots x {:.1} MiB + activations {:.1} MiB + other {:.1} MiB = {:.1} MiB (budget {})",
             self.params,
-            mib(self.host_optimizer_bytes),
+            mib(self.host_optimizer_bytes + self.host_grad_bytes),
             self.optimizer_tier.name(),
             mib(self.host_working_bytes),
             self.params_tier.name(),
-            mib(self.host_grad_bytes),
+            if self.host_stage1_grad_bytes > 0 {
+                format!("; whole-block gradient sums {:.1} MiB in RAM", mib(self.host_stage1_grad_bytes))
+            } else {
+                String::new()
+            },
             if self.world_size > 1 { " (each rank)" } else { "" },
             mib(self.device_head_bytes),
             self.block_slots,
@@ -243,7 +253,8 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
     let shards: Vec<_> = groups.iter().map(|g| sharding.group(g.len)).collect();
     let slices = shards.iter().map(|s| s.slice_len()).sum::<usize>() as u64;
     let working = shards.iter().map(|s| s.working_len).sum::<usize>() as u64;
-    let grads = if sharding.shards_grads() { slices } else { shards.iter().map(|s| s.padded_len).sum::<usize>() as u64 + slices };
+    // Stage 1 with several ranks keeps each block's whole gradient (the head's is reduced at once).
+    let stage1_grads = if sharding.shards_grads() { 0 } else { shards[1..].iter().map(|s| s.padded_len).sum::<usize>() as u64 };
     Ok(Placement {
         optimizer_tier: tc.offload_optimizer,
         params_tier: tc.offload_params,
@@ -252,7 +263,8 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         zero_stage: tc.zero_stage,
         host_optimizer_bytes: 12 * slices,
         host_working_bytes: tc.precision.working_bytes_per_param() as u64 * working,
-        host_grad_bytes: 4 * grads,
+        host_grad_bytes: 4 * slices,
+        host_stage1_grad_bytes: 4 * stage1_grads,
         device_head_bytes: head_bytes,
         device_block_slot_bytes: slot_bytes,
         device_activation_bytes: activation_bytes,

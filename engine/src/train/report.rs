@@ -22,11 +22,18 @@ pub struct StepReport {
     pub adam_s: f64,
     /// Time the device thread waited for that update.
     pub update_wait_s: f64,
-    /// Time the device thread waited for NVMe reads of working parameters.
+    /// Time the device thread spent on its host tiers: reading working parameters before upload, and
+    /// reading and writing the gradient accumulator (NVMe, when the optimizer state lives there).
     pub io_wait_s: f64,
     pub upload_bytes: u64,
     pub download_bytes: u64,
     pub peak_device_bytes: u64,
+    /// Bytes this rank read from and wrote to its NVMe tier during the step (both threads: the update's
+    /// sweep, uploads, gradients); zero without an NVMe tier.
+    pub nvme_read_bytes: u64,
+    pub nvme_written_bytes: u64,
+    /// The process's peak resident set so far (VmHWM), when the OS reports it.
+    pub peak_rss_bytes: Option<u64>,
     /// The validation loss of the weights this step started from (when the step was one to evaluate).
     pub val_loss: Option<f64>,
     /// This rank's collectives during the step: bytes sent, seconds, and seconds hidden behind device work.
@@ -53,6 +60,9 @@ impl StepReport {
             "tokens_per_s": self.tokens_per_s(),
             "device_busy_fraction": self.device_busy_fraction(),
             "peak_device_bytes": self.peak_device_bytes,
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "nvme_read_bytes": self.nvme_read_bytes,
+            "nvme_written_bytes": self.nvme_written_bytes,
             "time": {
                 "total_s": self.seconds,
                 "device_compute_s": self.compute_s,
@@ -74,4 +84,12 @@ impl StepReport {
         }
         row
     }
+}
+
+/// The process's peak resident set size (VmHWM in /proc/self/status), in bytes; None off Linux.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }

@@ -67,12 +67,13 @@ pub fn what_it_did(
     );
     let ranks = if placement.world_size > 1 { format!(" per rank ({} ranks, ZeRO stage {})", placement.world_size, placement.zero_stage.number()) } else { String::new() };
     let lived = format!(
-        "state{ranks}: fp32 master weights + AdamW moments {} in {}, working copy {} in {}, gradients {} in RAM; on the device ({device}) at most {} ({})",
+        "state{ranks}: fp32 master weights + AdamW moments {} in {}, working copy {} in {}, gradients {} in {}; on the device ({device}) at most {} ({})",
         bytes(placement.host_optimizer_bytes),
         tier_place(placement.optimizer_tier),
         bytes(placement.host_working_bytes),
         tier_place(placement.params_tier),
-        bytes(placement.host_grad_bytes),
+        bytes(placement.host_grad_bytes + placement.host_stage1_grad_bytes),
+        tier_place(placement.optimizer_tier),
         bytes(reports.iter().map(|r| r.peak_device_bytes).max().unwrap_or(0)),
         placement.device_budget_bytes.map_or("no budget".to_string(), |b| format!("budget {}", bytes(b))),
     );

@@ -82,10 +82,11 @@ impl<D: Backend> Trainer<'_, D> {
     }
 
     /// Finishes a gradient group's download and adds it into this rank's accumulator (or stores it, for
-    /// the first micro-batch): with several ranks, after reduce-scattering it (stages 2-3, and the head
-    /// in every stage), or whole (stage 1 blocks, reduced at the end of the step). Returns whether any
-    /// value would overflow 16-bit storage (checked in fp16 only).
-    pub(super) fn accumulate(&mut self, k: usize, pending: D::PendingRead, first: bool, clock: &mut Clock) -> Result<bool> {
+    /// the step's `first` contribution; `last` is the step's last): with several ranks, after
+    /// reduce-scattering it (stages 2-3, and the head in every stage), or whole (stage 1 blocks, reduced
+    /// at the end of the step). Returns whether any value would overflow 16-bit storage (checked in fp16
+    /// only).
+    pub(super) fn accumulate(&mut self, k: usize, pending: D::PendingRead, first: bool, last: bool, clock: &mut Clock) -> Result<bool> {
         let downloaded = timed(&mut clock.download, || self.dev.finish_read(pending));
         let layout = &self.layouts[k];
         let check = self.train.precision == Precision::Fp16;
@@ -103,11 +104,17 @@ impl<D: Backend> Trainer<'_, D> {
                 acc.iter_mut().zip(data).for_each(|(a, g)| *a += g);
             }
         };
+        let nv = self.nvme.clone();
+        let nv = nv.as_deref();
         if self.sharding.world == 1 {
-            let mut shared = lock(&self.shared[k]);
-            for (data, slot) in downloaded.iter().zip(&layout.tensors) {
-                add(&mut shared.grads[slot.range()], data);
-            }
+            let t0 = Instant::now();
+            lock(&self.shared[k]).change_grads(nv, first, last, |acc| {
+                for (data, slot) in downloaded.iter().zip(&layout.tensors) {
+                    add(&mut acc[slot.range()], data);
+                }
+                Ok(())
+            })?;
+            clock.io_wait += t0.elapsed();
         } else if !self.stage1_grads[k].is_empty() {
             for (data, slot) in downloaded.iter().zip(&layout.tensors) {
                 add(&mut self.stage1_grads[k][slot.range()], data);
@@ -124,7 +131,10 @@ impl<D: Backend> Trainer<'_, D> {
                 whole[slot.range()].copy_from_slice(data);
             }
             self.comm.reduce_scatter_sum(whole, mine, self.dev.is_async())?;
-            add(&mut lock(&self.shared[k]).grads, mine);
+            lock(&self.shared[k]).change_grads(nv, first, last, |acc| {
+                add(acc, mine);
+                Ok(())
+            })?;
         }
         Ok(overflow)
     }
@@ -132,12 +142,14 @@ impl<D: Backend> Trainer<'_, D> {
     /// Stage 1 with several ranks: reduce-scatters each block's whole gradient (this rank's micro-batches
     /// summed) into this rank's slice.
     pub(super) fn reduce_stage1_grads(&mut self) -> Result<()> {
+        let nv = self.nvme.clone();
         for k in 0..self.layouts.len() {
             if self.stage1_grads[k].is_empty() {
                 continue;
             }
-            let mut shared = lock(&self.shared[k]);
-            self.comm.reduce_scatter_sum(&self.stage1_grads[k], &mut shared.grads, false)?;
+            let whole = &self.stage1_grads[k];
+            let comm = &self.comm;
+            lock(&self.shared[k]).change_grads(nv.as_deref(), true, true, |mine| Ok(comm.reduce_scatter_sum(whole, mine, false)?))?;
         }
         Ok(())
     }

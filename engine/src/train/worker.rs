@@ -16,8 +16,14 @@ use super::shard::{GroupShard, intersect};
 /// The part of a group both threads touch: gradients (written by the device thread, read by the
 /// update) and the working copy (written by the update, read by the device thread for upload).
 pub(super) struct SharedGroup {
-    /// This rank's slice of the step's summed gradient (all of it with one rank).
-    pub(super) grads: Vec<f32>,
+    /// This rank's slice of the step's summed gradient (all of it with one rank), f32. It lives with
+    /// the optimizer state: in RAM, or on NVMe (paged in to add a micro-batch into it and for the
+    /// update), so host RAM does not grow by 4 bytes per parameter when the state is on NVMe.
+    pub(super) grads: Stored,
+    /// The sum of squares of `grads` (f64, in element order), taken when the step's last contribution
+    /// was added: the global norm is the rank-order sum of these, group by group, without paging the
+    /// gradients in again.
+    pub(super) grad_sum_squares: f64,
     /// This rank's working copy: the whole group (its own slice fresh from the update, the others'
     /// gathered by the device thread before upload) or, in stage 3, its slice alone.
     pub(super) working: Stored,
@@ -26,8 +32,36 @@ pub(super) struct SharedGroup {
     pub(super) gathered: u64,
 }
 
+impl SharedGroup {
+    /// Changes the step's gradient with `f`: the first contribution of a step overwrites it (it is not
+    /// read back from its tier), later ones add into it; after the `last`, its sum of squares is taken
+    /// for the norm. The gradient is paged out again (written back when on NVMe).
+    pub(super) fn change_grads(
+        &mut self,
+        nvme: Option<&NvmeDir>,
+        first: bool,
+        last: bool,
+        f: impl FnOnce(&mut [f32]) -> Result<()>,
+    ) -> Result<()> {
+        if first {
+            self.grads.page_in_uninit();
+        } else {
+            self.grads.page_in(nvme)?;
+        }
+        let grads = self.grads.data_mut().as_mut_slice::<f32>();
+        f(grads)?;
+        if last {
+            self.grad_sum_squares = grads.iter().map(|&g| (g as f64) * (g as f64)).sum::<f64>();
+        }
+        self.grads.page_out(nvme, true)?;
+        Ok(())
+    }
+}
+
 /// The part only the update touches: this rank's slices.
 pub(super) struct OptimizerGroup {
+    /// The group's index (0 the head, 1 + l block l).
+    pub(super) group: usize,
     pub(super) master: Stored,
     pub(super) m: Stored,
     pub(super) v: Stored,
@@ -117,6 +151,9 @@ pub(super) fn optimizer_worker(
         let start = Instant::now();
         adam.config.lr = job.lr;
         let load = |g: &mut OptimizerGroup| -> Result<(), zerostream_offload::StoreError> {
+            // The step's gradient is read ahead with the state: the device thread writes group k's
+            // next gradient only after this update of k is done (it uploads k first, and waits for it).
+            lock(&shared[g.group]).grads.page_in(nvme)?;
             g.master.page_in(nvme)?;
             g.m.page_in(nvme)?;
             g.v.page_in(nvme)
@@ -130,6 +167,7 @@ pub(super) fn optimizer_worker(
             let mut sh = lock(&shared[k]);
             let SharedGroup { grads, working, .. } = &mut *sh;
             working.page_in_uninit();
+            let grads = grads.data().as_slice::<f32>();
             let (p, m, v) = (g.master.data_mut().as_mut_slice::<f32>(), g.m.data_mut(), g.v.data_mut());
             let (m, v) = (m.as_mut_slice::<f32>(), v.as_mut_slice::<f32>());
             let shard = &shards[k];
@@ -158,6 +196,7 @@ pub(super) fn optimizer_worker(
                 write_working(precision, p, working, shard.owned.start - shard.working_base);
             }
             working.page_out(nvme, true)?;
+            sh.grads.page_out(nvme, false)?;
             drop(sh);
             progress.lock().updated[k] += 1;
             progress.changed.notify_all();
