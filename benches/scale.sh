@@ -10,6 +10,9 @@
 #   STEPS     optimizer steps (default 3; the first pays for writing the initial state)
 # Environment: ZS (a zerostream binary; default: build release), BATCH (1), SEQ (64), BUDGET (device
 # memory budget; default 2 block slots' worth: the minimum `zerostream plan` prints), PRECISION (bf16).
+# OUT: a directory that keeps the metrics (m.jsonl), /usr/bin/time's report and the log (default: a new
+# temporary directory, printed at the end).
+# Blocks recompute their activations in backward (--recompute), so the device part stays small.
 # Prints the run's log and one table row per step; RSS is the process's VmHWM (peak) after each step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,22 +26,22 @@ if [ -z "${ZS:-}" ]; then
   cargo build --release -p zerostream
   ZS=${CARGO_TARGET_DIR:-target}/release/zerostream
 fi
-work=$(mktemp -d)
-mkdir -p "$nvme"
-trap 'rm -rf "$work" "$nvme"/rank*' EXIT
+work=${OUT:-$(mktemp -d)}
+mkdir -p "$nvme" "$work"
+trap 'rm -rf "$nvme"/rank*; echo "kept: $work"' EXIT
 
 echo "== machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB RAM; load $(uptime | sed 's/.*load average: //')"
 echo "== disk: $(df -h "$nvme" | tail -1)"
 "$ZS" prepare --text examples/data/hamlet.txt --out "$work/hamlet.bin" > /dev/null
 common=(--device cpu --config "$config" --data "$work/hamlet.bin" --batch-size "$batch" --seq-len "$seq"
-  --precision "$precision" --offload-optimizer nvme --offload-params nvme --nvme-dir "$nvme")
+  --precision "$precision" --recompute --offload-optimizer nvme --offload-params nvme --nvme-dir "$nvme")
 if [ -z "${BUDGET:-}" ]; then
   # The smallest budget the plan accepts: two block slots.
-  BUDGET=$("$ZS" plan "${common[@]}" --gpu-mem-budget 1 2>&1 | sed -n 's/.*the minimum of \([0-9]*\) bytes.*/\1/p')
+  BUDGET=$( ("$ZS" plan "${common[@]}" --gpu-mem-budget 1 2>&1 || true) | sed -n 's/.*the minimum of \([0-9]*\) bytes.*/\1/p')
 fi
 "$ZS" plan "${common[@]}" --gpu-mem-budget "$BUDGET"
-/usr/bin/time -v "$ZS" train "${common[@]}" --gpu-mem-budget "$BUDGET" --steps "$steps" --warmup-steps 1 \
-  --sample-tokens 0 --eval-every 0 --metrics "$work/m.jsonl" 2> "$work/time.txt" | tee "$work/log.txt"
+/usr/bin/time -v -o "$work/time.txt" "$ZS" train "${common[@]}" --gpu-mem-budget "$BUDGET" --steps "$steps" \
+  --warmup-steps 1 --sample-tokens 0 --eval-every 0 --metrics "$work/m.jsonl" 2>&1 | tee "$work/log.txt"
 grep -E "Maximum resident|Elapsed" "$work/time.txt"
 python3 - "$work/m.jsonl" <<'EOF'
 import json, sys

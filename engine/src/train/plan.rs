@@ -6,7 +6,7 @@ use zerostream_offload::Tier;
 
 use super::config::{Precision, TrainConfig};
 use super::layout::{GroupLayout, TensorSlot, group_layouts};
-use super::shard::{Sharding, ZeroStage};
+use super::shard::{GroupShard, Sharding, ZeroStage};
 use crate::device::{AllocCosts, HalfFormat};
 use crate::model::Model;
 
@@ -27,6 +27,10 @@ pub struct Placement {
     /// Per rank, stage 1 with several ranks: each block's whole gradient summed over this rank's
     /// micro-batches before the end-of-step reduce-scatter, in RAM.
     pub host_stage1_grad_bytes: u64,
+    /// Per rank: the most host RAM the NVMe-tier state takes while paged in at once (0 without an NVMe
+    /// tier): the update's sweep holds three groups (read ahead, updated, written back) with their
+    /// gradients, and the device thread one group's gradient and one working copy.
+    pub host_paged_in_bytes: u64,
     pub device_head_bytes: u64,
     pub device_block_slot_bytes: u64,
     pub device_activation_bytes: u64,
@@ -47,7 +51,7 @@ impl Placement {
 
     /// Host bytes per rank in RAM and on NVMe (by the tiers chosen).
     pub fn host_bytes_per_rank(&self) -> (u64, u64) {
-        let mut ram = self.host_stage1_grad_bytes;
+        let mut ram = self.host_stage1_grad_bytes + self.host_paged_in_bytes;
         let mut nvme = 0;
         for (bytes, tier) in [
             (self.host_optimizer_bytes + self.host_grad_bytes, self.optimizer_tier),
@@ -73,7 +77,7 @@ impl Placement {
             None => "RAM available here unknown".to_string(),
         };
         format!(
-            "host state per rank: {:.2} GiB in RAM, {:.2} GiB on NVMe; {} rank(s) on one machine: {:.2} GiB of RAM, {verdict}",
+            "host state per rank: {:.2} GiB in RAM (state paged in from NVMe included), {:.2} GiB on NVMe; {} rank(s) on one machine: {:.2} GiB of RAM, {verdict}",
             gib(ram),
             gib(nvme),
             self.world_size,
@@ -253,6 +257,20 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
     let shards: Vec<_> = groups.iter().map(|g| sharding.group(g.len)).collect();
     let slices = shards.iter().map(|s| s.slice_len()).sum::<usize>() as u64;
     let working = shards.iter().map(|s| s.working_len).sum::<usize>() as u64;
+    // The three largest groups (the sweep's), and the largest alone (the device thread's).
+    let top = |len: &dyn Fn(&GroupShard) -> usize, n: usize| {
+        let mut lens: Vec<u64> = shards.iter().map(|s| len(s) as u64).collect();
+        lens.sort_unstable_by(|a, b| b.cmp(a));
+        lens.iter().take(n).sum::<u64>()
+    };
+    let working_bytes = tc.precision.working_bytes_per_param() as u64;
+    let mut host_paged_in_bytes = 0;
+    if tc.offload_optimizer == Tier::Nvme {
+        host_paged_in_bytes += 16 * top(&|s| s.slice_len(), 3) + 4 * top(&|s| s.slice_len(), 1);
+    }
+    if tc.offload_params == Tier::Nvme {
+        host_paged_in_bytes += 2 * working_bytes * top(&|s| s.working_len, 1);
+    }
     // Stage 1 with several ranks keeps each block's whole gradient (the head's is reduced at once).
     let stage1_grads = if sharding.shards_grads() { 0 } else { shards[1..].iter().map(|s| s.padded_len).sum::<usize>() as u64 };
     Ok(Placement {
@@ -265,6 +283,7 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         host_working_bytes: tc.precision.working_bytes_per_param() as u64 * working,
         host_grad_bytes: 4 * slices,
         host_stage1_grad_bytes: 4 * stage1_grads,
+        host_paged_in_bytes,
         device_head_bytes: head_bytes,
         device_block_slot_bytes: slot_bytes,
         device_activation_bytes: activation_bytes,

@@ -229,6 +229,13 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         keep: options.checkpoints.keep,
         tokenizer_files,
     };
+    if let (Some(dir), Ok(placement)) = (&train.nvme_dir, super::plan_on(&model, &train, world, dev.alloc_costs())) {
+        let nvme_bytes = placement.host_bytes_per_rank().1;
+        if nvme_bytes > 0 {
+            // Large models spend minutes here before the first step: say what is happening.
+            say(format!("writing the initial state to the NVMe tier: {:.2} GiB per rank in {} ...", nvme_bytes as f64 / (1u64 << 30) as f64, dir.display()));
+        }
+    }
     let mut trainer = Trainer::with_comm(dev, &source, train, comm)?;
     if let ModelSource::Checkpoint(c) = &source {
         say(format!("resumed from {} at step {} (next micro-batch {})", c.dir.display(), c.state.step, c.state.next_micro_batch));
