@@ -97,7 +97,10 @@ fn dimensions_are_checked_with_the_numbers() {
     assert!(err(AttentionDims { head_dim: 257, ..ok }).contains("head dim 257 is above the 256"));
     assert!(AttentionDims { head_dim: 256, ..ok }.check_kernel_limits(usize::MAX, 16384).is_ok());
     let small_workgroup = ok.check_kernel_limits(usize::MAX, 8192).unwrap_err().to_string();
-    assert!(small_workgroup.contains(&format!("need {KERNEL_WORKGROUP_BYTES} bytes")) && small_workgroup.contains("allows 8192"), "{small_workgroup}");
+    assert!(
+        small_workgroup.contains(&format!("need {KERNEL_WORKGROUP_BYTES} bytes")) && small_workgroup.contains("allows 8192"),
+        "{small_workgroup}"
+    );
     // Past the dispatch grid's 65535 workgroups a dimension, with BLOCK positions a workgroup.
     let too_long = AttentionDims { seq_len: 65535 * BLOCK + 1, ..ok }.check_kernel_limits(usize::MAX, 16384).unwrap_err().to_string();
     assert!(too_long.contains(&format!("{} positions", 65535 * BLOCK + 1)) && too_long.contains("at most 65535"), "{too_long}");
