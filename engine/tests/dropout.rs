@@ -52,9 +52,16 @@ fn dropout_kernels_match_twins() {
 /// several batches so the GPU's split by batch must keep the mask's batch index global.
 fn attention_dropout_case<D: Backend>(dev: &D) -> Outputs {
     let mut out = Outputs::new();
-    let cases = [AttentionDims::mha(3, 17, 48, 4), AttentionDims::gqa(2, 300, 4, 2, 12), AttentionDims::gqa(3, 65, 6, 3, 64)];
+    // Partial 32-row tiles of the tiled kernels, head dims of part of one 32-channel chunk up to four.
+    let cases = [
+        AttentionDims::mha(3, 17, 48, 4),
+        AttentionDims::gqa(2, 300, 4, 2, 12),
+        AttentionDims::gqa(3, 65, 6, 3, 64),
+        AttentionDims::gqa(2, 130, 4, 2, 128),
+        AttentionDims::gqa(2, 33, 3, 1, 7),
+    ];
     for (i, d) in cases.into_iter().enumerate() {
-        let d = d.with_dropout(Some(mask([0.1, 0.3, 0.5][i], 77 + i as u64)));
+        let d = d.with_dropout(Some(mask([0.1, 0.3, 0.5, 0.2, 0.4][i], 77 + i as u64)));
         let tag = format!("B{} T{} H{} G{} D{}", d.batch, d.seq_len, d.heads, d.kv_heads, d.head_dim);
         let rows = d.batch * d.seq_len;
         let qkv = tensor(dev, &random(i as u64, rows * d.qkv_width(), 1.5));

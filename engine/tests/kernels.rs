@@ -177,7 +177,7 @@ fn layernorm_matches_twin() {
 
 fn attention_case<D: Backend>(dev: &D) -> Outputs {
     let mut out = Outputs::new();
-    // (batch, seq_len, heads, head_dim): T past one 256-key chunk, odd head sizes, one head of 64.
+    // (batch, seq_len, heads, head_dim): T of many 32-row tiles, odd head sizes, one head of 64.
     for (batch, seq_len, heads, hd) in [(1, 1, 1, 1), (2, 5, 3, 7), (1, 300, 2, 64), (3, 17, 4, 16)] {
         let c = heads * hd;
         let d = AttentionDims::mha(batch, seq_len, c, heads);
@@ -249,10 +249,9 @@ fn attention_scale_multiplies_the_scores() {
 }
 
 /// Grouped-query attention: every (heads, kv_heads) pair at every head dim up to the kernels' largest,
-/// cycling through awkward T and B; and T past one 256-key chunk, where key_value_grad's loop over a
-/// group's heads restarts its chunks.
+/// cycling through awkward T and B; and T of many 32-key tiles (300, 260, ending in partial ones), where
+/// key_value_grad's loop over a group's heads restarts its query tiles.
 fn gqa_attention_case<D: Backend>(dev: &D) -> Outputs {
-    let mut out = Outputs::new();
     let mut cases = Vec::new();
     for (i, &(heads, kv_heads)) in [(4, 2), (4, 1), (6, 3), (8, 8), (3, 1)].iter().enumerate() {
         for (k, &head_dim) in [12, 32, 64, 80, 128, MAX_HEAD_DIM].iter().enumerate() {
@@ -261,24 +260,49 @@ fn gqa_attention_case<D: Backend>(dev: &D) -> Outputs {
     }
     cases.push(AttentionDims::gqa(2, 300, 4, 2, 12));
     cases.push(AttentionDims::gqa(1, 260, 3, 1, 80));
+    let mut out = Outputs::new();
     for d in cases {
-        let tag = format!("B{} T{} H{} G{} D{}", d.batch, d.seq_len, d.heads, d.kv_heads, d.head_dim);
-        let seed = (d.batch * 7 + d.seq_len * 31 + d.heads * 131 + d.kv_heads * 17 + d.head_dim) as u64;
-        let rows = d.batch * d.seq_len;
-        let qkv = tensor(dev, &random(seed, rows * d.qkv_width(), 1.5));
-        let (o, lse) = (dev.alloc(rows * d.out_width(), "o").unwrap(), dev.alloc(d.stat_len(), "lse").unwrap());
-        dev.attention_forward(&o, &lse, &qkv, d);
-        out.push((format!("out {tag}"), dev.read(&o)));
-        out.push((format!("lse {tag}"), dev.read(&lse)));
-        let dout = tensor(dev, &random(seed + 1, rows * d.out_width(), 1.0));
-        // Garbage in dqkv and delta: both must be overwritten.
-        let dqkv = tensor(dev, &random(seed + 2, rows * d.qkv_width(), 9.0));
-        let delta = tensor(dev, &random(seed + 3, d.stat_len(), 9.0));
-        dev.attention_backward(&dqkv, &delta, &dout, &qkv, &o, &lse, d);
-        out.push((format!("dqkv {tag}"), dev.read(&dqkv)));
-        out.push((format!("delta {tag}"), dev.read(&delta)));
+        attention_outputs(dev, d, &mut out);
     }
     out
+}
+
+/// Forward and backward of `d` on seeded random inputs, with garbage in dqkv and delta (both must be
+/// overwritten): out, lse, dqkv and delta.
+fn attention_outputs<D: Backend>(dev: &D, d: AttentionDims, out: &mut Outputs) {
+    let tag = format!("B{} T{} H{} G{} D{}", d.batch, d.seq_len, d.heads, d.kv_heads, d.head_dim);
+    let seed = (d.batch * 7 + d.seq_len * 31 + d.heads * 131 + d.kv_heads * 17 + d.head_dim) as u64;
+    let rows = d.batch * d.seq_len;
+    let qkv = tensor(dev, &random(seed, rows * d.qkv_width(), 1.5));
+    let (o, lse) = (dev.alloc(rows * d.out_width(), "o").unwrap(), dev.alloc(d.stat_len(), "lse").unwrap());
+    dev.attention_forward(&o, &lse, &qkv, d);
+    out.push((format!("out {tag}"), dev.read(&o)));
+    out.push((format!("lse {tag}"), dev.read(&lse)));
+    let dout = tensor(dev, &random(seed + 1, rows * d.out_width(), 1.0));
+    let dqkv = tensor(dev, &random(seed + 2, rows * d.qkv_width(), 9.0));
+    let delta = tensor(dev, &random(seed + 3, d.stat_len(), 9.0));
+    dev.attention_backward(&dqkv, &delta, &dout, &qkv, &o, &lse, d);
+    out.push((format!("dqkv {tag}"), dev.read(&dqkv)));
+    out.push((format!("delta {tag}"), dev.read(&delta)));
+}
+
+/// The tiled kernels' edges: T below, at and past their 32-row blocks (1, 7, 31, 32, 33, 65, 130), head
+/// dims of part of one 32-channel chunk (7), two and four chunks (GPT-2's 64, Llama's 128), grouped and
+/// multi-head attention, two batches.
+fn attention_tile_edges_case<D: Backend>(dev: &D) -> Outputs {
+    let mut out = Outputs::new();
+    for (i, &seq_len) in [1, 7, 31, 32, 33, 65, 130].iter().enumerate() {
+        for (k, &head_dim) in [7, 64, 128].iter().enumerate() {
+            let (heads, kv_heads) = [(4, 2), (3, 3), (6, 1)][(i + k) % 3];
+            attention_outputs(dev, AttentionDims::gqa(2, seq_len, heads, kv_heads, head_dim), &mut out);
+        }
+    }
+    out
+}
+
+#[test]
+fn attention_at_tile_edges_matches_twin() {
+    check!("attention tile edges", attention_tile_edges_case, 1e-4, 1e-4);
 }
 
 #[test]

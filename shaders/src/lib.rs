@@ -25,9 +25,9 @@ macro_rules! kernels {
 }
 
 kernels! {
-    ATTENTION_BACKWARD => "attention_backward" with "dropout_mask", "attention_params",
+    ATTENTION_BACKWARD => "attention_backward" with "dropout_mask", "attention_params", "attention_tiles",
     ATTENTION_DECODE => "attention_decode" with "workgroup_logsumexp",
-    ATTENTION_FORWARD => "attention_forward" with "workgroup_logsumexp", "dropout_mask", "attention_params",
+    ATTENTION_FORWARD => "attention_forward" with "dropout_mask", "attention_params", "attention_tiles",
     AXPY => "axpy",
     BIAS_BACKWARD => "bias_backward",
     CAST_HALF_TO_F32 => "cast_half_to_f32",

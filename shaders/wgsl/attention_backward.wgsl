@@ -1,16 +1,21 @@
 // attention_backward, two entry points that together write every element of dqkv once (layouts as in
 // attention_forward.wgsl: qkv and dqkv (B, T, (H + 2G) D), query head h reads key/value head h / group):
-//   query_grad (one workgroup per query t, query head h, batch b):
-//       delta_t = dout_t . out_t, and dq_t = scale * sum_j p_tj (dout_t . v_j - delta_t) k_j
-//   key_value_grad (one workgroup per key j, key/value head g, batch b), summing over the group's query
-//       heads h: dv_j = sum_h sum_{i>=j} p_ij dout_i, dk_j = scale * sum_h sum_{i>=j} p_ij (dout_i . v_j - delta_i) q_i
-// Probabilities are recomputed from the saved log-sum-exp; key_value_grad needs delta from query_grad.
-// With dropout (mask m, forward used m p): dv_j sums m_ij p_ij dout_i and ds_ij = p_ij (m_ij dout_i . v_j -
-// delta_i); delta = dout . out is unchanged, since out already holds the masked sum.
-// A shared head's gradient is one workgroup's running sum over the group's heads in order: deterministic,
-// without atomics or a second reduction pass.
+//   query_grad (one workgroup per block of BLOCK queries (x), query head h (y), batch b (z)):
+//       delta_t = dout_t . out_t, and dq_t = scale * sum_{j<=t} p_tj (dout_t . v_j - delta_t) k_j
+//   key_value_grad (one workgroup per block of BLOCK keys (x), key/value head g (y), batch b (z)), summing
+//       over the group's query heads h: dv_j = sum_h sum_{i>=j} p_ij dout_i,
+//       dk_j = scale * sum_h sum_{i>=j} p_ij (dout_i . v_j - delta_i) q_i
+// Flash-attention-2 style: the probabilities p_ij = exp(q_i . k_j * scale - lse_i) are recomputed tile by
+// tile (BLOCK x BLOCK, common/attention_tiles.wgsl) from the saved log-sum-exp, so nothing of size (T, T)
+// touches device memory. query_grad walks the key tiles up to its diagonal, key_value_grad the query
+// tiles from its diagonal on; tiles past the diagonal are skipped. key_value_grad needs delta from
+// query_grad (the next dispatch). With dropout (mask m, forward used m p): dv_j sums m_ij p_ij dout_i and
+// ds_ij = p_ij (m_ij dout_i . v_j - delta_i); delta = dout . out is unchanged, since out already holds the
+// masked sum. Each gradient is one workgroup's running sum in a fixed order (a shared head's over the
+// group's heads in order, then the query tiles): deterministic, without atomics or a reduction pass.
 
-// Params and prob_dropout come from common/attention_params.wgsl.
+// Params and prob_dropout come from common/attention_params.wgsl; BLOCK, the staged tiles, tile_dots
+// and accumulate_tile from common/attention_tiles.wgsl.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> qkv: array<f32>;
@@ -20,112 +25,157 @@
 @group(0) @binding(5) var<storage, read_write> delta: array<f32>;
 @group(0) @binding(6) var<storage, read_write> dqkv: array<f32>;
 
-const LANES: u32 = 256u;
-var<workgroup> row_a: array<f32, 256>; // query_grad: q_t;   key_value_grad: k_j
-var<workgroup> row_b: array<f32, 256>; // query_grad: dout_t; key_value_grad: v_j
-var<workgroup> chunk_p: array<f32, 256>;
-var<workgroup> chunk_ds: array<f32, 256>;
+// query_grad: each lane's part of its row's delta.
+var<workgroup> part_sum: array<f32, LANES>;
 
-// Column `part_start` (0, k_start or v_start) + head * D of row (b, t) of qkv or dqkv.
-fn qkv_index(b: u32, t: u32, part_start: u32, head: u32) -> u32 {
-    return p.qkv_off + (b * p.seq_len + t) * p.qkv_width + part_start + head * p.head_dim;
-}
-fn out_index(b: u32, t: u32, h: u32) -> u32 {
-    return p.out_off + ((b * p.seq_len + t) * p.heads + h) * p.head_dim;
-}
+fn out_index(b: u32, t: u32, h: u32) -> u32 { return p.out_off + ((b * p.seq_len + t) * p.heads + h) * p.head_dim; }
+fn qkv_row(b: u32, t: u32) -> u32 { return p.qkv_off + (b * p.seq_len + t) * p.qkv_width; }
 fn stat_index(b: u32, h: u32, t: u32) -> u32 { return p.stat_off + (b * p.heads + h) * p.seq_len + t; }
+
+// col0: the head's first column in a qkv row, or h D for dout.
+fn source_at(b: u32, row: u32, col0: u32, d: u32, source: u32) -> f32 {
+    if (row >= p.seq_len || d >= p.head_dim) { return 0.0; }
+    if (source == SOURCE_DOUT) { return dout[p.out_off + (b * p.seq_len + row) * p.heads * p.head_dim + col0 + d]; }
+    return qkv[qkv_row(b, row) + col0 + d];
+}
+fn store(index: u32, value: f32) { dqkv[index] = value; }
 
 @compute @workgroup_size(256, 1, 1)
 fn query_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    let t = wg.x;
+    let q0 = wg.x * BLOCK;
     let h = wg.y;
     let b = wg.z;
     let g = h / p.group;
-    if (lane < p.head_dim) {
-        row_a[lane] = qkv[qkv_index(b, t, 0u, h) + lane];
-        row_b[lane] = dout[out_index(b, t, h) + lane];
-        chunk_p[lane] = row_b[lane] * out[out_index(b, t, h) + lane];
-    }
-    workgroupBarrier();
-    var dl = 0.0;
-    for (var d = 0u; d < p.head_dim; d++) { dl += chunk_p[d]; }
-    let row_lse = lse[stat_index(b, h, t)];
-    workgroupBarrier();
+    let r = lane / LANES_PER_ROW;
+    let part = lane % LANES_PER_ROW;
+    let t = q0 + r;
+    let q_col = h * p.head_dim;
+    let k_col = p.k_start + g * p.head_dim;
+    let v_col = p.v_start + g * p.head_dim;
 
-    var acc = 0.0;
-    for (var j0 = 0u; j0 <= t; j0 += LANES) {
-        let j = j0 + lane;
-        var ds = 0.0;
-        if (j <= t) {
-            let kb = qkv_index(b, j, p.k_start, g);
-            let vb = qkv_index(b, j, p.v_start, g);
-            var qk = 0.0;
-            var dov = 0.0;
-            for (var d = 0u; d < p.head_dim; d++) {
-                qk = fma(row_a[d], qkv[kb + d], qk);
-                dov = fma(row_b[d], qkv[vb + d], dov);
-            }
-            let pj = exp(qk * p.scale - row_lse);
-            ds = pj * (dov * prob_dropout(b, h, t, j) - dl);
-        }
-        chunk_ds[lane] = ds;
-        workgroupBarrier();
-        if (lane < p.head_dim) {
-            let n = min(LANES, t + 1u - j0);
-            for (var jj = 0u; jj < n; jj++) { acc = fma(chunk_ds[jj], qkv[qkv_index(b, j0 + jj, p.k_start, g) + lane], acc); }
-        }
-        workgroupBarrier();
+    // delta_t: lane `part` sums channels part + 8i, then the row's lanes' sums are added in lane order.
+    var lane_delta = 0.0;
+    var row_lse = 0.0;
+    if (t < p.seq_len) {
+        let o = out_index(b, t, h);
+        for (var d = part; d < p.head_dim; d += LANES_PER_ROW) { lane_delta = fma(dout[o + d], out[o + d], lane_delta); }
+        row_lse = lse[stat_index(b, h, t)];
     }
-    if (lane < p.head_dim) { dqkv[qkv_index(b, t, 0u, h) + lane] = acc * p.scale; }
-    if (lane == 0u) { delta[stat_index(b, h, t)] = dl; }
+    part_sum[lane] = lane_delta;
+    workgroupBarrier();
+    var row_delta = 0.0;
+    for (var q = 0u; q < LANES_PER_ROW; q++) { row_delta += part_sum[r * LANES_PER_ROW + q]; }
+
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    var acc4 = vec4<f32>(0.0);
+    var acc5 = vec4<f32>(0.0);
+    var acc6 = vec4<f32>(0.0);
+    var acc7 = vec4<f32>(0.0);
+    let tiles = (min(q0 + BLOCK, p.seq_len) - 1u) / BLOCK + 1u;
+    for (var kt = 0u; kt < tiles; kt++) {
+        let k0 = kt * BLOCK;
+        let s = tile_dots(lane, b, q0, q_col, SOURCE_QKV, false, k0, k_col, SOURCE_QKV);
+        let dov = tile_dots(lane, b, q0, q_col, SOURCE_DOUT, false, k0, v_col, SOURCE_QKV);
+        for (var i = 0u; i < 4u; i++) {
+            let key = part + i * LANES_PER_ROW;
+            var ds = 0.0;
+            if (k0 + key <= t && t < p.seq_len) {
+                ds = exp(s[i] * p.scale - row_lse) * (dov[i] * prob_dropout(b, h, t, k0 + key) - row_delta);
+            }
+            tile[r * STRIDE + key] = ds;
+        }
+        accumulate_tile(lane, b, k0, k_col, SOURCE_QKV, &acc0, &acc1, &acc2, &acc3, &acc4, &acc5, &acc6, &acc7);
+    }
+
+    if (t < p.seq_len) {
+        let base = qkv_row(b, t) + q_col;
+        store_chunk(base, part, 0u, acc0, p.scale);
+        store_chunk(base, part, 1u, acc1, p.scale);
+        store_chunk(base, part, 2u, acc2, p.scale);
+        store_chunk(base, part, 3u, acc3, p.scale);
+        store_chunk(base, part, 4u, acc4, p.scale);
+        store_chunk(base, part, 5u, acc5, p.scale);
+        store_chunk(base, part, 6u, acc6, p.scale);
+        store_chunk(base, part, 7u, acc7, p.scale);
+        if (part == 0u) { delta[stat_index(b, h, t)] = row_delta; }
+    }
 }
 
 @compute @workgroup_size(256, 1, 1)
 fn key_value_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    let j = wg.x;
+    let k0 = wg.x * BLOCK;
     let g = wg.y;
     let b = wg.z;
-    if (lane < p.head_dim) {
-        row_a[lane] = qkv[qkv_index(b, j, p.k_start, g) + lane];
-        row_b[lane] = qkv[qkv_index(b, j, p.v_start, g) + lane];
-    }
-    workgroupBarrier();
-    var acc_k = 0.0;
-    var acc_v = 0.0;
+    let r = lane / LANES_PER_ROW;
+    let part = lane % LANES_PER_ROW;
+    let j = k0 + r;
+    let k_col = p.k_start + g * p.head_dim;
+    let v_col = p.v_start + g * p.head_dim;
+    let query_tiles = (p.seq_len + BLOCK - 1u) / BLOCK;
+
+    var dk0 = vec4<f32>(0.0);
+    var dk1 = vec4<f32>(0.0);
+    var dk2 = vec4<f32>(0.0);
+    var dk3 = vec4<f32>(0.0);
+    var dk4 = vec4<f32>(0.0);
+    var dk5 = vec4<f32>(0.0);
+    var dk6 = vec4<f32>(0.0);
+    var dk7 = vec4<f32>(0.0);
+    var dv0 = vec4<f32>(0.0);
+    var dv1 = vec4<f32>(0.0);
+    var dv2 = vec4<f32>(0.0);
+    var dv3 = vec4<f32>(0.0);
+    var dv4 = vec4<f32>(0.0);
+    var dv5 = vec4<f32>(0.0);
+    var dv6 = vec4<f32>(0.0);
+    var dv7 = vec4<f32>(0.0);
     for (var h = g * p.group; h < (g + 1u) * p.group; h++) {
-        for (var i0 = j; i0 < p.seq_len; i0 += LANES) {
-            let i = i0 + lane;
-            var pi = 0.0;
-            var ds = 0.0;
-            if (i < p.seq_len) {
-                let qb = qkv_index(b, i, 0u, h);
-                let ob = out_index(b, i, h);
-                var qk = 0.0;
-                var dov = 0.0;
-                for (var d = 0u; d < p.head_dim; d++) {
-                    qk = fma(qkv[qb + d], row_a[d], qk);
-                    dov = fma(dout[ob + d], row_b[d], dov);
+        let q_col = h * p.head_dim;
+        // Query tiles from the diagonal one on; each has query i0 + BLOCK - 1 >= every key of the block.
+        for (var qt = wg.x; qt < query_tiles; qt++) {
+            let i0 = qt * BLOCK;
+            // Transposed tiles: row r is key j, column part + 8i query i0 + part + 8i.
+            let s = tile_dots(lane, b, k0, k_col, SOURCE_QKV, false, i0, q_col, SOURCE_QKV);
+            let dov = tile_dots(lane, b, k0, v_col, SOURCE_QKV, false, i0, q_col, SOURCE_DOUT);
+            var ds = vec4<f32>(0.0);
+            for (var i = 0u; i < 4u; i++) {
+                let query = i0 + part + i * LANES_PER_ROW;
+                var dropped = 0.0;
+                if (query >= j && query < p.seq_len) {
+                    let m = prob_dropout(b, h, query, j);
+                    let pu = exp(s[i] * p.scale - lse[stat_index(b, h, query)]);
+                    ds[i] = pu * (dov[i] * m - delta[stat_index(b, h, query)]);
+                    dropped = pu * m;
                 }
-                let m = prob_dropout(b, h, i, j);
-                let pu = exp(qk * p.scale - lse[stat_index(b, h, i)]);
-                ds = pu * (dov * m - delta[stat_index(b, h, i)]);
-                pi = pu * m;
+                tile[r * STRIDE + part + i * LANES_PER_ROW] = dropped;
             }
-            chunk_p[lane] = pi;
-            chunk_ds[lane] = ds;
-            workgroupBarrier();
-            if (lane < p.head_dim) {
-                let n = min(LANES, p.seq_len - i0);
-                for (var ii = 0u; ii < n; ii++) {
-                    acc_v = fma(chunk_p[ii], dout[out_index(b, i0 + ii, h) + lane], acc_v);
-                    acc_k = fma(chunk_ds[ii], qkv[qkv_index(b, i0 + ii, 0u, h) + lane], acc_k);
-                }
-            }
-            workgroupBarrier();
+            accumulate_tile(lane, b, i0, q_col, SOURCE_DOUT, &dv0, &dv1, &dv2, &dv3, &dv4, &dv5, &dv6, &dv7);
+            // accumulate_tile ends with a barrier: every lane is done reading the probabilities.
+            for (var i = 0u; i < 4u; i++) { tile[r * STRIDE + part + i * LANES_PER_ROW] = ds[i]; }
+            accumulate_tile(lane, b, i0, q_col, SOURCE_QKV, &dk0, &dk1, &dk2, &dk3, &dk4, &dk5, &dk6, &dk7);
         }
     }
-    if (lane < p.head_dim) {
-        dqkv[qkv_index(b, j, p.k_start, g) + lane] = acc_k * p.scale;
-        dqkv[qkv_index(b, j, p.v_start, g) + lane] = acc_v;
+
+    if (j < p.seq_len) {
+        let base = qkv_row(b, j);
+        store_chunk(base + k_col, part, 0u, dk0, p.scale);
+        store_chunk(base + k_col, part, 1u, dk1, p.scale);
+        store_chunk(base + k_col, part, 2u, dk2, p.scale);
+        store_chunk(base + k_col, part, 3u, dk3, p.scale);
+        store_chunk(base + k_col, part, 4u, dk4, p.scale);
+        store_chunk(base + k_col, part, 5u, dk5, p.scale);
+        store_chunk(base + k_col, part, 6u, dk6, p.scale);
+        store_chunk(base + k_col, part, 7u, dk7, p.scale);
+        store_chunk(base + v_col, part, 0u, dv0, 1.0);
+        store_chunk(base + v_col, part, 1u, dv1, 1.0);
+        store_chunk(base + v_col, part, 2u, dv2, 1.0);
+        store_chunk(base + v_col, part, 3u, dv3, 1.0);
+        store_chunk(base + v_col, part, 4u, dv4, 1.0);
+        store_chunk(base + v_col, part, 5u, dv5, 1.0);
+        store_chunk(base + v_col, part, 6u, dv6, 1.0);
+        store_chunk(base + v_col, part, 7u, dv7, 1.0);
     }
 }

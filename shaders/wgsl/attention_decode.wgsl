@@ -3,8 +3,9 @@
 //   cache (capacity, 2 G D): row t = [k_t (G D) | v_t (G D)]; out (n, H D).
 // `append` copies the new rows' k and v into cache rows past .. past + n (one thread per float); `main`
 // then runs one workgroup per (new row i, query head h): softmax(q k^T * scale) over cache rows
-// 0 ..= past + i, times v, with key/value head h / group. Same operations in the same order as
-// attention_forward, so a cached step equals the full recompute of the same k and v.
+// 0 ..= past + i, times v, with key/value head h / group. Same operations in the same order as the
+// attention_forward twin (ops/attention.rs); the tiled attention_forward.wgsl sums in another order, so
+// on the gpu a cached step equals the full recompute up to rounding.
 
 struct Params {
     rows: u32, past: u32, heads: u32, group: u32,

@@ -987,7 +987,7 @@ impl Backend for GpuDevice {
                 "main",
                 &params,
                 &[(1, qw.binding), (2, ow.binding), (3, lw.binding)],
-                [t as u32, d.heads as u32, bs.len() as u32],
+                [t.div_ceil(crate::ops::attention::BLOCK) as u32, d.heads as u32, bs.len() as u32],
             );
         }
     }
@@ -1024,15 +1024,16 @@ impl Backend for GpuDevice {
                     (5, ew.binding.clone()),
                     (6, gw.binding.clone()),
                 ],
-                [t as u32, d.heads as u32, bs.len() as u32],
+                [t.div_ceil(crate::ops::attention::BLOCK) as u32, d.heads as u32, bs.len() as u32],
             );
-            // One workgroup per key/value head: it sums the gradients of the group's query heads.
+            // One workgroup per key/value head (and block of keys): it sums the gradients of the group's
+            // query heads.
             self.dispatch(
                 shaders::ATTENTION_BACKWARD,
                 "key_value_grad",
                 &params,
                 &[(1, qw.binding), (3, dw.binding), (4, lw.binding), (5, ew.binding), (6, gw.binding)],
-                [t as u32, d.kv_heads as u32, bs.len() as u32],
+                [t.div_ceil(crate::ops::attention::BLOCK) as u32, d.kv_heads as u32, bs.len() as u32],
             );
         }
     }

@@ -16,15 +16,20 @@ use rayon::prelude::*;
 
 use super::dropout::DropoutMask;
 
-/// The largest head dim the WGSL kernels take: they run one 256-lane workgroup per query row (or key
-/// row), each lane owning one channel of the head, and hold head rows in workgroup arrays of 256.
+/// The largest head dim the WGSL kernels take. The tiled kernels keep a row's head channels as eight
+/// chunks of 32 (one `vec4` per lane and chunk, `common/attention_tiles.wgsl`); the decode kernel runs
+/// one 256-lane workgroup per query row, one lane per channel.
 pub const MAX_HEAD_DIM: usize = 256;
+/// Query rows per workgroup of the tiled kernels, and keys per tile (`BLOCK` in
+/// `common/attention_tiles.wgsl`): the grids are ceil(T / BLOCK) workgroups along x.
+pub const BLOCK: usize = 32;
 /// The most workgroups a dispatch may have along one dimension (WebGPU's
 /// `maxComputeWorkgroupsPerDimension`, which every adapter wgpu opens allows).
 pub const MAX_GRID_DIM: usize = 65535;
-/// Workgroup memory each attention kernel declares: four arrays of 256 floats, whatever the head dim
-/// (`attention/tests.rs` reads the WGSL to keep this true).
-pub const KERNEL_WORKGROUP_BYTES: usize = 4096;
+/// Workgroup memory of the attention kernel that declares the most, whatever the head dim: the forward's
+/// three staged 32 x 33 tiles and two 256-float arrays of per-lane maxima and sums (`attention/tests.rs`
+/// reads the WGSL to keep this true). Under WebGPU's default limit of 16384 bytes.
+pub const KERNEL_WORKGROUP_BYTES: usize = 14720;
 
 /// The shape of one attention call; see the module docs for the layouts.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -97,17 +102,20 @@ impl AttentionDims {
     /// floats (the gpu device splits attention by batch only).
     pub fn check_kernel_limits(&self, max_binding_elems: usize, workgroup_bytes: usize) -> Result<()> {
         self.check()?;
-        // One workgroup per (query, head): both are grid dimensions, which WebGPU caps at 65535.
-        if self.seq_len > MAX_GRID_DIM || self.heads > MAX_GRID_DIM {
+        // One workgroup per (block of BLOCK positions, head): both are grid dimensions, which WebGPU caps.
+        if self.seq_len.div_ceil(BLOCK) > MAX_GRID_DIM || self.heads > MAX_GRID_DIM {
             bail!(
-                "attention over {} positions and {} heads: the gpu kernels run one workgroup per position and head, at most \
-                 {MAX_GRID_DIM} of each (lower --seq-len)",
+                "attention over {} positions and {} heads: the gpu kernels run one workgroup per {BLOCK} positions and \
+                 head, at most {MAX_GRID_DIM} of each (lower --seq-len)",
                 self.seq_len,
                 self.heads
             );
         }
         if self.head_dim > MAX_HEAD_DIM {
-            bail!("attention head dim {} is above the {MAX_HEAD_DIM} the gpu kernels support (one lane per channel)", self.head_dim);
+            bail!(
+                "attention head dim {} is above the {MAX_HEAD_DIM} the gpu kernels support (eight chunks of 32 channels per row)",
+                self.head_dim
+            );
         }
         if KERNEL_WORKGROUP_BYTES > workgroup_bytes {
             bail!(

@@ -9,7 +9,8 @@
 //!
 //! The arithmetic is [`super::attention::attention_forward`]'s, step for step (the same fused dot
 //! products, maximum, log-sum-exp and weighted sum, in the same order), so a cached step gives the
-//! bits a full recompute of the same k and v gives. The kernel's head dim and workgroup memory are the
+//! bits a full recompute of the same k and v gives on the cpu device. (On the gpu the full recompute runs
+//! the tiled `attention_forward.wgsl`, whose online softmax sums in another order: equal up to rounding.) The kernel's head dim and workgroup memory are the
 //! attention kernels' ([`super::attention::MAX_HEAD_DIM`], checked against the WGSL in `attention/tests.rs`).
 
 use anyhow::{Result, bail};

@@ -96,12 +96,15 @@ fn dimensions_are_checked_with_the_numbers() {
     assert!(err(AttentionDims { head_dim: 0, ..ok }).contains("at least one"));
     assert!(err(AttentionDims { head_dim: 257, ..ok }).contains("head dim 257 is above the 256"));
     assert!(AttentionDims { head_dim: 256, ..ok }.check_kernel_limits(usize::MAX, 16384).is_ok());
-    let small_workgroup = ok.check_kernel_limits(usize::MAX, 2048).unwrap_err().to_string();
-    assert!(small_workgroup.contains("need 4096 bytes") && small_workgroup.contains("allows 2048"), "{small_workgroup}");
-    // Past the dispatch grid's 65535 workgroups a dimension.
-    let too_long = AttentionDims { seq_len: 65536, ..ok }.check_kernel_limits(usize::MAX, 16384).unwrap_err().to_string();
-    assert!(too_long.contains("65536 positions") && too_long.contains("at most 65535"), "{too_long}");
-    assert!(AttentionDims { seq_len: 65535, ..ok }.check_kernel_limits(usize::MAX, 16384).is_ok());
+    let small_workgroup = ok.check_kernel_limits(usize::MAX, 8192).unwrap_err().to_string();
+    assert!(
+        small_workgroup.contains(&format!("need {KERNEL_WORKGROUP_BYTES} bytes")) && small_workgroup.contains("allows 8192"),
+        "{small_workgroup}"
+    );
+    // Past the dispatch grid's 65535 workgroups a dimension, with BLOCK positions a workgroup.
+    let too_long = AttentionDims { seq_len: 65535 * BLOCK + 1, ..ok }.check_kernel_limits(usize::MAX, 16384).unwrap_err().to_string();
+    assert!(too_long.contains(&format!("{} positions", 65535 * BLOCK + 1)) && too_long.contains("at most 65535"), "{too_long}");
+    assert!(AttentionDims { seq_len: 65535 * BLOCK, ..ok }.check_kernel_limits(usize::MAX, 16384).is_ok());
     // 64 x 6144 floats of qkv per sequence.
     let long = ok.check_kernel_limits(64 * 6144 - 1, 16384).unwrap_err().to_string();
     assert!(long.contains("1572864 bytes") && long.contains("--seq-len to at most 63"), "{long}");
@@ -115,20 +118,45 @@ fn elements(module: &naga::Module, ty: naga::Handle<naga::Type>) -> u32 {
     }
 }
 
+/// The value of a `const` of the module (a u32 literal).
+fn constant(module: &naga::Module, name: &str) -> usize {
+    let (_, c) = module.constants.iter().find(|(_, c)| c.name.as_deref() == Some(name)).unwrap_or_else(|| panic!("no const {name}"));
+    match module.global_expressions[c.init] {
+        naga::Expression::Literal(naga::Literal::U32(n)) => n as usize,
+        ref e => panic!("const {name} is {e:?}"),
+    }
+}
+
 #[test]
 fn kernel_limits_describe_the_wgsl() {
+    let mut largest = 0;
     for kernel in [zerostream_shaders::ATTENTION_FORWARD, zerostream_shaders::ATTENTION_BACKWARD, zerostream_shaders::ATTENTION_DECODE] {
         let module = naga::front::wgsl::parse_str(kernel.source).unwrap();
         let workgroup: Vec<_> =
             module.global_variables.iter().map(|(_, v)| v).filter(|v| v.space == naga::AddressSpace::WorkGroup).collect();
-        let bytes: u32 = workgroup.iter().map(|v| module.types[v.ty].inner.size(module.to_ctx())).sum();
-        assert_eq!(bytes as usize, KERNEL_WORKGROUP_BYTES, "{}", kernel.name);
-        // Rows of a head live in these arrays, and one lane owns each channel.
-        for v in workgroup.iter().filter(|v| matches!(v.name.as_deref(), Some("q_row" | "row_a" | "row_b"))) {
-            assert!(elements(&module, v.ty) as usize >= MAX_HEAD_DIM, "{}: {:?}", kernel.name, v.name);
+        let bytes = workgroup.iter().map(|v| module.types[v.ty].inner.size(module.to_ctx())).sum::<u32>() as usize;
+        assert!(bytes <= KERNEL_WORKGROUP_BYTES, "{}: {bytes} bytes", kernel.name);
+        largest = largest.max(bytes);
+        if kernel.name == "attention_decode" {
+            // Rows of a head live in these arrays, and one lane owns each channel.
+            for v in workgroup.iter().filter(|v| v.name.as_deref() == Some("q_row")) {
+                assert!(elements(&module, v.ty) as usize >= MAX_HEAD_DIM, "{}: {:?}", kernel.name, v.name);
+            }
+            for entry in &module.entry_points {
+                assert!(entry.workgroup_size[0] as usize >= MAX_HEAD_DIM, "{}: {}", kernel.name, entry.name);
+            }
+            continue;
         }
+        // The tiled kernels: the grid's block, the channels a row's accumulators hold, and the lanes: each
+        // of a row's lanes owns four columns of a tile row and four channels of each chunk.
+        let (block, chunk, lanes_per_row) = (constant(&module, "BLOCK"), constant(&module, "CHUNK"), constant(&module, "LANES_PER_ROW"));
+        assert_eq!(block, BLOCK, "{}", kernel.name);
+        assert!(chunk * constant(&module, "MAX_CHUNKS") >= MAX_HEAD_DIM, "{}", kernel.name);
+        assert_eq!((4 * lanes_per_row, 4 * lanes_per_row), (block, chunk), "{}", kernel.name);
         for entry in &module.entry_points {
-            assert!(entry.workgroup_size[0] as usize >= MAX_HEAD_DIM, "{}: {}", kernel.name, entry.name);
+            assert_eq!(entry.workgroup_size[0] as usize, block * lanes_per_row, "{}: {}", kernel.name, entry.name);
+            assert_eq!(entry.workgroup_size[0] as usize, constant(&module, "LANES"), "{}: {}", kernel.name, entry.name);
         }
     }
+    assert_eq!(largest, KERNEL_WORKGROUP_BYTES);
 }
