@@ -53,8 +53,18 @@ fn matmul_16bit_b_case<D: Backend>(dev: &D) -> Outputs {
 /// (m, n, k) of the f32 product tests: single elements, K = 1, every kind of edge of the kernel's
 /// 128 x 128 x 8 tiles (1, 3, 17, 65, 129, 130 are multiples of neither 4 nor 8), multiples of 4 (the
 /// vector loads), and a K that needs splitting under 64 KiB bindings.
-const MATMUL_SHAPES: [(usize, usize, usize); 10] =
-    [(1, 1, 1), (3, 17, 1), (63, 65, 17), (65, 63, 130), (17, 129, 65), (129, 130, 3), (130, 200, 96), (7, 33, 4097), (256, 132, 40), (1, 130, 129)];
+const MATMUL_SHAPES: [(usize, usize, usize); 10] = [
+    (1, 1, 1),
+    (3, 17, 1),
+    (63, 65, 17),
+    (65, 63, 130),
+    (17, 129, 65),
+    (129, 130, 3),
+    (130, 200, 96),
+    (7, 33, 4097),
+    (256, 132, 40),
+    (1, 130, 129),
+];
 
 fn matmul_case<D: Backend>(dev: &D) -> Outputs {
     let mut out = Outputs::new();

@@ -59,7 +59,7 @@ impl GpuDevice {
     fn vec4_window<'a>(&'a self, window: &Window<'a>) -> (wgpu::BufferBinding<'a>, bool) {
         let bytes = window.binding.size.map_or(0, |s| s.get()) / 16 * 16;
         match wgpu::BufferSize::new(bytes) {
-            Some(size) if window.binding.offset % 16 == 0 => {
+            Some(size) if window.binding.offset.is_multiple_of(16) => {
                 (wgpu::BufferBinding { buffer: window.binding.buffer, offset: window.binding.offset, size: Some(size) }, true)
             }
             _ => (self.matmul_placeholder.as_entire_buffer_binding(), false),
@@ -108,10 +108,8 @@ impl GpuDevice {
         let (b4, b4_usable) = self.vec4_window(&wb);
         let bias_window = bias.map(|t| self.window(t, cols.clone()));
         let (m, n, k) = (rows.len() as u32, cols.len() as u32, ks.len() as u32);
-        let flags = accumulate as u32
-            | (((add_bias && bias.is_some()) as u32) << 1)
-            | ((a4_usable as u32) << 2)
-            | ((b4_usable as u32) << 3);
+        let flags =
+            accumulate as u32 | (((add_bias && bias.is_some()) as u32) << 1) | ((a4_usable as u32) << 2) | ((b4_usable as u32) << 3);
         let params = [
             m,
             n,
