@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # benches/gpu.sh: what a lent GPU machine should measure, in one command, written into ONE markdown file:
-# the adapter (zerostream devices, nvidia-smi), `zerostream bench kernels` (GPT-2 124M and 1.5B shapes),
+# the adapter (zerostream devices, nvidia-smi), `zerostream bench kernels` (GPT-2 124M and 1.5B shapes, and
+# which matmul path the adapter took: tile configuration, subgroup or cooperative-matrix use),
 # `bench h2d` / `bench d2h`, a GPT-2 124M and a GPT-2 1.5B (gpt2-xl) training run on the GPU, and PyTorch
 # on the same shapes: torch.matmul (fp32 without TF32, and bf16), scaled_dot_product_attention,
 # pinned-memory copies, and a Hugging Face GPT2LMHeadModel fp32 training step. Each part is rendered into
@@ -83,6 +84,7 @@ if kernels:
            f"Adapter {k0['adapter']}; timer {k0['timer']}; peak: " +
            (f"{k0['peak_part']} datasheet, {k0['peak_fp32_gflops']/1e3:.1f} TFLOP/s fp32, {k0['peak_mem_gbps']:.0f} GB/s" if k0["peak_part"] else "unknown") +
            f"; measured device-to-device copy {k0['copy_gbps']:.0f} GB/s (read + written).\n",
+           f"Matmul path the adapter took: {k0.get('matmul_path', 'not reported (an older binary)')}.\n",
            "| model | kernel | case | precision | shape | x/step | time (us) | rate | % of peak | % of copy | % of step |",
            "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in kernels:

@@ -159,6 +159,8 @@ pub struct StepEstimate {
 #[derive(Clone, Debug)]
 pub struct KernelBenchReport {
     pub adapter: String,
+    /// Which matmul kernel the adapter ran (tile configuration, subgroup or cooperative-matrix use).
+    pub matmul_path: String,
     pub timer: Timer,
     pub peak: Option<Peak>,
     /// Device-to-device copy, bytes read plus written per second.
@@ -212,6 +214,7 @@ pub fn bench_kernels(dev: &GpuDevice, cfg: &KernelBenchConfig, mut on_run: impl 
     }
     Ok(KernelBenchReport {
         adapter: dev.describe(),
+        matmul_path: dev.matmul_path().to_string(),
         timer,
         peak: datasheet_peak(&dev.summary().name),
         copy_gbps,
@@ -635,6 +638,7 @@ impl KernelBenchReport {
         let compute = r.bound == Bound::Compute;
         serde_json::json!({
             "adapter": self.adapter, "model": r.model, "batch": self.batch, "seq_len": self.seq_len,
+            "matmul_path": self.matmul_path,
             "kernel": r.kernel, "case": r.case, "shape": r.shape, "precision": r.precision,
             "bound": if compute { "compute" } else { "memory" },
             "flops": r.flops, "bytes": r.bytes, "seconds": r.seconds, "reps": r.reps, "timer": r.timer.name(),
@@ -671,8 +675,8 @@ impl KernelBenchReport {
             None => "\npeak: unknown (adapter not in the datasheet table); memory-bound rows are also shown against the copy".into(),
         };
         out += &format!(
-            "\nmeasured device-to-device copy: {:.1} GB/s (read + written); B={} T={}\n",
-            self.copy_gbps, self.batch, self.seq_len
+            "\nmeasured device-to-device copy: {:.1} GB/s (read + written); B={} T={}\nmatmul: {}\n",
+            self.copy_gbps, self.batch, self.seq_len, self.matmul_path
         );
         out += &format!(
             "{:<8} {:<22} {:<32} {:<7} {:<23} {:>6} {:>11} {:>16} {:>7} {:>7} {:>6}\n",

@@ -11,15 +11,17 @@ use common::{assert_close, gpu_or_skip, random, random_tokens};
 use zerostream::device::{Activation, AttentionDims, Backend, CpuDevice, DecodeDims, HalfFormat, MatmulShape, Operand};
 use zerostream::ops::attention::MAX_HEAD_DIM;
 
-/// B stored in 16 bits (the weights of a bf16/fp16 working copy), forward and transposed, at odd
-/// offsets so packed words are split; the cpu device holds the same values widened.
+/// B stored in 16 bits (the weights of a bf16/fp16 working copy), forward and transposed, at offset 0
+/// (the kernel's vector loads where N or K allow) and at an odd offset (packed words split, scalar loads);
+/// the cpu device holds the same values widened.
 fn matmul_16bit_b_case<D: Backend>(dev: &D) -> Outputs {
     let mut out = Outputs::new();
-    for (i, &(m, n, k)) in [(1, 1, 1), (63, 65, 17), (7, 33, 4097), (130, 200, 96)].iter().enumerate() {
-        for format in [HalfFormat::F16, HalfFormat::Bf16] {
+    let shapes = [(1, 1, 1), (3, 17, 65), (63, 65, 17), (7, 33, 4097), (129, 65, 130), (130, 200, 96)];
+    for (i, &(m, n, k)) in shapes.iter().enumerate() {
+        for (format, b_offset) in [(HalfFormat::F16, 0), (HalfFormat::F16, 1), (HalfFormat::Bf16, 0), (HalfFormat::Bf16, 1)] {
             let seed = 100 + 10 * i as u64;
             let a = random(seed, m * k, 1.0);
-            let b = random(seed + 1, k * n + 1, 1.0);
+            let b = random(seed + 1, k * n + b_offset, 1.0);
             let bits: Vec<u16> = match format {
                 HalfFormat::F16 => b.iter().map(|x| half::f16::from_f32(*x).to_bits()).collect(),
                 HalfFormat::Bf16 => b.iter().map(|x| half::bf16::from_f32(*x).to_bits()).collect(),
@@ -33,25 +35,40 @@ fn matmul_16bit_b_case<D: Backend>(dev: &D) -> Outputs {
                 n,
                 k,
                 a: Operand::row_major(k),
-                b: Operand { offset: 1, row_stride: n, col_stride: 1 },
+                b: Operand { offset: b_offset, row_stride: n, col_stride: 1 },
                 c: Operand::row_major(n),
             };
             dev.matmul(&c, &ta, &tb, None, &forward, false);
-            out.push((format!("{m}x{n}x{k} {format:?} B at offset 1"), dev.read(&c)));
+            out.push((format!("{m}x{n}x{k} {format:?} B at offset {b_offset}"), dev.read(&c)));
             let c = dev.alloc(m * n, "c").unwrap();
-            let transposed = MatmulShape { b: Operand { offset: 1, row_stride: 1, col_stride: k }, ..forward };
+            let transposed = MatmulShape { b: Operand { offset: b_offset, row_stride: 1, col_stride: k }, ..forward };
             dev.matmul(&c, &ta, &tb, None, &transposed, false);
-            out.push((format!("{m}x{n}x{k} {format:?} B^T at offset 1"), dev.read(&c)));
+            out.push((format!("{m}x{n}x{k} {format:?} B^T at offset {b_offset}"), dev.read(&c)));
             out.push((format!("{format:?} B read back"), dev.read(&tb)));
         }
     }
     out
 }
 
+/// (m, n, k) of the f32 product tests: single elements, K = 1, every kind of edge of the kernel's
+/// 128 x 128 x 8 tiles (1, 3, 17, 65, 129, 130 are multiples of neither 4 nor 8), multiples of 4 (the
+/// vector loads), and a K that needs splitting under 64 KiB bindings.
+const MATMUL_SHAPES: [(usize, usize, usize); 10] = [
+    (1, 1, 1),
+    (3, 17, 1),
+    (63, 65, 17),
+    (65, 63, 130),
+    (17, 129, 65),
+    (129, 130, 3),
+    (130, 200, 96),
+    (7, 33, 4097),
+    (256, 132, 40),
+    (1, 130, 129),
+];
+
 fn matmul_case<D: Backend>(dev: &D) -> Outputs {
     let mut out = Outputs::new();
-    // (m, n, k): single elements, tile edges, and a K that needs splitting under 64 KiB bindings.
-    for (i, &(m, n, k)) in [(1, 1, 1), (63, 65, 17), (65, 63, 130), (7, 33, 4097), (130, 200, 96)].iter().enumerate() {
+    for (i, &(m, n, k)) in MATMUL_SHAPES.iter().enumerate() {
         let seed = 10 * i as u64;
         let a = random(seed, m * k, 1.0);
         let b = random(seed + 1, k * n, 1.0);
@@ -79,6 +96,11 @@ fn matmul_case<D: Backend>(dev: &D) -> Outputs {
         };
         dev.matmul(&c, &ta, &tb, None, &shape, false);
         out.push((format!("{m}x{n}x{k} B^T strided C"), dev.read(&c)));
+        // Both transposed, with a bias, accumulating.
+        let c = tensor(dev, &c0);
+        let shape = MatmulShape { m, n, k, a: Operand::transposed(m), b: Operand::transposed(k), c: Operand::row_major(n) };
+        dev.matmul(&c, &ta, &tb, Some(&tbias), &shape, true);
+        out.push((format!("{m}x{n}x{k} A^T B^T bias accumulate"), dev.read(&c)));
         // bias_backward
         let db = tensor(dev, &bias);
         dev.bias_backward(&db, &tensor(dev, &c0), m, n);
@@ -91,6 +113,42 @@ fn matmul_case<D: Backend>(dev: &D) -> Outputs {
 fn matmul_matches_twin() {
     // K up to 4097 of f32 products: rounding grows with sqrt(K).
     check!("matmul", matmul_case, 1e-4, 1e-4);
+}
+
+/// The products of `matmul_case`'s shapes, forward with bias and accumulating, and with a bf16 B^T.
+fn matmul_split_products(dev: &zerostream::device::GpuDevice) -> Vec<(String, Vec<f32>)> {
+    let mut out = Vec::new();
+    for (i, &(m, n, k)) in MATMUL_SHAPES.iter().enumerate() {
+        let seed = 500 + 10 * i as u64;
+        let (a, b) = (tensor(dev, &random(seed, m * k, 1.0)), random(seed + 1, k * n, 1.0));
+        let (tb, bias) = (tensor(dev, &b), tensor(dev, &random(seed + 2, n, 1.0)));
+        let c = tensor(dev, &random(seed + 3, m * n, 1.0));
+        dev.matmul(&c, &a, &tb, Some(&bias), &MatmulShape::row_major(m, n, k), true);
+        out.push((format!("{m}x{n}x{k} forward, bias, accumulate"), dev.read(&c)));
+        let bits: Vec<u16> = b.iter().map(|x| half::bf16::from_f32(*x).to_bits()).collect();
+        let tb16 = dev.alloc_16bit(bits.len(), "b16", HalfFormat::Bf16).unwrap();
+        dev.write_16bit(&tb16, &bits, HalfFormat::Bf16).unwrap();
+        let c = dev.alloc(m * n, "c").unwrap();
+        let shape = MatmulShape { b: Operand::transposed(k), ..MatmulShape::row_major(m, n, k) };
+        dev.matmul(&c, &a, &tb16, None, &shape, false);
+        out.push((format!("{m}x{n}x{k} bf16 B^T"), dev.read(&c)));
+    }
+    out
+}
+
+/// A product's bits do not depend on how the engine splits it: with 64 KiB bindings the same products
+/// run as several dispatches (K halved into accumulating pieces, rows and columns into windows at other
+/// offsets, so other tiles take the vector or the scalar loads), and every bit must stay the same.
+#[test]
+fn matmul_bits_do_not_depend_on_the_split() {
+    let Some(gpu) = gpu_or_skip("matmul split") else { return };
+    let mut small = gpu_or_skip("matmul split").unwrap();
+    small.limit_binding_bytes_for_tests(64 << 10);
+    let (whole, split) = (matmul_split_products(&gpu), matmul_split_products(&small));
+    for ((name, w), (_, s)) in whole.iter().zip(&split) {
+        let differ = w.iter().zip(s).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+        assert_eq!(differ, 0, "matmul {name}: {differ} of {} elements differ between whole and split dispatches", w.len());
+    }
 }
 
 fn elementwise_case<D: Backend>(dev: &D) -> Outputs {

@@ -199,6 +199,8 @@ pub struct GpuDevice {
     uniform_bytes: RefCell<Vec<u8>>,
     /// Bytes per slot: the adapter's uniform offset alignment (at least the largest Params).
     uniform_slot_bytes: usize,
+    /// Bound as the matmul's vec4 view of an operand too small to hold one vec4.
+    matmul_placeholder: wgpu::Buffer,
 }
 
 /// The largest Params any kernel takes, in bytes.
@@ -235,6 +237,7 @@ impl GpuDevice {
     fn from_adapter(adapter: &wgpu::Adapter, summary: AdapterSummary, budget_bytes: Option<u64>) -> Result<Self> {
         let features = adapter.features() & WANTED_FEATURES;
         let limits = adapter.limits();
+        matmul::check_limits(&limits, &summary.name)?;
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("zerostream"),
             required_features: features,
@@ -245,6 +248,7 @@ impl GpuDevice {
         let align_elems = limits.min_storage_buffer_offset_alignment as usize / 4;
         let max_window_elems = (limits.max_storage_buffer_binding_size as usize / 4).saturating_sub(align_elems);
         let uniform_slot_bytes = (limits.min_uniform_buffer_offset_alignment as usize).max(MAX_PARAMS_BYTES);
+        let matmul_placeholder = matmul::placeholder_vec4_buffer(&device);
         let uniform_arena = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("params arena"),
             size: (uniform_slot_bytes * MAX_PENDING_PASSES) as u64,
@@ -265,6 +269,7 @@ impl GpuDevice {
             uniform_arena,
             uniform_bytes: RefCell::default(),
             uniform_slot_bytes,
+            matmul_placeholder,
         })
     }
 
@@ -309,10 +314,19 @@ impl GpuDevice {
             .borrow_mut()
             .entry(kernel.name)
             .or_insert_with(|| {
-                self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                    label: Some(kernel.name),
-                    source: wgpu::ShaderSource::Wgsl(kernel.source.into()),
-                })
+                let desc =
+                    wgpu::ShaderModuleDescriptor { label: Some(kernel.name), source: wgpu::ShaderSource::Wgsl(kernel.source.into()) };
+                // Debug builds keep wgpu's run-time checks (bounds clamping, loop bounding, guarded
+                // division), so a kernel that strays is caught by the tests; release builds drop them.
+                #[cfg(debug_assertions)]
+                let module = self.device.create_shader_module(desc);
+                // SAFETY: every kernel indexes its bindings only inside the windows the dispatch binds
+                // (the tests compare each kernel with its twin at tile edges and under 64 KiB windows),
+                // its loops are bounded by its Params, and it divides only by non-zero constants or sizes
+                // (dispatch skips empty work).
+                #[cfg(not(debug_assertions))]
+                let module = unsafe { self.device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) };
+                module
             })
             .clone();
         let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -599,82 +613,6 @@ impl GpuDevice {
                 Self::elementwise_grid(r.len().div_ceil(2)),
             );
         }
-    }
-
-    /// Splits a product until every operand's window fits one binding, then dispatches each piece.
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_piece(
-        &self,
-        c: &GpuTensor,
-        a: &GpuTensor,
-        b: &GpuTensor,
-        bias: Option<&GpuTensor>,
-        s: &MatmulShape,
-        rows: Range<usize>,
-        cols: Range<usize>,
-        ks: Range<usize>,
-        accumulate: bool,
-        add_bias: bool,
-    ) {
-        let (wa, wb, wc) = (s.a.span(rows.clone(), ks.clone()), s.b.span(ks.clone(), cols.clone()), s.c.span(rows.clone(), cols.clone()));
-        if !(self.fits(&wa) && self.fits(&wb) && self.fits(&wc)) {
-            // Halve the longest range; halving K turns the second half into an accumulation.
-            let (lr, lc, lk) = (rows.len(), cols.len(), ks.len());
-            if lk >= lr && lk >= lc && lk > 1 {
-                let mid = ks.start + lk / 2;
-                self.matmul_piece(c, a, b, bias, s, rows.clone(), cols.clone(), ks.start..mid, accumulate, add_bias);
-                self.matmul_piece(c, a, b, bias, s, rows, cols, mid..ks.end, true, false);
-            } else if lr >= lc && lr > 1 {
-                let mid = rows.start + lr / 2;
-                self.matmul_piece(c, a, b, bias, s, rows.start..mid, cols.clone(), ks.clone(), accumulate, add_bias);
-                self.matmul_piece(c, a, b, bias, s, mid..rows.end, cols, ks, accumulate, add_bias);
-            } else {
-                assert!(lc > 1, "matmul: a single element's operands exceed one binding");
-                let mid = cols.start + lc / 2;
-                self.matmul_piece(c, a, b, bias, s, rows.clone(), cols.start..mid, ks.clone(), accumulate, add_bias);
-                self.matmul_piece(c, a, b, bias, s, rows, mid..cols.end, ks, accumulate, add_bias);
-            }
-            return;
-        }
-        let (wa, wb, wc) = (self.window(a, wa), self.packed_window(b, wb), self.window(c, wc));
-        let bias_window = bias.map(|t| self.window(t, cols.clone()));
-        let (m, n, k) = (rows.len() as u32, cols.len() as u32, ks.len() as u32);
-        let flags = accumulate as u32 | (((add_bias && bias.is_some()) as u32) << 1);
-        let params = [
-            m,
-            n,
-            k,
-            flags,
-            wa.elem_offset,
-            s.a.row_stride as u32,
-            s.a.col_stride as u32,
-            0,
-            wb.elem_offset,
-            s.b.row_stride as u32,
-            s.b.col_stride as u32,
-            match b.format {
-                None => 0,
-                Some(HalfFormat::F16) => 1,
-                Some(HalfFormat::Bf16) => 2,
-            },
-            wc.elem_offset,
-            s.c.row_stride as u32,
-            bias_window.as_ref().map_or(0, |w| w.elem_offset),
-            0,
-        ];
-        // Without a bias the kernel never reads binding 3, but it must be bound: bind A there (binding C
-        // would put one buffer in a read-only and a read-write slot of one dispatch, which wgpu forbids).
-        let bias_binding = match &bias_window {
-            Some(w) => w.binding.clone(),
-            None => wa.binding.clone(),
-        };
-        self.dispatch(
-            shaders::MATMUL,
-            "main",
-            &params,
-            &[(1, wa.binding), (2, wb.binding), (3, bias_binding), (4, wc.binding)],
-            [n.div_ceil(64), m.div_ceil(64), 1],
-        );
     }
 }
 
@@ -1224,3 +1162,6 @@ mod llama;
 // The decode attention of generation with a KV cache, likewise.
 #[path = "gpu_decode.rs"]
 mod decode;
+// The matmul's dispatch (and its splitting across bindings) is in gpu_matmul.rs.
+#[path = "gpu_matmul.rs"]
+mod matmul;
