@@ -149,7 +149,7 @@ impl<D: Backend> Trainer<'_, D> {
             }
             let whole = &self.stage1_grads[k];
             let comm = &self.comm;
-            lock(&self.shared[k]).change_grads(nv.as_deref(), true, true, |mine| Ok(comm.reduce_scatter_sum(whole, mine, false)?))?;
+            lock(&self.shared[k]).change_grads(nv.as_deref(), true, true, |mine| comm.reduce_scatter_sum(whole, mine, false))?;
         }
         Ok(())
     }
