@@ -292,3 +292,31 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         device_budget_bytes: tc.gpu_mem_budget,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With the optimizer state and the parameters on NVMe, the RAM the plan counts is what is paged in
+    /// at once: the sweep's three largest groups (master, m, v, gradient: 16 B/param), one more gradient
+    /// and two working copies — not the 18 B/param that live on NVMe.
+    #[test]
+    fn state_on_nvme_counts_only_the_groups_paged_in() {
+        let model = Model::preset("gpt2-xl").unwrap();
+        let tc = TrainConfig { offload_optimizer: Tier::Nvme, offload_params: Tier::Nvme, precision: Precision::Bf16, ..TrainConfig::default() };
+        let p = plan(&model, &tc, 1).unwrap();
+        let (ram, nvme) = p.host_bytes_per_rank();
+        let groups = group_layouts(&model);
+        let mut lens: Vec<u64> = groups.iter().map(|g| g.len as u64).collect();
+        lens.sort_unstable_by(|a, b| b.cmp(a));
+        let padded = |n: u64| n.div_ceil(64) * 64;
+        let (head, block) = (padded(lens[0]), padded(lens[1]));
+        assert_eq!(ram, 16 * (head + 2 * block) + 4 * head + 2 * 2 * head);
+        assert_eq!(nvme, p.host_optimizer_bytes + p.host_grad_bytes + p.host_working_bytes);
+        assert_eq!(p.host_grad_bytes, 4 * groups.iter().map(|g| padded(g.len as u64)).sum::<u64>());
+        // All in RAM: nothing is paged, and the whole state counts.
+        let in_ram = plan(&model, &TrainConfig { precision: Precision::Bf16, ..TrainConfig::default() }, 1).unwrap();
+        assert_eq!(in_ram.host_paged_in_bytes, 0);
+        assert_eq!(in_ram.host_bytes_per_rank(), (nvme, 0));
+    }
+}
