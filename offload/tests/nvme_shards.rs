@@ -24,7 +24,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 
 /// Writes `bytes` as the whole of tensor `t`.
 fn write(t: &mut Stored, nv: &NvmeDir, bytes: &[u8]) {
-    t.page_in_uninit();
+    t.page_in_zeroed(Some(nv));
     t.data_mut().bytes_mut().copy_from_slice(bytes);
     t.page_out(Some(nv), true).unwrap();
 }
@@ -110,7 +110,7 @@ fn a_failed_write_keeps_the_old_state() {
     // A directory where the write's `.next` file must go: the write cannot start.
     let next = next_of(&nv.shard_path("f"));
     std::fs::create_dir_all(next.join("blocker")).unwrap();
-    t.page_in_uninit();
+    t.page_in_zeroed(Some(&nv));
     t.data_mut().bytes_mut().fill(0xee);
     let err = t.page_out(Some(&nv), true).unwrap_err().to_string();
     assert!(err.contains("f.rank0.bin.next"), "{err}");

@@ -19,7 +19,7 @@ fn every_byte_round_trips_through_two_sweeps() {
         let mut shards: Vec<Stored> =
             sizes.iter().enumerate().map(|(k, &n)| Stored::new(&format!("s{k}"), n, Tier::Nvme, Some(&nvme)).unwrap()).collect();
         for (k, s) in shards.iter_mut().enumerate() {
-            s.page_in_uninit();
+            s.page_in_zeroed(Some(&nvme));
             for (i, b) in s.data_mut().bytes_mut().iter_mut().enumerate() {
                 *b = (i * 31 + k * 7) as u8;
             }

@@ -217,7 +217,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             let bytes = train.precision.working_bytes_per_param();
             let mut working = Stored::new(&format!("{}.working", g.name), bytes * shard.working_len, train.offload_params, nv)?;
             for s in [&mut master, &mut m, &mut v, &mut working] {
-                s.page_in_uninit();
+                s.page_in_zeroed(nv);
             }
             let working_range = shard.working_base..shard.working_base + shard.working_len;
             if let ModelSource::Checkpoint(c) = source {
@@ -237,7 +237,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
                     whole[t.range()].copy_from_slice(&values);
                 }
                 master.data_mut().as_mut_slice::<f32>().copy_from_slice(&whole[shard.owned.clone()]);
-                // m and v start at zero, as page_in_uninit leaves them.
+                // m and v start at zero, as page_in_zeroed leaves them.
                 write_working(train.precision, &whole[working_range], &mut working, 0);
             }
             for s in [&mut master, &mut m, &mut v, &mut working] {

@@ -44,7 +44,7 @@ impl SharedGroup {
         f: impl FnOnce(&mut [f32]) -> Result<()>,
     ) -> Result<()> {
         if first {
-            self.grads.page_in_uninit();
+            self.grads.page_in_zeroed(nvme);
         } else {
             self.grads.page_in(nvme)?;
         }
@@ -166,7 +166,7 @@ pub(super) fn optimizer_worker(
         let compute = |k: usize, g: &mut OptimizerGroup| -> Result<(), zerostream_offload::StoreError> {
             let mut sh = lock(&shared[k]);
             let SharedGroup { grads, working, .. } = &mut *sh;
-            working.page_in_uninit();
+            working.page_in_zeroed(nvme);
             let grads = grads.data().as_slice::<f32>();
             let (p, m, v) = (g.master.data_mut().as_mut_slice::<f32>(), g.m.data_mut(), g.v.data_mut());
             let (m, v) = (m.as_mut_slice::<f32>(), v.as_mut_slice::<f32>());
