@@ -1,5 +1,7 @@
 //! The `cpu` device: every op is its plain-Rust twin from [`crate::ops`], run on rayon's threads, except
-//! matmul, which runs [`crate::ops::matmul_fast`] (tested against its twin).
+//! the ops with a fast kernel beside their twin (each tested against it, each deterministic for any
+//! thread count): matmul ([`crate::ops::matmul_fast`]), attention ([`crate::ops::attention_fast`]), the
+//! tanh GELU ([`crate::ops::gelu_fast`]) and the cross-entropy ([`crate::ops::crossentropy_fast`]).
 //! It lets zerostream run without a Vulkan driver and is the reference the GPU kernels are tested against.
 
 use std::cell::RefCell;
@@ -166,7 +168,7 @@ impl Backend for CpuDevice {
         );
     }
     fn attention_forward(&self, out: &CpuTensor, lse: &CpuTensor, qkv: &CpuTensor, dims: AttentionDims) {
-        ops::attention::attention_forward(&mut out.data.borrow_mut(), &mut lse.data.borrow_mut(), &qkv.data.borrow(), dims);
+        ops::attention_fast::attention_forward(&mut out.data.borrow_mut(), &mut lse.data.borrow_mut(), &qkv.data.borrow(), dims);
     }
     fn attention_backward(
         &self,
@@ -178,7 +180,7 @@ impl Backend for CpuDevice {
         lse: &CpuTensor,
         dims: AttentionDims,
     ) {
-        ops::attention::attention_backward(
+        ops::attention_fast::attention_backward(
             &mut dqkv.data.borrow_mut(),
             &mut delta.data.borrow_mut(),
             &dout.data.borrow(),
@@ -189,10 +191,16 @@ impl Backend for CpuDevice {
         );
     }
     fn activation_forward(&self, f: Activation, out: &CpuTensor, x: &CpuTensor) {
-        f.forward(&mut out.data.borrow_mut(), &x.data.borrow());
+        match f {
+            Activation::GeluTanh => ops::gelu_fast::gelu_forward(&mut out.data.borrow_mut(), &x.data.borrow()),
+            _ => f.forward(&mut out.data.borrow_mut(), &x.data.borrow()),
+        }
     }
     fn activation_backward(&self, f: Activation, dx: &CpuTensor, x: &CpuTensor, dout: &CpuTensor) {
-        f.backward(&mut dx.data.borrow_mut(), &x.data.borrow(), &dout.data.borrow());
+        match f {
+            Activation::GeluTanh => ops::gelu_fast::gelu_backward(&mut dx.data.borrow_mut(), &x.data.borrow(), &dout.data.borrow()),
+            _ => f.backward(&mut dx.data.borrow_mut(), &x.data.borrow(), &dout.data.borrow()),
+        }
     }
     fn residual_forward(&self, out: &CpuTensor, a: &CpuTensor, b: &CpuTensor) {
         ops::elementwise::residual_forward(&mut out.data.borrow_mut(), &a.data.borrow(), &b.data.borrow());
@@ -204,7 +212,7 @@ impl Backend for CpuDevice {
         ops::dropout::dropout_residual(&mut out.data.borrow_mut(), &residual.data.borrow(), &x.data.borrow(), cols, mask);
     }
     fn crossentropy(&self, losses: &CpuTensor, logits: &CpuTensor, targets: &CpuTokens, vocab: usize, grad_scale: Option<f32>) {
-        ops::crossentropy::crossentropy(&mut losses.data.borrow_mut(), &mut logits.data.borrow_mut(), &targets.ids, vocab, grad_scale);
+        ops::crossentropy_fast::crossentropy(&mut losses.data.borrow_mut(), &mut logits.data.borrow_mut(), &targets.ids, vocab, grad_scale);
     }
 
     fn rmsnorm_forward(

@@ -9,11 +9,15 @@
 pub mod activation;
 pub mod attention;
 pub mod attention_decode;
+pub mod attention_fast;
 pub mod crossentropy;
+pub mod crossentropy_fast;
 pub mod dropout;
 pub mod elementwise;
 pub mod encoder;
+pub mod fast_math;
 pub mod gelu;
+pub mod gelu_fast;
 pub mod gelu_erf;
 pub mod layernorm;
 pub mod matmul;
