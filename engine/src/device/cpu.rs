@@ -1,7 +1,8 @@
 //! The `cpu` device: every op is its plain-Rust twin from [`crate::ops`], run on rayon's threads, except
 //! the ops with a fast kernel beside their twin (each tested against it, each deterministic for any
 //! thread count): matmul ([`crate::ops::matmul_fast`]), attention ([`crate::ops::attention_fast`]), the
-//! tanh GELU ([`crate::ops::gelu_fast`]) and the cross-entropy ([`crate::ops::crossentropy_fast`]).
+//! tanh GELU ([`crate::ops::gelu_fast`]), the cross-entropy ([`crate::ops::crossentropy_fast`]), and
+//! bias and layer-norm backward ([`crate::ops::reduce_fast`], the twins' bits).
 //! It lets zerostream run without a Vulkan driver and is the reference the GPU kernels are tested against.
 
 use std::cell::RefCell;
@@ -92,7 +93,7 @@ impl Backend for CpuDevice {
         );
     }
     fn bias_backward(&self, dbias: &CpuTensor, dout: &CpuTensor, m: usize, n: usize) {
-        ops::matmul::bias_backward(&mut dbias.data.borrow_mut(), &dout.data.borrow(), m, n);
+        ops::reduce_fast::bias_backward(&mut dbias.data.borrow_mut(), &dout.data.borrow(), m, n);
     }
     fn encoder_forward(&self, out: &CpuTensor, tokens: &CpuTokens, wte: &CpuTensor, wpe: &CpuTensor, seq_len: usize, channels: usize) {
         ops::encoder::encoder_forward(&mut out.data.borrow_mut(), &tokens.ids, &wte.data.borrow(), &wpe.data.borrow(), seq_len, channels);
@@ -154,7 +155,7 @@ impl Backend for CpuDevice {
         rows: usize,
         channels: usize,
     ) {
-        ops::layernorm::layernorm_backward(
+        ops::reduce_fast::layernorm_backward(
             &mut dx.data.borrow_mut(),
             &mut dweight.data.borrow_mut(),
             &mut dbias.data.borrow_mut(),

@@ -156,7 +156,8 @@ pub fn attention_forward(out: &mut [f32], lse: &mut [f32], qkv: &[f32], d: Atten
             }
             // SAFETY: out rows row0 + i0.. of head h's columns belong to this task alone; v lies in qkv.
             unsafe {
-                let v = View { ptr: qkv.as_ptr().add(row0 * width + d.q_width() + d.kv_width() + g * hd), row_stride: width, col_stride: 1 };
+                let v =
+                    View { ptr: qkv.as_ptr().add(row0 * width + d.q_width() + d.kv_width() + g * hd), row_stride: width, col_stride: 1 };
                 let p = View { ptr: scores.as_ptr(), row_stride: keys, col_stride: 1 };
                 let dst = out_base.get().add((row0 + i0) * d.out_width() + h * hd);
                 product(rows, hd, keys, dst, d.out_width(), false, p, v, 1.0);
@@ -213,7 +214,16 @@ pub fn attention_backward(dqkv: &mut [f32], delta: &mut [f32], dout: &[f32], qkv
 /// # Safety
 /// `dqkv` points to B T rows of the qkv width, and no other thread touches this head's elements.
 #[allow(clippy::too_many_arguments)]
-unsafe fn key_value_head_backward(dqkv: *mut f32, delta: &[f32], dout: &[f32], qkv: &[f32], lse: &[f32], d: &AttentionDims, b: usize, g: usize) {
+unsafe fn key_value_head_backward(
+    dqkv: *mut f32,
+    delta: &[f32],
+    dout: &[f32],
+    qkv: &[f32],
+    lse: &[f32],
+    d: &AttentionDims,
+    b: usize,
+    g: usize,
+) {
     let (t_len, hd, width, ow) = (d.seq_len, d.head_dim, d.qkv_width(), d.out_width());
     let row0 = b * t_len;
     let k_col = d.q_width() + g * hd;
