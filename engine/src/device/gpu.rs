@@ -141,7 +141,8 @@ impl GpuTensor {
 /// the dropout mask on the probabilities (threshold 0: none).
 fn attention_params(d: AttentionDims, qkv: &Window<'_>, out: &Window<'_>, stat: &Window<'_>, batch_base: usize) -> [u32; 16] {
     let [t, heads, group, hd, qkv_width, k_start, v_start, batch_base] =
-        [d.seq_len, d.heads, d.group(), d.head_dim, d.qkv_width(), d.q_width(), d.q_width() + d.kv_width(), batch_base].map(|n| n as u32);
+        [d.seq_len, d.heads, d.group(), d.head_dim, d.qkv_width(), d.q_width(), d.q_width() + d.kv_width(), batch_base]
+            .map(|n| n as u32);
     let (key, threshold, drop_scale) = d.dropout.map_or(([0, 0], 0, 1.0f32), |m| (m.key, m.threshold, m.scale));
     let (scale, drop_scale) = (d.scale.to_bits(), drop_scale.to_bits());
     let (qkv_off, out_off, stat_off) = (qkv.elem_offset, out.elem_offset, stat.elem_offset);

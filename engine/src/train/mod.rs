@@ -16,8 +16,8 @@
 //! the same inputs whichever thread runs when, so the result is bit-identical to running in sequence.
 
 pub mod checkpoint;
-mod config;
 pub mod demo;
+mod config;
 mod device_state;
 pub mod layout;
 pub mod pipeline;

@@ -19,8 +19,8 @@ use crate::comm::Comm;
 use crate::device::{AnyDevice, Backend};
 use crate::model::Model;
 
-use super::demo::Demo;
 pub use super::demo::TEXT as DEMO_TEXT;
+use super::demo::Demo;
 
 /// Where the weights come from.
 pub enum ModelChoice {
@@ -284,9 +284,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
     let traffic = Traffic::of(&outcome.reports, trainer.nvme_traffic());
     let device = dev.describe();
     let (placement, data_tokens) = (&trainer.placement, tokens.len);
-    for (i, line) in
-        what_it_did(&model, placement, &outcome.reports, data_tokens, seconds, final_val_loss, &device, &traffic).iter().enumerate()
-    {
+    for (i, line) in what_it_did(&model, placement, &outcome.reports, data_tokens, seconds, final_val_loss, &device, &traffic).iter().enumerate() {
         say(if i == 0 { format!("what it did: {line}") } else { line.clone() });
     }
     Ok(RunSummary { steps: outcome.reports, seconds, sample, stopped_at: None, checkpoint: outcome.checkpoint, val_loss: final_val_loss })

@@ -421,7 +421,18 @@ pub fn block_backward<D: Backend>(
     dev.fill(&head.d_hidden_b, 0.0);
     dev.activation_backward(activation(cfg), &head.d_hidden_b, &a.fc, &head.d_hidden_a);
     linear_backward(dev, &head.d_c, g.fc_weight, g.fc_bias, &head.d_hidden_b, &a.ln_2, w.fc_weight, bt, c, h);
-    dev.layernorm_backward(d_res, g.ln_2_weight, g.ln_2_bias, &head.d_c, &a.residual_2, w.ln_2_weight, &a.ln_2_mean, &a.ln_2_rstd, bt, c);
+    dev.layernorm_backward(
+        d_res,
+        g.ln_2_weight,
+        g.ln_2_bias,
+        &head.d_c,
+        &a.residual_2,
+        w.ln_2_weight,
+        &a.ln_2_mean,
+        &a.ln_2_rstd,
+        bt,
+        c,
+    );
     // d_res now holds d(residual_2) = d(input + dropout(attn_proj)); the masked copy goes in d_qkv,
     // free until attention_backward.
     let d_attn_proj = residual_branch_grad(dev, d_res, &head.d_qkv, c, dropout, l, DropoutSite::AttentionOutput);
