@@ -42,15 +42,9 @@ impl Table {
     }
 }
 
-#[test]
-#[ignore = "a measurement, not a check"]
-fn step_times() {
-    let (b, t, c, v, layers, heads) = (4, 256, 768, 50257, 12, 12);
-    let bt = b * t;
-    let reps = 3;
-    let mut table = Table { rows: Vec::new() };
+/// The linear layers' products (forward, dX with B^T, dW with A^T of each), as `model::gpt2` issues them.
+fn time_matmuls(table: &mut Table, bt: usize, c: usize, v: usize, layers: usize, reps: usize) {
     let rm = MatmulShape::row_major;
-    // The linear layers: forward, dX (B^T) and dW (A^T) of each, as `model::gpt2` issues them.
     let linears = [
         ("qkv", c, 3 * c, layers),
         ("attn proj", c, c, layers),
@@ -76,6 +70,16 @@ fn step_times() {
             table.add(&format!("matmul {name} {what} {}x{}x{}", s.m, s.n, s.k), count, twin, Some(fast));
         }
     }
+}
+
+#[test]
+#[ignore = "a measurement, not a check"]
+fn step_times() {
+    let (b, t, c, v, layers, heads) = (4, 256, 768, 50257, 12, 12);
+    let bt = b * t;
+    let reps = 3;
+    let mut table = Table { rows: Vec::new() };
+    time_matmuls(&mut table, bt, c, v, layers, reps);
     let d = attention::AttentionDims::mha(b, t, c, heads);
     let qkv = random(bt * 3 * c, 3);
     let dout = random(bt * c, 4);
