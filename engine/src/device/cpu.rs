@@ -1,5 +1,8 @@
 //! The `cpu` device: every op is its plain-Rust twin from [`crate::ops`], run on rayon's threads, except
-//! matmul, which runs [`crate::ops::matmul_fast`] (tested against its twin).
+//! the ops with a fast kernel beside their twin (each tested against it, each deterministic for any
+//! thread count): matmul ([`crate::ops::matmul_fast`]), attention ([`crate::ops::attention_fast`]), the
+//! tanh GELU ([`crate::ops::gelu_fast`]), the cross-entropy ([`crate::ops::crossentropy_fast`]), and
+//! bias and layer-norm backward ([`crate::ops::reduce_fast`], the twins' bits).
 //! It lets zerostream run without a Vulkan driver and is the reference the GPU kernels are tested against.
 
 use std::cell::RefCell;
@@ -90,7 +93,7 @@ impl Backend for CpuDevice {
         );
     }
     fn bias_backward(&self, dbias: &CpuTensor, dout: &CpuTensor, m: usize, n: usize) {
-        ops::matmul::bias_backward(&mut dbias.data.borrow_mut(), &dout.data.borrow(), m, n);
+        ops::reduce_fast::bias_backward(&mut dbias.data.borrow_mut(), &dout.data.borrow(), m, n);
     }
     fn encoder_forward(&self, out: &CpuTensor, tokens: &CpuTokens, wte: &CpuTensor, wpe: &CpuTensor, seq_len: usize, channels: usize) {
         ops::encoder::encoder_forward(&mut out.data.borrow_mut(), &tokens.ids, &wte.data.borrow(), &wpe.data.borrow(), seq_len, channels);
@@ -152,7 +155,7 @@ impl Backend for CpuDevice {
         rows: usize,
         channels: usize,
     ) {
-        ops::layernorm::layernorm_backward(
+        ops::reduce_fast::layernorm_backward(
             &mut dx.data.borrow_mut(),
             &mut dweight.data.borrow_mut(),
             &mut dbias.data.borrow_mut(),
@@ -166,7 +169,7 @@ impl Backend for CpuDevice {
         );
     }
     fn attention_forward(&self, out: &CpuTensor, lse: &CpuTensor, qkv: &CpuTensor, dims: AttentionDims) {
-        ops::attention::attention_forward(&mut out.data.borrow_mut(), &mut lse.data.borrow_mut(), &qkv.data.borrow(), dims);
+        ops::attention_fast::attention_forward(&mut out.data.borrow_mut(), &mut lse.data.borrow_mut(), &qkv.data.borrow(), dims);
     }
     fn attention_backward(
         &self,
@@ -178,7 +181,7 @@ impl Backend for CpuDevice {
         lse: &CpuTensor,
         dims: AttentionDims,
     ) {
-        ops::attention::attention_backward(
+        ops::attention_fast::attention_backward(
             &mut dqkv.data.borrow_mut(),
             &mut delta.data.borrow_mut(),
             &dout.data.borrow(),
@@ -189,10 +192,16 @@ impl Backend for CpuDevice {
         );
     }
     fn activation_forward(&self, f: Activation, out: &CpuTensor, x: &CpuTensor) {
-        f.forward(&mut out.data.borrow_mut(), &x.data.borrow());
+        match f {
+            Activation::GeluTanh => ops::gelu_fast::gelu_forward(&mut out.data.borrow_mut(), &x.data.borrow()),
+            _ => f.forward(&mut out.data.borrow_mut(), &x.data.borrow()),
+        }
     }
     fn activation_backward(&self, f: Activation, dx: &CpuTensor, x: &CpuTensor, dout: &CpuTensor) {
-        f.backward(&mut dx.data.borrow_mut(), &x.data.borrow(), &dout.data.borrow());
+        match f {
+            Activation::GeluTanh => ops::gelu_fast::gelu_backward(&mut dx.data.borrow_mut(), &x.data.borrow(), &dout.data.borrow()),
+            _ => f.backward(&mut dx.data.borrow_mut(), &x.data.borrow(), &dout.data.borrow()),
+        }
     }
     fn residual_forward(&self, out: &CpuTensor, a: &CpuTensor, b: &CpuTensor) {
         ops::elementwise::residual_forward(&mut out.data.borrow_mut(), &a.data.borrow(), &b.data.borrow());
@@ -204,7 +213,7 @@ impl Backend for CpuDevice {
         ops::dropout::dropout_residual(&mut out.data.borrow_mut(), &residual.data.borrow(), &x.data.borrow(), cols, mask);
     }
     fn crossentropy(&self, losses: &CpuTensor, logits: &CpuTensor, targets: &CpuTokens, vocab: usize, grad_scale: Option<f32>) {
-        ops::crossentropy::crossentropy(&mut losses.data.borrow_mut(), &mut logits.data.borrow_mut(), &targets.ids, vocab, grad_scale);
+        ops::crossentropy_fast::crossentropy(&mut losses.data.borrow_mut(), &mut logits.data.borrow_mut(), &targets.ids, vocab, grad_scale);
     }
 
     fn rmsnorm_forward(

@@ -3,22 +3,33 @@
 //! GPU kernel against its twin. Twins are written for clarity first, parallelised with rayon where the op
 //! is large; shapes are named as in llm.c: B batch, T sequence, C channels, V vocabulary, H heads.
 //!
-//! One file is not a twin: `matmul_fast` computes the matmul twin's product with the `gemm` crate's
-//! run-time dispatched SIMD kernels for the `cpu` device, and its tests compare it with the twin.
+//! The `*_fast` files are not twins: they are the `cpu` device's fast kernels for the ops that dominate a
+//! training step (`matmul_fast` through the `gemm` crate's run-time dispatched SIMD kernels,
+//! `attention_fast`, `gelu_fast`, `crossentropy_fast`, and `fast_math`, what the last three share;
+//! `reduce_fast`, the sums over rows of bias_backward and layernorm_backward, equal to the twins' bits). Each
+//! computes its twin's function, is tested against the twin on seeded random inputs, and gives the same
+//! bits on any number of threads.
 
 pub mod activation;
 pub mod attention;
 pub mod attention_decode;
+pub mod attention_fast;
 pub mod crossentropy;
+pub mod crossentropy_fast;
 pub mod dropout;
 pub mod elementwise;
 pub mod encoder;
+pub mod fast_math;
 pub mod gelu;
 pub mod gelu_erf;
+pub mod gelu_fast;
 pub mod layernorm;
 pub mod matmul;
 pub mod matmul_fast;
+pub mod reduce_fast;
 pub mod relu;
+#[cfg(test)]
+mod step_times;
 
 pub use matmul::{MatmulShape, Operand};
 
