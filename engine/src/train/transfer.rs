@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
+use zerostream_offload::Tier;
 
 use super::worker::{SharedGroup, lock};
 use super::{Clock, Precision, Trainer, schedule, timed};
@@ -114,7 +115,10 @@ impl<D: Backend> Trainer<'_, D> {
                 }
                 Ok(())
             })?;
-            clock.io_wait += t0.elapsed();
+            if self.train.offload_optimizer == Tier::Nvme {
+                // The gradient's read-modify-write on NVMe (the addition included).
+                clock.io_wait += t0.elapsed();
+            }
         } else if !self.stage1_grads[k].is_empty() {
             for (data, slot) in downloaded.iter().zip(&layout.tensors) {
                 add(&mut self.stage1_grads[k][slot.range()], data);
