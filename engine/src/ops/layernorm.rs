@@ -47,6 +47,23 @@ pub fn layernorm_backward(
     channels: usize,
 ) {
     let c = channels;
+    layernorm_backward_dx(dx, dout, x, weight, mean, rstd, rows, c);
+    dweight[..c].par_iter_mut().zip(dbias[..c].par_iter_mut()).enumerate().for_each(|(col, (dw, db))| {
+        let (mut sw, mut sb) = (0.0f32, 0.0f32);
+        for row in 0..rows {
+            let d = dout[row * c + col];
+            sw += d * (x[row * c + col] - mean[row]) * rstd[row];
+            sb += d;
+        }
+        *dw += sw;
+        *db += sb;
+    });
+}
+
+/// The dx part of [`layernorm_backward`], row by row (rows in parallel): shared with the cpu device's
+/// fast version, whose parameter-gradient sums differ only in schedule.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn layernorm_backward_dx(dx: &mut [f32], dout: &[f32], x: &[f32], weight: &[f32], mean: &[f32], rstd: &[f32], rows: usize, c: usize) {
     dx[..rows * c].par_chunks_mut(c).enumerate().for_each(|(row, dxr)| {
         let (mu, r) = (mean[row], rstd[row]);
         let xr = &x[row * c..][..c];
@@ -63,15 +80,5 @@ pub fn layernorm_backward(
             let xhat = (xr[i] - mu) * r;
             dxr[i] += r * (dr[i] * weight[i] - g_mean - xhat * gx_mean);
         }
-    });
-    dweight[..c].par_iter_mut().zip(dbias[..c].par_iter_mut()).enumerate().for_each(|(col, (dw, db))| {
-        let (mut sw, mut sb) = (0.0f32, 0.0f32);
-        for row in 0..rows {
-            let d = dout[row * c + col];
-            sw += d * (x[row * c + col] - mean[row]) * rstd[row];
-            sb += d;
-        }
-        *dw += sw;
-        *db += sb;
     });
 }

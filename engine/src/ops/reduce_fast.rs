@@ -76,23 +76,7 @@ pub fn layernorm_backward(
 ) {
     let c = channels;
     assert!(dout.len() >= rows * c && x.len() >= rows * c, "layernorm_backward: dout or x is shorter than {rows} x {c}");
-    dx[..rows * c].par_chunks_mut(c).enumerate().for_each(|(row, dxr)| {
-        let (mu, r) = (mean[row], rstd[row]);
-        let xr = &x[row * c..][..c];
-        let dr = &dout[row * c..][..c];
-        let mut g_sum = 0.0f32;
-        let mut gx_sum = 0.0f32;
-        for i in 0..c {
-            let g = dr[i] * weight[i];
-            g_sum += g;
-            gx_sum += g * (xr[i] - mu) * r;
-        }
-        let (g_mean, gx_mean) = (g_sum / c as f32, gx_sum / c as f32);
-        for i in 0..c {
-            let xhat = (xr[i] - mu) * r;
-            dxr[i] += r * (dr[i] * weight[i] - g_mean - xhat * gx_mean);
-        }
-    });
+    super::layernorm::layernorm_backward_dx(dx, dout, x, weight, mean, rstd, rows, c);
     layernorm_param_grads(dweight, dbias, dout, x, mean, rstd, rows, c);
 }
 
