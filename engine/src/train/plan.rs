@@ -53,10 +53,9 @@ impl Placement {
     pub fn host_bytes_per_rank(&self) -> (u64, u64) {
         let mut ram = self.host_stage1_grad_bytes + self.host_paged_in_bytes;
         let mut nvme = 0;
-        for (bytes, tier) in [
-            (self.host_optimizer_bytes + self.host_grad_bytes, self.optimizer_tier),
-            (self.host_working_bytes, self.params_tier),
-        ] {
+        for (bytes, tier) in
+            [(self.host_optimizer_bytes + self.host_grad_bytes, self.optimizer_tier), (self.host_working_bytes, self.params_tier)]
+        {
             if tier == Tier::Nvme { nvme += bytes } else { ram += bytes }
         }
         (ram, nvme)
@@ -303,7 +302,8 @@ mod tests {
     #[test]
     fn state_on_nvme_counts_only_the_groups_paged_in() {
         let model = Model::preset("gpt2-xl").unwrap();
-        let tc = TrainConfig { offload_optimizer: Tier::Nvme, offload_params: Tier::Nvme, precision: Precision::Bf16, ..TrainConfig::default() };
+        let tc =
+            TrainConfig { offload_optimizer: Tier::Nvme, offload_params: Tier::Nvme, precision: Precision::Bf16, ..TrainConfig::default() };
         let p = plan(&model, &tc, 1).unwrap();
         let (ram, nvme) = p.host_bytes_per_rank();
         let groups = group_layouts(&model);

@@ -19,8 +19,8 @@ use crate::comm::Comm;
 use crate::device::{AnyDevice, Backend};
 use crate::model::Model;
 
-pub use super::demo::TEXT as DEMO_TEXT;
 use super::demo::Demo;
+pub use super::demo::TEXT as DEMO_TEXT;
 
 /// Where the weights come from.
 pub enum ModelChoice {
@@ -233,7 +233,11 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         let nvme_bytes = placement.host_bytes_per_rank().1;
         if nvme_bytes > 0 {
             // Large models spend minutes here before the first step: say what is happening.
-            say(format!("writing the initial state to the NVMe tier: {:.2} GiB per rank in {} ...", nvme_bytes as f64 / (1u64 << 30) as f64, dir.display()));
+            say(format!(
+                "writing the initial state to the NVMe tier: {:.2} GiB per rank in {} ...",
+                nvme_bytes as f64 / (1u64 << 30) as f64,
+                dir.display()
+            ));
         }
     }
     let mut trainer = Trainer::with_comm(dev, &source, train, comm)?;
@@ -291,7 +295,9 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
     let traffic = Traffic::of(&outcome.reports, trainer.nvme_traffic());
     let device = dev.describe();
     let (placement, data_tokens) = (&trainer.placement, tokens.len);
-    for (i, line) in what_it_did(&model, placement, &outcome.reports, data_tokens, seconds, final_val_loss, &device, &traffic).iter().enumerate() {
+    for (i, line) in
+        what_it_did(&model, placement, &outcome.reports, data_tokens, seconds, final_val_loss, &device, &traffic).iter().enumerate()
+    {
         say(if i == 0 { format!("what it did: {line}") } else { line.clone() });
     }
     Ok(RunSummary { steps: outcome.reports, seconds, sample, stopped_at: None, checkpoint: outcome.checkpoint, val_loss: final_val_loss })

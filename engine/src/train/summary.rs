@@ -65,7 +65,11 @@ pub fn what_it_did(
         tokens as f64 / data_tokens.max(1) as f64,
         count(data_tokens as f64),
     );
-    let ranks = if placement.world_size > 1 { format!(" per rank ({} ranks, ZeRO stage {})", placement.world_size, placement.zero_stage.number()) } else { String::new() };
+    let ranks = if placement.world_size > 1 {
+        format!(" per rank ({} ranks, ZeRO stage {})", placement.world_size, placement.zero_stage.number())
+    } else {
+        String::new()
+    };
     let lived = format!(
         "state{ranks}: fp32 master weights + AdamW moments {} in {}, working copy {} in {}, gradients {} in {}; on the device ({device}) at most {} ({})",
         bytes(placement.host_optimizer_bytes),

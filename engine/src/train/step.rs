@@ -1,0 +1,236 @@
+//! One optimizer step: the schedule's operations (fetch, embed, forward, head, backward, downloads,
+//! update) executed on the rank's device thread, with where the time went.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use zerostream_checkpoints::TokenFile;
+
+use super::pipeline::{self, Op};
+use super::worker::{UpdateJob, adam_seconds_total, lock};
+use super::{StepReport, Trainer, report};
+use crate::device::Backend;
+use crate::ops::dropout::DropoutKeys;
+
+/// What one step carries from operation to operation.
+pub(super) struct StepState<D: Backend> {
+    clock: Clock,
+    /// Micro-batches per step over all ranks: the step loss is their mean.
+    micro_batches: usize,
+    lr: f64,
+    loss_scale: f32,
+    /// The current micro-batch's (inputs, targets) on the device.
+    tokens: Option<(D::Tokens, D::Tokens)>,
+    /// Gradient downloads begun and not yet finished: (block, read).
+    in_flight: VecDeque<(usize, D::PendingRead)>,
+    micro: usize,
+    /// The current micro-batch's dropout masks' keys (None without dropout).
+    dropout: Option<DropoutKeys>,
+    loss_sum: f64,
+    overflow: bool,
+    grad_norm: f64,
+    applied: bool,
+}
+
+/// Running totals of where a step's time goes on the device thread.
+#[derive(Default)]
+pub(super) struct Clock {
+    pub(super) compute: Duration,
+    pub(super) upload: Duration,
+    pub(super) download: Duration,
+    pub(super) update_wait: Duration,
+    pub(super) io_wait: Duration,
+    pub(super) upload_bytes: u64,
+    pub(super) download_bytes: u64,
+}
+
+pub(super) fn timed<R>(total: &mut Duration, f: impl FnOnce() -> R) -> R {
+    let t = Instant::now();
+    let r = f();
+    *total += t.elapsed();
+    r
+}
+
+impl<D: Backend> Trainer<'_, D> {
+    /// One optimizer step over micro-batches `step*M .. step*M+M-1` of `data` (M = accumulation x
+    /// ranks; this rank's are those i with i % world = rank): runs [`pipeline::step_schedule`].
+    pub fn train_step(&mut self, data: &TokenFile) -> Result<StepReport> {
+        self.start_worker()?;
+        let start = Instant::now();
+        let adam_before = adam_seconds_total(&self.progress);
+        let comm_before = self.comm.stats();
+        let nvme_before = self.nvme_traffic().unwrap_or_default();
+        let mut st = StepState::<D> {
+            clock: Clock::default(),
+            micro_batches: self.train.grad_accum * self.sharding.world,
+            lr: self.train.lr.at(self.step),
+            loss_scale: self.scaler.scale,
+            tokens: None,
+            in_flight: VecDeque::new(),
+            micro: 0,
+            dropout: None,
+            loss_sum: 0.0,
+            overflow: false,
+            grad_norm: 0.0,
+            applied: false,
+        };
+        let schedule = pipeline::step_schedule(self.model.n_layer(), self.train.grad_accum, !self.train.sequential);
+        for op in schedule {
+            self.run_op(op, data, &mut st)?;
+        }
+        let StepState { clock, micro_batches, lr, loss_scale, loss_sum, grad_norm, applied, .. } = st;
+        let nvme_after = self.nvme_traffic().unwrap_or_default();
+        let report = StepReport {
+            step: self.step,
+            loss: loss_sum / micro_batches as f64,
+            grad_norm,
+            lr,
+            loss_scale,
+            applied,
+            tokens: self.train.batch * self.train.seq_len * micro_batches,
+            seconds: start.elapsed().as_secs_f64(),
+            compute_s: clock.compute.as_secs_f64(),
+            upload_s: clock.upload.as_secs_f64(),
+            download_s: clock.download.as_secs_f64(),
+            adam_s: adam_seconds_total(&self.progress) - adam_before,
+            update_wait_s: clock.update_wait.as_secs_f64(),
+            io_wait_s: clock.io_wait.as_secs_f64(),
+            upload_bytes: clock.upload_bytes,
+            download_bytes: clock.download_bytes,
+            peak_device_bytes: self.dev.alloc_stats().peak_bytes,
+            nvme_read_bytes: nvme_after.0 - nvme_before.0,
+            nvme_written_bytes: nvme_after.1 - nvme_before.1,
+            peak_rss_bytes: report::peak_rss_bytes(),
+            comm: self.comm.stats() - comm_before,
+            val_loss: None,
+        };
+        self.step += 1;
+        Ok(report)
+    }
+
+    /// Executes one operation of the step's schedule.
+    fn run_op(&mut self, op: Op, data: &TokenFile, st: &mut StepState<D>) -> Result<()> {
+        let (dev, batch, seq_len, recompute) = (self.dev, self.train.batch, self.train.seq_len, self.train.recompute);
+        let (model, n_layer) = (&self.model, self.model.n_layer());
+        let d = &self.device;
+        let acts = |l: usize| &d.block_acts[if recompute { 0 } else { l }];
+        match op {
+            Op::FetchHead => {
+                let head: Vec<&D::Tensor> = d.head.iter().collect();
+                self.upload_group(0, &head, &mut st.clock)?;
+            }
+            Op::Embed { micro } => {
+                // The training contract: micro-batch i of the step goes to rank i % world, accumulation
+                // index i / world.
+                let (rank, world) = (self.sharding.rank, self.sharding.world);
+                let g = self.step as usize * st.micro_batches + micro * world + rank;
+                let (x, y) = data.micro_batch(g, batch, seq_len)?;
+                // The previous micro-batch's ids go first: the plan counts one micro-batch's on the device.
+                st.tokens = None;
+                let (x, y) = (dev.tokens(&x)?, dev.tokens(&y)?);
+                if micro == 0 {
+                    d.head_grads.iter().for_each(|t| dev.fill(t, 0.0));
+                }
+                // Masks are keyed by the global micro-batch index, so they do not depend on the world size.
+                st.dropout = model.dropout_keys(self.train.seed, self.step, g as u64);
+                let dropout = st.dropout.as_ref();
+                timed(&mut st.clock.compute, || model.embed_forward(dev, &d.residual[0], &d.head, &d.head_acts, &x, seq_len, dropout));
+                st.tokens = Some((x, y));
+                st.micro = micro;
+            }
+            Op::Fetch { block } => {
+                self.ensure_block(block, &mut st.clock)?;
+            }
+            Op::Forward { block: l } => {
+                let slot = self.slot_of(l)?;
+                let dropout = st.dropout.as_ref();
+                timed(&mut st.clock.compute, || {
+                    model.block_forward(dev, l, &d.slots[slot], acts(l), &d.residual[l], &d.residual[l + 1], batch, seq_len, dropout)
+                });
+            }
+            Op::Head => {
+                let y = &st.tokens.as_ref().expect("embedded first").1;
+                let scale = Some(st.loss_scale / st.micro_batches as f32);
+                let loss = timed(&mut st.clock.compute, || {
+                    let loss = model.head_forward(dev, &d.head, &d.head_acts, &d.residual[n_layer], y, scale);
+                    model.head_backward(dev, &d.head, &d.head_grads, &d.head_acts, &d.residual[n_layer]);
+                    loss
+                });
+                st.loss_sum += loss as f64;
+            }
+            Op::Backward { block: l } => {
+                let slot = self.slot_of(l)?;
+                let grads = &d.block_grads[l % 2];
+                let dropout = st.dropout.as_ref();
+                timed(&mut st.clock.compute, || {
+                    if recompute {
+                        // The same keys draw the same masks: the recomputed activations are forward's.
+                        model.block_forward(dev, l, &d.slots[slot], acts(l), &d.residual[l], &d.residual[l + 1], batch, seq_len, dropout);
+                    }
+                    grads.iter().for_each(|t| dev.fill(t, 0.0));
+                    model.block_backward(dev, l, &d.slots[slot], grads, acts(l), &d.residual[l], &d.head_acts, dropout);
+                });
+            }
+            Op::BeginDownload { block } => {
+                let grads: Vec<&D::Tensor> = d.block_grads[block % 2].iter().collect();
+                let pending = timed(&mut st.clock.download, || dev.begin_read(&grads));
+                st.in_flight.push_back((block, pending));
+            }
+            Op::FinishDownload { block } => {
+                let (done, pending) = st.in_flight.pop_front().expect("a download was begun");
+                debug_assert_eq!(done, block, "downloads finish in the order they began");
+                st.overflow |= self.accumulate(1 + done, pending, st.micro == 0, st.micro + 1 == self.train.grad_accum, &mut st.clock)?;
+            }
+            Op::EmbedBackward => {
+                let x = &st.tokens.as_ref().expect("embedded first").0;
+                timed(&mut st.clock.compute, || {
+                    model.embed_backward(dev, &d.head_grads, &d.head_acts, x, st.dropout.as_ref());
+                    dev.synchronize();
+                });
+            }
+            Op::DownloadHead => {
+                let head_grads: Vec<&D::Tensor> = d.head_grads.iter().collect();
+                let pending = timed(&mut st.clock.download, || dev.begin_read(&head_grads));
+                st.overflow |= self.accumulate(0, pending, true, true, &mut st.clock)?;
+            }
+            Op::ReduceBlocks => self.reduce_stage1_grads()?,
+            Op::Update => self.update(st)?,
+            Op::AwaitUpdate => {
+                for k in 0..self.layouts.len() {
+                    self.wait_group(k, &mut st.clock)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The slot that holds block `l` this step (its Fetch comes first in every schedule).
+    fn slot_of(&self, l: usize) -> Result<usize> {
+        let slot = l % self.device.slots.len();
+        if self.device.slot_holds[slot] != Some((l, self.step)) {
+            bail!("internal: block {l} computed before it was fetched (schedule bug)");
+        }
+        Ok(slot)
+    }
+
+    /// The end of a step: the loss, the global norm and fp16 overflow agreed across ranks, the loss
+    /// scale updated, and AdamW handed to the worker thread (unless the step is skipped).
+    fn update(&mut self, st: &mut StepState<D>) -> Result<()> {
+        // Global norm over every group's (scaled) gradient, in f64: each rank sums its slices in group
+        // order, and the ranks' sums are added in rank order.
+        let sum_squares: f64 = self.shared.iter().map(|s| lock(s).grad_sum_squares).sum();
+        st.grad_norm = self.comm.sum_f64(sum_squares)?.sqrt() / st.loss_scale as f64;
+        let overflow = self.comm.any(st.overflow || !st.grad_norm.is_finite())?;
+        st.loss_sum = self.comm.sum_f64(st.loss_sum)?;
+        st.applied = self.scaler.update(overflow);
+        if st.applied {
+            // torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), at most 1, in f32.
+            let clip = if self.train.grad_clip > 0.0 { (self.train.grad_clip as f32 / (st.grad_norm as f32 + 1e-6)).min(1.0) } else { 1.0 };
+            self.adam_steps += 1;
+            let job = UpdateJob { lr: st.lr, adam_step: self.adam_steps, grad_multiplier: clip / st.loss_scale };
+            self.jobs.as_ref().expect("the worker is running").send(job).map_err(|_| self.worker_error())?;
+        }
+        Ok(())
+    }
+}
