@@ -40,9 +40,12 @@ if [ -z "${BUDGET:-}" ]; then
   BUDGET=$( ("$ZS" plan "${common[@]}" --gpu-mem-budget 1 2>&1 || true) | sed -n 's/.*the minimum of \([0-9]*\) bytes.*/\1/p')
 fi
 "$ZS" plan "${common[@]}" --gpu-mem-budget "$BUDGET"
-/usr/bin/time -v -o "$work/time.txt" "$ZS" train "${common[@]}" --gpu-mem-budget "$BUDGET" --steps "$steps" \
+# GNU time gives the peak RSS from outside; without it the metrics' peak_rss_bytes (VmHWM) still do.
+timer=()
+[ -x /usr/bin/time ] && timer=(/usr/bin/time -v -o "$work/time.txt")
+"${timer[@]}" "$ZS" train "${common[@]}" --gpu-mem-budget "$BUDGET" --steps "$steps" \
   --warmup-steps 1 --sample-tokens 0 --eval-every 0 --metrics "$work/m.jsonl" 2>&1 | tee "$work/log.txt"
-grep -E "Maximum resident|Elapsed" "$work/time.txt"
+[ -f "$work/time.txt" ] && grep -E "Maximum resident|Elapsed" "$work/time.txt"
 python3 - "$work/m.jsonl" <<'EOF'
 import json, sys
 rows = [r for r in map(json.loads, open(sys.argv[1])) if "step" in r and "time" in r]
