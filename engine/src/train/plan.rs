@@ -6,7 +6,7 @@ use zerostream_offload::Tier;
 
 use super::config::{Precision, TrainConfig};
 use super::layout::{GroupLayout, TensorSlot, group_layouts};
-use super::shard::{GroupShard, Sharding, ZeroStage};
+use super::shard::{Sharding, ZeroStage};
 use crate::device::{AllocCosts, HalfFormat};
 use crate::model::Model;
 
@@ -257,18 +257,16 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
     let slices = shards.iter().map(|s| s.slice_len()).sum::<usize>() as u64;
     let working = shards.iter().map(|s| s.working_len).sum::<usize>() as u64;
     // The three largest groups (the sweep's), and the largest alone (the device thread's).
-    let top = |len: &dyn Fn(&GroupShard) -> usize, n: usize| {
-        let mut lens: Vec<u64> = shards.iter().map(|s| len(s) as u64).collect();
-        lens.sort_unstable_by(|a, b| b.cmp(a));
-        lens.iter().take(n).sum::<u64>()
-    };
+    let mut slice_lens: Vec<u64> = shards.iter().map(|s| s.slice_len() as u64).collect();
+    slice_lens.sort_unstable_by(|a, b| b.cmp(a));
+    let largest_working = shards.iter().map(|s| s.working_len as u64).max().unwrap_or(0);
     let working_bytes = tc.precision.working_bytes_per_param() as u64;
     let mut host_paged_in_bytes = 0;
     if tc.offload_optimizer == Tier::Nvme {
-        host_paged_in_bytes += 16 * top(&|s| s.slice_len(), 3) + 4 * top(&|s| s.slice_len(), 1);
+        host_paged_in_bytes += 16 * slice_lens.iter().take(3).sum::<u64>() + 4 * slice_lens.first().copied().unwrap_or(0);
     }
     if tc.offload_params == Tier::Nvme {
-        host_paged_in_bytes += 2 * working_bytes * top(&|s| s.working_len, 1);
+        host_paged_in_bytes += 2 * working_bytes * largest_working;
     }
     // Stage 1 with several ranks keeps each block's whole gradient (the head's is reduced at once).
     let stage1_grads = if sharding.shards_grads() { 0 } else { shards[1..].iter().map(|s| s.padded_len).sum::<usize>() as u64 };
