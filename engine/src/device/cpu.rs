@@ -10,7 +10,7 @@ use std::cell::RefCell;
 use anyhow::Result;
 
 use super::alloc::{AllocCosts, AllocStats, ByteBudget, Charge};
-use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, MatmulShape};
+use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, MatmulShape, VocabChunk};
 use crate::ops::{self, encoder::TokenBuckets};
 
 pub struct CpuDevice {
@@ -214,6 +214,12 @@ impl Backend for CpuDevice {
     }
     fn crossentropy(&self, losses: &CpuTensor, logits: &CpuTensor, targets: &CpuTokens, vocab: usize, grad_scale: Option<f32>) {
         ops::crossentropy_fast::crossentropy(&mut losses.data.borrow_mut(), &mut logits.data.borrow_mut(), &targets.ids, vocab, grad_scale);
+    }
+    fn crossentropy_chunk_stats(&self, stats: &CpuTensor, logits: &CpuTensor, targets: &CpuTokens, chunk: &VocabChunk) {
+        ops::crossentropy::crossentropy_chunk_stats(&mut stats.data.borrow_mut(), &logits.data.borrow(), &targets.ids, chunk);
+    }
+    fn crossentropy_chunk_grad(&self, logits: &CpuTensor, lse: &CpuTensor, targets: &CpuTokens, chunk: &VocabChunk, grad_scale: f32) {
+        ops::crossentropy::crossentropy_chunk_grad(&mut logits.data.borrow_mut(), &lse.data.borrow(), &targets.ids, chunk, grad_scale);
     }
 
     fn rmsnorm_forward(

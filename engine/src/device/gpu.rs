@@ -16,7 +16,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 
 use super::alloc::{AllocCosts, AllocStats, ByteBudget, Charge};
-use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, HalfFormat, MatmulShape};
+use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, HalfFormat, MatmulShape, VocabChunk};
 use crate::ops::elementwise::SUM_SQUARES_GROUP;
 use crate::ops::encoder::TokenBuckets;
 use zerostream_shaders as shaders;
@@ -1039,6 +1039,12 @@ impl Backend for GpuDevice {
         }
     }
 
+    fn crossentropy_chunk_stats(&self, _stats: &GpuTensor, _logits: &GpuTensor, _targets: &GpuTokens, _chunk: &VocabChunk) {
+        todo!("crossentropy_chunk_stats on the GPU")
+    }
+    fn crossentropy_chunk_grad(&self, _logits: &GpuTensor, _lse: &GpuTensor, _targets: &GpuTokens, _chunk: &VocabChunk, _grad_scale: f32) {
+        todo!("crossentropy_chunk_grad on the GPU")
+    }
     fn crossentropy(&self, losses: &GpuTensor, logits: &GpuTensor, targets: &GpuTokens, vocab: usize, grad_scale: Option<f32>) {
         let rows = targets.ids.len;
         for r in Self::pieces(rows, self.rows_per_piece(vocab), 1) {

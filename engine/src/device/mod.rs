@@ -16,6 +16,7 @@ use anyhow::{Result, bail};
 pub use crate::ops::activation::Activation;
 pub use crate::ops::attention::AttentionDims;
 pub use crate::ops::attention_decode::DecodeDims;
+pub use crate::ops::crossentropy::VocabChunk;
 pub use crate::ops::dropout::DropoutMask;
 pub use crate::ops::{MatmulShape, Operand};
 pub use alloc::{AllocCosts, AllocStats, ByteBudget};
@@ -194,6 +195,13 @@ pub trait Backend {
     /// losses (rows) = cross-entropy of each row of logits (rows, V) against targets; with `grad_scale`,
     /// logits are overwritten by dloss/dlogits for a total loss of sum(losses) * grad_scale.
     fn crossentropy(&self, losses: &Self::Tensor, logits: &Self::Tensor, targets: &Self::Tokens, vocab: usize, grad_scale: Option<f32>);
+    /// The cross-entropy's statistics of one vocabulary chunk of logits, per row: (max, sum of
+    /// exp(x - max), the target's logit or 0) into `stats` (rows, n_chunks, 3) at the chunk's index
+    /// ([`crate::ops::crossentropy::crossentropy_chunk_stats`]).
+    fn crossentropy_chunk_stats(&self, stats: &Self::Tensor, logits: &Self::Tensor, targets: &Self::Tokens, chunk: &VocabChunk);
+    /// The chunk's logits overwritten by d(loss)/d(logits) = (exp(x - lse) - onehot(target)) * grad_scale,
+    /// lse (rows) from [`crate::ops::crossentropy::crossentropy_combine`].
+    fn crossentropy_chunk_grad(&self, logits: &Self::Tensor, lse: &Self::Tensor, targets: &Self::Tokens, chunk: &VocabChunk, grad_scale: f32);
 
     // Llama's ops (transformers' LlamaForCausalLM).
 

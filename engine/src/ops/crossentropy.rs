@@ -20,3 +20,79 @@ pub fn crossentropy(losses: &mut [f32], logits: &mut [f32], targets: &[u32], voc
         },
     );
 }
+
+/// One vocabulary chunk of a (rows, V) logits matrix: columns `start .. start + cols` (vocabulary ids),
+/// chunk number `index` of `n_chunks`, stored from element `offset` with `row_stride` elements between
+/// rows (V when the whole matrix is kept, `cols` for a chunk-sized scratch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VocabChunk {
+    pub rows: usize,
+    pub start: usize,
+    pub cols: usize,
+    pub index: usize,
+    pub n_chunks: usize,
+    pub offset: usize,
+    pub row_stride: usize,
+}
+
+impl VocabChunk {
+    /// Element index of (row, column within the chunk).
+    pub fn at(&self, row: usize, col: usize) -> usize {
+        self.offset + row * self.row_stride + col
+    }
+}
+
+/// Per row of one vocabulary chunk of logits: `stats[(row * n_chunks + index) * 3 ..]` = (the chunk's
+/// maximum m, sum over the chunk of exp(x - m) in column order, the target's logit if the target is in
+/// the chunk else 0). [`crossentropy_combine`] turns every chunk's stats into the loss. Twin of
+/// `crossentropy_chunk_stats.wgsl`.
+pub fn crossentropy_chunk_stats(stats: &mut [f32], logits: &[f32], targets: &[u32], chunk: &VocabChunk) {
+    assert!(stats.len() >= chunk.rows * chunk.n_chunks * 3, "crossentropy_chunk_stats: stats too short");
+    let per_row: Vec<[f32; 3]> = (0..chunk.rows)
+        .into_par_iter()
+        .map(|row| {
+            let x = &logits[chunk.at(row, 0)..chunk.at(row, 0) + chunk.cols];
+            let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let sum: f32 = x.iter().map(|v| (v - max).exp()).sum();
+            let target = targets[row] as usize;
+            let target_logit = if (chunk.start..chunk.start + chunk.cols).contains(&target) { x[target - chunk.start] } else { 0.0 };
+            [max, sum, target_logit]
+        })
+        .collect();
+    for (row, s) in per_row.iter().enumerate() {
+        let at = (row * chunk.n_chunks + chunk.index) * 3;
+        stats[at..at + 3].copy_from_slice(s);
+    }
+}
+
+/// The logits' log-sum-exp and the loss of each row from every chunk's [`crossentropy_chunk_stats`]:
+/// M = max of the chunks' maxima, S = sum over chunks in order of s_j * exp(m_j - M), lse = M + ln S,
+/// loss = lse - the target's logit (from chunk `target / chunk_cols`). Plain host arithmetic, the
+/// same on every device.
+pub fn crossentropy_combine(stats: &[f32], targets: &[u32], n_chunks: usize, chunk_cols: usize) -> (Vec<f32>, Vec<f32>) {
+    let rows = targets.len();
+    assert!(stats.len() >= rows * n_chunks * 3, "crossentropy_combine: stats too short");
+    let (mut lse, mut losses) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
+    for (row, &target) in targets.iter().enumerate() {
+        let s = &stats[row * n_chunks * 3..(row + 1) * n_chunks * 3];
+        let max = s.chunks_exact(3).map(|c| c[0]).fold(f32::NEG_INFINITY, f32::max);
+        let sum: f32 = s.chunks_exact(3).map(|c| c[1] * (c[0] - max).exp()).sum();
+        let row_lse = max + sum.ln();
+        lse.push(row_lse);
+        losses.push(row_lse - s[(target as usize / chunk_cols) * 3 + 2]);
+    }
+    (lse, losses)
+}
+
+/// d(loss)/d(logits) of one vocabulary chunk, in place: x <- (exp(x - lse[row]) - onehot(target)) *
+/// grad_scale. Twin of `crossentropy_chunk_grad.wgsl`.
+pub fn crossentropy_chunk_grad(logits: &mut [f32], lse: &[f32], targets: &[u32], chunk: &VocabChunk, grad_scale: f32) {
+    logits[chunk.offset..].par_chunks_mut(chunk.row_stride).take(chunk.rows).enumerate().for_each(|(row, r)| {
+        let x = &mut r[..chunk.cols];
+        let target = targets[row] as usize;
+        for (c, v) in x.iter_mut().enumerate() {
+            let onehot = if chunk.start + c == target { 1.0 } else { 0.0 };
+            *v = ((*v - lse[row]).exp() - onehot) * grad_scale;
+        }
+    });
+}
