@@ -232,6 +232,12 @@ pub struct TrainArgs {
     /// at any world size and after a resume. Evaluation, validation and generation never drop.
     #[arg(long)]
     dropout: Option<f64>,
+    /// Vocabulary ids per chunk of the output projection and the loss. The device holds one chunk of
+    /// the (vocab x width) matrix at a time when --gpu-mem-budget cannot hold it whole, so its minimum
+    /// does not grow with the vocabulary. Part of what is computed (the loss is combined chunk by
+    /// chunk): a resumed run must keep it; where the matrix lives never changes a result.
+    #[arg(long, default_value_t = zerostream::model::vocab::DEFAULT_CHUNK_ROWS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    vocab_chunk_rows: usize,
     /// Tokens of text to sample at the end (0 = none).
     #[arg(long, default_value_t = 300)]
     sample_tokens: usize,
@@ -284,6 +290,7 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>) -
         sequential: a.sequential,
         dropout: a.dropout,
         seed: a.seed,
+        vocab_chunk_rows: a.vocab_chunk_rows,
     };
     let (mut data, mut seed, mut data_dtype) = (a.data.clone(), a.seed, a.data_dtype);
     if let ModelChoice::Resume(dir) = &model {

@@ -76,10 +76,7 @@ pub trait Backend {
     /// t[..n] = 16-bit values widened to f32 (exact). The gpu device sends the 16-bit words (half the
     /// bytes of an f32 upload) and widens them with a kernel; this default widens on the host.
     fn write_16bit(&self, t: &Self::Tensor, bits: &[u16], format: HalfFormat) -> Result<()> {
-        let wide: Vec<f32> = match format {
-            HalfFormat::F16 => bits.iter().map(|&b| half::f16::from_bits(b).to_f32()).collect(),
-            HalfFormat::Bf16 => bits.iter().map(|&b| half::bf16::from_bits(b).to_f32()).collect(),
-        };
+        let wide: Vec<f32> = bits.iter().map(|&b| format.to_f32(b)).collect();
         self.write(t, &wide);
         Ok(())
     }
@@ -278,6 +275,16 @@ pub trait Backend {
 pub enum HalfFormat {
     F16,
     Bf16,
+}
+
+impl HalfFormat {
+    /// The value of 16-bit word `bits` (exact: every 16-bit value is an f32).
+    pub fn to_f32(self, bits: u16) -> f32 {
+        match self {
+            HalfFormat::F16 => half::f16::from_bits(bits).to_f32(),
+            HalfFormat::Bf16 => half::bf16::from_bits(bits).to_f32(),
+        }
+    }
 }
 
 /// What `--device` asked for.

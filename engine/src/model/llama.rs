@@ -12,6 +12,7 @@
 use anyhow::Result;
 
 use super::TensorSpec;
+use super::vocab::{self, LossActs, VocabChunks};
 use crate::device::{AttentionDims, Backend, MatmulShape, Operand};
 pub use zerostream_checkpoints::LlamaConfig;
 
@@ -229,8 +230,7 @@ pub struct HeadActivations<T> {
     pub seq_len: usize,
     ln_f: T,           // (BT, C)
     ln_f_rstd: T,      // (BT)
-    logits: T,         // (BT, V); holds dlogits after a forward with a gradient scale
-    losses: T,         // (BT)
+    pub loss: LossActs<T>,
     pub d_residual: T, // (BT, C)
     d_c: T,            // (BT, C)
     d_att: T,          // (BT, H D)
@@ -247,8 +247,16 @@ pub struct HeadActivations<T> {
 }
 
 impl<T> HeadActivations<T> {
-    pub fn new<D: Backend<Tensor = T>>(dev: &D, cfg: &LlamaConfig, batch: usize, seq_len: usize) -> Result<Self> {
-        let (bt, c, f, v) = (batch * seq_len, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+    /// `chunks` and `keep_logits` shape the loss's buffers ([`LossActs`]).
+    pub fn new<D: Backend<Tensor = T>>(
+        dev: &D,
+        cfg: &LlamaConfig,
+        batch: usize,
+        seq_len: usize,
+        chunks: VocabChunks,
+        keep_logits: bool,
+    ) -> Result<Self> {
+        let (bt, c, f) = (batch * seq_len, cfg.hidden_size, cfg.intermediate_size);
         let (qw, _, qkv_w) = qkv_widths(cfg);
         let no_positions = dev.alloc(seq_len * c, "no position embedding")?;
         dev.fill(&no_positions, 0.0);
@@ -259,8 +267,7 @@ impl<T> HeadActivations<T> {
             seq_len,
             ln_f: dev.alloc(bt * c, "ln_f")?,
             ln_f_rstd: dev.alloc(bt, "ln_f rstd")?,
-            logits: dev.alloc(bt * v, "logits")?,
-            losses: dev.alloc(bt, "losses")?,
+            loss: LossActs::new(dev, chunks, bt, keep_logits)?,
             d_residual: dev.alloc(bt * c, "d_residual")?,
             d_c: dev.alloc(bt * c, "d_c")?,
             d_att: dev.alloc(bt * qw, "d_att")?,
@@ -274,11 +281,11 @@ impl<T> HeadActivations<T> {
         })
     }
 
-    /// Device bytes of [`HeadActivations::new`], for budget planning.
+    /// Device bytes of [`HeadActivations::new`] besides the loss's buffers, for budget planning.
     pub fn bytes(cfg: &LlamaConfig, batch: usize, seq_len: usize) -> u64 {
-        let (bt, c, f, v) = (batch * seq_len, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+        let (bt, c, f) = (batch * seq_len, cfg.hidden_size, cfg.intermediate_size);
         let (qw, _, qkv_w) = qkv_widths(cfg);
-        let floats = bt * (4 * c + 3 + v + qw + 3 * f + qkv_w) + batch * cfg.num_attention_heads * seq_len + 2 * seq_len * c;
+        let floats = bt * (4 * c + 2 + qw + 3 * f + qkv_w) + batch * cfg.num_attention_heads * seq_len + 2 * seq_len * c;
         4 * floats as u64
     }
 
@@ -287,7 +294,11 @@ impl<T> HeadActivations<T> {
         &self.ln_f
     }
     pub fn logits(&self) -> &T {
-        &self.logits
+        self.loss.logits().expect("a resident head keeps every chunk's logits")
+    }
+    /// d(ln_f): where the vocabulary projection's backward leaves the gradient of the final norm's output.
+    pub fn ln_f_grad(&self) -> &T {
+        &self.d_c
     }
 }
 
@@ -351,6 +362,17 @@ pub fn embed_forward<D: Backend>(
 ) {
     let (embed, _, _) = head_parts(cfg, head);
     dev.encoder_forward(x, inputs, embed, &acts.no_positions, seq_len, cfg.hidden_size);
+}
+
+/// [`embed_forward`] with the token rows embed_tokens[tokens] gathered by the caller into `rows` (BT, C)
+/// and `positions` the ids 0..BT: x = rows (through the same kernel, adding zeros).
+pub fn embed_rows_forward<D: Backend>(dev: &D, cfg: &LlamaConfig, x: &D::Tensor, rows: &D::Tensor, acts: &HeadActivations<D::Tensor>, positions: &D::Tokens, seq_len: usize) {
+    dev.encoder_forward(x, positions, rows, &acts.no_positions, seq_len, cfg.hidden_size);
+}
+
+/// Backward of [`embed_rows_forward`]: d(rows) is the gradient of layer 0's input, `acts.d_residual`.
+pub fn embed_rows_backward<T>(acts: &HeadActivations<T>) -> &T {
+    &acts.d_residual
 }
 
 /// Backward of [`embed_forward`]: d(embed_tokens) += ... from `acts.d_residual`.
@@ -452,8 +474,33 @@ pub fn block_backward<D: Backend>(
     dev.rmsnorm_backward(d_res, g.w.input_layernorm, &h.d_c, input, w.input_layernorm, &a.ln_1_rstd, bt, c);
 }
 
-/// The final RMSNorm, lm_head and cross-entropy of the last layer's output `x`; returns the mean loss.
-/// With `loss_grad_scale = Some(s)` the gradient of `s * mean loss` is left in the logits.
+/// The final norm: ln_f (BT, C) = rmsnorm(x), the input of the vocabulary projection.
+pub fn final_norm_forward<D: Backend>(dev: &D, cfg: &LlamaConfig, head: &[D::Tensor], acts: &HeadActivations<D::Tensor>, x: &D::Tensor) {
+    let (bt, c) = (acts.batch * acts.seq_len, cfg.hidden_size);
+    let (_, norm, _) = head_parts(cfg, head);
+    dev.rmsnorm_forward(&acts.ln_f, &acts.ln_f_rstd, x, norm, bt, c, cfg.rms_norm_eps as f32);
+}
+
+/// Backward of [`final_norm_forward`] from d(ln_f) in `acts.d_c`: adds into the norm's gradient and
+/// leaves d(x) in `acts.d_residual`.
+pub fn final_norm_backward<D: Backend>(
+    dev: &D,
+    cfg: &LlamaConfig,
+    head: &[D::Tensor],
+    grads: &[D::Tensor],
+    acts: &HeadActivations<D::Tensor>,
+    x: &D::Tensor,
+) {
+    let (bt, c) = (acts.batch * acts.seq_len, cfg.hidden_size);
+    let (_, norm, _) = head_parts(cfg, head);
+    let (_, d_norm, _) = head_parts(cfg, grads);
+    dev.fill(&acts.d_residual, 0.0);
+    dev.rmsnorm_backward(&acts.d_residual, d_norm, &acts.d_c, x, norm, &acts.ln_f_rstd, bt, c);
+}
+
+/// The final norm, the lm_head and the cross-entropy of the last layer's output `x`, in vocabulary
+/// chunks ([`vocab`]); returns the mean loss. With `loss_grad_scale = Some(s)` the gradient of
+/// `s * mean loss` is left in the logits.
 pub fn head_forward<D: Backend>(
     dev: &D,
     cfg: &LlamaConfig,
@@ -463,13 +510,9 @@ pub fn head_forward<D: Backend>(
     targets: &D::Tokens,
     loss_grad_scale: Option<f32>,
 ) -> f32 {
-    let (bt, c, v) = (acts.batch * acts.seq_len, cfg.hidden_size, cfg.vocab_size);
-    let (_, norm, lm_head) = head_parts(cfg, head);
-    dev.rmsnorm_forward(&acts.ln_f, &acts.ln_f_rstd, x, norm, bt, c, cfg.rms_norm_eps as f32);
-    dev.matmul(&acts.logits, &acts.ln_f, lm_head, None, &linear_into(bt, c, v, v, 0), false);
-    dev.crossentropy(&acts.losses, &acts.logits, targets, v, loss_grad_scale.map(|s| s / bt as f32));
-    let losses = dev.read(&acts.losses);
-    (losses.iter().map(|&x| x as f64).sum::<f64>() / bt as f64) as f32
+    final_norm_forward(dev, cfg, head, acts, x);
+    let (_, _, lm_head) = head_parts(cfg, head);
+    vocab::resident_forward(dev, &acts.loss, &acts.ln_f, lm_head, targets, cfg.hidden_size, loss_grad_scale)
 }
 
 /// Backward of [`head_forward`] (which must have had a gradient scale): adds into the lm_head (or the
@@ -482,11 +525,8 @@ pub fn head_backward<D: Backend>(
     acts: &HeadActivations<D::Tensor>,
     x: &D::Tensor,
 ) {
-    let (bt, c, v) = (acts.batch * acts.seq_len, cfg.hidden_size, cfg.vocab_size);
-    let (_, norm, lm_head) = head_parts(cfg, head);
-    let (_, d_norm, d_lm_head) = head_parts(cfg, grads);
-    dev.matmul(&acts.d_c, &acts.logits, lm_head, None, &linear_dx(bt, c, v, v, 0), false);
-    dev.matmul(d_lm_head, &acts.logits, &acts.ln_f, None, &linear_dw(bt, c, v, v, 0), true);
-    dev.fill(&acts.d_residual, 0.0);
-    dev.rmsnorm_backward(&acts.d_residual, d_norm, &acts.d_c, x, norm, &acts.ln_f_rstd, bt, c);
+    let (_, _, lm_head) = head_parts(cfg, head);
+    let (_, _, d_lm_head) = head_parts(cfg, grads);
+    vocab::resident_backward(dev, &acts.loss, &acts.ln_f, &acts.d_c, lm_head, d_lm_head, cfg.hidden_size);
+    final_norm_backward(dev, cfg, head, grads, acts, x);
 }

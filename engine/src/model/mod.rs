@@ -9,6 +9,7 @@ pub mod decode;
 pub mod gpt2;
 pub mod llama;
 mod seam;
+pub mod vocab;
 
 pub use seam::{BlockActs, HeadActs, Model};
 

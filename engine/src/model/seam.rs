@@ -8,6 +8,7 @@ use anyhow::{Context, Result, bail};
 use zerostream_checkpoints::{ArchConfig, Gpt2Config, HfModel, LlamaConfig};
 
 use super::TensorSpec;
+use super::vocab::{DEFAULT_CHUNK_ROWS, LossActs, VocabChunks};
 use super::gpt2::{self, Block, BlockActivations, HeadActivations};
 use super::llama;
 use crate::device::{AttentionDims, Backend};
@@ -240,7 +241,8 @@ impl Model {
             Model::Llama(c) => llama::BlockActivations::<()>::bytes(c, batch, seq_len),
         }
     }
-    /// Device bytes of the head's activations and the backward scratch, for the plan.
+    /// Device bytes of the head's activations and the backward scratch, besides the loss's buffers
+    /// ([`LossActs::tensor_lens`]), for the plan.
     pub fn head_activation_bytes(&self, batch: usize, seq_len: usize) -> u64 {
         match self {
             Model::Gpt2(c) => HeadActivations::<()>::bytes(c, batch, seq_len),
@@ -254,10 +256,114 @@ impl Model {
             Model::Llama(c) => Ok(BlockActs::Llama(llama::BlockActivations::new(dev, c, batch, seq_len)?)),
         }
     }
+    /// The head's activations for a resident head: every chunk's logits kept, default chunks.
     pub fn head_acts<D: Backend>(&self, dev: &D, batch: usize, seq_len: usize) -> Result<HeadActs<D::Tensor>> {
+        self.head_acts_with(dev, batch, seq_len, self.vocab_chunks(DEFAULT_CHUNK_ROWS), true)
+    }
+    /// The head's activations with the loss in `chunks`, every chunk's logits kept or one chunk's.
+    pub fn head_acts_with<D: Backend>(
+        &self,
+        dev: &D,
+        batch: usize,
+        seq_len: usize,
+        chunks: VocabChunks,
+        keep_logits: bool,
+    ) -> Result<HeadActs<D::Tensor>> {
         match self {
-            Model::Gpt2(c) => Ok(HeadActs::Gpt2(HeadActivations::new(dev, c, batch, seq_len)?)),
-            Model::Llama(c) => Ok(HeadActs::Llama(llama::HeadActivations::new(dev, c, batch, seq_len)?)),
+            Model::Gpt2(c) => Ok(HeadActs::Gpt2(HeadActivations::new(dev, c, batch, seq_len, chunks, keep_logits)?)),
+            Model::Llama(c) => Ok(HeadActs::Llama(llama::HeadActivations::new(dev, c, batch, seq_len, chunks, keep_logits)?)),
+        }
+    }
+
+    /// The vocabulary cut into chunks of `rows_per_chunk` ids.
+    pub fn vocab_chunks(&self, rows_per_chunk: usize) -> VocabChunks {
+        VocabChunks::new(self.vocab_size(), rows_per_chunk)
+    }
+
+    /// The head group's (V, C) matrices, as indices into its table: (the token embedding, the output
+    /// projection) — the same index when the two are tied.
+    pub fn vocab_tensors(&self) -> (usize, usize) {
+        let specs = self.head_specs();
+        let (v, c) = (self.vocab_size(), self.width());
+        let matrices: Vec<usize> = (0..specs.len()).filter(|&i| specs[i].shape == [v, c]).collect();
+        match matrices[..] {
+            [tied] => (tied, tied),
+            [embedding, projection] => (embedding, projection),
+            _ => unreachable!("a head group has one or two vocabulary matrices"),
+        }
+    }
+
+    /// The loss's buffers inside the head's activations.
+    pub fn loss_acts<'t, T>(&self, acts: &'t HeadActs<T>) -> &'t LossActs<T> {
+        match acts {
+            HeadActs::Gpt2(a) => &a.loss,
+            HeadActs::Llama(a) => &a.loss,
+        }
+    }
+
+    /// The final norm of the last block's output `x`: the input of the vocabulary projection
+    /// ([`Model::final_hidden`]).
+    pub fn final_norm_forward<D: Backend>(&self, dev: &D, head: &[D::Tensor], acts: &HeadActs<D::Tensor>, x: &D::Tensor) {
+        match (self, acts) {
+            (Model::Gpt2(c), HeadActs::Gpt2(a)) => gpt2::final_norm_forward(dev, c, &gpt2::head_view(c, head), a, x),
+            (Model::Llama(c), HeadActs::Llama(a)) => llama::final_norm_forward(dev, c, head, a, x),
+            _ => unreachable!("activations of another family"),
+        }
+    }
+    /// Backward of [`Model::final_norm_forward`] from [`Model::final_hidden_grad`]: adds into the norm's
+    /// gradients and leaves d(x) in the head's residual gradient.
+    pub fn final_norm_backward<D: Backend>(&self, dev: &D, head: &[D::Tensor], grads: &[D::Tensor], acts: &HeadActs<D::Tensor>, x: &D::Tensor) {
+        match (self, acts) {
+            (Model::Gpt2(c), HeadActs::Gpt2(a)) => gpt2::final_norm_backward(dev, c, &gpt2::head_view(c, head), &gpt2::head_view(c, grads), a, x),
+            (Model::Llama(c), HeadActs::Llama(a)) => llama::final_norm_backward(dev, c, head, grads, a, x),
+            _ => unreachable!("activations of another family"),
+        }
+    }
+    /// Where the vocabulary projection's backward leaves d(final hidden) (BT, C).
+    pub fn final_hidden_grad<'t, T>(&self, acts: &'t HeadActs<T>) -> &'t T {
+        match acts {
+            HeadActs::Gpt2(a) => a.ln_f_grad(),
+            HeadActs::Llama(a) => a.ln_f_grad(),
+        }
+    }
+
+    /// [`Model::embed_forward`] from the token rows `rows` (BT, C) the caller gathered from the
+    /// embedding (row i is token i's), with `positions` the ids 0..BT: the same bits, without the
+    /// embedding on the device.
+    #[allow(clippy::too_many_arguments)]
+    pub fn embed_rows_forward<D: Backend>(
+        &self,
+        dev: &D,
+        x: &D::Tensor,
+        rows: &D::Tensor,
+        head: &[D::Tensor],
+        acts: &HeadActs<D::Tensor>,
+        positions: &D::Tokens,
+        seq_len: usize,
+        dropout: Option<&DropoutKeys>,
+    ) {
+        match (self, acts) {
+            (Model::Gpt2(c), HeadActs::Gpt2(a)) => {
+                gpt2::embed_rows_forward(dev, c, x, rows, &gpt2::head_view(c, head), a, positions, seq_len, dropout)
+            }
+            (Model::Llama(c), HeadActs::Llama(a)) => llama::embed_rows_forward(dev, c, x, rows, a, positions, seq_len),
+            _ => unreachable!("activations of another family"),
+        }
+    }
+    /// Backward of [`Model::embed_rows_forward`]: the other embeddings' gradients added into `grads`;
+    /// returns the tensor holding d(rows) (BT, C), for the caller to add into the token rows.
+    pub fn embed_rows_backward<'t, D: Backend>(
+        &self,
+        dev: &D,
+        grads: &[D::Tensor],
+        acts: &'t HeadActs<D::Tensor>,
+        positions: &D::Tokens,
+        dropout: Option<&DropoutKeys>,
+    ) -> &'t D::Tensor {
+        match (self, acts) {
+            (Model::Gpt2(c), HeadActs::Gpt2(a)) => gpt2::embed_rows_backward(dev, c, &gpt2::head_view(c, grads), a, positions, dropout),
+            (Model::Llama(_), HeadActs::Llama(a)) => llama::embed_rows_backward(a),
+            _ => unreachable!("activations of another family"),
         }
     }
 

@@ -65,21 +65,21 @@ pub fn crossentropy_chunk_stats(stats: &mut [f32], logits: &[f32], targets: &[u3
     }
 }
 
-/// The logits' log-sum-exp and the loss of each row from every chunk's [`crossentropy_chunk_stats`]:
-/// M = max of the chunks' maxima, S = sum over chunks in order of s_j * exp(m_j - M), lse = M + ln S,
-/// loss = lse - the target's logit (from chunk `target / chunk_cols`). Plain host arithmetic, the
+/// The logits' log-sum-exp and the loss of each of `rows` rows from every chunk's
+/// [`crossentropy_chunk_stats`]: M = max of the chunks' maxima, S = sum over chunks in order of
+/// s_j * exp(m_j - M), lse = M + ln S, loss = lse - the target's logit (the sum of the chunks' third
+/// values: only the target's chunk has a nonzero one, so the sum is exact). Plain host arithmetic, the
 /// same on every device.
-pub fn crossentropy_combine(stats: &[f32], targets: &[u32], n_chunks: usize, chunk_cols: usize) -> (Vec<f32>, Vec<f32>) {
-    let rows = targets.len();
+pub fn crossentropy_combine(stats: &[f32], rows: usize, n_chunks: usize) -> (Vec<f32>, Vec<f32>) {
     assert!(stats.len() >= rows * n_chunks * 3, "crossentropy_combine: stats too short");
     let (mut lse, mut losses) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
-    for (row, &target) in targets.iter().enumerate() {
-        let s = &stats[row * n_chunks * 3..(row + 1) * n_chunks * 3];
+    for s in stats[..rows * n_chunks * 3].chunks_exact(n_chunks * 3) {
         let max = s.chunks_exact(3).map(|c| c[0]).fold(f32::NEG_INFINITY, f32::max);
         let sum: f32 = s.chunks_exact(3).map(|c| c[1] * (c[0] - max).exp()).sum();
+        let target_logit: f32 = s.chunks_exact(3).map(|c| c[2]).sum();
         let row_lse = max + sum.ln();
         lse.push(row_lse);
-        losses.push(row_lse - s[(target as usize / chunk_cols) * 3 + 2]);
+        losses.push(row_lse - target_logit);
     }
     (lse, losses)
 }

@@ -77,6 +77,9 @@ pub struct TrainConfig {
     pub dropout: Option<f64>,
     /// `--seed`: of the initialisation, the dropout masks and the sample.
     pub seed: u64,
+    /// `--vocab-chunk-rows`: vocabulary ids per chunk of the output projection and the loss (part of
+    /// what is computed, like the precision; never of where bytes are: see `model::vocab`).
+    pub vocab_chunk_rows: usize,
 }
 
 impl Default for TrainConfig {
@@ -105,6 +108,7 @@ impl Default for TrainConfig {
             sequential: false,
             dropout: None,
             seed: 1337,
+            vocab_chunk_rows: crate::model::vocab::DEFAULT_CHUNK_ROWS,
         }
     }
 }
@@ -116,6 +120,7 @@ pub type Flags = BTreeMap<String, Value>;
 /// Flags that change what a run computes: on resume they must match the checkpoint's.
 pub const MEANING_FLAGS: &[&str] = &[
     "precision",
+    "vocab-chunk-rows",
     "batch-size",
     "seq-len",
     "lr",
@@ -178,6 +183,7 @@ impl TrainConfig {
         put("sequential", json!(self.sequential));
         put("dropout", json!(self.dropout));
         put("seed", json!(self.seed));
+        put("vocab-chunk-rows", json!(self.vocab_chunk_rows));
         f
     }
 
@@ -224,6 +230,8 @@ impl TrainConfig {
             // Checkpoints from before dropout existed trained without it.
             dropout: f.get("dropout").and_then(Value::as_f64),
             seed: uint("seed")?,
+            // Checkpoints from before the chunked loss: the default chunks.
+            vocab_chunk_rows: f.get("vocab-chunk-rows").and_then(Value::as_u64).map_or(crate::model::vocab::DEFAULT_CHUNK_ROWS, |n| n as usize),
         })
     }
 }

@@ -11,9 +11,19 @@ use crate::model::{BlockActs, HeadActs, Model};
 
 /// The device-resident part of the run.
 pub(super) struct DeviceState<D: Backend> {
-    /// The head group's tensors and gradients, in the family's table order (as every group below).
+    /// The head group's tensors and gradients, in the family's table order (as every group below). The
+    /// vocabulary matrices are empty placeholders, except the output projection when the plan keeps
+    /// it resident ([`Placement::vocab_resident`]); their gradients are summed on the host.
     pub(super) head: Vec<D::Tensor>,
     pub(super) head_grads: Vec<D::Tensor>,
+    /// One vocabulary chunk of the output projection, uploaded in turn (when it is not resident).
+    pub(super) vocab_slot: Option<D::Tensor>,
+    /// One vocabulary chunk's projection gradient, downloaded after each chunk's backward.
+    pub(super) vocab_grad: D::Tensor,
+    /// The embedding's rows for the micro-batch's tokens (BT, C), gathered on the host.
+    pub(super) embed_rows: D::Tensor,
+    /// The ids 0..BT: row i of `embed_rows` is token i's.
+    pub(super) positions: D::Tokens,
     pub(super) head_acts: HeadActs<D::Tensor>,
     /// residual[l] is the input of block l; residual[L] the output of the last block.
     pub(super) residual: Vec<D::Tensor>,
@@ -32,10 +42,22 @@ impl<D: Backend> Trainer<'_, D> {
         let alloc_group = |g: &GroupLayout, prefix: &str| -> Result<Vec<D::Tensor>> {
             g.tensors.iter().map(|t| dev.alloc(t.len, &format!("{prefix}{}", t.name))).collect()
         };
-        let head = alloc_group(&groups[0], "")?;
-        let head_grads = alloc_group(&groups[0], "grad ")?;
-        let head_acts = model.head_acts(dev, tc.batch, tc.seq_len)?;
+        let (embedding, projection) = model.vocab_tensors();
+        let is_vocab = |i: usize| i == embedding || i == projection;
+        let head_tensors = |prefix: &str, keep_projection: bool| -> Result<Vec<D::Tensor>> {
+            let placed = |i: usize, len: usize| if is_vocab(i) && !(keep_projection && i == projection) { 0 } else { len };
+            groups[0].tensors.iter().enumerate().map(|(i, t)| dev.alloc(placed(i, t.len), &format!("{prefix}{}", t.name))).collect()
+        };
+        let head = head_tensors("", placement.vocab_resident)?;
+        let head_grads = head_tensors("grad ", false)?;
+        let chunks = model.vocab_chunks(tc.vocab_chunk_rows);
+        let chunk_len = chunks.rows_per_chunk * model.width();
+        let vocab_slot = if placement.vocab_resident { None } else { Some(dev.alloc(chunk_len, "vocabulary chunk")?) };
+        let vocab_grad = dev.alloc(chunk_len, "grad vocabulary chunk")?;
         let bt = tc.batch * tc.seq_len;
+        let embed_rows = dev.alloc(bt * model.width(), "embedding rows")?;
+        let positions = dev.tokens(&(0..bt as u32).collect::<Vec<u32>>())?;
+        let head_acts = model.head_acts_with(dev, tc.batch, tc.seq_len, chunks, placement.vocab_resident)?;
         let residual = (0..=model.n_layer()).map(|l| dev.alloc(bt * model.width(), &format!("residual.{l}"))).collect::<Result<_>>()?;
         let kept = if tc.recompute { 1 } else { model.n_layer() };
         let block_acts = (0..kept).map(|_| model.block_acts(dev, tc.batch, tc.seq_len)).collect::<Result<_>>()?;
@@ -57,6 +79,6 @@ impl<D: Backend> Trainer<'_, D> {
                     .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(DeviceState { head, head_grads, head_acts, residual, block_acts, slot_holds: vec![None; slots.len()], slots, block_grads })
+        Ok(DeviceState { head, head_grads, vocab_slot, vocab_grad, embed_rows, positions, head_acts, residual, block_acts, slot_holds: vec![None; slots.len()], slots, block_grads })
     }
 }

@@ -33,6 +33,7 @@ mod step;
 pub mod summary;
 mod transfer;
 mod validate;
+mod vocab_head;
 mod worker;
 
 use std::sync::mpsc::{Sender, channel};
@@ -110,6 +111,8 @@ pub struct Trainer<'d, D: Backend> {
     worker: Option<JoinHandle<Result<Vec<OptimizerGroup>>>>,
     optimizer: Option<Vec<OptimizerGroup>>,
     device: DeviceState<D>,
+    /// The head group's vocabulary matrices on the host during a step (their words, their gradients).
+    vocab: vocab_head::VocabHost,
     pub scaler: LossScaler,
     /// Optimizer steps done (the next step's index).
     pub step: u64,
@@ -241,6 +244,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             worker: None,
             optimizer: Some(optimizer),
             device,
+            vocab: vocab_head::VocabHost::default(),
             scaler,
             step,
             adam_steps,

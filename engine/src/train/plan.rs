@@ -9,6 +9,7 @@ use super::layout::{GroupLayout, TensorSlot, group_layouts};
 use super::shard::{Sharding, ZeroStage};
 use crate::device::{AllocCosts, HalfFormat};
 use crate::model::Model;
+use crate::model::vocab::LossActs;
 
 /// Where everything lives and how many device bytes each part takes: decided once at start-up.
 #[derive(Clone, Debug)]
@@ -31,6 +32,10 @@ pub struct Placement {
     /// tier): the update's sweep holds three groups (read ahead, updated, written back) with their
     /// gradients, and the device thread one group's gradient and one working copy.
     pub host_paged_in_bytes: u64,
+    /// Whether the output projection (V, C) is resident on the device whole, with every vocabulary
+    /// chunk's logits, or uploaded a chunk at a time with one chunk's logits (when the budget cannot
+    /// hold it whole). The embedding's rows are gathered on the host either way.
+    pub vocab_resident: bool,
     pub device_head_bytes: u64,
     pub device_block_slot_bytes: u64,
     pub device_activation_bytes: u64,
@@ -153,7 +158,9 @@ pub(super) fn slot_format(t: &TensorSlot, precision: Precision) -> Option<HalfFo
 /// Device bytes of each part of a run, before any budget is applied, counted with the device's own
 /// [`AllocCosts`] tensor by tensor, as the trainer allocates them.
 struct DeviceNeeds {
-    /// Head parameters and their gradients.
+    /// Head parameters and their gradients besides the vocabulary matrices (which have empty
+    /// placeholders), the output projection (whole when resident, else a chunk-sized slot), one chunk's
+    /// gradient, the embedding's gathered rows and their position ids.
     head_bytes: u64,
     /// One block's parameters (a slot).
     slot_bytes: u64,
@@ -164,8 +171,30 @@ struct DeviceNeeds {
 }
 
 impl DeviceNeeds {
-    fn of(model: &Model, tc: &TrainConfig, costs: AllocCosts) -> Self {
+    fn of(model: &Model, tc: &TrainConfig, costs: AllocCosts, vocab_resident: bool) -> Self {
         let groups = group_layouts(model);
+        let bt = tc.batch * tc.seq_len;
+        let (embedding, projection) = model.vocab_tensors();
+        let chunks = model.vocab_chunks(tc.vocab_chunk_rows);
+        let chunk_len = chunks.rows_per_chunk * model.width();
+        // What the head group puts on the device for tensor i: the vocabulary matrices an empty
+        // placeholder, except the projection when resident.
+        let head_tensor_len = |i: usize, len: usize| match i {
+            i if i == projection && vocab_resident => len,
+            i if i == embedding || i == projection => 0,
+            _ => len,
+        };
+        let head_params: u64 = groups[0].tensors.iter().enumerate().map(|(i, t)| costs.tensor_bytes(head_tensor_len(i, t.len))).sum();
+        let head_grads: u64 =
+            groups[0].tensors.iter().enumerate().map(|(i, t)| costs.tensor_bytes(if i == embedding || i == projection { 0 } else { t.len })).sum();
+        let vocab_chunk_bytes = if vocab_resident { 0 } else { costs.tensor_bytes(chunk_len) };
+        let head_bytes = head_params
+            + head_grads
+            + vocab_chunk_bytes
+            + costs.tensor_bytes(chunk_len)
+            + costs.tensor_bytes(bt * model.width())
+            + costs.tokens_bytes(bt);
+        let loss_bytes: u64 = LossActs::<()>::tensor_lens(chunks, bt, vocab_resident).iter().map(|&n| costs.tensor_bytes(n)).sum();
         let f32_bytes = |g: &GroupLayout| g.tensors.iter().map(|t| costs.tensor_bytes(t.len)).sum::<u64>();
         let block = groups.get(1);
         let slot_bytes = block.map_or(0, |g| {
@@ -177,25 +206,24 @@ impl DeviceNeeds {
                 })
                 .sum()
         });
-        let bt = tc.batch * tc.seq_len;
         let kept_blocks = if tc.recompute { 1 } else { model.n_layer() };
-        // With a 16-bit working copy, every f32 tensor (the head's, and a slot's vectors) is written
-        // from 16-bit words staged on the device; one at a time.
+        // With a 16-bit working copy, every f32 tensor (the head's as placed, the projection's chunk,
+        // and a slot's vectors) is written from 16-bit words staged on the device; one at a time.
         let staged_16bit = match tc.precision {
             Precision::Fp32 => 0,
-            _ => groups
-                .iter()
-                .enumerate()
-                .flat_map(|(k, g)| g.tensors.iter().filter(move |t| k == 0 || slot_format(t, tc.precision).is_none()))
-                .map(|t| costs.upload_16bit_bytes(t.len))
-                .max()
-                .unwrap_or(0),
+            _ => {
+                let head = groups[0].tensors.iter().enumerate().map(|(i, t)| head_tensor_len(i, t.len));
+                let slot_vectors = groups.iter().skip(1).flat_map(|g| g.tensors.iter().filter(|t| slot_format(t, tc.precision).is_none()).map(|t| t.len));
+                let chunk = if vocab_resident { 0 } else { chunk_len };
+                head.chain(slot_vectors).chain([chunk]).map(|len| costs.upload_16bit_bytes(len)).max().unwrap_or(0)
+            }
         };
         DeviceNeeds {
-            head_bytes: 2 * f32_bytes(&groups[0]),
+            head_bytes,
             slot_bytes,
             activation_bytes: kept_blocks as u64 * model.block_activation_bytes(tc.batch, tc.seq_len)
                 + model.head_activation_bytes(tc.batch, tc.seq_len)
+                + loss_bytes
                 + (model.n_layer() as u64 + 1) * costs.tensor_bytes(bt * model.width()),
             other_bytes: 2 * block.map_or(0, f32_bytes) + 2 * costs.tokens_bytes(bt) + staged_16bit,
         }
@@ -215,7 +243,7 @@ pub fn minimum_device_bytes(model: &Model, tc: &TrainConfig) -> u64 {
 
 /// The smallest budget [`plan_on`] accepts on a device that allocates with `costs`.
 pub fn minimum_device_bytes_on(model: &Model, tc: &TrainConfig, costs: AllocCosts) -> u64 {
-    DeviceNeeds::of(model, tc, costs).minimum()
+    DeviceNeeds::of(model, tc, costs, false).minimum()
 }
 
 /// [`plan_on`] for the gpu device (the command line's `plan`, before any device is opened).
@@ -229,15 +257,19 @@ pub fn plan(model: &Model, tc: &TrainConfig, world_size: usize) -> Result<Placem
 pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocCosts) -> Result<Placement> {
     let groups = group_layouts(model);
     let params: usize = groups.iter().map(|g| g.len).sum();
-    let needs = DeviceNeeds::of(model, tc, costs);
+    let streamed = DeviceNeeds::of(model, tc, costs, false);
+    let minimum = streamed.minimum();
+    // The output projection stays resident whole when the budget holds it with two block slots.
+    let resident = DeviceNeeds::of(model, tc, costs, true);
+    let vocab_resident = tc.gpu_mem_budget.is_none_or(|budget| budget >= resident.minimum());
+    let needs = if vocab_resident { resident } else { streamed };
     let DeviceNeeds { head_bytes, slot_bytes, activation_bytes, other_bytes } = needs;
-    let minimum = needs.minimum();
     let mut block_slots = model.n_layer().min(2);
     if let Some(budget) = tc.gpu_mem_budget {
         if budget < minimum {
             bail!(
                 "--gpu-mem-budget {budget} bytes ({:.1} MiB) cannot hold the minimum of {minimum} bytes ({:.1} MiB): \
-                 head parameters+gradients {head_bytes}, 2 block slots x {slot_bytes}, activations {activation_bytes}{}, other {other_bytes}. \
+                 head parameters+gradients (one vocabulary chunk of the output projection) {head_bytes}, 2 block slots x {slot_bytes}, activations {activation_bytes}{}, other {other_bytes}. \
                  Raise the budget, lower --batch-size/--seq-len{}",
                 budget as f64 / 1048576.0,
                 minimum as f64 / 1048576.0,
@@ -245,7 +277,7 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
                 if tc.recompute { "" } else { ", or add --recompute" },
             );
         }
-        let spare = budget - minimum;
+        let spare = budget - needs.minimum();
         block_slots += (spare / slot_bytes.max(1)) as usize;
         block_slots = block_slots.min(model.n_layer());
     } else {
@@ -281,6 +313,7 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         host_grad_bytes: 4 * slices,
         host_stage1_grad_bytes: 4 * stage1_grads,
         host_paged_in_bytes,
+        vocab_resident,
         device_head_bytes: head_bytes,
         device_block_slot_bytes: slot_bytes,
         device_activation_bytes: activation_bytes,

@@ -22,6 +22,8 @@ pub(super) struct StepState<D: Backend> {
     loss_scale: f32,
     /// The current micro-batch's (inputs, targets) on the device.
     tokens: Option<(D::Tokens, D::Tokens)>,
+    /// The current micro-batch's input ids on the host (the embedding's rows are gathered there).
+    input_ids: Vec<u32>,
     /// Gradient downloads begun and not yet finished: (block, read).
     in_flight: VecDeque<(usize, D::PendingRead)>,
     micro: usize,
@@ -67,6 +69,7 @@ impl<D: Backend> Trainer<'_, D> {
             lr: self.train.lr.at(self.step),
             loss_scale: self.scaler.scale,
             tokens: None,
+            input_ids: Vec::new(),
             in_flight: VecDeque::new(),
             micro: 0,
             dropout: None,
@@ -112,14 +115,11 @@ impl<D: Backend> Trainer<'_, D> {
     /// Executes one operation of the step's schedule.
     fn run_op(&mut self, op: Op, data: &TokenFile, st: &mut StepState<D>) -> Result<()> {
         let (dev, batch, seq_len, recompute) = (self.dev, self.train.batch, self.train.seq_len, self.train.recompute);
-        let (model, n_layer) = (&self.model, self.model.n_layer());
+        let model = &self.model;
         let d = &self.device;
         let acts = |l: usize| &d.block_acts[if recompute { 0 } else { l }];
         match op {
-            Op::FetchHead => {
-                let head: Vec<&D::Tensor> = d.head.iter().collect();
-                self.upload_group(0, &head, &mut st.clock)?;
-            }
+            Op::FetchHead => self.fetch_head(&mut st.clock)?,
             Op::Embed { micro } => {
                 // The training contract: micro-batch i of the step goes to rank i % world, accumulation
                 // index i / world.
@@ -128,15 +128,16 @@ impl<D: Backend> Trainer<'_, D> {
                 let (x, y) = data.micro_batch(g, batch, seq_len)?;
                 // The previous micro-batch's ids go first: the plan counts one micro-batch's on the device.
                 st.tokens = None;
-                let (x, y) = (dev.tokens(&x)?, dev.tokens(&y)?);
+                let (x_dev, y_dev) = (dev.tokens(&x)?, dev.tokens(&y)?);
                 if micro == 0 {
                     d.head_grads.iter().for_each(|t| dev.fill(t, 0.0));
+                    self.clear_vocab_grads();
                 }
                 // Masks are keyed by the global micro-batch index, so they do not depend on the world size.
-                st.dropout = model.dropout_keys(self.train.seed, self.step, g as u64);
-                let dropout = st.dropout.as_ref();
-                timed(&mut st.clock.compute, || model.embed_forward(dev, &d.residual[0], &d.head, &d.head_acts, &x, seq_len, dropout));
-                st.tokens = Some((x, y));
+                st.dropout = self.model.dropout_keys(self.train.seed, self.step, g as u64);
+                self.embed(&x, st.dropout.as_ref(), &mut st.clock)?;
+                st.tokens = Some((x_dev, y_dev));
+                st.input_ids = x;
                 st.micro = micro;
             }
             Op::Fetch { block } => {
@@ -152,11 +153,7 @@ impl<D: Backend> Trainer<'_, D> {
             Op::Head => {
                 let y = &st.tokens.as_ref().expect("embedded first").1;
                 let scale = Some(st.loss_scale / st.micro_batches as f32);
-                let loss = timed(&mut st.clock.compute, || {
-                    let loss = model.head_forward(dev, &d.head, &d.head_acts, &d.residual[n_layer], y, scale);
-                    model.head_backward(dev, &d.head, &d.head_grads, &d.head_acts, &d.residual[n_layer]);
-                    loss
-                });
+                let loss = self.head_loss(y, scale, &mut st.clock)?;
                 st.loss_sum += loss as f64;
             }
             Op::Backward { block: l } => {
@@ -183,17 +180,11 @@ impl<D: Backend> Trainer<'_, D> {
                 st.overflow |= self.accumulate(1 + done, pending, st.micro == 0, st.micro + 1 == self.train.grad_accum, &mut st.clock)?;
             }
             Op::EmbedBackward => {
-                let x = &st.tokens.as_ref().expect("embedded first").0;
-                timed(&mut st.clock.compute, || {
-                    model.embed_backward(dev, &d.head_grads, &d.head_acts, x, st.dropout.as_ref());
-                    dev.synchronize();
-                });
+                let ids = std::mem::take(&mut st.input_ids);
+                self.embed_backward(&ids, st.dropout.as_ref(), &mut st.clock)?;
+                st.input_ids = ids;
             }
-            Op::DownloadHead => {
-                let head_grads: Vec<&D::Tensor> = d.head_grads.iter().collect();
-                let pending = timed(&mut st.clock.download, || dev.begin_read(&head_grads));
-                st.overflow |= self.accumulate(0, pending, true, true, &mut st.clock)?;
-            }
+            Op::DownloadHead => st.overflow |= self.download_head(&mut st.clock)?,
             Op::ReduceBlocks => self.reduce_stage1_grads()?,
             Op::Update => self.update(st)?,
             Op::AwaitUpdate => {

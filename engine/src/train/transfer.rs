@@ -7,6 +7,7 @@ use std::time::Instant;
 use anyhow::Result;
 use zerostream_offload::Tier;
 
+use super::vocab_head::HostWords;
 use super::worker::{SharedGroup, lock};
 use super::{Clock, Precision, Trainer, schedule, timed};
 use crate::device::Backend;
@@ -16,26 +17,55 @@ impl<D: Backend> Trainer<'_, D> {
     /// other ranks' slices are gathered first: once per update into the whole copy (stages 1-2), or
     /// into a temporary for this upload alone (stage 3).
     pub(super) fn upload_group(&self, k: usize, tensors: &[&D::Tensor], clock: &mut Clock) -> Result<()> {
+        let tensors: Vec<Option<&D::Tensor>> = tensors.iter().map(|&t| Some(t)).collect();
+        self.upload_group_keeping(k, &tensors, &[], clock)?;
+        Ok(())
+    }
+
+    /// [`Self::upload_group`] into the group's tensors that are given (`None`: not on the device), and
+    /// the working-copy words of tensors `keep` (table indices) copied out for the host, in that order.
+    pub(super) fn upload_group_keeping(
+        &self,
+        k: usize,
+        tensors: &[Option<&D::Tensor>],
+        keep: &[usize],
+        clock: &mut Clock,
+    ) -> Result<Vec<HostWords>> {
         self.wait_group(k, clock)?;
         let mut shared = lock(&self.shared[k]);
         let nv = self.nvme.as_deref();
         timed(&mut clock.io_wait, || shared.working.page_in(nv))?;
+        let mut kept = Vec::with_capacity(keep.len());
         let dirty = match self.train.precision {
-            Precision::Fp32 => self.upload_words::<f32>(k, &mut shared, tensors, clock)?,
-            Precision::Bf16 | Precision::Fp16 => self.upload_words::<u16>(k, &mut shared, tensors, clock)?,
+            Precision::Fp32 => self.upload_words::<f32>(k, &mut shared, tensors, clock, |i, words| {
+                if keep.contains(&i) {
+                    kept.push((i, HostWords::F32(bytemuck::cast_slice(words).to_vec())));
+                }
+            })?,
+            Precision::Bf16 | Precision::Fp16 => {
+                let format = self.train.precision.half_format().expect("a 16-bit precision");
+                self.upload_words::<u16>(k, &mut shared, tensors, clock, |i, words| {
+                    if keep.contains(&i) {
+                        kept.push((i, HostWords::Half(bytemuck::cast_slice(words).to_vec(), format)));
+                    }
+                })?
+            }
         };
         shared.working.page_out(nv, dirty)?;
-        Ok(())
+        kept.sort_by_key(|&(i, _)| keep.iter().position(|&k| k == i));
+        Ok(kept.into_iter().map(|(_, w)| w).collect())
     }
 
-    /// [`Self::upload_group`] for working-copy words of type `T` (f32, or 16-bit words); returns
-    /// whether the resident working copy changed (it was completed by a gather).
+    /// [`Self::upload_group`] for working-copy words of type `T` (f32, or 16-bit words), each tensor's
+    /// words also shown to `host(index, words)`; returns whether the resident working copy changed (it
+    /// was completed by a gather).
     fn upload_words<T: bytemuck::Pod + Default>(
         &self,
         k: usize,
         shared: &mut SharedGroup,
-        tensors: &[&D::Tensor],
+        tensors: &[Option<&D::Tensor>],
         clock: &mut Clock,
+        mut host: impl FnMut(usize, &[T]),
     ) -> Result<bool> {
         let (shard, layout) = (&self.shards[k], &self.layouts[k]);
         let busy = self.dev.is_async();
@@ -58,11 +88,13 @@ impl<D: Backend> Trainer<'_, D> {
         };
         let t0 = Instant::now();
         let format = self.train.precision.half_format();
-        for (t, slot) in tensors.iter().zip(&layout.tensors) {
+        for (i, (t, slot)) in tensors.iter().zip(&layout.tensors).enumerate() {
             let words = &whole[slot.range()];
-            match format {
-                None => self.dev.write(t, bytemuck::cast_slice(words)),
-                Some(format) => self.dev.write_16bit(t, bytemuck::cast_slice(words), format)?,
+            host(i, words);
+            match (t, format) {
+                (None, _) => {}
+                (Some(t), None) => self.dev.write(t, bytemuck::cast_slice(words)),
+                (Some(t), Some(format)) => self.dev.write_16bit(t, bytemuck::cast_slice(words), format)?,
             }
         }
         clock.upload += t0.elapsed();
@@ -89,12 +121,18 @@ impl<D: Backend> Trainer<'_, D> {
     /// only).
     pub(super) fn accumulate(&mut self, k: usize, pending: D::PendingRead, first: bool, last: bool, clock: &mut Clock) -> Result<bool> {
         let downloaded = timed(&mut clock.download, || self.dev.finish_read(pending));
+        clock.download_bytes += downloaded.iter().map(|d| 4 * d.len() as u64).sum::<u64>();
+        self.add_grads(k, &downloaded, first, last, clock)
+    }
+
+    /// [`Self::accumulate`] for group `k`'s gradient already on the host, one vector per tensor in
+    /// table order.
+    pub(super) fn add_grads(&mut self, k: usize, downloaded: &[Vec<f32>], first: bool, last: bool, clock: &mut Clock) -> Result<bool> {
         let layout = &self.layouts[k];
         let check = self.train.precision == Precision::Fp16;
         let mut overflow = false;
-        for data in &downloaded {
-            clock.download_bytes += 4 * data.len() as u64;
-            if check {
+        if check {
+            for data in downloaded {
                 overflow |= data.iter().any(|g| !g.is_finite() || g.abs() > schedule::F16_MAX);
             }
         }

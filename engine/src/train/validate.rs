@@ -21,22 +21,19 @@ impl<D: Backend> Trainer<'_, D> {
         let (dev, batch, seq_len) = (self.dev, self.train.batch, self.train.seq_len);
         let n_layer = self.model.n_layer();
         let mut clock = Clock::default();
-        let head: Vec<&D::Tensor> = self.device.head.iter().collect();
-        self.upload_group(0, &head, &mut clock)?;
+        self.fetch_head(&mut clock)?;
         let mut sum = 0.0f64;
         for g in 0..batches {
             let (x, y) = data.micro_batch(g, batch, seq_len)?;
-            let (x, y) = (dev.tokens(&x)?, dev.tokens(&y)?);
-            let d = &self.device;
-            self.model.embed_forward(dev, &d.residual[0], &d.head, &d.head_acts, &x, seq_len, None);
+            let y = dev.tokens(&y)?;
+            self.embed(&x, None, &mut clock)?;
             for l in 0..n_layer {
                 let slot = self.ensure_block(l, &mut clock)?;
                 let d = &self.device;
                 let acts = &d.block_acts[l.min(d.block_acts.len() - 1)];
                 self.model.block_forward(dev, l, &d.slots[slot], acts, &d.residual[l], &d.residual[l + 1], batch, seq_len, None);
             }
-            let d = &self.device;
-            sum += self.model.head_forward(dev, &d.head, &d.head_acts, &d.residual[n_layer], &y, None) as f64;
+            sum += self.head_loss(&y, None, &mut clock)? as f64;
         }
         let loss = sum / batches as f64;
         if !loss.is_finite() {

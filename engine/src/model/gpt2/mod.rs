@@ -12,6 +12,7 @@
 use anyhow::Result;
 
 use super::TensorSpec;
+use super::vocab::{self, LossActs, VocabChunks};
 use crate::device::{Activation, AttentionDims, Backend, MatmulShape, Operand};
 use crate::ops::dropout::{DropoutKeys, DropoutRates, DropoutSite};
 pub use zerostream_checkpoints::Gpt2Config;
@@ -159,7 +160,7 @@ impl<T> BlockActivations<T> {
     }
 }
 
-/// The activations outside the blocks (final layer norm, logits, losses) and the backward scratch
+/// The activations outside the blocks (final layer norm, the loss's buffers) and the backward scratch
 /// buffers, for one (B, T). `d_residual` carries the gradient of the residual stream between blocks.
 pub struct HeadActivations<T> {
     pub batch: usize,
@@ -167,10 +168,9 @@ pub struct HeadActivations<T> {
     ln_f: T,           // (BT, C)
     ln_f_mean: T,      // (BT)
     ln_f_rstd: T,      // (BT)
-    logits: T,         // (BT, V); holds dlogits after a forward with a gradient scale
-    losses: T,         // (BT)
+    pub loss: LossActs<T>,
     pub d_residual: T, // (BT, C)
-    d_c: T,            // (BT, C)
+    d_c: T,            // (BT, C) d(ln_f) between the vocabulary projection's backward and ln_f's
     d_hidden_a: T,     // (BT, 4C)
     d_hidden_b: T,     // (BT, 4C)
     d_qkv: T,          // (BT, 3C)
@@ -178,8 +178,16 @@ pub struct HeadActivations<T> {
 }
 
 impl<T> HeadActivations<T> {
-    pub fn new<D: Backend<Tensor = T>>(dev: &D, cfg: &Gpt2Config, batch: usize, seq_len: usize) -> Result<Self> {
-        let (bt, c, h, v) = (batch * seq_len, cfg.n_embd, cfg.hidden(), cfg.vocab_size);
+    /// `chunks` and `keep_logits` shape the loss's buffers ([`LossActs`]).
+    pub fn new<D: Backend<Tensor = T>>(
+        dev: &D,
+        cfg: &Gpt2Config,
+        batch: usize,
+        seq_len: usize,
+        chunks: VocabChunks,
+        keep_logits: bool,
+    ) -> Result<Self> {
+        let (bt, c, h) = (batch * seq_len, cfg.n_embd, cfg.hidden());
         let stat = batch * cfg.n_head * seq_len;
         Ok(HeadActivations {
             batch,
@@ -187,8 +195,7 @@ impl<T> HeadActivations<T> {
             ln_f: dev.alloc(bt * c, "ln_f")?,
             ln_f_mean: dev.alloc(bt, "ln_f mean")?,
             ln_f_rstd: dev.alloc(bt, "ln_f rstd")?,
-            logits: dev.alloc(bt * v, "logits")?,
-            losses: dev.alloc(bt, "losses")?,
+            loss: LossActs::new(dev, chunks, bt, keep_logits)?,
             d_residual: dev.alloc(bt * c, "d_residual")?,
             d_c: dev.alloc(bt * c, "d_c")?,
             d_hidden_a: dev.alloc(bt * h, "d_hidden_a")?,
@@ -198,16 +205,20 @@ impl<T> HeadActivations<T> {
         })
     }
 
-    /// Device bytes of [`HeadActivations::new`], for budget planning.
+    /// Device bytes of [`HeadActivations::new`] besides the loss's buffers, for budget planning.
     pub fn bytes(cfg: &Gpt2Config, batch: usize, seq_len: usize) -> u64 {
-        let (bt, c, h, v) = (batch * seq_len, cfg.n_embd, cfg.hidden(), cfg.vocab_size);
-        let floats = bt * (6 * c + 3 + v + 2 * h) + batch * cfg.n_head * seq_len;
+        let (bt, c, h) = (batch * seq_len, cfg.n_embd, cfg.hidden());
+        let floats = bt * (6 * c + 2 + 2 * h) + batch * cfg.n_head * seq_len;
         4 * floats as u64
     }
 
     /// The logits of the last forward (or their gradient, if it had a gradient scale).
     pub fn logits(&self) -> &T {
-        &self.logits
+        self.loss.logits().expect("a resident head keeps every chunk's logits")
+    }
+    /// d(ln_f): where the vocabulary projection's backward leaves the gradient of the final norm's output.
+    pub fn ln_f_grad(&self) -> &T {
+        &self.d_c
     }
     pub fn ln_f(&self) -> &T {
         &self.ln_f
@@ -292,17 +303,66 @@ pub fn embed_forward<D: Backend>(
     seq_len: usize,
     dropout: Option<&DropoutKeys>,
 ) {
+    embed_from(dev, cfg, x, head.wte, inputs, head.wpe, acts, seq_len, dropout);
+}
+
+/// [`embed_forward`] with the token rows wte[tokens] gathered by the caller into `rows` (BT, C) and
+/// `positions` the ids 0..BT (row i of `rows` is token i): the same sums, without wte on the device.
+#[allow(clippy::too_many_arguments)]
+pub fn embed_rows_forward<D: Backend>(
+    dev: &D,
+    cfg: &Gpt2Config,
+    x: &D::Tensor,
+    rows: &D::Tensor,
+    head: &Head<&D::Tensor>,
+    acts: &HeadActivations<D::Tensor>,
+    positions: &D::Tokens,
+    seq_len: usize,
+    dropout: Option<&DropoutKeys>,
+) {
+    embed_from(dev, cfg, x, rows, positions, head.wpe, acts, seq_len, dropout);
+}
+
+/// x = dropout(table[ids] + wpe[0..T]).
+#[allow(clippy::too_many_arguments)]
+fn embed_from<D: Backend>(
+    dev: &D,
+    cfg: &Gpt2Config,
+    x: &D::Tensor,
+    table: &D::Tensor,
+    ids: &D::Tokens,
+    wpe: &D::Tensor,
+    acts: &HeadActivations<D::Tensor>,
+    seq_len: usize,
+    dropout: Option<&DropoutKeys>,
+) {
     match dropout.and_then(|d| d.mask(0, DropoutSite::Embedding)) {
-        None => dev.encoder_forward(x, inputs, head.wte, head.wpe, seq_len, cfg.n_embd),
+        None => dev.encoder_forward(x, ids, table, wpe, seq_len, cfg.n_embd),
         Some(mask) => {
-            dev.encoder_forward(&acts.d_c, inputs, head.wte, head.wpe, seq_len, cfg.n_embd);
+            dev.encoder_forward(&acts.d_c, ids, table, wpe, seq_len, cfg.n_embd);
             dev.dropout(x, &acts.d_c, cfg.n_embd, &mask);
         }
     }
 }
 
-/// Backward of [`embed_forward`]: dwte, dwpe += ... from `acts.d_residual`, the gradient of block 0's
-/// input (masked into `acts.d_c` first under embedding dropout).
+/// The gradient of the embedding's sum (BT, C): `acts.d_residual`, the gradient of block 0's input,
+/// masked into `acts.d_c` under embedding dropout.
+fn embedding_grad<'t, D: Backend>(
+    dev: &D,
+    cfg: &Gpt2Config,
+    acts: &'t HeadActivations<D::Tensor>,
+    dropout: Option<&DropoutKeys>,
+) -> &'t D::Tensor {
+    match dropout.and_then(|d| d.mask(0, DropoutSite::Embedding)) {
+        None => &acts.d_residual,
+        Some(mask) => {
+            dev.dropout(&acts.d_c, &acts.d_residual, cfg.n_embd, &mask);
+            &acts.d_c
+        }
+    }
+}
+
+/// Backward of [`embed_forward`]: dwte, dwpe += ... from `acts.d_residual`.
 pub fn embed_backward<D: Backend>(
     dev: &D,
     cfg: &Gpt2Config,
@@ -311,14 +371,25 @@ pub fn embed_backward<D: Backend>(
     inputs: &D::Tokens,
     dropout: Option<&DropoutKeys>,
 ) {
-    let d_embedding = match dropout.and_then(|d| d.mask(0, DropoutSite::Embedding)) {
-        None => &acts.d_residual,
-        Some(mask) => {
-            dev.dropout(&acts.d_c, &acts.d_residual, cfg.n_embd, &mask);
-            &acts.d_c
-        }
-    };
+    let d_embedding = embedding_grad(dev, cfg, acts, dropout);
     dev.encoder_backward(grads.wte, grads.wpe, d_embedding, inputs, acts.batch, acts.seq_len, cfg.n_embd);
+}
+
+/// Backward of [`embed_rows_forward`]: dwpe += ...; returns the tensor holding d(rows) (BT, C), which
+/// the caller adds into the token rows of wte's gradient.
+pub fn embed_rows_backward<'t, D: Backend>(
+    dev: &D,
+    cfg: &Gpt2Config,
+    grads: &Head<&D::Tensor>,
+    acts: &'t HeadActivations<D::Tensor>,
+    positions: &D::Tokens,
+    dropout: Option<&DropoutKeys>,
+) -> &'t D::Tensor {
+    let d_embedding = embedding_grad(dev, cfg, acts, dropout);
+    // The kernel also adds d(rows) into a token-row gradient; with ids 0..BT that is a copy, made into
+    // scratch that is free here and read by no one.
+    dev.encoder_backward(&acts.d_hidden_a, grads.wpe, d_embedding, positions, acts.batch, acts.seq_len, cfg.n_embd);
+    d_embedding
 }
 
 /// residual + dropout(x) into `out`: the residual connection of `site` in block l.
@@ -444,31 +515,16 @@ pub fn block_backward<D: Backend>(
     dev.layernorm_backward(d_res, g.ln_1_weight, g.ln_1_bias, &head.d_c, input, w.ln_1_weight, &a.ln_1_mean, &a.ln_1_rstd, bt, c);
 }
 
-/// ln_f, the lm_head (transposed) and the cross-entropy of the last block's output `x`; returns the
-/// mean loss. With `loss_grad_scale = Some(s)` the gradient of `s * mean loss` is left in the logits.
-pub fn head_forward<D: Backend>(
-    dev: &D,
-    cfg: &Gpt2Config,
-    head: &Head<&D::Tensor>,
-    acts: &HeadActivations<D::Tensor>,
-    x: &D::Tensor,
-    targets: &D::Tokens,
-    loss_grad_scale: Option<f32>,
-) -> f32 {
-    let (bt, c, v) = (acts.batch * acts.seq_len, cfg.n_embd, cfg.vocab_size);
+/// ln_f (BT, C) = layernorm(x), the input of the vocabulary projection.
+pub fn final_norm_forward<D: Backend>(dev: &D, cfg: &Gpt2Config, head: &Head<&D::Tensor>, acts: &HeadActivations<D::Tensor>, x: &D::Tensor) {
+    let (bt, c) = (acts.batch * acts.seq_len, cfg.n_embd);
     let eps = cfg.layer_norm_epsilon as f32;
     dev.layernorm_forward(&acts.ln_f, &acts.ln_f_mean, &acts.ln_f_rstd, x, head.ln_f_weight, head.ln_f_bias, bt, c, eps);
-    // logits (BT, V) = ln_f (BT, C) @ lm_head^T (C, V)
-    let lm_head = MatmulShape { m: bt, n: v, k: c, a: Operand::row_major(c), b: Operand::transposed(c), c: Operand::row_major(v) };
-    dev.matmul(&acts.logits, &acts.ln_f, head.lm_head, None, &lm_head, false);
-    dev.crossentropy(&acts.losses, &acts.logits, targets, v, loss_grad_scale.map(|s| s / bt as f32));
-    let losses = dev.read(&acts.losses);
-    (losses.iter().map(|&x| x as f64).sum::<f64>() / bt as f64) as f32
 }
 
-/// Backward of [`head_forward`] (which must have had a gradient scale): adds into the lm_head (wte when
-/// tied) and ln_f gradients and leaves d(x) in `acts.d_residual`.
-pub fn head_backward<D: Backend>(
+/// Backward of [`final_norm_forward`] from d(ln_f) in `acts.d_c`: adds into the ln_f gradients and
+/// leaves d(x) in `acts.d_residual`.
+pub fn final_norm_backward<D: Backend>(
     dev: &D,
     cfg: &Gpt2Config,
     head: &Head<&D::Tensor>,
@@ -476,12 +532,7 @@ pub fn head_backward<D: Backend>(
     acts: &HeadActivations<D::Tensor>,
     x: &D::Tensor,
 ) {
-    let (bt, c, v) = (acts.batch * acts.seq_len, cfg.n_embd, cfg.vocab_size);
-    // d_ln_f (BT, C) = dlogits (BT, V) @ lm_head (V, C); dlm_head (V, C) += dlogits^T (V, BT) @ ln_f (BT, C)
-    let dlogits = &acts.logits;
-    dev.matmul(&acts.d_c, dlogits, head.lm_head, None, &MatmulShape::row_major(bt, c, v), false);
-    let dlm_head = MatmulShape { m: v, n: c, k: bt, a: Operand::transposed(v), b: Operand::row_major(c), c: Operand::row_major(c) };
-    dev.matmul(grads.lm_head, dlogits, &acts.ln_f, None, &dlm_head, true);
+    let (bt, c) = (acts.batch * acts.seq_len, cfg.n_embd);
     dev.fill(&acts.d_residual, 0.0);
     dev.layernorm_backward(
         &acts.d_residual,
@@ -495,4 +546,34 @@ pub fn head_backward<D: Backend>(
         bt,
         c,
     );
+}
+
+/// ln_f, the lm_head (transposed) and the cross-entropy of the last block's output `x`, in vocabulary
+/// chunks ([`vocab`]); returns the mean loss. With `loss_grad_scale = Some(s)` the gradient of
+/// `s * mean loss` is left in the logits.
+pub fn head_forward<D: Backend>(
+    dev: &D,
+    cfg: &Gpt2Config,
+    head: &Head<&D::Tensor>,
+    acts: &HeadActivations<D::Tensor>,
+    x: &D::Tensor,
+    targets: &D::Tokens,
+    loss_grad_scale: Option<f32>,
+) -> f32 {
+    final_norm_forward(dev, cfg, head, acts, x);
+    vocab::resident_forward(dev, &acts.loss, &acts.ln_f, head.lm_head, targets, cfg.n_embd, loss_grad_scale)
+}
+
+/// Backward of [`head_forward`] (which must have had a gradient scale): adds into the lm_head (wte when
+/// tied) and ln_f gradients and leaves d(x) in `acts.d_residual`.
+pub fn head_backward<D: Backend>(
+    dev: &D,
+    cfg: &Gpt2Config,
+    head: &Head<&D::Tensor>,
+    grads: &Head<&D::Tensor>,
+    acts: &HeadActivations<D::Tensor>,
+    x: &D::Tensor,
+) {
+    vocab::resident_backward(dev, &acts.loss, &acts.ln_f, &acts.d_c, head.lm_head, grads.lm_head, cfg.n_embd);
+    final_norm_backward(dev, cfg, head, grads, acts, x);
 }

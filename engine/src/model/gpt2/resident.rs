@@ -10,6 +10,7 @@ use super::{
     head_backward, head_forward, head_view, parameter_specs,
 };
 use crate::device::Backend;
+use crate::model::vocab::{DEFAULT_CHUNK_ROWS, VocabChunks};
 use crate::ops::dropout::DropoutKeys;
 
 /// Every parameter of the model (or a gradient of the same structure).
@@ -114,7 +115,7 @@ impl<D: Backend> Gpt2<D> {
             self.acts = Some(Activations {
                 residual: (0..=cfg.n_layer).map(|l| dev.alloc(bt * cfg.n_embd, &format!("residual.{l}"))).collect::<Result<_>>()?,
                 blocks: (0..cfg.n_layer).map(|_| BlockActivations::new(dev, cfg, batch, seq_len)).collect::<Result<_>>()?,
-                head: HeadActivations::new(dev, cfg, batch, seq_len)?,
+                head: HeadActivations::new(dev, cfg, batch, seq_len, VocabChunks::new(cfg.vocab_size, DEFAULT_CHUNK_ROWS), true)?,
             });
         }
         let acts = self.acts.as_ref().unwrap();
@@ -148,6 +149,6 @@ impl<D: Backend> Gpt2<D> {
 
     /// The logits of the last forward (or their gradient, if it had a gradient scale).
     pub fn logits(&self) -> Option<&D::Tensor> {
-        self.acts.as_ref().map(|a| &a.head.logits)
+        self.acts.as_ref().map(|a| a.head.logits())
     }
 }

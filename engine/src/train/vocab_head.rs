@@ -1,0 +1,194 @@
+//! The trainer's side of the vocabulary ([`crate::model::vocab`]): the embedding's rows gathered on the
+//! host from the step's copy of the head group's vocabulary matrices, the output projection and loss a
+//! vocabulary chunk at a time (the projection resident whole, or each chunk uploaded into one slot, as
+//! the plan says), and the vocabulary matrices' gradients summed on the host — chunk by chunk from the
+//! projection's backward, row by row from the embedding's — so the device never holds a (V, C)
+//! gradient and, when streamed, no (V, C) matrix at all. Where the projection lives never changes a
+//! bit: the same per-chunk products and sums run either way (`tests/train.rs`).
+
+use anyhow::Result;
+
+use super::{Clock, Trainer, timed};
+use crate::device::{Backend, HalfFormat};
+use crate::model::vocab::{self, Rows};
+use crate::ops::dropout::DropoutKeys;
+
+/// A vocabulary matrix's working-copy words, kept on the host for the step.
+pub(super) enum HostWords {
+    F32(Vec<f32>),
+    Half(Vec<u16>, HalfFormat),
+}
+
+impl HostWords {
+    /// Rows `ids` (each `width` wide) widened to f32, one after another.
+    fn gather(&self, ids: &[u32], width: usize) -> Vec<f32> {
+        let mut out = Vec::with_capacity(ids.len() * width);
+        for &id in ids {
+            let row = id as usize * width..(id as usize + 1) * width;
+            match self {
+                HostWords::F32(w) => out.extend_from_slice(&w[row]),
+                HostWords::Half(w, format) => out.extend(w[row].iter().map(|&bits| format.to_f32(bits))),
+            }
+        }
+        out
+    }
+
+    /// Writes elements `range` into device tensor `t` (f32; 16-bit words are widened on arrival).
+    fn upload<D: Backend>(&self, dev: &D, t: &D::Tensor, range: std::ops::Range<usize>) -> Result<()> {
+        match self {
+            HostWords::F32(w) => dev.write(t, &w[range]),
+            HostWords::Half(w, format) => dev.write_16bit(t, &w[range], *format)?,
+        }
+        Ok(())
+    }
+}
+
+/// The head group's vocabulary matrices on the host during a step.
+#[derive(Default)]
+pub(super) struct VocabHost {
+    /// The distinct vocabulary matrices' table indices: the embedding, then the projection if untied.
+    pub(super) tensors: Vec<usize>,
+    /// Their working copies, as uploaded at the start of the step.
+    words: Vec<HostWords>,
+    /// Their gradients summed over the step's micro-batches (V x C each, allocated on first use).
+    pub(super) grads: Vec<Vec<f32>>,
+}
+
+impl<D: Backend> Trainer<'_, D> {
+    /// The head group onto the device (its tensors besides the vocabulary matrices, and the output
+    /// projection when resident), its vocabulary matrices' words kept on the host for the step.
+    pub(super) fn fetch_head(&mut self, clock: &mut Clock) -> Result<()> {
+        let (embedding, projection) = self.model.vocab_tensors();
+        let keep: Vec<usize> = if embedding == projection { vec![embedding] } else { vec![embedding, projection] };
+        let resident = self.placement.vocab_resident;
+        let d = &self.device;
+        let tensors: Vec<Option<&D::Tensor>> = (0..d.head.len())
+            .map(|i| if i == embedding || i == projection { (resident && i == projection).then_some(&d.head[i]) } else { Some(&d.head[i]) })
+            .collect();
+        self.vocab.words = Vec::new(); // the last step's copy goes before the new one is made
+        self.vocab.words = self.upload_group_keeping(0, &tensors, &keep, clock)?;
+        self.vocab.tensors = keep;
+        Ok(())
+    }
+
+    /// x = the embedding of the micro-batch's tokens `ids` into `residual[0]`: their rows gathered on the
+    /// host and uploaded, the rest ([`crate::model::Model::embed_rows_forward`]) on the device.
+    pub(super) fn embed(&self, ids: &[u32], dropout: Option<&DropoutKeys>, clock: &mut super::Clock) -> Result<()> {
+        let (dev, d, width) = (self.dev, &self.device, self.model.width());
+        let rows = timed(&mut clock.upload, || self.vocab.words[0].gather(ids, width));
+        timed(&mut clock.upload, || dev.write(&d.embed_rows, &rows));
+        clock.upload_bytes += 4 * rows.len() as u64;
+        timed(&mut clock.compute, || {
+            self.model.embed_rows_forward(dev, &d.residual[0], &d.embed_rows, &d.head, &d.head_acts, &d.positions, self.train.seq_len, dropout)
+        });
+        Ok(())
+    }
+
+    /// Chunk j's rows of the output projection on the device: the resident matrix, or chunk j uploaded
+    /// into the slot.
+    fn projection_rows(&self, j: usize, upload: bool, clock: &mut Clock) -> Result<Rows<'_, D::Tensor>> {
+        let d = &self.device;
+        let (_, projection) = self.model.vocab_tensors();
+        match &d.vocab_slot {
+            None => Ok(Rows::Whole(&d.head[projection])),
+            Some(slot) => {
+                if upload {
+                    let words = &self.vocab.words[self.vocab.tensors.len() - 1];
+                    let width = self.model.width();
+                    let ids = self.model.vocab_chunks(self.train.vocab_chunk_rows).range(j);
+                    timed(&mut clock.upload, || words.upload(self.dev, slot, ids.start * width..ids.end * width))?;
+                    clock.upload_bytes += (ids.len() * width * self.train.precision.working_bytes_per_param()) as u64;
+                }
+                Ok(Rows::Chunk(slot))
+            }
+        }
+    }
+
+    /// The final norm, the output projection and the mean loss of the last block's output against
+    /// `targets`, chunk by chunk. With `loss_grad_scale`, also their backward: each chunk's projection
+    /// gradient added into the host's sum, and d(last block's output) left in the head's residual
+    /// gradient.
+    pub(super) fn head_loss(&mut self, targets: &D::Tokens, loss_grad_scale: Option<f32>, clock: &mut Clock) -> Result<f32> {
+        let (dev, model, width) = (self.dev, &self.model, self.model.width());
+        let n_layer = model.n_layer();
+        let d = &self.device;
+        let acts = &d.head_acts;
+        let (loss_acts, h) = (model.loss_acts(acts), model.final_hidden(acts));
+        let n_chunks = loss_acts.chunks.count();
+        timed(&mut clock.compute, || model.final_norm_forward(dev, &d.head, acts, &d.residual[n_layer]));
+        for j in 0..n_chunks {
+            let w = self.projection_rows(j, true, clock)?;
+            timed(&mut clock.compute, || vocab::forward_chunk(dev, loss_acts, h, w, targets, j, width));
+        }
+        let loss = timed(&mut clock.compute, || vocab::finish_loss(dev, loss_acts));
+        let Some(scale) = loss_grad_scale else { return Ok(loss) };
+        // Backward in reverse chunk order: the last chunk uploaded is still in the slot.
+        let (_, projection) = model.vocab_tensors();
+        let staged = self.vocab.tensors.iter().position(|&i| i == projection).expect("the projection is kept");
+        for (i, j) in (0..n_chunks).rev().enumerate() {
+            let w = self.projection_rows(j, i > 0, clock)?;
+            let d = &self.device;
+            timed(&mut clock.compute, || {
+                if !loss_acts.keep_logits && i > 0 {
+                    vocab::logits_chunk(dev, loss_acts, h, w, j, width);
+                }
+                vocab::grad_chunk(dev, loss_acts, targets, j, scale);
+                vocab::backward_chunk(dev, loss_acts, h, model.final_hidden_grad(acts), w, Rows::Chunk(&d.vocab_grad), false, j, i == 0, width);
+            });
+            let pending = timed(&mut clock.download, || dev.begin_read(&[&d.vocab_grad]));
+            let chunk_grad = timed(&mut clock.download, || dev.finish_read(pending)).pop().expect("one tensor read");
+            let ids = loss_acts.chunks.range(j);
+            clock.download_bytes += 4 * (ids.len() * width) as u64;
+            self.vocab.grads[staged][ids.start * width..ids.end * width].iter_mut().zip(&chunk_grad).for_each(|(s, g)| *s += g);
+        }
+        let d = &self.device;
+        timed(&mut clock.compute, || model.final_norm_backward(dev, &d.head, &d.head_grads, acts, &d.residual[n_layer]));
+        Ok(loss)
+    }
+
+    /// Backward of [`Self::embed`]: the embedding's row gradients downloaded and added into the host's
+    /// sum at the tokens' rows, in token order.
+    pub(super) fn embed_backward(&mut self, ids: &[u32], dropout: Option<&DropoutKeys>, clock: &mut Clock) -> Result<()> {
+        let (dev, d, width) = (self.dev, &self.device, self.model.width());
+        let d_rows = timed(&mut clock.compute, || self.model.embed_rows_backward(dev, &d.head_grads, &d.head_acts, &d.positions, dropout));
+        let pending = timed(&mut clock.download, || dev.begin_read(&[d_rows]));
+        let d_rows = timed(&mut clock.download, || dev.finish_read(pending)).pop().expect("one tensor read");
+        clock.download_bytes += 4 * d_rows.len() as u64;
+        let sum = &mut self.vocab.grads[0];
+        for (&id, g) in ids.iter().zip(d_rows.chunks_exact(width)) {
+            sum[id as usize * width..][..width].iter_mut().zip(g).for_each(|(s, g)| *s += g);
+        }
+        Ok(())
+    }
+
+    /// Zeroes the host's vocabulary gradient sums at the start of a step.
+    pub(super) fn clear_vocab_grads(&mut self) {
+        let len = self.model.vocab_size() * self.model.width();
+        self.vocab.grads.resize_with(self.vocab.tensors.len(), Vec::new);
+        for g in &mut self.vocab.grads {
+            g.fill(0.0);
+            g.resize(len, 0.0);
+        }
+    }
+
+    /// The head group's gradient of the step into the accumulator: its device tensors downloaded, the
+    /// vocabulary matrices' from the host's sums.
+    pub(super) fn download_head(&mut self, clock: &mut Clock) -> Result<bool> {
+        let d = &self.device;
+        let pending = timed(&mut clock.download, || dev_read_all(self.dev, &d.head_grads));
+        let mut grads = timed(&mut clock.download, || self.dev.finish_read(pending));
+        for (k, &i) in self.vocab.tensors.iter().enumerate() {
+            grads[i] = std::mem::take(&mut self.vocab.grads[k]);
+        }
+        let overflow = self.add_grads(0, &grads, true, true, clock)?;
+        for (k, &i) in self.vocab.tensors.clone().iter().enumerate() {
+            self.vocab.grads[k] = std::mem::take(&mut grads[i]);
+        }
+        Ok(overflow)
+    }
+}
+
+fn dev_read_all<D: Backend>(dev: &D, tensors: &[D::Tensor]) -> D::PendingRead {
+    let refs: Vec<&D::Tensor> = tensors.iter().collect();
+    dev.begin_read(&refs)
+}
