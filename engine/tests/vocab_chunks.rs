@@ -1,0 +1,80 @@
+//! The output projection and the loss in vocabulary chunks (`model::vocab`, `train::vocab_head`): a
+//! chunked run still follows PyTorch's trajectory, and where the (V, C) matrix lives — resident whole,
+//! or streamed a chunk at a time under the smallest budget — never changes a bit, for a tied GPT-2 and
+//! an untied Llama, in fp32 and bf16, on both devices.
+//!
+//! The data is the copy of shared/golden in `tests/golden/` (see tests/golden.rs for its origin).
+
+mod common;
+
+use common::gpu_or_skip;
+use common::trajectory::{Golden, Run, bits, check_against, golden_dir, run};
+use zerostream::device::{Backend, CpuDevice};
+use zerostream::model::Model;
+use zerostream::train::{Precision, TrainConfig, minimum_device_bytes, minimum_device_bytes_on, plan_on};
+use zerostream_checkpoints::HfModel;
+
+fn model_of(name: &str) -> Model {
+    Model::of_hf(&HfModel::open(&golden_dir(name).join("model")).unwrap()).unwrap()
+}
+
+/// `tc` run with the output projection resident, then streamed under the smallest budget: the same
+/// bits, the streamed run within its budget. Returns the resident run.
+fn resident_and_streamed<D: Backend>(make_dev: impl Fn(Option<u64>) -> D, name: &str, tc: TrainConfig, what: &str) -> Run {
+    let model = model_of(name);
+    let unlimited = make_dev(None);
+    let costs = unlimited.alloc_costs();
+    let resident = run(&unlimited, name, tc.clone());
+    let minimum = minimum_device_bytes_on(&model, &tc, costs);
+    let streamed_tc = TrainConfig { gpu_mem_budget: Some(minimum), ..tc };
+    assert!(!plan_on(&model, &streamed_tc, 1, costs).unwrap().vocab_resident, "{what}: the smallest budget streams the projection");
+    let dev = make_dev(Some(minimum));
+    let streamed = run(&dev, name, streamed_tc);
+    assert!(streamed.peak_bytes <= minimum, "{what}: peak {} bytes above the budget {minimum}", streamed.peak_bytes);
+    assert!(bits(&streamed) == bits(&resident), "{what}: streaming the projection changed the losses or the final parameters");
+    println!("{what}: streamed under {minimum} bytes (peak {}), bit-identical to resident", streamed.peak_bytes);
+    resident
+}
+
+#[test]
+fn chunked_loss_follows_pytorch_and_streaming_changes_no_bit() {
+    // gpt2-tiny-accum: vocabulary 128, tied; chunks of 37 ids (the last one 17).
+    let golden = Golden::load("gpt2-tiny-accum");
+    let tc = TrainConfig { vocab_chunk_rows: 37, ..golden.train_config() };
+    let resident = resident_and_streamed(CpuDevice::new, "gpt2-tiny-accum", tc.clone(), "gpt2 tied, fp32, cpu");
+    check_against(&golden, &resident, "gpt2-tiny-accum", "cpu, 4 vocabulary chunks");
+    let bf16 = TrainConfig { precision: Precision::Bf16, steps: 3, ..tc.clone() };
+    resident_and_streamed(CpuDevice::new, "gpt2-tiny-accum", bf16, "gpt2 tied, bf16, cpu");
+    // llama-tiny: vocabulary 256, untied lm_head; chunks of 100 ids.
+    let golden = Golden::load("llama-tiny");
+    let tc = TrainConfig { vocab_chunk_rows: 100, ..golden.train_config() };
+    let resident = resident_and_streamed(CpuDevice::new, "llama-tiny", tc, "llama untied, fp32, cpu");
+    check_against(&golden, &resident, "llama-tiny", "cpu, 3 vocabulary chunks");
+}
+
+#[test]
+fn chunked_loss_streams_bit_identically_on_gpu() {
+    let Some(_) = gpu_or_skip("chunked_loss_streams_bit_identically_on_gpu") else { return };
+    let gpu = |budget: Option<u64>| zerostream::device::GpuDevice::open(None, budget).unwrap();
+    let golden = Golden::load("gpt2-tiny-accum");
+    let tc = TrainConfig { vocab_chunk_rows: 37, steps: 3, ..golden.train_config() };
+    resident_and_streamed(gpu, "gpt2-tiny-accum", tc, "gpt2 tied, fp32, gpu");
+    let golden = Golden::load("llama-tiny");
+    let tc = TrainConfig { vocab_chunk_rows: 100, steps: 3, ..golden.train_config() };
+    resident_and_streamed(gpu, "llama-tiny", tc, "llama untied, fp32, gpu");
+}
+
+/// The device minimum no longer grows with the vocabulary: gpt2-xl's with 8x the vocabulary needs only
+/// the per-chunk statistics more (a resident (V, C) matrix and its gradient would add 8 B per entry).
+#[test]
+fn device_minimum_does_not_grow_with_the_vocabulary() {
+    let Model::Gpt2(xl) = Model::preset("gpt2-xl").unwrap() else { unreachable!() };
+    let tc = TrainConfig { batch: 1, seq_len: 64, recompute: true, precision: Precision::Bf16, ..TrainConfig::default() };
+    let minimum = |vocab: usize| minimum_device_bytes(&Model::Gpt2(zerostream::model::gpt2::Gpt2Config { vocab_size: vocab, ..xl.clone() }), &tc);
+    let (v, c) = (xl.vocab_size as u64, xl.n_embd as u64);
+    let (small, large) = (minimum(xl.vocab_size), minimum(8 * xl.vocab_size));
+    println!("gpt2-xl device minimum: {small} bytes at vocabulary {v}, {large} at {}", 8 * v);
+    assert!(large - small < 8 * 7 * v * c / 1000, "the minimum grows with the (V, C) matrix");
+    let stats_growth = 4 * 3 * 64 * (8 * v).div_ceil(8192);
+    assert!(large - small <= stats_growth, "8x the vocabulary costs {} more bytes", large - small);
+}
