@@ -117,7 +117,7 @@ impl Placement {
         };
         format!(
             "placement: {} parameters{ranks} master weights + Adam moments + gradients {:.1} MiB on {}; working copy {:.1} MiB on {}{}\n\
-             device{}: head {:.1} MiB + {} block slots x {:.1} MiB + activations {:.1} MiB + other {:.1} MiB = {:.1} MiB (budget {})",
+             device{}: head {:.1} MiB ({}) + {} block slots x {:.1} MiB + activations {:.1} MiB + other {:.1} MiB = {:.1} MiB (budget {})",
             self.params,
             mib(self.host_optimizer_bytes + self.host_grad_bytes),
             self.optimizer_tier.name(),
@@ -130,6 +130,7 @@ impl Placement {
             },
             if self.world_size > 1 { " (each rank)" } else { "" },
             mib(self.device_head_bytes),
+            if self.vocab_resident { "output projection resident" } else { "output projection streamed a vocabulary chunk at a time" },
             self.block_slots,
             mib(self.device_block_slot_bytes),
             mib(self.device_activation_bytes),
