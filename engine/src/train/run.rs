@@ -2,25 +2,27 @@
 //! run the steps with a progress bar and a metrics file, checkpoint, stop cleanly on a signal, save,
 //! summarise, and sample some text.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use zerostream_checkpoints::checkpoint::CheckpointRoot;
 use zerostream_checkpoints::{DataTokenizer, HfModel, TextTokenizer, TokenFile, TokenWidth, Tokenizer};
 
-use super::checkpoint::{Checkpoint, RunRecord, SaveDtype, truncate_metrics};
+use super::checkpoint::{Checkpoint, RunRecord, SaveDtype};
 use super::summary::{Traffic, summarise, what_it_did};
-use super::{Flags, ModelSource, Precision, StepReport, TrainConfig, Trainer};
+use super::{Flags, ModelSource, StepReport, TrainConfig, Trainer};
 use crate::comm::Comm;
 use crate::device::{AnyDevice, Backend};
 use crate::model::Model;
 
 use super::demo::Demo;
 pub use super::demo::TEXT as DEMO_TEXT;
+
+mod steps;
+use steps::train_steps;
 
 /// Where the weights come from.
 pub enum ModelChoice {
@@ -390,140 +392,6 @@ fn describe_run<D: Backend>(
             if options.checkpoints.keep > 0 { options.checkpoints.keep.to_string() } else { "all".into() }
         ));
     }
-}
-
-/// What the step loop did.
-struct StepsOutcome {
-    reports: Vec<StepReport>,
-    /// Every row went to the metrics file (a regular file), so it can be plotted.
-    #[cfg_attr(not(feature = "plot"), allow(dead_code))]
-    metrics_written: bool,
-    stopped_at: Option<u64>,
-    checkpoint: Option<PathBuf>,
-}
-
-/// Consecutive steps skipped for non-finite gradients after which a run stops: a few in fp32/bf16
-/// (nothing will change), more in fp16, where the loss scale halves each time until it fits.
-fn skip_limit(precision: Precision) -> u64 {
-    if precision == Precision::Fp16 { 24 } else { 3 }
-}
-
-/// Runs the steps from the trainer's current step to `--steps`, with metrics, progress, checkpoints
-/// and a clean stop when asked.
-#[allow(clippy::too_many_arguments)]
-fn train_steps<D: Backend>(
-    trainer: &mut Trainer<'_, D>,
-    tokens: &TokenFile,
-    validation: Option<&TokenFile>,
-    options: &RunOptions,
-    root: Option<&CheckpointRoot>,
-    record: &RunRecord,
-    say: &dyn Fn(String),
-) -> Result<StepsOutcome> {
-    let lead = trainer.sharding.rank == 0;
-    let steps = trainer.train.steps;
-    let first_step = trainer.step;
-    let mut metrics = match &options.metrics {
-        Some(path) if lead => Some(open_metrics(path, first_step)?),
-        _ => None,
-    };
-    let bar = super::progress::Progress::new(steps, first_step, options.progress && lead);
-    let regular = options.metrics.as_ref().is_some_and(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()));
-    let mut out = StepsOutcome { reports: Vec::new(), metrics_written: metrics.is_some() && regular, stopped_at: None, checkpoint: None };
-    let mut skipped_in_a_row = 0;
-    while trainer.step < steps {
-        // Validation of the weights this step starts from, so step 0's is the initial model's.
-        let val_loss = match validation {
-            Some(v) if options.eval_every > 0 && trainer.step.is_multiple_of(options.eval_every) => {
-                Some(trainer.validation_loss(v, options.eval_batches)?)
-            }
-            _ => None,
-        };
-        let mut r = trainer.train_step(tokens)?;
-        r.val_loss = val_loss;
-        if let Some(m) = metrics.as_mut()
-            && let Err(e) = writeln!(m, "{}", r.to_json()).and_then(|()| m.flush())
-        {
-            // The metrics are a record of the training, not the training: a full disk there stops
-            // the record, not the run (its checkpoints go on, or fail on their own).
-            bar.println(format!("warning: writing --metrics failed at step {} ({e}); training continues without metrics", r.step));
-            metrics = None;
-        }
-        bar.step(progress_message(&r, trainer.scaler.scale));
-        if options.progress && lead && (r.step % 25 == 0 || r.step + 1 == steps || r.val_loss.is_some()) {
-            let val = r.val_loss.map_or(String::new(), |v| format!(", validation loss {v:.4} (perplexity {:.1})", v.exp()));
-            let line = format!(
-                "step {:>5}: loss {:.4}, grad norm {:.3}, lr {:.2e}, {:.0} tok/s{val}",
-                r.step,
-                r.loss,
-                r.grad_norm,
-                r.lr,
-                r.tokens_per_s()
-            );
-            bar.println(line);
-        }
-        skipped_in_a_row = if r.applied { 0 } else { skipped_in_a_row + 1 };
-        let (loss, step) = (r.loss, r.step);
-        out.reports.push(r);
-        if skipped_in_a_row >= skip_limit(trainer.train.precision) {
-            bar.finish();
-            bail!(
-                "steps {}..={step} were all skipped: the gradients held non-finite values (loss {loss}); the model or the \
-                 learning rate has diverged{}",
-                step + 1 - skipped_in_a_row,
-                out.checkpoint.as_ref().map(|p| format!("; the last checkpoint is {}", p.display())).unwrap_or_default()
-            );
-        }
-        let asked = options.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed));
-        let stop = trainer.agree_any(asked)?;
-        let cadence = options.checkpoints.every > 0 && trainer.step.is_multiple_of(options.checkpoints.every);
-        if let Some(dir) = &options.checkpoints.dir
-            && (cadence || stop || trainer.step == steps)
-        {
-            let path = trainer.save_checkpoint(dir, root, record)?;
-            if bar.is_hidden() {
-                say(format!("checkpoint: {}", path.display()))
-            } else {
-                bar.println(format!("checkpoint: {}", path.display()))
-            }
-            out.checkpoint = Some(path);
-        }
-        if stop && trainer.step < steps {
-            out.stopped_at = Some(trainer.step);
-            break;
-        }
-    }
-    bar.finish();
-    Ok(out)
-}
-
-/// The metrics file: new, or — when resuming at `first_step` — the earlier rows kept and the new
-/// ones appended.
-fn open_metrics(path: &Path, first_step: u64) -> Result<std::io::BufWriter<std::fs::File>> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).with_context(|| format!("--metrics {}: creating {}", path.display(), parent.display()))?;
-    }
-    let file = if first_step > 0 {
-        truncate_metrics(path, first_step)?;
-        std::fs::OpenOptions::new().create(true).append(true).open(path)
-    } else {
-        std::fs::File::create(path)
-    };
-    Ok(std::io::BufWriter::new(file.with_context(|| format!("opening --metrics {}", path.display()))?))
-}
-
-fn progress_message(r: &StepReport, scale: f32) -> String {
-    format!(
-        "loss {:.4} | {:.0} tok/s | compute {:.0}% upload {:.0}% download {:.0}% update-wait {:.0}% io {:.0}%{}",
-        r.loss,
-        r.tokens_per_s(),
-        100.0 * r.compute_s / r.seconds,
-        100.0 * r.upload_s / r.seconds,
-        100.0 * r.download_s / r.seconds,
-        100.0 * r.update_wait_s / r.seconds,
-        100.0 * r.io_wait_s / r.seconds,
-        if r.applied { String::new() } else { format!(" | overflow: skipped, loss scale {scale}") }
-    )
 }
 
 /// The end-of-run sample, streamed from the trainer's state group by group (rank 0 prints it; every rank
