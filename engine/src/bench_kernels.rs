@@ -18,7 +18,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::device::gpu::GpuTensor;
 use crate::device::timing::Timer;
-use crate::device::{Activation, AttentionDims, Backend, GpuDevice, HalfFormat, MatmulShape, Operand};
+use crate::device::{Activation, AttentionDims, Backend, GpuDevice, HalfFormat, MatmulShape, Operand, VocabChunk};
 use crate::model::gpt2::Gpt2Config;
 
 /// Seconds of repetitions aimed for per kernel when `reps` is 0.
@@ -308,7 +308,8 @@ impl Bench<'_> {
         self.layernorm(bt, c, 2 * l + 1)?;
         self.elementwise(bt, c, m.hidden(), l)?;
         self.embeddings(b, t, c, m.vocab_size)?;
-        self.crossentropy(bt, m.vocab_size)
+        self.crossentropy(bt, m.vocab_size)?;
+        self.crossentropy_chunks(bt, m.vocab_size)
     }
 }
 
@@ -623,6 +624,38 @@ impl Bench<'_> {
         let case = Case::memory("crossentropy", "softmax + loss + dlogits", format!("BT={bt} V={v}"), f32_bytes(2 * bt * v + 2 * bt), 1);
         // Each repetition reads the previous one's gradients as logits: other values, same work.
         self.time(case, || dev.crossentropy(&losses, &logits, &targets, v, Some(1.0 / bt as f32)))
+    }
+
+    /// The vocabulary-chunked cross-entropy's two kernels on the first chunk of CHUNK_COLS columns of
+    /// the (BT, V) logits (row stride V, as when the whole matrix is kept). Not counted in the step
+    /// (per_step 0) until the head runs in chunks: the fused kernel above is what the step runs now.
+    fn crossentropy_chunks(&mut self, bt: usize, v: usize) -> Result<()> {
+        const CHUNK_COLS: usize = 8192;
+        if !self.wants("crossentropy_chunk_stats") && !self.wants("crossentropy_chunk_grad") {
+            return Ok(());
+        }
+        let dev = self.dev;
+        let logits = dev.alloc(bt * v, "logits")?;
+        dev.write(&logits, &random_values(bt * v, 4.0, 25));
+        let targets = dev.tokens(&random_ids(bt, v, 26))?;
+        let (cols, n_chunks) = (CHUNK_COLS.min(v), v.div_ceil(CHUNK_COLS));
+        let chunk = VocabChunk { rows: bt, start: 0, cols, index: 0, n_chunks, offset: 0, row_stride: v };
+        let shape = format!("BT={bt} cols={cols} V={v}");
+        if self.wants("crossentropy_chunk_stats") {
+            let stats = dev.alloc(bt * n_chunks * 3, "chunk stats")?;
+            let bytes = f32_bytes(bt * cols + 3 * bt + bt);
+            let case = Case::memory("crossentropy_chunk_stats", "max, sum exp, target (not in the step)", shape.clone(), bytes, 0);
+            self.time(case, || dev.crossentropy_chunk_stats(&stats, &logits, &targets, &chunk))?;
+        }
+        if self.wants("crossentropy_chunk_grad") {
+            // An lse near the logits' own keeps exp(x - lse) in range repetition after repetition.
+            let lse = dev.alloc(bt, "lse")?;
+            dev.write(&lse, &vec![12.0; bt]);
+            let case =
+                Case::memory("crossentropy_chunk_grad", "dlogits in place (not in the step)", shape, f32_bytes(2 * bt * cols + 2 * bt), 0);
+            self.time(case, || dev.crossentropy_chunk_grad(&logits, &lse, &targets, &chunk, 1.0 / bt as f32))?;
+        }
+        Ok(())
     }
 }
 

@@ -10,6 +10,7 @@ use common::kernel_check::{Outputs, tensor};
 use common::{assert_close, gpu_or_skip, random, random_tokens};
 use zerostream::device::{Activation, AttentionDims, Backend, CpuDevice, DecodeDims, HalfFormat, MatmulShape, Operand};
 use zerostream::ops::attention::MAX_HEAD_DIM;
+use zerostream::ops::crossentropy::{VocabChunk, crossentropy_combine};
 
 /// B stored in 16 bits (the weights of a bf16/fp16 working copy), forward and transposed, at offset 0
 /// (the kernel's vector loads where N or K allow) and at an odd offset (packed words split, scalar loads);
@@ -401,6 +402,83 @@ fn embedding_and_loss_case<D: Backend>(dev: &D) -> Outputs {
 #[test]
 fn embedding_and_crossentropy_match_twins() {
     check!("embedding and crossentropy", embedding_and_loss_case, 1e-5, 1e-5);
+}
+
+/// (V, chunk columns) of the chunked cross-entropy: one column; chunks that do not divide V (the last
+/// one shorter); GPT-2's vocabulary in chunks of 8192 (one row of the matrix past a 64 KiB binding) and
+/// of 20000 (one row of a chunk past it: column pieces).
+const VOCAB_CHUNKS: [(usize, usize); 5] = [(1, 1), (17, 5), (1001, 300), (50257, 8192), (50257, 20000)];
+
+/// The chunks' columns of every row, gathered into a chunk-sized scratch (row stride = columns).
+fn chunk_columns(matrix: &[f32], chunk: &VocabChunk) -> Vec<f32> {
+    (0..chunk.rows).flat_map(|r| matrix[chunk.at(r, 0)..chunk.at(r, chunk.cols)].iter().copied()).collect()
+}
+
+/// Every chunk's statistics, then (with the lse combined from them on the host) every chunk's gradient,
+/// in both layouts: a window of the whole (rows, V) matrix (offset = start, row stride V) and a
+/// chunk-sized scratch (offset 0, row stride = columns). Targets include the first and last columns.
+fn crossentropy_chunk_case<D: Backend>(dev: &D) -> Outputs {
+    let mut out = Outputs::new();
+    for rows in [1, 3, 37] {
+        for (vocab, chunk_cols) in VOCAB_CHUNKS {
+            let tag = format!("rows {rows} V {vocab} chunk {chunk_cols}");
+            let seed = (rows * 100_003 + vocab * 7 + chunk_cols) as u64;
+            let logits_data = random(seed, rows * vocab, 8.0);
+            let mut ids = random_tokens(seed + 1, rows, vocab);
+            ids[0] = vocab as u32 - 1; // in the last, shorter chunk
+            if rows > 1 {
+                ids[1] = 0;
+            }
+            let toks = dev.tokens(&ids).unwrap();
+            let n_chunks = vocab.div_ceil(chunk_cols);
+            let chunks: Vec<VocabChunk> = (0..n_chunks)
+                .map(|index| {
+                    let (start, cols) = (index * chunk_cols, chunk_cols.min(vocab - index * chunk_cols));
+                    VocabChunk { rows, start, cols, index, n_chunks, offset: start, row_stride: vocab }
+                })
+                .collect();
+            let logits = tensor(dev, &logits_data);
+            let (whole_stats, scratch_stats) =
+                (dev.alloc(rows * n_chunks * 3, "stats").unwrap(), dev.alloc(rows * n_chunks * 3, "stats").unwrap());
+            for chunk in &chunks {
+                dev.crossentropy_chunk_stats(&whole_stats, &logits, &toks, chunk);
+                let scratch = tensor(dev, &chunk_columns(&logits_data, chunk));
+                dev.crossentropy_chunk_stats(&scratch_stats, &scratch, &toks, &VocabChunk { offset: 0, row_stride: chunk.cols, ..*chunk });
+            }
+            let stats = dev.read(&whole_stats);
+            let (lse, losses) = crossentropy_combine(&stats, &ids, n_chunks, chunk_cols);
+            out.push((format!("chunk stats, whole matrix, {tag}"), stats));
+            out.push((format!("chunk stats, scratch, {tag}"), dev.read(&scratch_stats)));
+            out.push((format!("combined losses {tag}"), losses));
+
+            let (lse_t, grad_scale) = (tensor(dev, &lse), 1.0 / rows as f32);
+            let mut scratch_grads = vec![0.0; rows * vocab];
+            for chunk in &chunks {
+                dev.crossentropy_chunk_grad(&logits, &lse_t, &toks, chunk, grad_scale);
+                let scratch = tensor(dev, &chunk_columns(&logits_data, chunk));
+                dev.crossentropy_chunk_grad(
+                    &scratch,
+                    &lse_t,
+                    &toks,
+                    &VocabChunk { offset: 0, row_stride: chunk.cols, ..*chunk },
+                    grad_scale,
+                );
+                for (r, grads) in dev.read(&scratch).chunks(chunk.cols).enumerate() {
+                    scratch_grads[chunk.at(r, 0)..chunk.at(r, chunk.cols)].copy_from_slice(grads);
+                }
+            }
+            out.push((format!("chunk dlogits, whole matrix, {tag}"), dev.read(&logits)));
+            out.push((format!("chunk dlogits, scratch, {tag}"), scratch_grads));
+        }
+    }
+    out
+}
+
+/// Maxima and target logits are exact on every device; the sums of exp are in other orders (the GPU's
+/// lanes combine in a tree), hence the relative tolerance; the gradients inherit the lse's rounding.
+#[test]
+fn crossentropy_chunks_match_twins() {
+    check!("crossentropy chunks", crossentropy_chunk_case, 1e-7, 2e-5);
 }
 
 #[test]

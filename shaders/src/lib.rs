@@ -33,6 +33,8 @@ kernels! {
     CAST_HALF_TO_F32 => "cast_half_to_f32",
     CAST_F32_TO_F16 => "cast_f32_to_f16",
     CROSSENTROPY => "crossentropy" with "workgroup_logsumexp",
+    CROSSENTROPY_CHUNK_GRAD => "crossentropy_chunk_grad",
+    CROSSENTROPY_CHUNK_STATS => "crossentropy_chunk_stats" with "workgroup_logsumexp",
     DROPOUT => "dropout" with "dropout_mask",
     DROPOUT_RESIDUAL => "dropout_residual" with "dropout_mask",
     ENCODER_BACKWARD => "encoder_backward",

@@ -1,7 +1,7 @@
 //! The `cpu` device: every op is its plain-Rust twin from [`crate::ops`], run on rayon's threads, except
 //! the ops with a fast kernel beside their twin (each tested against it, each deterministic for any
 //! thread count): matmul ([`crate::ops::matmul_fast`]), attention ([`crate::ops::attention_fast`]), the
-//! tanh GELU ([`crate::ops::gelu_fast`]), the cross-entropy ([`crate::ops::crossentropy_fast`]), and
+//! tanh GELU ([`crate::ops::gelu_fast`]), the cross-entropy, whole rows and vocabulary chunks ([`crate::ops::crossentropy_fast`]), and
 //! bias and layer-norm backward ([`crate::ops::reduce_fast`], the twins' bits).
 //! It lets zerostream run without a Vulkan driver and is the reference the GPU kernels are tested against.
 
@@ -216,10 +216,10 @@ impl Backend for CpuDevice {
         ops::crossentropy_fast::crossentropy(&mut losses.data.borrow_mut(), &mut logits.data.borrow_mut(), &targets.ids, vocab, grad_scale);
     }
     fn crossentropy_chunk_stats(&self, stats: &CpuTensor, logits: &CpuTensor, targets: &CpuTokens, chunk: &VocabChunk) {
-        ops::crossentropy::crossentropy_chunk_stats(&mut stats.data.borrow_mut(), &logits.data.borrow(), &targets.ids, chunk);
+        ops::crossentropy_fast::crossentropy_chunk_stats(&mut stats.data.borrow_mut(), &logits.data.borrow(), &targets.ids, chunk);
     }
     fn crossentropy_chunk_grad(&self, logits: &CpuTensor, lse: &CpuTensor, targets: &CpuTokens, chunk: &VocabChunk, grad_scale: f32) {
-        ops::crossentropy::crossentropy_chunk_grad(&mut logits.data.borrow_mut(), &lse.data.borrow(), &targets.ids, chunk, grad_scale);
+        ops::crossentropy_fast::crossentropy_chunk_grad(&mut logits.data.borrow_mut(), &lse.data.borrow(), &targets.ids, chunk, grad_scale);
     }
 
     fn rmsnorm_forward(

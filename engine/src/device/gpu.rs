@@ -1039,34 +1039,15 @@ impl Backend for GpuDevice {
         }
     }
 
-    fn crossentropy_chunk_stats(&self, _stats: &GpuTensor, _logits: &GpuTensor, _targets: &GpuTokens, _chunk: &VocabChunk) {
-        todo!("crossentropy_chunk_stats on the GPU")
-    }
-    fn crossentropy_chunk_grad(&self, _logits: &GpuTensor, _lse: &GpuTensor, _targets: &GpuTokens, _chunk: &VocabChunk, _grad_scale: f32) {
-        todo!("crossentropy_chunk_grad on the GPU")
-    }
+    // The cross-entropy ops: the dispatch code is in gpu_crossentropy.rs.
     fn crossentropy(&self, losses: &GpuTensor, logits: &GpuTensor, targets: &GpuTokens, vocab: usize, grad_scale: Option<f32>) {
-        let rows = targets.ids.len;
-        for r in Self::pieces(rows, self.rows_per_piece(vocab), 1) {
-            let lw = self.window(logits, r.start * vocab..r.end * vocab);
-            let params = [
-                r.len() as u32,
-                vocab as u32,
-                lw.elem_offset,
-                r.start as u32,
-                grad_scale.unwrap_or(0.0).to_bits(),
-                grad_scale.is_some() as u32,
-                0,
-                0,
-            ];
-            self.dispatch(
-                shaders::CROSSENTROPY,
-                "main",
-                &params,
-                &[(1, lw.binding), (2, targets.ids.buffer.as_entire_buffer_binding()), (3, losses.buffer.as_entire_buffer_binding())],
-                Self::grid(r.len()),
-            );
-        }
+        self.dispatch_crossentropy(losses, logits, targets, vocab, grad_scale)
+    }
+    fn crossentropy_chunk_stats(&self, stats: &GpuTensor, logits: &GpuTensor, targets: &GpuTokens, chunk: &VocabChunk) {
+        self.dispatch_crossentropy_chunk_stats(stats, logits, targets, chunk)
+    }
+    fn crossentropy_chunk_grad(&self, logits: &GpuTensor, lse: &GpuTensor, targets: &GpuTokens, chunk: &VocabChunk, grad_scale: f32) {
+        self.dispatch_crossentropy_chunk_grad(logits, lse, targets, chunk, grad_scale)
     }
 
     // Llama's ops: the dispatch code is in gpu_llama.rs.
@@ -1171,3 +1152,6 @@ mod decode;
 // The matmul's dispatch (and its splitting across bindings) is in gpu_matmul.rs.
 #[path = "gpu_matmul.rs"]
 mod matmul;
+// The cross-entropy's dispatches, whole rows and vocabulary chunks, likewise.
+#[path = "gpu_crossentropy.rs"]
+mod crossentropy;

@@ -40,6 +40,21 @@ impl VocabChunk {
     pub fn at(&self, row: usize, col: usize) -> usize {
         self.offset + row * self.row_stride + col
     }
+
+    /// Panics with a message naming `op` and the tensor when the chunk is not a window of `logits_len`
+    /// elements (rows that overlap, columns or rows past the end), its index is not below `n_chunks`, or
+    /// `targets_len` holds fewer targets than it has rows. The devices' fast kernels check this before
+    /// touching memory (the GPU's bindings would otherwise be clamped, not refused).
+    pub fn assert_fits(&self, op: &str, logits_len: usize, targets_len: usize) {
+        assert!(self.cols >= 1, "{op}: a vocabulary chunk needs at least one column");
+        assert!(self.row_stride >= self.cols, "{op}: row_stride {} < cols {} (rows would overlap)", self.row_stride, self.cols);
+        assert!(self.index < self.n_chunks, "{op}: chunk index {} of {} chunks", self.index, self.n_chunks);
+        assert!(targets_len >= self.rows, "{op}: targets hold {targets_len} ids for {} rows", self.rows);
+        if self.rows > 0 {
+            let end = self.at(self.rows - 1, self.cols);
+            assert!(end <= logits_len, "{op}: logits hold {logits_len} elements, the chunk reaches element {end}");
+        }
+    }
 }
 
 /// Per row of one vocabulary chunk of logits: `stats[(row * n_chunks + index) * 3 ..]` = (the chunk's

@@ -13,6 +13,13 @@ fn logsumexp_add(state: vec2<f32>, x: f32) -> vec2<f32> {
 
 // log(sum of exp over every lane's values), from each lane's running state.
 fn workgroup_logsumexp(lane: u32, state: vec2<f32>) -> f32 {
+    let total = workgroup_logsumexp_state(lane, state);
+    return total.x + log(total.y);
+}
+
+// The workgroup's combined running state (max, sum of exp(x - max)) over every lane's values, for the
+// kernels that keep the two apart (a vocabulary chunk's statistics).
+fn workgroup_logsumexp_state(lane: u32, state: vec2<f32>) -> vec2<f32> {
     red_max[lane] = state.x;
     red_sum[lane] = state.y;
     workgroupBarrier();
@@ -26,7 +33,7 @@ fn workgroup_logsumexp(lane: u32, state: vec2<f32>) -> f32 {
         }
         workgroupBarrier();
     }
-    let total = red_max[0] + log(red_sum[0]);
+    let total = vec2<f32>(red_max[0], red_sum[0]);
     workgroupBarrier();
     return total;
 }
