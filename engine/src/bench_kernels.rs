@@ -611,7 +611,8 @@ impl Bench<'_> {
         self.time(backward, || dev.encoder_backward(&dwte, &dwpe, &dout, &tokens, b, t, c))
     }
 
-    /// The fused softmax cross-entropy, leaving d(loss)/d(logits) in place of the logits as training does.
+    /// The fused softmax cross-entropy over whole rows (what training ran before the loss went by
+    /// vocabulary chunks; not counted in the step).
     fn crossentropy(&mut self, bt: usize, v: usize) -> Result<()> {
         if !self.wants("crossentropy") {
             return Ok(());
@@ -621,16 +622,17 @@ impl Bench<'_> {
         dev.write(&logits, &random_values(bt * v, 4.0, 23));
         let targets = dev.tokens(&random_ids(bt, v, 24))?;
         let losses = dev.alloc(bt, "losses")?;
-        let case = Case::memory("crossentropy", "softmax + loss + dlogits", format!("BT={bt} V={v}"), f32_bytes(2 * bt * v + 2 * bt), 1);
+        let case =
+            Case::memory("crossentropy", "softmax + loss + dlogits (not in the step)", format!("BT={bt} V={v}"), f32_bytes(2 * bt * v + 2 * bt), 0);
         // Each repetition reads the previous one's gradients as logits: other values, same work.
         self.time(case, || dev.crossentropy(&losses, &logits, &targets, v, Some(1.0 / bt as f32)))
     }
 
-    /// The vocabulary-chunked cross-entropy's two kernels on the first chunk of CHUNK_COLS columns of
-    /// the (BT, V) logits (row stride V, as when the whole matrix is kept). Not counted in the step
-    /// (per_step 0) until the head runs in chunks: the fused kernel above is what the step runs now.
+    /// The vocabulary-chunked cross-entropy's two kernels (what training runs, `model::vocab`) on the
+    /// first chunk of CHUNK_COLS columns of the (BT, V) logits (row stride V, as when the whole matrix
+    /// is kept), counted once per chunk in the step.
     fn crossentropy_chunks(&mut self, bt: usize, v: usize) -> Result<()> {
-        const CHUNK_COLS: usize = 8192;
+        const CHUNK_COLS: usize = crate::model::vocab::DEFAULT_CHUNK_ROWS;
         if !self.wants("crossentropy_chunk_stats") && !self.wants("crossentropy_chunk_grad") {
             return Ok(());
         }
@@ -644,7 +646,7 @@ impl Bench<'_> {
         if self.wants("crossentropy_chunk_stats") {
             let stats = dev.alloc(bt * n_chunks * 3, "chunk stats")?;
             let bytes = f32_bytes(bt * cols + 3 * bt + bt);
-            let case = Case::memory("crossentropy_chunk_stats", "max, sum exp, target (not in the step)", shape.clone(), bytes, 0);
+            let case = Case::memory("crossentropy_chunk_stats", "max, sum exp, target", shape.clone(), bytes, n_chunks);
             self.time(case, || dev.crossentropy_chunk_stats(&stats, &logits, &targets, &chunk))?;
         }
         if self.wants("crossentropy_chunk_grad") {
@@ -652,7 +654,7 @@ impl Bench<'_> {
             let lse = dev.alloc(bt, "lse")?;
             dev.write(&lse, &vec![12.0; bt]);
             let case =
-                Case::memory("crossentropy_chunk_grad", "dlogits in place (not in the step)", shape, f32_bytes(2 * bt * cols + 2 * bt), 0);
+                Case::memory("crossentropy_chunk_grad", "dlogits in place", shape, f32_bytes(2 * bt * cols + 2 * bt), n_chunks);
             self.time(case, || dev.crossentropy_chunk_grad(&logits, &lse, &targets, &chunk, 1.0 / bt as f32))?;
         }
         Ok(())
