@@ -135,7 +135,7 @@ impl<D: Backend> Trainer<'_, D> {
                 }
                 // Masks are keyed by the global micro-batch index, so they do not depend on the world size.
                 st.dropout = self.model.dropout_keys(self.train.seed, self.step, g as u64);
-                self.embed(&x, st.dropout.as_ref(), &mut st.clock)?;
+                self.embed(&x, &x_dev, st.dropout.as_ref(), &mut st.clock)?;
                 st.tokens = Some((x_dev, y_dev));
                 st.input_ids = x;
                 st.micro = micro;
@@ -153,7 +153,7 @@ impl<D: Backend> Trainer<'_, D> {
             Op::Head => {
                 let y = &st.tokens.as_ref().expect("embedded first").1;
                 let scale = Some(st.loss_scale / st.micro_batches as f32);
-                let loss = self.head_loss(y, scale, &mut st.clock)?;
+                let loss = self.head_loss(y, scale, st.micro == 0, &mut st.clock)?;
                 st.loss_sum += loss as f64;
             }
             Op::Backward { block: l } => {

@@ -25,15 +25,15 @@ impl<D: Backend> Trainer<'_, D> {
         let mut sum = 0.0f64;
         for g in 0..batches {
             let (x, y) = data.micro_batch(g, batch, seq_len)?;
-            let y = dev.tokens(&y)?;
-            self.embed(&x, None, &mut clock)?;
+            let (x_dev, y) = (dev.tokens(&x)?, dev.tokens(&y)?);
+            self.embed(&x, &x_dev, None, &mut clock)?;
             for l in 0..n_layer {
                 let slot = self.ensure_block(l, &mut clock)?;
                 let d = &self.device;
                 let acts = &d.block_acts[l.min(d.block_acts.len() - 1)];
                 self.model.block_forward(dev, l, &d.slots[slot], acts, &d.residual[l], &d.residual[l + 1], batch, seq_len, None);
             }
-            sum += self.head_loss(&y, None, &mut clock)? as f64;
+            sum += self.head_loss(&y, None, false, &mut clock)? as f64;
         }
         let loss = sum / batches as f64;
         if !loss.is_finite() {

@@ -48,10 +48,17 @@ impl HostWords {
 pub(super) struct VocabHost {
     /// The distinct vocabulary matrices' table indices: the embedding, then the projection if untied.
     pub(super) tensors: Vec<usize>,
-    /// Their working copies, as uploaded at the start of the step.
-    words: Vec<HostWords>,
+    /// The working copies of those the device does not hold whole (as uploaded at the start of the
+    /// step), by table index: a tied embedding resident as the projection is gathered on the device.
+    words: Vec<(usize, HostWords)>,
     /// Their gradients summed over the step's micro-batches (V x C each, allocated on first use).
     pub(super) grads: Vec<Vec<f32>>,
+}
+
+impl VocabHost {
+    fn words_of(&self, tensor: usize) -> Option<&HostWords> {
+        self.words.iter().find(|(i, _)| *i == tensor).map(|(_, w)| w)
+    }
 }
 
 impl<D: Backend> Trainer<'_, D> {
@@ -59,27 +66,35 @@ impl<D: Backend> Trainer<'_, D> {
     /// projection when resident), its vocabulary matrices' words kept on the host for the step.
     pub(super) fn fetch_head(&mut self, clock: &mut Clock) -> Result<()> {
         let (embedding, projection) = self.model.vocab_tensors();
-        let keep: Vec<usize> = if embedding == projection { vec![embedding] } else { vec![embedding, projection] };
+        let vocab_tensors: Vec<usize> = if embedding == projection { vec![embedding] } else { vec![embedding, projection] };
         let resident = self.placement.vocab_resident;
+        let on_device = |i: usize| resident && i == projection;
+        let keep: Vec<usize> = vocab_tensors.iter().copied().filter(|&i| !on_device(i)).collect();
         let d = &self.device;
-        let tensors: Vec<Option<&D::Tensor>> = (0..d.head.len())
-            .map(|i| if i == embedding || i == projection { (resident && i == projection).then_some(&d.head[i]) } else { Some(&d.head[i]) })
-            .collect();
+        let tensors: Vec<Option<&D::Tensor>> =
+            (0..d.head.len()).map(|i| if vocab_tensors.contains(&i) && !on_device(i) { None } else { Some(&d.head[i]) }).collect();
         self.vocab.words = Vec::new(); // the last step's copy goes before the new one is made
-        self.vocab.words = self.upload_group_keeping(0, &tensors, &keep, clock)?;
-        self.vocab.tensors = keep;
+        let words = self.upload_group_keeping(0, &tensors, &keep, clock)?;
+        self.vocab.words = keep.into_iter().zip(words).collect();
+        self.vocab.tensors = vocab_tensors;
         Ok(())
     }
 
-    /// x = the embedding of the micro-batch's tokens `ids` into `residual[0]`: their rows gathered on the
-    /// host and uploaded, the rest ([`crate::model::Model::embed_rows_forward`]) on the device.
-    pub(super) fn embed(&self, ids: &[u32], dropout: Option<&DropoutKeys>, clock: &mut super::Clock) -> Result<()> {
-        let (dev, d, width) = (self.dev, &self.device, self.model.width());
-        let rows = timed(&mut clock.upload, || self.vocab.words[0].gather(ids, width));
+    /// x = the embedding of the micro-batch's tokens (`ids` on the host, `tokens` on the device) into
+    /// `residual[0]`: their rows gathered on the host and uploaded, the rest
+    /// ([`crate::model::Model::embed_rows_forward`]) on the device — or all on the device when the
+    /// embedding is resident there (tied to a resident projection): the same sums either way.
+    pub(super) fn embed(&self, ids: &[u32], tokens: &D::Tokens, dropout: Option<&DropoutKeys>, clock: &mut Clock) -> Result<()> {
+        let (dev, d, width, seq_len) = (self.dev, &self.device, self.model.width(), self.train.seq_len);
+        let Some(words) = self.vocab.words_of(self.vocab.tensors[0]) else {
+            timed(&mut clock.compute, || self.model.embed_forward(dev, &d.residual[0], &d.head, &d.head_acts, tokens, seq_len, dropout));
+            return Ok(());
+        };
+        let rows = timed(&mut clock.upload, || words.gather(ids, width));
         timed(&mut clock.upload, || dev.write(&d.embed_rows, &rows));
         clock.upload_bytes += 4 * rows.len() as u64;
         timed(&mut clock.compute, || {
-            self.model.embed_rows_forward(dev, &d.residual[0], &d.embed_rows, &d.head, &d.head_acts, &d.positions, self.train.seq_len, dropout)
+            self.model.embed_rows_forward(dev, &d.residual[0], &d.embed_rows, &d.head, &d.head_acts, &d.positions, seq_len, dropout)
         });
         Ok(())
     }
@@ -93,7 +108,7 @@ impl<D: Backend> Trainer<'_, D> {
             None => Ok(Rows::Whole(&d.head[projection])),
             Some(slot) => {
                 if upload {
-                    let words = &self.vocab.words[self.vocab.tensors.len() - 1];
+                    let words = self.vocab.words_of(projection).expect("a streamed projection is kept on the host");
                     let width = self.model.width();
                     let ids = self.model.vocab_chunks(self.train.vocab_chunk_rows).range(j);
                     timed(&mut clock.upload, || words.upload(self.dev, slot, ids.start * width..ids.end * width))?;
@@ -106,9 +121,9 @@ impl<D: Backend> Trainer<'_, D> {
 
     /// The final norm, the output projection and the mean loss of the last block's output against
     /// `targets`, chunk by chunk. With `loss_grad_scale`, also their backward: each chunk's projection
-    /// gradient added into the host's sum, and d(last block's output) left in the head's residual
-    /// gradient.
-    pub(super) fn head_loss(&mut self, targets: &D::Tokens, loss_grad_scale: Option<f32>, clock: &mut Clock) -> Result<f32> {
+    /// gradient added into the host's sum (stored, at the step's `first_micro`), and d(last block's
+    /// output) left in the head's residual gradient.
+    pub(super) fn head_loss(&mut self, targets: &D::Tokens, loss_grad_scale: Option<f32>, first_micro: bool, clock: &mut Clock) -> Result<f32> {
         let (dev, model, width) = (self.dev, &self.model, self.model.width());
         let n_layer = model.n_layer();
         let d = &self.device;
@@ -139,7 +154,13 @@ impl<D: Backend> Trainer<'_, D> {
             let chunk_grad = timed(&mut clock.download, || dev.finish_read(pending)).pop().expect("one tensor read");
             let ids = loss_acts.chunks.range(j);
             clock.download_bytes += 4 * (ids.len() * width) as u64;
-            self.vocab.grads[staged][ids.start * width..ids.end * width].iter_mut().zip(&chunk_grad).for_each(|(s, g)| *s += g);
+            let sum = &mut self.vocab.grads[staged][ids.start * width..ids.end * width];
+            if first_micro {
+                // The projection's gradient is dense: every row gets a value, nothing needs zeroing.
+                sum.copy_from_slice(&chunk_grad[..sum.len()]);
+            } else {
+                sum.iter_mut().zip(&chunk_grad).for_each(|(s, g)| *s += g);
+            }
         }
         let d = &self.device;
         timed(&mut clock.compute, || model.final_norm_backward(dev, &d.head, &d.head_grads, acts, &d.residual[n_layer]));
@@ -161,12 +182,16 @@ impl<D: Backend> Trainer<'_, D> {
         Ok(())
     }
 
-    /// Zeroes the host's vocabulary gradient sums at the start of a step.
+    /// The host's vocabulary gradient sums at the start of a step: an untied embedding's zeroed (its
+    /// rows are scattered into); the projection's is stored whole by the first micro-batch.
     pub(super) fn clear_vocab_grads(&mut self) {
         let len = self.model.vocab_size() * self.model.width();
+        let untied = self.vocab.tensors.len() == 2;
         self.vocab.grads.resize_with(self.vocab.tensors.len(), Vec::new);
-        for g in &mut self.vocab.grads {
-            g.fill(0.0);
+        for (k, g) in self.vocab.grads.iter_mut().enumerate() {
+            if untied && k == 0 {
+                g.fill(0.0);
+            }
             g.resize(len, 0.0);
         }
     }
