@@ -1,10 +1,16 @@
-//! One tensor's file on the NVMe tier, replaced whole on every write.
+//! One tensor's file on the NVMe tier, never overwritten while it is the only copy.
 //!
 //! A shard file is `[data, padded to whole pages][footer: one page]`. The footer says what the data
 //! is (magic, format version, length) and, with verification on, holds the data's CRC32. A write goes
-//! into a fresh sibling `{file}.next` and is then renamed over `{file}`: rename replaces the directory
-//! entry atomically, so whatever kills the process mid-write, the shard reads back as either the old
-//! state or the new one, and data and checksum can never disagree because they travel in one file.
+//! into the sibling `{file}.next` and then the two names are exchanged (`renameat2(RENAME_EXCHANGE)`,
+//! atomic): whatever kills the process mid-write, `{file}` names either the old state or the new one,
+//! and data and checksum can never disagree because they travel in one file. After the exchange
+//! `{file}.next` holds the previous version and is the next write's target, overwritten in place: its
+//! blocks stay allocated, so a steady-state write allocates, frees and discards nothing (a fresh file
+//! per write cost half the write rate on ext4 with `discard`, `benches/results/2026-11-23-nvme-vs-fio.md`).
+//! The price is disk room for two copies of every shard written during a run; the spare is removed
+//! when the shard is closed (and a leftover one when it is next opened). Where the filesystem cannot
+//! exchange names, the write renames over the old file instead, freeing it, as before.
 
 use std::fs::File;
 use std::io;
@@ -116,14 +122,22 @@ fn reserve(file: &File, path: &Path, size: u64) -> Result<()> {
     }
 }
 
+/// The two files of a shard: the current one and the spare the next write goes into.
+#[derive(Debug)]
+struct Files {
+    current: File,
+    /// The previous version's file, now at `{file}.next`: the next write's target (None before the
+    /// first write, or where names cannot be exchanged).
+    spare: Option<File>,
+}
+
 /// One tensor's file on the NVMe tier.
 #[derive(Debug)]
 pub struct ShardFile {
     pub path: PathBuf,
-    /// The current file. Each write replaces it (the rename makes a new inode current), so reads go
-    /// through the descriptor of whichever file the last write left; the lock keeps a read from
-    /// seeing the swap half-done.
-    file: Mutex<File>,
+    /// Each write makes another inode current, so reads go through the descriptor of whichever file
+    /// the last write left; the lock keeps a read from seeing the exchange half-done.
+    files: Mutex<Files>,
     len_bytes: usize,
     pub direct: bool,
 }
@@ -132,8 +146,8 @@ impl ShardFile {
     /// Opens `{name}.rank{r}.bin`, creating it (zeros: never written) at the page-aligned size of
     /// `len_bytes` plus the footer's page, or reusing it if it has that size. A file of another size is
     /// refused rather than silently resized: it belongs to another model, run or version. A `.next`
-    /// file left by an interrupted write is removed: that write never completed, so the old file is the
-    /// state (and the directory's lock, held by `nvme`, means no other run is writing it now).
+    /// file left by an interrupted write (or a run's spare) is removed: it is never the state (and the
+    /// directory's lock, held by `nvme`, means no other run is writing it now).
     pub fn open(nvme: &NvmeDir, name: &str, len_bytes: usize) -> Result<Self> {
         let path = nvme.shard_path(name);
         remove_if_present("removing the unfinished write", &next_path(&path))?;
@@ -157,46 +171,72 @@ impl ShardFile {
                 return Err(e);
             }
         }
-        Ok(ShardFile { path, file: Mutex::new(file), len_bytes, direct })
+        Ok(ShardFile { path, files: Mutex::new(Files { current: file, spare: None }), len_bytes, direct })
     }
 
-    fn current(&self) -> MutexGuard<'_, File> {
-        // A File has no invariant a panicking holder could have broken.
-        self.file.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn files(&self) -> MutexGuard<'_, Files> {
+        // Files have no invariant a panicking holder could have broken.
+        self.files.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Writes the buffer (whole pages) and its footer to a fresh `.next` file, then renames it over the
-    /// shard. Until the rename the old file is untouched; after it the new one is complete.
+    /// Writes the buffer (whole pages) and its footer into `.next`, then exchanges it with the shard.
+    /// Until the exchange the current file is untouched; after it the new one is complete.
     pub fn write(&self, nvme: &NvmeDir, buf: &mut AlignedBuf) -> Result<()> {
         assert_eq!(buf.len_bytes(), self.len_bytes, "shard {}: buffer of the wrong size", self.path.display());
-        let mut current = self.current();
+        let mut files = self.files();
         let next = next_path(&self.path);
-        // Fresh each time: whatever is there (a failed write's leftover, a planted symlink) goes first,
-        // and O_NOFOLLOW refuses a link that appears in between.
-        remove_if_present("removing the unfinished write", &next)?;
-        let (file, _) = open_in_dir(&nvme.io, "creating shard", &next, true)?;
-        if let Err(e) = self.fill(nvme, &file, &next, buf) {
-            let _ = std::fs::remove_file(&next);
+        let target = match files.spare.take() {
+            // The spare is reused only while `.next` still names it (another opening of this shard
+            // removes it; nothing else in the locked directory should touch it).
+            Some(spare) if same_file(&spare, &next) => spare,
+            _ => self.fresh_next(nvme, &next)?,
+        };
+        if let Err(e) = self.fill(nvme, &target, &next, buf) {
+            // Whatever is in `.next` now is never read: it stays the spare.
+            files.spare = Some(target);
             return Err(e);
         }
         // No fsync: the guarantee is against the process dying (SIGKILL, OOM, a crash), and the kernel
-        // keeps both the written data and the rename (page cache, journal) and flushes them in its own
-        // time. Surviving a power loss would take an fsync of the file and the directory per write;
+        // keeps both the written data and the exchange (page cache, journal) and flushes them in its
+        // own time. Surviving a power loss would take an fsync of the file and the directory per write;
         // without it, a file torn by one is caught by the footer check or, with verify, by the CRC
         // (with verify off, torn data behind an intact footer would go unnoticed).
-        if let Err(e) = std::fs::rename(&next, &self.path) {
-            let _ = std::fs::remove_file(&next);
-            return Err(io_error("replacing shard", &self.path, e));
-        }
-        // Dropping the old descriptor frees the old file's blocks.
-        *current = file;
+        let previous = match exchange(&next, &self.path) {
+            Ok(()) => Some(std::mem::replace(&mut files.current, target)),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP)) => {
+                // No exchange on this filesystem: rename over the old file, whose blocks are freed
+                // when its descriptor is dropped.
+                if let Err(e) = std::fs::rename(&next, &self.path) {
+                    let _ = std::fs::remove_file(&next);
+                    return Err(io_error("replacing shard", &self.path, e));
+                }
+                files.current = target;
+                None
+            }
+            Err(e) => {
+                files.spare = Some(target);
+                return Err(io_error("replacing shard", &self.path, e));
+            }
+        };
+        files.spare = previous;
         Ok(())
     }
 
-    /// Sizes `file` (a new `.next`) and writes the data and then the footer into it.
+    /// Creates `.next` afresh, sized: whatever is there (a failed write's leftover, a planted symlink)
+    /// goes first, and O_NOFOLLOW refuses a link that appears in between.
+    fn fresh_next(&self, nvme: &NvmeDir, next: &Path) -> Result<File> {
+        remove_if_present("removing the unfinished write", next)?;
+        let (file, _) = open_in_dir(&nvme.io, "creating shard", next, true)?;
+        if let Err(e) = reserve(&file, next, file_bytes(self.len_bytes)) {
+            let _ = std::fs::remove_file(next);
+            return Err(e);
+        }
+        Ok(file)
+    }
+
+    /// Writes the data and then the footer into `file` (`.next`, already sized).
     fn fill(&self, nvme: &NvmeDir, file: &File, path: &Path, buf: &mut AlignedBuf) -> Result<()> {
         let data_bytes = align_up(self.len_bytes);
-        reserve(file, path, file_bytes(self.len_bytes))?;
         let crc = nvme.verify.then(|| crc32fast::hash(buf.bytes()));
         nvme.io.transfer(Direction::Write, file, 0, &mut buf.padded_mut()[..data_bytes]).map_err(|e| io_error("writing shard", path, e))?;
         let mut footer = AlignedBuf::zeroed(FOOTER_BYTES);
@@ -209,17 +249,18 @@ impl ShardFile {
     /// Reads the shard into `buf` after checking its footer; with `verify`, checks the data's CRC32.
     pub fn read(&self, nvme: &NvmeDir, buf: &mut AlignedBuf) -> Result<()> {
         assert_eq!(buf.len_bytes(), self.len_bytes, "shard {}: buffer of the wrong size", self.path.display());
-        let current = self.current();
+        let files = self.files();
+        let current = &files.current;
         let data_bytes = align_up(self.len_bytes);
         let mut footer = AlignedBuf::zeroed(FOOTER_BYTES);
         nvme.io
-            .transfer(Direction::Read, &current, data_bytes as u64, footer.padded_mut())
+            .transfer(Direction::Read, current, data_bytes as u64, footer.padded_mut())
             .map_err(|e| io_error("reading the footer of shard", &self.path, e))?;
         let want = decode_footer(&self.path, footer.padded(), self.len_bytes)?;
         nvme.io
-            .transfer(Direction::Read, &current, 0, &mut buf.padded_mut()[..data_bytes])
+            .transfer(Direction::Read, current, 0, &mut buf.padded_mut()[..data_bytes])
             .map_err(|e| io_error("reading shard", &self.path, e))?;
-        drop(current);
+        drop(files);
         if nvme.verify {
             let Some(want) = want else {
                 return Err(StoreError(format!(
@@ -237,6 +278,38 @@ impl ShardFile {
         }
         Ok(())
     }
+}
+
+impl Drop for ShardFile {
+    /// Removes the spare, so a shard at rest takes room for one copy (if `.next` still names it).
+    fn drop(&mut self) {
+        let files = self.files.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let next = next_path(&self.path);
+        if let Some(spare) = &files.spare
+            && same_file(spare, &next)
+        {
+            let _ = std::fs::remove_file(&next);
+        }
+    }
+}
+
+/// Whether `path` (not followed if a link) names the open `file`.
+fn same_file(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// Atomically exchanges the directory entries `a` and `b` (both must exist).
+fn exchange(a: &Path, b: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL));
+    let (a, b) = (c(a)?, c(b)?);
+    // SAFETY: two NUL-terminated paths that outlive the call.
+    let rc = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_EXCHANGE) };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
 /// Where a write of `path` goes before it replaces it.

@@ -5,10 +5,11 @@
 //! reused by later runs. Each holds the data padded to whole pages, then a one-page footer (magic,
 //! format version, length and, with verification on, the data's CRC32), checked on every read.
 //!
-//! The NVMe tier never overwrites the only copy of a tensor: a write goes to a fresh
-//! `{name}.rank{r}.bin.next` beside the old file and is renamed over it, so a process killed mid-write
-//! leaves either the old state or the new one (the `.next` left behind is removed when the shard is
-//! next opened). Writing therefore needs room on disk for one more copy of the shard being written.
+//! The NVMe tier never overwrites the only copy of a tensor: a write goes to `{name}.rank{r}.bin.next`
+//! beside the current file and the two names are then exchanged, so a process killed mid-write leaves
+//! either the old state or the new one (a `.next` left behind is removed when the shard is next
+//! opened). The previous version stays as `.next`, the next write's target, overwritten in place, so a
+//! run needs disk room for two copies of every shard it writes (one at rest).
 //! Symbolic links inside the directory are never followed (every open there uses O_NOFOLLOW), so a
 //! link planted where a shard or the lock should be cannot redirect writes elsewhere.
 //! See [`ShardFile`] for the file itself.
@@ -110,7 +111,16 @@ impl NvmeDir {
         if io.config.direct && !direct && io.config.engine != crate::io::IoEngineKind::Mmap {
             io.notes.push(format!("{}: the filesystem refuses O_DIRECT; using buffered I/O (through the page cache)", dir.display()));
         }
-        Ok(NvmeDir { dir: dir.to_path_buf(), io, verify, rank, read_bytes: AtomicU64::new(0), written_bytes: AtomicU64::new(0), pool: BufferPool::default(), _lock: lock })
+        Ok(NvmeDir {
+            dir: dir.to_path_buf(),
+            io,
+            verify,
+            rank,
+            read_bytes: AtomicU64::new(0),
+            written_bytes: AtomicU64::new(0),
+            pool: BufferPool::default(),
+            _lock: lock,
+        })
     }
 
     /// (bytes read, bytes written) by every tensor paged in and out through this directory so far.

@@ -1,5 +1,5 @@
-//! Shard files on the NVMe tier as the disk sees them: a write replaces the file whole (never the only
-//! copy in place), a write cut short leaves the old state, damage is named, and symlinks inside the
+//! Shard files on the NVMe tier as the disk sees them: a write goes to the spare file and is exchanged
+//! with the current one (never the only copy in place), a write cut short leaves the old state, damage is named, and symlinks inside the
 //! directory are refused rather than followed.
 
 use std::os::unix::fs::MetadataExt;
@@ -54,30 +54,41 @@ fn flip(path: &Path, at: usize) {
 }
 
 #[test]
-fn a_write_replaces_the_file_whole_and_leaves_nothing_beside_it() {
+fn a_write_goes_to_the_spare_and_the_spare_is_the_previous_version() {
     for engine in [IoEngineKind::Uring, IoEngineKind::Pread, IoEngineKind::Mmap] {
         let dir = tempfile::tempdir().unwrap();
         let nv = nvme_with(dir.path(), engine, true);
         let len = 3 * 4096 + 10;
         let mut t = Stored::new("g.master", len, Tier::Nvme, Some(&nv)).unwrap();
         let path = nv.shard_path("g.master");
-        let (v1, v2) = (pattern(len, 1), pattern(len, 2));
+        let (v1, v2, v3) = (pattern(len, 1), pattern(len, 2), pattern(len, 3));
         write(&mut t, &nv, &v1);
-        assert_eq!(names(dir.path()), [".zerostream.lock", "g.master.rank0.bin"], "{engine}: no .crc, no .next");
+        let shard_names = [".zerostream.lock", "g.master.rank0.bin", "g.master.rank0.bin.next"];
+        assert_eq!(names(dir.path()), shard_names, "{engine}: the shard and its spare, no .crc");
         assert_eq!(std::fs::metadata(&path).unwrap().len(), (4 * 4096 + FOOTER) as u64);
         // Keep the first version's file open: the second write must go to another file, not over it.
         let first = std::fs::File::open(&path).unwrap();
         write(&mut t, &nv, &v2);
-        assert_ne!(first.metadata().unwrap().ino(), std::fs::metadata(&path).unwrap().ino(), "{engine}: a new inode each write");
+        assert_ne!(first.metadata().unwrap().ino(), std::fs::metadata(&path).unwrap().ino(), "{engine}: another inode");
         let mut old = vec![0u8; len];
         std::os::unix::fs::FileExt::read_exact_at(&first, &mut old, 0).unwrap();
         assert!(old == v1, "{engine}: the first version was overwritten in place");
+        assert_eq!(first.metadata().unwrap().ino(), std::fs::metadata(next_of(&path)).unwrap().ino(), "{engine}: v1 is the spare");
         assert!(read(&mut t, &nv).unwrap() == v2, "{engine}: the second version reads back");
-        assert_eq!(names(dir.path()), [".zerostream.lock", "g.master.rank0.bin"], "{engine}");
-        // A later run reuses the file and reads the last version.
+        // The third write reuses the first version's file (its blocks stay allocated), and leaves the
+        // second version's whole.
+        let second = std::fs::File::open(&path).unwrap();
+        write(&mut t, &nv, &v3);
+        assert_eq!(first.metadata().unwrap().ino(), std::fs::metadata(&path).unwrap().ino(), "{engine}: the spare reused");
+        std::os::unix::fs::FileExt::read_exact_at(&second, &mut old, 0).unwrap();
+        assert!(old == v2, "{engine}: the second version was overwritten in place");
+        assert!(read(&mut t, &nv).unwrap() == v3, "{engine}: the third version reads back");
+        assert_eq!(names(dir.path()), shard_names, "{engine}");
+        // Closing the shard removes the spare; a later run reuses the file and reads the last version.
         drop(t);
+        assert_eq!(names(dir.path()), [".zerostream.lock", "g.master.rank0.bin"], "{engine}: no spare at rest");
         let mut again = Stored::new("g.master", len, Tier::Nvme, Some(&nv)).unwrap();
-        assert!(read(&mut again, &nv).unwrap() == v2, "{engine}: after reopening");
+        assert!(read(&mut again, &nv).unwrap() == v3, "{engine}: after reopening");
     }
 }
 
@@ -109,6 +120,7 @@ fn a_failed_write_keeps_the_old_state() {
     write(&mut t, &nv, &v1);
     // A directory where the write's `.next` file must go: the write cannot start.
     let next = next_of(&nv.shard_path("f"));
+    std::fs::remove_file(&next).unwrap(); // the spare
     std::fs::create_dir_all(next.join("blocker")).unwrap();
     t.page_in_zeroed(Some(&nv));
     t.data_mut().bytes_mut().fill(0xee);
