@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::aligned::{ALIGN_BYTES, AlignedBuf, align_up};
-use crate::io::{Direction, IoEngine};
+use crate::io::{Direction, IoEngine, Segment};
 use crate::store::{NvmeDir, Result, StoreError, io_error};
 
 /// The footer's size: one page, so it keeps O_DIRECT's alignment after the page-aligned data.
@@ -182,44 +182,47 @@ impl ShardFile {
     /// Writes the buffer (whole pages) and its footer into `.next`, then exchanges it with the shard.
     /// Until the exchange the current file is untouched; after it the new one is complete.
     pub fn write(&self, nvme: &NvmeDir, buf: &mut AlignedBuf) -> Result<()> {
-        assert_eq!(buf.len_bytes(), self.len_bytes, "shard {}: buffer of the wrong size", self.path.display());
-        let mut files = self.files();
-        let next = next_path(&self.path);
-        let target = match files.spare.take() {
-            // The spare is reused only while `.next` still names it (another opening of this shard
-            // removes it; nothing else in the locked directory should touch it).
-            Some(spare) if same_file(&spare, &next) => spare,
-            _ => self.fresh_next(nvme, &next)?,
-        };
-        if let Err(e) = self.fill(nvme, &target, &next, buf) {
-            // Whatever is in `.next` now is never read: it stays the spare.
-            files.spare = Some(target);
-            return Err(e);
+        write_all(nvme, &mut [(self, buf)])
+    }
+
+    /// Reads the shard into `buf` and checks its footer; with `verify`, checks the data's CRC32.
+    pub fn read(&self, nvme: &NvmeDir, buf: &mut AlignedBuf) -> Result<()> {
+        read_all(nvme, &mut [(self, buf)])
+    }
+
+    /// The file the next write goes into: the spare, reused only while `.next` still names it (another
+    /// opening of this shard removes it; nothing else in the locked directory should touch it), else a
+    /// fresh one.
+    fn write_target(&self, nvme: &NvmeDir, files: &mut Files) -> Result<File> {
+        match files.spare.take() {
+            Some(spare) if same_file(&spare, &next_path(&self.path)) => Ok(spare),
+            _ => self.fresh_next(nvme, &next_path(&self.path)),
         }
-        // No fsync: the guarantee is against the process dying (SIGKILL, OOM, a crash), and the kernel
-        // keeps both the written data and the exchange (page cache, journal) and flushes them in its
-        // own time. Surviving a power loss would take an fsync of the file and the directory per write;
-        // without it, a file torn by one is caught by the footer check or, with verify, by the CRC
-        // (with verify off, torn data behind an intact footer would go unnoticed).
-        let previous = match exchange(&next, &self.path) {
-            Ok(()) => Some(std::mem::replace(&mut files.current, target)),
+    }
+
+    /// Makes `target` (the written `.next`) current by exchanging the names. Where the filesystem
+    /// cannot exchange, renames over the old file (whose blocks are freed with its descriptor).
+    fn install(&self, files: &mut Files, target: File) -> Result<()> {
+        let next = next_path(&self.path);
+        match exchange(&next, &self.path) {
+            Ok(()) => {
+                let previous = std::mem::replace(&mut files.current, target);
+                files.spare = Some(previous);
+                Ok(())
+            }
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP)) => {
-                // No exchange on this filesystem: rename over the old file, whose blocks are freed
-                // when its descriptor is dropped.
                 if let Err(e) = std::fs::rename(&next, &self.path) {
                     let _ = std::fs::remove_file(&next);
                     return Err(io_error("replacing shard", &self.path, e));
                 }
                 files.current = target;
-                None
+                Ok(())
             }
             Err(e) => {
                 files.spare = Some(target);
-                return Err(io_error("replacing shard", &self.path, e));
+                Err(io_error("replacing shard", &self.path, e))
             }
-        };
-        files.spare = previous;
-        Ok(())
+        }
     }
 
     /// Creates `.next` afresh, sized: whatever is there (a failed write's leftover, a planted symlink)
@@ -233,51 +236,133 @@ impl ShardFile {
         }
         Ok(file)
     }
+}
 
-    /// Writes the data and then the footer into `file` (`.next`, already sized).
-    fn fill(&self, nvme: &NvmeDir, file: &File, path: &Path, buf: &mut AlignedBuf) -> Result<()> {
-        let data_bytes = align_up(self.len_bytes);
-        let crc = nvme.verify.then(|| crc32fast::hash(buf.bytes()));
-        nvme.io.transfer(Direction::Write, file, 0, &mut buf.padded_mut()[..data_bytes]).map_err(|e| io_error("writing shard", path, e))?;
-        let mut footer = AlignedBuf::zeroed(FOOTER_BYTES);
-        encode_footer(footer.padded_mut(), self.len_bytes, crc);
-        nvme.io
-            .transfer(Direction::Write, file, data_bytes as u64, footer.padded_mut())
-            .map_err(|e| io_error("writing the footer of shard", path, e))
+/// A shard given twice in one batch would wait on its own lock: a bug in the caller, stopped here.
+fn assert_distinct(shards: &[(&ShardFile, &mut AlignedBuf)]) {
+    for (k, (a, _)) in shards.iter().enumerate() {
+        assert!(!shards[..k].iter().any(|(b, _)| std::ptr::eq(*a, *b)), "shard {} given twice in one batch", a.path.display());
     }
+}
 
-    /// Reads the shard into `buf` after checking its footer; with `verify`, checks the data's CRC32.
-    pub fn read(&self, nvme: &NvmeDir, buf: &mut AlignedBuf) -> Result<()> {
-        assert_eq!(buf.len_bytes(), self.len_bytes, "shard {}: buffer of the wrong size", self.path.display());
-        let files = self.files();
-        let current = &files.current;
-        let data_bytes = align_up(self.len_bytes);
-        let mut footer = AlignedBuf::zeroed(FOOTER_BYTES);
-        nvme.io
-            .transfer(Direction::Read, current, data_bytes as u64, footer.padded_mut())
-            .map_err(|e| io_error("reading the footer of shard", &self.path, e))?;
-        let want = decode_footer(&self.path, footer.padded(), self.len_bytes)?;
-        nvme.io
-            .transfer(Direction::Read, current, 0, &mut buf.padded_mut()[..data_bytes])
-            .map_err(|e| io_error("reading shard", &self.path, e))?;
-        drop(files);
+/// Writes every shard's buffer, as [`ShardFile::write`] does, in two batched transfers: all the data
+/// (checksummed on the way out), then all the footers; then exchanges each shard's files. On an error
+/// no shard from the failed one on is changed (each keeps its old state).
+pub fn write_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)]) -> Result<()> {
+    assert_distinct(shards);
+    let mut locked: Vec<MutexGuard<'_, Files>> = shards.iter().map(|(shard, _)| shard.files()).collect();
+    let mut targets: Vec<File> = Vec::with_capacity(shards.len());
+    for ((shard, buf), files) in shards.iter().zip(locked.iter_mut()) {
+        assert_eq!(buf.len_bytes(), shard.len_bytes, "shard {}: buffer of the wrong size", shard.path.display());
+        match shard.write_target(nvme, files) {
+            Ok(target) => targets.push(target),
+            Err(e) => {
+                // Whatever is in a `.next` is never read: the targets stay the spares.
+                locked.iter_mut().zip(targets).for_each(|(files, target)| files.spare = Some(target));
+                return Err(e);
+            }
+        }
+    }
+    if let Err(e) = fill_all(nvme, shards, &targets) {
+        locked.iter_mut().zip(targets).for_each(|(files, target)| files.spare = Some(target));
+        return Err(e);
+    }
+    // No fsync: the guarantee is against the process dying (SIGKILL, OOM, a crash), and the kernel keeps
+    // both the written data and the exchange (page cache, journal) and flushes them in its own time.
+    // Surviving a power loss would take an fsync of the file and the directory per write; without it, a
+    // file torn by one is caught by the footer check or, with verify, by the CRC (with verify off, torn
+    // data behind an intact footer would go unnoticed).
+    let mut installing = shards.iter().zip(locked.iter_mut()).zip(targets);
+    for (((shard, _), files), target) in installing.by_ref() {
+        if let Err(e) = shard.install(files, target) {
+            installing.for_each(|((_, files), target)| files.spare = Some(target));
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Writes the shards' data (whole pages, checksummed as it goes with verify on) and then their
+/// footers into `targets` (their `.next` files, already sized).
+fn fill_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)], targets: &[File]) -> Result<()> {
+    let mut hashers: Vec<crc32fast::Hasher> = shards.iter().map(|_| crc32fast::Hasher::new()).collect();
+    let mut segments: Vec<Segment<'_>> = shards
+        .iter_mut()
+        .zip(targets)
+        .zip(hashers.iter_mut())
+        .map(|(((shard, buf), file), hasher)| Segment {
+            file,
+            offset: 0,
+            buf: &mut buf.padded_mut()[..align_up(shard.len_bytes)],
+            checksum: nvme.verify.then_some((hasher, shard.len_bytes)),
+        })
+        .collect();
+    if let Err(e) = nvme.io.transfer_batch(Direction::Write, &mut segments) {
+        return Err(io_error("writing shard", &next_path(&shards[e.segment].0.path), e.error));
+    }
+    drop(segments);
+    let mut footers: Vec<AlignedBuf> = shards.iter().map(|_| AlignedBuf::zeroed(FOOTER_BYTES)).collect();
+    for (((shard, _), footer), hasher) in shards.iter().zip(footers.iter_mut()).zip(hashers) {
+        encode_footer(footer.padded_mut(), shard.len_bytes, nvme.verify.then(|| hasher.finalize()));
+    }
+    let mut segments: Vec<Segment<'_>> = shards
+        .iter()
+        .zip(targets)
+        .zip(footers.iter_mut())
+        .map(|(((shard, _), file), footer)| Segment {
+            file,
+            offset: align_up(shard.len_bytes) as u64,
+            buf: footer.padded_mut(),
+            checksum: None,
+        })
+        .collect();
+    nvme.io
+        .transfer_batch(Direction::Write, &mut segments)
+        .map_err(|e| io_error("writing the footer of shard", &next_path(&shards[e.segment].0.path), e.error))
+}
+
+/// Reads every shard into its buffer, as [`ShardFile::read`] does, in one batched transfer (each
+/// shard's footer and data, the data checksummed as it arrives with verify on), then checks each
+/// footer and checksum in turn; the first shard that fails is named.
+pub fn read_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)]) -> Result<()> {
+    assert_distinct(shards);
+    let locked: Vec<MutexGuard<'_, Files>> = shards.iter().map(|(shard, _)| shard.files()).collect();
+    let mut footers: Vec<AlignedBuf> = shards.iter().map(|_| AlignedBuf::zeroed(FOOTER_BYTES)).collect();
+    let mut hashers: Vec<crc32fast::Hasher> = shards.iter().map(|_| crc32fast::Hasher::new()).collect();
+    let mut segments: Vec<Segment<'_>> = Vec::with_capacity(2 * shards.len());
+    for ((((shard, buf), files), footer), hasher) in shards.iter_mut().zip(&locked).zip(footers.iter_mut()).zip(hashers.iter_mut()) {
+        assert_eq!(buf.len_bytes(), shard.len_bytes, "shard {}: buffer of the wrong size", shard.path.display());
+        let data_bytes = align_up(shard.len_bytes);
+        segments.push(Segment { file: &files.current, offset: data_bytes as u64, buf: footer.padded_mut(), checksum: None });
+        let checksum = nvme.verify.then_some((hasher, shard.len_bytes));
+        segments.push(Segment { file: &files.current, offset: 0, buf: &mut buf.padded_mut()[..data_bytes], checksum });
+    }
+    let moved = nvme.io.transfer_batch(Direction::Read, &mut segments);
+    drop(segments);
+    drop(locked);
+    if let Err(e) = moved {
+        let what = if e.segment % 2 == 0 { "reading the footer of shard" } else { "reading shard" };
+        return Err(io_error(what, &shards[e.segment / 2].0.path, e.error));
+    }
+    for (((shard, _), footer), hasher) in shards.iter().zip(&footers).zip(hashers) {
+        let want = decode_footer(&shard.path, footer.padded(), shard.len_bytes)?;
         if nvme.verify {
             let Some(want) = want else {
                 return Err(StoreError(format!(
                     "shard {}: written without a checksum (verification was off), so it cannot be verified; write it again with verification on, or turn it off",
-                    self.path.display()
+                    shard.path.display()
                 )));
             };
-            let got = crc32fast::hash(buf.bytes());
+            let got = hasher.finalize();
             if want != got {
                 return Err(StoreError(format!(
                     "shard {}: checksum mismatch (footer says {want:08x}, data gives {got:08x}): the data is corrupt",
-                    self.path.display()
+                    shard.path.display()
                 )));
             }
         }
-        Ok(())
     }
+    Ok(())
 }
 
 impl Drop for ShardFile {

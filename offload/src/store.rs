@@ -176,17 +176,37 @@ impl Stored {
 
     /// Makes the data resident: reads it from its file (RAM tensors already are).
     pub fn page_in(&mut self, nvme: Option<&NvmeDir>) -> Result<()> {
-        if self.resident.is_none()
-            && let Home::Nvme(file) = &self.home
-        {
-            let nvme = nvme.expect("an NVMe tensor pages in through its directory");
-            let mut buf = nvme.pool.take(self.len_bytes);
-            if let Err(e) = file.read(nvme, &mut buf) {
-                nvme.pool.give(buf);
-                return Err(e);
-            }
-            nvme.read_bytes.fetch_add(self.len_bytes as u64, Ordering::Relaxed);
-            self.resident = Some(buf);
+        Stored::page_in_all(&mut [self], nvme)
+    }
+
+    /// Pages in every tensor given, the NVMe ones in one batched read (one stream of requests, so the
+    /// disk's queue stays full across them; checksums taken as the data arrives). On an error none of
+    /// them is made resident by this call.
+    pub fn page_in_all(tensors: &mut [&mut Stored], nvme: Option<&NvmeDir>) -> Result<()> {
+        let wanted: Vec<usize> =
+            (0..tensors.len()).filter(|&k| tensors[k].resident.is_none() && matches!(tensors[k].home, Home::Nvme(_))).collect();
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let nvme = nvme.expect("an NVMe tensor pages in through its directory");
+        let mut bufs: Vec<AlignedBuf> = wanted.iter().map(|&k| nvme.pool.take(tensors[k].len_bytes)).collect();
+        let mut batch: Vec<(&ShardFile, &mut AlignedBuf)> = wanted
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(&k, buf)| match &tensors[k].home {
+                Home::Nvme(file) => (file, buf),
+                Home::Ram => unreachable!("only NVMe tensors are wanted"),
+            })
+            .collect();
+        let read = crate::shard_file::read_all(nvme, &mut batch);
+        drop(batch);
+        if let Err(e) = read {
+            bufs.into_iter().for_each(|buf| nvme.pool.give(buf));
+            return Err(e);
+        }
+        for (&k, buf) in wanted.iter().zip(bufs) {
+            nvme.read_bytes.fetch_add(buf.len_bytes() as u64, Ordering::Relaxed);
+            tensors[k].resident = Some(buf);
         }
         Ok(())
     }
@@ -204,19 +224,39 @@ impl Stored {
 
     /// Writes an NVMe tensor back (if `dirty`) and drops its buffer; RAM tensors stay as they are.
     pub fn page_out(&mut self, nvme: Option<&NvmeDir>, dirty: bool) -> Result<()> {
-        if let Home::Nvme(file) = &self.home
-            && let Some(mut buf) = self.resident.take()
-        {
-            let Some(nvme) = nvme else {
-                assert!(!dirty, "an NVMe tensor pages out through its directory");
-                return Ok(());
-            };
-            let written = if dirty { file.write(nvme, &mut buf) } else { Ok(()) };
-            nvme.pool.give(buf);
-            written?;
-            if dirty {
-                nvme.written_bytes.fetch_add(self.len_bytes as u64, Ordering::Relaxed);
+        Stored::page_out_all(&mut [self], nvme, dirty)
+    }
+
+    /// Pages out every tensor given, the NVMe ones written (if `dirty`) in one batched write. Their
+    /// buffers go back to the pool whatever happens; on an error a tensor's file holds its old state
+    /// or, for those before the failed one, its new state.
+    pub fn page_out_all(tensors: &mut [&mut Stored], nvme: Option<&NvmeDir>, dirty: bool) -> Result<()> {
+        let mut leaving: Vec<(&ShardFile, AlignedBuf)> = Vec::new();
+        for t in tensors.iter_mut() {
+            if let Home::Nvme(file) = &t.home
+                && let Some(buf) = t.resident.take()
+            {
+                leaving.push((file, buf));
             }
+        }
+        if leaving.is_empty() {
+            return Ok(());
+        }
+        let Some(nvme) = nvme else {
+            assert!(!dirty, "an NVMe tensor pages out through its directory");
+            return Ok(());
+        };
+        let written = if dirty {
+            let mut batch: Vec<(&ShardFile, &mut AlignedBuf)> = leaving.iter_mut().map(|(file, buf)| (*file, buf)).collect();
+            crate::shard_file::write_all(nvme, &mut batch)
+        } else {
+            Ok(())
+        };
+        let bytes: u64 = leaving.iter().map(|(_, buf)| buf.len_bytes() as u64).sum();
+        leaving.into_iter().for_each(|(_, buf)| nvme.pool.give(buf));
+        written?;
+        if dirty {
+            nvme.written_bytes.fetch_add(bytes, Ordering::Relaxed);
         }
         Ok(())
     }

@@ -225,17 +225,29 @@ fn the_lock_file_as_a_symlink_is_refused() {
     assert_eq!(std::fs::read(&target).unwrap(), b"precious");
 }
 
-/// The child side of the test below: rewrites one shard, every byte `k` in version `k`, until killed.
+/// The child side of the test below: rewrites one shard alone and two more in one batch (on the
+/// io_uring engine), every byte `k` in version `k`, until killed.
 fn write_versions_until_killed(dir: &Path) -> ! {
     let nv = nvme(dir);
+    let batched = nvme_with(&dir.join("batched"), IoEngineKind::Uring, true);
     let mut t = Stored::new("k", KILLED_BYTES, Tier::Nvme, Some(&nv)).unwrap();
+    let (mut a, mut b) = (batch_member(&batched, "a"), batch_member(&batched, "b"));
     for k in 1u8.. {
         write(&mut t, &nv, &vec![k; KILLED_BYTES]);
+        for s in [&mut a, &mut b] {
+            s.page_in_zeroed(Some(&batched));
+            s.data_mut().bytes_mut().fill(k);
+        }
+        Stored::page_out_all(&mut [&mut a, &mut b], Some(&batched), true).unwrap();
     }
     unreachable!("256 versions written before the kill");
 }
 
 const KILLED_BYTES: usize = 8 << 20;
+
+fn batch_member(nv: &NvmeDir, name: &str) -> Stored {
+    Stored::new(name, KILLED_BYTES, Tier::Nvme, Some(nv)).unwrap()
+}
 
 #[test]
 fn a_process_killed_mid_write_leaves_one_whole_version() {
@@ -246,6 +258,10 @@ fn a_process_killed_mid_write_leaves_one_whole_version() {
     {
         let nv = nvme(dir.path());
         write(&mut Stored::new("k", KILLED_BYTES, Tier::Nvme, Some(&nv)).unwrap(), &nv, &vec![0; KILLED_BYTES]);
+        let batched = nvme_with(&dir.path().join("batched"), IoEngineKind::Uring, true);
+        for name in ["a", "b"] {
+            write(&mut batch_member(&batched, name), &batched, &vec![0; KILLED_BYTES]);
+        }
     }
     let path = dir.path().join("k.rank0.bin");
     for delay_ms in [5, 20, 45, 80, 130] {
@@ -266,6 +282,74 @@ fn a_process_killed_mid_write_leaves_one_whole_version() {
         assert!(!next_of(&path).exists());
         let back = read(&mut t, &nv).unwrap_or_else(|e| panic!("killed after {delay_ms} ms (leftover .next: {leftover}): {e}"));
         assert!(back.iter().all(|&b| b == back[0]), "killed after {delay_ms} ms: a mix of versions");
+        let batched = nvme_with(&dir.path().join("batched"), IoEngineKind::Uring, true);
+        for name in ["a", "b"] {
+            let back = read(&mut batch_member(&batched, name), &batched).unwrap_or_else(|e| panic!("killed after {delay_ms} ms: {e}"));
+            assert!(back.iter().all(|&b| b == back[0]), "killed after {delay_ms} ms: a mix of versions in batched {name}");
+        }
         eprintln!("killed after {delay_ms} ms: version {} reads back, leftover .next: {leftover}", back[0]);
+    }
+}
+
+#[test]
+fn a_batch_pages_tensors_of_both_tiers_in_and_out_together() {
+    for engine in [IoEngineKind::Uring, IoEngineKind::Pread, IoEngineKind::Mmap] {
+        let dir = tempfile::tempdir().unwrap();
+        let nv = nvme_with(dir.path(), engine, true);
+        // Awkward sizes, a RAM tensor among them, and one tensor already resident.
+        let lens = [100usize, 3 * 8192 + 5, 4096, 70_001];
+        let mut tensors: Vec<Stored> = lens
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| Stored::new(&format!("b{k}"), n, if k == 2 { Tier::Ram } else { Tier::Nvme }, Some(&nv)).unwrap())
+            .collect();
+        for (k, t) in tensors.iter_mut().enumerate() {
+            t.page_in_zeroed(Some(&nv));
+            t.data_mut().bytes_mut().copy_from_slice(&pattern(lens[k], k as u8));
+        }
+        let mut all: Vec<&mut Stored> = tensors.iter_mut().collect();
+        Stored::page_out_all(&mut all, Some(&nv), true).unwrap();
+        assert!(all.iter().enumerate().all(|(k, t)| t.is_resident() == (k == 2)), "{engine}: NVMe tensors paged out, RAM kept");
+        assert_eq!(nv.traffic(), (0, (lens[0] + lens[1] + lens[3]) as u64), "{engine}: bytes written");
+        all[3].page_in(Some(&nv)).unwrap();
+        Stored::page_in_all(&mut all, Some(&nv)).unwrap();
+        for (k, t) in all.iter().enumerate() {
+            assert!(t.data().bytes() == pattern(lens[k], k as u8), "{engine}: tensor {k} after the round trip");
+        }
+        // Read once each: the batch skipped the tensor already resident.
+        assert_eq!(nv.traffic().0, (lens[0] + lens[1] + lens[3]) as u64, "{engine}: bytes read");
+    }
+}
+
+#[test]
+fn a_batch_names_the_damaged_shard_and_leaves_nothing_half_paged_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let nv = nvme_with(dir.path(), IoEngineKind::Uring, true);
+    let len = 3 * 4096;
+    let mut tensors: Vec<Stored> = (0..3).map(|k| Stored::new(&format!("c{k}"), len, Tier::Nvme, Some(&nv)).unwrap()).collect();
+    for (k, t) in tensors.iter_mut().enumerate() {
+        write(t, &nv, &pattern(len, k as u8));
+    }
+    flip(&nv.shard_path("c1"), 5000);
+    let mut all: Vec<&mut Stored> = tensors.iter_mut().collect();
+    let err = Stored::page_in_all(&mut all, Some(&nv)).unwrap_err().to_string();
+    assert!(err.contains("c1.rank0.bin") && err.contains("checksum mismatch"), "{err}");
+    assert!(all.iter().all(|t| !t.is_resident()), "no tensor of a failed batch is resident");
+    // A write that cannot start for the last tensor: no tensor of the batch is written, and every
+    // buffer leaves.
+    write(all[1], &nv, &pattern(len, 1));
+    let next = next_of(&nv.shard_path("c2"));
+    std::fs::remove_file(&next).unwrap(); // the spare
+    std::fs::create_dir_all(next.join("blocker")).unwrap();
+    for t in all.iter_mut() {
+        t.page_in_zeroed(Some(&nv));
+        t.data_mut().bytes_mut().fill(0xee);
+    }
+    let err = Stored::page_out_all(&mut all, Some(&nv), true).unwrap_err().to_string();
+    assert!(err.contains("c2.rank0.bin.next"), "{err}");
+    assert!(all.iter().all(|t| !t.is_resident()));
+    assert!(read(all[2], &nv).unwrap() == pattern(len, 2), "the failed tensor's old state survives");
+    for (k, t) in all.iter_mut().take(2).enumerate() {
+        assert!(read(t, &nv).unwrap() == pattern(len, k as u8), "tensor {k}: nothing written when the batch cannot start");
     }
 }

@@ -6,9 +6,9 @@
 //! SWEEP_DIR=/path/on/nvme cargo test --release -p zerostream-offload --test sweep_throughput -- --ignored --nocapture
 //! ```
 //! SWEEP_GROUPS (default 8) groups of SWEEP_PARAMS (default 32M) parameters, each group's update laid
-//! out as the trainer's worker does it: read the gradient, master weights, m and v (16 B/param) ahead,
-//! AdamW with a bf16 copy into the working copy, write the working copy (2 B/param) and then master,
-//! m and v (12 B/param) behind.
+//! out as the trainer's worker (`engine/src/train/worker.rs`) does it: read the gradient, master
+//! weights, m and v (16 B/param, one batch) ahead, AdamW with a bf16 copy into the working copy, write
+//! the working copy (2 B/param) and then master, m and v (12 B/param, one batch) behind.
 
 use std::time::Instant;
 
@@ -64,10 +64,7 @@ fn sweep_throughput() {
             shards = pipelined_sweep(
                 shards,
                 |g: &mut Group| -> Result<(), StoreError> {
-                    g.grad.page_in(nv)?;
-                    g.master.page_in(nv)?;
-                    g.m.page_in(nv)?;
-                    g.v.page_in(nv)
+                    Stored::page_in_all(&mut [&mut g.grad, &mut g.master, &mut g.m, &mut g.v], nv)
                 },
                 |_, g| {
                     g.working.page_in_zeroed(nv);
@@ -78,11 +75,7 @@ fn sweep_throughput() {
                     g.working.page_out(nv, true)?;
                     g.grad.page_out(nv, false)
                 },
-                |g| {
-                    g.master.page_out(nv, true)?;
-                    g.m.page_out(nv, true)?;
-                    g.v.page_out(nv, true)
-                },
+                |g| Stored::page_out_all(&mut [&mut g.master, &mut g.m, &mut g.v], nv, true),
             )
             .unwrap();
             let seconds = start.elapsed().as_secs_f64();
