@@ -11,7 +11,8 @@
 # The sweep side is offload/tests/sweep_throughput.rs (8 groups x 32M parameters, checksums on, the
 # second of two sweeps); fio runs two jobs at once, 1 GiB files each, 1 MiB blocks, queue depth 32,
 # O_DIRECT, io_uring (what the sweep's reads and writes use), for FIO_SECONDS (default 6, about as long
-# as a sweep; a 1 GiB pass alone takes 1-2 s, where this disk's noise swamps the result). Each round runs fio and every binary, in an order
+# as a sweep; a 1 GiB pass alone takes 1-2 s, where this disk's noise swamps the result; FIO_SECONDS=0
+# gives that single pass). Each round runs fio and every binary, in an order
 # that rotates from round to round. Installs fio with apt if it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,8 +29,10 @@ fi
 read -r -a bins <<< "$SWEEP_BINS"
 
 fio_mixed() {
+  local timed=(--time_based --runtime="${FIO_SECONDS:-6}")
+  [ "${FIO_SECONDS:-6}" = 0 ] && timed=() # one pass over each 1 GiB file (this script's first form)
   fio --output-format=terse --terse-version=3 --directory="$work" --size=1G --bs=1M --iodepth=32 \
-    --time_based --runtime="${FIO_SECONDS:-6}" --ioengine=io_uring --direct=1 --name=r --filename=r.bin --rw=read --name=w --filename=w.bin --rw=write \
+    "${timed[@]}" --ioengine=io_uring --direct=1 --name=r --filename=r.bin --rw=read --name=w --filename=w.bin --rw=write \
     | awk -F';' '{ r += $7; w += $48 } END { printf "%.2f %.2f\n", r * 1024 / 1e9, w * 1024 / 1e9 }'
 }
 sweep() { # $1: the test binary; prints "read written" GB/s of the second sweep with checksums on
