@@ -264,7 +264,8 @@ fn a_process_killed_mid_write_leaves_one_whole_version() {
         }
     }
     let path = dir.path().join("k.rank0.bin");
-    for delay_ms in [5, 20, 45, 80, 130] {
+    // Later kills land mid-batch too (the child needs ~100 ms to start writing).
+    for delay_ms in [5, 20, 45, 80, 130, 210, 340] {
         // This test again, in a child process that finds the variable set.
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "a_process_killed_mid_write_leaves_one_whole_version", "--test-threads=1", "--quiet"])
@@ -283,11 +284,15 @@ fn a_process_killed_mid_write_leaves_one_whole_version() {
         let back = read(&mut t, &nv).unwrap_or_else(|e| panic!("killed after {delay_ms} ms (leftover .next: {leftover}): {e}"));
         assert!(back.iter().all(|&b| b == back[0]), "killed after {delay_ms} ms: a mix of versions");
         let batched = nvme_with(&dir.path().join("batched"), IoEngineKind::Uring, true);
-        for name in ["a", "b"] {
-            let back = read(&mut batch_member(&batched, name), &batched).unwrap_or_else(|e| panic!("killed after {delay_ms} ms: {e}"));
-            assert!(back.iter().all(|&b| b == back[0]), "killed after {delay_ms} ms: a mix of versions in batched {name}");
-        }
-        eprintln!("killed after {delay_ms} ms: version {} reads back, leftover .next: {leftover}", back[0]);
+        let versions: Vec<u8> = ["a", "b"]
+            .iter()
+            .map(|name| {
+                let back = read(&mut batch_member(&batched, name), &batched).unwrap_or_else(|e| panic!("killed after {delay_ms} ms: {e}"));
+                assert!(back.iter().all(|&b| b == back[0]), "killed after {delay_ms} ms: a mix of versions in batched {name}");
+                back[0]
+            })
+            .collect();
+        eprintln!("killed after {delay_ms} ms: version {} reads back ({versions:?} batched), .next left: {leftover}", back[0]);
     }
 }
 
