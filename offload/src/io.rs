@@ -2,15 +2,17 @@
 //! with a chosen number in flight.
 //!
 //! - `uring`: raw io_uring (the `io-uring` crate), one ring per thread that uses it — the sweep gives
-//!   reads and writes their own threads, hence separate read and write queues. The buffer is registered
-//!   with the ring when the memlock limit allows (fixed-buffer reads and writes), else used as is.
-//! - `pread`: `queue_depth` threads each issuing pread/pwrite of one block at a time.
+//!   reads and writes their own threads, hence separate read and write queues. Buffers are registered
+//!   with the ring when the memlock limit allows (fixed-buffer reads and writes), else used as is. A
+//!   batch of segments (several tensors' files and buffers) goes out as one stream of requests, its
+//!   checksums taken while the disk works (`io/uring.rs`).
+//! - `pread`: `queue_depth` threads each issuing pread/pwrite of one block at a time; a batch one
+//!   segment after another.
 //! - `mmap`: memcpy through a memory map (memmap2), for comparison; always goes through the page cache.
 //!
 //! Files are opened with O_DIRECT unless the filesystem refuses it (tmpfs does), in which case buffered
 //! I/O is used and [`IoEngine::notes`] says so; so does a fall-back from io_uring to pread.
 
-use std::cell::RefCell;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -19,6 +21,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::aligned::ALIGN_BYTES;
+
+mod uring;
 
 /// Which system interface moves the bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -73,6 +77,24 @@ impl Default for IoConfig {
     fn default() -> Self {
         IoConfig { engine: IoEngineKind::Uring, block_bytes: 1 << 20, queue_depth: 32, direct: true }
     }
+}
+
+/// One part of a batched transfer ([`IoEngine::transfer_batch`]): all of `buf` to or from `file` at
+/// `offset`, optionally folding the buffer's first bytes into a CRC32 as they are moved.
+pub struct Segment<'a> {
+    pub file: &'a File,
+    pub offset: u64,
+    pub buf: &'a mut [u8],
+    /// A checksum to feed the first `usize` bytes of `buf` (in order), and how many: written bytes
+    /// before they leave, read bytes once they have arrived.
+    pub checksum: Option<(&'a mut crc32fast::Hasher, usize)>,
+}
+
+/// A batched transfer's failure: the error and the index of the segment it happened in.
+#[derive(Debug)]
+pub struct BatchError {
+    pub segment: usize,
+    pub error: io::Error,
 }
 
 /// An [`IoConfig`] resolved against what this machine allows.
@@ -143,15 +165,50 @@ impl IoEngine {
     /// Transfers all of `buf` to or from `file` at `offset`. With O_DIRECT, `buf`, its length and
     /// `offset` must be multiples of 4 KiB (an [`crate::AlignedBuf`]'s padded view is).
     pub fn transfer(&self, dir: Direction, file: &File, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        if buf.is_empty() {
-            return Ok(());
+        let mut one = [Segment { file, offset, buf, checksum: None }];
+        self.transfer_batch(dir, &mut one).map_err(|e| e.error)
+    }
+
+    /// Transfers every segment, in order. io_uring moves them in one stream of requests (the queue stays
+    /// full across segments, and checksums are taken while the disk works); the other engines move one
+    /// segment after another and hash after each. Alignment as for [`IoEngine::transfer`].
+    pub fn transfer_batch(&self, dir: Direction, segments: &mut [Segment<'_>]) -> Result<(), BatchError> {
+        let segments_moved = |segments: &mut [Segment<'_>]| -> Result<(), BatchError> {
+            for (k, s) in segments.iter_mut().enumerate() {
+                if let (Direction::Write, Some((hasher, n))) = (dir, s.checksum.as_mut()) {
+                    hasher.update(&s.buf[..(*n).min(s.buf.len())]);
+                }
+                let moved = match self.config.engine {
+                    IoEngineKind::Pread => pread_transfer(dir, s.file, s.offset, s.buf, self.config.block_bytes, self.config.queue_depth),
+                    _ => mmap_transfer(dir, s.file, s.offset, s.buf),
+                };
+                moved.map_err(|error| BatchError { segment: k, error })?;
+                if let (Direction::Read, Some((hasher, n))) = (dir, s.checksum.as_mut()) {
+                    hasher.update(&s.buf[..(*n).min(s.buf.len())]);
+                }
+            }
+            Ok(())
+        };
+        // Empty segments move nothing (and io_uring would have no block to issue for them).
+        if segments.iter().any(|s| s.buf.is_empty()) {
+            let mut rest: Vec<Segment<'_>> = Vec::new();
+            let mut index = Vec::new();
+            for (k, s) in segments.iter_mut().enumerate() {
+                if !s.buf.is_empty() {
+                    let checksum = s.checksum.as_mut().map(|(h, n)| (&mut **h, *n));
+                    rest.push(Segment { file: s.file, offset: s.offset, buf: &mut *s.buf, checksum });
+                    index.push(k);
+                }
+            }
+            return self.transfer_batch(dir, &mut rest).map_err(|e| BatchError { segment: index[e.segment], error: e.error });
         }
         match self.config.engine {
             IoEngineKind::Uring => {
-                uring_transfer(dir, file, offset, buf, buf.len() as u64, self.config.block_bytes, self.config.queue_depth)
+                let totals: Vec<u64> = segments.iter().map(|s| s.buf.len() as u64).collect();
+                uring::transfer(dir, segments, &totals, self.config.block_bytes, self.config.queue_depth)
+                    .map_err(|(segment, error)| BatchError { segment, error })
             }
-            IoEngineKind::Pread => pread_transfer(dir, file, offset, buf, self.config.block_bytes, self.config.queue_depth),
-            IoEngineKind::Mmap => mmap_transfer(dir, file, offset, buf),
+            _ => segments_moved(segments),
         }
     }
 
@@ -172,7 +229,10 @@ impl IoEngine {
             ));
         }
         match self.config.engine {
-            IoEngineKind::Uring => uring_transfer(dir, file, offset, buf, total_bytes, self.config.block_bytes, self.config.queue_depth),
+            IoEngineKind::Uring => {
+                let mut one = [Segment { file, offset, buf, checksum: None }];
+                uring::transfer(dir, &mut one, &[total_bytes], self.config.block_bytes, self.config.queue_depth).map_err(|(_, e)| e)
+            }
             _ => (0..total_bytes / len).try_for_each(|k| self.transfer(dir, file, offset + k * len, buf)),
         }
     }
@@ -248,158 +308,6 @@ fn mmap_transfer(dir: Direction, file: &File, offset: u64, buf: &mut [u8]) -> io
     Ok(())
 }
 
-/// Buffers at most this large are registered as one entry (the kernel's limit is 1 GiB).
-const REGISTERED_PIECE_BYTES: usize = 512 << 20;
-/// Entries in each ring's sparse buffer table: buffers of up to 8 GiB are registered whole.
-const REGISTERED_PIECES: u32 = 16;
-
-/// One thread's io_uring with a sparse table of one file and [`REGISTERED_PIECES`] buffers, registered
-/// once when the ring is made; each transfer fills the tables (an update: no quiescing of the ring) and
-/// clears them when it ends, so no page stays pinned beyond the transfer that used it.
-struct Ring {
-    ring: io_uring::IoUring,
-    entries: u32,
-    file_table: bool,
-    buffer_table: bool,
-}
-
-impl Ring {
-    fn new(entries: u32) -> io::Result<Self> {
-        // One thread submits and reaps (the ring is thread-local): the kernel may skip the interrupts and
-        // locking that sharing would need. Older kernels refuse the flags: then a plain ring.
-        let ring = io_uring::IoUring::builder()
-            .setup_single_issuer()
-            .setup_coop_taskrun()
-            .build(entries)
-            .or_else(|_| io_uring::IoUring::new(entries))?;
-        let file_table = ring.submitter().register_files_sparse(1).is_ok();
-        let buffer_table = ring.submitter().register_buffers_sparse(REGISTERED_PIECES).is_ok();
-        Ok(Ring { ring, entries, file_table, buffer_table })
-    }
-}
-
-thread_local! {
-    /// This thread's ring: each I/O thread submits to its own queue.
-    static RING: RefCell<Option<Ring>> = const { RefCell::new(None) };
-}
-
-/// `submit_and_wait`, retried when a signal interrupts the wait (training handles SIGINT).
-fn submit_and_wait(ring: &io_uring::IoUring, want: usize) -> io::Result<usize> {
-    loop {
-        match ring.submit_and_wait(want) {
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            other => return other,
-        }
-    }
-}
-
-/// Where block `i` of a transfer of `total` bytes lies: its file offset, its offset in the buffer (the
-/// buffer is reused from its start when `total` exceeds it) and its length.
-fn block_at(i: usize, offset: u64, total: u64, buf_len: usize, block: usize) -> (u64, usize, usize) {
-    let start = i as u64 * block as u64;
-    let n = (block as u64).min(total - start) as usize;
-    (offset + start, (start % buf_len as u64) as usize, n)
-}
-
-/// Moves `total` bytes between `file` at `offset` and `buf`, in blocks of `block` with `depth` in
-/// flight; `buf` is reused from its start when `total` is a multiple of its length larger than it.
-fn uring_transfer(dir: Direction, file: &File, offset: u64, buf: &mut [u8], total: u64, block: usize, depth: usize) -> io::Result<()> {
-    use io_uring::{opcode, types};
-    let entries = depth.next_power_of_two() as u32;
-    RING.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        if slot.as_ref().is_none_or(|r| r.entries != entries) {
-            *slot = Some(Ring::new(entries)?);
-        }
-        let Ring { ring, file_table, buffer_table, .. } = slot.as_mut().unwrap();
-        let fd = file.as_raw_fd();
-        let fixed_file = *file_table && ring.submitter().register_files_update(0, &[fd]).is_ok();
-        // The buffer in pieces of at most REGISTERED_PIECE_BYTES, each a whole number of blocks.
-        let piece = (REGISTERED_PIECE_BYTES / block).max(1) * block;
-        let pieces = buf.len().div_ceil(piece);
-        let iovs: Vec<libc::iovec> = (0..pieces)
-            .map(|k| {
-                let start = k * piece;
-                // SAFETY: start < buf.len().
-                libc::iovec { iov_base: unsafe { buf.as_mut_ptr().add(start) }.cast(), iov_len: piece.min(buf.len() - start) }
-            })
-            .collect();
-        // SAFETY: the buffer stays alive and unmoved until the table is cleared below, before returning.
-        let fixed_buf = *buffer_table
-            && pieces <= REGISTERED_PIECES as usize
-            && unsafe { ring.submitter().register_buffers_update(0, &iovs, None) }.is_ok();
-        let blocks = total.div_ceil(block as u64) as usize;
-        let (mut submitted, mut completed, mut in_flight) = (0usize, 0usize, 0usize);
-        let mut result = Ok(());
-        while completed < blocks {
-            while submitted < blocks && in_flight < depth {
-                let (at, in_buf, n) = block_at(submitted, offset, total, buf.len(), block);
-                // SAFETY: in_buf + n <= buf.len().
-                let ptr = unsafe { buf.as_mut_ptr().add(in_buf) };
-                let (n32, index) = (n as u32, (in_buf / piece) as u16);
-                let entry = match (dir, fixed_file, fixed_buf) {
-                    (Direction::Read, true, true) => opcode::ReadFixed::new(types::Fixed(0), ptr, n32, index).offset(at).build(),
-                    (Direction::Read, false, true) => opcode::ReadFixed::new(types::Fd(fd), ptr, n32, index).offset(at).build(),
-                    (Direction::Read, true, false) => opcode::Read::new(types::Fixed(0), ptr, n32).offset(at).build(),
-                    (Direction::Read, false, false) => opcode::Read::new(types::Fd(fd), ptr, n32).offset(at).build(),
-                    (Direction::Write, true, true) => opcode::WriteFixed::new(types::Fixed(0), ptr, n32, index).offset(at).build(),
-                    (Direction::Write, false, true) => opcode::WriteFixed::new(types::Fd(fd), ptr, n32, index).offset(at).build(),
-                    (Direction::Write, true, false) => opcode::Write::new(types::Fixed(0), ptr, n32).offset(at).build(),
-                    (Direction::Write, false, false) => opcode::Write::new(types::Fd(fd), ptr, n32).offset(at).build(),
-                };
-                // SAFETY: the buffer outlives the request: we reap every submission before returning.
-                if unsafe { ring.submission().push(&entry.user_data(submitted as u64)) }.is_err() {
-                    break; // queue full: reap first
-                }
-                submitted += 1;
-                in_flight += 1;
-            }
-            // One system call submits the whole batch and waits for the first completion.
-            if let Err(e) = submit_and_wait(ring, 1) {
-                result = result.and(Err(e));
-                break;
-            }
-            for cqe in ring.completion() {
-                in_flight -= 1;
-                completed += 1;
-                let (at, _, want) = block_at(cqe.user_data() as usize, offset, total, buf.len(), block);
-                let got = cqe.result();
-                if got < 0 {
-                    result = result.and(Err(io::Error::from_raw_os_error(-got)));
-                } else if got as usize != want {
-                    result = result.and(Err(short(dir, at, got as usize, want)));
-                }
-            }
-            if result.is_err() {
-                submitted = blocks; // stop issuing; drain what is in flight
-                if in_flight == 0 {
-                    break;
-                }
-            }
-        }
-        while in_flight > 0 {
-            // Nothing returns while the kernel may still write into `buf`: only a broken ring stops this.
-            submit_and_wait(ring, 1).expect("io_uring failed with requests in flight");
-            in_flight -= ring.completion().count();
-        }
-        // Nothing of this call stays registered: the pages are unpinned and the file is released now.
-        if fixed_buf {
-            let empty = vec![libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; pieces];
-            // SAFETY: empty entries clear the table.
-            if unsafe { ring.submitter().register_buffers_update(0, &empty, None) }.is_err() {
-                *slot = None; // dropping the ring unregisters everything
-            }
-        }
-        if fixed_file
-            && let Some(r) = slot.as_mut()
-            && r.ring.submitter().register_files_update(0, &[-1]).is_err()
-        {
-            *slot = None;
-        }
-        result
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -461,6 +369,78 @@ mod tests {
             assert!(back.bytes() == out.bytes(), "{engine}: repeated read");
             let err = io.transfer_repeated(Direction::Read, &file, 0, back.padded_mut(), chunk as u64 + 8192).unwrap_err();
             assert!(err.to_string().contains("multiple of the buffer"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_batch_moves_every_segment_and_checksums_what_it_moved() {
+        let dir = tempfile::tempdir().unwrap();
+        for engine in [IoEngineKind::Uring, IoEngineKind::Pread, IoEngineKind::Mmap] {
+            // Depth 3 with 2-page blocks: the queue spans segment boundaries.
+            let io = IoEngine::new(IoConfig { engine, block_bytes: 8192, queue_depth: 3, direct: true }).unwrap();
+            // Awkward sizes (a page, blocks and a partial one, empty), two segments in one file.
+            let lens = [4096usize, 5 * 8192 + 4096, 0, 3 * 4096, 8192];
+            let offsets = [0u64, 0, 0, 8192, 0];
+            let which_file = [0usize, 1, 2, 0, 3];
+            let files: Vec<File> = (0..4).map(|f| io.open(&dir.path().join(format!("{engine}-{f}")), true).unwrap().0).collect();
+            files.iter().for_each(|f| preallocate(f, 64 * 4096).unwrap());
+            let mut out: Vec<AlignedBuf> = lens.iter().map(|&n| AlignedBuf::zeroed(n)).collect();
+            for (k, b) in out.iter_mut().enumerate() {
+                b.bytes_mut().iter_mut().enumerate().for_each(|(i, x)| *x = (i * 7 + k * 31) as u8);
+            }
+            // Checksums over less than the buffer (what a shard does: its unpadded length).
+            let hash_lens: Vec<usize> = lens.iter().map(|&n| n.saturating_sub(100)).collect();
+            let mut written: Vec<crc32fast::Hasher> = lens.iter().map(|_| crc32fast::Hasher::new()).collect();
+            let mut segments: Vec<Segment<'_>> = out
+                .iter_mut()
+                .zip(written.iter_mut())
+                .enumerate()
+                .map(|(k, (b, h))| Segment {
+                    file: &files[which_file[k]],
+                    offset: offsets[k],
+                    buf: b.padded_mut(),
+                    checksum: Some((h, hash_lens[k])),
+                })
+                .collect();
+            io.transfer_batch(Direction::Write, &mut segments).unwrap();
+            drop(segments);
+            let mut back: Vec<AlignedBuf> = lens.iter().map(|&n| AlignedBuf::zeroed(n)).collect();
+            let mut read: Vec<crc32fast::Hasher> = lens.iter().map(|_| crc32fast::Hasher::new()).collect();
+            let mut segments: Vec<Segment<'_>> = back
+                .iter_mut()
+                .zip(read.iter_mut())
+                .enumerate()
+                .map(|(k, (b, h))| Segment {
+                    file: &files[which_file[k]],
+                    offset: offsets[k],
+                    buf: b.padded_mut(),
+                    checksum: Some((h, hash_lens[k])),
+                })
+                .collect();
+            io.transfer_batch(Direction::Read, &mut segments).unwrap();
+            drop(segments);
+            for k in 0..lens.len() {
+                assert!(back[k].bytes() == out[k].bytes(), "{engine}: segment {k} round trip");
+                let want = crc32fast::hash(&out[k].bytes()[..hash_lens[k]]);
+                assert_eq!(written[k].clone().finalize(), want, "{engine}: segment {k}'s checksum on the way out");
+                assert_eq!(read[k].clone().finalize(), want, "{engine}: segment {k}'s checksum on the way in");
+            }
+            // A short read in the third segment is named by its index (mmap cannot tell: it faults).
+            if engine == IoEngineKind::Mmap {
+                continue;
+            }
+            let short_file = io.open(&dir.path().join(format!("{engine}-short")), true).unwrap().0;
+            short_file.set_len(4096).unwrap();
+            let mut bufs = [AlignedBuf::zeroed(8192), AlignedBuf::zeroed(8192), AlignedBuf::zeroed(2 * 8192)];
+            let [a, b, c] = &mut bufs;
+            let mut segments = [
+                Segment { file: &files[0], offset: 0, buf: a.padded_mut(), checksum: None },
+                Segment { file: &files[1], offset: 0, buf: b.padded_mut(), checksum: None },
+                Segment { file: &short_file, offset: 0, buf: c.padded_mut(), checksum: None },
+            ];
+            let err = io.transfer_batch(Direction::Read, &mut segments).unwrap_err();
+            assert_eq!(err.segment, 2, "{engine}: {}", err.error);
+            assert!(err.error.to_string().contains("short read"), "{engine}: {}", err.error);
         }
     }
 

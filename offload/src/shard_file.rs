@@ -1,10 +1,16 @@
-//! One tensor's file on the NVMe tier, replaced whole on every write.
+//! One tensor's file on the NVMe tier, never overwritten while it is the only copy.
 //!
 //! A shard file is `[data, padded to whole pages][footer: one page]`. The footer says what the data
 //! is (magic, format version, length) and, with verification on, holds the data's CRC32. A write goes
-//! into a fresh sibling `{file}.next` and is then renamed over `{file}`: rename replaces the directory
-//! entry atomically, so whatever kills the process mid-write, the shard reads back as either the old
-//! state or the new one, and data and checksum can never disagree because they travel in one file.
+//! into the sibling `{file}.next` and then the two names are exchanged (`renameat2(RENAME_EXCHANGE)`,
+//! atomic): whatever kills the process mid-write, `{file}` names either the old state or the new one,
+//! and data and checksum can never disagree because they travel in one file. After the exchange
+//! `{file}.next` holds the previous version and is the next write's target, overwritten in place: its
+//! blocks stay allocated, so a steady-state write allocates, frees and discards nothing (a fresh file
+//! per write cost half the write rate on ext4 with `discard`, `benches/results/2026-11-23-nvme-vs-fio.md`).
+//! The price is disk room for two copies of every shard written during a run; the spare is removed
+//! when the shard is closed (and a leftover one when it is next opened). Where the filesystem cannot
+//! exchange names, the write renames over the old file instead, freeing it, as before.
 
 use std::fs::File;
 use std::io;
@@ -12,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::aligned::{ALIGN_BYTES, AlignedBuf, align_up};
-use crate::io::{Direction, IoEngine};
+use crate::io::{Direction, IoEngine, Segment};
 use crate::store::{NvmeDir, Result, StoreError, io_error};
 
 /// The footer's size: one page, so it keeps O_DIRECT's alignment after the page-aligned data.
@@ -116,14 +122,22 @@ fn reserve(file: &File, path: &Path, size: u64) -> Result<()> {
     }
 }
 
+/// The two files of a shard: the current one and the spare the next write goes into.
+#[derive(Debug)]
+struct Files {
+    current: File,
+    /// The previous version's file, now at `{file}.next`: the next write's target (None before the
+    /// first write, or where names cannot be exchanged).
+    spare: Option<File>,
+}
+
 /// One tensor's file on the NVMe tier.
 #[derive(Debug)]
 pub struct ShardFile {
     pub path: PathBuf,
-    /// The current file. Each write replaces it (the rename makes a new inode current), so reads go
-    /// through the descriptor of whichever file the last write left; the lock keeps a read from
-    /// seeing the swap half-done.
-    file: Mutex<File>,
+    /// Each write makes another inode current, so reads go through the descriptor of whichever file
+    /// the last write left; the lock keeps a read from seeing the exchange half-done.
+    files: Mutex<Files>,
     len_bytes: usize,
     pub direct: bool,
 }
@@ -132,8 +146,8 @@ impl ShardFile {
     /// Opens `{name}.rank{r}.bin`, creating it (zeros: never written) at the page-aligned size of
     /// `len_bytes` plus the footer's page, or reusing it if it has that size. A file of another size is
     /// refused rather than silently resized: it belongs to another model, run or version. A `.next`
-    /// file left by an interrupted write is removed: that write never completed, so the old file is the
-    /// state (and the directory's lock, held by `nvme`, means no other run is writing it now).
+    /// file left by an interrupted write (or a run's spare) is removed: it is never the state (and the
+    /// directory's lock, held by `nvme`, means no other run is writing it now).
     pub fn open(nvme: &NvmeDir, name: &str, len_bytes: usize) -> Result<Self> {
         let path = nvme.shard_path(name);
         remove_if_present("removing the unfinished write", &next_path(&path))?;
@@ -157,86 +171,230 @@ impl ShardFile {
                 return Err(e);
             }
         }
-        Ok(ShardFile { path, file: Mutex::new(file), len_bytes, direct })
+        Ok(ShardFile { path, files: Mutex::new(Files { current: file, spare: None }), len_bytes, direct })
     }
 
-    fn current(&self) -> MutexGuard<'_, File> {
-        // A File has no invariant a panicking holder could have broken.
-        self.file.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn files(&self) -> MutexGuard<'_, Files> {
+        // Files have no invariant a panicking holder could have broken.
+        self.files.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Writes the buffer (whole pages) and its footer to a fresh `.next` file, then renames it over the
-    /// shard. Until the rename the old file is untouched; after it the new one is complete.
+    /// Writes the buffer (whole pages) and its footer into `.next`, then exchanges it with the shard.
+    /// Until the exchange the current file is untouched; after it the new one is complete.
     pub fn write(&self, nvme: &NvmeDir, buf: &mut AlignedBuf) -> Result<()> {
-        assert_eq!(buf.len_bytes(), self.len_bytes, "shard {}: buffer of the wrong size", self.path.display());
-        let mut current = self.current();
+        write_all(nvme, &mut [(self, buf)])
+    }
+
+    /// Reads the shard into `buf` and checks its footer; with `verify`, checks the data's CRC32.
+    pub fn read(&self, nvme: &NvmeDir, buf: &mut AlignedBuf) -> Result<()> {
+        read_all(nvme, &mut [(self, buf)])
+    }
+
+    /// The file the next write goes into: the spare, reused only while `.next` still names it (another
+    /// opening of this shard removes it; nothing else in the locked directory should touch it), else a
+    /// fresh one.
+    fn write_target(&self, nvme: &NvmeDir, files: &mut Files) -> Result<File> {
+        match files.spare.take() {
+            Some(spare) if same_file(&spare, &next_path(&self.path)) => Ok(spare),
+            _ => self.fresh_next(nvme, &next_path(&self.path)),
+        }
+    }
+
+    /// Makes `target` (the written `.next`) current by exchanging the names. Where the filesystem
+    /// cannot exchange, renames over the old file (whose blocks are freed with its descriptor).
+    fn install(&self, files: &mut Files, target: File) -> Result<()> {
         let next = next_path(&self.path);
-        // Fresh each time: whatever is there (a failed write's leftover, a planted symlink) goes first,
-        // and O_NOFOLLOW refuses a link that appears in between.
-        remove_if_present("removing the unfinished write", &next)?;
-        let (file, _) = open_in_dir(&nvme.io, "creating shard", &next, true)?;
-        if let Err(e) = self.fill(nvme, &file, &next, buf) {
-            let _ = std::fs::remove_file(&next);
+        match exchange(&next, &self.path) {
+            Ok(()) => {
+                let previous = std::mem::replace(&mut files.current, target);
+                files.spare = Some(previous);
+                Ok(())
+            }
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP)) => {
+                if let Err(e) = std::fs::rename(&next, &self.path) {
+                    let _ = std::fs::remove_file(&next);
+                    return Err(io_error("replacing shard", &self.path, e));
+                }
+                files.current = target;
+                Ok(())
+            }
+            Err(e) => {
+                files.spare = Some(target);
+                Err(io_error("replacing shard", &self.path, e))
+            }
+        }
+    }
+
+    /// Creates `.next` afresh, sized: whatever is there (a failed write's leftover, a planted symlink)
+    /// goes first, and O_NOFOLLOW refuses a link that appears in between.
+    fn fresh_next(&self, nvme: &NvmeDir, next: &Path) -> Result<File> {
+        remove_if_present("removing the unfinished write", next)?;
+        let (file, _) = open_in_dir(&nvme.io, "creating shard", next, true)?;
+        if let Err(e) = reserve(&file, next, file_bytes(self.len_bytes)) {
+            let _ = std::fs::remove_file(next);
             return Err(e);
         }
-        // No fsync: the guarantee is against the process dying (SIGKILL, OOM, a crash), and the kernel
-        // keeps both the written data and the rename (page cache, journal) and flushes them in its own
-        // time. Surviving a power loss would take an fsync of the file and the directory per write;
-        // without it, a file torn by one is caught by the footer check or, with verify, by the CRC
-        // (with verify off, torn data behind an intact footer would go unnoticed).
-        if let Err(e) = std::fs::rename(&next, &self.path) {
-            let _ = std::fs::remove_file(&next);
-            return Err(io_error("replacing shard", &self.path, e));
+        Ok(file)
+    }
+}
+
+/// A shard given twice in one batch would wait on its own lock: a bug in the caller, stopped here.
+fn assert_distinct(shards: &[(&ShardFile, &mut AlignedBuf)]) {
+    for (k, (a, _)) in shards.iter().enumerate() {
+        assert!(!shards[..k].iter().any(|(b, _)| std::ptr::eq(*a, *b)), "shard {} given twice in one batch", a.path.display());
+    }
+}
+
+/// Writes every shard's buffer, as [`ShardFile::write`] does, in two batched transfers: all the data
+/// (checksummed on the way out), then all the footers; then exchanges each shard's files. On an error
+/// no shard from the failed one on is changed (each keeps its old state).
+pub fn write_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)]) -> Result<()> {
+    assert_distinct(shards);
+    let mut locked: Vec<MutexGuard<'_, Files>> = shards.iter().map(|(shard, _)| shard.files()).collect();
+    let mut targets: Vec<File> = Vec::with_capacity(shards.len());
+    for ((shard, buf), files) in shards.iter().zip(locked.iter_mut()) {
+        assert_eq!(buf.len_bytes(), shard.len_bytes, "shard {}: buffer of the wrong size", shard.path.display());
+        match shard.write_target(nvme, files) {
+            Ok(target) => targets.push(target),
+            Err(e) => {
+                // Whatever is in a `.next` is never read: the targets stay the spares.
+                locked.iter_mut().zip(targets).for_each(|(files, target)| files.spare = Some(target));
+                return Err(e);
+            }
         }
-        // Dropping the old descriptor frees the old file's blocks.
-        *current = file;
-        Ok(())
     }
-
-    /// Sizes `file` (a new `.next`) and writes the data and then the footer into it.
-    fn fill(&self, nvme: &NvmeDir, file: &File, path: &Path, buf: &mut AlignedBuf) -> Result<()> {
-        let data_bytes = align_up(self.len_bytes);
-        reserve(file, path, file_bytes(self.len_bytes))?;
-        let crc = nvme.verify.then(|| crc32fast::hash(buf.bytes()));
-        nvme.io.transfer(Direction::Write, file, 0, &mut buf.padded_mut()[..data_bytes]).map_err(|e| io_error("writing shard", path, e))?;
-        let mut footer = AlignedBuf::zeroed(FOOTER_BYTES);
-        encode_footer(footer.padded_mut(), self.len_bytes, crc);
-        nvme.io
-            .transfer(Direction::Write, file, data_bytes as u64, footer.padded_mut())
-            .map_err(|e| io_error("writing the footer of shard", path, e))
+    if let Err(e) = fill_all(nvme, shards, &targets) {
+        locked.iter_mut().zip(targets).for_each(|(files, target)| files.spare = Some(target));
+        return Err(e);
     }
+    // No fsync: the guarantee is against the process dying (SIGKILL, OOM, a crash), and the kernel keeps
+    // both the written data and the exchange (page cache, journal) and flushes them in its own time.
+    // Surviving a power loss would take an fsync of the file and the directory per write; without it, a
+    // file torn by one is caught by the footer check or, with verify, by the CRC (with verify off, torn
+    // data behind an intact footer would go unnoticed).
+    let mut installing = shards.iter().zip(locked.iter_mut()).zip(targets);
+    for (((shard, _), files), target) in installing.by_ref() {
+        if let Err(e) = shard.install(files, target) {
+            installing.for_each(|((_, files), target)| files.spare = Some(target));
+            return Err(e);
+        }
+    }
+    Ok(())
+}
 
-    /// Reads the shard into `buf` after checking its footer; with `verify`, checks the data's CRC32.
-    pub fn read(&self, nvme: &NvmeDir, buf: &mut AlignedBuf) -> Result<()> {
-        assert_eq!(buf.len_bytes(), self.len_bytes, "shard {}: buffer of the wrong size", self.path.display());
-        let current = self.current();
-        let data_bytes = align_up(self.len_bytes);
-        let mut footer = AlignedBuf::zeroed(FOOTER_BYTES);
-        nvme.io
-            .transfer(Direction::Read, &current, data_bytes as u64, footer.padded_mut())
-            .map_err(|e| io_error("reading the footer of shard", &self.path, e))?;
-        let want = decode_footer(&self.path, footer.padded(), self.len_bytes)?;
-        nvme.io
-            .transfer(Direction::Read, &current, 0, &mut buf.padded_mut()[..data_bytes])
-            .map_err(|e| io_error("reading shard", &self.path, e))?;
-        drop(current);
+/// Writes the shards' data (whole pages, checksummed as it goes with verify on) and then their
+/// footers into `targets` (their `.next` files, already sized).
+fn fill_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)], targets: &[File]) -> Result<()> {
+    let mut hashers: Vec<crc32fast::Hasher> = shards.iter().map(|_| crc32fast::Hasher::new()).collect();
+    let mut segments: Vec<Segment<'_>> = shards
+        .iter_mut()
+        .zip(targets)
+        .zip(hashers.iter_mut())
+        .map(|(((shard, buf), file), hasher)| Segment {
+            file,
+            offset: 0,
+            buf: &mut buf.padded_mut()[..align_up(shard.len_bytes)],
+            checksum: nvme.verify.then_some((hasher, shard.len_bytes)),
+        })
+        .collect();
+    if let Err(e) = nvme.io.transfer_batch(Direction::Write, &mut segments) {
+        return Err(io_error("writing shard", &next_path(&shards[e.segment].0.path), e.error));
+    }
+    drop(segments);
+    let mut footers: Vec<AlignedBuf> = shards.iter().map(|_| AlignedBuf::zeroed(FOOTER_BYTES)).collect();
+    for (((shard, _), footer), hasher) in shards.iter().zip(footers.iter_mut()).zip(hashers) {
+        encode_footer(footer.padded_mut(), shard.len_bytes, nvme.verify.then(|| hasher.finalize()));
+    }
+    let mut segments: Vec<Segment<'_>> = shards
+        .iter()
+        .zip(targets)
+        .zip(footers.iter_mut())
+        .map(|(((shard, _), file), footer)| Segment {
+            file,
+            offset: align_up(shard.len_bytes) as u64,
+            buf: footer.padded_mut(),
+            checksum: None,
+        })
+        .collect();
+    nvme.io
+        .transfer_batch(Direction::Write, &mut segments)
+        .map_err(|e| io_error("writing the footer of shard", &next_path(&shards[e.segment].0.path), e.error))
+}
+
+/// Reads every shard into its buffer, as [`ShardFile::read`] does, in one batched transfer (each
+/// shard's footer and data, the data checksummed as it arrives with verify on), then checks each
+/// footer and checksum in turn; the first shard that fails is named.
+pub fn read_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)]) -> Result<()> {
+    assert_distinct(shards);
+    let locked: Vec<MutexGuard<'_, Files>> = shards.iter().map(|(shard, _)| shard.files()).collect();
+    let mut footers: Vec<AlignedBuf> = shards.iter().map(|_| AlignedBuf::zeroed(FOOTER_BYTES)).collect();
+    let mut hashers: Vec<crc32fast::Hasher> = shards.iter().map(|_| crc32fast::Hasher::new()).collect();
+    let mut segments: Vec<Segment<'_>> = Vec::with_capacity(2 * shards.len());
+    for ((((shard, buf), files), footer), hasher) in shards.iter_mut().zip(&locked).zip(footers.iter_mut()).zip(hashers.iter_mut()) {
+        assert_eq!(buf.len_bytes(), shard.len_bytes, "shard {}: buffer of the wrong size", shard.path.display());
+        let data_bytes = align_up(shard.len_bytes);
+        segments.push(Segment { file: &files.current, offset: data_bytes as u64, buf: footer.padded_mut(), checksum: None });
+        let checksum = nvme.verify.then_some((hasher, shard.len_bytes));
+        segments.push(Segment { file: &files.current, offset: 0, buf: &mut buf.padded_mut()[..data_bytes], checksum });
+    }
+    let moved = nvme.io.transfer_batch(Direction::Read, &mut segments);
+    drop(segments);
+    drop(locked);
+    if let Err(e) = moved {
+        let what = if e.segment % 2 == 0 { "reading the footer of shard" } else { "reading shard" };
+        return Err(io_error(what, &shards[e.segment / 2].0.path, e.error));
+    }
+    for (((shard, _), footer), hasher) in shards.iter().zip(&footers).zip(hashers) {
+        let want = decode_footer(&shard.path, footer.padded(), shard.len_bytes)?;
         if nvme.verify {
             let Some(want) = want else {
                 return Err(StoreError(format!(
                     "shard {}: written without a checksum (verification was off), so it cannot be verified; write it again with verification on, or turn it off",
-                    self.path.display()
+                    shard.path.display()
                 )));
             };
-            let got = crc32fast::hash(buf.bytes());
+            let got = hasher.finalize();
             if want != got {
                 return Err(StoreError(format!(
                     "shard {}: checksum mismatch (footer says {want:08x}, data gives {got:08x}): the data is corrupt",
-                    self.path.display()
+                    shard.path.display()
                 )));
             }
         }
-        Ok(())
     }
+    Ok(())
+}
+
+impl Drop for ShardFile {
+    /// Removes the spare, so a shard at rest takes room for one copy (if `.next` still names it).
+    fn drop(&mut self) {
+        let files = self.files.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let next = next_path(&self.path);
+        if let Some(spare) = &files.spare
+            && same_file(spare, &next)
+        {
+            let _ = std::fs::remove_file(&next);
+        }
+    }
+}
+
+/// Whether `path` (not followed if a link) names the open `file`.
+fn same_file(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// Atomically exchanges the directory entries `a` and `b` (both must exist).
+fn exchange(a: &Path, b: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL));
+    let (a, b) = (c(a)?, c(b)?);
+    // SAFETY: two NUL-terminated paths that outlive the call.
+    let rc = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_EXCHANGE) };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
 /// Where a write of `path` goes before it replaces it.

@@ -5,10 +5,11 @@
 //! reused by later runs. Each holds the data padded to whole pages, then a one-page footer (magic,
 //! format version, length and, with verification on, the data's CRC32), checked on every read.
 //!
-//! The NVMe tier never overwrites the only copy of a tensor: a write goes to a fresh
-//! `{name}.rank{r}.bin.next` beside the old file and is renamed over it, so a process killed mid-write
-//! leaves either the old state or the new one (the `.next` left behind is removed when the shard is
-//! next opened). Writing therefore needs room on disk for one more copy of the shard being written.
+//! The NVMe tier never overwrites the only copy of a tensor: a write goes to `{name}.rank{r}.bin.next`
+//! beside the current file and the two names are then exchanged, so a process killed mid-write leaves
+//! either the old state or the new one (a `.next` left behind is removed when the shard is next
+//! opened). The previous version stays as `.next`, the next write's target, overwritten in place, so a
+//! run needs disk room for two copies of every shard it writes (one at rest).
 //! Symbolic links inside the directory are never followed (every open there uses O_NOFOLLOW), so a
 //! link planted where a shard or the lock should be cannot redirect writes elsewhere.
 //! See [`ShardFile`] for the file itself.
@@ -110,7 +111,16 @@ impl NvmeDir {
         if io.config.direct && !direct && io.config.engine != crate::io::IoEngineKind::Mmap {
             io.notes.push(format!("{}: the filesystem refuses O_DIRECT; using buffered I/O (through the page cache)", dir.display()));
         }
-        Ok(NvmeDir { dir: dir.to_path_buf(), io, verify, rank, read_bytes: AtomicU64::new(0), written_bytes: AtomicU64::new(0), pool: BufferPool::default(), _lock: lock })
+        Ok(NvmeDir {
+            dir: dir.to_path_buf(),
+            io,
+            verify,
+            rank,
+            read_bytes: AtomicU64::new(0),
+            written_bytes: AtomicU64::new(0),
+            pool: BufferPool::default(),
+            _lock: lock,
+        })
     }
 
     /// (bytes read, bytes written) by every tensor paged in and out through this directory so far.
@@ -166,17 +176,37 @@ impl Stored {
 
     /// Makes the data resident: reads it from its file (RAM tensors already are).
     pub fn page_in(&mut self, nvme: Option<&NvmeDir>) -> Result<()> {
-        if self.resident.is_none()
-            && let Home::Nvme(file) = &self.home
-        {
-            let nvme = nvme.expect("an NVMe tensor pages in through its directory");
-            let mut buf = nvme.pool.take(self.len_bytes);
-            if let Err(e) = file.read(nvme, &mut buf) {
-                nvme.pool.give(buf);
-                return Err(e);
-            }
-            nvme.read_bytes.fetch_add(self.len_bytes as u64, Ordering::Relaxed);
-            self.resident = Some(buf);
+        Stored::page_in_all(&mut [self], nvme)
+    }
+
+    /// Pages in every tensor given, the NVMe ones in one batched read (one stream of requests, so the
+    /// disk's queue stays full across them; checksums taken as the data arrives). On an error none of
+    /// them is made resident by this call.
+    pub fn page_in_all(tensors: &mut [&mut Stored], nvme: Option<&NvmeDir>) -> Result<()> {
+        let wanted: Vec<usize> =
+            (0..tensors.len()).filter(|&k| tensors[k].resident.is_none() && matches!(tensors[k].home, Home::Nvme(_))).collect();
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let nvme = nvme.expect("an NVMe tensor pages in through its directory");
+        let mut bufs: Vec<AlignedBuf> = wanted.iter().map(|&k| nvme.pool.take(tensors[k].len_bytes)).collect();
+        let mut batch: Vec<(&ShardFile, &mut AlignedBuf)> = wanted
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(&k, buf)| match &tensors[k].home {
+                Home::Nvme(file) => (file, buf),
+                Home::Ram => unreachable!("only NVMe tensors are wanted"),
+            })
+            .collect();
+        let read = crate::shard_file::read_all(nvme, &mut batch);
+        drop(batch);
+        if let Err(e) = read {
+            bufs.into_iter().for_each(|buf| nvme.pool.give(buf));
+            return Err(e);
+        }
+        for (&k, buf) in wanted.iter().zip(bufs) {
+            nvme.read_bytes.fetch_add(buf.len_bytes() as u64, Ordering::Relaxed);
+            tensors[k].resident = Some(buf);
         }
         Ok(())
     }
@@ -194,19 +224,39 @@ impl Stored {
 
     /// Writes an NVMe tensor back (if `dirty`) and drops its buffer; RAM tensors stay as they are.
     pub fn page_out(&mut self, nvme: Option<&NvmeDir>, dirty: bool) -> Result<()> {
-        if let Home::Nvme(file) = &self.home
-            && let Some(mut buf) = self.resident.take()
-        {
-            let Some(nvme) = nvme else {
-                assert!(!dirty, "an NVMe tensor pages out through its directory");
-                return Ok(());
-            };
-            let written = if dirty { file.write(nvme, &mut buf) } else { Ok(()) };
-            nvme.pool.give(buf);
-            written?;
-            if dirty {
-                nvme.written_bytes.fetch_add(self.len_bytes as u64, Ordering::Relaxed);
+        Stored::page_out_all(&mut [self], nvme, dirty)
+    }
+
+    /// Pages out every tensor given, the NVMe ones written (if `dirty`) in one batched write. Their
+    /// buffers go back to the pool whatever happens; on an error a tensor's file holds its old state
+    /// or, for those before the failed one, its new state.
+    pub fn page_out_all(tensors: &mut [&mut Stored], nvme: Option<&NvmeDir>, dirty: bool) -> Result<()> {
+        let mut leaving: Vec<(&ShardFile, AlignedBuf)> = Vec::new();
+        for t in tensors.iter_mut() {
+            if let Home::Nvme(file) = &t.home
+                && let Some(buf) = t.resident.take()
+            {
+                leaving.push((file, buf));
             }
+        }
+        if leaving.is_empty() {
+            return Ok(());
+        }
+        let Some(nvme) = nvme else {
+            assert!(!dirty, "an NVMe tensor pages out through its directory");
+            return Ok(());
+        };
+        let written = if dirty {
+            let mut batch: Vec<(&ShardFile, &mut AlignedBuf)> = leaving.iter_mut().map(|(file, buf)| (*file, buf)).collect();
+            crate::shard_file::write_all(nvme, &mut batch)
+        } else {
+            Ok(())
+        };
+        let bytes: u64 = leaving.iter().map(|(_, buf)| buf.len_bytes() as u64).sum();
+        leaving.into_iter().for_each(|(_, buf)| nvme.pool.give(buf));
+        written?;
+        if dirty {
+            nvme.written_bytes.fetch_add(bytes, Ordering::Relaxed);
         }
         Ok(())
     }

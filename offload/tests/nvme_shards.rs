@@ -1,5 +1,5 @@
-//! Shard files on the NVMe tier as the disk sees them: a write replaces the file whole (never the only
-//! copy in place), a write cut short leaves the old state, damage is named, and symlinks inside the
+//! Shard files on the NVMe tier as the disk sees them: a write goes to the spare file and is exchanged
+//! with the current one (never the only copy in place), a write cut short leaves the old state, damage is named, and symlinks inside the
 //! directory are refused rather than followed.
 
 use std::os::unix::fs::MetadataExt;
@@ -54,30 +54,41 @@ fn flip(path: &Path, at: usize) {
 }
 
 #[test]
-fn a_write_replaces_the_file_whole_and_leaves_nothing_beside_it() {
+fn a_write_goes_to_the_spare_and_the_spare_is_the_previous_version() {
     for engine in [IoEngineKind::Uring, IoEngineKind::Pread, IoEngineKind::Mmap] {
         let dir = tempfile::tempdir().unwrap();
         let nv = nvme_with(dir.path(), engine, true);
         let len = 3 * 4096 + 10;
         let mut t = Stored::new("g.master", len, Tier::Nvme, Some(&nv)).unwrap();
         let path = nv.shard_path("g.master");
-        let (v1, v2) = (pattern(len, 1), pattern(len, 2));
+        let (v1, v2, v3) = (pattern(len, 1), pattern(len, 2), pattern(len, 3));
         write(&mut t, &nv, &v1);
-        assert_eq!(names(dir.path()), [".zerostream.lock", "g.master.rank0.bin"], "{engine}: no .crc, no .next");
+        let shard_names = [".zerostream.lock", "g.master.rank0.bin", "g.master.rank0.bin.next"];
+        assert_eq!(names(dir.path()), shard_names, "{engine}: the shard and its spare, no .crc");
         assert_eq!(std::fs::metadata(&path).unwrap().len(), (4 * 4096 + FOOTER) as u64);
         // Keep the first version's file open: the second write must go to another file, not over it.
         let first = std::fs::File::open(&path).unwrap();
         write(&mut t, &nv, &v2);
-        assert_ne!(first.metadata().unwrap().ino(), std::fs::metadata(&path).unwrap().ino(), "{engine}: a new inode each write");
+        assert_ne!(first.metadata().unwrap().ino(), std::fs::metadata(&path).unwrap().ino(), "{engine}: another inode");
         let mut old = vec![0u8; len];
         std::os::unix::fs::FileExt::read_exact_at(&first, &mut old, 0).unwrap();
         assert!(old == v1, "{engine}: the first version was overwritten in place");
+        assert_eq!(first.metadata().unwrap().ino(), std::fs::metadata(next_of(&path)).unwrap().ino(), "{engine}: v1 is the spare");
         assert!(read(&mut t, &nv).unwrap() == v2, "{engine}: the second version reads back");
-        assert_eq!(names(dir.path()), [".zerostream.lock", "g.master.rank0.bin"], "{engine}");
-        // A later run reuses the file and reads the last version.
+        // The third write reuses the first version's file (its blocks stay allocated), and leaves the
+        // second version's whole.
+        let second = std::fs::File::open(&path).unwrap();
+        write(&mut t, &nv, &v3);
+        assert_eq!(first.metadata().unwrap().ino(), std::fs::metadata(&path).unwrap().ino(), "{engine}: the spare reused");
+        std::os::unix::fs::FileExt::read_exact_at(&second, &mut old, 0).unwrap();
+        assert!(old == v2, "{engine}: the second version was overwritten in place");
+        assert!(read(&mut t, &nv).unwrap() == v3, "{engine}: the third version reads back");
+        assert_eq!(names(dir.path()), shard_names, "{engine}");
+        // Closing the shard removes the spare; a later run reuses the file and reads the last version.
         drop(t);
+        assert_eq!(names(dir.path()), [".zerostream.lock", "g.master.rank0.bin"], "{engine}: no spare at rest");
         let mut again = Stored::new("g.master", len, Tier::Nvme, Some(&nv)).unwrap();
-        assert!(read(&mut again, &nv).unwrap() == v2, "{engine}: after reopening");
+        assert!(read(&mut again, &nv).unwrap() == v3, "{engine}: after reopening");
     }
 }
 
@@ -109,6 +120,7 @@ fn a_failed_write_keeps_the_old_state() {
     write(&mut t, &nv, &v1);
     // A directory where the write's `.next` file must go: the write cannot start.
     let next = next_of(&nv.shard_path("f"));
+    std::fs::remove_file(&next).unwrap(); // the spare
     std::fs::create_dir_all(next.join("blocker")).unwrap();
     t.page_in_zeroed(Some(&nv));
     t.data_mut().bytes_mut().fill(0xee);
@@ -213,17 +225,29 @@ fn the_lock_file_as_a_symlink_is_refused() {
     assert_eq!(std::fs::read(&target).unwrap(), b"precious");
 }
 
-/// The child side of the test below: rewrites one shard, every byte `k` in version `k`, until killed.
+/// The child side of the test below: rewrites one shard alone and two more in one batch (on the
+/// io_uring engine), every byte `k` in version `k`, until killed.
 fn write_versions_until_killed(dir: &Path) -> ! {
     let nv = nvme(dir);
+    let batched = nvme_with(&dir.join("batched"), IoEngineKind::Uring, true);
     let mut t = Stored::new("k", KILLED_BYTES, Tier::Nvme, Some(&nv)).unwrap();
+    let (mut a, mut b) = (batch_member(&batched, "a"), batch_member(&batched, "b"));
     for k in 1u8.. {
         write(&mut t, &nv, &vec![k; KILLED_BYTES]);
+        for s in [&mut a, &mut b] {
+            s.page_in_zeroed(Some(&batched));
+            s.data_mut().bytes_mut().fill(k);
+        }
+        Stored::page_out_all(&mut [&mut a, &mut b], Some(&batched), true).unwrap();
     }
     unreachable!("256 versions written before the kill");
 }
 
 const KILLED_BYTES: usize = 8 << 20;
+
+fn batch_member(nv: &NvmeDir, name: &str) -> Stored {
+    Stored::new(name, KILLED_BYTES, Tier::Nvme, Some(nv)).unwrap()
+}
 
 #[test]
 fn a_process_killed_mid_write_leaves_one_whole_version() {
@@ -234,9 +258,14 @@ fn a_process_killed_mid_write_leaves_one_whole_version() {
     {
         let nv = nvme(dir.path());
         write(&mut Stored::new("k", KILLED_BYTES, Tier::Nvme, Some(&nv)).unwrap(), &nv, &vec![0; KILLED_BYTES]);
+        let batched = nvme_with(&dir.path().join("batched"), IoEngineKind::Uring, true);
+        for name in ["a", "b"] {
+            write(&mut batch_member(&batched, name), &batched, &vec![0; KILLED_BYTES]);
+        }
     }
     let path = dir.path().join("k.rank0.bin");
-    for delay_ms in [5, 20, 45, 80, 130] {
+    // Later kills land mid-batch too (the child needs ~100 ms to start writing).
+    for delay_ms in [5, 20, 45, 80, 130, 210, 340] {
         // This test again, in a child process that finds the variable set.
         let mut child = std::process::Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "a_process_killed_mid_write_leaves_one_whole_version", "--test-threads=1", "--quiet"])
@@ -254,6 +283,78 @@ fn a_process_killed_mid_write_leaves_one_whole_version() {
         assert!(!next_of(&path).exists());
         let back = read(&mut t, &nv).unwrap_or_else(|e| panic!("killed after {delay_ms} ms (leftover .next: {leftover}): {e}"));
         assert!(back.iter().all(|&b| b == back[0]), "killed after {delay_ms} ms: a mix of versions");
-        eprintln!("killed after {delay_ms} ms: version {} reads back, leftover .next: {leftover}", back[0]);
+        let batched = nvme_with(&dir.path().join("batched"), IoEngineKind::Uring, true);
+        let versions: Vec<u8> = ["a", "b"]
+            .iter()
+            .map(|name| {
+                let back = read(&mut batch_member(&batched, name), &batched).unwrap_or_else(|e| panic!("killed after {delay_ms} ms: {e}"));
+                assert!(back.iter().all(|&b| b == back[0]), "killed after {delay_ms} ms: a mix of versions in batched {name}");
+                back[0]
+            })
+            .collect();
+        eprintln!("killed after {delay_ms} ms: version {} reads back ({versions:?} batched), .next left: {leftover}", back[0]);
+    }
+}
+
+#[test]
+fn a_batch_pages_tensors_of_both_tiers_in_and_out_together() {
+    for engine in [IoEngineKind::Uring, IoEngineKind::Pread, IoEngineKind::Mmap] {
+        let dir = tempfile::tempdir().unwrap();
+        let nv = nvme_with(dir.path(), engine, true);
+        // Awkward sizes, a RAM tensor among them, and one tensor already resident.
+        let lens = [100usize, 3 * 8192 + 5, 4096, 70_001];
+        let mut tensors: Vec<Stored> = lens
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| Stored::new(&format!("b{k}"), n, if k == 2 { Tier::Ram } else { Tier::Nvme }, Some(&nv)).unwrap())
+            .collect();
+        for (k, t) in tensors.iter_mut().enumerate() {
+            t.page_in_zeroed(Some(&nv));
+            t.data_mut().bytes_mut().copy_from_slice(&pattern(lens[k], k as u8));
+        }
+        let mut all: Vec<&mut Stored> = tensors.iter_mut().collect();
+        Stored::page_out_all(&mut all, Some(&nv), true).unwrap();
+        assert!(all.iter().enumerate().all(|(k, t)| t.is_resident() == (k == 2)), "{engine}: NVMe tensors paged out, RAM kept");
+        assert_eq!(nv.traffic(), (0, (lens[0] + lens[1] + lens[3]) as u64), "{engine}: bytes written");
+        all[3].page_in(Some(&nv)).unwrap();
+        Stored::page_in_all(&mut all, Some(&nv)).unwrap();
+        for (k, t) in all.iter().enumerate() {
+            assert!(t.data().bytes() == pattern(lens[k], k as u8), "{engine}: tensor {k} after the round trip");
+        }
+        // Read once each: the batch skipped the tensor already resident.
+        assert_eq!(nv.traffic().0, (lens[0] + lens[1] + lens[3]) as u64, "{engine}: bytes read");
+    }
+}
+
+#[test]
+fn a_batch_names_the_damaged_shard_and_leaves_nothing_half_paged_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let nv = nvme_with(dir.path(), IoEngineKind::Uring, true);
+    let len = 3 * 4096;
+    let mut tensors: Vec<Stored> = (0..3).map(|k| Stored::new(&format!("c{k}"), len, Tier::Nvme, Some(&nv)).unwrap()).collect();
+    for (k, t) in tensors.iter_mut().enumerate() {
+        write(t, &nv, &pattern(len, k as u8));
+    }
+    flip(&nv.shard_path("c1"), 5000);
+    let mut all: Vec<&mut Stored> = tensors.iter_mut().collect();
+    let err = Stored::page_in_all(&mut all, Some(&nv)).unwrap_err().to_string();
+    assert!(err.contains("c1.rank0.bin") && err.contains("checksum mismatch"), "{err}");
+    assert!(all.iter().all(|t| !t.is_resident()), "no tensor of a failed batch is resident");
+    // A write that cannot start for the last tensor: no tensor of the batch is written, and every
+    // buffer leaves.
+    write(all[1], &nv, &pattern(len, 1));
+    let next = next_of(&nv.shard_path("c2"));
+    std::fs::remove_file(&next).unwrap(); // the spare
+    std::fs::create_dir_all(next.join("blocker")).unwrap();
+    for t in all.iter_mut() {
+        t.page_in_zeroed(Some(&nv));
+        t.data_mut().bytes_mut().fill(0xee);
+    }
+    let err = Stored::page_out_all(&mut all, Some(&nv), true).unwrap_err().to_string();
+    assert!(err.contains("c2.rank0.bin.next"), "{err}");
+    assert!(all.iter().all(|t| !t.is_resident()));
+    assert!(read(all[2], &nv).unwrap() == pattern(len, 2), "the failed tensor's old state survives");
+    for (k, t) in all.iter_mut().take(2).enumerate() {
+        assert!(read(t, &nv).unwrap() == pattern(len, k as u8), "tensor {k}: nothing written when the batch cannot start");
     }
 }

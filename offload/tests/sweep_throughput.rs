@@ -6,10 +6,11 @@
 //! SWEEP_DIR=/path/on/nvme cargo test --release -p zerostream-offload --test sweep_throughput -- --ignored --nocapture
 //! ```
 //! SWEEP_GROUPS (default 8) groups of SWEEP_PARAMS (default 32M) parameters, each group's update laid
-//! out as the trainer's worker does it: read the gradient, master weights, m and v (16 B/param) ahead,
-//! AdamW with a bf16 copy into the working copy, write the working copy (2 B/param) and then master,
-//! m and v (12 B/param) behind.
+//! out as the trainer's worker (`engine/src/train/worker.rs`) does it: read the gradient, master
+//! weights, m and v (16 B/param, one batch) ahead, AdamW with a bf16 copy into the working copy, write
+//! the working copy (2 B/param) and then master, m and v (12 B/param, one batch) behind.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use zerostream_offload::{AdamConfig, AdamW, Grads, IoConfig, IoEngine, NvmeDir, ParamCopy, StoreError, Stored, Tier, pipelined_sweep};
@@ -60,28 +61,37 @@ fn sweep_throughput() {
         );
         for sweep in 0..2 {
             let before = nvme.traffic();
+            // Each stage's busy time (the rest of the sweep it spends waiting on its neighbours).
+            let busy = [(); 4].map(|()| AtomicU64::new(0));
+            let timed = |stage: usize, since: Instant| busy[stage].fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
             let start = Instant::now();
             shards = pipelined_sweep(
                 shards,
                 |g: &mut Group| -> Result<(), StoreError> {
-                    g.grad.page_in(nv)?;
-                    g.master.page_in(nv)?;
-                    g.m.page_in(nv)?;
-                    g.v.page_in(nv)
+                    let t = Instant::now();
+                    let read = Stored::page_in_all(&mut [&mut g.grad, &mut g.master, &mut g.m, &mut g.v], nv);
+                    timed(0, t);
+                    read
                 },
                 |_, g| {
+                    let t = Instant::now();
                     g.working.page_in_zeroed(nv);
                     let (p, m, v) = (g.master.data_mut(), g.m.data_mut(), g.v.data_mut());
                     let copy = ParamCopy::Bf16(bytemuck::cast_slice_mut(g.working.data_mut().as_mut_slice::<u16>()));
                     let grads = Grads::F32(g.grad.data().as_slice::<f32>());
                     adam.step(p.as_mut_slice(), m.as_mut_slice(), v.as_mut_slice(), grads, copy, sweep as u64 + 1, 1.0, true);
+                    timed(1, t);
+                    let t = Instant::now();
                     g.working.page_out(nv, true)?;
-                    g.grad.page_out(nv, false)
+                    g.grad.page_out(nv, false)?;
+                    timed(2, t);
+                    Ok(())
                 },
                 |g| {
-                    g.master.page_out(nv, true)?;
-                    g.m.page_out(nv, true)?;
-                    g.v.page_out(nv, true)
+                    let t = Instant::now();
+                    let written = Stored::page_out_all(&mut [&mut g.master, &mut g.m, &mut g.v], nv, true);
+                    timed(3, t);
+                    written
                 },
             )
             .unwrap();
@@ -92,6 +102,10 @@ fn sweep_throughput() {
                 read as f64 / seconds / 1e9,
                 written as f64 / seconds / 1e9,
                 (read + written) as f64 / seconds / 1e9
+            );
+            let [read_s, adam_s, working_s, write_s] = busy.map(|b| b.into_inner() as f64 / 1e9);
+            println!(
+                "  busy: read {read_s:.2} s, AdamW {adam_s:.2} s, working copy written {working_s:.2} s, state written {write_s:.2} s (of {seconds:.2} s)"
             );
             assert!(read > 0 && written > 0);
         }

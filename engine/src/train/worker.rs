@@ -152,16 +152,14 @@ pub(super) fn optimizer_worker(
         adam.config.lr = job.lr;
         let load = |g: &mut OptimizerGroup| -> Result<(), zerostream_offload::StoreError> {
             // The step's gradient is read ahead with the state: the device thread writes group k's
-            // next gradient only after this update of k is done (it uploads k first, and waits for it).
-            lock(&shared[g.group]).grads.page_in(nvme)?;
-            g.master.page_in(nvme)?;
-            g.m.page_in(nvme)?;
-            g.v.page_in(nvme)
+            // next gradient only after this update of k is done (it uploads k first, and waits for it),
+            // so holding the group's lock for the read delays nobody. One batch: the disk's queue stays
+            // full across the four tensors.
+            let mut sh = lock(&shared[g.group]);
+            Stored::page_in_all(&mut [&mut sh.grads, &mut g.master, &mut g.m, &mut g.v], nvme)
         };
         let store = |g: &mut OptimizerGroup| -> Result<(), zerostream_offload::StoreError> {
-            g.master.page_out(nvme, true)?;
-            g.m.page_out(nvme, true)?;
-            g.v.page_out(nvme, true)
+            Stored::page_out_all(&mut [&mut g.master, &mut g.m, &mut g.v], nvme, true)
         };
         let compute = |k: usize, g: &mut OptimizerGroup| -> Result<(), zerostream_offload::StoreError> {
             let mut sh = lock(&shared[k]);
