@@ -78,3 +78,17 @@ fn device_minimum_does_not_grow_with_the_vocabulary() {
     let stats_growth = 4 * 3 * 64 * (8 * v).div_ceil(8192);
     assert!(large - small <= stats_growth, "8x the vocabulary costs {} more bytes", large - small);
 }
+
+/// The vocabulary matrices are found by name, not by shape: a GPT-2 whose context equals its vocabulary
+/// has wpe of the same shape as wte, and it is neither the embedding nor the projection.
+#[test]
+fn vocabulary_matrices_are_found_by_name() {
+    let Model::Gpt2(base) = Model::preset("gpt2").unwrap() else { unreachable!() };
+    let square = zerostream::model::gpt2::Gpt2Config { vocab_size: 1024, n_positions: 1024, ..base.clone() };
+    assert_eq!(Model::Gpt2(square.clone()).vocab_tensors(), (0, 0));
+    let untied = zerostream::model::gpt2::Gpt2Config { tie_word_embeddings: false, ..square };
+    let model = Model::Gpt2(untied);
+    let (embedding, projection) = model.vocab_tensors();
+    let specs = model.head_specs();
+    assert_eq!((specs[embedding].name.as_str(), specs[projection].name.as_str()), ("transformer.wte.weight", "lm_head.weight"));
+}

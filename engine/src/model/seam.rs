@@ -283,14 +283,14 @@ impl Model {
     /// The head group's (V, C) matrices, as indices into its table: (the token embedding, the output
     /// projection) — the same index when the two are tied.
     pub fn vocab_tensors(&self) -> (usize, usize) {
+        let (embedding, tied) = match self {
+            Model::Gpt2(c) => ("transformer.wte.weight", c.tie_word_embeddings),
+            Model::Llama(c) => ("model.embed_tokens.weight", c.tie_word_embeddings),
+        };
         let specs = self.head_specs();
-        let (v, c) = (self.vocab_size(), self.width());
-        let matrices: Vec<usize> = (0..specs.len()).filter(|&i| specs[i].shape == [v, c]).collect();
-        match matrices[..] {
-            [tied] => (tied, tied),
-            [embedding, projection] => (embedding, projection),
-            _ => unreachable!("a head group has one or two vocabulary matrices"),
-        }
+        let at = |name: &str| specs.iter().position(|t| t.name == name).unwrap_or_else(|| panic!("the head table names {name}"));
+        let embedding = at(embedding);
+        (embedding, if tied { embedding } else { at("lm_head.weight") })
     }
 
     /// The loss's buffers inside the head's activations.
