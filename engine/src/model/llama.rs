@@ -12,7 +12,7 @@
 use anyhow::Result;
 
 use super::TensorSpec;
-use super::vocab::{self, LossActs, VocabChunks};
+use super::vocab::{LossActs, VocabChunks};
 use crate::device::{AttentionDims, Backend, MatmulShape, Operand};
 pub use zerostream_checkpoints::LlamaConfig;
 
@@ -498,35 +498,3 @@ pub fn final_norm_backward<D: Backend>(
     dev.rmsnorm_backward(&acts.d_residual, d_norm, &acts.d_c, x, norm, &acts.ln_f_rstd, bt, c);
 }
 
-/// The final norm, the lm_head and the cross-entropy of the last layer's output `x`, in vocabulary
-/// chunks ([`vocab`]); returns the mean loss. With `loss_grad_scale = Some(s)` the gradient of
-/// `s * mean loss` is left in the logits.
-pub fn head_forward<D: Backend>(
-    dev: &D,
-    cfg: &LlamaConfig,
-    head: &[D::Tensor],
-    acts: &HeadActivations<D::Tensor>,
-    x: &D::Tensor,
-    targets: &D::Tokens,
-    loss_grad_scale: Option<f32>,
-) -> f32 {
-    final_norm_forward(dev, cfg, head, acts, x);
-    let (_, _, lm_head) = head_parts(cfg, head);
-    vocab::resident_forward(dev, &acts.loss, &acts.ln_f, lm_head, targets, cfg.hidden_size, loss_grad_scale)
-}
-
-/// Backward of [`head_forward`] (which must have had a gradient scale): adds into the lm_head (or the
-/// tied embedding) and norm gradients and leaves d(x) in `acts.d_residual`.
-pub fn head_backward<D: Backend>(
-    dev: &D,
-    cfg: &LlamaConfig,
-    head: &[D::Tensor],
-    grads: &[D::Tensor],
-    acts: &HeadActivations<D::Tensor>,
-    x: &D::Tensor,
-) {
-    let (_, _, lm_head) = head_parts(cfg, head);
-    let (_, _, d_lm_head) = head_parts(cfg, grads);
-    vocab::resident_backward(dev, &acts.loss, &acts.ln_f, &acts.d_c, lm_head, d_lm_head, cfg.hidden_size);
-    final_norm_backward(dev, cfg, head, grads, acts, x);
-}

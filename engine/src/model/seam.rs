@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use zerostream_checkpoints::{ArchConfig, Gpt2Config, HfModel, LlamaConfig};
 
 use super::TensorSpec;
-use super::vocab::{DEFAULT_CHUNK_ROWS, LossActs, VocabChunks};
+use super::vocab::{self, DEFAULT_CHUNK_ROWS, LossActs, VocabChunks};
 use super::gpt2::{self, Block, BlockActivations, HeadActivations};
 use super::llama;
 use crate::device::{AttentionDims, Backend};
@@ -420,19 +420,20 @@ impl Model {
         targets: &D::Tokens,
         loss_grad_scale: Option<f32>,
     ) -> f32 {
-        match (self, acts) {
-            (Model::Gpt2(c), HeadActs::Gpt2(a)) => gpt2::head_forward(dev, c, &gpt2::head_view(c, head), a, x, targets, loss_grad_scale),
-            (Model::Llama(c), HeadActs::Llama(a)) => llama::head_forward(dev, c, head, a, x, targets, loss_grad_scale),
-            _ => unreachable!("activations of another family"),
-        }
+        self.final_norm_forward(dev, head, acts, x);
+        let (_, projection) = self.vocab_tensors();
+        let (loss, h) = (self.loss_acts(acts), self.final_hidden(acts));
+        vocab::resident_forward(dev, loss, h, &head[projection], targets, self.width(), loss_grad_scale)
     }
 
+    /// Backward of [`Model::head_forward`] (which must have had a gradient scale): adds into the output
+    /// projection's (the tied embedding's) and the final norm's gradients and leaves d(x) in the head's
+    /// residual gradient.
     pub fn head_backward<D: Backend>(&self, dev: &D, head: &[D::Tensor], grads: &[D::Tensor], acts: &HeadActs<D::Tensor>, x: &D::Tensor) {
-        match (self, acts) {
-            (Model::Gpt2(c), HeadActs::Gpt2(a)) => gpt2::head_backward(dev, c, &gpt2::head_view(c, head), &gpt2::head_view(c, grads), a, x),
-            (Model::Llama(c), HeadActs::Llama(a)) => llama::head_backward(dev, c, head, grads, a, x),
-            _ => unreachable!("activations of another family"),
-        }
+        let (_, projection) = self.vocab_tensors();
+        let (loss, h, d_h) = (self.loss_acts(acts), self.final_hidden(acts), self.final_hidden_grad(acts));
+        vocab::resident_backward(dev, loss, h, d_h, &head[projection], &grads[projection], self.width());
+        self.final_norm_backward(dev, head, grads, acts, x);
     }
 
     /// Backward of [`Model::block_forward`]: the residual gradient in the head's scratch goes from the
