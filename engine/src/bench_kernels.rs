@@ -622,8 +622,13 @@ impl Bench<'_> {
         dev.write(&logits, &random_values(bt * v, 4.0, 23));
         let targets = dev.tokens(&random_ids(bt, v, 24))?;
         let losses = dev.alloc(bt, "losses")?;
-        let case =
-            Case::memory("crossentropy", "softmax + loss + dlogits (not in the step)", format!("BT={bt} V={v}"), f32_bytes(2 * bt * v + 2 * bt), 0);
+        let case = Case::memory(
+            "crossentropy",
+            "softmax + loss + dlogits (not in the step)",
+            format!("BT={bt} V={v}"),
+            f32_bytes(2 * bt * v + 2 * bt),
+            0,
+        );
         // Each repetition reads the previous one's gradients as logits: other values, same work.
         self.time(case, || dev.crossentropy(&losses, &logits, &targets, v, Some(1.0 / bt as f32)))
     }
@@ -653,8 +658,7 @@ impl Bench<'_> {
             // An lse near the logits' own keeps exp(x - lse) in range repetition after repetition.
             let lse = dev.alloc(bt, "lse")?;
             dev.write(&lse, &vec![12.0; bt]);
-            let case =
-                Case::memory("crossentropy_chunk_grad", "dlogits in place", shape, f32_bytes(2 * bt * cols + 2 * bt), n_chunks);
+            let case = Case::memory("crossentropy_chunk_grad", "dlogits in place", shape, f32_bytes(2 * bt * cols + 2 * bt), n_chunks);
             self.time(case, || dev.crossentropy_chunk_grad(&logits, &lse, &targets, &chunk, 1.0 / bt as f32))?;
         }
         Ok(())

@@ -70,7 +70,8 @@ fn chunked_loss_streams_bit_identically_on_gpu() {
 fn device_minimum_does_not_grow_with_the_vocabulary() {
     let Model::Gpt2(xl) = Model::preset("gpt2-xl").unwrap() else { unreachable!() };
     let tc = TrainConfig { batch: 1, seq_len: 64, recompute: true, precision: Precision::Bf16, ..TrainConfig::default() };
-    let minimum = |vocab: usize| minimum_device_bytes(&Model::Gpt2(zerostream::model::gpt2::Gpt2Config { vocab_size: vocab, ..xl.clone() }), &tc);
+    let minimum =
+        |vocab: usize| minimum_device_bytes(&Model::Gpt2(zerostream::model::gpt2::Gpt2Config { vocab_size: vocab, ..xl.clone() }), &tc);
     let (v, c) = (xl.vocab_size as u64, xl.n_embd as u64);
     let (small, large) = (minimum(xl.vocab_size), minimum(8 * xl.vocab_size));
     println!("gpt2-xl device minimum: {small} bytes at vocabulary {v}, {large} at {}", 8 * v);

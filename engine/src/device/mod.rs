@@ -198,7 +198,14 @@ pub trait Backend {
     fn crossentropy_chunk_stats(&self, stats: &Self::Tensor, logits: &Self::Tensor, targets: &Self::Tokens, chunk: &VocabChunk);
     /// The chunk's logits overwritten by d(loss)/d(logits) = (exp(x - lse) - onehot(target)) * grad_scale,
     /// lse (rows) from [`crate::ops::crossentropy::crossentropy_combine`].
-    fn crossentropy_chunk_grad(&self, logits: &Self::Tensor, lse: &Self::Tensor, targets: &Self::Tokens, chunk: &VocabChunk, grad_scale: f32);
+    fn crossentropy_chunk_grad(
+        &self,
+        logits: &Self::Tensor,
+        lse: &Self::Tensor,
+        targets: &Self::Tokens,
+        chunk: &VocabChunk,
+        grad_scale: f32,
+    );
 
     // Llama's ops (transformers' LlamaForCausalLM).
 

@@ -228,8 +228,8 @@ impl<T> BlockActivations<T> {
 pub struct HeadActivations<T> {
     pub batch: usize,
     pub seq_len: usize,
-    ln_f: T,           // (BT, C)
-    ln_f_rstd: T,      // (BT)
+    ln_f: T,      // (BT, C)
+    ln_f_rstd: T, // (BT)
     pub loss: LossActs<T>,
     pub d_residual: T, // (BT, C)
     d_c: T,            // (BT, C)
@@ -366,7 +366,15 @@ pub fn embed_forward<D: Backend>(
 
 /// [`embed_forward`] with the token rows embed_tokens[tokens] gathered by the caller into `rows` (BT, C)
 /// and `positions` the ids 0..BT: x = rows (through the same kernel, adding zeros).
-pub fn embed_rows_forward<D: Backend>(dev: &D, cfg: &LlamaConfig, x: &D::Tensor, rows: &D::Tensor, acts: &HeadActivations<D::Tensor>, positions: &D::Tokens, seq_len: usize) {
+pub fn embed_rows_forward<D: Backend>(
+    dev: &D,
+    cfg: &LlamaConfig,
+    x: &D::Tensor,
+    rows: &D::Tensor,
+    acts: &HeadActivations<D::Tensor>,
+    positions: &D::Tokens,
+    seq_len: usize,
+) {
     dev.encoder_forward(x, positions, rows, &acts.no_positions, seq_len, cfg.hidden_size);
 }
 
@@ -497,4 +505,3 @@ pub fn final_norm_backward<D: Backend>(
     dev.fill(&acts.d_residual, 0.0);
     dev.rmsnorm_backward(&acts.d_residual, d_norm, &acts.d_c, x, norm, &acts.ln_f_rstd, bt, c);
 }
-

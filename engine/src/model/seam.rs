@@ -8,9 +8,9 @@ use anyhow::{Context, Result, bail};
 use zerostream_checkpoints::{ArchConfig, Gpt2Config, HfModel, LlamaConfig};
 
 use super::TensorSpec;
-use super::vocab::{self, DEFAULT_CHUNK_ROWS, LossActs, VocabChunks};
 use super::gpt2::{self, Block, BlockActivations, HeadActivations};
 use super::llama;
+use super::vocab::{self, DEFAULT_CHUNK_ROWS, LossActs, VocabChunks};
 use crate::device::{AttentionDims, Backend};
 use crate::ops::dropout::{DropoutKeys, DropoutRates};
 
@@ -312,9 +312,18 @@ impl Model {
     }
     /// Backward of [`Model::final_norm_forward`] from [`Model::final_hidden_grad`]: adds into the norm's
     /// gradients and leaves d(x) in the head's residual gradient.
-    pub fn final_norm_backward<D: Backend>(&self, dev: &D, head: &[D::Tensor], grads: &[D::Tensor], acts: &HeadActs<D::Tensor>, x: &D::Tensor) {
+    pub fn final_norm_backward<D: Backend>(
+        &self,
+        dev: &D,
+        head: &[D::Tensor],
+        grads: &[D::Tensor],
+        acts: &HeadActs<D::Tensor>,
+        x: &D::Tensor,
+    ) {
         match (self, acts) {
-            (Model::Gpt2(c), HeadActs::Gpt2(a)) => gpt2::final_norm_backward(dev, c, &gpt2::head_view(c, head), &gpt2::head_view(c, grads), a, x),
+            (Model::Gpt2(c), HeadActs::Gpt2(a)) => {
+                gpt2::final_norm_backward(dev, c, &gpt2::head_view(c, head), &gpt2::head_view(c, grads), a, x)
+            }
             (Model::Llama(c), HeadActs::Llama(a)) => llama::final_norm_backward(dev, c, head, grads, a, x),
             _ => unreachable!("activations of another family"),
         }

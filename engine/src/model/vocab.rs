@@ -109,7 +109,15 @@ impl<T> LossActs<T> {
 }
 
 /// Logits of chunk j (BT, cols) = h (BT, C) @ W_j^T, and the chunk's cross-entropy statistics.
-pub fn forward_chunk<D: Backend>(dev: &D, acts: &LossActs<D::Tensor>, h: &D::Tensor, w: Rows<'_, D::Tensor>, targets: &D::Tokens, j: usize, width: usize) {
+pub fn forward_chunk<D: Backend>(
+    dev: &D,
+    acts: &LossActs<D::Tensor>,
+    h: &D::Tensor,
+    w: Rows<'_, D::Tensor>,
+    targets: &D::Tokens,
+    j: usize,
+    width: usize,
+) {
     logits_chunk(dev, acts, h, w, j, width);
     dev.crossentropy_chunk_stats(&acts.stats, &acts.logits, targets, &acts.chunk(j));
 }
@@ -210,7 +218,15 @@ pub fn resident_forward<D: Backend>(
 
 /// Backward of [`resident_forward`]: d_h from every chunk (in reverse chunk order, as the trainer
 /// streams them), and dW += into the resident gradient.
-pub fn resident_backward<D: Backend>(dev: &D, acts: &LossActs<D::Tensor>, h: &D::Tensor, d_h: &D::Tensor, w: &D::Tensor, dw: &D::Tensor, width: usize) {
+pub fn resident_backward<D: Backend>(
+    dev: &D,
+    acts: &LossActs<D::Tensor>,
+    h: &D::Tensor,
+    d_h: &D::Tensor,
+    w: &D::Tensor,
+    dw: &D::Tensor,
+    width: usize,
+) {
     for (i, j) in (0..acts.chunks.count()).rev().enumerate() {
         backward_chunk(dev, acts, h, d_h, Rows::Whole(w), Rows::Whole(dw), true, j, i == 0, width);
     }

@@ -231,7 +231,10 @@ impl TrainConfig {
             dropout: f.get("dropout").and_then(Value::as_f64),
             seed: uint("seed")?,
             // Checkpoints from before the chunked loss: the default chunks.
-            vocab_chunk_rows: f.get("vocab-chunk-rows").and_then(Value::as_u64).map_or(crate::model::vocab::DEFAULT_CHUNK_ROWS, |n| n as usize),
+            vocab_chunk_rows: f
+                .get("vocab-chunk-rows")
+                .and_then(Value::as_u64)
+                .map_or(crate::model::vocab::DEFAULT_CHUNK_ROWS, |n| n as usize),
         })
     }
 }

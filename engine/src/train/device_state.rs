@@ -79,6 +79,19 @@ impl<D: Backend> Trainer<'_, D> {
                     .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(DeviceState { head, head_grads, vocab_slot, vocab_grad, embed_rows, positions, head_acts, residual, block_acts, slot_holds: vec![None; slots.len()], slots, block_grads })
+        Ok(DeviceState {
+            head,
+            head_grads,
+            vocab_slot,
+            vocab_grad,
+            embed_rows,
+            positions,
+            head_acts,
+            residual,
+            block_acts,
+            slot_holds: vec![None; slots.len()],
+            slots,
+            block_grads,
+        })
     }
 }

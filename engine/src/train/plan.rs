@@ -186,8 +186,12 @@ impl DeviceNeeds {
             _ => len,
         };
         let head_params: u64 = groups[0].tensors.iter().enumerate().map(|(i, t)| costs.tensor_bytes(head_tensor_len(i, t.len))).sum();
-        let head_grads: u64 =
-            groups[0].tensors.iter().enumerate().map(|(i, t)| costs.tensor_bytes(if i == embedding || i == projection { 0 } else { t.len })).sum();
+        let head_grads: u64 = groups[0]
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| costs.tensor_bytes(if i == embedding || i == projection { 0 } else { t.len }))
+            .sum();
         let vocab_chunk_bytes = if vocab_resident { 0 } else { costs.tensor_bytes(chunk_len) };
         let head_bytes = head_params
             + head_grads
@@ -214,7 +218,8 @@ impl DeviceNeeds {
             Precision::Fp32 => 0,
             _ => {
                 let head = groups[0].tensors.iter().enumerate().map(|(i, t)| head_tensor_len(i, t.len));
-                let slot_vectors = groups.iter().skip(1).flat_map(|g| g.tensors.iter().filter(|t| slot_format(t, tc.precision).is_none()).map(|t| t.len));
+                let slot_vectors =
+                    groups.iter().skip(1).flat_map(|g| g.tensors.iter().filter(|t| slot_format(t, tc.precision).is_none()).map(|t| t.len));
                 let chunk = if vocab_resident { 0 } else { chunk_len };
                 head.chain(slot_vectors).chain([chunk]).map(|len| costs.upload_16bit_bytes(len)).max().unwrap_or(0)
             }

@@ -123,7 +123,13 @@ impl<D: Backend> Trainer<'_, D> {
     /// `targets`, chunk by chunk. With `loss_grad_scale`, also their backward: each chunk's projection
     /// gradient added into the host's sum (stored, at the step's `first_micro`), and d(last block's
     /// output) left in the head's residual gradient.
-    pub(super) fn head_loss(&mut self, targets: &D::Tokens, loss_grad_scale: Option<f32>, first_micro: bool, clock: &mut Clock) -> Result<f32> {
+    pub(super) fn head_loss(
+        &mut self,
+        targets: &D::Tokens,
+        loss_grad_scale: Option<f32>,
+        first_micro: bool,
+        clock: &mut Clock,
+    ) -> Result<f32> {
         let (dev, model, width) = (self.dev, &self.model, self.model.width());
         let n_layer = model.n_layer();
         let d = &self.device;
@@ -148,7 +154,18 @@ impl<D: Backend> Trainer<'_, D> {
                     vocab::logits_chunk(dev, loss_acts, h, w, j, width);
                 }
                 vocab::grad_chunk(dev, loss_acts, targets, j, scale);
-                vocab::backward_chunk(dev, loss_acts, h, model.final_hidden_grad(acts), w, Rows::Chunk(&d.vocab_grad), false, j, i == 0, width);
+                vocab::backward_chunk(
+                    dev,
+                    loss_acts,
+                    h,
+                    model.final_hidden_grad(acts),
+                    w,
+                    Rows::Chunk(&d.vocab_grad),
+                    false,
+                    j,
+                    i == 0,
+                    width,
+                );
             });
             let pending = timed(&mut clock.download, || dev.begin_read(&[&d.vocab_grad]));
             let chunk_grad = timed(&mut clock.download, || dev.finish_read(pending)).pop().expect("one tensor read");

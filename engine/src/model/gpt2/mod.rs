@@ -165,9 +165,9 @@ impl<T> BlockActivations<T> {
 pub struct HeadActivations<T> {
     pub batch: usize,
     pub seq_len: usize,
-    ln_f: T,           // (BT, C)
-    ln_f_mean: T,      // (BT)
-    ln_f_rstd: T,      // (BT)
+    ln_f: T,      // (BT, C)
+    ln_f_mean: T, // (BT)
+    ln_f_rstd: T, // (BT)
     pub loss: LossActs<T>,
     pub d_residual: T, // (BT, C)
     d_c: T,            // (BT, C) d(ln_f) between the vocabulary projection's backward and ln_f's
@@ -492,18 +492,7 @@ pub fn block_backward<D: Backend>(
     dev.fill(&head.d_hidden_b, 0.0);
     dev.activation_backward(activation(cfg), &head.d_hidden_b, &a.fc, &head.d_hidden_a);
     linear_backward(dev, &head.d_c, g.fc_weight, g.fc_bias, &head.d_hidden_b, &a.ln_2, w.fc_weight, bt, c, h);
-    dev.layernorm_backward(
-        d_res,
-        g.ln_2_weight,
-        g.ln_2_bias,
-        &head.d_c,
-        &a.residual_2,
-        w.ln_2_weight,
-        &a.ln_2_mean,
-        &a.ln_2_rstd,
-        bt,
-        c,
-    );
+    dev.layernorm_backward(d_res, g.ln_2_weight, g.ln_2_bias, &head.d_c, &a.residual_2, w.ln_2_weight, &a.ln_2_mean, &a.ln_2_rstd, bt, c);
     // d_res now holds d(residual_2) = d(input + dropout(attn_proj)); the masked copy goes in d_qkv,
     // free until attention_backward.
     let d_attn_proj = residual_branch_grad(dev, d_res, &head.d_qkv, c, dropout, l, DropoutSite::AttentionOutput);
@@ -516,7 +505,13 @@ pub fn block_backward<D: Backend>(
 }
 
 /// ln_f (BT, C) = layernorm(x), the input of the vocabulary projection.
-pub fn final_norm_forward<D: Backend>(dev: &D, cfg: &Gpt2Config, head: &Head<&D::Tensor>, acts: &HeadActivations<D::Tensor>, x: &D::Tensor) {
+pub fn final_norm_forward<D: Backend>(
+    dev: &D,
+    cfg: &Gpt2Config,
+    head: &Head<&D::Tensor>,
+    acts: &HeadActivations<D::Tensor>,
+    x: &D::Tensor,
+) {
     let (bt, c) = (acts.batch * acts.seq_len, cfg.n_embd);
     let eps = cfg.layer_norm_epsilon as f32;
     dev.layernorm_forward(&acts.ln_f, &acts.ln_f_mean, &acts.ln_f_rstd, x, head.ln_f_weight, head.ln_f_bias, bt, c, eps);

@@ -148,4 +148,3 @@ fn progress_message(r: &StepReport, scale: f32) -> String {
         if r.applied { String::new() } else { format!(" | overflow: skipped, loss scale {scale}") }
     )
 }
-
