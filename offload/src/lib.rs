@@ -7,11 +7,13 @@ pub mod aligned;
 pub mod io;
 pub mod membw;
 mod shard_file;
+mod spare_pool;
 pub mod store;
 pub mod sweep;
 
 pub use adam::{AdamConfig, AdamW, Grads, Isa, ParamCopy};
 pub use aligned::{ALIGN_BYTES, AlignedBuf, BufferPool};
 pub use io::{Direction, IoConfig, IoEngine, IoEngineKind};
+pub use spare_pool::{SPARE_PREFIX, SPARES_PER_SIZE};
 pub use store::{NvmeDir, StoreError, Stored, Tier};
 pub use sweep::pipelined_sweep;

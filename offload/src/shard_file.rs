@@ -2,15 +2,18 @@
 //!
 //! A shard file is `[data, padded to whole pages][footer: one page]`. The footer says what the data
 //! is (magic, format version, length) and, with verification on, holds the data's CRC32. A write goes
-//! into the sibling `{file}.next` and then the two names are exchanged (`renameat2(RENAME_EXCHANGE)`,
+//! into a spare file of the same size taken from the directory's pool (`spare_pool.rs`, named
+//! `.zerostream-spare-{n}`) and then the two names are exchanged (`renameat2(RENAME_EXCHANGE)`,
 //! atomic): whatever kills the process mid-write, `{file}` names either the old state or the new one,
-//! and data and checksum can never disagree because they travel in one file. After the exchange
-//! `{file}.next` holds the previous version and is the next write's target, overwritten in place: its
-//! blocks stay allocated, so a steady-state write allocates, frees and discards nothing (a fresh file
-//! per write cost half the write rate on ext4 with `discard`, `benches/results/2026-11-23-nvme-vs-fio.md`).
-//! The price is disk room for two copies of every shard written during a run; the spare is removed
-//! when the shard is closed (and a leftover one when it is next opened). Where the filesystem cannot
-//! exchange names, the write renames over the old file instead, freeing it, as before.
+//! and data and checksum can never disagree because they travel in one file. After the exchange the
+//! spare's name holds the previous version, which goes back to the pool as a later write's target
+//! (of this shard or any other of its size), overwritten in place: its blocks stay allocated, so a
+//! steady-state write allocates, frees and discards nothing (a fresh file per write cost half the
+//! write rate on ext4 with `discard`, `benches/results/2026-11-23-nvme-vs-fio.md`). The pool keeps a
+//! few spares per size, so the extra disk room is a few tensors, not a copy of the state; spares are
+//! removed when the directory is dropped (and leftovers, with the `{file}.next` spares of earlier
+//! versions, when it or the shard is next opened). Where the filesystem cannot exchange names, the
+//! write renames the spare over the old file instead, freeing it, as before.
 
 use std::fs::File;
 use std::io;
@@ -19,6 +22,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use crate::aligned::{ALIGN_BYTES, AlignedBuf, align_up};
 use crate::io::{Direction, IoEngine, Segment};
+use crate::spare_pool::Spare;
 use crate::store::{NvmeDir, Result, StoreError, io_error};
 
 /// The footer's size: one page, so it keeps O_DIRECT's alignment after the page-aligned data.
@@ -101,7 +105,7 @@ pub(crate) fn open_in_dir(io: &IoEngine, what: &str, path: &Path, create: bool) 
 }
 
 /// Removes `path` if it is there (a symlink is removed itself, never its target).
-fn remove_if_present(what: &str, path: &Path) -> Result<()> {
+pub(crate) fn remove_if_present(what: &str, path: &Path) -> Result<()> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -110,25 +114,22 @@ fn remove_if_present(what: &str, path: &Path) -> Result<()> {
 }
 
 /// Reserves `size` bytes for `file` now, so a full disk shows up before any data is written (and, for
-/// a `.next` file, before the old state could be lost). On ENOSPC the caller removes the file.
-fn reserve(file: &File, path: &Path, size: u64) -> Result<()> {
+/// a spare, before the old state could be lost). On ENOSPC the caller removes the file.
+pub(crate) fn reserve(file: &File, size: u64) -> io::Result<()> {
     // SAFETY: a plain system call on a descriptor we own.
     let err = unsafe { libc::posix_fallocate(std::os::unix::io::AsRawFd::as_raw_fd(file), 0, size as libc::off_t) };
     match err {
         0 => Ok(()),
-        libc::ENOSPC => Err(io_error("allocating shard", path, io::Error::from_raw_os_error(err))),
+        libc::ENOSPC => Err(io::Error::from_raw_os_error(err)),
         // The filesystem cannot preallocate (or refuses glibc's emulation on an O_DIRECT file): size it.
-        _ => file.set_len(size).map_err(|e| io_error("sizing shard", path, e)),
+        _ => file.set_len(size),
     }
 }
 
-/// The two files of a shard: the current one and the spare the next write goes into.
+/// The shard's current file (another inode after each write).
 #[derive(Debug)]
 struct Files {
     current: File,
-    /// The previous version's file, now at `{file}.next`: the next write's target (None before the
-    /// first write, or where names cannot be exchanged).
-    spare: Option<File>,
 }
 
 /// One tensor's file on the NVMe tier.
@@ -147,7 +148,8 @@ impl ShardFile {
     /// `len_bytes` plus the footer's page, or reusing it if it has that size. A file of another size is
     /// refused rather than silently resized: it belongs to another model, run or version. A `.next`
     /// file left by an interrupted write (or a run's spare) is removed: it is never the state (and the
-    /// directory's lock, held by `nvme`, means no other run is writing it now).
+    /// directory's lock, held by `nvme`, means no other run is writing it now). Earlier versions kept
+    /// that spare per shard; now spares live in the directory's pool, and this removes an old one.
     pub fn open(nvme: &NvmeDir, name: &str, len_bytes: usize) -> Result<Self> {
         let path = nvme.shard_path(name);
         remove_if_present("removing the unfinished write", &next_path(&path))?;
@@ -166,12 +168,12 @@ impl ShardFile {
         }
         if actual == 0 {
             // New (or created by a run that died before sizing it): nothing in it to keep.
-            if let Err(e) = reserve(&file, &path, size) {
+            if let Err(e) = reserve(&file, size) {
                 let _ = std::fs::remove_file(&path);
-                return Err(e);
+                return Err(io_error("allocating shard", &path, e));
             }
         }
-        Ok(ShardFile { path, files: Mutex::new(Files { current: file, spare: None }), len_bytes, direct })
+        Ok(ShardFile { path, files: Mutex::new(Files { current: file }), len_bytes, direct })
     }
 
     fn files(&self) -> MutexGuard<'_, Files> {
@@ -179,7 +181,7 @@ impl ShardFile {
         self.files.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Writes the buffer (whole pages) and its footer into `.next`, then exchanges it with the shard.
+    /// Writes the buffer (whole pages) and its footer into a spare, then exchanges it with the shard.
     /// Until the exchange the current file is untouched; after it the new one is complete.
     pub fn write(&self, nvme: &NvmeDir, buf: &mut AlignedBuf) -> Result<()> {
         write_all(nvme, &mut [(self, buf)])
@@ -190,51 +192,36 @@ impl ShardFile {
         read_all(nvme, &mut [(self, buf)])
     }
 
-    /// The file the next write goes into: the spare, reused only while `.next` still names it (another
-    /// opening of this shard removes it; nothing else in the locked directory should touch it), else a
-    /// fresh one.
-    fn write_target(&self, nvme: &NvmeDir, files: &mut Files) -> Result<File> {
-        match files.spare.take() {
-            Some(spare) if same_file(&spare, &next_path(&self.path)) => Ok(spare),
-            _ => self.fresh_next(nvme, &next_path(&self.path)),
-        }
+    /// The file the next write goes into: a spare of this shard's size from the directory's pool.
+    fn write_target(&self, nvme: &NvmeDir) -> Result<Spare> {
+        nvme.spares
+            .take(&nvme.io, file_bytes(self.len_bytes))
+            .map_err(|e| StoreError(format!("writing shard {}: {e}", self.path.display())))
     }
 
-    /// Makes `target` (the written `.next`) current by exchanging the names. Where the filesystem
-    /// cannot exchange, renames over the old file (whose blocks are freed with its descriptor).
-    fn install(&self, files: &mut Files, target: File) -> Result<()> {
-        let next = next_path(&self.path);
-        match exchange(&next, &self.path) {
+    /// Makes `target` (the written spare) current by exchanging the names; the previous file, now
+    /// under the spare's name, goes back to the pool. Where the filesystem cannot exchange, renames
+    /// over the old file (whose blocks are freed with its descriptor).
+    fn install(&self, nvme: &NvmeDir, files: &mut Files, target: Spare) -> Result<()> {
+        match exchange(&target.path, &self.path) {
             Ok(()) => {
-                let previous = std::mem::replace(&mut files.current, target);
-                files.spare = Some(previous);
+                let previous = std::mem::replace(&mut files.current, target.file);
+                nvme.spares.give(Spare { file: previous, path: target.path });
                 Ok(())
             }
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP)) => {
-                if let Err(e) = std::fs::rename(&next, &self.path) {
-                    let _ = std::fs::remove_file(&next);
+                if let Err(e) = std::fs::rename(&target.path, &self.path) {
+                    let _ = std::fs::remove_file(&target.path);
                     return Err(io_error("replacing shard", &self.path, e));
                 }
-                files.current = target;
+                files.current = target.file;
                 Ok(())
             }
             Err(e) => {
-                files.spare = Some(target);
+                nvme.spares.give(target);
                 Err(io_error("replacing shard", &self.path, e))
             }
         }
-    }
-
-    /// Creates `.next` afresh, sized: whatever is there (a failed write's leftover, a planted symlink)
-    /// goes first, and O_NOFOLLOW refuses a link that appears in between.
-    fn fresh_next(&self, nvme: &NvmeDir, next: &Path) -> Result<File> {
-        remove_if_present("removing the unfinished write", next)?;
-        let (file, _) = open_in_dir(&nvme.io, "creating shard", next, true)?;
-        if let Err(e) = reserve(&file, next, file_bytes(self.len_bytes)) {
-            let _ = std::fs::remove_file(next);
-            return Err(e);
-        }
-        Ok(file)
     }
 }
 
@@ -251,20 +238,20 @@ fn assert_distinct(shards: &[(&ShardFile, &mut AlignedBuf)]) {
 pub fn write_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)]) -> Result<()> {
     assert_distinct(shards);
     let mut locked: Vec<MutexGuard<'_, Files>> = shards.iter().map(|(shard, _)| shard.files()).collect();
-    let mut targets: Vec<File> = Vec::with_capacity(shards.len());
-    for ((shard, buf), files) in shards.iter().zip(locked.iter_mut()) {
+    let mut targets: Vec<Spare> = Vec::with_capacity(shards.len());
+    for (shard, buf) in shards.iter() {
         assert_eq!(buf.len_bytes(), shard.len_bytes, "shard {}: buffer of the wrong size", shard.path.display());
-        match shard.write_target(nvme, files) {
+        match shard.write_target(nvme) {
             Ok(target) => targets.push(target),
             Err(e) => {
-                // Whatever is in a `.next` is never read: the targets stay the spares.
-                locked.iter_mut().zip(targets).for_each(|(files, target)| files.spare = Some(target));
+                // Whatever is in a spare is never read: the targets go back as they are.
+                targets.into_iter().for_each(|target| nvme.spares.give(target));
                 return Err(e);
             }
         }
     }
     if let Err(e) = fill_all(nvme, shards, &targets) {
-        locked.iter_mut().zip(targets).for_each(|(files, target)| files.spare = Some(target));
+        targets.into_iter().for_each(|target| nvme.spares.give(target));
         return Err(e);
     }
     // No fsync: the guarantee is against the process dying (SIGKILL, OOM, a crash), and the kernel keeps
@@ -274,8 +261,8 @@ pub fn write_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)]) -
     // data behind an intact footer would go unnoticed).
     let mut installing = shards.iter().zip(locked.iter_mut()).zip(targets);
     for (((shard, _), files), target) in installing.by_ref() {
-        if let Err(e) = shard.install(files, target) {
-            installing.for_each(|((_, files), target)| files.spare = Some(target));
+        if let Err(e) = shard.install(nvme, files, target) {
+            installing.for_each(|(_, target)| nvme.spares.give(target));
             return Err(e);
         }
     }
@@ -283,22 +270,23 @@ pub fn write_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)]) -
 }
 
 /// Writes the shards' data (whole pages, checksummed as it goes with verify on) and then their
-/// footers into `targets` (their `.next` files, already sized).
-fn fill_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)], targets: &[File]) -> Result<()> {
+/// footers into `targets` (their spares, already sized).
+fn fill_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)], targets: &[Spare]) -> Result<()> {
     let mut hashers: Vec<crc32fast::Hasher> = shards.iter().map(|_| crc32fast::Hasher::new()).collect();
     let mut segments: Vec<Segment<'_>> = shards
         .iter_mut()
         .zip(targets)
         .zip(hashers.iter_mut())
-        .map(|(((shard, buf), file), hasher)| Segment {
-            file,
+        .map(|(((shard, buf), target), hasher)| Segment {
+            file: &target.file,
             offset: 0,
             buf: &mut buf.padded_mut()[..align_up(shard.len_bytes)],
             checksum: nvme.verify.then_some((hasher, shard.len_bytes)),
         })
         .collect();
     if let Err(e) = nvme.io.transfer_batch(Direction::Write, &mut segments) {
-        return Err(io_error("writing shard", &next_path(&shards[e.segment].0.path), e.error));
+        let (shard, target) = (&shards[e.segment].0.path, &targets[e.segment].path);
+        return Err(io_error(&format!("writing shard {} into its spare", shard.display()), target, e.error));
     }
     drop(segments);
     let mut footers: Vec<AlignedBuf> = shards.iter().map(|_| AlignedBuf::zeroed(FOOTER_BYTES)).collect();
@@ -309,16 +297,17 @@ fn fill_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)], target
         .iter()
         .zip(targets)
         .zip(footers.iter_mut())
-        .map(|(((shard, _), file), footer)| Segment {
-            file,
+        .map(|(((shard, _), target), footer)| Segment {
+            file: &target.file,
             offset: align_up(shard.len_bytes) as u64,
             buf: footer.padded_mut(),
             checksum: None,
         })
         .collect();
-    nvme.io
-        .transfer_batch(Direction::Write, &mut segments)
-        .map_err(|e| io_error("writing the footer of shard", &next_path(&shards[e.segment].0.path), e.error))
+    nvme.io.transfer_batch(Direction::Write, &mut segments).map_err(|e| {
+        let (shard, target) = (&shards[e.segment].0.path, &targets[e.segment].path);
+        io_error(&format!("writing the footer of shard {} into its spare", shard.display()), target, e.error)
+    })
 }
 
 /// Reads every shard into its buffer, as [`ShardFile::read`] does, in one batched transfer (each
@@ -365,21 +354,8 @@ pub fn read_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)]) ->
     Ok(())
 }
 
-impl Drop for ShardFile {
-    /// Removes the spare, so a shard at rest takes room for one copy (if `.next` still names it).
-    fn drop(&mut self) {
-        let files = self.files.get_mut().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let next = next_path(&self.path);
-        if let Some(spare) = &files.spare
-            && same_file(spare, &next)
-        {
-            let _ = std::fs::remove_file(&next);
-        }
-    }
-}
-
 /// Whether `path` (not followed if a link) names the open `file`.
-fn same_file(file: &File, path: &Path) -> bool {
+pub(crate) fn same_file(file: &File, path: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     match (file.metadata(), std::fs::symlink_metadata(path)) {
         (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
@@ -397,7 +373,7 @@ fn exchange(a: &Path, b: &Path) -> io::Result<()> {
     if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
-/// Where a write of `path` goes before it replaces it.
+/// Where earlier versions wrote `path`'s spare (removed when the shard is opened).
 pub fn next_path(path: &Path) -> PathBuf {
     let mut p = path.as_os_str().to_owned();
     p.push(".next");

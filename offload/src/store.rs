@@ -5,11 +5,13 @@
 //! reused by later runs. Each holds the data padded to whole pages, then a one-page footer (magic,
 //! format version, length and, with verification on, the data's CRC32), checked on every read.
 //!
-//! The NVMe tier never overwrites the only copy of a tensor: a write goes to `{name}.rank{r}.bin.next`
-//! beside the current file and the two names are then exchanged, so a process killed mid-write leaves
-//! either the old state or the new one (a `.next` left behind is removed when the shard is next
-//! opened). The previous version stays as `.next`, the next write's target, overwritten in place, so a
-//! run needs disk room for two copies of every shard it writes (one at rest).
+//! The NVMe tier never overwrites the only copy of a tensor: a write goes to a spare file of the
+//! same size (`.zerostream-spare-{n}`, from the directory's pool) and the spare's and the shard's names
+//! are then exchanged, so a process killed mid-write leaves either the old state or the new one
+//! (leftover spares are removed when the directory is next opened). The previous version goes back
+//! to the pool under the spare's name, a later write's target, overwritten in place. The pool keeps at
+//! most [`crate::SPARES_PER_SIZE`] spares of each size, so a run needs disk room for its state plus a
+//! few tensors of each size; at rest (the directory dropped), the state alone.
 //! Symbolic links inside the directory are never followed (every open there uses O_NOFOLLOW), so a
 //! link planted where a shard or the lock should be cannot redirect writes elsewhere.
 //! See [`ShardFile`] for the file itself.
@@ -24,6 +26,7 @@ use crate::aligned::{AlignedBuf, BufferPool};
 use crate::io::IoEngine;
 pub use crate::shard_file::ShardFile;
 use crate::shard_file::{open_error, open_in_dir};
+use crate::spare_pool::{SparePool, remove_leftovers};
 
 /// Where a tensor lives between uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -75,6 +78,9 @@ pub struct NvmeDir {
     written_bytes: AtomicU64,
     /// The buffers of tensors paged out, reused by the next page-in.
     pub pool: BufferPool,
+    /// The spare files shard writes go into, shared by all the shards (removed when this is dropped,
+    /// before the lock goes: it comes later in the struct).
+    pub(crate) spares: SparePool,
     /// Held for as long as this run uses the directory: a second run given it is refused.
     _lock: File,
 }
@@ -82,7 +88,7 @@ pub struct NvmeDir {
 impl NvmeDir {
     /// Creates `dir` if it is missing, checks that it is a writable directory (by creating and removing
     /// a probe file) that no other run holds, and whether its filesystem accepts O_DIRECT; a refusal is
-    /// added to `io.notes`.
+    /// added to `io.notes`. Spare files an earlier run left there are removed.
     pub fn new(dir: &Path, mut io: IoEngine, verify: bool, rank: usize) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| io_error("creating the NVMe directory", dir, e))?;
         let meta = std::fs::metadata(dir).map_err(|e| io_error("NVMe directory", dir, e))?;
@@ -104,6 +110,8 @@ impl NvmeDir {
                 lock_path.display()
             )));
         }
+        // Under the lock: no other run is writing them.
+        remove_leftovers(dir)?;
         let probe = dir.join(format!(".zerostream-probe-{}", std::process::id()));
         let opened = open_in_dir(&io, "NVMe directory probe", &probe, true);
         let _ = std::fs::remove_file(&probe);
@@ -119,6 +127,7 @@ impl NvmeDir {
             read_bytes: AtomicU64::new(0),
             written_bytes: AtomicU64::new(0),
             pool: BufferPool::default(),
+            spares: SparePool::new(dir),
             _lock: lock,
         })
     }

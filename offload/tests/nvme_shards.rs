@@ -1,11 +1,12 @@
-//! Shard files on the NVMe tier as the disk sees them: a write goes to the spare file and is exchanged
-//! with the current one (never the only copy in place), a write cut short leaves the old state, damage is named, and symlinks inside the
-//! directory are refused rather than followed.
+//! Shard files on the NVMe tier as the disk sees them: a write goes to a spare file from the
+//! directory's bounded pool and is exchanged with the current one (never the only copy in place), a
+//! write cut short leaves the old state, damage is named, and symlinks inside the directory are
+//! refused rather than followed.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use zerostream_offload::{IoConfig, IoEngine, IoEngineKind, NvmeDir, Stored, Tier};
+use zerostream_offload::{IoConfig, IoEngine, IoEngineKind, NvmeDir, SPARE_PREFIX, Stored, Tier};
 
 const FOOTER: usize = 4096;
 
@@ -41,6 +42,25 @@ fn next_of(path: &Path) -> PathBuf {
     PathBuf::from(format!("{}.next", path.display()))
 }
 
+/// The spare files in `dir`, sorted.
+fn spares(dir: &Path) -> Vec<PathBuf> {
+    let mut spares: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(SPARE_PREFIX))
+        .map(|e| e.path())
+        .collect();
+    spares.sort();
+    spares
+}
+
+/// Makes every spare write into `dir` fail before it starts: the idle spares go, and directories
+/// stand where the fresh ones would be created.
+fn block_spares(dir: &Path) {
+    spares(dir).iter().for_each(|p| std::fs::remove_file(p).unwrap());
+    (0..256).for_each(|n| std::fs::create_dir_all(dir.join(format!("{SPARE_PREFIX}{n}/blocker"))).unwrap());
+}
+
 fn names(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     names.sort();
@@ -63,9 +83,11 @@ fn a_write_goes_to_the_spare_and_the_spare_is_the_previous_version() {
         let path = nv.shard_path("g.master");
         let (v1, v2, v3) = (pattern(len, 1), pattern(len, 2), pattern(len, 3));
         write(&mut t, &nv, &v1);
-        let shard_names = [".zerostream.lock", "g.master.rank0.bin", "g.master.rank0.bin.next"];
-        assert_eq!(names(dir.path()), shard_names, "{engine}: the shard and its spare, no .crc");
+        let spare = dir.path().join(format!("{SPARE_PREFIX}0"));
+        let shard_names = [".zerostream-spare-0", ".zerostream.lock", "g.master.rank0.bin"];
+        assert_eq!(names(dir.path()), shard_names, "{engine}: the shard and one spare, no .crc");
         assert_eq!(std::fs::metadata(&path).unwrap().len(), (4 * 4096 + FOOTER) as u64);
+        assert_eq!(std::fs::metadata(&spare).unwrap().len(), (4 * 4096 + FOOTER) as u64, "{engine}: the spare has the shard's size");
         // Keep the first version's file open: the second write must go to another file, not over it.
         let first = std::fs::File::open(&path).unwrap();
         write(&mut t, &nv, &v2);
@@ -73,7 +95,7 @@ fn a_write_goes_to_the_spare_and_the_spare_is_the_previous_version() {
         let mut old = vec![0u8; len];
         std::os::unix::fs::FileExt::read_exact_at(&first, &mut old, 0).unwrap();
         assert!(old == v1, "{engine}: the first version was overwritten in place");
-        assert_eq!(first.metadata().unwrap().ino(), std::fs::metadata(next_of(&path)).unwrap().ino(), "{engine}: v1 is the spare");
+        assert_eq!(first.metadata().unwrap().ino(), std::fs::metadata(&spare).unwrap().ino(), "{engine}: v1 is the spare");
         assert!(read(&mut t, &nv).unwrap() == v2, "{engine}: the second version reads back");
         // The third write reuses the first version's file (its blocks stay allocated), and leaves the
         // second version's whole.
@@ -84,9 +106,11 @@ fn a_write_goes_to_the_spare_and_the_spare_is_the_previous_version() {
         assert!(old == v2, "{engine}: the second version was overwritten in place");
         assert!(read(&mut t, &nv).unwrap() == v3, "{engine}: the third version reads back");
         assert_eq!(names(dir.path()), shard_names, "{engine}");
-        // Closing the shard removes the spare; a later run reuses the file and reads the last version.
+        // Closing the directory removes the spare; a later run reuses the file and reads the last version.
         drop(t);
+        drop(nv);
         assert_eq!(names(dir.path()), [".zerostream.lock", "g.master.rank0.bin"], "{engine}: no spare at rest");
+        let nv = nvme_with(dir.path(), engine, true);
         let mut again = Stored::new("g.master", len, Tier::Nvme, Some(&nv)).unwrap();
         assert!(read(&mut again, &nv).unwrap() == v3, "{engine}: after reopening");
     }
@@ -95,19 +119,33 @@ fn a_write_goes_to_the_spare_and_the_spare_is_the_previous_version() {
 #[test]
 fn an_interrupted_write_leaves_the_old_state_and_its_leftover_is_removed_on_reopen() {
     let dir = tempfile::tempdir().unwrap();
-    let nv = nvme(dir.path());
     let len = 5000;
     let v1 = pattern(len, 7);
-    write(&mut Stored::new("w", len, Tier::Nvme, Some(&nv)).unwrap(), &nv, &v1);
-    let path = nv.shard_path("w");
-    let next = next_of(&path);
-    // What a write killed part-way leaves: a whole-sized file of garbage, a truncated one, an empty one.
+    let path = {
+        let nv = nvme(dir.path());
+        write(&mut Stored::new("w", len, Tier::Nvme, Some(&nv)).unwrap(), &nv, &v1);
+        nv.shard_path("w")
+    };
+    // What a write killed part-way leaves: a whole-sized file of garbage, a truncated one, an empty
+    // one, as a pool spare (the next run's first spare name among them) or as an earlier version's
+    // `.next`; and a symlink, whose target must survive.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let target = elsewhere.path().join("precious");
+    std::fs::write(&target, b"precious").unwrap();
     let leftovers = [pattern(2 * 4096 + FOOTER, 99), pattern(100, 3), Vec::new()];
     for leftover in leftovers {
-        std::fs::write(&next, &leftover).unwrap();
+        let planted = [next_of(&path), dir.path().join(format!("{SPARE_PREFIX}0")), dir.path().join(format!("{SPARE_PREFIX}17"))];
+        planted.iter().for_each(|p| std::fs::write(p, &leftover).unwrap());
+        std::os::unix::fs::symlink(&target, dir.path().join(format!("{SPARE_PREFIX}1"))).unwrap();
+        let nv = nvme(dir.path());
+        assert!(spares(dir.path()).is_empty(), "leftover spares of {} bytes are removed when the directory is opened", leftover.len());
         let mut t = Stored::new("w", len, Tier::Nvme, Some(&nv)).unwrap();
-        assert!(!next.exists(), "the leftover of {} bytes is removed on open", leftover.len());
+        assert!(!next_of(&path).exists(), "the leftover .next of {} bytes is removed on open", leftover.len());
         assert!(read(&mut t, &nv).unwrap() == v1, "the old state reads back past a leftover of {} bytes", leftover.len());
+        assert_eq!(std::fs::read(&target).unwrap(), b"precious");
+        // The next write goes through the pool as ever.
+        write(&mut t, &nv, &v1);
+        assert_eq!(spares(dir.path()).len(), 1);
     }
 }
 
@@ -118,14 +156,12 @@ fn a_failed_write_keeps_the_old_state() {
     let v1 = pattern(4096, 5);
     let mut t = Stored::new("f", 4096, Tier::Nvme, Some(&nv)).unwrap();
     write(&mut t, &nv, &v1);
-    // A directory where the write's `.next` file must go: the write cannot start.
-    let next = next_of(&nv.shard_path("f"));
-    std::fs::remove_file(&next).unwrap(); // the spare
-    std::fs::create_dir_all(next.join("blocker")).unwrap();
+    // Directories where the write's spare must go: the write cannot start.
+    block_spares(dir.path());
     t.page_in_zeroed(Some(&nv));
     t.data_mut().bytes_mut().fill(0xee);
     let err = t.page_out(Some(&nv), true).unwrap_err().to_string();
-    assert!(err.contains("f.rank0.bin.next"), "{err}");
+    assert!(err.contains("writing shard") && err.contains("f.rank0.bin") && err.contains(SPARE_PREFIX), "{err}");
     assert!(read(&mut t, &nv).unwrap() == v1, "the old state survives the failed write");
 }
 
@@ -201,7 +237,10 @@ fn a_symlink_planted_as_the_next_file_or_the_shard_is_replaced_not_written_throu
     std::fs::write(&target, b"precious").unwrap();
     let mut t = Stored::new("p", 4096, Tier::Nvme, Some(&nv)).unwrap();
     let path = nv.shard_path("p");
-    std::os::unix::fs::symlink(&target, next_of(&path)).unwrap();
+    // Links where the next spares will be created.
+    for n in 0..4 {
+        std::os::unix::fs::symlink(&target, dir.path().join(format!("{SPARE_PREFIX}{n}"))).unwrap();
+    }
     write(&mut t, &nv, &pattern(4096, 1));
     // After the shard was opened, a link put in its place is renamed over, not written through.
     std::fs::remove_file(&path).unwrap();
@@ -276,14 +315,15 @@ fn a_process_killed_mid_write_leaves_one_whole_version() {
         std::thread::sleep(std::time::Duration::from_millis(delay_ms));
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
-        let leftover = next_of(&path).exists();
-        // The child's lock went with it; reopening removes any `.next` and reads a whole version.
+        let leftover = spares(dir.path()).len() + spares(&dir.path().join("batched")).len();
+        // The child's lock went with it; reopening removes the spares and reads a whole version.
         let nv = nvme(dir.path());
+        assert!(spares(dir.path()).is_empty() && !next_of(&path).exists());
         let mut t = Stored::new("k", KILLED_BYTES, Tier::Nvme, Some(&nv)).unwrap();
-        assert!(!next_of(&path).exists());
-        let back = read(&mut t, &nv).unwrap_or_else(|e| panic!("killed after {delay_ms} ms (leftover .next: {leftover}): {e}"));
+        let back = read(&mut t, &nv).unwrap_or_else(|e| panic!("killed after {delay_ms} ms (spares left: {leftover}): {e}"));
         assert!(back.iter().all(|&b| b == back[0]), "killed after {delay_ms} ms: a mix of versions");
         let batched = nvme_with(&dir.path().join("batched"), IoEngineKind::Uring, true);
+        assert!(spares(&dir.path().join("batched")).is_empty());
         let versions: Vec<u8> = ["a", "b"]
             .iter()
             .map(|name| {
@@ -292,7 +332,7 @@ fn a_process_killed_mid_write_leaves_one_whole_version() {
                 back[0]
             })
             .collect();
-        eprintln!("killed after {delay_ms} ms: version {} reads back ({versions:?} batched), .next left: {leftover}", back[0]);
+        eprintln!("killed after {delay_ms} ms: version {} reads back ({versions:?} batched), spares left: {leftover}", back[0]);
     }
 }
 
@@ -342,16 +382,27 @@ fn a_batch_names_the_damaged_shard_and_leaves_nothing_half_paged_in() {
     assert!(all.iter().all(|t| !t.is_resident()), "no tensor of a failed batch is resident");
     // A write that cannot start for the last tensor: no tensor of the batch is written, and every
     // buffer leaves.
-    write(all[1], &nv, &pattern(len, 1));
-    let next = next_of(&nv.shard_path("c2"));
-    std::fs::remove_file(&next).unwrap(); // the spare
-    std::fs::create_dir_all(next.join("blocker")).unwrap();
+    // Written in one batch, the three leave three idle spares: they serve the first three of four
+    // below; the last must create one, and cannot.
+    for (k, t) in all.iter_mut().enumerate() {
+        t.page_in_zeroed(Some(&nv));
+        t.data_mut().bytes_mut().copy_from_slice(&pattern(len, k as u8));
+    }
+    Stored::page_out_all(&mut all, Some(&nv), true).unwrap();
+    let mut fourth = Stored::new("c3", len, Tier::Nvme, Some(&nv)).unwrap();
+    all.push(&mut fourth);
+    let idle = spares(dir.path());
+    assert_eq!(idle.len(), 3, "{idle:?}");
+    (idle.len()..256).for_each(|n| std::fs::create_dir_all(dir.path().join(format!("{SPARE_PREFIX}{n}/blocker"))).unwrap());
     for t in all.iter_mut() {
         t.page_in_zeroed(Some(&nv));
         t.data_mut().bytes_mut().fill(0xee);
     }
     let err = Stored::page_out_all(&mut all, Some(&nv), true).unwrap_err().to_string();
-    assert!(err.contains("c2.rank0.bin.next"), "{err}");
+    assert!(err.contains("c3.rank0.bin") && err.contains(SPARE_PREFIX), "{err}");
+    let err = read(all[3], &nv).unwrap_err();
+    assert!(err.contains("never completely written"), "c3 was never written: {err}");
+    all.pop();
     assert!(all.iter().all(|t| !t.is_resident()));
     assert!(read(all[2], &nv).unwrap() == pattern(len, 2), "the failed tensor's old state survives");
     for (k, t) in all.iter_mut().take(2).enumerate() {

@@ -10,6 +10,7 @@
 //! weights, m and v (16 B/param, one batch) ahead, AdamW with a bf16 copy into the working copy, write
 //! the working copy (2 B/param) and then master, m and v (12 B/param, one batch) behind.
 
+use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -108,6 +109,11 @@ fn sweep_throughput() {
                 "  busy: read {read_s:.2} s, AdamW {adam_s:.2} s, working copy written {working_s:.2} s, state written {write_s:.2} s (of {seconds:.2} s)"
             );
             assert!(read > 0 && written > 0);
+            // What the run holds on disk now, spares included (what `du` of the directory says).
+            let allocated: u64 = std::fs::read_dir(scratch.path()).unwrap().map(|e| e.unwrap().metadata().unwrap().blocks() * 512).sum();
+            let state: u64 =
+                shards.iter().map(|g| [&g.grad, &g.master, &g.m, &g.v, &g.working].map(|t| t.len_bytes() as u64).iter().sum::<u64>()).sum();
+            println!("  disk: {:.2} GB allocated in the directory, state {:.2} GB", allocated as f64 / 1e9, state as f64 / 1e9);
         }
     }
 }

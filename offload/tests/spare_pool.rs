@@ -1,0 +1,134 @@
+//! The NVMe directory's pool of spare files: shard writes of one size share a bounded number of
+//! spares (reused in place, the excess removed), however many shards and writers there are, and the
+//! pool's files go with the directory.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use zerostream_offload::{IoConfig, IoEngine, IoEngineKind, NvmeDir, SPARE_PREFIX, SPARES_PER_SIZE, Stored, Tier};
+
+const FOOTER: usize = 4096;
+
+fn nvme(dir: &Path) -> NvmeDir {
+    let io = IoEngine::new(IoConfig { engine: IoEngineKind::Uring, block_bytes: 8192, queue_depth: 4, ..IoConfig::default() }).unwrap();
+    NvmeDir::new(dir, io, true, 0).unwrap()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed)).collect()
+}
+
+/// Reads tensor `t` back (and pages it out again, clean).
+fn read(t: &mut Stored, nv: &NvmeDir) -> Vec<u8> {
+    t.page_in(Some(nv)).unwrap();
+    let bytes = t.data().bytes().to_vec();
+    t.page_out(Some(nv), false).unwrap();
+    bytes
+}
+
+/// The spare files in `dir`, sorted.
+fn spares(dir: &Path) -> Vec<PathBuf> {
+    let mut spares: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(SPARE_PREFIX))
+        .map(|e| e.path())
+        .collect();
+    spares.sort();
+    spares
+}
+
+/// Bytes allocated to the files in `dir` (what `du` counts).
+fn allocated_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().metadata().unwrap().blocks() * 512).sum()
+}
+
+/// The spare files in `dir` whose size is `file_bytes`.
+fn spares_of_size(dir: &Path, file_bytes: u64) -> usize {
+    spares(dir).iter().filter(|p| std::fs::metadata(p).unwrap().len() == file_bytes).count()
+}
+
+#[test]
+fn many_shards_of_one_size_share_a_bounded_pool_of_spares() {
+    let dir = tempfile::tempdir().unwrap();
+    let nv = nvme(dir.path());
+    // Twelve shards of one size (a block group's master, m, v, grad, times three) and four of another.
+    let (len, other_len) = (5 * 4096 + 3, 2 * 4096);
+    let (file, other_file) = ((6 * 4096 + FOOTER) as u64, (2 * 4096 + FOOTER) as u64);
+    let mut big: Vec<Stored> =
+        (0..12).map(|k| Stored::new(&format!("g{}.t{}", k / 4, k % 4), len, Tier::Nvme, Some(&nv)).unwrap()).collect();
+    let mut small: Vec<Stored> = (0..4).map(|k| Stored::new(&format!("s{k}"), other_len, Tier::Nvme, Some(&nv)).unwrap()).collect();
+    let state_bytes = 12 * file + 4 * other_file;
+    let bound_bytes = SPARES_PER_SIZE as u64 * (file + other_file);
+    let check = |round: usize, what: &str| {
+        assert!(spares_of_size(dir.path(), file) <= SPARES_PER_SIZE, "round {round} ({what}): {:?}", spares(dir.path()));
+        assert!(spares_of_size(dir.path(), other_file) <= SPARES_PER_SIZE, "round {round} ({what}): {:?}", spares(dir.path()));
+        let used = allocated_bytes(dir.path());
+        assert!(
+            used <= state_bytes + bound_bytes + 4096,
+            "round {round} ({what}): {used} bytes on disk, state {state_bytes} + bound {bound_bytes}"
+        );
+    };
+    for round in 0..6u8 {
+        // All at once: more same-size writes in flight than the bound; what is left over is removed.
+        let mut all: Vec<&mut Stored> = big.iter_mut().chain(small.iter_mut()).collect();
+        for (k, t) in all.iter_mut().enumerate() {
+            t.page_in_zeroed(Some(&nv));
+            let want = pattern(t.len_bytes(), round.wrapping_mul(16).wrapping_add(k as u8));
+            t.data_mut().bytes_mut().copy_from_slice(&want);
+        }
+        Stored::page_out_all(&mut all, Some(&nv), true).unwrap();
+        check(round as usize, "one batch of all");
+        // Group by group, as the update's write stage does: the idle spares are reused, none created.
+        let before = spares(dir.path());
+        for group in big.chunks_mut(4) {
+            let mut batch: Vec<&mut Stored> = group.iter_mut().take(3).collect();
+            for t in batch.iter_mut() {
+                t.page_in(Some(&nv)).unwrap();
+            }
+            Stored::page_out_all(&mut batch, Some(&nv), true).unwrap();
+        }
+        assert_eq!(spares(dir.path()), before, "round {round}: steady-state writes reuse the pool's spares");
+        check(round as usize, "group by group");
+        let mut all: Vec<&mut Stored> = big.iter_mut().chain(small.iter_mut()).collect();
+        for (k, t) in all.iter_mut().enumerate() {
+            let want = pattern(t.len_bytes(), round.wrapping_mul(16).wrapping_add(k as u8));
+            assert!(read(t, &nv) == want, "round {round}: shard {k} reads back its last version");
+        }
+    }
+    assert_eq!(spares_of_size(dir.path(), file), SPARES_PER_SIZE, "the pool fills up to its bound");
+    // The pool's spares go with the directory.
+    drop(nv);
+    assert!(spares(dir.path()).is_empty(), "{:?}", spares(dir.path()));
+    assert_eq!(allocated_bytes(dir.path()), state_bytes, "at rest the state alone");
+}
+
+#[test]
+fn writers_on_two_threads_share_the_pool_and_each_shard_keeps_its_own_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let nv = nvme(dir.path());
+    let len = 3 * 4096;
+    let file = (3 * 4096 + FOOTER) as u64;
+    let mut sides: [Vec<Stored>; 2] =
+        [0, 1].map(|side| (0..3).map(|k| Stored::new(&format!("t{side}.{k}"), len, Tier::Nvme, Some(&nv)).unwrap()).collect());
+    std::thread::scope(|scope| {
+        for (side, shards) in sides.iter_mut().enumerate() {
+            let nv = &nv;
+            scope.spawn(move || {
+                for round in 0..40u8 {
+                    let mut batch: Vec<&mut Stored> = shards.iter_mut().collect();
+                    for (k, t) in batch.iter_mut().enumerate() {
+                        t.page_in_zeroed(Some(nv));
+                        t.data_mut().bytes_mut().copy_from_slice(&pattern(len, round ^ (side as u8 * 8 + k as u8)));
+                    }
+                    Stored::page_out_all(&mut batch, Some(nv), true).unwrap();
+                    for (k, t) in batch.iter_mut().enumerate() {
+                        assert!(read(t, nv) == pattern(len, round ^ (side as u8 * 8 + k as u8)), "side {side}, round {round}, shard {k}");
+                    }
+                }
+            });
+        }
+    });
+    let left = spares_of_size(dir.path(), file);
+    assert!((3..=SPARES_PER_SIZE).contains(&left), "{left} spares after batches of 3 on two threads");
+}
