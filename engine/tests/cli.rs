@@ -176,6 +176,43 @@ fn a_run_too_big_for_this_machines_ram_is_refused_before_any_work() {
 }
 
 #[test]
+fn a_run_too_big_for_its_nvme_disk_is_refused_before_any_work() {
+    // A GPT-2 of 15000 blocks of width 2048 (755B parameters): ~12.7 TiB of state on NVMe, more than any
+    // disk a test runs on; its RAM need (the groups paged in) is small.
+    let dir = tempfile::tempdir().unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../benches/scale/gpt2-3b.json")).unwrap())
+            .unwrap();
+    config["n_layer"] = 15000.into();
+    let config_path = dir.path().join("huge.json");
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let nvme = dir.path().join("nvme");
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny/tokens.bin");
+    let out = zerostream(&[
+        "train",
+        "--device",
+        "cpu",
+        "--config",
+        config_path.to_str().unwrap(),
+        "--data",
+        data,
+        "--precision",
+        "bf16",
+        "--offload-optimizer",
+        "nvme",
+        "--offload-params",
+        "nvme",
+        "--nvme-dir",
+        nvme.to_str().unwrap(),
+        "--steps",
+        "1",
+    ]);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("--nvme-dir") && err.contains("GiB free"), "{err}");
+    assert!(!nvme.exists(), "nothing was written before the refusal");
+}
+
+#[test]
 fn raw_uint32_token_files_train_like_the_uint16_original() {
     let dir = tempfile::tempdir().unwrap();
     let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny");

@@ -15,5 +15,5 @@ pub use adam::{AdamConfig, AdamW, Grads, Isa, ParamCopy};
 pub use aligned::{ALIGN_BYTES, AlignedBuf, BufferPool};
 pub use io::{Direction, IoConfig, IoEngine, IoEngineKind};
 pub use spare_pool::{SPARE_PREFIX, SPARES_PER_SIZE};
-pub use store::{NvmeDir, StoreError, Stored, Tier};
+pub use store::{NvmeDir, StoreError, Stored, Tier, free_bytes, shard_bytes_in};
 pub use sweep::pipelined_sweep;

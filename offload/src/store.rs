@@ -370,3 +370,42 @@ mod tests {
         assert!(err.contains("--nvme-dir"), "{err}");
     }
 }
+
+/// Bytes free for an unprivileged writer on the file system that holds `path` (or its nearest existing
+/// ancestor, for a directory still to be made).
+pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    let mut at = path;
+    while !at.exists() {
+        at = at.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    }
+    let c_path = std::ffi::CString::new(at.as_os_str().as_encoded_bytes()).map_err(std::io::Error::other)?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: a NUL-terminated path and a statvfs the call fills on success.
+    if unsafe { libc::statvfs(c_path.as_ptr(), stat.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: filled by the successful call above.
+    let stat = unsafe { stat.assume_init() };
+    Ok(stat.f_bavail as u64 * stat.f_frsize as u64)
+}
+
+/// Bytes of the shard files (`*.bin`) in `dir`'s `rank*/` subdirectories: what a new run in `dir`
+/// overwrites rather than adds.
+pub fn shard_bytes_in(dir: &Path) -> u64 {
+    let files_in = |d: &Path| -> u64 {
+        std::fs::read_dir(d)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".bin"))
+            .filter_map(|e| e.metadata().ok().filter(|m| m.is_file()).map(|m| m.len()))
+            .sum()
+    };
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("rank") && e.path().is_dir())
+        .map(|e| files_in(&e.path()))
+        .sum()
+}

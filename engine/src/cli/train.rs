@@ -342,11 +342,16 @@ fn planned_costs(choice: DeviceChoice) -> AllocCosts {
     }
 }
 
-/// Refuses before any work a run whose state would not fit in this machine's RAM (`ranks_here` ranks),
-/// or whose device budget the chosen device cannot keep.
+/// Refuses before any work a run whose state would not fit in this machine's RAM or on its NVMe
+/// directory's disk (`ranks_here` ranks), or whose device budget the chosen device cannot keep.
 fn check_host_ram(a: &TrainArgs, options: &RunOptions, tc: &TrainConfig, world: usize, ranks_here: usize) -> Result<()> {
     let config = zerostream::train::run::model_config(&options.model)?;
-    zerostream::train::plan_on(&config, tc, world, planned_costs(a.device.device))?.check_host_ram(ranks_here)
+    let placement = zerostream::train::plan_on(&config, tc, world, planned_costs(a.device.device))?;
+    placement.check_host_ram(ranks_here)?;
+    match &tc.nvme_dir {
+        Some(dir) => placement.check_nvme_room(dir, ranks_here),
+        None => Ok(()),
+    }
 }
 
 /// SIGINT and SIGTERM set the returned flag (the run finishes its step, checkpoints and stops); a

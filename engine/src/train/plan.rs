@@ -32,6 +32,9 @@ pub struct Placement {
     /// tier): the update's sweep holds three groups (read ahead, updated, written back) with their
     /// gradients, and the device thread one group's gradient and one working copy.
     pub host_paged_in_bytes: u64,
+    /// Per rank, on NVMe beside the state while a run is open: the spare files shard writes go into
+    /// (`zerostream_offload::SPARES_PER_SIZE` of each shard size at most; 0 without an NVMe tier).
+    pub host_nvme_spare_bytes: u64,
     /// Whether the output projection (V, C) is resident on the device whole, with every vocabulary
     /// chunk's logits, or uploaded a chunk at a time with one chunk's logits (when the budget cannot
     /// hold it whole). The embedding's rows are gathered on the host either way.
@@ -81,12 +84,45 @@ impl Placement {
             None => "RAM available here unknown".to_string(),
         };
         format!(
-            "host state per rank: {:.2} GiB in RAM (state paged in from NVMe included), {:.2} GiB on NVMe; {} rank(s) on one machine: {:.2} GiB of RAM, {verdict}",
+            "host state per rank: {:.2} GiB in RAM (state paged in from NVMe included), {:.2} GiB on NVMe{}; {} rank(s) on one machine: {:.2} GiB of RAM, {verdict}",
             gib(ram),
             gib(nvme),
+            if self.host_nvme_spare_bytes > 0 {
+                format!(" (+ up to {:.2} GiB of spare files while running)", gib(self.host_nvme_spare_bytes))
+            } else {
+                String::new()
+            },
             self.world_size,
             gib(all)
         )
+    }
+
+    /// Refuses, with the numbers, a run whose NVMe state (and spare files) for `ranks_here` ranks on
+    /// this machine would not fit in the free space of `dir`'s file system (counting the shard files of
+    /// an earlier run there, which it overwrites): better at start-up than a full disk mid-write.
+    pub fn check_nvme_room(&self, dir: &std::path::Path, ranks_here: usize) -> Result<()> {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let (_, state) = self.host_bytes_per_rank();
+        if state == 0 {
+            return Ok(());
+        }
+        let need = (state + self.host_nvme_spare_bytes) * ranks_here as u64;
+        let Ok(free) = zerostream_offload::free_bytes(dir) else { return Ok(()) };
+        let reused = zerostream_offload::shard_bytes_in(dir);
+        if need > free + reused {
+            bail!(
+                "--nvme-dir {}: {ranks_here} rank(s) here need {:.2} GiB on NVMe ({:.2} GiB of state and up to {:.2} GiB of spare \
+                 files per rank), but its file system has {:.2} GiB free{}: free some space, give a larger disk, or keep part of the \
+                 state in RAM (--offload-params ram)",
+                dir.display(),
+                gib(need),
+                gib(state),
+                gib(self.host_nvme_spare_bytes),
+                gib(free),
+                if reused > 0 { format!(" (+ {:.2} GiB of an earlier run's shards there, which it overwrites)", gib(reused)) } else { String::new() }
+            );
+        }
+        Ok(())
     }
 
     /// Refuses, with the numbers, a run whose state in RAM for `ranks_here` ranks on this machine is
@@ -306,6 +342,17 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
     if tc.offload_params == Tier::Nvme {
         host_paged_in_bytes += 2 * working_bytes * largest_working;
     }
+    // The spare files: a few per distinct shard size (master, m, v and gradient slices share theirs).
+    let mut spare_sizes = std::collections::BTreeSet::new();
+    if tc.offload_optimizer == Tier::Nvme {
+        spare_sizes.extend(slice_lens.iter().map(|&n| 4 * n));
+    }
+    if tc.offload_params == Tier::Nvme {
+        spare_sizes.extend(shards.iter().map(|s| working_bytes * s.working_len as u64));
+    }
+    let page = 4096;
+    let host_nvme_spare_bytes =
+        zerostream_offload::SPARES_PER_SIZE as u64 * spare_sizes.iter().map(|b| b.div_ceil(page) * page + page).sum::<u64>();
     // Stage 1 with several ranks keeps each block's whole gradient (the head's is reduced at once).
     let stage1_grads = if sharding.shards_grads() { 0 } else { shards[1..].iter().map(|s| s.padded_len).sum::<usize>() as u64 };
     Ok(Placement {
@@ -319,6 +366,7 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         host_grad_bytes: 4 * slices,
         host_stage1_grad_bytes: 4 * stage1_grads,
         host_paged_in_bytes,
+        host_nvme_spare_bytes,
         vocab_resident,
         device_head_bytes: head_bytes,
         device_block_slot_bytes: slot_bytes,
