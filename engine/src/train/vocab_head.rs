@@ -6,7 +6,7 @@
 //! gradient and, when streamed, no (V, C) matrix at all. Where the projection lives never changes a
 //! bit: the same per-chunk products and sums run either way (`tests/train.rs`).
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 
 use super::{Clock, Trainer, timed};
 use crate::device::{Backend, HalfFormat};
@@ -86,6 +86,9 @@ impl<D: Backend> Trainer<'_, D> {
     /// embedding is resident there (tied to a resident projection): the same sums either way.
     pub(super) fn embed(&self, ids: &[u32], tokens: &D::Tokens, dropout: Option<&DropoutKeys>, clock: &mut Clock) -> Result<()> {
         let (dev, d, width, seq_len) = (self.dev, &self.device, self.model.width(), self.train.seq_len);
+        if let Some((i, id)) = ids.iter().enumerate().find(|&(_, &id)| id as usize >= self.model.vocab_size()) {
+            bail!("token id {id} (position {i} of the micro-batch) is outside the model's vocabulary of {} ids", self.model.vocab_size());
+        }
         let Some(words) = self.vocab.words_of(self.vocab.tensors[0]) else {
             timed(&mut clock.compute, || self.model.embed_forward(dev, &d.residual[0], &d.head, &d.head_acts, tokens, seq_len, dropout));
             return Ok(());
