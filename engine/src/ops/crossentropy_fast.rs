@@ -139,7 +139,7 @@ mod tests {
             stats_op(&mut scratch_stats, &scratch_of(&logits), &targets, &scratch);
             assert_eq!(whole_stats, scratch_stats, "rows={rows} V={vocab} chunk {index}: the layout changed the stats");
         }
-        let (lse, _) = twin::crossentropy_combine(&whole_stats, &targets, n_chunks, chunk_cols);
+        let (lse, _) = twin::crossentropy_combine(&whole_stats, targets.len(), n_chunks);
         for index in 0..n_chunks {
             let [whole, scratch] = layouts(rows, vocab, chunk_cols, index);
             grad_op(&mut whole_grad, &lse, &targets, &whole, 0.25);
@@ -178,7 +178,7 @@ mod tests {
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64((rows * 100_003 + vocab) as u64);
             let mut logits: Vec<f32> = (0..rows * vocab).map(|_| rng.random_range(-8.0f32..8.0)).collect();
             let targets: Vec<u32> = (0..rows).map(|_| rng.random_range(0..vocab as u32)).collect();
-            let (_, chunk_losses) = twin::crossentropy_combine(&stats, &targets, vocab.div_ceil(chunk_cols), chunk_cols);
+            let (_, chunk_losses) = twin::crossentropy_combine(&stats, targets.len(), vocab.div_ceil(chunk_cols));
             let mut losses = vec![0.0; rows];
             crossentropy(&mut losses, &mut logits, &targets, vocab, Some(0.25));
             for (g, w) in chunk_losses.iter().zip(&losses) {
