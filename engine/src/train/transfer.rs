@@ -98,7 +98,10 @@ impl<D: Backend> Trainer<'_, D> {
             }
         }
         clock.upload += t0.elapsed();
-        clock.upload_bytes += (layout.len * self.train.precision.working_bytes_per_param()) as u64;
+        // Only the tensors written to the device cross the bus (a streamed projection's chunks are
+        // counted as they go).
+        let uploaded: usize = tensors.iter().zip(&layout.tensors).filter(|(t, _)| t.is_some()).map(|(_, slot)| slot.len).sum();
+        clock.upload_bytes += (uploaded * self.train.precision.working_bytes_per_param()) as u64;
         Ok(dirty)
     }
 
