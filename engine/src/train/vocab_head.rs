@@ -46,7 +46,8 @@ impl HostWords {
 /// The head group's vocabulary matrices on the host during a step.
 #[derive(Default)]
 pub(super) struct VocabHost {
-    /// The distinct vocabulary matrices' table indices: the embedding, then the projection if untied.
+    /// The distinct vocabulary matrices' table indices: the embedding, then the projection if untied
+    /// (so the last one is always the projection).
     pub(super) tensors: Vec<usize>,
     /// The working copies of those the device does not hold whole (as uploaded at the start of the
     /// step), by table index: a tied embedding resident as the projection is gathered on the device.
@@ -56,6 +57,12 @@ pub(super) struct VocabHost {
 }
 
 impl VocabHost {
+    /// The output projection's table index, and its place in `tensors` (and `grads`).
+    fn projection(&self) -> (usize, usize) {
+        let at = self.tensors.len() - 1;
+        (self.tensors[at], at)
+    }
+
     fn words_of(&self, tensor: usize) -> Option<&HostWords> {
         self.words.iter().find(|(i, _)| *i == tensor).map(|(_, w)| w)
     }
@@ -106,7 +113,7 @@ impl<D: Backend> Trainer<'_, D> {
     /// into the slot.
     fn projection_rows(&self, j: usize, upload: bool, clock: &mut Clock) -> Result<Rows<'_, D::Tensor>> {
         let d = &self.device;
-        let (_, projection) = self.model.vocab_tensors();
+        let (projection, _) = self.vocab.projection();
         match &d.vocab_slot {
             None => Ok(Rows::Whole(&d.head[projection])),
             Some(slot) => {
@@ -147,8 +154,7 @@ impl<D: Backend> Trainer<'_, D> {
         let loss = timed(&mut clock.compute, || vocab::finish_loss(dev, loss_acts));
         let Some(scale) = loss_grad_scale else { return Ok(loss) };
         // Backward in reverse chunk order: the last chunk uploaded is still in the slot.
-        let (_, projection) = model.vocab_tensors();
-        let staged = self.vocab.tensors.iter().position(|&i| i == projection).expect("the projection is kept");
+        let (_, staged) = self.vocab.projection();
         for (i, j) in (0..n_chunks).rev().enumerate() {
             let w = self.projection_rows(j, i > 0, clock)?;
             let d = &self.device;
