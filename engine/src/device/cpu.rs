@@ -6,6 +6,8 @@
 //! It lets zerostream run without a Vulkan driver and is the reference the GPU kernels are tested against.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Mutex;
 
 use anyhow::Result;
 
@@ -15,6 +17,33 @@ use crate::ops::{self, encoder::TokenBuckets};
 
 pub struct CpuDevice {
     budget: ByteBudget,
+    /// Vectors handed back by [`Backend::recycle`], by length, for the next reads of that length.
+    spare_reads: Mutex<SpareReads>,
+}
+
+/// The recycled read vectors: each step reads the same gradient lengths again, so reuse by exact length
+/// is enough; at most [`SPARE_READ_BYTES`] are kept (beyond that a vector is dropped).
+#[derive(Default)]
+struct SpareReads {
+    by_len: HashMap<usize, Vec<Vec<f32>>>,
+    bytes: usize,
+}
+
+/// The most bytes of recycled read vectors the cpu device keeps.
+const SPARE_READ_BYTES: usize = 256 << 20;
+
+impl SpareReads {
+    fn take(&mut self, len: usize) -> Option<Vec<f32>> {
+        let v = self.by_len.get_mut(&len)?.pop()?;
+        self.bytes -= 4 * len;
+        Some(v)
+    }
+    fn keep(&mut self, v: Vec<f32>) {
+        if !v.is_empty() && self.bytes + 4 * v.len() <= SPARE_READ_BYTES {
+            self.bytes += 4 * v.len();
+            self.by_len.entry(v.len()).or_default().push(v);
+        }
+    }
 }
 
 pub struct CpuTensor {
@@ -29,7 +58,7 @@ pub struct CpuTokens {
 
 impl CpuDevice {
     pub fn new(budget_bytes: Option<u64>) -> Self {
-        CpuDevice { budget: ByteBudget::new(budget_bytes.unwrap_or(u64::MAX)) }
+        CpuDevice { budget: ByteBudget::new(budget_bytes.unwrap_or(u64::MAX)), spare_reads: Mutex::default() }
     }
 }
 
@@ -49,7 +78,7 @@ impl Backend for CpuDevice {
         t.data.borrow().len()
     }
     fn write(&self, t: &CpuTensor, data: &[f32]) {
-        t.data.borrow_mut()[..data.len()].copy_from_slice(data);
+        ops::elementwise::copy(&mut t.data.borrow_mut()[..data.len()], data);
     }
     fn begin_read(&self, tensors: &[&CpuTensor]) -> Vec<Vec<f32>> {
         tensors.iter().map(|t| self.read(t)).collect()
@@ -58,7 +87,19 @@ impl Backend for CpuDevice {
         pending
     }
     fn read(&self, t: &CpuTensor) -> Vec<f32> {
-        t.data.borrow().clone()
+        let data = t.data.borrow();
+        let spare = self.spare_reads.lock().unwrap_or_else(|e| e.into_inner()).take(data.len());
+        match spare {
+            Some(mut v) => {
+                ops::elementwise::copy(&mut v, &data);
+                v
+            }
+            None => data.clone(),
+        }
+    }
+    fn recycle(&self, vectors: Vec<Vec<f32>>) {
+        let mut spare = self.spare_reads.lock().unwrap_or_else(|e| e.into_inner());
+        vectors.into_iter().for_each(|v| spare.keep(v));
     }
     fn tokens(&self, ids: &[u32]) -> Result<CpuTokens> {
         Ok(CpuTokens { ids: ids.to_vec(), buckets: TokenBuckets::new(ids) })

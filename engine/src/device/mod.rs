@@ -49,6 +49,9 @@ pub trait Backend {
     fn begin_read(&self, tensors: &[&Self::Tensor]) -> Self::PendingRead;
     /// Waits for a read started by [`Backend::begin_read`] and returns the values.
     fn finish_read(&self, pending: Self::PendingRead) -> Vec<Vec<f32>>;
+    /// Hands back vectors a read returned, once their values are used, so that later reads of the same
+    /// lengths fill them instead of fresh memory (whose first touch page-faults). The default drops them.
+    fn recycle(&self, _vectors: Vec<Vec<f32>>) {}
     /// Uploads token ids (each must be below the vocabulary size; callers check).
     fn tokens(&self, ids: &[u32]) -> Result<Self::Tokens>;
     fn alloc_stats(&self) -> AllocStats;

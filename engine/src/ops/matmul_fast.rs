@@ -3,51 +3,18 @@
 //! the `gemm` crate, which picks AVX-512, AVX2+FMA or scalar micro-kernels at run time from the CPU it
 //! runs on. The twin stays the simple reference that this one is tested against (see the tests below).
 //!
-//! Deterministic by construction: C is cut into blocks, of rows or of columns, whose size depends on the
-//! shape only, never on the number of threads; each block is one single-threaded `gemm` call, so every
-//! element of C is summed over K in the same order on every call and on every thread count.
+//! Deterministic by construction: one `gemm` call per product, threaded by `gemm` itself on rayon's pool
+//! (its threads share the packed panels of A and B). `gemm` cuts K into blocks whose size is a function of
+//! K and the CPU's cache sizes alone (`gemm_common::cache::kernel_params`), walks them in order, and gives
+//! each thread whole blocks of M and N: every element of C is summed over K in the same order on every call
+//! and on every thread count (`fast_is_deterministic` checks pools of 1, 2 and 3 threads).
 
 use rayon::prelude::*;
 
 use super::matmul::MatmulShape;
 
-/// The narrowest block of C per rayon task, in rows or columns: below this the repacking that each
-/// `gemm` call does of the operand shared by all blocks costs more than the parallelism gains.
-const MIN_BLOCK: usize = 128;
-/// C is cut into at most this many blocks (fewer when a block would fall under [`MIN_BLOCK`]): enough to
-/// keep a few cores balanced, few enough that the shared operand is packed rarely.
-const MAX_TASKS: usize = 16;
-
-/// How C is cut into blocks: along its longer side, so that the operand every block reads whole (B for
-/// blocks of rows, A for blocks of columns) is the smaller one; the GPT-2 head's C (B*T, V) is cut into
-/// blocks of vocabulary columns and A (B*T, C) is repacked per block, not the (C, V) embedding.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Split {
-    Rows,
-    Columns,
-}
-
-/// The split of a product and its block size: a function of the shape alone, so that the blocks (and
-/// with them every bit of the result) do not depend on how many threads rayon has.
-fn split(m: usize, n: usize) -> (Split, usize) {
-    let (along, len) = if n > m { (Split::Columns, n) } else { (Split::Rows, m) };
-    (along, len.div_ceil(MAX_TASKS).max(MIN_BLOCK))
-}
-
-/// C's base pointer, shared by the tasks that each write their own disjoint block of it.
-#[derive(Clone, Copy)]
-struct CPtr(*mut f32);
-// SAFETY: the tasks write disjoint elements through it (see `matmul`), and the slice it points into
-// outlives the parallel loop.
-unsafe impl Send for CPtr {}
-unsafe impl Sync for CPtr {}
-
-impl CPtr {
-    /// Through a method, so that closures capture the whole `CPtr` (Send), not its raw-pointer field.
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
+/// Rows of C per rayon task when the bias is added after the product.
+const BIAS_ROWS_PER_TASK: usize = 64;
 
 /// C = A @ B (+ bias) (+ C if `accumulate`), the twin's semantics with `gemm`'s kernels.
 pub fn matmul(c: &mut [f32], a: &[f32], b: &[f32], bias: Option<&[f32]>, s: &MatmulShape, accumulate: bool) {
@@ -63,67 +30,52 @@ pub fn matmul(c: &mut [f32], a: &[f32], b: &[f32], bias: Option<&[f32]>, s: &Mat
     // Every element of A, B and C that the product touches lies inside the slices: the unsafe code
     // below relies on it.
     assert!(s.c.span(0..s.m, 0..s.n).end <= c.len(), "matmul: C is too short for its strides");
-    if s.k > 0 {
+    // C from its first element to its last; a row of it every `row_step` elements.
+    let row_step = if s.m == 1 { s.n } else { c_row };
+    let c = &mut c[s.c.offset..s.c.offset + (s.m - 1) * row_step + s.n];
+    if s.k == 0 {
+        // An empty sum: C keeps its values when accumulating and is zero otherwise.
+        if !accumulate {
+            c.chunks_mut(row_step).for_each(|row| row[..s.n].fill(0.0));
+        }
+    } else {
         assert!(s.a.span(0..s.m, 0..s.k).end <= a.len(), "matmul: A is too short for its strides");
         assert!(s.b.span(0..s.k, 0..s.n).end <= b.len(), "matmul: B is too short for its strides");
-    }
-    let (along, block) = split(s.m, s.n);
-    let len = if along == Split::Rows { s.m } else { s.n };
-    let c_base = CPtr(c.as_mut_ptr());
-    (0..len.div_ceil(block)).into_par_iter().for_each(|task| {
-        let start = task * block;
-        let size = block.min(len - start);
-        // The block: rows r0..r0 + rows, columns j0..j0 + cols of C.
-        let (r0, rows, j0, cols) = match along {
-            Split::Rows => (start, size, 0, s.n),
-            Split::Columns => (0, s.m, start, size),
-        };
-        // SAFETY: blocks are disjoint (distinct rows or distinct columns of C, whose unit column stride
-        // and row stride >= n keep distinct (row, column) pairs at distinct elements), every index is
-        // inside the slices (asserted above), and `Parallelism::None`: the only parallelism is this loop.
+        // SAFETY: every index the product touches is inside the slices (asserted above); C's unit column
+        // stride and row stride >= n keep distinct (row, column) pairs at distinct elements.
         unsafe {
-            let c_block = c_base.get().add(s.c.at(r0, j0));
-            if s.k == 0 {
-                // An empty sum: C keeps its values when accumulating and is zero otherwise.
-                if !accumulate {
-                    for r in 0..rows {
-                        std::slice::from_raw_parts_mut(c_block.add(r * c_row), cols).fill(0.0);
-                    }
-                }
-            } else {
-                gemm::gemm(
-                    rows,
-                    cols,
-                    s.k,
-                    c_block,
-                    1,
-                    c_row as isize,
-                    accumulate,
-                    a.as_ptr().add(s.a.at(r0, 0)),
-                    s.a.col_stride as isize,
-                    s.a.row_stride as isize,
-                    b.as_ptr().add(s.b.at(0, j0)),
-                    s.b.col_stride as isize,
-                    s.b.row_stride as isize,
-                    1.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                );
-            }
-            // The bias is added after the product, as in the twin.
-            if let Some(bias) = bias {
-                for r in 0..rows {
-                    let row = std::slice::from_raw_parts_mut(c_block.add(r * c_row), cols);
-                    for (x, bv) in row.iter_mut().zip(&bias[j0..j0 + cols]) {
-                        *x += bv;
-                    }
-                }
-            }
+            gemm::gemm(
+                s.m,
+                s.n,
+                s.k,
+                c.as_mut_ptr(),
+                1,
+                row_step as isize,
+                accumulate,
+                a.as_ptr().add(s.a.offset),
+                s.a.col_stride as isize,
+                s.a.row_stride as isize,
+                b.as_ptr().add(s.b.offset),
+                s.b.col_stride as isize,
+                s.b.row_stride as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::Rayon(0),
+            );
         }
-    });
+    }
+    // The bias is added after the product, as in the twin.
+    if let Some(bias) = bias {
+        let bias = &bias[..s.n];
+        c.par_chunks_mut(row_step * BIAS_ROWS_PER_TASK).for_each(|rows| {
+            for row in rows.chunks_mut(row_step) {
+                row[..s.n].iter_mut().zip(bias).for_each(|(x, bv)| *x += bv);
+            }
+        });
+    }
 }
 
 #[cfg(test)]
@@ -203,13 +155,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn split_follows_the_longer_side() {
-        assert_eq!(split(1024, 768), (Split::Rows, 128));
-        assert_eq!(split(1024, 50257), (Split::Columns, 3142));
-        assert_eq!(split(7, 1), (Split::Rows, 128));
     }
 
     #[test]

@@ -11,6 +11,7 @@ use super::vocab_head::HostWords;
 use super::worker::{SharedGroup, lock};
 use super::{Clock, Precision, Trainer, schedule, timed};
 use crate::device::Backend;
+use crate::ops::elementwise;
 
 impl<D: Backend> Trainer<'_, D> {
     /// Uploads group `k`'s working copy into `tensors` (the head, or a block slot). With several ranks the
@@ -125,7 +126,9 @@ impl<D: Backend> Trainer<'_, D> {
     pub(super) fn accumulate(&mut self, k: usize, pending: D::PendingRead, first: bool, last: bool, clock: &mut Clock) -> Result<bool> {
         let downloaded = timed(&mut clock.download, || self.dev.finish_read(pending));
         clock.download_bytes += downloaded.iter().map(|d| 4 * d.len() as u64).sum::<u64>();
-        self.add_grads(k, &downloaded, first, last, clock)
+        let overflow = self.add_grads(k, &downloaded, first, last, clock);
+        self.dev.recycle(downloaded);
+        overflow
     }
 
     /// [`Self::accumulate`] for group `k`'s gradient already on the host, one vector per tensor in
@@ -141,9 +144,9 @@ impl<D: Backend> Trainer<'_, D> {
         }
         let add = |acc: &mut [f32], data: &[f32]| {
             if first {
-                acc.copy_from_slice(data);
+                elementwise::copy(acc, data);
             } else {
-                acc.iter_mut().zip(data).for_each(|(a, g)| *a += g);
+                elementwise::add_into(acc, data);
             }
         };
         let nv = self.nvme.clone();

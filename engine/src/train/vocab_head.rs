@@ -12,6 +12,7 @@ use super::{Clock, Trainer, timed};
 use crate::device::{Backend, HalfFormat};
 use crate::model::vocab::{self, Rows};
 use crate::ops::dropout::DropoutKeys;
+use crate::ops::elementwise;
 
 /// A vocabulary matrix's working-copy words, kept on the host for the step.
 pub(super) enum HostWords {
@@ -183,10 +184,11 @@ impl<D: Backend> Trainer<'_, D> {
             let sum = &mut self.vocab.grads[staged][ids.start * width..ids.end * width];
             if first_micro {
                 // The projection's gradient is dense: every row gets a value, nothing needs zeroing.
-                sum.copy_from_slice(&chunk_grad[..sum.len()]);
+                elementwise::copy(sum, &chunk_grad[..sum.len()]);
             } else {
-                sum.iter_mut().zip(&chunk_grad).for_each(|(s, g)| *s += g);
+                elementwise::add_into(sum, &chunk_grad[..sum.len()]);
             }
+            dev.recycle(vec![chunk_grad]);
         }
         let d = &self.device;
         timed(&mut clock.compute, || model.final_norm_backward(dev, &d.head, &d.head_grads, acts, &d.residual[n_layer]));
@@ -205,6 +207,7 @@ impl<D: Backend> Trainer<'_, D> {
         for (&id, g) in ids.iter().zip(d_rows.chunks_exact(width)) {
             sum[id as usize * width..][..width].iter_mut().zip(g).for_each(|(s, g)| *s += g);
         }
+        dev.recycle(vec![d_rows]);
         Ok(())
     }
 
@@ -235,6 +238,7 @@ impl<D: Backend> Trainer<'_, D> {
         for (k, &i) in self.vocab.tensors.clone().iter().enumerate() {
             self.vocab.grads[k] = std::mem::take(&mut grads[i]);
         }
+        self.dev.recycle(grads);
         Ok(overflow)
     }
 }

@@ -51,7 +51,7 @@ impl SharedGroup {
         let grads = self.grads.data_mut().as_mut_slice::<f32>();
         f(grads)?;
         if last {
-            self.grad_sum_squares = grads.iter().map(|&g| (g as f64) * (g as f64)).sum::<f64>();
+            self.grad_sum_squares = crate::ops::elementwise::sum_squares_f64(grads);
         }
         self.grads.page_out(nvme, true)?;
         Ok(())
