@@ -6,44 +6,17 @@
 //! It lets zerostream run without a Vulkan driver and is the reference the GPU kernels are tested against.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
-use std::sync::Mutex;
 
 use anyhow::Result;
 
 use super::alloc::{AllocCosts, AllocStats, ByteBudget, Charge};
+use super::spare_reads::SpareReads;
 use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, MatmulShape, VocabChunk};
 use crate::ops::{self, encoder::TokenBuckets};
 
 pub struct CpuDevice {
     budget: ByteBudget,
-    /// Vectors handed back by [`Backend::recycle`], by length, for the next reads of that length.
-    spare_reads: Mutex<SpareReads>,
-}
-
-/// The recycled read vectors: each step reads the same gradient lengths again, so reuse by exact length
-/// is enough; at most [`SPARE_READ_BYTES`] are kept (beyond that a vector is dropped).
-#[derive(Default)]
-struct SpareReads {
-    by_len: HashMap<usize, Vec<Vec<f32>>>,
-    bytes: usize,
-}
-
-/// The most bytes of recycled read vectors the cpu device keeps.
-const SPARE_READ_BYTES: usize = 256 << 20;
-
-impl SpareReads {
-    fn take(&mut self, len: usize) -> Option<Vec<f32>> {
-        let v = self.by_len.get_mut(&len)?.pop()?;
-        self.bytes -= 4 * len;
-        Some(v)
-    }
-    fn keep(&mut self, v: Vec<f32>) {
-        if !v.is_empty() && self.bytes + 4 * v.len() <= SPARE_READ_BYTES {
-            self.bytes += 4 * v.len();
-            self.by_len.entry(v.len()).or_default().push(v);
-        }
-    }
+    spare_reads: SpareReads,
 }
 
 pub struct CpuTensor {
@@ -58,7 +31,7 @@ pub struct CpuTokens {
 
 impl CpuDevice {
     pub fn new(budget_bytes: Option<u64>) -> Self {
-        CpuDevice { budget: ByteBudget::new(budget_bytes.unwrap_or(u64::MAX)), spare_reads: Mutex::default() }
+        CpuDevice { budget: ByteBudget::new(budget_bytes.unwrap_or(u64::MAX)), spare_reads: SpareReads::default() }
     }
 }
 
@@ -88,18 +61,12 @@ impl Backend for CpuDevice {
     }
     fn read(&self, t: &CpuTensor) -> Vec<f32> {
         let data = t.data.borrow();
-        let spare = self.spare_reads.lock().unwrap_or_else(|e| e.into_inner()).take(data.len());
-        match spare {
-            Some(mut v) => {
-                ops::elementwise::copy(&mut v, &data);
-                v
-            }
-            None => data.clone(),
-        }
+        let mut v = self.spare_reads.vector(data.len());
+        ops::elementwise::copy(&mut v, &data);
+        v
     }
     fn recycle(&self, vectors: Vec<Vec<f32>>) {
-        let mut spare = self.spare_reads.lock().unwrap_or_else(|e| e.into_inner());
-        vectors.into_iter().for_each(|v| spare.keep(v));
+        self.spare_reads.keep(vectors);
     }
     fn tokens(&self, ids: &[u32]) -> Result<CpuTokens> {
         Ok(CpuTokens { ids: ids.to_vec(), buckets: TokenBuckets::new(ids) })

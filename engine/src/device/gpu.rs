@@ -16,6 +16,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 
 use super::alloc::{AllocCosts, AllocStats, ByteBudget, Charge};
+use super::spare_reads::SpareReads;
 use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, HalfFormat, MatmulShape, VocabChunk};
 use crate::ops::elementwise::SUM_SQUARES_GROUP;
 use crate::ops::encoder::TokenBuckets;
@@ -23,6 +24,8 @@ use zerostream_shaders as shaders;
 
 /// Passes recorded before the pending encoder is submitted even without a read-back.
 const MAX_PENDING_PASSES: usize = 256;
+/// The most bytes of finished reads' staging buffers kept for reuse (host-visible memory).
+const SPARE_STAGING_BYTES: u64 = 256 << 20;
 /// Threads per workgroup of the 1-D kernels (elementwise and per-row).
 const WORKGROUP_THREADS: usize = 256;
 /// The optional features zerostream uses when an adapter has them.
@@ -201,6 +204,10 @@ pub struct GpuDevice {
     uniform_slot_bytes: usize,
     /// Bound as the matmul's vec4 view of an operand too small to hold one vec4.
     matmul_placeholder: wgpu::Buffer,
+    /// Read-back vectors handed back by the trainer ([`Backend::recycle`]).
+    spare_reads: SpareReads,
+    /// Staging buffers of finished reads, by size, for the next read of the same total size.
+    spare_staging: RefCell<Vec<wgpu::Buffer>>,
 }
 
 /// The largest Params any kernel takes, in bytes.
@@ -270,6 +277,8 @@ impl GpuDevice {
             uniform_bytes: RefCell::default(),
             uniform_slot_bytes,
             matmul_placeholder,
+            spare_reads: SpareReads::default(),
+            spare_staging: RefCell::new(Vec::new()),
         })
     }
 
@@ -504,11 +513,17 @@ impl GpuDevice {
         if total == 0 {
             return GpuPendingRead { staging: None, sizes, formats, mapped: None, submission: None };
         }
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("read-back"),
-            size: total,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
+        let spare = {
+            let mut spares = self.spare_staging.borrow_mut();
+            spares.iter().position(|b| b.size() == total).map(|i| spares.swap_remove(i))
+        };
+        let staging = spare.unwrap_or_else(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("read-back"),
+                size: total,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
         });
         {
             let mut slot = self.encoder.borrow_mut();
@@ -531,8 +546,14 @@ impl GpuDevice {
 
     /// Waits for the submission holding the copies (not for work submitted after it) and copies out.
     fn finish_read_words(&self, pending: GpuPendingRead) -> Vec<Vec<u32>> {
+        self.with_mapped(pending, |words| words.iter().map(|w| w.to_vec()).collect())
+    }
+
+    /// Waits for a read started by [`Self::begin_read_words`] and gives `f` each tensor's words, straight
+    /// from the mapped staging buffer; the buffer is kept for the next read of its size.
+    fn with_mapped<R>(&self, pending: GpuPendingRead, f: impl FnOnce(&[&[u32]]) -> R) -> R {
         let (Some(staging), Some(mapped)) = (pending.staging, pending.mapped) else {
-            return pending.sizes.iter().map(|_| Vec::new()).collect();
+            return f(&vec![&[][..]; pending.sizes.len()]);
         };
         loop {
             match mapped.try_recv() {
@@ -550,30 +571,39 @@ impl GpuDevice {
         }
         let view = staging.slice(..).get_mapped_range().expect("mapped range");
         let all = bytemuck::cast_slice::<u8, u32>(&view);
-        let mut out = Vec::with_capacity(pending.sizes.len());
+        let mut words = Vec::with_capacity(pending.sizes.len());
         let mut offset = 0;
         for &bytes in &pending.sizes {
-            let words = (bytes / 4) as usize;
-            out.push(all[offset..offset + words].to_vec());
-            offset += words;
+            let n = (bytes / 4) as usize;
+            words.push(&all[offset..offset + n]);
+            offset += n;
         }
+        let out = f(&words);
         drop(view);
         staging.unmap();
+        let mut spares = self.spare_staging.borrow_mut();
+        if spares.iter().map(|b| b.size()).sum::<u64>() + staging.size() <= SPARE_STAGING_BYTES {
+            spares.push(staging);
+        }
         out
     }
 
-    /// A tensor's words as f32 values (16-bit tensors of `len` elements widened).
-    fn widen(format: Option<HalfFormat>, len: usize, words: Vec<u32>) -> Vec<f32> {
+    /// A tensor's words as f32 values (16-bit storage widened exactly), into a recycled vector.
+    fn widen(&self, format: Option<HalfFormat>, len: usize, words: &[u32]) -> Vec<f32> {
+        let mut out = self.spare_reads.vector(len);
         match format {
-            None => bytemuck::cast_slice(&words).to_vec(),
+            None => crate::ops::elementwise::copy(&mut out, bytemuck::cast_slice(&words[..len])),
             Some(format) => {
-                let halves = words.iter().flat_map(|w| [*w as u16, (*w >> 16) as u16]).take(len);
-                match format {
-                    HalfFormat::F16 => halves.map(|h| half::f16::from_bits(h).to_f32()).collect(),
-                    HalfFormat::Bf16 => halves.map(|h| half::bf16::from_bits(h).to_f32()).collect(),
+                let halves = words.iter().flat_map(|w| [*w as u16, (*w >> 16) as u16]);
+                for (o, h) in out.iter_mut().zip(halves) {
+                    *o = match format {
+                        HalfFormat::F16 => half::f16::from_bits(h).to_f32(),
+                        HalfFormat::Bf16 => half::bf16::from_bits(h).to_f32(),
+                    };
                 }
             }
         }
+        out
     }
 
     /// out (u32 words, two f16 per word) = f16(x[..n]), round to nearest even.
@@ -636,14 +666,17 @@ impl Backend for GpuDevice {
         self.write_words(t, bytemuck::cast_slice(data));
     }
     fn read(&self, t: &GpuTensor) -> Vec<f32> {
-        Self::widen(t.format, t.len, self.read_words(t))
+        self.read_many(&[t]).pop().expect("one tensor read")
     }
     fn begin_read(&self, tensors: &[&GpuTensor]) -> GpuPendingRead {
         self.begin_read_words(tensors)
     }
     fn finish_read(&self, pending: GpuPendingRead) -> Vec<Vec<f32>> {
         let formats = pending.formats.clone();
-        self.finish_read_words(pending).into_iter().zip(formats).map(|(words, (format, len))| Self::widen(format, len, words)).collect()
+        self.with_mapped(pending, |words| words.iter().zip(formats).map(|(w, (format, len))| self.widen(format, len, w)).collect())
+    }
+    fn recycle(&self, vectors: Vec<Vec<f32>>) {
+        self.spare_reads.keep(vectors);
     }
     fn tokens(&self, ids: &[u32]) -> Result<GpuTokens> {
         let buckets = TokenBuckets::new(ids);

@@ -8,6 +8,7 @@
 pub mod alloc;
 pub mod cpu;
 pub mod gpu;
+mod spare_reads;
 pub mod timing;
 pub mod transfer;
 
