@@ -116,6 +116,13 @@ impl HfModel {
     /// infinities (also f64 values too large for f32) are refused: training from them would only
     /// skip every step.
     pub fn tensor(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        self.tensor_rows(name, shape, 0..shape.first().copied().unwrap_or(1))
+    }
+
+    /// Rows `rows` of the tensor `name` (along its first dimension; a scalar is one row), read alone
+    /// and converted as [`Self::tensor`] converts the whole: a (V, C) vocabulary matrix streamed a
+    /// chunk of rows at a time never sits whole in host memory.
+    pub fn tensor_rows(&self, name: &str, shape: &[usize], rows: std::ops::Range<usize>) -> Result<Vec<f32>> {
         let stored =
             self.resolve(name).with_context(|| format!("{}: tensor {name} not found (expected shape {shape:?})", self.dir.display()))?;
         let entry = &self.index[stored];
@@ -127,19 +134,27 @@ impl HfModel {
         if !matches!(entry.dtype, Dtype::F32 | Dtype::F64 | Dtype::F16 | Dtype::BF16) {
             bail!("{path}: tensor {name}: dtype {:?} is not a floating-point type zerostream reads (F32, F64, F16, BF16)", entry.dtype);
         }
+        let n_rows = shape.first().copied().unwrap_or(1);
+        if rows.start > rows.end || rows.end > n_rows {
+            bail!("{path}: tensor {name}: rows {rows:?} asked of its {n_rows}");
+        }
         if let Some(change) = shard.stamp.change(&shard.file).with_context(|| format!("safetensors file {path}"))? {
             bail!("safetensors file {path} changed after it was opened: {change}");
         }
-        let mut bytes = vec![0u8; entry.bytes];
-        read_exact_at(&shard.file, &mut bytes, entry.offset).with_context(|| {
-            format!("safetensors file {path}: reading tensor {name} (bytes {}..{})", entry.offset, entry.offset + entry.bytes as u64)
-        })?;
+        // The header check made `bytes` the shape's element count times the dtype's size.
+        let row_bytes = if n_rows == 0 { 0 } else { entry.bytes / n_rows };
+        let offset = entry.offset + (rows.start * row_bytes) as u64;
+        let mut bytes = vec![0u8; rows.len() * row_bytes];
+        read_exact_at(&shard.file, &mut bytes, offset)
+            .with_context(|| format!("safetensors file {path}: reading tensor {name} (bytes {offset}..{})", offset + bytes.len() as u64))?;
         let values = to_f32(entry.dtype, &bytes).with_context(|| format!("{path}: tensor {name}"))?;
         if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            let row_len = if rows.is_empty() { 1 } else { values.len() / rows.len() };
             bail!(
-                "{path}: tensor {name} holds a non-finite value ({} as f32) at element {i} of {}; the weights must be finite numbers",
+                "{path}: tensor {name} holds a non-finite value ({} as f32) at element {} of {}; the weights must be finite numbers",
                 values[i],
-                values.len()
+                rows.start * row_len + i,
+                n_rows * row_len
             );
         }
         Ok(values)
@@ -199,5 +214,31 @@ impl ArchConfig {
             Some("llama" | "mistral" | "qwen2") => Ok(ArchConfig::Llama(LlamaConfig::from_file(path)?)),
             _ => Ok(ArchConfig::Gpt2(Gpt2Config::from_file(path)?)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows read alone are the whole tensor's rows, converted the same way (bf16 here), and rows past
+    /// the end are refused with the tensor's name.
+    #[test]
+    fn tensor_rows_are_rows_of_the_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"model_type": "gpt2", "n_embd": 4, "n_layer": 1, "n_head": 1, "vocab_size": 5, "n_positions": 8}"#,
+        )
+        .unwrap();
+        let values: Vec<u8> = (0..5 * 3).flat_map(|i| half::bf16::from_f32(i as f32 * 0.5 - 3.0).to_le_bytes()).collect();
+        let view = safetensors::tensor::TensorView::new(Dtype::BF16, vec![5, 3], &values).unwrap();
+        safetensors::serialize_to_file([("wte", view)], None, &dir.path().join("model.safetensors")).unwrap();
+        let model = HfModel::open(dir.path()).unwrap();
+        let whole = model.tensor("wte", &[5, 3]).unwrap();
+        assert_eq!(model.tensor_rows("wte", &[5, 3], 1..4).unwrap(), whole[3..12]);
+        assert_eq!(model.tensor_rows("wte", &[5, 3], 4..4).unwrap(), Vec::<f32>::new());
+        let err = model.tensor_rows("wte", &[5, 3], 2..6).unwrap_err().to_string();
+        assert!(err.contains("wte") && err.contains("2..6") && err.contains('5'), "{err}");
     }
 }

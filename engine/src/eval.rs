@@ -1,5 +1,7 @@
 //! `zerostream eval`: the mean loss of a model over the first N micro-batches of a token file, with the
-//! model streamed block by block as in training.
+//! model streamed block by block as in training, and its vocabulary matrices never whole on the device
+//! or in host memory: the embedding's rows of each micro-batch and the output projection a vocabulary
+//! chunk at a time are read from the model's files (the same sums as a resident head, bit for bit).
 
 use std::path::Path;
 use std::time::Instant;
@@ -9,6 +11,7 @@ use zerostream_checkpoints::{HfModel, TokenFile, TokenWidth};
 
 use crate::device::{AnyDevice, Backend};
 use crate::model::Model;
+use crate::model::vocab::{self, DEFAULT_CHUNK_ROWS, Rows};
 use crate::train::layout::{GroupLayout, group_layouts};
 
 /// What an evaluation measured.
@@ -36,8 +39,11 @@ impl EvalReport {
 }
 
 /// Mean of the micro-batch losses of micro-batches 0..batches (the training contract's order), with
-/// the model streamed: the head resident, one block slot refilled block by block from the model's
-/// files, two residual buffers. Host memory holds one tensor at a time, whatever the model's size.
+/// the model streamed: one block slot refilled block by block from the model's files, two residual
+/// buffers, the head's small tensors resident, and its (V, C) matrices read from the files as needed
+/// (the embedding's rows of the micro-batch's tokens; the projection one vocabulary chunk at a time
+/// into one chunk-sized slot). Host memory holds one block tensor or one chunk at a time, whatever the
+/// model's size.
 pub fn evaluate<D: Backend>(
     dev: &D,
     model_dir: &Path,
@@ -57,38 +63,62 @@ pub fn evaluate<D: Backend>(
     model.check_seq_len(seq_len).with_context(|| model_dir.display().to_string())?;
     dev.check_attention(model.attention_dims(batch, seq_len))?;
     let groups = group_layouts(&model);
-    // Fills `into` (or new tensors) with group `g`'s parameters, read one tensor at a time.
-    let fill = |g: &GroupLayout, into: Option<&[D::Tensor]>| -> Result<Vec<D::Tensor>> {
-        let mut made = Vec::new();
-        for (i, t) in g.tensors.iter().enumerate() {
-            let values = hf.tensor(&t.name, &t.shape).with_context(|| format!("loading {}", model_dir.display()))?;
-            match into {
-                Some(slot) => dev.write(&slot[i], &values),
-                None => {
-                    let x = dev.alloc(t.len, &t.name)?;
-                    dev.write(&x, &values);
-                    made.push(x);
-                }
-            }
+    let loading = || format!("loading {}", model_dir.display());
+    // Fills `slot` with block group `g`'s parameters, read one tensor at a time.
+    let fill = |g: &GroupLayout, slot: &[D::Tensor]| -> Result<()> {
+        for (t, x) in g.tensors.iter().zip(slot) {
+            dev.write(x, &hf.tensor(&t.name, &t.shape).with_context(loading)?);
         }
-        Ok(made)
+        Ok(())
     };
-    let head = fill(&groups[0], None)?;
+    let (embedding, projection) = model.vocab_tensors();
+    let (embedding, projection) = (&groups[0].tensors[embedding], &groups[0].tensors[projection]);
+    let is_vocab = |name: &str| name == embedding.name || name == projection.name;
+    // The head group on the device but for its vocabulary matrices (empty tensors in their places).
+    let head: Vec<D::Tensor> = groups[0]
+        .tensors
+        .iter()
+        .map(|t| -> Result<D::Tensor> {
+            if is_vocab(&t.name) {
+                return dev.alloc(0, &t.name);
+            }
+            let x = dev.alloc(t.len, &t.name)?;
+            dev.write(&x, &hf.tensor(&t.name, &t.shape).with_context(loading)?);
+            Ok(x)
+        })
+        .collect::<Result<_>>()?;
     let slot: Vec<D::Tensor> = groups[1].tensors.iter().map(|t| dev.alloc(t.len, &format!("slot {}", t.name))).collect::<Result<_>>()?;
-    let (acts, head_acts) = (model.block_acts(dev, batch, seq_len)?, model.head_acts(dev, batch, seq_len)?);
-    let bt = batch * seq_len;
-    let residual = [dev.alloc(bt * model.width(), "residual A")?, dev.alloc(bt * model.width(), "residual B")?];
+    let (bt, width) = (batch * seq_len, model.width());
+    let chunks = model.vocab_chunks(DEFAULT_CHUNK_ROWS);
+    let (acts, head_acts) = (model.block_acts(dev, batch, seq_len)?, model.head_acts_with(dev, batch, seq_len, chunks, false)?);
+    let vocab_slot = dev.alloc(chunks.rows_per_chunk * width, "vocabulary chunk")?;
+    let embed_rows = dev.alloc(bt * width, "embedding rows")?;
+    let positions = dev.tokens(&(0..bt as u32).collect::<Vec<u32>>())?;
+    let residual = [dev.alloc(bt * width, "residual A")?, dev.alloc(bt * width, "residual B")?];
+    let (loss_acts, h) = (model.loss_acts(&head_acts), model.final_hidden(&head_acts));
     let start = Instant::now();
     let mut sum = 0.0f64;
     for g in 0..batches {
-        let (x, y) = tokens.micro_batch(g, batch, seq_len)?;
-        let (x, y) = (dev.tokens(&x)?, dev.tokens(&y)?);
-        model.embed_forward(dev, &residual[0], &head, &head_acts, &x, seq_len, None);
+        let (x_ids, y_ids) = tokens.micro_batch(g, batch, seq_len)?;
+        let y = dev.tokens(&y_ids)?;
+        let mut rows = Vec::with_capacity(bt * width);
+        for &id in &x_ids {
+            let id = id as usize;
+            rows.extend(hf.tensor_rows(&embedding.name, &embedding.shape, id..id + 1).with_context(loading)?);
+        }
+        dev.write(&embed_rows, &rows);
+        model.embed_rows_forward(dev, &residual[0], &embed_rows, &head, &head_acts, &positions, seq_len, None);
         for l in 0..model.n_layer() {
-            fill(&groups[1 + l], Some(&slot))?;
+            fill(&groups[1 + l], &slot)?;
             model.block_forward(dev, l, &slot, &acts, &residual[l % 2], &residual[(l + 1) % 2], batch, seq_len, None);
         }
-        sum += model.head_forward(dev, &head, &head_acts, &residual[model.n_layer() % 2], &y, None) as f64;
+        model.final_norm_forward(dev, &head, &head_acts, &residual[model.n_layer() % 2]);
+        for j in 0..chunks.count() {
+            let ids = chunks.range(j);
+            dev.write(&vocab_slot, &hf.tensor_rows(&projection.name, &projection.shape, ids).with_context(loading)?);
+            vocab::forward_chunk(dev, loss_acts, h, Rows::Chunk(&vocab_slot), &y, j, width);
+        }
+        sum += vocab::finish_loss(dev, loss_acts) as f64;
         if batches > 1 {
             eprint!("\reval: micro-batch {}/{batches}", g + 1);
         }

@@ -93,3 +93,55 @@ fn vocabulary_matrices_are_found_by_name() {
     let specs = model.head_specs();
     assert_eq!((specs[embedding].name.as_str(), specs[projection].name.as_str()), ("transformer.wte.weight", "lm_head.weight"));
 }
+
+/// `eval` reads the vocabulary matrices from the model's files a token's row or a vocabulary chunk at a
+/// time: for a model whose (V, C) matrix is most of it, the device's peak stays below that one matrix
+/// (a resident head needed it whole), and the loss is a finite number near ln V for random weights.
+#[test]
+fn eval_never_holds_the_vocabulary_matrix() {
+    use rand::{Rng, SeedableRng};
+    let dir = tempfile::tempdir().unwrap();
+    let golden = golden_dir("gpt2-tiny");
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(golden.join("model/config.json")).unwrap()).unwrap();
+    let vocab = 40_000;
+    config["vocab_size"] = vocab.into();
+    let config_path = dir.path().join("config.json");
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let model = Model::Gpt2(zerostream_checkpoints::Gpt2Config::from_file(&config_path).unwrap());
+    // Small random weights (norm weights 1), every tensor the model's table names.
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = zerostream::train::layout::group_layouts(&model)
+        .iter()
+        .flat_map(|g| g.tensors.clone())
+        .map(|t| {
+            let one = t.name.contains("ln_") && t.name.ends_with("weight");
+            let values: Vec<f32> = (0..t.len).map(|_| if one { 1.0 } else { rng.random_range(-0.02f32..0.02) }).collect();
+            (t.name, t.shape, values.iter().flat_map(|v| v.to_le_bytes()).collect())
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(name, shape, bytes)| {
+            (name.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes).unwrap())
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+    let report = zerostream::eval::evaluate(
+        &CpuDevice::new(None),
+        dir.path(),
+        &golden.join("tokens.bin"),
+        zerostream_checkpoints::TokenWidth::U16,
+        2,
+        16,
+        2,
+    )
+    .unwrap();
+    let matrix_bytes = (vocab * model.width() * 4) as u64;
+    assert!(
+        report.peak_device_bytes < matrix_bytes,
+        "eval's device peak {} bytes holds a {matrix_bytes}-byte vocabulary matrix",
+        report.peak_device_bytes
+    );
+    assert!((report.loss - (vocab as f64).ln()).abs() < 0.5, "loss {} for random weights, ln V = {}", report.loss, (vocab as f64).ln());
+    println!("eval: device peak {} bytes, a (V, C) matrix {matrix_bytes}, loss {}", report.peak_device_bytes, report.loss);
+}
