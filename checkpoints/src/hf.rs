@@ -142,7 +142,7 @@ impl HfModel {
             bail!("safetensors file {path} changed after it was opened: {change}");
         }
         // The header check made `bytes` the shape's element count times the dtype's size.
-        let row_bytes = if n_rows == 0 { 0 } else { entry.bytes / n_rows };
+        let row_bytes = entry.bytes.checked_div(n_rows).unwrap_or(0);
         let offset = entry.offset + (rows.start * row_bytes) as u64;
         let mut bytes = vec![0u8; rows.len() * row_bytes];
         read_exact_at(&shard.file, &mut bytes, offset)
