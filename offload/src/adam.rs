@@ -75,10 +75,13 @@ impl Grads<'_> {
     }
 }
 
-/// Where the updated parameters' 16-bit copy goes (for example a mapped GPU staging buffer), if anywhere.
+/// Where a copy of the updated parameters goes (for example a mapped GPU staging buffer, or the
+/// trainer's working copy), if anywhere: 16-bit, or f32 (the same values, written in the update's pass
+/// instead of a second pass over the parameters).
 #[derive(Debug)]
 pub enum ParamCopy<'a> {
     None,
+    F32(&'a mut [f32]),
     F16(&'a mut [f16]),
     Bf16(&'a mut [bf16]),
 }
@@ -87,6 +90,7 @@ impl ParamCopy<'_> {
     pub fn elem_bytes(&self) -> usize {
         match self {
             ParamCopy::None => 0,
+            ParamCopy::F32(_) => 4,
             _ => 2,
         }
     }
@@ -176,6 +180,7 @@ pub fn adamw_reference(
         update(&mut params[i], &mut m[i], &mut v[i], g, &k);
         match &mut copy {
             ParamCopy::None => {}
+            ParamCopy::F32(out) => out[i] = params[i],
             ParamCopy::F16(out) => out[i] = f16::from_f32(params[i]),
             ParamCopy::Bf16(out) => out[i] = bf16_from_f32(params[i]),
         }
@@ -310,6 +315,10 @@ fn chunk_body(
         }
         (Grads::Bf16(g), ParamCopy::None) => sweep!(g, bf16_to_f32, |_, _| ()),
         (Grads::F32(g), ParamCopy::None) => sweep!(g, |x: f32| x, |_, _| ()),
+        (Grads::F32(g), ParamCopy::F32(out)) => {
+            let out = &mut out[..n];
+            sweep!(g, |x: f32| x, |i: usize, x: f32| out[i] = x)
+        }
         (Grads::F32(g), ParamCopy::Bf16(out)) => {
             let out = &mut out[..n];
             sweep!(g, |x: f32| x, |i: usize, x: f32| out[i] = bf16_from_f32(x))
@@ -325,6 +334,7 @@ fn chunk_body(
                 update(&mut p[i], &mut m[i], &mut v[i], gi, k);
                 match copy {
                     ParamCopy::None => {}
+                    ParamCopy::F32(out) => out[i] = p[i],
                     ParamCopy::F16(out) => out[i] = f16::from_f32(p[i]),
                     ParamCopy::Bf16(out) => out[i] = bf16_from_f32(p[i]),
                 }
@@ -411,6 +421,10 @@ impl AdamW {
         };
         let copy_chunks: Vec<ParamCopy<'_>> = match copy {
             ParamCopy::None => (0..grad_chunks.len()).map(|_| ParamCopy::None).collect(),
+            ParamCopy::F32(out) => {
+                assert_eq!(out.len(), n, "AdamW: the copy must have one element per parameter");
+                out.chunks_mut(ce).map(ParamCopy::F32).collect()
+            }
             ParamCopy::F16(out) => {
                 assert_eq!(out.len(), n, "AdamW: the 16-bit copy must have one element per parameter");
                 out.chunks_mut(ce).map(ParamCopy::F16).collect()

@@ -100,6 +100,28 @@ fn fast_path_is_bit_identical_for_any_threads_chunks_and_instruction_set() {
     }
 }
 
+/// The f32 copy is the updated parameters, written in the same pass, on every instruction set and
+/// chunking; the update itself is the one without a copy.
+#[test]
+fn f32_copy_is_the_updated_parameters() {
+    let n = 10_007;
+    let g = random(3, n, 2.0);
+    let mut isas = vec![Isa::Baseline];
+    if Isa::detect() != Isa::Baseline {
+        isas.push(Isa::detect());
+    }
+    for isa in isas {
+        let adam = AdamW::with_isa(AdamConfig::default(), 2, 999, isa);
+        let mut a = (random(1, n, 1.0), vec![0.0; n], vec![0.0; n]);
+        let mut b = a.clone();
+        let mut copy = vec![0.0f32; n];
+        adam.step(&mut a.0, &mut a.1, &mut a.2, Grads::F32(&g), ParamCopy::None, 1, 1.0, true);
+        adam.step(&mut b.0, &mut b.1, &mut b.2, Grads::F32(&g), ParamCopy::F32(&mut copy), 1, 1.0, true);
+        assert!(a == b, "{isa:?}: the copy changed the update");
+        assert!(copy == b.0, "{isa:?}: the f32 copy differs from the parameters");
+    }
+}
+
 #[test]
 fn f16_gradients_and_copy_match_the_reference() {
     let cfg = AdamConfig::default();

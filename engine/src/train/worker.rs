@@ -175,7 +175,7 @@ pub(super) fn optimizer_worker(
                 let o = r.start - shard.owned.start..r.end - shard.owned.start;
                 let w = r.start - shard.working_base..r.end - shard.working_base;
                 let copy = match precision {
-                    Precision::Fp32 => ParamCopy::None,
+                    Precision::Fp32 => ParamCopy::F32(&mut working.data_mut().as_mut_slice::<f32>()[w]),
                     Precision::Bf16 => ParamCopy::Bf16(bytemuck::cast_slice_mut(&mut working.data_mut().as_mut_slice::<u16>()[w])),
                     Precision::Fp16 => ParamCopy::F16(bytemuck::cast_slice_mut(&mut working.data_mut().as_mut_slice::<u16>()[w])),
                 };
@@ -189,9 +189,6 @@ pub(super) fn optimizer_worker(
                     job.grad_multiplier,
                     t.decay,
                 );
-            }
-            if precision == Precision::Fp32 {
-                write_working(precision, p, working, shard.owned.start - shard.working_base);
             }
             working.page_out(nvme, true)?;
             sh.grads.page_out(nvme, false)?;
