@@ -7,7 +7,10 @@
 # ../shared/reference/torch_gpt2_step_cpu.py (Hugging Face GPT2LMHeadModel, random init, fused AdamW; the
 # median of three steps after a warm-up step) with the Python of a virtual environment. The sides run
 # alternately ROUNDS times, so that a change in the machine's load hits both; the best and the median
-# round of each side are compared.
+# round of each side are compared. Then (unless CPU_TIME=0) the CPU seconds each side spends on a step:
+# user + system time of a run with two more steps minus that of a shorter run, halved (PyTorch's script
+# with its timed loop at 1 and 3 steps). A busy machine changes zerostream's figure little; PyTorch's
+# OpenMP threads spin while they wait, so on a loaded machine its figure grows (read it at low load).
 #
 # Usage:  bash benches/cpu_vs_torch.sh [TORCH_VENV]
 # Environment (all optional):
@@ -78,6 +81,32 @@ for round in $(seq "$rounds"); do
   torch_s+=("$(echo "$out" | sed -n 's/.*: \([0-9.]*\) s\/step.*/\1/p')")
   echo "  -> ${torch_s[-1]} s/step"
 done
+
+if [ "${CPU_TIME:-1}" != 0 ]; then
+  echo "== CPU seconds per step (user + system; load $(load))"
+  # user + system seconds of a command and its children.
+  cpu_s() { python3 -c 'import resource, subprocess, sys
+subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+r = resource.getrusage(resource.RUSAGE_CHILDREN); print(f"{r.ru_utime + r.ru_stime:.2f}")' "$@"; }
+  zs_cpu() { cpu_s "$ZS" train --device cpu --config gpt2 --data "$work/hamlet.bin" --batch-size 4 --seq-len 256 \
+    --steps "$1" --sample-tokens 0; }
+  for n in 1 3; do
+    sed "s/^for _ in range(3):/for _ in range($n):/; s/^t = sorted(ts)\[1\]/t = sorted(ts)[len(ts) \/\/ 2]/" \
+      "$torch_script" > "$work/torch_$n.py"
+    grep -q "^for _ in range($n):" "$work/torch_$n.py" \
+      || { echo "cannot resize the timed loop of $torch_script (its form changed)" >&2; exit 1; }
+  done
+  zs_a=$(zs_cpu 2); zs_b=$(zs_cpu 4)
+  torch_a=$(cpu_s "$venv/bin/python" "$work/torch_1.py"); torch_b=$(cpu_s "$venv/bin/python" "$work/torch_3.py")
+  python3 - "$zs_a" "$zs_b" "$torch_a" "$torch_b" <<'PY'
+import sys
+zs_a, zs_b, torch_a, torch_b = map(float, sys.argv[1:5])
+zs, torch = (zs_b - zs_a) / 2, (torch_b - torch_a) / 2
+print(f"zerostream {zs:.2f} CPU-s/step ({zs_a:.2f} s for 2 steps, {zs_b:.2f} s for 4)")
+print(f"PyTorch    {torch:.2f} CPU-s/step ({torch_a:.2f} s for 2 steps, {torch_b:.2f} s for 4)")
+print(f"CPU-time ratio (PyTorch / zerostream): {torch / zs:.2f}x")
+PY
+fi
 
 echo "== result (load $(load)): seconds per step, best / median of $rounds rounds; tokens/s = 1024 / s"
 python3 - "${zs_s[*]}" "${before_s[*]:-}" "${torch_s[*]}" <<'PY'
