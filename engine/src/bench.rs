@@ -175,7 +175,12 @@ pub fn bench_transfer(
             bail!("transfer size {bytes} bytes: must be a positive multiple of {} (wgpu's copy alignment)", wgpu::COPY_BUFFER_ALIGNMENT);
         }
         let mut host: Vec<u8> = (0..bytes).map(|i| (i % 253) as u8).collect();
-        for method in [TransferMethod::Direct, TransferMethod::StagingRing] {
+        // A download has no parallel variant (one copy out of the mapped read-back buffer).
+        let methods: &[TransferMethod] = match link {
+            Link::HostToDevice => &[TransferMethod::Direct, TransferMethod::Parallel, TransferMethod::StagingRing],
+            Link::DeviceToHost => &[TransferMethod::Direct, TransferMethod::StagingRing],
+        };
+        for &method in methods {
             let mut best = f64::INFINITY;
             for _ in 0..reps.max(1) {
                 let seconds = match link {

@@ -10,10 +10,30 @@ fn device_to_host_transfers_return_the_uploaded_bytes() {
     // bench_transfer checks every d2h result against the bytes it uploaded and fails on a difference;
     // 9 MiB + 4 bytes makes the staging ring wrap with a partial last chunk.
     let runs = bench_transfer(&gpu, Link::DeviceToHost, &[4, (9 << 20) + 4], 1, |_| {}).unwrap();
-    assert_eq!(runs.len(), 4);
+    assert_eq!(runs.len(), 4, "two sizes, two download methods");
     assert!(runs.iter().all(|r| r.gbps > 0.0 && r.gbps.is_finite()));
     let runs = bench_transfer(&gpu, Link::HostToDevice, &[(9 << 20) + 4], 1, |_| {}).unwrap();
     assert!(runs.iter().all(|r| r.gbps > 0.0 && r.gbps.is_finite()));
     let err = bench_transfer(&gpu, Link::HostToDevice, &[6], 1, |_| {}).unwrap_err().to_string();
     assert!(err.contains("multiple of 4"), "{err}");
+}
+
+/// The gpu device's writes: a large one fills wgpu's staging memory on several threads (1 MiB pieces,
+/// the last one partial), a small one goes through `write_buffer`; both read back exactly, and a write
+/// after queued work is ordered after it.
+#[test]
+fn parallel_uploads_write_every_byte_in_order() {
+    use zerostream::Backend;
+    let Some(gpu) = common::gpu_or_skip("parallel_uploads_write_every_byte_in_order") else { return };
+    for len in [5usize, (3 << 18) + 7, (1 << 20) + 3] {
+        let values: Vec<f32> = (0..len).map(|i| (i % 1009) as f32 - 500.5).collect();
+        let t = gpu.alloc(len, "upload").unwrap();
+        gpu.fill(&t, 1.0);
+        gpu.write(&t, &values);
+        assert!(gpu.read(&t) == values, "{len} elements: the read-back differs from what was written");
+        // A fill queued before a second write must not land after it.
+        gpu.fill(&t, 2.0);
+        gpu.write(&t, &values);
+        assert!(gpu.read(&t) == values, "{len} elements: a write was reordered before queued work");
+    }
 }

@@ -490,7 +490,7 @@ impl GpuDevice {
     pub fn write_words(&self, t: &GpuTensor, words: &[u32]) {
         if !words.is_empty() {
             self.flush();
-            self.queue.write_buffer(&t.buffer, 0, bytemuck::cast_slice(words));
+            self.upload(&t.buffer, 0, bytemuck::cast_slice(words));
         }
     }
 
