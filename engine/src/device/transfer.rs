@@ -1,13 +1,12 @@
 //! Host<->device throughput through wgpu, for `zerostream bench h2d` / `bench d2h`: the ways the
-//! trainer can move parameters up and gradients down, timed until the data has arrived, and the upload
-//! the gpu device's writes use ([`GpuDevice::upload`]). Tested (the bytes that come back) in
+//! trainer can move parameters up and gradients down, timed until the data has arrived (`parallel` is
+//! the gpu device's own write path, `GpuDevice::upload`). Tested (the bytes that come back) in
 //! tests/transfer.rs.
 
 use std::sync::mpsc::{Receiver, channel};
 use std::time::Instant;
 
 use anyhow::{Result, anyhow};
-use rayon::prelude::*;
 
 use super::gpu::GpuDevice;
 
@@ -17,31 +16,12 @@ pub enum TransferMethod {
     /// h2d: `queue.write_buffer` (wgpu copies into its own staging memory on one thread). d2h: one
     /// copy into a mapped read-back buffer of the whole size (what `Backend::read` does).
     Direct,
-    /// h2d only: wgpu's staging memory filled by rayon's threads ([`GpuDevice::upload`], what the gpu
+    /// h2d only: wgpu's staging memory filled by rayon's threads (`GpuDevice::upload`, what the gpu
     /// device's writes do: one core's memcpy is far below a PCIe link).
     Parallel,
     /// A ring of mapped staging buffers, each chunk copied on the device while the next is filled
     /// (h2d) or drained (d2h).
     StagingRing,
-}
-
-/// Below this an upload is one `write_buffer` (threads would cost more than they save).
-const PARALLEL_UPLOAD_MIN_BYTES: usize = 1 << 20;
-/// Bytes per rayon task of a parallel upload.
-const PARALLEL_UPLOAD_PIECE_BYTES: usize = 1 << 20;
-
-/// The staging memory's base pointer, shared by the tasks that each write their own disjoint piece.
-#[derive(Clone, Copy)]
-struct StagingPtr(*mut u8);
-// SAFETY: the tasks write disjoint byte ranges through it, inside the mapping, which outlives them.
-unsafe impl Send for StagingPtr {}
-unsafe impl Sync for StagingPtr {}
-
-impl StagingPtr {
-    /// Through a method, so that closures capture the whole `StagingPtr` (Send), not its field.
-    fn get(self) -> *mut u8 {
-        self.0
-    }
 }
 
 /// Chunk size and ring length of the staging ring.
@@ -57,29 +37,6 @@ fn map(buffer: &wgpu::Buffer, mode: wgpu::MapMode) -> Receiver<Result<(), wgpu::
 }
 
 impl GpuDevice {
-    /// Writes `bytes` into `dst` at `offset` (ordered after the work recorded before it, which the
-    /// caller has submitted): large uploads fill wgpu's staging memory on rayon's threads, then the
-    /// device copies it at the next submission.
-    pub(super) fn upload(&self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
-        let size = wgpu::BufferSize::new(bytes.len() as u64);
-        let view = match size {
-            Some(size) if bytes.len() >= PARALLEL_UPLOAD_MIN_BYTES => self.queue.write_buffer_with(dst, offset, size),
-            _ => None,
-        };
-        let Some(mut view) = view else {
-            // Small, or refused by validation (which `write_buffer` then reports as wgpu does).
-            self.queue.write_buffer(dst, offset, bytes);
-            return;
-        };
-        let mut staging = view.slice(..);
-        let base = StagingPtr(staging.as_raw_element_ptr().as_ptr());
-        bytes.par_chunks(PARALLEL_UPLOAD_PIECE_BYTES).enumerate().for_each(|(i, piece)| {
-            // SAFETY: piece i goes to bytes i * PIECE .. of the mapping, which is `bytes.len()` long:
-            // in bounds, disjoint between tasks, and only written.
-            unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), base.get().add(i * PARALLEL_UPLOAD_PIECE_BYTES), piece.len()) }
-        });
-    }
-
     fn wait(&self) -> Result<()> {
         self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| anyhow!("GPU device lost: {e}"))?;
         Ok(())

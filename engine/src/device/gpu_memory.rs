@@ -1,0 +1,221 @@
+//! The gpu device's memory: creating tensors (each charged to the byte budget), writing them (large
+//! writes fill wgpu's staging memory on rayon's threads: one core's memcpy is far below a PCIe link) and
+//! reading them back (copies into one staging buffer per read, reused for the next read of its size; the
+//! values widened straight from the mapping into vectors the trainer hands back). A child module of
+//! `gpu`, so it uses that file's private fields.
+
+use anyhow::{Result, bail};
+use rayon::prelude::*;
+
+use super::{GpuDevice, GpuTensor};
+use crate::device::{AllocCosts, HalfFormat};
+
+/// The most bytes of finished reads' staging buffers kept for reuse (host-visible memory).
+const SPARE_STAGING_BYTES: u64 = 256 << 20;
+/// Below this an upload is one `write_buffer` (threads would cost more than they save).
+const PARALLEL_UPLOAD_MIN_BYTES: usize = 1 << 20;
+/// Bytes per rayon task of a parallel upload.
+const PARALLEL_UPLOAD_PIECE_BYTES: usize = 1 << 20;
+
+/// The staging memory's base pointer, shared by the tasks that each write their own disjoint piece.
+#[derive(Clone, Copy)]
+struct StagingPtr(*mut u8);
+// SAFETY: the tasks write disjoint byte ranges through it, inside the mapping, which outlives them.
+unsafe impl Send for StagingPtr {}
+unsafe impl Sync for StagingPtr {}
+
+impl StagingPtr {
+    /// Through a method, so that closures capture the whole `StagingPtr` (Send), not its field.
+    fn get(self) -> *mut u8 {
+        self.0
+    }
+}
+
+/// A read-back in flight: the staging buffer its copies were submitted into, the submission, and the
+/// pieces (bytes, format and length of each tensor).
+pub struct GpuPendingRead {
+    pub(super) staging: Option<wgpu::Buffer>,
+    pub(super) sizes: Vec<u64>,
+    pub(super) formats: Vec<(Option<HalfFormat>, usize)>,
+    pub(super) mapped: Option<std::sync::mpsc::Receiver<Result<(), wgpu::BufferAsyncError>>>,
+    pub(super) submission: Option<wgpu::SubmissionIndex>,
+}
+
+impl GpuDevice {
+    /// Writes `bytes` into `dst` at `offset` (ordered after the work recorded before it, which the
+    /// caller has submitted): large uploads fill wgpu's staging memory on rayon's threads, then the
+    /// device copies it at the next submission.
+    pub(in crate::device) fn upload(&self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
+        let size = wgpu::BufferSize::new(bytes.len() as u64);
+        let view = match size {
+            Some(size) if bytes.len() >= PARALLEL_UPLOAD_MIN_BYTES => self.queue.write_buffer_with(dst, offset, size),
+            _ => None,
+        };
+        let Some(mut view) = view else {
+            // Small, or refused by validation (which `write_buffer` then reports as wgpu does).
+            self.queue.write_buffer(dst, offset, bytes);
+            return;
+        };
+        let mut staging = view.slice(..);
+        let base = StagingPtr(staging.as_raw_element_ptr().as_ptr());
+        bytes.par_chunks(PARALLEL_UPLOAD_PIECE_BYTES).enumerate().for_each(|(i, piece)| {
+            // SAFETY: piece i goes to bytes i * PIECE .. of the mapping, which is `bytes.len()` long:
+            // in bounds, disjoint between tasks, and only written.
+            unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), base.get().add(i * PARALLEL_UPLOAD_PIECE_BYTES), piece.len()) }
+        });
+    }
+
+    pub(super) fn create_tensor(&self, len: usize, label: &str, usage: wgpu::BufferUsages) -> Result<GpuTensor> {
+        self.create_formatted(len, None, label, usage)
+    }
+
+    pub(super) fn create_formatted(
+        &self,
+        len: usize,
+        format: Option<HalfFormat>,
+        label: &str,
+        usage: wgpu::BufferUsages,
+    ) -> Result<GpuTensor> {
+        let bytes = if format.is_some() { AllocCosts::GPU.tensor_16bit_bytes(len) } else { AllocCosts::GPU.tensor_bytes(len) };
+        let max = self.device.limits().max_buffer_size;
+        if bytes > max {
+            bail!("tensor {label} needs {bytes} bytes, more than this adapter's largest buffer ({max} bytes)");
+        }
+        let charge = self.budget.charge(bytes, label)?;
+        let buffer =
+            self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size: bytes, usage, mapped_at_creation: false });
+        Ok(GpuTensor { buffer, len, format, _charge: charge })
+    }
+
+    pub(super) fn storage_tensor(&self, len: usize, label: &str) -> Result<GpuTensor> {
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        // wgpu zero-initialises buffers on creation, so a new tensor reads as zeros.
+        self.create_tensor(len, label, usage)
+    }
+
+    /// Uploads raw 32-bit words (token ids, packed halves).
+    pub fn upload_words(&self, words: &[u32], label: &str) -> Result<GpuTensor> {
+        let t = self.storage_tensor(words.len(), label)?;
+        self.write_words(&t, words);
+        Ok(t)
+    }
+
+    pub fn write_words(&self, t: &GpuTensor, words: &[u32]) {
+        if !words.is_empty() {
+            self.flush();
+            self.upload(&t.buffer, 0, bytemuck::cast_slice(words));
+        }
+    }
+
+    /// Reads raw 32-bit words back.
+    pub fn read_words(&self, t: &GpuTensor) -> Vec<u32> {
+        self.read_words_many(&[t]).pop().expect("one tensor read")
+    }
+
+    /// Reads several tensors' words back through one staging buffer: one submission and one wait for
+    /// all of them (a block's twelve gradients cost one round trip, not twelve).
+    pub fn read_words_many(&self, tensors: &[&GpuTensor]) -> Vec<Vec<u32>> {
+        self.finish_read_words(self.begin_read_words(tensors))
+    }
+
+    /// Records copies of `tensors` into one staging buffer, submits them and asks for the mapping.
+    pub(super) fn begin_read_words(&self, tensors: &[&GpuTensor]) -> GpuPendingRead {
+        let sizes: Vec<u64> = tensors.iter().map(|t| (t.words() * 4) as u64).collect();
+        let formats = tensors.iter().map(|t| (t.format, t.len)).collect();
+        let total: u64 = sizes.iter().sum();
+        if total == 0 {
+            return GpuPendingRead { staging: None, sizes, formats, mapped: None, submission: None };
+        }
+        let spare = {
+            let mut spares = self.spare_staging.borrow_mut();
+            spares.iter().position(|b| b.size() == total).map(|i| spares.swap_remove(i))
+        };
+        let staging = spare.unwrap_or_else(|| {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("read-back"),
+                size: total,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        });
+        {
+            let mut slot = self.encoder.borrow_mut();
+            let encoder = slot.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
+            let mut offset = 0;
+            for (t, &bytes) in tensors.iter().zip(&sizes) {
+                if bytes > 0 {
+                    encoder.copy_buffer_to_buffer(&t.buffer, 0, &staging, offset, bytes);
+                }
+                offset += bytes;
+            }
+        }
+        let submission = self.flush();
+        let (sender, receiver) = std::sync::mpsc::channel();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = sender.send(r);
+        });
+        GpuPendingRead { staging: Some(staging), sizes, formats, mapped: Some(receiver), submission }
+    }
+
+    /// Waits for the submission holding the copies (not for work submitted after it) and copies out.
+    pub(super) fn finish_read_words(&self, pending: GpuPendingRead) -> Vec<Vec<u32>> {
+        self.with_mapped(pending, |words| words.iter().map(|w| w.to_vec()).collect())
+    }
+
+    /// Waits for a read started by [`Self::begin_read_words`] and gives `f` each tensor's words, straight
+    /// from the mapped staging buffer; the buffer is kept for the next read of its size.
+    pub(super) fn with_mapped<R>(&self, pending: GpuPendingRead, f: impl FnOnce(&[&[u32]]) -> R) -> R {
+        let (Some(staging), Some(mapped)) = (pending.staging, pending.mapped) else {
+            return f(&vec![&[][..]; pending.sizes.len()]);
+        };
+        loop {
+            match mapped.try_recv() {
+                Ok(result) => {
+                    result.expect("mapping a read-back buffer failed");
+                    break;
+                }
+                Err(std::sync::mpsc::TryRecvError::Empty) => {
+                    self.device
+                        .poll(wgpu::PollType::Wait { submission_index: pending.submission.clone(), timeout: None })
+                        .expect("GPU device lost while reading back a tensor");
+                }
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => panic!("map callback dropped"),
+            }
+        }
+        let view = staging.slice(..).get_mapped_range().expect("mapped range");
+        let all = bytemuck::cast_slice::<u8, u32>(&view);
+        let mut words = Vec::with_capacity(pending.sizes.len());
+        let mut offset = 0;
+        for &bytes in &pending.sizes {
+            let n = (bytes / 4) as usize;
+            words.push(&all[offset..offset + n]);
+            offset += n;
+        }
+        let out = f(&words);
+        drop(view);
+        staging.unmap();
+        let mut spares = self.spare_staging.borrow_mut();
+        if spares.iter().map(|b| b.size()).sum::<u64>() + staging.size() <= SPARE_STAGING_BYTES {
+            spares.push(staging);
+        }
+        out
+    }
+
+    /// A tensor's words as f32 values (16-bit storage widened exactly), into a recycled vector.
+    pub(super) fn widen(&self, format: Option<HalfFormat>, len: usize, words: &[u32]) -> Vec<f32> {
+        let mut out = self.spare_reads.vector(len);
+        match format {
+            None => crate::ops::elementwise::copy(&mut out, bytemuck::cast_slice(&words[..len])),
+            Some(format) => {
+                let halves = words.iter().flat_map(|w| [*w as u16, (*w >> 16) as u16]);
+                for (o, h) in out.iter_mut().zip(halves) {
+                    *o = match format {
+                        HalfFormat::F16 => half::f16::from_bits(h).to_f32(),
+                        HalfFormat::Bf16 => half::bf16::from_bits(h).to_f32(),
+                    };
+                }
+            }
+        }
+        out
+    }
+}
