@@ -137,19 +137,6 @@ impl GpuTensor {
     }
 }
 
-/// The Params of both attention kernels: dimensions, scale, the offsets of the qkv-, out- and
-/// statistics-shaped windows, the qkv row's width and part starts, the first batch of this piece, and
-/// the dropout mask on the probabilities (threshold 0: none).
-fn attention_params(d: AttentionDims, qkv: &Window<'_>, out: &Window<'_>, stat: &Window<'_>, batch_base: usize) -> [u32; 16] {
-    let [t, heads, group, hd, qkv_width, k_start, v_start, batch_base] =
-        [d.seq_len, d.heads, d.group(), d.head_dim, d.qkv_width(), d.q_width(), d.q_width() + d.kv_width(), batch_base]
-            .map(|n| n as u32);
-    let (key, threshold, drop_scale) = d.dropout.map_or(([0, 0], 0, 1.0f32), |m| (m.key, m.threshold, m.scale));
-    let (scale, drop_scale) = (d.scale.to_bits(), drop_scale.to_bits());
-    let (qkv_off, out_off, stat_off) = (qkv.elem_offset, out.elem_offset, stat.elem_offset);
-    [t, heads, group, hd, scale, qkv_off, out_off, stat_off, qkv_width, k_start, v_start, batch_base, key[0], key[1], threshold, drop_scale]
-}
-
 /// The Params of `dropout.wgsl` and `dropout_residual.wgsl` for a piece of `n` elements starting at
 /// element `base` of the tensor (the mask is indexed by the whole tensor's rows and columns).
 fn dropout_params(n: usize, x_off: u32, out_off: u32, base: usize, cols: usize, mask: &DropoutMask, residual_off: u32) -> [u32; 12] {
@@ -634,25 +621,7 @@ impl Backend for GpuDevice {
     }
 
     fn encoder_forward(&self, out: &GpuTensor, tokens: &GpuTokens, wte: &GpuTensor, wpe: &GpuTensor, seq_len: usize, channels: usize) {
-        let rows = tokens.ids.len;
-        let vocab = wte.len / channels;
-        for vocab_range in Self::pieces(vocab, self.rows_per_piece(channels), 1) {
-            let ww = self.window(wte, vocab_range.start * channels..vocab_range.end * channels);
-            let params =
-                [rows as u32, seq_len as u32, channels as u32, vocab_range.start as u32, vocab_range.end as u32, ww.elem_offset, 0, 0];
-            self.dispatch(
-                shaders::ENCODER_FORWARD,
-                "main",
-                &params,
-                &[
-                    (1, tokens.ids.buffer.as_entire_buffer_binding()),
-                    (2, ww.binding),
-                    (3, wpe.buffer.as_entire_buffer_binding()),
-                    (4, out.buffer.as_entire_buffer_binding()),
-                ],
-                Self::elementwise_grid(rows * channels),
-            );
-        }
+        self.dispatch_encoder_forward(out, tokens, wte, wpe, seq_len, channels)
     }
     fn encoder_backward(
         &self,
@@ -664,43 +633,7 @@ impl Backend for GpuDevice {
         seq_len: usize,
         channels: usize,
     ) {
-        let vocab = dwte.len / channels;
-        let b = &tokens.buckets;
-        for vocab_range in Self::pieces(vocab, self.rows_per_piece(channels), 1) {
-            // The buckets whose token falls in this vocabulary window.
-            let first = b.token.partition_point(|&t| (t as usize) < vocab_range.start);
-            let last = b.token.partition_point(|&t| (t as usize) < vocab_range.end);
-            if first == last {
-                continue;
-            }
-            let ww = self.window(dwte, vocab_range.start * channels..vocab_range.end * channels);
-            let tw = self.window(&tokens.bucket_token, first..last);
-            let sw = self.window(&tokens.bucket_start, first..last + 1);
-            let params = [
-                (last - first) as u32,
-                channels as u32,
-                batch as u32,
-                seq_len as u32,
-                vocab_range.start as u32,
-                ww.elem_offset,
-                tw.elem_offset,
-                0,
-            ];
-            self.dispatch(
-                shaders::ENCODER_BACKWARD,
-                "token_grad",
-                &params,
-                &[
-                    (1, dout.buffer.as_entire_buffer_binding()),
-                    (2, tw.binding),
-                    (3, sw.binding),
-                    (4, tokens.positions.buffer.as_entire_buffer_binding()),
-                    (5, ww.binding),
-                ],
-                Self::elementwise_grid((last - first) * channels),
-            );
-        }
-        self.encoder_position_grad(dwpe, dout, batch, seq_len, channels);
+        self.dispatch_encoder_backward(dwte, dwpe, dout, tokens, batch, seq_len, channels)
     }
 
     fn layernorm_forward(
@@ -715,27 +648,7 @@ impl Backend for GpuDevice {
         channels: usize,
         eps: f32,
     ) {
-        for r in Self::pieces(rows, self.rows_per_piece(channels), 1) {
-            let xw = self.window(x, r.start * channels..r.end * channels);
-            let ow = self.window(out, r.start * channels..r.end * channels);
-            let (mw, rw) = (self.window(mean, r.clone()), self.window(rstd, r.clone()));
-            assert_eq!(mw.elem_offset, rw.elem_offset);
-            let params = [r.len() as u32, channels as u32, eps.to_bits(), xw.elem_offset, ow.elem_offset, mw.elem_offset, 0, 0];
-            self.dispatch(
-                shaders::LAYERNORM_FORWARD,
-                "main",
-                &params,
-                &[
-                    (1, xw.binding),
-                    (2, weight.buffer.as_entire_buffer_binding()),
-                    (3, bias.buffer.as_entire_buffer_binding()),
-                    (4, ow.binding),
-                    (5, mw.binding),
-                    (6, rw.binding),
-                ],
-                Self::grid(r.len()),
-            );
-        }
+        self.dispatch_layernorm_forward(out, mean, rstd, x, weight, bias, rows, channels, eps)
     }
     fn layernorm_backward(
         &self,
@@ -750,57 +663,11 @@ impl Backend for GpuDevice {
         rows: usize,
         channels: usize,
     ) {
-        for r in Self::pieces(rows, self.rows_per_piece(channels), 1) {
-            let span = r.start * channels..r.end * channels;
-            let (xw, dw, gw) = (self.window(x, span.clone()), self.window(dout, span.clone()), self.window(dx, span));
-            let (mw, rw) = (self.window(mean, r.clone()), self.window(rstd, r.clone()));
-            let params = [r.len() as u32, channels as u32, xw.elem_offset, dw.elem_offset, gw.elem_offset, mw.elem_offset, 0, 0];
-            self.dispatch(
-                shaders::LAYERNORM_BACKWARD,
-                "input_grad",
-                &params,
-                &[
-                    (1, xw.binding.clone()),
-                    (2, dw.binding.clone()),
-                    (3, weight.buffer.as_entire_buffer_binding()),
-                    (4, mw.binding.clone()),
-                    (5, rw.binding.clone()),
-                    (6, gw.binding),
-                ],
-                Self::grid(r.len()),
-            );
-            self.dispatch(
-                shaders::LAYERNORM_BACKWARD,
-                "param_grad",
-                &params,
-                &[
-                    (1, xw.binding),
-                    (2, dw.binding),
-                    (4, mw.binding),
-                    (5, rw.binding),
-                    (7, dweight.buffer.as_entire_buffer_binding()),
-                    (8, dbias.buffer.as_entire_buffer_binding()),
-                ],
-                [channels.div_ceil(32) as u32, 1, 1],
-            );
-        }
+        self.dispatch_layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd, rows, channels)
     }
 
     fn attention_forward(&self, out: &GpuTensor, lse: &GpuTensor, qkv: &GpuTensor, d: AttentionDims) {
-        let (t, qkv_row, out_row) = (d.seq_len, d.qkv_width(), d.out_width());
-        for bs in Self::pieces(d.batch, self.rows_per_piece(t * qkv_row), 1) {
-            let qw = self.window(qkv, bs.start * t * qkv_row..bs.end * t * qkv_row);
-            let ow = self.window(out, bs.start * t * out_row..bs.end * t * out_row);
-            let lw = self.window(lse, bs.start * d.heads * t..bs.end * d.heads * t);
-            let params = attention_params(d, &qw, &ow, &lw, bs.start);
-            self.dispatch(
-                shaders::ATTENTION_FORWARD,
-                "main",
-                &params,
-                &[(1, qw.binding), (2, ow.binding), (3, lw.binding)],
-                [t.div_ceil(crate::ops::attention::BLOCK) as u32, d.heads as u32, bs.len() as u32],
-            );
-        }
+        self.dispatch_attention_forward(out, lse, qkv, d)
     }
     fn attention_backward(
         &self,
@@ -812,41 +679,7 @@ impl Backend for GpuDevice {
         lse: &GpuTensor,
         d: AttentionDims,
     ) {
-        let (t, qkv_row, out_row) = (d.seq_len, d.qkv_width(), d.out_width());
-        for bs in Self::pieces(d.batch, self.rows_per_piece(t * qkv_row), 1) {
-            let qkv_span = bs.start * t * qkv_row..bs.end * t * qkv_row;
-            let out_span = bs.start * t * out_row..bs.end * t * out_row;
-            let stat_span = bs.start * d.heads * t..bs.end * d.heads * t;
-            let (qw, gw) = (self.window(qkv, qkv_span.clone()), self.window(dqkv, qkv_span));
-            let (ow, dw) = (self.window(out, out_span.clone()), self.window(dout, out_span));
-            let (lw, ew) = (self.window(lse, stat_span.clone()), self.window(delta, stat_span));
-            // One offset per layout: the windows of same-shaped tensors start at the same misalignment.
-            assert!(qw.elem_offset == gw.elem_offset && ow.elem_offset == dw.elem_offset && lw.elem_offset == ew.elem_offset);
-            let params = attention_params(d, &qw, &ow, &lw, bs.start);
-            self.dispatch(
-                shaders::ATTENTION_BACKWARD,
-                "query_grad",
-                &params,
-                &[
-                    (1, qw.binding.clone()),
-                    (2, ow.binding),
-                    (3, dw.binding.clone()),
-                    (4, lw.binding.clone()),
-                    (5, ew.binding.clone()),
-                    (6, gw.binding.clone()),
-                ],
-                [t.div_ceil(crate::ops::attention::BLOCK) as u32, d.heads as u32, bs.len() as u32],
-            );
-            // One workgroup per key/value head (and block of keys): it sums the gradients of the group's
-            // query heads.
-            self.dispatch(
-                shaders::ATTENTION_BACKWARD,
-                "key_value_grad",
-                &params,
-                &[(1, qw.binding), (3, dw.binding), (4, lw.binding), (5, ew.binding), (6, gw.binding)],
-                [t.div_ceil(crate::ops::attention::BLOCK) as u32, d.kv_heads as u32, bs.len() as u32],
-            );
-        }
+        self.dispatch_attention_backward(dqkv, delta, dout, qkv, out, lse, d)
     }
 
     fn activation_forward(&self, f: Activation, out: &GpuTensor, x: &GpuTensor) {
@@ -992,19 +825,6 @@ impl Backend for GpuDevice {
     }
 }
 
-impl GpuDevice {
-    fn encoder_position_grad(&self, dwpe: &GpuTensor, dout: &GpuTensor, batch: usize, seq_len: usize, channels: usize) {
-        let params = [0, channels as u32, batch as u32, seq_len as u32, 0, 0, 0, 0];
-        self.dispatch(
-            shaders::ENCODER_BACKWARD,
-            "position_grad",
-            &params,
-            &[(1, dout.buffer.as_entire_buffer_binding()), (5, dwpe.buffer.as_entire_buffer_binding())],
-            Self::elementwise_grid(seq_len * channels),
-        );
-    }
-}
-
 // For `device::timing` (`zerostream bench kernels`): commands recorded into the same stream as the
 // kernels, so a timestamp lands exactly between two ops.
 impl GpuDevice {
@@ -1031,4 +851,10 @@ mod crossentropy;
 
 #[path = "gpu_memory.rs"]
 mod memory;
+
+#[path = "gpu_attention.rs"]
+mod attention;
+
+#[path = "gpu_gpt2.rs"]
+mod gpt2;
 pub use memory::GpuPendingRead;
