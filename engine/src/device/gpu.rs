@@ -16,17 +16,23 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 
 use super::alloc::{AllocCosts, AllocStats, ByteBudget, Charge};
-use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, HalfFormat, MatmulShape, VocabChunk};
+use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, HalfFormat, MatmulInputs, MatmulShape, VocabChunk};
 use crate::ops::elementwise::SUM_SQUARES_GROUP;
 use crate::ops::encoder::TokenBuckets;
 use zerostream_shaders as shaders;
+
+pub use matmul::{COOP_WORKGROUP_STORAGE_BYTES, CoopMatrixConfig, MATMUL_COOP_PATH, MATMUL_PATH, coop_unavailable};
 
 /// Passes recorded before the pending encoder is submitted even without a read-back.
 const MAX_PENDING_PASSES: usize = 256;
 /// Threads per workgroup of the 1-D kernels (elementwise and per-row).
 const WORKGROUP_THREADS: usize = 256;
-/// The optional features zerostream uses when an adapter has them.
-const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16.union(wgpu::Features::TIMESTAMP_QUERY).union(wgpu::Features::SUBGROUP);
+/// The optional features zerostream uses when an adapter has them (cooperative matrices only for
+/// `--matmul-inputs f16`, and only where the adapter lists them: see `gpu_matmul.rs`).
+const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
+    .union(wgpu::Features::TIMESTAMP_QUERY)
+    .union(wgpu::Features::SUBGROUP)
+    .union(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
 
 /// What `zerostream devices` prints about one adapter.
 #[derive(Clone, Debug)]
@@ -43,6 +49,10 @@ pub struct AdapterSummary {
     pub shader_f16: bool,
     pub timestamp_query: bool,
     pub subgroup: bool,
+    /// Whether wgpu offers `EXPERIMENTAL_COOPERATIVE_MATRIX` on this adapter.
+    pub cooperative_matrix: bool,
+    /// The cooperative-matrix configurations the adapter lists (M x N x K, input and accumulator types).
+    pub cooperative_matrix_configs: Vec<CoopMatrixConfig>,
 }
 
 impl AdapterSummary {
@@ -63,6 +73,8 @@ impl AdapterSummary {
             shader_f16: features.contains(wgpu::Features::SHADER_F16),
             timestamp_query: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             subgroup: features.contains(wgpu::Features::SUBGROUP),
+            cooperative_matrix: features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
+            cooperative_matrix_configs: adapter.cooperative_matrix_properties().iter().map(CoopMatrixConfig::new).collect(),
         }
     }
 
@@ -141,8 +153,7 @@ impl GpuTensor {
 /// the dropout mask on the probabilities (threshold 0: none).
 fn attention_params(d: AttentionDims, qkv: &Window<'_>, out: &Window<'_>, stat: &Window<'_>, batch_base: usize) -> [u32; 16] {
     let [t, heads, group, hd, qkv_width, k_start, v_start, batch_base] =
-        [d.seq_len, d.heads, d.group(), d.head_dim, d.qkv_width(), d.q_width(), d.q_width() + d.kv_width(), batch_base]
-            .map(|n| n as u32);
+        [d.seq_len, d.heads, d.group(), d.head_dim, d.qkv_width(), d.q_width(), d.q_width() + d.kv_width(), batch_base].map(|n| n as u32);
     let (key, threshold, drop_scale) = d.dropout.map_or(([0, 0], 0, 1.0f32), |m| (m.key, m.threshold, m.scale));
     let (scale, drop_scale) = (d.scale.to_bits(), drop_scale.to_bits());
     let (qkv_off, out_off, stat_off) = (qkv.elem_offset, out.elem_offset, stat.elem_offset);
@@ -201,6 +212,8 @@ pub struct GpuDevice {
     uniform_slot_bytes: usize,
     /// Bound as the matmul's vec4 view of an operand too small to hold one vec4.
     matmul_placeholder: wgpu::Buffer,
+    /// `--matmul-inputs`: f16 runs every matmul through `matmul_coop.wgsl` (set only where it can run).
+    matmul_inputs: Cell<MatmulInputs>,
 }
 
 /// The largest Params any kernel takes, in bytes.
@@ -238,10 +251,20 @@ impl GpuDevice {
         let features = adapter.features() & WANTED_FEATURES;
         let limits = adapter.limits();
         matmul::check_limits(&limits, &summary.name)?;
+        // Cooperative matrices are an experimental wgpu feature, usable only with the opt-in token.
+        let experimental_features = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+            // SAFETY: wgpu asks the caller to accept that experimental features may have bugs. Only
+            // `matmul_coop.wgsl` uses this one, only under `--matmul-inputs f16`, and its results are
+            // checked against the twin by `tests/kernels.rs` on any adapter that has the feature.
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("zerostream"),
             required_features: features,
             required_limits: limits.clone(),
+            experimental_features,
             ..Default::default()
         }))
         .with_context(|| format!("opening adapter {:?}", summary.name))?;
@@ -270,6 +293,7 @@ impl GpuDevice {
             uniform_bytes: RefCell::default(),
             uniform_slot_bytes,
             matmul_placeholder,
+            matmul_inputs: Cell::default(),
         })
     }
 
@@ -744,6 +768,19 @@ impl Backend for GpuDevice {
             return;
         }
         self.matmul_piece(c, a, b, bias, s, 0..s.m, 0..s.n, 0..s.k, accumulate, true);
+    }
+    fn set_matmul_inputs(&self, inputs: MatmulInputs) -> Result<()> {
+        if inputs == MatmulInputs::F16 {
+            if let Some(why) = matmul::coop_unavailable(&self.summary) {
+                bail!(
+                    "--matmul-inputs f16: adapter {:?} cannot run the cooperative-matrix matmul ({why}); \
+                     use --matmul-inputs f32 (the default), or --device cpu",
+                    self.summary.name
+                );
+            }
+        }
+        self.matmul_inputs.set(inputs);
+        Ok(())
     }
     fn bias_backward(&self, dbias: &GpuTensor, dout: &GpuTensor, m: usize, n: usize) {
         let step = self.rows_per_piece(n);
