@@ -770,14 +770,14 @@ impl Backend for GpuDevice {
         self.matmul_piece(c, a, b, bias, s, 0..s.m, 0..s.n, 0..s.k, accumulate, true);
     }
     fn set_matmul_inputs(&self, inputs: MatmulInputs) -> Result<()> {
-        if inputs == MatmulInputs::F16 {
-            if let Some(why) = matmul::coop_unavailable(&self.summary) {
-                bail!(
-                    "--matmul-inputs f16: adapter {:?} cannot run the cooperative-matrix matmul ({why}); \
-                     use --matmul-inputs f32 (the default), or --device cpu",
-                    self.summary.name
-                );
-            }
+        if inputs == MatmulInputs::F16
+            && let Some(why) = matmul::coop_unavailable(&self.summary)
+        {
+            bail!(
+                "--matmul-inputs f16: adapter {:?} cannot run the cooperative-matrix matmul ({why}); \
+                 use --matmul-inputs f32 (the default), or --device cpu",
+                self.summary.name
+            );
         }
         self.matmul_inputs.set(inputs);
         Ok(())
