@@ -7,7 +7,7 @@
 // are ignored here. It needs three adapter features: SHADER_F16, SUBGROUP (for subgroup_id) and
 // EXPERIMENTAL_COOPERATIVE_MATRIX with a 16x16x16 f16 x f16 -> f32 configuration (gpu.rs checks all three).
 //
-// Rounding: every element of A (f32) and of an f32 or bf16 B is rounded to f16 by `f16_bits`, round to
+// Rounding: every element of A (f32) and of an f32 or bf16 B is rounded to f16 by `f16_bits` (common/), round to
 // nearest even in integer arithmetic (values past 65504 become +-inf, tiny ones f16 subnormals or zero),
 // because WGSL leaves an f32 -> f16 conversion's direction, and its result out of range, to the
 // implementation. An f16 B is taken as stored. This is exactly `half::f16::from_f32`, the rounding of the
@@ -40,8 +40,9 @@
 // adapter and driver; no atomics, and the engine's K splitting (for bindings) is a function of the shape.
 // Results differ from matmul.wgsl's by the f16 rounding of the inputs (see the twin's test for the bound).
 
-enable f16;
-enable wgpu_cooperative_matrix;
+// Its enable directives (f16, wgpu_cooperative_matrix) come first, from common/enable_f16_coop.wgsl, and
+// f16_bits from common/f16_bits.wgsl (the rounding cast_f32_to_f16.wgsl also uses, so the kernel tests
+// check it on any adapter); shaders/src/lib.rs prepends both.
 
 struct Params {
     m: u32, n: u32, k: u32, flags: u32, // flags: bit 0 accumulate into C, 1 add bias (2, 3: unused here)
@@ -77,31 +78,6 @@ fn a_along_m() -> bool {
 // Whether B is read along K (a transposed operand: unit row stride) rather than along N.
 fn b_along_k() -> bool {
     return p.b_row_stride == 1u && p.b_col_stride != 1u;
-}
-
-// The f16 bits nearest to x (ties to even), as `half::f16::from_f32`; NaN stays a quiet NaN.
-fn f16_bits(x: f32) -> u32 {
-    let u = bitcast<u32>(x);
-    let sign = (u >> 16u) & 0x8000u;
-    let mag = u & 0x7fffffffu;
-    if (mag > 0x7f800000u) { return sign | 0x7e00u | ((mag >> 13u) & 0x3ffu); }
-    if (mag >= 0x477ff000u) { return sign | 0x7c00u; } // 65520 and up round past 65504: infinity
-    if (mag >= 0x38800000u) {
-        // A normal f16: rebias the exponent (127 - 15), round away the low 13 mantissa bits (a carry
-        // into the exponent is the correct result).
-        let rebased = mag - 0x38000000u;
-        return sign | ((rebased + 0xfffu + ((rebased >> 13u) & 1u)) >> 13u);
-    }
-    let e = mag >> 23u;
-    if (e < 102u) { return sign; } // below 2^-25, half the smallest subnormal: zero
-    // A subnormal f16: the significand in units of 2^-24, rounded to nearest even.
-    let shift = 126u - e; // 14..24
-    let sig = (mag & 0x7fffffu) | 0x800000u;
-    let q = sig >> shift;
-    let rem = sig & ((1u << shift) - 1u);
-    let halfway = 1u << (shift - 1u);
-    let up = rem > halfway || (rem == halfway && (q & 1u) == 1u);
-    return sign | (q + select(0u, 1u, up));
 }
 
 // A (r, k) as f16 bits, or 0 outside the matrix.
