@@ -3,9 +3,12 @@
 # the adapter (zerostream devices, nvidia-smi), `zerostream bench kernels` (GPT-2 124M and 1.5B shapes, and
 # which matmul path the adapter took: tile configuration, subgroup or cooperative-matrix use),
 # `bench h2d` / `bench d2h`, a GPT-2 124M and a GPT-2 1.5B (gpt2-xl) training run on the GPU, and PyTorch
-# on the same shapes: torch.matmul (fp32 without TF32, and bf16), scaled_dot_product_attention,
+# on the same shapes: torch.matmul (fp32 without TF32, bf16 and f16), scaled_dot_product_attention,
 # pinned-memory copies, and a Hugging Face GPT2LMHeadModel fp32 training step. Each part is rendered into
 # the results file as soon as it finishes, so a run cut short still leaves what it measured.
+# Where the adapter has 16x16x16 f16 cooperative matrices, bench kernels also times the f16-input matmul
+# (rows f16-coop), the matmul table holds it against torch's bf16 and f16 matmul (issue #13's goal: at
+# least 25% of torch bf16), and a third training run uses --matmul-inputs f16.
 #
 # Usage:  bash benches/gpu.sh [RESULTS.md]     (default: $OUT/results.md if $OUT is set, else ./gpu-results.md)
 # Environment (all optional):
@@ -13,7 +16,7 @@
 #   B, T     micro-batch for kernels, training and PyTorch (default 4 and 1024)
 #   STEPS    training steps per run (default 3; the first includes pipeline creation and is left out of the means)
 #   XL_B, XL_T, XL_STEPS   the same for the 1.5B run (default B, T, STEPS)
-#   SKIP     parts to leave out, space-separated: kernels transfer torch train-gpt2 train-gpt2-xl
+#   SKIP     parts to leave out, space-separated: kernels transfer torch train-gpt2 train-gpt2-xl train-gpt2-f16
 #   BUDGET_GPT2, BUDGET_XL   --gpu-mem-budget of the two training runs (default 16GiB and 60GiB)
 #   KERNEL_FLAGS  more flags for `bench kernels` (e.g. --quick on a software adapter)
 # Raw outputs (JSON lines, logs) are kept beside the results file in one file, <name>.raw.txt.
@@ -85,6 +88,7 @@ if kernels:
            (f"{k0['peak_part']} datasheet, {k0['peak_fp32_gflops']/1e3:.1f} TFLOP/s fp32, {k0['peak_mem_gbps']:.0f} GB/s" if k0["peak_part"] else "unknown") +
            f"; measured device-to-device copy {k0['copy_gbps']:.0f} GB/s (read + written).\n",
            f"Matmul path the adapter took: {k0.get('matmul_path', 'not reported (an older binary)')}.\n",
+           f"f16-input cooperative-matrix matmul: {k0.get('matmul_coop', 'not reported (an older binary)')}.\n",
            "| model | kernel | case | precision | shape | x/step | time (us) | rate | % of peak | % of copy | % of step |",
            "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in kernels:
@@ -103,20 +107,33 @@ elif read("kernels.err") is not None:
 tm = {(r["model"], r["case"], r["dtype"]): r for r in torch if r.get("kind") == "matmul"}
 if kernels and tm:
     md += ["## Matmul: zerostream against torch.matmul, same shapes and layouts\n",
-           "torch fp32 runs with TF32 off (true fp32 FMA, like ours); bf16 is all operands bf16 on tensor cores. "
-           "zerostream's bf16-B reads B as bf16 and computes in fp32.\n",
-           "| model | case | shape | zerostream fp32 GFLOP/s | torch fp32 GFLOP/s | ratio | zerostream bf16-B GFLOP/s | torch bf16 GFLOP/s | ratio |",
-           "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+           "torch fp32 runs with TF32 off (true fp32 FMA, like ours); bf16 and f16 are all operands 16-bit on tensor cores. "
+           "zerostream's bf16-B reads B as bf16 and computes in fp32; f16-coop rounds A and B to f16 and multiplies on "
+           "cooperative matrices (f32 sums), reading the bf16 B where the bf16-B row does. "
+           "Issue #13's goal: f16-coop at least 25% of torch bf16.\n",
+           "| model | case | shape | zerostream fp32 GFLOP/s | torch fp32 GFLOP/s | ratio | zerostream bf16-B GFLOP/s | torch bf16 GFLOP/s | ratio "
+           "| zerostream f16-coop GFLOP/s | torch f16 GFLOP/s | f16-coop / torch bf16 |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     zs = {(r["model"], r["case"], r["precision"]): r for r in kernels if r["kernel"] == "matmul"}
+    coop_ratios = []
     for (model, case, prec), r in zs.items():
         if prec != "fp32": continue
         t32, t16, z16 = tm.get((model, case, "fp32")), tm.get((model, case, "bf16")), zs.get((model, case, "bf16-B"))
+        th = tm.get((model, case, "f16"))
+        zc = zs.get((model, case, "f16-coop bf16-B")) or zs.get((model, case, "f16-coop"))
         g = lambda x, k="gflops": x[k] if x else None
         f = lambda v: "-" if v is None else f"{v:.0f}"
         ratio = lambda a, b: "-" if a is None or b is None else f"{a/b:.2f}"
+        if zc and t16: coop_ratios.append(g(zc) / g(t16))
         md.append(f"| {model} | {case} | {r['shape']} | {f(r['gflops'])} | {f(g(t32))} | {ratio(r['gflops'], g(t32))} | "
-                  f"{f(g(z16))} | {f(g(t16))} | {ratio(g(z16), g(t16))} |")
+                  f"{f(g(z16))} | {f(g(t16))} | {ratio(g(z16), g(t16))} | {f(g(zc))} | {f(g(th))} | {ratio(g(zc), g(t16))} |")
     md.append("")
+    if coop_ratios:
+        coop_ratios.sort()
+        md.append(f"f16-coop / torch bf16 over {len(coop_ratios)} products: min {coop_ratios[0]:.2f}, "
+                  f"median {coop_ratios[len(coop_ratios)//2]:.2f}, max {coop_ratios[-1]:.2f} (goal: >= 0.25).\n")
+    else:
+        md.append("No f16-coop rows: the adapter has no 16x16x16 f16 cooperative matrices (see the line above).\n")
 
 if torch:
     md += ["## PyTorch on the same machine\n", "| what | shape | dtype | time (us) | rate |", "|---|---|---|---:|---:|"]
@@ -154,11 +171,13 @@ for link in ("h2d", "d2h"):
         md += [f"## zerostream bench {link} (failed)\n", block(tail(read(f"{link}.err")))]
 
 # Training runs.
-for model in ("gpt2", "gpt2-xl"):
-    err = read(f"train-{model}.err")
+for run_name in ("gpt2", "gpt2-xl", "gpt2-f16"):
+    err = read(f"train-{run_name}.err")
     if err is None: continue
-    m = jsonl(f"train-{model}.metrics")
-    md += [f"## zerostream train --config {model} --device gpu\n"]
+    m = jsonl(f"train-{run_name}.metrics")
+    model = run_name.removesuffix("-f16")
+    flags = " --matmul-inputs f16" if run_name.endswith("-f16") else ""
+    md += [f"## zerostream train --config {model} --device gpu{flags}\n"]
     if m:
         md += ["| step | loss | tokens/s | step (s) | compute (s) | upload (s) | download (s) | AdamW wait (s) | busy (host-timed) | peak device MiB |",
                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -170,7 +189,7 @@ for model in ("gpt2", "gpt2-xl"):
         mean_s = sum(r["time"]["total_s"] for r in later) / len(later)
         b_run, t_run = (B, T) if model == "gpt2" else (XL_B, XL_T)
         # Every kernel's work is linear in B at a fixed T, so another batch's estimate scales.
-        est = [s for s in steps if s["model"] == model and s["seq_len"] == t_run]
+        est = [s for s in steps if s["model"] == model and s["seq_len"] == t_run and not flags]
         md.append("")
         if est:
             kernel_s = est[0]["step_kernel_seconds"] * b_run / est[0]["batch"]
@@ -224,7 +243,7 @@ def rnd(*shape, dtype=torch.float32): return torch.randn(*shape, device=dev, dty
 models = {"gpt2": (768, 12), "gpt2-xl": (1600, 25)}
 V, bt = 50257, B * T
 # Peaks measured here: a large product and a device copy.
-for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"), (torch.float16, "f16")):
     a, b = rnd(8192, 8192, dtype=dtype), rnd(8192, 8192, dtype=dtype)
     s = bench(lambda: a @ b)
     emit(kind="peak", case="matmul 8192^3", shape="8192x8192x8192", dtype=name, seconds=s, gflops=2 * 8192**3 / s / 1e9)
@@ -234,7 +253,7 @@ emit(kind="peak", case="device copy (read + write)", shape="1 GiB", dtype="uint8
 del x, a, b
 # The model's products, in the layouts zerostream uses (HF Conv1D weights are (in, out)).
 for model, (C, NH) in models.items():
-    for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+    for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"), (torch.float16, "f16")):
         for lin, k, n in (("qkv", C, 3 * C), ("attn_proj", C, C), ("fc", C, 4 * C), ("fc_proj", 4 * C, C)):
             inp, w, dout = rnd(bt, k, dtype=dtype), rnd(k, n, dtype=dtype), rnd(bt, n, dtype=dtype)
             for case, fn, (m_, n_, k_) in ((f"{lin} forward", lambda: inp @ w, (bt, n, k)),
@@ -250,6 +269,7 @@ for model, (C, NH) in models.items():
             s = bench(fn)
             emit(kind="matmul", model=model, case=case, shape=f"M={m_} N={n_} K={k_}", dtype=name, seconds=s, gflops=2 * m_ * n_ * k_ / s / 1e9)
         del ln_f, wte, dlogits
+        if name == "f16": continue  # f16 only for the matmuls (the f16-coop comparison)
         # Causal attention; FLOPs count the causal half, backward 2.5x forward (as bench kernels does).
         hd = C // NH
         q, k_, v = (rnd(B, NH, T, hd, dtype=dtype).requires_grad_() for _ in range(3))
@@ -289,7 +309,7 @@ for _ in range(5):
 s = statistics.median(times)
 emit(kind="train", model="gpt2", dtype="fp32", attn=attn, batch=B, seq_len=T, seconds=s, tokens_per_s=B * T / s)
 PY
-skipped torch || part torch 150 python3 "$work/torch_ref.py" "$B" "$T"
+skipped torch || part torch 200 python3 "$work/torch_ref.py" "$B" "$T"
 
 # Training: random uint16 tokens (raw nanoGPT-style file), a few steps of each model on the GPU.
 python3 - "$work/tokens.bin" <<'PY'
@@ -297,12 +317,16 @@ import random, sys, array
 random.seed(1337)
 array.array("H", (random.randrange(50257) for _ in range(1 << 20))).tofile(open(sys.argv[1], "wb"))
 PY
-train() { # model budget seconds batch seq_len steps
-  part "train-$1" "$3" "$ZS" train --config "$1" --data "$work/tokens.bin" --device gpu --steps "$6" \
-    --batch-size "$4" --seq-len "$5" --warmup-steps 1 --sample-tokens 0 --gpu-mem-budget "$2" \
-    --metrics "$work/train-$1.metrics"
+train() { # name model budget seconds batch seq_len steps [more flags]
+  local name=$1 model=$2 budget=$3 limit=$4 batch=$5 seq=$6 steps=$7; shift 7
+  part "train-$name" "$limit" "$ZS" train --config "$model" --data "$work/tokens.bin" --device gpu --steps "$steps" \
+    --batch-size "$batch" --seq-len "$seq" --warmup-steps 1 --sample-tokens 0 --gpu-mem-budget "$budget" \
+    --metrics "$work/train-$name.metrics" "$@"
 }
-skipped train-gpt2 || train gpt2 "$BUDGET_GPT2" 120 "$B" "$T" "$STEPS"
-skipped train-gpt2-xl || train gpt2-xl "$BUDGET_XL" 240 "$XL_B" "$XL_T" "$XL_STEPS"
+skipped train-gpt2 || train gpt2 gpt2 "$BUDGET_GPT2" 120 "$B" "$T" "$STEPS"
+skipped train-gpt2-xl || train gpt2-xl gpt2-xl "$BUDGET_XL" 240 "$XL_B" "$XL_T" "$XL_STEPS"
+if "$ZS" devices --json 2>/dev/null | grep -q '"matmul_f16_coop":true'; then
+  skipped train-gpt2-f16 || train gpt2-f16 gpt2 "$BUDGET_GPT2" 120 "$B" "$T" "$STEPS" --matmul-inputs f16
+fi
 echo "results: $results" >&2
 cat "$work/parts.txt" >&2

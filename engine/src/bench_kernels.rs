@@ -9,6 +9,10 @@
 //! repeated; the time is the median repetition, from GPU timestamps where the adapter has them (see
 //! [`crate::device::timing`]). Each row also says how often the op runs in one fp32 training step, so
 //! the sum over rows is the device time of a step's kernels.
+//!
+//! Where the adapter has the cooperative-matrix matmul (`--matmul-inputs f16`), every product is timed
+//! again through it (precision `f16-coop`, with the 16-bit B where the fp32 row has a bf16 one), beside
+//! the fp32 kernel and against the same fp32 peak; the header says when it is unavailable, and why.
 
 use std::collections::HashSet;
 
@@ -18,7 +22,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::device::gpu::GpuTensor;
 use crate::device::timing::Timer;
-use crate::device::{Activation, AttentionDims, Backend, GpuDevice, HalfFormat, MatmulShape, Operand, VocabChunk};
+use crate::device::{Activation, AttentionDims, Backend, GpuDevice, HalfFormat, MatmulInputs, MatmulShape, Operand, VocabChunk};
 use crate::model::gpt2::Gpt2Config;
 
 /// Seconds of repetitions aimed for per kernel when `reps` is 0.
@@ -118,7 +122,8 @@ pub struct KernelRun {
     /// Where the model runs it: "fc forward", "lm_head dW", ...
     pub case: String,
     pub shape: String,
-    /// "fp32", or "bf16-B" for the matmul reading a 16-bit B operand.
+    /// "fp32", or "bf16-B" for the matmul reading a 16-bit B operand; "f16-coop" (and "f16-coop bf16-B")
+    /// for the cooperative-matrix matmul of f16-rounded inputs.
     pub precision: &'static str,
     pub bound: Bound,
     pub flops: f64,
@@ -161,6 +166,8 @@ pub struct KernelBenchReport {
     pub adapter: String,
     /// Which matmul kernel the adapter ran (tile configuration, subgroup or cooperative-matrix use).
     pub matmul_path: String,
+    /// The f16-input cooperative-matrix matmul: its path, or why the adapter cannot run it.
+    pub matmul_coop: Result<String, String>,
     pub timer: Timer,
     pub peak: Option<Peak>,
     /// Device-to-device copy, bytes read plus written per second.
@@ -215,6 +222,10 @@ pub fn bench_kernels(dev: &GpuDevice, cfg: &KernelBenchConfig, mut on_run: impl 
     Ok(KernelBenchReport {
         adapter: dev.describe(),
         matmul_path: dev.matmul_path().to_string(),
+        matmul_coop: match crate::device::gpu::coop_unavailable(dev.summary()) {
+            None => Ok(crate::device::gpu::MATMUL_COOP_PATH.to_string()),
+            Some(why) => Err(why),
+        },
         timer,
         peak: datasheet_peak(&dev.summary().name),
         copy_gbps,
@@ -376,6 +387,28 @@ impl Bench<'_> {
                 per_step: if precision == "fp32" { p.per_step } else { 0 },
             };
             self.time(case, || dev.matmul(p.c, p.a, b, p.bias, &s, p.accumulate))?;
+        }
+        if dev.has_coop_matmul() {
+            // The 16-bit path: f16-rounded inputs on cooperative matrices, with the 16-bit B when the
+            // product has one (the weights of a bf16 working copy), as a training step would run it.
+            let (b, precision, b_bytes) = match p.b16 {
+                Some(b16) => (b16, "f16-coop bf16-B", 2.0 * (k * n) as f64),
+                None => (p.b, "f16-coop", f32_bytes(k * n)),
+            };
+            let case = Case {
+                kernel: "matmul",
+                case: p.case.clone(),
+                shape,
+                precision,
+                bound: Bound::Compute,
+                flops: s.flops(),
+                bytes: in_bytes + b_bytes,
+                per_step: 0,
+            };
+            dev.set_matmul_inputs(MatmulInputs::F16)?;
+            let timed = self.time(case, || dev.matmul(p.c, p.a, b, p.bias, &s, p.accumulate));
+            dev.set_matmul_inputs(MatmulInputs::F32)?;
+            timed?;
         }
         Ok(())
     }
@@ -677,7 +710,8 @@ impl KernelBenchReport {
         let compute = r.bound == Bound::Compute;
         serde_json::json!({
             "adapter": self.adapter, "model": r.model, "batch": self.batch, "seq_len": self.seq_len,
-            "matmul_path": self.matmul_path,
+            "matmul_path": if r.precision.starts_with("f16-coop") { crate::device::gpu::MATMUL_COOP_PATH } else { self.matmul_path.as_str() },
+            "matmul_coop": match &self.matmul_coop { Ok(_) => "available".to_string(), Err(why) => format!("unavailable on this adapter: {why}") },
             "kernel": r.kernel, "case": r.case, "shape": r.shape, "precision": r.precision,
             "bound": if compute { "compute" } else { "memory" },
             "flops": r.flops, "bytes": r.bytes, "seconds": r.seconds, "reps": r.reps, "timer": r.timer.name(),
@@ -714,11 +748,18 @@ impl KernelBenchReport {
             None => "\npeak: unknown (adapter not in the datasheet table); memory-bound rows are also shown against the copy".into(),
         };
         out += &format!(
-            "\nmeasured device-to-device copy: {:.1} GB/s (read + written); B={} T={}\nmatmul: {}\n",
-            self.copy_gbps, self.batch, self.seq_len, self.matmul_path
+            "\nmeasured device-to-device copy: {:.1} GB/s (read + written); B={} T={}\nmatmul: {}\nmatmul f16-coop: {}\n",
+            self.copy_gbps,
+            self.batch,
+            self.seq_len,
+            self.matmul_path,
+            match &self.matmul_coop {
+                Ok(path) => format!("{path} (rows f16-coop; % peak against the fp32 peak)"),
+                Err(why) => format!("unavailable on this adapter ({why})"),
+            }
         );
         out += &format!(
-            "{:<8} {:<22} {:<32} {:<7} {:<23} {:>6} {:>11} {:>16} {:>7} {:>7} {:>6}\n",
+            "{:<8} {:<22} {:<32} {:<15} {:<23} {:>6} {:>11} {:>16} {:>7} {:>7} {:>6}\n",
             "model", "kernel", "case", "prec", "shape", "x/step", "time (us)", "rate", "% peak", "% copy", "% step"
         );
         let pct = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.1}", 100.0 * v));
@@ -728,7 +769,7 @@ impl KernelBenchReport {
                 Bound::Memory => (format!("{:.1} GB/s", r.gbps()), Some(r.gbps() / self.copy_gbps)),
             };
             out += &format!(
-                "{:<8} {:<22} {:<32} {:<7} {:<23} {:>6} {:>11.1} {:>16} {:>7} {:>7} {:>6}\n",
+                "{:<8} {:<22} {:<32} {:<15} {:<23} {:>6} {:>11.1} {:>16} {:>7} {:>7} {:>6}\n",
                 r.model,
                 r.kernel,
                 r.case,

@@ -163,6 +163,9 @@ fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
                             "max_workgroup_storage_bytes": a.max_workgroup_storage_bytes,
                             "max_invocations_per_workgroup": a.max_invocations_per_workgroup,
                             "shader_f16": a.shader_f16, "timestamp_query": a.timestamp_query, "subgroup": a.subgroup,
+                            "cooperative_matrix": a.cooperative_matrix,
+                            "cooperative_matrix_configs": a.cooperative_matrix_configs.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
+                            "matmul_f16_coop": device::gpu::coop_unavailable(a).is_none(),
                         })
                     );
                 }
@@ -181,6 +184,12 @@ fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
                     a.max_invocations_per_workgroup
                 );
                 println!("    shader-f16: {}, timestamp-query: {}, subgroup: {}", a.shader_f16, a.timestamp_query, a.subgroup);
+                let configs: Vec<String> = a.cooperative_matrix_configs.iter().map(|c| c.to_string()).collect();
+                println!(
+                    "    cooperative matrices: {}; --matmul-inputs f16: {}",
+                    if configs.is_empty() { "none".to_string() } else { configs.join(", ") },
+                    device::gpu::coop_unavailable(a).map_or("available".to_string(), |why| format!("unavailable ({why})"))
+                );
             }
             println!("cpu: the plain-Rust kernels on {} threads (--device cpu)", rayon::current_num_threads());
             Ok(0)

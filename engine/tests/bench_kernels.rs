@@ -1,5 +1,6 @@
 //! `zerostream bench kernels --quick --json` on whatever adapter there is (lavapipe in CI): a row for
-//! every kernel of the training step, each with a positive, finite rate, and the step's kernel time.
+//! every kernel of the training step, each with a positive, finite rate, and the step's kernel time; the
+//! cooperative-matrix matmul timed where the adapter has it, said to be unavailable where not.
 
 mod common;
 
@@ -47,6 +48,17 @@ fn bench_kernels_quick_gives_every_kernel_a_positive_rate() {
         assert!(kernels.contains(k), "no row for {k}; rows: {kernels:?}");
     }
     assert!(rows.iter().any(|r| r["precision"] == "bf16-B"), "no row for the matmul with a 16-bit B operand");
+    // The cooperative-matrix matmul: timed beside the fp32 one where the adapter has it, else every row
+    // says it is unavailable (and why) and none claims it.
+    let coop_rows = rows.iter().filter(|r| r["precision"].as_str().is_some_and(|p| p.starts_with("f16-coop"))).count();
+    let available = rows.iter().all(|r| r["matmul_coop"] == "available");
+    if available {
+        let fp32_products = rows.iter().filter(|r| r["kernel"] == "matmul" && r["precision"] == "fp32").count();
+        assert_eq!(coop_rows, fp32_products, "one f16-coop row per product");
+    } else {
+        assert_eq!(coop_rows, 0);
+        assert!(rows.iter().all(|r| r["matmul_coop"].as_str().is_some_and(|m| m.starts_with("unavailable on this adapter: "))));
+    }
     for r in &rows {
         let rate = if r["bound"] == "compute" { r["gflops"].as_f64() } else { r["gbps"].as_f64() };
         let rate = rate.unwrap_or_else(|| panic!("no rate in {r}"));

@@ -496,6 +496,16 @@ fn half_casts_match_the_half_crate() {
             x[1] = 1e-8; // subnormal in f16
             x[2] = 1.0 + 1.0 / 2048.0; // a tie: rounds to even
         }
+        if n > 64 {
+            // The edges of common/f16_bits.wgsl (which matmul_coop.wgsl rounds its inputs with): the
+            // largest f16 and the ties around it, infinities, the subnormal range and its ties, signs.
+            let p = |e: i32| 2f32.powi(e);
+            let edges = [65504.0, 65519.99, 65520.0, -65520.0, f32::INFINITY, f32::NEG_INFINITY, p(-25), 3.0 * p(-25), p(-14) - p(-26)];
+            let more = [-1.5 * p(-24), 1e-30, -0.0, p(-25) * 1.000001, p(-14), -p(-15) * 1.0005, 2049.0, 2051.0, -1e-7];
+            for (i, v) in edges.into_iter().chain(more).enumerate() {
+                x[3 + i] = v;
+            }
+        }
         let tx = tensor(&gpu, &x);
         let words = gpu.upload_words(&vec![0u32; n.div_ceil(2)], "halves").unwrap();
         gpu.cast_f32_to_f16(&words, &tx, n);

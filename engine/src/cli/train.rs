@@ -238,6 +238,14 @@ pub struct TrainArgs {
     /// chunk): a resumed run must keep it; where the matrix lives never changes a result.
     #[arg(long, default_value_t = zerostream::model::vocab::DEFAULT_CHUNK_ROWS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     vocab_chunk_rows: usize,
+    /// What every matmul's inputs are rounded to before they are multiplied (sums are f32 either way).
+    /// f32 (default): exact inputs, the fp32 kernels. f16: A and B rounded to f16 (nearest even; past
+    /// 65504 they become infinity, below ~6e-8 zero) and multiplied on the GPU's cooperative matrices
+    /// (tensor cores) where the adapter lists a 16x16x16 f16->f32 configuration (`zerostream devices`
+    /// says); a GPU without one refuses, and `--device cpu` rounds the same way on the CPU (no faster
+    /// there). It changes the numbers, so a resumed run keeps it.
+    #[arg(long, value_enum, default_value_t = zerostream::device::MatmulInputs::F32)]
+    matmul_inputs: zerostream::device::MatmulInputs,
     /// Tokens of text to sample at the end (0 = none).
     #[arg(long, default_value_t = 300)]
     sample_tokens: usize,
@@ -291,6 +299,7 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>) -
         dropout: a.dropout,
         seed: a.seed,
         vocab_chunk_rows: a.vocab_chunk_rows,
+        matmul_inputs: a.matmul_inputs,
     };
     let (mut data, mut seed, mut data_dtype) = (a.data.clone(), a.seed, a.data_dtype);
     if let ModelChoice::Resume(dir) = &model {

@@ -5,18 +5,20 @@
 //! bias and layer-norm backward ([`crate::ops::reduce_fast`], the twins' bits).
 //! It lets zerostream run without a Vulkan driver and is the reference the GPU kernels are tested against.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use anyhow::Result;
 
 use super::alloc::{AllocCosts, AllocStats, ByteBudget, Charge};
 use super::spare_reads::SpareReads;
-use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, MatmulShape, VocabChunk};
+use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, MatmulInputs, MatmulShape, VocabChunk};
 use crate::ops::{self, encoder::TokenBuckets};
 
 pub struct CpuDevice {
     budget: ByteBudget,
     spare_reads: SpareReads,
+    /// `--matmul-inputs`: with f16, matmuls round copies of their operands first.
+    matmul_inputs: Cell<MatmulInputs>,
 }
 
 pub struct CpuTensor {
@@ -31,7 +33,11 @@ pub struct CpuTokens {
 
 impl CpuDevice {
     pub fn new(budget_bytes: Option<u64>) -> Self {
-        CpuDevice { budget: ByteBudget::new(budget_bytes.unwrap_or(u64::MAX)), spare_reads: SpareReads::default() }
+        CpuDevice {
+            budget: ByteBudget::new(budget_bytes.unwrap_or(u64::MAX)),
+            spare_reads: SpareReads::default(),
+            matmul_inputs: Cell::default(),
+        }
     }
 }
 
@@ -89,16 +95,17 @@ impl Backend for CpuDevice {
     }
     fn matmul(&self, c: &CpuTensor, a: &CpuTensor, b: &CpuTensor, bias: Option<&CpuTensor>, shape: &MatmulShape, accumulate: bool) {
         let bias = bias.map(|t| t.data.borrow());
+        let (c, a, b, bias) = (&mut c.data.borrow_mut(), &a.data.borrow(), &b.data.borrow(), bias.as_deref().map(|v| v.as_slice()));
         // The one op that is not its twin: the fast matmul (AVX-512 where the CPU has it), tested against
-        // `ops::matmul::matmul` in `ops::matmul_fast`'s tests.
-        ops::matmul_fast::matmul(
-            &mut c.data.borrow_mut(),
-            &a.data.borrow(),
-            &b.data.borrow(),
-            bias.as_deref().map(|v| v.as_slice()),
-            shape,
-            accumulate,
-        );
+        // `ops::matmul::matmul` in `ops::matmul_fast`'s tests; with f16 inputs, on rounded copies.
+        match self.matmul_inputs.get() {
+            MatmulInputs::F32 => ops::matmul_fast::matmul(c, a, b, bias, shape, accumulate),
+            MatmulInputs::F16 => ops::matmul_f16::matmul_rounded_with(ops::matmul_fast::matmul, c, a, b, bias, shape, accumulate),
+        }
+    }
+    fn set_matmul_inputs(&self, inputs: MatmulInputs) -> Result<()> {
+        self.matmul_inputs.set(inputs);
+        Ok(())
     }
     fn bias_backward(&self, dbias: &CpuTensor, dout: &CpuTensor, m: usize, n: usize) {
         ops::reduce_fast::bias_backward(&mut dbias.data.borrow_mut(), &dout.data.borrow(), m, n);

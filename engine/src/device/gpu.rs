@@ -17,17 +17,23 @@ use anyhow::{Context, Result, bail};
 
 use super::alloc::{AllocCosts, AllocStats, ByteBudget, Charge};
 use super::spare_reads::SpareReads;
-use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, HalfFormat, MatmulShape, VocabChunk};
+use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, HalfFormat, MatmulInputs, MatmulShape, VocabChunk};
 use crate::ops::elementwise::SUM_SQUARES_GROUP;
 use crate::ops::encoder::TokenBuckets;
 use zerostream_shaders as shaders;
+
+pub use matmul::{COOP_WORKGROUP_STORAGE_BYTES, CoopMatrixConfig, MATMUL_COOP_PATH, MATMUL_PATH, coop_unavailable};
 
 /// Passes recorded before the pending encoder is submitted even without a read-back.
 const MAX_PENDING_PASSES: usize = 256;
 /// Threads per workgroup of the 1-D kernels (elementwise and per-row).
 const WORKGROUP_THREADS: usize = 256;
-/// The optional features zerostream uses when an adapter has them.
-const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16.union(wgpu::Features::TIMESTAMP_QUERY).union(wgpu::Features::SUBGROUP);
+/// The optional features zerostream uses when an adapter has them (cooperative matrices only for
+/// `--matmul-inputs f16`, and only where the adapter lists them: see `gpu_matmul.rs`).
+const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
+    .union(wgpu::Features::TIMESTAMP_QUERY)
+    .union(wgpu::Features::SUBGROUP)
+    .union(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
 
 /// What `zerostream devices` prints about one adapter.
 #[derive(Clone, Debug)]
@@ -44,6 +50,10 @@ pub struct AdapterSummary {
     pub shader_f16: bool,
     pub timestamp_query: bool,
     pub subgroup: bool,
+    /// Whether wgpu offers `EXPERIMENTAL_COOPERATIVE_MATRIX` on this adapter.
+    pub cooperative_matrix: bool,
+    /// The cooperative-matrix configurations the adapter lists (M x N x K, input and accumulator types).
+    pub cooperative_matrix_configs: Vec<CoopMatrixConfig>,
 }
 
 impl AdapterSummary {
@@ -64,6 +74,8 @@ impl AdapterSummary {
             shader_f16: features.contains(wgpu::Features::SHADER_F16),
             timestamp_query: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             subgroup: features.contains(wgpu::Features::SUBGROUP),
+            cooperative_matrix: features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
+            cooperative_matrix_configs: adapter.cooperative_matrix_properties().iter().map(CoopMatrixConfig::new).collect(),
         }
     }
 
@@ -183,6 +195,8 @@ pub struct GpuDevice {
     spare_reads: SpareReads,
     /// Staging buffers of finished reads, by size, for the next read of the same total size.
     spare_staging: RefCell<Vec<wgpu::Buffer>>,
+    /// `--matmul-inputs`: f16 runs every matmul through `matmul_coop.wgsl` (set only where it can run).
+    matmul_inputs: Cell<MatmulInputs>,
 }
 
 /// The largest Params any kernel takes, in bytes.
@@ -220,10 +234,20 @@ impl GpuDevice {
         let features = adapter.features() & WANTED_FEATURES;
         let limits = adapter.limits();
         matmul::check_limits(&limits, &summary.name)?;
+        // Cooperative matrices are an experimental wgpu feature, usable only with the opt-in token.
+        let experimental_features = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+            // SAFETY: wgpu asks the caller to accept that experimental features may have bugs. Only
+            // `matmul_coop.wgsl` uses this one, only under `--matmul-inputs f16`, and its results are
+            // checked against the twin by `tests/kernels.rs` on any adapter that has the feature.
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("zerostream"),
             required_features: features,
             required_limits: limits.clone(),
+            experimental_features,
             ..Default::default()
         }))
         .with_context(|| format!("opening adapter {:?}", summary.name))?;
@@ -254,6 +278,7 @@ impl GpuDevice {
             matmul_placeholder,
             spare_reads: SpareReads::default(),
             spare_staging: RefCell::new(Vec::new()),
+            matmul_inputs: Cell::default(),
         })
     }
 
@@ -604,6 +629,19 @@ impl Backend for GpuDevice {
             return;
         }
         self.matmul_piece(c, a, b, bias, s, 0..s.m, 0..s.n, 0..s.k, accumulate, true);
+    }
+    fn set_matmul_inputs(&self, inputs: MatmulInputs) -> Result<()> {
+        if inputs == MatmulInputs::F16
+            && let Some(why) = matmul::coop_unavailable(&self.summary)
+        {
+            bail!(
+                "--matmul-inputs f16: adapter {:?} cannot run the cooperative-matrix matmul ({why}); \
+                 use --matmul-inputs f32 (the default), or --device cpu",
+                self.summary.name
+            );
+        }
+        self.matmul_inputs.set(inputs);
+        Ok(())
     }
     fn bias_backward(&self, dbias: &GpuTensor, dout: &GpuTensor, m: usize, n: usize) {
         let step = self.rows_per_piece(n);

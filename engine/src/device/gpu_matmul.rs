@@ -3,14 +3,18 @@
 //! takes each of A and B twice, as the scalar window and again as whole vec4 of the same window, for the
 //! vector loads of aligned interior tiles. A child module of `gpu`, so it uses that file's private helpers.
 //!
+//! Under `--matmul-inputs f16` the same pieces go to `matmul_coop.wgsl` (f16 inputs on 16x16 cooperative
+//! matrices, f32 sums; same Params and bindings 0-4, same 128 x 128 grid) instead: only on an adapter that
+//! [`coop_unavailable`] accepts. The fp32 kernel is the default and the fallback everywhere.
+//!
 //! [`Backend::matmul`]: crate::device::Backend::matmul
 
 use std::ops::Range;
 
 use anyhow::{Result, bail};
 
-use super::{GpuDevice, GpuTensor, Window};
-use crate::device::{HalfFormat, MatmulShape};
+use super::{AdapterSummary, GpuDevice, GpuTensor, Window};
+use crate::device::{HalfFormat, MatmulInputs, MatmulShape};
 use zerostream_shaders as shaders;
 
 /// Rows and columns of C per workgroup (matmul.wgsl's TILE_M and TILE_N).
@@ -19,10 +23,81 @@ const TILE_N: usize = 128;
 /// Workgroup memory matmul.wgsl declares: two buffers of an 8 x 128 f32 tile of each operand.
 const WORKGROUP_STORAGE_BYTES: u32 = 2 * 2 * 8 * 128 * 4;
 
-/// What every matmul runs on this device (the same on every adapter today), for `bench kernels`.
+/// Workgroup memory matmul_coop.wgsl declares: f16 tiles of A (128 x 40) and B (32 x 136), nine 16 x 16
+/// f32 staging slots and the subgroup count.
+pub const COOP_WORKGROUP_STORAGE_BYTES: u32 = 128 * 40 * 2 + 32 * 136 * 2 + 9 * 256 * 4 + 4;
+
+/// The default matmul (every adapter), for `bench kernels`.
 pub const MATMUL_PATH: &str = "matmul.wgsl: fp32 FMA, 128x128 tile per 256-invocation workgroup, 8x8 per invocation, \
      K step 8 double-buffered (16 KiB workgroup memory), vec4 loads of aligned interior tiles; \
      no subgroup ops, no cooperative matrix";
+
+/// The opt-in f16-input matmul (`--matmul-inputs f16`), on adapters [`coop_unavailable`] accepts.
+pub const MATMUL_COOP_PATH: &str = "matmul_coop.wgsl: A, B rounded to f16 (nearest even), 16x16x16 cooperative matrices \
+     f16 x f16 -> f32, 128x128 tile per 256-invocation workgroup, a 32x64 region (2x4 accumulators) per subgroup, \
+     K step 32 through f16 workgroup tiles";
+
+/// One cooperative-matrix configuration an adapter lists: C (M x N) += A (M x K) @ B (K x N).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CoopMatrixConfig {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    /// Element type of A and B ("f16", "f32", "i32", "u32").
+    pub ab_type: &'static str,
+    /// Element type of C and the result.
+    pub cr_type: &'static str,
+}
+
+impl CoopMatrixConfig {
+    pub(super) fn new(p: &wgpu::CooperativeMatrixProperties) -> Self {
+        let name = |t: wgpu::CooperativeScalarType| match t {
+            wgpu::CooperativeScalarType::F32 => "f32",
+            wgpu::CooperativeScalarType::F16 => "f16",
+            wgpu::CooperativeScalarType::I32 => "i32",
+            wgpu::CooperativeScalarType::U32 => "u32",
+        };
+        CoopMatrixConfig { m: p.m_size, n: p.n_size, k: p.k_size, ab_type: name(p.ab_type), cr_type: name(p.cr_type) }
+    }
+
+    /// The configuration matmul_coop.wgsl multiplies with: 16x16x16, f16 inputs, f32 accumulator.
+    pub fn is_coop_f16_16x16(&self) -> bool {
+        (self.m, self.n, self.k, self.ab_type, self.cr_type) == (16, 16, 16, "f16", "f32")
+    }
+}
+
+impl std::fmt::Display for CoopMatrixConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}x{}x{} {}->{}", self.m, self.n, self.k, self.ab_type, self.cr_type)
+    }
+}
+
+/// Why `matmul_coop.wgsl` cannot run on this adapter, or None when it can: it needs f16 shaders,
+/// subgroups (for the subgroup id), wgpu's cooperative-matrix feature with a 16x16x16 f16 -> f32
+/// configuration, and its workgroup memory.
+pub fn coop_unavailable(a: &AdapterSummary) -> Option<String> {
+    if !a.cooperative_matrix {
+        return Some(if a.cooperative_matrix_configs.is_empty() {
+            "it has no cooperative matrices".to_string()
+        } else {
+            "wgpu does not offer its cooperative matrices (EXPERIMENTAL_COOPERATIVE_MATRIX)".to_string()
+        });
+    }
+    if !a.cooperative_matrix_configs.iter().any(CoopMatrixConfig::is_coop_f16_16x16) {
+        let listed: Vec<String> = a.cooperative_matrix_configs.iter().map(|c| c.to_string()).collect();
+        return Some(format!("it lists no 16x16x16 f16->f32 cooperative matrix, only: {}", listed.join(", ")));
+    }
+    if !a.shader_f16 || !a.subgroup {
+        return Some("it lacks shader-f16 or subgroups".to_string());
+    }
+    if a.max_workgroup_storage_bytes < COOP_WORKGROUP_STORAGE_BYTES {
+        return Some(format!(
+            "it allows {} bytes of workgroup memory, the kernel needs {COOP_WORKGROUP_STORAGE_BYTES}",
+            a.max_workgroup_storage_bytes
+        ));
+    }
+    None
+}
 
 /// Refuses an adapter whose workgroup memory cannot hold the matmul's tiles (Vulkan, Metal and DX12 all
 /// guarantee at least 16 KiB; only downlevel adapters have less).
@@ -49,9 +124,17 @@ pub(super) fn placeholder_vec4_buffer(device: &wgpu::Device) -> wgpu::Buffer {
 }
 
 impl GpuDevice {
-    /// Which matmul kernel this device runs, in words.
+    /// Which matmul kernel this device runs now (per `--matmul-inputs`), in words.
     pub fn matmul_path(&self) -> &'static str {
-        MATMUL_PATH
+        match self.matmul_inputs.get() {
+            MatmulInputs::F32 => MATMUL_PATH,
+            MatmulInputs::F16 => MATMUL_COOP_PATH,
+        }
+    }
+
+    /// Whether this adapter can run the cooperative-matrix matmul (`--matmul-inputs f16`).
+    pub fn has_coop_matmul(&self) -> bool {
+        coop_unavailable(&self.summary).is_none()
     }
 
     /// `window` again as whole vec4 (its size rounded down to 16 bytes), and whether the kernel may read
@@ -138,12 +221,24 @@ impl GpuDevice {
             Some(w) => w.binding.clone(),
             None => wa.binding.clone(),
         };
+        let grid = [n.div_ceil(TILE_N as u32), m.div_ceil(TILE_M as u32), 1];
+        if self.matmul_inputs.get() == MatmulInputs::F16 {
+            // The same Params and tile grid; no vec4 views (it rounds each element on the way in).
+            self.dispatch(
+                shaders::MATMUL_COOP,
+                "main",
+                &params,
+                &[(1, wa.binding), (2, wb.binding), (3, bias_binding), (4, wc.binding)],
+                grid,
+            );
+            return;
+        }
         self.dispatch(
             shaders::MATMUL,
             "main",
             &params,
             &[(1, wa.binding), (2, wb.binding), (3, bias_binding), (4, wc.binding), (5, a4), (6, b4)],
-            [n.div_ceil(TILE_N as u32), m.div_ceil(TILE_M as u32), 1],
+            grid,
         );
     }
 }

@@ -102,6 +102,12 @@ pub trait Backend {
         shape: &MatmulShape,
         accumulate: bool,
     );
+    /// What the operands of every later [`Backend::matmul`] are rounded to before they are multiplied
+    /// (`train --matmul-inputs`). F32: nothing, the default. F16: the gpu device runs
+    /// `matmul_coop.wgsl` on cooperative matrices, the cpu device its twin's arithmetic
+    /// ([`crate::ops::matmul_f16`]); a gpu adapter without a 16x16x16 f16 configuration refuses, naming
+    /// itself.
+    fn set_matmul_inputs(&self, inputs: MatmulInputs) -> Result<()>;
     /// dbias (N) += column sums of dout (M, N).
     fn bias_backward(&self, dbias: &Self::Tensor, dout: &Self::Tensor, m: usize, n: usize);
 
@@ -279,6 +285,17 @@ pub trait Backend {
     /// d_gate_up (rows, 2F) = [dout * up * silu'(gate) | dout * silu(gate)], overwritten, not accumulated
     /// (it is the gradient of one matmul's output); dout (rows, F), gate_up (rows, 2F) = [gate | up].
     fn swiglu_backward(&self, d_gate_up: &Self::Tensor, dout: &Self::Tensor, gate_up: &Self::Tensor, rows: usize, hidden: usize);
+}
+
+/// `--matmul-inputs`: what a matmul's operands are rounded to before they are multiplied (sums are f32
+/// either way). Part of what a run computes: a resumed run keeps it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum MatmulInputs {
+    /// Exact f32 inputs (the fp32 kernels, bit-identical to every earlier run).
+    #[default]
+    F32,
+    /// Inputs rounded to f16 (nearest, ties to even; beyond 65504 infinity), for cooperative matrices.
+    F16,
 }
 
 /// A 16-bit floating-point format.

@@ -25,6 +25,7 @@ pub mod gelu_erf;
 pub mod gelu_fast;
 pub mod layernorm;
 pub mod matmul;
+pub mod matmul_f16;
 pub mod matmul_fast;
 pub mod reduce_fast;
 pub mod relu;

@@ -11,7 +11,7 @@ use zerostream_offload::{IoConfig, IoEngineKind, Tier};
 
 use super::schedule::{LrPlan, LrSchedule};
 use super::shard::ZeroStage;
-use crate::device::HalfFormat;
+use crate::device::{HalfFormat, MatmulInputs};
 
 /// `--precision`: what the device computes with. Math is f32 in every mode; the modes differ in the
 /// working copy of the parameters (rounded to 16 bits) and, for fp16, in dynamic loss scaling.
@@ -80,6 +80,9 @@ pub struct TrainConfig {
     /// `--vocab-chunk-rows`: vocabulary ids per chunk of the output projection and the loss (part of
     /// what is computed, like the precision; never of where bytes are: see `model::vocab`).
     pub vocab_chunk_rows: usize,
+    /// `--matmul-inputs`: f16 rounds every matmul's operands to f16 (the gpu device's cooperative-matrix
+    /// kernel); part of what is computed, like the precision.
+    pub matmul_inputs: MatmulInputs,
 }
 
 impl Default for TrainConfig {
@@ -109,6 +112,7 @@ impl Default for TrainConfig {
             dropout: None,
             seed: 1337,
             vocab_chunk_rows: crate::model::vocab::DEFAULT_CHUNK_ROWS,
+            matmul_inputs: MatmulInputs::F32,
         }
     }
 }
@@ -121,6 +125,7 @@ pub type Flags = BTreeMap<String, Value>;
 pub const MEANING_FLAGS: &[&str] = &[
     "precision",
     "vocab-chunk-rows",
+    "matmul-inputs",
     "batch-size",
     "seq-len",
     "lr",
@@ -184,6 +189,7 @@ impl TrainConfig {
         put("dropout", json!(self.dropout));
         put("seed", json!(self.seed));
         put("vocab-chunk-rows", json!(self.vocab_chunk_rows));
+        put("matmul-inputs", json!(enum_name(self.matmul_inputs)));
         f
     }
 
@@ -235,6 +241,13 @@ impl TrainConfig {
                 .get("vocab-chunk-rows")
                 .and_then(Value::as_u64)
                 .map_or(crate::model::vocab::DEFAULT_CHUNK_ROWS, |n| n as usize),
+            // Checkpoints from before --matmul-inputs multiplied f32 inputs.
+            matmul_inputs: match f.get("matmul-inputs") {
+                None => MatmulInputs::F32,
+                Some(_) => {
+                    MatmulInputs::from_str(&parse_enum("matmul-inputs")?, true).map_err(|e| anyhow::anyhow!("matmul-inputs: {e}"))?
+                }
+            },
         })
     }
 }
@@ -251,6 +264,7 @@ mod tests {
             nvme_dir: Some("/x".into()),
             dropout: Some(0.1),
             seed: 7,
+            matmul_inputs: MatmulInputs::F16,
             ..TrainConfig::default()
         };
         tc.lr.schedule = LrSchedule::Cosine;
@@ -258,6 +272,7 @@ mod tests {
         let flags = tc.to_flags();
         assert_eq!(flags["precision"], "bf16");
         assert_eq!(flags["lr-schedule"], "cosine");
+        assert_eq!(flags["matmul-inputs"], "f16");
         let back = TrainConfig::from_flags(&flags).unwrap();
         assert_eq!(format!("{back:?}"), format!("{tc:?}"));
         for k in MEANING_FLAGS {

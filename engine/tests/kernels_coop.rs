@@ -1,0 +1,121 @@
+//! `matmul_coop.wgsl` (f16 inputs on 16x16 cooperative matrices, f32 sums) against its twin
+//! `ops::matmul_f16::matmul_f16_inputs`, at the awkward shapes of the fp32 matmul's tests (every kind of
+//! edge of the 128 x 128 x 32 tiles), every operand layout, f32 and 16-bit B, with bias and accumulation,
+//! also with 64 KiB bindings (K split into accumulating pieces, windows at odd offsets).
+//!
+//! Runs where the adapter lists a 16x16x16 f16 -> f32 configuration; elsewhere (lavapipe, CI) it says
+//! that it skipped the comparison and checks instead that f16 inputs are refused, naming the adapter, and
+//! that the fp32 kernel stays the path. An adapter is still required under ZEROSTREAM_REQUIRE_GPU=1.
+
+mod common;
+
+use common::kernel_check::tensor;
+use common::{assert_close, gpu_or_skip, random};
+use zerostream::device::{Backend, GpuDevice, HalfFormat, MatmulInputs, MatmulShape, Operand};
+use zerostream::ops::matmul_f16::matmul_f16_inputs;
+
+/// (m, n, k): single elements, K = 1, edges of every tile dimension, a K that needs splitting under
+/// 64 KiB bindings.
+const SHAPES: [(usize, usize, usize); 9] =
+    [(1, 1, 1), (3, 17, 1), (63, 65, 17), (65, 63, 130), (17, 129, 65), (129, 130, 3), (130, 200, 96), (7, 33, 4097), (256, 132, 40)];
+
+/// One product on the GPU and through the twin: `b` is given as f32 values (already 16-bit values when
+/// `format` is set, so the twin sees what the GPU holds).
+#[allow(clippy::too_many_arguments)]
+fn compare_one(
+    gpu: &GpuDevice,
+    what: &str,
+    a: &[f32],
+    b: &[f32],
+    format: Option<HalfFormat>,
+    bias: Option<&[f32]>,
+    c0: &[f32],
+    s: &MatmulShape,
+    accumulate: bool,
+) {
+    let ta = tensor(gpu, a);
+    let tb = match format {
+        None => tensor(gpu, b),
+        Some(f) => {
+            let bits: Vec<u16> = match f {
+                HalfFormat::F16 => b.iter().map(|x| half::f16::from_f32(*x).to_bits()).collect(),
+                HalfFormat::Bf16 => b.iter().map(|x| half::bf16::from_f32(*x).to_bits()).collect(),
+            };
+            let t = gpu.alloc_16bit(bits.len(), "b16", f).unwrap();
+            gpu.write_16bit(&t, &bits, f).unwrap();
+            t
+        }
+    };
+    let tbias = bias.map(|v| tensor(gpu, v));
+    let tc = tensor(gpu, c0);
+    gpu.matmul(&tc, &ta, &tb, tbias.as_ref(), s, accumulate);
+    let got = gpu.read(&tc);
+    let mut want = c0.to_vec();
+    matmul_f16_inputs(&mut want, a, b, bias, s, accumulate);
+    // The same rounded inputs; only the order (and the hardware's internal precision) of the f32 sums
+    // differs. The f16 rounding itself would move elements by ~2^-11 of their magnitude.
+    assert_close(what, &got, &want, 5e-4, 5e-4);
+}
+
+fn compare_all(gpu: &GpuDevice, label: &str) {
+    for (i, &(m, n, k)) in SHAPES.iter().enumerate() {
+        let seed = 900 + 10 * i as u64;
+        let a = random(seed, m * k, 1.0);
+        let b = random(seed + 1, k * n, 1.0);
+        let bias = random(seed + 2, n, 1.0);
+        let c0 = random(seed + 3, m * (n + 3), 1.0);
+        let what = |case: &str| format!("matmul_coop {m}x{n}x{k} {case} ({label})");
+        let row_major = MatmulShape::row_major(m, n, k);
+        compare_one(gpu, &what("forward, bias"), &a, &b, None, Some(&bias), &c0[..m * n], &row_major, false);
+        let a_t = MatmulShape { a: Operand::transposed(m), ..row_major };
+        compare_one(gpu, &what("A^T accumulate"), &a, &b, None, None, &c0[..m * n], &a_t, true);
+        let b_t_strided_c =
+            MatmulShape { b: Operand::transposed(k), c: Operand { offset: 3, row_stride: n + 3, col_stride: 1 }, ..row_major };
+        compare_one(gpu, &what("B^T strided C"), &a, &b, None, None, &c0, &b_t_strided_c, false);
+        let both_t = MatmulShape { a: Operand::transposed(m), b: Operand::transposed(k), ..row_major };
+        compare_one(gpu, &what("A^T B^T bias accumulate"), &a, &b, None, Some(&bias), &c0[..m * n], &both_t, true);
+        for format in [HalfFormat::F16, HalfFormat::Bf16] {
+            // B's values as the 16-bit tensor holds them, at an odd offset (packed words split).
+            let b16: Vec<f32> = (0..k * n + 1)
+                .map(|j| b.get(j).copied().unwrap_or(0.5))
+                .map(|x| match format {
+                    HalfFormat::F16 => half::f16::from_f32(x).to_f32(),
+                    HalfFormat::Bf16 => half::bf16::from_f32(x).to_f32(),
+                })
+                .collect();
+            let shape = MatmulShape { b: Operand { offset: 1, row_stride: 1, col_stride: k }, ..row_major };
+            compare_one(gpu, &what(&format!("{format:?} B^T at offset 1")), &a, &b16, Some(format), None, &c0[..m * n], &shape, false);
+        }
+    }
+    // The inputs really are rounded: 1 + 2^-12 is not an f16 (it rounds to 1), 70000 is past its range.
+    let one = MatmulShape::row_major(1, 1, 1);
+    for (x, want) in [(1.0 + 2f32.powi(-12), 1.0), (70000.0, f32::INFINITY)] {
+        let c = tensor(gpu, &[0.0]);
+        gpu.matmul(&c, &tensor(gpu, &[x]), &tensor(gpu, &[1.0]), None, &one, false);
+        assert_eq!(gpu.read(&c)[0], want, "matmul_coop: {x} x 1 ({label})");
+    }
+}
+
+#[test]
+fn matmul_coop_matches_twin() {
+    let Some(gpu) = gpu_or_skip("matmul_coop_matches_twin") else { return };
+    if !gpu.has_coop_matmul() {
+        eprintln!(
+            "SKIPPED matmul_coop_matches_twin: adapter {:?} lacks cooperative matrices (16x16x16 f16->f32); \
+             `zerostream devices` lists what it has",
+            gpu.summary().name
+        );
+        // Then f16 inputs are refused, naming the adapter and the flag, and nothing changes.
+        let err = format!("{:#}", gpu.set_matmul_inputs(MatmulInputs::F16).unwrap_err());
+        assert!(err.contains("--matmul-inputs f16") && err.contains(&gpu.summary().name), "{err}");
+        assert_eq!(gpu.matmul_path(), zerostream::device::gpu::MATMUL_PATH);
+        return;
+    }
+    gpu.set_matmul_inputs(MatmulInputs::F16).unwrap();
+    assert_eq!(gpu.matmul_path(), zerostream::device::gpu::MATMUL_COOP_PATH);
+    compare_all(&gpu, "whole bindings");
+    let mut small = gpu_or_skip("matmul_coop_matches_twin").unwrap();
+    small.limit_binding_bytes_for_tests(64 << 10);
+    small.set_matmul_inputs(MatmulInputs::F16).unwrap();
+    compare_all(&small, "64 KiB bindings");
+}
