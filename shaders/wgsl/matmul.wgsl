@@ -28,18 +28,7 @@
 // have continued). Past the end of K, A is padded with -0.0 (and B with +0.0): fma(-0, 0, x) = x for every
 // x, so the padded steps of a last partial tile change no bit, not even the sign of a zero.
 
-struct Params {
-    m: u32, n: u32, k: u32, flags: u32, // flags: bit 0 accumulate into C, 1 add bias, 2 a4 usable, 3 b4 usable
-    a_off: u32, a_row_stride: u32, a_col_stride: u32, _pad0: u32,
-    b_off: u32, b_row_stride: u32, b_col_stride: u32, b_format: u32, // b_format: 0 f32, 1 f16, 2 bf16
-    c_off: u32, c_row_stride: u32, bias_off: u32, _pad2: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> a: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<u32>;
-@group(0) @binding(3) var<storage, read> bias: array<f32>;
-@group(0) @binding(4) var<storage, read_write> c: array<f32>;
+// Params and bindings 0-4 come from common/matmul_io.wgsl (shared with matmul_coop.wgsl).
 // The windows of bindings 1 and 2 again, as whole vec4 (their length rounded down to 16 bytes).
 @group(0) @binding(5) var<storage, read> a4: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read> b4: array<vec4<u32>>;

@@ -42,20 +42,10 @@
 
 // Its enable directives (f16, wgpu_cooperative_matrix) come first, from common/enable_f16_coop.wgsl, and
 // f16_bits from common/f16_bits.wgsl (the rounding cast_f32_to_f16.wgsl also uses, so the kernel tests
-// check it on any adapter); shaders/src/lib.rs prepends both.
+// check it on any adapter); shaders/src/lib.rs prepends them (and common/matmul_io.wgsl).
 
-struct Params {
-    m: u32, n: u32, k: u32, flags: u32, // flags: bit 0 accumulate into C, 1 add bias (2, 3: unused here)
-    a_off: u32, a_row_stride: u32, a_col_stride: u32, _pad0: u32,
-    b_off: u32, b_row_stride: u32, b_col_stride: u32, b_format: u32, // b_format: 0 f32, 1 f16, 2 bf16
-    c_off: u32, c_row_stride: u32, bias_off: u32, _pad2: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> a: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<u32>;
-@group(0) @binding(3) var<storage, read> bias: array<f32>;
-@group(0) @binding(4) var<storage, read_write> c: array<f32>;
+// Params and bindings 0-4 come from common/matmul_io.wgsl (shared with matmul.wgsl); flags bits 2 and 3
+// (matmul.wgsl's vec4 views) are not read here.
 
 const TILE_M: u32 = 128u;
 const TILE_N: u32 = 128u;
