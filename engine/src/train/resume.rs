@@ -34,11 +34,14 @@ pub fn merge(
 ) -> Result<TrainConfig> {
     let mut flags = state.settings.clone();
     let given = cli.to_flags();
+    // A checkpoint written before a flag existed ran with that flag's default: its settings read back
+    // through `from_flags`, which fills the defaults in.
+    let recorded_or_default = TrainConfig::from_flags(&state.settings).map(|tc| tc.to_flags()).unwrap_or_default();
     for (name, value) in &given {
         if !explicit.contains(name) {
             continue;
         }
-        let recorded = flags.get(name);
+        let recorded = flags.get(name).or_else(|| recorded_or_default.get(name));
         if MEANING_FLAGS.contains(&name.as_str()) && recorded != Some(value) {
             bail!(
                 "--{name} {} differs from the checkpoint's {} ({}): it changes what the run computes, so a resumed run keeps it; \
@@ -147,5 +150,21 @@ mod tests {
         assert!(err.contains("nothing to do"), "{err}");
         let seed = BTreeSet::from(["seed".to_string()]);
         assert!(merge(dir, &st, &cli, &seed, 2, 1).unwrap_err().to_string().contains("--seed 2"));
+    }
+
+    /// A checkpoint from before a meaning flag existed ran with its default: giving the default
+    /// explicitly resumes, another value is refused.
+    #[test]
+    fn a_flag_newer_than_the_checkpoint_counts_as_its_default() {
+        let mut st = state(&TrainConfig::default(), 1);
+        st.settings.remove("matmul-inputs");
+        st.settings.remove("vocab-chunk-rows");
+        let (dir, flags) = (Path::new("ck"), BTreeSet::from(["matmul-inputs".to_string(), "vocab-chunk-rows".to_string()]));
+        assert!(merge(dir, &st, &TrainConfig::default(), &flags, 1, 1).is_ok());
+        let f16 = TrainConfig { matmul_inputs: crate::device::MatmulInputs::F16, ..TrainConfig::default() };
+        let err = merge(dir, &st, &f16, &flags, 1, 1).unwrap_err().to_string();
+        assert!(err.contains("--matmul-inputs f16 differs from the checkpoint's f32"), "{err}");
+        let rows = TrainConfig { vocab_chunk_rows: 100, ..TrainConfig::default() };
+        assert!(merge(dir, &st, &rows, &flags, 1, 1).unwrap_err().to_string().contains("--vocab-chunk-rows 100"));
     }
 }
