@@ -12,7 +12,7 @@ use zerostream_checkpoints::{HfModel, TokenFile, TokenWidth};
 use crate::device::{AnyDevice, Backend};
 use crate::model::Model;
 use crate::model::vocab::{self, DEFAULT_CHUNK_ROWS, Rows};
-use crate::train::layout::{GroupLayout, group_layouts};
+use crate::train::layout::{GroupLayout, TensorSlot, group_layouts};
 
 /// What an evaluation measured.
 #[derive(Clone, Debug)]
@@ -73,20 +73,7 @@ pub fn evaluate<D: Backend>(
     };
     let (embedding, projection) = model.vocab_tensors();
     let (embedding, projection) = (&groups[0].tensors[embedding], &groups[0].tensors[projection]);
-    let is_vocab = |name: &str| name == embedding.name || name == projection.name;
-    // The head group on the device but for its vocabulary matrices (empty tensors in their places).
-    let head: Vec<D::Tensor> = groups[0]
-        .tensors
-        .iter()
-        .map(|t| -> Result<D::Tensor> {
-            if is_vocab(&t.name) {
-                return dev.alloc(0, &t.name);
-            }
-            let x = dev.alloc(t.len, &t.name)?;
-            dev.write(&x, &hf.tensor(&t.name, &t.shape).with_context(loading)?);
-            Ok(x)
-        })
-        .collect::<Result<_>>()?;
+    let head = head_but_vocabulary(dev, &hf, &groups[0], &[&embedding.name, &projection.name])?;
     let slot: Vec<D::Tensor> = groups[1].tensors.iter().map(|t| dev.alloc(t.len, &format!("slot {}", t.name))).collect::<Result<_>>()?;
     let (bt, width) = (batch * seq_len, model.width());
     let chunks = model.vocab_chunks(DEFAULT_CHUNK_ROWS);
@@ -101,12 +88,7 @@ pub fn evaluate<D: Backend>(
     for g in 0..batches {
         let (x_ids, y_ids) = tokens.micro_batch(g, batch, seq_len)?;
         let y = dev.tokens(&y_ids)?;
-        let mut rows = Vec::with_capacity(bt * width);
-        for &id in &x_ids {
-            let id = id as usize;
-            rows.extend(hf.tensor_rows(&embedding.name, &embedding.shape, id..id + 1).with_context(loading)?);
-        }
-        dev.write(&embed_rows, &rows);
+        dev.write(&embed_rows, &embedding_rows(&hf, embedding, &x_ids)?);
         model.embed_rows_forward(dev, &residual[0], &embed_rows, &head, &head_acts, &positions, seq_len, None);
         for l in 0..model.n_layer() {
             fill(&groups[1 + l], &slot)?;
@@ -136,6 +118,34 @@ pub fn evaluate<D: Backend>(
         seconds: start.elapsed().as_secs_f64(),
         peak_device_bytes: dev.alloc_stats().peak_bytes,
     })
+}
+
+/// The head group on the device but for its vocabulary matrices `vocab` (empty tensors in their
+/// places), read from the model's files.
+fn head_but_vocabulary<D: Backend>(dev: &D, hf: &HfModel, head: &GroupLayout, vocab: &[&str]) -> Result<Vec<D::Tensor>> {
+    head.tensors
+        .iter()
+        .map(|t| {
+            if vocab.contains(&t.name.as_str()) {
+                return dev.alloc(0, &t.name);
+            }
+            let x = dev.alloc(t.len, &t.name)?;
+            dev.write(&x, &hf.tensor(&t.name, &t.shape).with_context(|| format!("loading {}", hf.dir.display()))?);
+            Ok(x)
+        })
+        .collect()
+}
+
+/// The embedding's rows of `ids`, one after another, each read alone from the model's files.
+fn embedding_rows(hf: &HfModel, embedding: &TensorSlot, ids: &[u32]) -> Result<Vec<f32>> {
+    let mut rows = Vec::with_capacity(ids.len() * embedding.shape.get(1).copied().unwrap_or(1));
+    for &id in ids {
+        let id = id as usize;
+        rows.extend(
+            hf.tensor_rows(&embedding.name, &embedding.shape, id..id + 1).with_context(|| format!("loading {}", hf.dir.display()))?,
+        );
+    }
+    Ok(rows)
 }
 
 /// [`evaluate`] on whichever device was opened.
