@@ -73,6 +73,13 @@ fn f16_inputs_on_gpu_run_the_coop_kernel_or_are_refused_by_name() {
         let err = Trainer::new(&gpu, &ModelSource::Hf(&hf), tc).err().expect("the f16 run must be refused on this adapter");
         let text = format!("{err:#}");
         assert!(text.contains("--matmul-inputs f16") && text.contains(&gpu.summary().name), "{text}");
+        // The command line refuses before it describes the run or writes anything.
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_zerostream"))
+            .args(["train", "--device", "gpu", "--matmul-inputs", "f16", "--steps", "1", "--sample-tokens", "0"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("--matmul-inputs f16") && !err.contains("training:"), "{err}");
         return;
     }
     let on_gpu = run(&gpu, NAME, tc.clone());

@@ -183,6 +183,9 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         None => Demo::get()?.train_tokens(),
     };
     tokens.check_vocab(model.vocab_size())?;
+    // Before anything is said or written: a gpu adapter without the f16 cooperative matrices refuses
+    // `--matmul-inputs f16` here, naming itself (the trainer sets it again, for library callers).
+    dev.set_matmul_inputs(train.matmul_inputs)?;
     let validation = match &options.val_data {
         Some(path) => {
             let v = TokenFile::open_with(path, options.data_dtype)?;
