@@ -390,35 +390,27 @@ mod tests {
             }
             // Checksums over less than the buffer (what a shard does: its unpadded length).
             let hash_lens: Vec<usize> = lens.iter().map(|&n| n.saturating_sub(100)).collect();
-            let mut written: Vec<crc32fast::Hasher> = lens.iter().map(|_| crc32fast::Hasher::new()).collect();
-            let mut segments: Vec<Segment<'_>> = out
-                .iter_mut()
-                .zip(written.iter_mut())
-                .enumerate()
-                .map(|(k, (b, h))| Segment {
-                    file: &files[which_file[k]],
-                    offset: offsets[k],
-                    buf: b.padded_mut(),
-                    checksum: Some((h, hash_lens[k])),
-                })
-                .collect();
-            io.transfer_batch(Direction::Write, &mut segments).unwrap();
-            drop(segments);
+            // One batch over all the buffers in `direction`; returns each segment's checksum.
+            let transfer = |direction: Direction, bufs: &mut [AlignedBuf]| -> Vec<crc32fast::Hasher> {
+                let mut hashers: Vec<crc32fast::Hasher> = lens.iter().map(|_| crc32fast::Hasher::new()).collect();
+                let mut segments: Vec<Segment<'_>> = bufs
+                    .iter_mut()
+                    .zip(hashers.iter_mut())
+                    .enumerate()
+                    .map(|(k, (b, h))| Segment {
+                        file: &files[which_file[k]],
+                        offset: offsets[k],
+                        buf: b.padded_mut(),
+                        checksum: Some((h, hash_lens[k])),
+                    })
+                    .collect();
+                io.transfer_batch(direction, &mut segments).unwrap();
+                drop(segments);
+                hashers
+            };
+            let written = transfer(Direction::Write, &mut out);
             let mut back: Vec<AlignedBuf> = lens.iter().map(|&n| AlignedBuf::zeroed(n)).collect();
-            let mut read: Vec<crc32fast::Hasher> = lens.iter().map(|_| crc32fast::Hasher::new()).collect();
-            let mut segments: Vec<Segment<'_>> = back
-                .iter_mut()
-                .zip(read.iter_mut())
-                .enumerate()
-                .map(|(k, (b, h))| Segment {
-                    file: &files[which_file[k]],
-                    offset: offsets[k],
-                    buf: b.padded_mut(),
-                    checksum: Some((h, hash_lens[k])),
-                })
-                .collect();
-            io.transfer_batch(Direction::Read, &mut segments).unwrap();
-            drop(segments);
+            let read = transfer(Direction::Read, &mut back);
             for k in 0..lens.len() {
                 assert!(back[k].bytes() == out[k].bytes(), "{engine}: segment {k} round trip");
                 let want = crc32fast::hash(&out[k].bytes()[..hash_lens[k]]);

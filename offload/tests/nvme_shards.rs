@@ -3,17 +3,13 @@
 //! write cut short leaves the old state, damage is named, and symlinks inside the directory are
 //! refused rather than followed.
 
+mod common;
+
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use common::{FOOTER, nvme_with, read, spares};
 use zerostream_offload::{IoConfig, IoEngine, IoEngineKind, NvmeDir, SPARE_PREFIX, Stored, Tier};
-
-const FOOTER: usize = 4096;
-
-fn nvme_with(dir: &Path, engine: IoEngineKind, verify: bool) -> NvmeDir {
-    let io = IoEngine::new(IoConfig { engine, block_bytes: 8192, queue_depth: 4, ..IoConfig::default() }).unwrap();
-    NvmeDir::new(dir, io, verify, 0).unwrap()
-}
 
 fn nvme(dir: &Path) -> NvmeDir {
     nvme_with(dir, IoEngineKind::Pread, true)
@@ -30,28 +26,8 @@ fn write(t: &mut Stored, nv: &NvmeDir, bytes: &[u8]) {
     t.page_out(Some(nv), true).unwrap();
 }
 
-/// Reads tensor `t` back (and pages it out again, clean).
-fn read(t: &mut Stored, nv: &NvmeDir) -> Result<Vec<u8>, String> {
-    t.page_in(Some(nv)).map_err(|e| e.to_string())?;
-    let bytes = t.data().bytes().to_vec();
-    t.page_out(Some(nv), false).unwrap();
-    Ok(bytes)
-}
-
 fn next_of(path: &Path) -> PathBuf {
     PathBuf::from(format!("{}.next", path.display()))
-}
-
-/// The spare files in `dir`, sorted.
-fn spares(dir: &Path) -> Vec<PathBuf> {
-    let mut spares: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap())
-        .filter(|e| e.file_name().to_string_lossy().starts_with(SPARE_PREFIX))
-        .map(|e| e.path())
-        .collect();
-    spares.sort();
-    spares
 }
 
 /// Makes every spare write into `dir` fail before it starts: the idle spares go, and directories

@@ -2,40 +2,20 @@
 //! spares (reused in place, the excess removed), however many shards and writers there are, and the
 //! pool's files go with the directory.
 
+mod common;
+
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use zerostream_offload::{IoConfig, IoEngine, IoEngineKind, NvmeDir, SPARE_PREFIX, SPARES_PER_SIZE, Stored, Tier};
-
-const FOOTER: usize = 4096;
+use common::{FOOTER, read, spares};
+use zerostream_offload::{IoEngineKind, NvmeDir, SPARES_PER_SIZE, Stored, Tier};
 
 fn nvme(dir: &Path) -> NvmeDir {
-    let io = IoEngine::new(IoConfig { engine: IoEngineKind::Uring, block_bytes: 8192, queue_depth: 4, ..IoConfig::default() }).unwrap();
-    NvmeDir::new(dir, io, true, 0).unwrap()
+    common::nvme_with(dir, IoEngineKind::Uring, true)
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed)).collect()
-}
-
-/// Reads tensor `t` back (and pages it out again, clean).
-fn read(t: &mut Stored, nv: &NvmeDir) -> Vec<u8> {
-    t.page_in(Some(nv)).unwrap();
-    let bytes = t.data().bytes().to_vec();
-    t.page_out(Some(nv), false).unwrap();
-    bytes
-}
-
-/// The spare files in `dir`, sorted.
-fn spares(dir: &Path) -> Vec<PathBuf> {
-    let mut spares: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap())
-        .filter(|e| e.file_name().to_string_lossy().starts_with(SPARE_PREFIX))
-        .map(|e| e.path())
-        .collect();
-    spares.sort();
-    spares
 }
 
 /// Bytes allocated to the files in `dir` (what `du` counts).
@@ -93,7 +73,7 @@ fn many_shards_of_one_size_share_a_bounded_pool_of_spares() {
         let mut all: Vec<&mut Stored> = big.iter_mut().chain(small.iter_mut()).collect();
         for (k, t) in all.iter_mut().enumerate() {
             let want = pattern(t.len_bytes(), round.wrapping_mul(16).wrapping_add(k as u8));
-            assert!(read(t, &nv) == want, "round {round}: shard {k} reads back its last version");
+            assert!(read(t, &nv).unwrap() == want, "round {round}: shard {k} reads back its last version");
         }
     }
     assert_eq!(spares_of_size(dir.path(), file), SPARES_PER_SIZE, "the pool fills up to its bound");
@@ -123,7 +103,10 @@ fn writers_on_two_threads_share_the_pool_and_each_shard_keeps_its_own_data() {
                     }
                     Stored::page_out_all(&mut batch, Some(nv), true).unwrap();
                     for (k, t) in batch.iter_mut().enumerate() {
-                        assert!(read(t, nv) == pattern(len, round ^ (side as u8 * 8 + k as u8)), "side {side}, round {round}, shard {k}");
+                        assert!(
+                            read(t, nv).unwrap() == pattern(len, round ^ (side as u8 * 8 + k as u8)),
+                            "side {side}, round {round}, shard {k}"
+                        );
                     }
                 }
             });
