@@ -5,27 +5,35 @@
 // word, element 2i in the low half): the weights of a 16-bit working copy are read, and widened exactly,
 // where they lie. The math is fp32 FMA throughout.
 //
+// This file is a TEMPLATE: `shaders/src/matmul_template.rs` fills the holes (NAMES in double braces) from a `MatmulTile`
+// (workgroup tile TILE_M x TILE_N, K step TILE_K, per-invocation tile THREAD_M x THREAD_N, one or two
+// workgroup buffers, vector loads on or off), generating the accumulators and the unrolled multiply-adds
+// as named variables. Every variant computes the same bits (see Determinism), so `zerostream tune` may
+// pick any of them per shape. The default (128x128x8, 8x8, two buffers, vector loads) is described here.
+//
 // Design (the classic register-blocked SGEMM of cuBLAS-era kernels):
-// - A workgroup of 256 invocations (16 x 16) computes a 128 x 128 tile of C; each invocation an 8 x 8
-//   block of it, held in 16 vec4 accumulators (named variables, never an indexed function-scope array, so
-//   the driver keeps them in registers). Its rows are 4ty..4ty+3 and 64+4ty..64+4ty+3, its columns
-//   4tx..4tx+3 and 64+4tx..64+4tx+3: every operand it reads from workgroup memory is one aligned vec4,
-//   and the 16 invocations of a row of the workgroup read 16 consecutive vec4 (no bank conflicts).
-// - K is streamed 8 at a time through two workgroup buffers per operand (A as [k][m], B as [k][n], vec4
-//   each: 2 x 2 x 8 x 128 x 4 bytes = 16 KiB, the smallest maximum any Vulkan/Metal/DX12 device allows).
-//   While the tile in one buffer is multiplied (64 FMAs per invocation per k: 512 between barriers), the
-//   next tile's global loads are already in flight into registers and are stored into the other buffer
-//   afterwards, so there is one barrier per K step.
-// - Each invocation loads 4 elements of A's tile and 4 of B's per K step, walking the operand's unit-stride
-//   dimension with consecutive invocations (coalesced). Where those 4 are contiguous, aligned and inside
-//   the matrix, they come as one vec4 load from a second, vec4-typed binding of the same window (flags bit
-//   2 for A, bit 3 for B say that binding is usable); elsewhere (edge tiles, odd offsets or strides, other
-//   layouts) as 4 scalar loads with bounds checks. Both paths load the same values.
+// - A workgroup of (TILE_M / THREAD_M) x (TILE_N / THREAD_N) invocations (default 16 x 16) computes a
+//   TILE_M x TILE_N tile of C; each invocation a THREAD_M x THREAD_N block of it, held in vec4
+//   accumulators (named variables, never an indexed function-scope array, so the driver keeps them in
+//   registers). Its rows come in groups of 4 spaced TILE_M / (THREAD_M / 4) apart (default: 4ty..4ty+3
+//   and 64+4ty..64+4ty+3), its columns likewise: every operand it reads from workgroup memory is one
+//   aligned vec4, and the invocations of a row of the workgroup read consecutive vec4 (no bank conflicts).
+// - K is streamed TILE_K at a time through BUFFERS workgroup buffers per operand (A as [k][m], B as
+//   [k][n], vec4 each; default 2 x 2 x 8 x 128 x 4 bytes = 16 KiB, the smallest maximum any
+//   Vulkan/Metal/DX12 device allows). While the tile in one buffer is multiplied, the next tile's global
+//   loads are already in flight into registers; with two buffers they are stored into the other one
+//   afterwards (one barrier per K step), with one buffer after a second barrier.
+// - Per K step each invocation loads LOADS_A vec4 of A's tile and LOADS_B of B's, walking the operand's
+//   unit-stride dimension with consecutive invocations (coalesced). Where 4 are contiguous, aligned and
+//   inside the matrix, they come as one vec4 load from a second, vec4-typed binding of the same window
+//   (flags bit 2 for A, bit 3 for B say that binding is usable; VECTOR_LOADS false never uses it);
+//   elsewhere (edge tiles, odd offsets or strides, other layouts) as 4 scalar loads with bounds checks.
+//   Both paths load the same values.
 //
 // Determinism: every element of C is one chain of FMAs in increasing k, started from its initial value
-// (C if accumulating, plus the bias): the order never depends on the tiling, the grid, or on the engine
-// splitting K across dispatches (a second K piece accumulates onto the first exactly as the chain would
-// have continued). Past the end of K, A is padded with -0.0 (and B with +0.0): fma(-0, 0, x) = x for every
+// (C if accumulating, plus the bias): the order never depends on the tiling (hence the variant), the grid,
+// or on the engine splitting K across dispatches (a second K piece accumulates onto the first exactly as
+// the chain would have continued). Past the end of K, A is padded with -0.0 (and B with +0.0): fma(-0, 0, x) = x for every
 // x, so the padded steps of a last partial tile change no bit, not even the sign of a zero.
 
 // Params and bindings 0-4 come from common/matmul_io.wgsl (shared with matmul_coop.wgsl).
@@ -33,14 +41,18 @@
 @group(0) @binding(5) var<storage, read> a4: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read> b4: array<vec4<u32>>;
 
-const TILE_M: u32 = 128u;
-const TILE_N: u32 = 128u;
-const TILE_K: u32 = 8u;
-const TILE_M4: u32 = 32u; // vec4 per row of a workgroup tile (TILE_M / 4 = TILE_N / 4)
-const HALF4: u32 = 16u; // vec4 offset of the second half of an invocation's rows or columns
+// The variant: {{NAME}}.
+const TILE_M: u32 = {{TILE_M}}u;
+const TILE_N: u32 = {{TILE_N}}u;
+const TILE_K: u32 = {{TILE_K}}u;
+const TILE_M4: u32 = {{TILE_M4}}u; // vec4 per k of A's workgroup tile (TILE_M / 4)
+const TILE_N4: u32 = {{TILE_N4}}u; // vec4 per k of B's workgroup tile (TILE_N / 4)
+const K4: u32 = {{K4}}u; // quads of 4 consecutive k in a tile's row (TILE_K / 4)
+const THREADS_N: u32 = {{THREADS_N}}u; // invocations along N (TILE_N / THREAD_N)
+const VECTOR_LOADS: bool = {{VECTOR_LOADS}};
 
-var<workgroup> a_tile: array<vec4<f32>, 512>; // [buffer][TILE_K][TILE_M / 4]
-var<workgroup> b_tile: array<vec4<f32>, 512>; // [buffer][TILE_K][TILE_N / 4]
+var<workgroup> a_tile: array<vec4<f32>, {{A_TILE_VEC4}}>; // [buffer][TILE_K][TILE_M / 4]
+var<workgroup> b_tile: array<vec4<f32>, {{B_TILE_VEC4}}>; // [buffer][TILE_K][TILE_N / 4]
 
 // Whether A is read along M (a transposed operand: unit row stride) rather than along K.
 fn a_along_m() -> bool {
@@ -74,21 +86,21 @@ fn b_at(k: u32, n: u32) -> f32 {
     return bitcast<f32>(bits << 16u);
 }
 
-// This invocation's 4 elements of A's tile at (row0, k0): 4 consecutive rows of one k if A is read along
-// M, else 4 consecutive k of one row.
-fn load_a(row0: u32, k0: u32, li: u32) -> vec4<f32> {
-    let vec_ok = (p.flags & 4u) != 0u;
+// Quad q of A's tile at (row0, k0): 4 consecutive rows of one k if A is read along M, else 4 consecutive
+// k of one row.
+fn load_a(row0: u32, k0: u32, q: u32) -> vec4<f32> {
+    let vec_ok = VECTOR_LOADS && (p.flags & 4u) != 0u;
     if (a_along_m()) {
-        let r = row0 + (li % TILE_M4) * 4u;
-        let k = k0 + li / TILE_M4;
+        let r = row0 + (q % TILE_M4) * 4u;
+        let k = k0 + q / TILE_M4;
         if (vec_ok && k < p.k && r + 3u < p.m) {
             let i = p.a_off + r + k * p.a_col_stride;
             if ((i & 3u) == 0u && (i >> 2u) < arrayLength(&a4)) { return a4[i >> 2u]; }
         }
         return vec4<f32>(a_at(r, k), a_at(r + 1u, k), a_at(r + 2u, k), a_at(r + 3u, k));
     }
-    let r = row0 + li / 2u;
-    let k = k0 + (li % 2u) * 4u;
+    let r = row0 + q / K4;
+    let k = k0 + (q % K4) * 4u;
     if (vec_ok && p.a_col_stride == 1u && r < p.m && k + 3u < p.k) {
         let i = p.a_off + r * p.a_row_stride + k;
         if ((i & 3u) == 0u && (i >> 2u) < arrayLength(&a4)) { return a4[i >> 2u]; }
@@ -112,33 +124,33 @@ fn b_vec4(i: u32, out: ptr<function, vec4<f32>>) -> bool {
     return true;
 }
 
-// This invocation's 4 elements of B's tile at (k0, col0): 4 consecutive k of one column if B is read
-// along K, else 4 consecutive columns of one k.
-fn load_b(k0: u32, col0: u32, li: u32) -> vec4<f32> {
-    let vec_ok = (p.flags & 8u) != 0u;
+// Quad q of B's tile at (k0, col0): 4 consecutive k of one column if B is read along K, else 4
+// consecutive columns of one k.
+fn load_b(k0: u32, col0: u32, q: u32) -> vec4<f32> {
+    let vec_ok = VECTOR_LOADS && (p.flags & 8u) != 0u;
     var v: vec4<f32>;
     if (b_along_k()) {
-        let n = col0 + li / 2u;
-        let k = k0 + (li % 2u) * 4u;
+        let n = col0 + q / K4;
+        let k = k0 + (q % K4) * 4u;
         if (vec_ok && n < p.n && k + 3u < p.k && b_vec4(p.b_off + k + n * p.b_col_stride, &v)) { return v; }
         return vec4<f32>(b_at(k, n), b_at(k + 1u, n), b_at(k + 2u, n), b_at(k + 3u, n));
     }
-    let n = col0 + (li % TILE_M4) * 4u;
-    let k = k0 + li / TILE_M4;
+    let n = col0 + (q % TILE_N4) * 4u;
+    let k = k0 + q / TILE_N4;
     if (vec_ok && p.b_col_stride == 1u && k < p.k && n + 3u < p.n && b_vec4(p.b_off + k * p.b_row_stride + n, &v)) {
         return v;
     }
     return vec4<f32>(b_at(k, n), b_at(k, n + 1u), b_at(k, n + 2u), b_at(k, n + 3u));
 }
 
-// Stores what load_a loaded into buffer `buf` of a_tile ([k][m]).
-fn store_a(buf: u32, li: u32, v: vec4<f32>) {
+// Stores what load_a loaded for quad q into buffer `buf` of a_tile ([k][m]).
+fn store_a(buf: u32, q: u32, v: vec4<f32>) {
     if (a_along_m()) {
-        a_tile[(buf * TILE_K + li / TILE_M4) * TILE_M4 + li % TILE_M4] = v;
+        a_tile[(buf * TILE_K + q / TILE_M4) * TILE_M4 + q % TILE_M4] = v;
         return;
     }
-    let r = li / 2u;
-    let base = (buf * TILE_K + (li % 2u) * 4u) * TILE_M4 + r / 4u;
+    let r = q / K4;
+    let base = (buf * TILE_K + (q % K4) * 4u) * TILE_M4 + r / 4u;
     let lane = r % 4u;
     a_tile[base][lane] = v.x;
     a_tile[base + TILE_M4][lane] = v.y;
@@ -146,19 +158,19 @@ fn store_a(buf: u32, li: u32, v: vec4<f32>) {
     a_tile[base + 3u * TILE_M4][lane] = v.w;
 }
 
-// Stores what load_b loaded into buffer `buf` of b_tile ([k][n]).
-fn store_b(buf: u32, li: u32, v: vec4<f32>) {
+// Stores what load_b loaded for quad q into buffer `buf` of b_tile ([k][n]).
+fn store_b(buf: u32, q: u32, v: vec4<f32>) {
     if (!b_along_k()) {
-        b_tile[(buf * TILE_K + li / TILE_M4) * TILE_M4 + li % TILE_M4] = v;
+        b_tile[(buf * TILE_K + q / TILE_N4) * TILE_N4 + q % TILE_N4] = v;
         return;
     }
-    let n = li / 2u;
-    let base = (buf * TILE_K + (li % 2u) * 4u) * TILE_M4 + n / 4u;
+    let n = q / K4;
+    let base = (buf * TILE_K + (q % K4) * 4u) * TILE_N4 + n / 4u;
     let lane = n % 4u;
     b_tile[base][lane] = v.x;
-    b_tile[base + TILE_M4][lane] = v.y;
-    b_tile[base + 2u * TILE_M4][lane] = v.z;
-    b_tile[base + 3u * TILE_M4][lane] = v.w;
+    b_tile[base + TILE_N4][lane] = v.y;
+    b_tile[base + 2u * TILE_N4][lane] = v.z;
+    b_tile[base + 3u * TILE_N4][lane] = v.w;
 }
 
 // The starting value of C (r, col..col+3): C if accumulating, plus the bias; 0 outside the matrix.
@@ -187,92 +199,34 @@ fn store4(r: u32, col: u32, v: vec4<f32>) {
     if (col + 3u < p.n) { c[base + col + 3u] = v.w; }
 }
 
-@compute @workgroup_size(256, 1, 1)
+@compute @workgroup_size({{WORKGROUP}}, 1, 1)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let row0 = wg.y * TILE_M;
     let col0 = wg.x * TILE_N;
-    let tx = li % 16u;
-    let ty = li / 16u;
-    // This invocation's rows: r0..r0+3 and r0+64..r0+67; columns c0..c0+3 ("lo") and c0+64..c0+67 ("hi").
+    let tx = li % THREADS_N;
+    let ty = li / THREADS_N;
+    // This invocation's rows are r0 + (row offsets below), its columns c0 + (column offsets).
     let r0 = row0 + 4u * ty;
     let c0 = col0 + 4u * tx;
-
-    var acc0_lo = initial4(r0, c0);
-    var acc0_hi = initial4(r0, c0 + 64u);
-    var acc1_lo = initial4(r0 + 1u, c0);
-    var acc1_hi = initial4(r0 + 1u, c0 + 64u);
-    var acc2_lo = initial4(r0 + 2u, c0);
-    var acc2_hi = initial4(r0 + 2u, c0 + 64u);
-    var acc3_lo = initial4(r0 + 3u, c0);
-    var acc3_hi = initial4(r0 + 3u, c0 + 64u);
-    var acc4_lo = initial4(r0 + 64u, c0);
-    var acc4_hi = initial4(r0 + 64u, c0 + 64u);
-    var acc5_lo = initial4(r0 + 65u, c0);
-    var acc5_hi = initial4(r0 + 65u, c0 + 64u);
-    var acc6_lo = initial4(r0 + 66u, c0);
-    var acc6_hi = initial4(r0 + 66u, c0 + 64u);
-    var acc7_lo = initial4(r0 + 67u, c0);
-    var acc7_hi = initial4(r0 + 67u, c0 + 64u);
-
+{{ACCUMULATORS}}
     let tiles = (p.k + TILE_K - 1u) / TILE_K;
-    var next_a = load_a(row0, 0u, li);
-    var next_b = load_b(0u, col0, li);
-    store_a(0u, li, next_a);
-    store_b(0u, li, next_b);
+{{LOAD_FIRST}}
     workgroupBarrier();
     for (var t = 0u; t < tiles; t++) {
-        let buf = t % 2u;
+        let buf = {{BUF}};
         let more = t + 1u < tiles;
         if (more) {
             // The next tile's global loads, in flight while this tile is multiplied.
-            next_a = load_a(row0, (t + 1u) * TILE_K, li);
-            next_b = load_b((t + 1u) * TILE_K, col0, li);
+{{LOAD_NEXT}}
         }
         for (var kk = 0u; kk < TILE_K; kk++) {
-            let base = (buf * TILE_K + kk) * TILE_M4;
-            let a_lo = a_tile[base + ty];
-            let a_hi = a_tile[base + HALF4 + ty];
-            let b_lo = b_tile[base + tx];
-            let b_hi = b_tile[base + HALF4 + tx];
-            acc0_lo = fma(vec4<f32>(a_lo.x), b_lo, acc0_lo);
-            acc0_hi = fma(vec4<f32>(a_lo.x), b_hi, acc0_hi);
-            acc1_lo = fma(vec4<f32>(a_lo.y), b_lo, acc1_lo);
-            acc1_hi = fma(vec4<f32>(a_lo.y), b_hi, acc1_hi);
-            acc2_lo = fma(vec4<f32>(a_lo.z), b_lo, acc2_lo);
-            acc2_hi = fma(vec4<f32>(a_lo.z), b_hi, acc2_hi);
-            acc3_lo = fma(vec4<f32>(a_lo.w), b_lo, acc3_lo);
-            acc3_hi = fma(vec4<f32>(a_lo.w), b_hi, acc3_hi);
-            acc4_lo = fma(vec4<f32>(a_hi.x), b_lo, acc4_lo);
-            acc4_hi = fma(vec4<f32>(a_hi.x), b_hi, acc4_hi);
-            acc5_lo = fma(vec4<f32>(a_hi.y), b_lo, acc5_lo);
-            acc5_hi = fma(vec4<f32>(a_hi.y), b_hi, acc5_hi);
-            acc6_lo = fma(vec4<f32>(a_hi.z), b_lo, acc6_lo);
-            acc6_hi = fma(vec4<f32>(a_hi.z), b_hi, acc6_hi);
-            acc7_lo = fma(vec4<f32>(a_hi.w), b_lo, acc7_lo);
-            acc7_hi = fma(vec4<f32>(a_hi.w), b_hi, acc7_hi);
+            let a_base = (buf * TILE_K + kk) * TILE_M4;
+            let b_base = (buf * TILE_K + kk) * TILE_N4;
+{{MULTIPLY}}
         }
-        if (more) {
-            // The other buffer was last read before the previous barrier: free to overwrite.
-            store_a(1u - buf, li, next_a);
-            store_b(1u - buf, li, next_b);
-        }
+{{STORE_NEXT}}
         workgroupBarrier();
     }
 
-    store4(r0, c0, acc0_lo);
-    store4(r0, c0 + 64u, acc0_hi);
-    store4(r0 + 1u, c0, acc1_lo);
-    store4(r0 + 1u, c0 + 64u, acc1_hi);
-    store4(r0 + 2u, c0, acc2_lo);
-    store4(r0 + 2u, c0 + 64u, acc2_hi);
-    store4(r0 + 3u, c0, acc3_lo);
-    store4(r0 + 3u, c0 + 64u, acc3_hi);
-    store4(r0 + 64u, c0, acc4_lo);
-    store4(r0 + 64u, c0 + 64u, acc4_hi);
-    store4(r0 + 65u, c0, acc5_lo);
-    store4(r0 + 65u, c0 + 64u, acc5_hi);
-    store4(r0 + 66u, c0, acc6_lo);
-    store4(r0 + 66u, c0 + 64u, acc6_hi);
-    store4(r0 + 67u, c0, acc7_lo);
-    store4(r0 + 67u, c0 + 64u, acc7_hi);
+{{STORE_C}}
 }

@@ -19,8 +19,9 @@ use super::alloc::{AllocCosts, AllocStats, ByteBudget, Charge};
 use super::spare_reads::SpareReads;
 use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, HalfFormat, MatmulInputs, MatmulShape, VocabChunk};
 use crate::ops::elementwise::SUM_SQUARES_GROUP;
+use super::matmul_tuning::MatmulTable;
 use crate::ops::encoder::TokenBuckets;
-use zerostream_shaders as shaders;
+use zerostream_shaders::{self as shaders, MatmulTile};
 
 pub use matmul::{COOP_WORKGROUP_STORAGE_BYTES, CoopMatrixConfig, MATMUL_COOP_PATH, MATMUL_PATH, coop_unavailable};
 
@@ -43,6 +44,8 @@ pub struct AdapterSummary {
     pub backend: String,
     pub device_type: wgpu::DeviceType,
     pub driver: String,
+    /// The PCI vendor id (0x10de NVIDIA, 0x1002 AMD, 0x8086 Intel, 0x106b Apple; Mesa's software 0x10005).
+    pub vendor: u32,
     pub max_storage_binding_bytes: u64,
     pub max_buffer_bytes: u64,
     pub max_workgroup_storage_bytes: u32,
@@ -67,6 +70,7 @@ impl AdapterSummary {
             backend: format!("{:?}", info.backend),
             device_type: info.device_type,
             driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+            vendor: info.vendor,
             max_storage_binding_bytes: limits.max_storage_buffer_binding_size,
             max_buffer_bytes: limits.max_buffer_size,
             max_workgroup_storage_bytes: limits.max_compute_workgroup_storage_size,
@@ -197,6 +201,10 @@ pub struct GpuDevice {
     spare_staging: RefCell<Vec<wgpu::Buffer>>,
     /// `--matmul-inputs`: f16 runs every matmul through `matmul_coop.wgsl` (set only where it can run).
     matmul_inputs: Cell<MatmulInputs>,
+    /// The fp32 matmul's variant per shape class (`zerostream tune`'s table, or the vendor's default).
+    matmul_table: RefCell<MatmulTable>,
+    /// One variant for every product, whatever the table says (the tuner and the variant tests).
+    matmul_forced: Cell<Option<MatmulTile>>,
 }
 
 /// The largest Params any kernel takes, in bytes.
@@ -255,6 +263,10 @@ impl GpuDevice {
         let max_window_elems = (limits.max_storage_buffer_binding_size as usize / 4).saturating_sub(align_elems);
         let uniform_slot_bytes = (limits.min_uniform_buffer_offset_alignment as usize).max(MAX_PARAMS_BYTES);
         let matmul_placeholder = matmul::placeholder_vec4_buffer(&device);
+        let (matmul_table, table_problem) = MatmulTable::load(&summary);
+        if let Some(problem) = table_problem {
+            eprintln!("warning: {problem}; using {}", matmul_table.describe());
+        }
         let uniform_arena = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("params arena"),
             size: (uniform_slot_bytes * MAX_PENDING_PASSES) as u64,
@@ -279,6 +291,8 @@ impl GpuDevice {
             spare_reads: SpareReads::default(),
             spare_staging: RefCell::new(Vec::new()),
             matmul_inputs: Cell::default(),
+            matmul_table: RefCell::new(matmul_table),
+            matmul_forced: Cell::new(None),
         })
     }
 

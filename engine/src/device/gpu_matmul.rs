@@ -3,6 +3,11 @@
 //! takes each of A and B twice, as the scalar window and again as whole vec4 of the same window, for the
 //! vector loads of aligned interior tiles. A child module of `gpu`, so it uses that file's private helpers.
 //!
+//! The fp32 kernel is a template (`shaders/src/matmul_template.rs`): each product runs the variant the
+//! device's [`MatmulTable`] gives its shape class (`zerostream tune`'s winners, or the vendor's default),
+//! unless one variant is forced for every product ([`GpuDevice::force_matmul_variant`]: the tuner and
+//! the tests). Every variant gives the same bits.
+//!
 //! Under `--matmul-inputs f16` the same pieces go to `matmul_coop.wgsl` (f16 inputs on 16x16 cooperative
 //! matrices, f32 sums; same Params and bindings 0-4, same 128 x 128 grid) instead: only on an adapter that
 //! [`coop_unavailable`] accepts. The fp32 kernel is the default and the fallback everywhere.
@@ -14,23 +19,24 @@ use std::ops::Range;
 use anyhow::{Result, bail};
 
 use super::{AdapterSummary, GpuDevice, GpuTensor, Window};
+use crate::device::matmul_tuning::{MatmulClass, MatmulTable};
 use crate::device::{HalfFormat, MatmulInputs, MatmulShape};
-use zerostream_shaders as shaders;
+use zerostream_shaders::{self as shaders, MatmulTile};
 
-/// Rows and columns of C per workgroup (matmul.wgsl's TILE_M and TILE_N).
-const TILE_M: usize = 128;
-const TILE_N: usize = 128;
-/// Workgroup memory matmul.wgsl declares: two buffers of an 8 x 128 f32 tile of each operand.
-const WORKGROUP_STORAGE_BYTES: u32 = 2 * 2 * 8 * 128 * 4;
+/// Rows and columns of C per workgroup of matmul_coop.wgsl.
+const COOP_TILE: u32 = 128;
+/// Workgroup memory the default fp32 variant declares, which every adapter must have (the smallest
+/// maximum Vulkan, Metal and DX12 allow).
+const WORKGROUP_STORAGE_BYTES: u32 = MatmulTile::DEFAULT.workgroup_bytes();
 
 /// Workgroup memory matmul_coop.wgsl declares: f16 tiles of A (128 x 40) and B (32 x 136), nine 16 x 16
 /// f32 staging slots and the subgroup count.
 pub const COOP_WORKGROUP_STORAGE_BYTES: u32 = 128 * 40 * 2 + 32 * 136 * 2 + 9 * 256 * 4 + 4;
 
 /// The default matmul (every adapter), for `bench kernels`.
-pub const MATMUL_PATH: &str = "matmul.wgsl: fp32 FMA, 128x128 tile per 256-invocation workgroup, 8x8 per invocation, \
-     K step 8 double-buffered (16 KiB workgroup memory), vec4 loads of aligned interior tiles; \
-     no subgroup ops, no cooperative matrix";
+pub const MATMUL_PATH: &str = "matmul.wgsl: fp32 FMA, the variant (tile per workgroup x K step / per invocation / \
+     buffers / loads) per shape class from the device's tuning table; default 128x128x8/8x8/db/v4 \
+     (16 KiB workgroup memory); no subgroup ops, no cooperative matrix";
 
 /// The opt-in f16-input matmul (`--matmul-inputs f16`), on adapters [`coop_unavailable`] accepts.
 pub const MATMUL_COOP_PATH: &str = "matmul_coop.wgsl: A, B rounded to f16 (nearest even), 16x16x16 cooperative matrices \
@@ -132,6 +138,50 @@ impl GpuDevice {
         }
     }
 
+    /// The variants of the fp32 matmul this adapter can run (workgroup memory and invocations), the
+    /// default first.
+    pub fn matmul_variants(&self) -> Vec<MatmulTile> {
+        let a = &self.summary;
+        MatmulTile::CANDIDATES
+            .into_iter()
+            .filter(|t| t.workgroup_bytes() <= a.max_workgroup_storage_bytes && t.workgroup_size() <= a.max_invocations_per_workgroup)
+            .collect()
+    }
+
+    /// Runs every fp32 product with `tile` (None: the table's choice per shape class again).
+    pub fn force_matmul_variant(&self, tile: Option<MatmulTile>) -> Result<()> {
+        if let Some(t) = tile
+            && !self.matmul_variants().contains(&t)
+        {
+            bail!("matmul variant {t} is not one this adapter can run ({})", self.summary.name);
+        }
+        self.matmul_forced.set(tile);
+        Ok(())
+    }
+
+    /// The device's tuning table (which variant each shape class runs), and where it came from.
+    pub fn matmul_table(&self) -> std::cell::Ref<'_, MatmulTable> {
+        self.matmul_table.borrow()
+    }
+
+    /// Replaces the tuning table (after `zerostream tune`, or a test's own).
+    pub fn set_matmul_table(&self, table: MatmulTable) {
+        *self.matmul_table.borrow_mut() = table;
+    }
+
+    /// The variant a product of this shape runs now.
+    pub fn matmul_variant_for(&self, shape: &MatmulShape, b_16bit: bool) -> MatmulTile {
+        let chosen = self.matmul_forced.get().unwrap_or_else(|| self.matmul_table.borrow().choose(&MatmulClass::of(shape, b_16bit)));
+        // A table is checked against the adapter when tuned; a variant it cannot run falls back.
+        if chosen.workgroup_bytes() <= self.summary.max_workgroup_storage_bytes
+            && chosen.workgroup_size() <= self.summary.max_invocations_per_workgroup
+        {
+            chosen
+        } else {
+            MatmulTile::DEFAULT
+        }
+    }
+
     /// Whether this adapter can run the cooperative-matrix matmul (`--matmul-inputs f16`).
     pub fn has_coop_matmul(&self) -> bool {
         coop_unavailable(&self.summary).is_none()
@@ -221,7 +271,6 @@ impl GpuDevice {
             Some(w) => w.binding.clone(),
             None => wa.binding.clone(),
         };
-        let grid = [n.div_ceil(TILE_N as u32), m.div_ceil(TILE_M as u32), 1];
         if self.matmul_inputs.get() == MatmulInputs::F16 {
             // The same Params and tile grid; no vec4 views (it rounds each element on the way in).
             self.dispatch(
@@ -229,16 +278,19 @@ impl GpuDevice {
                 "main",
                 &params,
                 &[(1, wa.binding), (2, wb.binding), (3, bias_binding), (4, wc.binding)],
-                grid,
+                [n.div_ceil(COOP_TILE), m.div_ceil(COOP_TILE), 1],
             );
             return;
         }
+        // The piece's own shape class (a split product's pieces may fall in smaller classes).
+        let piece = MatmulShape { m: rows.len(), n: cols.len(), k: ks.len(), ..*s };
+        let tile = self.matmul_variant_for(&piece, b.format.is_some());
         self.dispatch(
-            shaders::MATMUL,
+            tile.kernel(),
             "main",
             &params,
             &[(1, wa.binding), (2, wb.binding), (3, bias_binding), (4, wc.binding), (5, a4), (6, b4)],
-            grid,
+            [n.div_ceil(tile.tile_n), m.div_ceil(tile.tile_m), 1],
         );
     }
 }

@@ -8,6 +8,7 @@
 pub mod alloc;
 pub mod cpu;
 pub mod gpu;
+pub mod matmul_tuning;
 mod spare_reads;
 pub mod timing;
 pub mod transfer;

@@ -1,0 +1,311 @@
+//! Which fp32 matmul variant ([`MatmulTile`]) the gpu device runs for a product: the table that
+//! `zerostream tune` writes per adapter, driver and zerostream version into the user's cache
+//! directory, loaded when the device opens, or a built-in default per vendor where none was tuned.
+//!
+//! Products are grouped into shape classes ([`MatmulClass`]: the operands' layouts, a 16-bit B, and M,
+//! N and K in half-octave buckets), so a table tuned on one model's shapes serves products of about the
+//! same sizes. Any variant gives the same bits (`shaders/src/matmul_template.rs`), so the table only
+//! ever changes the speed.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use zerostream_shaders::MatmulTile;
+
+use super::gpu::AdapterSummary;
+use crate::ops::MatmulShape;
+
+/// The environment variable that overrides where tuning tables live (tests, read-only homes).
+pub const TUNE_DIR_ENV: &str = "ZEROSTREAM_TUNE_DIR";
+
+/// A product's shape class: what the tuner times once and the device looks up for every product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MatmulClass {
+    /// A read along M (a transposed operand, as in dW = X^T dY).
+    pub a_transposed: bool,
+    /// B read along K (a transposed operand, as in dX = dY W^T, or nn.Linear's forward).
+    pub b_transposed: bool,
+    /// B stored in 16 bits (a bf16/fp16 working copy's weights).
+    pub b_16bit: bool,
+    /// round(2 log2(x)) of M, N and K: half-octave buckets.
+    pub m_bucket: u8,
+    pub n_bucket: u8,
+    pub k_bucket: u8,
+}
+
+fn bucket(x: usize) -> u8 {
+    (2.0 * (x.max(1) as f64).log2()).round() as u8
+}
+
+impl MatmulClass {
+    pub fn of(shape: &MatmulShape, b_16bit: bool) -> Self {
+        MatmulClass {
+            a_transposed: shape.a.row_stride == 1 && shape.a.col_stride != 1,
+            b_transposed: shape.b.row_stride == 1 && shape.b.col_stride != 1,
+            b_16bit,
+            m_bucket: bucket(shape.m),
+            n_bucket: bucket(shape.n),
+            k_bucket: bucket(shape.k),
+        }
+    }
+
+    /// `tn/f32/m24/n19/k19`: layouts of A and B (`n` as stored, `t` transposed), B's storage, buckets.
+    pub fn key(&self) -> String {
+        format!(
+            "{}{}/{}/m{}/n{}/k{}",
+            if self.a_transposed { 't' } else { 'n' },
+            if self.b_transposed { 't' } else { 'n' },
+            if self.b_16bit { "b16" } else { "f32" },
+            self.m_bucket,
+            self.n_bucket,
+            self.k_bucket
+        )
+    }
+
+    pub fn parse(key: &str) -> Option<Self> {
+        let parts: Vec<&str> = key.split('/').collect();
+        let [layout, b, m, n, k] = parts[..] else { return None };
+        let mut layout = layout.chars();
+        let flag = |c: Option<char>| match c {
+            Some('n') => Some(false),
+            Some('t') => Some(true),
+            _ => None,
+        };
+        let (a_transposed, b_transposed) = (flag(layout.next())?, flag(layout.next())?);
+        let b_16bit = match b {
+            "f32" => false,
+            "b16" => true,
+            _ => return None,
+        };
+        let num = |s: &str, p: char| s.strip_prefix(p)?.parse::<u8>().ok();
+        Some(MatmulClass { a_transposed, b_transposed, b_16bit, m_bucket: num(m, 'm')?, n_bucket: num(n, 'n')?, k_bucket: num(k, 'k')? })
+    }
+
+    /// How far apart two classes of the same layouts are (None across layouts or B storage).
+    fn distance(&self, other: &MatmulClass) -> Option<u32> {
+        let same = (self.a_transposed, self.b_transposed, self.b_16bit) == (other.a_transposed, other.b_transposed, other.b_16bit);
+        let d = |a: u8, b: u8| (a as i32 - b as i32).unsigned_abs();
+        same.then(|| d(self.m_bucket, other.m_bucket) + d(self.n_bucket, other.n_bucket) + d(self.k_bucket, other.k_bucket))
+    }
+}
+
+/// Where the variants of a device's table came from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TableSource {
+    /// `zerostream tune`'s file for this adapter, driver and version.
+    Tuned { path: PathBuf, created: String },
+    /// No file: the built-in default for the adapter's vendor.
+    Builtin { vendor: &'static str },
+}
+
+/// The variant per shape class for one adapter.
+#[derive(Clone, Debug)]
+pub struct MatmulTable {
+    pub source: TableSource,
+    /// For products of no tuned class nearby.
+    pub default: MatmulTile,
+    pub entries: BTreeMap<MatmulClass, MatmulTile>,
+}
+
+/// Classes further apart than this (in half-octaves, summed over M, N, K) are not borrowed from.
+const MAX_BORROW_DISTANCE: u32 = 2;
+
+impl MatmulTable {
+    /// The built-in default for an adapter nobody tuned: the vendor's, where one was measured.
+    pub fn builtin(adapter: &AdapterSummary) -> Self {
+        let (vendor, default) = builtin_default(adapter);
+        MatmulTable { source: TableSource::Builtin { vendor }, default, entries: BTreeMap::new() }
+    }
+
+    /// The variant for a product of class `class`: its own tuned entry, else the nearest tuned class of
+    /// the same layouts within [`MAX_BORROW_DISTANCE`], else the default.
+    pub fn choose(&self, class: &MatmulClass) -> MatmulTile {
+        if let Some(tile) = self.entries.get(class) {
+            return *tile;
+        }
+        self.entries
+            .iter()
+            .filter_map(|(c, t)| class.distance(c).filter(|d| *d <= MAX_BORROW_DISTANCE).map(|d| (d, *t)))
+            .min_by_key(|(d, _)| *d)
+            .map_or(self.default, |(_, t)| t)
+    }
+
+    /// One line for `zerostream devices` and the run's description.
+    pub fn describe(&self) -> String {
+        match &self.source {
+            TableSource::Tuned { path, created } => format!(
+                "tuned table {} ({} shape classes, {created}; default {})",
+                path.display(),
+                self.entries.len(),
+                self.default
+            ),
+            TableSource::Builtin { vendor } => {
+                format!("built-in default for {vendor}: {} (not tuned here: run `zerostream tune`)", self.default)
+            }
+        }
+    }
+
+    /// The table for `adapter`: its tuned file if there is one for this driver and version, else the
+    /// built-in default. A file that cannot be read or is not a table is reported in the second value
+    /// (and not used): a cache must never stop a run.
+    pub fn load(adapter: &AdapterSummary) -> (Self, Option<String>) {
+        let Some(path) = table_path(adapter) else { return (Self::builtin(adapter), None) };
+        if !path.exists() {
+            return (Self::builtin(adapter), None);
+        }
+        match Self::read(&path, adapter) {
+            Ok(table) => (table, None),
+            Err(e) => (Self::builtin(adapter), Some(format!("ignoring the matmul tuning table {}: {e:#}", path.display()))),
+        }
+    }
+
+    fn read(path: &Path, adapter: &AdapterSummary) -> Result<Self> {
+        let text = std::fs::read_to_string(path)?;
+        let file: TableFile = serde_json::from_str(&text).context("not a zerostream tuning table")?;
+        let key = TableKey::of(adapter);
+        if file.key != key {
+            bail!("it was tuned for {:?}, not {:?}", file.key, key);
+        }
+        let default = MatmulTile::parse(&file.default).map_err(anyhow::Error::msg)?;
+        let mut entries = BTreeMap::new();
+        for e in &file.entries {
+            let class = MatmulClass::parse(&e.class).with_context(|| format!("shape class {:?}", e.class))?;
+            entries.insert(class, MatmulTile::parse(&e.variant).map_err(anyhow::Error::msg)?);
+        }
+        Ok(MatmulTable { source: TableSource::Tuned { path: path.to_path_buf(), created: file.created }, default, entries })
+    }
+}
+
+/// What a table was tuned on: a table is used only on the same adapter, driver and zerostream.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableKey {
+    pub adapter: String,
+    pub backend: String,
+    pub driver: String,
+    pub zerostream: String,
+}
+
+impl TableKey {
+    pub fn of(adapter: &AdapterSummary) -> Self {
+        TableKey {
+            adapter: adapter.name.clone(),
+            backend: adapter.backend.clone(),
+            driver: adapter.driver.clone(),
+            zerostream: env!("CARGO_PKG_VERSION").to_string(),
+        }
+    }
+}
+
+/// One tuned class in the file, with what the tuner measured (for people; the device reads class and
+/// variant).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TableEntry {
+    pub class: String,
+    pub variant: String,
+    /// The product the class was timed on, e.g. `M=4096 N=2304 K=768`, and which products those were.
+    pub shape: String,
+    pub products: Vec<String>,
+    pub seconds: f64,
+    pub default_seconds: f64,
+}
+
+/// The tuning file: `<cache>/zerostream/tune/<adapter>-<hash>.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TableFile {
+    pub key: TableKey,
+    pub created: String,
+    pub default: String,
+    pub entries: Vec<TableEntry>,
+}
+
+impl TableFile {
+    /// Writes the table beside its final name and renames it into place, so a reader never sees half a
+    /// file and an interrupted tune leaves the previous table.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let dir = path.parent().context("a tuning table path has a directory")?;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let partial = path.with_extension("json.partial");
+        std::fs::write(&partial, serde_json::to_string_pretty(self)? + "\n").with_context(|| format!("writing {}", partial.display()))?;
+        std::fs::rename(&partial, path).with_context(|| format!("renaming {} to {}", partial.display(), path.display()))?;
+        Ok(())
+    }
+}
+
+/// The directory of tuning tables: `$ZEROSTREAM_TUNE_DIR`, else the user's cache directory
+/// (`~/.cache/zerostream/tune` on Linux, `~/Library/Caches/...` on macOS, `%LOCALAPPDATA%` on Windows).
+pub fn tune_dir() -> Option<PathBuf> {
+    match std::env::var_os(TUNE_DIR_ENV) {
+        Some(dir) if !dir.is_empty() => Some(PathBuf::from(dir)),
+        _ => dirs::cache_dir().map(|d| d.join("zerostream").join("tune")),
+    }
+}
+
+/// Where `adapter`'s table lives: a readable stem from its name and a hash of the whole key (driver
+/// and version included), so a driver update starts untuned rather than with stale winners.
+pub fn table_path(adapter: &AdapterSummary) -> Option<PathBuf> {
+    let key = TableKey::of(adapter);
+    let stem: String =
+        key.adapter.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).take(48).collect();
+    // FNV-1a over the key's fields: stable across runs and platforms (std's hasher is not).
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in [&key.adapter, &key.backend, &key.driver, &key.zerostream].iter().flat_map(|s| s.bytes().chain([0])) {
+        hash = (hash ^ byte as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    Some(tune_dir()?.join(format!("{stem}-{hash:016x}.json")))
+}
+
+/// The vendor's default variant and the vendor's name. Only measured choices go here; an adapter of a
+/// vendor nobody measured runs the kernel as it was before variants.
+fn builtin_default(adapter: &AdapterSummary) -> (&'static str, MatmulTile) {
+    let vendor = match adapter.vendor {
+        0x10de => "NVIDIA",
+        0x1002 => "AMD",
+        0x8086 => "Intel",
+        0x106b => "Apple",
+        0x10005 => "Mesa (software)",
+        _ if adapter.device_type == wgpu::DeviceType::Cpu => "a software adapter",
+        _ => "an unknown vendor",
+    };
+    (vendor, MatmulTile::DEFAULT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::Operand;
+
+    #[test]
+    fn classes_name_layouts_and_buckets_reversibly() {
+        let forward = MatmulShape::row_major(4096, 2304, 768);
+        let c = MatmulClass::of(&forward, false);
+        assert_eq!(c.key(), "nn/f32/m24/n22/k19");
+        assert_eq!(MatmulClass::parse(&c.key()), Some(c));
+        let dw = MatmulShape { m: 768, n: 2304, k: 4096, a: Operand::transposed(768), b: Operand::row_major(2304), c: Operand::row_major(2304) };
+        assert_eq!(MatmulClass::of(&dw, true).key(), "tn/b16/m19/n22/k24");
+        assert_eq!(MatmulClass::parse("xn/f32/m1/n1/k1"), None);
+        assert_eq!(MatmulClass::parse("nn/f32/m1/n1"), None);
+    }
+
+    #[test]
+    fn choose_prefers_own_then_near_then_default() {
+        let own = MatmulClass::parse("nn/f32/m24/n22/k19").unwrap();
+        let near = MatmulClass::parse("nn/f32/m24/n23/k19").unwrap();
+        let far = MatmulClass::parse("nn/f32/m18/n14/k19").unwrap();
+        let other_layout = MatmulClass::parse("nt/f32/m24/n22/k19").unwrap();
+        let small = MatmulTile::parse("64x64x8/8x8/db/v4").unwrap();
+        let mut table = MatmulTable {
+            source: TableSource::Builtin { vendor: "test" },
+            default: MatmulTile::DEFAULT,
+            entries: BTreeMap::from([(own, small)]),
+        };
+        assert_eq!(table.choose(&own), small);
+        assert_eq!(table.choose(&near), small);
+        assert_eq!(table.choose(&far), MatmulTile::DEFAULT);
+        assert_eq!(table.choose(&other_layout), MatmulTile::DEFAULT);
+        table.entries.insert(near, MatmulTile::CANDIDATES[1]);
+        assert_eq!(table.choose(&near), MatmulTile::CANDIDATES[1]);
+        assert_eq!(table.choose(&own), small);
+    }
+}
