@@ -29,6 +29,7 @@ pub mod ops;
 #[cfg(feature = "plot")]
 pub mod plot;
 pub mod train;
+pub mod tune;
 
 /// The model, data and checkpoint formats (the `zerostream-checkpoints` crate).
 pub use zerostream_checkpoints as checkpoints;

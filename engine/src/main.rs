@@ -10,6 +10,7 @@ use anyhow::Result;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use cli::bench::BenchCommand;
 use cli::train::TrainArgs;
+use zerostream::device::matmul_tuning::MatmulTable;
 use zerostream::device::{self, DeviceChoice};
 
 #[derive(Parser)]
@@ -83,6 +84,11 @@ enum Command {
         #[arg(short, long, default_value = "loss.svg")]
         out: PathBuf,
     },
+    /// Time the fp32 matmul's variants on this GPU for the products of GPT-2 and Llama training steps and
+    /// keep the fastest per shape class in a table in the user's cache directory (by adapter, driver and
+    /// zerostream version; `ZEROSTREAM_TUNE_DIR` overrides the place). Every later run on the adapter uses
+    /// it; `devices` says which table is in use. Variants give identical bits: only the speed changes.
+    Tune(Box<cli::tune::TuneArgs>),
     /// Measure one link of the offload path against its ceiling.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -166,6 +172,7 @@ fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
                             "cooperative_matrix": a.cooperative_matrix,
                             "cooperative_matrix_configs": a.cooperative_matrix_configs.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
                             "matmul_f16_coop": device::gpu::coop_unavailable(a).is_none(),
+                            "matmul_table": MatmulTable::load(a).0.describe(),
                         })
                     );
                 }
@@ -190,6 +197,11 @@ fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
                     if configs.is_empty() { "none".to_string() } else { configs.join(", ") },
                     device::gpu::coop_unavailable(a).map_or("available".to_string(), |why| format!("unavailable ({why})"))
                 );
+                let (table, problem) = MatmulTable::load(a);
+                println!("    fp32 matmul variants: {}", table.describe());
+                if let Some(problem) = problem {
+                    println!("    warning: {problem}");
+                }
             }
             println!("cpu: the plain-Rust kernels on {} threads (--device cpu)", rayon::current_num_threads());
             Ok(0)
@@ -204,6 +216,7 @@ fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
         Command::Train(args) => cli::train::train(*args, explicit, resolved),
         Command::Plan(args) => cli::train::plan(*args, explicit).map(|()| 0),
         Command::Bench(b) => cli::bench::run(b).map(|()| 0),
+        Command::Tune(args) => cli::tune::run(*args),
         Command::Plot { metrics, out } => {
             if let Some(input) = metrics.iter().find(|m| std::fs::canonicalize(m).ok() == std::fs::canonicalize(&out).ok()) {
                 anyhow::bail!("-o {} is the metrics file {}: it would be overwritten", out.display(), input.display());

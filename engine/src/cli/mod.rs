@@ -5,3 +5,4 @@ pub mod config_file;
 pub mod generate;
 pub mod prepare;
 pub mod train;
+pub mod tune;

@@ -1,0 +1,136 @@
+//! `zerostream tune`: the fp32 matmul's variants timed on this adapter per shape class, and the winners
+//! written where the gpu device finds them when it opens (the library's `tune` module does the work).
+
+use anyhow::Result;
+use zerostream::device::GpuDevice;
+use zerostream::tune::{ClassResult, TuneConfig};
+use zerostream_shaders::MatmulTile;
+
+#[derive(clap::Args)]
+pub struct TuneArgs {
+    /// Which wgpu adapter: its index or part of its name, as `zerostream devices` lists them.
+    #[arg(long)]
+    adapter: Option<String>,
+    /// Model shapes whose products are tuned, comma-separated: GPT-2 presets (gpt2 ... gpt2-xl), Llama
+    /// presets (llama-3.2-1b, llama-3-8b) or tiny.
+    #[arg(long, value_delimiter = ',', default_value = "gpt2,gpt2-xl,llama-3.2-1b")]
+    models: Vec<String>,
+    /// B: sequences per micro-batch of the runs to tune for (M of most products is B x T).
+    #[arg(long, default_value_t = 4)]
+    batch_size: usize,
+    /// T: tokens per sequence.
+    #[arg(long, default_value_t = 1024)]
+    seq_len: usize,
+    /// Rows of the vocabulary chunk, as `train --vocab-chunk-rows`.
+    #[arg(long, default_value_t = 8192)]
+    vocab_chunk_rows: usize,
+    /// Leave out the products with 16-bit weights (they serve `--precision bf16|fp16` runs).
+    #[arg(long)]
+    no_16bit: bool,
+    /// Only these variants, comma-separated (e.g. 128x128x8/8x8/db/v4); default: every one the adapter can run.
+    #[arg(long, value_delimiter = ',')]
+    variants: Vec<String>,
+    /// Stop starting new shape classes after this many seconds (those done are kept).
+    #[arg(long, default_value_t = 170.0)]
+    max_seconds: f64,
+    /// Tiny shapes and a few variants' worth of time: seconds on a software adapter such as lavapipe.
+    #[arg(long)]
+    quick: bool,
+    /// Print the results without writing the table.
+    #[arg(long)]
+    no_save: bool,
+    /// One JSON object per shape class and a summary, instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: TuneArgs) -> Result<i32> {
+    let dev = GpuDevice::open(args.adapter.as_deref(), None)?;
+    let mut cfg = if args.quick {
+        TuneConfig::quick()
+    } else {
+        TuneConfig {
+            models: args.models.clone(),
+            batch: args.batch_size,
+            seq_len: args.seq_len,
+            vocab_chunk_rows: args.vocab_chunk_rows,
+            with_16bit: true,
+            max_seconds: args.max_seconds,
+            variants: Vec::new(),
+        }
+    };
+    cfg.with_16bit &= !args.no_16bit;
+    cfg.variants = args.variants.iter().map(|v| MatmulTile::parse(v).map_err(anyhow::Error::msg)).collect::<Result<_>>()?;
+    let summary = dev.summary().clone();
+    let variants = if cfg.variants.is_empty() { dev.matmul_variants() } else { cfg.variants.clone() };
+    eprintln!(
+        "tune: {} ({}), {} variants, models {} at B={} T={}, timer {}",
+        summary.name,
+        summary.driver,
+        variants.len(),
+        cfg.models.join(","),
+        cfg.batch,
+        cfg.seq_len,
+        dev.best_timer().name()
+    );
+    let start = std::time::Instant::now();
+    let results = zerostream::tune::tune(&dev, &cfg, |r| print_class(r, args.json))?;
+    let path = if args.no_save { None } else { Some(zerostream::tune::save_table(&dev, &results)?) };
+    let mismatched: Vec<String> =
+        results.iter().flat_map(|r| r.mismatched.iter().map(move |v| format!("{v} on {}", r.class.key()))).collect();
+    let speedups: Vec<f64> = results.iter().map(|r| r.default_seconds() / r.best().1).collect();
+    let seconds = start.elapsed().as_secs_f64();
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "kind": "summary", "adapter": summary.name, "driver": summary.driver, "timer": dev.best_timer().name(),
+                "classes": results.len(), "seconds": seconds, "table": path.as_ref().map(|p| p.display().to_string()),
+                "mismatched": mismatched,
+                "speedup_min": speedups.iter().copied().fold(f64::INFINITY, f64::min),
+                "speedup_max": speedups.iter().copied().fold(0.0, f64::max),
+            })
+        );
+    } else {
+        println!("tune: {} shape classes in {seconds:.1} s", results.len());
+        match &path {
+            Some(p) => println!("table: {} (every later run on this adapter and driver uses it)", p.display()),
+            None => println!("table: not written (--no-save)"),
+        }
+    }
+    for m in &mismatched {
+        eprintln!("error: matmul variant {m} gave other bits than the default (left out of the table): a bug in the template");
+    }
+    Ok(if mismatched.is_empty() { 0 } else { 1 })
+}
+
+fn print_class(r: &ClassResult, json: bool) {
+    let (best, best_s) = r.best();
+    let s = &r.shape;
+    if json {
+        let times: Vec<_> = r.times.iter().map(|(v, t)| serde_json::json!({"variant": v.name(), "seconds": t})).collect();
+        println!(
+            "{}",
+            serde_json::json!({
+                "kind": "class", "class": r.class.key(), "shape": format!("M={} N={} K={}", s.m, s.n, s.k),
+                "products": r.products, "best": best.name(), "best_seconds": best_s, "best_gflops": r.flops() / best_s / 1e9,
+                "default_seconds": r.default_seconds(), "speedup": r.default_seconds() / best_s, "variants": times,
+                "mismatched": r.mismatched.iter().map(|v| v.name()).collect::<Vec<_>>(),
+            })
+        );
+        return;
+    }
+    println!(
+        "{:<20} M={:<6} N={:<6} K={:<6} best {:<22} {:>9.3} ms {:>8.0} GFLOP/s  default {:>9.3} ms  {:.2}x  [{}]",
+        r.class.key(),
+        s.m,
+        s.n,
+        s.k,
+        best.name(),
+        best_s * 1e3,
+        r.flops() / best_s / 1e9,
+        r.default_seconds() * 1e3,
+        r.default_seconds() / best_s,
+        r.products.join(", ")
+    );
+}

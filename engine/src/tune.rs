@@ -1,0 +1,342 @@
+//! `zerostream tune`: times every variant of the fp32 matmul the adapter can run on the products a
+//! model's training step makes (forward, input gradient and weight gradient of every linear layer and of
+//! the vocabulary projection's chunk, with f32 and 16-bit weights), keeps the fastest per shape class,
+//! and writes the table the gpu device loads when it opens (`device/matmul_tuning.rs`).
+//!
+//! A variant is accepted only if its result equals the default variant's bit for bit on the product it
+//! was timed on: the table can change the speed of a run, never its numbers.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use zerostream_checkpoints::LlamaConfig;
+use zerostream_shaders::MatmulTile;
+
+use crate::device::gpu::GpuTensor;
+use crate::device::matmul_tuning::{MatmulClass, MatmulTable, TableEntry, TableFile, TableKey, TableSource, table_path};
+use crate::device::timing::Timer;
+use crate::device::{Backend, GpuDevice, HalfFormat, MatmulShape, Operand};
+
+/// What to tune on.
+#[derive(Clone, Debug)]
+pub struct TuneConfig {
+    /// Model shapes: GPT-2 presets (`gpt2`, `gpt2-xl`, ...), Llama presets (`llama-3.2-1b`, ...) or `tiny`.
+    pub models: Vec<String>,
+    pub batch: usize,
+    pub seq_len: usize,
+    /// Rows of the vocabulary chunk (`train --vocab-chunk-rows`).
+    pub vocab_chunk_rows: usize,
+    /// Also the products whose weights are 16-bit (`--precision bf16|fp16` runs).
+    pub with_16bit: bool,
+    /// Stop starting new classes after this long (the classes done are kept).
+    pub max_seconds: f64,
+    /// Only these variants (empty: every one the adapter can run).
+    pub variants: Vec<MatmulTile>,
+}
+
+impl TuneConfig {
+    /// Tiny shapes: seconds on a software adapter (tests, CI).
+    pub fn quick() -> Self {
+        TuneConfig {
+            models: vec!["tiny".into()],
+            batch: 2,
+            seq_len: 64,
+            vocab_chunk_rows: 1024,
+            with_16bit: true,
+            max_seconds: 120.0,
+            variants: Vec::new(),
+        }
+    }
+}
+
+/// One product of a training step.
+#[derive(Clone, Debug)]
+pub struct Product {
+    /// `gpt2 fc forward`, `llama-3.2-1b lm_head dW`, ...
+    pub name: String,
+    pub shape: MatmulShape,
+    pub b_16bit: bool,
+}
+
+/// One class's outcome.
+#[derive(Clone, Debug)]
+pub struct ClassResult {
+    pub class: MatmulClass,
+    /// The product it was timed on, and every product of the class.
+    pub shape: MatmulShape,
+    pub products: Vec<String>,
+    /// (variant, median seconds) of every variant timed, the default first.
+    pub times: Vec<(MatmulTile, f64)>,
+    /// Variants left out because their result differed from the default's (a bug: reported loudly).
+    pub mismatched: Vec<MatmulTile>,
+}
+
+impl ClassResult {
+    pub fn best(&self) -> (MatmulTile, f64) {
+        *self.times.iter().min_by(|a, b| a.1.total_cmp(&b.1)).expect("the default is always timed")
+    }
+    pub fn default_seconds(&self) -> f64 {
+        self.times[0].1
+    }
+    pub fn flops(&self) -> f64 {
+        2.0 * (self.shape.m * self.shape.n * self.shape.k) as f64
+    }
+}
+
+/// The products of one training step of `model` at (batch, seq_len), as the model's code makes them.
+pub fn step_products(model: &str, batch: usize, seq_len: usize, vocab_chunk_rows: usize, with_16bit: bool) -> Result<Vec<Product>> {
+    let bt = batch * seq_len;
+    // (linear name, in, out), and whether weights are stored (out, in) as nn.Linear (Llama) or (in, out)
+    // as GPT-2's Conv1D.
+    let (linears, c, vocab, linear_layout): (Vec<(&str, usize, usize)>, usize, usize, bool) = if model == "tiny" || model.starts_with("gpt2") {
+        let cfg = crate::bench_kernels::model_config(model)?;
+        let c = cfg.n_embd;
+        (vec![("qkv", c, 3 * c), ("attn_proj", c, c), ("fc", c, 4 * c), ("fc_proj", 4 * c, c)], c, cfg.vocab_size, false)
+    } else {
+        let cfg = LlamaConfig::preset(model)
+            .with_context(|| format!("--models {model:?}: not a model shape (gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-3.2-1b, llama-3-8b, tiny)"))?;
+        let (c, f) = (cfg.hidden_size, cfg.intermediate_size);
+        let (qw, kvw) = (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim);
+        let linears = vec![
+            ("q_proj", c, qw),
+            ("k_proj", c, kvw),
+            ("v_proj", c, kvw),
+            ("o_proj", qw, c),
+            ("gate_proj", c, f),
+            ("up_proj", c, f),
+            ("down_proj", f, c),
+        ];
+        (linears, c, cfg.vocab_size, true)
+    };
+    let chunk = vocab.min(vocab_chunk_rows.max(1));
+    let mut out = Vec::new();
+    let mut push = |name: String, shape: MatmulShape, weight_is_b: bool| {
+        out.push(Product { name: name.clone(), shape, b_16bit: false });
+        if with_16bit && weight_is_b {
+            out.push(Product { name: format!("{name} (16-bit weights)"), shape, b_16bit: true });
+        }
+    };
+    for (name, k, n) in linears {
+        let (forward, dinp) = if linear_layout {
+            // nn.Linear: y = x W^T, dx = dy W.
+            (
+                MatmulShape { m: bt, n, k, a: Operand::row_major(k), b: Operand::transposed(k), c: Operand::row_major(n) },
+                MatmulShape::row_major(bt, k, n),
+            )
+        } else {
+            // Conv1D: y = x W, dx = dy W^T.
+            (
+                MatmulShape::row_major(bt, n, k),
+                MatmulShape { m: bt, n: k, k: n, a: Operand::row_major(n), b: Operand::transposed(n), c: Operand::row_major(k) },
+            )
+        };
+        // dW = x^T dy (Conv1D) or dy^T x (nn.Linear): A read transposed either way.
+        let (rows, cols) = if linear_layout { (n, k) } else { (k, n) };
+        let dw = MatmulShape { m: rows, n: cols, k: bt, a: Operand::transposed(rows), b: Operand::row_major(cols), c: Operand::row_major(cols) };
+        push(format!("{model} {name} forward"), forward, true);
+        push(format!("{model} {name} dinp"), dinp, true);
+        push(format!("{model} {name} dW"), dw, false);
+    }
+    let lm_forward = MatmulShape { m: bt, n: chunk, k: c, a: Operand::row_major(c), b: Operand::transposed(c), c: Operand::row_major(chunk) };
+    push(format!("{model} lm_head forward"), lm_forward, true);
+    push(format!("{model} lm_head dinp"), MatmulShape::row_major(bt, c, chunk), true);
+    let lm_dw = MatmulShape { m: chunk, n: c, k: bt, a: Operand::transposed(chunk), b: Operand::row_major(c), c: Operand::row_major(c) };
+    push(format!("{model} lm_head dW"), lm_dw, false);
+    Ok(out)
+}
+
+/// Deterministic values in [-1, 1) (xorshift), enough for timing and for comparing variants' bits.
+fn values(len: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// Elements an operand of `rows` x `cols` occupies under its strides.
+fn operand_len(op: &Operand, rows: usize, cols: usize) -> usize {
+    op.offset + (rows.max(1) - 1) * op.row_stride + (cols.max(1) - 1) * op.col_stride + 1
+}
+
+struct Operands {
+    a: GpuTensor,
+    b: GpuTensor,
+    c: GpuTensor,
+}
+
+fn operands(dev: &GpuDevice, p: &Product, seed: u64) -> Result<Operands> {
+    let s = &p.shape;
+    let a = dev.alloc(operand_len(&s.a, s.m, s.k), "tune A")?;
+    dev.write(&a, &values(operand_len(&s.a, s.m, s.k), seed));
+    let b_len = operand_len(&s.b, s.k, s.n);
+    let b = if p.b_16bit {
+        let t = dev.alloc_16bit(b_len, "tune B", HalfFormat::Bf16)?;
+        let bits: Vec<u16> = values(b_len, seed + 1).iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect();
+        dev.write_16bit(&t, &bits, HalfFormat::Bf16)?;
+        t
+    } else {
+        let t = dev.alloc(b_len, "tune B")?;
+        dev.write(&t, &values(b_len, seed + 1));
+        t
+    };
+    let c = dev.alloc(operand_len(&s.c, s.m, s.n), "tune C")?;
+    Ok(Operands { a, b, c })
+}
+
+/// Times `variants` on one class's product; the first must be the default (the reference bits).
+fn tune_class(dev: &GpuDevice, p: &Product, variants: &[MatmulTile], timer: Timer, seed: u64) -> Result<(Vec<(MatmulTile, f64)>, Vec<MatmulTile>)> {
+    let ops = operands(dev, p, seed)?;
+    let run = || dev.matmul(&ops.c, &ops.a, &ops.b, None, &p.shape, false);
+    let mut reference: Option<Vec<u32>> = None;
+    let (mut times, mut mismatched) = (Vec::new(), Vec::new());
+    for &variant in variants {
+        dev.force_matmul_variant(Some(variant))?;
+        run(); // pipeline creation and warm-up, and the bits to compare
+        let c = dev.read(&ops.c);
+        let bits: Vec<u32> = c.iter().map(|v| v.to_bits()).collect();
+        dev.recycle(vec![c]);
+        match &reference {
+            None => reference = Some(bits),
+            Some(r) if *r != bits => {
+                mismatched.push(variant);
+                continue;
+            }
+            Some(_) => {}
+        }
+        // About 50 ms of repetitions, at least 3 and at most 20, from one more timed run.
+        let once = dev.time_reps(1, timer, run)?.median_s();
+        let reps = ((0.05 / once.max(1e-6)) as usize).clamp(3, 20);
+        times.push((variant, dev.time_reps(reps, timer, run)?.median_s()));
+    }
+    dev.force_matmul_variant(None)?;
+    Ok((times, mismatched))
+}
+
+/// Tunes every class of the configured models' products; calls `on_class` as each finishes.
+pub fn tune(dev: &GpuDevice, cfg: &TuneConfig, mut on_class: impl FnMut(&ClassResult)) -> Result<Vec<ClassResult>> {
+    let mut variants = if cfg.variants.is_empty() { dev.matmul_variants() } else { cfg.variants.clone() };
+    for v in &variants {
+        if !dev.matmul_variants().contains(v) {
+            bail!("--variants {v}: this adapter cannot run it (workgroup memory or invocations)");
+        }
+    }
+    // The default first: its bits are the reference and its time the baseline.
+    variants.retain(|v| *v != MatmulTile::DEFAULT);
+    variants.insert(0, MatmulTile::DEFAULT);
+    let mut classes: BTreeMap<MatmulClass, (Product, Vec<String>)> = BTreeMap::new();
+    let mut order = Vec::new();
+    for model in &cfg.models {
+        for p in step_products(model, cfg.batch, cfg.seq_len, cfg.vocab_chunk_rows, cfg.with_16bit)? {
+            let class = MatmulClass::of(&p.shape, p.b_16bit);
+            let entry = classes.entry(class).or_insert_with(|| {
+                order.push(class);
+                (p.clone(), Vec::new())
+            });
+            entry.1.push(p.name);
+        }
+    }
+    let timer = dev.best_timer();
+    let start = Instant::now();
+    let mut results = Vec::new();
+    for (i, class) in order.iter().enumerate() {
+        if start.elapsed().as_secs_f64() > cfg.max_seconds {
+            eprintln!("tune: --max-seconds {} reached; {} of {} classes left untuned", cfg.max_seconds, order.len() - i, order.len());
+            break;
+        }
+        let (product, names) = &classes[class];
+        let (times, mismatched) = tune_class(dev, product, &variants, timer, i as u64 * 7 + 1)?;
+        let result = ClassResult { class: *class, shape: product.shape, products: names.clone(), times, mismatched };
+        on_class(&result);
+        results.push(result);
+    }
+    Ok(results)
+}
+
+/// The table from `results`, merged over the adapter's previous table for the same key (classes tuned
+/// again are replaced), written to its place in the cache directory and installed on `dev`.
+pub fn save_table(dev: &GpuDevice, results: &[ClassResult]) -> Result<std::path::PathBuf> {
+    let path = table_path(dev.summary()).context("no cache directory for the tuning table (set ZEROSTREAM_TUNE_DIR)")?;
+    let key = TableKey::of(dev.summary());
+    let mut entries: BTreeMap<String, TableEntry> = BTreeMap::new();
+    if let Ok(text) = std::fs::read_to_string(&path)
+        && let Ok(old) = serde_json::from_str::<TableFile>(&text)
+        && old.key == key
+    {
+        entries.extend(old.entries.into_iter().map(|e| (e.class.clone(), e)));
+    }
+    for r in results {
+        let (best, seconds) = r.best();
+        let s = &r.shape;
+        entries.insert(
+            r.class.key(),
+            TableEntry {
+                class: r.class.key(),
+                variant: best.name(),
+                shape: format!("M={} N={} K={}", s.m, s.n, s.k),
+                products: r.products.clone(),
+                seconds,
+                default_seconds: r.default_seconds(),
+            },
+        );
+    }
+    let file = TableFile { key, created: utc_now(), default: MatmulTile::DEFAULT.name(), entries: entries.into_values().collect() };
+    file.save(&path)?;
+    let mut table = MatmulTable { source: TableSource::Tuned { path: path.clone(), created: file.created.clone() }, default: MatmulTile::DEFAULT, entries: BTreeMap::new() };
+    for e in &file.entries {
+        if let (Some(class), Ok(tile)) = (MatmulClass::parse(&e.class), MatmulTile::parse(&e.variant)) {
+            table.entries.insert(class, tile);
+        }
+    }
+    dev.set_matmul_table(table);
+    Ok(path)
+}
+
+/// `2026-11-25T10:04:05Z`, from the system clock (civil date from days since 1970, proleptic Gregorian).
+fn utc_now() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = ((secs / 86400) as i64, secs % 86400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + (month <= 2) as i64;
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn products_follow_each_family_layout() {
+        let gpt2 = step_products("gpt2", 4, 1024, 8192, true).unwrap();
+        // 4 linears x 3 products + the head's 3, and a 16-bit twin of each product whose B is a weight.
+        assert_eq!(gpt2.len(), 15 + 10);
+        let qkv = &gpt2[0];
+        assert_eq!((qkv.shape.m, qkv.shape.n, qkv.shape.k), (4096, 2304, 768));
+        assert_eq!(MatmulClass::of(&qkv.shape, false).key(), "nn/f32/m24/n22/k19");
+        let llama = step_products("llama-3.2-1b", 1, 64, 8192, false).unwrap();
+        assert_eq!(llama.len(), 7 * 3 + 3);
+        assert!(llama[0].name.contains("q_proj forward") && llama[0].shape.b.row_stride == 1, "nn.Linear's forward reads W^T");
+        let lm_dw = llama.last().unwrap();
+        assert_eq!((lm_dw.shape.m, lm_dw.shape.n, lm_dw.shape.k), (8192, 2048, 64));
+        assert!(step_products("gpt3", 1, 1, 1, false).unwrap_err().to_string().contains("gpt3"));
+    }
+
+    #[test]
+    fn utc_dates_are_civil() {
+        let now = utc_now();
+        assert_eq!(now.len(), 20);
+        assert!(now.starts_with("20") && now.ends_with('Z'), "{now}");
+    }
+}
