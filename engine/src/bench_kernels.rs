@@ -134,6 +134,8 @@ pub struct KernelRun {
     pub timer: Timer,
     /// How often one fp32 training step runs this op at this shape (0: not in the fp32 step).
     pub per_step: usize,
+    /// The fp32 matmul's variant that ran (the device's tuning table's choice), for matmul rows.
+    pub variant: Option<String>,
 }
 
 impl KernelRun {
@@ -166,6 +168,8 @@ pub struct KernelBenchReport {
     pub adapter: String,
     /// Which matmul kernel the adapter ran (tile configuration, subgroup or cooperative-matrix use).
     pub matmul_path: String,
+    /// Which tuning table chose the fp32 matmul's variants (`MatmulTable::describe`).
+    pub matmul_table: String,
     /// The f16-input cooperative-matrix matmul: its path, or why the adapter cannot run it.
     pub matmul_coop: Result<String, String>,
     pub timer: Timer,
@@ -206,6 +210,7 @@ pub fn bench_kernels(dev: &GpuDevice, cfg: &KernelBenchConfig, mut on_run: impl 
         reps: cfg.reps,
         timer,
         per_step: 0,
+        variant: None,
     };
     on_run(&copy);
     let mut bench = Bench { dev, cfg, timer, model: String::new(), runs: vec![copy], on_run: &mut on_run };
@@ -222,6 +227,7 @@ pub fn bench_kernels(dev: &GpuDevice, cfg: &KernelBenchConfig, mut on_run: impl 
     Ok(KernelBenchReport {
         adapter: dev.describe(),
         matmul_path: dev.matmul_path().to_string(),
+        matmul_table: dev.matmul_table().describe(),
         matmul_coop: match crate::device::gpu::coop_unavailable(dev.summary()) {
             None => Ok(crate::device::gpu::MATMUL_COOP_PATH.to_string()),
             Some(why) => Err(why),
@@ -246,11 +252,12 @@ struct Case {
     flops: f64,
     bytes: f64,
     per_step: usize,
+    variant: Option<String>,
 }
 
 impl Case {
     fn memory(kernel: &'static str, case: &str, shape: String, bytes: f64, per_step: usize) -> Self {
-        Case { kernel, case: case.into(), shape, precision: "fp32", bound: Bound::Memory, flops: 0.0, bytes, per_step }
+        Case { kernel, case: case.into(), shape, precision: "fp32", bound: Bound::Memory, flops: 0.0, bytes, per_step, variant: None }
     }
 }
 
@@ -302,6 +309,7 @@ impl Bench<'_> {
             reps,
             timer: timing.timer,
             per_step: c.per_step,
+            variant: c.variant,
         };
         (self.on_run)(&run);
         self.runs.push(run);
@@ -385,6 +393,7 @@ impl Bench<'_> {
                 flops: s.flops(),
                 bytes: in_bytes + b_bytes,
                 per_step: if precision == "fp32" { p.per_step } else { 0 },
+                variant: Some(dev.matmul_variant_for(&s, precision == "bf16-B").name()),
             };
             self.time(case, || dev.matmul(p.c, p.a, b, p.bias, &s, p.accumulate))?;
         }
@@ -404,6 +413,7 @@ impl Bench<'_> {
                 flops: s.flops(),
                 bytes: in_bytes + b_bytes,
                 per_step: 0,
+                variant: None,
             };
             dev.set_matmul_inputs(MatmulInputs::F16)?;
             let timed = self.time(case, || dev.matmul(p.c, p.a, b, p.bias, &s, p.accumulate));
@@ -550,6 +560,7 @@ impl Bench<'_> {
             flops,
             bytes,
             per_step: layers,
+            variant: None,
         };
         let forward = compute("attention_forward", forward_flops, f32_bytes(4 * bt * c + stat));
         self.time(forward, || dev.attention_forward(&out, &lse, &qkv, d))?;
@@ -725,6 +736,8 @@ impl KernelBenchReport {
             "fraction_of_copy": if compute { None } else { Some(r.gbps() / self.copy_gbps) },
             "per_step": r.per_step,
             "share_of_step": self.share_of_step(r),
+            "variant": r.variant,
+            "matmul_table": self.matmul_table,
         })
     }
 
@@ -748,31 +761,36 @@ impl KernelBenchReport {
             None => "\npeak: unknown (adapter not in the datasheet table); memory-bound rows are also shown against the copy".into(),
         };
         out += &format!(
-            "\nmeasured device-to-device copy: {:.1} GB/s (read + written); B={} T={}\nmatmul: {}\nmatmul f16-coop: {}\n",
+            "\nmeasured device-to-device copy: {:.1} GB/s (read + written); B={} T={}\nmatmul: {}\nmatmul variants: {}\nmatmul f16-coop: {}\n",
             self.copy_gbps,
             self.batch,
             self.seq_len,
             self.matmul_path,
+            self.matmul_table,
             match &self.matmul_coop {
                 Ok(path) => format!("{path} (rows f16-coop; % peak against the fp32 peak)"),
                 Err(why) => format!("unavailable on this adapter ({why})"),
             }
         );
         out += &format!(
-            "{:<8} {:<22} {:<32} {:<15} {:<23} {:>6} {:>11} {:>16} {:>7} {:>7} {:>6}\n",
-            "model", "kernel", "case", "prec", "shape", "x/step", "time (us)", "rate", "% peak", "% copy", "% step"
+            "{:<8} {:<22} {:<54} {:<15} {:<23} {:>6} {:>11} {:>16} {:>7} {:>7} {:>6}\n",
+            "model", "kernel", "case [matmul variant]", "prec", "shape", "x/step", "time (us)", "rate", "% peak", "% copy", "% step"
         );
         let pct = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.1}", 100.0 * v));
         for r in &self.runs {
+            let case = match &r.variant {
+                Some(v) => format!("{} [{v}]", r.case),
+                None => r.case.clone(),
+            };
             let (rate, copy) = match r.bound {
                 Bound::Compute => (format!("{:.1} GFLOP/s", r.gflops()), None),
                 Bound::Memory => (format!("{:.1} GB/s", r.gbps()), Some(r.gbps() / self.copy_gbps)),
             };
             out += &format!(
-                "{:<8} {:<22} {:<32} {:<15} {:<23} {:>6} {:>11.1} {:>16} {:>7} {:>7} {:>6}\n",
+                "{:<8} {:<22} {:<54} {:<15} {:<23} {:>6} {:>11.1} {:>16} {:>7} {:>7} {:>6}\n",
                 r.model,
                 r.kernel,
-                r.case,
+                case,
                 r.precision,
                 r.shape,
                 r.per_step,
