@@ -20,6 +20,7 @@ use super::spare_reads::SpareReads;
 use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, HalfFormat, MatmulInputs, MatmulShape, VocabChunk};
 use crate::ops::elementwise::SUM_SQUARES_GROUP;
 use super::matmul_tuning::MatmulTable;
+use busy::BusyClock;
 use crate::ops::encoder::TokenBuckets;
 use zerostream_shaders::{self as shaders, MatmulTile};
 
@@ -205,6 +206,8 @@ pub struct GpuDevice {
     matmul_table: RefCell<MatmulTable>,
     /// One variant for every product, whatever the table says (the tuner and the variant tests).
     matmul_forced: Cell<Option<MatmulTile>>,
+    /// The kernels' busy time from GPU timestamps (`gpu_busy.rs`), where the adapter has them.
+    busy: Option<BusyClock>,
 }
 
 /// The largest Params any kernel takes, in bytes.
@@ -274,8 +277,6 @@ impl GpuDevice {
             mapped_at_creation: false,
         });
         Ok(GpuDevice {
-            device,
-            queue,
             summary,
             budget: ByteBudget::new(budget_bytes.unwrap_or(u64::MAX)),
             max_window_elems,
@@ -293,6 +294,9 @@ impl GpuDevice {
             matmul_inputs: Cell::default(),
             matmul_table: RefCell::new(matmul_table),
             matmul_forced: Cell::new(None),
+            busy: BusyClock::new(&device, &queue),
+            device,
+            queue,
         })
     }
 
@@ -315,7 +319,8 @@ impl GpuDevice {
     /// Submits the pending encoder (if any); returns its submission.
     fn flush(&self) -> Option<wgpu::SubmissionIndex> {
         let mut submission = None;
-        if let Some(encoder) = self.encoder.borrow_mut().take() {
+        if let Some(mut encoder) = self.encoder.borrow_mut().take() {
+            let timestamps = self.busy.as_ref().and_then(|b| b.before_submit(&self.device, &mut encoder));
             // Queue writes land before the next submission's commands, after the previous one's.
             let mut bytes = self.uniform_bytes.borrow_mut();
             if !bytes.is_empty() {
@@ -323,6 +328,9 @@ impl GpuDevice {
                 bytes.clear();
             }
             submission = Some(self.queue.submit([encoder.finish()]));
+            if let (Some(busy), Some((readback, passes))) = (&self.busy, timestamps) {
+                busy.after_submit(readback, passes);
+            }
         }
         self.pending_passes.set(0);
         submission
@@ -410,7 +418,8 @@ impl GpuDevice {
         {
             let mut slot = self.encoder.borrow_mut();
             let encoder = slot.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes: None });
+            let timestamp_writes = self.busy.as_ref().map(|b| b.next_pass());
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(entry), timestamp_writes });
             pass.set_pipeline(&pipeline);
             pass.set_bind_group(0, &bind_group, &[]);
             pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
@@ -565,6 +574,9 @@ impl Backend for GpuDevice {
     }
     fn is_async(&self) -> bool {
         true
+    }
+    fn kernel_seconds(&self) -> Option<f64> {
+        GpuDevice::kernel_seconds(self)
     }
     fn alloc_16bit(&self, len: usize, label: &str, format: HalfFormat) -> Result<GpuTensor> {
         let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
@@ -897,6 +909,9 @@ mod decode;
 // The matmul's dispatch (and its splitting across bindings) is in gpu_matmul.rs.
 #[path = "gpu_matmul.rs"]
 mod matmul;
+
+#[path = "gpu_busy.rs"]
+mod busy;
 // The cross-entropy's dispatches, whole rows and vocabulary chunks, likewise.
 #[path = "gpu_crossentropy.rs"]
 mod crossentropy;

@@ -73,6 +73,12 @@ pub trait Backend {
     }
     /// Waits until all work recorded so far has run (a no-op where ops run synchronously).
     fn synchronize(&self) {}
+    /// Seconds the device's kernels have kept it busy so far, by the device's own clock (the gpu device's
+    /// timestamps: `device/gpu_busy.rs`), once all work recorded so far has run; None where there is no
+    /// such clock (the cpu device, adapters without timestamp queries).
+    fn kernel_seconds(&self) -> Option<f64> {
+        None
+    }
     /// Whether ops return before their work has run (the gpu device), so host work done meanwhile
     /// overlaps it.
     fn is_async(&self) -> bool {

@@ -120,6 +120,8 @@ pub struct Trainer<'d, D: Backend> {
     /// to every group, so group k is current once it has had this many.
     adam_steps: u64,
     pub io_notes: Vec<String>,
+    /// The device's kernel seconds (GPU timestamps) when the last step ended, for the next one's share.
+    kernel_seconds_seen: Option<f64>,
 }
 
 impl<'d, D: Backend> Trainer<'d, D> {
@@ -251,6 +253,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             step,
             adam_steps,
             io_notes,
+            kernel_seconds_seen: dev.kernel_seconds(),
         })
     }
 

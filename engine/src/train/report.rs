@@ -20,6 +20,8 @@ pub struct StepReport {
     pub download_s: f64,
     /// CPU AdamW time of the update that ran during this step (the previous step's gradients).
     pub adam_s: f64,
+    /// The device's kernels' busy time during the step by GPU timestamps (None without them).
+    pub gpu_kernels_s: Option<f64>,
     /// Time the device thread waited for that update.
     pub update_wait_s: f64,
     /// Time the device thread spent on its host tiers: reading working parameters before upload, and
@@ -47,6 +49,10 @@ impl StepReport {
     pub fn device_busy_fraction(&self) -> f64 {
         (self.compute_s / self.seconds.max(1e-12)).min(1.0)
     }
+    /// `gpu_kernels_s` / the step's wall time, at most 1: the busy figure from the device's own clock.
+    pub fn gpu_busy_fraction(&self) -> Option<f64> {
+        self.gpu_kernels_s.map(|k| (k / self.seconds.max(1e-12)).min(1.0))
+    }
     pub fn to_json(&self) -> serde_json::Value {
         let gbps = |bytes: u64, s: f64| if s > 0.0 { bytes as f64 / s / 1e9 } else { 0.0 };
         let mut row = serde_json::json!({
@@ -59,6 +65,7 @@ impl StepReport {
             "tokens": self.tokens,
             "tokens_per_s": self.tokens_per_s(),
             "device_busy_fraction": self.device_busy_fraction(),
+            "gpu_busy_fraction": self.gpu_busy_fraction(),
             "peak_device_bytes": self.peak_device_bytes,
             "peak_rss_bytes": self.peak_rss_bytes,
             "nvme_read_bytes": self.nvme_read_bytes,
@@ -66,6 +73,7 @@ impl StepReport {
             "time": {
                 "total_s": self.seconds,
                 "device_compute_s": self.compute_s,
+                "gpu_kernels_s": self.gpu_kernels_s,
                 "upload_s": self.upload_s,
                 "download_s": self.download_s,
                 "adam_s": self.adam_s,

@@ -84,6 +84,11 @@ impl<D: Backend> Trainer<'_, D> {
         }
         let StepState { clock, micro_batches, lr, loss_scale, loss_sum, grad_norm, applied, .. } = st;
         let nvme_after = self.nvme_traffic().unwrap_or_default();
+        // The kernels' share by the device's clock: waits for the step's last work (its losses and
+        // gradients were waited for already), so the next step's recording starts on an idle queue.
+        let kernel_seconds = self.dev.kernel_seconds();
+        let gpu_kernels_s = kernel_seconds.zip(self.kernel_seconds_seen).map(|(now, before)| now - before);
+        self.kernel_seconds_seen = kernel_seconds;
         let report = StepReport {
             step: self.step,
             loss: loss_sum / micro_batches as f64,
@@ -94,6 +99,7 @@ impl<D: Backend> Trainer<'_, D> {
             tokens: self.train.batch * self.train.seq_len * micro_batches,
             seconds: start.elapsed().as_secs_f64(),
             compute_s: clock.compute.as_secs_f64(),
+            gpu_kernels_s,
             upload_s: clock.upload.as_secs_f64(),
             download_s: clock.download.as_secs_f64(),
             adam_s: adam_seconds_total(&self.progress) - adam_before,
