@@ -85,6 +85,7 @@ pub fn evaluate<D: Backend>(
     let (loss_acts, h) = (model.loss_acts(&head_acts), model.final_hidden(&head_acts));
     let start = Instant::now();
     let mut sum = 0.0f64;
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     for g in 0..batches {
         let (x_ids, y_ids) = tokens.micro_batch(g, batch, seq_len)?;
         let y = dev.tokens(&y_ids)?;
@@ -102,10 +103,15 @@ pub fn evaluate<D: Backend>(
         }
         sum += vocab::finish_loss(dev, loss_acts) as f64;
         if batches > 1 {
-            eprint!("\reval: micro-batch {}/{batches}", g + 1);
+            // On a terminal one line rewritten in place; elsewhere (a log file) one line per update.
+            if terminal {
+                eprint!("\reval: micro-batch {}/{batches}", g + 1);
+            } else {
+                eprintln!("eval: micro-batch {}/{batches}", g + 1);
+            }
         }
     }
-    if batches > 1 {
+    if batches > 1 && terminal {
         eprintln!();
     }
     if !sum.is_finite() {

@@ -63,8 +63,9 @@ enum Command {
         #[command(flatten)]
         device: DeviceArgs,
     },
-    /// Train a GPT-2 with parameters streamed to the device and AdamW on the CPU. With no --model,
-    /// --config or --data: a small byte-level GPT-2 on Shakespeare's Hamlet (built in), a few minutes.
+    /// Train a GPT-2 or Llama-family model with parameters streamed to the device and AdamW on the CPU.
+    /// With no --model, --config or --data: a small GPT-2 on Shakespeare's Hamlet in words (built in), a
+    /// few minutes.
     Train(Box<TrainArgs>),
     /// Does it fit? The placement `train` would use with the same flags — host bytes per rank on each
     /// tier, device bytes, block slots — for a model, a batch, a world size and a ZeRO stage, without

@@ -206,3 +206,27 @@ fn no_graphics_stack_warning_without_a_desktop_session() {
     let err = stderr(&out);
     assert!(!err.contains("XDG_RUNTIME_DIR"), "a warning from the graphics stack: {err}");
 }
+
+/// A preemption loop re-runs one command; once the checkpoint is at `--steps`, the command ends at once
+/// with success, writing `--save` from the checkpoint's model if it is missing, and leaving it otherwise.
+#[test]
+fn a_finished_run_resumed_is_done_not_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ckpt, save) = (dir.path().join("ckpt"), dir.path().join("final"));
+    let (ckpt, save) = (ckpt.to_str().unwrap(), save.to_str().unwrap());
+    let common = ["--device", "cpu", "--batch-size", "2", "--seq-len", "16", "--sample-tokens", "0"];
+    let mut first = vec!["train", "--steps", "2", "--checkpoint-dir", ckpt, "--checkpoint-every", "2"];
+    first.extend(common);
+    let out = zerostream(&first);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut again = vec!["train", "--resume", ckpt, "--steps", "2", "--save", save];
+    again.extend(["--device", "cpu"]);
+    let out = zerostream(&again);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("nothing left to train"), "{}", stderr(&out));
+    let saved: Vec<String> = std::fs::read_dir(save).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(saved.contains(&"model.safetensors".to_string()) && saved.contains(&"config.json".to_string()), "{saved:?}");
+    assert!(!saved.iter().any(|f| f.starts_with("optimizer.") || f == "trainer_state.json"), "{saved:?}");
+    let out = zerostream(&again);
+    assert!(out.status.success() && stderr(&out).contains("exists already"), "{}", stderr(&out));
+}

@@ -3,7 +3,7 @@
 //! in-process ranks or under mpirun, and SIGINT/SIGTERM.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
@@ -401,6 +401,12 @@ fn adam_threads_per_rank(requested: usize, ranks: usize) -> usize {
 /// `resolved`: every flag's value, as a TOML file, written beside the metrics.
 pub fn train(a: TrainArgs, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
     let (mut options, mut tc) = resolve_train(&a, true, explicit)?;
+    if let ModelChoice::Resume(dir) = &options.model {
+        let state = zerostream::train::resume::read_state(dir)?;
+        if zerostream::train::resume::is_finished(&state, &tc) {
+            return finished_run(dir, state.step, tc.steps, options.save.as_deref());
+        }
+    }
     if explicit.is_empty() {
         keep_first_run_files(&mut options)?;
     }
@@ -434,6 +440,40 @@ pub fn train(a: TrainArgs, explicit: &BTreeSet<String>, resolved: &str) -> Resul
     let summaries =
         zerostream::train::ranks::train_in_process(world, &devices, a.device.device, a.device.adapter.as_deref(), &options, tc)?;
     Ok(summaries.first().map_or(0, stopped))
+}
+
+/// A resumed run whose checkpoint is at `--steps` already (a preemption loop re-running its command
+/// after the last save, say): nothing to train, so it ends at once with success, after writing
+/// `--save` from the checkpoint's model if that is asked for and missing (rank 0 only under mpirun).
+fn finished_run(dir: &Path, step: u64, steps: u64, save: Option<&Path>) -> Result<i32> {
+    eprintln!(
+        "train: the checkpoint {} is at step {step} and --steps is {steps} (counted from the start of training): nothing left to train",
+        dir.display()
+    );
+    let rank0 = ["OMPI_COMM_WORLD_RANK", "PMI_RANK"].iter().find_map(|v| std::env::var(v).ok()).is_none_or(|r| r.trim() == "0");
+    let Some(save) = save.filter(|_| rank0) else { return Ok(0) };
+    if save.exists() {
+        eprintln!("train: --save {} exists already; left as it is", save.display());
+        return Ok(0);
+    }
+    // The checkpoint is a model directory plus the optimizer's and trainer's state: copy the model's
+    // files aside, then rename them into place (a crash leaves no half-written --save).
+    let partial = save.with_extension("partial");
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial).with_context(|| format!("removing the leftover {}", partial.display()))?;
+    }
+    std::fs::create_dir_all(&partial).with_context(|| format!("creating {}", partial.display()))?;
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        let state_file = name.starts_with("optimizer.rank") || name == zerostream_checkpoints::checkpoint::STATE_FILE;
+        if path.is_file() && !state_file {
+            std::fs::copy(&path, partial.join(&name)).with_context(|| format!("copying {} into {}", path.display(), partial.display()))?;
+        }
+    }
+    std::fs::rename(&partial, save).with_context(|| format!("renaming {} to {}", partial.display(), save.display()))?;
+    eprintln!("train: saved the checkpoint's model to {}", save.display());
+    Ok(0)
 }
 
 #[cfg(not(feature = "mpi"))]

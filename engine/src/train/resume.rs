@@ -23,7 +23,9 @@ pub fn read_state(dir: &Path) -> Result<TrainerState> {
 }
 
 /// The configuration of a run resuming from `state` (in `dir`) at `world` ranks, given the command
-/// line's configuration `cli`, the flags the user typed (`explicit`, by flag name) and `seed`.
+/// line's configuration `cli`, the flags the user typed (`explicit`, by flag name) and `seed`. A
+/// configuration whose `--steps` the checkpoint has reached already is returned as it is:
+/// [`is_finished`] tells, and the command line ends such a run at once (exit 0).
 pub fn merge(
     dir: &Path,
     state: &TrainerState,
@@ -78,15 +80,13 @@ pub fn merge(
         flags.insert("grad-accum".into(), (per_step / world).into());
     }
     let tc = TrainConfig::from_flags(&flags).with_context(|| format!("the settings recorded in {}", dir.join(STATE_FILE).display()))?;
-    if tc.steps <= state.step {
-        bail!(
-            "--steps {} counts from the start of training, and the checkpoint {} is already at step {}: nothing to do (give a larger --steps)",
-            tc.steps,
-            dir.display(),
-            state.step
-        );
-    }
     Ok(tc)
+}
+
+/// Whether a run resumed from `state` with `tc` has nothing left to train (`--steps` counts from the
+/// start of training).
+pub fn is_finished(state: &TrainerState, tc: &TrainConfig) -> bool {
+    tc.steps <= state.step
 }
 
 fn show(v: &serde_json::Value) -> String {
@@ -146,8 +146,8 @@ mod tests {
         assert!(err.contains("micro-batches per step"), "{err}");
         let steps = BTreeSet::from(["steps".to_string()]);
         assert_eq!(merge(dir, &st, &TrainConfig { steps: 20, ..cli.clone() }, &steps, 1, 1).unwrap().steps, 20);
-        let err = merge(dir, &st, &TrainConfig { steps: 5, ..cli.clone() }, &steps, 1, 1).unwrap_err().to_string();
-        assert!(err.contains("nothing to do"), "{err}");
+        let done = merge(dir, &st, &TrainConfig { steps: 5, ..cli.clone() }, &steps, 1, 1).unwrap();
+        assert!(is_finished(&st, &done) && !is_finished(&st, &TrainConfig { steps: st.step + 1, ..done }));
         let seed = BTreeSet::from(["seed".to_string()]);
         assert!(merge(dir, &st, &cli, &seed, 2, 1).unwrap_err().to_string().contains("--seed 2"));
     }
