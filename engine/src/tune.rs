@@ -89,26 +89,28 @@ pub fn step_products(model: &str, batch: usize, seq_len: usize, vocab_chunk_rows
     let bt = batch * seq_len;
     // (linear name, in, out), and whether weights are stored (out, in) as nn.Linear (Llama) or (in, out)
     // as GPT-2's Conv1D.
-    let (linears, c, vocab, linear_layout): (Vec<(&str, usize, usize)>, usize, usize, bool) = if model == "tiny" || model.starts_with("gpt2") {
-        let cfg = crate::bench_kernels::model_config(model)?;
-        let c = cfg.n_embd;
-        (vec![("qkv", c, 3 * c), ("attn_proj", c, c), ("fc", c, 4 * c), ("fc_proj", 4 * c, c)], c, cfg.vocab_size, false)
-    } else {
-        let cfg = LlamaConfig::preset(model)
-            .with_context(|| format!("--models {model:?}: not a model shape (gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-3.2-1b, llama-3-8b, tiny)"))?;
-        let (c, f) = (cfg.hidden_size, cfg.intermediate_size);
-        let (qw, kvw) = (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim);
-        let linears = vec![
-            ("q_proj", c, qw),
-            ("k_proj", c, kvw),
-            ("v_proj", c, kvw),
-            ("o_proj", qw, c),
-            ("gate_proj", c, f),
-            ("up_proj", c, f),
-            ("down_proj", f, c),
-        ];
-        (linears, c, cfg.vocab_size, true)
-    };
+    let (linears, c, vocab, linear_layout): (Vec<(&str, usize, usize)>, usize, usize, bool) =
+        if model == "tiny" || model.starts_with("gpt2") {
+            let cfg = crate::bench_kernels::model_config(model)?;
+            let c = cfg.n_embd;
+            (vec![("qkv", c, 3 * c), ("attn_proj", c, c), ("fc", c, 4 * c), ("fc_proj", 4 * c, c)], c, cfg.vocab_size, false)
+        } else {
+            let cfg = LlamaConfig::preset(model).with_context(|| {
+                format!("--models {model:?}: not a model shape (gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-3.2-1b, llama-3-8b, tiny)")
+            })?;
+            let (c, f) = (cfg.hidden_size, cfg.intermediate_size);
+            let (qw, kvw) = (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim);
+            let linears = vec![
+                ("q_proj", c, qw),
+                ("k_proj", c, kvw),
+                ("v_proj", c, kvw),
+                ("o_proj", qw, c),
+                ("gate_proj", c, f),
+                ("up_proj", c, f),
+                ("down_proj", f, c),
+            ];
+            (linears, c, cfg.vocab_size, true)
+        };
     let chunk = vocab.min(vocab_chunk_rows.max(1));
     let mut out = Vec::new();
     let mut push = |name: String, shape: MatmulShape, weight_is_b: bool| {
@@ -133,12 +135,14 @@ pub fn step_products(model: &str, batch: usize, seq_len: usize, vocab_chunk_rows
         };
         // dW = x^T dy (Conv1D) or dy^T x (nn.Linear): A read transposed either way.
         let (rows, cols) = if linear_layout { (n, k) } else { (k, n) };
-        let dw = MatmulShape { m: rows, n: cols, k: bt, a: Operand::transposed(rows), b: Operand::row_major(cols), c: Operand::row_major(cols) };
+        let dw =
+            MatmulShape { m: rows, n: cols, k: bt, a: Operand::transposed(rows), b: Operand::row_major(cols), c: Operand::row_major(cols) };
         push(format!("{model} {name} forward"), forward, true);
         push(format!("{model} {name} dinp"), dinp, true);
         push(format!("{model} {name} dW"), dw, false);
     }
-    let lm_forward = MatmulShape { m: bt, n: chunk, k: c, a: Operand::row_major(c), b: Operand::transposed(c), c: Operand::row_major(chunk) };
+    let lm_forward =
+        MatmulShape { m: bt, n: chunk, k: c, a: Operand::row_major(c), b: Operand::transposed(c), c: Operand::row_major(chunk) };
     push(format!("{model} lm_head forward"), lm_forward, true);
     push(format!("{model} lm_head dinp"), MatmulShape::row_major(bt, c, chunk), true);
     let lm_dw = MatmulShape { m: chunk, n: c, k: bt, a: Operand::transposed(chunk), b: Operand::row_major(c), c: Operand::row_major(c) };
@@ -189,8 +193,11 @@ fn operands(dev: &GpuDevice, p: &Product, seed: u64) -> Result<Operands> {
     Ok(Operands { a, b, c })
 }
 
+/// (variant, median seconds) of the variants timed, and the variants whose bits differed.
+type ClassTimes = (Vec<(MatmulTile, f64)>, Vec<MatmulTile>);
+
 /// Times `variants` on one class's product; the first must be the default (the reference bits).
-fn tune_class(dev: &GpuDevice, p: &Product, variants: &[MatmulTile], timer: Timer, seed: u64) -> Result<(Vec<(MatmulTile, f64)>, Vec<MatmulTile>)> {
+fn tune_class(dev: &GpuDevice, p: &Product, variants: &[MatmulTile], timer: Timer, seed: u64) -> Result<ClassTimes> {
     let ops = operands(dev, p, seed)?;
     let run = || dev.matmul(&ops.c, &ops.a, &ops.b, None, &p.shape, false);
     let mut reference: Option<Vec<u32>> = None;
@@ -287,7 +294,11 @@ pub fn save_table(dev: &GpuDevice, results: &[ClassResult]) -> Result<std::path:
     }
     let file = TableFile { key, created: utc_now(), default: MatmulTile::DEFAULT.name(), entries: entries.into_values().collect() };
     file.save(&path)?;
-    let mut table = MatmulTable { source: TableSource::Tuned { path: path.clone(), created: file.created.clone() }, default: MatmulTile::DEFAULT, entries: BTreeMap::new() };
+    let mut table = MatmulTable {
+        source: TableSource::Tuned { path: path.clone(), created: file.created.clone() },
+        default: MatmulTile::DEFAULT,
+        entries: BTreeMap::new(),
+    };
     for e in &file.entries {
         if let (Some(class), Ok(tile)) = (MatmulClass::parse(&e.class), MatmulTile::parse(&e.variant)) {
             table.entries.insert(class, tile);

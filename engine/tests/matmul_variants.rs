@@ -11,18 +11,20 @@ use std::process::Command;
 use common::kernel_check::tensor;
 use common::{assert_close, gpu_or_skip, random};
 use zerostream::device::matmul_tuning::{MatmulClass, MatmulTable, TableSource};
-use zerostream::device::{Backend, CpuDevice, GpuDevice, HalfFormat, MatmulShape, Operand};
+use zerostream::device::{Backend, CpuDevice, HalfFormat, MatmulShape, Operand};
 use zerostream_shaders::MatmulTile;
 
 /// Shapes at every kind of tile edge for 32..128-wide tiles and K steps of 8 and 16.
-const SHAPES: [(usize, usize, usize); 7] = [(1, 1, 1), (3, 17, 9), (63, 65, 17), (65, 130, 33), (129, 33, 130), (130, 200, 96), (7, 33, 1031)];
+const SHAPES: [(usize, usize, usize); 7] =
+    [(1, 1, 1), (3, 17, 9), (63, 65, 17), (65, 130, 33), (129, 33, 130), (130, 200, 96), (7, 33, 1031)];
 
 /// Every layout of A and B, with and without bias and accumulation, a strided C, and a 16-bit B.
 fn products<D: Backend>(dev: &D) -> Vec<(String, Vec<f32>)> {
     let mut out = Vec::new();
     for (i, &(m, n, k)) in SHAPES.iter().enumerate() {
         let seed = 1000 + 10 * i as u64;
-        let (a, b, bias, c0) = (random(seed, m * k, 1.0), random(seed + 1, k * n + 1, 1.0), random(seed + 2, n, 1.0), random(seed + 3, m * (n + 2), 1.0));
+        let (a, b, bias, c0) =
+            (random(seed, m * k, 1.0), random(seed + 1, k * n + 1, 1.0), random(seed + 2, n, 1.0), random(seed + 3, m * (n + 2), 1.0));
         let (ta, tb, tbias) = (tensor(dev, &a), tensor(dev, &b), tensor(dev, &bias));
         for (layout, a_op, b_op) in [
             ("nn", Operand::row_major(k), Operand::row_major(n)),
@@ -41,7 +43,9 @@ fn products<D: Backend>(dev: &D) -> Vec<(String, Vec<f32>)> {
         let bits: Vec<u16> = b.iter().map(|x| half::bf16::from_f32(*x).to_bits()).collect();
         let tb16 = dev.alloc_16bit(bits.len(), "b16", HalfFormat::Bf16).unwrap();
         dev.write_16bit(&tb16, &bits, HalfFormat::Bf16).unwrap();
-        for (layout, b_op) in [("nn", Operand { offset: 1, row_stride: n, col_stride: 1 }), ("nt", Operand { offset: 1, row_stride: 1, col_stride: k })] {
+        for (layout, b_op) in
+            [("nn", Operand { offset: 1, row_stride: n, col_stride: 1 }), ("nt", Operand { offset: 1, row_stride: 1, col_stride: k })]
+        {
             let c = dev.alloc(m * n, "c").unwrap();
             let shape = MatmulShape { m, n, k, a: Operand::row_major(k), b: b_op, c: Operand::row_major(n) };
             dev.matmul(&c, &ta, &tb16, None, &shape, false);
@@ -111,7 +115,8 @@ fn the_table_picks_the_variant_per_shape_class() {
     });
     assert_eq!(gpu.matmul_variant_for(&shape, false), small);
     assert_eq!(gpu.matmul_variant_for(&shape, true), MatmulTile::DEFAULT, "16-bit B is another class");
-    let dw = MatmulShape { m: 768, n: 2304, k: 4096, a: Operand::transposed(768), b: Operand::row_major(2304), c: Operand::row_major(2304) };
+    let dw =
+        MatmulShape { m: 768, n: 2304, k: 4096, a: Operand::transposed(768), b: Operand::row_major(2304), c: Operand::row_major(2304) };
     assert_eq!(gpu.matmul_variant_for(&dw, false), MatmulTile::DEFAULT, "another layout is another class");
     gpu.force_matmul_variant(Some(MatmulTile::CANDIDATES[1])).unwrap();
     assert_eq!(gpu.matmul_variant_for(&shape, false), MatmulTile::CANDIDATES[1], "a forced variant wins");

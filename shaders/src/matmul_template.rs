@@ -130,10 +130,10 @@ impl MatmulTile {
             return Err(format!("the per-invocation tile {}x{} must be 4 or 8 each way", t.thread_m, t.thread_n));
         }
         // Row groups of 4 are spaced tile / (thread / 4) apart and must start on whole vec4.
-        if t.tile_m % (4 * t.thread_m) != 0 || t.tile_n % (4 * t.thread_n) != 0 {
+        if !t.tile_m.is_multiple_of(4 * t.thread_m) || !t.tile_n.is_multiple_of(4 * t.thread_n) {
             return Err(format!("the tile {}x{} must be a multiple of 4x the per-invocation tile", t.tile_m, t.tile_n));
         }
-        if t.tile_k == 0 || t.tile_k % 4 != 0 {
+        if t.tile_k == 0 || !t.tile_k.is_multiple_of(4) {
             return Err(format!("the K step {} must be a positive multiple of 4", t.tile_k));
         }
         let size = t.workgroup_size();
@@ -142,7 +142,7 @@ impl MatmulTile {
             return Err(format!("{size} invocations per workgroup (32 to 256 allowed)"));
         }
         for (operand, quads) in [("A", t.tile_m / 4 * t.tile_k), ("B", t.tile_n / 4 * t.tile_k)] {
-            if quads < size || quads % size != 0 {
+            if quads < size || !quads.is_multiple_of(size) {
                 return Err(format!("{operand}'s tile has {quads} vec4 per K step, not a whole number per invocation ({size})"));
             }
         }
@@ -232,7 +232,9 @@ impl MatmulTile {
             }
         }
         let store_next = if t.double_buffer {
-            format!("        if (more) {{\n            // The other buffer was last read before the previous barrier: free to overwrite.\n{store_next}        }}")
+            format!(
+                "        if (more) {{\n            // The other buffer was last read before the previous barrier: free to overwrite.\n{store_next}        }}"
+            )
         } else {
             format!(
                 "        // One buffer: every invocation must be done reading it before it is overwritten.\n        workgroupBarrier();\n        if (more) {{\n{store_next}        }}"

@@ -135,12 +135,9 @@ impl MatmulTable {
     /// One line for `zerostream devices` and the run's description.
     pub fn describe(&self) -> String {
         match &self.source {
-            TableSource::Tuned { path, created } => format!(
-                "tuned table {} ({} shape classes, {created}; default {})",
-                path.display(),
-                self.entries.len(),
-                self.default
-            ),
+            TableSource::Tuned { path, created } => {
+                format!("tuned table {} ({} shape classes, {created}; default {})", path.display(), self.entries.len(), self.default)
+            }
             TableSource::Builtin { vendor } => {
                 format!("built-in default for {vendor}: {} (not tuned here: run `zerostream tune`)", self.default)
             }
@@ -246,8 +243,7 @@ pub fn tune_dir() -> Option<PathBuf> {
 /// and version included), so a driver update starts untuned rather than with stale winners.
 pub fn table_path(adapter: &AdapterSummary) -> Option<PathBuf> {
     let key = TableKey::of(adapter);
-    let stem: String =
-        key.adapter.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).take(48).collect();
+    let stem: String = key.adapter.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).take(48).collect();
     // FNV-1a over the key's fields: stable across runs and platforms (std's hasher is not).
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in [&key.adapter, &key.backend, &key.driver, &key.zerostream].iter().flat_map(|s| s.bytes().chain([0])) {
@@ -282,7 +278,8 @@ mod tests {
         let c = MatmulClass::of(&forward, false);
         assert_eq!(c.key(), "nn/f32/m24/n22/k19");
         assert_eq!(MatmulClass::parse(&c.key()), Some(c));
-        let dw = MatmulShape { m: 768, n: 2304, k: 4096, a: Operand::transposed(768), b: Operand::row_major(2304), c: Operand::row_major(2304) };
+        let dw =
+            MatmulShape { m: 768, n: 2304, k: 4096, a: Operand::transposed(768), b: Operand::row_major(2304), c: Operand::row_major(2304) };
         assert_eq!(MatmulClass::of(&dw, true).key(), "tn/b16/m19/n22/k24");
         assert_eq!(MatmulClass::parse("xn/f32/m1/n1/k1"), None);
         assert_eq!(MatmulClass::parse("nn/f32/m1/n1"), None);
