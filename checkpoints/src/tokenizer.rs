@@ -87,7 +87,7 @@ impl HfTokenizer {
         }
         let (vocab, merges) = (dir.join("vocab.json"), dir.join("merges.txt"));
         if vocab.is_file() && merges.is_file() {
-            let inner = crate::tokenizer_files::byte_level_bpe_from_files(&vocab, &merges)?;
+            let inner = byte_level_bpe_from_files(&vocab, &merges)?;
             return Ok(Some(HfTokenizer { path: vocab, inner }));
         }
         Ok(None)
@@ -232,6 +232,21 @@ impl TextTokenizer {
             TextTokenizer::Hf(t) => t.path.display().to_string(),
         }
     }
+}
+
+/// A tokenizer for a model directory holding `vocab.json` and `merges.txt` (a byte-level BPE such as
+/// GPT-2's), built the way transformers' GPT2TokenizerFast builds it.
+pub fn byte_level_bpe_from_files(vocab: &Path, merges: &Path) -> Result<tokenizers::Tokenizer> {
+    use tokenizers::models::bpe::BPE;
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    let (v, m) = (vocab.to_str().context("vocab.json: a UTF-8 path")?, merges.to_str().context("merges.txt: a UTF-8 path")?);
+    let model = BPE::from_file(v, m)
+        .build()
+        .map_err(|e| anyhow::anyhow!("{} and {}: not a byte-level BPE vocabulary and merges ({e})", vocab.display(), merges.display()))?;
+    let mut tok = tokenizers::Tokenizer::new(model);
+    tok.with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)));
+    tok.with_decoder(Some(ByteLevel::default()));
+    Ok(tok)
 }
 
 #[cfg(test)]

@@ -207,21 +207,6 @@ pub fn gpt2_vocab_and_merges() -> Result<(String, String)> {
     Ok((serde_json::to_string(&vocab)?, merges))
 }
 
-/// A tokenizer for a model directory holding `vocab.json` and `merges.txt` (a byte-level BPE such as
-/// GPT-2's), built the way transformers' GPT2TokenizerFast builds it.
-pub fn byte_level_bpe_from_files(vocab: &Path, merges: &Path) -> Result<tokenizers::Tokenizer> {
-    use tokenizers::models::bpe::BPE;
-    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-    let (v, m) = (vocab.to_str().context("vocab.json: a UTF-8 path")?, merges.to_str().context("merges.txt: a UTF-8 path")?);
-    let model = BPE::from_file(v, m)
-        .build()
-        .map_err(|e| anyhow::anyhow!("{} and {}: not a byte-level BPE vocabulary and merges ({e})", vocab.display(), merges.display()))?;
-    let mut tok = tokenizers::Tokenizer::new(model);
-    tok.with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)));
-    tok.with_decoder(Some(ByteLevel::default()));
-    Ok(tok)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,7 +223,7 @@ mod tests {
         let merges = std::fs::read_to_string(dir.path().join("merges.txt")).unwrap();
         assert_eq!(merges.lines().count(), 1 + 50000, "GPT-2 has 50000 merges");
         assert!(merges.lines().nth(1) == Some("Ġ t"), "GPT-2's first merge is \"Ġ t\": {:?}", merges.lines().nth(1));
-        let tok = byte_level_bpe_from_files(&dir.path().join("vocab.json"), &dir.path().join("merges.txt")).unwrap();
+        let tok = crate::tokenizer::byte_level_bpe_from_files(&dir.path().join("vocab.json"), &dir.path().join("merges.txt")).unwrap();
         assert_eq!(tok.get_vocab_size(true), 50257);
         for text in [
             "Who's there? Nay, answer me: stand, and unfold yourself.",

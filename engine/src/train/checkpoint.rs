@@ -27,6 +27,7 @@ use zerostream_checkpoints::hf::to_f32;
 use zerostream_checkpoints::safetensors_stream::{StreamWriter, TensorEntry};
 
 use super::config::Flags;
+use super::schedule::ScalerState;
 use super::{Precision, Trainer};
 use crate::device::Backend;
 use crate::model::Model;
@@ -80,14 +81,6 @@ const CONFIG_FILE: &str = "config.json";
 
 fn optimizer_file(rank: usize) -> String {
     format!("optimizer.rank{rank}.safetensors")
-}
-
-/// The loss scaler's state (fp16's dynamic scale; 1 and never changing otherwise).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct ScalerState {
-    pub scale: f32,
-    pub clean_steps: u32,
-    pub growth_interval: u32,
 }
 
 /// `trainer_state.json`.

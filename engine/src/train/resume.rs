@@ -100,7 +100,7 @@ fn show(v: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::train::checkpoint::ScalerState;
+    use crate::train::schedule::ScalerState;
 
     fn state(tc: &TrainConfig, world: usize) -> TrainerState {
         TrainerState {

@@ -36,6 +36,14 @@ impl LrPlan {
     }
 }
 
+/// The loss scaler's state (fp16's dynamic scale; 1 and never changing otherwise).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct ScalerState {
+    pub scale: f32,
+    pub clean_steps: u32,
+    pub growth_interval: u32,
+}
+
 /// Dynamic loss scaling for fp16: multiply the loss by `scale` so small gradients survive in 16 bits;
 /// on overflow skip the step and halve the scale; after `growth_interval` clean steps, double it.
 #[derive(Clone, Debug)]
@@ -58,11 +66,11 @@ impl LossScaler {
         LossScaler { scale: 1.0, clean_steps: 0, growth_interval: u32::MAX }
     }
     /// The scaler's state, for a checkpoint.
-    pub fn state(&self) -> super::checkpoint::ScalerState {
-        super::checkpoint::ScalerState { scale: self.scale, clean_steps: self.clean_steps, growth_interval: self.growth_interval }
+    pub fn state(&self) -> ScalerState {
+        ScalerState { scale: self.scale, clean_steps: self.clean_steps, growth_interval: self.growth_interval }
     }
     /// The scaler a checkpoint recorded.
-    pub fn restore(s: &super::checkpoint::ScalerState) -> Self {
+    pub fn restore(s: &ScalerState) -> Self {
         LossScaler { scale: s.scale, clean_steps: s.clean_steps, growth_interval: s.growth_interval }
     }
     /// Records whether the step overflowed; returns whether to apply it.
