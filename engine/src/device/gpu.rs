@@ -895,4 +895,8 @@ mod attention;
 
 #[path = "gpu_gpt2.rs"]
 mod gpt2;
+
+// wgpu's errors caught per call instead of fatal (`zerostream selftest`).
+#[path = "gpu_errors.rs"]
+mod errors;
 pub use memory::GpuPendingRead;
