@@ -4,4 +4,5 @@ pub mod bench;
 pub mod config_file;
 pub mod generate;
 pub mod prepare;
+pub mod selftest;
 pub mod train;
