@@ -119,7 +119,7 @@ impl CheckResult {
     /// The verdict in words, one line: "PASS  matmul  40 cases, worst |err| 2.1e-6 (tolerance ...)".
     pub fn line(&self) -> String {
         let verdict = if self.passed() { "PASS" } else { "FAIL" };
-        let mut text = format!("{verdict}  {:<28}", self.kernel);
+        let mut text = format!("{verdict}  {:<40}", self.kernel);
         if self.failed_cases > 0 {
             text += &format!(" {} of {} cases", self.failed_cases, self.cases);
             if let Some(w) = &self.worst {
@@ -132,7 +132,10 @@ impl CheckResult {
             text += &match self.tolerance {
                 Tolerance::Bits => "every bit equal".to_string(),
                 t if self.max_abs_err == 0.0 => format!("all exact (tolerance {t})"),
-                t => format!("worst |err| {:.1e} (tolerance {t})", self.max_abs_err),
+                t => {
+                    let used = self.worst.as_ref().map_or(0.0, |w| w.err / w.allowed);
+                    format!("worst |err| {:.1e}, at most {:.0}% of the tolerance {t}", self.max_abs_err, (used * 100.0).ceil())
+                }
             };
         }
         if let Some(e) = &self.error {

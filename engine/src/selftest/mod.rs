@@ -7,7 +7,8 @@
 //! sums them up in a [`CheckResult`] per kernel. A check that panics, or during which wgpu reports an
 //! error (a kernel the adapter cannot compile, an invalid dispatch), fails with the words of it while the
 //! others still run ([`guarded`]). Backward ops take the twin's forward results as inputs, so each
-//! kernel is judged on its own.
+//! kernel is judged on its own. On a GPU the ops run a second time with 64 KiB bindings, so the paths
+//! that split large tensors into windows run too, at this adapter's alignment.
 //!
 //! The seam for kernel variants: [`check_matmul`] takes the device (with whatever matmul variant it has
 //! been set to) and a label, and returns that variant's results; run it once per variant in [`guarded`].
@@ -163,13 +164,18 @@ fn entry<'a, D>(name: &'static str, f: impl Fn(&D) -> Result<Vec<CheckResult>> +
     (name, Box::new(f))
 }
 
-/// The checks of every [`Backend`] op, for any device.
-fn backend_entries<'a, D: Backend>(size: Size) -> Vec<Entry<'a, D>> {
-    vec![
+/// The checks of every [`Backend`] op, for any device (`with_attention: false` leaves out the training
+/// attention, which never splits its work below a sequence: what small bindings are for).
+fn backend_entries<'a, D: Backend>(size: Size, with_attention: bool) -> Vec<Entry<'a, D>> {
+    let mut entries = vec![
         entry("matmul", move |d| check_matmul(d, "matmul", size)),
         entry("bias_backward", move |d| matmul::check_bias_backward(d, size)),
-        entry("attention_forward", move |d| attention::check_forward(d, size)),
-        entry("attention_backward", move |d| attention::check_backward(d, size)),
+    ];
+    if with_attention {
+        entries.push(entry("attention_forward", move |d| attention::check_forward(d, size)));
+        entries.push(entry("attention_backward", move |d| attention::check_backward(d, size)));
+    }
+    entries.extend([
         entry("attention_decode", move |d| attention::check_decode(d, size)),
         entry("layernorm", move |d| rows::check_layernorm(d, size)),
         entry("rmsnorm", move |d| rows::check_rmsnorm(d, size)),
@@ -182,20 +188,50 @@ fn backend_entries<'a, D: Backend>(size: Size) -> Vec<Entry<'a, D>> {
         entry("dropout", move |d| pointwise::check_dropout(d, size)),
         entry("elementwise", move |d| pointwise::check_elementwise(d, size)),
         entry("cast_half_to_f32", move |d| pointwise::check_widening(d, size)),
-    ]
+    ]);
+    entries
 }
 
-/// Runs `entries` on `dev` in order, each [`guarded`], telling `progress` as it goes.
-fn run_entries<D: Target>(dev: &D, entries: Vec<Entry<'_, D>>, progress: &mut dyn FnMut(Event)) -> Vec<CheckResult> {
+/// Runs `entries` on `dev` in order, each [`guarded`], its results' names followed by `suffix`,
+/// telling `progress` as it goes.
+fn run_entries<D: Target>(dev: &D, entries: Vec<Entry<'_, D>>, suffix: &str, progress: &mut dyn FnMut(Event)) -> Vec<CheckResult> {
     let mut results = Vec::new();
     for (name, check) in entries {
-        progress(Event::Started(name));
-        for r in guarded(dev, name, |d| check(d)) {
+        let name = format!("{name}{suffix}");
+        progress(Event::Started(&name));
+        for mut r in guarded(dev, &name, |d| check(d)) {
+            if !r.kernel.ends_with(suffix) {
+                r.kernel += suffix;
+            }
             progress(Event::Finished(&r));
             results.push(r);
         }
     }
     results
+}
+
+/// The ops again on a second device of the same adapter whose bindings hold at most 64 KiB, so every
+/// op splits its work into windows, at the offsets this adapter's alignment gives them (vector loads
+/// on or off): the paths large models take, at sizes a self-test can afford. Always the quick shapes:
+/// a transposed B with K = 4097 splits into thousands of dispatches under 64 KiB.
+fn run_small_bindings(g: &GpuDevice, progress: &mut dyn FnMut(Event)) -> Vec<CheckResult> {
+    let size = Size::Quick;
+    const SUFFIX: &str = " (64 KiB bindings)";
+    match GpuDevice::open(Some(&g.summary().index.to_string()), None) {
+        Ok(mut small) => {
+            small.limit_binding_bytes_for_tests(64 << 10);
+            let mut entries = backend_entries(size, false);
+            if small.has_coop_matmul() {
+                entries.push(entry("matmul_coop", move |d| check_matmul_f16_inputs(d, "matmul_coop", size)));
+            }
+            run_entries(&small, entries, SUFFIX, progress)
+        }
+        Err(e) => {
+            let r = CheckResult::failed(&format!("second device{SUFFIX}"), format!("could not open the adapter again: {e:#}"));
+            progress(Event::Finished(&r));
+            vec![r]
+        }
+    }
 }
 
 /// Runs every check on `dev` (those [`not_checked`] leaves out aside). `progress` hears of each check
@@ -204,18 +240,20 @@ pub fn run(dev: &AnyDevice, size: Size, progress: &mut dyn FnMut(Event)) -> Repo
     let start = Instant::now();
     let results = match dev {
         AnyDevice::Cpu(cpu) => {
-            let mut entries = backend_entries(size);
+            let mut entries = backend_entries(size, true);
             entries.push(entry("matmul_f16_inputs", move |d| check_matmul_f16_inputs(d, "matmul_f16_inputs", size)));
-            run_entries(cpu, entries, progress)
+            run_entries(cpu, entries, "", progress)
         }
         AnyDevice::Gpu(g) => {
             let mut entries: Vec<Entry<GpuDevice>> = vec![entry("compile", gpu_only::check_compile)];
-            entries.extend(backend_entries(size));
+            entries.extend(backend_entries(size, true));
             entries.push(entry("cast_f32_to_f16", move |d| gpu_only::check_cast_to_f16(d, size)));
             if g.has_coop_matmul() {
                 entries.push(entry("matmul_coop", move |d| check_matmul_f16_inputs(d, "matmul_coop", size)));
             }
-            run_entries(g, entries, progress)
+            let mut results = run_entries(g, entries, "", progress);
+            results.extend(run_small_bindings(g, progress));
+            results
         }
     };
     let (device, lacks, not_checked) = (dev.describe(), lacks(dev), not_checked(dev));

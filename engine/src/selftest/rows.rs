@@ -193,8 +193,10 @@ fn chunks(rows: usize, vocab: usize, chunk_cols: usize) -> Vec<VocabChunk> {
 /// (V, chunk columns): one column, chunks that do not divide V, GPT-2's vocabulary in chunks of 8192
 /// and 20000; targets in the first and last columns.
 pub fn check_crossentropy_chunks<D: Backend>(dev: &D, size: Size) -> Result<Vec<CheckResult>> {
-    // Maxima and target logits are exact; sums of exp in other orders; the gradients inherit them.
-    let tolerance = Tolerance::close(1e-7, 2e-5);
+    // Maxima and target logits are exact; the sums of exp are in other orders, and the twin's is one
+    // f32 chain over up to 20000 columns (about 3e-5 from a tree's sum, where tests/kernels.rs's
+    // 2e-5 holds the GPU to the cpu device's lane sums); the gradients take the twin's lse.
+    let (tolerance, stats_tolerance) = (Tolerance::close(1e-7, 2e-5), Tolerance::close(1e-7, 1e-4));
     let all = [(1, 1), (17, 5), (1001, 300), (50257, 8192), (50257, 20000)];
     let cases: Vec<(usize, usize, usize)> =
         [1, 3, 37].iter().flat_map(|&rows| all[..size.pick(5, 3)].iter().map(move |&(v, cols)| (rows, v, cols))).collect();
@@ -207,7 +209,7 @@ pub fn check_crossentropy_chunks<D: Backend>(dev: &D, size: Size) -> Result<Vec<
         }
         (format!("rows {rows} V {vocab} chunk {chunk_cols}"), random(seed, rows * vocab, 8.0), ids, chunks(rows, vocab, chunk_cols))
     };
-    let mut stats_check = Check::new("crossentropy_chunk_stats", tolerance);
+    let mut stats_check = Check::new("crossentropy_chunk_stats", stats_tolerance);
     for case in &cases {
         let (tag, logits, ids, chunks) = inputs(case);
         chunk_stats(dev, &mut stats_check, &tag, &logits, &ids, &chunks)?;
