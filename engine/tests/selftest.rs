@@ -127,6 +127,7 @@ fn a_wrong_result_an_error_and_a_panic_each_fail_their_check_by_name() {
     let [r] = &selftest::guarded(&dev, "matmul", |d| perturbed_matmul(d, 1e-2))[..] else { panic!("one result") };
     assert!(!r.passed() && (r.cases, r.failed_cases) == (2, 1), "{}", r.line());
     let line = r.line();
+    println!("{line}");
     assert!(line.starts_with("FAIL  matmul (perturbed)") && line.contains("1 of 2 cases"), "{line}");
     assert!(line.contains("case \"3x5x7 with element 11 moved\" [11]"), "{line}");
     // Within the tolerance it passes.

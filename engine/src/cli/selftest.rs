@@ -23,7 +23,7 @@ pub struct SelftestArgs {
     /// failed, not_checked, lacks, seconds), instead of text; the text lines go to stderr as progress.
     #[arg(long)]
     json: bool,
-    /// Leave out the largest shapes of each check (about half the time, for slow software adapters).
+    /// Leave out the largest shapes of each check (for slow adapters; the command's default is every shape).
     #[arg(long)]
     quick: bool,
     /// Seconds one check may take before the adapter is taken to be hung: the run then stops with that

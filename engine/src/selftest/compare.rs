@@ -147,13 +147,13 @@ impl CheckResult {
     /// One JSON object (`"kind": "check"`), for `zerostream selftest --json`.
     pub fn to_json(&self) -> serde_json::Value {
         let tolerance = match self.tolerance {
-            Tolerance::Close { atol, rtol } => serde_json::json!({ "atol": atol, "rtol": rtol }),
+            Tolerance::Close { atol, rtol } => serde_json::json!({ "atol": finite_or_text(atol), "rtol": finite_or_text(rtol) }),
             Tolerance::Bits => serde_json::json!("bits"),
         };
         let worst = self.worst.as_ref().map(|w| {
             let index = (w.index != usize::MAX).then_some(w.index);
             serde_json::json!({ "case": w.case, "index": index, "got": finite_or_text(w.got), "want": finite_or_text(w.want),
-                "err": finite_or_text(w.err), "allowed": w.allowed })
+                "err": finite_or_text(w.err), "allowed": finite_or_text(w.allowed) })
         });
         serde_json::json!({
             "kind": "check", "kernel": self.kernel, "passed": self.passed(), "cases": self.cases,
@@ -163,9 +163,13 @@ impl CheckResult {
     }
 }
 
-/// JSON has no infinities or NaN: those go as text.
+/// An f32 as JSON: its shortest decimal (1e-4, not 0.00009999999747378752), and infinities or NaN,
+/// which JSON has no number for, as text.
 fn finite_or_text(x: f32) -> serde_json::Value {
-    if x.is_finite() { serde_json::json!(x) } else { serde_json::json!(x.to_string()) }
+    match x.to_string().parse::<f64>() {
+        Ok(v) if x.is_finite() => serde_json::json!(v),
+        _ => serde_json::json!(x.to_string()),
+    }
 }
 
 /// Builds a [`CheckResult`] case by case.
@@ -284,6 +288,18 @@ mod tests {
         nan.compare("nan", &[f32::NAN], &[0.0]);
         let r = nan.finish();
         assert!(!r.passed() && r.max_abs_err.is_infinite(), "{}", r.line());
+    }
+
+    #[test]
+    fn the_json_names_the_worst_case_with_short_numbers() {
+        let mut check = Check::new("op", Tolerance::close(1e-4, 1e-5));
+        check.compare("fine", &[1.0, 2.0], &[1.0, 2.0]);
+        check.compare("off", &[1.0, f32::INFINITY], &[1.0, 2.0]);
+        let json = check.finish().to_json();
+        assert_eq!((json["kind"].as_str(), json["passed"].as_bool(), json["failed_cases"].as_u64()), (Some("check"), Some(false), Some(1)));
+        assert_eq!(json["tolerance"]["atol"].as_f64(), Some(1e-4));
+        assert_eq!((json["worst"]["case"].as_str(), json["worst"]["index"].as_u64()), (Some("off"), Some(1)));
+        assert_eq!((json["worst"]["got"].as_str(), json["max_abs_err"].as_str()), (Some("inf"), Some("inf")));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! random inputs at awkward sizes and compared with its plain-Rust twin ([`crate::ops`]) computed on the
 //! host — so on a GPU it checks the WGSL kernels on that adapter, and on the cpu device its fast kernels.
 //!
-//! Each check ([`compare::Check`]) compares named outputs within `atol + rtol * |ref|` (the tolerances of
+//! Each check ([`Check`]) compares named outputs within `atol + rtol * |ref|` (the tolerances of
 //! `tests/kernels.rs`) or bit for bit where equality is the contract (the casts, the dropout masks), and
 //! sums them up in a [`CheckResult`] per kernel. A check that panics, or during which wgpu reports an
 //! error (a kernel the adapter cannot compile, an invalid dispatch), fails with the words of it while the
@@ -10,8 +10,9 @@
 //! kernel is judged on its own. On a GPU the ops run a second time with 64 KiB bindings, so the paths
 //! that split large tensors into windows run too, at this adapter's alignment.
 //!
-//! The seam for kernel variants: [`check_matmul`] takes the device (with whatever matmul variant it has
-//! been set to) and a label, and returns that variant's results; run it once per variant in [`guarded`].
+//! The seam for kernel variants: [`check_matmul`] takes the device (running whichever matmul variant it
+//! has been set to) and a label, and returns that variant's results; a variant loop runs, per variant,
+//! `guarded(dev, &label, |d| check_matmul(d, &label, Size::Full))`.
 
 mod attention;
 mod compare;
@@ -30,7 +31,8 @@ pub use matmul::{check_matmul, check_matmul_f16_inputs};
 
 use crate::device::{AdapterSummary, AnyDevice, Backend, CpuDevice, GpuDevice, HalfFormat, gpu};
 
-/// How much to check: `Full` for the command, `Quick` (the largest shapes left out) for debug-build tests.
+/// How much to check: `Full`, the command's default; `Quick`, the largest shapes left out (`--quick`,
+/// and the second pass with 64 KiB bindings).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Size {
     Full,
