@@ -28,6 +28,7 @@ pub mod model;
 pub mod ops;
 #[cfg(feature = "plot")]
 pub mod plot;
+pub mod selftest;
 pub mod train;
 pub mod tune;
 

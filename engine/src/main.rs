@@ -93,6 +93,11 @@ enum Command {
     /// Measure one link of the offload path against its ceiling.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Check every kernel on this device against its plain-Rust twin: seeded random inputs at awkward
+    /// sizes, a line per kernel (PASS or FAIL, the worst error and its tolerance), what the adapter
+    /// lacks, then `selftest: N passed, M failed`. Exit code 0 when nothing failed, 1 when something did.
+    /// On `--device cpu` it checks the cpu device's fast kernels against the same twins.
+    Selftest(cli::selftest::SelftestArgs),
 }
 
 /// `--gpu-mem-budget 2GiB`, `--block-size 1MiB`: bytes with an optional binary unit.
@@ -229,5 +234,6 @@ fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
         }
         Command::Prepare(args) => cli::prepare::prepare(args).map(|()| 0),
         Command::Generate(args) => cli::generate::run(*args).map(|()| 0),
+        Command::Selftest(args) => cli::selftest::run(args),
     }
 }

@@ -20,6 +20,23 @@ pub struct Kernel {
     pub source: &'static str,
 }
 
+impl Kernel {
+    /// The names of its entry points (each `@compute` function), in source order: what a pipeline of
+    /// this kernel can be created for (`zerostream selftest` compiles every one).
+    pub fn entry_points(&self) -> Vec<&'static str> {
+        let source = self.source;
+        let mut names = Vec::new();
+        for (at, _) in source.match_indices("@compute") {
+            let rest = &source[at..];
+            let Some(fn_at) = rest.find("fn ") else { continue };
+            let name = rest[fn_at + 3..].trim_start();
+            let end = name.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(name.len());
+            names.push(&name[..end]);
+        }
+        names
+    }
+}
+
 macro_rules! kernels {
     ($($ident:ident => $file:literal $(with $($common:literal),+)?),* $(,)?) => {
         $(pub const $ident: Kernel = Kernel {
@@ -80,6 +97,8 @@ mod tests {
                 .validate(&module)
                 .unwrap_or_else(|e| panic!("{}.wgsl: {}", kernel.name, e.emit_to_string(kernel.source)));
             assert!(!module.entry_points.is_empty(), "{}.wgsl has no entry point", kernel.name);
+            let names: Vec<&str> = module.entry_points.iter().map(|e| e.name.as_str()).collect();
+            assert_eq!(kernel.entry_points(), names, "{}.wgsl: Kernel::entry_points", kernel.name);
         }
     }
 

@@ -4,5 +4,6 @@ pub mod bench;
 pub mod config_file;
 pub mod generate;
 pub mod prepare;
+pub mod selftest;
 pub mod train;
 pub mod tune;

@@ -348,16 +348,20 @@ impl GpuDevice {
                 let desc =
                     wgpu::ShaderModuleDescriptor { label: Some(kernel.name), source: wgpu::ShaderSource::Wgsl(kernel.source.into()) };
                 // Debug builds keep wgpu's run-time checks (bounds clamping, loop bounding, guarded
-                // division), so a kernel that strays is caught by the tests; release builds drop them.
-                #[cfg(debug_assertions)]
-                let module = self.device.create_shader_module(desc);
-                // SAFETY: every kernel indexes its bindings only inside the windows the dispatch binds
-                // (the tests compare each kernel with its twin at tile edges and under 64 KiB windows),
-                // its loops are bounded by its Params, and it divides only by non-zero constants or sizes
-                // (dispatch skips empty work).
-                #[cfg(not(debug_assertions))]
-                let module = unsafe { self.device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) };
-                module
+                // division), so a kernel that strays is caught by the tests; release builds drop them,
+                // except on a software adapter: lavapipe's LLVM takes minutes to compile the unchecked
+                // attention kernels (forward 36 s, backward 242 s on 2 cores, against 1-2 s checked),
+                // and a software adapter's speed is not what it is for.
+                let checked = cfg!(debug_assertions) || self.summary.device_type == wgpu::DeviceType::Cpu;
+                if checked {
+                    self.device.create_shader_module(desc)
+                } else {
+                    // SAFETY: every kernel indexes its bindings only inside the windows the dispatch
+                    // binds (the tests compare each kernel with its twin at tile edges and under 64 KiB
+                    // windows), its loops are bounded by its Params, and it divides only by non-zero
+                    // constants or sizes (dispatch skips empty work).
+                    unsafe { self.device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+                }
             })
             .clone();
         let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -924,4 +928,8 @@ mod attention;
 
 #[path = "gpu_gpt2.rs"]
 mod gpt2;
+
+// wgpu's errors caught per call instead of fatal (`zerostream selftest`).
+#[path = "gpu_errors.rs"]
+mod errors;
 pub use memory::GpuPendingRead;

@@ -4,9 +4,10 @@
 pub mod kernel_check;
 pub mod trajectory;
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use zerostream::device::GpuDevice;
+/// Seeded inputs, the same the self-test draws (`zerostream::selftest`).
+#[allow(unused_imports)]
+pub use zerostream::selftest::{random, random_tokens};
 
 /// The GPU device, or `None` after printing that the test skipped. With ZEROSTREAM_REQUIRE_GPU=1 (CI
 /// sets it) a missing adapter fails the test instead.
@@ -21,17 +22,6 @@ pub fn gpu_or_skip(test: &str) -> Option<GpuDevice> {
             None
         }
     }
-}
-
-/// Seeded uniform values in [-scale, scale).
-pub fn random(seed: u64, n: usize, scale: f32) -> Vec<f32> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
-}
-
-pub fn random_tokens(seed: u64, n: usize, vocab: usize) -> Vec<u32> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    (0..n).map(|_| rng.random_range(0..vocab as u32)).collect()
 }
 
 /// Asserts |got - want| <= atol + rtol * |want| elementwise, naming the first offender.
