@@ -159,7 +159,7 @@ fn wgpu_errors_fail_their_check_and_the_device_works_on() {
         println!("matmul_coop on {}: {e}", gpu.summary().name);
         assert!(!e.is_empty() && !e.contains('\n'));
     }
-    assert_eq!(gpu.compile(zerostream_shaders::MATMUL), Ok(1));
+    assert_eq!(gpu.compile(zerostream_shaders::MatmulTile::DEFAULT.kernel()), Ok(1));
     let after = selftest::guarded(&gpu, "matmul", |d| selftest::check_matmul(d, "matmul after the errors", Size::Quick));
     assert!(after.iter().all(CheckResult::passed), "{:?}", after.iter().map(CheckResult::line).collect::<Vec<_>>());
 }

@@ -1,18 +1,21 @@
 //! The checks only the gpu device has: every kernel compiled on the adapter (first, so a kernel the
-//! driver refuses is named with its error), and the f32 -> f16 rounding kernel bit for bit.
+//! driver refuses is named with its error), every variant of the fp32 matmul against the twin, and the
+//! f32 -> f16 rounding kernel bit for bit.
 
 use anyhow::Result;
 
-use super::{Check, CheckResult, Size, Tolerance, random, upload};
+use super::{Check, CheckResult, Size, Tolerance, check_matmul, random, upload};
 use crate::device::{GpuDevice, HalfFormat};
-use zerostream_shaders as shaders;
+use zerostream_shaders::{self as shaders, MatmulTile};
 
 /// Creates the pipeline of every entry point of every kernel the adapter can run (the cooperative-
 /// matrix matmul only where it has what it needs): a case per kernel, the refusals in words.
 pub fn check_compile(dev: &GpuDevice) -> Result<Vec<CheckResult>> {
     let check = Check::new("compile", Tolerance::Bits);
     let (mut kernels, mut entry_points, mut refused) = (0, 0, Vec::new());
-    for kernel in shaders::ALL.iter().filter(|k| k.name != shaders::MATMUL_COOP.name || dev.has_coop_matmul()) {
+    let variants: Vec<shaders::Kernel> = dev.matmul_variants().iter().map(MatmulTile::kernel).collect();
+    let listed = shaders::ALL.iter().filter(|k| k.name != shaders::MATMUL_COOP.name || dev.has_coop_matmul());
+    for kernel in listed.chain(&variants) {
         kernels += 1;
         match dev.compile(*kernel) {
             Ok(n) => entry_points += n,
@@ -27,6 +30,23 @@ pub fn check_compile(dev: &GpuDevice) -> Result<Vec<CheckResult>> {
         result.error = Some(format!("the adapter refused {}: {}", refused.len(), refused.join("; ")));
     }
     Ok(vec![result])
+}
+
+/// Puts the device's matmul back on its tuning table when dropped (also when a check panics).
+struct Unforced<'a>(&'a GpuDevice);
+
+impl Drop for Unforced<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.force_matmul_variant(None);
+    }
+}
+
+/// One variant of the fp32 matmul (`MatmulTile`), forced for every product, in every layout and with a
+/// 16-bit B, against the twin.
+pub fn check_matmul_variant(dev: &GpuDevice, variant: MatmulTile, size: Size) -> Result<Vec<CheckResult>> {
+    dev.force_matmul_variant(Some(variant))?;
+    let _unforced = Unforced(dev);
+    check_matmul(dev, &format!("matmul {variant}"), size)
 }
 
 /// `cast_f32_to_f16.wgsl` (`common/f16_bits.wgsl`, which `matmul_coop.wgsl` rounds its inputs with)

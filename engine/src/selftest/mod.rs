@@ -160,10 +160,10 @@ pub enum Event<'a> {
 }
 
 /// One named check of the list.
-type Entry<'a, D> = (&'static str, Box<dyn Fn(&D) -> Result<Vec<CheckResult>> + 'a>);
+type Entry<'a, D> = (String, Box<dyn Fn(&D) -> Result<Vec<CheckResult>> + 'a>);
 
-fn entry<'a, D>(name: &'static str, f: impl Fn(&D) -> Result<Vec<CheckResult>> + 'a) -> Entry<'a, D> {
-    (name, Box::new(f))
+fn entry<'a, D>(name: impl Into<String>, f: impl Fn(&D) -> Result<Vec<CheckResult>> + 'a) -> Entry<'a, D> {
+    (name.into(), Box::new(f))
 }
 
 /// The checks of every [`Backend`] op, for any device (`with_attention: false` leaves out the training
@@ -250,6 +250,11 @@ pub fn run(dev: &AnyDevice, size: Size, progress: &mut dyn FnMut(Event)) -> Repo
             let mut entries: Vec<Entry<GpuDevice>> = vec![entry("compile", gpu_only::check_compile)];
             entries.extend(backend_entries(size, true));
             entries.push(entry("cast_f32_to_f16", move |d| gpu_only::check_cast_to_f16(d, size)));
+            // Every fp32 matmul variant a tuning table may choose (quick shapes: the table's own choices
+            // ran at full size above).
+            for variant in g.matmul_variants() {
+                entries.push(entry(format!("matmul {variant}"), move |d| gpu_only::check_matmul_variant(d, variant, Size::Quick)));
+            }
             if g.has_coop_matmul() {
                 entries.push(entry("matmul_coop", move |d| check_matmul_f16_inputs(d, "matmul_coop", size)));
             }
