@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
-# benches/gpu.sh: what a lent GPU machine should measure, in one command, written into ONE markdown file:
+# benches/gpu.sh: what a lent GPU machine should measure, in one command, written into ONE markdown file
+# and a JSON file of issue #22's goals beside it (results.json: each goal a named ratio, see
+# benches/gpu_goals.py): first `zerostream selftest --device gpu` (every kernel and matmul variant
+# against its plain-Rust twin on this adapter) and `zerostream tune` (the matmul variants timed per shape
+# class; the table it writes is what every later part runs with), then
 # the adapter (zerostream devices, nvidia-smi), `zerostream bench kernels` (GPT-2 124M and 1.5B shapes, and
 # which matmul path the adapter took: tile configuration, subgroup or cooperative-matrix use),
 # `bench h2d` / `bench d2h`, a GPT-2 124M and a GPT-2 1.5B (gpt2-xl) training run on the GPU, and PyTorch
@@ -16,7 +20,11 @@
 #   B, T     micro-batch for kernels, training and PyTorch (default 4 and 1024)
 #   STEPS    training steps per run (default 3; the first includes pipeline creation and is left out of the means)
 #   XL_B, XL_T, XL_STEPS   the same for the 1.5B run (default B, T, STEPS)
-#   SKIP     parts to leave out, space-separated: kernels transfer torch train-gpt2 train-gpt2-xl train-gpt2-f16
+#   SKIP     parts to leave out, space-separated: selftest tune kernels transfer torch train-gpt2 train-gpt2-xl
+#            train-gpt2-f16 oversized
+#   TUNE_FLAGS    flags for `tune` (default: its GPT-2 124M/1.5B and Llama-3.2-1B shape sets; --quick on lavapipe)
+#   OVERSIZED_MODEL, OVERSIZED_BUDGET   the streamed-vs-resident pair (default llama-3.2-1b at 5GiB: its fp32 minimum at B=1 T=1024 is 4.0 GiB, so it
+#            streams its blocks; the resident run gets 60GiB); OVERSIZED_B, OVERSIZED_T (default 1, T)
 #   BUDGET_GPT2, BUDGET_XL   --gpu-mem-budget of the two training runs (default 16GiB and 60GiB)
 #   KERNEL_FLAGS  more flags for `bench kernels` (e.g. --quick on a software adapter)
 # Raw outputs (JSON lines, logs) are kept beside the results file in one file, <name>.raw.txt.
@@ -28,6 +36,8 @@ set -uo pipefail
 
 results=${1:-${OUT:+$OUT/results.md}}
 results=${results:-gpu-results.md}
+goals_json="${results%.md}.json"
+here=$(cd "$(dirname "$0")" && pwd)
 if [ -z "${ZS:-}" ]; then
   if [ -x .device/zerostream ]; then ZS=.device/zerostream; else ZS=target/release/zerostream; fi
 fi
@@ -41,8 +51,19 @@ mkdir -p "$(dirname "$results")"
 
 skipped() { case " $SKIP " in *" $1 "*) echo "skipping $1" >&2; return 0;; esac; return 1; }
 # Runs a part with a time limit, keeping its stdout and stderr; never stops the script.
+# Every part ends before DEADLINE seconds from the start (default 560: a lent machine's command may run
+# 10 minutes, and the render needs a few seconds): a part gets at most what is left, and a part with
+# under 20 s left is not started (recorded as rc=deadline). Parts run in order of importance.
+DEADLINE=${DEADLINE:-560}
 part() { # name seconds command...
   local name=$1 limit=$2; shift 2
+  local left=$((DEADLINE - SECONDS - 10))
+  if [ "$left" -lt 20 ]; then
+    echo "$name rc=deadline 0s: not started, ${DEADLINE}s deadline reached: $*" | tee -a "$work/parts.txt" >&2
+    render
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
   echo "== $name (at most ${limit}s): $*" >&2
   local start=$SECONDS
   timeout --signal=INT --kill-after=10 "$limit" "$@" >"$work/$name.out" 2>"$work/$name.err"
@@ -54,9 +75,11 @@ part() { # name seconds command...
 # Keeps the raw outputs (JSON lines, logs) beside the results, in one file.
 save_raw() { (cd "$work" && tail -n +1 parts.txt *.out *.err *.metrics) >"${results%.md}.raw.txt" 2>/dev/null; }
 
-render() { python3 - "$work" "$results" "$B" "$T" "$XL_B" "$XL_T" <<'PY'
+render() { python3 "$here/gpu_goals.py" "$work" "$goals_json" || echo "gpu_goals.py failed" >&2
+python3 - "$work" "$results" "$B" "$T" "$XL_B" "$XL_T" "$goals_json" <<'PY'
 import json, os, sys, datetime
 work, results, B, T, XL_B, XL_T = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
+goals_json = sys.argv[7]
 def read(name):
     p = os.path.join(work, name)
     return open(p, errors="replace").read() if os.path.exists(p) else None
@@ -77,6 +100,43 @@ md = [f"# zerostream on a lent GPU ({datetime.date.today()})\n",
       f"Written by benches/gpu.sh; micro-batch B={B}, T={T}. Parts and their exit codes (124 = time limit):\n",
       block(read("parts.txt"))]
 md += ["## Machine\n", block(read("machine.out"))]
+
+# Issue #22's goals (the same figures as results.json).
+if os.path.exists(goals_json):
+    doc = json.load(open(goals_json))
+    md += ["## Goals (issue #22)\n", "| goal | target | measured | met | detail / why not measured |", "|---|---:|---:|---|---|"]
+    for g in doc["goals"]:
+        measured = "-" if g["measured"] is None else f"{g['measured']:.4f}"
+        md.append(f"| {g['name']} | {g['goal']} | {measured} | {g['met']} | {g.get('detail') or g.get('why')} |")
+    md.append("")
+
+# selftest: every kernel and variant against its twin, on this adapter.
+checks = [r for r in jsonl("selftest.out") if r.get("kind") != "summary"]
+summary = [r for r in jsonl("selftest.out") if r.get("kind") == "summary"]
+if summary:
+    s0 = summary[0]
+    md += ["## zerostream selftest --device gpu\n",
+           f"**{s0['passed']} passed, {s0['failed']} failed** in {s0.get('seconds', 0):.1f} s on {s0['adapter']}.\n"]
+    bad = [r for r in checks if not r.get("passed", True)]
+    if bad:
+        md += ["Failed:\n", block("\n".join(json.dumps(r) for r in bad))]
+    if s0.get("not_checked"):
+        md += ["Not checked: " + "; ".join(f"{n['kernel']} ({n['why']})" for n in s0["not_checked"]) + "\n"]
+elif read("selftest.err") is not None:
+    md += ["## zerostream selftest (no summary)\n", block(tail(read("selftest.err")))]
+
+# tune: the variant chosen per shape class.
+classes = [r for r in jsonl("tune.out") if r.get("kind") == "class"]
+tsum = [r for r in jsonl("tune.out") if r.get("kind") == "summary"]
+if classes:
+    md += ["## zerostream tune\n", "| class | shape | best variant | ms | GFLOP/s | default ms | speedup | products |", "|---|---|---|---:|---:|---:|---:|---|"]
+    for r in classes:
+        md.append(f"| {r['class']} | {r['shape']} | {r['best']} | {r['best_seconds']*1e3:.3f} | {r['best_gflops']:.0f} | "
+                  f"{r['default_seconds']*1e3:.3f} | {r['speedup']:.2f} | {', '.join(r['products'])} |")
+    if tsum:
+        md.append(f"\n{tsum[0]['classes']} classes in {tsum[0]['seconds']:.0f} s; table {tsum[0]['table']}; mismatched variants: {tsum[0]['mismatched'] or 'none'}\n")
+elif read("tune.err") is not None:
+    md += ["## zerostream tune (no classes)\n", block(tail(read("tune.err")))]
 
 kernels = [r for r in jsonl("kernels.out") if "kernel" in r]
 steps = [r for r in jsonl("kernels.out") if "step_kernel_seconds" in r]
@@ -171,20 +231,22 @@ for link in ("h2d", "d2h"):
         md += [f"## zerostream bench {link} (failed)\n", block(tail(read(f"{link}.err")))]
 
 # Training runs.
-for run_name in ("gpt2", "gpt2-xl", "gpt2-f16"):
+for run_name in ("gpt2", "gpt2-xl", "gpt2-f16", "oversized-streamed", "oversized-resident"):
     err = read(f"train-{run_name}.err")
     if err is None: continue
     m = jsonl(f"train-{run_name}.metrics")
     model = run_name.removesuffix("-f16")
     flags = " --matmul-inputs f16" if run_name.endswith("-f16") else ""
+    if run_name.startswith("oversized"):
+        model, flags = run_name, ""  # the streamed and resident runs of OVERSIZED_MODEL
     md += [f"## zerostream train --config {model} --device gpu{flags}\n"]
     if m:
-        md += ["| step | loss | tokens/s | step (s) | compute (s) | upload (s) | download (s) | AdamW wait (s) | busy (host-timed) | peak device MiB |",
-               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        md += ["| step | loss | tokens/s | step (s) | compute (s) | upload (s) | download (s) | AdamW wait (s) | busy (host-timed) | busy (GPU timestamps) | peak device MiB |",
+               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in m:
             t_ = r["time"]
             md.append(f"| {r['step']} | {r['loss']:.4f} | {r['tokens_per_s']:.0f} | {t_['total_s']:.3f} | {t_['device_compute_s']:.3f} | {t_['upload_s']:.3f} | "
-                      f"{t_['download_s']:.3f} | {t_['update_wait_s']:.3f} | {pct(r['device_busy_fraction'])} | {r['peak_device_bytes']/2**20:.0f} |")
+                      f"{t_['download_s']:.3f} | {t_['update_wait_s']:.3f} | {pct(r['device_busy_fraction'])} | {pct(r.get('gpu_busy_fraction'))} | {r['peak_device_bytes']/2**20:.0f} |")
         later = m[1:] or m
         mean_s = sum(r["time"]["total_s"] for r in later) / len(later)
         b_run, t_run = (B, T) if model == "gpt2" else (XL_B, XL_T)
@@ -217,6 +279,10 @@ PY
 } >"$work/machine.out" 2>&1
 render
 
+# First: every kernel and variant against its twin (a failure here makes every number below suspect),
+# then the tuner, whose table every later part runs with.
+skipped selftest || part selftest 120 "$ZS" selftest --device gpu --json
+skipped tune || part tune 200 "$ZS" tune --json --max-seconds 150 ${TUNE_FLAGS:-}
 skipped kernels || part kernels 240 "$ZS" bench kernels --batch-size "$B" --seq-len "$T" --json ${KERNEL_FLAGS:-}
 skipped transfer || { part h2d 60 "$ZS" bench h2d --json; part d2h 90 "$ZS" bench d2h --json; }
 
@@ -308,6 +374,18 @@ for _ in range(5):
     t0 = time.perf_counter(); step(); torch.cuda.synchronize(); times.append(time.perf_counter() - t0)
 s = statistics.median(times)
 emit(kind="train", model="gpt2", dtype="fp32", attn=attn, batch=B, seq_len=T, seconds=s, tokens_per_s=B * T / s)
+# The same step under bf16 autocast (the reference for --matmul-inputs f16).
+def step_bf16():
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = model(input_ids=ids[:, :-1], labels=ids[:, 1:]).loss
+    loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+for _ in range(2): step_bf16()
+torch.cuda.synchronize()
+times = []
+for _ in range(5):
+    t0 = time.perf_counter(); step_bf16(); torch.cuda.synchronize(); times.append(time.perf_counter() - t0)
+s = statistics.median(times)
+emit(kind="train", model="gpt2", dtype="bf16-autocast", attn=attn, batch=B, seq_len=T, seconds=s, tokens_per_s=B * T / s)
 PY
 skipped torch || part torch 200 python3 "$work/torch_ref.py" "$B" "$T"
 
@@ -324,9 +402,18 @@ train() { # name model budget seconds batch seq_len steps [more flags]
     --metrics "$work/train-$name.metrics" "$@"
 }
 skipped train-gpt2 || train gpt2 gpt2 "$BUDGET_GPT2" 120 "$B" "$T" "$STEPS"
-skipped train-gpt2-xl || train gpt2-xl gpt2-xl "$BUDGET_XL" 240 "$XL_B" "$XL_T" "$XL_STEPS"
 if "$ZS" devices --json 2>/dev/null | grep -q '"matmul_f16_coop":true'; then
   skipped train-gpt2-f16 || train gpt2-f16 gpt2 "$BUDGET_GPT2" 120 "$B" "$T" "$STEPS" --matmul-inputs f16
 fi
-echo "results: $results" >&2
+# The oversized pair: the same model streamed under a small budget and with every block resident.
+OVERSIZED_MODEL=${OVERSIZED_MODEL:-llama-3.2-1b} OVERSIZED_BUDGET=${OVERSIZED_BUDGET:-5GiB}
+OVERSIZED_B=${OVERSIZED_B:-1} OVERSIZED_T=${OVERSIZED_T:-$T}
+if ! skipped oversized; then
+  train oversized-streamed "$OVERSIZED_MODEL" "$OVERSIZED_BUDGET" 150 "$OVERSIZED_B" "$OVERSIZED_T" "$STEPS"
+  train oversized-resident "$OVERSIZED_MODEL" 60GiB 150 "$OVERSIZED_B" "$OVERSIZED_T" "$STEPS"
+fi
+# Last: the 1.5B run, the least needed by the goals.
+skipped train-gpt2-xl || train gpt2-xl gpt2-xl "$BUDGET_XL" 240 "$XL_B" "$XL_T" "$XL_STEPS"
+render
+echo "results: $results and $goals_json" >&2
 cat "$work/parts.txt" >&2
