@@ -286,7 +286,7 @@ impl Stored {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::io::{Direction, IoConfig};
+    use crate::io::IoConfig;
 
     fn nvme(dir: &Path, verify: bool) -> NvmeDir {
         NvmeDir::new(dir, IoEngine::new(IoConfig { block_bytes: 8192, queue_depth: 4, ..IoConfig::default() }).unwrap(), verify, 0).unwrap()
@@ -346,6 +346,7 @@ mod tests {
     #[test]
     #[cfg(target_os = "linux")] // /dev/full is Linux's
     fn a_full_disk_is_named_as_such() {
+        use crate::io::Direction;
         // /dev/full fails every write with ENOSPC.
         for engine in [crate::io::IoEngineKind::Uring, crate::io::IoEngineKind::Threads] {
             let io = IoEngine::new(IoConfig { engine, direct: false, ..IoConfig::default() }).unwrap();

@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::{FOOTER, Setup, nvme_in, read, setups, spares, streaming, write};
-use zerostream_offload::{IoConfig, IoEngine, NvmeDir, SPARE_PREFIX, Stored, Tier};
+use zerostream_offload::{SPARE_PREFIX, Stored, Tier};
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
@@ -261,6 +261,7 @@ fn a_symlink_planted_as_the_next_file_or_the_shard_is_replaced_not_written_throu
 #[cfg(unix)]
 #[test]
 fn the_lock_file_as_a_symlink_is_refused() {
+    use zerostream_offload::{IoConfig, IoEngine, NvmeDir};
     let dir = tempfile::tempdir().unwrap();
     let elsewhere = tempfile::tempdir().unwrap();
     let target = elsewhere.path().join("precious");
