@@ -123,7 +123,7 @@ pub fn best(runs: &[IoRun], direct: bool) -> Option<&IoRun> {
 
 /// Each run of one engine beside the run of `base` at the same block size, depth and kind (uncached or
 /// buffered): (that run, base's run). `bench io` prints their ratio.
-pub fn beside<'r>(runs: &'r [IoRun], base: IoEngineKind) -> Vec<(&'r IoRun, &'r IoRun)> {
+pub fn beside(runs: &[IoRun], base: IoEngineKind) -> Vec<(&IoRun, &IoRun)> {
     let same = |a: &IoRun, b: &IoRun| (a.block_bytes, a.queue_depth, a.direct) == (b.block_bytes, b.queue_depth, b.direct);
     runs.iter()
         .filter(|r| r.engine != base && r.engine != IoEngineKind::Mmap)

@@ -283,6 +283,37 @@ impl Stored {
     }
 }
 
+/// Bytes free for an unprivileged writer on the file system that holds `path` (or its nearest existing
+/// ancestor, for a directory still to be made).
+pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    let mut at = path;
+    while !at.exists() {
+        at = at.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    }
+    os::free_bytes(at)
+}
+
+/// Bytes of the shard files (`*.bin`) in `dir`'s `rank*/` subdirectories: what a new run in `dir`
+/// overwrites rather than adds.
+pub fn shard_bytes_in(dir: &Path) -> u64 {
+    let files_in = |d: &Path| -> u64 {
+        std::fs::read_dir(d)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".bin"))
+            .filter_map(|e| e.metadata().ok().filter(|m| m.is_file()).map(|m| m.len()))
+            .sum()
+    };
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("rank") && e.path().is_dir())
+        .map(|e| files_in(&e.path()))
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -380,35 +411,4 @@ mod tests {
         let err = Stored::new("x", 16, Tier::Nvme, None).err().unwrap().to_string();
         assert!(err.contains("--nvme-dir"), "{err}");
     }
-}
-
-/// Bytes free for an unprivileged writer on the file system that holds `path` (or its nearest existing
-/// ancestor, for a directory still to be made).
-pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
-    let mut at = path;
-    while !at.exists() {
-        at = at.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    }
-    os::free_bytes(at)
-}
-
-/// Bytes of the shard files (`*.bin`) in `dir`'s `rank*/` subdirectories: what a new run in `dir`
-/// overwrites rather than adds.
-pub fn shard_bytes_in(dir: &Path) -> u64 {
-    let files_in = |d: &Path| -> u64 {
-        std::fs::read_dir(d)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".bin"))
-            .filter_map(|e| e.metadata().ok().filter(|m| m.is_file()).map(|m| m.len()))
-            .sum()
-    };
-    std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("rank") && e.path().is_dir())
-        .map(|e| files_in(&e.path()))
-        .sum()
 }
