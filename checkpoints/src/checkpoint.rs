@@ -2,11 +2,15 @@
 //! and a `latest` file naming the newest, under one root that a run holds an exclusive lock on.
 //!
 //! Crash safety comes from the order of operations, not from luck: a checkpoint is written into
-//! `.step-NNNNNNNN.partial/`, every file in it fsynced, the directory renamed into place (exchanged
-//! atomically with an older copy of the same step, if there is one) and the root fsynced; only then
-//! is `latest` replaced, by rename of a fsynced temporary. SIGKILL at any instant leaves the previous
-//! checkpoint whole and `latest` naming a complete one. Leftover `.partial` directories and
-//! temporaries are recognised by name and removed when the root is next opened.
+//! `.step-NNNNNNNN.partial/`, every file in it made durable (`fsync`; `F_FULLFSYNC` on macOS, where
+//! `fsync` stops at the drive's cache; `FlushFileBuffers` on Windows), the directory renamed into
+//! place and the root synced (where a directory can be: not on Windows, where moves are written
+//! through instead); only then is `latest` replaced, by rename of a synced temporary. An older copy
+//! of the same step is exchanged with the new one atomically where the platform can, else moved aside
+//! first ([`publish_dir`]). SIGKILL or a power loss at any instant leaves the previous checkpoint
+//! whole and `latest` naming a complete one. Leftover `.partial` directories and temporaries are
+//! recognised by name and removed when the root is next opened; an old copy moved aside is restored
+//! or removed then.
 //!
 //! What a checkpoint holds is the trainer's business; this module moves directories and checks the
 //! manifest of file sizes and CRC32s that lets a reader refuse a truncated or bit-flipped file.
@@ -17,6 +21,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
+use crate::os;
 pub use crate::safetensors_stream::FileDigest;
 use crate::safetensors_stream::digest_file;
 
@@ -25,6 +30,8 @@ pub const LATEST: &str = "latest";
 /// The trainer's state file: present in every complete checkpoint.
 pub const STATE_FILE: &str = "trainer_state.json";
 const PARTIAL_SUFFIX: &str = ".partial";
+/// An old copy moved aside by [`publish_dir`] where names cannot be exchanged: `.{name}.replaced`.
+const REPLACED_SUFFIX: &str = ".replaced";
 const LOCK_FILE: &str = ".zerostream.lock";
 
 /// `step-00000042`.
@@ -38,9 +45,10 @@ pub fn parse_step_name(name: &str) -> Option<u64> {
     (digits.len() == 8 && digits.bytes().all(|b| b.is_ascii_digit())).then(|| digits.parse().ok()).flatten()
 }
 
-/// Fsyncs a directory, so the names created or renamed in it survive a power loss.
+/// Makes the names created or renamed in a directory durable, so they survive a power loss (a no-op
+/// on Windows, whose moves are written through).
 pub fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("syncing directory {}", dir.display()))
+    os::sync_dir(dir).with_context(|| format!("syncing directory {}", dir.display()))
 }
 
 /// Writes `text` to `path` through a fsynced temporary beside it and a rename: readers see the old
@@ -52,8 +60,9 @@ pub fn write_file_atomic(path: &Path, text: &[u8]) -> Result<()> {
     let tmp = dir.join(format!(".{name}.{}{PARTIAL_SUFFIX}", std::process::id()));
     let mut f =
         File::options().write(true).create(true).truncate(true).open(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    f.write_all(text).and_then(|()| f.sync_all()).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    f.write_all(text).and_then(|()| os::sync_file(&f)).with_context(|| format!("writing {}", tmp.display()))?;
+    drop(f);
+    os::replace_file(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
     sync_dir(dir)
 }
 
@@ -62,12 +71,15 @@ pub struct CheckpointRoot {
     pub dir: PathBuf,
     /// What [`CheckpointRoot::open`] removed: directories and files of saves that were interrupted.
     pub removed_leftovers: Vec<PathBuf>,
+    /// Checkpoints [`CheckpointRoot::open`] put back under their names: old copies that a save,
+    /// interrupted while replacing them without an atomic exchange, had moved aside.
+    pub restored: Vec<PathBuf>,
     _lock: File,
 }
 
 impl CheckpointRoot {
     /// Opens (creating it if missing) the root `dir` for writing: takes its lock, so a second run
-    /// given the same directory is refused, and removes what interrupted saves left behind.
+    /// given the same directory is refused, and cleans up after interrupted saves.
     pub fn open(dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating --checkpoint-dir {}", dir.display()))?;
         if !dir.is_dir() {
@@ -80,6 +92,7 @@ impl CheckpointRoot {
             .write(true)
             .open(&lock_path)
             .with_context(|| format!("--checkpoint-dir {}: cannot create {} (is it writable?)", dir.display(), lock_path.display()))?;
+        // std's lock (flock, LockFileEx on Windows) goes with the process however it ends.
         if lock.try_lock().is_err() {
             bail!(
                 "--checkpoint-dir {} is in use by another zerostream run (it holds {}): give each run its own directory",
@@ -87,19 +100,8 @@ impl CheckpointRoot {
                 lock_path.display()
             );
         }
-        let mut removed_leftovers = Vec::new();
-        for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
-            let entry = entry?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with('.') && name.ends_with(PARTIAL_SUFFIX) {
-                let path = entry.path();
-                let kind = entry.file_type()?;
-                if kind.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) }
-                    .with_context(|| format!("removing the leftover of an interrupted save {}", path.display()))?;
-                removed_leftovers.push(path);
-            }
-        }
-        Ok(CheckpointRoot { dir: dir.to_path_buf(), removed_leftovers, _lock: lock })
+        let (removed_leftovers, restored) = clean_up_interrupted_saves(dir)?;
+        Ok(CheckpointRoot { dir: dir.to_path_buf(), removed_leftovers, restored, _lock: lock })
     }
 
     /// The directory a checkpoint of `step` is written into before [`CheckpointRoot::commit`]; ranks
@@ -142,51 +144,127 @@ impl CheckpointRoot {
     }
 }
 
-/// Moves the completely written directory `partial` to `target`: fsyncs its files and itself, renames
-/// it into place — or, when `target` exists, exchanges the two atomically and removes the old one, now
-/// under the partial name — and fsyncs the parent.
+/// Removes what interrupted saves left in the root `dir` (`.partial` directories and temporaries),
+/// and settles old copies that a portable replacement moved aside ([`restore_replaced`]). Returns
+/// (what was removed, which checkpoints were restored). Called under the root's lock.
+fn clean_up_interrupted_saves(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
+    let (mut removed, mut restored) = (Vec::new(), Vec::new());
+    for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        if name.starts_with('.') && name.ends_with(PARTIAL_SUFFIX) {
+            let kind = entry.file_type()?;
+            if kind.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) }
+                .with_context(|| format!("removing the leftover of an interrupted save {}", path.display()))?;
+            removed.push(path);
+        } else if let Some(original) = name.strip_prefix('.').and_then(|n| n.strip_suffix(REPLACED_SUFFIX)) {
+            let target = dir.join(original);
+            match restore_replaced(&target)? {
+                Some(Restored::OldCopyBack) => restored.push(target),
+                Some(Restored::OldCopyRemoved) => removed.push(path),
+                None => {}
+            }
+        }
+    }
+    Ok((removed, restored))
+}
+
+/// Moves the completely written directory `partial` to `target`: makes its files and itself durable,
+/// renames it into place — or, when `target` exists, exchanges the two atomically and removes the
+/// old one, now under the partial name; where names cannot be exchanged, replaces it in three steps
+/// ([`replace_dir_portably`]) — and syncs the parent.
 pub fn publish_dir(partial: &Path, target: &Path) -> Result<()> {
+    publish_dir_by(partial, target, true)
+}
+
+/// [`publish_dir`], with the atomic exchange allowed or not (`false`: the portable sequence, which
+/// the tests run on platforms that have the exchange).
+fn publish_dir_by(partial: &Path, target: &Path, exchange_allowed: bool) -> Result<()> {
+    // A replacement of this target that a crash interrupted is settled first.
+    restore_replaced(target)?;
     for entry in std::fs::read_dir(partial).with_context(|| format!("listing {}", partial.display()))? {
         let path = entry?.path();
-        File::open(&path).and_then(|f| f.sync_all()).with_context(|| format!("syncing {}", path.display()))?;
+        os::sync_path(&path).with_context(|| format!("syncing {}", path.display()))?;
     }
     sync_dir(partial)?;
-    let parent = target.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    if target.exists() {
-        exchange(partial, target)?;
+    let parent = parent_of(target);
+    if !target.exists() {
+        os::rename(partial, target).with_context(|| format!("renaming {} to {}", partial.display(), target.display()))?;
+    } else if exchange_allowed
+        && os::exchange(partial, target).with_context(|| format!("exchanging {} and {}", partial.display(), target.display()))?
+    {
         sync_dir(parent)?;
         std::fs::remove_dir_all(partial).with_context(|| format!("removing the replaced {}", partial.display()))?;
     } else {
-        std::fs::rename(partial, target).with_context(|| format!("renaming {} to {}", partial.display(), target.display()))?;
+        replace_dir_portably(partial, target)?;
     }
     sync_dir(parent)
+}
+
+/// Replaces the directory `target` with `partial` where the two names cannot be exchanged in one
+/// step (Windows; filesystems that refuse `RENAME_EXCHANGE`/`RENAME_SWAP`), in three steps, each an
+/// atomic rename or removal, each made durable before the next:
+///
+/// 1. the old copy moves aside, to `.{name}.replaced` beside it;
+/// 2. the new copy takes the name;
+/// 3. the old copy is removed.
+///
+/// Weaker than the exchange: between steps 1 and 2 the name is missing. Still safe: the old copy is
+/// whole under its aside name throughout, and [`restore_replaced`] (run when the root is opened, and
+/// before the next publication to the same target) puts it back if the name is still missing, or
+/// removes it if step 2 was done. The new copy, still `.partial` if the crash came before step 2,
+/// is removed like any interrupted save. A crash loses at most the copy being written, never one
+/// already saved.
+fn replace_dir_portably(partial: &Path, target: &Path) -> Result<()> {
+    let (aside, parent) = (replaced_path(target)?, parent_of(target));
+    os::rename(target, &aside).with_context(|| format!("moving {} aside to {}", target.display(), aside.display()))?;
+    sync_dir(parent)?;
+    os::rename(partial, target).with_context(|| format!("renaming {} to {}", partial.display(), target.display()))?;
+    sync_dir(parent)?;
+    std::fs::remove_dir_all(&aside).with_context(|| format!("removing the replaced {}", aside.display()))
+}
+
+/// What [`restore_replaced`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Restored {
+    /// The old copy was put back under the target's name (the crash came before the new copy's rename).
+    OldCopyBack,
+    /// The old copy was removed (the new copy had taken the name).
+    OldCopyRemoved,
+}
+
+/// Settles a replacement of `target` by [`replace_dir_portably`] that a crash interrupted: if the old
+/// copy is still aside (`.{name}.replaced`), it goes back under `target`'s name when that is missing,
+/// else it is removed. `None` when there is nothing aside.
+pub fn restore_replaced(target: &Path) -> Result<Option<Restored>> {
+    let aside = replaced_path(target)?;
+    if std::fs::symlink_metadata(&aside).is_err() {
+        return Ok(None);
+    }
+    if std::fs::symlink_metadata(target).is_ok() {
+        std::fs::remove_dir_all(&aside).with_context(|| format!("removing {}, replaced by {}", aside.display(), target.display()))?;
+        return Ok(Some(Restored::OldCopyRemoved));
+    }
+    os::rename(&aside, target).with_context(|| format!("restoring {} from {}", target.display(), aside.display()))?;
+    sync_dir(parent_of(target))?;
+    Ok(Some(Restored::OldCopyBack))
+}
+
+/// Where [`replace_dir_portably`] moves `target`'s old copy: `.{name}.replaced` beside it.
+fn replaced_path(target: &Path) -> Result<PathBuf> {
+    let name = target.file_name().with_context(|| format!("{}: not a directory name", target.display()))?;
+    Ok(parent_of(target).join(format!(".{}{REPLACED_SUFFIX}", name.to_string_lossy())))
+}
+
+/// The directory holding `path` ("." for a bare name).
+fn parent_of(path: &Path) -> &Path {
+    path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
 }
 
 /// `.step-NNNNNNNN.partial` under `root`.
 pub fn partial_dir(root: &Path, step: u64) -> PathBuf {
     root.join(format!(".{}{PARTIAL_SUFFIX}", step_name(step)))
-}
-
-/// Swaps two directories atomically (Linux renameat2 RENAME_EXCHANGE); where the filesystem cannot,
-/// moves the old one aside first (a crash between the two renames then leaves the step missing, never
-/// half-written).
-fn exchange(a: &Path, b: &Path) -> Result<()> {
-    use std::ffi::CString;
-    use std::os::unix::ffi::OsStrExt;
-    let (ca, cb) = (CString::new(a.as_os_str().as_bytes())?, CString::new(b.as_os_str().as_bytes())?);
-    // SAFETY: both are valid NUL-terminated paths; renameat2 only reads them.
-    let rc = unsafe { libc::renameat2(libc::AT_FDCWD, ca.as_ptr(), libc::AT_FDCWD, cb.as_ptr(), libc::RENAME_EXCHANGE) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
-    if !matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::ENOTSUP)) {
-        return Err(e).with_context(|| format!("exchanging {} and {}", a.display(), b.display()));
-    }
-    let aside = a.with_extension("old.partial");
-    std::fs::rename(b, &aside).with_context(|| format!("moving {} aside", b.display()))?;
-    std::fs::rename(a, b).with_context(|| format!("renaming {} to {}", a.display(), b.display()))?;
-    std::fs::rename(&aside, a).with_context(|| format!("renaming {} to {}", aside.display(), a.display()))
 }
 
 /// The complete checkpoints under `root` (those with a state file), by step.
@@ -313,6 +391,79 @@ mod tests {
         assert!(verify_files(dir.path(), &manifest).unwrap_err().to_string().contains("truncated"));
         std::fs::remove_file(dir.path().join("a")).unwrap();
         assert!(verify_files(dir.path(), &manifest).unwrap_err().to_string().contains("missing"));
+    }
+
+    /// A copy of `name` under `root`, moved into place through a partial directory without the
+    /// atomic exchange.
+    fn publish_portably(root: &Path, name: &str, body: &str) {
+        let partial = root.join(format!(".{name}{PARTIAL_SUFFIX}"));
+        std::fs::create_dir_all(&partial).unwrap();
+        std::fs::write(partial.join(STATE_FILE), body).unwrap();
+        publish_dir_by(&partial, &root.join(name), false).unwrap();
+    }
+
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn without_an_exchange_an_old_copy_is_replaced_through_a_name_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        publish_portably(dir.path(), "step-00000002", "two");
+        publish_portably(dir.path(), "step-00000002", "two again");
+        assert_eq!(std::fs::read_to_string(dir.path().join("step-00000002").join(STATE_FILE)).unwrap(), "two again");
+        assert_eq!(names_in(dir.path()), ["step-00000002"], "nothing aside, nothing partial");
+    }
+
+    /// The steps of the portable replacement, done by hand up to `steps`, as a crash would leave them.
+    fn interrupted_replacement(root: &Path, steps: usize) {
+        let (target, partial) = (root.join("step-00000002"), partial_dir(root, 2));
+        std::fs::create_dir(&partial).unwrap();
+        std::fs::write(partial.join(STATE_FILE), "new").unwrap();
+        let aside = replaced_path(&target).unwrap();
+        if steps >= 1 {
+            os::rename(&target, &aside).unwrap();
+        }
+        if steps >= 2 {
+            os::rename(&partial, &target).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_crash_between_the_portable_steps_loses_no_saved_checkpoint() {
+        // Stopped after moving the old copy aside (the step's name missing), or after the new copy
+        // took the name (the old one still aside).
+        for (steps, want) in [(1, "old"), (2, "new")] {
+            let dir = tempfile::tempdir().unwrap();
+            let root = CheckpointRoot::open(dir.path()).unwrap();
+            fake_checkpoint(&root, 1, "one");
+            fake_checkpoint(&root, 2, "old");
+            drop(root);
+            interrupted_replacement(dir.path(), steps);
+            let root = CheckpointRoot::open(dir.path()).unwrap();
+            let step = dir.path().join("step-00000002");
+            assert_eq!(std::fs::read_to_string(step.join(STATE_FILE)).unwrap(), want, "after {steps} steps");
+            assert_eq!(root.restored.len(), usize::from(steps == 1), "after {steps} steps: {:?}", root.restored);
+            assert_eq!(names_in(dir.path()), [".zerostream.lock", "latest", "step-00000001", "step-00000002"], "after {steps} steps");
+            assert_eq!(resolve_resume(dir.path()).unwrap(), step, "`latest` names a whole checkpoint");
+        }
+    }
+
+    #[test]
+    fn an_interrupted_replacement_of_a_saved_model_is_settled_by_the_next_save() {
+        // `--save DIR` publishes beside DIR, outside any checkpoint root: the next publication settles it.
+        let dir = tempfile::tempdir().unwrap();
+        publish_portably(dir.path(), "model", "old");
+        let target = dir.path().join("model");
+        os::rename(&target, &replaced_path(&target).unwrap()).unwrap(); // stopped after step 1
+        assert_eq!(restore_replaced(&target).unwrap(), Some(Restored::OldCopyBack));
+        assert_eq!(std::fs::read_to_string(target.join(STATE_FILE)).unwrap(), "old");
+        publish_portably(dir.path(), "model", "new");
+        assert_eq!(std::fs::read_to_string(target.join(STATE_FILE)).unwrap(), "new");
+        assert_eq!(names_in(dir.path()), ["model"]);
+        assert_eq!(restore_replaced(&target).unwrap(), None, "nothing aside");
     }
 
     #[test]

@@ -9,6 +9,8 @@ use std::time::SystemTime;
 
 use anyhow::{Context, Result, bail};
 
+use crate::os;
+
 /// Opens `path` for reading and refuses anything but a regular file. `what` names the file in errors
 /// ("token file", "safetensors file").
 ///
@@ -16,17 +18,10 @@ use anyhow::{Context, Result, bail};
 /// data file: open without blocking, then look at what was opened (not at the path, which could be
 /// swapped between a check and the open).
 pub(crate) fn open_regular(path: &Path, what: &str) -> Result<(File, Metadata)> {
-    let mut options = OpenOptions::new();
-    options.read(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        // O_NONBLOCK only changes how pipes and devices open and read; regular files ignore it.
-        options.custom_flags(libc::O_NONBLOCK);
-    }
+    // Where no open flag keeps an open from blocking on a FIFO, the path is looked at first too.
     #[cfg(not(unix))]
     refuse_irregular(path, what, &std::fs::metadata(path).with_context(|| format!("{what} {}", path.display()))?)?;
-    let file = options.open(path).with_context(|| format!("opening {what} {}", path.display()))?;
+    let file = os::read_options().open(path).with_context(|| format!("opening {what} {}", path.display()))?;
     let meta = file.metadata().with_context(|| format!("{what} {}", path.display()))?;
     refuse_irregular(path, what, &meta)?;
     Ok((file, meta))
@@ -40,29 +35,7 @@ fn refuse_irregular(path: &Path, what: &str, meta: &Metadata) -> Result<()> {
     Ok(())
 }
 
-/// Fills `buf` from `offset`. A file shorter than `offset + buf.len()` gives `UnexpectedEof`; a memory
-/// map of the same file would have raised SIGBUS instead.
-#[cfg(unix)]
-pub(crate) fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-    std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
-}
-
-#[cfg(windows)]
-pub(crate) fn read_exact_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> std::io::Result<()> {
-    use std::os::windows::fs::FileExt;
-    while !buf.is_empty() {
-        match file.seek_read(buf, offset) {
-            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => {
-                buf = &mut buf[n..];
-                offset += n as u64;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
+pub(crate) use crate::os::read_exact_at;
 
 /// A file's size and modification time when it was opened. Compared with the open file's current
 /// ones before each read: a file rewritten in place would otherwise hand a run a mix of old and new
@@ -117,16 +90,14 @@ pub(crate) fn create_temp_beside(path: &Path) -> Result<(File, PathBuf)> {
 
 /// Moves the finished (synced) temporary file `tmp` onto `path`, removing `tmp` (ours) when that fails.
 pub(crate) fn rename_into_place(tmp: &Path, path: &Path) -> Result<()> {
-    if let Err(e) = std::fs::rename(tmp, path) {
+    if let Err(e) = os::replace_file(tmp, path) {
         let _ = std::fs::remove_file(tmp);
         return Err(e).with_context(|| format!("writing {}: renaming {} onto it", path.display(), tmp.display()));
     }
     // The rename is durable once the directory is synced. The file is complete either way, so a
     // directory that cannot be synced (some filesystems refuse) is no error.
-    #[cfg(unix)]
     if let Some(dir) = tmp.parent() {
-        let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
-        let _ = File::open(dir).and_then(|d| d.sync_all());
+        let _ = os::sync_dir(if dir.as_os_str().is_empty() { Path::new(".") } else { dir });
     }
     Ok(())
 }

@@ -8,6 +8,7 @@ pub mod config;
 pub mod hf;
 mod io;
 pub mod llama_config;
+mod os;
 pub mod safetensors_stream;
 pub mod tokenizer;
 pub mod tokenizer_files;

@@ -137,7 +137,7 @@ impl StreamWriter {
         }
         self.out.flush().with_context(|| format!("writing {}", self.path.display()))?;
         let file = self.out.into_inner().map_err(|e| e.into_error()).with_context(|| format!("writing {}", self.path.display()))?;
-        file.sync_all().with_context(|| format!("syncing {}", self.path.display()))?;
+        crate::os::sync_file(&file).with_context(|| format!("syncing {}", self.path.display()))?;
         Ok(FileDigest { bytes: self.bytes, crc32: self.crc.finalize() })
     }
 }

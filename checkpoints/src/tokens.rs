@@ -259,8 +259,8 @@ fn write_tokens(path: &Path, tokens: &[u32], width: TokenWidth) -> Result<()> {
         TokenWidth::U32 => bytes.extend(tokens.iter().flat_map(|t| t.to_le_bytes())),
     }
     let (mut file, tmp) = create_temp_beside(path)?;
-    // sync_all before the rename: otherwise a crash can leave `path` renamed but empty.
-    if let Err(e) = file.write_all(&bytes).and_then(|()| file.sync_all()) {
+    // Synced before the rename: otherwise a crash can leave `path` renamed but empty.
+    if let Err(e) = file.write_all(&bytes).and_then(|()| crate::os::sync_file(&file)) {
         drop(file);
         let _ = std::fs::remove_file(&tmp);
         return Err(e).with_context(|| format!("writing token file {} (through {})", path.display(), tmp.display()));

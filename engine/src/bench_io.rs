@@ -30,9 +30,10 @@ pub struct IoRun {
 }
 
 impl IoRun {
-    /// "O_DIRECT" or "buffered" (through the page cache: the mmap engine, or O_DIRECT refused).
+    /// "O_DIRECT" (or its platform's kin: "F_NOCACHE", "FILE_FLAG_NO_BUFFERING") or "buffered"
+    /// (through the page cache: the mmap engine, or uncached I/O refused).
     pub fn kind(&self) -> &'static str {
-        if self.direct { "O_DIRECT" } else { "buffered" }
+        if self.direct { IoEngine::uncached_name() } else { "buffered" }
     }
 
     pub fn to_json(&self) -> serde_json::Value {
@@ -118,6 +119,16 @@ pub fn bench_io(cfg: &IoBenchConfig, mut on_run: impl FnMut(&IoRun)) -> Result<V
 /// and write bandwidth: the two kinds are never compared with each other.
 pub fn best(runs: &[IoRun], direct: bool) -> Option<&IoRun> {
     runs.iter().filter(|r| r.direct == direct).max_by(|a, b| (a.read_gbps + a.write_gbps).total_cmp(&(b.read_gbps + b.write_gbps)))
+}
+
+/// Each run of one engine beside the run of `base` at the same block size, depth and kind (uncached or
+/// buffered): (that run, base's run). `bench io` prints their ratio.
+pub fn beside(runs: &[IoRun], base: IoEngineKind) -> Vec<(&IoRun, &IoRun)> {
+    let same = |a: &IoRun, b: &IoRun| (a.block_bytes, a.queue_depth, a.direct) == (b.block_bytes, b.queue_depth, b.direct);
+    runs.iter()
+        .filter(|r| r.engine != base && r.engine != IoEngineKind::Mmap)
+        .filter_map(|r| runs.iter().find(|b| b.engine == base && same(r, b)).map(|b| (r, b)))
+        .collect()
 }
 
 /// fio's sequential write then read of the same size (`--direct=1 --ioengine=io_uring --bs=1M

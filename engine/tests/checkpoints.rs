@@ -272,8 +272,27 @@ fn demo_args_every(ck: &Path, steps: u64, every: u64) -> Vec<String> {
 /// the run ends bit-identical to one never interrupted.
 #[test]
 fn sigkill_at_random_instants_loses_nothing() {
+    sigkill_and_resume(30, |_| Vec::new());
+}
+
+/// The same with the optimizer state and the working copy on NVMe through the portable threads engine.
+#[test]
+fn sigkill_at_random_instants_loses_nothing_with_the_state_on_nvme_through_the_threads_engine() {
+    sigkill_and_resume(30, |ck| {
+        let nvme = format!("{}.nvme", ck.display());
+        strings(&["--offload-optimizer", "nvme", "--offload-params", "nvme", "--io-engine", "threads", "--nvme-dir", &nvme])
+    });
+}
+
+/// `kills_wanted` SIGKILLs of the demo run checkpointing into `ck` (with the flags `extra(ck)`) and
+/// resumes, against one uninterrupted run.
+fn sigkill_and_resume(kills_wanted: usize, extra: impl Fn(&Path) -> Vec<String>) {
     const STEPS: u64 = 16;
-    const KILLS: usize = 30;
+    let demo_args = |ck: &Path, steps: u64| {
+        let mut args = demo_args(ck, steps);
+        args.extend(extra(ck));
+        args
+    };
     let dir = tempfile::tempdir().unwrap();
     let reference = dir.path().join("reference");
     let t0 = Instant::now();
@@ -284,7 +303,7 @@ fn sigkill_at_random_instants_loses_nothing() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(20261123);
     let last = format!("step-{STEPS:08}");
     let (mut kills, mut in_save, mut attempts, mut finished) = (0, 0, 0, 0);
-    while kills < KILLS {
+    while kills < kills_wanted {
         attempts += 1;
         assert!(attempts < 400, "too many attempts");
         // Killed after its last checkpoint was committed: the run is complete.

@@ -276,6 +276,7 @@ unsafe fn bf16_bits_x8(src: *const f32) -> std::arch::x86_64::__m256i {
 /// With `streaming_copy` (x86 with AVX2) the bf16 copy is written in a second pass over the chunk,
 /// while it is still in cache, with non-temporal stores.
 #[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))] // only x86 has the streaming copy
 fn chunk_body(
     p: &mut [f32],
     m: &mut [f32],

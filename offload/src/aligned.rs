@@ -1,5 +1,5 @@
-//! Page-aligned host buffers: what O_DIRECT reads and writes need, and what a registered io_uring buffer
-//! or a GPU staging copy is fastest from.
+//! Page-aligned host buffers: what uncached reads and writes (O_DIRECT and its kin) need, and what a
+//! registered io_uring buffer or a GPU staging copy is fastest from.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::sync::Mutex;
@@ -43,9 +43,7 @@ impl AlignedBuf {
             std::alloc::handle_alloc_error(layout);
         }
         if align_bytes == HUGE_PAGE_BYTES {
-            // Advice only: refused (no THP support) it changes nothing.
-            // SAFETY: the range is this allocation, page-aligned.
-            unsafe { libc::madvise(ptr.cast(), capacity_bytes, libc::MADV_HUGEPAGE) };
+            crate::os::advise_huge_pages(ptr, capacity_bytes);
         }
         AlignedBuf { ptr, len_bytes, capacity_bytes, align_bytes }
     }

@@ -6,6 +6,7 @@ pub mod adam;
 pub mod aligned;
 pub mod io;
 pub mod membw;
+mod os;
 mod shard_file;
 mod spare_pool;
 pub mod store;

@@ -3,17 +3,22 @@
 //! A shard file is `[data, padded to whole pages][footer: one page]`. The footer says what the data
 //! is (magic, format version, length) and, with verification on, holds the data's CRC32. A write goes
 //! into a spare file of the same size taken from the directory's pool (`spare_pool.rs`, named
-//! `.zerostream-spare-{n}`) and then the two names are exchanged (`renameat2(RENAME_EXCHANGE)`,
-//! atomic): whatever kills the process mid-write, `{file}` names either the old state or the new one,
-//! and data and checksum can never disagree because they travel in one file. After the exchange the
-//! spare's name holds the previous version, which goes back to the pool as a later write's target
-//! (of this shard or any other of its size), overwritten in place: its blocks stay allocated, so a
-//! steady-state write allocates, frees and discards nothing (a fresh file per write cost half the
-//! write rate on ext4 with `discard`, `benches/results/2026-11-23-nvme-vs-fio.md`). The pool keeps a
-//! few spares per size, so the extra disk room is a few tensors, not a copy of the state; spares are
-//! removed when the directory is dropped (and leftovers, with the `{file}.next` spares of earlier
-//! versions, when it or the shard is next opened). Where the filesystem cannot exchange names, the
-//! write renames the spare over the old file instead, freeing it, as before.
+//! `.zerostream-spare-{n}`) and then the spare becomes `{file}` in a step that is atomic: whatever
+//! kills the process mid-write, `{file}` names either the old state or the new one, and data and
+//! checksum can never disagree because they travel in one file. The previous version is kept under a
+//! spare's name and goes back to the pool as a later write's target (of this shard or any other of
+//! its size), overwritten in place: its blocks stay allocated, so a steady-state write allocates,
+//! frees and discards nothing (a fresh file per write cost half the write rate on ext4 with
+//! `discard`, `benches/results/2026-11-23-nvme-vs-fio.md`). The pool keeps a few spares per size, so
+//! the extra disk room is a few tensors, not a copy of the state; spares are removed when the
+//! directory is dropped (and leftovers, with the `{file}.next` spares of earlier versions, when it or
+//! the shard is next opened).
+//!
+//! How the spare becomes `{file}` depends on the platform ([`ShardFile::install`]): the two names are
+//! exchanged in one call where there is one (Linux `renameat2(RENAME_EXCHANGE)`, macOS
+//! `renamex_np(RENAME_SWAP)`); elsewhere (Windows, filesystems that refuse the exchange) the old file
+//! is given a spare's name by a hard link and the spare is then renamed over `{file}`: two atomic
+//! steps, with `{file}` naming a whole version between them ([`ShardFile::install_portably`]).
 
 use std::fs::File;
 use std::io;
@@ -22,6 +27,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use crate::aligned::{ALIGN_BYTES, AlignedBuf, align_up};
 use crate::io::{Direction, IoEngine, Segment};
+use crate::os;
 use crate::spare_pool::Spare;
 use crate::store::{NvmeDir, Result, StoreError, io_error};
 
@@ -88,11 +94,11 @@ fn decode_footer(path: &Path, page: &[u8], len_bytes: usize) -> Result<Option<u3
     Ok((u32_at(page, 12) & HAS_CRC != 0).then(|| u32_at(page, 24)))
 }
 
-/// An error opening a file inside the NVMe directory, where a symbolic link is refused (O_NOFOLLOW).
+/// An error opening a file inside the NVMe directory, where a symbolic link is refused.
 pub(crate) fn open_error(what: &str, path: &Path, e: io::Error) -> StoreError {
-    if e.raw_os_error() == Some(libc::ELOOP) {
+    if os::is_refused_link(&e) {
         return StoreError(format!(
-            "{what} {}: it is a symbolic link, and symlinks inside the NVMe directory are not followed (ELOOP); replace it with a regular file or remove it",
+            "{what} {}: it is a symbolic link, and symlinks inside the NVMe directory are not followed; replace it with a regular file or remove it",
             path.display()
         ));
     }
@@ -110,19 +116,6 @@ pub(crate) fn remove_if_present(what: &str, path: &Path) -> Result<()> {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(io_error(what, path, e)),
-    }
-}
-
-/// Reserves `size` bytes for `file` now, so a full disk shows up before any data is written (and, for
-/// a spare, before the old state could be lost). On ENOSPC the caller removes the file.
-pub(crate) fn reserve(file: &File, size: u64) -> io::Result<()> {
-    // SAFETY: a plain system call on a descriptor we own.
-    let err = unsafe { libc::posix_fallocate(std::os::unix::io::AsRawFd::as_raw_fd(file), 0, size as libc::off_t) };
-    match err {
-        0 => Ok(()),
-        libc::ENOSPC => Err(io::Error::from_raw_os_error(err)),
-        // The filesystem cannot preallocate (or refuses glibc's emulation on an O_DIRECT file): size it.
-        _ => file.set_len(size),
     }
 }
 
@@ -168,7 +161,7 @@ impl ShardFile {
         }
         if actual == 0 {
             // New (or created by a run that died before sizing it): nothing in it to keep.
-            if let Err(e) = reserve(&file, size) {
+            if let Err(e) = os::preallocate(&file, size) {
                 let _ = std::fs::remove_file(&path);
                 return Err(io_error("allocating shard", &path, e));
             }
@@ -181,8 +174,8 @@ impl ShardFile {
         self.files.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Writes the buffer (whole pages) and its footer into a spare, then exchanges it with the shard.
-    /// Until the exchange the current file is untouched; after it the new one is complete.
+    /// Writes the buffer (whole pages) and its footer into a spare, then makes the spare the shard.
+    /// Until then the current file is untouched; after it the new one is complete.
     pub fn write(&self, nvme: &NvmeDir, buf: &mut AlignedBuf) -> Result<()> {
         write_all(nvme, &mut [(self, buf)])
     }
@@ -199,29 +192,56 @@ impl ShardFile {
             .map_err(|e| StoreError(format!("writing shard {}: {e}", self.path.display())))
     }
 
-    /// Makes `target` (the written spare) current by exchanging the names; the previous file, now
-    /// under the spare's name, goes back to the pool. Where the filesystem cannot exchange, renames
-    /// over the old file (whose blocks are freed with its descriptor).
+    /// Makes `target` (the written spare) current, its previous file going back to the pool under a
+    /// spare's name: by exchanging the two names in one step where the platform and filesystem can
+    /// (and `nvme.atomic_exchange` allows), else by [`ShardFile::install_portably`].
     fn install(&self, nvme: &NvmeDir, files: &mut Files, target: Spare) -> Result<()> {
-        match exchange(&target.path, &self.path) {
-            Ok(()) => {
-                let previous = std::mem::replace(&mut files.current, target.file);
-                nvme.spares.give(Spare { file: previous, path: target.path });
-                Ok(())
-            }
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP)) => {
-                if let Err(e) = std::fs::rename(&target.path, &self.path) {
-                    let _ = std::fs::remove_file(&target.path);
+        if nvme.atomic_exchange {
+            match os::exchange(&target.path, &self.path) {
+                Ok(true) => {
+                    let previous = std::mem::replace(&mut files.current, target.file);
+                    nvme.spares.give(Spare { file: previous, path: target.path });
+                    return Ok(());
+                }
+                Ok(false) => {} // no exchange here: the portable sequence below
+                Err(e) => {
+                    nvme.spares.give(target);
                     return Err(io_error("replacing shard", &self.path, e));
                 }
-                files.current = target.file;
-                Ok(())
-            }
-            Err(e) => {
-                nvme.spares.give(target);
-                Err(io_error("replacing shard", &self.path, e))
             }
         }
+        self.install_portably(nvme, files, target)
+    }
+
+    /// The install without an atomic exchange, in two steps that are each atomic:
+    ///
+    /// 1. the current file gets a second name, a fresh spare's (a hard link), so that it can be
+    ///    reused once `{file}` moves on;
+    /// 2. the written spare is renamed over `{file}` (`rename`; `MoveFileEx` with write-through on
+    ///    Windows), which replaces the name in one step.
+    ///
+    /// This is weaker than the exchange only in taking two calls, and it is still safe: `{file}`
+    /// names a whole version at every instant, the old one up to step 2 and the new one from it. A
+    /// crash between the steps leaves the old state under `{file}` and a second name of it that looks
+    /// like a spare; spares are removed when the directory is next opened, and removing a name never
+    /// removes a file that another name still holds. Where the filesystem has no hard links (FAT,
+    /// some network filesystems), step 1 does nothing and the previous version is freed instead of
+    /// reused: slower steady-state writes, the same guarantee.
+    fn install_portably(&self, nvme: &NvmeDir, files: &mut Files, target: Spare) -> Result<()> {
+        let kept = nvme.spares.link_previous(&self.path, &files.current);
+        if let Err(e) = os::replace(&target.path, &self.path) {
+            if let Some(kept) = kept {
+                // Only a second name of the file `{file}` still names: the file stays.
+                let _ = std::fs::remove_file(kept);
+            }
+            nvme.spares.give(target);
+            return Err(io_error("replacing shard", &self.path, e));
+        }
+        let previous = std::mem::replace(&mut files.current, target.file);
+        if let Some(path) = kept {
+            nvme.spares.give(Spare { file: previous, path });
+        }
+        Ok(())
     }
 }
 
@@ -233,7 +253,7 @@ fn assert_distinct(shards: &[(&ShardFile, &mut AlignedBuf)]) {
 }
 
 /// Writes every shard's buffer, as [`ShardFile::write`] does, in two batched transfers: all the data
-/// (checksummed on the way out), then all the footers; then exchanges each shard's files. On an error
+/// (checksummed on the way out), then all the footers; then installs each shard's new file. On an error
 /// no shard from the failed one on is changed (each keeps its old state).
 pub fn write_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)]) -> Result<()> {
     assert_distinct(shards);
@@ -255,7 +275,7 @@ pub fn write_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)]) -
         return Err(e);
     }
     // No fsync: the guarantee is against the process dying (SIGKILL, OOM, a crash), and the kernel keeps
-    // both the written data and the exchange (page cache, journal) and flushes them in its own time.
+    // both the written data and the renames (page cache, journal) and flushes them in its own time.
     // Surviving a power loss would take an fsync of the file and the directory per write; without it, a
     // file torn by one is caught by the footer check or, with verify, by the CRC (with verify off, torn
     // data behind an intact footer would go unnoticed).
@@ -352,25 +372,6 @@ pub fn read_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)]) ->
         }
     }
     Ok(())
-}
-
-/// Whether `path` (not followed if a link) names the open `file`.
-pub(crate) fn same_file(file: &File, path: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    match (file.metadata(), std::fs::symlink_metadata(path)) {
-        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-        _ => false,
-    }
-}
-
-/// Atomically exchanges the directory entries `a` and `b` (both must exist).
-fn exchange(a: &Path, b: &Path) -> io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL));
-    let (a, b) = (c(a)?, c(b)?);
-    // SAFETY: two NUL-terminated paths that outlive the call.
-    let rc = unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), libc::RENAME_EXCHANGE) };
-    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
 /// Where earlier versions wrote `path`'s spare (removed when the shard is opened).

@@ -1,7 +1,7 @@
-//! The spare files of one NVMe directory: where shard writes go before their names are exchanged.
+//! The spare files of one NVMe directory: where shard writes go before they take the shard's name.
 //!
-//! A shard write fills a spare of the shard's file size and then exchanges names with the shard
-//! (`shard_file.rs`); the shard's previous file is left under the spare's name and comes back here,
+//! A shard write fills a spare of the shard's file size and then takes the shard's name
+//! (`shard_file.rs`); the shard's previous file is left under a spare's name and comes back here,
 //! to be overwritten in place by a later write of that size (its blocks stay allocated, which is what
 //! keeps a steady-state write as fast as an overwrite). Spares are pooled by file size, not per
 //! shard: all the shards of a size share at most [`SPARES_PER_SIZE`] of them, so the run's extra disk
@@ -9,9 +9,11 @@
 //!
 //! Spares are named `.zerostream-spare-{n}` (unique within the run; no shard, which is named
 //! `*.rank{r}.bin`, can have such a name). They never hold state: whatever a spare holds is a finished
-//! or unfinished write that was never, or is no longer, a shard's current file. So leftovers of an
-//! earlier run are removed when the directory is opened ([`remove_leftovers`]), and the pool's
-//! files are removed when it is dropped (with the [`crate::NvmeDir`] that holds it).
+//! or unfinished write that was never, or is no longer, a shard's current file — or, for a run killed
+//! in the middle of the install without an atomic exchange, a second name of a shard's current file,
+//! whose removal leaves the file to the shard's name. So leftovers of an earlier run are removed when
+//! the directory is opened ([`remove_leftovers`]), and the pool's files are removed when it is dropped
+//! (with the [`crate::NvmeDir`] that holds it).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -21,7 +23,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::io::IoEngine;
-use crate::shard_file::{open_in_dir, remove_if_present, reserve, same_file};
+use crate::os;
+use crate::shard_file::{open_in_dir, remove_if_present};
 use crate::store::{Result, StoreError, io_error};
 
 /// The most idle spares kept per file size. A spare is out of the pool only while a write fills it,
@@ -69,7 +72,7 @@ impl SparePool {
     pub(crate) fn take(&self, io: &IoEngine, file_bytes: u64) -> Result<Spare> {
         loop {
             let Some(spare) = self.idle().get_mut(&file_bytes).and_then(Vec::pop) else { break };
-            if same_file(&spare.file, &spare.path) {
+            if os::same_file(&spare.file, &spare.path) {
                 return Ok(spare);
             }
         }
@@ -83,20 +86,41 @@ impl SparePool {
         }
     }
 
-    /// Creates a fresh spare, sized (so a full disk shows before any data is written). Whatever is at
-    /// its name goes first, and O_NOFOLLOW refuses a link that appears in between.
-    fn create(&self, io: &IoEngine, file_bytes: u64) -> std::result::Result<Spare, Created> {
+    /// The name of the next fresh spare, with nothing left at it.
+    fn fresh_path(&self) -> Result<PathBuf> {
         let number = self.next_number.fetch_add(1, Ordering::Relaxed);
         let path = self.dir.join(format!("{SPARE_PREFIX}{number}"));
-        remove_if_present("removing a leftover spare", &path).map_err(Created::Other)?;
+        remove_if_present("removing a leftover spare", &path)?;
+        Ok(path)
+    }
+
+    /// Creates a fresh spare, sized (so a full disk shows before any data is written). Whatever is at
+    /// its name goes first, and the open refuses a link that appears in between.
+    fn create(&self, io: &IoEngine, file_bytes: u64) -> std::result::Result<Spare, Created> {
+        let path = self.fresh_path().map_err(Created::Other)?;
         let (file, _) = open_in_dir(io, "creating the spare", &path, true).map_err(Created::Other)?;
-        if let Err(e) = reserve(&file, file_bytes) {
+        if let Err(e) = os::preallocate(&file, file_bytes) {
             let _ = std::fs::remove_file(&path);
-            let full = e.raw_os_error() == Some(libc::ENOSPC);
+            let full = e.kind() == io::ErrorKind::StorageFull;
             let e = io_error("allocating the spare", &path, e);
             return Err(if full { Created::Full(e) } else { Created::Other(e) });
         }
         Ok(Spare { file, path })
+    }
+
+    /// Gives `current`, the file `shard` names, a second name, a fresh spare's (a hard link), so it can
+    /// come back to the pool once the shard's name moves to another file (the install without an
+    /// atomic exchange, `shard_file.rs`). None where the filesystem has no hard links, or `shard` no
+    /// longer names `current`: the previous version is then freed with its descriptor, not reused.
+    pub(crate) fn link_previous(&self, shard: &Path, current: &File) -> Option<PathBuf> {
+        let path = self.fresh_path().ok()?;
+        std::fs::hard_link(shard, &path).ok()?;
+        if os::same_file(current, &path) {
+            return Some(path);
+        }
+        // `shard` named something else (a link put there is linked itself, never followed).
+        let _ = std::fs::remove_file(&path);
+        None
     }
 }
 
@@ -149,7 +173,7 @@ impl Drop for SparePool {
 
 /// Unlinks a spare's name if it still names the spare (never another file put there since).
 fn remove_spare(spare: Spare) {
-    if same_file(&spare.file, &spare.path) {
+    if os::same_file(&spare.file, &spare.path) {
         let _ = std::fs::remove_file(&spare.path);
     }
 }

@@ -6,24 +6,25 @@
 //! format version, length and, with verification on, the data's CRC32), checked on every read.
 //!
 //! The NVMe tier never overwrites the only copy of a tensor: a write goes to a spare file of the
-//! same size (`.zerostream-spare-{n}`, from the directory's pool) and the spare's and the shard's names
-//! are then exchanged, so a process killed mid-write leaves either the old state or the new one
+//! same size (`.zerostream-spare-{n}`, from the directory's pool) which then takes the shard's name
+//! atomically, so a process killed mid-write leaves either the old state or the new one
 //! (leftover spares are removed when the directory is next opened). The previous version goes back
 //! to the pool under the spare's name, a later write's target, overwritten in place. The pool keeps at
 //! most [`crate::SPARES_PER_SIZE`] spares of each size, so a run needs disk room for its state plus a
 //! few tensors of each size; at rest (the directory dropped), the state alone.
-//! Symbolic links inside the directory are never followed (every open there uses O_NOFOLLOW), so a
-//! link planted where a shard or the lock should be cannot redirect writes elsewhere.
+//! Symbolic links inside the directory are never followed (every open there refuses one: O_NOFOLLOW or
+//! its platform's kin), so a link planted where a shard or the lock should be cannot redirect writes
+//! elsewhere.
 //! See [`ShardFile`] for the file itself.
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::aligned::{AlignedBuf, BufferPool};
 use crate::io::IoEngine;
+use crate::os;
 pub use crate::shard_file::ShardFile;
 use crate::shard_file::{open_error, open_in_dir};
 use crate::spare_pool::{SparePool, remove_leftovers};
@@ -58,9 +59,9 @@ impl std::error::Error for StoreError {}
 pub type Result<T> = std::result::Result<T, StoreError>;
 
 pub(crate) fn io_error(what: &str, path: &Path, e: io::Error) -> StoreError {
-    let why = match e.raw_os_error() {
-        Some(libc::ENOSPC) => "the disk is full (ENOSPC)".to_string(),
-        Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS) => format!("not writable ({e})"),
+    let why = match e.kind() {
+        io::ErrorKind::StorageFull => format!("the disk is full ({e})"),
+        io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem => format!("not writable ({e})"),
         _ => e.to_string(),
     };
     StoreError(format!("{what} {}: {why}", path.display()))
@@ -73,6 +74,10 @@ pub struct NvmeDir {
     pub io: IoEngine,
     pub verify: bool,
     pub rank: usize,
+    /// Whether a written spare and its shard trade names in one atomic call where the platform has one
+    /// (on by default). Off, every write takes the portable sequence the other platforms use (a hard
+    /// link, then a rename over the shard: `shard_file.rs`), which is how tests run it on Linux.
+    pub atomic_exchange: bool,
     /// Bytes paged in from and out to this directory's shards (what [`NvmeDir::traffic`] reports).
     read_bytes: AtomicU64,
     written_bytes: AtomicU64,
@@ -87,8 +92,8 @@ pub struct NvmeDir {
 
 impl NvmeDir {
     /// Creates `dir` if it is missing, checks that it is a writable directory (by creating and removing
-    /// a probe file) that no other run holds, and whether its filesystem accepts O_DIRECT; a refusal is
-    /// added to `io.notes`. Spare files an earlier run left there are removed.
+    /// a probe file) that no other run holds, and whether its filesystem accepts uncached I/O; a
+    /// refusal is added to `io.notes`. Spare files an earlier run left there are removed.
     pub fn new(dir: &Path, mut io: IoEngine, verify: bool, rank: usize) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| io_error("creating the NVMe directory", dir, e))?;
         let meta = std::fs::metadata(dir).map_err(|e| io_error("NVMe directory", dir, e))?;
@@ -96,13 +101,9 @@ impl NvmeDir {
             return Err(StoreError(format!("NVMe directory {}: not a directory", dir.display())));
         }
         let lock_path = dir.join(".zerostream.lock");
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&lock_path)
-            .map_err(|e| open_error("NVMe directory lock", &lock_path, e))?;
+        // Not truncated (it holds nothing), never a link, locked through std's File::try_lock (flock,
+        // or LockFileEx on Windows): the lock goes with the process, however it ends.
+        let (lock, _) = os::open(&lock_path, true, true, false).map_err(|e| open_error("NVMe directory lock", &lock_path, e))?;
         if lock.try_lock().is_err() {
             return Err(StoreError(format!(
                 "NVMe directory {} is in use by another zerostream run (it holds {}): give each run its own --nvme-dir",
@@ -117,13 +118,15 @@ impl NvmeDir {
         let _ = std::fs::remove_file(&probe);
         let (_, direct) = opened?;
         if io.config.direct && !direct && io.config.engine != crate::io::IoEngineKind::Mmap {
-            io.notes.push(format!("{}: the filesystem refuses O_DIRECT; using buffered I/O (through the page cache)", dir.display()));
+            let uncached = IoEngine::uncached_name();
+            io.notes.push(format!("{}: the filesystem refuses {uncached}; using buffered I/O (through the page cache)", dir.display()));
         }
         Ok(NvmeDir {
             dir: dir.to_path_buf(),
             io,
             verify,
             rank,
+            atomic_exchange: true,
             read_bytes: AtomicU64::new(0),
             written_bytes: AtomicU64::new(0),
             pool: BufferPool::default(),
@@ -280,10 +283,41 @@ impl Stored {
     }
 }
 
+/// Bytes free for an unprivileged writer on the file system that holds `path` (or its nearest existing
+/// ancestor, for a directory still to be made).
+pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    let mut at = path;
+    while !at.exists() {
+        at = at.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    }
+    os::free_bytes(at)
+}
+
+/// Bytes of the shard files (`*.bin`) in `dir`'s `rank*/` subdirectories: what a new run in `dir`
+/// overwrites rather than adds.
+pub fn shard_bytes_in(dir: &Path) -> u64 {
+    let files_in = |d: &Path| -> u64 {
+        std::fs::read_dir(d)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".bin"))
+            .filter_map(|e| e.metadata().ok().filter(|m| m.is_file()).map(|m| m.len()))
+            .sum()
+    };
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("rank") && e.path().is_dir())
+        .map(|e| files_in(&e.path()))
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::io::{Direction, IoConfig};
+    use crate::io::IoConfig;
 
     fn nvme(dir: &Path, verify: bool) -> NvmeDir {
         NvmeDir::new(dir, IoEngine::new(IoConfig { block_bytes: 8192, queue_depth: 4, ..IoConfig::default() }).unwrap(), verify, 0).unwrap()
@@ -341,15 +375,19 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_os = "linux")] // /dev/full is Linux's
     fn a_full_disk_is_named_as_such() {
+        use crate::io::Direction;
         // /dev/full fails every write with ENOSPC.
-        let io = IoEngine::new(IoConfig { engine: crate::io::IoEngineKind::Pread, direct: false, ..IoConfig::default() }).unwrap();
-        let path = Path::new("/dev/full");
-        let (file, _) = io.open(path, false).unwrap();
-        let mut buf = AlignedBuf::zeroed(4096);
-        let e = io.transfer(Direction::Write, &file, 0, buf.padded_mut()).unwrap_err();
-        let err = io_error("writing shard", path, e).to_string();
-        assert!(err.contains("disk is full") && err.contains("/dev/full"), "{err}");
+        for engine in [crate::io::IoEngineKind::Uring, crate::io::IoEngineKind::Threads] {
+            let io = IoEngine::new(IoConfig { engine, direct: false, ..IoConfig::default() }).unwrap();
+            let path = Path::new("/dev/full");
+            let (file, _) = io.open(path, false).unwrap();
+            let mut buf = AlignedBuf::zeroed(4096);
+            let e = io.transfer(Direction::Write, &file, 0, buf.padded_mut()).unwrap_err();
+            let err = io_error("writing shard", path, e).to_string();
+            assert!(err.contains("disk is full") && err.contains("/dev/full"), "{engine}: {err}");
+        }
     }
 
     #[test]
@@ -358,10 +396,14 @@ mod tests {
         let deep = dir.path().join("a/b/rank0");
         nvme(&deep, true);
         assert!(deep.is_dir());
-        // procfs refuses new directories, and a regular file cannot have children.
+        // A regular file cannot have children, and (on Linux) procfs refuses new directories.
         let file = dir.path().join("plain");
         std::fs::write(&file, b"x").unwrap();
-        for path in [Path::new("/proc/zerostream-nvme"), &file.join("child"), &file] {
+        let mut refused = vec![file.join("child"), file.clone()];
+        if cfg!(target_os = "linux") {
+            refused.push(PathBuf::from("/proc/zerostream-nvme"));
+        }
+        for path in &refused {
             let io = IoEngine::new(IoConfig::default()).unwrap();
             let err = NvmeDir::new(path, io, false, 0).unwrap_err().to_string();
             assert!(err.contains(&*path.to_string_lossy()), "{err}");
@@ -369,43 +411,4 @@ mod tests {
         let err = Stored::new("x", 16, Tier::Nvme, None).err().unwrap().to_string();
         assert!(err.contains("--nvme-dir"), "{err}");
     }
-}
-
-/// Bytes free for an unprivileged writer on the file system that holds `path` (or its nearest existing
-/// ancestor, for a directory still to be made).
-pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
-    let mut at = path;
-    while !at.exists() {
-        at = at.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    }
-    let c_path = std::ffi::CString::new(at.as_os_str().as_encoded_bytes()).map_err(std::io::Error::other)?;
-    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: a NUL-terminated path and a statvfs the call fills on success.
-    if unsafe { libc::statvfs(c_path.as_ptr(), stat.as_mut_ptr()) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: filled by the successful call above.
-    let stat = unsafe { stat.assume_init() };
-    Ok(stat.f_bavail as u64 * stat.f_frsize as u64)
-}
-
-/// Bytes of the shard files (`*.bin`) in `dir`'s `rank*/` subdirectories: what a new run in `dir`
-/// overwrites rather than adds.
-pub fn shard_bytes_in(dir: &Path) -> u64 {
-    let files_in = |d: &Path| -> u64 {
-        std::fs::read_dir(d)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".bin"))
-            .filter_map(|e| e.metadata().ok().filter(|m| m.is_file()).map(|m| m.len()))
-            .sum()
-    };
-    std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("rank") && e.path().is_dir())
-        .map(|e| files_in(&e.path()))
-        .sum()
 }

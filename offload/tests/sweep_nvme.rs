@@ -1,7 +1,10 @@
 //! The pipelined sweep over shards stored on the NVMe tier: every byte written by the computation of
-//! one sweep comes back, checksummed, in the next — for each I/O engine.
+//! one sweep comes back, checksummed, in the next — for each I/O engine and both installs.
 
-use zerostream_offload::{IoConfig, IoEngine, IoEngineKind, NvmeDir, StoreError, Stored, Tier, pipelined_sweep};
+mod common;
+
+use common::setups;
+use zerostream_offload::{IoConfig, IoEngine, NvmeDir, StoreError, Stored, Tier, pipelined_sweep};
 
 /// FNV-1a over the shard: a checksum the test computes itself, independent of the store's CRC.
 fn fnv(bytes: &[u8]) -> u64 {
@@ -10,10 +13,13 @@ fn fnv(bytes: &[u8]) -> u64 {
 
 #[test]
 fn every_byte_round_trips_through_two_sweeps() {
-    for engine in [IoEngineKind::Uring, IoEngineKind::Pread, IoEngineKind::Mmap] {
+    for setup in setups() {
         let dir = tempfile::tempdir().unwrap();
-        let io = IoEngine::new(IoConfig { engine, block_bytes: 16384, queue_depth: 4, ..IoConfig::default() }).unwrap();
-        let nvme = NvmeDir::new(dir.path(), io, true, 3).unwrap();
+        let io = IoEngine::new(IoConfig { engine: setup.engine, block_bytes: 16384, queue_depth: 4, ..IoConfig::default() }).unwrap();
+        assert_eq!(io.config.engine, setup.engine, "{setup}: {:?}", io.notes);
+        let mut nvme = NvmeDir::new(dir.path(), io, true, 3).unwrap();
+        nvme.atomic_exchange = setup.exchange;
+        let engine = setup;
         // Awkward sizes: below a page, a page and a bit, several blocks and a partial one.
         let sizes = [100usize, 4097, 70_001, 16384 * 3 + 12, 1];
         let mut shards: Vec<Stored> =

@@ -5,16 +5,18 @@
 //! ```text
 //! SWEEP_DIR=/path/on/nvme cargo test --release -p zerostream-offload --test sweep_throughput -- --ignored --nocapture
 //! ```
+//! SWEEP_ENGINE (uring, threads or mmap; default the platform's) moves the bytes;
 //! SWEEP_GROUPS (default 8) groups of SWEEP_PARAMS (default 32M) parameters, each group's update laid
 //! out as the trainer's worker (`engine/src/train/worker.rs`) does it: read the gradient, master
 //! weights, m and v (16 B/param, one batch) ahead, AdamW with a bf16 copy into the working copy, write
 //! the working copy (2 B/param) and then master, m and v (12 B/param, one batch) behind.
 
-use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use zerostream_offload::{AdamConfig, AdamW, Grads, IoConfig, IoEngine, NvmeDir, ParamCopy, StoreError, Stored, Tier, pipelined_sweep};
+use zerostream_offload::{
+    AdamConfig, AdamW, Grads, IoConfig, IoEngine, IoEngineKind, NvmeDir, ParamCopy, StoreError, Stored, Tier, pipelined_sweep,
+};
 
 struct Group {
     grad: Stored,
@@ -33,9 +35,13 @@ fn env_usize(name: &str, default: usize) -> usize {
 fn sweep_throughput() {
     let dir = std::env::var("SWEEP_DIR").map(std::path::PathBuf::from).unwrap_or_else(|_| std::env::temp_dir());
     let (groups, params) = (env_usize("SWEEP_GROUPS", 8), env_usize("SWEEP_PARAMS", 32 << 20));
+    let engine =
+        std::env::var("SWEEP_ENGINE").map_or(IoEngineKind::NATIVE, |e| e.parse().unwrap_or_else(|e: String| panic!("SWEEP_ENGINE: {e}")));
     for verify in [true, false] {
         let scratch = tempfile::tempdir_in(&dir).unwrap();
-        let nvme = NvmeDir::new(scratch.path(), IoEngine::new(IoConfig::default()).unwrap(), verify, 0).unwrap();
+        let io = IoEngine::new(IoConfig { engine, ..IoConfig::default() }).unwrap();
+        assert_eq!(io.config.engine, engine, "{:?}", io.notes);
+        let nvme = NvmeDir::new(scratch.path(), io, verify, 0).unwrap();
         let nv = Some(&nvme);
         let mut shards: Vec<Group> = (0..groups)
             .map(|k| {
@@ -99,7 +105,7 @@ fn sweep_throughput() {
             let seconds = start.elapsed().as_secs_f64();
             let (read, written) = (nvme.traffic().0 - before.0, nvme.traffic().1 - before.1);
             println!(
-                "sweep {sweep} (verify {verify}): {groups} groups x {params} params in {seconds:.2} s: read {:.2} GB/s, written {:.2} GB/s, together {:.2} GB/s",
+                "sweep {sweep} ({engine} engine, verify {verify}): {groups} groups x {params} params in {seconds:.2} s: read {:.2} GB/s, written {:.2} GB/s, together {:.2} GB/s",
                 read as f64 / seconds / 1e9,
                 written as f64 / seconds / 1e9,
                 (read + written) as f64 / seconds / 1e9
@@ -110,10 +116,19 @@ fn sweep_throughput() {
             );
             assert!(read > 0 && written > 0);
             // What the run holds on disk now, spares included (what `du` of the directory says).
-            let allocated: u64 = std::fs::read_dir(scratch.path()).unwrap().map(|e| e.unwrap().metadata().unwrap().blocks() * 512).sum();
+            let allocated = allocated_bytes(scratch.path());
             let state: u64 =
                 shards.iter().map(|g| [&g.grad, &g.master, &g.m, &g.v, &g.working].map(|t| t.len_bytes() as u64).iter().sum::<u64>()).sum();
             println!("  disk: {:.2} GB allocated in the directory, state {:.2} GB", allocated as f64 / 1e9, state as f64 / 1e9);
         }
     }
+}
+
+/// Bytes allocated to the files in `dir` (what `du` counts; their lengths where std cannot tell).
+fn allocated_bytes(dir: &std::path::Path) -> u64 {
+    let files = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().metadata().unwrap());
+    #[cfg(unix)]
+    return files.map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512).sum();
+    #[cfg(not(unix))]
+    return files.map(|m| m.len()).sum();
 }

@@ -108,6 +108,7 @@ pub fn mkfifo(path: &Path) {
 
 /// Runs `f` on another thread and fails if it takes more than 10 s: a FIFO opened for reading
 /// blocks until a writer comes, and a test that hangs says less than one that fails.
+#[cfg(unix)]
 pub fn within_10s<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

@@ -12,6 +12,9 @@ use zerostream_offload::IoEngineKind;
 
 use crate::parse_size;
 
+/// `bench io`'s engines when none are named: io_uring and the portable threads engine where both exist.
+const BENCH_ENGINES: &str = if cfg!(target_os = "linux") { "uring,threads" } else { "threads" };
+
 #[derive(clap::Subcommand)]
 pub enum BenchCommand {
     /// CPU AdamW throughput, and the machine's memory bandwidth (STREAM triad) in the same run.
@@ -50,8 +53,9 @@ pub enum BenchCommand {
         /// Queue depths to try, comma-separated.
         #[arg(long, default_value = "8,32,128", value_delimiter = ',')]
         queue_depth: Vec<usize>,
-        /// I/O engines to try, comma-separated: uring, pread, mmap.
-        #[arg(long, default_value = "uring", value_delimiter = ',')]
+        /// I/O engines to try, comma-separated: uring (Linux), threads (portable), mmap. By default
+        /// every engine this platform has besides mmap, side by side.
+        #[arg(long, default_value = BENCH_ENGINES, value_delimiter = ',')]
         io_engine: Vec<IoEngineKind>,
         /// Use the page cache instead of O_DIRECT.
         #[arg(long)]
@@ -178,7 +182,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             let runs = bench_io::bench_io(&cfg, |r| {
                 if !json {
                     println!(
-                        "{:>5} {:<8} block {:>8} qd {:>4}: write {:6.2} GB/s, read {:6.2} GB/s",
+                        "{:>7} {:<8} block {:>8} qd {:>4}: write {:6.2} GB/s, read {:6.2} GB/s",
                         r.engine.name(),
                         r.kind(),
                         human_bytes(r.block_bytes),
@@ -230,6 +234,17 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                         best.write_gbps,
                         best.read_gbps,
                         if best.direct { "" } else { " through the page cache: not the drive's speed" }
+                    );
+                }
+                for (run, base) in bench_io::beside(&runs, IoEngineKind::Uring) {
+                    println!(
+                        "{} / uring, {} block {} qd {}: write {:.2}x, read {:.2}x",
+                        run.engine,
+                        run.kind(),
+                        human_bytes(run.block_bytes),
+                        run.queue_depth,
+                        run.write_gbps / base.write_gbps,
+                        run.read_gbps / base.read_gbps
                     );
                 }
                 if let (Some((w, r)), Some(b)) = (fio_gbps, best_direct) {
@@ -419,7 +434,7 @@ fn bench_all(dir: &std::path::Path, size: u64, params: usize, adapter: Option<&s
         size_bytes: size,
         block_sizes: vec![block],
         queue_depths: vec![depth],
-        engines: vec![IoEngineKind::Uring],
+        engines: vec![IoEngineKind::NATIVE],
         direct: true,
     };
     let io = bench_io::bench_io(&io_cfg, |_| {})?;

@@ -8,6 +8,7 @@ use std::cell::RefCell;
 use std::io;
 use std::os::unix::io::AsRawFd;
 
+use super::stream::{Cursor, Stream, hash_step, tag, untag};
 use super::{Direction, Segment, short};
 
 /// Buffers at most this large are registered as one entry (the kernel's limit is 1 GiB).
@@ -16,9 +17,6 @@ const REGISTERED_PIECE_BYTES: usize = 512 << 20;
 const REGISTERED_PIECES: u32 = 16;
 /// Entries in each ring's sparse file table: the files of a batch beyond it go by descriptor.
 const REGISTERED_FILES: u32 = 16;
-/// Bytes hashed between two looks at the completion queue: small enough (about 0.1-0.3 ms) that the
-/// queue is refilled long before the requests in flight run out.
-const HASH_STEP_BYTES: usize = 1 << 20;
 
 /// One thread's io_uring with sparse tables of [`REGISTERED_FILES`] files and [`REGISTERED_PIECES`]
 /// buffers, registered once when the ring is made; each transfer fills the tables (an update: no
@@ -60,45 +58,19 @@ fn submit_and_wait(ring: &io_uring::IoUring, want: usize) -> io::Result<usize> {
     }
 }
 
-/// A segment as the ring sees it: raw pointers (the kernel and the hashing share the buffer), its
-/// requests, and how far its checksum and (for reads) its arrived prefix have got.
-struct Stream<'s> {
+/// Whether this machine's kernel gives us a ring of `depth` entries (what [`super::IoEngine::new`]
+/// asks before choosing io_uring).
+pub(super) fn probe(depth: usize) -> io::Result<()> {
+    io_uring::IoUring::new(depth.next_power_of_two() as u32).map(drop)
+}
+
+/// Where a stream's requests go: its descriptor, and its entries in the ring's tables if registered.
+struct Target {
     fd: i32,
     /// Index in the file table, if registered.
     fixed_file: Option<u32>,
     /// First buffer-table index of the segment's pieces, if registered.
     fixed_buf: Option<u16>,
-    offset: u64,
-    base: *mut u8,
-    buf_len: usize,
-    total: u64,
-    blocks: usize,
-    /// Blocks completed, and how many from the start are all complete.
-    done: Vec<bool>,
-    done_prefix: usize,
-    /// The segment's checksum, fed its first `hash_bytes`; `hashed_bytes` of them so far.
-    hasher: Option<&'s mut crc32fast::Hasher>,
-    hashed_bytes: usize,
-    hash_bytes: usize,
-}
-
-impl Stream<'_> {
-    /// Where block `i` lies: its file offset, its offset in the buffer (reused from its start when
-    /// `total` exceeds it) and its length.
-    fn block_at(&self, i: usize, block: usize) -> (u64, usize, usize) {
-        let start = i as u64 * block as u64;
-        let n = (block as u64).min(self.total - start) as usize;
-        (self.offset + start, (start % self.buf_len as u64) as usize, n)
-    }
-
-    /// Bytes from the buffer's start that may be hashed now: all of them for a write; for a read, those
-    /// whose blocks have all arrived.
-    fn hashable_bytes(&self, dir: Direction, block: usize) -> usize {
-        match dir {
-            Direction::Write => self.hash_bytes,
-            Direction::Read => self.hash_bytes.min(self.done_prefix * block),
-        }
-    }
 }
 
 /// Moves every segment (a `total` of bytes each, through its buffer, reused from its start when the
@@ -118,8 +90,9 @@ pub(super) fn transfer(
             *slot = Some(Ring::new(entries).map_err(|e| (0, e))?);
         }
         let ring = slot.as_mut().unwrap();
-        let mut streams = register(ring, segments, totals, block);
-        let result = run(&mut ring.ring, dir, &mut streams, block, depth);
+        let targets = register(ring, segments, block);
+        let mut streams: Vec<Stream<'_>> = segments.iter_mut().zip(totals).map(|(s, &total)| Stream::new(s, total, block)).collect();
+        let result = run(&mut ring.ring, dir, &mut streams, &targets, block, depth);
         // `run` has reaped every request it issued: no buffer is in use by the kernel any more.
         if result.is_ok() {
             while hash_step(dir, &mut streams, block) {}
@@ -130,16 +103,17 @@ pub(super) fn transfer(
     })
 }
 
-/// Fills the ring's tables with the segments' files and buffers (as many as fit) and makes their streams.
-fn register<'s>(ring: &mut Ring, segments: &'s mut [Segment<'_>], totals: &[u64], block: usize) -> Vec<Stream<'s>> {
+/// Fills the ring's tables with the segments' files and buffers (as many as fit): where each
+/// segment's requests go.
+fn register(ring: &mut Ring, segments: &mut [Segment<'_>], block: usize) -> Vec<Target> {
     let fds: Vec<i32> = segments.iter().map(|s| s.file.as_raw_fd()).collect();
     let files_fit = ring.file_table && fds.len() <= REGISTERED_FILES as usize;
     let fixed_files = files_fit && ring.ring.submitter().register_files_update(0, &fds).is_ok();
     // Each buffer in pieces of at most REGISTERED_PIECE_BYTES, each a whole number of blocks.
     let piece = (REGISTERED_PIECE_BYTES / block).max(1) * block;
     let mut iovs = Vec::new();
-    let mut streams = Vec::with_capacity(segments.len());
-    for (k, (segment, &total)) in segments.iter_mut().zip(totals).enumerate() {
+    let mut targets = Vec::with_capacity(segments.len());
+    for (k, segment) in segments.iter_mut().enumerate() {
         let (base, buf_len) = (segment.buf.as_mut_ptr(), segment.buf.len());
         let pieces = buf_len.div_ceil(piece);
         let fixed_buf = (ring.buffer_table && iovs.len() + pieces <= REGISTERED_PIECES as usize).then(|| {
@@ -151,32 +125,13 @@ fn register<'s>(ring: &mut Ring, segments: &'s mut [Segment<'_>], totals: &[u64]
             );
             first
         });
-        let blocks = total.div_ceil(block as u64) as usize;
-        let (hasher, hash_bytes) = match segment.checksum.as_mut() {
-            Some((hasher, n)) => (Some(&mut **hasher), (*n).min(buf_len)),
-            None => (None, 0),
-        };
-        streams.push(Stream {
-            fd: fds[k],
-            fixed_file: fixed_files.then_some(k as u32),
-            fixed_buf,
-            offset: segment.offset,
-            base,
-            buf_len,
-            total,
-            blocks,
-            done: vec![false; blocks],
-            done_prefix: 0,
-            hasher,
-            hashed_bytes: 0,
-            hash_bytes,
-        });
+        targets.push(Target { fd: fds[k], fixed_file: fixed_files.then_some(k as u32), fixed_buf });
     }
     // SAFETY: the buffers stay alive and unmoved until the table is cleared, before `transfer` returns.
     if !iovs.is_empty() && unsafe { ring.ring.submitter().register_buffers_update(0, &iovs, None) }.is_err() {
-        streams.iter_mut().for_each(|s| s.fixed_buf = None);
+        targets.iter_mut().for_each(|t| t.fixed_buf = None);
     }
-    streams
+    targets
 }
 
 /// Clears what [`register`] put in the tables, so the pages are unpinned and the files released now.
@@ -192,15 +147,15 @@ fn unregister(slot: &mut Option<Ring>, files: usize) {
     }
 }
 
-/// Builds the request for block `i` of stream `s`.
-fn request(dir: Direction, s: &Stream, i: usize, block: usize) -> io_uring::squeue::Entry {
+/// Builds the request for block `i` of stream `s`, which goes to `t`.
+fn request(dir: Direction, s: &Stream, t: &Target, i: usize, block: usize) -> io_uring::squeue::Entry {
     use io_uring::{opcode, types};
     let (at, in_buf, n) = s.block_at(i, block);
     // SAFETY: in_buf + n <= the buffer's length.
     let ptr = unsafe { s.base.add(in_buf) };
     let piece = (REGISTERED_PIECE_BYTES / block).max(1) * block;
     let n32 = n as u32;
-    let fixed = s.fixed_buf.map(|first| first + (in_buf / piece) as u16);
+    let fixed = t.fixed_buf.map(|first| first + (in_buf / piece) as u16);
     macro_rules! build {
         ($fixed_op:ident, $op:ident, $target:expr) => {
             match fixed {
@@ -209,29 +164,12 @@ fn request(dir: Direction, s: &Stream, i: usize, block: usize) -> io_uring::sque
             }
         };
     }
-    match (dir, s.fixed_file) {
+    match (dir, t.fixed_file) {
         (Direction::Read, Some(f)) => build!(ReadFixed, Read, types::Fixed(f)),
-        (Direction::Read, None) => build!(ReadFixed, Read, types::Fd(s.fd)),
+        (Direction::Read, None) => build!(ReadFixed, Read, types::Fd(t.fd)),
         (Direction::Write, Some(f)) => build!(WriteFixed, Write, types::Fixed(f)),
-        (Direction::Write, None) => build!(WriteFixed, Write, types::Fd(s.fd)),
+        (Direction::Write, None) => build!(WriteFixed, Write, types::Fd(t.fd)),
     }
-}
-
-/// Hashes up to [`HASH_STEP_BYTES`] of the first stream with bytes ready to hash; false if none had any.
-fn hash_step(dir: Direction, streams: &mut [Stream<'_>], block: usize) -> bool {
-    for s in streams.iter_mut() {
-        let ready = s.hashable_bytes(dir, block);
-        let Some(hasher) = s.hasher.as_mut() else { continue };
-        if ready > s.hashed_bytes {
-            let n = (ready - s.hashed_bytes).min(HASH_STEP_BYTES);
-            // SAFETY: these bytes are not being written by the kernel (a write only reads the buffer; a
-            // read has completed them) and lie within the buffer.
-            hasher.update(unsafe { std::slice::from_raw_parts(s.base.add(s.hashed_bytes), n) });
-            s.hashed_bytes += n;
-            return true;
-        }
-    }
-    false
 }
 
 /// Issues every block of every stream in order, keeping `depth` in flight, and reaps them all, hashing
@@ -241,32 +179,26 @@ fn run(
     ring: &mut io_uring::IoUring,
     dir: Direction,
     streams: &mut [Stream<'_>],
+    targets: &[Target],
     block: usize,
     depth: usize,
 ) -> Result<(), (usize, io::Error)> {
-    let total_blocks: usize = streams.iter().map(|s| s.blocks).sum();
-    let (mut next_stream, mut next_block) = (0usize, 0usize);
-    let (mut submitted, mut completed, mut in_flight) = (0usize, 0usize, 0usize);
+    let mut cursor = Cursor::new();
+    let mut in_flight = 0usize;
     let mut result = Ok(());
-    // A request's user data: its stream in the high 24 bits, its block in the low 40.
-    const BLOCK_BITS: u32 = 40;
-    while completed < total_blocks {
-        while submitted < total_blocks && in_flight < depth && result.is_ok() {
-            while streams[next_stream].blocks == next_block {
-                (next_stream, next_block) = (next_stream + 1, 0);
-            }
-            let entry = request(dir, &streams[next_stream], next_block, block);
-            let tag = ((next_stream as u64) << BLOCK_BITS) | next_block as u64;
+    loop {
+        while in_flight < depth && result.is_ok() {
+            let Some((k, i)) = cursor.peek(streams) else { break };
+            let entry = request(dir, &streams[k], &targets[k], i, block);
             // SAFETY: the buffer outlives the request: every submission is reaped before returning.
-            if unsafe { ring.submission().push(&entry.user_data(tag)) }.is_err() {
+            if unsafe { ring.submission().push(&entry.user_data(tag(k, i))) }.is_err() {
                 break; // queue full: reap first
             }
-            next_block += 1;
-            submitted += 1;
+            cursor.advance();
             in_flight += 1;
         }
         if in_flight == 0 {
-            break; // an error stopped the issuing and everything issued is back
+            break; // everything issued is back, and nothing more will be
         }
         // Hash while the disk works; when there is nothing to hash, one system call submits the batch
         // and sleeps until a completion.
@@ -278,28 +210,20 @@ fn run(
                 submit_and_wait(ring, 1).expect("io_uring failed with requests in flight");
                 in_flight -= ring.completion().count();
             }
-            return result.and(Err((next_stream.min(streams.len() - 1), e)));
+            return result.and(Err((cursor.stream.min(streams.len() - 1), e)));
         }
         for cqe in ring.completion() {
             in_flight -= 1;
-            completed += 1;
-            let (k, i) = ((cqe.user_data() >> BLOCK_BITS) as usize, (cqe.user_data() & ((1 << BLOCK_BITS) - 1)) as usize);
-            let s = &mut streams[k];
-            let (at, _, want) = s.block_at(i, block);
+            let (k, i) = untag(cqe.user_data());
+            let (at, _, want) = streams[k].block_at(i, block);
             let got = cqe.result();
             if got < 0 {
                 result = result.and(Err((k, io::Error::from_raw_os_error(-got))));
             } else if got as usize != want {
                 result = result.and(Err((k, short(dir, at, got as usize, want))));
             } else {
-                s.done[i] = true;
-                while s.done_prefix < s.blocks && s.done[s.done_prefix] {
-                    s.done_prefix += 1;
-                }
+                streams[k].complete(i);
             }
-        }
-        if result.is_err() {
-            completed = total_blocks - in_flight; // stop issuing; reap only what is in flight
         }
     }
     result
