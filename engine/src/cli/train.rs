@@ -40,8 +40,10 @@ impl OffloadTarget {
 
 #[derive(clap::Args)]
 pub struct IoArgs {
-    /// How NVMe files are read and written: io_uring, a pread/pwrite thread pool, or mmap.
-    #[arg(long, default_value = "uring")]
+    /// How NVMe files are read and written: `uring` (io_uring, Linux's default), `threads` (positioned
+    /// reads and writes on a pool of threads, several requests in flight: the default elsewhere), or
+    /// `mmap` (through the page cache, for comparison).
+    #[arg(long, default_value_t = IoEngineKind::NATIVE)]
     io_engine: IoEngineKind,
     /// Bytes per NVMe request (a multiple of 4KiB).
     #[arg(long, default_value = "1MiB", value_parser = parse_size)]
@@ -49,7 +51,7 @@ pub struct IoArgs {
     /// NVMe requests in flight.
     #[arg(long, default_value_t = 32)]
     queue_depth: usize,
-    /// Use the page cache instead of O_DIRECT.
+    /// Use the page cache instead of uncached I/O (O_DIRECT on Linux, F_NOCACHE on macOS, unbuffered on Windows).
     #[arg(long)]
     buffered: bool,
 }
