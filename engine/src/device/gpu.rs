@@ -16,12 +16,12 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 
 use super::alloc::{AllocCosts, AllocStats, ByteBudget, Charge};
+use super::matmul_tuning::MatmulTable;
 use super::spare_reads::SpareReads;
 use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, HalfFormat, MatmulInputs, MatmulShape, VocabChunk};
 use crate::ops::elementwise::SUM_SQUARES_GROUP;
-use super::matmul_tuning::MatmulTable;
-use busy::BusyClock;
 use crate::ops::encoder::TokenBuckets;
+use busy::BusyClock;
 use zerostream_shaders::{self as shaders, MatmulTile};
 
 pub use matmul::{COOP_WORKGROUP_STORAGE_BYTES, CoopMatrixConfig, MATMUL_COOP_PATH, MATMUL_PATH, coop_unavailable};
