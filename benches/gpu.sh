@@ -364,28 +364,19 @@ model = GPT2LMHeadModel(GPT2Config()).to(dev)
 attn = getattr(model.config, "_attn_implementation", "?")
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
 ids = torch.randint(0, V, (B, T + 1), device=dev)
-def step():
-    loss = model(input_ids=ids[:, :-1], labels=ids[:, 1:]).loss  # HF shifts labels itself; fine for timing
-    loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
-for _ in range(2): step()
-torch.cuda.synchronize()
-times = []
-for _ in range(5):
-    t0 = time.perf_counter(); step(); torch.cuda.synchronize(); times.append(time.perf_counter() - t0)
-s = statistics.median(times)
-emit(kind="train", model="gpt2", dtype="fp32", attn=attn, batch=B, seq_len=T, seconds=s, tokens_per_s=B * T / s)
-# The same step under bf16 autocast (the reference for --matmul-inputs f16).
-def step_bf16():
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+def step(dtype):
+    # HF shifts the labels itself; fine for timing. bf16-autocast is the reference for --matmul-inputs f16.
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=(dtype == "bf16-autocast")):
         loss = model(input_ids=ids[:, :-1], labels=ids[:, 1:]).loss
     loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
-for _ in range(2): step_bf16()
-torch.cuda.synchronize()
-times = []
-for _ in range(5):
-    t0 = time.perf_counter(); step_bf16(); torch.cuda.synchronize(); times.append(time.perf_counter() - t0)
-s = statistics.median(times)
-emit(kind="train", model="gpt2", dtype="bf16-autocast", attn=attn, batch=B, seq_len=T, seconds=s, tokens_per_s=B * T / s)
+for dtype in ("fp32", "bf16-autocast"):
+    for _ in range(2): step(dtype)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter(); step(dtype); torch.cuda.synchronize(); times.append(time.perf_counter() - t0)
+    s = statistics.median(times)
+    emit(kind="train", model="gpt2", dtype=dtype, attn=attn, batch=B, seq_len=T, seconds=s, tokens_per_s=B * T / s)
 PY
 skipped torch || part torch 200 python3 "$work/torch_ref.py" "$B" "$T"
 
