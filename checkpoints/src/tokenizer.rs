@@ -293,7 +293,11 @@ pub(crate) mod tests {
         assert!(words.contains(&"Who's".to_string()) && words.contains(&"'Tis".to_string()), "{words:?}");
         assert_eq!(tok.decode(&ids), text, "words, punctuation and lines come back");
         let breaks = tok.encode("\n").unwrap();
-        assert_eq!(tok.decode(&[ids.clone(), breaks.repeat(5), ids.clone()].concat()), format!("{text}\n{text}"), "blank lines shown as one");
+        assert_eq!(
+            tok.decode(&[ids.clone(), breaks.repeat(5), ids.clone()].concat()),
+            format!("{text}\n{text}"),
+            "blank lines shown as one"
+        );
         let dir = tempfile::tempdir().unwrap();
         tok.save(&dir.path().join("tokenizer.json")).unwrap();
         let loaded = HfTokenizer::from_file(&dir.path().join("tokenizer.json")).unwrap();

@@ -63,7 +63,16 @@ pub fn layernorm_backward(
 /// The dx part of [`layernorm_backward`], row by row (rows in parallel): shared with the cpu device's
 /// fast version, whose parameter-gradient sums differ only in schedule.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn layernorm_backward_dx(dx: &mut [f32], dout: &[f32], x: &[f32], weight: &[f32], mean: &[f32], rstd: &[f32], rows: usize, c: usize) {
+pub(crate) fn layernorm_backward_dx(
+    dx: &mut [f32],
+    dout: &[f32],
+    x: &[f32],
+    weight: &[f32],
+    mean: &[f32],
+    rstd: &[f32],
+    rows: usize,
+    c: usize,
+) {
     dx[..rows * c].par_chunks_mut(c).enumerate().for_each(|(row, dxr)| {
         let (mu, r) = (mean[row], rstd[row]);
         let xr = &x[row * c..][..c];

@@ -119,7 +119,11 @@ impl Placement {
                 gib(state),
                 gib(self.host_nvme_spare_bytes),
                 gib(free),
-                if reused > 0 { format!(" (+ {:.2} GiB of an earlier run's shards there, which it overwrites)", gib(reused)) } else { String::new() }
+                if reused > 0 {
+                    format!(" (+ {:.2} GiB of an earlier run's shards there, which it overwrites)", gib(reused))
+                } else {
+                    String::new()
+                }
             );
         }
         Ok(())

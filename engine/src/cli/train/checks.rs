@@ -154,4 +154,3 @@ pub(super) fn check_save_dir(save: &Path) -> Result<()> {
     std::fs::remove_dir(&partial).with_context(|| format!("removing {}", partial.display()))?;
     Ok(())
 }
-
