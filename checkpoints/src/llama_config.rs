@@ -154,7 +154,7 @@ impl LlamaConfig {
         let hidden_size = required(map, "hidden_size")?;
         let num_attention_heads = required(map, "num_attention_heads")?;
         let num_key_value_heads = usize_of(map, "num_key_value_heads")?.unwrap_or(num_attention_heads);
-        let head_dim = usize_of(map, "head_dim")?.unwrap_or(if num_attention_heads > 0 { hidden_size / num_attention_heads } else { 0 });
+        let head_dim = usize_of(map, "head_dim")?.unwrap_or(hidden_size.checked_div(num_attention_heads).unwrap_or(0));
         // transformers 5 keeps the RoPE settings in `rope_parameters`; older configs at the top level.
         let rope = match map.get("rope_parameters") {
             Some(Value::Object(r)) => r.clone(),
@@ -263,7 +263,7 @@ impl LlamaConfig {
         if !self.head_dim.is_multiple_of(2) {
             bail!("head_dim {} must be even (RoPE rotates pairs)", self.head_dim);
         }
-        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) || !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
+        if !self.rms_norm_eps.is_finite() || self.rms_norm_eps <= 0.0 || !self.rope_theta.is_finite() || self.rope_theta <= 1.0 {
             bail!("rms_norm_eps must be > 0 and rope_theta > 1");
         }
         Ok(())

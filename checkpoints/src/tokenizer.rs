@@ -176,6 +176,7 @@ fn tidy_words(text: &str) -> String {
 }
 
 /// What `prepare --tokenizer` names: a built-in tokenizer or a tokenizer.json.
+#[allow(clippy::large_enum_variant, reason = "one per command; boxing would buy nothing")]
 pub enum TextTokenizer {
     Builtin(Tokenizer),
     Hf(HfTokenizer),

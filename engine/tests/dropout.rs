@@ -153,10 +153,11 @@ fn model_gradients_under_dropout_are_the_derivatives_of_the_masked_loss() {
     let (mut model, x, y) = tiny_gpt2(&dev, Some(keys()));
     let tensors = model.params.tensors().len();
     let mut worst = (0.0f64, 0);
-    for i in 0..tensors {
+    assert_eq!(grads.len(), tensors, "one gradient per parameter tensor");
+    for (i, grad) in grads.iter().enumerate() {
         let original = dev.read(model.params.tensors()[i]);
         let dir = random(1000 + i as u64, original.len(), 1.0);
-        let analytic: f64 = grads[i].iter().zip(&dir).map(|(a, b)| *a as f64 * *b as f64).sum();
+        let analytic: f64 = grad.iter().zip(&dir).map(|(a, b)| *a as f64 * *b as f64).sum();
         let mut moved_loss = |step: f32| -> f64 {
             let t = model.params.tensors()[i];
             dev.write(t, &original.iter().zip(&dir).map(|(a, b)| a + step * b).collect::<Vec<f32>>());

@@ -100,7 +100,7 @@ fn run_kernel(p: &Params, a: &[f32], b: &[u32], bias: &[f32], c: &mut [f32], sub
         for wg_x in 0..p.n.div_ceil(TILE_N) {
             let (row0, col0) = (wg_y * TILE_M, wg_x * TILE_N);
             let (mut a_tile, mut b_tile, mut c_stage) = (vec![0u16; 5120], vec![0u16; 4352], vec![0.0f32; 2304]);
-            let passes = (REGIONS + subgroups - 1) / subgroups;
+            let passes = REGIONS.div_ceil(subgroups);
             for sweep in 0..passes {
                 // Per subgroup: its eight accumulators (acc00..acc03, acc10..acc13).
                 let mut acc = vec![[[[0.0f32; 16]; 16]; 8]; subgroups];

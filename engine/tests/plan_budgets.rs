@@ -36,7 +36,7 @@ fn peak_of_two_steps<D: Backend>(dev: &D, model: &Model, tc: &TrainConfig, token
 #[test]
 fn every_accepted_budget_is_kept_and_every_refused_one_names_the_minimum() {
     // The cpu device allocates exactly what the plan counts: the peak equals the plan.
-    walk_budgets(|budget| CpuDevice::new(budget), true);
+    walk_budgets(CpuDevice::new, true);
 }
 
 #[test]

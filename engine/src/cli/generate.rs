@@ -55,6 +55,7 @@ pub struct GenerateArgs {
 }
 
 /// Text <-> ids for a model directory.
+#[allow(clippy::large_enum_variant, reason = "one per command; boxing would buy nothing")]
 enum Text {
     Builtin(Tokenizer),
     Hf(HfTokenizer),

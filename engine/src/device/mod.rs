@@ -334,6 +334,7 @@ pub enum DeviceChoice {
 }
 
 /// The device a run got.
+#[allow(clippy::large_enum_variant, reason = "one per rank, borrowed as `&D` by generic code that a Box would get in the way of")]
 pub enum AnyDevice {
     Cpu(CpuDevice),
     Gpu(GpuDevice),

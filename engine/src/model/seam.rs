@@ -35,6 +35,8 @@ pub enum HeadActs<T> {
 
 /// Next-token logits of a model resident on the cpu device, for a sequence of token ids.
 pub type ResidentLogits<'a> = Box<dyn FnMut(&[u32]) -> Result<Vec<f32>> + 'a>;
+/// Where `resident_logits` reads each weight: `(name, shape)` to its values in row-major order.
+pub type WeightSource<'w> = dyn Fn(&str, &[usize]) -> Result<Vec<f32>> + 'w;
 
 impl Model {
     /// The model a Hugging Face `config.json` describes (by its `model_type`).
@@ -377,6 +379,7 @@ impl Model {
     }
 
     /// x (B, T, C): the input of block 0, from the head group's embeddings.
+    #[allow(clippy::too_many_arguments, reason = "the families' embedding forwards take these, one for one")]
     pub fn embed_forward<D: Backend>(
         &self,
         dev: &D,
@@ -485,11 +488,7 @@ impl Model {
 
     /// The model resident on `dev`, its weights from `weight(name, shape)`, as a function from a
     /// sequence of token ids to its logits (T x V): every group uploaded once, the layers run in turn.
-    pub fn resident_logits<'a, D: Backend>(
-        &'a self,
-        dev: &'a D,
-        weight: &dyn Fn(&str, &[usize]) -> Result<Vec<f32>>,
-    ) -> Result<ResidentLogits<'a>> {
+    pub fn resident_logits<'a, D: Backend>(&'a self, dev: &'a D, weight: &WeightSource) -> Result<ResidentLogits<'a>> {
         let upload = |specs: Vec<TensorSpec>| -> Result<Vec<D::Tensor>> {
             specs
                 .iter()

@@ -62,7 +62,9 @@ pub(super) fn keep_first_run_files(options: &mut RunOptions) -> Result<()> {
 
 /// Refuses optimizer settings that cannot train: each named with the range it must lie in.
 pub(super) fn check_hyperparameters(a: &TrainArgs) -> Result<()> {
-    let checks: [(&str, f64, fn(f64) -> bool, &str); 7] = [
+    /// A flag, its value, whether the value is in range, and the range in words.
+    type Check<'a> = (&'a str, f64, fn(f64) -> bool, &'a str);
+    let checks: [Check; 7] = [
         ("--lr", a.lr, |x| x > 0.0, "a finite number > 0"),
         ("--min-lr", a.min_lr, |x| x >= 0.0, "a finite number >= 0"),
         ("--beta1", a.beta1, |x| (0.0..1.0).contains(&x), "in [0, 1)"),
