@@ -17,9 +17,6 @@
 //! has the map of the whole project.
 
 pub mod bench;
-pub mod bench_comm;
-pub mod bench_io;
-pub mod bench_kernels;
 pub mod comm;
 pub mod device;
 pub mod eval;

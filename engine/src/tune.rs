@@ -91,7 +91,7 @@ pub fn step_products(model: &str, batch: usize, seq_len: usize, vocab_chunk_rows
     // as GPT-2's Conv1D.
     let (linears, c, vocab, linear_layout): (Vec<(&str, usize, usize)>, usize, usize, bool) =
         if model == "tiny" || model.starts_with("gpt2") {
-            let cfg = crate::bench_kernels::model_config(model)?;
+            let cfg = crate::bench::kernels::model_config(model)?;
             let c = cfg.n_embd;
             (vec![("qkv", c, 3 * c), ("attn_proj", c, c), ("fc", c, 4 * c), ("fc_proj", 4 * c, c)], c, cfg.vocab_size, false)
         } else {

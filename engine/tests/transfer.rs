@@ -2,7 +2,7 @@
 
 mod common;
 
-use zerostream::bench::{Link, bench_transfer};
+use zerostream::bench::transfer::{Link, bench_transfer};
 
 #[test]
 fn device_to_host_transfers_return_the_uploaded_bytes() {

@@ -4,9 +4,10 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use zerostream::bench::{AdamBenchConfig, HalfOrFull, Link};
-use zerostream::bench_io::{self, IoBenchConfig};
-use zerostream::bench_kernels::KernelBenchConfig;
+use zerostream::bench::adam::{AdamBenchConfig, HalfOrFull};
+use zerostream::bench::io::{self as bench_io, IoBenchConfig};
+use zerostream::bench::kernels::KernelBenchConfig;
+use zerostream::bench::transfer::Link;
 use zerostream::device::GpuDevice;
 use zerostream_offload::IoEngineKind;
 
@@ -265,7 +266,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Kernels(k) => kernels_command(k),
         BenchCommand::All { dir, size, params, adapter, json } => bench_all(&dir, size, params, adapter.as_deref(), json),
         BenchCommand::Adam { params, threads, grad, copy, reps, json } => {
-            let r = zerostream::bench::bench_adam(&AdamBenchConfig { params, threads, grad, copy, reps })?;
+            let r = zerostream::bench::adam::bench_adam(&AdamBenchConfig { params, threads, grad, copy, reps })?;
             if json {
                 println!("{}", r.to_json());
             } else {
@@ -289,7 +290,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
 }
 
 fn bench_collectives(world_size: usize, sizes: &[u64], reps: usize, json: bool) -> Result<()> {
-    use zerostream::bench_comm::{CollectiveRun, bench_collectives};
+    use zerostream::bench::comm::{CollectiveRun, bench_collectives};
     let launched = zerostream::comm::launcher_world_size().unwrap_or(1);
     let (runs, transport): (Vec<CollectiveRun>, String) = if launched > 1 {
         mpi_bench_collectives(sizes, reps)?
@@ -320,20 +321,20 @@ fn bench_collectives(world_size: usize, sizes: &[u64], reps: usize, json: bool) 
 }
 
 #[cfg(not(feature = "mpi"))]
-fn mpi_bench_collectives(_: &[u64], _: usize) -> Result<(Vec<zerostream::bench_comm::CollectiveRun>, String)> {
+fn mpi_bench_collectives(_: &[u64], _: usize) -> Result<(Vec<zerostream::bench::comm::CollectiveRun>, String)> {
     anyhow::bail!("started by mpirun, but this zerostream was built without MPI support: rebuild with `--features zerostream/mpi`")
 }
 
 /// This process's part of `bench collectives` under mpirun; rank 0 gets the rows, the others none.
 #[cfg(feature = "mpi")]
-fn mpi_bench_collectives(sizes: &[u64], reps: usize) -> Result<(Vec<zerostream::bench_comm::CollectiveRun>, String)> {
+fn mpi_bench_collectives(sizes: &[u64], reps: usize) -> Result<(Vec<zerostream::bench::comm::CollectiveRun>, String)> {
     use anyhow::Context;
     use zerostream::comm::{Comm, mpi::MpiWorld};
     let mpi = MpiWorld::init().context("initialising MPI")?;
     let raw = mpi.comm();
     let comm = Comm::new(Box::new(mpi.comm()));
-    let runs = zerostream::bench_comm::bench_collectives(&comm, sizes, reps, |n, reps| {
-        zerostream::bench_comm::mpi_reference(&comm, &raw, n, reps)
+    let runs = zerostream::bench::comm::bench_collectives(&comm, sizes, reps, |n, reps| {
+        zerostream::bench::comm::mpi_reference(&comm, &raw, n, reps)
     })?;
     let transport = comm.describe();
     Ok((if comm.rank() == 0 { runs } else { Vec::new() }, transport))
@@ -356,7 +357,7 @@ fn transfer_command(t: TransferArgs, link: Link) -> Result<()> {
     if !t.json {
         println!("device: {}", zerostream::device::Backend::describe(&dev));
     }
-    let runs = zerostream::bench::bench_transfer(&dev, link, &t.sizes, t.reps, |r| {
+    let runs = zerostream::bench::transfer::bench_transfer(&dev, link, &t.sizes, t.reps, |r| {
         if !t.json {
             println!("{:>8} {:>12}: {:6.2} GB/s", human_bytes(r.bytes), format!("{:?}", r.method), r.gbps);
         }
@@ -392,7 +393,7 @@ fn kernels_command(k: KernelArgs) -> Result<()> {
         cfg.seq_len,
         cfg.models.join(",")
     );
-    let report = zerostream::bench_kernels::bench_kernels(&dev, &cfg, |r| {
+    let report = zerostream::bench::kernels::bench_kernels(&dev, &cfg, |r| {
         eprintln!("  {} {} {} {} {}: {:.1} us", r.model, r.kernel, r.case, r.precision, r.shape, r.seconds * 1e6)
     })?;
     if k.json {
@@ -411,8 +412,13 @@ fn kernels_command(k: KernelArgs) -> Result<()> {
 fn bench_all(dir: &std::path::Path, size: u64, params: usize, adapter: Option<&str>, json: bool) -> Result<()> {
     use zerostream::bench::{Ceiling, LinkRow};
     let mut rows: Vec<LinkRow> = Vec::new();
-    let adam =
-        zerostream::bench::bench_adam(&AdamBenchConfig { params, threads: 0, grad: HalfOrFull::Bf16, copy: HalfOrFull::Bf16, reps: 3 })?;
+    let adam = zerostream::bench::adam::bench_adam(&AdamBenchConfig {
+        params,
+        threads: 0,
+        grad: HalfOrFull::Bf16,
+        copy: HalfOrFull::Bf16,
+        reps: 3,
+    })?;
     // The triad is a ceiling, printed once as such; AdamW is held against it.
     rows.push(LinkRow { link: "RAM (STREAM triad, all threads)".into(), gbps: adam.triad_gbps, ceiling: None });
     rows.push(LinkRow {
@@ -455,7 +461,7 @@ fn bench_all(dir: &std::path::Path, size: u64, params: usize, adapter: Option<&s
         Ok(dev) => {
             let memcpy = zerostream::bench::memcpy_gbps(256 << 20, 3);
             for link in [Link::HostToDevice, Link::DeviceToHost] {
-                let runs = zerostream::bench::bench_transfer(&dev, link, &[256 << 20], 2, |_| {})?;
+                let runs = zerostream::bench::transfer::bench_transfer(&dev, link, &[256 << 20], 2, |_| {})?;
                 let best = runs.iter().max_by(|a, b| a.gbps.total_cmp(&b.gbps)).expect("two methods ran");
                 let name = if link == Link::HostToDevice { "h2d" } else { "d2h" };
                 rows.push(LinkRow {

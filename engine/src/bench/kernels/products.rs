@@ -1,0 +1,186 @@
+//! `bench kernels`' matrix products: each linear layer's forward and both backward products, and the
+//! language-model head, in fp32, with a 16-bit B where the model holds the weight in 16 bits, and
+//! through the cooperative-matrix kernel where the adapter has it.
+
+use anyhow::Result;
+
+use super::{Bench, Bound, Case, f32_bytes, random_bf16_tensor, random_tensor};
+use crate::device::gpu::GpuTensor;
+use crate::device::{Backend, MatmulInputs, MatmulShape, Operand};
+
+/// One product of the model: C = A @ B (+ bias) (+ C), with the bytes it must move.
+struct Product<'t> {
+    case: String,
+    shape: MatmulShape,
+    c: &'t GpuTensor,
+    a: &'t GpuTensor,
+    b: &'t GpuTensor,
+    /// B as a 16-bit tensor, when the model may hold B in 16 bits (a weight).
+    b16: Option<&'t GpuTensor>,
+    bias: Option<&'t GpuTensor>,
+    accumulate: bool,
+    per_step: usize,
+}
+
+impl Bench<'_> {
+    /// Times a product in fp32 and, when B is a weight, with B in bf16.
+    fn product(&mut self, p: Product<'_>) -> Result<()> {
+        let s = p.shape;
+        let (m, n, k) = (s.m, s.n, s.k);
+        let out_bytes = f32_bytes(m * n) * if p.accumulate { 2.0 } else { 1.0 };
+        let bias_bytes = if p.bias.is_some() { f32_bytes(n) } else { 0.0 };
+        let in_bytes = f32_bytes(m * k) + bias_bytes + out_bytes;
+        let shape = format!("M={m} N={n} K={k}");
+        let dev = self.dev;
+        for (b, precision, b_bytes) in [(Some(p.b), "fp32", f32_bytes(k * n)), (p.b16, "bf16-B", 2.0 * (k * n) as f64)] {
+            let Some(b) = b else { continue };
+            let case = Case {
+                kernel: "matmul",
+                case: p.case.clone(),
+                shape: shape.clone(),
+                precision,
+                bound: Bound::Compute,
+                flops: s.flops(),
+                bytes: in_bytes + b_bytes,
+                per_step: if precision == "fp32" { p.per_step } else { 0 },
+                variant: Some(dev.matmul_variant_for(&s, precision == "bf16-B").name()),
+            };
+            self.time(case, || dev.matmul(p.c, p.a, b, p.bias, &s, p.accumulate))?;
+        }
+        if dev.has_coop_matmul() {
+            // The 16-bit path: f16-rounded inputs on cooperative matrices, with the 16-bit B when the
+            // product has one (the weights of a bf16 working copy), as a training step would run it.
+            let (b, precision, b_bytes) = match p.b16 {
+                Some(b16) => (b16, "f16-coop bf16-B", 2.0 * (k * n) as f64),
+                None => (p.b, "f16-coop", f32_bytes(k * n)),
+            };
+            let case = Case {
+                kernel: "matmul",
+                case: p.case.clone(),
+                shape,
+                precision,
+                bound: Bound::Compute,
+                flops: s.flops(),
+                bytes: in_bytes + b_bytes,
+                per_step: 0,
+                variant: None,
+            };
+            dev.set_matmul_inputs(MatmulInputs::F16)?;
+            let timed = self.time(case, || dev.matmul(p.c, p.a, b, p.bias, &s, p.accumulate));
+            dev.set_matmul_inputs(MatmulInputs::F32)?;
+            timed?;
+        }
+        Ok(())
+    }
+
+    /// A linear layer (in `k`, out `n`): forward, the input gradient, the weight gradient, the bias gradient.
+    pub(super) fn linear(&mut self, (name, k, n): (&str, usize, usize), bt: usize, layers: usize) -> Result<()> {
+        let dev = self.dev;
+        if self.wants("matmul") {
+            let inp = random_tensor(dev, bt * k, 1, "input")?;
+            let w = random_tensor(dev, k * n, 2, "weight")?;
+            let w16 = random_bf16_tensor(dev, k * n, 2, "weight bf16")?;
+            let bias = random_tensor(dev, n, 3, "bias")?;
+            let out = dev.alloc(bt * n, "output")?;
+            let dout = random_tensor(dev, bt * n, 4, "d output")?;
+            let (dinp, dw) = (dev.alloc(bt * k, "d input")?, dev.alloc(k * n, "d weight")?);
+            let products = [
+                Product {
+                    case: format!("{name} forward"),
+                    shape: MatmulShape::row_major(bt, n, k),
+                    c: &out,
+                    a: &inp,
+                    b: &w,
+                    b16: Some(&w16),
+                    bias: Some(&bias),
+                    accumulate: false,
+                    per_step: layers,
+                },
+                Product {
+                    case: format!("{name} dinp"),
+                    shape: MatmulShape { m: bt, n: k, k: n, a: Operand::row_major(n), b: Operand::transposed(n), c: Operand::row_major(k) },
+                    c: &dinp,
+                    a: &dout,
+                    b: &w,
+                    b16: Some(&w16),
+                    bias: None,
+                    accumulate: false,
+                    per_step: layers,
+                },
+                Product {
+                    case: format!("{name} dW"),
+                    shape: MatmulShape { m: k, n, k: bt, a: Operand::transposed(k), b: Operand::row_major(n), c: Operand::row_major(n) },
+                    c: &dw,
+                    a: &inp,
+                    b: &dout,
+                    b16: None,
+                    bias: None,
+                    accumulate: true,
+                    per_step: layers,
+                },
+            ];
+            for p in products {
+                self.product(p)?;
+            }
+        }
+        if self.wants("bias_backward") {
+            let dout = random_tensor(dev, bt * n, 4, "d output")?;
+            let dbias = dev.alloc(n, "d bias")?;
+            let case = Case::memory("bias_backward", &format!("{name} dbias"), format!("M={bt} N={n}"), f32_bytes(bt * n + 2 * n), layers);
+            self.time(case, || dev.bias_backward(&dbias, &dout, bt, n))?;
+        }
+        Ok(())
+    }
+
+    /// The tied lm_head: logits = ln_f @ wte^T, and its two gradients.
+    pub(super) fn lm_head(&mut self, bt: usize, c: usize, v: usize) -> Result<()> {
+        if !self.wants("matmul") {
+            return Ok(());
+        }
+        let dev = self.dev;
+        let wte = random_tensor(dev, v * c, 5, "wte")?;
+        let wte16 = random_bf16_tensor(dev, v * c, 5, "wte bf16")?;
+        let ln_f = random_tensor(dev, bt * c, 6, "ln_f")?;
+        let logits = random_tensor(dev, bt * v, 7, "logits")?;
+        let (d_ln_f, dwte) = (dev.alloc(bt * c, "d ln_f")?, dev.alloc(v * c, "d wte")?);
+        let products = [
+            Product {
+                case: "lm_head forward".into(),
+                shape: MatmulShape { m: bt, n: v, k: c, a: Operand::row_major(c), b: Operand::transposed(c), c: Operand::row_major(v) },
+                c: &logits,
+                a: &ln_f,
+                b: &wte,
+                b16: Some(&wte16),
+                bias: None,
+                accumulate: false,
+                per_step: 1,
+            },
+            Product {
+                case: "lm_head dinp".into(),
+                shape: MatmulShape::row_major(bt, c, v),
+                c: &d_ln_f,
+                a: &logits,
+                b: &wte,
+                b16: Some(&wte16),
+                bias: None,
+                accumulate: false,
+                per_step: 1,
+            },
+            Product {
+                case: "lm_head dW".into(),
+                shape: MatmulShape { m: v, n: c, k: bt, a: Operand::transposed(v), b: Operand::row_major(c), c: Operand::row_major(c) },
+                c: &dwte,
+                a: &logits,
+                b: &ln_f,
+                b16: None,
+                bias: None,
+                accumulate: true,
+                per_step: 1,
+            },
+        ];
+        for p in products {
+            self.product(p)?;
+        }
+        Ok(())
+    }
+}

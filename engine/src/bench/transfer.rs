@@ -1,0 +1,74 @@
+//! `zerostream bench h2d` / `bench d2h`: host<->device GB/s through wgpu, for each transfer method.
+
+use anyhow::{Result, bail};
+
+use crate::device::GpuDevice;
+use crate::device::transfer::TransferMethod;
+
+/// Which way bytes cross.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Link {
+    HostToDevice,
+    DeviceToHost,
+}
+
+/// One size and method of `bench h2d` / `bench d2h`: the best of its repetitions.
+#[derive(Clone, Debug)]
+pub struct TransferRun {
+    pub link: Link,
+    pub method: TransferMethod,
+    pub bytes: u64,
+    pub gbps: f64,
+}
+
+impl TransferRun {
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "link": if self.link == Link::HostToDevice { "h2d" } else { "d2h" },
+            "method": format!("{:?}", self.method), "bytes": self.bytes, "gbps": self.gbps,
+        })
+    }
+}
+
+/// Host<->device GB/s for each size and method, best of `reps`; the data is checked once per size.
+pub fn bench_transfer(
+    dev: &GpuDevice,
+    link: Link,
+    sizes: &[u64],
+    reps: usize,
+    mut on_run: impl FnMut(&TransferRun),
+) -> Result<Vec<TransferRun>> {
+    let mut runs = Vec::new();
+    for &bytes in sizes {
+        if bytes == 0 || bytes % wgpu::COPY_BUFFER_ALIGNMENT != 0 {
+            bail!("transfer size {bytes} bytes: must be a positive multiple of {} (wgpu's copy alignment)", wgpu::COPY_BUFFER_ALIGNMENT);
+        }
+        let mut host: Vec<u8> = (0..bytes).map(|i| (i % 253) as u8).collect();
+        // A download has no parallel variant (one copy out of the mapped read-back buffer).
+        let methods: &[TransferMethod] = match link {
+            Link::HostToDevice => &[TransferMethod::Direct, TransferMethod::Parallel, TransferMethod::StagingRing],
+            Link::DeviceToHost => &[TransferMethod::Direct, TransferMethod::StagingRing],
+        };
+        for &method in methods {
+            let mut best = f64::INFINITY;
+            for _ in 0..reps.max(1) {
+                let seconds = match link {
+                    Link::HostToDevice => dev.time_h2d(&host, method)?,
+                    Link::DeviceToHost => {
+                        let expected = host.clone();
+                        let s = dev.time_d2h(&mut host, method)?;
+                        if host != expected {
+                            bail!("d2h {method:?} of {bytes} bytes returned different data");
+                        }
+                        s
+                    }
+                };
+                best = best.min(seconds);
+            }
+            let run = TransferRun { link, method, bytes, gbps: bytes as f64 / best / 1e9 };
+            on_run(&run);
+            runs.push(run);
+        }
+    }
+    Ok(runs)
+}
