@@ -23,9 +23,7 @@ fn stderr(out: &Output) -> String {
 fn tensorboard_python() -> Result<PathBuf, String> {
     let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("tensorboard-venv");
     let python = if cfg!(windows) { venv.join("Scripts").join("python.exe") } else { venv.join("bin").join("python") };
-    let imports = |python: &Path| {
-        Command::new(python).args(["-c", "import tensorboard"]).output().is_ok_and(|o| o.status.success())
-    };
+    let imports = |python: &Path| Command::new(python).args(["-c", "import tensorboard"]).output().is_ok_and(|o| o.status.success());
     if imports(&python) {
         return Ok(python);
     }
@@ -144,7 +142,8 @@ fn tensorboard_reads_back_every_metrics_number_and_the_configuration() {
 
     let Some(python) = python_or_skip() else { return };
     let events = read_events(&python, &dir.path().join("tb"));
-    let rows: Vec<Value> = std::fs::read_to_string(dir.path().join("m.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rows: Vec<Value> =
+        std::fs::read_to_string(dir.path().join("m.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(rows.len(), 6);
     assert!(rows.iter().filter(|r| r["val_loss"].is_number()).count() == 3, "steps 0, 2, 4 are validated");
     assert_scalars_match(&events, &rows);
@@ -157,15 +156,21 @@ fn tensorboard_reads_back_every_metrics_number_and_the_configuration() {
     let restarts: Vec<u64> = list.iter().filter(|e| e["session_log"] == "START").map(|e| e["step"].as_u64().unwrap()).collect();
     assert_eq!(restarts, [3]);
     // The configuration as text at each run's first step: the resolved TOML written beside the metrics.
-    let texts: Vec<(u64, &str)> =
-        list.iter().filter_map(|e| Some((e["step"].as_u64()?, e["texts"]["config"].as_str()?))).collect();
+    let texts: Vec<(u64, &str)> = list.iter().filter_map(|e| Some((e["step"].as_u64()?, e["texts"]["config"].as_str()?))).collect();
     let fenced = |toml: &str| format!("```toml\n{}\n```", toml.trim_end());
     assert_eq!(texts, [(0, fenced(&first_config).as_str()), (3, fenced(&second_config).as_str())]);
     assert!(first_config.contains("steps = 3") && first_config.contains("tensorboard = "), "{first_config}");
     assert!(list.iter().all(|e| e["other"].as_array().is_none_or(|o| o.is_empty()) && e["unexpected"].is_null()), "{events}");
     // The dashboards' own view: every scalar under the scalars plugin, the configuration under text.
-    let tags = |plugin: &str| events["plugin_tags"][plugin].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()).collect::<Vec<_>>();
-    assert!(["loss/loss", "loss/val_loss", "optimizer/lr", "time/total_s", "links/upload_bytes"].iter().all(|t| tags("scalars").contains(&t.to_string())), "{events}");
+    let tags = |plugin: &str| {
+        events["plugin_tags"][plugin].as_array().unwrap().iter().map(|t| t.as_str().unwrap().to_string()).collect::<Vec<_>>()
+    };
+    assert!(
+        ["loss/loss", "loss/val_loss", "optimizer/lr", "time/total_s", "links/upload_bytes"]
+            .iter()
+            .all(|t| tags("scalars").contains(&t.to_string())),
+        "{events}"
+    );
     assert_eq!(tags("text"), ["config"]);
 }
 

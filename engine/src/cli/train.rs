@@ -201,7 +201,7 @@ pub struct TrainArgs {
     /// shows them): every number of each step's --metrics row as a scalar (losses, learning rate,
     /// gradient norm, loss scale, tokens/s, busy fractions, the step's time split, bytes per link) and
     /// the resolved configuration as text. Each run, a resumed one too, adds a new file there.
-    #[arg(long)]
+    #[arg(long, value_name = "DIR")]
     tensorboard: Option<PathBuf>,
     /// Save the trained model as a Hugging Face directory (config.json + model.safetensors), written
     /// beside it and moved into place whole. An existing model directory there is replaced; a directory

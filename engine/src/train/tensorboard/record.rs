@@ -67,6 +67,8 @@ mod tests {
     }
 
     #[test]
+    // The formula spelled out as TFRecord's description gives it, to check `rotate_right` against.
+    #[allow(clippy::manual_rotate)]
     fn masking_rotates_and_adds_the_delta() {
         let crc = crc32c(b"123456789");
         assert_eq!(masked_crc32c(b"123456789"), ((crc >> 15) | (crc << 17)).wrapping_add(0xa282_ead8));
