@@ -197,6 +197,12 @@ pub struct TrainArgs {
     /// Write one JSON object per optimizer step to this file.
     #[arg(long)]
     metrics: Option<PathBuf>,
+    /// Write TensorBoard event files to this directory (created if missing; `tensorboard --logdir DIR`
+    /// shows them): every number of each step's --metrics row as a scalar (losses, learning rate,
+    /// gradient norm, loss scale, tokens/s, busy fractions, the step's time split, bytes per link) and
+    /// the resolved configuration as text. Each run, a resumed one too, adds a new file there.
+    #[arg(long, value_name = "DIR")]
+    tensorboard: Option<PathBuf>,
     /// Save the trained model as a Hugging Face directory (config.json + model.safetensors), written
     /// beside it and moved into place whole. An existing model directory there is replaced; a directory
     /// holding other files is refused.
@@ -331,6 +337,7 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>) -
         eval_batches: a.eval_batches,
         seed,
         metrics: a.metrics.clone(),
+        tensorboard: None,
         save: a.save.clone(),
         save_dtype: a.save_dtype,
         checkpoints: CheckpointOptions { dir: a.checkpoint_dir.clone(), every: a.checkpoint_every, keep: a.keep_checkpoints },
@@ -414,6 +421,9 @@ pub fn train(a: TrainArgs, explicit: &BTreeSet<String>, resolved: &str) -> Resul
     }
     if let Some(metrics) = &options.metrics {
         crate::cli::config_file::write_resolved(metrics, resolved, a.config_file.as_deref())?;
+    }
+    if let Some(dir) = &a.tensorboard {
+        options.tensorboard = Some(zerostream::train::tensorboard::TensorBoard::prepare(dir, resolved)?);
     }
     options.stop = Some(stop_on_signals()?);
     let devices = a.devices.as_deref().map(RankDevice::parse_list).transpose()?.unwrap_or_default();

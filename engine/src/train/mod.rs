@@ -31,6 +31,7 @@ pub mod schedule;
 pub mod shard;
 mod step;
 pub mod summary;
+pub mod tensorboard;
 mod transfer;
 mod validate;
 mod vocab_head;

@@ -62,6 +62,8 @@ pub struct RunOptions {
     pub eval_batches: usize,
     pub seed: u64,
     pub metrics: Option<PathBuf>,
+    /// TensorBoard event files with the metrics' numbers and the configuration (rank 0 writes).
+    pub tensorboard: Option<super::tensorboard::TensorBoard>,
     pub save: Option<PathBuf>,
     /// The saved model's dtype (None: the working precision).
     pub save_dtype: Option<SaveDtype>,
@@ -91,6 +93,7 @@ impl RunOptions {
             eval_batches: 4,
             seed: 1337,
             metrics: None,
+            tensorboard: None,
             save: None,
             save_dtype: None,
             checkpoints: CheckpointOptions::default(),

@@ -50,6 +50,7 @@ pub(super) fn train_steps<D: Backend>(
         Some(path) if lead => Some(open_metrics(path, first_step)?),
         _ => None,
     };
+    let mut tensorboard = crate::train::tensorboard::Sink::open(options.tensorboard.as_ref().filter(|_| lead), first_step)?;
     let bar = crate::train::progress::Progress::new(steps, first_step, options.progress && lead);
     let regular = options.metrics.as_ref().is_some_and(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()));
     let mut out = StepsOutcome { reports: Vec::new(), metrics_written: metrics.is_some() && regular, stopped_at: None, checkpoint: None };
@@ -64,8 +65,13 @@ pub(super) fn train_steps<D: Backend>(
         };
         let mut r = trainer.train_step(tokens)?;
         r.val_loss = val_loss;
+        // One row for both sinks, so the metrics file and the TensorBoard events always agree.
+        let row = r.to_json();
+        if let Some(warning) = tensorboard.write_step(r.step, &row) {
+            bar.println(warning);
+        }
         if let Some(m) = metrics.as_mut()
-            && let Err(e) = writeln!(m, "{}", r.to_json()).and_then(|()| m.flush())
+            && let Err(e) = writeln!(m, "{row}").and_then(|()| m.flush())
         {
             // The metrics are a record of the training, not the training: a full disk there stops
             // the record, not the run (its checkpoints go on, or fail on their own).
