@@ -1,5 +1,5 @@
 //! `train --config-file run.toml` (and `plan`): flags from a TOML file, and the resolved configuration
-//! of a run written beside its metrics so the run can be repeated.
+//! of a run as TOML (which the library writes beside its metrics, `train/outputs.rs`) so it can be repeated.
 //!
 //! A key is a flag's long name (`batch-size = 8`, `precision = "bf16"`, `recompute = true`); `_` may
 //! stand for `-`. Values are what the flag takes on the command line, as a TOML string or number; an
@@ -104,35 +104,4 @@ pub fn resolved(sub: &Command, matches: &ArgMatches) -> String {
         out.push_str(&format!("{long} = {value}\n"));
     }
     out
-}
-
-/// Where the resolved configuration of a run with `--metrics METRICS` goes: `run.jsonl` ->
-/// `run.config.toml`, beside it.
-pub fn resolved_path(metrics: &Path) -> PathBuf {
-    let stem = metrics.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    metrics.with_file_name(format!("{stem}.config.toml"))
-}
-
-/// Writes `text` as the resolved configuration beside `metrics`, unless that path is the config file
-/// the run was started from and holds something else (it would be lost): then it is refused.
-pub fn write_resolved(metrics: &Path, text: &str, config_file: Option<&Path>) -> Result<PathBuf> {
-    let path = resolved_path(metrics);
-    if let Some(input) = config_file
-        && std::fs::canonicalize(input).ok().is_some_and(|c| std::fs::canonicalize(&path).ok() == Some(c))
-    {
-        if std::fs::read_to_string(input).ok().as_deref() == Some(text) {
-            return Ok(path);
-        }
-        bail!(
-            "--metrics {} would write the resolved configuration to {}, which is the --config-file: it would be overwritten; \
-             choose another --metrics path",
-            metrics.display(),
-            path.display()
-        );
-    }
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    }
-    zerostream_checkpoints::checkpoint::write_file_atomic(&path, text.as_bytes())?;
-    Ok(path)
 }

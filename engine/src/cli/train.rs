@@ -1,24 +1,21 @@
-//! `zerostream train` and `zerostream plan`: their flags, the checks made before any work (ranges,
-//! outputs that would overwrite inputs, `--resume` against the checkpoint), the launch on one rank, on
-//! in-process ranks or under mpirun, and SIGINT/SIGTERM.
+//! `zerostream train` and `zerostream plan`: their flags, resolved into one [`RunRequest`] handed to
+//! the library once ([`zerostream::train::launch`] checks and runs it), SIGINT/SIGTERM, the exit code;
+//! and where the first run (no arguments at all) keeps its files.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use anyhow::{Context, Result, bail};
-use zerostream::device::{AllocCosts, DeviceChoice};
+use zerostream::train::launch::{Launched, RankRequest, RunRequest};
 use zerostream::train::ranks::RankDevice;
-use zerostream::train::run::{CheckpointOptions, ModelChoice, RunOptions, RunSummary};
+use zerostream::train::run::{CheckpointOptions, ModelChoice, RunOptions};
 use zerostream::train::{LrPlan, LrSchedule, Precision, SaveDtype, TrainConfig, ZeroStage};
 use zerostream_checkpoints::{DataTokenizer, TokenWidth};
 use zerostream_offload::{IoConfig, IoEngineKind, Tier};
 
 use crate::{DeviceArgs, parse_size};
-use checks::{check_hyperparameters, check_outputs, check_resumed_model, keep_first_run_files};
-
-mod checks;
 
 /// Where a kind of state lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -262,19 +259,10 @@ pub struct TrainArgs {
     prompt: String,
 }
 
-/// The run `train` would make of these flags: what to load and do, and the training configuration.
-/// `plan` needs no data (`needs_data` false).
-fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>) -> Result<(RunOptions, TrainConfig)> {
-    if (a.offload_optimizer == OffloadTarget::Nvme || a.offload_params == OffloadTarget::Nvme) && a.nvme_dir.is_none() {
-        bail!("--offload-optimizer nvme and --offload-params nvme need --nvme-dir DIR");
-    }
-    if a.steps == 0 {
-        bail!("--steps must be at least 1");
-    }
-    if a.checkpoint_dir.is_none() && (a.checkpoint_every > 0 || a.keep_checkpoints > 0) {
-        bail!("--checkpoint-every and --keep-checkpoints need --checkpoint-dir DIR");
-    }
-    check_hyperparameters(a)?;
+/// The run `train` would make of these flags, for the library to check and run: the flags' values
+/// as they are, no file read. `plan` needs no data (`needs_data` false). `resolved` is every flag's
+/// value as TOML (the copy beside the metrics).
+fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>, resolved: &str) -> Result<RunRequest> {
     let model = match (&a.model, &a.config, &a.resume) {
         (_, _, Some(path)) => ModelChoice::Resume(zerostream_checkpoints::checkpoint::resolve_resume(path)?),
         (Some(dir), _, _) => ModelChoice::Hf(dir.clone()),
@@ -282,7 +270,15 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>) -
         (None, None, None) if a.data.is_none() || !needs_data => ModelChoice::Demo,
         (None, None, None) => bail!("--data needs a model: --model DIR or --config PRESET|FILE"),
     };
-    let mut tc = TrainConfig {
+    if needs_data && a.data.is_none() && matches!(model, ModelChoice::Hf(_) | ModelChoice::Config(_)) {
+        bail!("--model/--config need --data FILE (make one with `zerostream prepare`)");
+    }
+    let named_model = match (&model, &a.model, &a.config) {
+        (ModelChoice::Resume(_), Some(dir), _) => Some(("--model", ModelChoice::Hf(dir.clone()))),
+        (ModelChoice::Resume(_), None, Some(spec)) => Some(("--config", ModelChoice::Config(spec.clone()))),
+        _ => None,
+    };
+    let train = TrainConfig {
         batch: a.batch_size,
         seq_len: a.seq_len,
         grad_accum: a.grad_accum,
@@ -309,33 +305,14 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>) -
         vocab_chunk_rows: a.vocab_chunk_rows,
         matmul_inputs: a.matmul_inputs,
     };
-    let (mut data, mut seed, mut data_dtype) = (a.data.clone(), a.seed, a.data_dtype);
-    if let ModelChoice::Resume(dir) = &model {
-        let state = zerostream::train::resume::read_state(dir)?;
-        check_resumed_model(a, dir)?;
-        let world = a.world_size.or_else(zerostream::comm::launcher_world_size).unwrap_or(1);
-        tc = zerostream::train::resume::merge(dir, &state, &tc, explicit, a.seed, world)?;
-        seed = state.seed;
-        // The built-in text has no path; anything else trained on is a file.
-        if data.is_none() {
-            data = state.settings.get("data").and_then(|d| d.as_str()).map(PathBuf::from);
-        }
-        if !explicit.contains("data-dtype") && state.settings.get("data-dtype").and_then(|d| d.as_str()) == Some("u32") {
-            data_dtype = TokenWidth::U32;
-        }
-    }
-    if needs_data && data.is_none() && !matches!(model, ModelChoice::Demo | ModelChoice::Resume(_)) {
-        bail!("--model/--config need --data FILE (make one with `zerostream prepare`)");
-    }
-    check_outputs(a, &model, data.as_deref())?;
     let options = RunOptions {
         model,
-        data,
-        data_dtype,
+        data: a.data.clone(),
+        data_dtype: a.data_dtype,
         val_data: a.val_data.clone(),
         eval_every: a.eval_every,
         eval_batches: a.eval_batches,
-        seed,
+        seed: a.seed,
         metrics: a.metrics.clone(),
         tensorboard: None,
         save: a.save.clone(),
@@ -347,29 +324,17 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>) -
         prompt: a.prompt.replace("\\n", "\n"),
         progress: true,
     };
-    Ok((options, tc))
-}
-
-/// What the device `--device` names charges for its allocations, for planning before it is opened:
-/// the cpu device's costs for `cpu`, a GPU's otherwise (`auto` falls back to the cpu device only where
-/// no GPU is found, and the trainer then plans again with the device it opened).
-fn planned_costs(choice: DeviceChoice) -> AllocCosts {
-    match choice {
-        DeviceChoice::Cpu => AllocCosts::CPU,
-        DeviceChoice::Gpu | DeviceChoice::Auto => AllocCosts::GPU,
-    }
-}
-
-/// Refuses before any work a run whose state would not fit in this machine's RAM or on its NVMe
-/// directory's disk (`ranks_here` ranks), or whose device budget the chosen device cannot keep.
-fn check_host_ram(a: &TrainArgs, options: &RunOptions, tc: &TrainConfig, world: usize, ranks_here: usize) -> Result<()> {
-    let config = zerostream::train::run::model_config(&options.model)?;
-    let placement = zerostream::train::plan_on(&config, tc, world, planned_costs(a.device.device))?;
-    placement.check_host_ram(ranks_here)?;
-    match &tc.nvme_dir {
-        Some(dir) => placement.check_nvme_room(dir, ranks_here),
-        None => Ok(()),
-    }
+    let devices = a.devices.as_deref().map(RankDevice::parse_list).transpose()?.unwrap_or_default();
+    Ok(RunRequest {
+        options,
+        train,
+        ranks: RankRequest { world_size: a.world_size, devices, device: a.device.device, adapter: a.device.adapter.clone() },
+        explicit_flags: explicit.clone(),
+        named_model,
+        resolved_config: resolved.to_string(),
+        config_file: a.config_file.clone(),
+        tensorboard: a.tensorboard.clone(),
+    })
 }
 
 /// SIGINT and SIGTERM set the returned flag (the run finishes its step, checkpoints and stops); a
@@ -386,150 +351,63 @@ fn stop_on_signals() -> Result<Arc<AtomicBool>> {
     Ok(stop)
 }
 
-/// The exit code and message of a run stopped by a signal (rank 0's summary).
-fn stopped(summary: &RunSummary) -> i32 {
-    let Some(step) = summary.stopped_at else { return 0 };
-    match &summary.checkpoint {
-        Some(path) => {
-            eprintln!("stopped by a signal after step {step}; checkpoint {}; continue with --resume {}", path.display(), path.display())
-        }
-        None => eprintln!("stopped by a signal after step {step}; no --checkpoint-dir was given, so nothing was saved"),
-    }
-    130
-}
-
-/// CPU cores each of `ranks` ranks on this machine gets for AdamW, unless --adam-threads says.
-fn adam_threads_per_rank(requested: usize, ranks: usize) -> usize {
-    if requested > 0 {
-        return requested;
-    }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (cores / ranks.max(1)).max(1)
-}
-
-/// `resolved`: every flag's value, as a TOML file, written beside the metrics.
+/// `zerostream train`: the flags resolved into one request, handed to the library once; then the exit
+/// code, with a line saying how to continue a run a signal stopped (rank 0's).
 pub fn train(a: TrainArgs, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
-    let (mut options, mut tc) = resolve_train(&a, true, explicit)?;
-    if let ModelChoice::Resume(dir) = &options.model {
-        let state = zerostream::train::resume::read_state(dir)?;
-        if zerostream::train::resume::is_finished(&state, &tc) {
-            return finished_run(dir, state.step, tc.steps, options.save.as_deref());
-        }
-    }
+    let mut request = resolve_train(&a, true, explicit, resolved)?;
     if explicit.is_empty() {
-        keep_first_run_files(&mut options)?;
+        keep_first_run_files(&mut request.options)?;
     }
-    if let Some(metrics) = &options.metrics {
-        crate::cli::config_file::write_resolved(metrics, resolved, a.config_file.as_deref())?;
-    }
-    if let Some(dir) = &a.tensorboard {
-        options.tensorboard = Some(zerostream::train::tensorboard::TensorBoard::prepare(dir, resolved)?);
-    }
-    options.stop = Some(stop_on_signals()?);
-    let devices = a.devices.as_deref().map(RankDevice::parse_list).transpose()?.unwrap_or_default();
-    let launched = zerostream::comm::launcher_world_size().unwrap_or(1);
-    if launched > 1 {
-        if a.world_size.is_some() {
-            bail!(
-                "--world-size cannot be combined with an MPI launch of {launched} processes: under mpirun the world size is mpirun's -n; \
-                 leave --world-size out"
-            );
-        }
-        return train_mpi(&a, &devices, &options, tc);
-    }
-    let world = a.world_size.unwrap_or(1);
-    check_host_ram(&a, &options, &tc, world, world)?;
-    if world == 1 && devices.len() > 1 {
-        bail!("--devices lists {} devices but --world-size is 1: add --world-size {}", devices.len(), devices.len());
-    }
-    if world == 1 {
-        let which = devices.first().cloned().unwrap_or(RankDevice::Default);
-        let dev = which.open(a.device.device, a.device.adapter.as_deref(), a.gpu_mem_budget)?;
-        let summary = zerostream::train::run::run_on(&dev, &options, tc)?;
-        return Ok(stopped(&summary));
-    }
-    tc.adam_threads = adam_threads_per_rank(tc.adam_threads, world);
-    let summaries =
-        zerostream::train::ranks::train_in_process(world, &devices, a.device.device, a.device.adapter.as_deref(), &options, tc)?;
-    Ok(summaries.first().map_or(0, stopped))
-}
-
-/// A resumed run whose checkpoint is at `--steps` already (a preemption loop re-running its command
-/// after the last save, say): nothing to train, so it ends at once with success, after writing
-/// `--save` from the checkpoint's model if that is asked for and missing (rank 0 only under mpirun).
-fn finished_run(dir: &Path, step: u64, steps: u64, save: Option<&Path>) -> Result<i32> {
-    eprintln!(
-        "train: the checkpoint {} is at step {step} and --steps is {steps} (counted from the start of training): nothing left to train",
-        dir.display()
-    );
-    let rank0 = ["OMPI_COMM_WORLD_RANK", "PMI_RANK"].iter().find_map(|v| std::env::var(v).ok()).is_none_or(|r| r.trim() == "0");
-    let Some(save) = save.filter(|_| rank0) else { return Ok(0) };
-    if save.exists() {
-        eprintln!("train: --save {} exists already; left as it is", save.display());
-        return Ok(0);
-    }
-    // The checkpoint is a model directory plus the optimizer's and trainer's state: copy the model's
-    // files aside, then rename them into place (a crash leaves no half-written --save).
-    let partial = save.with_extension("partial");
-    if partial.exists() {
-        std::fs::remove_dir_all(&partial).with_context(|| format!("removing the leftover {}", partial.display()))?;
-    }
-    std::fs::create_dir_all(&partial).with_context(|| format!("creating {}", partial.display()))?;
-    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
-        let path = entry?.path();
-        let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
-        let state_file = name.starts_with("optimizer.rank") || name == zerostream_checkpoints::checkpoint::STATE_FILE;
-        if path.is_file() && !state_file {
-            std::fs::copy(&path, partial.join(&name)).with_context(|| format!("copying {} into {}", path.display(), partial.display()))?;
-        }
-    }
-    std::fs::rename(&partial, save).with_context(|| format!("renaming {} to {}", partial.display(), save.display()))?;
-    eprintln!("train: saved the checkpoint's model to {}", save.display());
-    Ok(0)
-}
-
-#[cfg(not(feature = "mpi"))]
-fn train_mpi(_: &TrainArgs, _: &[RankDevice], _: &RunOptions, _: TrainConfig) -> Result<i32> {
-    let n = zerostream::comm::launcher_world_size().unwrap_or(1);
-    bail!(
-        "started by mpirun as one of {n} processes, but this zerostream was built without MPI support: \
-         rebuild with `cargo build --release --features zerostream/mpi` (needs OpenMPI and libclang), \
-         or run one process with --world-size N for ranks on this machine"
-    )
-}
-
-#[cfg(feature = "mpi")]
-fn train_mpi(a: &TrainArgs, devices: &[RankDevice], options: &RunOptions, mut tc: TrainConfig) -> Result<i32> {
-    use zerostream::comm::{Comm, mpi::MpiWorld};
-    let mpi = MpiWorld::init().context("initialising MPI")?;
-    let (rank, local_rank) = (mpi.rank(), mpi.node_local_rank());
-    if let Err(e) = check_host_ram(a, options, &tc, mpi.size(), mpi.node_local_size()) {
-        mpi.abort(&format!("rank {rank}: {e:#}"));
-    }
-    tc.adam_threads = adam_threads_per_rank(tc.adam_threads, mpi.node_local_size());
-    let which = match devices.get(local_rank) {
-        Some(d) => d.clone(),
-        None if !devices.is_empty() => {
-            bail!("--devices lists {} devices, but this node runs at least {} ranks", devices.len(), local_rank + 1)
-        }
-        None => zerostream::train::ranks::default_device_for_local_rank(local_rank, a.device.device, a.device.adapter.as_deref()),
+    request.options.stop = Some(stop_on_signals()?);
+    let (rank, summary) = match zerostream::train::launch::launch(request)? {
+        Launched::AlreadyDone => return Ok(0),
+        Launched::Ran { rank, summary } => (rank, summary),
     };
-    let comm = Comm::new(Box::new(mpi.comm()));
-    let opened = which.open(a.device.device, a.device.adapter.as_deref(), a.gpu_mem_budget);
-    let result = opened.and_then(|dev| zerostream::train::run::run_rank_on(&dev, options, tc, comm));
-    match result {
-        Ok(summary) => Ok(if rank == 0 { stopped(&summary) } else { i32::from(summary.stopped_at.is_some()) * 130 }),
-        // Stop every rank now rather than leave them waiting in a collective.
-        Err(e) => mpi.abort(&format!("rank {rank}: {e:#}")),
+    let Some(step) = summary.stopped_at else { return Ok(0) };
+    if rank == 0 {
+        match &summary.checkpoint {
+            Some(path) => {
+                eprintln!("stopped by a signal after step {step}; checkpoint {}; continue with --resume {}", path.display(), path.display())
+            }
+            None => eprintln!("stopped by a signal after step {step}; no --checkpoint-dir was given, so nothing was saved"),
+        }
     }
+    Ok(130)
 }
 
+/// `zerostream plan`: the placement `train` would use with the same flags.
 pub fn plan(a: TrainArgs, explicit: &BTreeSet<String>) -> Result<()> {
-    let (options, tc) = resolve_train(&a, false, explicit)?;
-    let world = a.world_size.or_else(zerostream::comm::launcher_world_size).unwrap_or(1).max(1);
-    let config = zerostream::train::run::model_config(&options.model)?;
-    let placement = zerostream::train::plan_on(&config, &tc, world, planned_costs(a.device.device))?;
+    let placement = zerostream::train::launch::plan(resolve_train(&a, false, explicit, "")?)?;
     println!("{}", placement.describe());
     println!("{}", placement.host_summary());
+    Ok(())
+}
+
+/// Where `zerostream train` with no arguments at all keeps what it made.
+pub const FIRST_RUN_DIR: &str = "zerostream-hamlet";
+
+/// `zerostream train` with no arguments at all (the README's first command) keeps its metrics, the
+/// loss plot and the model in [`FIRST_RUN_DIR`], so the run can be looked at and generated from. Only
+/// this run's own file names are ever replaced there: a directory holding anything else is left alone.
+fn keep_first_run_files(options: &mut RunOptions) -> Result<()> {
+    let dir = PathBuf::from(FIRST_RUN_DIR);
+    let ours = ["metrics.jsonl", "metrics.config.toml", "loss.svg", "model"];
+    if dir.exists() {
+        let entries = std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?;
+        for entry in entries {
+            let name = entry?.file_name();
+            if !ours.iter().any(|o| name == *o) {
+                eprintln!(
+                    "note: {} holds {} (not this run's): the run writes no files; give --metrics/--save to keep them elsewhere",
+                    dir.display(),
+                    dir.join(&name).display()
+                );
+                return Ok(());
+            }
+        }
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    options.metrics = Some(dir.join("metrics.jsonl"));
+    options.save = Some(dir.join("model"));
     Ok(())
 }

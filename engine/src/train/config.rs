@@ -153,6 +153,33 @@ fn tier_from(name: &str) -> Result<Tier> {
 }
 
 impl TrainConfig {
+    /// Refuses settings that cannot train, each named by its flag with the range it must lie in.
+    pub fn check(&self) -> Result<()> {
+        if self.steps == 0 {
+            bail!("--steps must be at least 1");
+        }
+        if (self.offload_optimizer == Tier::Nvme || self.offload_params == Tier::Nvme) && self.nvme_dir.is_none() {
+            bail!("--offload-optimizer nvme and --offload-params nvme need --nvme-dir DIR");
+        }
+        /// A flag, its value, whether the value is in range, and the range in words.
+        type Check<'a> = (&'a str, f64, fn(f64) -> bool, &'a str);
+        let checks: [Check; 7] = [
+            ("--lr", self.lr.peak, |x| x > 0.0, "a finite number > 0"),
+            ("--min-lr", self.lr.min, |x| x >= 0.0, "a finite number >= 0"),
+            ("--beta1", self.beta1, |x| (0.0..1.0).contains(&x), "in [0, 1)"),
+            ("--beta2", self.beta2, |x| (0.0..1.0).contains(&x), "in [0, 1)"),
+            ("--eps", self.eps, |x| x > 0.0, "a finite number > 0"),
+            ("--weight-decay", self.weight_decay, |x| x >= 0.0, "a finite number >= 0"),
+            ("--grad-clip", self.grad_clip, |x| x >= 0.0, "a finite number >= 0 (0 = no clipping)"),
+        ];
+        for (flag, value, ok, range) in checks {
+            if !value.is_finite() || !ok(value) {
+                bail!("{flag} {value}: must be {range}");
+            }
+        }
+        Ok(())
+    }
+
     /// Every setting under its flag name, with the value as typed on the command line.
     pub fn to_flags(&self) -> Flags {
         let mut f = Flags::new();

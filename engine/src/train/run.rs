@@ -181,53 +181,17 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         Some(p) => source.model().with_dropout(p)?,
         None => source.model(),
     };
-    let tokens = match &options.data {
-        Some(path) => TokenFile::open_with(path, options.data_dtype)?,
-        None => Demo::get()?.train_tokens(),
-    };
-    tokens.check_vocab(model.vocab_size())?;
+    let (tokens, validation) = open_data(options, &model, &source)?;
     // Before anything is said or written: a gpu adapter without the f16 cooperative matrices refuses
     // `--matmul-inputs f16` here, naming itself (the trainer sets it again, for library callers).
     dev.set_matmul_inputs(train.matmul_inputs)?;
-    let validation = match &options.val_data {
-        Some(path) => {
-            let v = TokenFile::open_with(path, options.data_dtype)?;
-            v.check_vocab(model.vocab_size())?;
-            Some(v)
-        }
-        None if options.data.is_none() => Some(Demo::get()?.val_tokens()),
-        None => None,
-    };
-    if let ModelSource::Checkpoint(c) = &source
-        && c.state.data_tokens != tokens.len
-    {
-        bail!(
-            "{} holds {} tokens, but the checkpoint {} was trained on {} ({} tokens): resume on the same data",
-            tokens.path.display(),
-            tokens.len,
-            c.dir.display(),
-            c.state.data,
-            c.state.data_tokens
-        );
-    }
     let say = |line: String| {
         if options.progress && lead {
             eprintln!("{line}");
         }
     };
     describe_run(&say, options, &train, &model, &tokens, dev, &comm);
-    // Rank 0 holds the checkpoint root (its lock, its leftovers) for the whole run.
-    let root = match (&options.checkpoints.dir, lead) {
-        (Some(dir), true) => {
-            let root = CheckpointRoot::open(dir)?;
-            for path in &root.removed_leftovers {
-                say(format!("removed {} (left by an interrupted save)", path.display()));
-            }
-            Some(root)
-        }
-        _ => None,
-    };
-    let tokenizer_files = tokenizer_files(&say, options, &model)?;
+    let root = checkpoint_root(&say, options, lead)?;
     let record = RunRecord {
         seed: options.seed,
         data: tokens.path.display().to_string(),
@@ -235,19 +199,9 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         settings: run_settings(&train, options, world),
         save_dtype: options.save_dtype.unwrap_or(SaveDtype::of(train.precision)),
         keep: options.checkpoints.keep,
-        tokenizer_files,
+        tokenizer_files: tokenizer_files(&say, options, &model)?,
     };
-    if let (Some(dir), Ok(placement)) = (&train.nvme_dir, super::plan_on(&model, &train, world, dev.alloc_costs())) {
-        let nvme_bytes = placement.host_bytes_per_rank().1;
-        if nvme_bytes > 0 {
-            // Large models spend minutes here before the first step: say what is happening.
-            say(format!(
-                "writing the initial state to the NVMe tier: {:.2} GiB per rank in {} ...",
-                nvme_bytes as f64 / (1u64 << 30) as f64,
-                dir.display()
-            ));
-        }
-    }
+    announce_nvme_state(&say, &train, &model, world, dev.alloc_costs());
     let mut trainer = Trainer::with_comm(dev, &source, train, comm)?;
     if let ModelSource::Checkpoint(c) = &source {
         say(format!("resumed from {} at step {} (next micro-batch {})", c.dir.display(), c.state.step, c.state.next_micro_batch));
@@ -260,27 +214,10 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
     let start = Instant::now();
     let outcome = train_steps(&mut trainer, &tokens, validation.as_ref(), options, root.as_ref(), &record, &say)?;
     let last_update_s = trainer.finish()?;
-    let mut final_val_loss = None;
-    if let Some(v) = &validation {
-        let loss = trainer.validation_loss(v, options.eval_batches)?;
-        say(format!(
-            "validation: loss {loss:.4} (perplexity {:.2}) after step {} on {} micro-batches of {}",
-            loss.exp(),
-            trainer.step,
-            options.eval_batches,
-            v.path.display()
-        ));
-        final_val_loss = Some(loss);
-    }
+    let final_val_loss = validation.as_ref().map(|v| final_validation(&mut trainer, v, options, &say)).transpose()?;
     let seconds = start.elapsed().as_secs_f64();
-    #[cfg(feature = "plot")]
-    if let (Some(metrics), true, true) = (&options.metrics, lead, outcome.metrics_written) {
-        // The curves beside the metrics; a failure to draw them costs the picture, not the run.
-        let svg = metrics.with_file_name("loss.svg");
-        match crate::plot::read_metrics(metrics).and_then(|c| crate::plot::plot(&[c], &svg)) {
-            Ok(()) => say(format!("plot: {}", svg.display())),
-            Err(e) => say(format!("warning: no plot ({e:#})")),
-        }
+    if lead && outcome.metrics_written {
+        plot_metrics(options, &say);
     }
     summarise(&say, &outcome.reports, seconds, last_update_s, dev.alloc_stats().peak_bytes);
     if let Some(step) = outcome.stopped_at {
@@ -294,10 +231,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         });
     }
     if let Some(dir) = &options.save {
-        trainer.save_model(dir, record.save_dtype, &record.tokenizer_files)?;
-        let names: Vec<&str> = record.tokenizer_files.iter().map(|(n, _)| n.as_str()).collect();
-        let tokenizer = if names.is_empty() { String::new() } else { format!(", {}", names.join(", ")) };
-        say(format!("saved {} (config.json, model.safetensors{tokenizer}; {})", dir.display(), record.save_dtype.flag()));
+        save_model(&mut trainer, dir, &record, &say)?;
     }
     let sample = sample_text(&mut trainer, options, &model, lead, &say)?;
     let traffic = Traffic::of(&outcome.reports, trainer.nvme_traffic());
@@ -309,6 +243,98 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         say(if i == 0 { format!("what it did: {line}") } else { line.clone() });
     }
     Ok(RunSummary { steps: outcome.reports, seconds, sample, stopped_at: None, checkpoint: outcome.checkpoint, val_loss: final_val_loss })
+}
+
+/// The training tokens and the validation tokens (`--val-data`, or the built-in text's last scenes),
+/// checked against the model's vocabulary and, resuming, against the checkpoint's data.
+fn open_data(options: &RunOptions, model: &Model, source: &ModelSource<'_>) -> Result<(TokenFile, Option<TokenFile>)> {
+    let tokens = match &options.data {
+        Some(path) => TokenFile::open_with(path, options.data_dtype)?,
+        None => Demo::get()?.train_tokens(),
+    };
+    tokens.check_vocab(model.vocab_size())?;
+    let validation = match &options.val_data {
+        Some(path) => {
+            let v = TokenFile::open_with(path, options.data_dtype)?;
+            v.check_vocab(model.vocab_size())?;
+            Some(v)
+        }
+        None if options.data.is_none() => Some(Demo::get()?.val_tokens()),
+        None => None,
+    };
+    if let ModelSource::Checkpoint(c) = source
+        && c.state.data_tokens != tokens.len
+    {
+        bail!(
+            "{} holds {} tokens, but the checkpoint {} was trained on {} ({} tokens): resume on the same data",
+            tokens.path.display(),
+            tokens.len,
+            c.dir.display(),
+            c.state.data,
+            c.state.data_tokens
+        );
+    }
+    Ok((tokens, validation))
+}
+
+/// Rank 0 holds the checkpoint root (its lock, its leftovers) for the whole run.
+fn checkpoint_root(say: &dyn Fn(String), options: &RunOptions, lead: bool) -> Result<Option<CheckpointRoot>> {
+    let (Some(dir), true) = (&options.checkpoints.dir, lead) else { return Ok(None) };
+    let root = CheckpointRoot::open(dir)?;
+    for path in &root.removed_leftovers {
+        say(format!("removed {} (left by an interrupted save)", path.display()));
+    }
+    Ok(Some(root))
+}
+
+/// Large models spend minutes writing their initial state to NVMe before the first step: say so.
+fn announce_nvme_state(say: &dyn Fn(String), train: &TrainConfig, model: &Model, world: usize, costs: crate::device::AllocCosts) {
+    let Some(dir) = &train.nvme_dir else { return };
+    let Ok(placement) = super::plan_on(model, train, world, costs) else { return };
+    let nvme_bytes = placement.host_bytes_per_rank().1;
+    if nvme_bytes > 0 {
+        say(format!(
+            "writing the initial state to the NVMe tier: {:.2} GiB per rank in {} ...",
+            nvme_bytes as f64 / (1u64 << 30) as f64,
+            dir.display()
+        ));
+    }
+}
+
+/// `--save DIR`: the trained model, in the record's dtype, with the data's tokenizer files.
+fn save_model<D: Backend>(trainer: &mut Trainer<'_, D>, dir: &std::path::Path, record: &RunRecord, say: &dyn Fn(String)) -> Result<()> {
+    trainer.save_model(dir, record.save_dtype, &record.tokenizer_files)?;
+    let names: Vec<&str> = record.tokenizer_files.iter().map(|(n, _)| n.as_str()).collect();
+    let tokenizer = if names.is_empty() { String::new() } else { format!(", {}", names.join(", ")) };
+    say(format!("saved {} (config.json, model.safetensors{tokenizer}; {})", dir.display(), record.save_dtype.flag()));
+    Ok(())
+}
+
+/// The validation loss of the final weights.
+fn final_validation<D: Backend>(trainer: &mut Trainer<'_, D>, v: &TokenFile, options: &RunOptions, say: &dyn Fn(String)) -> Result<f64> {
+    let loss = trainer.validation_loss(v, options.eval_batches)?;
+    say(format!(
+        "validation: loss {loss:.4} (perplexity {:.2}) after step {} on {} micro-batches of {}",
+        loss.exp(),
+        trainer.step,
+        options.eval_batches,
+        v.path.display()
+    ));
+    Ok(loss)
+}
+
+/// The curves beside the metrics (`loss.svg`); a failure to draw them costs the picture, not the run.
+fn plot_metrics(options: &RunOptions, say: &dyn Fn(String)) {
+    #[cfg(feature = "plot")]
+    if let Some(metrics) = &options.metrics {
+        let svg = metrics.with_file_name("loss.svg");
+        match crate::plot::read_metrics(metrics).and_then(|c| crate::plot::plot(&[c], &svg)) {
+            Ok(()) => say(format!("plot: {}", svg.display())),
+            Err(e) => say(format!("warning: no plot ({e:#})")),
+        }
+    }
+    #[cfg(not(feature = "plot"))]
+    let _ = (options, say);
 }
 
 /// The files that make saved model directories carry the data's tokenizer (see

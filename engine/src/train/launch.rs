@@ -1,0 +1,238 @@
+//! The one way into a training run: [`launch`] takes the run a caller asked for ([`RunRequest`]: what
+//! the command line resolved from its flags, or what a program built), checks what the library owns —
+//! the hyper-parameters, `--resume` against its checkpoint, the outputs, host RAM and disk, the devices
+//! — and runs it on one rank, on in-process ranks or as this process's part of an MPI job. It returns
+//! the run's summary; the caller prints what it likes. [`plan`] is the same walk stopping at the
+//! placement.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use zerostream_checkpoints::TokenWidth;
+
+use super::ranks::{RankDevice, train_in_process};
+use super::run::{ModelChoice, RunOptions, RunSummary, model_config, run_on};
+use super::{Placement, TrainConfig, outputs, plan_on, resume};
+use crate::device::{AllocCosts, DeviceChoice};
+
+/// Which devices the ranks compute on, and how many ranks.
+#[derive(Clone, Debug)]
+pub struct RankRequest {
+    /// In-process ranks (`--world-size`); None: one, or mpirun's `-n` under mpirun.
+    pub world_size: Option<usize>,
+    /// One device per rank (`--devices`); empty: every rank on `device`/`adapter`.
+    pub devices: Vec<RankDevice>,
+    pub device: DeviceChoice,
+    pub adapter: Option<String>,
+}
+
+/// A training run as asked for, before the library's checks.
+pub struct RunRequest {
+    pub options: RunOptions,
+    pub train: TrainConfig,
+    pub ranks: RankRequest,
+    /// The flags the user gave (by long name, from the command line or a config file): a resumed run
+    /// takes every other setting from its checkpoint.
+    pub explicit_flags: BTreeSet<String>,
+    /// With `--resume`, the `--model` or `--config` also given (flag, model): it must be the checkpoint's.
+    pub named_model: Option<(&'static str, ModelChoice)>,
+    /// The run's resolved flags as TOML: written beside `--metrics` and into TensorBoard's text.
+    pub resolved_config: String,
+    /// The `--config-file` the flags came from, never overwritten by the resolved configuration.
+    pub config_file: Option<PathBuf>,
+    /// `--tensorboard DIR`.
+    pub tensorboard: Option<PathBuf>,
+}
+
+/// How a launched run ended, for this process.
+pub enum Launched {
+    /// A resumed run whose checkpoint had reached `--steps`: nothing was trained (exit 0).
+    AlreadyDone,
+    /// This process's rank and its summary; rank 0's is the run's.
+    Ran { rank: usize, summary: RunSummary },
+}
+
+/// Checks the request and runs it (see the module's text).
+pub fn launch(mut req: RunRequest) -> Result<Launched> {
+    check_request(&req)?;
+    let mpi_world = crate::comm::launcher_world_size().filter(|&n| n > 1);
+    if let (Some(n), Some(_)) = (mpi_world, req.ranks.world_size) {
+        bail!(
+            "--world-size cannot be combined with an MPI launch of {n} processes: under mpirun the world size is mpirun's -n; \
+             leave --world-size out"
+        );
+    }
+    let world = mpi_world.or(req.ranks.world_size).unwrap_or(1);
+    let finished_at = resume_from_checkpoint(&mut req, world)?;
+    outputs::check_outputs(&req.options)?;
+    if let (Some(step), ModelChoice::Resume(dir)) = (finished_at, &req.options.model) {
+        return finished_run(dir, step, req.train.steps, req.options.save.as_deref());
+    }
+    if let Some(metrics) = &req.options.metrics {
+        outputs::write_resolved(metrics, &req.resolved_config, req.config_file.as_deref())?;
+    }
+    if let Some(dir) = &req.tensorboard {
+        req.options.tensorboard = Some(super::tensorboard::TensorBoard::prepare(dir, &req.resolved_config)?);
+    }
+    if mpi_world.is_some() {
+        return launch_mpi(&req);
+    }
+    check_host_ram(&req, world, world)?;
+    let RunRequest { options, mut train, ranks, .. } = req;
+    if world == 1 {
+        if ranks.devices.len() > 1 {
+            bail!("--devices lists {} devices but --world-size is 1: add --world-size {}", ranks.devices.len(), ranks.devices.len());
+        }
+        let which = ranks.devices.first().cloned().unwrap_or(RankDevice::Default);
+        let dev = which.open(ranks.device, ranks.adapter.as_deref(), train.gpu_mem_budget)?;
+        return Ok(Launched::Ran { rank: 0, summary: run_on(&dev, &options, train)? });
+    }
+    train.adam_threads = adam_threads_per_rank(train.adam_threads, world);
+    let summaries = train_in_process(world, &ranks.devices, ranks.device, ranks.adapter.as_deref(), &options, train)?;
+    let summary = summaries.into_iter().next().context("no rank returned a summary")?;
+    Ok(Launched::Ran { rank: 0, summary })
+}
+
+/// The placement the run would use, without loading weights or training (`zerostream plan`).
+pub fn plan(mut req: RunRequest) -> Result<Placement> {
+    check_request(&req)?;
+    let world = req.ranks.world_size.or_else(crate::comm::launcher_world_size).unwrap_or(1).max(1);
+    resume_from_checkpoint(&mut req, world)?;
+    let model = model_config(&req.options.model)?;
+    plan_on(&model, &req.train, world, planned_costs(req.ranks.device))
+}
+
+/// What needs no file: the hyper-parameters and the options against each other.
+fn check_request(req: &RunRequest) -> Result<()> {
+    req.train.check()?;
+    let c = &req.options.checkpoints;
+    if c.dir.is_none() && (c.every > 0 || c.keep > 0) {
+        bail!("--checkpoint-every and --keep-checkpoints need --checkpoint-dir DIR");
+    }
+    Ok(())
+}
+
+/// With `--resume`, the run's settings: the checkpoint's, except the flags given that may change (see
+/// [`resume::merge`]); its seed, and its data unless `--data` is given. Returns the checkpoint's step
+/// when it has reached `--steps` already.
+fn resume_from_checkpoint(req: &mut RunRequest, world: usize) -> Result<Option<u64>> {
+    let ModelChoice::Resume(dir) = &req.options.model else { return Ok(None) };
+    let dir = dir.clone();
+    let state = resume::read_state(&dir)?;
+    if let Some((flag, given)) = &req.named_model {
+        check_named_model(flag, given, &dir)?;
+    }
+    req.train = resume::merge(&dir, &state, &req.train, &req.explicit_flags, req.options.seed, world)?;
+    req.options.seed = state.seed;
+    // The built-in text has no path; anything else trained on is a file.
+    if req.options.data.is_none() {
+        req.options.data = state.settings.get("data").and_then(|d| d.as_str()).map(PathBuf::from);
+    }
+    if !req.explicit_flags.contains("data-dtype") && state.settings.get("data-dtype").and_then(|d| d.as_str()) == Some("u32") {
+        req.options.data_dtype = TokenWidth::U32;
+    }
+    Ok(resume::is_finished(&state, &req.train).then_some(state.step))
+}
+
+/// With `--resume`, a `--model` or `--config` given as well must describe the checkpoint's model.
+fn check_named_model(flag: &str, given: &ModelChoice, checkpoint: &Path) -> Result<()> {
+    let ours = model_config(&ModelChoice::Resume(checkpoint.to_path_buf()))?;
+    let theirs = model_config(given)?;
+    // Dropout is how the model was trained, not what it is: a checkpoint's config.json records the
+    // probabilities it trained with (--dropout included), and resume compares --dropout on its own.
+    if ours.with_dropout(0.0)? != theirs.with_dropout(0.0)? {
+        bail!(
+            "{flag} is not the checkpoint's model ({}): the checkpoint has {}; {flag} has {}. Leave {flag} out: the model comes from \
+             the checkpoint",
+            checkpoint.display(),
+            ours.describe(),
+            theirs.describe()
+        );
+    }
+    Ok(())
+}
+
+/// A resumed run whose checkpoint is at `--steps` already (a preemption loop re-running its command
+/// after the last save, say): nothing to train, so it ends at once with success, after writing
+/// `--save` from the checkpoint's model if that is asked for and missing (rank 0 only under mpirun).
+fn finished_run(dir: &Path, step: u64, steps: u64, save: Option<&Path>) -> Result<Launched> {
+    eprintln!(
+        "train: the checkpoint {} is at step {step} and --steps is {steps} (counted from the start of training): nothing left to train",
+        dir.display()
+    );
+    let rank0 = ["OMPI_COMM_WORLD_RANK", "PMI_RANK"].iter().find_map(|v| std::env::var(v).ok()).is_none_or(|r| r.trim() == "0");
+    if let Some(save) = save.filter(|_| rank0) {
+        outputs::save_finished_model(dir, save)?;
+    }
+    Ok(Launched::AlreadyDone)
+}
+
+/// What the device `--device` names charges for its allocations, for planning before it is opened:
+/// the cpu device's costs for `cpu`, a GPU's otherwise (`auto` falls back to the cpu device only where
+/// no GPU is found, and the trainer then plans again with the device it opened).
+fn planned_costs(choice: DeviceChoice) -> AllocCosts {
+    match choice {
+        DeviceChoice::Cpu => AllocCosts::CPU,
+        DeviceChoice::Gpu | DeviceChoice::Auto => AllocCosts::GPU,
+    }
+}
+
+/// Refuses before any work a run whose state would not fit in this machine's RAM or on its NVMe
+/// directory's disk (`ranks_here` ranks), or whose device budget the chosen device cannot keep.
+fn check_host_ram(req: &RunRequest, world: usize, ranks_here: usize) -> Result<()> {
+    let model = model_config(&req.options.model)?;
+    let placement = plan_on(&model, &req.train, world, planned_costs(req.ranks.device))?;
+    placement.check_host_ram(ranks_here)?;
+    match &req.train.nvme_dir {
+        Some(dir) => placement.check_nvme_room(dir, ranks_here),
+        None => Ok(()),
+    }
+}
+
+/// CPU cores each of `ranks` ranks on this machine gets for AdamW, unless --adam-threads says.
+fn adam_threads_per_rank(requested: usize, ranks: usize) -> usize {
+    if requested > 0 {
+        return requested;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / ranks.max(1)).max(1)
+}
+
+#[cfg(not(feature = "mpi"))]
+fn launch_mpi(_: &RunRequest) -> Result<Launched> {
+    let n = crate::comm::launcher_world_size().unwrap_or(1);
+    bail!(
+        "started by mpirun as one of {n} processes, but this zerostream was built without MPI support: \
+         rebuild with `cargo build --release --features zerostream/mpi` (needs OpenMPI and libclang), \
+         or run one process with --world-size N for ranks on this machine"
+    )
+}
+
+/// This process's rank of an MPI job: its node-local device, the checks on this node, then the run. A
+/// failing rank aborts the job rather than leave the others waiting in a collective.
+#[cfg(feature = "mpi")]
+fn launch_mpi(req: &RunRequest) -> Result<Launched> {
+    use crate::comm::{Comm, mpi::MpiWorld};
+    let mpi = MpiWorld::init().context("initialising MPI")?;
+    let (rank, local_rank) = (mpi.rank(), mpi.node_local_rank());
+    if let Err(e) = check_host_ram(req, mpi.size(), mpi.node_local_size()) {
+        mpi.abort(&format!("rank {rank}: {e:#}"));
+    }
+    let mut train = req.train.clone();
+    train.adam_threads = adam_threads_per_rank(train.adam_threads, mpi.node_local_size());
+    let (devices, choice, adapter) = (&req.ranks.devices, req.ranks.device, req.ranks.adapter.as_deref());
+    let which = match devices.get(local_rank) {
+        Some(d) => d.clone(),
+        None if !devices.is_empty() => {
+            bail!("--devices lists {} devices, but this node runs at least {} ranks", devices.len(), local_rank + 1)
+        }
+        None => super::ranks::default_device_for_local_rank(local_rank, choice, adapter),
+    };
+    let comm = Comm::new(Box::new(mpi.comm()));
+    let opened = which.open(choice, adapter, train.gpu_mem_budget);
+    match opened.and_then(|dev| super::run::run_rank_on(&dev, &req.options, train, comm)) {
+        Ok(summary) => Ok(Launched::Ran { rank, summary }),
+        Err(e) => mpi.abort(&format!("rank {rank}: {e:#}")),
+    }
+}
