@@ -19,8 +19,8 @@ use anyhow::{Context, Result, bail};
 use zerostream_checkpoints::LlamaConfig;
 use zerostream_shaders::{AttentionTile, MatmulTile};
 
-use crate::device::gpu::GpuTensor;
 use crate::device::attention_tuning::AttentionTable;
+use crate::device::gpu::GpuTensor;
 use crate::device::matmul_tuning::{MatmulClass, MatmulTable, TableEntry, TableFile, TableKey, TableSource, table_path};
 use crate::device::timing::Timer;
 use crate::device::{Backend, GpuDevice, HalfFormat, MatmulShape, Operand};

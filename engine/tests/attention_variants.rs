@@ -80,7 +80,12 @@ fn twin_outputs() -> Vec<(String, Vec<f32>)> {
         let tag = format!("{:?}", CASES[i]);
         let (mut dqkv, mut delta) = (random(400, qkv.len(), 9.0), random(401, lse.len(), 9.0));
         twin::attention_backward(&mut dqkv, &mut delta, &dout, &qkv, &out, &lse, d);
-        all.extend([(format!("{tag} out"), out), (format!("{tag} lse"), lse), (format!("{tag} dqkv"), dqkv), (format!("{tag} delta"), delta)]);
+        all.extend([
+            (format!("{tag} out"), out),
+            (format!("{tag} lse"), lse),
+            (format!("{tag} dqkv"), dqkv),
+            (format!("{tag} delta"), delta),
+        ]);
     }
     all
 }
@@ -193,7 +198,10 @@ fn tune_writes_attention_entries_devices_reports_them() {
     let devices = zerostream(dir.path(), &["devices"]);
     let text = String::from_utf8_lossy(&devices.stdout);
     assert!(devices.status.success() && !text.contains("warning"), "{text}");
-    assert!(text.contains(&format!("tuned table {}", table.display())) && text.contains("attention variants: rows32 for every shape"), "{text}");
+    assert!(
+        text.contains(&format!("tuned table {}", table.display())) && text.contains("attention variants: rows32 for every shape"),
+        "{text}"
+    );
     let bad = zerostream(dir.path(), &["tune", "--quick", "--attention-variants", "rows40"]);
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(!bad.status.success() && stderr.contains("rows40") && stderr.contains("1 to 32"), "{stderr}");

@@ -97,7 +97,8 @@ pub fn run(args: TuneArgs) -> Result<i32> {
     let path = if args.no_save { None } else { Some(zerostream::tune::save_table(&dev, &results, &attention)?) };
     let mut mismatched: Vec<String> =
         results.iter().flat_map(|r| r.mismatched.iter().map(move |v| format!("matmul variant {v} on {}", r.class.key()))).collect();
-    mismatched.extend(attention.iter().flat_map(|r| r.mismatched.iter().map(move |v| format!("attention variant {v} on {}", r.class.key()))));
+    mismatched
+        .extend(attention.iter().flat_map(|r| r.mismatched.iter().map(move |v| format!("attention variant {v} on {}", r.class.key()))));
     let speedups: Vec<f64> = results.iter().map(|r| r.default_seconds() / r.best().1).collect();
     let seconds = start.elapsed().as_secs_f64();
     if args.json {

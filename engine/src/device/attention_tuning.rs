@@ -106,7 +106,10 @@ impl AttentionTable {
         if file.key != key {
             bail!("it was tuned for {:?}, not {:?}", file.key, key);
         }
-        Ok(AttentionTable { source: TableSource::Tuned { path: path.to_path_buf(), created: file.created.clone() }, entries: entries(&file)? })
+        Ok(AttentionTable {
+            source: TableSource::Tuned { path: path.to_path_buf(), created: file.created.clone() },
+            entries: entries(&file)?,
+        })
     }
 }
 

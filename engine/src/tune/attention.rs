@@ -37,7 +37,10 @@ pub fn attention_calls(model: &str, batch: usize, seq_len: usize) -> Result<Vec<
         let cfg = LlamaConfig::preset(model).with_context(|| format!("--models {model:?}: not a model shape"))?;
         AttentionDims::gqa(batch, seq_len, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
     };
-    Ok(AttentionPass::ALL.into_iter().map(|pass| AttentionCall { name: format!("{model} attention {}", pass.name()), pass, dims }).collect())
+    Ok(AttentionPass::ALL
+        .into_iter()
+        .map(|pass| AttentionCall { name: format!("{model} attention {}", pass.name()), pass, dims })
+        .collect())
 }
 
 /// One attention class's outcome.
@@ -149,7 +152,10 @@ fn variants(dev: &GpuDevice, cfg: &TuneConfig) -> Result<Vec<AttentionTile>> {
     let runnable = dev.attention_variants();
     let mut variants = if cfg.attention_variants.is_empty() { runnable.clone() } else { cfg.attention_variants.clone() };
     if let Some(v) = variants.iter().find(|v| !runnable.contains(v)) {
-        bail!("--attention-variants {v}: not a candidate this adapter can run ({})", runnable.iter().map(|t| t.name()).collect::<Vec<_>>().join(", "));
+        bail!(
+            "--attention-variants {v}: not a candidate this adapter can run ({})",
+            runnable.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
+        );
     }
     variants.retain(|v| *v != AttentionTile::DEFAULT);
     variants.insert(0, AttentionTile::DEFAULT);
@@ -184,7 +190,12 @@ pub fn tune_attention(
     let mut results = Vec::new();
     for (i, class) in order.iter().enumerate() {
         if start.elapsed().as_secs_f64() > cfg.max_seconds {
-            eprintln!("tune: --max-seconds {} reached; {} of {} attention classes left untuned", cfg.max_seconds, order.len() - i, order.len());
+            eprintln!(
+                "tune: --max-seconds {} reached; {} of {} attention classes left untuned",
+                cfg.max_seconds,
+                order.len() - i,
+                order.len()
+            );
             break;
         }
         let (call, names) = &classes[class];
