@@ -1,9 +1,9 @@
 //! `zerostream tune`: times every variant of the fp32 matmul the adapter can run on the products a
 //! model's training step makes (forward, input gradient and weight gradient of every linear layer and of
 //! the vocabulary projection's chunk, with f32 and 16-bit weights), keeps the fastest per shape class,
-//! and writes the table the gpu device loads when it opens (`device/matmul_tuning.rs`). Then the same
-//! for the training attention kernels' variants, forward and backward (`tune/attention.rs`), into the
-//! same file (`device/attention_tuning.rs`).
+//! and writes the table the gpu device loads when it opens (`device/matmul_tuning.rs`). The same for the
+//! training attention kernels' variants, forward and backward (`tune/attention.rs`, run first by the
+//! command), into the same file (`device/attention_tuning.rs`).
 //!
 //! A variant is accepted only if its result equals the default variant's bit for bit on the product it
 //! was timed on: the table can change the speed of a run, never its numbers.
@@ -36,7 +36,7 @@ pub struct TuneConfig {
     pub vocab_chunk_rows: usize,
     /// Also the products whose weights are 16-bit (`--precision bf16|fp16` runs).
     pub with_16bit: bool,
-    /// Stop starting new classes after this long (the classes done are kept).
+    /// Stop starting new classes, matmul or attention, this long after the tune began (those done are kept).
     pub max_seconds: f64,
     /// Only these variants (empty: every one the adapter can run).
     pub variants: Vec<MatmulTile>,
@@ -238,8 +238,9 @@ fn tune_class(dev: &GpuDevice, p: &Product, variants: &[MatmulTile], timer: Time
     Ok((times, mismatched))
 }
 
-/// Tunes every class of the configured models' products; calls `on_class` as each finishes.
-pub fn tune(dev: &GpuDevice, cfg: &TuneConfig, mut on_class: impl FnMut(&ClassResult)) -> Result<Vec<ClassResult>> {
+/// Tunes every class of the configured models' products, until `cfg.max_seconds` after `start` (the
+/// whole tune's clock, attention's classes included); calls `on_class` as each finishes.
+pub fn tune(dev: &GpuDevice, cfg: &TuneConfig, start: Instant, mut on_class: impl FnMut(&ClassResult)) -> Result<Vec<ClassResult>> {
     let mut variants = if cfg.variants.is_empty() { dev.matmul_variants() } else { cfg.variants.clone() };
     for v in &variants {
         if !dev.matmul_variants().contains(v) {
@@ -262,7 +263,6 @@ pub fn tune(dev: &GpuDevice, cfg: &TuneConfig, mut on_class: impl FnMut(&ClassRe
         }
     }
     let timer = dev.best_timer();
-    let start = Instant::now();
     let mut results = Vec::new();
     for (i, class) in order.iter().enumerate() {
         if start.elapsed().as_secs_f64() > cfg.max_seconds {

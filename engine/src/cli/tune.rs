@@ -92,8 +92,10 @@ pub fn run(args: TuneArgs) -> Result<i32> {
         dev.best_timer().name()
     );
     let start = std::time::Instant::now();
-    let results = zerostream::tune::tune(&dev, &cfg, |r| print_class(r, args.json))?;
+    // The attention classes first: a few, each timed in seconds at most, which the many matmul classes
+    // would otherwise leave past --max-seconds.
     let attention = zerostream::tune::tune_attention(&dev, &cfg, start, |r| print_attention(r, args.json))?;
+    let results = zerostream::tune::tune(&dev, &cfg, start, |r| print_class(r, args.json))?;
     let path = if args.no_save { None } else { Some(zerostream::tune::save_table(&dev, &results, &attention)?) };
     let mut mismatched: Vec<String> =
         results.iter().flat_map(|r| r.mismatched.iter().map(move |v| format!("matmul variant {v} on {}", r.class.key()))).collect();
