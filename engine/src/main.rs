@@ -10,7 +10,8 @@ use anyhow::Result;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use cli::bench::BenchCommand;
 use cli::train::TrainArgs;
-use zerostream::device::matmul_tuning::MatmulTable;
+use zerostream::device::attention_tuning::AttentionTable;
+use zerostream::device::matmul_tuning::{MatmulTable, TableSource};
 use zerostream::device::{self, DeviceChoice};
 
 #[derive(Parser)]
@@ -85,10 +86,11 @@ enum Command {
         #[arg(short, long, default_value = "loss.svg")]
         out: PathBuf,
     },
-    /// Time the fp32 matmul's variants on this GPU for the products of GPT-2 and Llama training steps and
-    /// keep the fastest per shape class in a table in the user's cache directory (by adapter, driver and
-    /// zerostream version; `ZEROSTREAM_TUNE_DIR` overrides the place). Every later run on the adapter uses
-    /// it; `devices` says which table is in use. Variants give identical bits: only the speed changes.
+    /// Time the fp32 matmul's variants on this GPU for the products of GPT-2 and Llama training steps, and
+    /// the training attention kernels' variants (forward and backward) at their head dims and --seq-len,
+    /// and keep the fastest per shape class in a table in the user's cache directory (by adapter, driver
+    /// and zerostream version; `ZEROSTREAM_TUNE_DIR` overrides the place). Every later run on the adapter
+    /// uses it; `devices` says which table is in use. Variants give identical bits: only the speed changes.
     Tune(Box<cli::tune::TuneArgs>),
     /// Measure one link of the offload path against its ceiling.
     #[command(subcommand)]
@@ -179,6 +181,7 @@ fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
                             "cooperative_matrix_configs": a.cooperative_matrix_configs.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
                             "matmul_f16_coop": device::gpu::coop_unavailable(a).is_none(),
                             "matmul_table": MatmulTable::load(a).0.describe(),
+                            "attention_table": AttentionTable::load(a).0.describe(),
                         })
                     );
                 }
@@ -207,6 +210,11 @@ fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
                 println!("    fp32 matmul variants: {}", table.describe());
                 if let Some(problem) = problem {
                     println!("    warning: {problem}");
+                }
+                let (attention, problem) = AttentionTable::load(a);
+                println!("    attention variants: {}", attention.describe());
+                if let Some(problem) = problem.filter(|_| matches!(table.source, TableSource::Tuned { .. })) {
+                    println!("    warning: {problem}"); // (a file the matmul's loader refused is reported once, above)
                 }
             }
             println!("cpu: the plain-Rust kernels on {} threads (--device cpu)", rayon::current_num_threads());

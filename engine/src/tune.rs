@@ -1,18 +1,25 @@
 //! `zerostream tune`: times every variant of the fp32 matmul the adapter can run on the products a
 //! model's training step makes (forward, input gradient and weight gradient of every linear layer and of
 //! the vocabulary projection's chunk, with f32 and 16-bit weights), keeps the fastest per shape class,
-//! and writes the table the gpu device loads when it opens (`device/matmul_tuning.rs`).
+//! and writes the table the gpu device loads when it opens (`device/matmul_tuning.rs`). The same for the
+//! training attention kernels' variants, forward and backward (`tune/attention.rs`, run first by the
+//! command), into the same file (`device/attention_tuning.rs`).
 //!
 //! A variant is accepted only if its result equals the default variant's bit for bit on the product it
 //! was timed on: the table can change the speed of a run, never its numbers.
+
+mod attention;
+
+pub use attention::{AttentionCall, AttentionResult, attention_calls, tune_attention};
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use zerostream_checkpoints::LlamaConfig;
-use zerostream_shaders::MatmulTile;
+use zerostream_shaders::{AttentionTile, MatmulTile};
 
+use crate::device::attention_tuning::AttentionTable;
 use crate::device::gpu::GpuTensor;
 use crate::device::matmul_tuning::{MatmulClass, MatmulTable, TableEntry, TableFile, TableKey, TableSource, table_path};
 use crate::device::timing::Timer;
@@ -29,10 +36,14 @@ pub struct TuneConfig {
     pub vocab_chunk_rows: usize,
     /// Also the products whose weights are 16-bit (`--precision bf16|fp16` runs).
     pub with_16bit: bool,
-    /// Stop starting new classes after this long (the classes done are kept).
+    /// Stop starting new classes, matmul or attention, this long after the tune began (those done are kept).
     pub max_seconds: f64,
     /// Only these variants (empty: every one the adapter can run).
     pub variants: Vec<MatmulTile>,
+    /// Also the attention kernels' variants.
+    pub attention: bool,
+    /// Only these attention variants (empty: every one the adapter can run).
+    pub attention_variants: Vec<AttentionTile>,
 }
 
 impl TuneConfig {
@@ -46,6 +57,8 @@ impl TuneConfig {
             with_16bit: true,
             max_seconds: 120.0,
             variants: Vec::new(),
+            attention: true,
+            attention_variants: Vec::new(),
         }
     }
 }
@@ -225,8 +238,9 @@ fn tune_class(dev: &GpuDevice, p: &Product, variants: &[MatmulTile], timer: Time
     Ok((times, mismatched))
 }
 
-/// Tunes every class of the configured models' products; calls `on_class` as each finishes.
-pub fn tune(dev: &GpuDevice, cfg: &TuneConfig, mut on_class: impl FnMut(&ClassResult)) -> Result<Vec<ClassResult>> {
+/// Tunes every class of the configured models' products, until `cfg.max_seconds` after `start` (the
+/// whole tune's clock, attention's classes included); calls `on_class` as each finishes.
+pub fn tune(dev: &GpuDevice, cfg: &TuneConfig, start: Instant, mut on_class: impl FnMut(&ClassResult)) -> Result<Vec<ClassResult>> {
     let mut variants = if cfg.variants.is_empty() { dev.matmul_variants() } else { cfg.variants.clone() };
     for v in &variants {
         if !dev.matmul_variants().contains(v) {
@@ -249,7 +263,6 @@ pub fn tune(dev: &GpuDevice, cfg: &TuneConfig, mut on_class: impl FnMut(&ClassRe
         }
     }
     let timer = dev.best_timer();
-    let start = Instant::now();
     let mut results = Vec::new();
     for (i, class) in order.iter().enumerate() {
         if start.elapsed().as_secs_f64() > cfg.max_seconds {
@@ -265,17 +278,25 @@ pub fn tune(dev: &GpuDevice, cfg: &TuneConfig, mut on_class: impl FnMut(&ClassRe
     Ok(results)
 }
 
-/// The table from `results`, merged over the adapter's previous table for the same key (classes tuned
-/// again are replaced), written to its place in the cache directory and installed on `dev`.
-pub fn save_table(dev: &GpuDevice, results: &[ClassResult]) -> Result<std::path::PathBuf> {
+/// The table from `results` and `attention`, merged over the adapter's previous table for the same key
+/// (classes tuned again are replaced, the others kept), written to its place in the cache directory and
+/// installed on `dev`.
+pub fn save_table(dev: &GpuDevice, results: &[ClassResult], attention: &[AttentionResult]) -> Result<std::path::PathBuf> {
     let path = table_path(dev.summary()).context("no cache directory for the tuning table (set ZEROSTREAM_TUNE_DIR)")?;
     let key = TableKey::of(dev.summary());
-    let mut entries: BTreeMap<String, TableEntry> = BTreeMap::new();
+    let (mut entries, mut attention_entries): (BTreeMap<String, TableEntry>, BTreeMap<String, TableEntry>) = Default::default();
     if let Ok(text) = std::fs::read_to_string(&path)
         && let Ok(old) = serde_json::from_str::<TableFile>(&text)
         && old.key == key
     {
         entries.extend(old.entries.into_iter().map(|e| (e.class.clone(), e)));
+        attention_entries.extend(old.attention.into_iter().map(|e| (e.class.clone(), e)));
+    }
+    for r in attention {
+        let (best, seconds) = r.best();
+        let (class, variant) = (r.class.key(), best.name());
+        let (shape, products, default_seconds) = (r.shape(), r.calls.clone(), r.default_seconds());
+        attention_entries.insert(class.clone(), TableEntry { class, variant, shape, products, seconds, default_seconds });
     }
     for r in results {
         let (best, seconds) = r.best();
@@ -292,7 +313,13 @@ pub fn save_table(dev: &GpuDevice, results: &[ClassResult]) -> Result<std::path:
             },
         );
     }
-    let file = TableFile { key, created: utc_now(), default: MatmulTile::DEFAULT.name(), entries: entries.into_values().collect() };
+    let file = TableFile {
+        key,
+        created: utc_now(),
+        default: MatmulTile::DEFAULT.name(),
+        entries: entries.into_values().collect(),
+        attention: attention_entries.into_values().collect(),
+    };
     file.save(&path)?;
     let mut table = MatmulTable {
         source: TableSource::Tuned { path: path.clone(), created: file.created.clone() },
@@ -305,6 +332,8 @@ pub fn save_table(dev: &GpuDevice, results: &[ClassResult]) -> Result<std::path:
         }
     }
     dev.set_matmul_table(table);
+    let source = TableSource::Tuned { path: path.clone(), created: file.created.clone() };
+    dev.set_attention_table(AttentionTable { source, entries: crate::device::attention_tuning::entries(&file)? });
     Ok(path)
 }
 

@@ -7,11 +7,34 @@
 //! writes the cooperative-matrix matmul as SPIR-V (no adapter here has cooperative matrices to compile it).
 //!
 //! The fp32 matmul is a template (`wgsl/matmul.wgsl`) rendered per variant by [`MatmulTile`]
-//! (`matmul_template.rs`), so it is not in [`ALL`]; the tests validate every candidate variant.
+//! (`matmul_template.rs`), and so are the training attention kernels (`wgsl/attention_forward.wgsl`,
+//! `wgsl/attention_backward.wgsl`) by [`AttentionTile`] (`attention_template.rs`); they are not in
+//! [`ALL`], and the tests validate every candidate variant.
 
+pub mod attention_template;
 pub mod matmul_template;
 
+use std::collections::HashMap;
+
+pub use attention_template::{AttentionPass, AttentionTile};
 pub use matmul_template::MatmulTile;
+
+/// `template` with each hole (a name in double braces) replaced by its value in `holes`; `file` names the
+/// template in the panic for an unknown or unclosed hole (a bug in this crate, caught by its tests).
+pub(crate) fn fill_holes(template: &str, file: &str, holes: &HashMap<&str, String>) -> String {
+    let mut out = String::with_capacity(template.len() + 4096);
+    let mut rest = template;
+    while let Some(start) = rest.find("{{") {
+        let end = start + rest[start..].find("}}").unwrap_or_else(|| panic!("an unclosed {{{{ in {file}"));
+        out.push_str(&rest[..start]);
+        let key = &rest[start + 2..end];
+        let value = holes.get(key).unwrap_or_else(|| panic!("{file}: unknown hole {{{{{key}}}}}"));
+        out.push_str(value);
+        rest = &rest[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
 
 /// One kernel: the op's name (the file's stem) and its WGSL source.
 #[derive(Clone, Copy, Debug)]
@@ -44,15 +67,14 @@ macro_rules! kernels {
             // Shared helpers from wgsl/common/ are prepended to the kernel's own file.
             source: concat!($($(include_str!(concat!("../wgsl/common/", $common, ".wgsl")),)+)? include_str!(concat!("../wgsl/", $file, ".wgsl"))),
         };)*
-        /// Every kernel but the templated fp32 matmul ([`MatmulTile::kernel`]), for validation.
+        /// Every kernel but the templated ones ([`MatmulTile::kernel`], [`AttentionTile::kernel`]), for
+        /// validation.
         pub const ALL: &[Kernel] = &[$($ident),*];
     };
 }
 
 kernels! {
-    ATTENTION_BACKWARD => "attention_backward" with "dropout_mask", "attention_params", "attention_tiles",
     ATTENTION_DECODE => "attention_decode" with "workgroup_logsumexp",
-    ATTENTION_FORWARD => "attention_forward" with "dropout_mask", "attention_params", "attention_tiles",
     AXPY => "axpy",
     BIAS_BACKWARD => "bias_backward",
     CAST_HALF_TO_F32 => "cast_half_to_f32",
@@ -87,9 +109,14 @@ kernels! {
 mod tests {
     use super::*;
 
+    /// Every candidate variant of the templated kernels.
+    fn templated() -> Vec<Kernel> {
+        MatmulTile::CANDIDATES.iter().map(MatmulTile::kernel).chain(AttentionTile::all_kernels()).collect()
+    }
+
     #[test]
     fn every_kernel_parses_and_validates() {
-        let variants: Vec<Kernel> = MatmulTile::CANDIDATES.iter().map(MatmulTile::kernel).collect();
+        let variants: Vec<Kernel> = templated();
         for kernel in ALL.iter().chain(&variants) {
             let module = naga::front::wgsl::parse_str(kernel.source)
                 .unwrap_or_else(|e| panic!("{}.wgsl: {}", kernel.name, e.emit_to_string(kernel.source)));
@@ -143,7 +170,7 @@ mod tests {
     /// Metal and DX12 `--matmul-inputs f16` is refused by feature detection, as on any adapter without them).
     #[test]
     fn every_kernel_translates_to_msl_and_hlsl() {
-        let variants: Vec<Kernel> = MatmulTile::CANDIDATES.iter().map(MatmulTile::kernel).collect();
+        let variants: Vec<Kernel> = templated();
         let mut translated = 0;
         for kernel in ALL.iter().filter(|k| k.name != MATMUL_COOP.name).chain(&variants) {
             let module = naga::front::wgsl::parse_str(kernel.source).unwrap();
@@ -178,7 +205,8 @@ mod tests {
                 continue; // wgsl/common/: helpers prepended to kernels, not kernels
             }
             let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-            let templated = name == "matmul"; // rendered by MatmulTile, validated above per variant
+            // Rendered by MatmulTile and AttentionTile, validated above per variant.
+            let templated = ["matmul", "attention_forward", "attention_backward"].contains(&name.as_str());
             assert!(templated || ALL.iter().any(|k| k.name == name), "wgsl/{name}.wgsl is not in shaders::ALL");
         }
     }

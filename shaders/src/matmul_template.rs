@@ -153,19 +153,7 @@ impl MatmulTile {
     /// [`Self::check`] (callers check first; the candidates all pass, tested).
     pub fn source(&self) -> String {
         self.check().unwrap_or_else(|e| panic!("matmul variant {}: {e}", self.name()));
-        let holes = self.holes();
-        let mut out = String::with_capacity(TEMPLATE.len() + 4096);
-        let mut rest = TEMPLATE;
-        while let Some(start) = rest.find("{{") {
-            let end = start + rest[start..].find("}}").expect("an unclosed {{ in matmul.wgsl");
-            out.push_str(&rest[..start]);
-            let key = &rest[start + 2..end];
-            let value = holes.get(key).unwrap_or_else(|| panic!("matmul.wgsl: unknown hole {{{{{key}}}}}"));
-            out.push_str(value);
-            rest = &rest[end + 2..];
-        }
-        out.push_str(rest);
-        out
+        crate::fill_holes(TEMPLATE, "matmul.wgsl", &self.holes())
     }
 
     /// This variant as a [`Kernel`] (its source rendered once per process and kept: the engine's pipeline

@@ -1,21 +1,24 @@
 // attention_backward, two entry points that together write every element of dqkv once (layouts as in
 // attention_forward.wgsl: qkv and dqkv (B, T, (H + 2G) D), query head h reads key/value head h / group):
-//   query_grad (one workgroup per block of BLOCK queries (x), query head h (y), batch b (z)):
+//   query_grad (one workgroup per block of ROWS queries (x), query head h (y), batch b (z)):
 //       delta_t = dout_t . out_t, and dq_t = scale * sum_{j<=t} p_tj (dout_t . v_j - delta_t) k_j
-//   key_value_grad (one workgroup per block of BLOCK keys (x), key/value head g (y), batch b (z)), summing
+//   key_value_grad (one workgroup per block of ROWS keys (x), key/value head g (y), batch b (z)), summing
 //       over the group's query heads h: dv_j = sum_h sum_{i>=j} p_ij dout_i,
 //       dk_j = scale * sum_h sum_{i>=j} p_ij (dout_i . v_j - delta_i) q_i
 // Flash-attention-2 style: the probabilities p_ij = exp(q_i . k_j * scale - lse_i) are recomputed tile by
-// tile (BLOCK x BLOCK, common/attention_tiles.wgsl) from the saved log-sum-exp, so nothing of size (T, T)
+// tile (ROWS x COLS, common/attention_tiles.wgsl) from the saved log-sum-exp, so nothing of size (T, T)
 // touches device memory. query_grad walks the key tiles up to its diagonal, key_value_grad the query
 // tiles from its diagonal on; tiles past the diagonal are skipped. key_value_grad needs delta from
 // query_grad (the next dispatch). With dropout (mask m, forward used m p): dv_j sums m_ij p_ij dout_i and
 // ds_ij = p_ij (m_ij dout_i . v_j - delta_i); delta = dout . out is unchanged, since out already holds the
 // masked sum. Each gradient is one workgroup's running sum in a fixed order (a shared head's over the
 // group's heads in order, then the query tiles): deterministic, without atomics or a reduction pass.
+// A template (shaders/src/attention_template.rs): only ROWS and LANES vary per variant. Every gradient
+// is one FMA chain over the other side in increasing order, and the tiles a variant visits beyond
+// another's hold only masked pairs, which add exact zeros: all variants give the same bits.
 
-// Params and prob_dropout come from common/attention_params.wgsl; BLOCK, the staged tiles, tile_dots
-// and accumulate_tile from common/attention_tiles.wgsl.
+// Params and prob_dropout come from common/attention_params.wgsl; ROWS, COLS, the staged tiles,
+// tile_dots and accumulate_tile from common/attention_tiles.wgsl.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> qkv: array<f32>;
@@ -40,9 +43,9 @@ fn source_at(b: u32, row: u32, col0: u32, d: u32, source: u32) -> f32 {
 }
 fn store(index: u32, value: f32) { dqkv[index] = value; }
 
-@compute @workgroup_size(256, 1, 1)
+@compute @workgroup_size({{LANES}}, 1, 1)
 fn query_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    let q0 = wg.x * BLOCK;
+    let q0 = wg.x * ROWS;
     let h = wg.y;
     let b = wg.z;
     let g = h / p.group;
@@ -74,9 +77,9 @@ fn query_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     var acc5 = vec4<f32>(0.0);
     var acc6 = vec4<f32>(0.0);
     var acc7 = vec4<f32>(0.0);
-    let tiles = (min(q0 + BLOCK, p.seq_len) - 1u) / BLOCK + 1u;
+    let tiles = (min(q0 + ROWS, p.seq_len) - 1u) / COLS + 1u;
     for (var kt = 0u; kt < tiles; kt++) {
-        let k0 = kt * BLOCK;
+        let k0 = kt * COLS;
         let s = tile_dots(lane, b, q0, q_col, SOURCE_QKV, false, k0, k_col, SOURCE_QKV);
         let dov = tile_dots(lane, b, q0, q_col, SOURCE_DOUT, false, k0, v_col, SOURCE_QKV);
         for (var i = 0u; i < 4u; i++) {
@@ -104,9 +107,9 @@ fn query_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
 }
 
-@compute @workgroup_size(256, 1, 1)
+@compute @workgroup_size({{LANES}}, 1, 1)
 fn key_value_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    let k0 = wg.x * BLOCK;
+    let k0 = wg.x * ROWS;
     let g = wg.y;
     let b = wg.z;
     let r = lane / LANES_PER_ROW;
@@ -114,7 +117,7 @@ fn key_value_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     let j = k0 + r;
     let k_col = p.k_start + g * p.head_dim;
     let v_col = p.v_start + g * p.head_dim;
-    let query_tiles = (p.seq_len + BLOCK - 1u) / BLOCK;
+    let query_tiles = (p.seq_len + COLS - 1u) / COLS;
 
     var dk0 = vec4<f32>(0.0);
     var dk1 = vec4<f32>(0.0);
@@ -134,9 +137,9 @@ fn key_value_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
     var dv7 = vec4<f32>(0.0);
     for (var h = g * p.group; h < (g + 1u) * p.group; h++) {
         let q_col = h * p.head_dim;
-        // Query tiles from the diagonal one on; each has query i0 + BLOCK - 1 >= every key of the block.
-        for (var qt = wg.x; qt < query_tiles; qt++) {
-            let i0 = qt * BLOCK;
+        // Query tiles from the one holding the block's first key on (its earlier queries are masked).
+        for (var qt = k0 / COLS; qt < query_tiles; qt++) {
+            let i0 = qt * COLS;
             // Transposed tiles: row r is key j, column part + 8i query i0 + part + 8i.
             let s = tile_dots(lane, b, k0, k_col, SOURCE_QKV, false, i0, q_col, SOURCE_QKV);
             let dov = tile_dots(lane, b, k0, v_col, SOURCE_QKV, false, i0, q_col, SOURCE_DOUT);

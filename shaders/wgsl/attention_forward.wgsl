@@ -4,16 +4,18 @@
 //   out (B, T, H D), lse (B, H, T): log-sum-exp of each score row, kept so backward recomputes the
 //   probabilities instead of storing (B, H, T, T) of them. With dropout the probabilities are masked
 //   after the softmax (lse is the undropped one's).
-// Flash-style: one workgroup per block of BLOCK query rows (x), query head h (y) and batch b (z), walking
-// the tiles of BLOCK keys up to its diagonal (tiles past it are never visited). Each tile's keys, then
+// Flash-style: one workgroup per block of ROWS query rows (x), query head h (y) and batch b (z), walking
+// the tiles of COLS keys up to its diagonal (tiles past it are never visited). Each tile's keys, then
 // its values, are staged in workgroup memory (common/attention_tiles.wgsl) and read there by all the
 // block's rows, so device memory is read once per block instead of once per query. Each row keeps a
 // running maximum m and sum l of exp(score - m) (online softmax): its output accumulators are rescaled
 // by exp(m_old - m_new) when the maximum grows and divided by l at the end, and lse = m + log(l).
 // Nothing of size (T, T) touches device memory; every sum runs in a fixed order (deterministic).
+// A template (shaders/src/attention_template.rs): ROWS and LANES vary per variant, COLS does not, so a
+// row folds the same key tiles in the same order in every variant and all give the same bits.
 
-// Params and prob_dropout come from common/attention_params.wgsl; BLOCK, the staged tiles, tile_dots
-// and accumulate_tile from common/attention_tiles.wgsl.
+// Params and prob_dropout come from common/attention_params.wgsl; ROWS, COLS, the staged tiles,
+// tile_dots and accumulate_tile from common/attention_tiles.wgsl.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> qkv: array<f32>;
@@ -30,9 +32,9 @@ fn source_at(b: u32, row: u32, col0: u32, d: u32, source: u32) -> f32 {
 }
 fn store(index: u32, value: f32) { out[index] = value; }
 
-@compute @workgroup_size(256, 1, 1)
+@compute @workgroup_size({{LANES}}, 1, 1)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    let q0 = wg.x * BLOCK;
+    let q0 = wg.x * ROWS;
     let h = wg.y;
     let b = wg.z;
     let g = h / p.group;
@@ -42,8 +44,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let q_col = h * p.head_dim;
     let k_col = p.k_start + g * p.head_dim;
     let v_col = p.v_start + g * p.head_dim;
-    // Key tiles 0 ..= the diagonal one; each row of the block has key k0 <= t in every one of them.
-    let tiles = (min(q0 + BLOCK, p.seq_len) - 1u) / BLOCK + 1u;
+    // Key tiles 0 ..= the one holding the block's last row's diagonal. A row before that tile's first key
+    // (only when ROWS does not divide COLS) sees it wholly masked: m, l and the accumulators come out
+    // exactly as they went in (rescale exp(0) = 1, sums of exact zeros), so every row's bits are those of
+    // the variant whose block ends at the row's own diagonal tile.
+    let tiles = (min(q0 + ROWS, p.seq_len) - 1u) / COLS + 1u;
     let one_chunk = head_chunks() == 1u;
 
     var m = SCORE_NONE;
@@ -58,7 +63,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     var acc7 = vec4<f32>(0.0);
 
     for (var kt = 0u; kt < tiles; kt++) {
-        let k0 = kt * BLOCK;
+        let k0 = kt * COLS;
         // With a single chunk the queries stay staged from the first tile on.
         var s = tile_dots(lane, b, q0, q_col, SOURCE_QKV, one_chunk && kt > 0u, k0, k_col, SOURCE_QKV);
 

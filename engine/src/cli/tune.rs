@@ -1,17 +1,18 @@
-//! `zerostream tune`: the fp32 matmul's variants timed on this adapter per shape class, and the winners
-//! written where the gpu device finds them when it opens (the library's `tune` module does the work).
+//! `zerostream tune`: the fp32 matmul's and the training attention kernels' variants timed on this
+//! adapter per shape class, and the winners written where the gpu device finds them when it opens (the
+//! library's `tune` module does the work).
 
 use anyhow::Result;
 use zerostream::device::GpuDevice;
-use zerostream::tune::{ClassResult, TuneConfig};
-use zerostream_shaders::MatmulTile;
+use zerostream::tune::{AttentionResult, ClassResult, TuneConfig};
+use zerostream_shaders::{AttentionTile, MatmulTile};
 
 #[derive(clap::Args)]
 pub struct TuneArgs {
     /// Which wgpu adapter: its index or part of its name, as `zerostream devices` lists them.
     #[arg(long)]
     adapter: Option<String>,
-    /// Model shapes whose products are tuned, comma-separated: GPT-2 presets (gpt2 ... gpt2-xl), Llama
+    /// Model shapes whose products and attention are tuned, comma-separated: GPT-2 presets (gpt2 ... gpt2-xl), Llama
     /// presets (llama-3.2-1b, llama-3-8b) or tiny.
     #[arg(long, value_delimiter = ',', default_value = "gpt2,gpt2-xl,llama-3.2-1b")]
     models: Vec<String>,
@@ -27,9 +28,16 @@ pub struct TuneArgs {
     /// Leave out the products with 16-bit weights (they serve `--precision bf16|fp16` runs).
     #[arg(long)]
     no_16bit: bool,
-    /// Only these variants, comma-separated (e.g. 128x128x8/8x8/db/v4); default: every one the adapter can run.
+    /// Only these matmul variants, comma-separated (e.g. 128x128x8/8x8/db/v4); default: every one the adapter can run.
     #[arg(long, value_delimiter = ',')]
     variants: Vec<String>,
+    /// Only these attention variants (rows of a tile per workgroup), comma-separated (e.g. rows32,rows8);
+    /// default: every one the adapter can run.
+    #[arg(long, value_delimiter = ',')]
+    attention_variants: Vec<String>,
+    /// Leave out the attention kernels (forward and backward at each model's head dim and --seq-len).
+    #[arg(long)]
+    no_attention: bool,
     /// Stop starting new shape classes after this many seconds (those done are kept).
     #[arg(long, default_value_t = 170.0)]
     max_seconds: f64,
@@ -57,14 +65,24 @@ pub fn run(args: TuneArgs) -> Result<i32> {
             with_16bit: true,
             max_seconds: args.max_seconds,
             variants: Vec::new(),
+            attention: true,
+            attention_variants: Vec::new(),
         }
     };
+    cfg.attention &= !args.no_attention;
+    cfg.attention_variants =
+        args.attention_variants.iter().map(|v| AttentionTile::parse(v).map_err(anyhow::Error::msg)).collect::<Result<_>>()?;
     cfg.with_16bit &= !args.no_16bit;
     cfg.variants = args.variants.iter().map(|v| MatmulTile::parse(v).map_err(anyhow::Error::msg)).collect::<Result<_>>()?;
     let summary = dev.summary().clone();
     let variants = if cfg.variants.is_empty() { dev.matmul_variants() } else { cfg.variants.clone() };
+    let attention_variants = match (cfg.attention, cfg.attention_variants.len()) {
+        (false, _) => 0,
+        (true, 0) => dev.attention_variants().len(),
+        (true, n) => n,
+    };
     eprintln!(
-        "tune: {} ({}), {} variants, models {} at B={} T={}, timer {}",
+        "tune: {} ({}), {} matmul and {attention_variants} attention variants, models {} at B={} T={}, timer {}",
         summary.name,
         summary.driver,
         variants.len(),
@@ -74,10 +92,15 @@ pub fn run(args: TuneArgs) -> Result<i32> {
         dev.best_timer().name()
     );
     let start = std::time::Instant::now();
-    let results = zerostream::tune::tune(&dev, &cfg, |r| print_class(r, args.json))?;
-    let path = if args.no_save { None } else { Some(zerostream::tune::save_table(&dev, &results)?) };
-    let mismatched: Vec<String> =
-        results.iter().flat_map(|r| r.mismatched.iter().map(move |v| format!("{v} on {}", r.class.key()))).collect();
+    // The attention classes first: a few, each timed in seconds at most, which the many matmul classes
+    // would otherwise leave past --max-seconds.
+    let attention = zerostream::tune::tune_attention(&dev, &cfg, start, |r| print_attention(r, args.json))?;
+    let results = zerostream::tune::tune(&dev, &cfg, start, |r| print_class(r, args.json))?;
+    let path = if args.no_save { None } else { Some(zerostream::tune::save_table(&dev, &results, &attention)?) };
+    let mut mismatched: Vec<String> =
+        results.iter().flat_map(|r| r.mismatched.iter().map(move |v| format!("matmul variant {v} on {}", r.class.key()))).collect();
+    mismatched
+        .extend(attention.iter().flat_map(|r| r.mismatched.iter().map(move |v| format!("attention variant {v} on {}", r.class.key()))));
     let speedups: Vec<f64> = results.iter().map(|r| r.default_seconds() / r.best().1).collect();
     let seconds = start.elapsed().as_secs_f64();
     if args.json {
@@ -85,21 +108,21 @@ pub fn run(args: TuneArgs) -> Result<i32> {
             "{}",
             serde_json::json!({
                 "kind": "summary", "adapter": summary.name, "driver": summary.driver, "timer": dev.best_timer().name(),
-                "classes": results.len(), "seconds": seconds, "table": path.as_ref().map(|p| p.display().to_string()),
+                "classes": results.len(), "attention_classes": attention.len(), "seconds": seconds, "table": path.as_ref().map(|p| p.display().to_string()),
                 "mismatched": mismatched,
                 "speedup_min": speedups.iter().copied().fold(f64::INFINITY, f64::min),
                 "speedup_max": speedups.iter().copied().fold(0.0, f64::max),
             })
         );
     } else {
-        println!("tune: {} shape classes in {seconds:.1} s", results.len());
+        println!("tune: {} matmul and {} attention shape classes in {seconds:.1} s", results.len(), attention.len());
         match &path {
             Some(p) => println!("table: {} (every later run on this adapter and driver uses it)", p.display()),
             None => println!("table: not written (--no-save)"),
         }
     }
     for m in &mismatched {
-        eprintln!("error: matmul variant {m} gave other bits than the default (left out of the table): a bug in the template");
+        eprintln!("error: {m} gave other bits than the default (left out of the table): a bug in the template");
     }
     Ok(if mismatched.is_empty() { 0 } else { 1 })
 }
@@ -132,5 +155,32 @@ fn print_class(r: &ClassResult, json: bool) {
         r.default_seconds() * 1e3,
         r.default_seconds() / best_s,
         r.products.join(", ")
+    );
+}
+
+fn print_attention(r: &AttentionResult, json: bool) {
+    let (best, best_s) = r.best();
+    if json {
+        let times: Vec<_> = r.times.iter().map(|(v, t)| serde_json::json!({"variant": v.name(), "seconds": t})).collect();
+        println!(
+            "{}",
+            serde_json::json!({
+                "kind": "attention_class", "class": r.class.key(), "shape": r.shape(), "calls": r.calls,
+                "best": best.name(), "best_seconds": best_s, "default_seconds": r.default_seconds(),
+                "speedup": r.default_seconds() / best_s, "variants": times,
+                "mismatched": r.mismatched.iter().map(|v| v.name()).collect::<Vec<_>>(),
+            })
+        );
+        return;
+    }
+    println!(
+        "{:<20} {:<27} best {:<22} {:>9.3} ms  default {:>9.3} ms  {:.2}x  [{}]",
+        r.class.key(),
+        r.shape(),
+        best.name(),
+        best_s * 1e3,
+        r.default_seconds() * 1e3,
+        r.default_seconds() / best_s,
+        r.calls.join(", ")
     );
 }

@@ -16,13 +16,14 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 
 use super::alloc::{AllocCosts, AllocStats, ByteBudget, Charge};
+use super::attention_tuning::AttentionTable;
 use super::matmul_tuning::MatmulTable;
 use super::spare_reads::SpareReads;
 use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, HalfFormat, MatmulInputs, MatmulShape, VocabChunk};
 use crate::ops::elementwise::SUM_SQUARES_GROUP;
 use crate::ops::encoder::TokenBuckets;
 use busy::BusyClock;
-use zerostream_shaders::{self as shaders, MatmulTile};
+use zerostream_shaders::{self as shaders, AttentionTile, MatmulTile};
 
 pub use matmul::{COOP_WORKGROUP_STORAGE_BYTES, CoopMatrixConfig, MATMUL_COOP_PATH, MATMUL_PATH, coop_unavailable};
 
@@ -206,6 +207,10 @@ pub struct GpuDevice {
     matmul_table: RefCell<MatmulTable>,
     /// One variant for every product, whatever the table says (the tuner and the variant tests).
     matmul_forced: Cell<Option<MatmulTile>>,
+    /// The training attention kernels' variant per shape class (from the same tuning file).
+    attention_table: RefCell<AttentionTable>,
+    /// One attention variant for every call, whatever the table says (the tuner and the tests).
+    attention_forced: Cell<Option<AttentionTile>>,
     /// The kernels' busy time from GPU timestamps (`gpu_busy.rs`), where the adapter has them.
     busy: Option<BusyClock>,
 }
@@ -267,8 +272,12 @@ impl GpuDevice {
         let uniform_slot_bytes = (limits.min_uniform_buffer_offset_alignment as usize).max(MAX_PARAMS_BYTES);
         let matmul_placeholder = matmul::placeholder_vec4_buffer(&device);
         let (matmul_table, table_problem) = MatmulTable::load(&summary);
-        if let Some(problem) = table_problem {
+        let (attention_table, attention_problem) = AttentionTable::load(&summary);
+        // One warning per file: a file the matmul's loader refused, the attention's refuses too.
+        if let Some(problem) = &table_problem {
             eprintln!("warning: {problem}; using {}", matmul_table.describe());
+        } else if let Some(problem) = attention_problem {
+            eprintln!("warning: {problem}; attention: {}", attention_table.describe());
         }
         let uniform_arena = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("params arena"),
@@ -294,6 +303,8 @@ impl GpuDevice {
             matmul_inputs: Cell::default(),
             matmul_table: RefCell::new(matmul_table),
             matmul_forced: Cell::new(None),
+            attention_table: RefCell::new(attention_table),
+            attention_forced: Cell::new(None),
             busy: BusyClock::new(&device, &queue),
             device,
             queue,

@@ -3,11 +3,19 @@
 //! methods of the same names, split by batch so that one sequence's windows fit a binding. A child
 //! module of `gpu`, so it uses that file's private helpers.
 //!
+//! Both kernels are templates (`shaders/src/attention_template.rs`): each call runs the variant the
+//! device's [`AttentionTable`] gives its shape class, unless one is forced for every call
+//! ([`GpuDevice::force_attention_variant`]: the tuner and the tests). Every variant gives the same bits.
+//!
 //! [`Backend`]: crate::device::Backend
+
+use anyhow::{Result, bail};
 
 use super::{GpuDevice, GpuTensor, Window};
 use crate::device::AttentionDims;
-use zerostream_shaders as shaders;
+use crate::device::attention_tuning::{AttentionClass, AttentionTable};
+use crate::ops::attention::MAX_GRID_DIM;
+use zerostream_shaders::{AttentionPass, AttentionTile};
 
 /// The Params of both attention kernels: dimensions, scale, the offsets of the qkv-, out- and
 /// statistics-shaped windows, the qkv row's width and part starts, the first batch of this piece, and
@@ -22,19 +30,69 @@ fn attention_params(d: AttentionDims, qkv: &Window<'_>, out: &Window<'_>, stat: 
 }
 
 impl GpuDevice {
+    /// Whether this adapter can run `tile` for both passes (workgroup memory and invocations).
+    fn can_run_attention(&self, tile: &AttentionTile) -> bool {
+        let a = &self.summary;
+        tile.check().is_ok()
+            && tile.workgroup_size() <= a.max_invocations_per_workgroup
+            && AttentionPass::ALL.iter().all(|p| tile.workgroup_bytes(*p) <= a.max_workgroup_storage_bytes)
+    }
+
+    /// The candidate attention variants this adapter can run, the default first.
+    pub fn attention_variants(&self) -> Vec<AttentionTile> {
+        AttentionTile::CANDIDATES.into_iter().filter(|t| self.can_run_attention(t)).collect()
+    }
+
+    /// Runs every attention call with `tile` (None: the table's choice per shape class again). Any
+    /// variant that passes [`AttentionTile::check`] and fits the adapter may be forced, not only the
+    /// candidates (the tests try an odd one).
+    pub fn force_attention_variant(&self, tile: Option<AttentionTile>) -> Result<()> {
+        if let Some(t) = tile
+            && !self.can_run_attention(&t)
+        {
+            bail!("attention variant {t} is not one this adapter can run ({})", self.summary.name);
+        }
+        self.attention_forced.set(tile);
+        Ok(())
+    }
+
+    /// The device's attention tuning table.
+    pub fn attention_table(&self) -> std::cell::Ref<'_, AttentionTable> {
+        self.attention_table.borrow()
+    }
+
+    /// Replaces the attention tuning table (after `zerostream tune`, or a test's own).
+    pub fn set_attention_table(&self, table: AttentionTable) {
+        *self.attention_table.borrow_mut() = table;
+    }
+
+    /// The variant a call of this pass and shape runs now.
+    pub fn attention_variant_for(&self, pass: AttentionPass, d: &AttentionDims) -> AttentionTile {
+        let chosen = self.attention_forced.get().unwrap_or_else(|| self.attention_table.borrow().choose(&AttentionClass::of(pass, d)));
+        // The default's grid is what check_attention allowed; a smaller block could exceed WebGPU's
+        // grid limit, and a table's variant this adapter cannot run falls back too.
+        if self.can_run_attention(&chosen) && d.seq_len.div_ceil(chosen.rows as usize) <= MAX_GRID_DIM {
+            chosen
+        } else {
+            AttentionTile::DEFAULT
+        }
+    }
+
     pub(super) fn dispatch_attention_forward(&self, out: &GpuTensor, lse: &GpuTensor, qkv: &GpuTensor, d: AttentionDims) {
         let (t, qkv_row, out_row) = (d.seq_len, d.qkv_width(), d.out_width());
+        let tile = self.attention_variant_for(AttentionPass::Forward, &d);
+        let blocks = t.div_ceil(tile.rows as usize) as u32;
         for bs in Self::pieces(d.batch, self.rows_per_piece(t * qkv_row), 1) {
             let qw = self.window(qkv, bs.start * t * qkv_row..bs.end * t * qkv_row);
             let ow = self.window(out, bs.start * t * out_row..bs.end * t * out_row);
             let lw = self.window(lse, bs.start * d.heads * t..bs.end * d.heads * t);
             let params = attention_params(d, &qw, &ow, &lw, bs.start);
             self.dispatch(
-                shaders::ATTENTION_FORWARD,
+                tile.kernel(AttentionPass::Forward),
                 "main",
                 &params,
                 &[(1, qw.binding), (2, ow.binding), (3, lw.binding)],
-                [t.div_ceil(crate::ops::attention::BLOCK) as u32, d.heads as u32, bs.len() as u32],
+                [blocks, d.heads as u32, bs.len() as u32],
             );
         }
     }
@@ -51,6 +109,8 @@ impl GpuDevice {
         d: AttentionDims,
     ) {
         let (t, qkv_row, out_row) = (d.seq_len, d.qkv_width(), d.out_width());
+        let tile = self.attention_variant_for(AttentionPass::Backward, &d);
+        let (kernel, blocks) = (tile.kernel(AttentionPass::Backward), t.div_ceil(tile.rows as usize) as u32);
         for bs in Self::pieces(d.batch, self.rows_per_piece(t * qkv_row), 1) {
             let qkv_span = bs.start * t * qkv_row..bs.end * t * qkv_row;
             let out_span = bs.start * t * out_row..bs.end * t * out_row;
@@ -62,7 +122,7 @@ impl GpuDevice {
             assert!(qw.elem_offset == gw.elem_offset && ow.elem_offset == dw.elem_offset && lw.elem_offset == ew.elem_offset);
             let params = attention_params(d, &qw, &ow, &lw, bs.start);
             self.dispatch(
-                shaders::ATTENTION_BACKWARD,
+                kernel,
                 "query_grad",
                 &params,
                 &[
@@ -73,16 +133,16 @@ impl GpuDevice {
                     (5, ew.binding.clone()),
                     (6, gw.binding.clone()),
                 ],
-                [t.div_ceil(crate::ops::attention::BLOCK) as u32, d.heads as u32, bs.len() as u32],
+                [blocks, d.heads as u32, bs.len() as u32],
             );
             // One workgroup per key/value head (and block of keys): it sums the gradients of the group's
             // query heads.
             self.dispatch(
-                shaders::ATTENTION_BACKWARD,
+                kernel,
                 "key_value_grad",
                 &params,
                 &[(1, qw.binding), (3, dw.binding), (4, lw.binding), (5, ew.binding), (6, gw.binding)],
-                [t.div_ceil(crate::ops::attention::BLOCK) as u32, d.kv_heads as u32, bs.len() as u32],
+                [blocks, d.kv_heads as u32, bs.len() as u32],
             );
         }
     }

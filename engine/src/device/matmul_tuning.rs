@@ -35,7 +35,8 @@ pub struct MatmulClass {
     pub k_bucket: u8,
 }
 
-fn bucket(x: usize) -> u8 {
+/// round(2 log2(x)): the half-octave bucket of a size (the attention table buckets T the same way).
+pub(crate) fn bucket(x: usize) -> u8 {
     (2.0 * (x.max(1) as f64).log2()).round() as u8
 }
 
@@ -215,6 +216,10 @@ pub struct TableFile {
     pub created: String,
     pub default: String,
     pub entries: Vec<TableEntry>,
+    /// The attention kernels' classes (`attention_tuning.rs`): absent from files written before they
+    /// were tuned, which therefore still load.
+    #[serde(default)]
+    pub attention: Vec<TableEntry>,
 }
 
 impl TableFile {

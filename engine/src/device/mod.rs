@@ -6,6 +6,7 @@
 //! otherwise, so gradients of a micro-batch sum into place.
 
 pub mod alloc;
+pub mod attention_tuning;
 pub mod cpu;
 pub mod gpu;
 pub mod matmul_tuning;

@@ -20,8 +20,9 @@ use super::dropout::DropoutMask;
 /// chunks of 32 (one `vec4` per lane and chunk, `common/attention_tiles.wgsl`); the decode kernel runs
 /// one 256-lane workgroup per query row, one lane per channel.
 pub const MAX_HEAD_DIM: usize = 256;
-/// Query rows per workgroup of the tiled kernels, and keys per tile (`BLOCK` in
-/// `common/attention_tiles.wgsl`): the grids are ceil(T / BLOCK) workgroups along x.
+/// Query rows per workgroup of the tiled kernels' default variant, and keys per tile of every variant
+/// (`ROWS` and `COLS` in `common/attention_tiles.wgsl`): the default's grids are ceil(T / BLOCK)
+/// workgroups along x (a variant with fewer rows that would pass the grid limit runs the default).
 pub const BLOCK: usize = 32;
 /// The most workgroups a dispatch may have along one dimension (WebGPU's
 /// `maxComputeWorkgroupsPerDimension`, which every adapter wgpu opens allows).

@@ -64,9 +64,9 @@ fn twin_forward(i: usize, d: AttentionDims) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     (qkv, out, lse)
 }
 
-/// out and lse of every case.
-pub fn check_forward<D: Backend>(dev: &D, size: Size) -> Result<Vec<CheckResult>> {
-    let mut check = Check::new("attention_forward", TOLERANCE);
+/// out and lse of every case, as the check `label` (`attention_forward`, or a variant's).
+pub fn check_forward<D: Backend>(dev: &D, label: &str, size: Size) -> Result<Vec<CheckResult>> {
+    let mut check = Check::new(label, TOLERANCE);
     for (i, d, tag) in cases(size) {
         if let Err(e) = dev.check_attention(d) {
             check.fail(format!("{tag} refused: {e:#}"));
@@ -82,9 +82,10 @@ pub fn check_forward<D: Backend>(dev: &D, size: Size) -> Result<Vec<CheckResult>
     Ok(vec![check.finish()])
 }
 
-/// dqkv and delta of every case, from the twin's forward, written over garbage (both are overwritten).
-pub fn check_backward<D: Backend>(dev: &D, size: Size) -> Result<Vec<CheckResult>> {
-    let mut check = Check::new("attention_backward", TOLERANCE);
+/// dqkv and delta of every case, from the twin's forward, written over garbage (both are overwritten),
+/// as the check `label`.
+pub fn check_backward<D: Backend>(dev: &D, label: &str, size: Size) -> Result<Vec<CheckResult>> {
+    let mut check = Check::new(label, TOLERANCE);
     for (i, d, tag) in cases(size) {
         if let Err(e) = dev.check_attention(d) {
             check.fail(format!("{tag} refused: {e:#}"));

@@ -1,19 +1,20 @@
 //! The checks only the gpu device has: every kernel compiled on the adapter (first, so a kernel the
-//! driver refuses is named with its error), every variant of the fp32 matmul against the twin, and the
-//! f32 -> f16 rounding kernel bit for bit.
+//! driver refuses is named with its error), every variant of the fp32 matmul and of the training
+//! attention kernels against the twin, and the f32 -> f16 rounding kernel bit for bit.
 
 use anyhow::Result;
 
 use super::{Check, CheckResult, Size, Tolerance, check_matmul, random, upload};
 use crate::device::{GpuDevice, HalfFormat};
-use zerostream_shaders::{self as shaders, MatmulTile};
+use zerostream_shaders::{self as shaders, AttentionPass, AttentionTile, MatmulTile};
 
 /// Creates the pipeline of every entry point of every kernel the adapter can run (the cooperative-
 /// matrix matmul only where it has what it needs): a case per kernel, the refusals in words.
 pub fn check_compile(dev: &GpuDevice) -> Result<Vec<CheckResult>> {
     let check = Check::new("compile", Tolerance::Bits);
     let (mut kernels, mut entry_points, mut refused) = (0, 0, Vec::new());
-    let variants: Vec<shaders::Kernel> = dev.matmul_variants().iter().map(MatmulTile::kernel).collect();
+    let mut variants: Vec<shaders::Kernel> = dev.matmul_variants().iter().map(MatmulTile::kernel).collect();
+    variants.extend(dev.attention_variants().iter().flat_map(|t| AttentionPass::ALL.map(|p| t.kernel(p))));
     let listed = shaders::ALL.iter().filter(|k| k.name != shaders::MATMUL_COOP.name || dev.has_coop_matmul());
     for kernel in listed.chain(&variants) {
         kernels += 1;
@@ -32,12 +33,14 @@ pub fn check_compile(dev: &GpuDevice) -> Result<Vec<CheckResult>> {
     Ok(vec![result])
 }
 
-/// Puts the device's matmul back on its tuning table when dropped (also when a check panics).
+/// Puts the device's matmul and attention back on their tuning tables when dropped (also when a check
+/// panics).
 struct Unforced<'a>(&'a GpuDevice);
 
 impl Drop for Unforced<'_> {
     fn drop(&mut self) {
         let _ = self.0.force_matmul_variant(None);
+        let _ = self.0.force_attention_variant(None);
     }
 }
 
@@ -47,6 +50,16 @@ pub fn check_matmul_variant(dev: &GpuDevice, variant: MatmulTile, size: Size) ->
     dev.force_matmul_variant(Some(variant))?;
     let _unforced = Unforced(dev);
     check_matmul(dev, &format!("matmul {variant}"), size)
+}
+
+/// One variant of the training attention kernels (`AttentionTile`), forced for every call, forward and
+/// backward against the twin (the cases of the `attention_forward` and `attention_backward` checks).
+pub fn check_attention_variant(dev: &GpuDevice, variant: AttentionTile, size: Size) -> Result<Vec<CheckResult>> {
+    dev.force_attention_variant(Some(variant))?;
+    let _unforced = Unforced(dev);
+    let mut results = super::attention::check_forward(dev, &format!("attention_forward {variant}"), size)?;
+    results.extend(super::attention::check_backward(dev, &format!("attention_backward {variant}"), size)?);
+    Ok(results)
 }
 
 /// `cast_f32_to_f16.wgsl` (`common/f16_bits.wgsl`, which `matmul_coop.wgsl` rounds its inputs with)

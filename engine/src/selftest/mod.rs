@@ -12,7 +12,8 @@
 //!
 //! The seam for kernel variants: [`check_matmul`] takes the device (running whichever matmul variant it
 //! has been set to) and a label, and returns that variant's results; a variant loop runs, per variant,
-//! `guarded(dev, &label, |d| check_matmul(d, &label, Size::Full))`.
+//! `guarded(dev, &label, |d| check_matmul(d, &label, Size::Full))`. The attention kernels' variants
+//! run the same way (`gpu_only::check_attention_variant`).
 
 mod attention;
 mod compare;
@@ -174,8 +175,8 @@ fn backend_entries<'a, D: Backend>(size: Size, with_attention: bool) -> Vec<Entr
         entry("bias_backward", move |d| matmul::check_bias_backward(d, size)),
     ];
     if with_attention {
-        entries.push(entry("attention_forward", move |d| attention::check_forward(d, size)));
-        entries.push(entry("attention_backward", move |d| attention::check_backward(d, size)));
+        entries.push(entry("attention_forward", move |d| attention::check_forward(d, "attention_forward", size)));
+        entries.push(entry("attention_backward", move |d| attention::check_backward(d, "attention_backward", size)));
     }
     entries.extend([
         entry("attention_decode", move |d| attention::check_decode(d, size)),
@@ -254,6 +255,10 @@ pub fn run(dev: &AnyDevice, size: Size, progress: &mut dyn FnMut(Event)) -> Repo
             // ran at full size above).
             for variant in g.matmul_variants() {
                 entries.push(entry(format!("matmul {variant}"), move |d| gpu_only::check_matmul_variant(d, variant, Size::Quick)));
+            }
+            // Every attention variant likewise, both passes (quick cases: the table's ran in full above).
+            for variant in g.attention_variants() {
+                entries.push(entry(format!("attention {variant}"), move |d| gpu_only::check_attention_variant(d, variant, Size::Quick)));
             }
             if g.has_coop_matmul() {
                 entries.push(entry("matmul_coop", move |d| check_matmul_f16_inputs(d, "matmul_coop", size)));

@@ -1,6 +1,7 @@
 // attention_tiles: the tiles the flash-style attention kernels (attention_forward.wgsl and
-// attention_backward.wgsl) share; needs attention_params.wgsl for `p`. A workgroup of LANES lanes works
-// on a tile of BLOCK rows (queries, or keys) by BLOCK columns (keys, or queries): lane
+// attention_backward.wgsl) share; needs attention_params.wgsl for `p`. A template (holes in double
+// braces, filled per variant by shaders/src/attention_template.rs). A workgroup of LANES lanes works
+// on a tile of ROWS rows (queries, or keys) by COLS columns (keys, or queries): lane
 // r * LANES_PER_ROW + part owns row r, the tile columns part + 8i (i < 4: one vec4 of scores) and, in
 // its row's accumulators, the head channels c CHUNK + part + 8i of each chunk c (one vec4 per chunk, so
 // D <= MAX_CHUNKS * CHUNK = 256). Rows of heads are staged CHUNK channels at a time in workgroup memory,
@@ -9,34 +10,42 @@
 // start at col0, row `row` of batch b of tensor `source` (SOURCE_QKV or SOURCE_DOUT), 0 past the
 // sequence or the head (so partial tiles and chunks add exact zeros).
 
-const BLOCK: u32 = 32u;
+// Rows per workgroup: the variant's parameter. No row's arithmetic depends on it: each row's sums run
+// over the same columns in the same order whichever rows share its workgroup.
+const ROWS: u32 = {{ROWS}}u;
+// Columns per tile: fixed for every variant, since the forward's online softmax folds in one tile of
+// COLS keys at a time (the tile's sum of exponentials, then l's rescale), so it sets an order of sums.
+const COLS: u32 = 32u;
 const CHUNK: u32 = 32u;
 // Row stride of the staged tiles: one float of padding, so the lanes reading one column of several rows
 // hit different memory banks.
 const STRIDE: u32 = 33u;
+// Lanes per row: fixed too, since a row's lanes' partial sums (of a tile's exponentials, of delta) are
+// added in lane order. A lane owns COLS / LANES_PER_ROW = 4 columns of a tile.
 const LANES_PER_ROW: u32 = 8u;
-const LANES: u32 = 256u;
+const LANES: u32 = {{LANES}}u;
 const MAX_CHUNKS: u32 = 8u;
 // The score of a masked (query, key) pair: exp(SCORE_NONE - m) is 0 for every real maximum m.
 const SCORE_NONE: f32 = -3.0e38;
 const SOURCE_QKV: u32 = 0u;
 const SOURCE_DOUT: u32 = 1u;
 
-var<workgroup> stage_a: array<f32, BLOCK * STRIDE>; // CHUNK channels of BLOCK rows (the tile's rows)
-var<workgroup> stage_b: array<f32, BLOCK * STRIDE>; // CHUNK channels of BLOCK rows (the tile's columns)
-var<workgroup> tile: array<f32, BLOCK * STRIDE>;    // one value per (row, column) of the tile
+var<workgroup> stage_a: array<f32, ROWS * STRIDE>; // CHUNK channels of ROWS rows (the tile's rows)
+var<workgroup> stage_b: array<f32, COLS * STRIDE>; // CHUNK channels of COLS rows (the tile's columns)
+var<workgroup> tile: array<f32, ROWS * STRIDE>;    // one value per (row, column) of the tile
 
 // Head chunks of a dimension D.
 fn head_chunks() -> u32 { return (p.head_dim + CHUNK - 1u) / CHUNK; }
 
-// Channels c CHUNK .. c CHUNK + CHUNK of rows row0 .. row0 + BLOCK into stage_a, or stage_b.
+// Channels c CHUNK .. c CHUNK + CHUNK of rows row0 .. row0 + ROWS into stage_a, or of row0 .. row0 + COLS
+// into stage_b.
 fn stage_rows_a(lane: u32, b: u32, row0: u32, col0: u32, source: u32, c: u32) {
-    for (var e = lane; e < BLOCK * CHUNK; e += LANES) {
+    for (var e = lane; e < ROWS * CHUNK; e += LANES) {
         stage_a[(e / CHUNK) * STRIDE + e % CHUNK] = source_at(b, row0 + e / CHUNK, col0, c * CHUNK + e % CHUNK, source);
     }
 }
 fn stage_rows_b(lane: u32, b: u32, row0: u32, col0: u32, source: u32, c: u32) {
-    for (var e = lane; e < BLOCK * CHUNK; e += LANES) {
+    for (var e = lane; e < COLS * CHUNK; e += LANES) {
         stage_b[(e / CHUNK) * STRIDE + e % CHUNK] = source_at(b, row0 + e / CHUNK, col0, c * CHUNK + e % CHUNK, source);
     }
 }
@@ -70,7 +79,7 @@ fn accumulate_chunk(lane: u32, b: u32, b_row0: u32, b_col0: u32, b_source: u32, 
     let r = lane / LANES_PER_ROW;
     let part = lane % LANES_PER_ROW;
     var a = *acc;
-    for (var j = 0u; j < BLOCK; j++) {
+    for (var j = 0u; j < COLS; j++) {
         let v = j * STRIDE + part;
         a = fma(vec4<f32>(tile[r * STRIDE + j]), vec4<f32>(stage_b[v], stage_b[v + 8u], stage_b[v + 16u], stage_b[v + 24u]), a);
     }

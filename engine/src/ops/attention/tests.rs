@@ -130,7 +130,10 @@ fn constant(module: &naga::Module, name: &str) -> usize {
 #[test]
 fn kernel_limits_describe_the_wgsl() {
     let mut largest = 0;
-    for kernel in [zerostream_shaders::ATTENTION_FORWARD, zerostream_shaders::ATTENTION_BACKWARD, zerostream_shaders::ATTENTION_DECODE] {
+    use zerostream_shaders::{AttentionPass, AttentionTile};
+    let mut kernels = AttentionTile::all_kernels();
+    kernels.push(zerostream_shaders::ATTENTION_DECODE);
+    for kernel in kernels {
         let module = naga::front::wgsl::parse_str(kernel.source).unwrap();
         let workgroup: Vec<_> =
             module.global_variables.iter().map(|(_, v)| v).filter(|v| v.space == naga::AddressSpace::WorkGroup).collect();
@@ -147,14 +150,23 @@ fn kernel_limits_describe_the_wgsl() {
             }
             continue;
         }
-        // The tiled kernels: the grid's block, the channels a row's accumulators hold, and the lanes: each
-        // of a row's lanes owns four columns of a tile row and four channels of each chunk.
-        let (block, chunk, lanes_per_row) = (constant(&module, "BLOCK"), constant(&module, "CHUNK"), constant(&module, "LANES_PER_ROW"));
-        assert_eq!(block, BLOCK, "{}", kernel.name);
+        // The tiled kernels: the key tile, the channels a row's accumulators hold, and the lanes: each of
+        // a row's lanes owns four columns of a tile row and four channels of each chunk. The rows vary
+        // per variant; the default's are the grid's block.
+        let (cols, chunk, lanes_per_row) = (constant(&module, "COLS"), constant(&module, "CHUNK"), constant(&module, "LANES_PER_ROW"));
+        assert_eq!(cols, BLOCK, "{}", kernel.name);
         assert!(chunk * constant(&module, "MAX_CHUNKS") >= MAX_HEAD_DIM, "{}", kernel.name);
-        assert_eq!((4 * lanes_per_row, 4 * lanes_per_row), (block, chunk), "{}", kernel.name);
+        assert_eq!((4 * lanes_per_row, 4 * lanes_per_row), (cols, chunk), "{}", kernel.name);
+        let rows = constant(&module, "ROWS");
+        let tile = AttentionTile::CANDIDATES.into_iter().find(|t| kernel.name.ends_with(&t.name())).unwrap();
+        assert_eq!(rows, tile.rows as usize, "{}", kernel.name);
+        let pass = if kernel.name.starts_with("attention_forward") { AttentionPass::Forward } else { AttentionPass::Backward };
+        assert_eq!(bytes, tile.workgroup_bytes(pass) as usize, "{}", kernel.name);
+        if tile == AttentionTile::DEFAULT {
+            assert_eq!(rows, BLOCK, "{}", kernel.name);
+        }
         for entry in &module.entry_points {
-            assert_eq!(entry.workgroup_size[0] as usize, block * lanes_per_row, "{}: {}", kernel.name, entry.name);
+            assert_eq!(entry.workgroup_size[0] as usize, rows * lanes_per_row, "{}: {}", kernel.name, entry.name);
             assert_eq!(entry.workgroup_size[0] as usize, constant(&module, "LANES"), "{}: {}", kernel.name, entry.name);
         }
     }

@@ -1,0 +1,224 @@
+//! `zerostream tune`'s attention part: every variant of the training attention kernels the adapter can
+//! run ([`AttentionTile`]), timed forward and backward on each model's attention at the configured
+//! batch and T, the fastest kept per shape class ([`AttentionClass`]: pass, head dim, T's bucket).
+//!
+//! As for the matmul, a variant is accepted only if every output (out and lse forward; dqkv and delta
+//! backward) equals the default variant's bit for bit on the call it was timed on.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use zerostream_checkpoints::LlamaConfig;
+use zerostream_shaders::{AttentionPass, AttentionTile};
+
+use super::{TuneConfig, values};
+use crate::device::attention_tuning::AttentionClass;
+use crate::device::gpu::GpuTensor;
+use crate::device::timing::Timer;
+use crate::device::{AttentionDims, Backend, GpuDevice};
+
+/// One attention call of a training step.
+#[derive(Clone, Debug)]
+pub struct AttentionCall {
+    /// `gpt2 attention forward`, `llama-3.2-1b attention backward`.
+    pub name: String,
+    pub pass: AttentionPass,
+    pub dims: AttentionDims,
+}
+
+/// The attention calls of one training step of `model` at (batch, seq_len): forward and backward of its
+/// layers' attention (all layers have the same shape), as the model's code makes them.
+pub fn attention_calls(model: &str, batch: usize, seq_len: usize) -> Result<Vec<AttentionCall>> {
+    let dims = if model == "tiny" || model.starts_with("gpt2") {
+        let cfg = crate::bench_kernels::model_config(model)?;
+        AttentionDims::mha(batch, seq_len, cfg.n_embd, cfg.n_head)
+    } else {
+        let cfg = LlamaConfig::preset(model).with_context(|| format!("--models {model:?}: not a model shape"))?;
+        AttentionDims::gqa(batch, seq_len, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+    };
+    Ok(AttentionPass::ALL
+        .into_iter()
+        .map(|pass| AttentionCall { name: format!("{model} attention {}", pass.name()), pass, dims })
+        .collect())
+}
+
+/// One attention class's outcome.
+#[derive(Clone, Debug)]
+pub struct AttentionResult {
+    pub class: AttentionClass,
+    /// The call it was timed on, and every call of the class.
+    pub dims: AttentionDims,
+    pub calls: Vec<String>,
+    /// (variant, median seconds) of every variant timed, the default first.
+    pub times: Vec<(AttentionTile, f64)>,
+    /// Variants left out because their outputs differed from the default's (a bug: reported loudly).
+    pub mismatched: Vec<AttentionTile>,
+}
+
+impl AttentionResult {
+    pub fn best(&self) -> (AttentionTile, f64) {
+        *self.times.iter().min_by(|a, b| a.1.total_cmp(&b.1)).expect("the default is always timed")
+    }
+    pub fn default_seconds(&self) -> f64 {
+        self.times[0].1
+    }
+    /// `B=4 T=1024 H=12 G=12 D=64`.
+    pub fn shape(&self) -> String {
+        let d = &self.dims;
+        format!("B={} T={} H={} G={} D={}", d.batch, d.seq_len, d.heads, d.kv_heads, d.head_dim)
+    }
+}
+
+/// The tensors of one call: inputs filled, outputs the pass writes.
+struct Tensors {
+    qkv: GpuTensor,
+    out: GpuTensor,
+    lse: GpuTensor,
+    dout: GpuTensor,
+    dqkv: GpuTensor,
+    delta: GpuTensor,
+}
+
+fn tensors(dev: &GpuDevice, d: AttentionDims, seed: u64) -> Result<Tensors> {
+    let rows = d.batch * d.seq_len;
+    let filled = |len: usize, seed: u64, label: &str| -> Result<GpuTensor> {
+        let t = dev.alloc(len, label)?;
+        dev.write(&t, &values(len, seed));
+        Ok(t)
+    };
+    let t = Tensors {
+        qkv: filled(rows * d.qkv_width(), seed, "tune qkv")?,
+        out: dev.alloc(rows * d.out_width(), "tune out")?,
+        lse: dev.alloc(d.stat_len(), "tune lse")?,
+        dout: filled(rows * d.out_width(), seed + 1, "tune dout")?,
+        dqkv: dev.alloc(rows * d.qkv_width(), "tune dqkv")?,
+        delta: dev.alloc(d.stat_len(), "tune delta")?,
+    };
+    // The backward's inputs: the default's forward (every variant's, bit for bit).
+    dev.force_attention_variant(Some(AttentionTile::DEFAULT))?;
+    dev.attention_forward(&t.out, &t.lse, &t.qkv, d);
+    Ok(t)
+}
+
+/// The bits of the pass's outputs.
+fn output_bits(dev: &GpuDevice, t: &Tensors, pass: AttentionPass) -> Vec<u32> {
+    let outputs = match pass {
+        AttentionPass::Forward => [&t.out, &t.lse],
+        AttentionPass::Backward => [&t.dqkv, &t.delta],
+    };
+    let values: Vec<Vec<f32>> = outputs.iter().map(|o| dev.read(o)).collect();
+    let bits = values.iter().flat_map(|v| v.iter().map(|x| x.to_bits())).collect();
+    dev.recycle(values);
+    bits
+}
+
+/// (variant, median seconds) of the variants timed, and the variants whose bits differed.
+type ClassTimes = (Vec<(AttentionTile, f64)>, Vec<AttentionTile>);
+
+/// Times `variants` on one call; the first must be the default (the reference bits).
+fn tune_call(dev: &GpuDevice, call: &AttentionCall, variants: &[AttentionTile], timer: Timer, seed: u64) -> Result<ClassTimes> {
+    let (t, d) = (tensors(dev, call.dims, seed)?, call.dims);
+    let run = || match call.pass {
+        AttentionPass::Forward => dev.attention_forward(&t.out, &t.lse, &t.qkv, d),
+        AttentionPass::Backward => dev.attention_backward(&t.dqkv, &t.delta, &t.dout, &t.qkv, &t.out, &t.lse, d),
+    };
+    let mut reference: Option<Vec<u32>> = None;
+    let (mut times, mut mismatched) = (Vec::new(), Vec::new());
+    for &variant in variants {
+        dev.force_attention_variant(Some(variant))?;
+        run(); // pipeline creation and warm-up, and the bits to compare
+        let bits = output_bits(dev, &t, call.pass);
+        match &reference {
+            None => reference = Some(bits),
+            Some(r) if *r != bits => {
+                mismatched.push(variant);
+                continue;
+            }
+            Some(_) => {}
+        }
+        // About 50 ms of repetitions, at least 3 and at most 20, from one more timed run.
+        let once = dev.time_reps(1, timer, run)?.median_s();
+        let reps = ((0.05 / once.max(1e-6)) as usize).clamp(3, 20);
+        times.push((variant, dev.time_reps(reps, timer, run)?.median_s()));
+    }
+    dev.force_attention_variant(None)?;
+    Ok((times, mismatched))
+}
+
+/// The attention variants to try, the default first: `cfg.attention_variants`, else every one the
+/// adapter runs.
+fn variants(dev: &GpuDevice, cfg: &TuneConfig) -> Result<Vec<AttentionTile>> {
+    let runnable = dev.attention_variants();
+    let mut variants = if cfg.attention_variants.is_empty() { runnable.clone() } else { cfg.attention_variants.clone() };
+    if let Some(v) = variants.iter().find(|v| !runnable.contains(v)) {
+        bail!(
+            "--attention-variants {v}: not a candidate this adapter can run ({})",
+            runnable.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
+        );
+    }
+    variants.retain(|v| *v != AttentionTile::DEFAULT);
+    variants.insert(0, AttentionTile::DEFAULT);
+    Ok(variants)
+}
+
+/// Tunes every attention class of the configured models, until `cfg.max_seconds` after `start` (the
+/// whole tune's clock); calls `on_class` as each finishes. Nothing when `cfg.attention` is off.
+pub fn tune_attention(
+    dev: &GpuDevice,
+    cfg: &TuneConfig,
+    start: Instant,
+    mut on_class: impl FnMut(&AttentionResult),
+) -> Result<Vec<AttentionResult>> {
+    if !cfg.attention {
+        return Ok(Vec::new());
+    }
+    let variants = variants(dev, cfg)?;
+    let mut classes: BTreeMap<AttentionClass, (AttentionCall, Vec<String>)> = BTreeMap::new();
+    let mut order = Vec::new();
+    for model in &cfg.models {
+        for call in attention_calls(model, cfg.batch, cfg.seq_len)? {
+            let class = AttentionClass::of(call.pass, &call.dims);
+            let entry = classes.entry(class).or_insert_with(|| {
+                order.push(class);
+                (call.clone(), Vec::new())
+            });
+            entry.1.push(call.name);
+        }
+    }
+    let timer = dev.best_timer();
+    let mut results = Vec::new();
+    for (i, class) in order.iter().enumerate() {
+        if start.elapsed().as_secs_f64() > cfg.max_seconds {
+            eprintln!(
+                "tune: --max-seconds {} reached; {} of {} attention classes left untuned",
+                cfg.max_seconds,
+                order.len() - i,
+                order.len()
+            );
+            break;
+        }
+        let (call, names) = &classes[class];
+        let (times, mismatched) = tune_call(dev, call, &variants, timer, 1000 + i as u64 * 7)?;
+        let result = AttentionResult { class: *class, dims: call.dims, calls: names.clone(), times, mismatched };
+        on_class(&result);
+        results.push(result);
+    }
+    Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_follow_each_family() {
+        let gpt2 = attention_calls("gpt2", 4, 1024).unwrap();
+        assert_eq!(gpt2.len(), 2);
+        assert_eq!(AttentionClass::of(gpt2[0].pass, &gpt2[0].dims).key(), "forward/d64/t20");
+        let llama = attention_calls("llama-3-8b", 1, 256).unwrap();
+        assert_eq!((llama[1].dims.heads, llama[1].dims.kv_heads, llama[1].dims.head_dim), (32, 8, 128));
+        assert_eq!(AttentionClass::of(llama[1].pass, &llama[1].dims).key(), "backward/d128/t16");
+        assert!(attention_calls("gpt3", 1, 1).is_err());
+    }
+}
