@@ -27,7 +27,6 @@ pub mod ops;
 pub mod plot;
 pub mod selftest;
 pub mod train;
-pub mod tune;
 
 /// The model, data and checkpoint formats (the `zerostream-checkpoints` crate).
 pub use zerostream_checkpoints as checkpoints;

@@ -1,6 +1,7 @@
 //! `zerostream bench ...`: measurements of each link of the offload path, one file per link: [`adam`]
 //! (the CPU AdamW), [`transfer`] (host<->device through wgpu), [`io`] (NVMe, against fio), [`comm`]
-//! (the collectives between ranks) and [`kernels`] (every kernel of a training step on the gpu device).
+//! (the collectives between ranks) and [`kernels`] (every kernel of a training step on the gpu device);
+//! [`tune`] times the kernels' variants on the adapter and keeps the fastest (`zerostream tune`).
 //! This file holds what they share: the single-thread memcpy ceiling and `bench all`'s table of links.
 
 use std::time::Instant;
@@ -10,6 +11,7 @@ pub mod comm;
 pub mod io;
 pub mod kernels;
 pub mod transfer;
+pub mod tune;
 
 /// Single-thread memcpy GB/s over `bytes`: the ceiling of a staging copy on the host side.
 pub fn memcpy_gbps(bytes: usize, reps: usize) -> f64 {

@@ -3,8 +3,8 @@
 //! library's `tune` module does the work).
 
 use anyhow::Result;
+use zerostream::bench::tune::{AttentionResult, ClassResult, TuneConfig};
 use zerostream::device::GpuDevice;
-use zerostream::tune::{AttentionResult, ClassResult, TuneConfig};
 use zerostream_shaders::{AttentionTile, MatmulTile};
 
 #[derive(clap::Args)]
@@ -94,9 +94,9 @@ pub fn run(args: TuneArgs) -> Result<i32> {
     let start = std::time::Instant::now();
     // The attention classes first: a few, each timed in seconds at most, which the many matmul classes
     // would otherwise leave past --max-seconds.
-    let attention = zerostream::tune::tune_attention(&dev, &cfg, start, |r| print_attention(r, args.json))?;
-    let results = zerostream::tune::tune(&dev, &cfg, start, |r| print_class(r, args.json))?;
-    let path = if args.no_save { None } else { Some(zerostream::tune::save_table(&dev, &results, &attention)?) };
+    let attention = zerostream::bench::tune::tune_attention(&dev, &cfg, start, |r| print_attention(r, args.json))?;
+    let results = zerostream::bench::tune::tune(&dev, &cfg, start, |r| print_class(r, args.json))?;
+    let path = if args.no_save { None } else { Some(zerostream::bench::tune::save_table(&dev, &results, &attention)?) };
     let mut mismatched: Vec<String> =
         results.iter().flat_map(|r| r.mismatched.iter().map(move |v| format!("matmul variant {v} on {}", r.class.key()))).collect();
     mismatched

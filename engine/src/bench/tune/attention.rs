@@ -31,7 +31,7 @@ pub struct AttentionCall {
 /// layers' attention (all layers have the same shape), as the model's code makes them.
 pub fn attention_calls(model: &str, batch: usize, seq_len: usize) -> Result<Vec<AttentionCall>> {
     let dims = if model == "tiny" || model.starts_with("gpt2") {
-        let cfg = crate::bench_kernels::model_config(model)?;
+        let cfg = crate::bench::kernels::model_config(model)?;
         AttentionDims::mha(batch, seq_len, cfg.n_embd, cfg.n_head)
     } else {
         let cfg = LlamaConfig::preset(model).with_context(|| format!("--models {model:?}: not a model shape"))?;
