@@ -13,7 +13,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use zerostream_shaders::{AttentionPass, AttentionTile};
 
-use super::gpu::AdapterSummary;
+use super::adapter::AdapterSummary;
 use super::matmul_tuning::{TableFile, TableKey, TableSource, bucket, table_path};
 use crate::ops::attention::AttentionDims;
 

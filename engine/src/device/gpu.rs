@@ -11,7 +11,6 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ops::Range;
-use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 
@@ -25,7 +24,9 @@ use crate::ops::encoder::TokenBuckets;
 use busy::BusyClock;
 use zerostream_shaders::{self as shaders, AttentionTile, MatmulTile};
 
-pub use matmul::{COOP_WORKGROUP_STORAGE_BYTES, CoopMatrixConfig, MATMUL_COOP_PATH, MATMUL_PATH, coop_unavailable};
+pub use super::adapter::{AdapterSummary, CoopMatrixConfig, list_adapters, quiet_wayland_probe};
+use super::adapter::{adapters, instance};
+pub use matmul::{COOP_WORKGROUP_STORAGE_BYTES, MATMUL_COOP_PATH, MATMUL_PATH, coop_unavailable};
 
 /// Passes recorded before the pending encoder is submitted even without a read-back.
 const MAX_PENDING_PASSES: usize = 256;
@@ -37,104 +38,6 @@ const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
     .union(wgpu::Features::TIMESTAMP_QUERY)
     .union(wgpu::Features::SUBGROUP)
     .union(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
-
-/// What `zerostream devices` prints about one adapter.
-#[derive(Clone, Debug)]
-pub struct AdapterSummary {
-    pub index: usize,
-    pub name: String,
-    pub backend: String,
-    pub device_type: wgpu::DeviceType,
-    pub driver: String,
-    /// The PCI vendor id (0x10de NVIDIA, 0x1002 AMD, 0x8086 Intel, 0x106b Apple; Mesa's software 0x10005).
-    pub vendor: u32,
-    pub max_storage_binding_bytes: u64,
-    pub max_buffer_bytes: u64,
-    pub max_workgroup_storage_bytes: u32,
-    pub max_invocations_per_workgroup: u32,
-    pub shader_f16: bool,
-    pub timestamp_query: bool,
-    pub subgroup: bool,
-    /// Whether wgpu offers `EXPERIMENTAL_COOPERATIVE_MATRIX` on this adapter.
-    pub cooperative_matrix: bool,
-    /// The cooperative-matrix configurations the adapter lists (M x N x K, input and accumulator types).
-    pub cooperative_matrix_configs: Vec<CoopMatrixConfig>,
-}
-
-impl AdapterSummary {
-    fn new(index: usize, adapter: &wgpu::Adapter) -> Self {
-        let info = adapter.get_info();
-        let limits = adapter.limits();
-        let features = adapter.features();
-        AdapterSummary {
-            index,
-            name: info.name,
-            backend: format!("{:?}", info.backend),
-            device_type: info.device_type,
-            driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
-            vendor: info.vendor,
-            max_storage_binding_bytes: limits.max_storage_buffer_binding_size,
-            max_buffer_bytes: limits.max_buffer_size,
-            max_workgroup_storage_bytes: limits.max_compute_workgroup_storage_size,
-            max_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
-            shader_f16: features.contains(wgpu::Features::SHADER_F16),
-            timestamp_query: features.contains(wgpu::Features::TIMESTAMP_QUERY),
-            subgroup: features.contains(wgpu::Features::SUBGROUP),
-            cooperative_matrix: features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
-            cooperative_matrix_configs: adapter.cooperative_matrix_properties().iter().map(CoopMatrixConfig::new).collect(),
-        }
-    }
-
-    /// A hardware GPU (discrete, integrated or virtualised), as opposed to a software rasteriser.
-    pub fn is_real_gpu(&self) -> bool {
-        matches!(self.device_type, wgpu::DeviceType::DiscreteGpu | wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::VirtualGpu)
-    }
-
-    fn preference(&self) -> u8 {
-        match self.device_type {
-            wgpu::DeviceType::DiscreteGpu => 0,
-            wgpu::DeviceType::IntegratedGpu => 1,
-            wgpu::DeviceType::VirtualGpu => 2,
-            wgpu::DeviceType::Cpu => 3,
-            wgpu::DeviceType::Other => 4,
-        }
-    }
-}
-
-/// Keeps Mesa's Vulkan device-select layer quiet on a machine without a desktop session.
-///
-/// wgpu enables every window-system extension the driver offers (it cannot know that zerostream never
-/// draws), and with `VK_KHR_wayland_surface` enabled, Mesa's implicit `VK_LAYER_MESA_device_select` asks
-/// the Wayland compositor which GPU is the default one. Without `XDG_RUNTIME_DIR` libwayland prints
-/// `error: XDG_RUNTIME_DIR is invalid or not set in the environment.` to stderr and the question fails
-/// (there is no compositor to ask). When the variable is unset (or not an absolute path) this sets it,
-/// for this process and its children only, to the temporary directory, where no compositor socket
-/// exists: the question then fails silently. `DRI_PRIME`, `MESA_VK_DEVICE_SELECT` and a real session's
-/// variable are left alone, so the layer still does what a user asked of it.
-///
-/// # Safety
-/// Changes the environment: call it before any other thread of the process is started (the binary
-/// does, first thing in `main`), as [`std::env::set_var`] requires.
-pub unsafe fn quiet_wayland_probe() {
-    let set = std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|d| Path::new(&d).is_absolute());
-    if !set {
-        // SAFETY: the caller guarantees no other thread reads or writes the environment now.
-        unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) };
-    }
-}
-
-fn instance() -> wgpu::Instance {
-    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle())
-}
-
-fn adapters(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
-    pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
-}
-
-/// Every adapter wgpu finds, in its order (the index `--adapter` takes).
-pub fn list_adapters() -> Vec<AdapterSummary> {
-    adapters(&instance()).iter().enumerate().map(|(i, a)| AdapterSummary::new(i, a)).collect()
-}
 
 /// A flat buffer of 4-byte elements (f32, or u32 words holding two f16) on the GPU.
 pub struct GpuTensor {

@@ -18,7 +18,7 @@ use std::ops::Range;
 
 use anyhow::{Result, bail};
 
-use super::{AdapterSummary, GpuDevice, GpuTensor, Window};
+use super::{AdapterSummary, CoopMatrixConfig, GpuDevice, GpuTensor, Window};
 use crate::device::matmul_tuning::{MatmulClass, MatmulTable};
 use crate::device::{HalfFormat, MatmulInputs, MatmulShape};
 use zerostream_shaders::{self as shaders, MatmulTile};
@@ -42,41 +42,6 @@ pub const MATMUL_PATH: &str = "matmul.wgsl: fp32 FMA, the variant (tile per work
 pub const MATMUL_COOP_PATH: &str = "matmul_coop.wgsl: A, B rounded to f16 (nearest even), 16x16x16 cooperative matrices \
      f16 x f16 -> f32, 128x128 tile per 256-invocation workgroup, a 32x64 region (2x4 accumulators) per subgroup, \
      K step 32 through f16 workgroup tiles";
-
-/// One cooperative-matrix configuration an adapter lists: C (M x N) += A (M x K) @ B (K x N).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CoopMatrixConfig {
-    pub m: u32,
-    pub n: u32,
-    pub k: u32,
-    /// Element type of A and B ("f16", "f32", "i32", "u32").
-    pub ab_type: &'static str,
-    /// Element type of C and the result.
-    pub cr_type: &'static str,
-}
-
-impl CoopMatrixConfig {
-    pub(super) fn new(p: &wgpu::CooperativeMatrixProperties) -> Self {
-        let name = |t: wgpu::CooperativeScalarType| match t {
-            wgpu::CooperativeScalarType::F32 => "f32",
-            wgpu::CooperativeScalarType::F16 => "f16",
-            wgpu::CooperativeScalarType::I32 => "i32",
-            wgpu::CooperativeScalarType::U32 => "u32",
-        };
-        CoopMatrixConfig { m: p.m_size, n: p.n_size, k: p.k_size, ab_type: name(p.ab_type), cr_type: name(p.cr_type) }
-    }
-
-    /// The configuration matmul_coop.wgsl multiplies with: 16x16x16, f16 inputs, f32 accumulator.
-    pub fn is_coop_f16_16x16(&self) -> bool {
-        (self.m, self.n, self.k, self.ab_type, self.cr_type) == (16, 16, 16, "f16", "f32")
-    }
-}
-
-impl std::fmt::Display for CoopMatrixConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}x{}x{} {}->{}", self.m, self.n, self.k, self.ab_type, self.cr_type)
-    }
-}
 
 /// Why `matmul_coop.wgsl` cannot run on this adapter, or None when it can: it needs f16 shaders,
 /// subgroups (for the subgroup id), wgpu's cooperative-matrix feature with a 16x16x16 f16 -> f32

@@ -14,7 +14,7 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use zerostream_shaders::MatmulTile;
 
-use super::gpu::AdapterSummary;
+use super::adapter::AdapterSummary;
 use crate::ops::MatmulShape;
 
 /// The environment variable that overrides where tuning tables live (tests, read-only homes).

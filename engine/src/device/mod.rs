@@ -5,6 +5,7 @@
 //! dimensions, as in llm.c. Outputs of `*_backward` ops are accumulated into (`+=`) unless the doc says
 //! otherwise, so gradients of a micro-batch sum into place.
 
+pub mod adapter;
 pub mod alloc;
 pub mod attention_tuning;
 pub mod cpu;
