@@ -17,7 +17,18 @@ fn main() -> anyhow::Result<()> {
 
     let dev = device::open(DeviceChoice::Auto, None, None)?;
     println!("device: {}", dev.describe());
-    let report = zerostream::eval::evaluate_on(&dev, &model, &tokens, zerostream::checkpoints::TokenWidth::U16, 4, 16, 4)?;
+    let report = zerostream::evaluate_on(
+        &dev,
+        &model,
+        &zerostream::EvalData {
+            path: &tokens,
+            dtype: zerostream::checkpoints::TokenWidth::U16,
+            batch: 4,
+            seq_len: 16,
+            batches: 4,
+            progress: true,
+        },
+    )?;
     println!("mean loss over {} tokens: {:.6} ({:.0} tokens/s)", report.tokens, report.loss, report.tokens as f64 / report.seconds);
     Ok(())
 }

@@ -38,21 +38,30 @@ impl EvalReport {
     }
 }
 
+/// Which tokens an evaluation reads, in which micro-batches, and whether it shows its progress.
+#[derive(Clone, Debug)]
+pub struct EvalData<'a> {
+    /// The token file (llm.c's formats, or raw tokens of `dtype`).
+    pub path: &'a Path,
+    pub dtype: TokenWidth,
+    /// B: sequences per micro-batch.
+    pub batch: usize,
+    /// T: tokens per sequence.
+    pub seq_len: usize,
+    /// Micro-batches 0..batches of the training contract's order.
+    pub batches: usize,
+    /// A progress line per micro-batch on stderr (rewritten in place on a terminal).
+    pub progress: bool,
+}
+
 /// Mean of the micro-batch losses of micro-batches 0..batches (the training contract's order), with
 /// the model streamed: one block slot refilled block by block from the model's files, two residual
 /// buffers, the head's small tensors resident, and its (V, C) matrices read from the files as needed
 /// (the embedding's rows of the micro-batch's tokens; the projection one vocabulary chunk at a time
 /// into one chunk-sized slot). Host memory holds one block tensor or one chunk at a time, whatever the
 /// model's size.
-pub fn evaluate<D: Backend>(
-    dev: &D,
-    model_dir: &Path,
-    data: &Path,
-    data_dtype: TokenWidth,
-    batch: usize,
-    seq_len: usize,
-    batches: usize,
-) -> Result<EvalReport> {
+pub fn evaluate<D: Backend>(dev: &D, model_dir: &Path, eval: &EvalData<'_>) -> Result<EvalReport> {
+    let EvalData { path: data, dtype: data_dtype, batch, seq_len, batches, progress } = *eval;
     if batch == 0 || seq_len == 0 || batches == 0 {
         bail!("--batch-size, --seq-len and --batches must be positive");
     }
@@ -102,7 +111,7 @@ pub fn evaluate<D: Backend>(
             vocab::forward_chunk(dev, loss_acts, h, Rows::Chunk(&vocab_slot), &y, j, width);
         }
         sum += vocab::finish_loss(dev, loss_acts) as f64;
-        if batches > 1 {
+        if batches > 1 && progress {
             // On a terminal one line rewritten in place; elsewhere (a log file) one line per update.
             if terminal {
                 eprint!("\reval: micro-batch {}/{batches}", g + 1);
@@ -111,7 +120,7 @@ pub fn evaluate<D: Backend>(
             }
         }
     }
-    if batches > 1 && terminal {
+    if batches > 1 && progress && terminal {
         eprintln!();
     }
     if !sum.is_finite() {
@@ -155,17 +164,9 @@ fn embedding_rows(hf: &HfModel, embedding: &TensorSlot, ids: &[u32]) -> Result<V
 }
 
 /// [`evaluate`] on whichever device was opened.
-pub fn evaluate_on(
-    dev: &AnyDevice,
-    model_dir: &Path,
-    data: &Path,
-    data_dtype: TokenWidth,
-    batch: usize,
-    seq_len: usize,
-    batches: usize,
-) -> Result<EvalReport> {
+pub fn evaluate_on(dev: &AnyDevice, model_dir: &Path, eval: &EvalData<'_>) -> Result<EvalReport> {
     match dev {
-        AnyDevice::Cpu(d) => evaluate(d, model_dir, data, data_dtype, batch, seq_len, batches),
-        AnyDevice::Gpu(d) => evaluate(d, model_dir, data, data_dtype, batch, seq_len, batches),
+        AnyDevice::Cpu(d) => evaluate(d, model_dir, eval),
+        AnyDevice::Gpu(d) => evaluate(d, model_dir, eval),
     }
 }

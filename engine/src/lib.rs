@@ -34,7 +34,7 @@ pub use zerostream_checkpoints as checkpoints;
 pub use zerostream_offload as offload;
 
 pub use device::{AnyDevice, Backend, DeviceChoice};
-pub use eval::{EvalReport, evaluate_on};
+pub use eval::{EvalData, EvalReport, evaluate_on};
 pub use generate::{Sampling, generate};
 pub use model::Model;
 pub use train::run::{CheckpointOptions, ModelChoice, RunOptions, RunSummary, run_on};
@@ -46,7 +46,7 @@ pub mod prelude {
     pub use crate::device::{self, AnyDevice, Backend, DeviceChoice};
     pub use crate::offload::{IoConfig, IoEngineKind, Tier};
     pub use crate::{
-        CheckpointOptions, EvalReport, LrPlan, LrSchedule, Model, ModelChoice, ModelSource, Precision, RunOptions, RunSummary, Sampling,
-        SaveDtype, StepReport, TrainConfig, Trainer, ZeroStage, evaluate_on, generate, run_on,
+        CheckpointOptions, EvalData, EvalReport, LrPlan, LrSchedule, Model, ModelChoice, ModelSource, Precision, RunOptions, RunSummary,
+        Sampling, SaveDtype, StepReport, TrainConfig, Trainer, ZeroStage, evaluate_on, generate, run_on,
     };
 }

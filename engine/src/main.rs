@@ -19,6 +19,11 @@ use zerostream::device::{self, DeviceChoice};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Print only results, warnings and errors: no progress bar or progress lines, no run description
+    /// or summary (train, eval, generate and prepare; placed before or after the command). Without it,
+    /// progress is a bar on a terminal and one plain line per update elsewhere (a log file, a pipe).
+    #[arg(long, global = true)]
+    quiet: bool,
 }
 
 #[derive(clap::Args, Clone)]
@@ -121,7 +126,8 @@ fn main() {
         .subcommand()
         .map(|(_, sub)| {
             sub.ids()
-                .filter(|id| sub.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine))
+                // `--quiet` says how much to print, not what to run: a resume or the first run ignores it.
+                .filter(|id| id.as_str() != "quiet" && sub.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine))
                 .map(|id| id.as_str().replace('_', "-"))
                 .collect()
         })
@@ -162,6 +168,7 @@ fn parse_args() -> Result<clap::ArgMatches> {
 
 /// Runs a subcommand; returns the exit code (non-zero when training was stopped by a signal).
 fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
+    let cli_quiet = cli.quiet;
     match cli.command {
         Command::Devices { json } => {
             let adapters = device::gpu::list_adapters();
@@ -222,12 +229,15 @@ fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
         }
         Command::Eval { model, data, data_dtype, batch_size, seq_len, batches, device } => {
             let dev = device::open(device.device, device.adapter.as_deref(), None)?;
-            eprintln!("device: {}", dev.describe());
-            let report = zerostream::eval::evaluate_on(&dev, &model, &data, data_dtype, batch_size, seq_len, batches)?;
+            if !cli_quiet {
+                eprintln!("device: {}", dev.describe());
+            }
+            let eval = zerostream::EvalData { path: &data, dtype: data_dtype, batch: batch_size, seq_len, batches, progress: !cli_quiet };
+            let report = zerostream::eval::evaluate_on(&dev, &model, &eval)?;
             println!("{}", report.to_json(&dev.describe()));
             Ok(0)
         }
-        Command::Train(args) => cli::train::train(*args, explicit, resolved),
+        Command::Train(args) => cli::train::train(*args, explicit, resolved, cli_quiet),
         Command::Plan(args) => cli::train::plan(*args, explicit).map(|()| 0),
         Command::Bench(b) => cli::bench::run(b).map(|()| 0),
         Command::Tune(args) => cli::tune::run(*args),
@@ -240,8 +250,8 @@ fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
             eprintln!("plot: {} ({} run(s))", out.display(), curves.len());
             Ok(0)
         }
-        Command::Prepare(args) => cli::prepare::prepare(args).map(|()| 0),
-        Command::Generate(args) => cli::generate::run(*args).map(|()| 0),
+        Command::Prepare(args) => cli::prepare::prepare(args, cli_quiet).map(|()| 0),
+        Command::Generate(args) => cli::generate::run(*args, cli_quiet).map(|()| 0),
         Command::Selftest(args) => cli::selftest::run(args),
     }
 }

@@ -1,5 +1,6 @@
 //! The `zerostream` binary's conveniences end to end: `--config-file` and the resolved copy beside the
-//! metrics, the tokenizer files in saved models and checkpoints, and a quiet graphics stack.
+//! metrics, the tokenizer files in saved models and checkpoints, a quiet graphics stack, progress off a
+//! terminal and `--quiet`.
 
 use std::path::Path;
 use std::process::Command;
@@ -229,4 +230,26 @@ fn a_finished_run_resumed_is_done_not_an_error() {
     assert!(!saved.iter().any(|f| f.starts_with("optimizer.") || f == "trainer_state.json"), "{saved:?}");
     let out = zerostream(&again);
     assert!(out.status.success() && stderr(&out).contains("exists already"), "{}", stderr(&out));
+}
+
+#[test]
+fn progress_is_one_plain_line_per_step_off_a_terminal_and_quiet_prints_none() {
+    // The test's stderr is a pipe, not a terminal: no bar, so every step gets its own line.
+    let common = ["--device", "cpu", "--batch-size", "2", "--seq-len", "16", "--sample-tokens", "0", "--steps", "3"];
+    let out = zerostream(&[&["train"][..], &common].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stderr(&out);
+    let steps: Vec<&str> = text.lines().filter(|l| l.starts_with("step ")).collect();
+    assert_eq!(steps.len(), 3, "one line per step:\n{text}");
+    assert!(!text.contains('\r') && !text.contains("\u{1b}["), "no carriage returns or escapes off a terminal:\n{text:?}");
+    assert!(text.contains("what it did"), "{text}");
+    // --quiet, before or after the command: nothing but warnings and errors.
+    for args in [[&["--quiet", "train"][..], &common].concat(), [&["train", "--quiet"][..], &common].concat()] {
+        let out = zerostream(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(stderr(&out).trim(), "", "--quiet printed: {}", stderr(&out));
+    }
+    // A bad flag still says why under --quiet.
+    let out = zerostream(&[&["--quiet", "train", "--lr=-1"][..], &common].concat());
+    assert!(!out.status.success() && stderr(&out).contains("--lr -1: must be"), "{}", stderr(&out));
 }

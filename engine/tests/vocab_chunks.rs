@@ -145,5 +145,13 @@ fn eval_never_holds_the_vocabulary_matrix() {
 
 /// `zerostream eval` of 2 micro-batches of 2 x 16 tokens.
 fn eval_tiny<D: Backend>(dev: &D, model: &std::path::Path, data: &std::path::Path) -> zerostream::EvalReport {
-    zerostream::eval::evaluate(dev, model, data, zerostream_checkpoints::TokenWidth::U16, 2, 16, 2).unwrap()
+    let eval = zerostream::EvalData {
+        path: data,
+        dtype: zerostream_checkpoints::TokenWidth::U16,
+        batch: 2,
+        seq_len: 16,
+        batches: 2,
+        progress: false,
+    };
+    zerostream::eval::evaluate(dev, model, &eval).unwrap()
 }

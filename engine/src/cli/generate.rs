@@ -76,7 +76,8 @@ impl Text {
     }
 }
 
-pub fn run(a: GenerateArgs) -> Result<()> {
+/// `quiet`: the text only, without the device, model and plan lines.
+pub fn run(a: GenerateArgs, quiet: bool) -> Result<()> {
     let hf = HfModel::open(&a.model)?;
     let model = Model::of_hf(&hf)?;
     let text = match HfTokenizer::from_model_dir(&a.model)? {
@@ -100,13 +101,19 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     };
     let sampling = Sampling { max_new_tokens: a.max_new_tokens, temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
     let dev = zerostream::device::open(a.device.device, a.device.adapter.as_deref(), a.gpu_mem_budget)?;
-    eprintln!("device: {}; model: {}", dev.describe(), model.describe());
+    if !quiet {
+        eprintln!("device: {}; model: {}", dev.describe(), model.describe());
+    }
     // Group g's tensors, read from the model's files one group at a time.
     let groups = group_layouts(&model);
     let mut load = |g: usize| -> Result<Vec<Vec<f32>>> {
         groups[g].tensors.iter().map(|t| hf.tensor(&t.name, &t.shape).with_context(|| a.model.display().to_string())).collect()
     };
-    let on_plan = |p: &DecodePlan| eprintln!("generate: {}", p.describe());
+    let on_plan = |p: &DecodePlan| {
+        if !quiet {
+            eprintln!("generate: {}", p.describe())
+        }
+    };
     // Printed as they come: the text of all new tokens so far, minus what was printed (a character
     // can span tokens).
     let mut new = Vec::new();

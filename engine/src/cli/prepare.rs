@@ -46,7 +46,8 @@ fn val_path(out: &Path) -> PathBuf {
     out.with_file_name(name)
 }
 
-pub fn prepare(a: PrepareArgs) -> Result<()> {
+/// `quiet`: no progress bar, no summary lines.
+pub fn prepare(a: PrepareArgs, quiet: bool) -> Result<()> {
     if !(0.0..1.0).contains(&a.val_fraction) {
         bail!("--val-fraction {}: must be in [0, 1)", a.val_fraction);
     }
@@ -68,7 +69,7 @@ pub fn prepare(a: PrepareArgs) -> Result<()> {
         Some(eot) => vec![eot],
         None => tokenizer.encode(&separator)?,
     };
-    let bar = if content.len() > 8 << 20 { ProgressBar::new(documents.len() as u64) } else { ProgressBar::hidden() };
+    let bar = if content.len() > 8 << 20 && !quiet { ProgressBar::new(documents.len() as u64) } else { ProgressBar::hidden() };
     bar.set_style(
         ProgressStyle::with_template("tokenising {bar:30} {pos}/{len} documents [{elapsed_precise}<{eta_precise}]").expect("a template"),
     );
@@ -96,7 +97,12 @@ pub fn prepare(a: PrepareArgs) -> Result<()> {
     let record = DataTokenizer::parse(&a.tokenizer, "--tokenizer")?;
     write_token_file_u32(&a.out, &train)?;
     record.write_beside(&a.out)?;
-    eprintln!(
+    let say = |line: String| {
+        if !quiet {
+            eprintln!("{line}");
+        }
+    };
+    say(format!(
         "{}: {} documents, {} bytes of text -> {} tokens ({}, vocab {})",
         a.out.display(),
         split,
@@ -104,17 +110,17 @@ pub fn prepare(a: PrepareArgs) -> Result<()> {
         train.len(),
         tokenizer.describe(),
         tokenizer.vocab_size()
-    );
+    ));
     if held_out > 0 {
         write_token_file_u32(&val_out, &val)?;
         record.write_beside(&val_out)?;
-        eprintln!(
+        say(format!(
             "{}: {} held-out documents -> {} tokens (train --val-data {})",
             val_out.display(),
             held_out,
             val.len(),
             val_out.display()
-        );
+        ));
     }
     Ok(())
 }

@@ -353,8 +353,10 @@ fn stop_on_signals() -> Result<Arc<AtomicBool>> {
 
 /// `zerostream train`: the flags resolved into one request, handed to the library once; then the exit
 /// code, with a line saying how to continue a run a signal stopped (rank 0's).
-pub fn train(a: TrainArgs, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
+/// `quiet`: no progress, description or summary (warnings and errors still print).
+pub fn train(a: TrainArgs, explicit: &BTreeSet<String>, resolved: &str, quiet: bool) -> Result<i32> {
     let mut request = resolve_train(&a, true, explicit, resolved)?;
+    request.options.progress = !quiet;
     if explicit.is_empty() {
         keep_first_run_files(&mut request.options)?;
     }

@@ -79,7 +79,9 @@ pub(super) fn train_steps<D: Backend>(
             metrics = None;
         }
         bar.step(progress_message(&r, trainer.scaler.scale));
-        if options.progress && lead && (r.step % 25 == 0 || r.step + 1 == steps || r.val_loss.is_some()) {
+        // Beside a bar on a terminal, a line every 25 steps; with no bar (a log file, a pipe), a line a step.
+        let line_due = bar.is_hidden() || r.step % 25 == 0 || r.step + 1 == steps || r.val_loss.is_some();
+        if options.progress && lead && line_due {
             let val = r.val_loss.map_or(String::new(), |v| format!(", validation loss {v:.4} (perplexity {:.1})", v.exp()));
             let line = format!(
                 "step {:>5}: loss {:.4}, grad norm {:.3}, lr {:.2e}, {:.0} tok/s{val}",
