@@ -4,8 +4,10 @@
 
 pub mod adam;
 pub mod aligned;
+mod dir_files;
 pub mod io;
 pub mod membw;
+mod nvme_dir;
 mod os;
 mod shard_file;
 mod spare_pool;

@@ -21,15 +21,15 @@
 //! steps, with `{file}` naming a whole version between them ([`ShardFile::install_portably`]).
 
 use std::fs::File;
-use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::aligned::{ALIGN_BYTES, AlignedBuf, align_up};
-use crate::io::{Direction, IoEngine, Segment};
+use crate::dir_files::{Result, StoreError, io_error, open_in_dir, remove_if_present};
+use crate::io::{Direction, Segment};
+use crate::nvme_dir::NvmeDir;
 use crate::os;
 use crate::spare_pool::Spare;
-use crate::store::{NvmeDir, Result, StoreError, io_error};
 
 /// The footer's size: one page, so it keeps O_DIRECT's alignment after the page-aligned data.
 pub const FOOTER_BYTES: usize = ALIGN_BYTES;
@@ -92,31 +92,6 @@ fn decode_footer(path: &Path, page: &[u8], len_bytes: usize) -> Result<Option<u3
         )));
     }
     Ok((u32_at(page, 12) & HAS_CRC != 0).then(|| u32_at(page, 24)))
-}
-
-/// An error opening a file inside the NVMe directory, where a symbolic link is refused.
-pub(crate) fn open_error(what: &str, path: &Path, e: io::Error) -> StoreError {
-    if os::is_refused_link(&e) {
-        return StoreError(format!(
-            "{what} {}: it is a symbolic link, and symlinks inside the NVMe directory are not followed; replace it with a regular file or remove it",
-            path.display()
-        ));
-    }
-    io_error(what, path, e)
-}
-
-/// Opens (creating if asked) a file inside the NVMe directory without following a symlink at its path.
-pub(crate) fn open_in_dir(io: &IoEngine, what: &str, path: &Path, create: bool) -> Result<(File, bool)> {
-    io.open_nofollow(path, create).map_err(|e| open_error(what, path, e))
-}
-
-/// Removes `path` if it is there (a symlink is removed itself, never its target).
-pub(crate) fn remove_if_present(what: &str, path: &Path) -> Result<()> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(io_error(what, path, e)),
-    }
 }
 
 /// The shard's current file (another inode after each write).

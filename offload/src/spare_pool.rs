@@ -22,10 +22,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::dir_files::{Result, StoreError, io_error, open_in_dir, remove_if_present};
 use crate::io::IoEngine;
 use crate::os;
-use crate::shard_file::{open_in_dir, remove_if_present};
-use crate::store::{Result, StoreError, io_error};
 
 /// The most idle spares kept per file size. A spare is out of the pool only while a write fills it,
 /// so this is the number of same-size writes the trainer has in flight at once: the update's write

@@ -17,17 +17,13 @@
 //! elsewhere.
 //! See [`ShardFile`] for the file itself.
 
-use std::fs::File;
-use std::io;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::Path;
 
-use crate::aligned::{AlignedBuf, BufferPool};
-use crate::io::IoEngine;
+use crate::aligned::AlignedBuf;
+pub use crate::dir_files::{Result, StoreError};
+pub use crate::nvme_dir::NvmeDir;
 use crate::os;
 pub use crate::shard_file::ShardFile;
-use crate::shard_file::{open_error, open_in_dir};
-use crate::spare_pool::{SparePool, remove_leftovers};
 
 /// Where a tensor lives between uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -42,106 +38,6 @@ impl Tier {
             Tier::Ram => "cpu",
             Tier::Nvme => "nvme",
         }
-    }
-}
-
-/// An error of the store, naming the file and what went wrong.
-#[derive(Debug)]
-pub struct StoreError(pub String);
-
-impl std::fmt::Display for StoreError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-impl std::error::Error for StoreError {}
-
-pub type Result<T> = std::result::Result<T, StoreError>;
-
-pub(crate) fn io_error(what: &str, path: &Path, e: io::Error) -> StoreError {
-    let why = match e.kind() {
-        io::ErrorKind::StorageFull => format!("the disk is full ({e})"),
-        io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem => format!("not writable ({e})"),
-        _ => e.to_string(),
-    };
-    StoreError(format!("{what} {}: {why}", path.display()))
-}
-
-/// The NVMe tier: a directory, an I/O engine and whether to verify checksums.
-#[derive(Debug)]
-pub struct NvmeDir {
-    pub dir: PathBuf,
-    pub io: IoEngine,
-    pub verify: bool,
-    pub rank: usize,
-    /// Whether a written spare and its shard trade names in one atomic call where the platform has one
-    /// (on by default). Off, every write takes the portable sequence the other platforms use (a hard
-    /// link, then a rename over the shard: `shard_file.rs`), which is how tests run it on Linux.
-    pub atomic_exchange: bool,
-    /// Bytes paged in from and out to this directory's shards (what [`NvmeDir::traffic`] reports).
-    read_bytes: AtomicU64,
-    written_bytes: AtomicU64,
-    /// The buffers of tensors paged out, reused by the next page-in.
-    pub pool: BufferPool,
-    /// The spare files shard writes go into, shared by all the shards (removed when this is dropped,
-    /// before the lock goes: it comes later in the struct).
-    pub(crate) spares: SparePool,
-    /// Held for as long as this run uses the directory: a second run given it is refused.
-    _lock: File,
-}
-
-impl NvmeDir {
-    /// Creates `dir` if it is missing, checks that it is a writable directory (by creating and removing
-    /// a probe file) that no other run holds, and whether its filesystem accepts uncached I/O; a
-    /// refusal is added to `io.notes`. Spare files an earlier run left there are removed.
-    pub fn new(dir: &Path, mut io: IoEngine, verify: bool, rank: usize) -> Result<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| io_error("creating the NVMe directory", dir, e))?;
-        let meta = std::fs::metadata(dir).map_err(|e| io_error("NVMe directory", dir, e))?;
-        if !meta.is_dir() {
-            return Err(StoreError(format!("NVMe directory {}: not a directory", dir.display())));
-        }
-        let lock_path = dir.join(".zerostream.lock");
-        // Not truncated (it holds nothing), never a link, locked through std's File::try_lock (flock,
-        // or LockFileEx on Windows): the lock goes with the process, however it ends.
-        let (lock, _) = os::open(&lock_path, true, true, false).map_err(|e| open_error("NVMe directory lock", &lock_path, e))?;
-        if lock.try_lock().is_err() {
-            return Err(StoreError(format!(
-                "NVMe directory {} is in use by another zerostream run (it holds {}): give each run its own --nvme-dir",
-                dir.display(),
-                lock_path.display()
-            )));
-        }
-        // Under the lock: no other run is writing them.
-        remove_leftovers(dir)?;
-        let probe = dir.join(format!(".zerostream-probe-{}", std::process::id()));
-        let opened = open_in_dir(&io, "NVMe directory probe", &probe, true);
-        let _ = std::fs::remove_file(&probe);
-        let (_, direct) = opened?;
-        if io.config.direct && !direct && io.config.engine != crate::io::IoEngineKind::Mmap {
-            let uncached = IoEngine::uncached_name();
-            io.notes.push(format!("{}: the filesystem refuses {uncached}; using buffered I/O (through the page cache)", dir.display()));
-        }
-        Ok(NvmeDir {
-            dir: dir.to_path_buf(),
-            io,
-            verify,
-            rank,
-            atomic_exchange: true,
-            read_bytes: AtomicU64::new(0),
-            written_bytes: AtomicU64::new(0),
-            pool: BufferPool::default(),
-            spares: SparePool::new(dir),
-            _lock: lock,
-        })
-    }
-
-    /// (bytes read, bytes written) by every tensor paged in and out through this directory so far.
-    pub fn traffic(&self) -> (u64, u64) {
-        (self.read_bytes.load(Ordering::Relaxed), self.written_bytes.load(Ordering::Relaxed))
-    }
-
-    pub fn shard_path(&self, name: &str) -> PathBuf {
-        self.dir.join(format!("{name}.rank{}.bin", self.rank))
     }
 }
 
@@ -217,7 +113,7 @@ impl Stored {
             return Err(e);
         }
         for (&k, buf) in wanted.iter().zip(bufs) {
-            nvme.read_bytes.fetch_add(buf.len_bytes() as u64, Ordering::Relaxed);
+            nvme.count_read(buf.len_bytes() as u64);
             tensors[k].resident = Some(buf);
         }
         Ok(())
@@ -268,7 +164,7 @@ impl Stored {
         leaving.into_iter().for_each(|(_, buf)| nvme.pool.give(buf));
         written?;
         if dirty {
-            nvme.written_bytes.fetch_add(bytes, Ordering::Relaxed);
+            nvme.count_written(bytes);
         }
         Ok(())
     }
@@ -317,7 +213,10 @@ pub fn shard_bytes_in(dir: &Path) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::io::IoConfig;
+    use std::path::PathBuf;
+
+    use crate::dir_files::io_error;
+    use crate::io::{IoConfig, IoEngine};
 
     fn nvme(dir: &Path, verify: bool) -> NvmeDir {
         NvmeDir::new(dir, IoEngine::new(IoConfig { block_bytes: 8192, queue_depth: 4, ..IoConfig::default() }).unwrap(), verify, 0).unwrap()
