@@ -101,22 +101,21 @@ impl<T> Decoder<T> {
     ) {
         let cfg = &self.cfg;
         let w = Block::view(block);
-        let (n, c, h) = (dims.rows(), cfg.n_embd, cfg.hidden());
+        let n = dims.rows();
         debug_assert!(n <= a.rows && dims == decode_dims(cfg, l, n, dims.past, dims.capacity));
-        let eps = cfg.layer_norm_epsilon as f32;
-        let linear = |out: &T, inp: &T, weight: &T, bias: &T, k: usize, m: usize| {
-            dev.matmul(out, inp, weight, Some(bias), &MatmulShape::row_major(n, m, k), false)
+        let buffers = gpt2::ForwardBuffers {
+            ln_1: (&a.ln, &a.mean, &a.rstd),
+            qkv: &a.qkv,
+            atty: &a.atty,
+            attn_proj: &a.proj,
+            residual_2: &a.residual_2,
+            ln_2: (&a.ln, &a.mean, &a.rstd),
+            fc: &a.fc,
+            fc_act: &a.fc_act,
+            fc_proj: &a.proj,
         };
-        dev.layernorm_forward(&a.ln, &a.mean, &a.rstd, input, w.ln_1_weight, w.ln_1_bias, n, c, eps);
-        linear(&a.qkv, &a.ln, w.attn_weight, w.attn_bias, c, 3 * c);
-        dev.attention_decode(&a.atty, cache, &a.qkv, dims);
-        linear(&a.proj, &a.atty, w.attn_proj_weight, w.attn_proj_bias, c, c);
-        dev.residual_forward(&a.residual_2, input, &a.proj);
-        dev.layernorm_forward(&a.ln, &a.mean, &a.rstd, &a.residual_2, w.ln_2_weight, w.ln_2_bias, n, c, eps);
-        linear(&a.fc, &a.ln, w.fc_weight, w.fc_bias, c, h);
-        dev.activation_forward(gpt2::activation(cfg), &a.fc_act, &a.fc);
-        linear(&a.proj, &a.fc_act, w.fc_proj_weight, w.fc_proj_bias, h, c);
-        dev.residual_forward(output, &a.residual_2, &a.proj);
+        let attend = |atty: &T, qkv: &T| dev.attention_decode(atty, cache, qkv, dims);
+        gpt2::block_forward_with(dev, cfg, l, &w, &buffers, input, output, n, attend, None);
     }
 
     /// The logits (V) of the last of `rows` rows of the last block's output x.

@@ -4,7 +4,7 @@
 use anyhow::{Result, bail};
 
 use crate::device::{Backend, DecodeDims, MatmulShape, Operand};
-use crate::model::llama::{self, Head, LlamaConfig, TiedHead};
+use crate::model::llama::{self, Head, LlamaConfig, TiedHead, linear_into, qkv_widths};
 
 /// The head group and RoPE's inverse frequencies on the device.
 pub struct Decoder<T> {
@@ -26,12 +26,6 @@ pub struct Acts<T> {
     gate_up: T,      // (n, 2F)
     act: T,          // (n, F)
     logits: T,       // (V) of the last new row
-}
-
-/// Widths of the packed [q | k | v] row: (q, one of k or v, all).
-fn qkv_widths(cfg: &LlamaConfig) -> (usize, usize, usize) {
-    let (q, kv) = (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim);
-    (q, kv, q + 2 * kv)
 }
 
 impl<T> Acts<T> {
@@ -72,18 +66,6 @@ pub fn decode_dims(cfg: &LlamaConfig, rows: usize, past: usize, capacity: usize)
     DecodeDims::new(llama::attention_dims(cfg, 1, rows), past, capacity)
 }
 
-/// y[:, col..col + n] (rows of `ld`) = x (rows, k) @ W^T, W (n, k): `llama`'s `linear_into`.
-fn linear_into(rows: usize, k: usize, n: usize, ld: usize, col: usize) -> MatmulShape {
-    MatmulShape {
-        m: rows,
-        n,
-        k,
-        a: Operand::row_major(k),
-        b: Operand::transposed(k),
-        c: Operand { offset: col, row_stride: ld, col_stride: 1 },
-    }
-}
-
 impl<T> Decoder<T> {
     /// Uploads the head group (`head`, in table order) and the inverse frequencies.
     pub fn new<D: Backend<Tensor = T>>(dev: &D, cfg: &LlamaConfig, head: Vec<Vec<f32>>) -> Result<Self> {
@@ -117,27 +99,25 @@ impl<T> Decoder<T> {
     #[allow(clippy::too_many_arguments)]
     pub fn block<D: Backend<Tensor = T>>(&self, dev: &D, layer: &[T], a: &Acts<T>, cache: &T, input: &T, output: &T, dims: DecodeDims) {
         let cfg = &self.cfg;
-        let (n, c, f, eps) = (dims.rows(), cfg.hidden_size, cfg.intermediate_size, cfg.rms_norm_eps as f32);
+        let n = dims.rows();
         debug_assert!(n <= a.rows && dims == decode_dims(cfg, n, dims.past, dims.capacity));
-        let (qw, kvw, qkv_w) = qkv_widths(cfg);
-        let llama::Layer { w, qkv_bias, o_bias, mlp_bias } = llama::Layer::view(cfg, layer);
-        let (qb, kb, vb) = (qkv_bias.as_ref().map(|b| b.q), qkv_bias.as_ref().map(|b| b.k), qkv_bias.as_ref().map(|b| b.v));
-        dev.rmsnorm_forward(&a.ln, &a.rstd, input, w.input_layernorm, n, c, eps);
-        for (weight, bias, col, width) in [(w.q_proj, qb, 0, qw), (w.k_proj, kb, qw, kvw), (w.v_proj, vb, qw + kvw, kvw)] {
-            dev.matmul(&a.qkv, &a.ln, weight, bias, &linear_into(n, c, width, qkv_w, col), false);
-        }
-        let rotated_heads = cfg.num_attention_heads + cfg.num_key_value_heads;
-        dev.rope_at(&a.qkv, &self.inv_freq, dims.past, n, qkv_w, 0, rotated_heads, cfg.head_dim);
-        dev.attention_decode(&a.atty, cache, &a.qkv, dims);
-        dev.matmul(&a.proj, &a.atty, w.o_proj, o_bias.as_ref().map(|b| b.o), &linear_into(n, qw, c, c, 0), false);
-        dev.residual_forward(&a.residual_2, input, &a.proj);
-        dev.rmsnorm_forward(&a.ln, &a.rstd, &a.residual_2, w.post_attention_layernorm, n, c, eps);
-        let (gb, ub, db) = (mlp_bias.as_ref().map(|b| b.gate), mlp_bias.as_ref().map(|b| b.up), mlp_bias.as_ref().map(|b| b.down));
-        dev.matmul(&a.gate_up, &a.ln, w.gate_proj, gb, &linear_into(n, c, f, 2 * f, 0), false);
-        dev.matmul(&a.gate_up, &a.ln, w.up_proj, ub, &linear_into(n, c, f, 2 * f, f), false);
-        dev.swiglu_forward(&a.act, &a.gate_up, n, f);
-        dev.matmul(&a.proj, &a.act, w.down_proj, db, &linear_into(n, f, c, c, 0), false);
-        dev.residual_forward(output, &a.residual_2, &a.proj);
+        let buffers = llama::ForwardBuffers {
+            ln_1: (&a.ln, &a.rstd),
+            qkv: &a.qkv,
+            atty: &a.atty,
+            attn_proj: &a.proj,
+            residual_2: &a.residual_2,
+            ln_2: (&a.ln, &a.rstd),
+            gate_up: &a.gate_up,
+            act: &a.act,
+            down: &a.proj,
+        };
+        let (rotated_heads, (_, _, qkv_w)) = (cfg.num_attention_heads + cfg.num_key_value_heads, qkv_widths(cfg));
+        let attend = |atty: &T, qkv: &T| {
+            dev.rope_at(qkv, &self.inv_freq, dims.past, n, qkv_w, 0, rotated_heads, cfg.head_dim);
+            dev.attention_decode(atty, cache, qkv, dims);
+        };
+        llama::layer_forward_with(dev, cfg, layer, &buffers, input, output, n, attend);
     }
 
     /// The logits (V) of the last of `rows` rows of the last layer's output x.
