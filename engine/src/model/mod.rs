@@ -8,6 +8,7 @@
 pub mod decode;
 pub mod gpt2;
 pub mod llama;
+mod passes;
 mod seam;
 pub mod vocab;
 
