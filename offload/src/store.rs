@@ -215,7 +215,6 @@ mod tests {
     use super::*;
     use std::path::PathBuf;
 
-    use crate::dir_files::io_error;
     use crate::io::{IoConfig, IoEngine};
 
     fn nvme(dir: &Path, verify: bool) -> NvmeDir {
@@ -276,6 +275,7 @@ mod tests {
     #[test]
     #[cfg(target_os = "linux")] // /dev/full is Linux's
     fn a_full_disk_is_named_as_such() {
+        use crate::dir_files::io_error;
         use crate::io::Direction;
         // /dev/full fails every write with ENOSPC.
         for engine in [crate::io::IoEngineKind::Uring, crate::io::IoEngineKind::Threads] {
