@@ -2,7 +2,7 @@
 //! a fixed mask are the derivatives of the masked forward (checked by central differences); the GPU
 //! trains like the cpu device with dropout on; the masks do not depend on the world size (keyed by the
 //! global micro-batch); and dropout really changes the run while `--dropout 0` leaves the golden
-//! trajectory exactly as it was. (Resuming with dropout is bit-identical: tests/checkpoints.rs.)
+//! trajectory exactly as it was. (Resuming with dropout is bit-identical: tests/checkpoints_resume.rs.)
 
 #[macro_use]
 mod common;

@@ -1,6 +1,7 @@
 //! Helpers shared by the engine's integration tests.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod kernel_check;
 pub mod trajectory;
 

@@ -1,0 +1,142 @@
+//! What the `zerostream` binary refuses around checkpoints, by name and before any work: a corrupt
+//! checkpoint (the previous one still resumes), flags that would change a resumed run's meaning, and
+//! `--save` targets that are not free to write.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::cli::{demo_args, stderr, strings, zerostream};
+
+#[test]
+fn corrupt_checkpoints_are_refused_by_name_and_the_previous_one_still_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let out = zerostream(&demo_args(&ck, 3));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (prev, last) = (ck.join("step-00000002"), ck.join("step-00000003"));
+    let resume = |from: &Path| {
+        let mut a = demo_args(&dir.path().join("other"), 4);
+        a.extend(strings(&["--resume", from.to_str().unwrap()]));
+        zerostream(&a)
+    };
+    // (file, how it is damaged, what the refusal says)
+    type Damage = (&'static str, fn(&Path), &'static str);
+    let damage: [Damage; 3] = [
+        (
+            "model.safetensors",
+            |p| {
+                let b = std::fs::read(p).unwrap();
+                std::fs::write(p, &b[..b.len() / 2]).unwrap()
+            },
+            "truncated",
+        ),
+        (
+            "optimizer.rank0.safetensors",
+            |p| {
+                let mut b = std::fs::read(p).unwrap();
+                let i = b.len() - 100;
+                b[i] ^= 0x10;
+                std::fs::write(p, b).unwrap()
+            },
+            "corrupt",
+        ),
+        ("config.json", |p| std::fs::remove_file(p).unwrap(), "missing"),
+    ];
+    for (file, hurt, says) in damage {
+        let copy = dir.path().join("copy");
+        let _ = std::fs::remove_dir_all(&copy);
+        std::fs::create_dir(&copy).unwrap();
+        for e in std::fs::read_dir(&last).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), copy.join(e.file_name())).unwrap();
+        }
+        hurt(&copy.join(file));
+        let out = resume(&copy);
+        let err = stderr(&out);
+        assert!(!out.status.success() && err.contains(file) && err.contains(says), "{file}: {err}");
+    }
+    std::fs::write(last.join("trainer_state.json"), "{ not json").unwrap();
+    let out = resume(&last);
+    assert!(!out.status.success() && stderr(&out).contains("trainer_state.json"), "{}", stderr(&out));
+    let out = resume(&prev);
+    assert!(out.status.success(), "the previous checkpoint resumes: {}", stderr(&out));
+}
+
+#[test]
+fn flags_that_change_a_resumed_runs_meaning_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let out = zerostream(&demo_args(&ck, 2));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let resume_to = |steps: u64, extra: &[&str]| {
+        let mut a = demo_args(&dir.path().join("next"), steps);
+        a.extend(strings(&["--resume", ck.to_str().unwrap()]));
+        a.extend(strings(extra));
+        zerostream(&a)
+    };
+    for (extra, says) in [
+        (&["--lr", "0.1"][..], "--lr 0.1 differs from the checkpoint's 0.002"),
+        (&["--precision", "bf16"][..], "--precision bf16 differs from the checkpoint's fp32"),
+        (&["--weight-decay", "0"][..], "--weight-decay 0.0 differs from the checkpoint's 0.1"),
+        (&["--lr-schedule", "constant"][..], "--lr-schedule constant differs from the checkpoint's cosine"),
+        (&["--grad-accum", "3"][..], "micro-batches per step"),
+        (&["--seed", "5"][..], "--seed 5 differs"),
+        (&["--dropout", "0.2"][..], "--dropout 0.2 differs from the checkpoint's (none)"),
+        (&["--matmul-inputs", "f16"][..], "--matmul-inputs f16 differs from the checkpoint's f32"),
+        (&["--config", "gpt2"][..], "is not the checkpoint's model"),
+    ] {
+        let out = resume_to(4, extra);
+        assert!(!out.status.success() && stderr(&out).contains(says), "{extra:?}: {}", stderr(&out));
+    }
+    let other = dir.path().join("other.bin");
+    std::fs::write(&other, [7u8, 0].repeat(2000)).unwrap();
+    let out = resume_to(4, &["--data", other.to_str().unwrap()]);
+    assert!(!out.status.success() && stderr(&out).contains("resume on the same data"), "{}", stderr(&out));
+    // A checkpoint already at --steps is a finished run: done at once, not an error (tests/cli_ux.rs).
+    let out = resume_to(2, &[]);
+    assert!(out.status.success() && stderr(&out).contains("nothing left to train"), "{}", stderr(&out));
+    // Harmless ones may change: more steps, another cadence.
+    let out = resume_to(3, &["--zero-stage", "3"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn save_targets_are_checked_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let busy = dir.path().join("busy");
+    std::fs::create_dir(&busy).unwrap();
+    std::fs::write(busy.join("notes.txt"), "mine").unwrap();
+    let run = |save: &Path| {
+        zerostream(&strings(&[
+            "train",
+            "--device",
+            "cpu",
+            "--steps",
+            "1",
+            "--batch-size",
+            "1",
+            "--seq-len",
+            "8",
+            "--sample-tokens",
+            "0",
+            "--save",
+            save.to_str().unwrap(),
+        ]))
+    };
+    let out = run(&busy);
+    assert!(!out.status.success() && stderr(&out).contains("notes.txt"), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(busy.join("notes.txt")).unwrap(), "mine");
+    let out = run(Path::new("/dev/null/model"));
+    assert!(!out.status.success() && stderr(&out).contains("--save /dev/null/model"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("step "), "refused before training: {}", stderr(&out));
+    // Saving twice into the same directory replaces the model, leaving no partial directory behind.
+    let model = dir.path().join("model");
+    for _ in 0..2 {
+        let out = run(&model);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    zerostream_checkpoints::HfModel::open(&model).unwrap();
+    let names: Vec<PathBuf> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    assert!(names.iter().all(|p| !p.to_string_lossy().ends_with(".partial")), "{names:?}");
+}

@@ -1,0 +1,222 @@
+//! Resuming from a checkpoint through the `zerostream` binary equals not stopping: 10 steps straight
+//! and 5 + resume + 5 give bit-identical metrics and checkpoints (both devices, every precision, RAM
+//! and NVMe, GPT-2 and Llama); a checkpoint resumed at another world size stays on the golden
+//! trajectory; and `eval`, which streams a saved model block by block, gives the golden loss.
+
+mod common;
+
+use common::cli::{assert_same_checkpoint, path, stderr, strings, trajectory, zerostream};
+
+/// The tiny golden model `name` and its tokens, with a cosine schedule whose warm-up ends mid-run.
+fn golden_args(name: &str, extra: &[&str]) -> Vec<String> {
+    let g = common::trajectory::golden_dir(name);
+    let mut a = strings(&[
+        "train",
+        "--model",
+        g.join("model").to_str().unwrap(),
+        "--data",
+        g.join("tokens.bin").to_str().unwrap(),
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--grad-accum",
+        "2",
+        "--lr",
+        "1e-3",
+        "--lr-schedule",
+        "cosine",
+        "--warmup-steps",
+        "4",
+        "--min-lr",
+        "1e-4",
+        "--sample-tokens",
+        "0",
+    ]);
+    a.extend(strings(extra));
+    a
+}
+
+/// Trains 10 steps straight, and 5 + 5 with a resume between, with `extra` flags; asserts the metrics
+/// and the final checkpoints are identical.
+fn check_resume_equality(label: &str, extra: &[&str]) {
+    check_resume_equality_of("gpt2-tiny-accum", label, extra)
+}
+
+fn check_resume_equality_of(golden: &str, label: &str, extra: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |n: &str| dir.path().join(n);
+    let with = |more: &[&str]| {
+        let mut a = golden_args(golden, extra);
+        a.extend(strings(more));
+        a
+    };
+    // One run: to `steps`, checkpointing into run `name`'s directory, resuming from it if asked.
+    let leg = |name: &str, steps: &str, resume: bool| {
+        let (ck, metrics, nvme) = (path(&d(name)), path(&d(&format!("{name}.jsonl"))), path(&d(&format!("nvme-{name}"))));
+        let mut args = vec!["--steps", steps, "--checkpoint-dir", &ck, "--metrics", &metrics, "--nvme-dir", &nvme];
+        if resume {
+            args.extend(["--resume", &ck]);
+        }
+        let out = zerostream(&with(&args));
+        assert!(out.status.success(), "[{label}] {}", stderr(&out));
+        out
+    };
+    leg("a", "10", false);
+    leg("b", "5", false);
+    // --steps counts from the start; the settings (schedule length included) come from the flags,
+    // which must agree with the checkpoint's.
+    let second = leg("b", "10", true);
+    assert!(stderr(&second).contains("resumed from"), "{}", stderr(&second));
+    let (a, b) = (trajectory(&d("a.jsonl")), trajectory(&d("b.jsonl")));
+    assert_eq!(a.len(), 10);
+    assert_eq!(a, b, "[{label}] losses and gradient norms, bit for bit");
+    assert_same_checkpoint(&d("a").join("step-00000010"), &d("b").join("step-00000010"), label);
+    eprintln!("[{label}] 10 steps == 5 + resume + 5: losses, norms, weights, moments and counters bit-identical");
+}
+
+#[test]
+fn resuming_equals_not_stopping_on_the_cpu_device() {
+    check_resume_equality("cpu fp32 ram", &["--device", "cpu"]);
+    check_resume_equality(
+        "cpu bf16 nvme",
+        &["--device", "cpu", "--precision", "bf16", "--offload-optimizer", "nvme", "--offload-params", "nvme"],
+    );
+    check_resume_equality("cpu fp16 ram", &["--device", "cpu", "--precision", "fp16"]);
+    // A resumed run draws the masks the uninterrupted one would have, recomputed activations too.
+    check_resume_equality("cpu dropout recompute", &["--device", "cpu", "--dropout", "0.1", "--recompute"]);
+}
+
+#[test]
+fn resuming_a_llama_equals_not_stopping() {
+    check_resume_equality_of(
+        "llama-tiny",
+        "llama cpu bf16 nvme",
+        &["--device", "cpu", "--precision", "bf16", "--offload-optimizer", "nvme"],
+    );
+    if common::gpu_or_skip("resuming_a_llama_equals_not_stopping (gpu)").is_some() {
+        check_resume_equality_of("llama-tiny", "llama gpu fp32 two ranks", &["--device", "gpu", "--world-size", "2", "--zero-stage", "3"]);
+    }
+}
+
+#[test]
+fn resuming_equals_not_stopping_on_the_gpu() {
+    if common::gpu_or_skip("resuming_equals_not_stopping_on_the_gpu").is_none() {
+        return;
+    }
+    check_resume_equality("gpu fp32 nvme", &["--device", "gpu", "--offload-optimizer", "nvme"]);
+    check_resume_equality("gpu bf16 ram dropout", &["--device", "gpu", "--precision", "bf16", "--dropout", "0.1"]);
+    check_resume_equality("gpu fp16 nvme", &["--device", "gpu", "--precision", "fp16", "--offload-params", "nvme"]);
+}
+
+/// The golden contract's run (gpt2-tiny-accum: 8 steps of 2 micro-batches) split at step 4 between two
+/// world sizes: the resumed trajectory stays within the golden tolerances.
+#[test]
+fn a_checkpoint_resumes_at_another_world_size_on_the_golden_trajectory() {
+    let golden = common::trajectory::Golden::load("gpt2-tiny-accum");
+    let g = common::trajectory::golden_dir("gpt2-tiny-accum");
+    let (want_loss, want_norm) = (golden.f64("trajectory.loss"), golden.f64("trajectory.grad_norm"));
+    for (before, after) in [(("2", "1", "3"), ("1", "2")), (("1", "2", "2"), ("2", "1"))] {
+        let dir = tempfile::tempdir().unwrap();
+        let (ck, metrics) = (dir.path().join("ck"), dir.path().join("m.jsonl"));
+        let base = |steps: &str| {
+            strings(&[
+                "train",
+                "--device",
+                "cpu",
+                "--batch-size",
+                "4",
+                "--seq-len",
+                "16",
+                "--lr",
+                "1e-3",
+                "--lr-schedule",
+                "constant",
+                "--warmup-steps",
+                "0",
+                "--beta2",
+                "0.95",
+                "--weight-decay",
+                "0.1",
+                "--grad-clip",
+                "0.5",
+                "--sample-tokens",
+                "0",
+                "--data",
+                g.join("tokens.bin").to_str().unwrap(),
+                "--steps",
+                steps,
+                "--checkpoint-dir",
+                ck.to_str().unwrap(),
+                "--metrics",
+                metrics.to_str().unwrap(),
+            ])
+        };
+        let mut a = base("4");
+        a.extend(strings(&[
+            "--model",
+            g.join("model").to_str().unwrap(),
+            "--world-size",
+            before.0,
+            "--grad-accum",
+            before.1,
+            "--zero-stage",
+            before.2,
+        ]));
+        let out = zerostream(&a);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let mut b = base("8");
+        b.extend(strings(&["--resume", ck.to_str().unwrap(), "--world-size", after.0, "--zero-stage", "3"]));
+        let out = zerostream(&b);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let rows = trajectory(&metrics);
+        assert_eq!(rows.len(), 8);
+        for (s, &(step, loss, norm)) in rows.iter().enumerate() {
+            assert_eq!(step, s as u64);
+            let (loss, norm) = (f64::from_bits(loss), f64::from_bits(norm));
+            let le = (loss - want_loss[s]).abs() / want_loss[s].abs();
+            let ne = (norm - want_norm[s]).abs() / want_norm[s].abs();
+            assert!(
+                le < 1e-5 && ne < 1e-4,
+                "world {} -> {}: step {s}: loss {loss} vs {} ({le:.2e}), norm {norm} vs {} ({ne:.2e})",
+                before.0,
+                after.0,
+                want_loss[s],
+                want_norm[s]
+            );
+        }
+        eprintln!("world {} (stage {}) -> world {}: 8 steps within the golden tolerances", before.0, before.2, after.0);
+    }
+}
+
+/// `eval` streams the model block by block; its loss is the golden's first-step loss (the same model,
+/// micro-batch 0) on both devices.
+#[test]
+fn streamed_eval_gives_the_golden_loss() {
+    let golden = common::trajectory::Golden::load("gpt2-tiny");
+    let g = common::trajectory::golden_dir("gpt2-tiny");
+    let want = golden.f64("trajectory.loss")[0];
+    let mut devices = vec!["cpu"];
+    if common::gpu_or_skip("streamed_eval_gives_the_golden_loss (gpu)").is_some() {
+        devices.push("gpu");
+    }
+    for device in devices {
+        let out = zerostream(&strings(&[
+            "eval",
+            "--device",
+            device,
+            "--model",
+            g.join("model").to_str().unwrap(),
+            "--data",
+            g.join("tokens.bin").to_str().unwrap(),
+            "--batch-size",
+            "4",
+            "--seq-len",
+            "16",
+        ]));
+        assert!(out.status.success(), "{}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let loss = v["loss"].as_f64().unwrap();
+        assert!((loss - want).abs() / want < 1e-5, "{device}: eval loss {loss}, golden {want}");
+    }
+}

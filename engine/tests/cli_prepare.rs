@@ -1,0 +1,116 @@
+//! `zerostream prepare` end to end and the token files it writes: GPT-2's tokenizer or a Hugging Face
+//! `tokenizer.json` (uint32 ids above 65535), documents split with a held-out validation file, and raw
+//! uint32 token files training like the uint16 original.
+
+mod common;
+
+use common::cli::{stderr, zerostream};
+
+#[test]
+fn prepare_writes_a_token_file_train_can_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, "To be, or not to be, that is the question.").unwrap();
+    let tokens = dir.path().join("t.bin");
+    let out = zerostream(&["prepare", "--text", text.to_str().unwrap(), "--out", tokens.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let file = zerostream_checkpoints::TokenFile::open(&tokens).unwrap();
+    assert_eq!(file.get(0), 2514, "GPT-2's id for \"To\"");
+}
+
+#[test]
+fn raw_uint32_token_files_train_like_the_uint16_original() {
+    let dir = tempfile::tempdir().unwrap();
+    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny");
+    let original = zerostream_checkpoints::TokenFile::open(std::path::Path::new(&format!("{golden}/tokens.bin"))).unwrap();
+    let raw = dir.path().join("tokens.u32");
+    let words: Vec<u8> = (0..original.len).flat_map(|i| original.get(i).to_le_bytes()).collect();
+    std::fs::write(&raw, words).unwrap();
+    let losses = |data: &str, dtype: &str| {
+        let metrics = dir.path().join(format!("{dtype}.jsonl"));
+        let model = format!("{golden}/model");
+        let out = zerostream(&[
+            "train",
+            "--device",
+            "cpu",
+            "--model",
+            &model,
+            "--data",
+            data,
+            "--data-dtype",
+            dtype,
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "8",
+            "--sample-tokens",
+            "0",
+            "--metrics",
+            metrics.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        std::fs::read_to_string(&metrics)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"].clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(losses(&format!("{golden}/tokens.bin"), "u16"), losses(raw.to_str().unwrap(), "u32"));
+}
+
+#[test]
+fn prepare_tokenises_with_a_hugging_face_tokenizer_json() {
+    let dir = tempfile::tempdir().unwrap();
+    // A word-level tokenizer.json as transformers' tokenizers library writes one; "not" has an id above
+    // 65535, so the file must be written in llm.c's uint32 (Llama-3) format.
+    let tokenizer = dir.path().join("tokenizer.json");
+    std::fs::write(
+        &tokenizer,
+        r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
+            "pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
+            "model":{"type":"WordLevel","vocab":{"[UNK]":0,"to":1,"be":2,"or":3,"not":70000},"unk_token":"[UNK]"}}"#,
+    )
+    .unwrap();
+    let text = dir.path().join("hamlet.txt");
+    std::fs::write(&text, "to be or not to be that").unwrap();
+    let out = dir.path().join("tokens.bin");
+    let run = zerostream(&[
+        "prepare",
+        "--text",
+        text.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--tokenizer",
+        tokenizer.to_str().unwrap(),
+    ]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    let file = zerostream_checkpoints::TokenFile::open(&out).unwrap();
+    assert_eq!(file.width, zerostream_checkpoints::TokenWidth::U32);
+    assert_eq!((0..file.len).map(|i| file.get(i)).collect::<Vec<_>>(), vec![1, 2, 3, 70000, 1, 2, 0]);
+    let bad = zerostream(&["prepare", "--text", text.to_str().unwrap(), "--out", out.to_str().unwrap(), "--tokenizer", "nonesuch.json"]);
+    assert!(!bad.status.success() && stderr(&bad).contains("nonesuch.json"), "{}", stderr(&bad));
+}
+
+#[test]
+fn prepare_splits_documents_and_holds_out_a_validation_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("docs.txt");
+    let docs: Vec<String> = (0..10).map(|i| format!("Document number {i} says hello.")).collect();
+    std::fs::write(&text, docs.join("\n\n")).unwrap();
+    let out = dir.path().join("docs.bin");
+    let run = zerostream(&["prepare", "--text", text.to_str().unwrap(), "--out", out.to_str().unwrap(), "--val-fraction", "0.2"]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    let read = |p: &std::path::Path| {
+        let f = zerostream_checkpoints::TokenFile::open(p).unwrap();
+        (0..f.len).map(|i| f.get(i)).collect::<Vec<u32>>()
+    };
+    let (train, val) = (read(&out), read(&dir.path().join("docs.val.bin")));
+    // GPT-2's <|endoftext|> between documents: 8 training documents, 2 held out.
+    assert_eq!(train.iter().filter(|&&t| t == 50256).count(), 7);
+    assert_eq!(val.iter().filter(|&&t| t == 50256).count(), 1);
+    assert!(stderr(&run).contains("2 held-out documents"), "{}", stderr(&run));
+    let bad = zerostream(&["prepare", "--text", text.to_str().unwrap(), "--out", out.to_str().unwrap(), "--val-fraction", "1.5"]);
+    assert!(!bad.status.success() && stderr(&bad).contains("--val-fraction 1.5"), "{}", stderr(&bad));
+}

@@ -1,0 +1,144 @@
+//! The `zerostream` binary's refusals of bad input, naming the flag and the numbers, before any work
+//! where it can: impossible budgets and missing directories, hyperparameters out of range, a metrics
+//! file over an input, `--data` that is not a regular file, a run too big for the RAM or the NVMe disk,
+//! and a diverged run.
+
+mod common;
+
+use std::process::Command;
+
+use common::cli::{stderr, zerostream};
+
+#[test]
+fn bad_input_is_refused_with_the_flag_and_the_numbers() {
+    let out = zerostream(&["train", "--device", "cpu", "--gpu-mem-budget", "1MiB"]);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("--gpu-mem-budget") && err.contains("cannot hold the minimum"), "{err}");
+    let out = zerostream(&["train", "--device", "cpu", "--offload-optimizer", "nvme"]);
+    assert!(!out.status.success() && stderr(&out).contains("--nvme-dir"), "{}", stderr(&out));
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny/tokens.bin");
+    let out = zerostream(&["train", "--device", "cpu", "--config", "gpt3", "--data", data]);
+    assert!(!out.status.success() && stderr(&out).contains("gpt3"), "{}", stderr(&out));
+    let out = zerostream(&["train", "--device", "cpu", "--offload-params", "nvme", "--nvme-dir", "/proc/nonexistent/dir"]);
+    assert!(!out.status.success() && stderr(&out).contains("/proc/nonexistent/dir"), "{}", stderr(&out));
+}
+
+#[test]
+fn hyperparameters_out_of_range_and_metrics_over_an_input_are_refused_before_any_work() {
+    for (flag, value) in [
+        ("--lr", "nan"),
+        ("--lr", "-1"),
+        ("--beta1", "1"),
+        ("--beta2", "2"),
+        ("--eps", "0"),
+        ("--weight-decay", "-100"),
+        ("--grad-clip", "inf"),
+    ] {
+        let out = zerostream(&["train", "--device", "cpu", "--steps", "1", &format!("{flag}={value}")]);
+        let err = stderr(&out);
+        assert!(!out.status.success() && err.contains(flag) && err.contains("must be"), "{flag} {value}: {err}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("tokens.bin");
+    std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny/tokens.bin"), &data).unwrap();
+    let before = std::fs::read(&data).unwrap();
+    let d = data.to_str().unwrap();
+    let out = zerostream(&["train", "--device", "cpu", "--config", "gpt2", "--data", d, "--metrics", d]);
+    assert!(!out.status.success() && stderr(&out).contains("is the input"), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&data).unwrap(), before, "the data file is untouched");
+    // A pipe or a directory as --data is refused at once (a pipe would block the open).
+    let fifo = dir.path().join("fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    for path in [fifo.to_str().unwrap(), dir.path().to_str().unwrap()] {
+        let out = zerostream(&["train", "--device", "cpu", "--config", "gpt2", "--data", path, "--steps", "1"]);
+        assert!(!out.status.success() && stderr(&out).contains("not a regular file"), "{path}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn a_diverged_run_stops_with_an_error_after_a_few_skipped_steps() {
+    // lr 1e30 sends the weights to infinity in one update; every later step's gradients are non-finite.
+    let out = zerostream(&[
+        "train",
+        "--device",
+        "cpu",
+        "--steps",
+        "20",
+        "--batch-size",
+        "1",
+        "--seq-len",
+        "16",
+        "--lr",
+        "1e30",
+        "--warmup-steps",
+        "0",
+        "--lr-schedule",
+        "constant",
+        "--grad-clip",
+        "0",
+        "--sample-tokens",
+        "0",
+    ]);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("were all skipped") && err.contains("diverged"), "{err}");
+}
+
+#[test]
+fn a_run_too_big_for_this_machines_ram_is_refused_before_any_work() {
+    // 64 in-process ranks of GPT-2 1.5B at stage 1 would need about 800 GB of RAM.
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny/tokens.bin");
+    let out = zerostream(&[
+        "train",
+        "--device",
+        "cpu",
+        "--config",
+        "gpt2-xl",
+        "--data",
+        data,
+        "--world-size",
+        "64",
+        "--zero-stage",
+        "1",
+        "--steps",
+        "1",
+    ]);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("host RAM") && err.contains("GiB is available"), "{err}");
+}
+
+#[test]
+fn a_run_too_big_for_its_nvme_disk_is_refused_before_any_work() {
+    // A GPT-2 of 15000 blocks of width 2048 (755B parameters): ~12.7 TiB of state on NVMe, more than any
+    // disk a test runs on; its RAM need (the groups paged in) is small.
+    let dir = tempfile::tempdir().unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../benches/scale/gpt2-3b.json")).unwrap())
+            .unwrap();
+    config["n_layer"] = 15000.into();
+    let config_path = dir.path().join("huge.json");
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let nvme = dir.path().join("nvme");
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny/tokens.bin");
+    let out = zerostream(&[
+        "train",
+        "--device",
+        "cpu",
+        "--config",
+        config_path.to_str().unwrap(),
+        "--data",
+        data,
+        "--precision",
+        "bf16",
+        "--offload-optimizer",
+        "nvme",
+        "--offload-params",
+        "nvme",
+        "--nvme-dir",
+        nvme.to_str().unwrap(),
+        "--steps",
+        "1",
+    ]);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("--nvme-dir") && err.contains("GiB free"), "{err}");
+    assert!(!nvme.exists(), "nothing was written before the refusal");
+}
