@@ -2,7 +2,8 @@
 //! variant the adapter can run, and odd row counts that are no candidate (5, 12 and 1 rows, whose
 //! blocks straddle key tiles), gives the default variant's bits forward and backward, at awkward sizes
 //! (T of no multiple of any tile, head dims of part of a chunk, grouped heads, dropout, an explicit
-//! scale), also split across 64 KiB bindings; the default is held to the twin. Then the tuning table's
+//! scale), also split across 64 KiB bindings; the default is held to the twin. Decode against a
+//! key/value cache, fed in pieces, gives the forward's bits in every variant. Then the tuning table's
 //! choice per shape class, and `zerostream tune` / `devices` through the binary.
 
 mod common;
@@ -14,7 +15,7 @@ use common::kernel_check::tensor;
 use common::{assert_close, gpu_or_skip, random};
 use zerostream::device::attention_tuning::{AttentionClass, AttentionTable};
 use zerostream::device::matmul_tuning::TableSource;
-use zerostream::device::{AttentionDims, Backend, DropoutMask, GpuDevice};
+use zerostream::device::{AttentionDims, Backend, DecodeDims, DropoutMask, GpuDevice};
 use zerostream::ops::attention as twin;
 use zerostream_shaders::{AttentionPass, AttentionTile};
 
@@ -128,6 +129,46 @@ fn every_variant_gives_the_default_bits() {
     for v in [AttentionTile::DEFAULT, AttentionTile { rows: 8 }, AttentionTile { rows: 12 }] {
         small.force_attention_variant(Some(v)).unwrap();
         assert_same_bits(&format!("{v} with 64 KiB bindings"), &outputs(&small, &SMALL), &reference);
+    }
+}
+
+/// Each single-sequence case without dropout fed through `attention_decode` in pieces (a prompt, a row,
+/// a row, the rest) into a cache with room to spare: every piece's rows are the forward's, bit for bit,
+/// in every variant, also with the new rows split across 64 KiB bindings; the cache holds each row's k
+/// and v.
+#[test]
+fn decode_against_the_cache_gives_the_forward_bits_in_every_variant() {
+    let Some(gpu) = gpu_or_skip("decode_against_the_cache_gives_the_forward_bits_in_every_variant") else { return };
+    let mut small = gpu_or_skip("decode_against_the_cache_gives_the_forward_bits_in_every_variant").unwrap();
+    small.limit_binding_bytes_for_tests(64 << 10);
+    for i in [0, 3, 5, 6] {
+        let full = AttentionDims { dropout: None, ..dims(i) };
+        let t = full.seq_len;
+        let qkv = random(500 + i as u64, t * full.qkv_width(), 1.5);
+        gpu.force_attention_variant(Some(AttentionTile::DEFAULT)).unwrap();
+        let (out, lse) = (gpu.alloc(t * full.out_width(), "out").unwrap(), gpu.alloc(full.stat_len(), "lse").unwrap());
+        gpu.attention_forward(&out, &lse, &tensor(&gpu, &qkv), full);
+        let want = gpu.read(&out);
+        for (dev, v) in variants(&gpu).into_iter().map(|v| (&gpu, v)).chain([(&small, AttentionTile::DEFAULT)]) {
+            dev.force_attention_variant(Some(v)).unwrap();
+            let capacity = t + 3;
+            let cache = tensor(dev, &vec![f32::NAN; capacity * 2 * full.kv_width()]);
+            let cuts = [0, t / 3, t / 3 + 1, t / 3 + 2, t].map(|c| c.min(t));
+            for w in cuts.windows(2).filter(|w| w[1] > w[0]) {
+                let (past, n) = (w[0], w[1] - w[0]);
+                let d = DecodeDims::new(AttentionDims { seq_len: n, ..full }, past, capacity);
+                let got = dev.alloc(n * full.out_width(), "decode out").unwrap();
+                dev.attention_decode(&got, &cache, &tensor(dev, &qkv[past * full.qkv_width()..][..n * full.qkv_width()]), d);
+                let label = format!("{:?}, {v}, rows {past}..{}", CASES[i], past + n);
+                let rows = vec![(label.clone(), want[past * full.out_width()..][..n * full.out_width()].to_vec())];
+                assert_same_bits(&label, &[(label.clone(), dev.read(&got))], &rows);
+            }
+            let cached = dev.read(&cache);
+            for r in 0..t {
+                let kv = &qkv[r * full.qkv_width() + full.q_width()..][..2 * full.kv_width()];
+                assert_eq!(&cached[r * 2 * full.kv_width()..][..2 * full.kv_width()], kv, "{:?}, {v}: cache row {r}", CASES[i]);
+            }
+        }
     }
 }
 

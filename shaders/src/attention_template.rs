@@ -1,6 +1,8 @@
-//! The training attention kernels' variants: `wgsl/attention_forward.wgsl` and
-//! `wgsl/attention_backward.wgsl`, with `wgsl/common/attention_tiles.wgsl`, are templates whose holes
-//! (names in double braces) this module fills from an [`AttentionTile`].
+//! The attention kernels' variants: `wgsl/attention_forward.wgsl`, `wgsl/attention_backward.wgsl` and
+//! `wgsl/attention_decode.wgsl`, with `wgsl/common/attention_tiles.wgsl`, are templates whose holes
+//! (names in double braces) this module fills from an [`AttentionTile`]. The forward and the decode
+//! kernel share one online-softmax loop (`wgsl/common/attention_rows.wgsl`), so generation with a
+//! key/value cache gives the full forward's bits.
 //!
 //! Only what leaves every output element's arithmetic unchanged varies: how many tile rows (queries,
 //! or keys for dk and dv) one workgroup takes, and so how many invocations it has. The key tile (32
@@ -21,8 +23,11 @@ const COMMON: &str = concat!(
     include_str!("../wgsl/common/attention_params.wgsl"),
     include_str!("../wgsl/common/attention_tiles.wgsl")
 );
+/// The online-softmax walk over key tiles, which the forward and the decode kernel both run.
+const ROWS_LOOP: &str = include_str!("../wgsl/common/attention_rows.wgsl");
 const FORWARD: &str = include_str!("../wgsl/attention_forward.wgsl");
 const BACKWARD: &str = include_str!("../wgsl/attention_backward.wgsl");
+const DECODE: &str = include_str!("../wgsl/attention_decode.wgsl");
 
 /// Which of the two templated kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -48,12 +53,26 @@ impl AttentionPass {
         Self::ALL.into_iter().find(|p| p.name() == name)
     }
 
-    fn template(&self) -> (&'static str, &'static str) {
+    fn template(&self) -> Template {
         match self {
-            AttentionPass::Forward => ("attention_forward", FORWARD),
-            AttentionPass::Backward => ("attention_backward", BACKWARD),
+            AttentionPass::Forward => Template::FORWARD,
+            AttentionPass::Backward => Template::BACKWARD,
         }
     }
+}
+
+/// One templated kernel file: its name, its text, and whether it runs the shared online-softmax loop.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct Template {
+    name: &'static str,
+    text: &'static str,
+    rows_loop: bool,
+}
+
+impl Template {
+    const FORWARD: Template = Template { name: "attention_forward", text: FORWARD, rows_loop: true };
+    const BACKWARD: Template = Template { name: "attention_backward", text: BACKWARD, rows_loop: false };
+    const DECODE: Template = Template { name: "attention_decode", text: DECODE, rows_loop: true };
 }
 
 /// One variant of the training attention kernels.
@@ -120,26 +139,42 @@ impl AttentionTile {
     /// The pass's WGSL for this variant: the helpers and the kernel with their holes filled. Panics on a
     /// variant that fails [`Self::check`] (callers check first; the candidates all pass, tested).
     pub fn source(&self, pass: AttentionPass) -> String {
+        self.render(pass.template())
+    }
+
+    fn render(&self, template: Template) -> String {
         self.check().unwrap_or_else(|e| panic!("attention variant {}: {e}", self.name()));
-        let (file, kernel) = pass.template();
         let holes = HashMap::from([("ROWS", self.rows.to_string()), ("LANES", self.workgroup_size().to_string())]);
-        crate::fill_holes(COMMON, "common/attention_tiles.wgsl", &holes) + &crate::fill_holes(kernel, file, &holes)
+        let rows_loop = if template.rows_loop { ROWS_LOOP } else { "" };
+        crate::fill_holes(COMMON, "common/attention_tiles.wgsl", &holes)
+            + rows_loop
+            + &crate::fill_holes(template.text, template.name, &holes)
     }
 
     /// The pass's kernel for this variant (rendered once per process and kept: the engine's pipeline
     /// cache keys on the name, `attention_forward rows32`).
     pub fn kernel(&self, pass: AttentionPass) -> Kernel {
-        static RENDERED: OnceLock<Mutex<HashMap<(AttentionPass, AttentionTile), Kernel>>> = OnceLock::new();
+        self.kernel_of(pass.template())
+    }
+
+    /// The decode kernel (`append`, then `main`: new rows against a key/value cache) for this variant.
+    /// Its workgroup memory is the forward's.
+    pub fn decode_kernel(&self) -> Kernel {
+        self.kernel_of(Template::DECODE)
+    }
+
+    fn kernel_of(&self, template: Template) -> Kernel {
+        static RENDERED: OnceLock<Mutex<HashMap<(&'static str, AttentionTile), Kernel>>> = OnceLock::new();
         let mut map = RENDERED.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-        *map.entry((pass, *self)).or_insert_with(|| Kernel {
-            name: Box::leak(format!("{} {}", pass.template().0, self.name()).into_boxed_str()),
-            source: Box::leak(self.source(pass).into_boxed_str()),
+        *map.entry((template.name, *self)).or_insert_with(|| Kernel {
+            name: Box::leak(format!("{} {}", template.name, self.name()).into_boxed_str()),
+            source: Box::leak(self.render(template).into_boxed_str()),
         })
     }
 
-    /// Every candidate's kernels for both passes (validation, compile checks).
+    /// Every candidate's kernels: both training passes and decode (validation, compile checks).
     pub fn all_kernels() -> Vec<Kernel> {
-        Self::CANDIDATES.iter().flat_map(|t| AttentionPass::ALL.map(|p| t.kernel(p))).collect()
+        Self::CANDIDATES.iter().flat_map(|t| AttentionPass::ALL.map(|p| t.kernel(p)).into_iter().chain([t.decode_kernel()])).collect()
     }
 }
 
@@ -173,12 +208,13 @@ mod tests {
     /// The default's rendering is the hand-written kernel's: 32 rows, 256 lanes, no hole left.
     #[test]
     fn default_rendering_has_the_expected_shape() {
-        for pass in AttentionPass::ALL {
-            let src = AttentionTile::DEFAULT.source(pass);
+        for template in [Template::FORWARD, Template::BACKWARD, Template::DECODE] {
+            let src = AttentionTile::DEFAULT.render(template);
             assert!(!src.contains("{{"), "a hole left unfilled");
             assert!(src.contains("const ROWS: u32 = 32u;") && src.contains("const LANES: u32 = 256u;"));
             assert!(src.contains("@workgroup_size(256, 1, 1)") && !src.contains("BLOCK"));
-            let small = AttentionTile { rows: 5 }.source(pass);
+            assert_eq!(src.contains("fn attend_rows("), template.rows_loop, "{}", template.name);
+            let small = AttentionTile { rows: 5 }.render(template);
             assert!(small.contains("const ROWS: u32 = 5u;") && small.contains("@workgroup_size(40, 1, 1)"));
         }
     }

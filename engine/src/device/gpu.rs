@@ -118,8 +118,8 @@ pub struct GpuDevice {
     busy: Option<BusyClock>,
 }
 
-/// The largest Params any kernel takes, in bytes.
-const MAX_PARAMS_BYTES: usize = 64;
+/// The largest Params any kernel takes, in bytes (the attention kernels': 20 words).
+const MAX_PARAMS_BYTES: usize = 80;
 
 impl GpuDevice {
     /// Opens an adapter: `selector` is an index or a case-insensitive substring of the name, as listed by
@@ -172,7 +172,8 @@ impl GpuDevice {
         .with_context(|| format!("opening adapter {:?}", summary.name))?;
         let align_elems = limits.min_storage_buffer_offset_alignment as usize / 4;
         let max_window_elems = (limits.max_storage_buffer_binding_size as usize / 4).saturating_sub(align_elems);
-        let uniform_slot_bytes = (limits.min_uniform_buffer_offset_alignment as usize).max(MAX_PARAMS_BYTES);
+        // Each pass's slot starts at a multiple of the uniform offset alignment.
+        let uniform_slot_bytes = MAX_PARAMS_BYTES.next_multiple_of(limits.min_uniform_buffer_offset_alignment as usize);
         let matmul_placeholder = matmul::placeholder_vec4_buffer(&device);
         let (matmul_table, table_problem) = MatmulTable::load(&summary);
         let (attention_table, attention_problem) = AttentionTable::load(&summary);

@@ -17,21 +17,48 @@ use crate::device::attention_tuning::{AttentionClass, AttentionTable};
 use crate::ops::attention::MAX_GRID_DIM;
 use zerostream_shaders::{AttentionPass, AttentionTile};
 
-/// The Params of both attention kernels: dimensions, scale, the offsets of the qkv-, out- and
-/// statistics-shaped windows, the qkv row's width and part starts, the first batch of this piece, and
-/// the dropout mask on the probabilities (threshold 0: none).
-fn attention_params(d: AttentionDims, qkv: &Window<'_>, out: &Window<'_>, stat: &Window<'_>, batch_base: usize) -> [u32; 16] {
-    let [t, heads, group, hd, qkv_width, k_start, v_start, batch_base] =
-        [d.seq_len, d.heads, d.group(), d.head_dim, d.qkv_width(), d.q_width(), d.q_width() + d.kv_width(), batch_base].map(|n| n as u32);
-    let (key, threshold, drop_scale) = d.dropout.map_or(([0, 0], 0, 1.0f32), |m| (m.key, m.threshold, m.scale));
-    let (scale, drop_scale) = (d.scale.to_bits(), drop_scale.to_bits());
-    let (qkv_off, out_off, stat_off) = (qkv.elem_offset, out.elem_offset, stat.elem_offset);
-    [t, heads, group, hd, scale, qkv_off, out_off, stat_off, qkv_width, k_start, v_start, batch_base, key[0], key[1], threshold, drop_scale]
+/// The Params of the attention kernels (common/attention_params.wgsl): dimensions, scale, the offsets
+/// of the qkv-, out- and statistics-shaped windows, the qkv row's width and part starts, the first
+/// batch of this piece, the dropout mask on the probabilities (threshold 0: none), and decode's rows
+/// already cached and cache window (0 in training).
+pub(super) struct AttentionParams {
+    pub dims: AttentionDims,
+    pub qkv_off: u32,
+    pub out_off: u32,
+    pub stat_off: u32,
+    pub batch_base: usize,
+    pub past: usize,
+    pub cache_off: u32,
+}
+
+impl AttentionParams {
+    /// Training's: no cache.
+    fn training(d: AttentionDims, qkv: &Window<'_>, out: &Window<'_>, stat: &Window<'_>, batch_base: usize) -> Self {
+        let (qkv_off, out_off, stat_off) = (qkv.elem_offset, out.elem_offset, stat.elem_offset);
+        AttentionParams { dims: d, qkv_off, out_off, stat_off, batch_base, past: 0, cache_off: 0 }
+    }
+
+    /// The uniform's words, in the struct's order. `seq_len` is the positions the rows see: the
+    /// sequence, or decode's cached and new rows together.
+    pub fn words(&self) -> [u32; 20] {
+        let d = self.dims;
+        let seq_len = self.past + d.seq_len;
+        let [t, heads, group, hd, qkv_width, k_start, v_start, batch_base, past] =
+            [seq_len, d.heads, d.group(), d.head_dim, d.qkv_width(), d.q_width(), d.q_width() + d.kv_width(), self.batch_base, self.past]
+                .map(|n| n as u32);
+        let (key, threshold, drop_scale) = d.dropout.map_or(([0, 0], 0, 1.0f32), |m| (m.key, m.threshold, m.scale));
+        let (scale, drop_scale) = (d.scale.to_bits(), drop_scale.to_bits());
+        let (qkv_off, out_off, stat_off, cache_off) = (self.qkv_off, self.out_off, self.stat_off, self.cache_off);
+        [
+            t, heads, group, hd, scale, qkv_off, out_off, stat_off, qkv_width, k_start, v_start, batch_base, key[0], key[1], threshold,
+            drop_scale, past, cache_off, 0, 0,
+        ]
+    }
 }
 
 impl GpuDevice {
     /// Whether this adapter can run `tile` for both passes (workgroup memory and invocations).
-    fn can_run_attention(&self, tile: &AttentionTile) -> bool {
+    pub(super) fn can_run_attention(&self, tile: &AttentionTile) -> bool {
         let a = &self.summary;
         tile.check().is_ok()
             && tile.workgroup_size() <= a.max_invocations_per_workgroup
@@ -86,7 +113,7 @@ impl GpuDevice {
             let qw = self.window(qkv, bs.start * t * qkv_row..bs.end * t * qkv_row);
             let ow = self.window(out, bs.start * t * out_row..bs.end * t * out_row);
             let lw = self.window(lse, bs.start * d.heads * t..bs.end * d.heads * t);
-            let params = attention_params(d, &qw, &ow, &lw, bs.start);
+            let params = AttentionParams::training(d, &qw, &ow, &lw, bs.start).words();
             self.dispatch(
                 tile.kernel(AttentionPass::Forward),
                 "main",
@@ -120,7 +147,7 @@ impl GpuDevice {
             let (lw, ew) = (self.window(lse, stat_span.clone()), self.window(delta, stat_span));
             // One offset per layout: the windows of same-shaped tensors start at the same misalignment.
             assert!(qw.elem_offset == gw.elem_offset && ow.elem_offset == dw.elem_offset && lw.elem_offset == ew.elem_offset);
-            let params = attention_params(d, &qw, &ow, &lw, bs.start);
+            let params = AttentionParams::training(d, &qw, &ow, &lw, bs.start).words();
             self.dispatch(
                 kernel,
                 "query_grad",

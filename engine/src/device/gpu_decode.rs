@@ -1,10 +1,27 @@
-//! The gpu device's decode attention (`attention_decode.wgsl`): the dispatches behind
-//! `Backend::attention_decode`. A child of `gpu.rs`, sharing its private helpers.
+//! The gpu device's decode attention (`attention_decode.wgsl`, a template like the forward's, running
+//! its online-softmax loop): the dispatches behind `Backend::attention_decode`. A child of `gpu.rs`,
+//! sharing its private helpers.
 
+use super::attention::AttentionParams;
 use super::{DecodeDims, GpuDevice, GpuTensor};
-use zerostream_shaders as shaders;
+use crate::device::AttentionDims;
+use zerostream_shaders::AttentionTile;
+
+/// The variant for a few new rows (a generated token at a time): 8 rows, so a workgroup of 64 lanes
+/// rather than 256 of which one row's 8 would work. Every variant gives the same bits.
+const FEW_ROWS: AttentionTile = AttentionTile { rows: 8 };
 
 impl GpuDevice {
+    /// The variant a decode call of `rows` new rows runs: a forced one
+    /// ([`GpuDevice::force_attention_variant`]), else by the count of rows.
+    fn decode_variant(&self, rows: usize) -> AttentionTile {
+        match self.attention_forced.get() {
+            Some(forced) => forced,
+            None if rows <= FEW_ROWS.rows as usize && self.can_run_attention(&FEW_ROWS) => FEW_ROWS,
+            None => AttentionTile::DEFAULT,
+        }
+    }
+
     /// `append` then `main` for each piece of new rows whose qkv and out windows fit one binding; the
     /// cache is bound whole (`DecodeDims::check_kernel_limits` refuses one that does not fit).
     pub(super) fn dispatch_attention_decode(&self, out: &GpuTensor, cache: &GpuTensor, qkv: &GpuTensor, d: DecodeDims) {
@@ -19,34 +36,33 @@ impl GpuDevice {
             }
             let qw = self.window(qkv, r.start * qkv_row..r.end * qkv_row);
             let ow = self.window(out, r.start * out_row..r.end * out_row);
-            let past = d.past + r.start;
-            let params = [
-                r.len() as u32,
-                past as u32,
-                a.heads as u32,
-                a.group() as u32,
-                a.head_dim as u32,
-                a.scale.to_bits(),
-                qkv_row as u32,
-                a.q_width() as u32,
-                a.kv_width() as u32,
-                qw.elem_offset,
-                ow.elem_offset,
-                cw.elem_offset,
-            ];
+            let params = AttentionParams {
+                // Generation never drops probabilities.
+                dims: AttentionDims { seq_len: r.len(), dropout: None, ..a },
+                qkv_off: qw.elem_offset,
+                out_off: ow.elem_offset,
+                stat_off: 0,
+                batch_base: 0,
+                past: d.past + r.start,
+                cache_off: cw.elem_offset,
+            }
+            .words();
+            let tile = self.decode_variant(r.len());
+            let kernel = tile.decode_kernel();
             self.dispatch(
-                shaders::ATTENTION_DECODE,
+                kernel,
                 "append",
                 &params,
                 &[(1, qw.binding.clone()), (2, cw.binding.clone())],
                 Self::elementwise_grid(r.len() * width),
             );
+            let blocks = r.len().div_ceil(tile.rows as usize) as u32;
             self.dispatch(
-                shaders::ATTENTION_DECODE,
+                kernel,
                 "main",
                 &params,
                 &[(1, qw.binding), (2, cw.binding.clone()), (3, ow.binding)],
-                [r.len() as u32, a.heads as u32, 1],
+                [blocks, a.heads as u32, 1],
             );
         }
     }

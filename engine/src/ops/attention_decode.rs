@@ -9,9 +9,11 @@
 //!
 //! The arithmetic is [`super::attention::attention_forward`]'s, step for step (the same fused dot
 //! products, maximum, log-sum-exp and weighted sum, in the same order), so a cached step gives the
-//! bits a full recompute of the same k and v gives on the cpu device. (On the gpu the full recompute runs
-//! the tiled `attention_forward.wgsl`, whose online softmax sums in another order: equal up to rounding.) The kernel's head dim and workgroup memory are the
-//! attention kernels' ([`super::attention::MAX_HEAD_DIM`], checked against the WGSL in `attention/tests.rs`).
+//! bits a full recompute of the same k and v gives on the cpu device. The gpu kernel instead runs
+//! `attention_forward.wgsl`'s tiled online softmax (their shared `common/attention_rows.wgsl`), so there
+//! too a cached step gives the full recompute's bits (the two devices differ from each other by
+//! rounding, as for every kernel). The kernel's head dim and workgroup memory are the forward's
+//! ([`super::attention::MAX_HEAD_DIM`], checked against the WGSL in `attention/tests.rs`).
 
 use anyhow::{Result, bail};
 use rayon::prelude::*;

@@ -1,6 +1,6 @@
 //! The checks only the gpu device has: every kernel compiled on the adapter (first, so a kernel the
-//! driver refuses is named with its error), every variant of the fp32 matmul and of the training
-//! attention kernels against the twin, and the f32 -> f16 rounding kernel bit for bit.
+//! driver refuses is named with its error; the attention variants with their decode kernel), every
+//! variant of the fp32 matmul and of the training attention kernels against the twin, and the f32 -> f16 rounding kernel bit for bit.
 
 use anyhow::Result;
 
@@ -14,7 +14,9 @@ pub fn check_compile(dev: &GpuDevice) -> Result<Vec<CheckResult>> {
     let check = Check::new("compile", Tolerance::Bits);
     let (mut kernels, mut entry_points, mut refused) = (0, 0, Vec::new());
     let mut variants: Vec<shaders::Kernel> = dev.matmul_variants().iter().map(MatmulTile::kernel).collect();
-    variants.extend(dev.attention_variants().iter().flat_map(|t| AttentionPass::ALL.map(|p| t.kernel(p))));
+    variants.extend(
+        dev.attention_variants().iter().flat_map(|t| AttentionPass::ALL.map(|p| t.kernel(p)).into_iter().chain([t.decode_kernel()])),
+    );
     let listed = shaders::ALL.iter().filter(|k| k.name != shaders::MATMUL_COOP.name || dev.has_coop_matmul());
     for kernel in listed.chain(&variants) {
         kernels += 1;

@@ -1,5 +1,5 @@
-// attention_params: the Params both attention kernels (attention_forward.wgsl, attention_backward.wgsl)
-// bind at @binding(0) as `p`, and the dropout multiplier of one probability (needs dropout_mask.wgsl).
+// attention_params: the Params the attention kernels (attention_forward.wgsl, attention_backward.wgsl,
+// attention_decode.wgsl) bind at @binding(0) as `p`, and the dropout multiplier of one probability (needs dropout_mask.wgsl).
 
 struct Params {
     seq_len: u32, heads: u32, group: u32, head_dim: u32,
@@ -10,6 +10,9 @@ struct Params {
     batch_base: u32,
     // Dropout on the probabilities (common/dropout_mask.wgsl); threshold 0 means none.
     drop_key0: u32, drop_key1: u32, drop_threshold: u32, drop_scale: f32,
+    // Decode only (0 in training): the rows already in the key/value cache (the new rows' first
+    // position) and where the cache's window starts.
+    past: u32, cache_off: u32, _pad0: u32, _pad1: u32,
 }
 
 // What probability (query t, key j) of head h in batch b is multiplied by after the softmax: the
