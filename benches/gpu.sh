@@ -6,7 +6,7 @@
 # class; the table it writes is what every later part runs with), then
 # the adapter (zerostream devices, nvidia-smi), `zerostream bench kernels` (GPT-2 124M and 1.5B shapes, and
 # which matmul path the adapter took: tile configuration, subgroup or cooperative-matrix use),
-# `bench h2d` / `bench d2h`, a GPT-2 124M and a GPT-2 1.5B (gpt2-xl) training run on the GPU, and PyTorch
+# `bench h2d` / `bench d2h`, `bench overlap` (whether copies run under kernels on wgpu's one queue), a GPT-2 124M and a GPT-2 1.5B (gpt2-xl) training run on the GPU, and PyTorch
 # on the same shapes: torch.matmul (fp32 without TF32, bf16 and f16), scaled_dot_product_attention,
 # pinned-memory copies, and a Hugging Face GPT2LMHeadModel fp32 training step. Each part is rendered into
 # the results file as soon as it finishes, so a run cut short still leaves what it measured.
@@ -27,6 +27,7 @@
 #            streams its blocks; the resident run gets 60GiB); OVERSIZED_B, OVERSIZED_T (default 1, T)
 #   BUDGET_GPT2, BUDGET_XL   --gpu-mem-budget of the two training runs (default 16GiB and 60GiB)
 #   KERNEL_FLAGS  more flags for `bench kernels` (e.g. --quick on a software adapter)
+#   OVERLAP_FLAGS more flags for `bench overlap` (e.g. --m 256 --n 256 --k 256 on a software adapter)
 # Raw outputs (JSON lines, logs) are kept beside the results file in one file, <name>.raw.txt.
 #
 # On a GPU machine without a Vulkan loader, unpack one first (../shared/device/README.md):
@@ -237,6 +238,19 @@ for link in ("h2d", "d2h"):
     elif read(f"{link}.err") is not None:
         md += [f"## zerostream bench {link} (failed)\n", block(tail(read(f"{link}.err")))]
 
+# Copies under kernels: the answer issue #22 item 4's design waits on.
+rows = jsonl("overlap.out")
+if rows:
+    md += ["## zerostream bench overlap\n",
+           "Each copy alone, matmuls of about its length alone, then the matmuls submitted with the copy issued behind them; "
+           "hidden = (copy + kernels - both) / min(copy, kernels): 1 overlapped, 0 serialised.\n",
+           "| method | bytes | copy ms | matmuls | kernels ms | both ms | hidden |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        md.append(f"| {r['method']} | {r['bytes']>>20} MiB | {r['copy_s']*1e3:.3f} | {r['matmuls']} | {r['kernels_s']*1e3:.3f} | {r['both_s']*1e3:.3f} | {r['hidden']:.2f} |")
+    md.append("")
+elif read("overlap.err") is not None:
+    md += ["## zerostream bench overlap (failed)\n", block(tail(read("overlap.err")))]
+
 # Training runs.
 for run_name in ("gpt2", "gpt2-xl", "gpt2-f16", "oversized-streamed", "oversized-resident"):
     err = read(f"train-{run_name}.err")
@@ -291,7 +305,7 @@ render
 skipped selftest || part selftest 120 "$ZS" selftest --device gpu --json
 skipped tune || part tune 200 "$ZS" tune --json --max-seconds 150 ${TUNE_FLAGS:-}
 skipped kernels || part kernels 240 "$ZS" bench kernels --batch-size "$B" --seq-len "$T" --json ${KERNEL_FLAGS:-}
-skipped transfer || { part h2d 60 "$ZS" bench h2d --json; part d2h 90 "$ZS" bench d2h --json; }
+skipped transfer || { part h2d 60 "$ZS" bench h2d --json; part d2h 90 "$ZS" bench d2h --json; part overlap 60 "$ZS" bench overlap --json ${OVERLAP_FLAGS:-}; }
 
 # PyTorch: the same shapes, timed with CUDA events (median after warm-up).
 cat >"$work/torch_ref.py" <<'PY'

@@ -1,4 +1,5 @@
-//! Host<->device transfers of `bench h2d` / `bench d2h` move the right bytes (needs an adapter).
+//! Host<->device transfers of `bench h2d` / `bench d2h` / `bench overlap` move the right bytes (needs an
+//! adapter).
 
 mod common;
 
@@ -36,4 +37,26 @@ fn parallel_uploads_write_every_byte_in_order() {
         gpu.write(&t, &values);
         assert!(gpu.read(&t) == values, "{len} elements: a write was reordered before queued work");
     }
+}
+
+/// `bench overlap` issues each method's copy behind submitted matmuls and checks the bytes that land
+/// (it fails on a difference); 40 MiB + 16 bytes wraps the staging ring (4 buffers of 8 MiB), whose
+/// refills then wait for their own earlier copies only. Bad sizes are refused by flag.
+#[test]
+fn copies_issued_behind_kernels_deliver_their_bytes() {
+    use zerostream::bench::overlap::{OverlapConfig, bench_overlap};
+    let Some(gpu) = common::gpu_or_skip("copies_issued_behind_kernels_deliver_their_bytes") else { return };
+    let cfg = OverlapConfig { bytes: (40 << 20) + 16, m: 64, n: 48, k: 80, reps: 1 };
+    let mut seen = 0;
+    let runs = bench_overlap(&gpu, &cfg, |_| seen += 1).unwrap();
+    assert_eq!((runs.len(), seen), (3, 3), "Direct, Parallel and StagingRing, each reported");
+    for r in &runs {
+        assert!([r.copy_s, r.kernels_s, r.both_s].iter().all(|s| *s > 0.0 && s.is_finite()), "{r:?}");
+        assert!((1..=1000).contains(&r.matmuls) && r.hidden().is_finite(), "{r:?}");
+        assert_eq!(r.to_json()["bytes"], cfg.bytes);
+    }
+    let err = bench_overlap(&gpu, &OverlapConfig { bytes: 20, ..cfg.clone() }, |_| {}).unwrap_err().to_string();
+    assert!(err.contains("--bytes 20") && err.contains("multiple of 16"), "{err}");
+    let err = bench_overlap(&gpu, &OverlapConfig { k: 0, ..cfg }, |_| {}).unwrap_err().to_string();
+    assert!(err.contains("--k"), "{err}");
 }

@@ -1,6 +1,7 @@
 //! `zerostream bench ...`: measurements of each link of the offload path, one file per link: [`adam`]
 //! (the CPU AdamW), [`transfer`] (host<->device through wgpu), [`io`] (NVMe, against fio), [`comm`]
-//! (the collectives between ranks) and [`kernels`] (every kernel of a training step on the gpu device);
+//! (the collectives between ranks), [`kernels`] (every kernel of a training step on the gpu device) and
+//! [`overlap`] (whether copies run under kernels on wgpu's one queue);
 //! [`tune`] times the kernels' variants on the adapter and keeps the fastest (`zerostream tune`).
 //! This file holds what they share: the single-thread memcpy ceiling and `bench all`'s table of links.
 
@@ -10,6 +11,7 @@ pub mod adam;
 pub mod comm;
 pub mod io;
 pub mod kernels;
+pub mod overlap;
 pub mod transfer;
 pub mod tune;
 

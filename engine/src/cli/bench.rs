@@ -75,6 +75,11 @@ pub enum BenchCommand {
     H2d(TransferArgs),
     /// Device-to-host throughput through wgpu: one mapped read-back buffer and a ring of them.
     D2h(TransferArgs),
+    /// Whether host-to-device copies run while kernels do on wgpu's one queue: for each way of copying,
+    /// the copy alone, a run of matmuls of about its length alone, and the matmuls submitted first with
+    /// the copy issued behind them (the trainer's order); `hidden` is the share of the shorter part the
+    /// pair saved (1: fully overlapped, 0: one after the other).
+    Overlap(OverlapArgs),
     /// All-gather and reduce-scatter GB/s per rank through the trainer's collectives: in-process ranks
     /// beside a memcpy ceiling, or under mpirun (built with the mpi feature) beside MPI's own
     /// MPI_Allgather and MPI_Reduce_scatter_block on the same sizes.
@@ -127,6 +132,32 @@ pub struct TransferArgs {
     #[arg(long)]
     adapter: Option<String>,
     /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct OverlapArgs {
+    /// Bytes of each copy (default: a GPT-2 124M block's fp32 working copy, rounded up).
+    #[arg(long, default_value = "32MiB", value_parser = parse_size)]
+    bytes: u64,
+    /// Rows of the matmul run beside the copy, C (m, n) = A (m, k) @ B (k, n) (default: GPT-2 124M's
+    /// MLP at B=4, T=1024).
+    #[arg(long, default_value_t = 4096)]
+    m: usize,
+    /// Columns of the matmul's C and B.
+    #[arg(long, default_value_t = 3072)]
+    n: usize,
+    /// The matmul's inner dimension.
+    #[arg(long, default_value_t = 768)]
+    k: usize,
+    /// Timed repetitions of each measurement; the best is reported.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Which wgpu adapter (index or part of its name).
+    #[arg(long)]
+    adapter: Option<String>,
+    /// Print one JSON object per transfer method instead of text.
     #[arg(long)]
     json: bool,
 }
@@ -262,6 +293,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         }
         BenchCommand::H2d(t) => transfer_command(t, Link::HostToDevice),
         BenchCommand::D2h(t) => transfer_command(t, Link::DeviceToHost),
+        BenchCommand::Overlap(o) => overlap_command(o),
         BenchCommand::Collectives { world_size, sizes, reps, json } => bench_collectives(world_size, &sizes, reps, json),
         BenchCommand::Kernels(k) => kernels_command(k),
         BenchCommand::All { dir, size, params, adapter, json } => bench_all(&dir, size, params, adapter.as_deref(), json),
@@ -368,6 +400,35 @@ fn transfer_command(t: TransferArgs, link: Link) -> Result<()> {
     } else {
         println!("host memcpy (one thread): {ceiling:.2} GB/s");
     }
+    Ok(())
+}
+
+fn overlap_command(o: OverlapArgs) -> Result<()> {
+    use zerostream::bench::overlap::{OverlapConfig, bench_overlap};
+    let dev = GpuDevice::open(o.adapter.as_deref(), None)?;
+    let cfg = OverlapConfig { bytes: o.bytes, m: o.m, n: o.n, k: o.k, reps: o.reps };
+    if !o.json {
+        println!("device: {}", zerostream::device::Backend::describe(&dev));
+        println!("copies of {} beside matmuls of {} x {} x {} (best of {}):", human_bytes(cfg.bytes), cfg.m, cfg.n, cfg.k, cfg.reps);
+        println!("{:>12} {:>10} {:>8} {:>12} {:>10} {:>7}", "method", "copy ms", "matmuls", "kernels ms", "both ms", "hidden");
+    }
+    bench_overlap(&dev, &cfg, |r| {
+        if o.json {
+            println!("{}", r.to_json());
+        } else {
+            let ms = |s: f64| format!("{:.3}", s * 1e3);
+            let hidden = format!("{:.0}%", 100.0 * r.hidden());
+            println!(
+                "{:>12} {:>10} {:>8} {:>12} {:>10} {:>7}",
+                format!("{:?}", r.method),
+                ms(r.copy_s),
+                r.matmuls,
+                ms(r.kernels_s),
+                ms(r.both_s),
+                hidden
+            );
+        }
+    })?;
     Ok(())
 }
 

@@ -121,6 +121,13 @@ pub struct GpuDevice {
 /// The largest Params any kernel takes, in bytes (the attention kernels': 20 words).
 const MAX_PARAMS_BYTES: usize = 80;
 
+impl GpuTensor {
+    /// The buffer, for the device's own modules beside this one (`transfer.rs`).
+    pub(in crate::device) fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+}
+
 impl GpuDevice {
     /// Opens an adapter: `selector` is an index or a case-insensitive substring of the name, as listed by
     /// `zerostream devices`; without one, the most capable adapter (discrete first, software last).
@@ -229,6 +236,12 @@ impl GpuDevice {
     pub fn synchronize(&self) {
         self.flush();
         let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
+    }
+
+    /// Hands the recorded passes to the queue without waiting for them (`bench overlap` issues copies
+    /// behind them).
+    pub fn submit_recorded(&self) {
+        self.flush();
     }
 
     /// Submits the pending encoder (if any); returns its submission.

@@ -6,9 +6,9 @@
 use std::sync::mpsc::{Receiver, channel};
 use std::time::Instant;
 
-use anyhow::{Result, anyhow};
+use anyhow::{Result, anyhow, bail};
 
-use super::gpu::GpuDevice;
+use super::gpu::{GpuDevice, GpuTensor};
 
 /// How bytes cross to or from the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -22,6 +22,12 @@ pub enum TransferMethod {
     /// A ring of mapped staging buffers, each chunk copied on the device while the next is filled
     /// (h2d) or drained (d2h).
     StagingRing,
+}
+
+/// The staging buffers of an h2d move that the device may still be copying from: drop it once the
+/// device has run them.
+pub struct H2dInFlight {
+    ring: Vec<(wgpu::Buffer, super::alloc::Charge)>,
 }
 
 /// Chunk size and ring length of the staging ring.
@@ -64,18 +70,38 @@ impl GpuDevice {
         let (dst, _c) = self.bench_buffer(bytes, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST, "h2d target")?;
         self.synchronize();
         let start = Instant::now();
+        let in_flight = self.issue_h2d(&dst, host, method)?;
+        self.wait()?;
+        drop(in_flight);
+        Ok(start.elapsed().as_secs_f64())
+    }
+
+    /// Starts moving `host` into the start of `dst` by `method` and returns once the host's part is
+    /// done, without waiting for the device's (`zerostream bench overlap` runs kernels meanwhile). The
+    /// ring waits only for its own earlier copies before refilling a buffer. Keep the result until the
+    /// device has run the copies.
+    pub fn issue_h2d_into(&self, dst: &GpuTensor, host: &[u8], method: TransferMethod) -> Result<H2dInFlight> {
+        if host.len() as u64 > dst.buffer().size() {
+            bail!("an h2d copy of {} bytes into a tensor of {} bytes", host.len(), dst.buffer().size());
+        }
+        self.issue_h2d(dst.buffer(), host, method)
+    }
+
+    fn issue_h2d(&self, dst: &wgpu::Buffer, host: &[u8], method: TransferMethod) -> Result<H2dInFlight> {
+        let bytes = host.len() as u64;
+        let mut in_flight = H2dInFlight { ring: Vec::new() };
         match method {
             TransferMethod::Direct => {
-                self.queue.write_buffer(&dst, 0, host);
+                self.queue.write_buffer(dst, 0, host);
                 self.queue.submit([]);
             }
             TransferMethod::Parallel => {
-                self.upload(&dst, 0, host);
+                self.upload(dst, 0, host);
                 self.queue.submit([]);
             }
             TransferMethod::StagingRing => {
                 let chunk = RING_CHUNK_BYTES.min(bytes);
-                let mut ring = Vec::new();
+                let mut pending: Vec<Option<(Receiver<_>, wgpu::SubmissionIndex)>> = (0..RING_LEN).map(|_| None).collect();
                 for _ in 0..RING_LEN {
                     let charge = self.budget.charge(chunk, "h2d staging")?;
                     let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -84,24 +110,35 @@ impl GpuDevice {
                         usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
                         mapped_at_creation: true,
                     });
-                    ring.push((buffer, None::<Receiver<_>>, charge));
+                    in_flight.ring.push((buffer, charge));
                 }
                 for (k, piece) in host.chunks(chunk as usize).enumerate() {
-                    let (buffer, pending, _) = &mut ring[k % RING_LEN];
-                    if let Some(rx) = pending.take() {
-                        self.wait_mapped(&rx)?;
+                    let buffer = &in_flight.ring[k % RING_LEN].0;
+                    if let Some((rx, submission)) = pending[k % RING_LEN].take() {
+                        self.wait_mapped_after(&rx, submission)?;
                     }
                     buffer.slice(..).get_mapped_range_mut().map_err(|e| anyhow!("{e}"))?.slice(..piece.len()).copy_from_slice(piece);
                     buffer.unmap();
                     let mut encoder = self.device.create_command_encoder(&Default::default());
-                    encoder.copy_buffer_to_buffer(buffer, 0, &dst, k as u64 * chunk, piece.len() as u64);
-                    self.queue.submit([encoder.finish()]);
-                    *pending = Some(map(buffer, wgpu::MapMode::Write));
+                    encoder.copy_buffer_to_buffer(buffer, 0, dst, k as u64 * chunk, piece.len() as u64);
+                    let submission = self.queue.submit([encoder.finish()]);
+                    pending[k % RING_LEN] = Some((map(buffer, wgpu::MapMode::Write), submission));
                 }
             }
         }
-        self.wait()?;
-        Ok(start.elapsed().as_secs_f64())
+        Ok(in_flight)
+    }
+
+    /// Waits for a staging buffer's mapping, requested after `submission` (its copy): only that
+    /// submission and those before it, not later work.
+    fn wait_mapped_after(&self, rx: &Receiver<Result<(), wgpu::BufferAsyncError>>, submission: wgpu::SubmissionIndex) -> Result<()> {
+        loop {
+            if let Ok(r) = rx.try_recv() {
+                return r.map_err(|e| anyhow!("mapping a staging buffer failed: {e}"));
+            }
+            let wait = wgpu::PollType::Wait { submission_index: Some(submission.clone()), timeout: None };
+            self.device.poll(wait).map_err(|e| anyhow!("GPU device lost: {e}"))?;
+        }
     }
 
     /// Seconds to bring a device buffer of `host.len()` bytes into `host`.

@@ -1,0 +1,154 @@
+//! `zerostream bench overlap`: whether host-to-device copies run while kernels do. wgpu gives one
+//! queue; the trainer records a block's kernels, submits them, and then issues the next block's
+//! upload (`GpuDevice::upload`, before the next submission), hoping the copy engine moves it while the
+//! compute units work. Whether a driver overlaps the two on one queue decides the design of the
+//! staging path (issue #22 item 4), so this measures it directly, for each way of moving the bytes:
+//! the copy alone, a run of matmuls alone (as many as take about as long as the copy, so a full
+//! overlap would halve the pair), and the matmuls submitted first with the copy issued behind them.
+//! `hidden` is the share of the shorter of the two that the pair saved: 1 when it ran wholly under the
+//! other, 0 when they ran one after the other. Every copy's bytes are read back and checked.
+
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+
+use crate::device::gpu::GpuTensor;
+use crate::device::transfer::TransferMethod;
+use crate::device::{Backend, GpuDevice, MatmulShape};
+
+/// What `bench overlap` moves and computes.
+#[derive(Clone, Debug)]
+pub struct OverlapConfig {
+    /// Bytes of each copy (a block's working copy: GPT-2 124M's is 28 MB in fp32).
+    pub bytes: u64,
+    /// The matmul run beside it: C (m, n) = A (m, k) @ B (k, n).
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// Timed repetitions of each measurement; the best is kept.
+    pub reps: usize,
+}
+
+impl OverlapConfig {
+    /// A GPT-2 124M block's working copy (fp32, rounded to 32 MiB) beside its MLP's first product at
+    /// B=4, T=1024.
+    pub fn gpt2() -> Self {
+        OverlapConfig { bytes: 32 << 20, m: 4096, n: 3072, k: 768, reps: 3 }
+    }
+}
+
+/// One transfer method's measurement.
+#[derive(Clone, Debug)]
+pub struct OverlapRun {
+    pub method: TransferMethod,
+    pub bytes: u64,
+    /// Matmuls in the run beside the copy.
+    pub matmuls: usize,
+    pub copy_s: f64,
+    pub kernels_s: f64,
+    pub both_s: f64,
+}
+
+impl OverlapRun {
+    /// The share of the shorter part hidden under the longer: (copy + kernels - both) / min(copy,
+    /// kernels). Near 1: they overlap; near 0 (or below, with noise): they serialise.
+    pub fn hidden(&self) -> f64 {
+        (self.copy_s + self.kernels_s - self.both_s) / self.copy_s.min(self.kernels_s)
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "method": format!("{:?}", self.method), "bytes": self.bytes, "matmuls": self.matmuls,
+            "copy_s": self.copy_s, "kernels_s": self.kernels_s, "both_s": self.both_s, "hidden": self.hidden(),
+        })
+    }
+}
+
+/// The matmul run and the copy's target, allocated once.
+struct Work<'d> {
+    dev: &'d GpuDevice,
+    shape: MatmulShape,
+    c: GpuTensor,
+    a: GpuTensor,
+    b: GpuTensor,
+    dst: GpuTensor,
+}
+
+impl Work<'_> {
+    fn record_matmuls(&self, count: usize) {
+        for _ in 0..count {
+            self.dev.matmul(&self.c, &self.a, &self.b, None, &self.shape, false);
+        }
+    }
+
+    /// Best seconds of `reps` runs of `f`, each from an idle device to an idle device (what `f`
+    /// returns lives until the device is idle again).
+    fn best<T>(&self, reps: usize, mut f: impl FnMut() -> Result<T>) -> Result<f64> {
+        let mut best = f64::INFINITY;
+        for _ in 0..reps.max(1) {
+            self.dev.synchronize();
+            let start = Instant::now();
+            let in_flight = f()?;
+            self.dev.synchronize();
+            best = best.min(start.elapsed().as_secs_f64());
+            drop(in_flight);
+        }
+        Ok(best)
+    }
+}
+
+/// Times each transfer method alone, beside a matmul run of about its length, and both together;
+/// `on_run` sees each as it is measured.
+pub fn bench_overlap(dev: &GpuDevice, cfg: &OverlapConfig, mut on_run: impl FnMut(&OverlapRun)) -> Result<Vec<OverlapRun>> {
+    if cfg.bytes == 0 || !cfg.bytes.is_multiple_of(4 * wgpu::COPY_BUFFER_ALIGNMENT) {
+        bail!("--bytes {}: must be a positive multiple of 16", cfg.bytes);
+    }
+    if [cfg.m, cfg.n, cfg.k].contains(&0) {
+        bail!("the matmul's --m, --n and --k must be positive (got {} x {} x {})", cfg.m, cfg.n, cfg.k);
+    }
+    let words = (cfg.bytes / 4) as usize;
+    let work = Work {
+        dev,
+        shape: MatmulShape::row_major(cfg.m, cfg.n, cfg.k),
+        c: dev.alloc(cfg.m * cfg.n, "overlap C")?,
+        a: dev.alloc(cfg.m * cfg.k, "overlap A")?,
+        b: dev.alloc(cfg.k * cfg.n, "overlap B")?,
+        dst: dev.alloc(words, "overlap copy target")?,
+    };
+    dev.fill(&work.a, 0.5);
+    dev.fill(&work.b, 0.25);
+    // Untimed: the first matmul compiles its pipeline.
+    work.record_matmuls(1);
+    dev.synchronize();
+    let one_matmul = work.best(cfg.reps, || {
+        work.record_matmuls(1);
+        Ok(())
+    })?;
+    let mut runs = Vec::new();
+    for (i, method) in [TransferMethod::Direct, TransferMethod::Parallel, TransferMethod::StagingRing].into_iter().enumerate() {
+        // Different bytes per method, so a copy that never happened cannot pass for the last one's.
+        let host_words: Vec<u32> = (0..words as u32).map(|w| w.wrapping_mul(2654435761).wrapping_add(i as u32)).collect();
+        let host: &[u8] = bytemuck::cast_slice(&host_words);
+        // The first copy of a method is untimed (wgpu grows its staging memory on it).
+        work.best(1, || dev.issue_h2d_into(&work.dst, host, method))?;
+        let copy_s = work.best(cfg.reps, || dev.issue_h2d_into(&work.dst, host, method))?;
+        let matmuls = ((copy_s / one_matmul).round() as usize).clamp(1, 1000);
+        let kernels_s = work.best(cfg.reps, || {
+            work.record_matmuls(matmuls);
+            Ok(())
+        })?;
+        dev.fill(&work.dst, 0.0);
+        let both_s = work.best(cfg.reps, || {
+            work.record_matmuls(matmuls);
+            dev.submit_recorded();
+            dev.issue_h2d_into(&work.dst, host, method)
+        })?;
+        if dev.read_words(&work.dst) != host_words {
+            bail!("bench overlap: the {method:?} copy did not deliver its bytes");
+        }
+        let run = OverlapRun { method, bytes: cfg.bytes, matmuls, copy_s, kernels_s, both_s };
+        on_run(&run);
+        runs.push(run);
+    }
+    Ok(runs)
+}
