@@ -9,7 +9,8 @@
 #             Adam m and v, the fp32 gradient accumulator, the bf16 working copy); emptied afterwards
 #   STEPS     optimizer steps (default 3; the first pays for writing the initial state)
 # Environment: ZS (a zerostream binary; default: build release), BATCH (1), SEQ (64), BUDGET (device
-# memory budget; default 2 block slots' worth: the minimum `zerostream plan` prints), PRECISION (bf16).
+# memory budget; default 2 block slots' worth: the minimum `zerostream plan` prints), PRECISION (bf16),
+# EXTRA (more train/plan flags, e.g. "--offload-gradients ram": the gradient accumulator in RAM).
 # OUT: a directory that keeps the metrics (m.jsonl), /usr/bin/time's report and the log (default: a new
 # temporary directory, printed at the end).
 # Blocks recompute their activations in backward (--recompute), so the device part stays small.
@@ -34,7 +35,7 @@ echo "== machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $(fre
 echo "== disk: $(df -h "$nvme" | tail -1)"
 "$ZS" prepare --text examples/data/hamlet.txt --out "$work/hamlet.bin" > /dev/null
 common=(--device cpu --config "$config" --data "$work/hamlet.bin" --batch-size "$batch" --seq-len "$seq"
-  --precision "$precision" --recompute --offload-optimizer nvme --offload-params nvme --nvme-dir "$nvme")
+  --precision "$precision" --recompute --offload-optimizer nvme --offload-params nvme --nvme-dir "$nvme" ${EXTRA:-})
 if [ -z "${BUDGET:-}" ]; then
   # The smallest budget the plan accepts: two block slots.
   BUDGET=$( ("$ZS" plan "${common[@]}" --gpu-mem-budget 1 2>&1 || true) | sed -n 's/.*the minimum of \([0-9]*\) bytes.*/\1/p')

@@ -14,8 +14,15 @@ fn bad_input_is_refused_with_the_flag_and_the_numbers() {
     let out = zerostream(&["train", "--device", "cpu", "--gpu-mem-budget", "1MiB"]);
     let err = stderr(&out);
     assert!(!out.status.success() && err.contains("--gpu-mem-budget") && err.contains("cannot hold the minimum"), "{err}");
-    let out = zerostream(&["train", "--device", "cpu", "--offload-optimizer", "nvme"]);
-    assert!(!out.status.success() && stderr(&out).contains("--nvme-dir"), "{}", stderr(&out));
+    for tier in ["--offload-optimizer", "--offload-gradients", "--offload-params"] {
+        let out = zerostream(&["train", "--device", "cpu", tier, "nvme"]);
+        assert!(!out.status.success() && stderr(&out).contains("--nvme-dir") && stderr(&out).contains(tier), "{}", stderr(&out));
+    }
+    // The gradients' own tier (`ram` is cpu's other name), as the placement reports it.
+    let out =
+        zerostream(&["plan", "--config", "gpt2", "--offload-optimizer", "nvme", "--offload-gradients", "ram", "--nvme-dir", "/tmp/zs"]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &stderr(&out);
+    assert!(out.status.success() && text.contains("Adam moments 1424.1 MiB on nvme; gradients 474.7 MiB on cpu"), "{text}");
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny/tokens.bin");
     let out = zerostream(&["train", "--device", "cpu", "--config", "gpt3", "--data", data]);
     assert!(!out.status.success() && stderr(&out).contains("gpt3"), "{}", stderr(&out));

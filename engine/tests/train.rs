@@ -34,11 +34,25 @@ fn tiers_budgets_and_recompute_give_bit_identical_runs() {
     let golden = Golden::load("gpt2-tiny-accum");
     let base = TrainConfig { steps: 4, ..golden.train_config() };
     let reference = run(&CpuDevice::new(None), "gpt2-tiny-accum", base.clone());
-    let nvme = tempfile::tempdir().unwrap();
+    let [nvme, grads_in_ram, grads_alone] = [(); 3].map(|_| tempfile::tempdir().unwrap());
     let variants = [
         (
             "optimizer and params on nvme",
             TrainConfig { offload_optimizer: Tier::Nvme, offload_params: Tier::Nvme, nvme_dir: Some(nvme.path().into()), ..base.clone() },
+        ),
+        (
+            "optimizer and params on nvme, gradients in ram",
+            TrainConfig {
+                offload_optimizer: Tier::Nvme,
+                offload_gradients: Some(Tier::Ram),
+                offload_params: Tier::Nvme,
+                nvme_dir: Some(grads_in_ram.path().into()),
+                ..base.clone()
+            },
+        ),
+        (
+            "gradients alone on nvme",
+            TrainConfig { offload_gradients: Some(Tier::Nvme), nvme_dir: Some(grads_alone.path().into()), ..base.clone() },
         ),
         ("recompute", TrainConfig { recompute: true, ..base.clone() }),
         ("the strictly sequential schedule", TrainConfig { sequential: true, ..base.clone() }),
@@ -61,15 +75,20 @@ fn tiers_budgets_and_recompute_give_bit_identical_runs() {
             println!("{what}: peak device bytes {} within the budget {b}", got.peak_bytes);
         }
     }
-    // With the optimizer state on NVMe the gradient accumulator was there too (one file per group,
-    // accumulated across the two micro-batches of each step), not in RAM.
-    let grad_files = std::fs::read_dir(nvme.path().join("rank0"))
-        .unwrap()
-        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".grad.rank0.bin"))
-        .count();
+    // The files each NVMe directory holds, by kind: one per parameter group for each kind of state on
+    // the tier. With the optimizer state on NVMe the gradient accumulator was there too (accumulated
+    // across the two micro-batches of each step), unless --offload-gradients kept it in RAM.
+    let files = |dir: &std::path::Path, kind: &str| {
+        std::fs::read_dir(dir.join("rank0"))
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(&format!(".{kind}.rank0.bin")))
+            .count()
+    };
     let model = zerostream::model::Model::of_hf(&HfModel::open(&golden_dir("gpt2-tiny-accum").join("model")).unwrap()).unwrap();
     let groups = zerostream::train::layout::group_layouts(&model).len();
-    assert_eq!(grad_files, groups, "one gradient file per parameter group on the NVMe tier");
+    assert_eq!([files(nvme.path(), "grad"), files(nvme.path(), "master")], [groups; 2], "everything on nvme");
+    assert_eq!([files(grads_in_ram.path(), "grad"), files(grads_in_ram.path(), "master")], [0, groups], "gradients in ram");
+    assert_eq!([files(grads_alone.path(), "grad"), files(grads_alone.path(), "master")], [groups, 0], "gradients alone on nvme");
 }
 
 #[test]

@@ -60,6 +60,9 @@ pub struct TrainConfig {
     /// Keep only each block's input and recompute its activations in backward.
     pub recompute: bool,
     pub offload_optimizer: Tier,
+    /// Where the step's fp32 gradient accumulator lives (None: with the optimizer state). Only the
+    /// place changes, never a bit.
+    pub offload_gradients: Option<Tier>,
     pub offload_params: Tier,
     pub nvme_dir: Option<PathBuf>,
     pub io: IoConfig,
@@ -102,6 +105,7 @@ impl Default for TrainConfig {
             gpu_mem_budget: None,
             recompute: false,
             offload_optimizer: Tier::Ram,
+            offload_gradients: None,
             offload_params: Tier::Ram,
             nvme_dir: None,
             io: IoConfig::default(),
@@ -153,13 +157,23 @@ fn tier_from(name: &str) -> Result<Tier> {
 }
 
 impl TrainConfig {
+    /// Where the gradient accumulator lives: `--offload-gradients`, else with the optimizer state.
+    pub fn gradients_tier(&self) -> Tier {
+        self.offload_gradients.unwrap_or(self.offload_optimizer)
+    }
+
+    /// Whether any state lives on the NVMe tier (so `--nvme-dir` is needed).
+    pub fn uses_nvme(&self) -> bool {
+        [self.offload_optimizer, self.gradients_tier(), self.offload_params].contains(&Tier::Nvme)
+    }
+
     /// Refuses settings that cannot train, each named by its flag with the range it must lie in.
     pub fn check(&self) -> Result<()> {
         if self.steps == 0 {
             bail!("--steps must be at least 1");
         }
-        if (self.offload_optimizer == Tier::Nvme || self.offload_params == Tier::Nvme) && self.nvme_dir.is_none() {
-            bail!("--offload-optimizer nvme and --offload-params nvme need --nvme-dir DIR");
+        if self.uses_nvme() && self.nvme_dir.is_none() {
+            bail!("--offload-optimizer nvme, --offload-gradients nvme and --offload-params nvme need --nvme-dir DIR");
         }
         /// A flag, its value, whether the value is in range, and the range in words.
         type Check<'a> = (&'a str, f64, fn(f64) -> bool, &'a str);
@@ -203,6 +217,7 @@ impl TrainConfig {
         put("gpu-mem-budget", json!(self.gpu_mem_budget));
         put("recompute", json!(self.recompute));
         put("offload-optimizer", json!(self.offload_optimizer.name()));
+        put("offload-gradients", json!(self.offload_gradients.map(Tier::name)));
         put("offload-params", json!(self.offload_params.name()));
         put("nvme-dir", json!(self.nvme_dir.as_ref().map(|p| p.display().to_string())));
         put("io-engine", json!(self.io.engine.name()));
@@ -248,6 +263,11 @@ impl TrainConfig {
             gpu_mem_budget: get("gpu-mem-budget")?.as_u64(),
             recompute: flag("recompute")?,
             offload_optimizer: tier_from(&text("offload-optimizer")?).context("offload-optimizer")?,
+            // Checkpoints from before --offload-gradients kept the gradients with the optimizer state.
+            offload_gradients: match f.get("offload-gradients").and_then(Value::as_str) {
+                Some(t) => Some(tier_from(t).context("offload-gradients")?),
+                None => None,
+            },
             offload_params: tier_from(&text("offload-params")?).context("offload-params")?,
             nvme_dir: get("nvme-dir")?.as_str().map(PathBuf::from),
             io: IoConfig {
@@ -296,6 +316,7 @@ mod tests {
         };
         tc.lr.schedule = LrSchedule::Cosine;
         tc.offload_optimizer = Tier::Nvme;
+        tc.offload_gradients = Some(Tier::Ram);
         let flags = tc.to_flags();
         assert_eq!(flags["precision"], "bf16");
         assert_eq!(flags["lr-schedule"], "cosine");

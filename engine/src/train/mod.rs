@@ -44,7 +44,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use anyhow::{Context, Result, anyhow, bail};
-use zerostream_offload::{AdamConfig, AdamW, IoEngine, NvmeDir, Stored, Tier};
+use zerostream_offload::{AdamConfig, AdamW, IoEngine, NvmeDir, Stored};
 
 use crate::comm::Comm;
 use crate::device::Backend;
@@ -155,7 +155,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
         let layouts = Arc::new(group_layouts(&model));
         let shards: Arc<Vec<GroupShard>> = Arc::new(layouts.iter().map(|g| sharding.group(g.len)).collect());
 
-        let uses_nvme = train.offload_optimizer == Tier::Nvme || train.offload_params == Tier::Nvme;
+        let uses_nvme = train.uses_nvme();
         let mut io_notes = Vec::new();
         let nvme = if uses_nvme {
             let dir =
@@ -212,7 +212,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
                 s.page_out(nv, true)?;
             }
             // Gradients live with the optimizer state (written whole by the step's first micro-batch).
-            let mut grads = Stored::new(&format!("{}.grad", g.name), 4 * slice, train.offload_optimizer, nv)?;
+            let mut grads = Stored::new(&format!("{}.grad", g.name), 4 * slice, train.gradients_tier(), nv)?;
             grads.page_out(nv, false)?;
             shared.push(Mutex::new(SharedGroup { grads, grad_sum_squares: 0.0, working, gathered: 0 }));
             optimizer.push(OptimizerGroup { group: k, master, m, v });

@@ -15,6 +15,8 @@ use crate::model::vocab::LossActs;
 #[derive(Clone, Debug)]
 pub struct Placement {
     pub optimizer_tier: Tier,
+    /// Where the gradient accumulator lives (`--offload-gradients`, else the optimizer's tier).
+    pub grads_tier: Tier,
     pub params_tier: Tier,
     pub params: usize,
     pub world_size: usize,
@@ -23,7 +25,7 @@ pub struct Placement {
     pub host_optimizer_bytes: u64,
     /// Per rank: the working copy (1/N of it in stage 3).
     pub host_working_bytes: u64,
-    /// Per rank: the gradient accumulator (this rank's slices), on the optimizer's tier.
+    /// Per rank: the gradient accumulator (this rank's slices), on `grads_tier`.
     pub host_grad_bytes: u64,
     /// Per rank, stage 1 with several ranks: each block's whole gradient summed over this rank's
     /// micro-batches before the end-of-step reduce-scatter, in RAM.
@@ -61,9 +63,11 @@ impl Placement {
     pub fn host_bytes_per_rank(&self) -> (u64, u64) {
         let mut ram = self.host_stage1_grad_bytes + self.host_paged_in_bytes;
         let mut nvme = 0;
-        for (bytes, tier) in
-            [(self.host_optimizer_bytes + self.host_grad_bytes, self.optimizer_tier), (self.host_working_bytes, self.params_tier)]
-        {
+        for (bytes, tier) in [
+            (self.host_optimizer_bytes, self.optimizer_tier),
+            (self.host_grad_bytes, self.grads_tier),
+            (self.host_working_bytes, self.params_tier),
+        ] {
             if tier == Tier::Nvme { nvme += bytes } else { ram += bytes }
         }
         (ram, nvme)
@@ -156,11 +160,13 @@ impl Placement {
             ";".to_string()
         };
         format!(
-            "placement: {} parameters{ranks} master weights + Adam moments + gradients {:.1} MiB on {}; working copy {:.1} MiB on {}{}\n\
+            "placement: {} parameters{ranks} master weights + Adam moments {:.1} MiB on {}; gradients {:.1} MiB on {}; working copy {:.1} MiB on {}{}\n\
              device{}: head {:.1} MiB ({}) + {} block slots x {:.1} MiB + activations {:.1} MiB + other {:.1} MiB = {:.1} MiB (budget {})",
             self.params,
-            mib(self.host_optimizer_bytes + self.host_grad_bytes),
+            mib(self.host_optimizer_bytes),
             self.optimizer_tier.name(),
+            mib(self.host_grad_bytes),
+            self.grads_tier.name(),
             mib(self.host_working_bytes),
             self.params_tier.name(),
             if self.host_stage1_grad_bytes > 0 {
@@ -340,15 +346,19 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
     let largest_working = shards.iter().map(|s| s.working_len as u64).max().unwrap_or(0);
     let working_bytes = tc.precision.working_bytes_per_param() as u64;
     let mut host_paged_in_bytes = 0;
+    // The sweep's three groups of master weights, moments and gradients; the device thread's gradient.
     if tc.offload_optimizer == Tier::Nvme {
-        host_paged_in_bytes += 16 * slice_lens.iter().take(3).sum::<u64>() + 4 * slice_lens.first().copied().unwrap_or(0);
+        host_paged_in_bytes += 12 * slice_lens.iter().take(3).sum::<u64>();
+    }
+    if tc.gradients_tier() == Tier::Nvme {
+        host_paged_in_bytes += 4 * slice_lens.iter().take(3).sum::<u64>() + 4 * slice_lens.first().copied().unwrap_or(0);
     }
     if tc.offload_params == Tier::Nvme {
         host_paged_in_bytes += 2 * working_bytes * largest_working;
     }
     // The spare files: a few per distinct shard size (master, m, v and gradient slices share theirs).
     let mut spare_sizes = std::collections::BTreeSet::new();
-    if tc.offload_optimizer == Tier::Nvme {
+    if tc.offload_optimizer == Tier::Nvme || tc.gradients_tier() == Tier::Nvme {
         spare_sizes.extend(slice_lens.iter().map(|&n| 4 * n));
     }
     if tc.offload_params == Tier::Nvme {
@@ -361,6 +371,7 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
     let stage1_grads = if sharding.shards_grads() { 0 } else { shards[1..].iter().map(|s| s.padded_len).sum::<usize>() as u64 };
     Ok(Placement {
         optimizer_tier: tc.offload_optimizer,
+        grads_tier: tc.gradients_tier(),
         params_tier: tc.offload_params,
         params,
         world_size: sharding.world,

@@ -159,7 +159,7 @@ impl<D: Backend> Trainer<'_, D> {
                 }
                 Ok(())
             })?;
-            if self.train.offload_optimizer == Tier::Nvme {
+            if self.train.gradients_tier() == Tier::Nvme {
                 // The gradient's read-modify-write on NVMe (the addition included).
                 clock.io_wait += t0.elapsed();
             }
