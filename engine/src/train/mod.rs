@@ -34,6 +34,7 @@ pub mod shard;
 mod step;
 pub mod summary;
 pub mod tensorboard;
+pub mod traffic;
 mod transfer;
 mod validate;
 mod vocab_head;
@@ -230,7 +231,12 @@ impl<'d, D: Backend> Trainer<'d, D> {
             shared.iter_mut().for_each(|s: &mut Mutex<SharedGroup>| lock(s).gathered = adam_steps);
         }
         let progress = Arc::new(Progress {
-            state: Mutex::new(ProgressState { updated: vec![adam_steps; layouts.len()], adam_seconds: Vec::new(), failed: None }),
+            state: Mutex::new(ProgressState {
+                updated: vec![adam_steps; layouts.len()],
+                swept: adam_steps,
+                adam_seconds: Vec::new(),
+                failed: None,
+            }),
             changed: Condvar::new(),
         });
         Ok(Trainer {

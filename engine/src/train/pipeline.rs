@@ -47,7 +47,8 @@ pub enum Op {
     /// Agree on the loss, the global norm and fp16 overflow across ranks; hand the update to the AdamW
     /// thread (which gathers nothing: the next step's fetches gather the new working copy).
     Update,
-    /// Wait for the AdamW thread to finish this step's update (the sequential schedule only).
+    /// Wait for the AdamW thread to finish this step's update, its state written back to its tier (the
+    /// sequential schedule only).
     AwaitUpdate,
 }
 

@@ -7,6 +7,7 @@ use zerostream_offload::Tier;
 use super::config::{Precision, TrainConfig};
 use super::layout::{GroupLayout, TensorSlot, group_layouts};
 use super::shard::{Sharding, ZeroStage};
+use super::traffic::NvmeTraffic;
 use crate::device::{AllocCosts, HalfFormat};
 use crate::model::Model;
 use crate::model::vocab::LossActs;
@@ -48,6 +49,8 @@ pub struct Placement {
     /// Block parameter slots on the device (2 at least; all blocks if the budget allows).
     pub block_slots: usize,
     pub device_budget_bytes: Option<u64>,
+    /// Rank 0's NVMe reads and writes in a steady step, by kind of state.
+    pub nvme_traffic: NvmeTraffic,
 }
 
 impl Placement {
@@ -161,7 +164,7 @@ impl Placement {
         };
         format!(
             "placement: {} parameters{ranks} master weights + Adam moments {:.1} MiB on {}; gradients {:.1} MiB on {}; working copy {:.1} MiB on {}{}\n\
-             device{}: head {:.1} MiB ({}) + {} block slots x {:.1} MiB + activations {:.1} MiB + other {:.1} MiB = {:.1} MiB (budget {})",
+             device{}: head {:.1} MiB ({}) + {} block slots x {:.1} MiB + activations {:.1} MiB + other {:.1} MiB = {:.1} MiB (budget {})\n{}",
             self.params,
             mib(self.host_optimizer_bytes),
             self.optimizer_tier.name(),
@@ -183,6 +186,7 @@ impl Placement {
             mib(self.device_other_bytes),
             mib(self.device_bytes()),
             self.device_budget_bytes.map_or("none".to_string(), |b| format!("{:.1} MiB", mib(b))),
+            self.nvme_traffic.describe(self.params),
         )
     }
 }
@@ -389,6 +393,7 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         device_other_bytes: other_bytes,
         block_slots,
         device_budget_bytes: tc.gpu_mem_budget,
+        nvme_traffic: NvmeTraffic::of(tc, sharding.world, &groups.iter().map(|g| g.len).collect::<Vec<_>>(), block_slots),
     })
 }
 

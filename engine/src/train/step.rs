@@ -194,9 +194,9 @@ impl<D: Backend> Trainer<'_, D> {
             Op::ReduceBlocks => self.reduce_stage1_grads()?,
             Op::Update => self.update(st)?,
             Op::AwaitUpdate => {
-                for k in 0..self.layouts.len() {
-                    self.wait_group(k, &mut st.clock)?;
-                }
+                // The whole sweep, write-backs included: nothing of this step's is left for the next.
+                let adam_steps = self.adam_steps;
+                timed(&mut st.clock.update_wait, || self.progress.wait_for_sweep(adam_steps))?;
             }
         }
         Ok(())

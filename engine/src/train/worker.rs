@@ -84,6 +84,9 @@ pub(super) struct Progress {
 
 pub(super) struct ProgressState {
     pub(super) updated: Vec<u64>,
+    /// The AdamW step of the last sweep finished whole: every group updated and its state written back
+    /// to its tier (a group counts as `updated` before its write-back).
+    pub(super) swept: u64,
     pub(super) adam_seconds: Vec<f64>,
     pub(super) failed: Option<String>,
 }
@@ -100,6 +103,20 @@ impl Progress {
                 bail!("the optimizer update failed: {e}");
             }
             if s.updated[k] >= count {
+                return Ok(());
+            }
+            s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Blocks until the sweep of AdamW step `adam_step` has finished, write-backs included.
+    pub(super) fn wait_for_sweep(&self, adam_step: u64) -> Result<()> {
+        let mut s = self.lock();
+        loop {
+            if let Some(e) = &s.failed {
+                bail!("the optimizer update failed: {e}");
+            }
+            if s.swept >= adam_step {
                 return Ok(());
             }
             s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
@@ -198,7 +215,11 @@ pub(super) fn optimizer_worker(
             Ok(())
         };
         optimizer = pipelined_sweep(optimizer, load, compute, store).map_err(|e| anyhow!("{e}"))?;
-        progress.lock().adam_seconds.push(start.elapsed().as_secs_f64());
+        let mut p = progress.lock();
+        p.adam_seconds.push(start.elapsed().as_secs_f64());
+        p.swept = job.adam_step;
+        drop(p);
+        progress.changed.notify_all();
     }
     Ok(optimizer)
 }

@@ -74,6 +74,10 @@ pub struct Run {
     pub comm_bytes: Vec<u64>,
     pub final_params: Vec<(String, Vec<usize>, Vec<f32>)>,
     pub peak_bytes: u64,
+    /// NVMe bytes (read, written) per step, as the metrics report them.
+    pub nvme_bytes: Vec<(u64, u64)>,
+    /// What the plan predicted for a step (`Placement::nvme_traffic`).
+    pub predicted_nvme: zerostream::train::traffic::NvmeTraffic,
 }
 
 pub fn run<D: Backend>(dev: &D, name: &str, tc: TrainConfig) -> Run {
@@ -86,15 +90,17 @@ pub fn run_rank<D: Backend>(dev: &D, name: &str, tc: TrainConfig, comm: Comm) ->
     let tokens = TokenFile::open(&golden_dir(name).join("tokens.bin"))?;
     let steps = tc.steps;
     let mut trainer = Trainer::with_comm(dev, &ModelSource::Hf(&hf), tc, comm)?;
-    let (mut losses, mut norms, mut comm_bytes) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut losses, mut norms, mut comm_bytes, mut nvme_bytes) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..steps {
         let r = trainer.train_step(&tokens)?;
         losses.push(r.loss);
         norms.push(r.grad_norm);
         comm_bytes.push(r.comm.sent_bytes);
+        nvme_bytes.push((r.nvme_read_bytes, r.nvme_written_bytes));
     }
+    let predicted_nvme = trainer.placement.nvme_traffic;
     let final_params = trainer.master_weights()?;
-    Ok(Run { losses, norms, comm_bytes, final_params, peak_bytes: dev.alloc_stats().peak_bytes })
+    Ok(Run { losses, norms, comm_bytes, final_params, peak_bytes: dev.alloc_stats().peak_bytes, nvme_bytes, predicted_nvme })
 }
 
 pub fn check_trajectory<D: Backend>(dev: &D, name: &str, label: &str) {

@@ -1,0 +1,147 @@
+//! The NVMe tier's traffic per step, predicted from what the trainer runs: the step's schedule
+//! (`pipeline::step_schedule`, the same list `Trainer::train_step` executes), the block slots the plan
+//! gives, and the tier of each kind of state. `plan` and `train` print it per parameter; the metrics'
+//! `nvme_read_bytes` / `nvme_written_bytes` of a run with `--sequential` equal it exactly
+//! (`tests/nvme_traffic.rs`; overlapped, the update's sweep runs into the next step).
+//!
+//! What moves, for this rank's share of each group (its slices; the working copy as it keeps it):
+//! - the update's sweep reads the master weights, both moments and the gradient, writes the master
+//!   weights and moments back and writes the new working copy;
+//! - each gradient download is added into the accumulator: read (except the step's first
+//!   contribution, which overwrites it) and written back; the head's once per step, stage 1 with
+//!   several ranks its blocks once per step too (their sums stay in RAM until the step's end);
+//! - each upload reads the working copy (a block still in its device slot this step is not read again),
+//!   and with several ranks in stages 1-2 the first upload after an update writes it back completed by
+//!   the all-gather.
+
+use zerostream_offload::Tier;
+
+use super::config::TrainConfig;
+use super::pipeline::{Op, step_schedule};
+use super::shard::{GroupShard, Sharding};
+
+/// Bytes one kind of state reads and writes on NVMe in one step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadWrite {
+    pub read_bytes: u64,
+    pub written_bytes: u64,
+}
+
+impl ReadWrite {
+    fn add(&mut self, read_bytes: u64, written_bytes: u64) {
+        self.read_bytes += read_bytes;
+        self.written_bytes += written_bytes;
+    }
+}
+
+/// One rank's NVMe traffic in a steady step (every update applied), by kind of state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NvmeTraffic {
+    /// fp32 master weights and Adam moments.
+    pub optimizer: ReadWrite,
+    /// The fp32 gradient accumulator.
+    pub gradients: ReadWrite,
+    /// The working copy.
+    pub working: ReadWrite,
+    /// Micro-batches of this rank per step.
+    pub micro_batches: usize,
+}
+
+impl NvmeTraffic {
+    /// The traffic of rank 0 (the largest share) of a run of `world` ranks with `block_slots` device
+    /// slots, over groups of `group_lens` elements (the head first).
+    pub fn of(tc: &TrainConfig, world: usize, group_lens: &[usize], block_slots: usize) -> Self {
+        let sharding = Sharding { rank: 0, world: world.max(1), stage: tc.zero_stage };
+        let shards: Vec<GroupShard> = group_lens.iter().map(|&len| sharding.group(len)).collect();
+        let nvme = |tier: Tier| tier == Tier::Nvme;
+        let (optimizer_on, grads_on, working_on) = (nvme(tc.offload_optimizer), nvme(tc.gradients_tier()), nvme(tc.offload_params));
+        let slice_bytes = |k: usize| 4 * shards[k].slice_len() as u64;
+        let working_bytes = |k: usize| (tc.precision.working_bytes_per_param() * shards[k].working_len) as u64;
+        // Stages 1-2 with several ranks gather the working copy in place on its first upload after an
+        // update, and write it back.
+        let gathers = sharding.world > 1 && !sharding.shards_params();
+        let mut t = NvmeTraffic { micro_batches: tc.grad_accum, ..Default::default() };
+
+        let n_layer = group_lens.len().saturating_sub(1);
+        let slots = block_slots.max(1);
+        let mut slot_holds: Vec<Option<usize>> = vec![None; slots];
+        let mut gathered = vec![false; group_lens.len()];
+        let mut micro = 0;
+        let mut upload = |t: &mut NvmeTraffic, k: usize| {
+            if working_on {
+                let written = if gathers && !std::mem::replace(&mut gathered[k], true) { working_bytes(k) } else { 0 };
+                t.working.add(working_bytes(k), written);
+            }
+        };
+        for op in step_schedule(n_layer, tc.grad_accum, !tc.sequential) {
+            match op {
+                Op::FetchHead => upload(&mut t, 0),
+                Op::Embed { micro: m } => micro = m,
+                // A block still in its slot this step is not uploaded again.
+                Op::Fetch { block } if slot_holds[block % slots] != Some(block) => {
+                    slot_holds[block % slots] = Some(block);
+                    upload(&mut t, 1 + block);
+                }
+                Op::FinishDownload { block } if grads_on && sharding.shards_grads() => {
+                    let read = if micro == 0 { 0 } else { slice_bytes(1 + block) };
+                    t.gradients.add(read, slice_bytes(1 + block));
+                }
+                Op::DownloadHead if grads_on => t.gradients.add(0, slice_bytes(0)),
+                Op::ReduceBlocks if grads_on && !sharding.shards_grads() => {
+                    (1..group_lens.len()).for_each(|k| t.gradients.add(0, slice_bytes(k)));
+                }
+                Op::Update => {
+                    for k in 0..group_lens.len() {
+                        if optimizer_on {
+                            t.optimizer.add(3 * slice_bytes(k), 3 * slice_bytes(k));
+                        }
+                        if grads_on {
+                            t.gradients.add(slice_bytes(k), 0);
+                        }
+                        if working_on {
+                            t.working.add(0, working_bytes(k));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        t
+    }
+
+    pub fn total(&self) -> ReadWrite {
+        let mut all = ReadWrite::default();
+        for rw in [self.optimizer, self.gradients, self.working] {
+            all.add(rw.read_bytes, rw.written_bytes);
+        }
+        all
+    }
+
+    /// One line: read and written per step, in all and per parameter (of `params`) for each kind, and
+    /// per micro-batch; or that nothing is on NVMe.
+    pub fn describe(&self, params: usize) -> String {
+        let all = self.total();
+        if all == ReadWrite::default() {
+            return "NVMe per step: nothing (no state on NVMe)".to_string();
+        }
+        let per = |b: u64| b as f64 / params.max(1) as f64;
+        let gb = |b: u64| b as f64 / 1e9;
+        let kinds = [("optimizer", self.optimizer), ("gradients", self.gradients), ("working copy", self.working)]
+            .iter()
+            .filter(|(_, rw)| *rw != ReadWrite::default())
+            .map(|(name, rw)| format!("{name} {:.2}/{:.2}", per(rw.read_bytes), per(rw.written_bytes)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let m = self.micro_batches.max(1) as u64;
+        format!(
+            "NVMe per step: read {:.2} GB, written {:.2} GB ({:.2} and {:.2} bytes per parameter; read/written by kind: {kinds}); \
+             per micro-batch of {m}: {:.2} / {:.2} bytes per parameter",
+            gb(all.read_bytes),
+            gb(all.written_bytes),
+            per(all.read_bytes),
+            per(all.written_bytes),
+            per(all.read_bytes) / m as f64,
+            per(all.written_bytes) / m as f64,
+        )
+    }
+}

@@ -1,0 +1,96 @@
+//! The NVMe traffic `plan` and `train` print (`train::traffic`, from the step's schedule and the
+//! placement) against the metrics of real runs: with `--sequential` every step's `nvme_read_bytes` and
+//! `nvme_written_bytes` equal the prediction exactly, whatever lives where, for one rank and for rank
+//! 0 of two in each ZeRO stage; overlapped, the update's sweep runs into the next step, so the run's
+//! total lies between the steps' traffic without the last sweep and with it.
+
+mod common;
+
+use common::trajectory::{Golden, Run, run, run_rank};
+use zerostream::comm::Comm;
+use zerostream::device::CpuDevice;
+use zerostream::train::ranks::in_process;
+use zerostream::train::{Precision, TrainConfig, ZeroStage};
+use zerostream_offload::Tier;
+
+const GOLDEN: &str = "gpt2-tiny-accum";
+
+fn on_nvme(base: &TrainConfig, dir: &tempfile::TempDir) -> TrainConfig {
+    TrainConfig { offload_optimizer: Tier::Nvme, offload_params: Tier::Nvme, nvme_dir: Some(dir.path().into()), ..base.clone() }
+}
+
+/// Every step of a sequential run from `first_step` on read and wrote exactly what was predicted.
+fn assert_exact(what: &str, got: &Run, first_step: usize) {
+    let want = got.predicted_nvme.total();
+    assert!(want.read_bytes > 0 && want.written_bytes > 0, "{what}: nothing predicted");
+    for (step, &(read, written)) in got.nvme_bytes.iter().enumerate().skip(first_step) {
+        let by_kind = got.predicted_nvme;
+        assert_eq!((read, written), (want.read_bytes, want.written_bytes), "{what}: step {step} (read, written) against {by_kind:?}");
+    }
+}
+
+#[test]
+fn sequential_steps_move_exactly_the_predicted_bytes() {
+    let golden = Golden::load(GOLDEN);
+    let base = TrainConfig { steps: 3, sequential: true, ..golden.train_config() };
+    let dirs: Vec<tempfile::TempDir> = (0..6).map(|_| tempfile::tempdir().unwrap()).collect();
+    let nvme = on_nvme(&base, &dirs[0]);
+    let variants = [
+        ("everything on nvme, every block resident", nvme.clone()),
+        ("two block slots: blocks re-read for the backward", TrainConfig { recompute: true, gpu_mem_budget: Some(0), ..nvme.clone() }),
+        ("gradients in ram", TrainConfig { offload_gradients: Some(Tier::Ram), ..nvme.clone() }),
+        ("gradients alone on nvme", TrainConfig { offload_gradients: Some(Tier::Nvme), nvme_dir: nvme.nvme_dir.clone(), ..base.clone() }),
+        ("bf16 working copy", TrainConfig { precision: Precision::Bf16, ..nvme.clone() }),
+        ("four micro-batches", TrainConfig { grad_accum: 4, ..nvme.clone() }),
+    ];
+    for (i, (what, mut tc)) in variants.into_iter().enumerate() {
+        // A directory each: shards of another size are refused.
+        tc.nvme_dir = Some(dirs[i].path().into());
+        if tc.gpu_mem_budget == Some(0) {
+            let model = zerostream::model::Model::of_hf(
+                &zerostream_checkpoints::HfModel::open(&common::trajectory::golden_dir(GOLDEN).join("model")).unwrap(),
+            )
+            .unwrap();
+            tc.gpu_mem_budget = Some(zerostream::train::minimum_device_bytes(&model, &tc));
+        }
+        let got = run(&CpuDevice::new(tc.gpu_mem_budget), GOLDEN, tc);
+        assert_exact(what, &got, 0);
+    }
+}
+
+#[test]
+fn rank_zero_of_two_moves_exactly_the_predicted_bytes_in_every_stage() {
+    let golden = Golden::load(GOLDEN);
+    for stage in [ZeroStage::One, ZeroStage::Two, ZeroStage::Three] {
+        let dir = tempfile::tempdir().unwrap();
+        // Step 0 gathers nothing (every rank starts with the whole working copy), so it moves less than a
+        // steady step in stages 1-2; the steps after it are steady.
+        let tc = TrainConfig { steps: 3, sequential: true, grad_accum: 1, zero_stage: stage, ..on_nvme(&golden.train_config(), &dir) };
+        let runs = in_process(2, |comm: Comm| run_rank(&CpuDevice::new(None), GOLDEN, tc.clone(), comm)).unwrap();
+        assert_exact(&format!("stage {} rank 0", stage.number()), &runs[0], 1);
+    }
+}
+
+#[test]
+fn overlapped_runs_move_the_predicted_bytes_but_for_the_last_sweep() {
+    let golden = Golden::load(GOLDEN);
+    let dir = tempfile::tempdir().unwrap();
+    let tc = TrainConfig { steps: 4, ..on_nvme(&golden.train_config(), &dir) };
+    let got = run(&CpuDevice::new(None), GOLDEN, tc);
+    let t = got.predicted_nvme;
+    let steps = got.nvme_bytes.len() as u64;
+    let (read, written) = got.nvme_bytes.iter().fold((0, 0), |(r, w), &(a, b)| (r + a, w + b));
+    let total = t.total();
+    // At most the last step's sweep is missing: the optimizer state and the gradients read (bounded by
+    // all the step's gradient reads), the state and the working copy written.
+    let sweep_read = t.optimizer.read_bytes + t.gradients.read_bytes;
+    let sweep_written = t.optimizer.written_bytes + t.working.written_bytes;
+    assert!(
+        read <= steps * total.read_bytes && read + sweep_read >= steps * total.read_bytes,
+        "read {read} over {steps} steps of {total:?}"
+    );
+    assert!(
+        written <= steps * total.written_bytes && written + sweep_written >= steps * total.written_bytes,
+        "written {written} over {steps} steps of {total:?}"
+    );
+}
