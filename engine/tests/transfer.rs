@@ -39,8 +39,8 @@ fn parallel_uploads_write_every_byte_in_order() {
     }
 }
 
-/// `bench overlap` issues each method's copy behind submitted matmuls and checks the bytes that land
-/// (it fails on a difference); 40 MiB + 16 bytes wraps the staging ring (4 buffers of 8 MiB), whose
+/// `bench overlap` issues each upload method's copy, and the trainer's download, behind submitted
+/// matmuls and checks the bytes that arrive (it fails on a difference); 40 MiB + 16 bytes wraps the staging ring (4 buffers of 8 MiB), whose
 /// refills then wait for their own earlier copies only. Bad sizes are refused by flag.
 #[test]
 fn copies_issued_behind_kernels_deliver_their_bytes() {
@@ -49,7 +49,8 @@ fn copies_issued_behind_kernels_deliver_their_bytes() {
     let cfg = OverlapConfig { bytes: (40 << 20) + 16, m: 64, n: 48, k: 80, reps: 1 };
     let mut seen = 0;
     let runs = bench_overlap(&gpu, &cfg, |_| seen += 1).unwrap();
-    assert_eq!((runs.len(), seen), (3, 3), "Direct, Parallel and StagingRing, each reported");
+    assert_eq!((runs.len(), seen), (4, 4), "Direct, Parallel and StagingRing up, begin_read down, each reported");
+    assert_eq!(runs[3].method, "d2h begin_read");
     for r in &runs {
         assert!([r.copy_s, r.kernels_s, r.both_s].iter().all(|s| *s > 0.0 && s.is_finite()), "{r:?}");
         assert!((1..=1000).contains(&r.matmuls) && r.hidden().is_finite(), "{r:?}");

@@ -6,7 +6,9 @@
 //! the copy alone, a run of matmuls alone (as many as take about as long as the copy, so a full
 //! overlap would halve the pair), and the matmuls submitted first with the copy issued behind them.
 //! `hidden` is the share of the shorter of the two that the pair saved: 1 when it ran wholly under the
-//! other, 0 when they ran one after the other. Every copy's bytes are read back and checked.
+//! other, 0 when they ran one after the other. Every copy's bytes are read back and checked. Last, the
+//! same for the way back: the trainer's gradient download (`Backend::begin_read`, finished by
+//! `finish_read`) issued behind the matmuls.
 
 use std::time::Instant;
 
@@ -40,7 +42,8 @@ impl OverlapConfig {
 /// One transfer method's measurement.
 #[derive(Clone, Debug)]
 pub struct OverlapRun {
-    pub method: TransferMethod,
+    /// `h2d Direct`, `h2d Parallel`, `h2d StagingRing` or `d2h begin_read`.
+    pub method: String,
     pub bytes: u64,
     /// Matmuls in the run beside the copy.
     pub matmuls: usize,
@@ -58,7 +61,7 @@ impl OverlapRun {
 
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
-            "method": format!("{:?}", self.method), "bytes": self.bytes, "matmuls": self.matmuls,
+            "method": self.method, "bytes": self.bytes, "matmuls": self.matmuls,
             "copy_s": self.copy_s, "kernels_s": self.kernels_s, "both_s": self.both_s, "hidden": self.hidden(),
         })
     }
@@ -125,6 +128,7 @@ pub fn bench_overlap(dev: &GpuDevice, cfg: &OverlapConfig, mut on_run: impl FnMu
         Ok(())
     })?;
     let mut runs = Vec::new();
+    let mut last_written = Vec::new();
     for (i, method) in [TransferMethod::Direct, TransferMethod::Parallel, TransferMethod::StagingRing].into_iter().enumerate() {
         // Different bytes per method, so a copy that never happened cannot pass for the last one's.
         let host_words: Vec<u32> = (0..words as u32).map(|w| w.wrapping_mul(2654435761).wrapping_add(i as u32)).collect();
@@ -146,9 +150,34 @@ pub fn bench_overlap(dev: &GpuDevice, cfg: &OverlapConfig, mut on_run: impl FnMu
         if dev.read_words(&work.dst) != host_words {
             bail!("bench overlap: the {method:?} copy did not deliver its bytes");
         }
-        let run = OverlapRun { method, bytes: cfg.bytes, matmuls, copy_s, kernels_s, both_s };
+        let run = OverlapRun { method: format!("h2d {method:?}"), bytes: cfg.bytes, matmuls, copy_s, kernels_s, both_s };
         on_run(&run);
         runs.push(run);
+        last_written = host_words;
     }
+    // The way back: what the last upload left in the target, downloaded as the trainer downloads a
+    // block's gradients while the next block's backward runs.
+    let download = || -> Result<Vec<Vec<f32>>> { Ok(dev.finish_read(dev.begin_read(&[&work.dst]))) };
+    download()?;
+    let copy_s = work.best(cfg.reps, download)?;
+    let matmuls = ((copy_s / one_matmul).round() as usize).clamp(1, 1000);
+    let kernels_s = work.best(cfg.reps, || {
+        work.record_matmuls(matmuls);
+        Ok(())
+    })?;
+    let mut got = Vec::new();
+    let both_s = work.best(cfg.reps, || {
+        work.record_matmuls(matmuls);
+        dev.submit_recorded();
+        got = download()?;
+        Ok(())
+    })?;
+    let got_words: Vec<u32> = got.concat().iter().map(|x| x.to_bits()).collect();
+    if got_words != last_written {
+        bail!("bench overlap: the download did not return the bytes on the device");
+    }
+    let run = OverlapRun { method: "d2h begin_read".into(), bytes: cfg.bytes, matmuls, copy_s, kernels_s, both_s };
+    on_run(&run);
+    runs.push(run);
     Ok(runs)
 }

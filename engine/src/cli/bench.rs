@@ -75,10 +75,10 @@ pub enum BenchCommand {
     H2d(TransferArgs),
     /// Device-to-host throughput through wgpu: one mapped read-back buffer and a ring of them.
     D2h(TransferArgs),
-    /// Whether host-to-device copies run while kernels do on wgpu's one queue: for each way of copying,
-    /// the copy alone, a run of matmuls of about its length alone, and the matmuls submitted first with
-    /// the copy issued behind them (the trainer's order); `hidden` is the share of the shorter part the
-    /// pair saved (1: fully overlapped, 0: one after the other).
+    /// Whether copies run while kernels do on wgpu's one queue: for each way of uploading, and for the
+    /// trainer's gradient download, the copy alone, a run of matmuls of about its length alone, and the
+    /// matmuls submitted first with the copy issued behind them (the trainer's order); `hidden` is the
+    /// share of the shorter part the pair saved (1: fully overlapped, 0: one after the other).
     Overlap(OverlapArgs),
     /// All-gather and reduce-scatter GB/s per rank through the trainer's collectives: in-process ranks
     /// beside a memcpy ceiling, or under mpirun (built with the mpi feature) beside MPI's own
@@ -157,7 +157,7 @@ pub struct OverlapArgs {
     /// Which wgpu adapter (index or part of its name).
     #[arg(long)]
     adapter: Option<String>,
-    /// Print one JSON object per transfer method instead of text.
+    /// Print one JSON object per transfer method (and one for the download) instead of text.
     #[arg(long)]
     json: bool,
 }
@@ -410,7 +410,7 @@ fn overlap_command(o: OverlapArgs) -> Result<()> {
     if !o.json {
         println!("device: {}", zerostream::device::Backend::describe(&dev));
         println!("copies of {} beside matmuls of {} x {} x {} (best of {}):", human_bytes(cfg.bytes), cfg.m, cfg.n, cfg.k, cfg.reps);
-        println!("{:>12} {:>10} {:>8} {:>12} {:>10} {:>7}", "method", "copy ms", "matmuls", "kernels ms", "both ms", "hidden");
+        println!("{:>17} {:>10} {:>8} {:>12} {:>10} {:>7}", "method", "copy ms", "matmuls", "kernels ms", "both ms", "hidden");
     }
     bench_overlap(&dev, &cfg, |r| {
         if o.json {
@@ -418,15 +418,7 @@ fn overlap_command(o: OverlapArgs) -> Result<()> {
         } else {
             let ms = |s: f64| format!("{:.3}", s * 1e3);
             let hidden = format!("{:.0}%", 100.0 * r.hidden());
-            println!(
-                "{:>12} {:>10} {:>8} {:>12} {:>10} {:>7}",
-                format!("{:?}", r.method),
-                ms(r.copy_s),
-                r.matmuls,
-                ms(r.kernels_s),
-                ms(r.both_s),
-                hidden
-            );
+            println!("{:>17} {:>10} {:>8} {:>12} {:>10} {:>7}", r.method, ms(r.copy_s), r.matmuls, ms(r.kernels_s), ms(r.both_s), hidden);
         }
     })?;
     Ok(())
