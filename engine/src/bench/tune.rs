@@ -72,6 +72,58 @@ pub struct Product {
     pub b_16bit: bool,
 }
 
+/// The variants of one shape class as timed (matmul tiles or attention tiles).
+#[derive(Clone, Debug)]
+pub struct VariantTimes<V> {
+    /// (variant, median seconds) of every variant timed, the default first.
+    pub times: Vec<(V, f64)>,
+    /// Variants left out because their result differed from the default's (a bug: reported loudly).
+    pub mismatched: Vec<V>,
+}
+
+impl<V: Copy> VariantTimes<V> {
+    pub fn best(&self) -> (V, f64) {
+        *self.times.iter().min_by(|a, b| a.1.total_cmp(&b.1)).expect("the default is always timed")
+    }
+    pub fn default_seconds(&self) -> f64 {
+        self.times[0].1
+    }
+}
+
+/// Times each of `variants` (the first must be the default: its output bits are the reference), made
+/// the device's choice by `force`: `run` makes one call, `bits` reads its outputs. A variant whose bits
+/// differ is left out and named.
+fn time_variants<V: Copy>(
+    dev: &GpuDevice,
+    variants: &[V],
+    timer: Timer,
+    force: impl Fn(Option<V>) -> Result<()>,
+    run: impl Fn(),
+    bits: impl Fn() -> Vec<u32>,
+) -> Result<VariantTimes<V>> {
+    let mut reference: Option<Vec<u32>> = None;
+    let mut timed = VariantTimes { times: Vec::new(), mismatched: Vec::new() };
+    for &variant in variants {
+        force(Some(variant))?;
+        run(); // pipeline creation and warm-up, and the bits to compare
+        let bits = bits();
+        match &reference {
+            None => reference = Some(bits),
+            Some(r) if *r != bits => {
+                timed.mismatched.push(variant);
+                continue;
+            }
+            Some(_) => {}
+        }
+        // About 50 ms of repetitions, at least 3 and at most 20, from one more timed run.
+        let once = dev.time_reps(1, timer, &run)?.median_s();
+        let reps = ((0.05 / once.max(1e-6)) as usize).clamp(3, 20);
+        timed.times.push((variant, dev.time_reps(reps, timer, &run)?.median_s()));
+    }
+    force(None)?;
+    Ok(timed)
+}
+
 /// One class's outcome.
 #[derive(Clone, Debug)]
 pub struct ClassResult {
@@ -79,19 +131,10 @@ pub struct ClassResult {
     /// The product it was timed on, and every product of the class.
     pub shape: MatmulShape,
     pub products: Vec<String>,
-    /// (variant, median seconds) of every variant timed, the default first.
-    pub times: Vec<(MatmulTile, f64)>,
-    /// Variants left out because their result differed from the default's (a bug: reported loudly).
-    pub mismatched: Vec<MatmulTile>,
+    pub timed: VariantTimes<MatmulTile>,
 }
 
 impl ClassResult {
-    pub fn best(&self) -> (MatmulTile, f64) {
-        *self.times.iter().min_by(|a, b| a.1.total_cmp(&b.1)).expect("the default is always timed")
-    }
-    pub fn default_seconds(&self) -> f64 {
-        self.times[0].1
-    }
     pub fn flops(&self) -> f64 {
         2.0 * (self.shape.m * self.shape.n * self.shape.k) as f64
     }
@@ -206,36 +249,17 @@ fn operands(dev: &GpuDevice, p: &Product, seed: u64) -> Result<Operands> {
     Ok(Operands { a, b, c })
 }
 
-/// (variant, median seconds) of the variants timed, and the variants whose bits differed.
-type ClassTimes = (Vec<(MatmulTile, f64)>, Vec<MatmulTile>);
-
 /// Times `variants` on one class's product; the first must be the default (the reference bits).
-fn tune_class(dev: &GpuDevice, p: &Product, variants: &[MatmulTile], timer: Timer, seed: u64) -> Result<ClassTimes> {
+fn tune_class(dev: &GpuDevice, p: &Product, variants: &[MatmulTile], timer: Timer, seed: u64) -> Result<VariantTimes<MatmulTile>> {
     let ops = operands(dev, p, seed)?;
-    let run = || dev.matmul(&ops.c, &ops.a, &ops.b, None, &p.shape, false);
-    let mut reference: Option<Vec<u32>> = None;
-    let (mut times, mut mismatched) = (Vec::new(), Vec::new());
-    for &variant in variants {
-        dev.force_matmul_variant(Some(variant))?;
-        run(); // pipeline creation and warm-up, and the bits to compare
+    let bits = || {
         let c = dev.read(&ops.c);
-        let bits: Vec<u32> = c.iter().map(|v| v.to_bits()).collect();
+        let bits = c.iter().map(|v| v.to_bits()).collect();
         dev.recycle(vec![c]);
-        match &reference {
-            None => reference = Some(bits),
-            Some(r) if *r != bits => {
-                mismatched.push(variant);
-                continue;
-            }
-            Some(_) => {}
-        }
-        // About 50 ms of repetitions, at least 3 and at most 20, from one more timed run.
-        let once = dev.time_reps(1, timer, run)?.median_s();
-        let reps = ((0.05 / once.max(1e-6)) as usize).clamp(3, 20);
-        times.push((variant, dev.time_reps(reps, timer, run)?.median_s()));
-    }
-    dev.force_matmul_variant(None)?;
-    Ok((times, mismatched))
+        bits
+    };
+    let run = || dev.matmul(&ops.c, &ops.a, &ops.b, None, &p.shape, false);
+    time_variants(dev, variants, timer, |v| dev.force_matmul_variant(v), run, bits)
 }
 
 /// Tunes every class of the configured models' products, until `cfg.max_seconds` after `start` (the
@@ -270,8 +294,8 @@ pub fn tune(dev: &GpuDevice, cfg: &TuneConfig, start: Instant, mut on_class: imp
             break;
         }
         let (product, names) = &classes[class];
-        let (times, mismatched) = tune_class(dev, product, &variants, timer, i as u64 * 7 + 1)?;
-        let result = ClassResult { class: *class, shape: product.shape, products: names.clone(), times, mismatched };
+        let timed = tune_class(dev, product, &variants, timer, i as u64 * 7 + 1)?;
+        let result = ClassResult { class: *class, shape: product.shape, products: names.clone(), timed };
         on_class(&result);
         results.push(result);
     }
@@ -293,13 +317,13 @@ pub fn save_table(dev: &GpuDevice, results: &[ClassResult], attention: &[Attenti
         attention_entries.extend(old.attention.into_iter().map(|e| (e.class.clone(), e)));
     }
     for r in attention {
-        let (best, seconds) = r.best();
+        let (best, seconds) = r.timed.best();
         let (class, variant) = (r.class.key(), best.name());
-        let (shape, products, default_seconds) = (r.shape(), r.calls.clone(), r.default_seconds());
+        let (shape, products, default_seconds) = (r.shape(), r.calls.clone(), r.timed.default_seconds());
         attention_entries.insert(class.clone(), TableEntry { class, variant, shape, products, seconds, default_seconds });
     }
     for r in results {
-        let (best, seconds) = r.best();
+        let (best, seconds) = r.timed.best();
         let s = &r.shape;
         entries.insert(
             r.class.key(),
@@ -309,7 +333,7 @@ pub fn save_table(dev: &GpuDevice, results: &[ClassResult], attention: &[Attenti
                 shape: format!("M={} N={} K={}", s.m, s.n, s.k),
                 products: r.products.clone(),
                 seconds,
-                default_seconds: r.default_seconds(),
+                default_seconds: r.timed.default_seconds(),
             },
         );
     }

@@ -3,7 +3,7 @@
 //! library's `tune` module does the work).
 
 use anyhow::Result;
-use zerostream::bench::tune::{AttentionResult, ClassResult, TuneConfig};
+use zerostream::bench::tune::{AttentionResult, ClassResult, TuneConfig, VariantTimes};
 use zerostream::device::GpuDevice;
 use zerostream_shaders::{AttentionTile, MatmulTile};
 
@@ -98,10 +98,11 @@ pub fn run(args: TuneArgs) -> Result<i32> {
     let results = zerostream::bench::tune::tune(&dev, &cfg, start, |r| print_class(r, args.json))?;
     let path = if args.no_save { None } else { Some(zerostream::bench::tune::save_table(&dev, &results, &attention)?) };
     let mut mismatched: Vec<String> =
-        results.iter().flat_map(|r| r.mismatched.iter().map(move |v| format!("matmul variant {v} on {}", r.class.key()))).collect();
-    mismatched
-        .extend(attention.iter().flat_map(|r| r.mismatched.iter().map(move |v| format!("attention variant {v} on {}", r.class.key()))));
-    let speedups: Vec<f64> = results.iter().map(|r| r.default_seconds() / r.best().1).collect();
+        results.iter().flat_map(|r| r.timed.mismatched.iter().map(move |v| format!("matmul variant {v} on {}", r.class.key()))).collect();
+    mismatched.extend(
+        attention.iter().flat_map(|r| r.timed.mismatched.iter().map(move |v| format!("attention variant {v} on {}", r.class.key()))),
+    );
+    let speedups: Vec<f64> = results.iter().map(|r| r.timed.default_seconds() / r.timed.best().1).collect();
     let seconds = start.elapsed().as_secs_f64();
     if args.json {
         println!(
@@ -127,20 +128,34 @@ pub fn run(args: TuneArgs) -> Result<i32> {
     Ok(if mismatched.is_empty() { 0 } else { 1 })
 }
 
+/// The JSON fields every tuned class has: its best variant and time, the default's, and every variant's.
+fn timed_fields<V: Copy + std::fmt::Display>(t: &VariantTimes<V>) -> serde_json::Map<String, serde_json::Value> {
+    let (best, best_s) = t.best();
+    let times: Vec<_> = t.times.iter().map(|(v, s)| serde_json::json!({"variant": v.to_string(), "seconds": s})).collect();
+    let fields = serde_json::json!({
+        "best": best.to_string(), "best_seconds": best_s, "default_seconds": t.default_seconds(),
+        "speedup": t.default_seconds() / best_s, "variants": times,
+        "mismatched": t.mismatched.iter().map(|v| v.to_string()).collect::<Vec<_>>(),
+    });
+    match fields {
+        serde_json::Value::Object(map) => map,
+        _ => unreachable!("a JSON object literal"),
+    }
+}
+
 fn print_class(r: &ClassResult, json: bool) {
-    let (best, best_s) = r.best();
+    let (best, best_s) = r.timed.best();
     let s = &r.shape;
     if json {
-        let times: Vec<_> = r.times.iter().map(|(v, t)| serde_json::json!({"variant": v.name(), "seconds": t})).collect();
-        println!(
-            "{}",
-            serde_json::json!({
-                "kind": "class", "class": r.class.key(), "shape": format!("M={} N={} K={}", s.m, s.n, s.k),
-                "products": r.products, "best": best.name(), "best_seconds": best_s, "best_gflops": r.flops() / best_s / 1e9,
-                "default_seconds": r.default_seconds(), "speedup": r.default_seconds() / best_s, "variants": times,
-                "mismatched": r.mismatched.iter().map(|v| v.name()).collect::<Vec<_>>(),
-            })
-        );
+        let mut row = timed_fields(&r.timed);
+        row.extend([
+            ("kind".into(), "class".into()),
+            ("class".into(), r.class.key().into()),
+            ("shape".into(), format!("M={} N={} K={}", s.m, s.n, s.k).into()),
+            ("products".into(), r.products.clone().into()),
+            ("best_gflops".into(), (r.flops() / best_s / 1e9).into()),
+        ]);
+        println!("{}", serde_json::Value::Object(row));
         return;
     }
     println!(
@@ -152,25 +167,23 @@ fn print_class(r: &ClassResult, json: bool) {
         best.name(),
         best_s * 1e3,
         r.flops() / best_s / 1e9,
-        r.default_seconds() * 1e3,
-        r.default_seconds() / best_s,
+        r.timed.default_seconds() * 1e3,
+        r.timed.default_seconds() / best_s,
         r.products.join(", ")
     );
 }
 
 fn print_attention(r: &AttentionResult, json: bool) {
-    let (best, best_s) = r.best();
+    let (best, best_s) = r.timed.best();
     if json {
-        let times: Vec<_> = r.times.iter().map(|(v, t)| serde_json::json!({"variant": v.name(), "seconds": t})).collect();
-        println!(
-            "{}",
-            serde_json::json!({
-                "kind": "attention_class", "class": r.class.key(), "shape": r.shape(), "calls": r.calls,
-                "best": best.name(), "best_seconds": best_s, "default_seconds": r.default_seconds(),
-                "speedup": r.default_seconds() / best_s, "variants": times,
-                "mismatched": r.mismatched.iter().map(|v| v.name()).collect::<Vec<_>>(),
-            })
-        );
+        let mut row = timed_fields(&r.timed);
+        row.extend([
+            ("kind".into(), "attention_class".into()),
+            ("class".into(), r.class.key().into()),
+            ("shape".into(), r.shape().into()),
+            ("calls".into(), r.calls.clone().into()),
+        ]);
+        println!("{}", serde_json::Value::Object(row));
         return;
     }
     println!(
@@ -179,8 +192,8 @@ fn print_attention(r: &AttentionResult, json: bool) {
         r.shape(),
         best.name(),
         best_s * 1e3,
-        r.default_seconds() * 1e3,
-        r.default_seconds() / best_s,
+        r.timed.default_seconds() * 1e3,
+        r.timed.default_seconds() / best_s,
         r.calls.join(", ")
     );
 }

@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 use zerostream_checkpoints::LlamaConfig;
 use zerostream_shaders::{AttentionPass, AttentionTile};
 
-use super::{TuneConfig, values};
+use super::{TuneConfig, VariantTimes, time_variants, values};
 use crate::device::attention_tuning::AttentionClass;
 use crate::device::gpu::GpuTensor;
 use crate::device::timing::Timer;
@@ -50,19 +50,10 @@ pub struct AttentionResult {
     /// The call it was timed on, and every call of the class.
     pub dims: AttentionDims,
     pub calls: Vec<String>,
-    /// (variant, median seconds) of every variant timed, the default first.
-    pub times: Vec<(AttentionTile, f64)>,
-    /// Variants left out because their outputs differed from the default's (a bug: reported loudly).
-    pub mismatched: Vec<AttentionTile>,
+    pub timed: VariantTimes<AttentionTile>,
 }
 
 impl AttentionResult {
-    pub fn best(&self) -> (AttentionTile, f64) {
-        *self.times.iter().min_by(|a, b| a.1.total_cmp(&b.1)).expect("the default is always timed")
-    }
-    pub fn default_seconds(&self) -> f64 {
-        self.times[0].1
-    }
     /// `B=4 T=1024 H=12 G=12 D=64`.
     pub fn shape(&self) -> String {
         let d = &self.dims;
@@ -113,37 +104,20 @@ fn output_bits(dev: &GpuDevice, t: &Tensors, pass: AttentionPass) -> Vec<u32> {
     bits
 }
 
-/// (variant, median seconds) of the variants timed, and the variants whose bits differed.
-type ClassTimes = (Vec<(AttentionTile, f64)>, Vec<AttentionTile>);
-
 /// Times `variants` on one call; the first must be the default (the reference bits).
-fn tune_call(dev: &GpuDevice, call: &AttentionCall, variants: &[AttentionTile], timer: Timer, seed: u64) -> Result<ClassTimes> {
+fn tune_call(
+    dev: &GpuDevice,
+    call: &AttentionCall,
+    variants: &[AttentionTile],
+    timer: Timer,
+    seed: u64,
+) -> Result<VariantTimes<AttentionTile>> {
     let (t, d) = (tensors(dev, call.dims, seed)?, call.dims);
     let run = || match call.pass {
         AttentionPass::Forward => dev.attention_forward(&t.out, &t.lse, &t.qkv, d),
         AttentionPass::Backward => dev.attention_backward(&t.dqkv, &t.delta, &t.dout, &t.qkv, &t.out, &t.lse, d),
     };
-    let mut reference: Option<Vec<u32>> = None;
-    let (mut times, mut mismatched) = (Vec::new(), Vec::new());
-    for &variant in variants {
-        dev.force_attention_variant(Some(variant))?;
-        run(); // pipeline creation and warm-up, and the bits to compare
-        let bits = output_bits(dev, &t, call.pass);
-        match &reference {
-            None => reference = Some(bits),
-            Some(r) if *r != bits => {
-                mismatched.push(variant);
-                continue;
-            }
-            Some(_) => {}
-        }
-        // About 50 ms of repetitions, at least 3 and at most 20, from one more timed run.
-        let once = dev.time_reps(1, timer, run)?.median_s();
-        let reps = ((0.05 / once.max(1e-6)) as usize).clamp(3, 20);
-        times.push((variant, dev.time_reps(reps, timer, run)?.median_s()));
-    }
-    dev.force_attention_variant(None)?;
-    Ok((times, mismatched))
+    time_variants(dev, variants, timer, |v| dev.force_attention_variant(v), run, || output_bits(dev, &t, call.pass))
 }
 
 /// The attention variants to try, the default first: `cfg.attention_variants`, else every one the
@@ -199,8 +173,8 @@ pub fn tune_attention(
             break;
         }
         let (call, names) = &classes[class];
-        let (times, mismatched) = tune_call(dev, call, &variants, timer, 1000 + i as u64 * 7)?;
-        let result = AttentionResult { class: *class, dims: call.dims, calls: names.clone(), times, mismatched };
+        let timed = tune_call(dev, call, &variants, timer, 1000 + i as u64 * 7)?;
+        let result = AttentionResult { class: *class, dims: call.dims, calls: names.clone(), timed };
         on_class(&result);
         results.push(result);
     }
