@@ -18,9 +18,19 @@
 //! One binary serves every CPU: the same loop is compiled for AVX-512, AVX2+FMA and the baseline (NEON
 //! is the baseline on aarch64), and the widest one the CPU has is chosen at run time. No FMA is ever
 //! contracted, so every instruction set gives bit-identical results, and so does every thread count.
+//!
+//! The moments are fp32 (PyTorch's state, exactly) or, with `--adam-state bf16`, bf16: widened to f32
+//! for the same update, which steps the parameter with the unrounded moments, then stored rounded
+//! stochastically ([`rounding`]), 4 bytes per parameter fewer to keep and move.
+
+mod rounding;
 
 use half::{bf16, f16};
 use rayon::prelude::*;
+use rounding::{bf16_from_f32, bf16_stochastic, bf16_to_f32};
+#[cfg(target_arch = "x86_64")]
+use rounding::store_bf16_streaming;
+pub use rounding::NoiseKey;
 
 /// AdamW's hyper-parameters. f64, as Python hands them to PyTorch: `1 - beta2` computed from an f32
 /// 0.999 is off by 5e-5 relative, which the moments would carry.
@@ -96,6 +106,64 @@ impl ParamCopy<'_> {
     }
 }
 
+/// A slice's AdamW moments: fp32, or bf16 with the random streams their rounding draws from.
+#[derive(Debug)]
+pub enum Moments<'a> {
+    F32 { m: &'a mut [f32], v: &'a mut [f32] },
+    Bf16 { m: &'a mut [bf16], v: &'a mut [bf16], noise: MomentNoise },
+}
+
+/// Where bf16 moments draw their rounding noise: each moment's stream for this step and group, and
+/// the group index of the slice's first element (the noise follows the element, not the slice).
+#[derive(Clone, Copy, Debug)]
+pub struct MomentNoise {
+    pub m: NoiseKey,
+    pub v: NoiseKey,
+    pub first_index: u32,
+}
+
+impl MomentNoise {
+    /// The streams of `group`'s moments at AdamW step `step`, for a slice starting at element
+    /// `first_index` of the group.
+    pub fn new(seed: u64, step: u64, group: u64, first_index: usize) -> Self {
+        let first_index = u32::try_from(first_index).expect("a parameter group holds fewer than 2^32 elements");
+        MomentNoise { m: NoiseKey::new(seed, step, group, 0), v: NoiseKey::new(seed, step, group, 1), first_index }
+    }
+    fn advanced(self, elems: usize) -> Self {
+        MomentNoise { first_index: self.first_index + elems as u32, ..self }
+    }
+}
+
+impl<'a> Moments<'a> {
+    pub fn len(&self) -> usize {
+        match self {
+            Moments::F32 { m, .. } => m.len(),
+            Moments::Bf16 { m, .. } => m.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    fn lens_agree(&self) -> bool {
+        match self {
+            Moments::F32 { m, v } => m.len() == v.len(),
+            Moments::Bf16 { m, v, .. } => m.len() == v.len(),
+        }
+    }
+    /// The moments cut into chunks of `elems` elements, each bf16 chunk with its own first index.
+    fn chunks(self, elems: usize) -> Vec<Moments<'a>> {
+        match self {
+            Moments::F32 { m, v } => m.chunks_mut(elems).zip(v.chunks_mut(elems)).map(|(m, v)| Moments::F32 { m, v }).collect(),
+            Moments::Bf16 { m, v, noise } => m
+                .chunks_mut(elems)
+                .zip(v.chunks_mut(elems))
+                .enumerate()
+                .map(|(c, (m, v))| Moments::Bf16 { m, v, noise: noise.advanced(c * elems) })
+                .collect(),
+        }
+    }
+}
+
 /// The per-step scalars, computed once (in f64, as Python computes them for PyTorch) and rounded to f32.
 #[derive(Clone, Copy, Debug)]
 struct StepScalars {
@@ -129,20 +197,6 @@ impl StepScalars {
     }
 }
 
-/// f32 -> bf16, round to nearest even (NaN stays NaN). Branch-free so the loop vectorises.
-#[inline(always)]
-fn bf16_from_f32(x: f32) -> bf16 {
-    let bits = x.to_bits();
-    let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16;
-    let nan = (bits & 0x7fff_ffff) > 0x7f80_0000;
-    bf16::from_bits(if nan { ((bits >> 16) | 0x40) as u16 } else { rounded as u16 })
-}
-
-#[inline(always)]
-fn bf16_to_f32(x: bf16) -> f32 {
-    f32::from_bits((x.to_bits() as u32) << 16)
-}
-
 /// One element of the update, exactly in PyTorch's operation order.
 #[inline(always)]
 fn update(p: &mut f32, m: &mut f32, v: &mut f32, grad: f32, k: &StepScalars) {
@@ -170,15 +224,40 @@ pub fn adamw_reference(
     grad_scale: f32,
     decay_this_tensor: bool,
 ) {
+    adamw_reference_moments(params, Moments::F32 { m, v }, grads, copy, cfg, step, grad_scale, decay_this_tensor)
+}
+
+/// [`adamw_reference`] over moments of either format.
+#[allow(clippy::too_many_arguments, reason = "the fast path's arguments, one for one, so the two read side by side")]
+pub fn adamw_reference_moments(
+    params: &mut [f32],
+    moments: Moments<'_>,
+    grads: Grads<'_>,
+    copy: ParamCopy<'_>,
+    cfg: &AdamConfig,
+    step: u64,
+    grad_scale: f32,
+    decay_this_tensor: bool,
+) {
     let k = StepScalars::new(cfg, step, grad_scale, decay_this_tensor);
     let mut copy = copy;
+    let mut moments = moments;
     for i in 0..params.len() {
         let g = match grads {
             Grads::F32(g) => g[i],
             Grads::F16(g) => g[i].to_f32(),
             Grads::Bf16(g) => bf16_to_f32(g[i]),
         };
-        update(&mut params[i], &mut m[i], &mut v[i], g, &k);
+        match &mut moments {
+            Moments::F32 { m, v } => update(&mut params[i], &mut m[i], &mut v[i], g, &k),
+            Moments::Bf16 { m, v, noise } => {
+                let (mut m32, mut v32) = (bf16_to_f32(m[i]), bf16_to_f32(v[i]));
+                update(&mut params[i], &mut m32, &mut v32, g, &k);
+                let at = noise.first_index + i as u32;
+                m[i] = bf16::from_bits(bf16_stochastic(m32, noise.m.noise(at)));
+                v[i] = bf16::from_bits(bf16_stochastic(v32, noise.v.noise(at)));
+            }
+        }
         match &mut copy {
             ParamCopy::None => {}
             ParamCopy::F32(out) => out[i] = params[i],
@@ -223,54 +302,6 @@ impl Isa {
             }
         }
     }
-}
-
-/// Writes the bf16 copy of `src` with non-temporal stores: the copy is only ever read by the device
-/// transfer, so bypassing the cache saves the read-for-ownership of every destination line (2 of the
-/// 30 bytes a mixed-precision update would otherwise move per parameter). Same roundings as
-/// [`bf16_from_f32`].
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn store_bf16_streaming(src: &[f32], out: &mut [bf16]) {
-    use std::arch::x86_64::{__m256i, _mm_sfence, _mm256_packus_epi32, _mm256_permute4x64_epi64, _mm256_stream_si256};
-    let n = src.len().min(out.len());
-    let mut i = 0;
-    while i < n && !(out[i..].as_ptr() as usize).is_multiple_of(32) {
-        out[i] = bf16_from_f32(src[i]);
-        i += 1;
-    }
-    while i + 16 <= n {
-        // SAFETY: src[i..i + 16] is in bounds; out[i..i + 16] is in bounds and 32-byte aligned.
-        unsafe {
-            let lo = bf16_bits_x8(src[i..].as_ptr());
-            let hi = bf16_bits_x8(src[i + 8..].as_ptr());
-            // packus works within 128-bit lanes: (lo0 hi0 lo1 hi1) -> reorder to (lo0 lo1 hi0 hi1).
-            let packed = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(lo, hi));
-            _mm256_stream_si256(out[i..].as_mut_ptr().cast::<__m256i>(), packed);
-        }
-        i += 16;
-    }
-    for j in i..n {
-        out[j] = bf16_from_f32(src[j]);
-    }
-    // Order the streaming stores before anything that follows (the caller may hand the copy on).
-    _mm_sfence();
-}
-
-/// Eight f32 at `src` rounded to bf16 bits (in the low half of each 32-bit lane): the vector form of
-/// [`bf16_from_f32`], NaN handling included.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn bf16_bits_x8(src: *const f32) -> std::arch::x86_64::__m256i {
-    use std::arch::x86_64::*;
-    // SAFETY: the caller guarantees 8 readable floats at src.
-    let bits = _mm256_castps_si256(unsafe { _mm256_loadu_ps(src) });
-    let lsb = _mm256_and_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(1));
-    let rounded = _mm256_srli_epi32::<16>(_mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)));
-    let magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fff_ffff));
-    let nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7f80_0000));
-    let quiet = _mm256_or_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(0x40));
-    _mm256_blendv_epi8(rounded, quiet, nan)
 }
 
 /// The loop body, generic over gradient and copy types; inlined into each instruction-set variant.
@@ -345,26 +376,56 @@ fn chunk_body(
     }
 }
 
+std::thread_local! {
+    /// Each AdamW thread's f32 copies of a chunk of bf16 moments (reused: a chunk's 512 KiB would
+    /// otherwise be mapped and unmapped, page faults and all, for every chunk).
+    static WIDENED: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// One chunk with moments of either format: fp32 ones are updated in place; bf16 ones are widened
+/// into f32 scratch, updated by the same body and rounded back stochastically.
+#[inline(always)]
+fn chunk_moments(p: &mut [f32], moments: &mut Moments<'_>, grads: Grads<'_>, copy: &mut ParamCopy<'_>, k: &StepScalars, streaming_copy: bool) {
+    match moments {
+        Moments::F32 { m, v } => chunk_body(p, m, v, grads, copy, k, streaming_copy),
+        Moments::Bf16 { m, v, noise } => WIDENED.with_borrow_mut(|(m32, v32)| {
+            let n = p.len();
+            m32.clear();
+            m32.extend(m[..n].iter().map(|&x| bf16_to_f32(x)));
+            v32.clear();
+            v32.extend(v[..n].iter().map(|&x| bf16_to_f32(x)));
+            chunk_body(p, m32, v32, grads, copy, k, streaming_copy);
+            let first = noise.first_index;
+            for (i, (out, &x)) in m[..n].iter_mut().zip(m32.iter()).enumerate() {
+                *out = bf16::from_bits(bf16_stochastic(x, noise.m.noise(first.wrapping_add(i as u32))));
+            }
+            for (i, (out, &x)) in v[..n].iter_mut().zip(v32.iter()).enumerate() {
+                *out = bf16::from_bits(bf16_stochastic(x, noise.v.noise(first.wrapping_add(i as u32))));
+            }
+        }),
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-fn chunk_avx512(p: &mut [f32], m: &mut [f32], v: &mut [f32], grads: Grads<'_>, copy: &mut ParamCopy<'_>, k: &StepScalars) {
-    chunk_body(p, m, v, grads, copy, k, true)
+fn chunk_avx512(p: &mut [f32], moments: &mut Moments<'_>, grads: Grads<'_>, copy: &mut ParamCopy<'_>, k: &StepScalars) {
+    chunk_moments(p, moments, grads, copy, k, true)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn chunk_avx2(p: &mut [f32], m: &mut [f32], v: &mut [f32], grads: Grads<'_>, copy: &mut ParamCopy<'_>, k: &StepScalars) {
-    chunk_body(p, m, v, grads, copy, k, true)
+fn chunk_avx2(p: &mut [f32], moments: &mut Moments<'_>, grads: Grads<'_>, copy: &mut ParamCopy<'_>, k: &StepScalars) {
+    chunk_moments(p, moments, grads, copy, k, true)
 }
 
-fn chunk_dispatch(isa: Isa, p: &mut [f32], m: &mut [f32], v: &mut [f32], grads: Grads<'_>, copy: &mut ParamCopy<'_>, k: &StepScalars) {
+fn chunk_dispatch(isa: Isa, p: &mut [f32], moments: &mut Moments<'_>, grads: Grads<'_>, copy: &mut ParamCopy<'_>, k: &StepScalars) {
     match isa {
         // SAFETY: `Isa::detect` only returns these when the CPU has the features.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { chunk_avx512(p, m, v, grads, copy, k) },
+        Isa::Avx512 => unsafe { chunk_avx512(p, moments, grads, copy, k) },
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2Fma => unsafe { chunk_avx2(p, m, v, grads, copy, k) },
-        _ => chunk_body(p, m, v, grads, copy, k, false),
+        Isa::Avx2Fma => unsafe { chunk_avx2(p, moments, grads, copy, k) },
+        _ => chunk_moments(p, moments, grads, copy, k, false),
     }
 }
 
@@ -412,8 +473,26 @@ impl AdamW {
         grad_scale: f32,
         decay_this_tensor: bool,
     ) {
+        self.step_moments(params, Moments::F32 { m, v }, grads, copy, step, grad_scale, decay_this_tensor)
+    }
+
+    /// [`AdamW::step`] with moments of either format.
+    #[allow(clippy::too_many_arguments)]
+    pub fn step_moments(
+        &self,
+        params: &mut [f32],
+        moments: Moments<'_>,
+        grads: Grads<'_>,
+        copy: ParamCopy<'_>,
+        step: u64,
+        grad_scale: f32,
+        decay_this_tensor: bool,
+    ) {
         let n = params.len();
-        assert!(m.len() == n && v.len() == n && grads.len() == n, "AdamW: p, m, v and grads must have the same length");
+        assert!(
+            moments.len() == n && moments.lens_agree() && grads.len() == n,
+            "AdamW: p, m, v and grads must have the same length"
+        );
         let k = StepScalars::new(&self.config, step, grad_scale, decay_this_tensor);
         let (isa, ce) = (self.isa, self.chunk_elems);
         let grad_chunks: Vec<Grads<'_>> = match grads {
@@ -436,13 +515,13 @@ impl AdamW {
                 out.chunks_mut(ce).map(ParamCopy::Bf16).collect()
             }
         };
+        let moment_chunks = moments.chunks(ce);
         self.pool.install(|| {
             params
                 .par_chunks_mut(ce)
-                .zip(m.par_chunks_mut(ce))
-                .zip(v.par_chunks_mut(ce))
+                .zip(moment_chunks.into_par_iter())
                 .zip(grad_chunks.into_par_iter().zip(copy_chunks.into_par_iter()))
-                .for_each(|(((p, m), v), (g, mut c))| chunk_dispatch(isa, p, m, v, g, &mut c, &k));
+                .for_each(|((p, mut mv), (g, mut c))| chunk_dispatch(isa, p, &mut mv, g, &mut c, &k));
         });
     }
 
@@ -468,22 +547,9 @@ impl AdamW {
     }
 }
 
-/// Bytes moved per parameter by one step with these gradient and copy types (read grad and p, m, v;
-/// write p, m, v and the copy).
+/// Bytes moved per parameter by one step with these gradient and copy types and fp32 moments (read
+/// grad and p, m, v; write p, m, v and the copy).
 pub fn bytes_per_param(grad_bytes: usize, copy_bytes: usize) -> usize {
     grad_bytes + 12 + 12 + copy_bytes
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bf16_rounding_is_nearest_even_and_keeps_nan_and_inf() {
-        for x in [0.0f32, -0.0, 1.0, 1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, 3.14158, -2.5e-3, 1e38, f32::INFINITY, f32::NEG_INFINITY, 1e-40]
-        {
-            assert_eq!(bf16_from_f32(x).to_bits(), bf16::from_f32(x).to_bits(), "{x}");
-        }
-        assert!(bf16_from_f32(f32::NAN).is_nan());
-    }
-}

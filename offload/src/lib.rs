@@ -14,7 +14,7 @@ mod spare_pool;
 pub mod store;
 pub mod sweep;
 
-pub use adam::{AdamConfig, AdamW, Grads, Isa, ParamCopy};
+pub use adam::{AdamConfig, AdamW, Grads, Isa, MomentNoise, Moments, ParamCopy};
 pub use aligned::{ALIGN_BYTES, AlignedBuf, BufferPool};
 pub use io::{Direction, IoConfig, IoEngine, IoEngineKind};
 pub use spare_pool::{SPARE_PREFIX, SPARES_PER_SIZE};
