@@ -84,6 +84,7 @@ fn flags_that_change_a_resumed_runs_meaning_are_refused_by_name() {
         (&["--seed", "5"][..], "--seed 5 differs"),
         (&["--dropout", "0.2"][..], "--dropout 0.2 differs from the checkpoint's (none)"),
         (&["--matmul-inputs", "f16"][..], "--matmul-inputs f16 differs from the checkpoint's f32"),
+        (&["--adam-state", "bf16"][..], "--adam-state bf16 differs from the checkpoint's fp32"),
         (&["--config", "gpt2"][..], "is not the checkpoint's model"),
     ] {
         let out = resume_to(4, extra);

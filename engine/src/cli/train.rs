@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use zerostream::train::launch::{Launched, RankRequest, RunRequest};
 use zerostream::train::ranks::RankDevice;
 use zerostream::train::run::{CheckpointOptions, ModelChoice, RunOptions};
-use zerostream::train::{LrPlan, LrSchedule, Precision, SaveDtype, TrainConfig, ZeroStage};
+use zerostream::train::{AdamState, LrPlan, LrSchedule, Precision, SaveDtype, TrainConfig, ZeroStage};
 use zerostream_checkpoints::{DataTokenizer, TokenWidth};
 use zerostream_offload::{IoConfig, IoEngineKind, Tier};
 
@@ -163,6 +163,12 @@ pub struct TrainArgs {
     /// or accumulated).
     #[arg(long, value_enum, default_value = "cpu")]
     offload_optimizer: OffloadTarget,
+    /// The format of AdamW's two moments: fp32 (PyTorch's state, bit for bit) or bf16 (4 bytes per
+    /// parameter less to hold and, on nvme, to read and write each step; the update is still computed
+    /// in f32 and the moments are rounded stochastically when stored, so small changes are not lost).
+    /// Checkpoints keep the chosen format; a resume keeps the checkpoint's.
+    #[arg(long, value_enum, default_value = "fp32")]
+    adam_state: AdamState,
     /// Where the step's fp32 gradient accumulator lives (default: with the optimizer state). `ram`
     /// (the same as cpu) with the optimizer on nvme spares the drive a read and a write of 4 bytes per
     /// parameter each micro-batch and the sweep's read, for 4 bytes per parameter of RAM; results are
@@ -313,6 +319,7 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>, r
         seed: a.seed,
         vocab_chunk_rows: a.vocab_chunk_rows,
         matmul_inputs: a.matmul_inputs,
+        adam_state: a.adam_state,
     };
     let options = RunOptions {
         model,

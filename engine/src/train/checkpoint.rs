@@ -2,8 +2,9 @@
 //!
 //! `step-NNNNNNNN/` (see `zerostream_checkpoints::checkpoint` for the crash-safe directory moves):
 //! - `config.json` + `model.safetensors`: a Hugging Face model directory in `--save-dtype`;
-//! - `optimizer.rank{r}.safetensors`, one per rank: `{group}.master`, `{group}.adam_m`, `{group}.adam_v`,
-//!   each the rank's fp32 slice of the group's padded flat buffer; the metadata holds the world size,
+//! - `optimizer.rank{r}.safetensors`, one per rank: `{group}.master`, `{group}.adam_m`, `{group}.adam_v`
+//!   (the moments in `--adam-state`'s format, fp32 or bf16), each the rank's slice of the group's padded
+//!   flat buffer; the metadata holds the world size,
 //!   the stage and every group's length, padded length and owned range, so another world size can
 //!   re-split the state;
 //! - the tokenizer's files when the run knows its tokenizer (`RunRecord::tokenizer_files`: GPT-2's
@@ -25,8 +26,9 @@ use serde::{Deserialize, Serialize};
 use zerostream_checkpoints::checkpoint::{CheckpointRoot, FileDigest, STATE_FILE, partial_dir, verify_files, write_file_atomic};
 use zerostream_checkpoints::hf::to_f32;
 use zerostream_checkpoints::safetensors_stream::{StreamWriter, TensorEntry};
+use zerostream_offload::Stored;
 
-use super::config::Flags;
+use super::config::{AdamState, Flags};
 use super::schedule::ScalerState;
 use super::{Precision, Trainer};
 use crate::device::Backend;
@@ -177,8 +179,12 @@ impl<D: Backend> Trainer<'_, D> {
         let mut opt = if optimizer {
             let mut entries = Vec::new();
             for (g, shard) in self.layouts.iter().zip(self.shards.iter()) {
-                for kind in ["master", "adam_m", "adam_v"] {
-                    entries.push(TensorEntry::new(format!("{}.{kind}", g.name), Dtype::F32, vec![shard.slice_len()]));
+                let moments = match self.train.adam_state {
+                    AdamState::Fp32 => Dtype::F32,
+                    AdamState::Bf16 => Dtype::BF16,
+                };
+                for (kind, dtype) in [("master", Dtype::F32), ("adam_m", moments), ("adam_v", moments)] {
+                    entries.push(TensorEntry::new(format!("{}.{kind}", g.name), dtype, vec![shard.slice_len()]));
                 }
             }
             Some(StreamWriter::create(&dir.join(optimizer_file(rank)), entries, &self.layout_metadata())?)
@@ -385,10 +391,36 @@ impl Checkpoint {
             let st = SafeTensors::deserialize(&rf.mmap).with_context(|| format!("{}: not a valid safetensors file", rf.path.display()))?;
             let name = format!("{group}.{kind}");
             let view = st.tensor(&name).with_context(|| format!("{}: tensor {name}", rf.path.display()))?;
-            let bytes = &view.data()[4 * (r.start - owned.start)..4 * (r.end - owned.start)];
-            out[r.start - range.start..r.end - range.start].copy_from_slice(&to_f32(Dtype::F32, bytes)?);
+            // fp32, or bf16 (moments under --adam-state bf16: widened exactly).
+            let elem_bytes = match view.dtype() {
+                Dtype::F32 => 4,
+                Dtype::BF16 => 2,
+                other => bail!("{}: tensor {name} is {other:?}; expected F32 or BF16", rf.path.display()),
+            };
+            let Some(bytes) = view.data().get(elem_bytes * (r.start - owned.start)..elem_bytes * (r.end - owned.start)) else {
+                bail!("{}: tensor {name} holds {} bytes, fewer than its slice {owned:?} needs", rf.path.display(), view.data().len());
+            };
+            out[r.start - range.start..r.end - range.start].copy_from_slice(&to_f32(view.dtype(), bytes)?);
         }
         Ok(())
+    }
+}
+
+impl Checkpoint {
+    /// A moment's elements `range` of `group` into `out` (paged in), in the run's format `state`: a
+    /// resume keeps the checkpoint's `--adam-state`, so bf16 moments come back bit for bit.
+    pub(super) fn read_moment(&self, group: &str, kind: &str, range: Range<usize>, state: AdamState, out: &mut Stored) -> Result<()> {
+        match state {
+            AdamState::Fp32 => self.read_range(group, kind, range, out.data_mut().as_mut_slice()),
+            AdamState::Bf16 => {
+                let mut values = vec![0.0f32; range.len()];
+                self.read_range(group, kind, range, &mut values)?;
+                for (o, x) in out.data_mut().as_mut_slice::<u16>().iter_mut().zip(values) {
+                    *o = half::bf16::from_f32(x).to_bits();
+                }
+                Ok(())
+            }
+        }
     }
 }
 

@@ -51,7 +51,7 @@ use crate::comm::Comm;
 use crate::device::Backend;
 use crate::model::{Model, TensorSpec};
 pub use checkpoint::{Checkpoint, RunRecord, SaveDtype};
-pub use config::{Flags, MEANING_FLAGS, Precision, TrainConfig};
+pub use config::{AdamState, Flags, MEANING_FLAGS, Precision, TrainConfig};
 use device_state::DeviceState;
 use layout::{GroupLayout, group_layouts};
 pub use plan::{Placement, minimum_device_bytes, minimum_device_bytes_on, plan, plan_on};
@@ -59,7 +59,9 @@ pub use report::StepReport;
 pub use schedule::{LossScaler, LrPlan, LrSchedule};
 pub use shard::{GroupShard, Sharding, ZeroStage};
 use step::{Clock, timed};
-use worker::{OptimizerGroup, Progress, ProgressState, SharedGroup, UpdateJob, adam_seconds_total, lock, optimizer_worker, write_working};
+use worker::{
+    OptimizerGroup, Progress, ProgressState, SharedGroup, UpdateFormats, UpdateJob, adam_seconds_total, lock, optimizer_worker, write_working,
+};
 
 /// Where the model's initial weights come from.
 pub enum ModelSource<'a> {
@@ -181,8 +183,9 @@ impl<'d, D: Backend> Trainer<'d, D> {
         for (k, (g, shard)) in layouts.iter().zip(shards.iter()).enumerate() {
             let slice = shard.slice_len();
             let mut master = Stored::new(&format!("{}.master", g.name), 4 * slice, train.offload_optimizer, nv)?;
-            let mut m = Stored::new(&format!("{}.adam_m", g.name), 4 * slice, train.offload_optimizer, nv)?;
-            let mut v = Stored::new(&format!("{}.adam_v", g.name), 4 * slice, train.offload_optimizer, nv)?;
+            let moment_bytes = train.adam_state.moment_bytes();
+            let mut m = Stored::new(&format!("{}.adam_m", g.name), moment_bytes * slice, train.offload_optimizer, nv)?;
+            let mut v = Stored::new(&format!("{}.adam_v", g.name), moment_bytes * slice, train.offload_optimizer, nv)?;
             let bytes = train.precision.working_bytes_per_param();
             let mut working = Stored::new(&format!("{}.working", g.name), bytes * shard.working_len, train.offload_params, nv)?;
             for s in [&mut master, &mut m, &mut v, &mut working] {
@@ -192,8 +195,9 @@ impl<'d, D: Backend> Trainer<'d, D> {
             if let ModelSource::Checkpoint(c) = source {
                 // This rank's slices at this world size, cut from whichever ranks' files hold them.
                 c.read_range(&g.name, "master", shard.owned.clone(), master.data_mut().as_mut_slice())?;
-                c.read_range(&g.name, "adam_m", shard.owned.clone(), m.data_mut().as_mut_slice())?;
-                c.read_range(&g.name, "adam_v", shard.owned.clone(), v.data_mut().as_mut_slice())?;
+                for (kind, moment) in [("adam_m", &mut m), ("adam_v", &mut v)] {
+                    c.read_moment(&g.name, kind, shard.owned.clone(), train.adam_state, moment)?;
+                }
                 let mut values = vec![0.0f32; shard.working_len];
                 c.read_range(&g.name, "master", working_range, &mut values)?;
                 write_working(train.precision, &values, &mut working, 0);
@@ -283,18 +287,13 @@ impl<'d, D: Backend> Trainer<'d, D> {
             self.train.adam_threads,
             zerostream_offload::adam::DEFAULT_CHUNK_ELEMS,
         );
-        let (layouts, shards, shared, progress, nvme, precision) = (
-            self.layouts.clone(),
-            self.shards.clone(),
-            self.shared.clone(),
-            self.progress.clone(),
-            self.nvme.clone(),
-            self.train.precision,
-        );
+        let (layouts, shards, shared, progress, nvme) =
+            (self.layouts.clone(), self.shards.clone(), self.shared.clone(), self.progress.clone(), self.nvme.clone());
+        let formats = UpdateFormats { working: self.train.precision, moments: self.train.adam_state, noise_seed: self.train.seed };
         let handle = std::thread::Builder::new()
             .name("adamw".into())
             .spawn(move || {
-                let result = optimizer_worker(rx, optimizer, adam, &layouts, &shards, &shared, &progress, nvme.as_deref(), precision);
+                let result = optimizer_worker(rx, optimizer, adam, &layouts, &shards, &shared, &progress, nvme.as_deref(), formats);
                 if let Err(e) = &result {
                     progress.lock().failed = Some(format!("{e:#}"));
                     progress.changed.notify_all();

@@ -4,7 +4,7 @@
 use anyhow::{Result, bail};
 use zerostream_offload::Tier;
 
-use super::config::{Precision, TrainConfig};
+use super::config::{AdamState, Precision, TrainConfig};
 use super::layout::{GroupLayout, TensorSlot, group_layouts};
 use super::shard::{Sharding, ZeroStage};
 use super::traffic::NvmeTraffic;
@@ -22,6 +22,8 @@ pub struct Placement {
     pub params: usize,
     pub world_size: usize,
     pub zero_stage: ZeroStage,
+    /// The moments' format (`--adam-state`).
+    pub adam_state: AdamState,
     /// Per rank: this rank's fp32 master weights and Adam moments (1/N of them from stage 1 on).
     pub host_optimizer_bytes: u64,
     /// Per rank: the working copy (1/N of it in stage 3).
@@ -163,9 +165,10 @@ impl Placement {
             ";".to_string()
         };
         format!(
-            "placement: {} parameters{ranks} master weights + Adam moments {:.1} MiB on {}; gradients {:.1} MiB on {}; working copy {:.1} MiB on {}{}\n\
+            "placement: {} parameters{ranks} master weights + {} Adam moments {:.1} MiB on {}; gradients {:.1} MiB on {}; working copy {:.1} MiB on {}{}\n\
              device{}: head {:.1} MiB ({}) + {} block slots x {:.1} MiB + activations {:.1} MiB + other {:.1} MiB = {:.1} MiB (budget {})\n{}",
             self.params,
+            moments_name(self.adam_state),
             mib(self.host_optimizer_bytes),
             self.optimizer_tier.name(),
             mib(self.host_grad_bytes),
@@ -349,10 +352,11 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
     slice_lens.sort_unstable_by(|a, b| b.cmp(a));
     let largest_working = shards.iter().map(|s| s.working_len as u64).max().unwrap_or(0);
     let working_bytes = tc.precision.working_bytes_per_param() as u64;
+    let state_bytes = tc.adam_state.state_bytes_per_param() as u64;
     let mut host_paged_in_bytes = 0;
     // The sweep's three groups of master weights, moments and gradients; the device thread's gradient.
     if tc.offload_optimizer == Tier::Nvme {
-        host_paged_in_bytes += 12 * slice_lens.iter().take(3).sum::<u64>();
+        host_paged_in_bytes += state_bytes * slice_lens.iter().take(3).sum::<u64>();
     }
     if tc.gradients_tier() == Tier::Nvme {
         host_paged_in_bytes += 4 * slice_lens.iter().take(3).sum::<u64>() + 4 * slice_lens.first().copied().unwrap_or(0);
@@ -360,10 +364,14 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
     if tc.offload_params == Tier::Nvme {
         host_paged_in_bytes += 2 * working_bytes * largest_working;
     }
-    // The spare files: a few per distinct shard size (master, m, v and gradient slices share theirs).
+    // The spare files: a few per distinct shard size (master, fp32 moments and gradient slices share
+    // theirs; bf16 moments have their own).
     let mut spare_sizes = std::collections::BTreeSet::new();
     if tc.offload_optimizer == Tier::Nvme || tc.gradients_tier() == Tier::Nvme {
         spare_sizes.extend(slice_lens.iter().map(|&n| 4 * n));
+    }
+    if tc.offload_optimizer == Tier::Nvme {
+        spare_sizes.extend(slice_lens.iter().map(|&n| tc.adam_state.moment_bytes() as u64 * n));
     }
     if tc.offload_params == Tier::Nvme {
         spare_sizes.extend(shards.iter().map(|s| working_bytes * s.working_len as u64));
@@ -380,7 +388,8 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         params,
         world_size: sharding.world,
         zero_stage: tc.zero_stage,
-        host_optimizer_bytes: 12 * slices,
+        adam_state: tc.adam_state,
+        host_optimizer_bytes: state_bytes * slices,
         host_working_bytes: tc.precision.working_bytes_per_param() as u64 * working,
         host_grad_bytes: 4 * slices,
         host_stage1_grad_bytes: 4 * stage1_grads,
@@ -395,6 +404,14 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         device_budget_bytes: tc.gpu_mem_budget,
         nvme_traffic: NvmeTraffic::of(tc, sharding.world, &groups.iter().map(|g| g.len).collect::<Vec<_>>(), block_slots),
     })
+}
+
+/// The moments' format as `plan` and the summary name it.
+pub(super) fn moments_name(state: AdamState) -> &'static str {
+    match state {
+        AdamState::Fp32 => "fp32",
+        AdamState::Bf16 => "bf16",
+    }
 }
 
 #[cfg(test)]

@@ -71,13 +71,14 @@ pub fn what_it_did(
         String::new()
     };
     let lived = format!(
-        "state{ranks}: fp32 master weights + AdamW moments {} in {}, working copy {} in {}, gradients {} in {}; on the device ({device}) at most {} ({})",
+        "state{ranks}: fp32 master weights + {} AdamW moments {} in {}, working copy {} in {}, gradients {} in {}; on the device ({device}) at most {} ({})",
+        super::plan::moments_name(placement.adam_state),
         bytes(placement.host_optimizer_bytes),
         tier_place(placement.optimizer_tier),
         bytes(placement.host_working_bytes),
         tier_place(placement.params_tier),
         bytes(placement.host_grad_bytes + placement.host_stage1_grad_bytes),
-        tier_place(placement.optimizer_tier),
+        tier_place(placement.grads_tier),
         bytes(reports.iter().map(|r| r.peak_device_bytes).max().unwrap_or(0)),
         placement.device_budget_bytes.map_or("no budget".to_string(), |b| format!("budget {}", bytes(b))),
     );

@@ -37,7 +37,7 @@ impl ReadWrite {
 /// One rank's NVMe traffic in a steady step (every update applied), by kind of state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NvmeTraffic {
-    /// fp32 master weights and Adam moments.
+    /// fp32 master weights and Adam moments (fp32 or bf16).
     pub optimizer: ReadWrite,
     /// The fp32 gradient accumulator.
     pub gradients: ReadWrite,
@@ -56,6 +56,7 @@ impl NvmeTraffic {
         let nvme = |tier: Tier| tier == Tier::Nvme;
         let (optimizer_on, grads_on, working_on) = (nvme(tc.offload_optimizer), nvme(tc.gradients_tier()), nvme(tc.offload_params));
         let slice_bytes = |k: usize| 4 * shards[k].slice_len() as u64;
+        let state_bytes = |k: usize| (tc.adam_state.state_bytes_per_param() * shards[k].slice_len()) as u64;
         let working_bytes = |k: usize| (tc.precision.working_bytes_per_param() * shards[k].working_len) as u64;
         // Stages 1-2 with several ranks gather the working copy in place on its first upload after an
         // update, and write it back.
@@ -93,7 +94,7 @@ impl NvmeTraffic {
                 Op::Update => {
                     for k in 0..group_lens.len() {
                         if optimizer_on {
-                            t.optimizer.add(3 * slice_bytes(k), 3 * slice_bytes(k));
+                            t.optimizer.add(state_bytes(k), state_bytes(k));
                         }
                         if grads_on {
                             t.gradients.add(slice_bytes(k), 0);

@@ -7,9 +7,9 @@ use std::time::Instant;
 
 use anyhow::{Result, anyhow, bail};
 use half::{bf16, f16};
-use zerostream_offload::{AdamW, Grads, NvmeDir, ParamCopy, Stored, pipelined_sweep};
+use zerostream_offload::{AdamW, Grads, MomentNoise, Moments, NvmeDir, ParamCopy, Stored, pipelined_sweep};
 
-use super::config::Precision;
+use super::config::{AdamState, Precision};
 use super::layout::GroupLayout;
 use super::shard::{GroupShard, intersect};
 
@@ -65,6 +65,15 @@ pub(super) struct OptimizerGroup {
     pub(super) master: Stored,
     pub(super) m: Stored,
     pub(super) v: Stored,
+}
+
+/// The formats the update writes: the working copy's (`--precision`) and the moments'
+/// (`--adam-state`), and the seed of the bf16 moments' rounding noise (the run's `--seed`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct UpdateFormats {
+    pub(super) working: Precision,
+    pub(super) moments: AdamState,
+    pub(super) noise_seed: u64,
 }
 
 /// One update for the worker: everything it needs to know about the step.
@@ -162,7 +171,7 @@ pub(super) fn optimizer_worker(
     shared: &[Mutex<SharedGroup>],
     progress: &Progress,
     nvme: Option<&NvmeDir>,
-    precision: Precision,
+    formats: UpdateFormats,
 ) -> Result<Vec<OptimizerGroup>> {
     for job in jobs {
         let start = Instant::now();
@@ -183,29 +192,30 @@ pub(super) fn optimizer_worker(
             let SharedGroup { grads, working, .. } = &mut *sh;
             working.page_in_zeroed(nvme);
             let grads = grads.data().as_slice::<f32>();
-            let (p, m, v) = (g.master.data_mut().as_mut_slice::<f32>(), g.m.data_mut(), g.v.data_mut());
-            let (m, v) = (m.as_mut_slice::<f32>(), v.as_mut_slice::<f32>());
+            let p = g.master.data_mut().as_mut_slice::<f32>();
+            let (m, v) = (g.m.data_mut(), g.v.data_mut());
             let shard = &shards[k];
             // Each tensor's part inside this rank's slice; `o` indexes the slice, `w` the working copy.
             for t in &layouts[k].tensors {
                 let Some(r) = intersect(t.range(), &shard.owned) else { continue };
                 let o = r.start - shard.owned.start..r.end - shard.owned.start;
                 let w = r.start - shard.working_base..r.end - shard.working_base;
-                let copy = match precision {
+                let copy = match formats.working {
                     Precision::Fp32 => ParamCopy::F32(&mut working.data_mut().as_mut_slice::<f32>()[w]),
                     Precision::Bf16 => ParamCopy::Bf16(bytemuck::cast_slice_mut(&mut working.data_mut().as_mut_slice::<u16>()[w])),
                     Precision::Fp16 => ParamCopy::F16(bytemuck::cast_slice_mut(&mut working.data_mut().as_mut_slice::<u16>()[w])),
                 };
-                adam.step(
-                    &mut p[o.clone()],
-                    &mut m[o.clone()],
-                    &mut v[o.clone()],
-                    Grads::F32(&grads[o]),
-                    copy,
-                    job.adam_step,
-                    job.grad_multiplier,
-                    t.decay,
-                );
+                let moments = match formats.moments {
+                    AdamState::Fp32 => Moments::F32 { m: &mut m.as_mut_slice::<f32>()[o.clone()], v: &mut v.as_mut_slice::<f32>()[o.clone()] },
+                    // The noise follows the element's place in the group (r.start), not in this rank's
+                    // slice: every world size rounds each element alike.
+                    AdamState::Bf16 => Moments::Bf16 {
+                        m: bytemuck::cast_slice_mut(&mut m.as_mut_slice::<u16>()[o.clone()]),
+                        v: bytemuck::cast_slice_mut(&mut v.as_mut_slice::<u16>()[o.clone()]),
+                        noise: MomentNoise::new(formats.noise_seed, job.adam_step, k as u64, r.start),
+                    },
+                };
+                adam.step_moments(&mut p[o.clone()], moments, Grads::F32(&grads[o]), copy, job.adam_step, job.grad_multiplier, t.decay);
             }
             working.page_out(nvme, true)?;
             sh.grads.page_out(nvme, false)?;
