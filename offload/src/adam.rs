@@ -27,7 +27,7 @@ mod rounding;
 
 use half::{bf16, f16};
 use rayon::prelude::*;
-use rounding::{bf16_from_f32, bf16_stochastic, bf16_to_f32};
+use rounding::{bf16_from_f32, bf16_stochastic, bf16_to_f32, round_stochastic_into, widen_into};
 #[cfg(target_arch = "x86_64")]
 use rounding::store_bf16_streaming;
 pub use rounding::NoiseKey;
@@ -379,54 +379,63 @@ fn chunk_body(
 std::thread_local! {
     /// Each AdamW thread's f32 copies of a chunk of bf16 moments (reused: a chunk's 512 KiB would
     /// otherwise be mapped and unmapped, page faults and all, for every chunk).
-    static WIDENED: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    static WIDENED: std::cell::RefCell<Widened> = const { std::cell::RefCell::new(Widened { m: Vec::new(), v: Vec::new() }) };
+}
+
+/// f32 scratch for a chunk of bf16 moments.
+struct Widened {
+    m: Vec<f32>,
+    v: Vec<f32>,
 }
 
 /// One chunk with moments of either format: fp32 ones are updated in place; bf16 ones are widened
 /// into f32 scratch, updated by the same body and rounded back stochastically.
 #[inline(always)]
-fn chunk_moments(p: &mut [f32], moments: &mut Moments<'_>, grads: Grads<'_>, copy: &mut ParamCopy<'_>, k: &StepScalars, streaming_copy: bool) {
+fn chunk_moments(
+    p: &mut [f32],
+    moments: &mut Moments<'_>,
+    scratch: &mut Widened,
+    grads: Grads<'_>,
+    copy: &mut ParamCopy<'_>,
+    k: &StepScalars,
+    streaming_copy: bool,
+) {
     match moments {
         Moments::F32 { m, v } => chunk_body(p, m, v, grads, copy, k, streaming_copy),
-        Moments::Bf16 { m, v, noise } => WIDENED.with_borrow_mut(|(m32, v32)| {
+        Moments::Bf16 { m, v, noise } => {
             let n = p.len();
-            m32.clear();
-            m32.extend(m[..n].iter().map(|&x| bf16_to_f32(x)));
-            v32.clear();
-            v32.extend(v[..n].iter().map(|&x| bf16_to_f32(x)));
-            chunk_body(p, m32, v32, grads, copy, k, streaming_copy);
-            let first = noise.first_index;
-            for (i, (out, &x)) in m[..n].iter_mut().zip(m32.iter()).enumerate() {
-                *out = bf16::from_bits(bf16_stochastic(x, noise.m.noise(first.wrapping_add(i as u32))));
-            }
-            for (i, (out, &x)) in v[..n].iter_mut().zip(v32.iter()).enumerate() {
-                *out = bf16::from_bits(bf16_stochastic(x, noise.v.noise(first.wrapping_add(i as u32))));
-            }
-        }),
+            widen_into(&mut scratch.m, &m[..n]);
+            widen_into(&mut scratch.v, &v[..n]);
+            chunk_body(p, &mut scratch.m, &mut scratch.v, grads, copy, k, streaming_copy);
+            round_stochastic_into(&mut m[..n], &scratch.m, noise.m, noise.first_index);
+            round_stochastic_into(&mut v[..n], &scratch.v, noise.v, noise.first_index);
+        }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-fn chunk_avx512(p: &mut [f32], moments: &mut Moments<'_>, grads: Grads<'_>, copy: &mut ParamCopy<'_>, k: &StepScalars) {
-    chunk_moments(p, moments, grads, copy, k, true)
+fn chunk_avx512(p: &mut [f32], moments: &mut Moments<'_>, scratch: &mut Widened, grads: Grads<'_>, copy: &mut ParamCopy<'_>, k: &StepScalars) {
+    chunk_moments(p, moments, scratch, grads, copy, k, true)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn chunk_avx2(p: &mut [f32], moments: &mut Moments<'_>, grads: Grads<'_>, copy: &mut ParamCopy<'_>, k: &StepScalars) {
-    chunk_moments(p, moments, grads, copy, k, true)
+fn chunk_avx2(p: &mut [f32], moments: &mut Moments<'_>, scratch: &mut Widened, grads: Grads<'_>, copy: &mut ParamCopy<'_>, k: &StepScalars) {
+    chunk_moments(p, moments, scratch, grads, copy, k, true)
 }
 
 fn chunk_dispatch(isa: Isa, p: &mut [f32], moments: &mut Moments<'_>, grads: Grads<'_>, copy: &mut ParamCopy<'_>, k: &StepScalars) {
-    match isa {
+    // The scratch is borrowed here, outside the instruction-set variants: a closure passed to
+    // `LocalKey::with` would be compiled without their target features (and mul_add become calls).
+    WIDENED.with_borrow_mut(|scratch| match isa {
         // SAFETY: `Isa::detect` only returns these when the CPU has the features.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { chunk_avx512(p, moments, grads, copy, k) },
+        Isa::Avx512 => unsafe { chunk_avx512(p, moments, scratch, grads, copy, k) },
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2Fma => unsafe { chunk_avx2(p, moments, grads, copy, k) },
-        _ => chunk_moments(p, moments, grads, copy, k, false),
-    }
+        Isa::Avx2Fma => unsafe { chunk_avx2(p, moments, scratch, grads, copy, k) },
+        _ => chunk_moments(p, moments, scratch, grads, copy, k, false),
+    })
 }
 
 /// The fast AdamW: a rayon pool of a chosen size, chunks of a chosen length, the widest instruction set.

@@ -6,7 +6,9 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use half::{bf16, f16};
 use rayon::prelude::*;
-use zerostream_offload::adam::{self, AdamConfig, AdamW, DEFAULT_CHUNK_ELEMS, Grads, ParamCopy};
+use zerostream_offload::adam::{self, AdamConfig, AdamW, DEFAULT_CHUNK_ELEMS, Grads, MomentNoise, Moments, ParamCopy};
+
+use crate::train::AdamState;
 use zerostream_offload::membw;
 
 /// Precision of the gradients fed to the update and of the parameter copy it writes.
@@ -35,6 +37,8 @@ pub struct AdamBenchConfig {
     pub grad: HalfOrFull,
     /// The 16-bit copy written for the GPU; `F32` means none.
     pub copy: HalfOrFull,
+    /// The moments' format (`train --adam-state`).
+    pub moments: AdamState,
     pub reps: usize,
 }
 
@@ -45,6 +49,7 @@ pub struct AdamBenchReport {
     pub isa: &'static str,
     pub grad: HalfOrFull,
     pub copy: HalfOrFull,
+    pub moments: AdamState,
     pub seconds_per_step: f64,
     pub gparams_per_s: f64,
     pub bytes_per_param: usize,
@@ -60,6 +65,7 @@ impl AdamBenchReport {
         serde_json::json!({
             "params": self.params, "threads": self.threads, "isa": self.isa,
             "grad": format!("{:?}", self.grad).to_lowercase(), "copy": format!("{:?}", self.copy).to_lowercase(),
+            "adam_state": self.moments.name(),
             "seconds_per_step": self.seconds_per_step, "gparams_per_s": self.gparams_per_s,
             "bytes_per_param": self.bytes_per_param, "adam_gbps": self.adam_gbps,
             "triad_gbps": self.triad_gbps, "fraction_of_triad": self.fraction_of_triad(),
@@ -84,7 +90,11 @@ pub fn bench_adam(cfg: &AdamBenchConfig) -> Result<AdamBenchReport> {
             v
         })
     };
-    let (mut p, mut m, mut v) = (filled(0.5), filled(0.0), filled(0.0));
+    let p_init = filled(0.5);
+    let mut p = p_init;
+    let bf16_moments = cfg.moments == AdamState::Bf16;
+    let (mut m, mut v) = if bf16_moments { (Vec::new(), Vec::new()) } else { (filled(0.0), filled(0.0)) };
+    let mut moments16: [Vec<bf16>; 2] = std::array::from_fn(|_| if bf16_moments { pool.install(|| vec![bf16::ZERO; n]) } else { Vec::new() });
     let g32 = filled(1e-3);
     let g16: Vec<f16> = pool.install(|| g32.par_iter().map(|x| f16::from_f32(*x)).collect());
     let gb16: Vec<bf16> = pool.install(|| g32.par_iter().map(|x| bf16::from_f32(*x)).collect());
@@ -102,8 +112,14 @@ pub fn bench_adam(cfg: &AdamBenchConfig) -> Result<AdamBenchReport> {
             HalfOrFull::F16 => ParamCopy::F16(&mut copy16),
             HalfOrFull::Bf16 => ParamCopy::Bf16(&mut copyb16),
         };
+        let [m16, v16] = &mut moments16;
+        let moments = if bf16_moments {
+            Moments::Bf16 { m: m16, v: v16, noise: MomentNoise::new(0, step, 0, 0) }
+        } else {
+            Moments::F32 { m: &mut m, v: &mut v }
+        };
         let start = Instant::now();
-        adam.step(&mut p, &mut m, &mut v, grads, copy, step, 1.0, true);
+        adam.step_moments(&mut p, moments, grads, copy, step, 1.0, true);
         let t = start.elapsed().as_secs_f64();
         if step > 1 {
             best = best.min(t); // the first step faults pages in
@@ -113,13 +129,15 @@ pub fn bench_adam(cfg: &AdamBenchConfig) -> Result<AdamBenchReport> {
     drop((g16, gb16, copy16, copyb16));
     let triad = membw::triad_gbps(&pool, n.max(1 << 24), cfg.reps.max(3));
     let copy_bytes = if cfg.copy == HalfOrFull::F32 { 0 } else { 2 };
-    let bytes_per_param = adam::bytes_per_param(grads_elem_bytes(cfg.grad), copy_bytes);
+    // bf16 moments: 2 of the 4 bytes of each moment, read and written.
+    let bytes_per_param = adam::bytes_per_param(grads_elem_bytes(cfg.grad), copy_bytes) - if bf16_moments { 8 } else { 0 };
     Ok(AdamBenchReport {
         params: n,
         threads: adam.threads(),
         isa: adam.isa().name(),
         grad: cfg.grad,
         copy: cfg.copy,
+        moments: cfg.moments,
         seconds_per_step: best,
         gparams_per_s: n as f64 / best / 1e9,
         bytes_per_param,

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use zerostream::bench::adam::{AdamBenchConfig, HalfOrFull};
+use zerostream::train::AdamState;
 use zerostream::bench::io::{self as bench_io, IoBenchConfig};
 use zerostream::bench::kernels::KernelBenchConfig;
 use zerostream::bench::transfer::Link;
@@ -32,6 +33,10 @@ pub enum BenchCommand {
         /// Precision of the parameter copy written for the GPU (`f32` = no copy).
         #[arg(long, value_enum, default_value = "bf16")]
         copy: HalfOrFull,
+        /// The moments' format, as `train --adam-state` takes it (bf16: 4 bytes per parameter fewer
+        /// moved, plus the widening and the stochastic rounding's noise to compute).
+        #[arg(long, value_enum, default_value = "fp32")]
+        adam_state: AdamState,
         /// Timed steps; the best is reported.
         #[arg(long, default_value_t = 5)]
         reps: usize,
@@ -297,16 +302,17 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Collectives { world_size, sizes, reps, json } => bench_collectives(world_size, &sizes, reps, json),
         BenchCommand::Kernels(k) => kernels_command(k),
         BenchCommand::All { dir, size, params, adapter, json } => bench_all(&dir, size, params, adapter.as_deref(), json),
-        BenchCommand::Adam { params, threads, grad, copy, reps, json } => {
-            let r = zerostream::bench::adam::bench_adam(&AdamBenchConfig { params, threads, grad, copy, reps })?;
+        BenchCommand::Adam { params, threads, grad, copy, adam_state, reps, json } => {
+            let r = zerostream::bench::adam::bench_adam(&AdamBenchConfig { params, threads, grad, copy, moments: adam_state, reps })?;
             if json {
                 println!("{}", r.to_json());
             } else {
                 println!(
-                    "adam: {} params, {} grads, {} copy, {} threads ({}): {:.2} Gparam/s, {} B/param = {:.1} GB/s; triad {:.1} GB/s; {:.0}% of triad",
+                    "adam: {} params, {} grads, {} copy, {} moments, {} threads ({}): {:.2} Gparam/s, {} B/param = {:.1} GB/s; triad {:.1} GB/s; {:.0}% of triad",
                     r.params,
                     r.grad,
                     r.copy,
+                    r.moments.name(),
                     r.threads,
                     r.isa,
                     r.gparams_per_s,
@@ -470,6 +476,7 @@ fn bench_all(dir: &std::path::Path, size: u64, params: usize, adapter: Option<&s
         threads: 0,
         grad: HalfOrFull::Bf16,
         copy: HalfOrFull::Bf16,
+        moments: AdamState::Fp32,
         reps: 3,
     })?;
     // The triad is a ceiling, printed once as such; AdamW is held against it.

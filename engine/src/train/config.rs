@@ -46,6 +46,13 @@ pub enum AdamState {
 }
 
 impl AdamState {
+    /// As the flag takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            AdamState::Fp32 => "fp32",
+            AdamState::Bf16 => "bf16",
+        }
+    }
     /// Bytes of one moment per parameter.
     pub fn moment_bytes(self) -> usize {
         match self {

@@ -168,7 +168,7 @@ impl Placement {
             "placement: {} parameters{ranks} master weights + {} Adam moments {:.1} MiB on {}; gradients {:.1} MiB on {}; working copy {:.1} MiB on {}{}\n\
              device{}: head {:.1} MiB ({}) + {} block slots x {:.1} MiB + activations {:.1} MiB + other {:.1} MiB = {:.1} MiB (budget {})\n{}",
             self.params,
-            moments_name(self.adam_state),
+            self.adam_state.name(),
             mib(self.host_optimizer_bytes),
             self.optimizer_tier.name(),
             mib(self.host_grad_bytes),
@@ -404,14 +404,6 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         device_budget_bytes: tc.gpu_mem_budget,
         nvme_traffic: NvmeTraffic::of(tc, sharding.world, &groups.iter().map(|g| g.len).collect::<Vec<_>>(), block_slots),
     })
-}
-
-/// The moments' format as `plan` and the summary name it.
-pub(super) fn moments_name(state: AdamState) -> &'static str {
-    match state {
-        AdamState::Fp32 => "fp32",
-        AdamState::Bf16 => "bf16",
-    }
 }
 
 #[cfg(test)]

@@ -72,7 +72,7 @@ pub fn what_it_did(
     };
     let lived = format!(
         "state{ranks}: fp32 master weights + {} AdamW moments {} in {}, working copy {} in {}, gradients {} in {}; on the device ({device}) at most {} ({})",
-        super::plan::moments_name(placement.adam_state),
+        placement.adam_state.name(),
         bytes(placement.host_optimizer_bytes),
         tier_place(placement.optimizer_tier),
         bytes(placement.host_working_bytes),

@@ -112,10 +112,28 @@ pub(crate) fn bf16_stochastic(x: f32, noise: u32) -> u16 {
     let up = bits.wrapping_add(noise & 0xffff) >> 16;
     let finite = (bits & 0x7f80_0000) != 0x7f80_0000;
     let overflowed = (up & 0x7f80) == 0x7f80;
-    match (finite, overflowed) {
-        (false, _) => bf16_from_f32(x).to_bits(),
-        (true, true) => (bits >> 16) as u16,
-        (true, false) => up as u16,
+    // Selects, not branches, so the loops over a chunk vectorise.
+    let finite_result = if overflowed { bits >> 16 } else { up };
+    (if finite { finite_result } else { bf16_from_f32(x).to_bits() as u32 }) as u16
+}
+
+/// `out[i]` = `src[i]` rounded stochastically with element `first + i`'s noise of stream `key`.
+#[inline(always)]
+pub(crate) fn round_stochastic_into(out: &mut [bf16], src: &[f32], key: NoiseKey, first: u32) {
+    let n = out.len().min(src.len());
+    let (out, src) = (&mut out[..n], &src[..n]);
+    for i in 0..n {
+        out[i] = bf16::from_bits(bf16_stochastic(src[i], key.noise(first.wrapping_add(i as u32))));
+    }
+}
+
+/// `out` = `src` widened to f32 (exact).
+#[inline(always)]
+pub(crate) fn widen_into(out: &mut Vec<f32>, src: &[bf16]) {
+    out.resize(src.len(), 0.0);
+    let out = &mut out[..src.len()];
+    for i in 0..src.len() {
+        out[i] = bf16_to_f32(src[i]);
     }
 }
 
