@@ -1,6 +1,8 @@
-//! The NVMe tier's directory ([`NvmeDir`]): created and probed when opened, locked against a second
-//! run, its leftover spares removed, the I/O engine and the spare files its shards' writes go into,
-//! and the bytes paged through it.
+//! The NVMe tier's directories ([`NvmeDir`]): one, or several the state is striped over (each tensor
+//! cut into one page-aligned stripe per directory, so every drive moves an equal share of every
+//! transfer, all in flight at once). Each is created and probed when opened, locked against a second
+//! run, its leftover spares removed and given its own pool of spare files (a write's spare must live
+//! beside the shard it replaces); they share the I/O engine, the buffer pool and the byte counts.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -12,10 +14,11 @@ use crate::io::IoEngine;
 use crate::os;
 use crate::spare_pool::{SparePool, remove_leftovers};
 
-/// The NVMe tier: a directory, an I/O engine and whether to verify checksums.
+/// The NVMe tier: its directories, an I/O engine and whether to verify checksums.
 #[derive(Debug)]
 pub struct NvmeDir {
-    pub dir: PathBuf,
+    /// The directories, in stripe order: stripe `i` of every tensor lives in `stripes[i]`.
+    pub(crate) stripes: Vec<StripeDir>,
     pub io: IoEngine,
     pub verify: bool,
     pub rank: usize,
@@ -28,18 +31,24 @@ pub struct NvmeDir {
     written_bytes: AtomicU64,
     /// The buffers of tensors paged out, reused by the next page-in.
     pub pool: BufferPool,
-    /// The spare files shard writes go into, shared by all the shards (removed when this is dropped,
+}
+
+/// One directory of the tier.
+#[derive(Debug)]
+pub(crate) struct StripeDir {
+    pub(crate) dir: PathBuf,
+    /// The spare files writes of this directory's shards go into (removed when this is dropped,
     /// before the lock goes: it comes later in the struct).
     pub(crate) spares: SparePool,
     /// Held for as long as this run uses the directory: a second run given it is refused.
     _lock: File,
 }
 
-impl NvmeDir {
+impl StripeDir {
     /// Creates `dir` if it is missing, checks that it is a writable directory (by creating and removing
     /// a probe file) that no other run holds, and whether its filesystem accepts uncached I/O; a
     /// refusal is added to `io.notes`. Spare files an earlier run left there are removed.
-    pub fn new(dir: &Path, mut io: IoEngine, verify: bool, rank: usize) -> Result<Self> {
+    fn open(dir: &Path, io: &mut IoEngine) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| io_error("creating the NVMe directory", dir, e))?;
         let meta = std::fs::metadata(dir).map_err(|e| io_error("NVMe directory", dir, e))?;
         if !meta.is_dir() {
@@ -59,15 +68,42 @@ impl NvmeDir {
         // Under the lock: no other run is writing them.
         remove_leftovers(dir)?;
         let probe = dir.join(format!(".zerostream-probe-{}", std::process::id()));
-        let opened = open_in_dir(&io, "NVMe directory probe", &probe, true);
+        let opened = open_in_dir(io, "NVMe directory probe", &probe, true);
         let _ = std::fs::remove_file(&probe);
         let (_, direct) = opened?;
         if io.config.direct && !direct && io.config.engine != crate::io::IoEngineKind::Mmap {
             let uncached = IoEngine::uncached_name();
             io.notes.push(format!("{}: the filesystem refuses {uncached}; using buffered I/O (through the page cache)", dir.display()));
         }
+        Ok(StripeDir { dir: dir.to_path_buf(), spares: SparePool::new(dir), _lock: lock })
+    }
+}
+
+impl NvmeDir {
+    /// The tier in one directory: see [`NvmeDir::striped`].
+    pub fn new(dir: &Path, io: IoEngine, verify: bool, rank: usize) -> Result<Self> {
+        Self::striped(&[dir.to_path_buf()], io, verify, rank)
+    }
+
+    /// The tier striped over `dirs` (one or more; each on its own drive, in practice). Each is created
+    /// if missing and must be a writable directory no other run holds; one given twice is refused.
+    pub fn striped(dirs: &[PathBuf], mut io: IoEngine, verify: bool, rank: usize) -> Result<Self> {
+        if dirs.is_empty() {
+            return Err(StoreError("the NVMe tier needs a directory (--nvme-dir)".into()));
+        }
+        // The same directory twice (under any spelling) would lock against itself: say what it is.
+        let mut seen: Vec<PathBuf> = Vec::with_capacity(dirs.len());
+        for dir in dirs {
+            std::fs::create_dir_all(dir).map_err(|e| io_error("creating the NVMe directory", dir, e))?;
+            let canonical = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.clone());
+            if seen.contains(&canonical) {
+                return Err(StoreError(format!("NVMe directory {} is given twice: give each directory once", dir.display())));
+            }
+            seen.push(canonical);
+        }
+        let stripes = dirs.iter().map(|dir| StripeDir::open(dir, &mut io)).collect::<Result<Vec<_>>>()?;
         Ok(NvmeDir {
-            dir: dir.to_path_buf(),
+            stripes,
             io,
             verify,
             rank,
@@ -75,9 +111,17 @@ impl NvmeDir {
             read_bytes: AtomicU64::new(0),
             written_bytes: AtomicU64::new(0),
             pool: BufferPool::default(),
-            spares: SparePool::new(dir),
-            _lock: lock,
         })
+    }
+
+    /// How many directories the tensors are striped over.
+    pub fn stripe_count(&self) -> usize {
+        self.stripes.len()
+    }
+
+    /// The directories, in stripe order.
+    pub fn dirs(&self) -> impl Iterator<Item = &Path> {
+        self.stripes.iter().map(|s| s.dir.as_path())
     }
 
     /// `bytes` paged in from a shard.
@@ -95,7 +139,13 @@ impl NvmeDir {
         (self.read_bytes.load(Ordering::Relaxed), self.written_bytes.load(Ordering::Relaxed))
     }
 
+    /// The file of tensor `name`'s first stripe (its only one with one directory).
     pub fn shard_path(&self, name: &str) -> PathBuf {
-        self.dir.join(format!("{name}.rank{}.bin", self.rank))
+        self.stripe_path(0, name)
+    }
+
+    /// The file of tensor `name`'s stripe `stripe`.
+    pub fn stripe_path(&self, stripe: usize, name: &str) -> PathBuf {
+        self.stripes[stripe].dir.join(format!("{name}.rank{}.bin", self.rank))
     }
 }

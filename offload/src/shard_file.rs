@@ -100,10 +100,13 @@ struct Files {
     current: File,
 }
 
-/// One tensor's file on the NVMe tier.
+/// One tensor's file on the NVMe tier (or, striped over several directories, one stripe's).
 #[derive(Debug)]
 pub struct ShardFile {
     pub path: PathBuf,
+    /// Which of the tier's directories holds it (its spares come from that directory's pool: a spare
+    /// takes the shard's name by a rename, which never crosses file systems).
+    stripe: usize,
     /// Each write makes another inode current, so reads go through the descriptor of whichever file
     /// the last write left; the lock keeps a read from seeing the exchange half-done.
     files: Mutex<Files>,
@@ -119,7 +122,12 @@ impl ShardFile {
     /// directory's lock, held by `nvme`, means no other run is writing it now). Earlier versions kept
     /// that spare per shard; now spares live in the directory's pool, and this removes an old one.
     pub fn open(nvme: &NvmeDir, name: &str, len_bytes: usize) -> Result<Self> {
-        let path = nvme.shard_path(name);
+        Self::open_stripe(nvme, 0, name, len_bytes)
+    }
+
+    /// [`ShardFile::open`] of `name`'s file in directory `stripe` of the tier, holding `len_bytes`.
+    pub fn open_stripe(nvme: &NvmeDir, stripe: usize, name: &str, len_bytes: usize) -> Result<Self> {
+        let path = nvme.stripe_path(stripe, name);
         remove_if_present("removing the unfinished write", &next_path(&path))?;
         let size = file_bytes(len_bytes);
         let (file, direct) = open_in_dir(&nvme.io, "opening shard", &path, true)?;
@@ -141,7 +149,7 @@ impl ShardFile {
                 return Err(io_error("allocating shard", &path, e));
             }
         }
-        Ok(ShardFile { path, files: Mutex::new(Files { current: file }), len_bytes, direct })
+        Ok(ShardFile { path, stripe, files: Mutex::new(Files { current: file }), len_bytes, direct })
     }
 
     fn files(&self) -> MutexGuard<'_, Files> {
@@ -149,20 +157,31 @@ impl ShardFile {
         self.files.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    pub fn len_bytes(&self) -> usize {
+        self.len_bytes
+    }
+
     /// Writes the buffer (whole pages) and its footer into a spare, then makes the spare the shard.
     /// Until then the current file is untouched; after it the new one is complete.
     pub fn write(&self, nvme: &NvmeDir, buf: &mut AlignedBuf) -> Result<()> {
-        write_all(nvme, &mut [(self, buf)])
+        assert_eq!(buf.len_bytes(), self.len_bytes, "shard {}: buffer of the wrong size", self.path.display());
+        write_all(nvme, &mut [(self, &mut buf.padded_mut()[..align_up(self.len_bytes)])])
     }
 
     /// Reads the shard into `buf` and checks its footer; with `verify`, checks the data's CRC32.
     pub fn read(&self, nvme: &NvmeDir, buf: &mut AlignedBuf) -> Result<()> {
-        read_all(nvme, &mut [(self, buf)])
+        assert_eq!(buf.len_bytes(), self.len_bytes, "shard {}: buffer of the wrong size", self.path.display());
+        read_all(nvme, &mut [(self, &mut buf.padded_mut()[..align_up(self.len_bytes)])])
+    }
+
+    /// The spare files of this shard's directory.
+    fn spares<'a>(&self, nvme: &'a NvmeDir) -> &'a crate::spare_pool::SparePool {
+        &nvme.stripes[self.stripe].spares
     }
 
     /// The file the next write goes into: a spare of this shard's size from the directory's pool.
     fn write_target(&self, nvme: &NvmeDir) -> Result<Spare> {
-        nvme.spares
+        self.spares(nvme)
             .take(&nvme.io, file_bytes(self.len_bytes))
             .map_err(|e| StoreError(format!("writing shard {}: {e}", self.path.display())))
     }
@@ -175,12 +194,12 @@ impl ShardFile {
             match os::exchange(&target.path, &self.path) {
                 Ok(true) => {
                     let previous = std::mem::replace(&mut files.current, target.file);
-                    nvme.spares.give(Spare { file: previous, path: target.path });
+                    self.spares(nvme).give(Spare { file: previous, path: target.path });
                     return Ok(());
                 }
                 Ok(false) => {} // no exchange here: the portable sequence below
                 Err(e) => {
-                    nvme.spares.give(target);
+                    self.spares(nvme).give(target);
                     return Err(io_error("replacing shard", &self.path, e));
                 }
             }
@@ -203,50 +222,61 @@ impl ShardFile {
     /// some network filesystems), step 1 does nothing and the previous version is freed instead of
     /// reused: slower steady-state writes, the same guarantee.
     fn install_portably(&self, nvme: &NvmeDir, files: &mut Files, target: Spare) -> Result<()> {
-        let kept = nvme.spares.link_previous(&self.path, &files.current);
+        let spares = self.spares(nvme);
+        let kept = spares.link_previous(&self.path, &files.current);
         if let Err(e) = os::replace(&target.path, &self.path) {
             if let Some(kept) = kept {
                 // Only a second name of the file `{file}` still names: the file stays.
                 let _ = std::fs::remove_file(kept);
             }
-            nvme.spares.give(target);
+            spares.give(target);
             return Err(io_error("replacing shard", &self.path, e));
         }
         let previous = std::mem::replace(&mut files.current, target.file);
         if let Some(path) = kept {
-            nvme.spares.give(Spare { file: previous, path });
+            spares.give(Spare { file: previous, path });
         }
         Ok(())
     }
 }
 
 /// A shard given twice in one batch would wait on its own lock: a bug in the caller, stopped here.
-fn assert_distinct(shards: &[(&ShardFile, &mut AlignedBuf)]) {
+fn assert_distinct(shards: &[(&ShardFile, &mut [u8])]) {
     for (k, (a, _)) in shards.iter().enumerate() {
         assert!(!shards[..k].iter().any(|(b, _)| std::ptr::eq(*a, *b)), "shard {} given twice in one batch", a.path.display());
     }
 }
 
-/// Writes every shard's buffer, as [`ShardFile::write`] does, in two batched transfers: all the data
-/// (checksummed on the way out), then all the footers; then installs each shard's new file. On an error
-/// no shard from the failed one on is changed (each keeps its old state).
-pub fn write_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)]) -> Result<()> {
+/// Each shard's data padded to whole pages (`align_up(len_bytes)` bytes), as a batch hands it over.
+fn assert_padded_len(shard: &ShardFile, buf: &[u8]) {
+    assert_eq!(buf.len(), align_up(shard.len_bytes), "shard {}: buffer of the wrong size", shard.path.display());
+}
+
+/// Gives written-or-not spares back to their shards' pools (whatever is in a spare is never read).
+fn give_back(nvme: &NvmeDir, shards: &[(&ShardFile, &mut [u8])], targets: Vec<Spare>) {
+    shards.iter().zip(targets).for_each(|((shard, _), target)| shard.spares(nvme).give(target));
+}
+
+/// Writes every shard's data (each `buf` its padded pages), as [`ShardFile::write`] does, in two
+/// batched transfers: all the data (checksummed on the way out), then all the footers; then installs
+/// each shard's new file. On an error no shard from the failed one on is changed (each keeps its old
+/// state).
+pub fn write_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut [u8])]) -> Result<()> {
     assert_distinct(shards);
     let mut locked: Vec<MutexGuard<'_, Files>> = shards.iter().map(|(shard, _)| shard.files()).collect();
     let mut targets: Vec<Spare> = Vec::with_capacity(shards.len());
     for (shard, buf) in shards.iter() {
-        assert_eq!(buf.len_bytes(), shard.len_bytes, "shard {}: buffer of the wrong size", shard.path.display());
+        assert_padded_len(shard, buf);
         match shard.write_target(nvme) {
             Ok(target) => targets.push(target),
             Err(e) => {
-                // Whatever is in a spare is never read: the targets go back as they are.
-                targets.into_iter().for_each(|target| nvme.spares.give(target));
+                give_back(nvme, shards, targets);
                 return Err(e);
             }
         }
     }
     if let Err(e) = fill_all(nvme, shards, &targets) {
-        targets.into_iter().for_each(|target| nvme.spares.give(target));
+        give_back(nvme, shards, targets);
         return Err(e);
     }
     // No fsync: the guarantee is against the process dying (SIGKILL, OOM, a crash), and the kernel keeps
@@ -257,7 +287,7 @@ pub fn write_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)]) -
     let mut installing = shards.iter().zip(locked.iter_mut()).zip(targets);
     for (((shard, _), files), target) in installing.by_ref() {
         if let Err(e) = shard.install(nvme, files, target) {
-            installing.for_each(|(_, target)| nvme.spares.give(target));
+            installing.for_each(|(((shard, _), _), target)| shard.spares(nvme).give(target));
             return Err(e);
         }
     }
@@ -266,7 +296,7 @@ pub fn write_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)]) -
 
 /// Writes the shards' data (whole pages, checksummed as it goes with verify on) and then their
 /// footers into `targets` (their spares, already sized).
-fn fill_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)], targets: &[Spare]) -> Result<()> {
+fn fill_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut [u8])], targets: &[Spare]) -> Result<()> {
     let mut hashers: Vec<crc32fast::Hasher> = shards.iter().map(|_| crc32fast::Hasher::new()).collect();
     let mut segments: Vec<Segment<'_>> = shards
         .iter_mut()
@@ -275,7 +305,7 @@ fn fill_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)], target
         .map(|(((shard, buf), target), hasher)| Segment {
             file: &target.file,
             offset: 0,
-            buf: &mut buf.padded_mut()[..align_up(shard.len_bytes)],
+            buf: &mut buf[..],
             checksum: nvme.verify.then_some((hasher, shard.len_bytes)),
         })
         .collect();
@@ -305,21 +335,21 @@ fn fill_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)], target
     })
 }
 
-/// Reads every shard into its buffer, as [`ShardFile::read`] does, in one batched transfer (each
-/// shard's footer and data, the data checksummed as it arrives with verify on), then checks each
-/// footer and checksum in turn; the first shard that fails is named.
-pub fn read_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut AlignedBuf)]) -> Result<()> {
+/// Reads every shard into its buffer (its padded pages), as [`ShardFile::read`] does, in one batched
+/// transfer (each shard's footer and data, the data checksummed as it arrives with verify on), then
+/// checks each footer and checksum in turn; the first shard that fails is named.
+pub fn read_all(nvme: &NvmeDir, shards: &mut [(&ShardFile, &mut [u8])]) -> Result<()> {
     assert_distinct(shards);
     let locked: Vec<MutexGuard<'_, Files>> = shards.iter().map(|(shard, _)| shard.files()).collect();
     let mut footers: Vec<AlignedBuf> = shards.iter().map(|_| AlignedBuf::zeroed(FOOTER_BYTES)).collect();
     let mut hashers: Vec<crc32fast::Hasher> = shards.iter().map(|_| crc32fast::Hasher::new()).collect();
     let mut segments: Vec<Segment<'_>> = Vec::with_capacity(2 * shards.len());
     for ((((shard, buf), files), footer), hasher) in shards.iter_mut().zip(&locked).zip(footers.iter_mut()).zip(hashers.iter_mut()) {
-        assert_eq!(buf.len_bytes(), shard.len_bytes, "shard {}: buffer of the wrong size", shard.path.display());
+        assert_padded_len(shard, buf);
         let data_bytes = align_up(shard.len_bytes);
         segments.push(Segment { file: &files.current, offset: data_bytes as u64, buf: footer.padded_mut(), checksum: None });
         let checksum = nvme.verify.then_some((hasher, shard.len_bytes));
-        segments.push(Segment { file: &files.current, offset: 0, buf: &mut buf.padded_mut()[..data_bytes], checksum });
+        segments.push(Segment { file: &files.current, offset: 0, buf: &mut buf[..], checksum });
     }
     let moved = nvme.io.transfer_batch(Direction::Read, &mut segments);
     drop(segments);

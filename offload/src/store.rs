@@ -15,6 +15,13 @@
 //! Symbolic links inside the directory are never followed (every open there refuses one: O_NOFOLLOW or
 //! its platform's kin), so a link planted where a shard or the lock should be cannot redirect writes
 //! elsewhere.
+//! With several directories (`NvmeDir::striped`), each NVMe tensor is cut into one stripe per
+//! directory, page-aligned and as equal as pages allow ([`stripe_ranges`]), each stripe a shard file
+//! of its own (same name, its own footer and checksum) moved in the same batch as the others, so every
+//! drive carries an equal share of every page-in and page-out. A write installs its stripes one after
+//! another once all of them are written: a process killed between two installs leaves a tensor
+//! whose stripes are of two versions, each whole and checked; no run reads NVMe state an earlier
+//! process left (a start writes the initial state, a resume reads its checkpoint).
 //! See [`ShardFile`] for the file itself.
 
 use std::path::Path;
@@ -43,7 +50,32 @@ impl Tier {
 
 enum Home {
     Ram,
-    Nvme(ShardFile),
+    /// One shard file per stripe, in directory order, covering [`stripe_ranges`] of the data.
+    Nvme(Vec<ShardFile>),
+}
+
+/// The byte ranges of `len_bytes` that the stripes over `stripes` directories hold: whole pages each
+/// (but the last one's end), in order, as equal as pages allow, and none empty (a tensor smaller than
+/// `stripes` pages has fewer stripes; an empty one, one empty stripe).
+pub fn stripe_ranges(len_bytes: usize, stripes: usize) -> Vec<std::ops::Range<usize>> {
+    let per = crate::aligned::align_up(len_bytes.div_ceil(stripes.max(1)));
+    if per == 0 {
+        return vec![0..0];
+    }
+    (0..len_bytes).step_by(per).map(|start| start..(start + per).min(len_bytes)).collect()
+}
+
+/// `buf`'s padded pages cut into one slice per stripe (each the stripe's data padded to whole pages).
+fn stripe_slices<'a>(buf: &'a mut AlignedBuf, files: &'a [ShardFile]) -> Vec<(&'a ShardFile, &'a mut [u8])> {
+    let mut rest = buf.padded_mut();
+    let mut out = Vec::with_capacity(files.len());
+    for file in files {
+        let take = crate::aligned::align_up(file.len_bytes()).min(rest.len());
+        let (mine, after) = std::mem::take(&mut rest).split_at_mut(take);
+        out.push((file, mine));
+        rest = after;
+    }
+    out
 }
 
 /// A flat tensor of `len_bytes` with a home tier. RAM tensors are always resident; NVMe ones hold a
@@ -63,7 +95,12 @@ impl Stored {
             Tier::Ram => (Home::Ram, Some(AlignedBuf::zeroed(len_bytes))),
             Tier::Nvme => {
                 let nvme = nvme.ok_or_else(|| StoreError(format!("{name}: the NVMe tier needs a directory (--nvme-dir)")))?;
-                (Home::Nvme(ShardFile::open(nvme, name, len_bytes)?), None)
+                let files = stripe_ranges(len_bytes, nvme.stripe_count())
+                    .into_iter()
+                    .enumerate()
+                    .map(|(stripe, range)| ShardFile::open_stripe(nvme, stripe, name, range.len()))
+                    .collect::<Result<Vec<_>>>()?;
+                (Home::Nvme(files), None)
             }
         };
         Ok(Stored { name: name.to_string(), len_bytes, home, resident })
@@ -98,14 +135,13 @@ impl Stored {
         }
         let nvme = nvme.expect("an NVMe tensor pages in through its directory");
         let mut bufs: Vec<AlignedBuf> = wanted.iter().map(|&k| nvme.pool.take(tensors[k].len_bytes)).collect();
-        let mut batch: Vec<(&ShardFile, &mut AlignedBuf)> = wanted
-            .iter()
-            .zip(bufs.iter_mut())
-            .map(|(&k, buf)| match &tensors[k].home {
-                Home::Nvme(file) => (file, buf),
+        let mut batch: Vec<(&ShardFile, &mut [u8])> = Vec::new();
+        for (&k, buf) in wanted.iter().zip(bufs.iter_mut()) {
+            match &tensors[k].home {
+                Home::Nvme(files) => batch.extend(stripe_slices(buf, files)),
                 Home::Ram => unreachable!("only NVMe tensors are wanted"),
-            })
-            .collect();
+            }
+        }
         let read = crate::shard_file::read_all(nvme, &mut batch);
         drop(batch);
         if let Err(e) = read {
@@ -139,12 +175,12 @@ impl Stored {
     /// buffers go back to the pool whatever happens; on an error a tensor's file holds its old state
     /// or, for those before the failed one, its new state.
     pub fn page_out_all(tensors: &mut [&mut Stored], nvme: Option<&NvmeDir>, dirty: bool) -> Result<()> {
-        let mut leaving: Vec<(&ShardFile, AlignedBuf)> = Vec::new();
+        let mut leaving: Vec<(&[ShardFile], AlignedBuf)> = Vec::new();
         for t in tensors.iter_mut() {
-            if let Home::Nvme(file) = &t.home
+            if let Home::Nvme(files) = &t.home
                 && let Some(buf) = t.resident.take()
             {
-                leaving.push((file, buf));
+                leaving.push((files, buf));
             }
         }
         if leaving.is_empty() {
@@ -155,7 +191,8 @@ impl Stored {
             return Ok(());
         };
         let written = if dirty {
-            let mut batch: Vec<(&ShardFile, &mut AlignedBuf)> = leaving.iter_mut().map(|(file, buf)| (*file, buf)).collect();
+            let mut batch: Vec<(&ShardFile, &mut [u8])> =
+                leaving.iter_mut().flat_map(|(files, buf)| stripe_slices(buf, files)).collect();
             crate::shard_file::write_all(nvme, &mut batch)
         } else {
             Ok(())
