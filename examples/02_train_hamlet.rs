@@ -22,7 +22,7 @@ fn main() -> anyhow::Result<()> {
         lr: LrPlan { peak: 2e-3, min: 1e-4, warmup_steps: 10, total_steps: steps, schedule: LrSchedule::Cosine },
         gpu_mem_budget: Some(budget),
         offload_optimizer: Tier::Nvme,
-        nvme_dir: Some(nvme.clone()),
+        nvme_dirs: vec![nvme.clone()],
         ..TrainConfig::default()
     };
     let options = RunOptions { sample_tokens: 200, ..RunOptions::new(ModelChoice::Demo) };

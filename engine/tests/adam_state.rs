@@ -43,7 +43,7 @@ fn bf16_moments_give_the_same_bits_at_every_stage_tier_and_schedule() {
                 TrainConfig {
                     offload_optimizer: Tier::Nvme,
                     offload_params: Tier::Nvme,
-                    nvme_dir: Some(dir.path().join(format!("ranks{ranks}"))),
+                    nvme_dirs: vec![dir.path().join(format!("ranks{ranks}"))],
                     ..base.clone()
                 },
             ),
@@ -87,7 +87,7 @@ fn bf16_moments_move_the_predicted_bytes_four_per_parameter_fewer_each_way() {
         steps: 2,
         sequential: true,
         offload_optimizer: Tier::Nvme,
-        nvme_dir: Some(dir.path().into()),
+        nvme_dirs: vec![dir.path().into()],
         ..Golden::load(GOLDEN).train_config()
     };
     let fp32 = run(&CpuDevice::new(None), GOLDEN, on_nvme(AdamState::Fp32, &dirs[0]));

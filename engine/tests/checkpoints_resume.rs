@@ -85,6 +85,10 @@ fn resuming_equals_not_stopping_on_the_cpu_device() {
     check_resume_equality("cpu fp16 ram", &["--device", "cpu", "--precision", "fp16"]);
     // bf16 moments come back from the checkpoint's BF16 tensors as they were, rounding noise and all.
     check_resume_equality("cpu bf16 moments nvme", &["--device", "cpu", "--adam-state", "bf16", "--offload-optimizer", "nvme"]);
+    // Striped over a second directory (each leg's own --nvme-dir is the first).
+    let second = tempfile::tempdir().unwrap();
+    let second = second.path().to_str().unwrap();
+    check_resume_equality("cpu striped nvme", &["--device", "cpu", "--offload-optimizer", "nvme", "--offload-params", "nvme", "--nvme-dir", second]);
     // A resumed run draws the masks the uninterrupted one would have, recomputed activations too.
     check_resume_equality("cpu dropout recompute", &["--device", "cpu", "--dropout", "0.1", "--recompute"]);
 }

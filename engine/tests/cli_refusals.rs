@@ -28,6 +28,15 @@ fn bad_input_is_refused_with_the_flag_and_the_numbers() {
     assert!(!out.status.success() && stderr(&out).contains("gpt3"), "{}", stderr(&out));
     let out = zerostream(&["train", "--device", "cpu", "--offload-params", "nvme", "--nvme-dir", "/proc/nonexistent/dir"]);
     assert!(!out.status.success() && stderr(&out).contains("/proc/nonexistent/dir"), "{}", stderr(&out));
+    // Striped: every directory is checked, and one given twice is named.
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    let twice = format!("{},{}", a.display(), a.display());
+    let out = zerostream(&["train", "--device", "cpu", "--offload-params", "nvme", "--nvme-dir", &twice, "--steps", "1"]);
+    assert!(!out.status.success() && stderr(&out).contains("given twice"), "{}", stderr(&out));
+    let bad = format!("{},/proc/nonexistent/dir", a.display());
+    let out = zerostream(&["train", "--device", "cpu", "--offload-params", "nvme", "--nvme-dir", &bad, "--steps", "1"]);
+    assert!(!out.status.success() && stderr(&out).contains("/proc/nonexistent/dir"), "{}", stderr(&out));
 }
 
 #[test]

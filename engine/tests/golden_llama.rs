@@ -125,7 +125,7 @@ fn llama_training_trajectory_matches_pytorch() {
     let nvme = zerostream::train::TrainConfig {
         offload_optimizer: Tier::Nvme,
         offload_params: Tier::Nvme,
-        nvme_dir: Some(dir.path().to_path_buf()),
+        nvme_dirs: vec![dir.path().to_path_buf()],
         ..golden.train_config()
     };
     check_against(&golden, &run(&cpu, NAME, nvme), NAME, "cpu, optimizer and parameters on NVMe");

@@ -2,7 +2,8 @@
 //! placement) against the metrics of real runs: with `--sequential` every step's `nvme_read_bytes` and
 //! `nvme_written_bytes` equal the prediction exactly, whatever lives where, for one rank and for rank
 //! 0 of two in each ZeRO stage; overlapped, the update's sweep runs into the next step, so the run's
-//! total lies between the steps' traffic without the last sweep and with it.
+//! total lies between the steps' traffic without the last sweep and with it. Striped over two
+//! directories, a run moves the same bytes, splits them equally, and gives the same bits.
 
 mod common;
 
@@ -16,7 +17,7 @@ use zerostream_offload::Tier;
 const GOLDEN: &str = "gpt2-tiny-accum";
 
 fn on_nvme(base: &TrainConfig, dir: &tempfile::TempDir) -> TrainConfig {
-    TrainConfig { offload_optimizer: Tier::Nvme, offload_params: Tier::Nvme, nvme_dir: Some(dir.path().into()), ..base.clone() }
+    TrainConfig { offload_optimizer: Tier::Nvme, offload_params: Tier::Nvme, nvme_dirs: vec![dir.path().into()], ..base.clone() }
 }
 
 /// Every step of a sequential run from `first_step` on read and wrote exactly what was predicted.
@@ -39,13 +40,13 @@ fn sequential_steps_move_exactly_the_predicted_bytes() {
         ("everything on nvme, every block resident", nvme.clone()),
         ("two block slots: blocks re-read for the backward", TrainConfig { recompute: true, gpu_mem_budget: Some(0), ..nvme.clone() }),
         ("gradients in ram", TrainConfig { offload_gradients: Some(Tier::Ram), ..nvme.clone() }),
-        ("gradients alone on nvme", TrainConfig { offload_gradients: Some(Tier::Nvme), nvme_dir: nvme.nvme_dir.clone(), ..base.clone() }),
+        ("gradients alone on nvme", TrainConfig { offload_gradients: Some(Tier::Nvme), nvme_dirs: nvme.nvme_dirs.clone(), ..base.clone() }),
         ("bf16 working copy", TrainConfig { precision: Precision::Bf16, ..nvme.clone() }),
         ("four micro-batches", TrainConfig { grad_accum: 4, ..nvme.clone() }),
     ];
     for (i, (what, mut tc)) in variants.into_iter().enumerate() {
         // A directory each: shards of another size are refused.
-        tc.nvme_dir = Some(dirs[i].path().into());
+        tc.nvme_dirs = vec![dirs[i].path().into()];
         if tc.gpu_mem_budget == Some(0) {
             let model = zerostream::model::Model::of_hf(
                 &zerostream_checkpoints::HfModel::open(&common::trajectory::golden_dir(GOLDEN).join("model")).unwrap(),
@@ -93,4 +94,39 @@ fn overlapped_runs_move_the_predicted_bytes_but_for_the_last_sweep() {
         written <= steps * total.written_bytes && written + sweep_written >= steps * total.written_bytes,
         "written {written} over {steps} steps of {total:?}"
     );
+}
+
+/// `--nvme-dir A,B`: the run's bits and bytes are one directory's; each directory holds an equal share
+/// of every tensor (within a page per shard file), so each drive moves an equal share of every sweep.
+#[test]
+fn two_directories_share_every_tensor_equally_and_change_nothing() {
+    let golden = Golden::load(GOLDEN);
+    let base = TrainConfig { steps: 3, sequential: true, ..golden.train_config() };
+    let one = tempfile::tempdir().unwrap();
+    let single = run(&CpuDevice::new(None), GOLDEN, on_nvme(&base, &one));
+    let two = tempfile::tempdir().unwrap();
+    let dirs = vec![two.path().join("a"), two.path().join("b")];
+    let striped = run(&CpuDevice::new(None), GOLDEN, TrainConfig { nvme_dirs: dirs.clone(), ..on_nvme(&base, &one) });
+    assert!(common::trajectory::bits(&striped) == common::trajectory::bits(&single), "striping changed the run");
+    assert_eq!(striped.nvme_bytes, single.nvme_bytes, "striping changed the bytes moved");
+    assert_exact("striped over two directories", &striped, 0);
+    // The same shard files in both directories, with equal data within a page each.
+    let files = |d: &std::path::Path| -> std::collections::BTreeMap<String, u64> {
+        std::fs::read_dir(d.join("rank0"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".bin"))
+            .map(|e| (e.file_name().to_string_lossy().into_owned(), e.metadata().unwrap().len()))
+            .collect()
+    };
+    let (a, b) = (files(&dirs[0]), files(&dirs[1]));
+    assert!(!a.is_empty());
+    for (name, size_a) in &a {
+        // A tensor under two pages has one stripe only.
+        if let Some(size_b) = b.get(name) {
+            assert!(size_a.abs_diff(*size_b) <= 4096, "{name}: {size_a} in one directory, {size_b} in the other");
+        }
+    }
+    let (total_a, total_b) = (a.values().sum::<u64>(), b.values().sum::<u64>());
+    println!("striped over two directories: {total_a} and {total_b} bytes of shard files");
 }

@@ -67,7 +67,7 @@ fn walk_budgets<D: Backend>(open: impl Fn(Option<u64>) -> D, exact: bool) {
                 recompute: true,
                 offload_optimizer: Tier::Nvme,
                 offload_params: Tier::Nvme,
-                nvme_dir: Some(nvme.path().into()),
+                nvme_dirs: vec![nvme.path().into()],
                 ..base.clone()
             },
         ),

@@ -94,7 +94,7 @@ fn sharded_runs_are_bit_identical_across_tiers_budgets_and_recompute() {
     let reference = run_world(Dev::Cpu, 2, base.clone()).unwrap();
     let nvme = tempfile::tempdir().unwrap();
     let on_nvme =
-        TrainConfig { offload_optimizer: Tier::Nvme, offload_params: Tier::Nvme, nvme_dir: Some(nvme.path().into()), ..base.clone() };
+        TrainConfig { offload_optimizer: Tier::Nvme, offload_params: Tier::Nvme, nvme_dirs: vec![nvme.path().into()], ..base.clone() };
     let got = run_world(Dev::Cpu, 2, on_nvme).unwrap();
     assert!(bits(&got) == bits(&reference), "stage 3 with everything on NVMe differs from the all-in-RAM run");
     for r in 0..2 {

@@ -38,7 +38,7 @@ fn tiers_budgets_and_recompute_give_bit_identical_runs() {
     let variants = [
         (
             "optimizer and params on nvme",
-            TrainConfig { offload_optimizer: Tier::Nvme, offload_params: Tier::Nvme, nvme_dir: Some(nvme.path().into()), ..base.clone() },
+            TrainConfig { offload_optimizer: Tier::Nvme, offload_params: Tier::Nvme, nvme_dirs: vec![nvme.path().into()], ..base.clone() },
         ),
         (
             "optimizer and params on nvme, gradients in ram",
@@ -46,13 +46,13 @@ fn tiers_budgets_and_recompute_give_bit_identical_runs() {
                 offload_optimizer: Tier::Nvme,
                 offload_gradients: Some(Tier::Ram),
                 offload_params: Tier::Nvme,
-                nvme_dir: Some(grads_in_ram.path().into()),
+                nvme_dirs: vec![grads_in_ram.path().into()],
                 ..base.clone()
             },
         ),
         (
             "gradients alone on nvme",
-            TrainConfig { offload_gradients: Some(Tier::Nvme), nvme_dir: Some(grads_alone.path().into()), ..base.clone() },
+            TrainConfig { offload_gradients: Some(Tier::Nvme), nvme_dirs: vec![grads_alone.path().into()], ..base.clone() },
         ),
         ("recompute", TrainConfig { recompute: true, ..base.clone() }),
         ("the strictly sequential schedule", TrainConfig { sequential: true, ..base.clone() }),

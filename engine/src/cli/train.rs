@@ -178,9 +178,12 @@ pub struct TrainArgs {
     /// Where the working copy of the parameters lives between uploads.
     #[arg(long, value_enum, default_value = "cpu")]
     offload_params: OffloadTarget,
-    /// Directory for the NVMe tier's files (`{group}.{kind}.rank0.bin`; reused by later runs).
-    #[arg(long)]
-    nvme_dir: Option<PathBuf>,
+    /// Directory for the NVMe tier's files (`rank{r}/{group}.{kind}.rank{r}.bin`; reused by later
+    /// runs), or several, comma-separated (`--nvme-dir /mnt/a/zs,/mnt/b/zs`), one per drive: every
+    /// tensor is then striped over all of them (page-aligned stripes of equal size), so each drive
+    /// moves an equal share of every read and write, all in flight at once.
+    #[arg(long, value_delimiter = ',')]
+    nvme_dir: Vec<PathBuf>,
     #[command(flatten)]
     io: IoArgs,
     /// Do not checksum NVMe shards (faster; corruption then goes unnoticed).
@@ -309,7 +312,7 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>, r
         offload_optimizer: a.offload_optimizer.tier(),
         offload_gradients: a.offload_gradients.map(OffloadTarget::tier),
         offload_params: a.offload_params.tier(),
-        nvme_dir: a.nvme_dir.clone(),
+        nvme_dirs: a.nvme_dir.clone(),
         io: a.io.config(),
         verify: !a.no_verify,
         adam_threads: a.adam_threads,

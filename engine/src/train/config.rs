@@ -94,7 +94,9 @@ pub struct TrainConfig {
     /// place changes, never a bit.
     pub offload_gradients: Option<Tier>,
     pub offload_params: Tier,
-    pub nvme_dir: Option<PathBuf>,
+    /// `--nvme-dir`: the NVMe tier's directories (empty: none); with several, every tensor there is
+    /// striped over all of them.
+    pub nvme_dirs: Vec<PathBuf>,
     pub io: IoConfig,
     /// Checksum every NVMe shard on write and check it on read.
     pub verify: bool,
@@ -139,7 +141,7 @@ impl Default for TrainConfig {
             offload_optimizer: Tier::Ram,
             offload_gradients: None,
             offload_params: Tier::Ram,
-            nvme_dir: None,
+            nvme_dirs: Vec::new(),
             io: IoConfig::default(),
             verify: true,
             adam_threads: 0,
@@ -182,6 +184,15 @@ fn enum_name<E: ValueEnum>(e: E) -> String {
     e.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default()
 }
 
+/// The directories as `--nvme-dir` takes them: comma-separated (None for none).
+pub fn join_dirs(dirs: &[PathBuf]) -> Option<String> {
+    (!dirs.is_empty()).then(|| dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(","))
+}
+
+fn split_dirs(joined: &str) -> Vec<PathBuf> {
+    joined.split(',').map(PathBuf::from).collect()
+}
+
 fn tier_from(name: &str) -> Result<Tier> {
     match name {
         "cpu" => Ok(Tier::Ram),
@@ -206,7 +217,7 @@ impl TrainConfig {
         if self.steps == 0 {
             bail!("--steps must be at least 1");
         }
-        if self.uses_nvme() && self.nvme_dir.is_none() {
+        if self.uses_nvme() && self.nvme_dirs.is_empty() {
             bail!("--offload-optimizer nvme, --offload-gradients nvme and --offload-params nvme need --nvme-dir DIR");
         }
         /// A flag, its value, whether the value is in range, and the range in words.
@@ -253,7 +264,7 @@ impl TrainConfig {
         put("offload-optimizer", json!(self.offload_optimizer.name()));
         put("offload-gradients", json!(self.offload_gradients.map(Tier::name)));
         put("offload-params", json!(self.offload_params.name()));
-        put("nvme-dir", json!(self.nvme_dir.as_ref().map(|p| p.display().to_string())));
+        put("nvme-dir", json!(join_dirs(&self.nvme_dirs)));
         put("io-engine", json!(self.io.engine.name()));
         put("block-size", json!(self.io.block_bytes));
         put("queue-depth", json!(self.io.queue_depth));
@@ -304,7 +315,7 @@ impl TrainConfig {
                 None => None,
             },
             offload_params: tier_from(&text("offload-params")?).context("offload-params")?,
-            nvme_dir: get("nvme-dir")?.as_str().map(PathBuf::from),
+            nvme_dirs: get("nvme-dir")?.as_str().map(split_dirs).unwrap_or_default(),
             io: IoConfig {
                 engine,
                 block_bytes: uint("block-size")? as usize,
@@ -348,7 +359,7 @@ mod tests {
         let mut tc = TrainConfig {
             precision: Precision::Bf16,
             gpu_mem_budget: Some(1 << 30),
-            nvme_dir: Some("/x".into()),
+            nvme_dirs: vec!["/x".into(), "/y".into()],
             dropout: Some(0.1),
             seed: 7,
             matmul_inputs: MatmulInputs::F16,

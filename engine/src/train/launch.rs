@@ -184,10 +184,7 @@ fn check_host_ram(req: &RunRequest, world: usize, ranks_here: usize) -> Result<(
     let model = model_config(&req.options.model)?;
     let placement = plan_on(&model, &req.train, world, planned_costs(req.ranks.device))?;
     placement.check_host_ram(ranks_here)?;
-    match &req.train.nvme_dir {
-        Some(dir) => placement.check_nvme_room(dir, ranks_here),
-        None => Ok(()),
-    }
+    placement.check_nvme_room(&req.train.nvme_dirs, ranks_here)
 }
 
 /// CPU cores each of `ranks` ranks on this machine gets for AdamW, unless --adam-threads says.

@@ -161,13 +161,14 @@ impl<'d, D: Backend> Trainer<'d, D> {
         let uses_nvme = train.uses_nvme();
         let mut io_notes = Vec::new();
         let nvme = if uses_nvme {
-            let dir =
-                train.nvme_dir.as_ref().ok_or_else(|| anyhow!("--offload-optimizer nvme / --offload-params nvme need --nvme-dir DIR"))?;
+            if train.nvme_dirs.is_empty() {
+                bail!("--offload-optimizer nvme / --offload-params nvme need --nvme-dir DIR");
+            }
             let io = IoEngine::new(train.io).context("--io-engine/--block-size/--queue-depth")?;
-            // Each rank has its own subdirectory with stable names, so a restart finds its files.
-            let rank_dir = dir.join(format!("rank{}", sharding.rank));
-            std::fs::create_dir_all(&rank_dir).with_context(|| format!("creating the NVMe directory {}", rank_dir.display()))?;
-            let nvme = NvmeDir::new(&rank_dir, io, train.verify, sharding.rank)?;
+            // Each rank has its own subdirectory in each directory, with stable names, so a restart
+            // finds its files.
+            let rank_dirs: Vec<std::path::PathBuf> = train.nvme_dirs.iter().map(|d| d.join(format!("rank{}", sharding.rank))).collect();
+            let nvme = NvmeDir::striped(&rank_dirs, io, train.verify, sharding.rank)?;
             io_notes.extend(nvme.io.notes.iter().cloned());
             Some(Arc::new(nvme))
         } else {

@@ -107,33 +107,39 @@ impl Placement {
     }
 
     /// Refuses, with the numbers, a run whose NVMe state (and spare files) for `ranks_here` ranks on
-    /// this machine would not fit in the free space of `dir`'s file system (counting the shard files of
-    /// an earlier run there, which it overwrites): better at start-up than a full disk mid-write.
-    pub fn check_nvme_room(&self, dir: &std::path::Path, ranks_here: usize) -> Result<()> {
+    /// this machine would not fit in the free space of `dirs`' file systems, each directory holding an
+    /// equal share when the state is striped (counting the shard files of an earlier run there, which it
+    /// overwrites): better at start-up than a full disk mid-write. Directories on one file system are
+    /// each checked for their own share only.
+    pub fn check_nvme_room(&self, dirs: &[std::path::PathBuf], ranks_here: usize) -> Result<()> {
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let (_, state) = self.host_bytes_per_rank();
-        if state == 0 {
+        if state == 0 || dirs.is_empty() {
             return Ok(());
         }
-        let need = (state + self.host_nvme_spare_bytes) * ranks_here as u64;
-        let Ok(free) = zerostream_offload::free_bytes(dir) else { return Ok(()) };
-        let reused = zerostream_offload::shard_bytes_in(dir);
-        if need > free + reused {
-            bail!(
-                "--nvme-dir {}: {ranks_here} rank(s) here need {:.2} GiB on NVMe ({:.2} GiB of state and up to {:.2} GiB of spare \
-                 files per rank), but its file system has {:.2} GiB free{}: free some space, give a larger disk, or keep part of the \
-                 state in RAM (--offload-params ram)",
-                dir.display(),
-                gib(need),
-                gib(state),
-                gib(self.host_nvme_spare_bytes),
-                gib(free),
-                if reused > 0 {
-                    format!(" (+ {:.2} GiB of an earlier run's shards there, which it overwrites)", gib(reused))
-                } else {
-                    String::new()
-                }
-            );
+        let stripes = dirs.len() as u64;
+        let need = ((state + self.host_nvme_spare_bytes) * ranks_here as u64).div_ceil(stripes);
+        for dir in dirs {
+            let Ok(free) = zerostream_offload::free_bytes(dir) else { continue };
+            let reused = zerostream_offload::shard_bytes_in(dir);
+            if need > free + reused {
+                bail!(
+                    "--nvme-dir {}: {ranks_here} rank(s) here need {:.2} GiB on NVMe{} ({:.2} GiB of state and up to {:.2} GiB of \
+                     spare files per rank), but its file system has {:.2} GiB free{}: free some space, give a larger disk, stripe \
+                     over more directories, or keep part of the state in RAM (--offload-params ram)",
+                    dir.display(),
+                    gib(need),
+                    if stripes > 1 { format!(" in this directory, 1/{stripes} of the striped state") } else { String::new() },
+                    gib(state),
+                    gib(self.host_nvme_spare_bytes),
+                    gib(free),
+                    if reused > 0 {
+                        format!(" (+ {:.2} GiB of an earlier run's shards there, which it overwrites)", gib(reused))
+                    } else {
+                        String::new()
+                    }
+                );
+            }
         }
         Ok(())
     }

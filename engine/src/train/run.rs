@@ -289,14 +289,14 @@ fn checkpoint_root(say: &dyn Fn(String), options: &RunOptions, lead: bool) -> Re
 
 /// Large models spend minutes writing their initial state to NVMe before the first step: say so.
 fn announce_nvme_state(say: &dyn Fn(String), train: &TrainConfig, model: &Model, world: usize, costs: crate::device::AllocCosts) {
-    let Some(dir) = &train.nvme_dir else { return };
+    let Some(dirs) = super::config::join_dirs(&train.nvme_dirs) else { return };
     let Ok(placement) = super::plan_on(model, train, world, costs) else { return };
     let nvme_bytes = placement.host_bytes_per_rank().1;
     if nvme_bytes > 0 {
         say(format!(
-            "writing the initial state to the NVMe tier: {:.2} GiB per rank in {} ...",
+            "writing the initial state to the NVMe tier: {:.2} GiB per rank in {dirs}{} ...",
             nvme_bytes as f64 / (1u64 << 30) as f64,
-            dir.display()
+            if train.nvme_dirs.len() > 1 { " (striped: an equal share in each)" } else { "" }
         ));
     }
 }
