@@ -104,4 +104,3 @@ fn bf16_moments_move_the_predicted_bytes_four_per_parameter_fewer_each_way() {
     assert!(a.read_bytes - b.read_bytes >= 4 * params && a.written_bytes - b.written_bytes >= 4 * params, "{a:?} vs {b:?}");
     assert_eq!(3 * (a.read_bytes - b.read_bytes), a.read_bytes, "bf16 moments save a third of the state's bytes");
 }
-

@@ -88,7 +88,10 @@ fn resuming_equals_not_stopping_on_the_cpu_device() {
     // Striped over a second directory (each leg's own --nvme-dir is the first).
     let second = tempfile::tempdir().unwrap();
     let second = second.path().to_str().unwrap();
-    check_resume_equality("cpu striped nvme", &["--device", "cpu", "--offload-optimizer", "nvme", "--offload-params", "nvme", "--nvme-dir", second]);
+    check_resume_equality(
+        "cpu striped nvme",
+        &["--device", "cpu", "--offload-optimizer", "nvme", "--offload-params", "nvme", "--nvme-dir", second],
+    );
     // A resumed run draws the masks the uninterrupted one would have, recomputed activations too.
     check_resume_equality("cpu dropout recompute", &["--device", "cpu", "--dropout", "0.1", "--recompute"]);
 }

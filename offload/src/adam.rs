@@ -27,10 +27,10 @@ mod rounding;
 
 use half::{bf16, f16};
 use rayon::prelude::*;
-use rounding::{bf16_from_f32, bf16_stochastic, bf16_to_f32, round_stochastic_into, widen_into};
+pub use rounding::NoiseKey;
 #[cfg(target_arch = "x86_64")]
 use rounding::store_bf16_streaming;
-pub use rounding::NoiseKey;
+use rounding::{bf16_from_f32, bf16_stochastic, bf16_to_f32, round_stochastic_into, widen_into};
 
 /// AdamW's hyper-parameters. f64, as Python hands them to PyTorch: `1 - beta2` computed from an f32
 /// 0.999 is off by 5e-5 relative, which the moments would carry.
@@ -415,13 +415,27 @@ fn chunk_moments(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-fn chunk_avx512(p: &mut [f32], moments: &mut Moments<'_>, scratch: &mut Widened, grads: Grads<'_>, copy: &mut ParamCopy<'_>, k: &StepScalars) {
+fn chunk_avx512(
+    p: &mut [f32],
+    moments: &mut Moments<'_>,
+    scratch: &mut Widened,
+    grads: Grads<'_>,
+    copy: &mut ParamCopy<'_>,
+    k: &StepScalars,
+) {
     chunk_moments(p, moments, scratch, grads, copy, k, true)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn chunk_avx2(p: &mut [f32], moments: &mut Moments<'_>, scratch: &mut Widened, grads: Grads<'_>, copy: &mut ParamCopy<'_>, k: &StepScalars) {
+fn chunk_avx2(
+    p: &mut [f32],
+    moments: &mut Moments<'_>,
+    scratch: &mut Widened,
+    grads: Grads<'_>,
+    copy: &mut ParamCopy<'_>,
+    k: &StepScalars,
+) {
     chunk_moments(p, moments, scratch, grads, copy, k, true)
 }
 
@@ -498,10 +512,7 @@ impl AdamW {
         decay_this_tensor: bool,
     ) {
         let n = params.len();
-        assert!(
-            moments.len() == n && moments.lens_agree() && grads.len() == n,
-            "AdamW: p, m, v and grads must have the same length"
-        );
+        assert!(moments.len() == n && moments.lens_agree() && grads.len() == n, "AdamW: p, m, v and grads must have the same length");
         let k = StepScalars::new(&self.config, step, grad_scale, decay_this_tensor);
         let (isa, ce) = (self.isa, self.chunk_elems);
         let grad_chunks: Vec<Grads<'_>> = match grads {
@@ -561,4 +572,3 @@ impl AdamW {
 pub fn bytes_per_param(grad_bytes: usize, copy_bytes: usize) -> usize {
     grad_bytes + 12 + 12 + copy_bytes
 }
-

@@ -191,8 +191,7 @@ impl Stored {
             return Ok(());
         };
         let written = if dirty {
-            let mut batch: Vec<(&ShardFile, &mut [u8])> =
-                leaving.iter_mut().flat_map(|(files, buf)| stripe_slices(buf, files)).collect();
+            let mut batch: Vec<(&ShardFile, &mut [u8])> = leaving.iter_mut().flat_map(|(files, buf)| stripe_slices(buf, files)).collect();
             crate::shard_file::write_all(nvme, &mut batch)
         } else {
             Ok(())

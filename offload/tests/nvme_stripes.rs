@@ -86,7 +86,11 @@ fn striped_tensors_round_trip_through_every_engine_and_install() {
             let mut all: Vec<&mut Stored> = tensors.iter_mut().collect();
             Stored::page_in_all(&mut all, Some(&nv)).unwrap();
             for (k, t) in tensors.iter().enumerate() {
-                assert!(t.data().bytes() == pattern(SIZES[k], 100 + k as u8).as_slice(), "{setup}, {count} dirs: t{k} ({} bytes)", SIZES[k]);
+                assert!(
+                    t.data().bytes() == pattern(SIZES[k], 100 + k as u8).as_slice(),
+                    "{setup}, {count} dirs: t{k} ({} bytes)",
+                    SIZES[k]
+                );
             }
             let mut all: Vec<&mut Stored> = tensors.iter_mut().collect();
             Stored::page_out_all(&mut all, Some(&nv), false).unwrap();

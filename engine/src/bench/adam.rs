@@ -94,7 +94,8 @@ pub fn bench_adam(cfg: &AdamBenchConfig) -> Result<AdamBenchReport> {
     let mut p = p_init;
     let bf16_moments = cfg.moments == AdamState::Bf16;
     let (mut m, mut v) = if bf16_moments { (Vec::new(), Vec::new()) } else { (filled(0.0), filled(0.0)) };
-    let mut moments16: [Vec<bf16>; 2] = std::array::from_fn(|_| if bf16_moments { pool.install(|| vec![bf16::ZERO; n]) } else { Vec::new() });
+    let mut moments16: [Vec<bf16>; 2] =
+        std::array::from_fn(|_| if bf16_moments { pool.install(|| vec![bf16::ZERO; n]) } else { Vec::new() });
     let g32 = filled(1e-3);
     let g16: Vec<f16> = pool.install(|| g32.par_iter().map(|x| f16::from_f32(*x)).collect());
     let gb16: Vec<bf16> = pool.install(|| g32.par_iter().map(|x| bf16::from_f32(*x)).collect());

@@ -5,11 +5,11 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use zerostream::bench::adam::{AdamBenchConfig, HalfOrFull};
-use zerostream::train::AdamState;
 use zerostream::bench::io::{self as bench_io, IoBenchConfig};
 use zerostream::bench::kernels::KernelBenchConfig;
 use zerostream::bench::transfer::Link;
 use zerostream::device::GpuDevice;
+use zerostream::train::AdamState;
 use zerostream_offload::IoEngineKind;
 
 use crate::parse_size;

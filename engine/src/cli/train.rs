@@ -163,6 +163,13 @@ pub struct TrainArgs {
     /// or accumulated).
     #[arg(long, value_enum, default_value = "cpu")]
     offload_optimizer: OffloadTarget,
+    /// `plan` only: time the links this run would use on this machine, in about a minute — the drive
+    /// in DIR (default: the --nvme-dir directories) swept as the update sweeps it, AdamW, and the
+    /// device on a one-block and a several-block cut of the model — and print the predicted steady
+    /// step time and the link that sets it. The rates are kept (in the tuning directory) for `train`
+    /// with the same flags, which prints the prediction at start-up and records it in the metrics.
+    #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = "")]
+    measure: Option<String>,
     /// The format of AdamW's two moments: fp32 (PyTorch's state, bit for bit) or bf16 (4 bytes per
     /// parameter less to hold and, on nvme, to read and write each step; the update is still computed
     /// in f32 and the moments are rounded stochastically when stored, so small changes are not lost).
@@ -374,6 +381,9 @@ fn stop_on_signals() -> Result<Arc<AtomicBool>> {
 /// code, with a line saying how to continue a run a signal stopped (rank 0's).
 /// `quiet`: no progress, description or summary (warnings and errors still print).
 pub fn train(a: TrainArgs, explicit: &BTreeSet<String>, resolved: &str, quiet: bool) -> Result<i32> {
+    if a.measure.is_some() {
+        bail!("--measure is plan's: `zerostream plan --measure [DIR] ...` with the same flags predicts this run's step time");
+    }
     let mut request = resolve_train(&a, true, explicit, resolved)?;
     request.options.progress = !quiet;
     if explicit.is_empty() {
@@ -398,9 +408,20 @@ pub fn train(a: TrainArgs, explicit: &BTreeSet<String>, resolved: &str, quiet: b
 
 /// `zerostream plan`: the placement `train` would use with the same flags.
 pub fn plan(a: TrainArgs, explicit: &BTreeSet<String>) -> Result<()> {
-    let placement = zerostream::train::launch::plan(resolve_train(&a, false, explicit, "")?)?;
+    let request = resolve_train(&a, false, explicit, "")?;
+    let (placement, predicted) = match &a.measure {
+        Some(dir) => {
+            eprintln!("plan --measure: timing the drive, AdamW and the device on this run's shapes ...");
+            let (placement, line) = zerostream::train::launch::plan_measured(request, std::path::Path::new(dir))?;
+            (placement, Some(line))
+        }
+        None => (zerostream::train::launch::plan(request)?, None),
+    };
     println!("{}", placement.describe());
     println!("{}", placement.host_summary());
+    if let Some(line) = predicted {
+        println!("{line}");
+    }
     Ok(())
 }
 

@@ -112,6 +112,15 @@ impl Model {
         }
     }
 
+    /// The same model with `n` blocks (everything else as it is): what `plan --measure` times to
+    /// learn a block's and the head's cost on the device.
+    pub fn with_layers(&self, n: usize) -> Model {
+        match self {
+            Model::Gpt2(c) => Model::Gpt2(Gpt2Config { n_layer: n, ..c.clone() }),
+            Model::Llama(c) => Model::Llama(LlamaConfig { num_hidden_layers: n, ..c.clone() }),
+        }
+    }
+
     pub fn n_layer(&self) -> usize {
         match self {
             Model::Gpt2(c) => c.n_layer,

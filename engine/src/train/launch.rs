@@ -13,8 +13,8 @@ use zerostream_checkpoints::TokenWidth;
 
 use super::ranks::{RankDevice, train_in_process};
 use super::run::{ModelChoice, RunOptions, RunSummary, model_config, run_on};
-use super::{Placement, TrainConfig, outputs, plan_on, resume};
-use crate::device::{AllocCosts, DeviceChoice};
+use super::{Placement, TrainConfig, outputs, plan_on, predict, resume};
+use crate::device::{AllocCosts, AnyDevice, Backend, DeviceChoice};
 
 /// Which devices the ranks compute on, and how many ranks.
 #[derive(Clone, Debug)]
@@ -101,6 +101,33 @@ pub fn plan(mut req: RunRequest) -> Result<Placement> {
     resume_from_checkpoint(&mut req, world)?;
     let model = model_config(&req.options.model)?;
     plan_on(&model, &req.train, world, planned_costs(req.ranks.device))
+}
+
+/// [`plan`], and the links it would use timed on this machine (`plan --measure`: the drive in
+/// `measure`, else in the run's `--nvme-dir`): the placement and the predicted step, in words.
+pub fn plan_measured(mut req: RunRequest, measure: &Path) -> Result<(Placement, String)> {
+    check_request(&req)?;
+    let world = req.ranks.world_size.or_else(crate::comm::launcher_world_size).unwrap_or(1).max(1);
+    resume_from_checkpoint(&mut req, world)?;
+    let model = model_config(&req.options.model)?;
+    let placement = plan_on(&model, &req.train, world, planned_costs(req.ranks.device))?;
+    let dirs = predict::drive_dirs(measure, &req.train);
+    let dev = RankDevice::Default.open(req.ranks.device, req.ranks.adapter.as_deref(), req.train.gpu_mem_budget)?;
+    let (rates, shared_cores, device) = match &dev {
+        AnyDevice::Cpu(d) => (predict::measure(d, &model, &req.train, &placement, &dirs)?, predict::shares_cores(d), d.describe()),
+        AnyDevice::Gpu(d) => (predict::measure(d, &model, &req.train, &placement, &dirs)?, predict::shares_cores(d), d.describe()),
+    };
+    let prediction = predict::predict(&rates, &placement, &model, &req.train, shared_cores);
+    let mut said = prediction.describe(&rates, &placement);
+    match predict::save_rates(&device, &model, &req.train, &dirs, &rates) {
+        Ok(Some(path)) if dirs == req.train.nvme_dirs => {
+            said += &format!("\nthe rates are kept in {} for `train` with these flags to predict from", path.display())
+        }
+        Ok(Some(_)) => said += "\n(`train` predicts from rates timed in its own --nvme-dir: `plan --measure` without DIR times those)",
+        Ok(None) => said += "\n(no cache directory to keep the rates in for `train`: set ZEROSTREAM_TUNE_DIR)",
+        Err(e) => said += &format!("\nwarning: keeping the rates for `train` failed: {e:#}"),
+    }
+    Ok((placement, said))
 }
 
 /// What needs no file: the hyper-parameters and the options against each other.

@@ -24,6 +24,7 @@ pub mod layout;
 pub mod outputs;
 pub mod pipeline;
 mod plan;
+pub mod predict;
 mod progress;
 pub mod ranks;
 mod report;
@@ -60,7 +61,8 @@ pub use schedule::{LossScaler, LrPlan, LrSchedule};
 pub use shard::{GroupShard, Sharding, ZeroStage};
 use step::{Clock, timed};
 use worker::{
-    OptimizerGroup, Progress, ProgressState, SharedGroup, UpdateFormats, UpdateJob, adam_seconds_total, lock, optimizer_worker, write_working,
+    OptimizerGroup, Progress, ProgressState, SharedGroup, UpdateFormats, UpdateJob, adam_seconds_total, lock, optimizer_worker,
+    write_working,
 };
 
 /// Where the model's initial weights come from.

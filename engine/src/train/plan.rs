@@ -24,6 +24,8 @@ pub struct Placement {
     pub zero_stage: ZeroStage,
     /// The moments' format (`--adam-state`).
     pub adam_state: AdamState,
+    /// Elements of each parameter group (the head first), as the trainer lays them out.
+    pub group_lens: Vec<usize>,
     /// Per rank: this rank's fp32 master weights and Adam moments (1/N of them from stage 1 on).
     pub host_optimizer_bytes: u64,
     /// Per rank: the working copy (1/N of it in stage 3).
@@ -395,6 +397,7 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         world_size: sharding.world,
         zero_stage: tc.zero_stage,
         adam_state: tc.adam_state,
+        group_lens: groups.iter().map(|g| g.len).collect(),
         host_optimizer_bytes: state_bytes * slices,
         host_working_bytes: tc.precision.working_bytes_per_param() as u64 * working,
         host_grad_bytes: 4 * slices,

@@ -38,6 +38,8 @@ pub struct StepReport {
     pub peak_rss_bytes: Option<u64>,
     /// The validation loss of the weights this step started from (when the step was one to evaluate).
     pub val_loss: Option<f64>,
+    /// The steady step `plan --measure`'s rates predict for this run (None: not measured).
+    pub predicted_step_s: Option<f64>,
     /// This rank's collectives during the step: bytes sent, seconds, and seconds hidden behind device work.
     pub comm: crate::comm::CommStats,
 }
@@ -88,6 +90,9 @@ impl StepReport {
             "upload_gbps": gbps(self.upload_bytes, self.upload_s),
             "download_gbps": gbps(self.download_bytes, self.download_s),
         });
+        if let Some(p) = self.predicted_step_s {
+            row["predicted_step_s"] = p.into();
+        }
         if let Some(v) = self.val_loss {
             row["val_loss"] = v.into();
             row["val_perplexity"] = v.exp().into();

@@ -211,8 +211,9 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
     for note in &trainer.io_notes {
         say(note.clone());
     }
+    let predicted_step_s = predict_step(dev, &model, &trainer, &say);
     let start = Instant::now();
-    let outcome = train_steps(&mut trainer, &tokens, validation.as_ref(), options, root.as_ref(), &record, &say)?;
+    let outcome = train_steps(&mut trainer, &tokens, validation.as_ref(), options, root.as_ref(), &record, predicted_step_s, &say)?;
     let last_update_s = trainer.finish()?;
     let final_val_loss = validation.as_ref().map(|v| final_validation(&mut trainer, v, options, &say)).transpose()?;
     let seconds = start.elapsed().as_secs_f64();
@@ -243,6 +244,19 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         say(if i == 0 { format!("what it did: {line}") } else { line.clone() });
     }
     Ok(RunSummary { steps: outcome.reports, seconds, sample, stopped_at: None, checkpoint: outcome.checkpoint, val_loss: final_val_loss })
+}
+
+/// The steady step predicted from the rates `plan --measure` kept for this run (said, and returned for
+/// the metrics), or a line saying how to get one.
+fn predict_step<D: Backend>(dev: &D, model: &Model, trainer: &Trainer<'_, D>, say: &dyn Fn(String)) -> Option<f64> {
+    use super::predict::{predict, saved_rates, shares_cores};
+    let Some(rates) = saved_rates(&dev.describe(), model, &trainer.train) else {
+        say("step time not predicted: `zerostream plan --measure` with these flags times this machine's links (in about a minute) for train to predict from".into());
+        return None;
+    };
+    let prediction = predict(&rates, &trainer.placement, model, &trainer.train, shares_cores(dev));
+    say(prediction.describe(&rates, &trainer.placement));
+    Some(prediction.step_s)
 }
 
 /// The training tokens and the validation tokens (`--val-data`, or the built-in text's last scenes),

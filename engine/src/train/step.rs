@@ -113,6 +113,7 @@ impl<D: Backend> Trainer<'_, D> {
             peak_rss_bytes: report::peak_rss_bytes(),
             comm: self.comm.stats() - comm_before,
             val_loss: None,
+            predicted_step_s: None,
         };
         self.step += 1;
         Ok(report)

@@ -206,7 +206,9 @@ pub(super) fn optimizer_worker(
                     Precision::Fp16 => ParamCopy::F16(bytemuck::cast_slice_mut(&mut working.data_mut().as_mut_slice::<u16>()[w])),
                 };
                 let moments = match formats.moments {
-                    AdamState::Fp32 => Moments::F32 { m: &mut m.as_mut_slice::<f32>()[o.clone()], v: &mut v.as_mut_slice::<f32>()[o.clone()] },
+                    AdamState::Fp32 => {
+                        Moments::F32 { m: &mut m.as_mut_slice::<f32>()[o.clone()], v: &mut v.as_mut_slice::<f32>()[o.clone()] }
+                    }
                     // The noise follows the element's place in the group (r.start), not in this rank's
                     // slice: every world size rounds each element alike.
                     AdamState::Bf16 => Moments::Bf16 {

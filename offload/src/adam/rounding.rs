@@ -20,7 +20,6 @@ pub(crate) fn bf16_to_f32(x: bf16) -> f32 {
     f32::from_bits((x.to_bits() as u32) << 16)
 }
 
-
 /// Writes the bf16 copy of `src` with non-temporal stores: the copy is only ever read by the device
 /// transfer, so bypassing the cache saves the read-for-ownership of every destination line (2 of the
 /// 30 bytes a mixed-precision update would otherwise move per parameter). Same roundings as
@@ -68,8 +67,6 @@ unsafe fn bf16_bits_x8(src: *const f32) -> std::arch::x86_64::__m256i {
     let quiet = _mm256_or_si256(_mm256_srli_epi32::<16>(bits), _mm256_set1_epi32(0x40));
     _mm256_blendv_epi8(rounded, quiet, nan)
 }
-
-
 
 /// A bijective 32-bit mixer (Chris Wellons' "lowbias32" constants): consecutive inputs give outputs
 /// with no visible correlation, using only 32-bit multiplies and shifts, so the noise loop vectorises.
@@ -179,7 +176,13 @@ mod tests {
 
     #[test]
     fn noise_keys_differ_by_step_group_and_moment() {
-        let keys = [NoiseKey::new(0, 1, 0, 0), NoiseKey::new(0, 2, 0, 0), NoiseKey::new(0, 1, 1, 0), NoiseKey::new(0, 1, 0, 1), NoiseKey::new(9, 1, 0, 0)];
+        let keys = [
+            NoiseKey::new(0, 1, 0, 0),
+            NoiseKey::new(0, 2, 0, 0),
+            NoiseKey::new(0, 1, 1, 0),
+            NoiseKey::new(0, 1, 0, 1),
+            NoiseKey::new(9, 1, 0, 0),
+        ];
         for (a, ka) in keys.iter().enumerate() {
             for kb in &keys[a + 1..] {
                 assert_ne!(ka, kb);

@@ -41,6 +41,7 @@ pub(super) fn train_steps<D: Backend>(
     options: &RunOptions,
     root: Option<&CheckpointRoot>,
     record: &RunRecord,
+    predicted_step_s: Option<f64>,
     say: &dyn Fn(String),
 ) -> Result<StepsOutcome> {
     let lead = trainer.sharding.rank == 0;
@@ -65,6 +66,7 @@ pub(super) fn train_steps<D: Backend>(
         };
         let mut r = trainer.train_step(tokens)?;
         r.val_loss = val_loss;
+        r.predicted_step_s = predicted_step_s;
         // One row for both sinks, so the metrics file and the TensorBoard events always agree.
         let row = r.to_json();
         if let Some(warning) = tensorboard.write_step(r.step, &row) {

@@ -1,0 +1,375 @@
+//! The step time before the run (`plan --measure`): time each link the run will use, in well under a
+//! minute, and predict a steady step from the bytes and parameters the placement gives.
+//!
+//! Timed here:
+//! - the drive: its directories (the run's `--nvme-dir`, striped alike), swept as the update sweeps
+//!   the state (read ahead, AdamW, write back, through the run's I/O engine), bytes of both directions
+//!   per second;
+//! - AdamW at the run's moment format and working-copy precision, on the run's threads;
+//! - the device: a one-block and a several-block cut of the run's model (same width, vocabulary, B,
+//!   T, precision, budget), all state in RAM, a few steps each; their difference gives a block's
+//!   device time (compute, upload, download), the rest is the head's; and a block's upload rate.
+//!
+//! The model of a steady step: the drive moves its bytes (`Placement::nvme_traffic`) while the device
+//! runs every block and the head, and AdamW sweeps the state; the step takes the longest of the three.
+//! On the cpu device the device's work and AdamW share the cores, so they add up instead.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use half::bf16;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use zerostream_checkpoints::TokenFile;
+use zerostream_offload::adam::{AdamConfig, AdamW, DEFAULT_CHUNK_ELEMS, Grads, MomentNoise, Moments, ParamCopy};
+use zerostream_offload::{IoEngine, NvmeDir, Stored, Tier};
+
+use super::config::{AdamState, TrainConfig};
+use super::plan::Placement;
+use super::traffic::NvmeTraffic;
+use super::{ModelSource, Trainer};
+use crate::device::Backend;
+use crate::model::Model;
+
+/// What each link did when timed.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LinkRates {
+    /// Bytes per second read and written at once, both directions counted (None: no drive timed).
+    pub drive_gbps: Option<f64>,
+    pub adam_gparams_per_s: f64,
+    /// Device seconds per step of one block (kernels, working-copy upload, gradient download) with
+    /// every block resident, and of the rest.
+    pub block_s: f64,
+    pub head_s: f64,
+    /// Host-to-device bytes per second of a block's working copy: what evicted blocks pay again.
+    pub upload_gbps: f64,
+    pub measuring_s: f64,
+}
+
+/// A steady step, predicted.
+#[derive(Clone, Debug)]
+pub struct Prediction {
+    pub step_s: f64,
+    /// The device's share: kernels, transfers, and (`upload_s`) evicted blocks' second upload.
+    pub device_s: f64,
+    pub upload_s: f64,
+    pub adam_s: f64,
+    pub drive_s: f64,
+    /// The link that sets the step: "the drive", "the device" or "AdamW" (or "the device and AdamW"
+    /// on the cpu device, where they share the cores).
+    pub bound: &'static str,
+}
+
+/// Times the links of a run of `model` with `train` (laid out as `placement`) on `dev`, the drive in
+/// `drive_dirs` (none: not timed).
+pub fn measure<D: Backend>(
+    dev: &D,
+    model: &Model,
+    train: &TrainConfig,
+    placement: &Placement,
+    drive_dirs: &[PathBuf],
+) -> Result<LinkRates> {
+    let start = Instant::now();
+    // A rank's slice of a block's group: what the sweep moves at a time.
+    let lens = &placement.group_lens;
+    let group_elems = lens.iter().skip(1).max().or(lens.first()).copied().unwrap_or(0) / placement.world_size.max(1);
+    // A block's time is the difference between two cuts, as many blocks apart as 2 GiB of state in
+    // RAM holds (at least 4: a block must stand out of the step-to-step noise even where it is a
+    // small part of the head's time); a small model is timed whole.
+    let block_elems = lens.iter().skip(1).max().copied().unwrap_or(1).max(1);
+    let blocks_in_2gib = (2usize << 30) / (MAX_BYTES_PER_PARAM * block_elems);
+    let extra_blocks = model.n_layer().min(blocks_in_2gib.max(4)).max(1) - 1;
+    let one = measure_device(dev, model, train, 1)?;
+    let more = if extra_blocks > 0 { measure_device(dev, model, train, 1 + extra_blocks)? } else { one.clone() };
+    // Noise can make the difference negative on tiny models: a block costs at least nothing.
+    let block_s = if extra_blocks > 0 { ((more.device_s - one.device_s) / extra_blocks as f64).max(0.0) } else { one.device_s / 2.0 };
+    let head_s = (one.device_s - block_s).max(0.0);
+    // The drive last: the writes it leaves for the kernel to flush would slow what comes after.
+    let adam_gparams_per_s = measure_adam(train);
+    let drive_gbps = if drive_dirs.is_empty() { None } else { Some(measure_drive(drive_dirs, train, group_elems)?) };
+    let extra_upload_s = more.upload_s - one.upload_s;
+    let upload_gbps = if extra_upload_s > 0.0 {
+        more.upload_bytes.saturating_sub(one.upload_bytes) as f64 / extra_upload_s / 1e9
+    } else {
+        more.upload_bytes as f64 / more.upload_s.max(1e-9) / 1e9
+    };
+    Ok(LinkRates { drive_gbps, adam_gparams_per_s, block_s, head_s, upload_gbps, measuring_s: start.elapsed().as_secs_f64() })
+}
+
+/// Whether `dev` computes on the CPU's cores, which AdamW uses too.
+pub fn shares_cores<D: Backend>(dev: &D) -> bool {
+    dev.alloc_costs() == crate::device::AllocCosts::CPU
+}
+
+/// The steady step of `placement` (of `model` with `train`) at `rates`; `shared_cores`: the device is
+/// the CPU, whose cores AdamW uses too.
+pub fn predict(rates: &LinkRates, placement: &Placement, model: &Model, train: &TrainConfig, shared_cores: bool) -> Prediction {
+    let traffic = placement.nvme_traffic.total();
+    let drive_bytes = traffic.read_bytes + traffic.written_bytes;
+    let drive_s = match rates.drive_gbps {
+        Some(gbps) if drive_bytes > 0 => drive_bytes as f64 / (gbps * 1e9),
+        _ => 0.0,
+    };
+    // Blocks evicted from their device slots between forward and backward are uploaded again: the
+    // bytes over an all-resident run's (counted as the NVMe tier would read them), at a block's rate.
+    let as_if_on_nvme = TrainConfig { offload_params: Tier::Nvme, ..train.clone() };
+    let uploads = |slots: usize| NvmeTraffic::of(&as_if_on_nvme, placement.world_size, &placement.group_lens, slots).working.read_bytes;
+    let reupload_bytes = uploads(placement.block_slots).saturating_sub(uploads(model.n_layer()));
+    let upload_s = if rates.upload_gbps > 0.0 { reupload_bytes as f64 / (rates.upload_gbps * 1e9) } else { 0.0 };
+    let device_s = rates.head_s + model.n_layer() as f64 * rates.block_s + upload_s;
+    let state_params = placement.host_optimizer_bytes as f64 / train.adam_state.state_bytes_per_param() as f64;
+    let adam_s = state_params / (rates.adam_gparams_per_s * 1e9);
+    let candidates = if shared_cores {
+        vec![("the device and AdamW", device_s + adam_s), ("the drive", drive_s)]
+    } else {
+        vec![("the device", device_s), ("AdamW", adam_s), ("the drive", drive_s)]
+    };
+    let (bound, step_s) = candidates.into_iter().fold(("the device", 0.0f64), |best, c| if c.1 > best.1 { c } else { best });
+    Prediction { step_s, device_s, upload_s, adam_s, drive_s, bound }
+}
+
+impl Prediction {
+    /// One line for `plan` and `train`.
+    pub fn describe(&self, rates: &LinkRates, placement: &Placement) -> String {
+        let t = placement.nvme_traffic.total();
+        let drive = match rates.drive_gbps {
+            Some(gbps) if t.read_bytes + t.written_bytes > 0 => format!(
+                "drive {:.2} s ({:.2} GB at the sweep's {gbps:.2} GB/s read+write)",
+                self.drive_s,
+                (t.read_bytes + t.written_bytes) as f64 / 1e9
+            ),
+            Some(_) => "drive: nothing on NVMe".into(),
+            None => "drive not timed (no --nvme-dir or --measure DIR)".into(),
+        };
+        format!(
+            "predicted steady step: {:.3} s, set by {} ({drive}; device {:.3} s: head {:.3} s + {:.4} s a block + re-uploads {:.3} s at {:.2} GB/s; AdamW {:.3} s at {:.2} Gparam/s); measured in {:.0} s",
+            self.step_s,
+            self.bound,
+            self.device_s,
+            rates.head_s,
+            rates.block_s,
+            self.upload_s,
+            rates.upload_gbps,
+            self.adam_s,
+            rates.adam_gparams_per_s,
+            rates.measuring_s
+        )
+    }
+}
+
+/// The update's sweep, rehearsed on the drive: 8 groups of the run's largest group size (at most 32M
+/// parameters each) of master weights and moments in the run's format, on `dirs`
+/// (`.zerostream-measure` subdirectories, striped as the run's state is, removed afterwards), swept
+/// three times by the trainer's own pipeline (read ahead, AdamW, write back); the last two sweeps'
+/// bytes read and written per second. Gigabytes, not a burst: a drive (or a virtual disk's host cache) runs far
+/// faster for a moment than for a sweep's minutes, and the sweep's three stages set its pace as much
+/// as the drive does.
+fn measure_drive(dirs: &[PathBuf], train: &TrainConfig, group_elems: usize) -> Result<f64> {
+    struct Group {
+        master: Stored,
+        m: Stored,
+        v: Stored,
+    }
+    const PASSES: u64 = 3;
+    let subdirs: Vec<PathBuf> = dirs.iter().map(|d| d.join(".zerostream-measure")).collect();
+    let result = (|| -> Result<f64> {
+        let io = IoEngine::new(train.io).context("--io-engine/--block-size/--queue-depth")?;
+        let nvme = NvmeDir::striped(&subdirs, io, train.verify, 0)?;
+        let n = group_elems.clamp(1 << 20, 32 << 20);
+        let moment_bytes = train.adam_state.moment_bytes();
+        let new = |name: &str, bytes: usize| -> Result<Stored> {
+            let mut t = Stored::new(name, bytes, Tier::Nvme, Some(&nvme))?;
+            t.page_in_zeroed(Some(&nvme));
+            t.page_out(Some(&nvme), true)?;
+            Ok(t)
+        };
+        let mut groups = (0..8)
+            .map(|k| {
+                Ok(Group {
+                    master: new(&format!("g{k}.master"), 4 * n)?,
+                    m: new(&format!("g{k}.m"), moment_bytes * n)?,
+                    v: new(&format!("g{k}.v"), moment_bytes * n)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let adam = AdamW::new(adam_config(train), train.adam_threads, DEFAULT_CHUNK_ELEMS);
+        let grads = vec![1e-3f32; n];
+        let nv = &nvme;
+        let mut timed = None;
+        for pass in 1..=PASSES {
+            if pass == 2 {
+                timed = Some(Instant::now()); // the first pass writes the files' first bytes
+            }
+            let load = |g: &mut Group| Stored::page_in_all(&mut [&mut g.master, &mut g.m, &mut g.v], Some(nv));
+            let store = |g: &mut Group| Stored::page_out_all(&mut [&mut g.master, &mut g.m, &mut g.v], Some(nv), true);
+            let compute = |k: usize, g: &mut Group| {
+                let p = g.master.data_mut().as_mut_slice::<f32>();
+                let (m, v) = (g.m.data_mut(), g.v.data_mut());
+                let moments = match train.adam_state {
+                    AdamState::Fp32 => Moments::F32 { m: m.as_mut_slice(), v: v.as_mut_slice() },
+                    AdamState::Bf16 => Moments::Bf16 {
+                        m: bytemuck::cast_slice_mut(m.as_mut_slice::<u16>()),
+                        v: bytemuck::cast_slice_mut(v.as_mut_slice::<u16>()),
+                        noise: MomentNoise::new(0, pass, k as u64, 0),
+                    },
+                };
+                adam.step_moments(p, moments, Grads::F32(&grads), ParamCopy::None, pass, 1.0, true);
+                Ok(())
+            };
+            groups = zerostream_offload::pipelined_sweep(groups, load, compute, store)?;
+        }
+        let moved = (PASSES - 1) as usize * 2 * groups.len() * n * train.adam_state.state_bytes_per_param();
+        Ok(moved as f64 / timed.expect("at least two passes").elapsed().as_secs_f64() / 1e9)
+    })();
+    for d in &subdirs {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    result.context("timing the drive (plan --measure)")
+}
+
+fn adam_config(train: &TrainConfig) -> AdamConfig {
+    AdamConfig { lr: train.lr.peak, beta1: train.beta1, beta2: train.beta2, eps: train.eps, weight_decay: train.weight_decay }
+}
+
+/// AdamW's parameters per second over 8M parameters with the run's moments and working copy.
+fn measure_adam(train: &TrainConfig) -> f64 {
+    let adam = AdamW::new(adam_config(train), train.adam_threads, DEFAULT_CHUNK_ELEMS);
+    let n = 8 << 20;
+    let (mut p, grads) = (vec![0.5f32; n], vec![1e-3f32; n]);
+    let (mut m32, mut v32) = (vec![0.0f32; n], vec![0.0f32; n]);
+    let (mut m16, mut v16) = (vec![bf16::ZERO; n], vec![bf16::ZERO; n]);
+    let mut copy = vec![bf16::ZERO; n];
+    let mut best = f64::INFINITY;
+    for step in 1..=4u64 {
+        let moments = match train.adam_state {
+            AdamState::Fp32 => Moments::F32 { m: &mut m32, v: &mut v32 },
+            AdamState::Bf16 => Moments::Bf16 { m: &mut m16, v: &mut v16, noise: MomentNoise::new(0, step, 0, 0) },
+        };
+        let start = Instant::now();
+        adam.step_moments(&mut p, moments, Grads::F32(&grads), ParamCopy::Bf16(&mut copy), step, 1.0, true);
+        if step > 1 {
+            best = best.min(start.elapsed().as_secs_f64()); // the first step faults the pages in
+        }
+    }
+    n as f64 / best / 1e9
+}
+
+#[derive(Clone)]
+struct DeviceTiming {
+    /// Kernels and transfers, per step.
+    device_s: f64,
+    upload_s: f64,
+    upload_bytes: u64,
+}
+
+/// Bytes a parameter of a device cut holds in RAM: master weights, moments, gradient, working copy.
+const MAX_BYTES_PER_PARAM: usize = 20;
+
+/// Steps of each cut: a warm-up and five timed.
+const DEVICE_STEPS: u64 = 6;
+
+/// The device thread's time per step (the fastest of five after a warm-up) on `layers` blocks of
+/// `model`, every kind of state in RAM.
+fn measure_device<D: Backend>(dev: &D, model: &Model, train: &TrainConfig, layers: usize) -> Result<DeviceTiming> {
+    let cut = model.with_layers(layers);
+    let tc = TrainConfig {
+        steps: DEVICE_STEPS,
+        offload_optimizer: Tier::Ram,
+        offload_gradients: None,
+        offload_params: Tier::Ram,
+        nvme_dirs: Vec::new(),
+        sequential: false,
+        ..train.clone()
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(train.seed);
+    let vocab = cut.vocab_size() as u32;
+    let tokens: Vec<u32> = (0..(tc.batch * tc.seq_len + 1) * tc.grad_accum * 8).map(|_| rng.random_range(0..vocab)).collect();
+    let data = TokenFile::from_ids("plan --measure", &tokens);
+    let mut trainer = Trainer::new(dev, &ModelSource::Random { model: cut, seed: train.seed }, tc)
+        .with_context(|| format!("timing the device on {layers} block(s) of the model"))?;
+    // The fastest of five steps after a warm-up: noise only adds.
+    let mut best = DeviceTiming { device_s: f64::INFINITY, upload_s: 0.0, upload_bytes: 0 };
+    for step in 0..DEVICE_STEPS {
+        let r = trainer.train_step(&data)?;
+        let device_s = r.compute_s + r.upload_s + r.download_s;
+        if step > 0 && device_s < best.device_s {
+            best = DeviceTiming { device_s, upload_s: r.upload_s, upload_bytes: r.upload_bytes };
+        }
+    }
+    trainer.finish()?;
+    Ok(best)
+}
+
+/// The flags that change what `plan --measure` times: shapes, formats, threads, I/O and budget (the
+/// tiers and the schedule do not: the prediction takes them from the placement).
+const RATE_FLAGS: &[&str] = &[
+    "batch-size",
+    "seq-len",
+    "grad-accum",
+    "precision",
+    "recompute",
+    "vocab-chunk-rows",
+    "matmul-inputs",
+    "adam-state",
+    "adam-threads",
+    "io-engine",
+    "block-size",
+    "queue-depth",
+    "buffered",
+    "no-verify",
+    "gpu-mem-budget",
+    "dropout",
+];
+
+/// What timed rates are valid for: this build, the device, the model and the rate flags, and the
+/// directories whose drive was timed.
+fn rates_key(device: &str, model: &Model, train: &TrainConfig, drive_dirs: &[PathBuf]) -> serde_json::Value {
+    let flags = train.to_flags();
+    let rate_flags: serde_json::Map<String, serde_json::Value> =
+        RATE_FLAGS.iter().map(|k| (k.to_string(), flags.get(*k).cloned().unwrap_or_default())).collect();
+    serde_json::json!({
+        "zerostream": env!("CARGO_PKG_VERSION"),
+        "device": device,
+        "model": format!("{model:?}"),
+        "flags": rate_flags,
+        "drive_dirs": drive_dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>(),
+    })
+}
+
+/// The file for `key`, in the tuning directory (`$ZEROSTREAM_TUNE_DIR` or the user's cache):
+/// a hash of the key names it, and the file holds the key, so a collision is a miss, not a mix-up.
+fn rates_path(key: &serde_json::Value) -> Option<PathBuf> {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325; // FNV-1a: stable across runs and platforms
+    for byte in key.to_string().bytes() {
+        hash = (hash ^ byte as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    Some(crate::device::matmul_tuning::tune_dir()?.join("links").join(format!("{hash:016x}.json")))
+}
+
+/// Keeps what `plan --measure` timed for `train` with the same flags on the same device; returns
+/// the file (None where there is no cache directory).
+pub fn save_rates(device: &str, model: &Model, train: &TrainConfig, drive_dirs: &[PathBuf], rates: &LinkRates) -> Result<Option<PathBuf>> {
+    let key = rates_key(device, model, train, drive_dirs);
+    let Some(path) = rates_path(&key) else { return Ok(None) };
+    let dir = path.parent().expect("a file in a directory");
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let partial = path.with_extension("json.partial");
+    let text = serde_json::to_string_pretty(&serde_json::json!({ "key": key, "rates": rates }))? + "\n";
+    std::fs::write(&partial, text).with_context(|| format!("writing {}", partial.display()))?;
+    std::fs::rename(&partial, &path).with_context(|| format!("renaming {} to {}", partial.display(), path.display()))?;
+    Ok(Some(path))
+}
+
+/// The rates `plan --measure` kept for this run (its drive timed in the run's own `--nvme-dir`), if any.
+pub fn saved_rates(device: &str, model: &Model, train: &TrainConfig) -> Option<LinkRates> {
+    let key = rates_key(device, model, train, &train.nvme_dirs);
+    let stored: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(rates_path(&key)?).ok()?).ok()?;
+    (stored.get("key") == Some(&key)).then(|| serde_json::from_value(stored.get("rates")?.clone()).ok()).flatten()
+}
+
+/// The directories `plan --measure DIR` times: DIR, else the run's own.
+pub fn drive_dirs(measure: &Path, train: &TrainConfig) -> Vec<PathBuf> {
+    if measure.as_os_str().is_empty() { train.nvme_dirs.clone() } else { vec![measure.to_path_buf()] }
+}
