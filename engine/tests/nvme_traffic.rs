@@ -130,3 +130,71 @@ fn two_directories_share_every_tensor_equally_and_change_nothing() {
     let (total_a, total_b) = (a.values().sum::<u64>(), b.values().sum::<u64>());
     println!("striped over two directories: {total_a} and {total_b} bytes of shard files");
 }
+
+/// `--params-ram-cache`: the blocks evicted from their device slots between forward and backward keep
+/// their working copy in RAM, the nearest the turn first, so their backward upload reads nothing. The
+/// bits are those without it; every sequential step moves exactly the predicted, fewer, bytes; with
+/// room for every evicted block each group's working copy is read once a step.
+#[test]
+fn a_ram_cache_for_the_working_copy_reads_each_block_once_and_changes_nothing() {
+    use zerostream::train::{ModelSource, Trainer};
+    let golden = Golden::load(GOLDEN);
+    let dir = common::trajectory::golden_dir(GOLDEN);
+    let model =
+        zerostream::model::Model::of_hf(&zerostream_checkpoints::HfModel::open(&dir.join("model")).unwrap()).unwrap().with_layers(6);
+    let tokens = zerostream_checkpoints::TokenFile::open(&dir.join("tokens.bin")).unwrap();
+    let nvme = tempfile::tempdir().unwrap();
+    let mut base = TrainConfig { steps: 3, sequential: true, recompute: true, ..on_nvme(&golden.train_config(), &nvme) };
+    base.gpu_mem_budget = Some(zerostream::train::minimum_device_bytes(&model, &base));
+    let train = |tc: TrainConfig| {
+        let dev = CpuDevice::new(tc.gpu_mem_budget);
+        let mut trainer = Trainer::new(&dev, &ModelSource::Random { model: model.clone(), seed: 5 }, tc).unwrap();
+        let reports: Vec<_> = (0..3).map(|_| trainer.train_step(&tokens).unwrap()).collect();
+        let bits: Vec<u64> = reports.iter().flat_map(|r| [r.loss.to_bits(), r.grad_norm.to_bits()]).collect();
+        let bytes: Vec<(u64, u64)> = reports.iter().map(|r| (r.nvme_read_bytes, r.nvme_written_bytes)).collect();
+        let placement = trainer.placement.clone();
+        trainer.finish().unwrap();
+        (bits, bytes, placement)
+    };
+    let (bits, _, uncached) = train(base.clone());
+    assert_eq!(uncached.block_slots, 2, "two slots: four of the six blocks are evicted before their backward");
+    assert!(uncached.cached_working_blocks.is_empty(), "{:?}", uncached.cached_working_blocks);
+    // fp32 working copy, one rank: a block's words as the trainer keeps them (padded).
+    let sharding = zerostream::train::Sharding { rank: 0, world: 1, stage: base.zero_stage };
+    let block_bytes = 4 * sharding.group(uncached.group_lens[1]).working_len as u64;
+    // (what, cache, blocks held, sequential, micro-batches): the golden's two micro-batches each
+    // re-read the evicted blocks in their backward.
+    let cases = [
+        ("room for one block", block_bytes, 3..4, true, 2),
+        ("room for every block", 1 << 30, 0..4, true, 2),
+        ("room for every block, overlapped", 1 << 30, 0..4, false, 2),
+        ("room for every block, one micro-batch", 1 << 30, 0..4, true, 1),
+    ];
+    for (what, cache_bytes, blocks, sequential, grad_accum) in cases {
+        let uncached = if grad_accum == base.grad_accum { uncached.clone() } else { train(TrainConfig { grad_accum, ..base.clone() }).2 };
+        let tc = TrainConfig { params_ram_cache_bytes: cache_bytes, sequential, grad_accum, ..base.clone() };
+        let (got_bits, got_bytes, placement) = train(tc);
+        if grad_accum == base.grad_accum {
+            assert!(got_bits == bits, "{what}: the cache changed the run");
+        }
+        assert_eq!(placement.cached_working_blocks, blocks, "{what}");
+        let (want, before) = (placement.nvme_traffic, uncached.nvme_traffic);
+        // Later micro-batches find blocks 0 and 1 still in their slots from the backward before: not
+        // uploaded in their forward, so not held for their backward either.
+        let later = blocks.clone().filter(|&b| b >= 2).count();
+        let saved = (blocks.len() + (grad_accum - 1) * later) as u64 * block_bytes;
+        assert_eq!(before.working.read_bytes - want.working.read_bytes, saved, "{what}: {want:?}");
+        if sequential {
+            for (step, &(read, written)) in got_bytes.iter().enumerate() {
+                assert_eq!((read, written), (want.total().read_bytes, want.total().written_bytes), "{what}: step {step}");
+            }
+        } else {
+            // Overlapped, the last step's sweep runs past the run: at most the predicted bytes.
+            let read = got_bytes.iter().map(|b| b.0).sum::<u64>();
+            assert!(read <= 3 * want.total().read_bytes, "{what}: {read} bytes read in 3 steps of {want:?}");
+        }
+        if blocks.start == 0 && grad_accum == 1 {
+            assert_eq!(want.working.read_bytes, placement.host_working_bytes, "{what}: each group's working copy read once a step");
+        }
+    }
+}

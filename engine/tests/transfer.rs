@@ -1,5 +1,5 @@
 //! Host<->device transfers of `bench h2d` / `bench d2h` / `bench overlap` move the right bytes (needs an
-//! adapter).
+//! adapter); the cpu device's 16-bit upload equals the trait's widening, its twin.
 
 mod common;
 
@@ -60,4 +60,33 @@ fn copies_issued_behind_kernels_deliver_their_bytes() {
     assert!(err.contains("--bytes 20") && err.contains("multiple of 16"), "{err}");
     let err = bench_overlap(&gpu, &OverlapConfig { k: 0, ..cfg }, |_| {}).unwrap_err().to_string();
     assert!(err.contains("--k"), "{err}");
+}
+
+/// The cpu device widens 16-bit uploads in place on rayon's threads with `half`'s slice conversions;
+/// every word (NaNs, infinities, subnormals included) must widen as the trait's default does, at
+/// sizes around its chunks, into a longer tensor whose tail stays as it was.
+#[test]
+fn cpu_16bit_uploads_widen_every_word_as_the_twin_does() {
+    use zerostream::Backend;
+    use zerostream::device::{CpuDevice, HalfFormat};
+    let dev = CpuDevice::new(None);
+    let every_word: Vec<u16> = (0..=u16::MAX).collect();
+    for format in [HalfFormat::Bf16, HalfFormat::F16] {
+        for len in [1usize, 65_535, 65_536, 65_537, 3 * 65_536 + 11] {
+            let bits: Vec<u16> = (0..len).map(|i| every_word[(i * 7919) % every_word.len()]).collect();
+            let t = dev.alloc(len + 5, "widened").unwrap();
+            dev.fill(&t, -3.0);
+            dev.write_16bit(&t, &bits, format).unwrap();
+            let got = dev.read(&t);
+            for (i, &b) in bits.iter().enumerate() {
+                let want = format.to_f32(b);
+                assert!(
+                    got[i].to_bits() == want.to_bits() || (got[i].is_nan() && want.is_nan()),
+                    "{format:?} word {b:#06x}: {} against {want}",
+                    got[i]
+                );
+            }
+            assert!(got[len..].iter().all(|&x| x == -3.0), "{format:?} {len}: the tail was written");
+        }
+    }
 }

@@ -8,10 +8,11 @@
 use std::cell::{Cell, RefCell};
 
 use anyhow::Result;
+use rayon::prelude::*;
 
 use super::alloc::{AllocCosts, AllocStats, ByteBudget, Charge};
 use super::spare_reads::SpareReads;
-use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, MatmulInputs, MatmulShape, VocabChunk};
+use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, HalfFormat, MatmulInputs, MatmulShape, VocabChunk};
 use crate::ops::{self, encoder::TokenBuckets};
 
 pub struct CpuDevice {
@@ -58,6 +59,21 @@ impl Backend for CpuDevice {
     }
     fn write(&self, t: &CpuTensor, data: &[f32]) {
         ops::elementwise::copy(&mut t.data.borrow_mut()[..data.len()], data);
+    }
+    /// The trait's widening (its twin: `tests/transfer.rs` holds them equal), straight into the tensor
+    /// on rayon's threads with `half`'s slice conversions: the default's temporary cost every upload a
+    /// fresh allocation's page faults and a second pass, most of a 16-bit oversized run's step here.
+    fn write_16bit(&self, t: &CpuTensor, bits: &[u16], format: HalfFormat) -> Result<()> {
+        use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+        let mut data = t.data.borrow_mut();
+        let dst = &mut data[..bits.len()];
+        dst.par_chunks_mut(ops::elementwise::HOST_CHUNK).zip(bits.par_chunks(ops::elementwise::HOST_CHUNK)).for_each(
+            |(d, b)| match format {
+                HalfFormat::F16 => b.reinterpret_cast::<half::f16>().convert_to_f32_slice(d),
+                HalfFormat::Bf16 => b.reinterpret_cast::<half::bf16>().convert_to_f32_slice(d),
+            },
+        );
+        Ok(())
     }
     fn begin_read(&self, tensors: &[&CpuTensor]) -> Vec<Vec<f32>> {
         tensors.iter().map(|t| self.read(t)).collect()

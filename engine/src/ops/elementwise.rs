@@ -28,7 +28,7 @@ pub fn sum_squares(x: &[f32]) -> f64 {
 
 /// Elements per rayon task of the host-side passes below: large enough that a task's overhead is
 /// nothing beside its memory traffic (256 KiB of f32).
-const HOST_CHUNK: usize = 1 << 16;
+pub const HOST_CHUNK: usize = 1 << 16;
 
 /// dst = src, on rayon's threads (one core does not saturate the memory bus).
 pub fn copy(dst: &mut [f32], src: &[f32]) {

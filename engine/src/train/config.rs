@@ -94,6 +94,10 @@ pub struct TrainConfig {
     /// place changes, never a bit.
     pub offload_gradients: Option<Tier>,
     pub offload_params: Tier,
+    /// `--params-ram-cache`: RAM (bytes) that keeps blocks' working copies from the NVMe tier between
+    /// their forward and backward uploads, so they are read once a step, not twice (0: none). Only
+    /// where bytes are, never a bit; which blocks it holds: `traffic::cached_working_blocks`.
+    pub params_ram_cache_bytes: u64,
     /// `--nvme-dir`: the NVMe tier's directories (empty: none); with several, every tensor there is
     /// striped over all of them.
     pub nvme_dirs: Vec<PathBuf>,
@@ -141,6 +145,7 @@ impl Default for TrainConfig {
             offload_optimizer: Tier::Ram,
             offload_gradients: None,
             offload_params: Tier::Ram,
+            params_ram_cache_bytes: 0,
             nvme_dirs: Vec::new(),
             io: IoConfig::default(),
             verify: true,
@@ -264,6 +269,7 @@ impl TrainConfig {
         put("offload-optimizer", json!(self.offload_optimizer.name()));
         put("offload-gradients", json!(self.offload_gradients.map(Tier::name)));
         put("offload-params", json!(self.offload_params.name()));
+        put("params-ram-cache", json!(self.params_ram_cache_bytes));
         put("nvme-dir", json!(join_dirs(&self.nvme_dirs)));
         put("io-engine", json!(self.io.engine.name()));
         put("block-size", json!(self.io.block_bytes));
@@ -315,6 +321,8 @@ impl TrainConfig {
                 None => None,
             },
             offload_params: tier_from(&text("offload-params")?).context("offload-params")?,
+            // Checkpoints from before --params-ram-cache read the working copy twice.
+            params_ram_cache_bytes: f.get("params-ram-cache").and_then(Value::as_u64).unwrap_or(0),
             nvme_dirs: get("nvme-dir")?.as_str().map(split_dirs).unwrap_or_default(),
             io: IoConfig {
                 engine,
@@ -364,6 +372,7 @@ mod tests {
             seed: 7,
             matmul_inputs: MatmulInputs::F16,
             adam_state: AdamState::Bf16,
+            params_ram_cache_bytes: 3 << 30,
             ..TrainConfig::default()
         };
         tc.lr.schedule = LrSchedule::Cosine;

@@ -52,6 +52,8 @@ pub struct Placement {
     pub device_other_bytes: u64,
     /// Block parameter slots on the device (2 at least; all blocks if the budget allows).
     pub block_slots: usize,
+    /// The blocks whose working copy `--params-ram-cache` keeps in RAM from forward to backward.
+    pub cached_working_blocks: std::ops::Range<usize>,
     pub device_budget_bytes: Option<u64>,
     /// Rank 0's NVMe reads and writes in a steady step, by kind of state.
     pub nvme_traffic: NvmeTraffic,
@@ -173,7 +175,7 @@ impl Placement {
             ";".to_string()
         };
         format!(
-            "placement: {} parameters{ranks} master weights + {} Adam moments {:.1} MiB on {}; gradients {:.1} MiB on {}; working copy {:.1} MiB on {}{}\n\
+            "placement: {} parameters{ranks} master weights + {} Adam moments {:.1} MiB on {}; gradients {:.1} MiB on {}; working copy {:.1} MiB on {}{}{}\n\
              device{}: head {:.1} MiB ({}) + {} block slots x {:.1} MiB + activations {:.1} MiB + other {:.1} MiB = {:.1} MiB (budget {})\n{}",
             self.params,
             self.adam_state.name(),
@@ -183,6 +185,14 @@ impl Placement {
             self.grads_tier.name(),
             mib(self.host_working_bytes),
             self.params_tier.name(),
+            match self.cached_working_blocks.len() {
+                0 => String::new(),
+                n => format!(
+                    " (blocks {}-{}, {n} of them, kept in RAM from forward to backward by --params-ram-cache)",
+                    self.cached_working_blocks.start,
+                    self.cached_working_blocks.end - 1
+                ),
+            },
             if self.host_stage1_grad_bytes > 0 {
                 format!("; whole-block gradient sums {:.1} MiB in RAM", mib(self.host_stage1_grad_bytes))
             } else {
@@ -369,8 +379,11 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
     if tc.gradients_tier() == Tier::Nvme {
         host_paged_in_bytes += 4 * slice_lens.iter().take(3).sum::<u64>() + 4 * slice_lens.first().copied().unwrap_or(0);
     }
+    let group_lens: Vec<usize> = groups.iter().map(|g| g.len).collect();
+    let cached_working_blocks = super::traffic::cached_working_blocks(tc, sharding.world, &group_lens, block_slots);
     if tc.offload_params == Tier::Nvme {
         host_paged_in_bytes += 2 * working_bytes * largest_working;
+        host_paged_in_bytes += working_bytes * cached_working_blocks.clone().map(|b| shards[1 + b].working_len as u64).sum::<u64>();
     }
     // The spare files: a few per distinct shard size (master, fp32 moments and gradient slices share
     // theirs; bf16 moments have their own).
@@ -397,7 +410,7 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         world_size: sharding.world,
         zero_stage: tc.zero_stage,
         adam_state: tc.adam_state,
-        group_lens: groups.iter().map(|g| g.len).collect(),
+        group_lens: group_lens.clone(),
         host_optimizer_bytes: state_bytes * slices,
         host_working_bytes: tc.precision.working_bytes_per_param() as u64 * working,
         host_grad_bytes: 4 * slices,
@@ -410,8 +423,9 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         device_activation_bytes: activation_bytes,
         device_other_bytes: other_bytes,
         block_slots,
+        cached_working_blocks,
         device_budget_bytes: tc.gpu_mem_budget,
-        nvme_traffic: NvmeTraffic::of(tc, sharding.world, &groups.iter().map(|g| g.len).collect::<Vec<_>>(), block_slots),
+        nvme_traffic: NvmeTraffic::of(tc, sharding.world, &group_lens, block_slots),
     })
 }
 

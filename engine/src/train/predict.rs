@@ -12,7 +12,9 @@
 //!
 //! The model of a steady step: the drive moves its bytes (`Placement::nvme_traffic`) while the device
 //! runs every block and the head, and AdamW sweeps the state; the step takes the longest of the three.
-//! On the cpu device the device's work and AdamW share the cores, so they add up instead.
+//! On the cpu device the device's work, AdamW and the sweep's own CPU time (AdamW, checksums, the
+//! I/O's system time: the share of the cores the rehearsal kept busy) share the cores, so they add
+//! up, against the drive's time alone.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -38,6 +40,9 @@ use crate::model::Model;
 pub struct LinkRates {
     /// Bytes per second read and written at once, both directions counted (None: no drive timed).
     pub drive_gbps: Option<f64>,
+    /// The share of all the cores the sweep kept busy while timed (AdamW, checksums, the I/O's system
+    /// time): the part of the drive's time the cpu device's work cannot overlap.
+    pub drive_cpu_share: f64,
     pub adam_gparams_per_s: f64,
     /// Device seconds per step of one block (kernels, working-copy upload, gradient download) with
     /// every block resident, and of the rest.
@@ -57,8 +62,8 @@ pub struct Prediction {
     pub upload_s: f64,
     pub adam_s: f64,
     pub drive_s: f64,
-    /// The link that sets the step: "the drive", "the device" or "AdamW" (or "the device and AdamW"
-    /// on the cpu device, where they share the cores).
+    /// The link that sets the step: "the drive", "the device" or "AdamW" (or, on the cpu device,
+    /// the cores the device, AdamW and the sweep share).
     pub bound: &'static str,
 }
 
@@ -88,14 +93,28 @@ pub fn measure<D: Backend>(
     let head_s = (one.device_s - block_s).max(0.0);
     // The drive last: the writes it leaves for the kernel to flush would slow what comes after.
     let adam_gparams_per_s = measure_adam(train);
-    let drive_gbps = if drive_dirs.is_empty() { None } else { Some(measure_drive(drive_dirs, train, group_elems)?) };
+    let (drive_gbps, drive_cpu_share) = match drive_dirs.is_empty() {
+        true => (None, 0.0),
+        false => {
+            let (gbps, share) = measure_drive(drive_dirs, train, group_elems)?;
+            (Some(gbps), share)
+        }
+    };
     let extra_upload_s = more.upload_s - one.upload_s;
     let upload_gbps = if extra_upload_s > 0.0 {
         more.upload_bytes.saturating_sub(one.upload_bytes) as f64 / extra_upload_s / 1e9
     } else {
         more.upload_bytes as f64 / more.upload_s.max(1e-9) / 1e9
     };
-    Ok(LinkRates { drive_gbps, adam_gparams_per_s, block_s, head_s, upload_gbps, measuring_s: start.elapsed().as_secs_f64() })
+    Ok(LinkRates {
+        drive_gbps,
+        drive_cpu_share,
+        adam_gparams_per_s,
+        block_s,
+        head_s,
+        upload_gbps,
+        measuring_s: start.elapsed().as_secs_f64(),
+    })
 }
 
 /// Whether `dev` computes on the CPU's cores, which AdamW uses too.
@@ -114,15 +133,20 @@ pub fn predict(rates: &LinkRates, placement: &Placement, model: &Model, train: &
     };
     // Blocks evicted from their device slots between forward and backward are uploaded again: the
     // bytes over an all-resident run's (counted as the NVMe tier would read them), at a block's rate.
-    let as_if_on_nvme = TrainConfig { offload_params: Tier::Nvme, ..train.clone() };
+    // (A RAM cache spares the drive's reads, not the uploads.)
+    let as_if_on_nvme = TrainConfig { offload_params: Tier::Nvme, params_ram_cache_bytes: 0, ..train.clone() };
     let uploads = |slots: usize| NvmeTraffic::of(&as_if_on_nvme, placement.world_size, &placement.group_lens, slots).working.read_bytes;
     let reupload_bytes = uploads(placement.block_slots).saturating_sub(uploads(model.n_layer()));
     let upload_s = if rates.upload_gbps > 0.0 { reupload_bytes as f64 / (rates.upload_gbps * 1e9) } else { 0.0 };
     let device_s = rates.head_s + model.n_layer() as f64 * rates.block_s + upload_s;
     let state_params = placement.host_optimizer_bytes as f64 / train.adam_state.state_bytes_per_param() as f64;
     let adam_s = state_params / (rates.adam_gparams_per_s * 1e9);
+    // On the cpu device the device's work, AdamW and the sweep's own CPU time share the cores.
     let candidates = if shared_cores {
-        vec![("the device and AdamW", device_s + adam_s), ("the drive", drive_s)]
+        vec![
+            ("the cores (device, AdamW and the sweep's CPU time)", device_s + adam_s + rates.drive_cpu_share * drive_s),
+            ("the drive", drive_s),
+        ]
     } else {
         vec![("the device", device_s), ("AdamW", adam_s), ("the drive", drive_s)]
     };
@@ -136,9 +160,10 @@ impl Prediction {
         let t = placement.nvme_traffic.total();
         let drive = match rates.drive_gbps {
             Some(gbps) if t.read_bytes + t.written_bytes > 0 => format!(
-                "drive {:.2} s ({:.2} GB at the sweep's {gbps:.2} GB/s read+write)",
+                "drive {:.2} s ({:.2} GB at the sweep's {gbps:.2} GB/s read+write, {:.0}% of the cores busy)",
                 self.drive_s,
-                (t.read_bytes + t.written_bytes) as f64 / 1e9
+                (t.read_bytes + t.written_bytes) as f64 / 1e9,
+                100.0 * rates.drive_cpu_share
             ),
             Some(_) => "drive: nothing on NVMe".into(),
             None => "drive not timed (no --nvme-dir or --measure DIR)".into(),
@@ -166,7 +191,7 @@ impl Prediction {
 /// bytes read and written per second. Gigabytes, not a burst: a drive (or a virtual disk's host cache) runs far
 /// faster for a moment than for a sweep's minutes, and the sweep's three stages set its pace as much
 /// as the drive does.
-fn measure_drive(dirs: &[PathBuf], train: &TrainConfig, group_elems: usize) -> Result<f64> {
+fn measure_drive(dirs: &[PathBuf], train: &TrainConfig, group_elems: usize) -> Result<(f64, f64)> {
     struct Group {
         master: Stored,
         m: Stored,
@@ -174,7 +199,7 @@ fn measure_drive(dirs: &[PathBuf], train: &TrainConfig, group_elems: usize) -> R
     }
     const PASSES: u64 = 3;
     let subdirs: Vec<PathBuf> = dirs.iter().map(|d| d.join(".zerostream-measure")).collect();
-    let result = (|| -> Result<f64> {
+    let result = (|| -> Result<(f64, f64)> {
         let io = IoEngine::new(train.io).context("--io-engine/--block-size/--queue-depth")?;
         let nvme = NvmeDir::striped(&subdirs, io, train.verify, 0)?;
         let n = group_elems.clamp(1 << 20, 32 << 20);
@@ -197,10 +222,11 @@ fn measure_drive(dirs: &[PathBuf], train: &TrainConfig, group_elems: usize) -> R
         let adam = AdamW::new(adam_config(train), train.adam_threads, DEFAULT_CHUNK_ELEMS);
         let grads = vec![1e-3f32; n];
         let nv = &nvme;
-        let mut timed = None;
+        let (mut timed, mut cpu_start) = (None, None);
         for pass in 1..=PASSES {
             if pass == 2 {
                 timed = Some(Instant::now()); // the first pass writes the files' first bytes
+                cpu_start = super::report::process_cpu_seconds();
             }
             let load = |g: &mut Group| Stored::page_in_all(&mut [&mut g.master, &mut g.m, &mut g.v], Some(nv));
             let store = |g: &mut Group| Stored::page_out_all(&mut [&mut g.master, &mut g.m, &mut g.v], Some(nv), true);
@@ -221,7 +247,14 @@ fn measure_drive(dirs: &[PathBuf], train: &TrainConfig, group_elems: usize) -> R
             groups = zerostream_offload::pipelined_sweep(groups, load, compute, store)?;
         }
         let moved = (PASSES - 1) as usize * 2 * groups.len() * n * train.adam_state.state_bytes_per_param();
-        Ok(moved as f64 / timed.expect("at least two passes").elapsed().as_secs_f64() / 1e9)
+        let wall_s = timed.expect("at least two passes").elapsed().as_secs_f64();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        // Unknown off Linux: taken as all of them, the cautious side.
+        let cpu_share = match (cpu_start, super::report::process_cpu_seconds()) {
+            (Some(a), Some(b)) => ((b - a) / (wall_s * cores)).clamp(0.0, 1.0),
+            _ => 1.0,
+        };
+        Ok((moved as f64 / wall_s / 1e9, cpu_share))
     })();
     for d in &subdirs {
         let _ = std::fs::remove_dir_all(d);
@@ -267,10 +300,10 @@ struct DeviceTiming {
 /// Bytes a parameter of a device cut holds in RAM: master weights, moments, gradient, working copy.
 const MAX_BYTES_PER_PARAM: usize = 20;
 
-/// Steps of each cut: a warm-up and five timed.
-const DEVICE_STEPS: u64 = 6;
+/// Steps of each cut: a warm-up and three timed.
+const DEVICE_STEPS: u64 = 4;
 
-/// The device thread's time per step (the fastest of five after a warm-up) on `layers` blocks of
+/// The device thread's time per step (the fastest of three after a warm-up) on `layers` blocks of
 /// `model`, every kind of state in RAM.
 fn measure_device<D: Backend>(dev: &D, model: &Model, train: &TrainConfig, layers: usize) -> Result<DeviceTiming> {
     let cut = model.with_layers(layers);
@@ -289,7 +322,7 @@ fn measure_device<D: Backend>(dev: &D, model: &Model, train: &TrainConfig, layer
     let data = TokenFile::from_ids("plan --measure", &tokens);
     let mut trainer = Trainer::new(dev, &ModelSource::Random { model: cut, seed: train.seed }, tc)
         .with_context(|| format!("timing the device on {layers} block(s) of the model"))?;
-    // The fastest of five steps after a warm-up: noise only adds.
+    // The fastest of three steps after a warm-up: noise only adds.
     let mut best = DeviceTiming { device_s: f64::INFINITY, upload_s: 0.0, upload_bytes: 0 };
     for step in 0..DEVICE_STEPS {
         let r = trainer.train_step(&data)?;

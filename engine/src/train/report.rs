@@ -101,6 +101,16 @@ impl StepReport {
     }
 }
 
+/// The CPU seconds (user and system, all threads) this process has used: fields 14 and 15 of
+/// /proc/self/stat, in the kernel's fixed 100 ticks a second (USER_HZ); None off Linux.
+pub fn process_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) may hold spaces; the fields after its closing parenthesis do not.
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i - 3)?.parse::<u64>().ok();
+    Some((ticks(14)? + ticks(15)?) as f64 / 100.0)
+}
+
 /// The process's peak resident set size (VmHWM in /proc/self/status), in bytes; None off Linux.
 pub fn peak_rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;

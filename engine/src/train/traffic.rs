@@ -12,7 +12,10 @@
 //!   several ranks its blocks once per step too (their sums stay in RAM until the step's end);
 //! - each upload reads the working copy (a block still in its device slot this step is not read again),
 //!   and with several ranks in stages 1-2 the first upload after an update writes it back completed by
-//!   the all-gather.
+//!   the all-gather; a block `--params-ram-cache` holds ([`cached_working_blocks`]) stays in RAM from
+//!   its forward upload to its backward one, so the second reads nothing.
+
+use std::ops::Range;
 
 use zerostream_offload::Tier;
 
@@ -47,6 +50,27 @@ pub struct NvmeTraffic {
     pub micro_batches: usize,
 }
 
+/// The blocks whose working copy `--params-ram-cache` keeps in RAM between their forward and
+/// backward uploads: those evicted from their device slots before the backward needs them (all but
+/// the last `block_slots`), the nearest the turn first, as many as the cache holds at rank 0's share
+/// (the largest). Empty with the working copy in RAM. The one place this is decided: the trainer,
+/// the traffic and the plan's RAM all take it from here.
+pub fn cached_working_blocks(tc: &TrainConfig, world: usize, group_lens: &[usize], block_slots: usize) -> Range<usize> {
+    let n_layer = group_lens.len().saturating_sub(1);
+    let evicted = n_layer.saturating_sub(block_slots.max(1));
+    if tc.offload_params != Tier::Nvme || evicted == 0 {
+        return 0..0;
+    }
+    let sharding = Sharding { rank: 0, world: world.max(1), stage: tc.zero_stage };
+    let block_bytes = |b: usize| (tc.precision.working_bytes_per_param() * sharding.group(group_lens[1 + b]).working_len) as u64;
+    let (mut first, mut held_bytes) = (evicted, 0u64);
+    while first > 0 && held_bytes + block_bytes(first - 1) <= tc.params_ram_cache_bytes {
+        first -= 1;
+        held_bytes += block_bytes(first);
+    }
+    first..evicted
+}
+
 impl NvmeTraffic {
     /// The traffic of rank 0 (the largest share) of a run of `world` ranks with `block_slots` device
     /// slots, over groups of `group_lens` elements (the head first).
@@ -67,11 +91,16 @@ impl NvmeTraffic {
         let slots = block_slots.max(1);
         let mut slot_holds: Vec<Option<usize>> = vec![None; slots];
         let mut gathered = vec![false; group_lens.len()];
+        let cached = cached_working_blocks(tc, world, group_lens, block_slots);
+        let mut held = vec![false; group_lens.len()];
         let mut micro = 0;
         let mut upload = |t: &mut NvmeTraffic, k: usize| {
             if working_on {
                 let written = if gathers && !std::mem::replace(&mut gathered[k], true) { working_bytes(k) } else { 0 };
-                t.working.add(working_bytes(k), written);
+                let read = if std::mem::replace(&mut held[k], false) { 0 } else { working_bytes(k) };
+                // Kept from a forward upload that wrote nothing back (see `Trainer::upload_group_keeping`).
+                held[k] = read > 0 && written == 0 && k > 0 && cached.contains(&(k - 1));
+                t.working.add(read, written);
             }
         };
         for op in step_schedule(n_layer, tc.grad_accum, !tc.sequential) {

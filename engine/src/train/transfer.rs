@@ -35,6 +35,8 @@ impl<D: Backend> Trainer<'_, D> {
         self.wait_group(k, clock)?;
         let mut shared = lock(&self.shared[k]);
         let nv = self.nvme.as_deref();
+        // Held since its forward upload: paged in already, so this reads nothing.
+        let held = std::mem::replace(&mut shared.held_for_backward, false);
         timed(&mut clock.io_wait, || shared.working.page_in(nv))?;
         let mut kept = Vec::with_capacity(keep.len());
         let dirty = match self.train.precision {
@@ -52,7 +54,11 @@ impl<D: Backend> Trainer<'_, D> {
                 })?
             }
         };
-        shared.working.page_out(nv, dirty)?;
+        if !held && !dirty && k > 0 && self.placement.cached_working_blocks.contains(&(k - 1)) {
+            shared.held_for_backward = true;
+        } else {
+            shared.working.page_out(nv, dirty)?;
+        }
         kept.sort_by_key(|&(i, _)| keep.iter().position(|&k| k == i));
         Ok(kept.into_iter().map(|(_, w)| w).collect())
     }

@@ -30,6 +30,9 @@ pub(super) struct SharedGroup {
     /// How many updates the whole working copy reflects (stages 1-2 with several ranks: the device
     /// thread gathers the other ranks' slices once per update).
     pub(super) gathered: u64,
+    /// The working copy stays paged in from its forward upload to its backward one (a block
+    /// `--params-ram-cache` holds: `Placement::cached_working_blocks`).
+    pub(super) held_for_backward: bool,
 }
 
 impl SharedGroup {
