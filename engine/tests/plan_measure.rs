@@ -58,7 +58,7 @@ fn plan_measure_predicts_the_step_and_train_records_the_prediction() {
 
     // No rates for these flags: said so, and no prediction recorded.
     let (said, rows) = train(&dir.path().join("elsewhere"));
-    assert!(said.contains("step time not predicted") && said.contains("plan --measure"), "{said}");
+    assert!(said.contains("no step-time prediction") && said.contains("plan --measure"), "{said}");
     assert!(rows.iter().all(|r| r.get("predicted_step_s").is_none()), "{rows:?}");
 }
 

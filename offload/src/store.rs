@@ -60,7 +60,7 @@ enum Home {
 pub fn stripe_ranges(len_bytes: usize, stripes: usize) -> Vec<std::ops::Range<usize>> {
     let per = crate::aligned::align_up(len_bytes.div_ceil(stripes.max(1)));
     if per == 0 {
-        return vec![0..0];
+        return std::iter::once(0..0).collect();
     }
     (0..len_bytes).step_by(per).map(|start| start..(start + per).min(len_bytes)).collect()
 }

@@ -251,7 +251,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
 fn predict_step<D: Backend>(dev: &D, model: &Model, trainer: &Trainer<'_, D>, say: &dyn Fn(String)) -> Option<f64> {
     use super::predict::{predict, saved_rates, shares_cores};
     let Some(rates) = saved_rates(&dev.describe(), model, &trainer.train) else {
-        say("step time not predicted: `zerostream plan --measure` with these flags times this machine's links (in about a minute) for train to predict from".into());
+        say("no step-time prediction: `zerostream plan --measure` with these flags times this machine's links (in about a minute) for train to predict from".into());
         return None;
     };
     let prediction = predict(&rates, &trainer.placement, model, &trainer.train, shares_cores(dev));
