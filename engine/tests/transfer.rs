@@ -90,3 +90,36 @@ fn cpu_16bit_uploads_widen_every_word_as_the_twin_does() {
         }
     }
 }
+
+/// The gpu device uploads 16-bit values as they lie in memory (no packed copy on the host) and lends
+/// f32 read-backs straight out of the mapping: every word, at odd lengths and past the parallel
+/// upload's 1 MiB threshold, into f32 tensors (widened on the device) and 16-bit ones, must read back
+/// as the twin widens it; a lent read equals `finish_read`'s vectors, 16-bit tensors among them.
+#[test]
+fn gpu_16bit_uploads_and_lent_reads_match_the_twin() {
+    use zerostream::Backend;
+    use zerostream::device::HalfFormat;
+    let Some(gpu) = common::gpu_or_skip("gpu_16bit_uploads_and_lent_reads_match_the_twin") else { return };
+    let every_word: Vec<u16> = (0..=u16::MAX).collect();
+    for format in [HalfFormat::Bf16, HalfFormat::F16] {
+        for len in [1usize, 2, 7, 65_537, (1 << 19) + 3] {
+            let bits: Vec<u16> = (0..len).map(|i| every_word[(i * 7919) % every_word.len()]).collect();
+            let wide = gpu.alloc(len, "widened").unwrap();
+            gpu.write_16bit(&wide, &bits, format).unwrap();
+            let packed = gpu.alloc_16bit(len, "packed", format).unwrap();
+            gpu.write_16bit(&packed, &bits, format).unwrap();
+            let want: Vec<f32> = bits.iter().map(|&b| format.to_f32(b)).collect();
+            let same = |got: &[f32]| {
+                got.len() == want.len() && got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()))
+            };
+            let returned = gpu.read_many(&[&wide, &packed]);
+            assert!(same(&returned[0]), "{format:?} len {len}: widened on the device");
+            assert!(same(&returned[1]), "{format:?} len {len}: stored 16-bit");
+            let pending = gpu.begin_read(&[&wide, &packed]);
+            gpu.finish_read_with(pending, |lent| {
+                assert_eq!(lent.len(), 2);
+                assert!(same(lent[0]) && same(lent[1]), "{format:?} len {len}: a lent read differs");
+            });
+        }
+    }
+}

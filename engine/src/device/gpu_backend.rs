@@ -34,6 +34,26 @@ impl Backend for GpuDevice {
         let formats = pending.formats.clone();
         self.with_mapped(pending, |words| words.iter().zip(formats).map(|(w, (format, len))| self.widen(format, len, w)).collect())
     }
+    fn finish_read_with<R>(&self, pending: GpuPendingRead, f: impl FnOnce(&[&[f32]]) -> R) -> R {
+        let formats = pending.formats.clone();
+        self.with_mapped(pending, |words| {
+            // Only 16-bit tensors need a host vector (widened); f32 ones are lent from the mapping.
+            let widened: Vec<Option<Vec<f32>>> =
+                words.iter().zip(&formats).map(|(w, &(format, len))| format.map(|_| self.widen(format, len, w))).collect();
+            let lent: Vec<&[f32]> = words
+                .iter()
+                .zip(&formats)
+                .zip(&widened)
+                .map(|((w, &(_, len)), wide)| match wide {
+                    Some(v) => v.as_slice(),
+                    None => bytemuck::cast_slice(&w[..len]),
+                })
+                .collect();
+            let out = f(&lent);
+            self.spare_reads.keep(widened.into_iter().flatten().collect());
+            out
+        })
+    }
     fn recycle(&self, vectors: Vec<Vec<f32>>) {
         self.spare_reads.keep(vectors);
     }
@@ -74,14 +94,15 @@ impl Backend for GpuDevice {
         if bits.is_empty() {
             return Ok(());
         }
-        // Half the bytes cross the bus; the widening runs on the device, or not at all for a 16-bit tensor.
-        let words: Vec<u32> = bits.chunks(2).map(|p| p[0] as u32 | (p.get(1).copied().unwrap_or(0) as u32) << 16).collect();
+        // Half the bytes cross the bus, straight from `bits` (two halves per word, as the device packs
+        // them); the widening runs on the device, or not at all for a 16-bit tensor.
         if let Some(stored) = t.format {
             assert_eq!(stored, format, "write_16bit of {format:?} values into a {stored:?} tensor");
-            self.write_words(t, &words);
+            self.write_halves(t, bits);
             return Ok(());
         }
-        let packed = self.upload_words(&words, "16-bit upload")?;
+        let packed = self.storage_tensor(bits.len().div_ceil(2), "16-bit upload")?;
+        self.write_halves(&packed, bits);
         match format {
             HalfFormat::F16 => self.cast_f16_to_f32(t, &packed, bits.len()),
             HalfFormat::Bf16 => self.cast_bf16_to_f32(t, &packed, bits.len()),

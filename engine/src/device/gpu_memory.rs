@@ -1,8 +1,9 @@
 //! The gpu device's memory: creating tensors (each charged to the byte budget), writing them (large
 //! writes fill wgpu's staging memory on rayon's threads: one core's memcpy is far below a PCIe link) and
 //! reading them back (copies into one staging buffer per read, reused for the next read of its size; the
-//! values widened straight from the mapping into vectors the trainer hands back). A child module of
-//! `gpu`, so it uses that file's private fields.
+//! values widened straight from the mapping into vectors the trainer hands back, or f32 tensors lent
+//! out of the mapping itself to `finish_read_with`, which adds gradients into the accumulator with no
+//! host copy between). A child module of `gpu`, so it uses that file's private fields.
 
 use anyhow::{Result, bail};
 use rayon::prelude::*;
@@ -30,6 +31,10 @@ impl StagingPtr {
         self.0
     }
 }
+
+// `write_halves` uploads 16-bit values as they lie in memory, which is the device's packing only on a
+// little-endian host (every target zerostream builds for).
+const _: () = assert!(cfg!(target_endian = "little"), "zerostream's gpu device assumes a little-endian host");
 
 /// A read-back in flight: the staging buffer its copies were submitted into, the submission, and the
 /// pieces (bytes, format and length of each tensor).
@@ -104,6 +109,23 @@ impl GpuDevice {
         if !words.is_empty() {
             self.flush();
             self.upload(&t.buffer, 0, bytemuck::cast_slice(words));
+        }
+    }
+
+    /// Writes 16-bit values into `t`'s words, two per word, low half first (little-endian `bits` already
+    /// are that layout, so they are uploaded as they lie; an odd last value goes in a word of its own).
+    pub(super) fn write_halves(&self, t: &GpuTensor, bits: &[u16]) {
+        if bits.is_empty() {
+            return;
+        }
+        let pairs_bytes = bits.len() / 2 * 4;
+        self.flush();
+        if pairs_bytes > 0 {
+            self.upload(&t.buffer, 0, &bytemuck::cast_slice(bits)[..pairs_bytes]);
+        }
+        if bits.len() % 2 == 1 {
+            let last = bits[bits.len() - 1] as u32;
+            self.queue.write_buffer(&t.buffer, pairs_bytes as u64, bytemuck::bytes_of(&last));
         }
     }
 

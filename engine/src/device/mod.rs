@@ -53,6 +53,16 @@ pub trait Backend {
     fn begin_read(&self, tensors: &[&Self::Tensor]) -> Self::PendingRead;
     /// Waits for a read started by [`Backend::begin_read`] and returns the values.
     fn finish_read(&self, pending: Self::PendingRead) -> Vec<Vec<f32>>;
+    /// [`Backend::finish_read`] with the values lent to `f` rather than returned: the gpu device lends its
+    /// f32 tensors straight out of the mapped read-back memory, so no host copy stands between the link
+    /// and what `f` adds them into. The default lends the vectors `finish_read` returns, then recycles them.
+    fn finish_read_with<R>(&self, pending: Self::PendingRead, f: impl FnOnce(&[&[f32]]) -> R) -> R {
+        let values = self.finish_read(pending);
+        let lent: Vec<&[f32]> = values.iter().map(Vec::as_slice).collect();
+        let out = f(&lent);
+        self.recycle(values);
+        out
+    }
     /// Hands back vectors a read returned, once their values are used, so that later reads of the same
     /// lengths fill them instead of fresh memory (whose first touch page-faults). The default drops them.
     fn recycle(&self, _vectors: Vec<Vec<f32>>) {}

@@ -130,22 +130,33 @@ impl<D: Backend> Trainer<'_, D> {
     /// at the end of the step). Returns whether any value would overflow 16-bit storage (checked in fp16
     /// only).
     pub(super) fn accumulate(&mut self, k: usize, pending: D::PendingRead, first: bool, last: bool, clock: &mut Clock) -> Result<bool> {
-        let downloaded = timed(&mut clock.download, || self.dev.finish_read(pending));
-        clock.download_bytes += downloaded.iter().map(|d| 4 * d.len() as u64).sum::<u64>();
-        let overflow = self.add_grads(k, &downloaded, first, last, clock);
-        self.dev.recycle(downloaded);
-        overflow
+        // Added straight out of the device's read-back memory where it lends it (the gpu device's
+        // mapping): no host copy of the gradient between the link and the accumulator.
+        let t0 = Instant::now();
+        let dev = self.dev;
+        dev.finish_read_with(pending, |downloaded| {
+            clock.download += t0.elapsed();
+            clock.download_bytes += downloaded.iter().map(|d| 4 * d.len() as u64).sum::<u64>();
+            self.add_grads(k, downloaded, first, last, clock)
+        })
     }
 
     /// [`Self::accumulate`] for group `k`'s gradient already on the host, one vector per tensor in
     /// table order.
-    pub(super) fn add_grads(&mut self, k: usize, downloaded: &[Vec<f32>], first: bool, last: bool, clock: &mut Clock) -> Result<bool> {
+    pub(super) fn add_grads<V: AsRef<[f32]>>(
+        &mut self,
+        k: usize,
+        downloaded: &[V],
+        first: bool,
+        last: bool,
+        clock: &mut Clock,
+    ) -> Result<bool> {
         let layout = &self.layouts[k];
         let check = self.train.precision == Precision::Fp16;
         let mut overflow = false;
         if check {
             for data in downloaded {
-                overflow |= data.iter().any(|g| !g.is_finite() || g.abs() > schedule::F16_MAX);
+                overflow |= data.as_ref().iter().any(|g| !g.is_finite() || g.abs() > schedule::F16_MAX);
             }
         }
         let add = |acc: &mut [f32], data: &[f32]| {
@@ -161,7 +172,7 @@ impl<D: Backend> Trainer<'_, D> {
             let t0 = Instant::now();
             lock(&self.shared[k]).change_grads(nv, first, last, |acc| {
                 for (data, slot) in downloaded.iter().zip(&layout.tensors) {
-                    add(&mut acc[slot.range()], data);
+                    add(&mut acc[slot.range()], data.as_ref());
                 }
                 Ok(())
             })?;
@@ -171,7 +182,7 @@ impl<D: Backend> Trainer<'_, D> {
             }
         } else if !self.stage1_grads[k].is_empty() {
             for (data, slot) in downloaded.iter().zip(&layout.tensors) {
-                add(&mut self.stage1_grads[k][slot.range()], data);
+                add(&mut self.stage1_grads[k][slot.range()], data.as_ref());
             }
         } else {
             let shard = &self.shards[k];
@@ -182,7 +193,7 @@ impl<D: Backend> Trainer<'_, D> {
             whole[shard.len..].fill(0.0);
             mine.resize(shard.slice_len(), 0.0);
             for (data, slot) in downloaded.iter().zip(&layout.tensors) {
-                whole[slot.range()].copy_from_slice(data);
+                whole[slot.range()].copy_from_slice(data.as_ref());
             }
             self.comm.reduce_scatter_sum(whole, mine, self.dev.is_async())?;
             lock(&self.shared[k]).change_grads(nv, first, last, |acc| {

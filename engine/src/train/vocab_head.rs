@@ -178,17 +178,20 @@ impl<D: Backend> Trainer<'_, D> {
                 );
             });
             let pending = timed(&mut clock.download, || dev.begin_read(&[&d.vocab_grad]));
-            let chunk_grad = timed(&mut clock.download, || dev.finish_read(pending)).pop().expect("one tensor read");
             let ids = loss_acts.chunks.range(j);
             clock.download_bytes += 4 * (ids.len() * width) as u64;
             let sum = &mut self.vocab.grads[staged][ids.start * width..ids.end * width];
-            if first_micro {
-                // The projection's gradient is dense: every row gets a value, nothing needs zeroing.
-                elementwise::copy(sum, &chunk_grad[..sum.len()]);
-            } else {
-                elementwise::add_into(sum, &chunk_grad[..sum.len()]);
-            }
-            dev.recycle(vec![chunk_grad]);
+            // Added straight out of the read-back memory (see `Trainer::accumulate`).
+            timed(&mut clock.download, || {
+                dev.finish_read_with(pending, |chunk_grad| {
+                    if first_micro {
+                        // The projection's gradient is dense: every row gets a value, nothing needs zeroing.
+                        elementwise::copy(sum, &chunk_grad[0][..sum.len()]);
+                    } else {
+                        elementwise::add_into(sum, &chunk_grad[0][..sum.len()]);
+                    }
+                })
+            });
         }
         let d = &self.device;
         timed(&mut clock.compute, || model.final_norm_backward(dev, &d.head, &d.head_grads, acts, &d.residual[n_layer]));
