@@ -108,6 +108,38 @@ fn resuming_a_llama_equals_not_stopping() {
     }
 }
 
+/// `--grad-compression`'s error-feedback residuals are checkpointed per rank: with two ranks, 10 steps
+/// straight equal 5 + resume + 5 bit for bit (the residuals among the files compared), the residuals
+/// saved are not zero (so restoring them matters), and a resume that changes the mode is refused by name.
+#[test]
+fn resuming_with_grad_compression_restores_the_error_feedback() {
+    let two = ["--device", "cpu", "--world-size", "2"];
+    check_resume_equality(
+        "cpu onebit two ranks",
+        &[&two[..], &["--grad-compression", "onebit", "--grad-compression-chunk", "64"]].concat(),
+    );
+    check_resume_equality("cpu topk stage 1", &[&two[..], &["--zero-stage", "1", "--grad-compression", "topk:0.1"]].concat());
+
+    let dir = tempfile::tempdir().unwrap();
+    let ck = path(&dir.path().join("ck"));
+    let mut first = golden_args("gpt2-tiny-accum", &two);
+    first.extend(strings(&["--grad-compression", "int8", "--steps", "2", "--checkpoint-dir", &ck]));
+    let out = zerostream(&first);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let file = std::fs::read(dir.path().join("ck/step-00000002/optimizer.rank1.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&file).unwrap();
+    let residuals: Vec<_> = st.names().into_iter().filter(|n| n.ends_with(".grad_residual")).collect();
+    assert!(!residuals.is_empty(), "no residual saved");
+    let nonzero = residuals.iter().any(|n| st.tensor(n).unwrap().data().iter().any(|&b| b != 0));
+    assert!(nonzero, "every saved residual is zero");
+    let mut changed = golden_args("gpt2-tiny-accum", &two);
+    changed.extend(strings(&["--grad-compression", "bf16", "--steps", "4", "--checkpoint-dir", &ck, "--resume", &ck]));
+    let out = zerostream(&changed);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("--grad-compression bf16") && err.contains("int8"), "{err}");
+}
+
 #[test]
 fn resuming_equals_not_stopping_on_the_gpu() {
     if common::gpu_or_skip("resuming_equals_not_stopping_on_the_gpu").is_none() {

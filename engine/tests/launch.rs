@@ -110,21 +110,40 @@ fn a_build_without_mpi_says_so_under_mpirun() {
 #[test]
 fn mpirun_two_processes_equal_two_in_process_ranks_bit_for_bit() {
     for stage in ["1", "2", "3"] {
-        let (local, mpi) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let mut args = train_args(local.path(), stage);
-        args.extend(["--world-size".into(), "2".into()]);
-        check(&Command::new(env!("CARGO_BIN_EXE_zerostream")).args(&args).output().unwrap(), "--world-size 2");
-        let out = Command::new("mpirun")
-            .args(["--allow-run-as-root", "--oversubscribe", "-n", "2", env!("CARGO_BIN_EXE_zerostream")])
-            .args(train_args(mpi.path(), stage))
-            .output()
-            .expect("running mpirun (apt-get install openmpi-bin)");
-        check(&out, "mpirun -n 2");
-        let (a, b) = (trajectory(local.path()), trajectory(mpi.path()));
-        assert_eq!(a.len(), 4);
-        assert_eq!(a, b, "stage {stage}: losses and gradient norms, in-process vs MPI");
-        let weights = |d: &Path| std::fs::read(d.join("model/model.safetensors")).unwrap();
-        assert!(weights(local.path()) == weights(mpi.path()), "stage {stage}: saved weights differ between in-process and MPI");
-        println!("stage {stage}: mpirun -n 2 and --world-size 2 are bit-identical over {} steps: {a:?}", a.len());
+        check_mpi_equals_in_process(stage, &[]);
     }
+}
+
+/// With --grad-compression every rank decodes the same bytes and sums in rank order, so MPI and
+/// in-process ranks stay bit-identical in every mode.
+#[cfg(feature = "mpi")]
+#[test]
+fn mpirun_with_grad_compression_equals_in_process_bit_for_bit() {
+    for mode in ["bf16", "int8", "onebit", "topk:0.05"] {
+        check_mpi_equals_in_process("2", &["--grad-compression", mode]);
+    }
+    check_mpi_equals_in_process("3", &["--grad-compression", "onebit", "--grad-compression-chunk", "100"]);
+}
+
+#[cfg(feature = "mpi")]
+fn check_mpi_equals_in_process(stage: &str, extra: &[&str]) {
+    let (local, mpi) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let what = format!("stage {stage} {}", extra.join(" "));
+    let mut args = train_args(local.path(), stage);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(["--world-size".into(), "2".into()]);
+    check(&Command::new(env!("CARGO_BIN_EXE_zerostream")).args(&args).output().unwrap(), "--world-size 2");
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-n", "2", env!("CARGO_BIN_EXE_zerostream")])
+        .args(train_args(mpi.path(), stage))
+        .args(extra)
+        .output()
+        .expect("running mpirun (apt-get install openmpi-bin)");
+    check(&out, "mpirun -n 2");
+    let (a, b) = (trajectory(local.path()), trajectory(mpi.path()));
+    assert_eq!(a.len(), 4);
+    assert_eq!(a, b, "{what}: losses and gradient norms, in-process vs MPI");
+    let weights = |d: &Path| std::fs::read(d.join("model/model.safetensors")).unwrap();
+    assert!(weights(local.path()) == weights(mpi.path()), "{what}: saved weights differ between in-process and MPI");
+    println!("{what}: mpirun -n 2 and --world-size 2 are bit-identical over {} steps: {a:?}", a.len());
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use anyhow::{Context, Result, bail};
+use zerostream::comm::compress::GradCompression;
 use zerostream::train::launch::{Launched, RankRequest, RunRequest};
 use zerostream::train::ranks::RankDevice;
 use zerostream::train::run::{CheckpointOptions, ModelChoice, RunOptions};
@@ -176,6 +177,18 @@ pub struct TrainArgs {
     /// Checkpoints keep the chosen format; a resume keeps the checkpoint's.
     #[arg(long, value_enum, default_value = "fp32")]
     adam_state: AdamState,
+    /// How gradients cross between ranks in the reduce-scatter: none (f32, exact), bf16 (2 bytes per
+    /// element), int8 (1 byte plus a scale per chunk), onebit (1 bit plus a scale per chunk) or topk:F
+    /// (the largest-magnitude fraction F of each slice, e.g. topk:0.01, as index and value). Each
+    /// rank keeps what compression dropped (error feedback) and adds it into the next gradient it
+    /// sends for the same slice, so nothing is lost, only delayed; the residuals are checkpointed.
+    /// Every rank decodes the same bytes and sums in rank order: in-process and MPI runs stay
+    /// bit-identical. Does nothing with one rank.
+    #[arg(long, value_name = "MODE", value_parser = parse_grad_compression, default_value = "none")]
+    grad_compression: GradCompression,
+    /// Elements per scale of --grad-compression int8 and onebit (each chunk's scale costs 4 bytes).
+    #[arg(long, value_name = "N", default_value_t = zerostream::comm::compress::DEFAULT_CHUNK_ELEMS)]
+    grad_compression_chunk: usize,
     /// Where the step's fp32 gradient accumulator lives (default: with the optimizer state). `ram`
     /// (the same as cpu) with the optimizer on nvme spares the drive a read and a write of 4 bytes per
     /// parameter each micro-batch and the sweep's read, for 4 bytes per parameter of RAM; results are
@@ -338,6 +351,8 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>, r
         vocab_chunk_rows: a.vocab_chunk_rows,
         matmul_inputs: a.matmul_inputs,
         adam_state: a.adam_state,
+        grad_compression: a.grad_compression,
+        grad_compression_chunk: a.grad_compression_chunk,
     };
     let options = RunOptions {
         model,
@@ -460,4 +475,8 @@ fn keep_first_run_files(options: &mut RunOptions) -> Result<()> {
     options.metrics = Some(dir.join("metrics.jsonl"));
     options.save = Some(dir.join("model"));
     Ok(())
+}
+
+fn parse_grad_compression(s: &str) -> Result<GradCompression, String> {
+    s.parse().map_err(|e: anyhow::Error| e.to_string())
 }

@@ -8,6 +8,7 @@
 //! the same way. So the numbers never depend on the transport or on MPI's choice of algorithm:
 //! in-process and MPI runs of the same world size are bit-identical.
 
+pub mod compress;
 pub mod local;
 #[cfg(feature = "mpi")]
 pub mod mpi;
@@ -16,6 +17,8 @@ use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
+
+use compress::{Codec, GradCompression};
 
 /// Moves bytes between the ranks of one world. Every rank calls the same collectives in the same
 /// order; a rank that fails calls [`Collectives::abort`] so that the others stop instead of waiting.
@@ -57,6 +60,10 @@ impl std::error::Error for PeerFailed {}
 pub struct CommStats {
     /// Bytes this rank sent to other ranks (its own slice, which stays, is not counted).
     pub sent_bytes: u64,
+    /// Of `sent_bytes`, the gradients' (reduce-scatters, compressed where they are).
+    pub grad_sent_bytes: u64,
+    /// Of `sent_bytes`, the working copy's (all-gathers of parameters).
+    pub param_sent_bytes: u64,
     pub seconds: f64,
     /// Of `seconds`, the part spent while the device still had work in flight (so hidden behind it).
     pub overlapped_seconds: f64,
@@ -67,6 +74,8 @@ impl std::ops::Sub for CommStats {
     fn sub(self, o: CommStats) -> CommStats {
         CommStats {
             sent_bytes: self.sent_bytes - o.sent_bytes,
+            grad_sent_bytes: self.grad_sent_bytes - o.grad_sent_bytes,
+            param_sent_bytes: self.param_sent_bytes - o.param_sent_bytes,
             seconds: self.seconds - o.seconds,
             overlapped_seconds: self.overlapped_seconds - o.overlapped_seconds,
         }
@@ -84,11 +93,21 @@ pub struct Comm {
     stats: Cell<CommStats>,
     /// The reduce-scatter's receive buffer, kept between calls (it runs once per block per micro-batch).
     received: RefCell<Vec<f32>>,
+    /// The compressed reduce-scatter's send and receive bytes and decoded values, kept the same way.
+    wire: RefCell<(Vec<u8>, Vec<u8>, Vec<f32>)>,
+}
+
+/// What a counted collective moved, for the split of [`CommStats::sent_bytes`].
+#[derive(Clone, Copy, PartialEq)]
+enum Traffic {
+    Grads,
+    Params,
+    Other,
 }
 
 impl Comm {
     pub fn new(transport: Box<dyn Collectives>) -> Self {
-        Comm { transport, stats: Cell::new(CommStats::default()), received: RefCell::new(Vec::new()) }
+        Comm { transport, stats: Cell::new(CommStats::default()), received: RefCell::new(Vec::new()), wire: RefCell::default() }
     }
 
     /// A world of one: every collective is a copy.
@@ -115,12 +134,17 @@ impl Comm {
         self.transport.barrier()
     }
 
-    fn count<R>(&self, sent_bytes: usize, device_busy: bool, f: impl FnOnce() -> Result<R>) -> Result<R> {
+    fn count<R>(&self, sent_bytes: usize, traffic: Traffic, device_busy: bool, f: impl FnOnce() -> Result<R>) -> Result<R> {
         let start = Instant::now();
         let r = f();
         let s = start.elapsed().as_secs_f64();
         let mut stats = self.stats.get();
         stats.sent_bytes += sent_bytes as u64;
+        match traffic {
+            Traffic::Grads => stats.grad_sent_bytes += sent_bytes as u64,
+            Traffic::Params => stats.param_sent_bytes += sent_bytes as u64,
+            Traffic::Other => {}
+        }
         stats.seconds += s;
         if device_busy {
             stats.overlapped_seconds += s;
@@ -131,13 +155,22 @@ impl Comm {
 
     /// `out[r*n..(r+1)*n]` = rank r's `mine`, for plain-old-data elements.
     pub fn all_gather<T: bytemuck::Pod>(&self, mine: &[T], out: &mut [T], device_busy: bool) -> Result<()> {
+        self.all_gather_counted(mine, out, Traffic::Other, device_busy)
+    }
+
+    /// [`Comm::all_gather`] of the working copy (counted in [`CommStats::param_sent_bytes`]).
+    pub fn all_gather_params<T: bytemuck::Pod>(&self, mine: &[T], out: &mut [T], device_busy: bool) -> Result<()> {
+        self.all_gather_counted(mine, out, Traffic::Params, device_busy)
+    }
+
+    fn all_gather_counted<T: bytemuck::Pod>(&self, mine: &[T], out: &mut [T], traffic: Traffic, device_busy: bool) -> Result<()> {
         let world = self.world_size();
         if out.len() != world * mine.len() {
             bail!("all-gather: {} elements out for {} ranks of {}", out.len(), world, mine.len());
         }
         let (mine, out): (&[u8], &mut [u8]) = (bytemuck::cast_slice(mine), bytemuck::cast_slice_mut(out));
         let n = mine.len();
-        self.count((world - 1) * n, device_busy, || {
+        self.count((world - 1) * n, traffic, device_busy, || {
             if n <= MAX_CHUNK_BYTES {
                 return self.transport.all_gather_bytes(mine, out);
             }
@@ -184,7 +217,7 @@ impl Comm {
         let mut received = self.received.borrow_mut();
         received.resize(world * n, 0.0);
         let chunk = (MAX_CHUNK_BYTES / 4).max(1);
-        self.count((world - 1) * n * 4, device_busy, || {
+        self.count((world - 1) * n * 4, Traffic::Grads, device_busy, || {
             for start in (0..n).step_by(chunk) {
                 let c = chunk.min(n - start);
                 let send: Vec<f32>;
@@ -212,10 +245,63 @@ impl Comm {
         Ok(())
     }
 
+    /// [`Comm::reduce_scatter_sum`] with the slices bound for other ranks encoded by `codec`, with error
+    /// feedback: `residual` (as long as `full`) holds what earlier encodings of each slice dropped; it is
+    /// added in before encoding and replaced by what this encoding drops. This rank's own slice crosses
+    /// no wire and is summed exactly. Every rank decodes the same bytes, so the rank-order sum is the
+    /// same on every transport. `none` is [`Comm::reduce_scatter_sum`] itself (`residual` untouched).
+    pub fn reduce_scatter_sum_compressed(
+        &self,
+        full: &[f32],
+        out: &mut [f32],
+        codec: &Codec,
+        residual: &mut [f32],
+        device_busy: bool,
+    ) -> Result<()> {
+        let (world, n, me) = (self.world_size(), out.len(), self.rank());
+        if codec.mode == GradCompression::None || world == 1 {
+            return self.reduce_scatter_sum(full, out, device_busy);
+        }
+        if full.len() != world * n || residual.len() != full.len() {
+            bail!("reduce-scatter: {} elements in and {} of residual for {} ranks of {}", full.len(), residual.len(), world, n);
+        }
+        let mut wire = self.wire.borrow_mut();
+        let (send, recv, decoded) = &mut *wire;
+        // Pieces of a fixed element count, whatever the transport: a piece is what topk chooses among.
+        let piece = MAX_CHUNK_BYTES / 4;
+        for start in (0..n).step_by(piece) {
+            let c = piece.min(n - start);
+            let eb = codec.encoded_bytes(c);
+            send.resize(world * eb, 0);
+            recv.resize(world * eb, 0);
+            decoded.resize(c, 0.0);
+            for s in (0..world).filter(|&s| s != me) {
+                let slice = s * n + start..s * n + start + c;
+                codec.encode_with_feedback(&full[slice.clone()], &mut residual[slice], &mut send[s * eb..(s + 1) * eb], decoded);
+            }
+            self.count((world - 1) * eb, Traffic::Grads, device_busy, || self.transport.all_to_all_bytes(&send[..], &mut recv[..]))?;
+            let o = &mut out[start..start + c];
+            for r in 0..world {
+                let part: &[f32] = if r == me {
+                    &full[me * n + start..me * n + start + c]
+                } else {
+                    codec.decode(&recv[r * eb..(r + 1) * eb], decoded);
+                    decoded
+                };
+                if r == 0 {
+                    o.copy_from_slice(part);
+                } else {
+                    o.iter_mut().zip(part).for_each(|(a, b)| *a += b);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// `buf` = root's `buf` on every rank.
     pub fn broadcast(&self, root: usize, buf: &mut [u8]) -> Result<()> {
         let sent = if self.rank() == root { (self.world_size() - 1) * buf.len() } else { 0 };
-        self.count(sent, false, || {
+        self.count(sent, Traffic::Other, false, || {
             for chunk in buf.chunks_mut(MAX_CHUNK_BYTES) {
                 self.transport.broadcast_bytes(root, chunk)?;
             }

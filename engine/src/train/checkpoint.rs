@@ -187,6 +187,10 @@ impl<D: Backend> Trainer<'_, D> {
                     entries.push(TensorEntry::new(format!("{}.{kind}", g.name), dtype, vec![shard.slice_len()]));
                 }
             }
+            // --grad-compression's error feedback: this rank's residual of each whole group.
+            for (g, r) in self.layouts.iter().zip(&self.exchange.residuals) {
+                entries.push(TensorEntry::new(format!("{}.grad_residual", g.name), Dtype::F32, vec![r.len()]));
+            }
             Some(StreamWriter::create(&dir.join(optimizer_file(rank)), entries, &self.layout_metadata())?)
         } else {
             None
@@ -222,6 +226,11 @@ impl<D: Backend> Trainer<'_, D> {
                 }
             }
             og.master.page_out(nv, false)?;
+        }
+        if let Some(w) = opt.as_mut() {
+            for (g, r) in self.layouts.iter().zip(&self.exchange.residuals) {
+                w.write_f32(&format!("{}.grad_residual", g.name), r)?;
+            }
         }
         let mut files = Vec::new();
         if let Some(w) = model {
@@ -407,6 +416,17 @@ impl Checkpoint {
 }
 
 impl Checkpoint {
+    /// The whole tensor `name` of rank `rank`'s optimizer file as f32 (None: the file has no such tensor).
+    pub(super) fn rank_tensor(&self, rank: usize, name: &str) -> Result<Option<Vec<f32>>> {
+        let Some(rf) = self.ranks.get(rank) else { bail!("{}: no optimizer file of rank {rank}", self.dir.display()) };
+        let st = SafeTensors::deserialize(&rf.mmap).with_context(|| format!("{}: not a valid safetensors file", rf.path.display()))?;
+        match st.tensor(name) {
+            Ok(view) if view.dtype() == Dtype::F32 => Ok(Some(to_f32(view.dtype(), view.data())?)),
+            Ok(view) => bail!("{}: tensor {name} is {:?}; expected F32", rf.path.display(), view.dtype()),
+            Err(_) => Ok(None),
+        }
+    }
+
     /// A moment's elements `range` of `group` into `out` (paged in), in the run's format `state`: a
     /// resume keeps the checkpoint's `--adam-state`, so bf16 moments come back bit for bit.
     pub(super) fn read_moment(&self, group: &str, kind: &str, range: Range<usize>, state: AdamState, out: &mut Stored) -> Result<()> {

@@ -11,6 +11,7 @@ use zerostream_offload::{IoConfig, IoEngineKind, Tier};
 
 use super::schedule::{LrPlan, LrSchedule};
 use super::shard::ZeroStage;
+use crate::comm::compress::{self, Codec, GradCompression};
 use crate::device::{HalfFormat, MatmulInputs};
 
 /// `--precision`: what the device computes with. Math is f32 in every mode; the modes differ in the
@@ -124,6 +125,11 @@ pub struct TrainConfig {
     pub matmul_inputs: MatmulInputs,
     /// `--adam-state`: the moments' format; part of what is computed, like the precision.
     pub adam_state: AdamState,
+    /// `--grad-compression`: how gradients cross between ranks (with error feedback); part of what is
+    /// computed with more than one rank.
+    pub grad_compression: GradCompression,
+    /// `--grad-compression-chunk`: elements per scale of int8 and onebit.
+    pub grad_compression_chunk: usize,
 }
 
 impl Default for TrainConfig {
@@ -157,6 +163,8 @@ impl Default for TrainConfig {
             vocab_chunk_rows: crate::model::vocab::DEFAULT_CHUNK_ROWS,
             matmul_inputs: MatmulInputs::F32,
             adam_state: AdamState::Fp32,
+            grad_compression: GradCompression::None,
+            grad_compression_chunk: compress::DEFAULT_CHUNK_ELEMS,
         }
     }
 }
@@ -171,6 +179,8 @@ pub const MEANING_FLAGS: &[&str] = &[
     "vocab-chunk-rows",
     "matmul-inputs",
     "adam-state",
+    "grad-compression",
+    "grad-compression-chunk",
     "batch-size",
     "seq-len",
     "lr",
@@ -241,6 +251,14 @@ impl TrainConfig {
                 bail!("{flag} {value}: must be {range}");
             }
         }
+        Codec::new(self.grad_compression, self.grad_compression_chunk)?;
+        if self.grad_compression != GradCompression::None && self.precision == Precision::Fp16 {
+            bail!(
+                "--grad-compression {} with --precision fp16: a loss-scaled step whose gradient overflowed is skipped, \
+                 but its overflow would stay in the error-feedback residual; use --precision bf16 or fp32",
+                self.grad_compression
+            );
+        }
         Ok(())
     }
 
@@ -284,6 +302,8 @@ impl TrainConfig {
         put("vocab-chunk-rows", json!(self.vocab_chunk_rows));
         put("matmul-inputs", json!(enum_name(self.matmul_inputs)));
         put("adam-state", json!(enum_name(self.adam_state)));
+        put("grad-compression", json!(self.grad_compression.to_string()));
+        put("grad-compression-chunk", json!(self.grad_compression_chunk));
         f
     }
 
@@ -354,6 +374,15 @@ impl TrainConfig {
                 None => AdamState::Fp32,
                 Some(_) => AdamState::from_str(&parse_enum("adam-state")?, true).map_err(|e| anyhow::anyhow!("adam-state: {e}"))?,
             },
+            // Checkpoints from before --grad-compression exchanged f32.
+            grad_compression: match f.get("grad-compression") {
+                None => GradCompression::None,
+                Some(_) => text("grad-compression")?.parse()?,
+            },
+            grad_compression_chunk: f
+                .get("grad-compression-chunk")
+                .and_then(Value::as_u64)
+                .map_or(compress::DEFAULT_CHUNK_ELEMS, |n| n as usize),
         })
     }
 }
@@ -373,6 +402,8 @@ mod tests {
             matmul_inputs: MatmulInputs::F16,
             adam_state: AdamState::Bf16,
             params_ram_cache_bytes: 3 << 30,
+            grad_compression: GradCompression::TopK(0.25),
+            grad_compression_chunk: 64,
             ..TrainConfig::default()
         };
         tc.lr.schedule = LrSchedule::Cosine;
@@ -383,6 +414,7 @@ mod tests {
         assert_eq!(flags["lr-schedule"], "cosine");
         assert_eq!(flags["matmul-inputs"], "f16");
         assert_eq!(flags["adam-state"], "bf16");
+        assert_eq!(flags["grad-compression"], "topk:0.25");
         let back = TrainConfig::from_flags(&flags).unwrap();
         assert_eq!(format!("{back:?}"), format!("{tc:?}"));
         for k in MEANING_FLAGS {

@@ -19,6 +19,7 @@ pub mod checkpoint;
 mod config;
 pub mod demo;
 mod device_state;
+mod grad_exchange;
 pub mod launch;
 pub mod layout;
 pub mod outputs;
@@ -113,6 +114,8 @@ pub struct Trainer<'d, D: Backend> {
     stage1_grads: Vec<Vec<f32>>,
     /// A block's whole downloaded gradient and this rank's reduced slice of it, reused between calls.
     reduce_scratch: (Vec<f32>, Vec<f32>),
+    /// How gradients cross between ranks, with the error-feedback residuals of a compressed exchange.
+    exchange: grad_exchange::GradExchange,
     progress: Arc<Progress>,
     nvme: Option<Arc<NvmeDir>>,
     jobs: Option<Sender<UpdateJob>>,
@@ -227,6 +230,8 @@ impl<'d, D: Backend> Trainer<'d, D> {
             stage1_grads.push(if k > 0 && !sharding.shards_grads() { vec![0.0; shard.padded_len] } else { Vec::new() });
         }
 
+        let names: Vec<&str> = layouts.iter().map(|g| g.name.as_str()).collect();
+        let exchange = grad_exchange::GradExchange::new(&train, &sharding, &shards, &names, source, &mut io_notes)?;
         let device = Self::allocate_device(dev, &model, &train, &placement)?;
         let mut scaler = if train.precision == Precision::Fp16 { LossScaler::new() } else { LossScaler::fixed_one() };
         // A resumed run carries on from the checkpoint's counters; the working copy it was built with
@@ -258,6 +263,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             shared: Arc::new(shared),
             stage1_grads,
             reduce_scratch: (Vec::new(), Vec::new()),
+            exchange,
             progress,
             nvme,
             jobs: None,

@@ -72,11 +72,14 @@ pub fn check_save_dir(save: &Path) -> Result<()> {
     if let Some(parent) = partial.parent() {
         std::fs::create_dir_all(parent).with_context(|| format!("--save {}: creating {}", save.display(), parent.display()))?;
     }
-    // A probe now rather than an error after the whole run.
-    let _ = std::fs::remove_dir_all(&partial);
-    std::fs::create_dir(&partial)
-        .with_context(|| format!("--save {}: cannot write {} (is it writable?)", save.display(), partial.display()))?;
-    std::fs::remove_dir(&partial).with_context(|| format!("removing {}", partial.display()))?;
+    // A probe now rather than an error after the whole run; named for this process, since every rank
+    // of an MPI launch probes at once (a shared name raced: one rank removed the other's probe).
+    let mut probe = partial.into_os_string();
+    probe.push(format!(".probe-{}", std::process::id()));
+    let probe = PathBuf::from(probe);
+    std::fs::create_dir(&probe)
+        .with_context(|| format!("--save {}: cannot write {} (is it writable?)", save.display(), probe.display()))?;
+    std::fs::remove_dir(&probe).with_context(|| format!("removing {}", probe.display()))?;
     Ok(())
 }
 

@@ -85,6 +85,8 @@ impl StepReport {
             "comm_s": self.comm.seconds,
             "comm_overlapped_s": self.comm.overlapped_seconds,
             "comm_bytes": self.comm.sent_bytes,
+            "comm_grad_bytes": self.comm.grad_sent_bytes,
+            "comm_param_bytes": self.comm.param_sent_bytes,
             "upload_bytes": self.upload_bytes,
             "download_bytes": self.download_bytes,
             "upload_gbps": gbps(self.upload_bytes, self.upload_s),

@@ -80,14 +80,14 @@ impl<D: Backend> Trainer<'_, D> {
         let gathered: Vec<T>;
         let whole: &[T] = if self.sharding.shards_params() {
             let mut all = vec![T::default(); shard.padded_len];
-            self.comm.all_gather(shared.working.data().as_slice::<T>(), &mut all, busy)?;
+            self.comm.all_gather_params(shared.working.data().as_slice::<T>(), &mut all, busy)?;
             gathered = all;
             &gathered
         } else {
             if self.sharding.world > 1 && shared.gathered != self.adam_steps {
                 let w = shared.working.data_mut().as_mut_slice::<T>();
                 let mine = w[shard.owned.clone()].to_vec();
-                self.comm.all_gather(&mine, w, busy)?;
+                self.comm.all_gather_params(&mine, w, busy)?;
                 shared.gathered = self.adam_steps;
                 dirty = true;
             }
@@ -195,7 +195,7 @@ impl<D: Backend> Trainer<'_, D> {
             for (data, slot) in downloaded.iter().zip(&layout.tensors) {
                 whole[slot.range()].copy_from_slice(data.as_ref());
             }
-            self.comm.reduce_scatter_sum(whole, mine, self.dev.is_async())?;
+            self.exchange.reduce(&self.comm, k, whole, mine, self.dev.is_async())?;
             lock(&self.shared[k]).change_grads(nv, first, last, |acc| {
                 add(acc, mine);
                 Ok(())
@@ -213,8 +213,8 @@ impl<D: Backend> Trainer<'_, D> {
                 continue;
             }
             let whole = &self.stage1_grads[k];
-            let comm = &self.comm;
-            lock(&self.shared[k]).change_grads(nv.as_deref(), true, true, |mine| comm.reduce_scatter_sum(whole, mine, false))?;
+            let (comm, exchange) = (&self.comm, &mut self.exchange);
+            lock(&self.shared[k]).change_grads(nv.as_deref(), true, true, |mine| exchange.reduce(comm, k, whole, mine, false))?;
         }
         Ok(())
     }

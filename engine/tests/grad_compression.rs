@@ -1,0 +1,113 @@
+//! `--grad-compression` with in-process ranks: every mode trains on gpt2-tiny-accum at world 2 with
+//! every rank agreeing bit for bit, sends the bytes its codec promises (`comm_grad_bytes` against
+//! `none`'s), stays near `none`'s losses, and `none` is today's exchange exactly. The MPI twin of
+//! these runs is tests/launch.rs; resume with residuals is tests/checkpoints_resume.rs.
+
+mod common;
+
+use common::trajectory::{Golden, golden_dir};
+use zerostream::comm::Comm;
+use zerostream::comm::compress::GradCompression;
+use zerostream::device::CpuDevice;
+use zerostream::train::ranks::in_process;
+use zerostream::train::{ModelSource, TrainConfig, Trainer, ZeroStage};
+use zerostream_checkpoints::{HfModel, TokenFile};
+
+const GOLDEN: &str = "gpt2-tiny-accum";
+
+struct Steps {
+    losses: Vec<f64>,
+    grad_bytes: Vec<u64>,
+    param_bytes: Vec<u64>,
+    weights: Vec<u32>,
+}
+
+fn run(world: usize, tc: TrainConfig) -> Steps {
+    let runs = in_process(world, |comm: Comm| {
+        let hf = HfModel::open(&golden_dir(GOLDEN).join("model"))?;
+        let tokens = TokenFile::open(&golden_dir(GOLDEN).join("tokens.bin"))?;
+        let dev = CpuDevice::new(None);
+        let mut trainer = Trainer::with_comm(&dev, &ModelSource::Hf(&hf), tc.clone(), comm)?;
+        let mut s = Steps { losses: Vec::new(), grad_bytes: Vec::new(), param_bytes: Vec::new(), weights: Vec::new() };
+        for _ in 0..tc.steps {
+            let r = trainer.train_step(&tokens)?;
+            s.losses.push(r.loss);
+            s.grad_bytes.push(r.comm.grad_sent_bytes);
+            s.param_bytes.push(r.comm.param_sent_bytes);
+            assert!(r.comm.grad_sent_bytes + r.comm.param_sent_bytes <= r.comm.sent_bytes);
+        }
+        s.weights = trainer.master_weights()?.iter().flat_map(|(_, _, v)| v.iter().map(|x| x.to_bits())).collect();
+        Ok(s)
+    })
+    .unwrap();
+    for (r, other) in runs.iter().enumerate().skip(1) {
+        assert!(other.losses == runs[0].losses && other.weights == runs[0].weights, "rank {r} disagrees with rank 0");
+    }
+    runs.into_iter().next().unwrap()
+}
+
+fn config(mode: GradCompression, stage: ZeroStage) -> TrainConfig {
+    let base = Golden::load(GOLDEN).train_config();
+    TrainConfig { grad_accum: 1, steps: 8, zero_stage: stage, grad_compression: mode, grad_compression_chunk: 64, ..base }
+}
+
+#[test]
+fn every_mode_sends_what_its_codec_promises_and_stays_near_none() {
+    let none = run(2, config(GradCompression::None, ZeroStage::Two));
+    // The default is today's exchange, bit for bit.
+    let default = run(2, TrainConfig { grad_compression_chunk: 2048, ..config(GradCompression::None, ZeroStage::Two) });
+    assert_eq!(default.weights, none.weights);
+    // (mode, the most gradient bytes it may send as a fraction of none's, loss tolerance relative to none's)
+    let cases = [
+        (GradCompression::Bf16, 0.5, 0.01),
+        (GradCompression::Int8, 0.25 + 1.0 / 64.0, 0.02),
+        (GradCompression::OneBit, 1.0 / 32.0 + 1.0 / 64.0, 0.10),
+        (GradCompression::TopK(0.05), 0.10, 0.10),
+    ];
+    for (mode, most, tol) in cases {
+        let got = run(2, config(mode, ZeroStage::Two));
+        let (sent, full): (u64, u64) = (got.grad_bytes.iter().sum(), none.grad_bytes.iter().sum());
+        let ratio = sent as f64 / full as f64;
+        // Words are padded to 4 bytes per slice: a little slack above the codec's own ratio.
+        assert!(ratio <= most * 1.01 + 1e-3 && sent > 0, "{mode}: sent {sent} gradient bytes, {ratio:.4} of none's {full}");
+        assert_eq!(got.param_bytes, none.param_bytes, "{mode}: the working copy's exchange is unchanged");
+        let worst = got.losses.iter().zip(&none.losses).map(|(a, b)| (a - b).abs() / b).fold(0.0, f64::max);
+        assert!(
+            got.losses.iter().all(|l| l.is_finite()) && worst < tol,
+            "{mode}: losses {:?} against none's {:?}",
+            got.losses,
+            none.losses
+        );
+        assert_ne!(got.weights, none.weights, "{mode}: compression changed nothing");
+        println!("{mode}: {ratio:.4} of none's gradient bytes; losses within {worst:.2e} of none's over {} steps", got.losses.len());
+    }
+}
+
+#[test]
+fn compression_works_at_every_stage_and_does_nothing_with_one_rank() {
+    for stage in [ZeroStage::One, ZeroStage::Three] {
+        let none = run(2, config(GradCompression::None, stage));
+        let got = run(2, config(GradCompression::OneBit, stage));
+        let ratio = got.grad_bytes.iter().sum::<u64>() as f64 / none.grad_bytes.iter().sum::<u64>() as f64;
+        assert!(ratio < 1.0 / 16.0, "stage {}: onebit sent {ratio:.4} of none's gradient bytes", stage.number());
+        assert_ne!(got.weights, none.weights);
+    }
+    // One rank: nothing crosses, so the run is none's exactly.
+    let one = run(1, config(GradCompression::OneBit, ZeroStage::Two));
+    let plain = run(1, config(GradCompression::None, ZeroStage::Two));
+    assert_eq!(one.weights, plain.weights);
+    assert!(one.grad_bytes.iter().all(|&b| b == 0));
+}
+
+#[test]
+fn bad_modes_and_fp16_are_refused_by_name() {
+    for bad in ["gzip", "topk:0", "topk:2"] {
+        let err = bad.parse::<GradCompression>().unwrap_err().to_string();
+        assert!(err.contains("--grad-compression") && err.contains(bad), "{err}");
+    }
+    let fp16 = TrainConfig { precision: zerostream::train::Precision::Fp16, ..config(GradCompression::Int8, ZeroStage::Two) };
+    let err = fp16.check().unwrap_err().to_string();
+    assert!(err.contains("--grad-compression int8") && err.contains("fp16"), "{err}");
+    let chunk = TrainConfig { grad_compression_chunk: 0, ..config(GradCompression::Int8, ZeroStage::Two) };
+    assert!(chunk.check().unwrap_err().to_string().contains("--grad-compression-chunk"));
+}
