@@ -107,6 +107,11 @@ enum Command {
     Selftest(cli::selftest::SelftestArgs),
 }
 
+/// `--grad-compression MODE` (train and bench collectives): the error names the flag and the modes.
+pub(crate) fn parse_grad_compression(text: &str) -> Result<zerostream::comm::compress::GradCompression, String> {
+    text.parse().map_err(|e: anyhow::Error| e.to_string())
+}
+
 /// `--gpu-mem-budget 2GiB`, `--block-size 1MiB`: bytes with an optional binary unit.
 pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
     device::parse_bytes(text).map_err(|e| e.to_string())

@@ -111,3 +111,54 @@ fn bad_modes_and_fp16_are_refused_by_name() {
     let chunk = TrainConfig { grad_compression_chunk: 0, ..config(GradCompression::Int8, ZeroStage::Two) };
     assert!(chunk.check().unwrap_err().to_string().contains("--grad-compression-chunk"));
 }
+
+/// The compressed reduce-scatter at world 3, against the same arithmetic done here: each rank's part of
+/// another rank's slice decoded from its encoding, its own part exact, summed in rank order; the
+/// residual left is what the encoding dropped; the bytes counted are the encodings'.
+#[test]
+fn the_compressed_reduce_scatter_decodes_and_sums_in_rank_order() {
+    use zerostream::comm::compress::Codec;
+    let (world, n) = (3, 1001);
+    let codec = Codec::new(GradCompression::Int8, 64).unwrap();
+    let full_of = |r: usize| -> Vec<f32> { (0..world * n).map(|i| (((i * 7919 + r * 104_729) % 2001) as f32 - 1000.0) * 1e-3).collect() };
+    let results = in_process(world, |comm: Comm| {
+        let r = comm.rank();
+        let (full, mut mine, mut residual) = (full_of(r), vec![0.0f32; n], vec![0.0f32; world * n]);
+        comm.reduce_scatter_sum_compressed(&full, &mut mine, &codec, &mut residual, false)?;
+        Ok((mine, residual, comm.stats().grad_sent_bytes))
+    })
+    .unwrap();
+    let decoded = |x: &[f32]| {
+        let mut bytes = vec![0u8; codec.encoded_bytes(x.len())];
+        codec.encode(x, &mut bytes);
+        let mut y = vec![0.0f32; x.len()];
+        codec.decode(&bytes, &mut y);
+        y
+    };
+    for (r, (mine, _, sent)) in results.iter().enumerate() {
+        let mut want = vec![0.0f32; n];
+        for s in 0..world {
+            let part = full_of(s)[r * n..(r + 1) * n].to_vec();
+            let part = if s == r { part } else { decoded(&part) };
+            if s == 0 {
+                want = part;
+            } else {
+                want.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
+            }
+        }
+        assert!(mine.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "rank {r}: not the rank-order sum of the decoded parts");
+        assert_eq!(*sent, ((world - 1) * codec.encoded_bytes(n)) as u64, "rank {r}: bytes on the wire");
+    }
+    for (s, (_, residual, _)) in results.iter().enumerate() {
+        for r in 0..world {
+            let x = &full_of(s)[r * n..(r + 1) * n];
+            let left = &residual[r * n..(r + 1) * n];
+            if r == s {
+                assert!(left.iter().all(|&v| v == 0.0), "rank {s}: its own slice has no residual");
+            } else {
+                let d = decoded(x);
+                assert!(left.iter().zip(x).zip(&d).all(|((l, x), d)| l.to_bits() == (x - d).to_bits()), "rank {s}: residual of slice {r}");
+            }
+        }
+    }
+}

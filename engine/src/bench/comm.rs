@@ -3,13 +3,15 @@
 //! `MPI_Allgather` and `MPI_Reduce_scatter_block` on the same sizes in the same run.
 //!
 //! A rank's GB/s counts the bytes it receives from the other ranks, (N-1)/N of the gathered (or
-//! reduced) buffer, over the slowest rank's time.
+//! reduced) buffer, over the slowest rank's time; a compressed reduce-scatter (`--grad-compression`)
+//! counts the f32 bytes its encodings stand for, and reports the bytes on the wire beside them.
 
 use std::time::Instant;
 
 use anyhow::Result;
 
 use crate::comm::Comm;
+use crate::comm::compress::{Codec, GradCompression};
 
 /// One measured collective at one size.
 #[derive(Clone, Debug)]
@@ -20,15 +22,18 @@ pub struct CollectiveRun {
     pub slice_bytes: u64,
     pub world_size: usize,
     pub seconds: f64,
-    /// Bytes each rank received from the others per second, in GB/s.
+    /// Bytes each rank received from the others per second, in GB/s (for a compressed reduce-scatter:
+    /// the f32 gradient bytes those stand for).
     pub gbps_per_rank: f64,
+    /// Bytes each rank sent to the others per call: (N-1) slices, or their encodings.
+    pub wire_bytes_per_rank: u64,
 }
 
 impl CollectiveRun {
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "op": self.op, "slice_bytes": self.slice_bytes, "world_size": self.world_size,
-            "seconds": self.seconds, "gbps_per_rank": self.gbps_per_rank,
+            "seconds": self.seconds, "gbps_per_rank": self.gbps_per_rank, "wire_bytes_per_rank": self.wire_bytes_per_rank,
         })
     }
 }
@@ -55,15 +60,34 @@ fn record(op: &str, slice_bytes: usize, world: usize, seconds: f64) -> Collectiv
         world_size: world,
         seconds,
         gbps_per_rank: received as f64 / seconds.max(1e-12) / 1e9,
+        wire_bytes_per_rank: received as u64,
     }
+}
+
+/// Gradient-like values: deterministic, of both signs and many magnitudes (a constant would flatter
+/// top-k and int8).
+fn gradient_like(seed: usize, n: usize) -> Vec<f32> {
+    let mut s = (seed as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let u = (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            u * u * u * 1e-2
+        })
+        .collect()
 }
 
 /// Measures the trainer's all-gather and reduce-scatter at each slice size on this rank's world (every
 /// rank calls it); `extra` adds transport-specific rows (MPI's own collectives) at each size.
+/// With `codec` (other than none), also the reduce-scatter as `--grad-compression` runs it: encoded
+/// with error feedback, on gradient-like values, its bytes on the wire counted.
 pub fn bench_collectives(
     comm: &Comm,
     slice_sizes_bytes: &[u64],
     reps: usize,
+    codec: Option<Codec>,
     mut extra: impl FnMut(usize, usize) -> Result<Vec<CollectiveRun>>,
 ) -> Result<Vec<CollectiveRun>> {
     let world = comm.world_size();
@@ -78,6 +102,15 @@ pub fn bench_collectives(
         let mut out = vec![0.0f32; n];
         let t = best_time(comm, reps, || comm.reduce_scatter_sum(&full, &mut out, false))?;
         runs.push(record("reduce-scatter", 4 * n, world, t));
+        if let Some(codec) = codec.filter(|c| c.mode != GradCompression::None && world > 1) {
+            let full = gradient_like(comm.rank(), world * n);
+            let mut residual = vec![0.0f32; world * n];
+            let before = comm.stats().grad_sent_bytes;
+            comm.reduce_scatter_sum_compressed(&full, &mut out, &codec, &mut residual, false)?;
+            let wire = comm.stats().grad_sent_bytes - before;
+            let t = best_time(comm, reps, || comm.reduce_scatter_sum_compressed(&full, &mut out, &codec, &mut residual, false))?;
+            runs.push(CollectiveRun { wire_bytes_per_rank: wire, ..record(&format!("reduce-scatter {}", codec.mode), 4 * n, world, t) });
+        }
         runs.extend(extra(n, reps)?);
     }
     Ok(runs)

@@ -8,11 +8,12 @@ use zerostream::bench::adam::{AdamBenchConfig, HalfOrFull};
 use zerostream::bench::io::{self as bench_io, IoBenchConfig};
 use zerostream::bench::kernels::KernelBenchConfig;
 use zerostream::bench::transfer::Link;
+use zerostream::comm::compress::{Codec, GradCompression};
 use zerostream::device::GpuDevice;
 use zerostream::train::AdamState;
 use zerostream_offload::IoEngineKind;
 
-use crate::parse_size;
+use crate::{parse_grad_compression, parse_size};
 
 /// `bench io`'s engines when none are named: io_uring and the portable threads engine where both exist.
 const BENCH_ENGINES: &str = if cfg!(target_os = "linux") { "uring,threads" } else { "threads" };
@@ -98,6 +99,13 @@ pub enum BenchCommand {
         /// Timed repetitions per size; the best is reported.
         #[arg(long, default_value_t = 5)]
         reps: usize,
+        /// Also time the reduce-scatter as `train --grad-compression MODE` runs it (none, bf16, int8,
+        /// onebit, topk:F): encoded with error feedback, on gradient-like values, with its bytes on the wire.
+        #[arg(long, value_name = "MODE", value_parser = parse_grad_compression, default_value = "none")]
+        grad_compression: GradCompression,
+        /// Elements per scale of int8 and onebit, as `train --grad-compression-chunk`.
+        #[arg(long, value_name = "N", default_value_t = zerostream::comm::compress::DEFAULT_CHUNK_ELEMS)]
+        grad_compression_chunk: usize,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -299,7 +307,10 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::H2d(t) => transfer_command(t, Link::HostToDevice),
         BenchCommand::D2h(t) => transfer_command(t, Link::DeviceToHost),
         BenchCommand::Overlap(o) => overlap_command(o),
-        BenchCommand::Collectives { world_size, sizes, reps, json } => bench_collectives(world_size, &sizes, reps, json),
+        BenchCommand::Collectives { world_size, sizes, reps, grad_compression, grad_compression_chunk, json } => {
+            let codec = zerostream::comm::compress::Codec::new(grad_compression, grad_compression_chunk)?;
+            bench_collectives(world_size, &sizes, reps, codec, json)
+        }
         BenchCommand::Kernels(k) => kernels_command(k),
         BenchCommand::All { dir, size, params, adapter, json } => bench_all(&dir, size, params, adapter.as_deref(), json),
         BenchCommand::Adam { params, threads, grad, copy, adam_state, reps, json } => {
@@ -327,15 +338,15 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
     }
 }
 
-fn bench_collectives(world_size: usize, sizes: &[u64], reps: usize, json: bool) -> Result<()> {
+fn bench_collectives(world_size: usize, sizes: &[u64], reps: usize, codec: Codec, json: bool) -> Result<()> {
     use zerostream::bench::comm::{CollectiveRun, bench_collectives};
     let launched = zerostream::comm::launcher_world_size().unwrap_or(1);
     let (runs, transport): (Vec<CollectiveRun>, String) = if launched > 1 {
-        mpi_bench_collectives(sizes, reps)?
+        mpi_bench_collectives(sizes, reps, codec)?
     } else {
         let all = zerostream::train::ranks::in_process(world_size, |comm| {
             let t = comm.describe();
-            Ok((bench_collectives(&comm, sizes, reps, |_, _| Ok(Vec::new()))?, t))
+            Ok((bench_collectives(&comm, sizes, reps, Some(codec), |_, _| Ok(Vec::new()))?, t))
         })?;
         all.into_iter().next().expect("rank 0")
     };
@@ -352,26 +363,33 @@ fn bench_collectives(world_size: usize, sizes: &[u64], reps: usize, json: bool) 
     }
     println!("collectives: {transport}; GB/s per rank = bytes a rank receives from the others / time");
     for r in &runs {
-        println!("{:<20} slice {:>8}: {:8.3} ms  {:7.2} GB/s per rank", r.op, human_bytes(r.slice_bytes), 1e3 * r.seconds, r.gbps_per_rank);
+        println!(
+            "{:<26} slice {:>8}: {:8.3} ms  {:7.2} GB/s per rank  ({} on the wire per rank)",
+            r.op,
+            human_bytes(r.slice_bytes),
+            1e3 * r.seconds,
+            r.gbps_per_rank,
+            human_bytes(r.wire_bytes_per_rank)
+        );
     }
     println!("ceiling: host memcpy (one thread) {memcpy:.2} GB/s");
     Ok(())
 }
 
 #[cfg(not(feature = "mpi"))]
-fn mpi_bench_collectives(_: &[u64], _: usize) -> Result<(Vec<zerostream::bench::comm::CollectiveRun>, String)> {
+fn mpi_bench_collectives(_: &[u64], _: usize, _: Codec) -> Result<(Vec<zerostream::bench::comm::CollectiveRun>, String)> {
     anyhow::bail!("started by mpirun, but this zerostream was built without MPI support: rebuild with `--features zerostream/mpi`")
 }
 
 /// This process's part of `bench collectives` under mpirun; rank 0 gets the rows, the others none.
 #[cfg(feature = "mpi")]
-fn mpi_bench_collectives(sizes: &[u64], reps: usize) -> Result<(Vec<zerostream::bench::comm::CollectiveRun>, String)> {
+fn mpi_bench_collectives(sizes: &[u64], reps: usize, codec: Codec) -> Result<(Vec<zerostream::bench::comm::CollectiveRun>, String)> {
     use anyhow::Context;
     use zerostream::comm::{Comm, mpi::MpiWorld};
     let mpi = MpiWorld::init().context("initialising MPI")?;
     let raw = mpi.comm();
     let comm = Comm::new(Box::new(mpi.comm()));
-    let runs = zerostream::bench::comm::bench_collectives(&comm, sizes, reps, |n, reps| {
+    let runs = zerostream::bench::comm::bench_collectives(&comm, sizes, reps, Some(codec), |n, reps| {
         zerostream::bench::comm::mpi_reference(&comm, &raw, n, reps)
     })?;
     let transport = comm.describe();

@@ -16,7 +16,7 @@ use zerostream::train::{AdamState, LrPlan, LrSchedule, Precision, SaveDtype, Tra
 use zerostream_checkpoints::{DataTokenizer, TokenWidth};
 use zerostream_offload::{IoConfig, IoEngineKind, Tier};
 
-use crate::{DeviceArgs, parse_size};
+use crate::{DeviceArgs, parse_grad_compression, parse_size};
 
 /// Where a kind of state lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -475,8 +475,4 @@ fn keep_first_run_files(options: &mut RunOptions) -> Result<()> {
     options.metrics = Some(dir.join("metrics.jsonl"));
     options.save = Some(dir.join("model"));
     Ok(())
-}
-
-fn parse_grad_compression(s: &str) -> Result<GradCompression, String> {
-    s.parse().map_err(|e: anyhow::Error| e.to_string())
 }

@@ -124,15 +124,13 @@ impl Codec {
             }
             GradCompression::OneBit => {
                 let (scales, signs) = out.split_at_mut(4 * x.len().div_ceil(self.chunk_elems));
-                for (c, (chunk, s)) in x.chunks(self.chunk_elems).zip(scales.chunks_exact_mut(4)).enumerate() {
+                for (chunk, s) in x.chunks(self.chunk_elems).zip(scales.chunks_exact_mut(4)) {
                     let mean = (chunk.iter().map(|v| v.abs() as f64).sum::<f64>() / chunk.len() as f64) as f32;
                     s.copy_from_slice(&mean.to_le_bytes());
-                    for (j, v) in chunk.iter().enumerate() {
-                        if *v >= 0.0 {
-                            let i = c * self.chunk_elems + j;
-                            signs[i / 8] |= 1 << (i % 8);
-                        }
-                    }
+                }
+                // Bit j of byte b: element 8b + j is >= 0 (the signs need no scale, so no chunks).
+                for (byte, eight) in signs.iter_mut().zip(x.chunks(8)) {
+                    *byte = eight.iter().enumerate().fold(0u8, |b, (j, v)| b | (((*v >= 0.0) as u8) << j));
                 }
             }
             GradCompression::TopK(f) => {
@@ -175,11 +173,14 @@ impl Codec {
             }
             GradCompression::OneBit => {
                 let (scales, signs) = bytes.split_at(4 * out.len().div_ceil(self.chunk_elems));
-                for (c, (o, s)) in out.chunks_mut(self.chunk_elems).zip(scales.chunks_exact(4)).enumerate() {
-                    let mean = word(s);
-                    for (j, o) in o.iter_mut().enumerate() {
-                        let i = c * self.chunk_elems + j;
-                        *o = if signs[i / 8] >> (i % 8) & 1 == 1 { mean } else { -mean };
+                for (o, s) in out.chunks_mut(self.chunk_elems).zip(scales.chunks_exact(4)) {
+                    o.fill(word(s));
+                }
+                for (eight, byte) in out.chunks_mut(8).zip(signs) {
+                    for (j, o) in eight.iter_mut().enumerate() {
+                        if byte >> j & 1 == 0 {
+                            *o = -*o;
+                        }
                     }
                 }
             }
