@@ -61,10 +61,12 @@ impl fmt::Display for GradCompression {
     }
 }
 
-/// Elements per scale of `int8` and `onebit` unless `--grad-compression-chunk` says otherwise: the
-/// scale's 4 bytes cost 0.2% of a 1-bit chunk's, and a chunk is small enough that one outlier
-/// flattens few neighbours.
-pub const DEFAULT_CHUNK_ELEMS: usize = 2048;
+/// Elements per scale of `int8` and `onebit` unless `--grad-compression-chunk` says otherwise: a
+/// scale's 4 bytes add an eighth to a 1-bit chunk (28.4x fewer bytes than f32, not 32x), and in
+/// exchange a chunk spans few rows of a matrix, so rows of very different size (an embedding's rare
+/// and common tokens) share a scale less often. Measured (benches/results/2026-11-26-grad-compression.md):
+/// onebit's loss after 300 steps of a small GPT-2 was 32% above `none`'s with 2048 and 3.3% with 256.
+pub const DEFAULT_CHUNK_ELEMS: usize = 256;
 
 /// A compression mode with its chunk size: encodes a slice into [`Codec::encoded_bytes`] bytes.
 #[derive(Clone, Copy, Debug, PartialEq)]
