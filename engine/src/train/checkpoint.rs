@@ -4,7 +4,8 @@
 //! - `config.json` + `model.safetensors`: a Hugging Face model directory in `--save-dtype`;
 //! - `optimizer.rank{r}.safetensors`, one per rank: `{group}.master`, `{group}.adam_m`, `{group}.adam_v`
 //!   (the moments in `--adam-state`'s format, fp32 or bf16), each the rank's slice of the group's padded
-//!   flat buffer; the metadata holds the world size,
+//!   flat buffer, and with `--grad-compression` `{group}.grad_residual` (the rank's error feedback, the
+//!   whole padded group; see `grad_exchange.rs`); the metadata holds the world size,
 //!   the stage and every group's length, padded length and owned range, so another world size can
 //!   re-split the state;
 //! - the tokenizer's files when the run knows its tokenizer (`RunRecord::tokenizer_files`: GPT-2's
