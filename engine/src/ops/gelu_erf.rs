@@ -15,8 +15,10 @@ const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
 const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
 
 /// erfc(x) = 1 - erf(x), to about 1.2e-7 relative (see the module docs). Twin of `common/erfc.wgsl`.
-// The coefficients are written as published, and as the kernel has them.
+// The coefficients are written as published, and as the kernel has them. rustfmt is kept off these
+// nested polynomials: its search over their layouts took minutes of `cargo fmt --check` in CI.
 #[allow(clippy::excessive_precision)]
+#[rustfmt::skip]
 pub fn erfc(x: f32) -> f32 {
     let z = x.abs();
     if z < 1.0 {
@@ -41,6 +43,7 @@ pub fn erf(x: f32) -> f32 {
 /// erf(x) for |x| < 1: 2/sqrt(pi) sum_n (-1)^n x^(2n+1) / (n! (2n + 1)) to n = 11. Twin of
 /// `erf_series` in `common/erfc.wgsl`.
 #[allow(clippy::excessive_precision)]
+#[rustfmt::skip]
 fn erf_series(x: f32) -> f32 {
     let x2 = x * x;
     x * (std::f32::consts::FRAC_2_SQRT_PI
