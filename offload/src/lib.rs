@@ -1,4 +1,4 @@
-//! Host-side training state: the CPU AdamW, the store of training tensors on their RAM or NVMe tier,
+//! Host-side training state: the CPU AdamW (and LAMB and LARS), the store of training tensors on their RAM or NVMe tier,
 //! the I/O engine that moves NVMe shards, and the pipelined sweep that overlaps the two. This crate
 //! knows nothing of GPUs: the engine hands it slices of host memory.
 
@@ -6,6 +6,7 @@ pub mod adam;
 pub mod aligned;
 mod dir_files;
 pub mod io;
+pub mod layerwise;
 pub mod membw;
 mod nvme_dir;
 mod os;
@@ -17,6 +18,7 @@ pub mod sweep;
 pub use adam::{AdamConfig, AdamW, Grads, Isa, MomentNoise, Moments, ParamCopy};
 pub use aligned::{ALIGN_BYTES, AlignedBuf, BufferPool};
 pub use io::{Direction, IoConfig, IoEngine, IoEngineKind};
+pub use layerwise::{Layerwise, LayerwiseConfig, Rule};
 pub use spare_pool::{SPARE_PREFIX, SPARES_PER_SIZE};
 pub use store::{NvmeDir, StoreError, Stored, Tier, free_bytes, shard_bytes_in};
 pub use sweep::pipelined_sweep;

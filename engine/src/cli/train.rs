@@ -12,7 +12,7 @@ use zerostream::comm::compress::GradCompression;
 use zerostream::train::launch::{Launched, RankRequest, RunRequest};
 use zerostream::train::ranks::RankDevice;
 use zerostream::train::run::{CheckpointOptions, ModelChoice, RunOptions};
-use zerostream::train::{AdamState, LrPlan, LrSchedule, Precision, SaveDtype, TrainConfig, ZeroStage};
+use zerostream::train::{AdamState, LrPlan, LrSchedule, Optimizer, Precision, SaveDtype, TrainConfig, ZeroStage};
 use zerostream_checkpoints::{DataTokenizer, TokenWidth};
 use zerostream_offload::{IoConfig, IoEngineKind, Tier};
 
@@ -131,16 +131,30 @@ pub struct TrainArgs {
     /// Learning-rate schedule after warm-up.
     #[arg(long, value_enum, default_value = "cosine")]
     lr_schedule: LrSchedule,
-    /// AdamW beta1.
+    /// The update rule: adamw; lamb (Adam's step scaled per tensor by |weights| / |step|, You et al.
+    /// 2020, for large batches); or lars (momentum SGD scaled per tensor by trust-coefficient x
+    /// |weights| / (|gradient| + weight-decay x |weights|), You et al. 2017). LAMB and LARS leave
+    /// biases and norms' gains unscaled and undecayed, and sum each tensor's norms over the ranks;
+    /// they keep fp32 state (LARS one buffer, 8 bytes per parameter with the master weight).
+    #[arg(long, value_enum, default_value = "adamw")]
+    optimizer: Optimizer,
+    /// AdamW's and LAMB's beta1.
     #[arg(long, default_value_t = 0.9)]
     beta1: f64,
-    /// AdamW beta2.
+    /// AdamW's and LAMB's beta2.
     #[arg(long, default_value_t = 0.95)]
     beta2: f64,
-    /// AdamW epsilon.
+    /// AdamW's and LAMB's epsilon.
     #[arg(long, default_value_t = 1e-8)]
     eps: f64,
-    /// Decoupled weight decay, applied to tensors of two or more dimensions only.
+    /// LARS's momentum.
+    #[arg(long, default_value_t = 0.9)]
+    momentum: f64,
+    /// LARS's trust coefficient (eta): its per-tensor step is this fraction of the weights' norm.
+    #[arg(long, default_value_t = 0.001)]
+    trust_coefficient: f64,
+    /// Weight decay, applied to tensors of two or more dimensions only (AdamW: decoupled; LAMB: in
+    /// the step the trust ratio scales; LARS: added to the gradient).
     #[arg(long, default_value_t = 0.1)]
     weight_decay: f64,
     /// Clip the global gradient L2 norm to this (0 = no clipping).
@@ -353,6 +367,9 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>, r
         adam_state: a.adam_state,
         grad_compression: a.grad_compression,
         grad_compression_chunk: a.grad_compression_chunk,
+        optimizer: a.optimizer,
+        momentum: a.momentum,
+        trust_coefficient: a.trust_coefficient,
     };
     let options = RunOptions {
         model,

@@ -41,6 +41,28 @@ struct Table {
     world: usize,
     round: Mutex<Round>,
     changed: Condvar,
+    /// The table of [`Collectives::split`]'s channel, made by the first rank that asks for it.
+    split: std::sync::OnceLock<Arc<Table>>,
+}
+
+impl Table {
+    fn new(world: usize) -> Arc<Table> {
+        Arc::new(Table { world, round: Mutex::new(Round::empty(world)), changed: Condvar::new(), split: std::sync::OnceLock::new() })
+    }
+
+    /// Marks the table failed by `rank` (the first failure stands), and the split channels too, so
+    /// that no thread of any rank waits for the failed one.
+    fn fail(&self, rank: usize, why: &str) {
+        let mut g = self.round.lock().unwrap_or_else(|e| e.into_inner());
+        if g.failed.is_none() {
+            g.failed = Some((rank, why.to_string()));
+        }
+        drop(g);
+        self.changed.notify_all();
+        if let Some(split) = self.split.get() {
+            split.fail(rank, why);
+        }
+    }
 }
 
 /// One rank's end of an in-process world (a clone is another handle on the same end, for aborting).
@@ -56,7 +78,7 @@ pub struct LocalWorld;
 impl LocalWorld {
     #[allow(clippy::new_ret_no_self)]
     pub fn new(world: usize) -> Vec<LocalComm> {
-        let table = Arc::new(Table { world, round: Mutex::new(Round::empty(world)), changed: Condvar::new() });
+        let table = Table::new(world);
         (0..world).map(|rank| LocalComm { rank, table: table.clone() }).collect()
     }
 }
@@ -173,13 +195,13 @@ impl Collectives for LocalComm {
         self.round("barrier", None, |_| {})
     }
     fn abort(&self, message: &str) {
-        let mut g = self.lock();
-        if g.failed.is_none() {
-            g.failed = Some((self.rank, message.to_string()));
-        }
-        self.table.changed.notify_all();
+        self.table.fail(self.rank, message);
     }
     fn describe(&self) -> String {
         format!("in-process, {} ranks", self.table.world)
+    }
+    fn split(&self) -> Result<Box<dyn Collectives>> {
+        let table = self.table.split.get_or_init(|| Table::new(self.table.world)).clone();
+        Ok(Box::new(LocalComm { rank: self.rank, table }))
     }
 }

@@ -22,7 +22,7 @@ use compress::{Codec, GradCompression};
 
 /// Moves bytes between the ranks of one world. Every rank calls the same collectives in the same
 /// order; a rank that fails calls [`Collectives::abort`] so that the others stop instead of waiting.
-pub trait Collectives {
+pub trait Collectives: Send {
     fn rank(&self) -> usize;
     fn world_size(&self) -> usize;
     /// `out[r*n..(r+1)*n]` = rank r's `mine` (n = `mine.len()`, the same on every rank).
@@ -38,6 +38,9 @@ pub trait Collectives {
     fn abort(&self, message: &str);
     /// One line naming the transport ("in-process, 2 ranks", "MPI, 4 processes").
     fn describe(&self) -> String;
+    /// A second, independent channel over the same ranks, for another thread of each rank: its
+    /// collectives never match this one's. Collective: every rank calls it at the same point.
+    fn split(&self) -> Result<Box<dyn Collectives>>;
 }
 
 /// The error a rank gets in a collective when another rank has failed: names that rank and its error.
@@ -196,6 +199,24 @@ impl Comm {
     /// The sum over ranks of `x`, added in rank order (the same bits on every rank and transport).
     pub fn sum_f64(&self, x: f64) -> Result<f64> {
         Ok(self.gather_scalars(x)?.into_iter().fold(0.0, |a, b| a + b))
+    }
+
+    /// The element-wise sum over ranks of `xs` (the same length on every rank), in rank order.
+    pub fn sum_f64s(&self, xs: &[f64]) -> Result<Vec<f64>> {
+        let n = xs.len();
+        let mut all = vec![0.0f64; n * self.world_size()];
+        self.all_gather(xs, &mut all, false)?;
+        let mut sum = vec![0.0f64; n];
+        for rank in all.chunks_exact(n.max(1)) {
+            sum.iter_mut().zip(rank).for_each(|(s, x)| *s += x);
+        }
+        Ok(sum)
+    }
+
+    /// A second [`Comm`] over the same ranks, independent of this one, for another thread (the
+    /// optimizer's): collective, every rank calls it at the same point.
+    pub fn split(&self) -> Result<Comm> {
+        Ok(Comm::new(self.transport.split()?))
     }
 
     /// Whether `flag` is set on any rank.

@@ -2,7 +2,9 @@
 //!
 //! Only byte movement goes through MPI (all-gather, all-to-all, broadcast, barrier); the sums are done
 //! in rank order by [`super::Comm`], so MPI's choice of reduction algorithm never changes a result.
-//! Collectives are called from one thread (the rank's device thread), so MPI needs no thread support.
+//! The trainer's collectives are called from its device thread; a layer-wise optimizer (LAMB, LARS)
+//! sums its norms from its own thread on a split communicator, so MPI is initialised asking for
+//! `MPI_THREAD_MULTIPLE`, and [`Collectives::split`] refuses if the library did not grant it.
 
 use anyhow::Result;
 use mpi::topology::{Communicator, SimpleCommunicator};
@@ -21,10 +23,15 @@ pub struct MpiComm {
     world: SimpleCommunicator,
 }
 
+// SAFETY: a communicator handle is a plain value that MPI lets any thread use; the trainer uses each
+// one from a single thread at a time, and two threads use two communicators only when MPI granted
+// MPI_THREAD_MULTIPLE (`split` checks).
+unsafe impl Send for MpiComm {}
+
 impl MpiWorld {
     /// Initialises MPI (None if it was initialised already).
     pub fn init() -> Option<Self> {
-        let universe = mpi::initialize()?;
+        let (universe, _granted) = mpi::initialize_with_threading(mpi::Threading::Multiple)?;
         let world = universe.world();
         Some(MpiWorld { _universe: universe, world })
     }
@@ -102,5 +109,15 @@ impl Collectives for MpiComm {
     }
     fn describe(&self) -> String {
         format!("MPI, {} processes", self.world.size())
+    }
+    fn split(&self) -> Result<Box<dyn Collectives>> {
+        let granted = mpi::environment::threading_support();
+        if granted != mpi::Threading::Multiple {
+            anyhow::bail!(
+                "this MPI library grants {granted:?} thread support, and a layer-wise optimizer (--optimizer lamb/lars) \
+                 needs MPI_THREAD_MULTIPLE: its thread sums norms while the device thread exchanges gradients"
+            );
+        }
+        Ok(Box::new(MpiComm { world: self.world.duplicate() }))
     }
 }

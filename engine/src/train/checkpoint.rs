@@ -2,8 +2,9 @@
 //!
 //! `step-NNNNNNNN/` (see `zerostream_checkpoints::checkpoint` for the crash-safe directory moves):
 //! - `config.json` + `model.safetensors`: a Hugging Face model directory in `--save-dtype`;
-//! - `optimizer.rank{r}.safetensors`, one per rank: `{group}.master`, `{group}.adam_m`, `{group}.adam_v`
-//!   (the moments in `--adam-state`'s format, fp32 or bf16), each the rank's slice of the group's padded
+//! - `optimizer.rank{r}.safetensors`, one per rank: `{group}.master` and the optimizer's moments,
+//!   `{group}.adam_m` and `{group}.adam_v` (AdamW, LAMB) or `{group}.momentum` (LARS), in
+//!   `--adam-state`'s format (fp32 or bf16), each the rank's slice of the group's padded
 //!   flat buffer, and with `--grad-compression` `{group}.grad_residual` (the rank's error feedback, the
 //!   whole padded group; see `grad_exchange.rs`); the metadata holds the world size,
 //!   the stage and every group's length, padded length and owned range, so another world size can
@@ -184,8 +185,9 @@ impl<D: Backend> Trainer<'_, D> {
                     AdamState::Fp32 => Dtype::F32,
                     AdamState::Bf16 => Dtype::BF16,
                 };
-                for (kind, dtype) in [("master", Dtype::F32), ("adam_m", moments), ("adam_v", moments)] {
-                    entries.push(TensorEntry::new(format!("{}.{kind}", g.name), dtype, vec![shard.slice_len()]));
+                entries.push(TensorEntry::new(format!("{}.master", g.name), Dtype::F32, vec![shard.slice_len()]));
+                for kind in self.train.optimizer.moment_names() {
+                    entries.push(TensorEntry::new(format!("{}.{kind}", g.name), moments, vec![shard.slice_len()]));
                 }
             }
             // --grad-compression's error feedback: this rank's residual of each whole group.
@@ -206,8 +208,9 @@ impl<D: Backend> Trainer<'_, D> {
                 og.m.page_in(nv)?;
                 og.v.page_in(nv)?;
                 w.write_tensor(&format!("{}.master", g.name), og.master.data().bytes())?;
-                w.write_tensor(&format!("{}.adam_m", g.name), og.m.data().bytes())?;
-                w.write_tensor(&format!("{}.adam_v", g.name), og.v.data().bytes())?;
+                for (kind, moment) in self.train.optimizer.moment_names().iter().zip([&og.m, &og.v]) {
+                    w.write_tensor(&format!("{}.{kind}", g.name), moment.data().bytes())?;
+                }
                 og.m.page_out(nv, false)?;
                 og.v.page_out(nv, false)?;
             }

@@ -61,9 +61,25 @@ impl AdamState {
             AdamState::Bf16 => 2,
         }
     }
-    /// Bytes per parameter of the optimizer state: the fp32 master weight and both moments.
-    pub fn state_bytes_per_param(self) -> usize {
-        4 + 2 * self.moment_bytes()
+}
+
+/// `--optimizer`: the update rule the CPU applies to the master weights. LAMB and LARS scale each
+/// tensor's step by a trust ratio of its norms (for large batches); see `zerostream_offload::layerwise`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Optimizer {
+    Adamw,
+    Lamb,
+    Lars,
+}
+
+impl Optimizer {
+    /// The names of the moments it keeps per parameter, as the checkpoint stores them (LAMB's are
+    /// Adam's; LARS keeps one momentum buffer).
+    pub fn moment_names(self) -> &'static [&'static str] {
+        match self {
+            Optimizer::Adamw | Optimizer::Lamb => &["adam_m", "adam_v"],
+            Optimizer::Lars => &["momentum"],
+        }
     }
 }
 
@@ -130,6 +146,13 @@ pub struct TrainConfig {
     pub grad_compression: GradCompression,
     /// `--grad-compression-chunk`: elements per scale of int8 and onebit.
     pub grad_compression_chunk: usize,
+    /// `--optimizer`: AdamW, LAMB or LARS (LAMB uses beta1, beta2 and eps; LARS momentum and
+    /// trust_coefficient).
+    pub optimizer: Optimizer,
+    /// `--momentum`: LARS's momentum.
+    pub momentum: f64,
+    /// `--trust-coefficient`: LARS's eta, which scales its trust ratio.
+    pub trust_coefficient: f64,
 }
 
 impl Default for TrainConfig {
@@ -165,6 +188,9 @@ impl Default for TrainConfig {
             adam_state: AdamState::Fp32,
             grad_compression: GradCompression::None,
             grad_compression_chunk: compress::DEFAULT_CHUNK_ELEMS,
+            optimizer: Optimizer::Adamw,
+            momentum: 0.9,
+            trust_coefficient: 0.001,
         }
     }
 }
@@ -181,6 +207,9 @@ pub const MEANING_FLAGS: &[&str] = &[
     "adam-state",
     "grad-compression",
     "grad-compression-chunk",
+    "optimizer",
+    "momentum",
+    "trust-coefficient",
     "batch-size",
     "seq-len",
     "lr",
@@ -222,6 +251,16 @@ impl TrainConfig {
         self.offload_gradients.unwrap_or(self.offload_optimizer)
     }
 
+    /// Bytes per parameter of the optimizer state: the fp32 master weight and the optimizer's moments.
+    pub fn state_bytes_per_param(&self) -> usize {
+        4 + self.moment_bytes_per_param()
+    }
+
+    /// Bytes per parameter of the optimizer's moments (two for AdamW and LAMB, one for LARS).
+    pub fn moment_bytes_per_param(&self) -> usize {
+        self.optimizer.moment_names().len() * self.adam_state.moment_bytes()
+    }
+
     /// Whether any state lives on the NVMe tier (so `--nvme-dir` is needed).
     pub fn uses_nvme(&self) -> bool {
         [self.offload_optimizer, self.gradients_tier(), self.offload_params].contains(&Tier::Nvme)
@@ -237,7 +276,7 @@ impl TrainConfig {
         }
         /// A flag, its value, whether the value is in range, and the range in words.
         type Check<'a> = (&'a str, f64, fn(f64) -> bool, &'a str);
-        let checks: [Check; 7] = [
+        let checks: [Check; 9] = [
             ("--lr", self.lr.peak, |x| x > 0.0, "a finite number > 0"),
             ("--min-lr", self.lr.min, |x| x >= 0.0, "a finite number >= 0"),
             ("--beta1", self.beta1, |x| (0.0..1.0).contains(&x), "in [0, 1)"),
@@ -245,6 +284,8 @@ impl TrainConfig {
             ("--eps", self.eps, |x| x > 0.0, "a finite number > 0"),
             ("--weight-decay", self.weight_decay, |x| x >= 0.0, "a finite number >= 0"),
             ("--grad-clip", self.grad_clip, |x| x >= 0.0, "a finite number >= 0 (0 = no clipping)"),
+            ("--momentum", self.momentum, |x| (0.0..1.0).contains(&x), "in [0, 1)"),
+            ("--trust-coefficient", self.trust_coefficient, |x| x > 0.0, "a finite number > 0"),
         ];
         for (flag, value, ok, range) in checks {
             if !value.is_finite() || !ok(value) {
@@ -252,6 +293,14 @@ impl TrainConfig {
             }
         }
         Codec::new(self.grad_compression, self.grad_compression_chunk)?;
+        if self.optimizer != Optimizer::Adamw && self.adam_state != AdamState::Fp32 {
+            bail!(
+                "--optimizer {} with --adam-state {}: the layer-wise optimizers keep fp32 moments (their two passes \
+                 would step with the rounded moments); use --adam-state fp32",
+                enum_name(self.optimizer),
+                self.adam_state.name()
+            );
+        }
         if self.grad_compression != GradCompression::None && self.precision == Precision::Fp16 {
             bail!(
                 "--grad-compression {} with --precision fp16: a loss-scaled step whose gradient overflowed is skipped, \
@@ -304,6 +353,9 @@ impl TrainConfig {
         put("adam-state", json!(enum_name(self.adam_state)));
         put("grad-compression", json!(self.grad_compression.to_string()));
         put("grad-compression-chunk", json!(self.grad_compression_chunk));
+        put("optimizer", json!(enum_name(self.optimizer)));
+        put("momentum", json!(self.momentum));
+        put("trust-coefficient", json!(self.trust_coefficient));
         f
     }
 
@@ -383,6 +435,13 @@ impl TrainConfig {
                 .get("grad-compression-chunk")
                 .and_then(Value::as_u64)
                 .map_or(compress::DEFAULT_CHUNK_ELEMS, |n| n as usize),
+            // Checkpoints from before --optimizer trained with AdamW.
+            optimizer: match f.get("optimizer") {
+                None => Optimizer::Adamw,
+                Some(_) => Optimizer::from_str(&parse_enum("optimizer")?, true).map_err(|e| anyhow::anyhow!("optimizer: {e}"))?,
+            },
+            momentum: f.get("momentum").and_then(Value::as_f64).unwrap_or(0.9),
+            trust_coefficient: f.get("trust-coefficient").and_then(Value::as_f64).unwrap_or(0.001),
         })
     }
 }
@@ -404,6 +463,9 @@ mod tests {
             params_ram_cache_bytes: 3 << 30,
             grad_compression: GradCompression::TopK(0.25),
             grad_compression_chunk: 64,
+            optimizer: Optimizer::Lars,
+            momentum: 0.8,
+            trust_coefficient: 0.02,
             ..TrainConfig::default()
         };
         tc.lr.schedule = LrSchedule::Cosine;
@@ -415,6 +477,7 @@ mod tests {
         assert_eq!(flags["matmul-inputs"], "f16");
         assert_eq!(flags["adam-state"], "bf16");
         assert_eq!(flags["grad-compression"], "topk:0.25");
+        assert_eq!(flags["optimizer"], "lars");
         let back = TrainConfig::from_flags(&flags).unwrap();
         assert_eq!(format!("{back:?}"), format!("{tc:?}"));
         for k in MEANING_FLAGS {

@@ -47,13 +47,13 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use anyhow::{Context, Result, anyhow, bail};
-use zerostream_offload::{AdamConfig, AdamW, IoEngine, NvmeDir, Stored};
+use zerostream_offload::{AdamConfig, AdamW, IoEngine, Layerwise, LayerwiseConfig, NvmeDir, Rule, Stored};
 
 use crate::comm::Comm;
 use crate::device::Backend;
 use crate::model::{Model, TensorSpec};
 pub use checkpoint::{Checkpoint, RunRecord, SaveDtype};
-pub use config::{AdamState, Flags, MEANING_FLAGS, Precision, TrainConfig};
+pub use config::{AdamState, Flags, MEANING_FLAGS, Optimizer, Precision, TrainConfig};
 use device_state::DeviceState;
 use layout::{GroupLayout, group_layouts};
 pub use plan::{Placement, minimum_device_bytes, minimum_device_bytes_on, plan, plan_on};
@@ -62,8 +62,8 @@ pub use schedule::{LossScaler, LrPlan, LrSchedule};
 pub use shard::{GroupShard, Sharding, ZeroStage};
 use step::{Clock, timed};
 use worker::{
-    OptimizerGroup, Progress, ProgressState, SharedGroup, UpdateFormats, UpdateJob, adam_seconds_total, lock, optimizer_worker,
-    write_working,
+    OptimizerGroup, Progress, ProgressState, SharedGroup, UpdateFormats, UpdateJob, UpdateRule, WorkerState, adam_seconds_total, lock,
+    optimizer_worker, write_working,
 };
 
 /// Where the model's initial weights come from.
@@ -119,8 +119,10 @@ pub struct Trainer<'d, D: Backend> {
     progress: Arc<Progress>,
     nvme: Option<Arc<NvmeDir>>,
     jobs: Option<Sender<UpdateJob>>,
-    worker: Option<JoinHandle<Result<Vec<OptimizerGroup>>>>,
+    worker: Option<JoinHandle<Result<WorkerState>>>,
     optimizer: Option<Vec<OptimizerGroup>>,
+    /// The update rule, held here while no worker runs (the worker hands it back when it stops).
+    rule: Option<UpdateRule>,
     device: DeviceState<D>,
     /// The head group's vocabulary matrices on the host during a step (their words, their gradients).
     vocab: vocab_head::VocabHost,
@@ -189,9 +191,11 @@ impl<'d, D: Backend> Trainer<'d, D> {
         for (k, (g, shard)) in layouts.iter().zip(shards.iter()).enumerate() {
             let slice = shard.slice_len();
             let mut master = Stored::new(&format!("{}.master", g.name), 4 * slice, train.offload_optimizer, nv)?;
-            let moment_bytes = train.adam_state.moment_bytes();
-            let mut m = Stored::new(&format!("{}.adam_m", g.name), moment_bytes * slice, train.offload_optimizer, nv)?;
-            let mut v = Stored::new(&format!("{}.adam_v", g.name), moment_bytes * slice, train.offload_optimizer, nv)?;
+            // The optimizer's moments: m and v (AdamW, LAMB), or m alone (LARS's momentum; v empty).
+            let moment_names = train.optimizer.moment_names();
+            let moment_bytes = |i: usize| if i < moment_names.len() { train.adam_state.moment_bytes() * slice } else { 0 };
+            let mut m = Stored::new(&format!("{}.adam_m", g.name), moment_bytes(0), train.offload_optimizer, nv)?;
+            let mut v = Stored::new(&format!("{}.adam_v", g.name), moment_bytes(1), train.offload_optimizer, nv)?;
             let bytes = train.precision.working_bytes_per_param();
             let mut working = Stored::new(&format!("{}.working", g.name), bytes * shard.working_len, train.offload_params, nv)?;
             for s in [&mut master, &mut m, &mut v, &mut working] {
@@ -201,7 +205,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             if let ModelSource::Checkpoint(c) = source {
                 // This rank's slices at this world size, cut from whichever ranks' files hold them.
                 c.read_range(&g.name, "master", shard.owned.clone(), master.data_mut().as_mut_slice())?;
-                for (kind, moment) in [("adam_m", &mut m), ("adam_v", &mut v)] {
+                for (&kind, moment) in moment_names.iter().zip([&mut m, &mut v]) {
                     c.read_moment(&g.name, kind, shard.owned.clone(), train.adam_state, moment)?;
                 }
                 let mut values = vec![0.0f32; shard.working_len];
@@ -230,6 +234,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             stage1_grads.push(if k > 0 && !sharding.shards_grads() { vec![0.0; shard.padded_len] } else { Vec::new() });
         }
 
+        let rule = update_rule(&train, &comm)?;
         let names: Vec<&str> = layouts.iter().map(|g| g.name.as_str()).collect();
         let exchange = grad_exchange::GradExchange::new(&train, &sharding, &shards, &names, source, &mut io_notes)?;
         let device = Self::allocate_device(dev, &model, &train, &placement)?;
@@ -269,6 +274,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             jobs: None,
             worker: None,
             optimizer: Some(optimizer),
+            rule: Some(rule),
             device,
             vocab: vocab_head::VocabHost::default(),
             scaler,
@@ -283,33 +289,24 @@ impl<'d, D: Backend> Trainer<'d, D> {
         if self.worker.is_some() {
             return Ok(());
         }
-        let optimizer = self.optimizer.take().ok_or_else(|| anyhow!("the optimizer state was lost after an earlier failure"))?;
+        let lost = || anyhow!("the optimizer state was lost after an earlier failure");
+        let optimizer = self.optimizer.take().ok_or_else(lost)?;
+        let rule = self.rule.take().ok_or_else(lost)?;
         let (tx, rx) = channel();
-        let adam = AdamW::new(
-            AdamConfig {
-                lr: self.train.lr.peak,
-                beta1: self.train.beta1,
-                beta2: self.train.beta2,
-                eps: self.train.eps,
-                weight_decay: self.train.weight_decay,
-            },
-            self.train.adam_threads,
-            zerostream_offload::adam::DEFAULT_CHUNK_ELEMS,
-        );
         let (layouts, shards, shared, progress, nvme) =
             (self.layouts.clone(), self.shards.clone(), self.shared.clone(), self.progress.clone(), self.nvme.clone());
         let formats = UpdateFormats { working: self.train.precision, moments: self.train.adam_state, noise_seed: self.train.seed };
         let handle = std::thread::Builder::new()
-            .name("adamw".into())
+            .name("optimizer".into())
             .spawn(move || {
-                let result = optimizer_worker(rx, optimizer, adam, &layouts, &shards, &shared, &progress, nvme.as_deref(), formats);
+                let result = optimizer_worker(rx, optimizer, rule, &layouts, &shards, &shared, &progress, nvme.as_deref(), formats);
                 if let Err(e) = &result {
                     progress.lock().failed = Some(format!("{e:#}"));
                     progress.changed.notify_all();
                 }
                 result
             })
-            .context("spawning the AdamW thread")?;
+            .context("spawning the optimizer thread")?;
         self.jobs = Some(tx);
         self.worker = Some(handle);
         Ok(())
@@ -340,8 +337,9 @@ impl<'d, D: Backend> Trainer<'d, D> {
         let before = adam_seconds_total(&self.progress);
         self.jobs = None; // closing the channel ends the worker's loop
         if let Some(handle) = self.worker.take() {
-            let optimizer = handle.join().map_err(|_| anyhow!("the AdamW thread panicked"))??;
+            let (optimizer, rule) = handle.join().map_err(|_| anyhow!("the optimizer thread panicked"))??;
             self.optimizer = Some(optimizer);
+            self.rule = Some(rule);
         }
         Ok(adam_seconds_total(&self.progress) - before)
     }
@@ -389,6 +387,25 @@ impl<D: Backend> Drop for Trainer<'_, D> {
         if let Some(handle) = self.worker.take() {
             let _ = handle.join();
         }
+    }
+}
+
+/// The update rule `train` asks for. A layer-wise one gets its own channel over the ranks, split from
+/// `comm` here, at the same point on every rank.
+fn update_rule(train: &TrainConfig, comm: &Comm) -> Result<UpdateRule> {
+    let threads = train.adam_threads;
+    let (lr, weight_decay) = (train.lr.peak, train.weight_decay);
+    let layerwise = |rule| -> Result<UpdateRule> {
+        let opt = Layerwise::new(LayerwiseConfig { lr, weight_decay, rule }, threads);
+        Ok(UpdateRule::Layerwise(opt, comm.split().context("--optimizer: a channel for the norms between ranks")?))
+    };
+    match train.optimizer {
+        Optimizer::Adamw => {
+            let config = AdamConfig { lr, beta1: train.beta1, beta2: train.beta2, eps: train.eps, weight_decay };
+            Ok(UpdateRule::AdamW(AdamW::new(config, threads, zerostream_offload::adam::DEFAULT_CHUNK_ELEMS)))
+        }
+        Optimizer::Lamb => layerwise(Rule::Lamb { beta1: train.beta1, beta2: train.beta2, eps: train.eps }),
+        Optimizer::Lars => layerwise(Rule::Lars { momentum: train.momentum, trust_coefficient: train.trust_coefficient }),
     }
 }
 

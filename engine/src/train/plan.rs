@@ -370,7 +370,7 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
     slice_lens.sort_unstable_by(|a, b| b.cmp(a));
     let largest_working = shards.iter().map(|s| s.working_len as u64).max().unwrap_or(0);
     let working_bytes = tc.precision.working_bytes_per_param() as u64;
-    let state_bytes = tc.adam_state.state_bytes_per_param() as u64;
+    let state_bytes = tc.state_bytes_per_param() as u64;
     let mut host_paged_in_bytes = 0;
     // The sweep's three groups of master weights, moments and gradients; the device thread's gradient.
     if tc.offload_optimizer == Tier::Nvme {

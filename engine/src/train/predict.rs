@@ -139,7 +139,7 @@ pub fn predict(rates: &LinkRates, placement: &Placement, model: &Model, train: &
     let reupload_bytes = uploads(placement.block_slots).saturating_sub(uploads(model.n_layer()));
     let upload_s = if rates.upload_gbps > 0.0 { reupload_bytes as f64 / (rates.upload_gbps * 1e9) } else { 0.0 };
     let device_s = rates.head_s + model.n_layer() as f64 * rates.block_s + upload_s;
-    let state_params = placement.host_optimizer_bytes as f64 / train.adam_state.state_bytes_per_param() as f64;
+    let state_params = placement.host_optimizer_bytes as f64 / train.state_bytes_per_param() as f64;
     let adam_s = state_params / (rates.adam_gparams_per_s * 1e9);
     // On the cpu device the device's work, AdamW and the sweep's own CPU time share the cores.
     let candidates = if shared_cores {
@@ -246,7 +246,7 @@ fn measure_drive(dirs: &[PathBuf], train: &TrainConfig, group_elems: usize) -> R
             };
             groups = zerostream_offload::pipelined_sweep(groups, load, compute, store)?;
         }
-        let moved = (PASSES - 1) as usize * 2 * groups.len() * n * train.adam_state.state_bytes_per_param();
+        let moved = (PASSES - 1) as usize * 2 * groups.len() * n * train.state_bytes_per_param();
         let wall_s = timed.expect("at least two passes").elapsed().as_secs_f64();
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
         // Unknown off Linux: taken as all of them, the cautious side.

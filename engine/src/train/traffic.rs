@@ -80,7 +80,7 @@ impl NvmeTraffic {
         let nvme = |tier: Tier| tier == Tier::Nvme;
         let (optimizer_on, grads_on, working_on) = (nvme(tc.offload_optimizer), nvme(tc.gradients_tier()), nvme(tc.offload_params));
         let slice_bytes = |k: usize| 4 * shards[k].slice_len() as u64;
-        let state_bytes = |k: usize| (tc.adam_state.state_bytes_per_param() * shards[k].slice_len()) as u64;
+        let state_bytes = |k: usize| (tc.state_bytes_per_param() * shards[k].slice_len()) as u64;
         let working_bytes = |k: usize| (tc.precision.working_bytes_per_param() * shards[k].working_len) as u64;
         // Stages 1-2 with several ranks gather the working copy in place on its first upload after an
         // update, and write it back.

@@ -1,13 +1,18 @@
-//! The AdamW thread: for each step, a pipelined sweep over the parameter groups in order, while the
+//! The optimizer thread (AdamW, LAMB or LARS): for each step, a pipelined sweep over the parameter groups in order, while the
 //! device thread goes on with the next step and waits for a group only when it is about to upload it.
 
 use std::sync::mpsc::Receiver;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-use anyhow::{Result, anyhow, bail};
+use std::ops::Range;
+
+use anyhow::{Result, bail};
 use half::{bf16, f16};
-use zerostream_offload::{AdamW, Grads, MomentNoise, Moments, NvmeDir, ParamCopy, Stored, pipelined_sweep};
+use zerostream_offload::layerwise::SquaredNorms;
+use zerostream_offload::{AdamW, Grads, Layerwise, MomentNoise, Moments, NvmeDir, ParamCopy, Stored, pipelined_sweep};
+
+use crate::comm::Comm;
 
 use super::config::{AdamState, Precision};
 use super::layout::GroupLayout;
@@ -162,79 +167,166 @@ pub(super) fn write_working(precision: Precision, master: &[f32], working: &mut 
     }
 }
 
+/// The rule the update thread applies.
+pub(super) enum UpdateRule {
+    AdamW(AdamW),
+    /// LAMB or LARS, with this rank's channel for summing each tensor's norms over the ranks (split
+    /// from the trainer's, so the device thread's collectives never interleave with it).
+    Layerwise(Layerwise, Comm),
+}
+
+impl UpdateRule {
+    fn set_lr(&mut self, lr: f64) {
+        match self {
+            UpdateRule::AdamW(a) => a.config.lr = lr,
+            UpdateRule::Layerwise(l, _) => l.config.lr = lr,
+        }
+    }
+}
+
+/// The working copy's elements `w` as the update's copy target, in the working precision.
+fn copy_into(precision: Precision, working: &mut Stored, w: Range<usize>) -> ParamCopy<'_> {
+    match precision {
+        Precision::Fp32 => ParamCopy::F32(&mut working.data_mut().as_mut_slice::<f32>()[w]),
+        Precision::Bf16 => ParamCopy::Bf16(bytemuck::cast_slice_mut(&mut working.data_mut().as_mut_slice::<u16>()[w])),
+        Precision::Fp16 => ParamCopy::F16(bytemuck::cast_slice_mut(&mut working.data_mut().as_mut_slice::<u16>()[w])),
+    }
+}
+
+/// Each of group `k`'s tensors' part inside this rank's slice: the part's group range, its range in
+/// the slice (`o`) and in the working copy (`w`), and whether the tensor is decayed; None where the
+/// tensor lies outside the slice.
+type TensorPart = Option<(Range<usize>, Range<usize>, Range<usize>, bool)>;
+
+fn tensor_parts(layout: &GroupLayout, shard: &GroupShard) -> Vec<TensorPart> {
+    let part = |t: &super::layout::TensorSlot| {
+        let r = intersect(t.range(), &shard.owned)?;
+        let o = r.start - shard.owned.start..r.end - shard.owned.start;
+        let w = r.start - shard.working_base..r.end - shard.working_base;
+        Some((r, o, w, t.decay))
+    };
+    layout.tensors.iter().map(part).collect()
+}
+
+/// AdamW over group `k`'s slice, tensor by tensor.
+fn adamw_group(
+    adam: &AdamW,
+    k: usize,
+    parts: &[TensorPart],
+    g: &mut OptimizerGroup,
+    sh: &mut SharedGroup,
+    job: &UpdateJob,
+    formats: UpdateFormats,
+) {
+    let SharedGroup { grads, working, .. } = sh;
+    let grads = grads.data().as_slice::<f32>();
+    let p = g.master.data_mut().as_mut_slice::<f32>();
+    let (m, v) = (g.m.data_mut(), g.v.data_mut());
+    for (r, o, w, decay) in parts.iter().flatten().cloned() {
+        let moments = match formats.moments {
+            AdamState::Fp32 => Moments::F32 { m: &mut m.as_mut_slice::<f32>()[o.clone()], v: &mut v.as_mut_slice::<f32>()[o.clone()] },
+            // The noise follows the element's place in the group (r.start), not in this rank's
+            // slice: every world size rounds each element alike.
+            AdamState::Bf16 => Moments::Bf16 {
+                m: bytemuck::cast_slice_mut(&mut m.as_mut_slice::<u16>()[o.clone()]),
+                v: bytemuck::cast_slice_mut(&mut v.as_mut_slice::<u16>()[o.clone()]),
+                noise: MomentNoise::new(formats.noise_seed, job.adam_step, k as u64, r.start),
+            },
+        };
+        let copy = copy_into(formats.working, working, w);
+        adam.step_moments(&mut p[o.clone()], moments, Grads::F32(&grads[o]), copy, job.adam_step, job.grad_multiplier, decay);
+    }
+}
+
+/// LAMB or LARS over group `k`'s slice: every tensor part's squared norms (LAMB's moments updated on
+/// the way), the norms summed over the ranks in one collective for the whole group, then each part
+/// stepped with its tensor's trust ratio.
+fn layerwise_group(
+    opt: &Layerwise,
+    comm: &Comm,
+    parts: &[TensorPart],
+    g: &mut OptimizerGroup,
+    sh: &mut SharedGroup,
+    job: &UpdateJob,
+    working_precision: Precision,
+) -> Result<()> {
+    let SharedGroup { grads, working, .. } = sh;
+    let grads = grads.data().as_slice::<f32>();
+    let p = g.master.data_mut().as_mut_slice::<f32>();
+    let m = g.m.data_mut().as_mut_slice::<f32>();
+    let v = g.v.data_mut().as_mut_slice::<f32>();
+    // LARS keeps no v: its slices are empty.
+    let v_part = |v: &mut [f32], o: &Range<usize>| if v.is_empty() { 0..0 } else { o.clone() };
+    let mut partial = vec![0.0f64; 2 * parts.len()];
+    for (i, part) in parts.iter().enumerate() {
+        let Some((_, o, _, decay)) = part else { continue };
+        let vo = v_part(v, o);
+        let norms =
+            opt.measure(&p[o.clone()], &mut m[o.clone()], &mut v[vo], &grads[o.clone()], job.adam_step, job.grad_multiplier, *decay);
+        (partial[2 * i], partial[2 * i + 1]) = (norms.param, norms.update);
+    }
+    let total = comm.sum_f64s(&partial)?;
+    for (i, part) in parts.iter().enumerate() {
+        let Some((_, o, w, decay)) = part.clone() else { continue };
+        let trust = opt.trust_ratio(SquaredNorms { param: total[2 * i], update: total[2 * i + 1] }, decay);
+        let vo = v_part(v, &o);
+        let copy = copy_into(working_precision, working, w);
+        opt.apply(&mut p[o.clone()], &mut m[o.clone()], &v[vo], &grads[o], copy, job.adam_step, job.grad_multiplier, decay, trust);
+    }
+    Ok(())
+}
+
+/// What the update thread hands back when its jobs end: the optimizer state and the rule.
+pub(super) type WorkerState = (Vec<OptimizerGroup>, UpdateRule);
+
 /// The update thread: for each job, a pipelined sweep over the groups in order — the next group's
-/// optimizer state is read while AdamW updates this one and the previous one is written back.
+/// optimizer state is read while this one is updated and the previous one is written back.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn optimizer_worker(
     jobs: Receiver<UpdateJob>,
     mut optimizer: Vec<OptimizerGroup>,
-    mut adam: AdamW,
+    mut rule: UpdateRule,
     layouts: &[GroupLayout],
     shards: &[GroupShard],
     shared: &[Mutex<SharedGroup>],
     progress: &Progress,
     nvme: Option<&NvmeDir>,
     formats: UpdateFormats,
-) -> Result<Vec<OptimizerGroup>> {
+) -> Result<WorkerState> {
+    let parts: Vec<Vec<TensorPart>> = layouts.iter().zip(shards).map(|(l, s)| tensor_parts(l, s)).collect();
     for job in jobs {
         let start = Instant::now();
-        adam.config.lr = job.lr;
-        let load = |g: &mut OptimizerGroup| -> Result<(), zerostream_offload::StoreError> {
+        rule.set_lr(job.lr);
+        let load = |g: &mut OptimizerGroup| -> Result<()> {
             // The step's gradient is read ahead with the state: the device thread writes group k's
             // next gradient only after this update of k is done (it uploads k first, and waits for it),
             // so holding the group's lock for the read delays nobody. One batch: the disk's queue stays
             // full across the four tensors.
             let mut sh = lock(&shared[g.group]);
-            Stored::page_in_all(&mut [&mut sh.grads, &mut g.master, &mut g.m, &mut g.v], nvme)
+            Ok(Stored::page_in_all(&mut [&mut sh.grads, &mut g.master, &mut g.m, &mut g.v], nvme)?)
         };
-        let store = |g: &mut OptimizerGroup| -> Result<(), zerostream_offload::StoreError> {
-            Stored::page_out_all(&mut [&mut g.master, &mut g.m, &mut g.v], nvme, true)
-        };
-        let compute = |k: usize, g: &mut OptimizerGroup| -> Result<(), zerostream_offload::StoreError> {
+        let store =
+            |g: &mut OptimizerGroup| -> Result<()> { Ok(Stored::page_out_all(&mut [&mut g.master, &mut g.m, &mut g.v], nvme, true)?) };
+        let compute = |k: usize, g: &mut OptimizerGroup| -> Result<()> {
             let mut sh = lock(&shared[k]);
-            let SharedGroup { grads, working, .. } = &mut *sh;
-            working.page_in_zeroed(nvme);
-            let grads = grads.data().as_slice::<f32>();
-            let p = g.master.data_mut().as_mut_slice::<f32>();
-            let (m, v) = (g.m.data_mut(), g.v.data_mut());
-            let shard = &shards[k];
-            // Each tensor's part inside this rank's slice; `o` indexes the slice, `w` the working copy.
-            for t in &layouts[k].tensors {
-                let Some(r) = intersect(t.range(), &shard.owned) else { continue };
-                let o = r.start - shard.owned.start..r.end - shard.owned.start;
-                let w = r.start - shard.working_base..r.end - shard.working_base;
-                let copy = match formats.working {
-                    Precision::Fp32 => ParamCopy::F32(&mut working.data_mut().as_mut_slice::<f32>()[w]),
-                    Precision::Bf16 => ParamCopy::Bf16(bytemuck::cast_slice_mut(&mut working.data_mut().as_mut_slice::<u16>()[w])),
-                    Precision::Fp16 => ParamCopy::F16(bytemuck::cast_slice_mut(&mut working.data_mut().as_mut_slice::<u16>()[w])),
-                };
-                let moments = match formats.moments {
-                    AdamState::Fp32 => {
-                        Moments::F32 { m: &mut m.as_mut_slice::<f32>()[o.clone()], v: &mut v.as_mut_slice::<f32>()[o.clone()] }
-                    }
-                    // The noise follows the element's place in the group (r.start), not in this rank's
-                    // slice: every world size rounds each element alike.
-                    AdamState::Bf16 => Moments::Bf16 {
-                        m: bytemuck::cast_slice_mut(&mut m.as_mut_slice::<u16>()[o.clone()]),
-                        v: bytemuck::cast_slice_mut(&mut v.as_mut_slice::<u16>()[o.clone()]),
-                        noise: MomentNoise::new(formats.noise_seed, job.adam_step, k as u64, r.start),
-                    },
-                };
-                adam.step_moments(&mut p[o.clone()], moments, Grads::F32(&grads[o]), copy, job.adam_step, job.grad_multiplier, t.decay);
+            sh.working.page_in_zeroed(nvme);
+            match &rule {
+                UpdateRule::AdamW(adam) => adamw_group(adam, k, &parts[k], g, &mut sh, &job, formats),
+                UpdateRule::Layerwise(opt, comm) => layerwise_group(opt, comm, &parts[k], g, &mut sh, &job, formats.working)?,
             }
-            working.page_out(nvme, true)?;
+            sh.working.page_out(nvme, true)?;
             sh.grads.page_out(nvme, false)?;
             drop(sh);
             progress.lock().updated[k] += 1;
             progress.changed.notify_all();
             Ok(())
         };
-        optimizer = pipelined_sweep(optimizer, load, compute, store).map_err(|e| anyhow!("{e}"))?;
+        optimizer = pipelined_sweep(optimizer, load, compute, store)?;
         let mut p = progress.lock();
         p.adam_seconds.push(start.elapsed().as_secs_f64());
         p.swept = job.adam_step;
         drop(p);
         progress.changed.notify_all();
     }
-    Ok(optimizer)
+    Ok((optimizer, rule))
 }

@@ -1,0 +1,317 @@
+//! LAMB and LARS: the layer-wise adaptive optimizers for large batches, over one shard of fp32 master
+//! parameters. Each scales a tensor's step by a trust ratio made of that tensor's norms, so one
+//! tensor's step takes two passes with the norms summed between them (across ranks, when the tensor
+//! is split between them):
+//!
+//! 1. [`Layerwise::measure`]: this slice's squared norms (LAMB also updates its moments here);
+//! 2. [`Layerwise::trust_ratio`] of the whole tensor's norms, then [`Layerwise::apply`] steps the slice.
+//!
+//! LAMB, after You et al. 2020 ("Large Batch Optimization for Deep Learning: Training BERT in 76
+//! Minutes", Algorithm 2, with its bias correction and φ the identity):
+//!
+//! ```text
+//! g = grad * grad_scale
+//! m = m + (1 - beta1) * (g - m)            v = beta2 * v + (1 - beta2) * g * g
+//! u = (m / (1 - beta1^t)) / (sqrt(v) / sqrt(1 - beta2^t) + eps) + wd * p
+//! trust = |p| / |u|                        (1 if either norm is 0)
+//! p = p - (lr * trust) * u
+//! ```
+//!
+//! LARS, after You, Gitman and Ginsburg 2017 ("Large Batch Training of Convolutional Networks",
+//! Algorithm 1's local learning rate), with the momentum of `torch.optim.SGD` (no dampening, the global
+//! learning rate outside the buffer, as PyTorch's LARS implementations do):
+//!
+//! ```text
+//! g = grad * grad_scale
+//! trust = eta * |p| / (|g| + wd * |p|)     (1 if |p| or |g| is 0)
+//! d = (g + wd * p) * trust
+//! buf = momentum * buf + d
+//! p = p - lr * buf
+//! ```
+//!
+//! As in the authors' BERT code, tensors excluded from weight decay (biases, norms' gains) are also
+//! excluded from the adaptation: their trust ratio is 1 (LAMB is then Adam, LARS plain momentum SGD).
+//!
+//! Norms are sums of squares in f64 over fixed blocks of [`NORM_BLOCK_ELEMS`] from the slice's start,
+//! added in block order: the same bits for any thread count. No multiply-add is ever contracted, so
+//! every CPU gives the same bits too.
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use crate::adam::ParamCopy;
+
+/// Which rule, with its own hyper-parameters. f64, as Python hands them to PyTorch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Rule {
+    Lamb { beta1: f64, beta2: f64, eps: f64 },
+    Lars { momentum: f64, trust_coefficient: f64 },
+}
+
+/// A layer-wise optimizer's hyper-parameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerwiseConfig {
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub rule: Rule,
+}
+
+impl LayerwiseConfig {
+    /// Moments per parameter the rule keeps: LAMB two (m, v), LARS one (the momentum buffer).
+    pub fn moments(&self) -> usize {
+        match self.rule {
+            Rule::Lamb { .. } => 2,
+            Rule::Lars { .. } => 1,
+        }
+    }
+}
+
+/// A slice's (or, summed, a tensor's) squared norms: of the parameters and of what the trust ratio
+/// divides by (LAMB's update u, LARS's gradient g).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SquaredNorms {
+    pub param: f64,
+    pub update: f64,
+}
+
+impl std::ops::Add for SquaredNorms {
+    type Output = SquaredNorms;
+    fn add(self, o: SquaredNorms) -> SquaredNorms {
+        SquaredNorms { param: self.param + o.param, update: self.update + o.update }
+    }
+}
+
+/// Elements per block of a norm's partial sums.
+pub const NORM_BLOCK_ELEMS: usize = 1 << 14;
+
+/// The per-step scalars, computed in f64 and rounded to f32 once.
+#[derive(Clone, Copy, Debug)]
+struct Scalars {
+    rule: Rule,
+    grad_scale: f32,
+    wd: f32,
+    lr: f32,
+    // LAMB
+    one_minus_beta1: f32,
+    beta2: f32,
+    one_minus_beta2: f32,
+    bias_correction1: f32,
+    bias_correction2_sqrt: f32,
+    eps: f32,
+    // LARS
+    momentum: f32,
+}
+
+impl Scalars {
+    fn new(cfg: &LayerwiseConfig, step: u64, grad_scale: f32, decay: bool) -> Self {
+        assert!(step >= 1, "optimizer steps count from 1");
+        let wd = if decay { cfg.weight_decay } else { 0.0 };
+        let mut k = Scalars {
+            rule: cfg.rule,
+            grad_scale,
+            wd: wd as f32,
+            lr: cfg.lr as f32,
+            one_minus_beta1: 0.0,
+            beta2: 0.0,
+            one_minus_beta2: 0.0,
+            bias_correction1: 1.0,
+            bias_correction2_sqrt: 1.0,
+            eps: 0.0,
+            momentum: 0.0,
+        };
+        match cfg.rule {
+            Rule::Lamb { beta1, beta2, eps } => {
+                k.one_minus_beta1 = (1.0 - beta1) as f32;
+                k.beta2 = beta2 as f32;
+                k.one_minus_beta2 = (1.0 - beta2) as f32;
+                k.bias_correction1 = (1.0 - beta1.powf(step as f64)) as f32;
+                k.bias_correction2_sqrt = (1.0 - beta2.powf(step as f64)).sqrt() as f32;
+                k.eps = eps as f32;
+            }
+            Rule::Lars { momentum, .. } => k.momentum = momentum as f32,
+        }
+        k
+    }
+
+    /// LAMB's u for one element whose moments are already this step's.
+    #[inline(always)]
+    fn lamb_update(&self, p: f32, m: f32, v: f32) -> f32 {
+        (m / self.bias_correction1) / (v.sqrt() / self.bias_correction2_sqrt + self.eps) + self.wd * p
+    }
+}
+
+fn sum_squares_block(x: impl Iterator<Item = f32>) -> f64 {
+    x.fold(0.0f64, |s, v| s + (v as f64) * (v as f64))
+}
+
+/// Pass 1 over one block: LAMB's moments, and the block's squared norms.
+fn measure_block(k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32]) -> SquaredNorms {
+    let param = sum_squares_block(p.iter().copied());
+    let update = match k.rule {
+        Rule::Lamb { .. } => {
+            let mut s = 0.0f64;
+            for i in 0..p.len() {
+                let g = grads[i] * k.grad_scale;
+                m[i] += k.one_minus_beta1 * (g - m[i]);
+                v[i] = k.beta2 * v[i] + k.one_minus_beta2 * g * g;
+                let u = k.lamb_update(p[i], m[i], v[i]) as f64;
+                s += u * u;
+            }
+            s
+        }
+        Rule::Lars { .. } => sum_squares_block(grads.iter().map(|&g| g * k.grad_scale)),
+    };
+    SquaredNorms { param, update }
+}
+
+/// Pass 2 over one block: the step with the tensor's trust ratio, and the copy.
+fn apply_block(k: &Scalars, trust: f32, p: &mut [f32], m: &mut [f32], v: &[f32], grads: &[f32], copy: &mut ParamCopy<'_>) {
+    match k.rule {
+        Rule::Lamb { .. } => {
+            let step = k.lr * trust;
+            for i in 0..p.len() {
+                let u = k.lamb_update(p[i], m[i], v[i]);
+                p[i] -= step * u;
+            }
+        }
+        Rule::Lars { .. } => {
+            for i in 0..p.len() {
+                let g = grads[i] * k.grad_scale;
+                let d = (g + k.wd * p[i]) * trust;
+                m[i] = k.momentum * m[i] + d;
+                p[i] -= k.lr * m[i];
+            }
+        }
+    }
+    match copy {
+        ParamCopy::None => {}
+        ParamCopy::F32(out) => out.copy_from_slice(p),
+        ParamCopy::F16(out) => out.iter_mut().zip(p.iter()).for_each(|(o, &x)| *o = f16::from_f32(x)),
+        ParamCopy::Bf16(out) => out.iter_mut().zip(p.iter()).for_each(|(o, &x)| *o = bf16::from_f32(x)),
+    }
+}
+
+/// The trust ratio of a whole tensor from its summed squared norms (1 for tensors without decay).
+pub fn trust_ratio(cfg: &LayerwiseConfig, norms: SquaredNorms, decay: bool) -> f32 {
+    if !decay {
+        return 1.0;
+    }
+    let (p, u) = (norms.param.sqrt() as f32, norms.update.sqrt() as f32);
+    if p <= 0.0 || u <= 0.0 {
+        return 1.0;
+    }
+    match cfg.rule {
+        Rule::Lamb { .. } => p / u,
+        Rule::Lars { trust_coefficient, .. } => trust_coefficient as f32 * p / (u + cfg.weight_decay as f32 * p),
+    }
+}
+
+/// The reference: one whole tensor, one element and one block at a time, no threads. Kept beside the
+/// fast path as the oracle the tests compare it with. `v` is empty for LARS.
+#[allow(clippy::too_many_arguments, reason = "the fast path's arguments, one for one")]
+pub fn layerwise_reference(
+    cfg: &LayerwiseConfig,
+    p: &mut [f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    grads: &[f32],
+    copy: ParamCopy<'_>,
+    step: u64,
+    grad_scale: f32,
+    decay: bool,
+) {
+    let k = Scalars::new(cfg, step, grad_scale, decay);
+    let n = p.len();
+    let mut norms = SquaredNorms::default();
+    for s in (0..n).step_by(NORM_BLOCK_ELEMS) {
+        let e = (s + NORM_BLOCK_ELEMS).min(n);
+        let vb: &mut [f32] = if v.is_empty() { &mut [] } else { &mut v[s..e] };
+        norms = norms + measure_block(&k, &p[s..e], &mut m[s..e], vb, &grads[s..e]);
+    }
+    let trust = trust_ratio(cfg, norms, decay);
+    let mut copy = copy;
+    apply_block(&k, trust, p, m, v, grads, &mut copy);
+}
+
+/// The fast path: both passes in blocks on a rayon pool of a chosen size.
+pub struct Layerwise {
+    pub config: LayerwiseConfig,
+    pool: rayon::ThreadPool,
+}
+
+impl Layerwise {
+    /// `threads` = 0 means one per core.
+    pub fn new(config: LayerwiseConfig, threads: usize) -> Self {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("building the optimizer thread pool");
+        Layerwise { config, pool }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    fn check_lens(&self, p: usize, m: usize, v: usize, grads: usize) {
+        let v_expected = if self.config.moments() == 2 { p } else { 0 };
+        assert!(m == p && v == v_expected && grads == p, "layer-wise optimizer: p, moments and grads must agree in length");
+    }
+
+    /// Pass 1 over a slice of one tensor: LAMB's moments updated, and the slice's squared norms. `v` is
+    /// empty for LARS.
+    #[allow(clippy::too_many_arguments)]
+    pub fn measure(&self, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32], step: u64, grad_scale: f32, decay: bool) -> SquaredNorms {
+        self.check_lens(p.len(), m.len(), v.len(), grads.len());
+        let k = Scalars::new(&self.config, step, grad_scale, decay);
+        let blocks: Vec<SquaredNorms> = self.pool.install(|| {
+            let vs: Vec<&mut [f32]> = if v.is_empty() {
+                (0..p.len().div_ceil(NORM_BLOCK_ELEMS)).map(|_| &mut [][..]).collect()
+            } else {
+                v.chunks_mut(NORM_BLOCK_ELEMS).collect()
+            };
+            p.par_chunks(NORM_BLOCK_ELEMS)
+                .zip(m.par_chunks_mut(NORM_BLOCK_ELEMS))
+                .zip(vs.into_par_iter().zip(grads.par_chunks(NORM_BLOCK_ELEMS)))
+                .map(|((p, m), (v, g))| measure_block(&k, p, m, v, g))
+                .collect()
+        });
+        blocks.into_iter().fold(SquaredNorms::default(), |a, b| a + b)
+    }
+
+    /// The trust ratio of a whole tensor from its squared norms summed over every slice.
+    pub fn trust_ratio(&self, norms: SquaredNorms, decay: bool) -> f32 {
+        trust_ratio(&self.config, norms, decay)
+    }
+
+    /// Pass 2 over the same slice: the step with the tensor's `trust` ratio, and the copy written.
+    #[allow(clippy::too_many_arguments)]
+    pub fn apply(
+        &self,
+        p: &mut [f32],
+        m: &mut [f32],
+        v: &[f32],
+        grads: &[f32],
+        copy: ParamCopy<'_>,
+        step: u64,
+        grad_scale: f32,
+        decay: bool,
+        trust: f32,
+    ) {
+        self.check_lens(p.len(), m.len(), v.len(), grads.len());
+        let n = p.len();
+        let k = Scalars::new(&self.config, step, grad_scale, decay);
+        let blocks = n.div_ceil(NORM_BLOCK_ELEMS);
+        let copies: Vec<ParamCopy<'_>> = match copy {
+            ParamCopy::None => (0..blocks).map(|_| ParamCopy::None).collect(),
+            ParamCopy::F32(out) => out[..n].chunks_mut(NORM_BLOCK_ELEMS).map(ParamCopy::F32).collect(),
+            ParamCopy::F16(out) => out[..n].chunks_mut(NORM_BLOCK_ELEMS).map(ParamCopy::F16).collect(),
+            ParamCopy::Bf16(out) => out[..n].chunks_mut(NORM_BLOCK_ELEMS).map(ParamCopy::Bf16).collect(),
+        };
+        let vs: Vec<&[f32]> = if v.is_empty() { vec![&[][..]; blocks] } else { v.chunks(NORM_BLOCK_ELEMS).collect() };
+        self.pool.install(|| {
+            p.par_chunks_mut(NORM_BLOCK_ELEMS)
+                .zip(m.par_chunks_mut(NORM_BLOCK_ELEMS))
+                .zip(vs.into_par_iter().zip(grads.par_chunks(NORM_BLOCK_ELEMS)))
+                .zip(copies.into_par_iter())
+                .for_each(|(((p, m), (v, g)), mut c)| apply_block(&k, trust, p, m, v, g, &mut c));
+        });
+    }
+}

@@ -1,0 +1,180 @@
+//! LAMB and LARS against PyTorch implementations of them, and the fast path against the reference.
+//!
+//! `tests/golden/layerwise.safetensors` was made by `engine/tests/golden/gen_layerwise_golden.py` (the
+//! optimizers themselves in `layerwise_torch.py` beside it) with PyTorch 2.15: for lengths 1 to 20000,
+//! initial parameters, 5 steps of gradients from 1e-3 to 10 in scale, and after the 5 steps each
+//! rule's parameters and state, for a decayed-and-adapted tensor and an excluded one.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use safetensors::SafeTensors;
+use zerostream_offload::ParamCopy;
+use zerostream_offload::layerwise::{Layerwise, LayerwiseConfig, NORM_BLOCK_ELEMS, Rule, SquaredNorms, layerwise_reference};
+
+fn golden() -> Vec<u8> {
+    std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/layerwise.safetensors")).expect("tests/golden/layerwise.safetensors")
+}
+
+fn f32s(st: &SafeTensors, name: &str) -> Vec<f32> {
+    st.tensor(name)
+        .unwrap_or_else(|_| panic!("golden tensor {name}"))
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+/// The worst error of `got` against `want`, relative to `want`'s largest magnitude.
+fn worst_error(got: &[f32], want: &[f32]) -> f64 {
+    let scale = want.iter().fold(0.0f64, |a, w| a.max(w.abs() as f64)).max(1e-30);
+    got.iter().zip(want).map(|(g, w)| (*g as f64 - *w as f64).abs()).fold(0.0, f64::max) / scale
+}
+
+fn configs(meta: &std::collections::HashMap<String, String>) -> [(&'static str, LayerwiseConfig); 2] {
+    let get = |k: &str| meta[k].parse::<f64>().unwrap();
+    let wd = get("wd");
+    [
+        (
+            "lamb",
+            LayerwiseConfig {
+                lr: get("lamb_lr"),
+                weight_decay: wd,
+                rule: Rule::Lamb { beta1: get("beta1"), beta2: get("beta2"), eps: get("eps") },
+            },
+        ),
+        (
+            "lars",
+            LayerwiseConfig {
+                lr: get("lars_lr"),
+                weight_decay: wd,
+                rule: Rule::Lars { momentum: get("momentum"), trust_coefficient: get("trust_coefficient") },
+            },
+        ),
+    ]
+}
+
+/// Runs `steps` steps of `cfg` over one whole tensor with the fast path's two passes.
+fn run_fast(opt: &Layerwise, p: &mut [f32], m: &mut [f32], v: &mut [f32], grads: &[f32], steps: usize, decay: bool) {
+    let n = p.len();
+    for s in 0..steps {
+        let g = &grads[s * n..(s + 1) * n];
+        let norms = opt.measure(p, m, v, g, s as u64 + 1, 1.0, decay);
+        let trust = opt.trust_ratio(norms, decay);
+        opt.apply(p, m, v, g, ParamCopy::None, s as u64 + 1, 1.0, decay, trust);
+    }
+}
+
+#[test]
+fn matches_pytorch_lamb_and_lars_at_every_length() {
+    let bytes = golden();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
+    let meta: std::collections::HashMap<String, String> = header.metadata().clone().expect("metadata").into_iter().collect();
+    let steps: usize = meta["steps"].parse().unwrap();
+    let mut worst = [0.0f64; 3];
+    for (rule, cfg) in configs(&meta) {
+        for threads in [1, 2] {
+            let opt = Layerwise::new(cfg, threads);
+            for n in meta["sizes"].split(',').map(|s| s.parse::<usize>().unwrap()) {
+                let grads = f32s(&st, &format!("n{n}.grads"));
+                for (kind, decay) in [("decay", true), ("nodecay", false)] {
+                    let key = format!("n{n}.{rule}.{kind}");
+                    let mut p = f32s(&st, &format!("n{n}.p0"));
+                    let mut m = vec![0.0; n];
+                    let mut v = if rule == "lamb" { vec![0.0; n] } else { Vec::new() };
+                    run_fast(&opt, &mut p, &mut m, &mut v, &grads, steps, decay);
+                    // fp32 against fp32: the norms differ in how they are summed (f64 blocks here,
+                    // PyTorch's f32 reduction there), so the trust ratios, and every step, differ by
+                    // about an f32 rounding; 1e-6 of the tensor's largest magnitude is that, with room.
+                    let errs = [
+                        worst_error(&p, &f32s(&st, &format!("{key}.p"))),
+                        worst_error(&m, &f32s(&st, &format!("{key}.m"))),
+                        if rule == "lamb" { worst_error(&v, &f32s(&st, &format!("{key}.v"))) } else { 0.0 },
+                    ];
+                    for (what, (err, w)) in ["p", "m", "v"].iter().zip(errs.iter().zip(worst.iter_mut())) {
+                        assert!(*err < 1e-6, "{key}.{what} ({threads} threads): worst error {err:.2e} of its largest magnitude");
+                        *w = w.max(*err);
+                    }
+                }
+            }
+        }
+    }
+    println!(
+        "worst error against PyTorch (of each tensor's largest magnitude): p {:.2e}, m {:.2e}, v {:.2e}",
+        worst[0], worst[1], worst[2]
+    );
+}
+
+#[test]
+fn fast_path_is_bit_identical_to_the_reference_for_any_thread_count() {
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let rules = [Rule::Lamb { beta1: 0.9, beta2: 0.99, eps: 1e-8 }, Rule::Lars { momentum: 0.9, trust_coefficient: 0.01 }];
+    for rule in rules {
+        let cfg = LayerwiseConfig { lr: 0.01, weight_decay: 0.1, rule };
+        for n in [1, 5, NORM_BLOCK_ELEMS - 1, NORM_BLOCK_ELEMS + 3, 3 * NORM_BLOCK_ELEMS + 77] {
+            let p0: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let grads: Vec<Vec<f32>> = (0..3).map(|_| (0..n).map(|_| rng.random_range(-0.1..0.1)).collect()).collect();
+            let v_len = if cfg.moments() == 2 { n } else { 0 };
+            let decay = n % 2 == 1;
+            let (mut p, mut m, mut v) = (p0.clone(), vec![0.0; n], vec![0.0; v_len]);
+            let mut copy = vec![half::bf16::ZERO; n];
+            for (s, g) in grads.iter().enumerate() {
+                layerwise_reference(&cfg, &mut p, &mut m, &mut v, g, ParamCopy::Bf16(&mut copy), s as u64 + 1, 0.5, decay);
+            }
+            for threads in [1, 2, 3] {
+                let opt = Layerwise::new(cfg, threads);
+                let (mut fp, mut fm, mut fv) = (p0.clone(), vec![0.0; n], vec![0.0; v_len]);
+                let mut fcopy = vec![half::bf16::ZERO; n];
+                for (s, g) in grads.iter().enumerate() {
+                    let norms = opt.measure(&fp, &mut fm, &mut fv, g, s as u64 + 1, 0.5, decay);
+                    let trust = opt.trust_ratio(norms, decay);
+                    opt.apply(&mut fp, &mut fm, &fv, g, ParamCopy::Bf16(&mut fcopy), s as u64 + 1, 0.5, decay, trust);
+                }
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fp), bits(&p), "{rule:?} n={n} threads={threads}: p");
+                assert_eq!(bits(&fm), bits(&m), "{rule:?} n={n} threads={threads}: m");
+                assert_eq!(bits(&fv), bits(&v), "{rule:?} n={n} threads={threads}: v");
+                assert_eq!(fcopy, copy, "{rule:?} n={n} threads={threads}: the bf16 copy");
+                assert!(fcopy.iter().zip(&fp).all(|(c, x)| *c == half::bf16::from_f32(*x)), "the copy is the parameters rounded");
+            }
+        }
+    }
+}
+
+#[test]
+fn trust_ratio_follows_each_papers_formula_and_falls_back_to_one() {
+    let lamb = LayerwiseConfig { lr: 1.0, weight_decay: 0.1, rule: Rule::Lamb { beta1: 0.9, beta2: 0.99, eps: 1e-8 } };
+    let lars = LayerwiseConfig { lr: 1.0, weight_decay: 0.5, rule: Rule::Lars { momentum: 0.9, trust_coefficient: 0.01 } };
+    let norms = SquaredNorms { param: 9.0, update: 4.0 }; // |p| = 3, |u| = 2
+    let opt = |c| Layerwise::new(c, 1);
+    assert_eq!(opt(lamb).trust_ratio(norms, true), 1.5);
+    assert_eq!(opt(lars).trust_ratio(norms, true), 0.01 * 3.0 / (2.0 + 0.5 * 3.0));
+    for c in [lamb, lars] {
+        assert_eq!(opt(c).trust_ratio(norms, false), 1.0, "no adaptation without decay");
+        assert_eq!(opt(c).trust_ratio(SquaredNorms { param: 0.0, update: 4.0 }, true), 1.0, "zero weights");
+        assert_eq!(opt(c).trust_ratio(SquaredNorms { param: 9.0, update: 0.0 }, true), 1.0, "zero step");
+    }
+}
+
+#[test]
+fn norms_of_slices_add_up_to_the_whole_tensors() {
+    // What the trainer relies on across ranks: each rank measures its slice, the sums are added.
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let n = 2 * NORM_BLOCK_ELEMS + 1000;
+    let p: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let g: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let opt =
+        Layerwise::new(LayerwiseConfig { lr: 0.1, weight_decay: 0.0, rule: Rule::Lars { momentum: 0.9, trust_coefficient: 0.001 } }, 2);
+    let mut m = vec![0.0; n];
+    let whole = opt.measure(&p, &mut m, &mut [], &g, 1, 1.0, true);
+    let cut = 12345;
+    let (a, b) = (
+        opt.measure(&p[..cut], &mut m[..cut], &mut [], &g[..cut], 1, 1.0, true),
+        opt.measure(&p[cut..], &mut m[cut..], &mut [], &g[cut..], 1, 1.0, true),
+    );
+    let sum = a + b;
+    let exact_p: f64 = p.iter().map(|&x| (x as f64) * (x as f64)).sum();
+    for (got, want) in [(whole.param, exact_p), (sum.param, exact_p), (sum.update, whole.update)] {
+        assert!((got - want).abs() <= 1e-12 * want, "{got} vs {want}");
+    }
+}
