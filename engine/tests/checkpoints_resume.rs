@@ -108,6 +108,33 @@ fn resuming_a_llama_equals_not_stopping() {
     }
 }
 
+/// LAMB's two moments and LARS's one buffer come back from the checkpoint (on the NVMe tier, split
+/// over two ranks), and a resume that changes the optimizer is refused by name.
+#[test]
+fn resuming_with_lamb_or_lars_equals_not_stopping() {
+    check_resume_equality(
+        "cpu lamb nvme two ranks",
+        &["--device", "cpu", "--optimizer", "lamb", "--offload-optimizer", "nvme", "--world-size", "2"],
+    );
+    check_resume_equality("cpu lars ram stage 3", &["--device", "cpu", "--optimizer", "lars", "--world-size", "2", "--zero-stage", "3"]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let ck = path(&dir.path().join("ck"));
+    let mut first = golden_args("gpt2-tiny-accum", &["--device", "cpu", "--optimizer", "lars"]);
+    first.extend(strings(&["--steps", "2", "--checkpoint-dir", &ck]));
+    let out = zerostream(&first);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let file = std::fs::read(dir.path().join("ck/step-00000002/optimizer.rank0.safetensors")).unwrap();
+    let names: Vec<String> = safetensors::SafeTensors::deserialize(&file).unwrap().names().into_iter().map(str::to_string).collect();
+    assert!(names.iter().any(|n| n.ends_with(".momentum")) && !names.iter().any(|n| n.contains(".adam_")), "LARS's state: {names:?}");
+    let mut changed = golden_args("gpt2-tiny-accum", &["--device", "cpu", "--optimizer", "lamb"]);
+    changed.extend(strings(&["--steps", "4", "--checkpoint-dir", &ck, "--resume", &ck]));
+    let out = zerostream(&changed);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("--optimizer lamb") && err.contains("lars"), "{err}");
+}
+
 /// `--grad-compression`'s error-feedback residuals are checkpointed per rank: with two ranks, 10 steps
 /// straight equal 5 + resume + 5 bit for bit (the residuals among the files compared), the residuals
 /// saved are not zero (so restoring them matters), and a resume that changes the mode is refused by name.

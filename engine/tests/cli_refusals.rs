@@ -22,7 +22,7 @@ fn bad_input_is_refused_with_the_flag_and_the_numbers() {
     let out =
         zerostream(&["plan", "--config", "gpt2", "--offload-optimizer", "nvme", "--offload-gradients", "ram", "--nvme-dir", "/tmp/zs"]);
     let text = String::from_utf8_lossy(&out.stdout).to_string() + &stderr(&out);
-    assert!(out.status.success() && text.contains("Adam moments 1424.1 MiB on nvme; gradients 474.7 MiB on cpu"), "{text}");
+    assert!(out.status.success() && text.contains("AdamW moments 1424.1 MiB on nvme; gradients 474.7 MiB on cpu"), "{text}");
     let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny/tokens.bin");
     let out = zerostream(&["train", "--device", "cpu", "--config", "gpt3", "--data", data]);
     assert!(!out.status.success() && stderr(&out).contains("gpt3"), "{}", stderr(&out));
@@ -49,11 +49,20 @@ fn hyperparameters_out_of_range_and_metrics_over_an_input_are_refused_before_any
         ("--eps", "0"),
         ("--weight-decay", "-100"),
         ("--grad-clip", "inf"),
+        ("--momentum", "1"),
+        ("--trust-coefficient", "0"),
     ] {
         let out = zerostream(&["train", "--device", "cpu", "--steps", "1", &format!("{flag}={value}")]);
         let err = stderr(&out);
         assert!(!out.status.success() && err.contains(flag) && err.contains("must be"), "{flag} {value}: {err}");
     }
+    // An unknown optimizer names the ones there are; the layer-wise ones refuse bf16 moments.
+    let out = zerostream(&["train", "--device", "cpu", "--steps", "1", "--optimizer", "sgd"]);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("--optimizer") && err.contains("lamb") && err.contains("lars"), "{err}");
+    let out = zerostream(&["train", "--device", "cpu", "--steps", "1", "--optimizer", "lars", "--adam-state", "bf16"]);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("--optimizer lars") && err.contains("--adam-state bf16"), "{err}");
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("tokens.bin");
     std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny/tokens.bin"), &data).unwrap();

@@ -125,6 +125,15 @@ fn mpirun_with_grad_compression_equals_in_process_bit_for_bit() {
     check_mpi_equals_in_process("3", &["--grad-compression", "onebit", "--grad-compression-chunk", "100"]);
 }
 
+/// LAMB's norms are summed from the optimizer thread on a communicator of its own while the device
+/// thread exchanges gradients: MPI with MPI_THREAD_MULTIPLE gives what in-process ranks give.
+#[cfg(feature = "mpi")]
+#[test]
+fn mpirun_with_lamb_equals_in_process_bit_for_bit() {
+    check_mpi_equals_in_process("2", &["--optimizer", "lamb"]);
+    check_mpi_equals_in_process("3", &["--optimizer", "lars"]);
+}
+
 #[cfg(feature = "mpi")]
 fn check_mpi_equals_in_process(stage: &str, extra: &[&str]) {
     let (local, mpi) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());

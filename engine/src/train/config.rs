@@ -73,6 +73,15 @@ pub enum Optimizer {
 }
 
 impl Optimizer {
+    /// What its state is called in summaries ("AdamW moments").
+    pub fn state_words(self) -> &'static str {
+        match self {
+            Optimizer::Adamw => "AdamW moments",
+            Optimizer::Lamb => "LAMB moments",
+            Optimizer::Lars => "LARS momentum",
+        }
+    }
+
     /// The names of the moments it keeps per parameter, as the checkpoint stores them (LAMB's are
     /// Adam's; LARS keeps one momentum buffer).
     pub fn moment_names(self) -> &'static [&'static str] {

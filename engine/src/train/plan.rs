@@ -4,7 +4,7 @@
 use anyhow::{Result, bail};
 use zerostream_offload::Tier;
 
-use super::config::{AdamState, Precision, TrainConfig};
+use super::config::{AdamState, Optimizer, Precision, TrainConfig};
 use super::layout::{GroupLayout, TensorSlot, group_layouts};
 use super::shard::{Sharding, ZeroStage};
 use super::traffic::NvmeTraffic;
@@ -24,6 +24,8 @@ pub struct Placement {
     pub zero_stage: ZeroStage,
     /// The moments' format (`--adam-state`).
     pub adam_state: AdamState,
+    /// Whose moments they are (`--optimizer`).
+    pub optimizer: Optimizer,
     /// Elements of each parameter group (the head first), as the trainer lays them out.
     pub group_lens: Vec<usize>,
     /// Per rank: this rank's fp32 master weights and Adam moments (1/N of them from stage 1 on).
@@ -175,10 +177,11 @@ impl Placement {
             ";".to_string()
         };
         format!(
-            "placement: {} parameters{ranks} master weights + {} Adam moments {:.1} MiB on {}; gradients {:.1} MiB on {}; working copy {:.1} MiB on {}{}{}\n\
+            "placement: {} parameters{ranks} master weights + {} {} {:.1} MiB on {}; gradients {:.1} MiB on {}; working copy {:.1} MiB on {}{}{}\n\
              device{}: head {:.1} MiB ({}) + {} block slots x {:.1} MiB + activations {:.1} MiB + other {:.1} MiB = {:.1} MiB (budget {})\n{}",
             self.params,
             self.adam_state.name(),
+            self.optimizer.state_words(),
             mib(self.host_optimizer_bytes),
             self.optimizer_tier.name(),
             mib(self.host_grad_bytes),
@@ -410,6 +413,7 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         world_size: sharding.world,
         zero_stage: tc.zero_stage,
         adam_state: tc.adam_state,
+        optimizer: tc.optimizer,
         group_lens: group_lens.clone(),
         host_optimizer_bytes: state_bytes * slices,
         host_working_bytes: tc.precision.working_bytes_per_param() as u64 * working,

@@ -408,7 +408,7 @@ fn describe_run<D: Backend>(
     let flag = |v: &serde_json::Value| v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
     let f = train.to_flags();
     say(format!(
-        "training: {} steps x {} micro-batches of {}x{} tokens{}; lr {} ({}, warmup {}, min {}), betas {}/{}, eps {}, weight decay {}, clip {}, {}{}{}{}",
+        "training: {} steps x {} micro-batches of {}x{} tokens{}; lr {} ({}, warmup {}, min {}), {}, weight decay {}, clip {}, {}{}{}{}",
         train.steps,
         train.grad_accum * world,
         train.batch,
@@ -418,9 +418,16 @@ fn describe_run<D: Backend>(
         flag(&f["lr-schedule"]),
         train.lr.warmup_steps,
         train.lr.min,
-        train.beta1,
-        train.beta2,
-        train.eps,
+        match train.optimizer {
+            super::Optimizer::Lars => format!("LARS momentum {}, trust coefficient {}", train.momentum, train.trust_coefficient),
+            o => format!(
+                "{} betas {}/{}, eps {}",
+                if o == super::Optimizer::Lamb { "LAMB" } else { "AdamW" },
+                train.beta1,
+                train.beta2,
+                train.eps
+            ),
+        },
         train.weight_decay,
         train.grad_clip,
         flag(&f["precision"]),

@@ -71,8 +71,9 @@ pub fn what_it_did(
         String::new()
     };
     let lived = format!(
-        "state{ranks}: fp32 master weights + {} AdamW moments {} in {}, working copy {} in {}, gradients {} in {}; on the device ({device}) at most {} ({})",
+        "state{ranks}: fp32 master weights + {} {} {} in {}, working copy {} in {}, gradients {} in {}; on the device ({device}) at most {} ({})",
         placement.adam_state.name(),
+        placement.optimizer.state_words(),
         bytes(placement.host_optimizer_bytes),
         tier_place(placement.optimizer_tier),
         bytes(placement.host_working_bytes),
