@@ -8,7 +8,7 @@
 # Usage:  bash benches/large_batch.sh [STEPS]      (default 300)
 # Environment: ZS (a zerostream binary; default: build release), OUT (a directory that keeps the
 # metrics, logs and SVG; default: a new temporary directory, printed at the end), B (default 8),
-# LR (AdamW's, default 3e-3), LAMB_LR (default 1e-2), LARS_LR (default 2), TRUST (LARS's, default 0.02).
+# LR (AdamW's, default 3e-3), LAMB_LR (default 0.1), LARS_LR (default 0.5), TRUST (LARS's, default 0.02).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-300}
@@ -32,8 +32,8 @@ run() {
 }
 run "adamw-b$b" --batch-size "$b" --lr "${LR:-3e-3}"
 run "adamw-b$big" --batch-size "$big" --lr "${LR:-3e-3}"
-run "lamb-b$big" --batch-size "$big" --optimizer lamb --lr "${LAMB_LR:-1e-2}"
-run "lars-b$big" --batch-size "$big" --optimizer lars --lr "${LARS_LR:-2}" --trust-coefficient "${TRUST:-0.02}" --momentum 0.9
+run "lamb-b$big" --batch-size "$big" --optimizer lamb --lr "${LAMB_LR:-0.1}"
+run "lars-b$big" --batch-size "$big" --optimizer lars --lr "${LARS_LR:-0.5}" --trust-coefficient "${TRUST:-0.02}" --momentum 0.9
 echo
 python3 - "$work" "adamw-b$b" "adamw-b$big" "lamb-b$big" "lars-b$big" <<'PY'
 import json, sys

@@ -1,7 +1,8 @@
 //! The NVMe traffic `plan` and `train` print (`train::traffic`, from the step's schedule and the
 //! placement) against the metrics of real runs: with `--sequential` every step's `nvme_read_bytes` and
 //! `nvme_written_bytes` equal the prediction exactly, whatever lives where, for one rank and for rank
-//! 0 of two in each ZeRO stage; overlapped, the update's sweep runs into the next step, so the run's
+//! 0 of two in each ZeRO stage (also with a compressed exchange, whose residuals live with the
+//! gradients); overlapped, the update's sweep runs into the next step, so the run's
 //! total lies between the steps' traffic without the last sweep and with it. Striped over two
 //! directories, a run moves the same bytes, splits them equally, and gives the same bits.
 
@@ -9,6 +10,7 @@ mod common;
 
 use common::trajectory::{Golden, Run, run, run_rank};
 use zerostream::comm::Comm;
+use zerostream::comm::compress::GradCompression;
 use zerostream::device::CpuDevice;
 use zerostream::train::ranks::in_process;
 use zerostream::train::{Precision, TrainConfig, ZeroStage};
@@ -69,6 +71,12 @@ fn rank_zero_of_two_moves_exactly_the_predicted_bytes_in_every_stage() {
         let tc = TrainConfig { steps: 3, sequential: true, grad_accum: 1, zero_stage: stage, ..on_nvme(&golden.train_config(), &dir) };
         let runs = in_process(2, |comm: Comm| run_rank(&CpuDevice::new(None), GOLDEN, tc.clone(), comm)).unwrap();
         assert_exact(&format!("stage {} rank 0", stage.number()), &runs[0], 1);
+        // A compressed exchange reads and writes each group's error-feedback residual on the gradients' tier.
+        let dir = tempfile::tempdir().unwrap();
+        let compressed = TrainConfig { grad_compression: GradCompression::Int8, grad_accum: 2, nvme_dirs: vec![dir.path().into()], ..tc };
+        let runs = in_process(2, |comm: Comm| run_rank(&CpuDevice::new(None), GOLDEN, compressed.clone(), comm)).unwrap();
+        let residuals = runs[0].predicted_nvme.gradients;
+        assert_exact(&format!("stage {} rank 0, int8 exchange, 2 micro-batches (gradients {residuals:?})", stage.number()), &runs[0], 1);
     }
 }
 

@@ -267,8 +267,9 @@ impl Comm {
     }
 
     /// [`Comm::reduce_scatter_sum`] with the slices bound for other ranks encoded by `codec`, with error
-    /// feedback: `residual` (as long as `full`) holds what earlier encodings of each slice dropped; it is
-    /// added in before encoding and replaced by what this encoding drops. This rank's own slice crosses
+    /// feedback: `residual` holds what earlier encodings of each slice sent dropped (world - 1 slices:
+    /// those of the other ranks in rank order, this rank's skipped); it is added in before encoding and
+    /// replaced by what this encoding drops. This rank's own slice crosses
     /// no wire and is summed exactly. Every rank decodes the same bytes, so the rank-order sum is the
     /// same on every transport. `none` is [`Comm::reduce_scatter_sum`] itself (`residual` untouched).
     pub fn reduce_scatter_sum_compressed(
@@ -283,7 +284,7 @@ impl Comm {
         if codec.mode == GradCompression::None || world == 1 {
             return self.reduce_scatter_sum(full, out, device_busy);
         }
-        if full.len() != world * n || residual.len() != full.len() {
+        if full.len() != world * n || residual.len() != (world - 1) * n {
             bail!("reduce-scatter: {} elements in and {} of residual for {} ranks of {}", full.len(), residual.len(), world, n);
         }
         let mut wire = self.wire.borrow_mut();
@@ -297,8 +298,9 @@ impl Comm {
             recv.resize(world * eb, 0);
             decoded.resize(c, 0.0);
             for s in (0..world).filter(|&s| s != me) {
-                let slice = s * n + start..s * n + start + c;
-                codec.encode_with_feedback(&full[slice.clone()], &mut residual[slice], &mut send[s * eb..(s + 1) * eb], decoded);
+                let slot = if s < me { s } else { s - 1 };
+                let (slice, kept) = (s * n + start..s * n + start + c, slot * n + start..slot * n + start + c);
+                codec.encode_with_feedback(&full[slice], &mut residual[kept], &mut send[s * eb..(s + 1) * eb], decoded);
             }
             self.count((world - 1) * eb, Traffic::Grads, device_busy, || self.transport.all_to_all_bytes(&send[..], &mut recv[..]))?;
             let o = &mut out[start..start + c];

@@ -5,8 +5,8 @@
 //! - `optimizer.rank{r}.safetensors`, one per rank: `{group}.master` and the optimizer's moments,
 //!   `{group}.adam_m` and `{group}.adam_v` (AdamW, LAMB) or `{group}.momentum` (LARS), in
 //!   `--adam-state`'s format (fp32 or bf16), each the rank's slice of the group's padded
-//!   flat buffer, and with `--grad-compression` `{group}.grad_residual` (the rank's error feedback, the
-//!   whole padded group; see `grad_exchange.rs`); the metadata holds the world size,
+//!   flat buffer, and with `--grad-compression` `{group}.grad_residual` (the rank's error feedback for
+//!   the other ranks' slices, in rank order; see `grad_exchange.rs`); the metadata holds the world size,
 //!   the stage and every group's length, padded length and owned range, so another world size can
 //!   re-split the state;
 //! - the tokenizer's files when the run knows its tokenizer (`RunRecord::tokenizer_files`: GPT-2's
@@ -190,9 +190,9 @@ impl<D: Backend> Trainer<'_, D> {
                     entries.push(TensorEntry::new(format!("{}.{kind}", g.name), moments, vec![shard.slice_len()]));
                 }
             }
-            // --grad-compression's error feedback: this rank's residual of each whole group.
+            // --grad-compression's error feedback: this rank's residual of each group's other slices.
             for (g, r) in self.layouts.iter().zip(&self.exchange.residuals) {
-                entries.push(TensorEntry::new(format!("{}.grad_residual", g.name), Dtype::F32, vec![r.len()]));
+                entries.push(TensorEntry::new(format!("{}.grad_residual", g.name), Dtype::F32, vec![r.len_bytes() / 4]));
             }
             Some(StreamWriter::create(&dir.join(optimizer_file(rank)), entries, &self.layout_metadata())?)
         } else {
@@ -232,8 +232,10 @@ impl<D: Backend> Trainer<'_, D> {
             og.master.page_out(nv, false)?;
         }
         if let Some(w) = opt.as_mut() {
-            for (g, r) in self.layouts.iter().zip(&self.exchange.residuals) {
-                w.write_f32(&format!("{}.grad_residual", g.name), r)?;
+            for (g, r) in self.layouts.iter().zip(self.exchange.residuals.iter_mut()) {
+                r.page_in(nv)?;
+                w.write_tensor(&format!("{}.grad_residual", g.name), r.data().bytes())?;
+                r.page_out(nv, false)?;
             }
         }
         let mut files = Vec::new();

@@ -1,10 +1,11 @@
 //! The gradients' reduce-scatter between ranks, compressed or not (`--grad-compression`), with this
-//! rank's error-feedback residuals: one per group, as long as the group's padded buffer (the parts
-//! bound for other ranks; this rank's own slice crosses no wire and stays zero), kept in RAM and
-//! checkpointed in the rank's optimizer file as `{group}.grad_residual`, so a resumed run equals an
-//! uninterrupted one bit for bit.
+//! rank's error-feedback residuals: one per group, holding what the encodings of the slices this rank
+//! sends dropped (world - 1 slices: this rank's own crosses no wire), on the gradients' tier (paged in
+//! around each exchange, like the gradient accumulator) and checkpointed in the rank's optimizer file
+//! as `{group}.grad_residual`, so a resumed run equals an uninterrupted one bit for bit.
 
 use anyhow::{Result, bail};
+use zerostream_offload::{NvmeDir, Stored};
 
 use super::checkpoint::Checkpoint;
 use super::shard::{GroupShard, Sharding};
@@ -15,7 +16,21 @@ use crate::comm::compress::{Codec, GradCompression};
 pub(super) struct GradExchange {
     pub codec: Codec,
     /// Per group (empty: no compression, or one rank).
-    pub residuals: Vec<Vec<f32>>,
+    pub residuals: Vec<Stored>,
+}
+
+/// Elements of a group's residual: the slices of every other rank.
+fn residual_len(shard: &GroupShard, world: usize) -> usize {
+    (world - 1) * shard.slice_len()
+}
+
+/// Elements of each group's residual in a run of `train` over `world` ranks (none without compression
+/// or with one rank): what the plan counts.
+pub(super) fn residual_lens(train: &TrainConfig, world: usize, shards: &[GroupShard]) -> Vec<usize> {
+    if train.grad_compression == GradCompression::None || world < 2 {
+        return Vec::new();
+    }
+    shards.iter().map(|s| residual_len(s, world)).collect()
 }
 
 impl GradExchange {
@@ -27,6 +42,7 @@ impl GradExchange {
         shards: &[GroupShard],
         names: &[&str],
         source: &ModelSource<'_>,
+        nvme: Option<&NvmeDir>,
         notes: &mut Vec<String>,
     ) -> Result<Self> {
         let codec = Codec::new(train.grad_compression, train.grad_compression_chunk)?;
@@ -51,10 +67,13 @@ impl GradExchange {
             _ => None,
         };
         for (shard, name) in shards.iter().zip(names) {
-            let mut r = vec![0.0f32; shard.padded_len];
+            let len = residual_len(shard, sharding.world);
+            let mut r = Stored::new(&format!("{name}.grad_residual"), 4 * len, train.gradients_tier(), nvme)?;
+            r.page_in_zeroed(nvme);
             if let Some(c) = resumed {
-                read_residual(c, sharding.rank, name, &mut r)?;
+                read_residual(c, sharding.rank, name, shard, r.data_mut().as_mut_slice())?;
             }
+            r.page_out(nvme, true)?;
             residuals.push(r);
         }
         Ok(GradExchange { codec, residuals })
@@ -62,19 +81,36 @@ impl GradExchange {
 
     /// Group `k`'s reduce-scatter: `mine` = the sum over ranks of their parts of this rank's slice of
     /// `whole`, each sent as the codec encodes it (exactly, for `none`).
-    pub fn reduce(&mut self, comm: &Comm, k: usize, whole: &[f32], mine: &mut [f32], device_busy: bool) -> Result<()> {
-        match self.residuals.get_mut(k) {
-            Some(residual) => comm.reduce_scatter_sum_compressed(whole, mine, &self.codec, residual, device_busy),
-            None => comm.reduce_scatter_sum(whole, mine, device_busy),
-        }
+    pub fn reduce(
+        &mut self,
+        comm: &Comm,
+        nvme: Option<&NvmeDir>,
+        k: usize,
+        whole: &[f32],
+        mine: &mut [f32],
+        device_busy: bool,
+    ) -> Result<()> {
+        let Some(residual) = self.residuals.get_mut(k) else { return comm.reduce_scatter_sum(whole, mine, device_busy) };
+        residual.page_in(nvme)?;
+        comm.reduce_scatter_sum_compressed(whole, mine, &self.codec, residual.data_mut().as_mut_slice(), device_busy)?;
+        residual.page_out(nvme, true)?;
+        Ok(())
     }
 }
 
 /// This rank's residual of `group` from checkpoint `c` (written by the same rank at the same world size).
-fn read_residual(c: &Checkpoint, rank: usize, group: &str, out: &mut [f32]) -> Result<()> {
+/// Checkpoints from before the residual left out this rank's own slice hold the whole padded group,
+/// with zeros there: those zeros are dropped.
+fn read_residual(c: &Checkpoint, rank: usize, group: &str, shard: &GroupShard, out: &mut [f32]) -> Result<()> {
     match c.rank_tensor(rank, &format!("{group}.grad_residual"))? {
         Some(values) if values.len() == out.len() => {
             out.copy_from_slice(&values);
+            Ok(())
+        }
+        Some(values) if values.len() == shard.padded_len => {
+            let own = shard.owned.clone();
+            let others = values[..own.start].iter().chain(&values[own.end..]);
+            out.iter_mut().zip(others).for_each(|(o, v)| *o = *v);
             Ok(())
         }
         Some(values) => bail!(

@@ -34,6 +34,9 @@ pub struct Placement {
     pub host_working_bytes: u64,
     /// Per rank: the gradient accumulator (this rank's slices), on `grads_tier`.
     pub host_grad_bytes: u64,
+    /// Per rank, with `--grad-compression` and several ranks: the error-feedback residuals (the other
+    /// ranks' slices of every group), on `grads_tier`.
+    pub host_residual_bytes: u64,
     /// Per rank, stage 1 with several ranks: each block's whole gradient summed over this rank's
     /// micro-batches before the end-of-step reduce-scatter, in RAM.
     pub host_stage1_grad_bytes: u64,
@@ -76,7 +79,7 @@ impl Placement {
         let mut nvme = 0;
         for (bytes, tier) in [
             (self.host_optimizer_bytes, self.optimizer_tier),
-            (self.host_grad_bytes, self.grads_tier),
+            (self.host_grad_bytes + self.host_residual_bytes, self.grads_tier),
             (self.host_working_bytes, self.params_tier),
         ] {
             if tier == Tier::Nvme { nvme += bytes } else { ram += bytes }
@@ -196,11 +199,18 @@ impl Placement {
                     self.cached_working_blocks.end - 1
                 ),
             },
-            if self.host_stage1_grad_bytes > 0 {
-                format!("; whole-block gradient sums {:.1} MiB in RAM", mib(self.host_stage1_grad_bytes))
-            } else {
-                String::new()
-            },
+            [
+                (self.host_residual_bytes > 0).then(|| format!(
+                    "; error-feedback residuals {:.1} MiB on {}",
+                    mib(self.host_residual_bytes),
+                    self.grads_tier.name()
+                )),
+                (self.host_stage1_grad_bytes > 0)
+                    .then(|| format!("; whole-block gradient sums {:.1} MiB in RAM", mib(self.host_stage1_grad_bytes))),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<String>(),
             if self.world_size > 1 { " (each rank)" } else { "" },
             mib(self.device_head_bytes),
             if self.vocab_resident { "output projection resident" } else { "output projection streamed a vocabulary chunk at a time" },
@@ -368,6 +378,7 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
     let shards: Vec<_> = groups.iter().map(|g| sharding.group(g.len)).collect();
     let slices = shards.iter().map(|s| s.slice_len()).sum::<usize>() as u64;
     let working = shards.iter().map(|s| s.working_len).sum::<usize>() as u64;
+    let residuals = super::grad_exchange::residual_lens(tc, sharding.world, &shards);
     // The three largest groups (the sweep's), and the largest alone (the device thread's).
     let mut slice_lens: Vec<u64> = shards.iter().map(|s| s.slice_len() as u64).collect();
     slice_lens.sort_unstable_by(|a, b| b.cmp(a));
@@ -381,6 +392,8 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
     }
     if tc.gradients_tier() == Tier::Nvme {
         host_paged_in_bytes += 4 * slice_lens.iter().take(3).sum::<u64>() + 4 * slice_lens.first().copied().unwrap_or(0);
+        // The device thread's residual, paged in around one group's exchange.
+        host_paged_in_bytes += 4 * residuals.iter().max().copied().unwrap_or(0) as u64;
     }
     let group_lens: Vec<usize> = groups.iter().map(|g| g.len).collect();
     let cached_working_blocks = super::traffic::cached_working_blocks(tc, sharding.world, &group_lens, block_slots);
@@ -393,6 +406,9 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
     let mut spare_sizes = std::collections::BTreeSet::new();
     if tc.offload_optimizer == Tier::Nvme || tc.gradients_tier() == Tier::Nvme {
         spare_sizes.extend(slice_lens.iter().map(|&n| 4 * n));
+    }
+    if tc.gradients_tier() == Tier::Nvme {
+        spare_sizes.extend(residuals.iter().map(|&n| 4 * n as u64));
     }
     if tc.offload_optimizer == Tier::Nvme {
         spare_sizes.extend(slice_lens.iter().map(|&n| tc.adam_state.moment_bytes() as u64 * n));
@@ -418,6 +434,7 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         host_optimizer_bytes: state_bytes * slices,
         host_working_bytes: tc.precision.working_bytes_per_param() as u64 * working,
         host_grad_bytes: 4 * slices,
+        host_residual_bytes: 4 * residuals.iter().sum::<usize>() as u64,
         host_stage1_grad_bytes: 4 * stage1_grads,
         host_paged_in_bytes,
         host_nvme_spare_bytes,

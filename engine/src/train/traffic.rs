@@ -80,6 +80,9 @@ impl NvmeTraffic {
         let nvme = |tier: Tier| tier == Tier::Nvme;
         let (optimizer_on, grads_on, working_on) = (nvme(tc.offload_optimizer), nvme(tc.gradients_tier()), nvme(tc.offload_params));
         let slice_bytes = |k: usize| 4 * shards[k].slice_len() as u64;
+        // A compressed exchange reads and writes the group's error-feedback residual each time.
+        let residuals = super::grad_exchange::residual_lens(tc, sharding.world, &shards);
+        let residual_bytes = |k: usize| if grads_on { 4 * residuals.get(k).copied().unwrap_or(0) as u64 } else { 0 };
         let state_bytes = |k: usize| (tc.state_bytes_per_param() * shards[k].slice_len()) as u64;
         let working_bytes = |k: usize| (tc.precision.working_bytes_per_param() * shards[k].working_len) as u64;
         // Stages 1-2 with several ranks gather the working copy in place on its first upload after an
@@ -114,11 +117,11 @@ impl NvmeTraffic {
                 }
                 Op::FinishDownload { block } if grads_on && sharding.shards_grads() => {
                     let read = if micro == 0 { 0 } else { slice_bytes(1 + block) };
-                    t.gradients.add(read, slice_bytes(1 + block));
+                    t.gradients.add(read + residual_bytes(1 + block), slice_bytes(1 + block) + residual_bytes(1 + block));
                 }
-                Op::DownloadHead if grads_on => t.gradients.add(0, slice_bytes(0)),
+                Op::DownloadHead if grads_on => t.gradients.add(residual_bytes(0), slice_bytes(0) + residual_bytes(0)),
                 Op::ReduceBlocks if grads_on && !sharding.shards_grads() => {
-                    (1..group_lens.len()).for_each(|k| t.gradients.add(0, slice_bytes(k)));
+                    (1..group_lens.len()).for_each(|k| t.gradients.add(residual_bytes(k), slice_bytes(k) + residual_bytes(k)));
                 }
                 Op::Update => {
                     for k in 0..group_lens.len() {

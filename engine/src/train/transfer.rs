@@ -195,7 +195,7 @@ impl<D: Backend> Trainer<'_, D> {
             for (data, slot) in downloaded.iter().zip(&layout.tensors) {
                 whole[slot.range()].copy_from_slice(data.as_ref());
             }
-            self.exchange.reduce(&self.comm, k, whole, mine, self.dev.is_async())?;
+            self.exchange.reduce(&self.comm, nv, k, whole, mine, self.dev.is_async())?;
             lock(&self.shared[k]).change_grads(nv, first, last, |acc| {
                 add(acc, mine);
                 Ok(())
@@ -214,7 +214,8 @@ impl<D: Backend> Trainer<'_, D> {
             }
             let whole = &self.stage1_grads[k];
             let (comm, exchange) = (&self.comm, &mut self.exchange);
-            lock(&self.shared[k]).change_grads(nv.as_deref(), true, true, |mine| exchange.reduce(comm, k, whole, mine, false))?;
+            lock(&self.shared[k])
+                .change_grads(nv.as_deref(), true, true, |mine| exchange.reduce(comm, nv.as_deref(), k, whole, mine, false))?;
         }
         Ok(())
     }
