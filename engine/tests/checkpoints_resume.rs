@@ -146,6 +146,9 @@ fn resuming_with_grad_compression_restores_the_error_feedback() {
         &[&two[..], &["--grad-compression", "onebit", "--grad-compression-chunk", "64"]].concat(),
     );
     check_resume_equality("cpu topk stage 1", &[&two[..], &["--zero-stage", "1", "--grad-compression", "topk:0.1"]].concat());
+    // The resumed run gathers the working copy through the codec again, as the uninterrupted one had.
+    check_resume_equality("cpu int8 parameters stage 2", &[&two[..], &["--param-compression", "int8"]].concat());
+    check_resume_equality("cpu int8 parameters stage 3", &[&two[..], &["--zero-stage", "3", "--param-compression", "int8"]].concat());
 
     let dir = tempfile::tempdir().unwrap();
     let ck = path(&dir.path().join("ck"));

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use anyhow::{Context, Result, bail};
-use zerostream::comm::compress::GradCompression;
+use zerostream::comm::compress::{GradCompression, ParamCompression};
 use zerostream::train::launch::{Launched, RankRequest, RunRequest};
 use zerostream::train::ranks::RankDevice;
 use zerostream::train::run::{CheckpointOptions, ModelChoice, RunOptions};
@@ -200,6 +200,13 @@ pub struct TrainArgs {
     /// bit-identical. Does nothing with one rank.
     #[arg(long, value_name = "MODE", value_parser = parse_grad_compression, default_value = "none")]
     grad_compression: GradCompression,
+    /// How the working copy crosses between ranks in its all-gather (ZeRO++'s quantised weights): none
+    /// (its words as they are), bf16 (2 bytes per element; the same as none with --precision bf16) or
+    /// int8 (1 byte plus a 4-byte scale per 256 elements). Every rank, the sender included, computes
+    /// with the decoded copy, so ranks stay identical; the fp32 master weights stay exact. Does nothing
+    /// with one rank.
+    #[arg(long, value_enum, default_value = "none")]
+    param_compression: ParamCompression,
     /// Elements per scale of --grad-compression int8 and onebit (each chunk's scale costs 4 bytes).
     #[arg(long, value_name = "N", default_value_t = zerostream::comm::compress::DEFAULT_CHUNK_ELEMS)]
     grad_compression_chunk: usize,
@@ -367,6 +374,7 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>, r
         adam_state: a.adam_state,
         grad_compression: a.grad_compression,
         grad_compression_chunk: a.grad_compression_chunk,
+        param_compression: a.param_compression,
         optimizer: a.optimizer,
         momentum: a.momentum,
         trust_coefficient: a.trust_coefficient,

@@ -1,4 +1,5 @@
-//! Compressed gradient exchange (`--grad-compression`): the codecs that turn a slice of f32 gradients
+//! Compressed gradient exchange (`--grad-compression`, and `--param-compression` for the working
+//! copy's all-gather): the codecs that turn a slice of f32 gradients
 //! into bytes for the wire and back, and the error feedback that keeps training on course (what a codec
 //! drops from a slice is added into the next gradient sent for that slice, so nothing is lost, only
 //! delayed: 1-bit SGD, Seide et al. 2014; error-feedback SGD, Karimireddy et al. 2019).
@@ -67,6 +68,44 @@ impl fmt::Display for GradCompression {
 /// and common tokens) share a scale less often. Measured (benches/results/2026-11-26-grad-compression.md):
 /// onebit's loss after 300 steps of a small GPT-2 was 32% above `none`'s with 2048 and 3.3% with 256.
 pub const DEFAULT_CHUNK_ELEMS: usize = 256;
+
+/// How the working copy crosses between ranks in its all-gather (`--param-compression`, ZeRO++'s
+/// quantised weights): each rank encodes its slice and every rank, this one included, uses the decoded
+/// values for every slice, so the ranks' working copies stay identical. The master weights stay exact;
+/// no error feedback is needed (each update re-encodes the new weights).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ParamCompression {
+    /// The working copy's own words (`--precision`), exactly.
+    #[default]
+    None,
+    /// Rounded to bfloat16 (the same as none with a bf16 working copy).
+    Bf16,
+    /// A scale max|x|/127 per [`PARAM_CHUNK_ELEMS`] elements and a byte per element.
+    Int8,
+}
+
+/// Elements per scale of `--param-compression int8`.
+pub const PARAM_CHUNK_ELEMS: usize = 256;
+
+impl ParamCompression {
+    /// The codec the all-gather encodes slices with (None: the words as they are).
+    pub fn codec(self) -> Option<Codec> {
+        let mode = match self {
+            ParamCompression::None => return None,
+            ParamCompression::Bf16 => GradCompression::Bf16,
+            ParamCompression::Int8 => GradCompression::Int8,
+        };
+        Some(Codec { mode, chunk_elems: PARAM_CHUNK_ELEMS })
+    }
+    /// As the flag takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ParamCompression::None => "none",
+            ParamCompression::Bf16 => "bf16",
+            ParamCompression::Int8 => "int8",
+        }
+    }
+}
 
 /// A compression mode with its chunk size: encodes a slice into [`Codec::encoded_bytes`] bytes.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -11,7 +11,7 @@ use zerostream_offload::{IoConfig, IoEngineKind, Tier};
 
 use super::schedule::{LrPlan, LrSchedule};
 use super::shard::ZeroStage;
-use crate::comm::compress::{self, Codec, GradCompression};
+use crate::comm::compress::{self, Codec, GradCompression, ParamCompression};
 use crate::device::{HalfFormat, MatmulInputs};
 
 /// `--precision`: what the device computes with. Math is f32 in every mode; the modes differ in the
@@ -155,6 +155,9 @@ pub struct TrainConfig {
     pub grad_compression: GradCompression,
     /// `--grad-compression-chunk`: elements per scale of int8 and onebit.
     pub grad_compression_chunk: usize,
+    /// `--param-compression`: how the working copy crosses between ranks in its all-gather (every rank
+    /// then computes with the decoded copy); part of what is computed with more than one rank.
+    pub param_compression: ParamCompression,
     /// `--optimizer`: AdamW, LAMB or LARS (LAMB uses beta1, beta2 and eps; LARS momentum and
     /// trust_coefficient).
     pub optimizer: Optimizer,
@@ -197,6 +200,7 @@ impl Default for TrainConfig {
             adam_state: AdamState::Fp32,
             grad_compression: GradCompression::None,
             grad_compression_chunk: compress::DEFAULT_CHUNK_ELEMS,
+            param_compression: ParamCompression::None,
             optimizer: Optimizer::Adamw,
             momentum: 0.9,
             trust_coefficient: 0.001,
@@ -216,6 +220,7 @@ pub const MEANING_FLAGS: &[&str] = &[
     "adam-state",
     "grad-compression",
     "grad-compression-chunk",
+    "param-compression",
     "optimizer",
     "momentum",
     "trust-coefficient",
@@ -362,6 +367,7 @@ impl TrainConfig {
         put("adam-state", json!(enum_name(self.adam_state)));
         put("grad-compression", json!(self.grad_compression.to_string()));
         put("grad-compression-chunk", json!(self.grad_compression_chunk));
+        put("param-compression", json!(self.param_compression.name()));
         put("optimizer", json!(enum_name(self.optimizer)));
         put("momentum", json!(self.momentum));
         put("trust-coefficient", json!(self.trust_coefficient));
@@ -444,6 +450,12 @@ impl TrainConfig {
                 .get("grad-compression-chunk")
                 .and_then(Value::as_u64)
                 .map_or(compress::DEFAULT_CHUNK_ELEMS, |n| n as usize),
+            // Checkpoints from before --param-compression gathered the working copy exactly.
+            param_compression: match f.get("param-compression") {
+                None => ParamCompression::None,
+                Some(_) => ParamCompression::from_str(&parse_enum("param-compression")?, true)
+                    .map_err(|e| anyhow::anyhow!("param-compression: {e}"))?,
+            },
             // Checkpoints from before --optimizer trained with AdamW.
             optimizer: match f.get("optimizer") {
                 None => Optimizer::Adamw,
@@ -472,6 +484,7 @@ mod tests {
             params_ram_cache_bytes: 3 << 30,
             grad_compression: GradCompression::TopK(0.25),
             grad_compression_chunk: 64,
+            param_compression: ParamCompression::Int8,
             optimizer: Optimizer::Lars,
             momentum: 0.8,
             trust_coefficient: 0.02,

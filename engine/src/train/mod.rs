@@ -235,6 +235,12 @@ impl<'d, D: Backend> Trainer<'d, D> {
         }
 
         let rule = update_rule(&train, &comm)?;
+        if train.param_compression.codec().is_some() && sharding.world == 1 {
+            io_notes.push(format!(
+                "--param-compression {} does nothing with one rank: the working copy is not gathered",
+                train.param_compression.name()
+            ));
+        }
         let names: Vec<&str> = layouts.iter().map(|g| g.name.as_str()).collect();
         let exchange = grad_exchange::GradExchange::new(&train, &sharding, &shards, &names, source, nv, &mut io_notes)?;
         let device = Self::allocate_device(dev, &model, &train, &placement)?;
@@ -245,7 +251,10 @@ impl<'d, D: Backend> Trainer<'d, D> {
         if let ModelSource::Checkpoint(c) = source {
             (step, adam_steps) = (c.state.step, c.state.adam_steps);
             scaler = LossScaler::restore(&c.state.loss_scaler);
-            shared.iter_mut().for_each(|s: &mut Mutex<SharedGroup>| lock(s).gathered = adam_steps);
+            // With --param-compression the uninterrupted run computes with the decoded copy: gather
+            // again (u64::MAX: no update gathered) so that this one does too.
+            let gathered = if train.param_compression.codec().is_some() { u64::MAX } else { adam_steps };
+            shared.iter_mut().for_each(|s: &mut Mutex<SharedGroup>| lock(s).gathered = gathered);
         }
         let progress = Arc::new(Progress {
             state: Mutex::new(ProgressState {

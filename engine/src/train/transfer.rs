@@ -10,7 +10,7 @@ use zerostream_offload::Tier;
 use super::vocab_head::HostWords;
 use super::worker::{SharedGroup, lock};
 use super::{Clock, Precision, Trainer, schedule, timed};
-use crate::device::Backend;
+use crate::device::{Backend, HalfFormat};
 use crate::ops::elementwise;
 
 impl<D: Backend> Trainer<'_, D> {
@@ -80,14 +80,14 @@ impl<D: Backend> Trainer<'_, D> {
         let gathered: Vec<T>;
         let whole: &[T] = if self.sharding.shards_params() {
             let mut all = vec![T::default(); shard.padded_len];
-            self.comm.all_gather_params(shared.working.data().as_slice::<T>(), &mut all, busy)?;
+            self.gather_working(shared.working.data().as_slice::<T>(), &mut all, busy)?;
             gathered = all;
             &gathered
         } else {
             if self.sharding.world > 1 && shared.gathered != self.adam_steps {
                 let w = shared.working.data_mut().as_mut_slice::<T>();
                 let mine = w[shard.owned.clone()].to_vec();
-                self.comm.all_gather_params(&mine, w, busy)?;
+                self.gather_working(&mine, w, busy)?;
                 shared.gathered = self.adam_steps;
                 dirty = true;
             }
@@ -110,6 +110,27 @@ impl<D: Backend> Trainer<'_, D> {
         let uploaded: usize = tensors.iter().zip(&layout.tensors).filter(|(t, _)| t.is_some()).map(|(_, slot)| slot.len).sum();
         clock.upload_bytes += (uploaded * self.train.precision.working_bytes_per_param()) as u64;
         Ok(dirty)
+    }
+
+    /// The working copy's all-gather: every rank's slice into `out` from this rank's `mine` (words of
+    /// the working precision), as they are or, with `--param-compression`, encoded and decoded — then
+    /// `out` holds every slice decoded, this rank's own too, so every rank computes with the same copy.
+    fn gather_working<T: bytemuck::Pod>(&self, mine: &[T], out: &mut [T], busy: bool) -> Result<()> {
+        let Some(codec) = self.train.param_compression.codec() else { return self.comm.all_gather_params(mine, out, busy) };
+        let (n, world) = (mine.len(), self.sharding.world);
+        let format = self.train.precision.half_format();
+        let mut values = vec![0.0f32; n];
+        words_to_f32(bytemuck::cast_slice(mine), format, &mut values);
+        let eb = codec.encoded_bytes(n);
+        let mut bytes = vec![0u8; eb];
+        codec.encode(&values, &mut bytes);
+        let mut all = vec![0u8; world * eb];
+        self.comm.all_gather_params(&bytes, &mut all, busy)?;
+        for (r, slice) in out.chunks_exact_mut(n.max(1)).enumerate().take(world) {
+            codec.decode(&all[r * eb..(r + 1) * eb], &mut values);
+            f32_to_words(&values, format, bytemuck::cast_slice_mut(slice));
+        }
+        Ok(())
     }
 
     /// Makes block `l`'s parameters resident in a slot for this step; returns the slot.
@@ -218,5 +239,31 @@ impl<D: Backend> Trainer<'_, D> {
                 .change_grads(nv.as_deref(), true, true, |mine| exchange.reduce(comm, nv.as_deref(), k, whole, mine, false))?;
         }
         Ok(())
+    }
+}
+
+/// Working-copy words (f32, or 16-bit words of `format`) as f32 values.
+fn words_to_f32(words: &[u8], format: Option<HalfFormat>, out: &mut [f32]) {
+    match format {
+        None => out.copy_from_slice(bytemuck::cast_slice(words)),
+        Some(HalfFormat::Bf16) => {
+            out.iter_mut().zip(bytemuck::cast_slice::<u8, u16>(words)).for_each(|(o, &w)| *o = half::bf16::from_bits(w).to_f32())
+        }
+        Some(HalfFormat::F16) => {
+            out.iter_mut().zip(bytemuck::cast_slice::<u8, u16>(words)).for_each(|(o, &w)| *o = half::f16::from_bits(w).to_f32())
+        }
+    }
+}
+
+/// f32 values as working-copy words (rounded to nearest even for 16-bit formats).
+fn f32_to_words(values: &[f32], format: Option<HalfFormat>, words: &mut [u8]) {
+    match format {
+        None => words.copy_from_slice(bytemuck::cast_slice(values)),
+        Some(HalfFormat::Bf16) => {
+            bytemuck::cast_slice_mut::<u8, u16>(words).iter_mut().zip(values).for_each(|(w, &v)| *w = half::bf16::from_f32(v).to_bits())
+        }
+        Some(HalfFormat::F16) => {
+            bytemuck::cast_slice_mut::<u8, u16>(words).iter_mut().zip(values).for_each(|(w, &v)| *w = half::f16::from_f32(v).to_bits())
+        }
     }
 }
