@@ -15,12 +15,14 @@
 #
 # Usage:  sudo bash benches/slow_network.sh        (tc needs CAP_NET_ADMIN; mpirun runs as root here)
 # Environment: ZS (a zerostream built with --features zerostream/mpi; default: build it), RATES
-# (default "1gbit 10gbit"), MODES (default "none bf16 int8 onebit topk:0.01"), TIME_STEPS (default 6),
-# LOSS_STEPS (default 300), OUT (keeps metrics, logs and SVGs; default: a new temporary directory).
+# (default "1gbit 10gbit"), MODES (default "none bf16 int8 onebit topk:0.01 onebit/int8
+# topk:0.01/int8": a --grad-compression mode, optionally with a --param-compression mode after a
+# slash), TIME_STEPS (default 6), LOSS_STEPS (default 300; 0 skips the loss part), OUT (keeps metrics,
+# logs and SVGs; default: a new temporary directory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rates=${RATES:-"1gbit 10gbit"}
-modes=${MODES:-"none bf16 int8 onebit topk:0.01"}
+modes=${MODES:-"none bf16 int8 onebit topk:0.01 onebit/int8 topk:0.01/int8"}
 time_steps=${TIME_STEPS:-6}
 loss_steps=${LOSS_STEPS:-300}
 if [ -z "${ZS:-}" ]; then
@@ -34,6 +36,14 @@ limit_off() { tc qdisc del dev lo root 2>/dev/null || true; }
 trap limit_off EXIT
 echo "== machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $("$ZS" --version); $(mpirun --version | head -1)"
 "$ZS" prepare --quiet --text examples/data/hamlet.txt --out "$work/hamlet.bin" --tokenizer bytes --val-fraction 0.1
+
+# The flags of a MODES entry: GRAD or GRAD/PARAM.
+flags_of() {
+  case "$1" in
+    */*) echo "--grad-compression ${1%%/*} --param-compression ${1#*/}" ;;
+    *) echo "--grad-compression $1" ;;
+  esac
+}
 
 # Mean of a metrics field over the steps after the first (start-up), and its value at the last step.
 summary() {
@@ -49,16 +59,16 @@ PY
 
 echo
 echo "== time: GPT-2 124M, 2 ranks over TCP on lo, bf16 working copy, B=1, T=32, stage 2, $time_steps steps"
-echo "| link | mode | s/step | vs none | gradient MB sent/step | vs none | parameter MB sent/step |"
+echo "| link | mode (grad[/param]) | s/step | vs none | gradient MB sent/step | vs none | parameter MB sent/step |"
 echo "|---|---|---|---|---|---|---|"
 for rate in $rates; do
   limit_off
   tc qdisc add dev lo root tbf rate "$rate" burst 1mbit latency 400ms
   base_s="" base_g=""
   for mode in $modes; do
-    name="time-$rate-${mode/:/_}"
+    name="time-$rate-$(echo "$mode" | tr ':/' '_+')"
     "${mpi[@]}" "$ZS" train --device cpu --config gpt2 --data "$work/hamlet.bin" --batch-size 1 --seq-len 32 \
-      --precision bf16 --zero-stage 2 --steps "$time_steps" --grad-compression "$mode" --sample-tokens 0 \
+      --precision bf16 --zero-stage 2 --steps "$time_steps" $(flags_of "$mode") --sample-tokens 0 \
       --metrics "$work/$name.jsonl" > "$work/$name.log" 2>&1 || { echo "| $rate | $mode | failed: see $work/$name.log |"; continue; }
     read -r s g p _ <<< "$(summary "$work/$name.jsonl")"
     [ -z "$base_s" ] && base_s=$s base_g=$g
@@ -68,6 +78,7 @@ for rate in $rates; do
 done
 limit_off
 
+[ "$loss_steps" -gt 0 ] || { echo "kept: $work"; exit 0; }
 echo
 echo "== loss: benches/adam_state's small GPT-2 and Llama, byte-level Hamlet, 2 ranks (MPI over TCP, unlimited), $loss_steps steps"
 echo "| model | mode | loss at the last step | vs none |"
@@ -76,10 +87,10 @@ for model in gpt2 llama; do
   base=""
   files=()
   for mode in $modes; do
-    name="loss-$model-${mode/:/_}"
+    name="loss-$model-$(echo "$mode" | tr ':/' '_+')"
     "${mpi[@]}" "$ZS" train --device cpu --config "benches/adam_state/$model-small-bytes.json" \
       --data "$work/hamlet.bin" --batch-size 8 --seq-len 128 --steps "$loss_steps" --lr 3e-3 --warmup-steps 30 \
-      --lr-schedule cosine --grad-compression "$mode" --sample-tokens 0 \
+      --lr-schedule cosine $(flags_of "$mode") --sample-tokens 0 \
       --metrics "$work/$name.jsonl" > "$work/$name.log" 2>&1 || { echo "| $model | $mode | failed: see $work/$name.log |"; continue; }
     read -r _ _ _ loss <<< "$(summary "$work/$name.jsonl")"
     [ -z "$base" ] && base=$loss
