@@ -239,10 +239,54 @@ impl Codec {
     /// becomes what the encoding dropped of it (`x + residual - decoded`), to be sent with the next
     /// gradient of the same slice. `scratch` holds the decoded values (`x.len()` long).
     pub fn encode_with_feedback(&self, x: &[f32], residual: &mut [f32], out: &mut [u8], scratch: &mut [f32]) {
-        residual.iter_mut().zip(x).for_each(|(r, v)| *r += v);
-        self.encode(residual, out);
-        self.decode(out, scratch);
-        residual.iter_mut().zip(scratch.iter()).for_each(|(r, d)| *r -= d);
+        match self.mode {
+            GradCompression::Int8 | GradCompression::OneBit => self.encode_with_feedback_by_chunk(x, residual, out, scratch),
+            _ => {
+                residual.iter_mut().zip(x).for_each(|(r, v)| *r += v);
+                self.encode(residual, out);
+                self.decode(out, scratch);
+                residual.iter_mut().zip(scratch.iter()).for_each(|(r, d)| *r -= d);
+            }
+        }
+    }
+
+    /// [`Codec::encode_with_feedback`] for the chunked codecs in one pass over memory: each chunk is
+    /// summed, encoded, decoded into `scratch` and subtracted while it is in cache, with the very operations
+    /// of `encode` and `decode` (the same bits; `tests::fused_feedback_equals_the_three_passes`).
+    fn encode_with_feedback_by_chunk(&self, x: &[f32], residual: &mut [f32], out: &mut [u8], scratch: &mut [f32]) {
+        assert_eq!(out.len(), self.encoded_bytes(x.len()), "encode: output length");
+        out.fill(0);
+        let ce = self.chunk_elems;
+        let (scales, payload) = out.split_at_mut(4 * x.len().div_ceil(ce));
+        let chunks = residual.chunks_mut(ce).zip(x.chunks(ce)).zip(scratch.chunks_mut(ce)).zip(scales.chunks_exact_mut(4));
+        for (c, (((r, x), d), s)) in chunks.enumerate() {
+            r.iter_mut().zip(x).for_each(|(r, v)| *r += v);
+            match self.mode {
+                GradCompression::Int8 => {
+                    let scale = r.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+                    s.copy_from_slice(&scale.to_le_bytes());
+                    for ((q, r), d) in payload[c * ce..c * ce + r.len()].iter_mut().zip(r.iter_mut()).zip(d.iter_mut()) {
+                        let step = if scale > 0.0 { (*r / scale).round().clamp(-127.0, 127.0) } else { 0.0 };
+                        *q = step as i8 as u8;
+                        *d = (step as i8) as f32 * scale;
+                        *r -= *d;
+                    }
+                }
+                _ => {
+                    let mean = (r.iter().map(|v| v.abs() as f64).sum::<f64>() / r.len() as f64) as f32;
+                    s.copy_from_slice(&mean.to_le_bytes());
+                    // Sign bits are numbered from the slice's start: a chunk not a multiple of 8 long
+                    // shares bytes with its neighbours, so bits are or-ed in.
+                    for (j, (r, d)) in r.iter_mut().zip(d.iter_mut()).enumerate() {
+                        let i = c * ce + j;
+                        let positive = *r >= 0.0;
+                        payload[i / 8] |= (positive as u8) << (i % 8);
+                        *d = if positive { mean } else { -mean };
+                        *r -= *d;
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -309,6 +353,30 @@ mod tests {
                     let dropped_max = x.iter().zip(&y).filter(|(_, d)| **d == 0.0).fold(0f32, |m, (v, _)| m.max(v.abs()));
                     assert!(dropped_max <= smallest_kept, "topk n={n}: dropped {dropped_max} above kept {smallest_kept}");
                 }
+            }
+        }
+    }
+
+    /// The one-pass error feedback of the chunked codecs gives the bits of encode, decode and subtract.
+    #[test]
+    fn fused_feedback_equals_the_three_passes() {
+        for mode in [GradCompression::Int8, GradCompression::OneBit] {
+            for (n, chunk) in [(1usize, 64usize), (100, 7), (1000, 256), (4099, 64), (513, 1)] {
+                let codec = Codec::new(mode, chunk).unwrap();
+                let (x, r0) = (random(n as u64 + 3, n), random(n as u64 + 5, n));
+                let mut fused = (r0.clone(), vec![0u8; codec.encoded_bytes(n)], vec![0.0f32; n]);
+                codec.encode_with_feedback(&x, &mut fused.0, &mut fused.1, &mut fused.2);
+                let mut r = r0.clone();
+                r.iter_mut().zip(&x).for_each(|(r, v)| *r += v);
+                let mut bytes = vec![0u8; codec.encoded_bytes(n)];
+                codec.encode(&r, &mut bytes);
+                let mut d = vec![0.0f32; n];
+                codec.decode(&bytes, &mut d);
+                r.iter_mut().zip(&d).for_each(|(r, d)| *r -= d);
+                assert_eq!(fused.1, bytes, "{mode} n={n} chunk={chunk}: bytes");
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fused.0), bits(&r), "{mode} n={n} chunk={chunk}: residual");
+                assert_eq!(bits(&fused.2), bits(&d), "{mode} n={n} chunk={chunk}: decoded");
             }
         }
     }
