@@ -1,8 +1,8 @@
 //! Compressed gradient exchange (`--grad-compression`, and `--param-compression` for the working
-//! copy's all-gather): the codecs that turn a slice of f32 gradients
-//! into bytes for the wire and back, and the error feedback that keeps training on course (what a codec
-//! drops from a slice is added into the next gradient sent for that slice, so nothing is lost, only
-//! delayed: 1-bit SGD, Seide et al. 2014; error-feedback SGD, Karimireddy et al. 2019).
+//! copy's all-gather): the codecs that turn a slice of f32 values into bytes for the wire and back,
+//! and the error feedback that keeps training on course (what a codec drops from a gradient slice is
+//! added into the next gradient sent for that slice, so nothing is lost, only delayed: 1-bit SGD,
+//! Seide et al. 2014; error-feedback SGD, Karimireddy et al. 2019).
 //!
 //! Each codec's output has a size fixed by the slice's length alone, so the exchange stays one
 //! all-to-all of equal chunks; encoding and decoding are pure functions of their input, so every rank
@@ -251,8 +251,8 @@ impl Codec {
     }
 
     /// [`Codec::encode_with_feedback`] for the chunked codecs in one pass over memory: each chunk is
-    /// summed, encoded, decoded into `scratch` and subtracted while it is in cache, with the very operations
-    /// of `encode` and `decode` (the same bits; `tests::fused_feedback_equals_the_three_passes`).
+    /// summed, encoded, decoded into `scratch` and subtracted while it is in cache, with the very
+    /// operations of `encode` and `decode` (the same bits; `tests::fused_feedback_equals_the_three_passes`).
     fn encode_with_feedback_by_chunk(&self, x: &[f32], residual: &mut [f32], out: &mut [u8], scratch: &mut [f32]) {
         assert_eq!(out.len(), self.encoded_bytes(x.len()), "encode: output length");
         out.fill(0);

@@ -1,11 +1,11 @@
-//! The optimizer thread (AdamW, LAMB or LARS): for each step, a pipelined sweep over the parameter groups in order, while the
-//! device thread goes on with the next step and waits for a group only when it is about to upload it.
+//! The optimizer thread (AdamW, LAMB or LARS): for each step, a pipelined sweep over the parameter
+//! groups in order, while the device thread goes on with the next step and waits for a group only when
+//! it is about to upload it.
 
+use std::ops::Range;
 use std::sync::mpsc::Receiver;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
-
-use std::ops::Range;
 
 use anyhow::{Result, bail};
 use half::{bf16, f16};
@@ -321,7 +321,16 @@ pub(super) fn optimizer_worker(
             progress.changed.notify_all();
             Ok(())
         };
-        optimizer = pipelined_sweep(optimizer, load, compute, store)?;
+        optimizer = match pipelined_sweep(optimizer, load, compute, store) {
+            Ok(groups) => groups,
+            Err(e) => {
+                // The other ranks' optimizer threads may be waiting for this one's norms: stop them.
+                if let UpdateRule::Layerwise(_, comm) = &rule {
+                    comm.abort(&format!("the optimizer update failed: {e:#}"));
+                }
+                return Err(e);
+            }
+        };
         let mut p = progress.lock();
         p.adam_seconds.push(start.elapsed().as_secs_f64());
         p.swept = job.adam_step;
