@@ -186,3 +186,16 @@ fn param_compression_sends_fewer_bytes_and_keeps_the_ranks_identical() {
     let same = run(2, with(ZeroStage::Two, ParamCompression::Bf16, Precision::Bf16));
     assert_eq!((&same.weights, &same.losses), (&bf16.weights, &bf16.losses), "bf16 over a bf16 copy is the copy's words");
 }
+
+/// `--grad-compression-warmup N`: the first N steps cross uncompressed (as none's, byte for byte and
+/// bit for bit), the later ones compressed.
+#[test]
+fn the_warmup_steps_cross_uncompressed() {
+    let none = run(2, config(GradCompression::None, ZeroStage::Two));
+    let warm = run(2, TrainConfig { grad_compression_warmup: 3, ..config(GradCompression::OneBit, ZeroStage::Two) });
+    assert_eq!(warm.grad_bytes[..3], none.grad_bytes[..3], "the warm-up steps send none's bytes");
+    assert_eq!(warm.losses[..4], none.losses[..4], "the warm-up steps compute none's update (step 3's loss is before its exchange)");
+    assert!(warm.grad_bytes[3..].iter().zip(&none.grad_bytes[3..]).all(|(w, n)| w * 16 < *n), "compressed after the warm-up");
+    let all_warm = run(2, TrainConfig { grad_compression_warmup: 100, ..config(GradCompression::OneBit, ZeroStage::Two) });
+    assert_eq!(all_warm.weights, none.weights);
+}

@@ -200,6 +200,11 @@ pub struct TrainArgs {
     /// bit-identical. Does nothing with one rank.
     #[arg(long, value_name = "MODE", value_parser = parse_grad_compression, default_value = "none")]
     grad_compression: GradCompression,
+    /// Optimizer steps at the start whose gradients cross uncompressed, exactly, before
+    /// --grad-compression starts (as 1-bit Adam warms up): the first steps' large, fast-changing
+    /// gradients are where a coarse codec's delayed error costs most.
+    #[arg(long, value_name = "STEPS", default_value_t = 0)]
+    grad_compression_warmup: u64,
     /// How the working copy crosses between ranks in its all-gather (ZeRO++'s quantised weights): none
     /// (its words as they are), bf16 (2 bytes per element; the same as none with --precision bf16) or
     /// int8 (1 byte plus a 4-byte scale per 256 elements). Every rank, the sender included, computes
@@ -374,6 +379,7 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>, r
         adam_state: a.adam_state,
         grad_compression: a.grad_compression,
         grad_compression_chunk: a.grad_compression_chunk,
+        grad_compression_warmup: a.grad_compression_warmup,
         param_compression: a.param_compression,
         optimizer: a.optimizer,
         momentum: a.momentum,

@@ -155,6 +155,9 @@ pub struct TrainConfig {
     pub grad_compression: GradCompression,
     /// `--grad-compression-chunk`: elements per scale of int8 and onebit.
     pub grad_compression_chunk: usize,
+    /// `--grad-compression-warmup`: optimizer steps at the start of training whose gradients cross
+    /// uncompressed (the compression starts after them, its residuals from zero).
+    pub grad_compression_warmup: u64,
     /// `--param-compression`: how the working copy crosses between ranks in its all-gather (every rank
     /// then computes with the decoded copy); part of what is computed with more than one rank.
     pub param_compression: ParamCompression,
@@ -200,6 +203,7 @@ impl Default for TrainConfig {
             adam_state: AdamState::Fp32,
             grad_compression: GradCompression::None,
             grad_compression_chunk: compress::DEFAULT_CHUNK_ELEMS,
+            grad_compression_warmup: 0,
             param_compression: ParamCompression::None,
             optimizer: Optimizer::Adamw,
             momentum: 0.9,
@@ -220,6 +224,7 @@ pub const MEANING_FLAGS: &[&str] = &[
     "adam-state",
     "grad-compression",
     "grad-compression-chunk",
+    "grad-compression-warmup",
     "param-compression",
     "optimizer",
     "momentum",
@@ -367,6 +372,7 @@ impl TrainConfig {
         put("adam-state", json!(enum_name(self.adam_state)));
         put("grad-compression", json!(self.grad_compression.to_string()));
         put("grad-compression-chunk", json!(self.grad_compression_chunk));
+        put("grad-compression-warmup", json!(self.grad_compression_warmup));
         put("param-compression", json!(self.param_compression.name()));
         put("optimizer", json!(enum_name(self.optimizer)));
         put("momentum", json!(self.momentum));
@@ -450,6 +456,8 @@ impl TrainConfig {
                 .get("grad-compression-chunk")
                 .and_then(Value::as_u64)
                 .map_or(compress::DEFAULT_CHUNK_ELEMS, |n| n as usize),
+            // Checkpoints from before --grad-compression-warmup compressed from the first step.
+            grad_compression_warmup: f.get("grad-compression-warmup").and_then(Value::as_u64).unwrap_or(0),
             // Checkpoints from before --param-compression gathered the working copy exactly.
             param_compression: match f.get("param-compression") {
                 None => ParamCompression::None,
@@ -484,6 +492,7 @@ mod tests {
             params_ram_cache_bytes: 3 << 30,
             grad_compression: GradCompression::TopK(0.25),
             grad_compression_chunk: 64,
+            grad_compression_warmup: 30,
             param_compression: ParamCompression::Int8,
             optimizer: Optimizer::Lars,
             momentum: 0.8,

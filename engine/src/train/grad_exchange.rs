@@ -15,6 +15,8 @@ use crate::comm::compress::{Codec, GradCompression};
 
 pub(super) struct GradExchange {
     pub codec: Codec,
+    /// Steps exchanged uncompressed first (`--grad-compression-warmup`).
+    warmup_steps: u64,
     /// Per group (empty: no compression, or one rank).
     pub residuals: Vec<Stored>,
 }
@@ -48,11 +50,11 @@ impl GradExchange {
         let codec = Codec::new(train.grad_compression, train.grad_compression_chunk)?;
         let mut residuals = Vec::new();
         if codec.mode == GradCompression::None {
-            return Ok(GradExchange { codec, residuals });
+            return Ok(GradExchange { codec, warmup_steps: train.grad_compression_warmup, residuals });
         }
         if sharding.world == 1 {
             notes.push(format!("--grad-compression {} does nothing with one rank: no gradient crosses between ranks", codec.mode));
-            return Ok(GradExchange { codec, residuals });
+            return Ok(GradExchange { codec, warmup_steps: train.grad_compression_warmup, residuals });
         }
         let resumed = match source {
             ModelSource::Checkpoint(c) if c.state.world_size == sharding.world => Some(c),
@@ -76,21 +78,25 @@ impl GradExchange {
             r.page_out(nvme, true)?;
             residuals.push(r);
         }
-        Ok(GradExchange { codec, residuals })
+        Ok(GradExchange { codec, warmup_steps: train.grad_compression_warmup, residuals })
     }
 
-    /// Group `k`'s reduce-scatter: `mine` = the sum over ranks of their parts of this rank's slice of
-    /// `whole`, each sent as the codec encodes it (exactly, for `none`).
+    /// Group `k`'s reduce-scatter in optimizer step `step`: `mine` = the sum over ranks of their parts
+    /// of this rank's slice of `whole`, each sent as the codec encodes it (exactly, for `none` and
+    /// during the warm-up).
+    #[allow(clippy::too_many_arguments)]
     pub fn reduce(
         &mut self,
         comm: &Comm,
         nvme: Option<&NvmeDir>,
+        step: u64,
         k: usize,
         whole: &[f32],
         mine: &mut [f32],
         device_busy: bool,
     ) -> Result<()> {
-        let Some(residual) = self.residuals.get_mut(k) else { return comm.reduce_scatter_sum(whole, mine, device_busy) };
+        let residual = self.residuals.get_mut(k).filter(|_| step >= self.warmup_steps);
+        let Some(residual) = residual else { return comm.reduce_scatter_sum(whole, mine, device_busy) };
         residual.page_in(nvme)?;
         comm.reduce_scatter_sum_compressed(whole, mine, &self.codec, residual.data_mut().as_mut_slice(), device_busy)?;
         residual.page_out(nvme, true)?;

@@ -216,7 +216,7 @@ impl<D: Backend> Trainer<'_, D> {
             for (data, slot) in downloaded.iter().zip(&layout.tensors) {
                 whole[slot.range()].copy_from_slice(data.as_ref());
             }
-            self.exchange.reduce(&self.comm, nv, k, whole, mine, self.dev.is_async())?;
+            self.exchange.reduce(&self.comm, nv, self.step, k, whole, mine, self.dev.is_async())?;
             lock(&self.shared[k]).change_grads(nv, first, last, |acc| {
                 add(acc, mine);
                 Ok(())
@@ -234,9 +234,9 @@ impl<D: Backend> Trainer<'_, D> {
                 continue;
             }
             let whole = &self.stage1_grads[k];
-            let (comm, exchange) = (&self.comm, &mut self.exchange);
+            let (comm, exchange, step) = (&self.comm, &mut self.exchange, self.step);
             lock(&self.shared[k])
-                .change_grads(nv.as_deref(), true, true, |mine| exchange.reduce(comm, nv.as_deref(), k, whole, mine, false))?;
+                .change_grads(nv.as_deref(), true, true, |mine| exchange.reduce(comm, nv.as_deref(), step, k, whole, mine, false))?;
         }
         Ok(())
     }
