@@ -23,7 +23,7 @@
 //! for the same update, which steps the parameter with the unrounded moments, then stored rounded
 //! stochastically ([`rounding`]), 4 bytes per parameter fewer to keep and move.
 
-mod rounding;
+pub(crate) mod rounding;
 
 use half::{bf16, f16};
 use rayon::prelude::*;

@@ -32,14 +32,15 @@
 //! As in the authors' BERT code, tensors excluded from weight decay (biases, norms' gains) are also
 //! excluded from the adaptation: their trust ratio is 1 (LAMB is then Adam, LARS plain momentum SGD).
 //!
-//! Norms are sums of squares in f64 over fixed blocks of [`NORM_BLOCK_ELEMS`] from the slice's start,
-//! added in block order: the same bits for any thread count. No multiply-add is ever contracted, so
-//! every CPU gives the same bits too.
+//! Norms are sums of squares in f64 over fixed blocks of [`NORM_BLOCK_ELEMS`] from the slice's start
+//! (each in eight interleaved lanes), added in block order: the same bits for any thread count. No
+//! multiply-add is ever contracted, so every CPU and instruction set gives the same bits too.
 
-use half::{bf16, f16};
+use half::f16;
 use rayon::prelude::*;
 
 use crate::adam::ParamCopy;
+use crate::adam::rounding::bf16_from_f32;
 
 /// Which rule, with its own hyper-parameters. f64, as Python hands them to PyTorch.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -140,42 +141,77 @@ impl Scalars {
     }
 }
 
-fn sum_squares_block(x: impl Iterator<Item = f32>) -> f64 {
-    x.fold(0.0f64, |s, v| s + (v as f64) * (v as f64))
+/// Independent partial sums per block: the squares of elements i with i % 8 == j go to lane j, and
+/// the lanes are added in order at the end. A fixed order (the same bits on every CPU and thread
+/// count) that still lets the loop run as vectors instead of one chain of dependent additions.
+const LANES: usize = 8;
+
+/// Adds the squares of `x` (at most [`LANES`] values) into the lanes, value j into lane j.
+#[inline(always)]
+fn add_squares(acc: &mut [f64; LANES], x: &[f32]) {
+    for (a, &x) in acc.iter_mut().zip(x) {
+        *a += x as f64 * x as f64;
+    }
+}
+
+/// The lanes added in order.
+fn lanes_total(acc: &[f64; LANES]) -> f64 {
+    acc.iter().fold(0.0, |s, a| s + a)
+}
+
+/// The squared norm of `x`, by lanes (element i in lane i % 8).
+#[inline(always)]
+fn sum_squares(x: &[f32], scale: f32) -> f64 {
+    let mut acc = [0.0f64; LANES];
+    let mut scaled = [0.0f32; LANES];
+    for c in x.chunks(LANES) {
+        c.iter().zip(scaled.iter_mut()).for_each(|(x, s)| *s = x * scale);
+        add_squares(&mut acc, &scaled[..c.len()]);
+    }
+    lanes_total(&acc)
 }
 
 /// Pass 1 over one block: LAMB's moments, and the block's squared norms.
+#[inline(always)]
 fn measure_block(k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32]) -> SquaredNorms {
-    let param = sum_squares_block(p.iter().copied());
+    let n = p.len();
+    let (m, grads) = (&mut m[..n], &grads[..n]);
+    let param = sum_squares(p, 1.0);
     let update = match k.rule {
         Rule::Lamb { .. } => {
-            let mut s = 0.0f64;
-            for i in 0..p.len() {
-                let g = grads[i] * k.grad_scale;
-                m[i] += k.one_minus_beta1 * (g - m[i]);
-                v[i] = k.beta2 * v[i] + k.one_minus_beta2 * g * g;
-                let u = k.lamb_update(p[i], m[i], v[i]) as f64;
-                s += u * u;
+            let v = &mut v[..n];
+            let mut acc = [0.0f64; LANES];
+            let mut u = [0.0f32; LANES];
+            for (((p, m), v), g) in p.chunks(LANES).zip(m.chunks_mut(LANES)).zip(v.chunks_mut(LANES)).zip(grads.chunks(LANES)) {
+                for j in 0..p.len() {
+                    let g = g[j] * k.grad_scale;
+                    m[j] += k.one_minus_beta1 * (g - m[j]);
+                    v[j] = k.beta2 * v[j] + k.one_minus_beta2 * g * g;
+                    u[j] = k.lamb_update(p[j], m[j], v[j]);
+                }
+                add_squares(&mut acc, &u[..p.len()]);
             }
-            s
+            lanes_total(&acc)
         }
-        Rule::Lars { .. } => sum_squares_block(grads.iter().map(|&g| g * k.grad_scale)),
+        Rule::Lars { .. } => sum_squares(grads, k.grad_scale),
     };
     SquaredNorms { param, update }
 }
 
 /// Pass 2 over one block: the step with the tensor's trust ratio, and the copy.
+#[inline(always)]
 fn apply_block(k: &Scalars, trust: f32, p: &mut [f32], m: &mut [f32], v: &[f32], grads: &[f32], copy: &mut ParamCopy<'_>) {
+    let n = p.len();
+    let (m, grads) = (&mut m[..n], &grads[..n]);
     match k.rule {
         Rule::Lamb { .. } => {
-            let step = k.lr * trust;
-            for i in 0..p.len() {
-                let u = k.lamb_update(p[i], m[i], v[i]);
-                p[i] -= step * u;
+            let (step, v) = (k.lr * trust, &v[..n]);
+            for i in 0..n {
+                p[i] -= step * k.lamb_update(p[i], m[i], v[i]);
             }
         }
         Rule::Lars { .. } => {
-            for i in 0..p.len() {
+            for i in 0..n {
                 let g = grads[i] * k.grad_scale;
                 let d = (g + k.wd * p[i]) * trust;
                 m[i] = k.momentum * m[i] + d;
@@ -187,7 +223,54 @@ fn apply_block(k: &Scalars, trust: f32, p: &mut [f32], m: &mut [f32], v: &[f32],
         ParamCopy::None => {}
         ParamCopy::F32(out) => out.copy_from_slice(p),
         ParamCopy::F16(out) => out.iter_mut().zip(p.iter()).for_each(|(o, &x)| *o = f16::from_f32(x)),
-        ParamCopy::Bf16(out) => out.iter_mut().zip(p.iter()).for_each(|(o, &x)| *o = bf16::from_f32(x)),
+        ParamCopy::Bf16(out) => out.iter_mut().zip(p.iter()).for_each(|(o, &x)| *o = bf16_from_f32(x)),
+    }
+}
+
+/// The block passes compiled for AVX2 as well as the baseline, the wider chosen at run time. No FMA
+/// is enabled (none would be contracted anyway), so both give the same bits.
+mod wide {
+    use super::*;
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn measure_avx2(k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32]) -> SquaredNorms {
+        measure_block(k, p, m, v, grads)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn apply_avx2(k: &Scalars, trust: f32, p: &mut [f32], m: &mut [f32], v: &[f32], grads: &[f32], copy: &mut ParamCopy<'_>) {
+        apply_block(k, trust, p, m, v, grads, copy)
+    }
+
+    fn has_avx2() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::is_x86_feature_detected!("avx2")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    pub(super) fn measure(k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32]) -> SquaredNorms {
+        if has_avx2() {
+            // SAFETY: the CPU has AVX2 (checked above).
+            #[cfg(target_arch = "x86_64")]
+            return unsafe { measure_avx2(k, p, m, v, grads) };
+        }
+        measure_block(k, p, m, v, grads)
+    }
+
+    pub(super) fn apply(k: &Scalars, trust: f32, p: &mut [f32], m: &mut [f32], v: &[f32], grads: &[f32], copy: &mut ParamCopy<'_>) {
+        if has_avx2() {
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            return unsafe { apply_avx2(k, trust, p, m, v, grads, copy) };
+        }
+        apply_block(k, trust, p, m, v, grads, copy)
     }
 }
 
@@ -270,7 +353,7 @@ impl Layerwise {
             p.par_chunks(NORM_BLOCK_ELEMS)
                 .zip(m.par_chunks_mut(NORM_BLOCK_ELEMS))
                 .zip(vs.into_par_iter().zip(grads.par_chunks(NORM_BLOCK_ELEMS)))
-                .map(|((p, m), (v, g))| measure_block(&k, p, m, v, g))
+                .map(|((p, m), (v, g))| wide::measure(&k, p, m, v, g))
                 .collect()
         });
         blocks.into_iter().fold(SquaredNorms::default(), |a, b| a + b)
@@ -311,7 +394,7 @@ impl Layerwise {
                 .zip(m.par_chunks_mut(NORM_BLOCK_ELEMS))
                 .zip(vs.into_par_iter().zip(grads.par_chunks(NORM_BLOCK_ELEMS)))
                 .zip(copies.into_par_iter())
-                .for_each(|(((p, m), (v, g)), mut c)| apply_block(&k, trust, p, m, v, g, &mut c));
+                .for_each(|(((p, m), (v, g)), mut c)| wide::apply(&k, trust, p, m, v, g, &mut c));
         });
     }
 }
