@@ -19,6 +19,7 @@ struct Steps {
     losses: Vec<f64>,
     grad_bytes: Vec<u64>,
     param_bytes: Vec<u64>,
+    codec_seconds: f64,
     weights: Vec<u32>,
 }
 
@@ -28,12 +29,13 @@ fn run(world: usize, tc: TrainConfig) -> Steps {
         let tokens = TokenFile::open(&golden_dir(GOLDEN).join("tokens.bin"))?;
         let dev = CpuDevice::new(None);
         let mut trainer = Trainer::with_comm(&dev, &ModelSource::Hf(&hf), tc.clone(), comm)?;
-        let mut s = Steps { losses: Vec::new(), grad_bytes: Vec::new(), param_bytes: Vec::new(), weights: Vec::new() };
+        let mut s = Steps { losses: Vec::new(), grad_bytes: Vec::new(), param_bytes: Vec::new(), codec_seconds: 0.0, weights: Vec::new() };
         for _ in 0..tc.steps {
             let r = trainer.train_step(&tokens)?;
             s.losses.push(r.loss);
             s.grad_bytes.push(r.comm.grad_sent_bytes);
             s.param_bytes.push(r.comm.param_sent_bytes);
+            s.codec_seconds += r.comm.codec_seconds;
             assert!(r.comm.grad_sent_bytes + r.comm.param_sent_bytes <= r.comm.sent_bytes);
         }
         s.weights = trainer.master_weights()?.iter().flat_map(|(_, _, v)| v.iter().map(|x| x.to_bits())).collect();
@@ -57,6 +59,7 @@ fn every_mode_sends_what_its_codec_promises_and_stays_near_none() {
     // The default is today's exchange, bit for bit.
     let default = run(2, TrainConfig { grad_compression_chunk: 2048, ..config(GradCompression::None, ZeroStage::Two) });
     assert_eq!(default.weights, none.weights);
+    assert_eq!(none.codec_seconds, 0.0, "none codes nothing");
     // (mode, the most gradient bytes it may send as a fraction of none's, loss tolerance relative to none's)
     let cases = [
         (GradCompression::Bf16, 0.5, 0.01),
@@ -71,6 +74,7 @@ fn every_mode_sends_what_its_codec_promises_and_stays_near_none() {
         // Words are padded to 4 bytes per slice: a little slack above the codec's own ratio.
         assert!(ratio <= most * 1.01 + 1e-3 && sent > 0, "{mode}: sent {sent} gradient bytes, {ratio:.4} of none's {full}");
         assert_eq!(got.param_bytes, none.param_bytes, "{mode}: the working copy's exchange is unchanged");
+        assert!(got.codec_seconds > 0.0, "{mode}: the coding time is counted");
         let worst = got.losses.iter().zip(&none.losses).map(|(a, b)| (a - b).abs() / b).fold(0.0, f64::max);
         assert!(
             got.losses.iter().all(|l| l.is_finite()) && worst < tol,
@@ -198,4 +202,25 @@ fn the_warmup_steps_cross_uncompressed() {
     assert!(warm.grad_bytes[3..].iter().zip(&none.grad_bytes[3..]).all(|(w, n)| w * 16 < *n), "compressed after the warm-up");
     let all_warm = run(2, TrainConfig { grad_compression_warmup: 100, ..config(GradCompression::OneBit, ZeroStage::Two) });
     assert_eq!(all_warm.weights, none.weights);
+}
+
+/// `bench collectives --grad-compression MODE` times the compressed reduce-scatter with the codec's
+/// bytes on the wire and its coding time (it once failed on the residual's length).
+#[test]
+fn bench_collectives_times_each_compressed_mode() {
+    use zerostream::comm::compress::Codec;
+    let slice_bytes = 64 << 10;
+    for mode in ["bf16", "int8", "onebit", "topk:0.01"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_zerostream"))
+            .args(["bench", "collectives", "--world-size", "2", "--sizes", "64KiB", "--reps", "1", "--json", "--grad-compression", mode])
+            .output()
+            .expect("running zerostream");
+        assert!(out.status.success(), "{mode}: {}", String::from_utf8_lossy(&out.stderr));
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+        let runs = json["runs"].as_array().expect("runs");
+        let row = runs.iter().find(|r| r["op"] == format!("reduce-scatter {mode}")).unwrap_or_else(|| panic!("{mode}: no row in {json}"));
+        let codec = Codec::new(mode.parse().unwrap(), 256).unwrap();
+        assert_eq!(row["wire_bytes_per_rank"], codec.encoded_bytes(slice_bytes / 4) as u64, "{mode}: {row}");
+        assert!(row["seconds"].as_f64().unwrap() > 0.0 && row["codec_seconds"].as_f64().unwrap() > 0.0, "{mode}: {row}");
+    }
 }

@@ -27,6 +27,9 @@ pub struct CollectiveRun {
     pub gbps_per_rank: f64,
     /// Bytes each rank sent to the others per call: (N-1) slices, or their encodings.
     pub wire_bytes_per_rank: u64,
+    /// Of `seconds`, this rank's mean time per call in encoding and decoding (compressed rows; 0
+    /// otherwise).
+    pub codec_seconds: f64,
 }
 
 impl CollectiveRun {
@@ -34,6 +37,7 @@ impl CollectiveRun {
         serde_json::json!({
             "op": self.op, "slice_bytes": self.slice_bytes, "world_size": self.world_size,
             "seconds": self.seconds, "gbps_per_rank": self.gbps_per_rank, "wire_bytes_per_rank": self.wire_bytes_per_rank,
+            "codec_seconds": self.codec_seconds,
         })
     }
 }
@@ -61,6 +65,7 @@ fn record(op: &str, slice_bytes: usize, world: usize, seconds: f64) -> Collectiv
         seconds,
         gbps_per_rank: received as f64 / seconds.max(1e-12) / 1e9,
         wire_bytes_per_rank: received as u64,
+        codec_seconds: 0.0,
     }
 }
 
@@ -104,12 +109,16 @@ pub fn bench_collectives(
         runs.push(record("reduce-scatter", 4 * n, world, t));
         if let Some(codec) = codec.filter(|c| c.mode != GradCompression::None && world > 1) {
             let full = gradient_like(comm.rank(), world * n);
-            let mut residual = vec![0.0f32; world * n];
+            let mut residual = vec![0.0f32; (world - 1) * n];
             let before = comm.stats().grad_sent_bytes;
             comm.reduce_scatter_sum_compressed(&full, &mut out, &codec, &mut residual, false)?;
             let wire = comm.stats().grad_sent_bytes - before;
+            let codec_before = comm.stats().codec_seconds;
             let t = best_time(comm, reps, || comm.reduce_scatter_sum_compressed(&full, &mut out, &codec, &mut residual, false))?;
-            runs.push(CollectiveRun { wire_bytes_per_rank: wire, ..record(&format!("reduce-scatter {}", codec.mode), 4 * n, world, t) });
+            // best_time makes reps.max(1) calls after one warm-up.
+            let codec_seconds = (comm.stats().codec_seconds - codec_before) / (reps.max(1) + 1) as f64;
+            let op = format!("reduce-scatter {}", codec.mode);
+            runs.push(CollectiveRun { wire_bytes_per_rank: wire, codec_seconds, ..record(&op, 4 * n, world, t) });
         }
         runs.extend(extra(n, reps)?);
     }

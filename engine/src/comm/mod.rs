@@ -8,6 +8,7 @@
 //! the same way. So the numbers never depend on the transport or on MPI's choice of algorithm:
 //! in-process and MPI runs of the same world size are bit-identical.
 
+pub mod codec;
 pub mod compress;
 pub mod local;
 #[cfg(feature = "mpi")]
@@ -70,6 +71,9 @@ pub struct CommStats {
     pub seconds: f64,
     /// Of `seconds`, the part spent while the device still had work in flight (so hidden behind it).
     pub overlapped_seconds: f64,
+    /// Seconds spent encoding and decoding compressed exchanges (not in `seconds`, which is the
+    /// transport's).
+    pub codec_seconds: f64,
 }
 
 impl std::ops::Sub for CommStats {
@@ -81,6 +85,7 @@ impl std::ops::Sub for CommStats {
             param_sent_bytes: self.param_sent_bytes - o.param_sent_bytes,
             seconds: self.seconds - o.seconds,
             overlapped_seconds: self.overlapped_seconds - o.overlapped_seconds,
+            codec_seconds: self.codec_seconds - o.codec_seconds,
         }
     }
 }
@@ -96,8 +101,8 @@ pub struct Comm {
     stats: Cell<CommStats>,
     /// The reduce-scatter's receive buffer, kept between calls (it runs once per block per micro-batch).
     received: RefCell<Vec<f32>>,
-    /// The compressed reduce-scatter's send and receive bytes and decoded values, kept the same way.
-    wire: RefCell<(Vec<u8>, Vec<u8>, Vec<f32>)>,
+    /// The compressed reduce-scatter's send and receive bytes, kept the same way.
+    wire: RefCell<(Vec<u8>, Vec<u8>)>,
 }
 
 /// What a counted collective moved, for the split of [`CommStats::sent_bytes`].
@@ -135,6 +140,16 @@ impl Comm {
     }
     pub fn barrier(&self) -> Result<()> {
         self.transport.barrier()
+    }
+
+    /// Runs `f`, a codec's encoding or decoding, counting its time in [`CommStats::codec_seconds`].
+    pub fn time_codec<R>(&self, f: impl FnOnce() -> R) -> R {
+        let start = Instant::now();
+        let r = f();
+        let mut stats = self.stats.get();
+        stats.codec_seconds += start.elapsed().as_secs_f64();
+        self.stats.set(stats);
+        r
     }
 
     fn count<R>(&self, sent_bytes: usize, traffic: Traffic, device_busy: bool, f: impl FnOnce() -> Result<R>) -> Result<R> {
@@ -287,7 +302,7 @@ impl Comm {
             bail!("reduce-scatter: {} elements in and {} of residual for {} ranks of {}", full.len(), residual.len(), world, n);
         }
         let mut wire = self.wire.borrow_mut();
-        let (send, recv, decoded) = &mut *wire;
+        let (send, recv) = &mut *wire;
         // Pieces of a fixed element count, whatever the transport: a piece is what topk chooses among.
         let piece = MAX_CHUNK_BYTES / 4;
         for start in (0..n).step_by(piece) {
@@ -295,27 +310,27 @@ impl Comm {
             let eb = codec.encoded_bytes(c);
             send.resize(world * eb, 0);
             recv.resize(world * eb, 0);
-            decoded.resize(c, 0.0);
-            for s in (0..world).filter(|&s| s != me) {
-                let slot = if s < me { s } else { s - 1 };
-                let (slice, kept) = (s * n + start..s * n + start + c, slot * n + start..slot * n + start + c);
-                codec.encode_with_feedback(&full[slice], &mut residual[kept], &mut send[s * eb..(s + 1) * eb], decoded);
-            }
-            self.count((world - 1) * eb, Traffic::Grads, device_busy, || self.transport.all_to_all_bytes(&send[..], &mut recv[..]))?;
-            let o = &mut out[start..start + c];
-            for r in 0..world {
-                let part: &[f32] = if r == me {
-                    &full[me * n + start..me * n + start + c]
-                } else {
-                    codec.decode(&recv[r * eb..(r + 1) * eb], decoded);
-                    decoded
-                };
-                if r == 0 {
-                    o.copy_from_slice(part);
-                } else {
-                    o.iter_mut().zip(part).for_each(|(a, b)| *a += b);
+            self.time_codec(|| {
+                for s in (0..world).filter(|&s| s != me) {
+                    let slot = if s < me { s } else { s - 1 };
+                    let (slice, kept) = (s * n + start..s * n + start + c, slot * n + start..slot * n + start + c);
+                    codec.encode_with_feedback(&full[slice], &mut residual[kept], &mut send[s * eb..(s + 1) * eb]);
                 }
-            }
+            });
+            self.count((world - 1) * eb, Traffic::Grads, device_busy, || self.transport.all_to_all_bytes(&send[..], &mut recv[..]))?;
+            // The rank-order sum, each part decoded straight onto it.
+            let o = &mut out[start..start + c];
+            let own = &full[me * n + start..me * n + start + c];
+            self.time_codec(|| {
+                for r in 0..world {
+                    match (r == me, r == 0) {
+                        (true, true) => o.copy_from_slice(own),
+                        (true, false) => o.iter_mut().zip(own).for_each(|(a, b)| *a += b),
+                        (false, true) => codec.decode(&recv[..eb], o),
+                        (false, false) => codec.decode_add(&recv[r * eb..(r + 1) * eb], o),
+                    }
+                }
+            });
         }
         Ok(())
     }

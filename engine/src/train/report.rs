@@ -84,6 +84,7 @@ impl StepReport {
             },
             "comm_s": self.comm.seconds,
             "comm_overlapped_s": self.comm.overlapped_seconds,
+            "comm_codec_s": self.comm.codec_seconds,
             "comm_bytes": self.comm.sent_bytes,
             "comm_grad_bytes": self.comm.grad_sent_bytes,
             "comm_param_bytes": self.comm.param_sent_bytes,

@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
+use rayon::prelude::*;
 use zerostream_offload::Tier;
 
 use super::vocab_head::HostWords;
@@ -120,16 +121,20 @@ impl<D: Backend> Trainer<'_, D> {
         let (n, world) = (mine.len(), self.sharding.world);
         let format = self.train.precision.half_format();
         let mut values = vec![0.0f32; n];
-        words_to_f32(bytemuck::cast_slice(mine), format, &mut values);
         let eb = codec.encoded_bytes(n);
         let mut bytes = vec![0u8; eb];
-        codec.encode(&values, &mut bytes);
+        self.comm.time_codec(|| {
+            words_to_f32(bytemuck::cast_slice(mine), format, &mut values);
+            codec.encode(&values, &mut bytes);
+        });
         let mut all = vec![0u8; world * eb];
         self.comm.all_gather_params(&bytes, &mut all, busy)?;
-        for (r, slice) in out.chunks_exact_mut(n.max(1)).enumerate().take(world) {
-            codec.decode(&all[r * eb..(r + 1) * eb], &mut values);
-            f32_to_words(&values, format, bytemuck::cast_slice_mut(slice));
-        }
+        self.comm.time_codec(|| {
+            for (r, slice) in out.chunks_exact_mut(n.max(1)).enumerate().take(world) {
+                codec.decode(&all[r * eb..(r + 1) * eb], &mut values);
+                f32_to_words(&values, format, bytemuck::cast_slice_mut(slice));
+            }
+        });
         Ok(())
     }
 
@@ -242,28 +247,25 @@ impl<D: Backend> Trainer<'_, D> {
     }
 }
 
-/// Working-copy words (f32, or 16-bit words of `format`) as f32 values.
+/// Elements per parallel task of the word conversions around `--param-compression`.
+const CONVERT_TASK_ELEMS: usize = 1 << 14;
+
+/// Working-copy words (f32, or 16-bit words of `format`) as f32 values, on rayon's threads.
 fn words_to_f32(words: &[u8], format: Option<HalfFormat>, out: &mut [f32]) {
-    match format {
-        None => out.copy_from_slice(bytemuck::cast_slice(words)),
-        Some(HalfFormat::Bf16) => {
-            out.iter_mut().zip(bytemuck::cast_slice::<u8, u16>(words)).for_each(|(o, &w)| *o = half::bf16::from_bits(w).to_f32())
-        }
-        Some(HalfFormat::F16) => {
-            out.iter_mut().zip(bytemuck::cast_slice::<u8, u16>(words)).for_each(|(o, &w)| *o = half::f16::from_bits(w).to_f32())
-        }
-    }
+    let Some(format) = format else { return out.copy_from_slice(bytemuck::cast_slice(words)) };
+    let words = bytemuck::cast_slice::<u8, u16>(words);
+    out.par_chunks_mut(CONVERT_TASK_ELEMS).zip(words.par_chunks(CONVERT_TASK_ELEMS)).for_each(|(o, w)| match format {
+        HalfFormat::Bf16 => o.iter_mut().zip(w).for_each(|(o, &w)| *o = half::bf16::from_bits(w).to_f32()),
+        HalfFormat::F16 => o.iter_mut().zip(w).for_each(|(o, &w)| *o = half::f16::from_bits(w).to_f32()),
+    });
 }
 
-/// f32 values as working-copy words (rounded to nearest even for 16-bit formats).
+/// f32 values as working-copy words (rounded to nearest even for 16-bit formats), on rayon's threads.
 fn f32_to_words(values: &[f32], format: Option<HalfFormat>, words: &mut [u8]) {
-    match format {
-        None => words.copy_from_slice(bytemuck::cast_slice(values)),
-        Some(HalfFormat::Bf16) => {
-            bytemuck::cast_slice_mut::<u8, u16>(words).iter_mut().zip(values).for_each(|(w, &v)| *w = half::bf16::from_f32(v).to_bits())
-        }
-        Some(HalfFormat::F16) => {
-            bytemuck::cast_slice_mut::<u8, u16>(words).iter_mut().zip(values).for_each(|(w, &v)| *w = half::f16::from_f32(v).to_bits())
-        }
-    }
+    let Some(format) = format else { return words.copy_from_slice(bytemuck::cast_slice(values)) };
+    let words = bytemuck::cast_slice_mut::<u8, u16>(words);
+    words.par_chunks_mut(CONVERT_TASK_ELEMS).zip(values.par_chunks(CONVERT_TASK_ELEMS)).for_each(|(w, v)| match format {
+        HalfFormat::Bf16 => w.iter_mut().zip(v).for_each(|(w, &v)| *w = half::bf16::from_f32(v).to_bits()),
+        HalfFormat::F16 => w.iter_mut().zip(v).for_each(|(w, &v)| *w = half::f16::from_f32(v).to_bits()),
+    });
 }
