@@ -63,6 +63,10 @@ fn hyperparameters_out_of_range_and_metrics_over_an_input_are_refused_before_any
     let out = zerostream(&["train", "--device", "cpu", "--steps", "1", "--optimizer", "lars", "--adam-state", "bf16"]);
     let err = stderr(&out);
     assert!(!out.status.success() && err.contains("--optimizer lars") && err.contains("--adam-state bf16"), "{err}");
+    // bf16 words for an fp16 working copy would cost as many bytes and lose bits.
+    let out = zerostream(&["train", "--device", "cpu", "--steps", "1", "--precision", "fp16", "--param-compression", "bf16"]);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("--param-compression bf16") && err.contains("--precision fp16"), "{err}");
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("tokens.bin");
     std::fs::copy(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny/tokens.bin"), &data).unwrap();

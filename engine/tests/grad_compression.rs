@@ -189,6 +189,7 @@ fn param_compression_sends_fewer_bytes_and_keeps_the_ranks_identical() {
     let bf16 = run(2, with(ZeroStage::Two, ParamCompression::None, Precision::Bf16));
     let same = run(2, with(ZeroStage::Two, ParamCompression::Bf16, Precision::Bf16));
     assert_eq!((&same.weights, &same.losses), (&bf16.weights, &bf16.losses), "bf16 over a bf16 copy is the copy's words");
+    assert_eq!(same.codec_seconds, 0.0, "bf16 over a bf16 copy is gathered as it is, without coding");
 }
 
 /// `--grad-compression-warmup N`: the first N steps cross uncompressed (as none's, byte for byte and

@@ -69,3 +69,27 @@ fn the_goldens_differ_from_adamw_so_the_rule_is_really_used() {
     let result = std::panic::catch_unwind(|| check_against(&golden, &got, name, "adamw"));
     assert!(result.is_err(), "AdamW reproduced the LAMB golden");
 }
+
+/// `bench adam --optimizer lamb|lars` times the two passes and counts their bytes; the 16-bit
+/// gradients that AdamW's bench defaults to are refused by name (the layer-wise rules read f32).
+#[test]
+fn bench_adam_times_lamb_and_lars() {
+    let bench = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_zerostream"))
+            .args(["bench", "adam", "--params", "100000", "--reps", "1", "--json"])
+            .args(args)
+            .output()
+            .expect("running zerostream")
+    };
+    for (optimizer, bytes_per_param) in [("lamb", 42), ("lars", 30)] {
+        let out = bench(&["--optimizer", optimizer, "--grad", "f32"]);
+        assert!(out.status.success(), "{optimizer}: {}", String::from_utf8_lossy(&out.stderr));
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+        assert_eq!(r["optimizer"], optimizer);
+        assert_eq!(r["bytes_per_param"], bytes_per_param, "{optimizer}: {r}");
+        assert!(r["gparams_per_s"].as_f64().unwrap() > 0.0, "{optimizer}: {r}");
+        let out = bench(&["--optimizer", optimizer]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("--grad f32"), "{optimizer}: {err}");
+    }
+}

@@ -164,6 +164,12 @@ impl<'a> Moments<'a> {
     }
 }
 
+/// Adam's bias corrections at `step` (from 1): 1 - beta1^step and 1 - beta2^step, in f64 as Python
+/// computes `beta ** step`. Shared with LAMB (layerwise.rs).
+pub(crate) fn bias_corrections(beta1: f64, beta2: f64, step: u64) -> (f64, f64) {
+    (1.0 - beta1.powf(step as f64), 1.0 - beta2.powf(step as f64))
+}
+
 /// The per-step scalars, computed once (in f64, as Python computes them for PyTorch) and rounded to f32.
 #[derive(Clone, Copy, Debug)]
 struct StepScalars {
@@ -182,8 +188,7 @@ impl StepScalars {
         assert!(step >= 1, "AdamW steps count from 1");
         let (lr, b1, b2) = (cfg.lr, cfg.beta1, cfg.beta2);
         let wd = if decay_this_tensor { cfg.weight_decay } else { 0.0 };
-        let bias_correction1 = 1.0 - b1.powf(step as f64); // Python's `beta1 ** step`
-        let bias_correction2 = 1.0 - b2.powf(step as f64);
+        let (bias_correction1, bias_correction2) = bias_corrections(b1, b2, step);
         StepScalars {
             grad_scale,
             decay: (1.0 - lr * wd) as f32,

@@ -125,13 +125,26 @@ impl Scalars {
                 k.one_minus_beta1 = (1.0 - beta1) as f32;
                 k.beta2 = beta2 as f32;
                 k.one_minus_beta2 = (1.0 - beta2) as f32;
-                k.bias_correction1 = (1.0 - beta1.powf(step as f64)) as f32;
-                k.bias_correction2_sqrt = (1.0 - beta2.powf(step as f64)).sqrt() as f32;
+                let (bc1, bc2) = crate::adam::bias_corrections(beta1, beta2, step);
+                k.bias_correction1 = bc1 as f32;
+                k.bias_correction2_sqrt = bc2.sqrt() as f32;
                 k.eps = eps as f32;
             }
             Rule::Lars { momentum, .. } => k.momentum = momentum as f32,
         }
         k
+    }
+
+    /// LAMB's moments updated with the gradient, element by element, and each element's u into `u`
+    /// (all of one length: a whole lane array, or the tail).
+    #[inline(always)]
+    fn lamb_moments(&self, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32], u: &mut [f32]) {
+        for ((((p, m), v), g), u) in p.iter().zip(m.iter_mut()).zip(v.iter_mut()).zip(grads).zip(u.iter_mut()) {
+            let g = g * self.grad_scale;
+            *m += self.one_minus_beta1 * (g - *m);
+            *v = self.beta2 * *v + self.one_minus_beta2 * g * g;
+            *u = self.lamb_update(*p, *m, *v);
+        }
     }
 
     /// LAMB's u for one element whose moments are already this step's.
@@ -182,15 +195,19 @@ fn measure_block(k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[
             let v = &mut v[..n];
             let mut acc = [0.0f64; LANES];
             let mut u = [0.0f32; LANES];
-            for (((p, m), v), g) in p.chunks(LANES).zip(m.chunks_mut(LANES)).zip(v.chunks_mut(LANES)).zip(grads.chunks(LANES)) {
-                for j in 0..p.len() {
-                    let g = g[j] * k.grad_scale;
-                    m[j] += k.one_minus_beta1 * (g - m[j]);
-                    v[j] = k.beta2 * v[j] + k.one_minus_beta2 * g * g;
-                    u[j] = k.lamb_update(p[j], m[j], v[j]);
-                }
-                add_squares(&mut acc, &u[..p.len()]);
+            // Whole lanes' worth at a time, so the divisions and square roots run as vectors; then
+            // the tail, with the same operations.
+            let whole = n / LANES * LANES;
+            let lanes = p[..whole].chunks_exact(LANES).zip(m[..whole].chunks_exact_mut(LANES));
+            for ((p, m), (v, g)) in lanes.zip(v[..whole].chunks_exact_mut(LANES).zip(grads[..whole].chunks_exact(LANES))) {
+                let (p, m): (&[f32; LANES], &mut [f32; LANES]) = (p.try_into().expect("a lane"), m.try_into().expect("a lane"));
+                let (v, g): (&mut [f32; LANES], &[f32; LANES]) = (v.try_into().expect("a lane"), g.try_into().expect("a lane"));
+                k.lamb_moments(p, m, v, g, &mut u);
+                add_squares(&mut acc, &u);
             }
+            let tail = n - whole;
+            k.lamb_moments(&p[whole..], &mut m[whole..], &mut v[whole..], &grads[whole..], &mut u[..tail]);
+            add_squares(&mut acc, &u[..tail]);
             lanes_total(&acc)
         }
         Rule::Lars { .. } => sum_squares(grads, k.grad_scale),
@@ -205,17 +222,16 @@ fn apply_block(k: &Scalars, trust: f32, p: &mut [f32], m: &mut [f32], v: &[f32],
     let (m, grads) = (&mut m[..n], &grads[..n]);
     match k.rule {
         Rule::Lamb { .. } => {
-            let (step, v) = (k.lr * trust, &v[..n]);
-            for i in 0..n {
-                p[i] -= step * k.lamb_update(p[i], m[i], v[i]);
+            let step = k.lr * trust;
+            for ((p, m), v) in p.iter_mut().zip(m.iter()).zip(&v[..n]) {
+                *p -= step * k.lamb_update(*p, *m, *v);
             }
         }
         Rule::Lars { .. } => {
-            for i in 0..n {
-                let g = grads[i] * k.grad_scale;
-                let d = (g + k.wd * p[i]) * trust;
-                m[i] = k.momentum * m[i] + d;
-                p[i] -= k.lr * m[i];
+            for ((p, m), g) in p.iter_mut().zip(m.iter_mut()).zip(grads) {
+                let d = (g * k.grad_scale + k.wd * *p) * trust;
+                *m = k.momentum * *m + d;
+                *p -= k.lr * *m;
             }
         }
     }

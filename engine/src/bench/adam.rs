@@ -1,5 +1,5 @@
-//! `zerostream bench adam`: the CPU AdamW update in parameters per second, against the machine's memory
-//! bandwidth (a triad) measured in the same run.
+//! `zerostream bench adam`: the CPU update (AdamW, or with `--optimizer` LAMB's or LARS's two passes)
+//! in parameters per second, against the machine's memory bandwidth (a triad) measured in the same run.
 
 use std::time::Instant;
 
@@ -8,8 +8,8 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 use zerostream_offload::adam::{self, AdamConfig, AdamW, DEFAULT_CHUNK_ELEMS, Grads, MomentNoise, Moments, ParamCopy};
 
-use crate::train::AdamState;
-use zerostream_offload::membw;
+use crate::train::{AdamState, Optimizer, TrainConfig};
+use zerostream_offload::{Layerwise, membw};
 
 /// Precision of the gradients fed to the update and of the parameter copy it writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -39,6 +39,8 @@ pub struct AdamBenchConfig {
     pub copy: HalfOrFull,
     /// The moments' format (`train --adam-state`).
     pub moments: AdamState,
+    /// The update rule (`train --optimizer`).
+    pub optimizer: Optimizer,
     pub reps: usize,
 }
 
@@ -50,6 +52,7 @@ pub struct AdamBenchReport {
     pub grad: HalfOrFull,
     pub copy: HalfOrFull,
     pub moments: AdamState,
+    pub optimizer: Optimizer,
     pub seconds_per_step: f64,
     pub gparams_per_s: f64,
     pub bytes_per_param: usize,
@@ -65,7 +68,7 @@ impl AdamBenchReport {
         serde_json::json!({
             "params": self.params, "threads": self.threads, "isa": self.isa,
             "grad": format!("{:?}", self.grad).to_lowercase(), "copy": format!("{:?}", self.copy).to_lowercase(),
-            "adam_state": self.moments.name(),
+            "adam_state": self.moments.name(), "optimizer": self.optimizer.name(),
             "seconds_per_step": self.seconds_per_step, "gparams_per_s": self.gparams_per_s,
             "bytes_per_param": self.bytes_per_param, "adam_gbps": self.adam_gbps,
             "triad_gbps": self.triad_gbps, "fraction_of_triad": self.fraction_of_triad(),
@@ -77,6 +80,9 @@ impl AdamBenchReport {
 pub fn bench_adam(cfg: &AdamBenchConfig) -> Result<AdamBenchReport> {
     if cfg.params == 0 || cfg.reps == 0 {
         bail!("--params and --reps must be positive");
+    }
+    if cfg.optimizer != Optimizer::Adamw {
+        return bench_layerwise(cfg);
     }
     let adam = AdamW::new(AdamConfig::default(), cfg.threads, DEFAULT_CHUNK_ELEMS);
     let n = cfg.params;
@@ -139,6 +145,66 @@ pub fn bench_adam(cfg: &AdamBenchConfig) -> Result<AdamBenchReport> {
         grad: cfg.grad,
         copy: cfg.copy,
         moments: cfg.moments,
+        optimizer: cfg.optimizer,
+        seconds_per_step: best,
+        gparams_per_s: n as f64 / best / 1e9,
+        bytes_per_param,
+        adam_gbps: (bytes_per_param * n) as f64 / best / 1e9,
+        triad_gbps: triad,
+    })
+}
+
+/// [`bench_adam`] for LAMB and LARS: per step, the norms pass, the trust ratio and the step pass over
+/// one tensor of `params` elements (f32 gradients and fp32 state, as the trainer runs them).
+fn bench_layerwise(cfg: &AdamBenchConfig) -> Result<AdamBenchReport> {
+    let name = cfg.optimizer.name();
+    if cfg.grad != HalfOrFull::F32 {
+        bail!("bench adam --optimizer {name} reads f32 gradients, as the trainer's accumulator holds them: add --grad f32");
+    }
+    if cfg.moments != AdamState::Fp32 {
+        bail!("bench adam --optimizer {name} with --adam-state {}: the layer-wise optimizers keep fp32 state", cfg.moments.name());
+    }
+    let config =
+        crate::train::layerwise_config(&TrainConfig { optimizer: cfg.optimizer, ..TrainConfig::default() }).expect("a layer-wise rule");
+    let opt = Layerwise::new(config, cfg.threads);
+    let n = cfg.params;
+    eprintln!("bench adam: {name}, {n} parameters, {} threads; allocating...", opt.threads());
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(opt.threads()).build()?;
+    let filled = |value: f32, len: usize| -> Vec<f32> { pool.install(|| vec![value; len]) };
+    let (mut p, grads, mut m) = (filled(0.5, n), filled(1e-3, n), filled(0.0, n));
+    let mut v = filled(0.0, if config.moments() == 2 { n } else { 0 });
+    let mut copy16 = vec![f16::ZERO; if cfg.copy == HalfOrFull::F16 { n } else { 0 }];
+    let mut copyb16 = vec![bf16::ZERO; if cfg.copy == HalfOrFull::Bf16 { n } else { 0 }];
+    let mut best = f64::INFINITY;
+    for step in 1..=cfg.reps as u64 + 1 {
+        let copy = match cfg.copy {
+            HalfOrFull::F32 => ParamCopy::None,
+            HalfOrFull::F16 => ParamCopy::F16(&mut copy16),
+            HalfOrFull::Bf16 => ParamCopy::Bf16(&mut copyb16),
+        };
+        let start = Instant::now();
+        let norms = opt.measure(&p, &mut m, &mut v, &grads, step, 1.0, true);
+        let trust = opt.trust_ratio(norms, true);
+        opt.apply(&mut p, &mut m, &v, &grads, copy, step, 1.0, true, trust);
+        if step > 1 {
+            best = best.min(start.elapsed().as_secs_f64()); // the first step faults pages in
+        }
+    }
+    eprintln!("bench adam: measuring memory bandwidth (triad)...");
+    drop((copy16, copyb16));
+    let triad = membw::triad_gbps(&pool, n.max(1 << 24), cfg.reps.max(3));
+    // Pass 1 reads p and g (LAMB also m and v, and writes them back); pass 2 reads p and the state
+    // (LARS also g) and writes p (LARS also m), and the copy.
+    let copy_bytes = if cfg.copy == HalfOrFull::F32 { 0 } else { 2 };
+    let bytes_per_param = copy_bytes + if config.moments() == 2 { 16 + 8 + 12 + 4 } else { 8 + 12 + 8 };
+    Ok(AdamBenchReport {
+        params: n,
+        threads: opt.threads(),
+        isa: "auto",
+        grad: cfg.grad,
+        copy: cfg.copy,
+        moments: cfg.moments,
+        optimizer: cfg.optimizer,
         seconds_per_step: best,
         gparams_per_s: n as f64 / best / 1e9,
         bytes_per_param,

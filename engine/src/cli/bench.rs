@@ -10,7 +10,7 @@ use zerostream::bench::kernels::KernelBenchConfig;
 use zerostream::bench::transfer::Link;
 use zerostream::comm::compress::{Codec, GradCompression};
 use zerostream::device::GpuDevice;
-use zerostream::train::AdamState;
+use zerostream::train::{AdamState, Optimizer};
 use zerostream_offload::IoEngineKind;
 
 use crate::{parse_grad_compression, parse_size};
@@ -20,7 +20,8 @@ const BENCH_ENGINES: &str = if cfg!(target_os = "linux") { "uring,threads" } els
 
 #[derive(clap::Subcommand)]
 pub enum BenchCommand {
-    /// CPU AdamW throughput, and the machine's memory bandwidth (STREAM triad) in the same run.
+    /// CPU update throughput (AdamW, LAMB or LARS), and the machine's memory bandwidth (STREAM triad) in
+    /// the same run.
     Adam {
         /// Parameters in the shard.
         #[arg(long, default_value_t = 64 << 20)]
@@ -38,6 +39,10 @@ pub enum BenchCommand {
         /// moved, plus the widening and the stochastic rounding's noise to compute).
         #[arg(long, value_enum, default_value = "fp32")]
         adam_state: AdamState,
+        /// The update rule, as `train --optimizer` takes it: adamw, or lamb and lars (two passes per
+        /// step: the norms, then the step; f32 gradients, so with `--grad f32`).
+        #[arg(long, value_enum, default_value = "adamw")]
+        optimizer: Optimizer,
         /// Timed steps; the best is reported.
         #[arg(long, default_value_t = 5)]
         reps: usize,
@@ -313,13 +318,22 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         }
         BenchCommand::Kernels(k) => kernels_command(k),
         BenchCommand::All { dir, size, params, adapter, json } => bench_all(&dir, size, params, adapter.as_deref(), json),
-        BenchCommand::Adam { params, threads, grad, copy, adam_state, reps, json } => {
-            let r = zerostream::bench::adam::bench_adam(&AdamBenchConfig { params, threads, grad, copy, moments: adam_state, reps })?;
+        BenchCommand::Adam { params, threads, grad, copy, adam_state, optimizer, reps, json } => {
+            let r = zerostream::bench::adam::bench_adam(&AdamBenchConfig {
+                params,
+                threads,
+                grad,
+                copy,
+                moments: adam_state,
+                optimizer,
+                reps,
+            })?;
             if json {
                 println!("{}", r.to_json());
             } else {
                 println!(
-                    "adam: {} params, {} grads, {} copy, {} moments, {} threads ({}): {:.2} Gparam/s, {} B/param = {:.1} GB/s; triad {:.1} GB/s; {:.0}% of triad",
+                    "{}: {} params, {} grads, {} copy, {} moments, {} threads ({}): {:.2} Gparam/s, {} B/param = {:.1} GB/s; triad {:.1} GB/s; {:.0}% of triad",
+                    r.optimizer.name(),
                     r.params,
                     r.grad,
                     r.copy,
@@ -496,6 +510,7 @@ fn bench_all(dir: &std::path::Path, size: u64, params: usize, adapter: Option<&s
         grad: HalfOrFull::Bf16,
         copy: HalfOrFull::Bf16,
         moments: AdamState::Fp32,
+        optimizer: Optimizer::Adamw,
         reps: 3,
     })?;
     // The triad is a ceiling, printed once as such; AdamW is held against it.

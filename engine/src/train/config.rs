@@ -73,6 +73,15 @@ pub enum Optimizer {
 }
 
 impl Optimizer {
+    /// As the flag takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Optimizer::Adamw => "adamw",
+            Optimizer::Lamb => "lamb",
+            Optimizer::Lars => "lars",
+        }
+    }
+
     /// What its state is called in summaries ("AdamW moments").
     pub fn state_words(self) -> &'static str {
         match self {
@@ -318,6 +327,12 @@ impl TrainConfig {
                  would step with the rounded moments); use --adam-state fp32",
                 enum_name(self.optimizer),
                 self.adam_state.name()
+            );
+        }
+        if self.param_compression == ParamCompression::Bf16 && self.precision == Precision::Fp16 {
+            bail!(
+                "--param-compression bf16 with --precision fp16: the fp16 working copy already crosses in 2 bytes a \
+                 word, so bf16 would send as many bytes and drop 3 bits of each; use none or int8"
             );
         }
         if self.grad_compression != GradCompression::None && self.precision == Precision::Fp16 {

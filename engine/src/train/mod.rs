@@ -50,6 +50,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use zerostream_offload::{AdamConfig, AdamW, IoEngine, Layerwise, LayerwiseConfig, NvmeDir, Rule, Stored};
 
 use crate::comm::Comm;
+use crate::comm::compress::ParamCompression;
 use crate::device::Backend;
 use crate::model::{Model, TensorSpec};
 pub use checkpoint::{Checkpoint, RunRecord, SaveDtype};
@@ -240,6 +241,8 @@ impl<'d, D: Backend> Trainer<'d, D> {
                 "--param-compression {} does nothing with one rank: the working copy is not gathered",
                 train.param_compression.name()
             ));
+        } else if train.param_compression == ParamCompression::Bf16 && train.precision == Precision::Bf16 {
+            io_notes.push("--param-compression bf16 does nothing with --precision bf16: the working copy is bf16 already".into());
         }
         let names: Vec<&str> = layouts.iter().map(|g| g.name.as_str()).collect();
         let exchange = grad_exchange::GradExchange::new(&train, &sharding, &shards, &names, source, nv, &mut io_notes)?;
@@ -403,19 +406,27 @@ impl<D: Backend> Drop for Trainer<'_, D> {
 /// `comm` here, at the same point on every rank.
 fn update_rule(train: &TrainConfig, comm: &Comm) -> Result<UpdateRule> {
     let threads = train.adam_threads;
-    let (lr, weight_decay) = (train.lr.peak, train.weight_decay);
-    let layerwise = |rule| -> Result<UpdateRule> {
-        let opt = Layerwise::new(LayerwiseConfig { lr, weight_decay, rule }, threads);
-        Ok(UpdateRule::Layerwise(opt, comm.split().context("--optimizer: a channel for the norms between ranks")?))
-    };
-    match train.optimizer {
-        Optimizer::Adamw => {
+    match layerwise_config(train) {
+        None => {
+            let (lr, weight_decay) = (train.lr.peak, train.weight_decay);
             let config = AdamConfig { lr, beta1: train.beta1, beta2: train.beta2, eps: train.eps, weight_decay };
             Ok(UpdateRule::AdamW(AdamW::new(config, threads, zerostream_offload::adam::DEFAULT_CHUNK_ELEMS)))
         }
-        Optimizer::Lamb => layerwise(Rule::Lamb { beta1: train.beta1, beta2: train.beta2, eps: train.eps }),
-        Optimizer::Lars => layerwise(Rule::Lars { momentum: train.momentum, trust_coefficient: train.trust_coefficient }),
+        Some(config) => {
+            let channel = comm.split().context("--optimizer: a channel for the norms between ranks")?;
+            Ok(UpdateRule::Layerwise(Layerwise::new(config, threads), channel))
+        }
     }
+}
+
+/// The layer-wise optimizer `--optimizer` names, with its settings (None: AdamW).
+pub(crate) fn layerwise_config(train: &TrainConfig) -> Option<LayerwiseConfig> {
+    let rule = match train.optimizer {
+        Optimizer::Adamw => return None,
+        Optimizer::Lamb => Rule::Lamb { beta1: train.beta1, beta2: train.beta2, eps: train.eps },
+        Optimizer::Lars => Rule::Lars { momentum: train.momentum, trust_coefficient: train.trust_coefficient },
+    };
+    Some(LayerwiseConfig { lr: train.lr.peak, weight_decay: train.weight_decay, rule })
 }
 
 /// Each parameter's index in checkpoint order, by name.

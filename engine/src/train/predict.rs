@@ -5,7 +5,8 @@
 //! - the drive: its directories (the run's `--nvme-dir`, striped alike), swept as the update sweeps
 //!   the state (read ahead, AdamW, write back, through the run's I/O engine), bytes of both directions
 //!   per second;
-//! - AdamW at the run's moment format and working-copy precision, on the run's threads;
+//! - the update (`--optimizer`: AdamW, or LAMB's and LARS's two passes) at the run's moment format
+//!   and working-copy precision, on the run's threads;
 //! - the device: a one-block and a several-block cut of the run's model (same width, vocabulary, B,
 //!   T, precision, budget), all state in RAM, a few steps each; their difference gives a block's
 //!   device time (compute, upload, download), the rest is the head's; and a block's upload rate.
@@ -26,7 +27,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use zerostream_checkpoints::TokenFile;
 use zerostream_offload::adam::{AdamConfig, AdamW, DEFAULT_CHUNK_ELEMS, Grads, MomentNoise, Moments, ParamCopy};
-use zerostream_offload::{IoEngine, NvmeDir, Stored, Tier};
+use zerostream_offload::{IoEngine, Layerwise, NvmeDir, Stored, Tier};
 
 use super::config::{AdamState, TrainConfig};
 use super::plan::Placement;
@@ -62,8 +63,8 @@ pub struct Prediction {
     pub upload_s: f64,
     pub adam_s: f64,
     pub drive_s: f64,
-    /// The link that sets the step: "the drive", "the device" or "AdamW" (or, on the cpu device,
-    /// the cores the device, AdamW and the sweep share).
+    /// The link that sets the step: "the drive", "the device" or "the update" (the optimizer's, on
+    /// the CPU; or, on the cpu device, the cores the device, the update and the sweep share).
     pub bound: &'static str,
 }
 
@@ -144,11 +145,11 @@ pub fn predict(rates: &LinkRates, placement: &Placement, model: &Model, train: &
     // On the cpu device the device's work, AdamW and the sweep's own CPU time share the cores.
     let candidates = if shared_cores {
         vec![
-            ("the cores (device, AdamW and the sweep's CPU time)", device_s + adam_s + rates.drive_cpu_share * drive_s),
+            ("the cores (device, update and the sweep's CPU time)", device_s + adam_s + rates.drive_cpu_share * drive_s),
             ("the drive", drive_s),
         ]
     } else {
-        vec![("the device", device_s), ("AdamW", adam_s), ("the drive", drive_s)]
+        vec![("the device", device_s), ("the update", adam_s), ("the drive", drive_s)]
     };
     let (bound, step_s) = candidates.into_iter().fold(("the device", 0.0f64), |best, c| if c.1 > best.1 { c } else { best });
     Prediction { step_s, device_s, upload_s, adam_s, drive_s, bound }
@@ -169,7 +170,7 @@ impl Prediction {
             None => "drive not timed (no --nvme-dir or --measure DIR)".into(),
         };
         format!(
-            "predicted steady step: {:.3} s, set by {} ({drive}; device {:.3} s: head {:.3} s + {:.4} s a block + re-uploads {:.3} s at {:.2} GB/s; AdamW {:.3} s at {:.2} Gparam/s); measured in {:.0} s",
+            "predicted steady step: {:.3} s, set by {} ({drive}; device {:.3} s: head {:.3} s + {:.4} s a block + re-uploads {:.3} s at {:.2} GB/s; update {:.3} s at {:.2} Gparam/s); measured in {:.0} s",
             self.step_s,
             self.bound,
             self.device_s,
@@ -266,24 +267,42 @@ fn adam_config(train: &TrainConfig) -> AdamConfig {
     AdamConfig { lr: train.lr.peak, beta1: train.beta1, beta2: train.beta2, eps: train.eps, weight_decay: train.weight_decay }
 }
 
-/// AdamW's parameters per second over 8M parameters with the run's moments and working copy.
+/// The update's parameters per second over 8M parameters (one tensor) with the run's optimizer,
+/// moments and working copy: AdamW's one pass, or LAMB's and LARS's two (norms, then the step).
 fn measure_adam(train: &TrainConfig) -> f64 {
-    let adam = AdamW::new(adam_config(train), train.adam_threads, DEFAULT_CHUNK_ELEMS);
     let n = 8 << 20;
     let (mut p, grads) = (vec![0.5f32; n], vec![1e-3f32; n]);
     let (mut m32, mut v32) = (vec![0.0f32; n], vec![0.0f32; n]);
-    let (mut m16, mut v16) = (vec![bf16::ZERO; n], vec![bf16::ZERO; n]);
     let mut copy = vec![bf16::ZERO; n];
     let mut best = f64::INFINITY;
-    for step in 1..=4u64 {
-        let moments = match train.adam_state {
-            AdamState::Fp32 => Moments::F32 { m: &mut m32, v: &mut v32 },
-            AdamState::Bf16 => Moments::Bf16 { m: &mut m16, v: &mut v16, noise: MomentNoise::new(0, step, 0, 0) },
-        };
-        let start = Instant::now();
-        adam.step_moments(&mut p, moments, Grads::F32(&grads), ParamCopy::Bf16(&mut copy), step, 1.0, true);
+    let mut time = |step: u64, t: f64| {
         if step > 1 {
-            best = best.min(start.elapsed().as_secs_f64()); // the first step faults the pages in
+            best = best.min(t); // the first step faults the pages in
+        }
+    };
+    if let Some(config) = super::layerwise_config(train) {
+        let opt = Layerwise::new(config, train.adam_threads);
+        if config.moments() == 1 {
+            v32 = Vec::new();
+        }
+        for step in 1..=4u64 {
+            let start = Instant::now();
+            let norms = opt.measure(&p, &mut m32, &mut v32, &grads, step, 1.0, true);
+            let trust = opt.trust_ratio(norms, true);
+            opt.apply(&mut p, &mut m32, &v32, &grads, ParamCopy::Bf16(&mut copy), step, 1.0, true, trust);
+            time(step, start.elapsed().as_secs_f64());
+        }
+    } else {
+        let adam = AdamW::new(adam_config(train), train.adam_threads, DEFAULT_CHUNK_ELEMS);
+        let (mut m16, mut v16) = (vec![bf16::ZERO; n], vec![bf16::ZERO; n]);
+        for step in 1..=4u64 {
+            let moments = match train.adam_state {
+                AdamState::Fp32 => Moments::F32 { m: &mut m32, v: &mut v32 },
+                AdamState::Bf16 => Moments::Bf16 { m: &mut m16, v: &mut v16, noise: MomentNoise::new(0, step, 0, 0) },
+            };
+            let start = Instant::now();
+            adam.step_moments(&mut p, moments, Grads::F32(&grads), ParamCopy::Bf16(&mut copy), step, 1.0, true);
+            time(step, start.elapsed().as_secs_f64());
         }
     }
     n as f64 / best / 1e9

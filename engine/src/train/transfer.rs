@@ -11,6 +11,7 @@ use zerostream_offload::Tier;
 use super::vocab_head::HostWords;
 use super::worker::{SharedGroup, lock};
 use super::{Clock, Precision, Trainer, schedule, timed};
+use crate::comm::compress::GradCompression;
 use crate::device::{Backend, HalfFormat};
 use crate::ops::elementwise;
 
@@ -117,9 +118,11 @@ impl<D: Backend> Trainer<'_, D> {
     /// the working precision), as they are or, with `--param-compression`, encoded and decoded — then
     /// `out` holds every slice decoded, this rank's own too, so every rank computes with the same copy.
     fn gather_working<T: bytemuck::Pod>(&self, mine: &[T], out: &mut [T], busy: bool) -> Result<()> {
-        let Some(codec) = self.train.param_compression.codec() else { return self.comm.all_gather_params(mine, out, busy) };
-        let (n, world) = (mine.len(), self.sharding.world);
         let format = self.train.precision.half_format();
+        // bf16 of a bf16 working copy is the words themselves: gathered as they are.
+        let codec = self.train.param_compression.codec().filter(|c| !(c.mode == GradCompression::Bf16 && format == Some(HalfFormat::Bf16)));
+        let Some(codec) = codec else { return self.comm.all_gather_params(mine, out, busy) };
+        let (n, world) = (mine.len(), self.sharding.world);
         let mut values = vec![0.0f32; n];
         let eb = codec.encoded_bytes(n);
         let mut bytes = vec![0u8; eb];
