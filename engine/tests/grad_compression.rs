@@ -220,7 +220,7 @@ fn bench_collectives_times_each_compressed_mode() {
         let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
         let runs = json["runs"].as_array().expect("runs");
         let row = runs.iter().find(|r| r["op"] == format!("reduce-scatter {mode}")).unwrap_or_else(|| panic!("{mode}: no row in {json}"));
-        let codec = Codec::new(mode.parse().unwrap(), 256).unwrap();
+        let codec = Codec::new(mode.parse().unwrap(), zerostream::comm::compress::DEFAULT_CHUNK_ELEMS).unwrap();
         assert_eq!(row["wire_bytes_per_rank"], codec.encoded_bytes(slice_bytes / 4) as u64, "{mode}: {row}");
         assert!(row["seconds"].as_f64().unwrap() > 0.0 && row["codec_seconds"].as_f64().unwrap() > 0.0, "{mode}: {row}");
     }

@@ -179,7 +179,7 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value = "cpu")]
     offload_optimizer: OffloadTarget,
     /// `plan` only: time the links this run would use on this machine, in about a minute — the drive
-    /// in DIR (default: the --nvme-dir directories) swept as the update sweeps it, AdamW, and the
+    /// in DIR (default: the --nvme-dir directories) swept as the update sweeps it, the update (`--optimizer`), and the
     /// device on a one-block and a several-block cut of the model — and print the predicted steady
     /// step time and the link that sets it. The rates are kept (in the tuning directory) for `train`
     /// with the same flags, which prints the prediction at start-up and records it in the metrics.
@@ -206,8 +206,9 @@ pub struct TrainArgs {
     #[arg(long, value_name = "STEPS", default_value_t = 0)]
     grad_compression_warmup: u64,
     /// How the working copy crosses between ranks in its all-gather (ZeRO++'s quantised weights): none
-    /// (its words as they are), bf16 (2 bytes per element; the same as none with --precision bf16) or
-    /// int8 (1 byte plus a 4-byte scale per 256 elements). Every rank, the sender included, computes
+    /// (its words as they are), bf16 (2 bytes per element; the same as none with --precision bf16,
+    /// refused with fp16: as many bytes, fewer bits) or int8 (1 byte plus a 4-byte scale per 256
+    /// elements). Every rank, the sender included, computes
     /// with the decoded copy, so ranks stay identical; the fp32 master weights stay exact. Does nothing
     /// with one rank.
     #[arg(long, value_enum, default_value = "none")]

@@ -66,11 +66,13 @@ impl fmt::Display for GradCompression {
 }
 
 /// Elements per scale of `int8` and `onebit` unless `--grad-compression-chunk` says otherwise: a
-/// scale's 4 bytes add an eighth to a 1-bit chunk (28.4x fewer bytes than f32, not 32x), and in
+/// scale's 4 bytes add a quarter to a 1-bit chunk (25.6x fewer bytes than f32, not 32x), and in
 /// exchange a chunk spans few rows of a matrix, so rows of very different size (an embedding's rare
-/// and common tokens) share a scale less often. Measured (benches/results/2026-11-26-grad-compression.md):
-/// onebit's loss after 300 steps of a small GPT-2 was 32% above `none`'s with 2048 and 3.3% with 256.
-pub const DEFAULT_CHUNK_ELEMS: usize = 256;
+/// and common tokens) share a scale less often. Measured (benches/results/2026-11-26-grad-compression.md,
+/// 2026-11-26-codecs.md): onebit's loss after 300 steps of a small GPT-2 was 32% above `none`'s
+/// with 2048, 3.3% with 256 and 3.6% with 128; of a small Llama 22%, 7.4%, 1.9% (64: 3.3%); with
+/// 100 uncompressed steps first, 128 gave +1.2% (GPT-2) and +1.6% (Llama), 256 +1.5% and +2.1%.
+pub const DEFAULT_CHUNK_ELEMS: usize = 128;
 
 /// How the working copy crosses between ranks in its all-gather (`--param-compression`, ZeRO++'s
 /// quantised weights): each rank encodes its slice and every rank, this one included, uses the decoded

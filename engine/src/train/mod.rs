@@ -16,6 +16,7 @@
 //! the same inputs whichever thread runs when, so the result is bit-identical to running in sequence.
 
 pub mod checkpoint;
+mod choices;
 mod config;
 pub mod demo;
 mod device_state;
