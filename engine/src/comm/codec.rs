@@ -59,6 +59,75 @@ fn sum_abs(x: &[f32]) -> f64 {
     ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]))
 }
 
+/// The indices of the `k` largest magnitudes of `x`, in increasing order, ties going to the lower
+/// index: the first `k` of the order "magnitude down, then index up", a total order, so the choice is
+/// the same everywhere. Magnitudes are compared as bits (for non-negative floats, NaN included, the
+/// bits order as `total_cmp` does). The k-th largest is found by a histogram of the magnitudes' top
+/// bits (one parallel pass), then selection among the few in its bin; one more pass keeps everything
+/// above it and the lowest-indexed of those equal to it.
+fn topk_indices(x: &[f32], k: usize) -> Vec<u32> {
+    const SHIFT: u32 = 16;
+    const BINS: usize = 1 << (31 - SHIFT);
+    if k == 0 {
+        return Vec::new();
+    }
+    let magnitude = |v: &f32| v.to_bits() & 0x7fff_ffff;
+    let histogram = x
+        .par_chunks(ELEMS_PER_TASK)
+        .fold(
+            || vec![0usize; BINS],
+            |mut h, c| {
+                c.iter().for_each(|v| h[(magnitude(v) >> SHIFT) as usize] += 1);
+                h
+            },
+        )
+        .reduce(
+            || vec![0usize; BINS],
+            |mut a, b| {
+                a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+                a
+            },
+        );
+    // The bin of the k-th largest, and how many lie in the bins above it.
+    let (mut bin, mut above) = (BINS - 1, 0);
+    while above + histogram[bin] < k {
+        above += histogram[bin];
+        bin -= 1;
+    }
+    let mut candidates: Vec<u32> = x.par_iter().map(magnitude).filter(|m| (m >> SHIFT) as usize == bin).collect();
+    let rank = candidates.len() - (k - above); // ascending position of the k-th largest
+    let threshold = *candidates.select_nth_unstable(rank).1;
+    let mut ties = k - above - candidates.iter().filter(|&&m| m > threshold).count();
+    // Per task, in index order: the indices above the threshold, and those equal to it; then, in
+    // task order, every index above and the ties while they last.
+    let parts: Vec<(Vec<u32>, Vec<u32>)> = x
+        .par_chunks(ELEMS_PER_TASK)
+        .enumerate()
+        .map(|(t, c)| {
+            let (mut over, mut equal) = (Vec::new(), Vec::new());
+            for (j, m) in c.iter().map(magnitude).enumerate() {
+                let i = (t * ELEMS_PER_TASK + j) as u32;
+                if m > threshold {
+                    over.push(i);
+                } else if m == threshold {
+                    equal.push(i);
+                }
+            }
+            (over, equal)
+        })
+        .collect();
+    let mut kept = Vec::with_capacity(k);
+    for (over, equal) in parts {
+        let take = equal.len().min(ties);
+        ties -= take;
+        let start = kept.len();
+        kept.extend(over);
+        kept.extend_from_slice(&equal[..take]);
+        kept[start..].sort_unstable();
+    }
+    kept
+}
+
 /// A little-endian f32 from bytes that need not be aligned (a receive buffer of bytes).
 #[inline(always)]
 fn word(b: &[u8]) -> f32 {
@@ -137,16 +206,7 @@ impl Codec {
                 }
             }
             GradCompression::TopK(f) => {
-                let mut order: Vec<u32> = (0..x.len() as u32).collect();
-                let k = Self::kept(f, x.len());
-                // Larger magnitude first, then lower index: a total order, so the choice is the same
-                // everywhere.
-                let by_size = |a: &u32, b: &u32| x[*b as usize].abs().total_cmp(&x[*a as usize].abs()).then(a.cmp(b));
-                if k < order.len() {
-                    order.select_nth_unstable_by(k - 1, by_size);
-                }
-                let kept = &mut order[..k];
-                kept.sort_unstable();
+                let kept = topk_indices(x, Self::kept(f, x.len()));
                 for (pair, &i) in out.chunks_exact_mut(8).zip(kept.iter()) {
                     pair[..4].copy_from_slice(&i.to_le_bytes());
                     pair[4..].copy_from_slice(&x[i as usize].to_le_bytes());
@@ -188,9 +248,16 @@ impl Codec {
                     None => self.decode_run::<OP>(scales, payload, out),
                 }
             }
+            // Subtracting the 0.0 of an element not sent leaves it as it is: only the pairs' are touched.
+            GradCompression::TopK(_) if OP == SUB => {
+                for p in bytes.chunks_exact(8) {
+                    out[u32::from_le_bytes([p[0], p[1], p[2], p[3]]) as usize] -= word(&p[4..]);
+                }
+            }
             GradCompression::TopK(_) => {
-                // Pairs come in increasing index (encode sorts them); every other element gets 0.0,
-                // so each element sees exactly one operation, as after a decoded copy.
+                // Pairs come in increasing index (encode keeps them so); every other element gets
+                // 0.0 (x + 0.0 turns -0.0 into +0.0), so each element sees exactly one operation, as
+                // after a decoded copy.
                 let mut pairs = bytes.chunks_exact(8).map(|p| (u32::from_le_bytes([p[0], p[1], p[2], p[3]]) as usize, word(&p[4..])));
                 let mut next = pairs.next();
                 for (i, o) in out.iter_mut().enumerate() {
@@ -361,6 +428,26 @@ mod tests {
                     let dropped_max = x.iter().zip(&y).filter(|(_, d)| **d == 0.0).fold(0f32, |m, (v, _)| m.max(v.abs()));
                     assert!(dropped_max <= smallest_kept, "topk n={n}: dropped {dropped_max} above kept {smallest_kept}");
                 }
+            }
+        }
+    }
+
+    /// topk keeps the first k of the order "magnitude down, then index up", with ties, -0.0, NaN and
+    /// infinities among the values.
+    #[test]
+    fn topk_keeps_the_largest_with_ties_to_the_lower_index() {
+        for n in [1usize, 2, 17, 300, 4099] {
+            // Few distinct magnitudes, so ties are common; both signs of each.
+            let mut x: Vec<f32> = random(n as u64 + 11, n).iter().map(|v| (v * 2.0).round() / 2.0).collect();
+            if n > 10 {
+                (x[3], x[5], x[7], x[9]) = (-0.0, f32::NAN, f32::NEG_INFINITY, f32::INFINITY);
+            }
+            let mut order: Vec<u32> = (0..n as u32).collect();
+            order.sort_by(|a, b| x[*b as usize].abs().total_cmp(&x[*a as usize].abs()).then(a.cmp(b)));
+            for k in [1, n / 3, n / 2, n.saturating_sub(1), n] {
+                let mut want = order[..k].to_vec();
+                want.sort_unstable();
+                assert_eq!(topk_indices(&x, k), want, "n={n} k={k}");
             }
         }
     }
