@@ -138,10 +138,23 @@ pub fn bench_adam(cfg: &AdamBenchConfig) -> Result<AdamBenchReport> {
     let copy_bytes = if cfg.copy == HalfOrFull::F32 { 0 } else { 2 };
     // bf16 moments: 2 of the 4 bytes of each moment, read and written.
     let bytes_per_param = adam::bytes_per_param(grads_elem_bytes(cfg.grad), copy_bytes) - if bf16_moments { 8 } else { 0 };
-    Ok(AdamBenchReport {
+    Ok(report(cfg, (adam.threads(), adam.isa().name()), best, bytes_per_param, triad))
+}
+
+/// The report of a run of `cfg` on `threads` with `isa`: its best step time, the bytes a parameter
+/// moves, and the triad beside it.
+fn report(
+    cfg: &AdamBenchConfig,
+    (threads, isa): (usize, &'static str),
+    best: f64,
+    bytes_per_param: usize,
+    triad_gbps: f64,
+) -> AdamBenchReport {
+    let n = cfg.params;
+    AdamBenchReport {
         params: n,
-        threads: adam.threads(),
-        isa: adam.isa().name(),
+        threads,
+        isa,
         grad: cfg.grad,
         copy: cfg.copy,
         moments: cfg.moments,
@@ -150,8 +163,8 @@ pub fn bench_adam(cfg: &AdamBenchConfig) -> Result<AdamBenchReport> {
         gparams_per_s: n as f64 / best / 1e9,
         bytes_per_param,
         adam_gbps: (bytes_per_param * n) as f64 / best / 1e9,
-        triad_gbps: triad,
-    })
+        triad_gbps,
+    }
 }
 
 /// [`bench_adam`] for LAMB and LARS: per step, the norms pass, the trust ratio and the step pass over
@@ -197,20 +210,7 @@ fn bench_layerwise(cfg: &AdamBenchConfig) -> Result<AdamBenchReport> {
     // (LARS also g) and writes p (LARS also m), and the copy.
     let copy_bytes = if cfg.copy == HalfOrFull::F32 { 0 } else { 2 };
     let bytes_per_param = copy_bytes + if config.moments() == 2 { 16 + 8 + 12 + 4 } else { 8 + 12 + 8 };
-    Ok(AdamBenchReport {
-        params: n,
-        threads: opt.threads(),
-        isa: "auto",
-        grad: cfg.grad,
-        copy: cfg.copy,
-        moments: cfg.moments,
-        optimizer: cfg.optimizer,
-        seconds_per_step: best,
-        gparams_per_s: n as f64 / best / 1e9,
-        bytes_per_param,
-        adam_gbps: (bytes_per_param * n) as f64 / best / 1e9,
-        triad_gbps: triad,
-    })
+    Ok(report(cfg, (opt.threads(), "auto"), best, bytes_per_param, triad))
 }
 
 fn grads_elem_bytes(g: HalfOrFull) -> usize {

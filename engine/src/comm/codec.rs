@@ -13,7 +13,7 @@ use super::compress::GradCompression;
 /// rayon's scheduling is noise, few enough that a gradient group spreads over every thread.
 const CHUNKS_PER_TASK: usize = 64;
 
-/// Elements per parallel task of the element-wise codecs (none, bf16).
+/// Elements per parallel task of the element-wise codecs (none, bf16) and of topk's passes.
 const ELEMS_PER_TASK: usize = 1 << 14;
 
 /// What a decoded value does to the element it lands on: [`Codec::decode`], [`Codec::decode_add`],
