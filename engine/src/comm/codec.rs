@@ -5,9 +5,60 @@
 //! chunk alone, so runs of whole chunks are encoded and decoded on rayon's threads with the bits of
 //! a sequential pass (`tests::runs_of_chunks_give_the_bits_of_one_chunk_at_a_time`).
 
+use std::fmt;
+use std::str::FromStr;
+
+use anyhow::{Result, bail};
 use rayon::prelude::*;
 
-use super::compress::GradCompression;
+/// How gradients cross between ranks in the reduce-scatter.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub enum GradCompression {
+    /// f32, exactly (4 bytes per element).
+    #[default]
+    None,
+    /// Rounded to bfloat16, to nearest even (2 bytes per element).
+    Bf16,
+    /// Per chunk: a scale max|x|/127 and each element rounded to the nearest of -127..=127 steps of it,
+    /// ties to even (1 byte per element plus 4 per chunk).
+    Int8,
+    /// Per chunk: mean|x| and each element's sign (1 bit per element plus 4 bytes per chunk).
+    OneBit,
+    /// The largest-magnitude fraction F of each piece, as (index, value) pairs (8 bytes per pair; ties
+    /// go to the lower index).
+    TopK(f32),
+}
+
+impl FromStr for GradCompression {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s {
+            "none" => GradCompression::None,
+            "bf16" => GradCompression::Bf16,
+            "int8" => GradCompression::Int8,
+            "onebit" => GradCompression::OneBit,
+            _ => match s.strip_prefix("topk:") {
+                Some(f) => match f.parse::<f32>() {
+                    Ok(f) if f > 0.0 && f <= 1.0 => GradCompression::TopK(f),
+                    _ => bail!("--grad-compression {s}: topk's fraction must be a number in (0, 1], e.g. topk:0.01"),
+                },
+                None => bail!("--grad-compression {s}: expected none, bf16, int8, onebit or topk:F (F in (0, 1], e.g. topk:0.01)"),
+            },
+        })
+    }
+}
+
+impl fmt::Display for GradCompression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GradCompression::None => write!(f, "none"),
+            GradCompression::Bf16 => write!(f, "bf16"),
+            GradCompression::Int8 => write!(f, "int8"),
+            GradCompression::OneBit => write!(f, "onebit"),
+            GradCompression::TopK(fraction) => write!(f, "topk:{fraction}"),
+        }
+    }
+}
 
 /// Chunks per parallel task of int8 and onebit: 16 Ki elements at the default chunk, enough that
 /// rayon's scheduling is noise, few enough that a gradient group spreads over every thread.
@@ -143,9 +194,9 @@ pub struct Codec {
 }
 
 impl Codec {
-    pub fn new(mode: GradCompression, chunk_elems: usize) -> anyhow::Result<Self> {
+    pub fn new(mode: GradCompression, chunk_elems: usize) -> Result<Self> {
         if chunk_elems == 0 {
-            anyhow::bail!("--grad-compression-chunk 0: a chunk needs at least one element");
+            bail!("--grad-compression-chunk 0: a chunk needs at least one element");
         }
         Ok(Codec { mode, chunk_elems })
     }
