@@ -236,6 +236,35 @@ fn layernorm_matches_twin() {
     check!("layernorm", layernorm_case, 1e-4, 1e-4);
 }
 
+/// The column sums over rows (bias_backward, layernorm's dweight and dbias) on tall inputs: many blocks
+/// of 64 rows, a last block of one row, exactly one and just over one block, a short and a wide output.
+fn column_sums_case<D: Backend>(dev: &D) -> Outputs {
+    let mut out = Outputs::new();
+    for (rows, n) in [(1000, 77), (4097, 3), (130, 1000), (64, 65), (65, 64), (2049, 2)] {
+        let seed = (rows * 7919 + n) as u64;
+        let dout = random(seed, rows * n, 1.0);
+        let db = tensor(dev, &random(seed + 1, n, 1.0));
+        dev.bias_backward(&db, &tensor(dev, &dout), rows, n);
+        out.push((format!("bias_backward {rows}x{n}"), dev.read(&db)));
+        let x: Vec<f32> = random(seed + 2, rows * n, 2.0).iter().map(|v| v + 0.5).collect();
+        let (w, b) = (random(seed + 3, n, 1.0), random(seed + 4, n, 1.0));
+        let (tx, tw, tb) = (tensor(dev, &x), tensor(dev, &w), tensor(dev, &b));
+        let (o, mean, rstd) = (dev.alloc(rows * n, "o").unwrap(), dev.alloc(rows, "m").unwrap(), dev.alloc(rows, "r").unwrap());
+        dev.layernorm_forward(&o, &mean, &rstd, &tx, &tw, &tb, rows, n, 1e-5);
+        let (dx, dw, dbias) = (dev.alloc(rows * n, "dx").unwrap(), tensor(dev, &w), tensor(dev, &b));
+        dev.layernorm_backward(&dx, &dw, &dbias, &tensor(dev, &dout), &tx, &tw, &mean, &rstd, rows, n);
+        out.push((format!("layernorm dweight {rows}x{n}"), dev.read(&dw)));
+        out.push((format!("layernorm dbias {rows}x{n}"), dev.read(&dbias)));
+    }
+    out
+}
+
+#[test]
+fn column_sums_match_twins() {
+    // Sums of up to 4097 terms of magnitude ~1-3.
+    check!("column sums", column_sums_case, 2e-4, 1e-4);
+}
+
 fn embedding_and_loss_case<D: Backend>(dev: &D) -> Outputs {
     let mut out = Outputs::new();
     // vocab 4097 x C 5 = 80 KiB of wte: split into vocabulary windows under 64 KiB bindings.

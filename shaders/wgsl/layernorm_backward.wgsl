@@ -1,9 +1,14 @@
 // layernorm_backward, two entry points:
 //   input_grad: dx (rows, C) += rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight; one workgroup per row.
-//   param_grad: dweight (C) += sum over rows of dout * xhat, dbias (C) += sum of dout; a workgroup owns 32
-//               columns with 8 lanes over rows, added in a fixed order (deterministic).
+//   param_grad: dweight (C) += sum over rows of dout * xhat, dbias (C) += sum of dout, by blocks of rows
+//               (common/column_lanes.wgsl): `dweight` and `dbias` are the outputs themselves where the
+//               piece has one block, else the two outputs' partials.
 
-struct Params { rows: u32, channels: u32, x_off: u32, dout_off: u32, dx_off: u32, stat_off: u32, _pad0: u32, _pad1: u32 }
+struct Params {
+    rows: u32, channels: u32, x_off: u32, dout_off: u32, dx_off: u32, stat_off: u32,
+    // param_grad only:
+    rows_per_block: u32, blocks: u32, dweight_off: u32, dbias_off: u32, _pad0: u32, _pad1: u32,
+}
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
@@ -43,30 +48,31 @@ fn input_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     }
 }
 
-var<workgroup> partial_w: array<f32, 256>;
-var<workgroup> partial_b: array<f32, 256>;
-
 @compute @workgroup_size(32, 8, 1)
 fn param_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let col = wg.x * 32u + lid.x;
+    let rows = block_rows(wg.y, p.rows_per_block, p.rows);
     var sw = 0.0;
     var sb = 0.0;
     if (col < p.channels) {
-        for (var row = lid.y; row < p.rows; row += 8u) {
+        for (var row = rows.first + lid.y; row < rows.end; row += 8u) {
             let d = dout[p.dout_off + row * p.channels + col];
             let xhat = (x[p.x_off + row * p.channels + col] - mean[p.stat_off + row]) * rstd[p.stat_off + row];
             sw += d * xhat;
             sb += d;
         }
     }
-    partial_w[lid.y * 32u + lid.x] = sw;
-    partial_b[lid.y * 32u + lid.x] = sb;
-    workgroupBarrier();
+    let tw = column_lanes_sum(lid, sw);
+    let tb = column_lanes_sum(lid, sb);
     if (lid.y == 0u && col < p.channels) {
-        var tw = 0.0;
-        var tb = 0.0;
-        for (var l = 0u; l < 8u; l++) { tw += partial_w[l * 32u + lid.x]; tb += partial_b[l * 32u + lid.x]; }
-        dweight[col] += tw;
-        dbias[col] += tb;
+        let iw = column_store_index(p.dweight_off, p.blocks, wg.y, p.channels, col);
+        let ib = column_store_index(p.dbias_off, p.blocks, wg.y, p.channels, col);
+        if (p.blocks == 1u) {
+            dweight[iw] += tw;
+            dbias[ib] += tb;
+        } else {
+            dweight[iw] = tw;
+            dbias[ib] = tb;
+        }
     }
 }

@@ -1,12 +1,17 @@
 // rmsnorm_backward, two entry points (xhat = x * rstd, g = dout * weight):
 //   input_grad: dx (rows, C) += rstd * (g - xhat * mean(g * xhat)); one workgroup per row, the mean summed
 //               as in rmsnorm_forward (lane partials with fma, then workgroup_sum's tree).
-//   param_grad: dweight (C) += sum over rows of dout * xhat; a workgroup owns 32 columns with 8 lanes over
-//               rows (lane y: rows y, y + 8, ...), the 8 partials added in order (deterministic, no atomics).
+//   param_grad: dweight (C) += sum over rows of dout * xhat, by blocks of rows (common/column_lanes.wgsl;
+//               lane y of a block sums its rows y, y + 8, ... with fma): `dweight` is the output itself
+//               where the piece has one block, else its partials.
 // Multiply-adds are explicit fma, not a * b + c (which a driver may or may not contract), with mul_add at
 // the same places in the twin (engine/src/ops/rmsnorm.rs): where fma is fused the two round alike.
 
-struct Params { rows: u32, channels: u32, x_off: u32, dout_off: u32, dx_off: u32, rstd_off: u32, _pad0: u32, _pad1: u32 }
+struct Params {
+    rows: u32, channels: u32, x_off: u32, dout_off: u32, dx_off: u32, rstd_off: u32,
+    // param_grad only:
+    rows_per_block: u32, blocks: u32, dweight_off: u32, _pad0: u32, _pad1: u32, _pad2: u32,
+}
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
@@ -39,23 +44,20 @@ fn input_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     }
 }
 
-var<workgroup> partial_w: array<f32, 256>;
-
 @compute @workgroup_size(32, 8, 1)
 fn param_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let col = wg.x * 32u + lid.x;
+    let rows = block_rows(wg.y, p.rows_per_block, p.rows);
     var sw = 0.0;
     if (col < p.channels) {
-        for (var row = lid.y; row < p.rows; row += 8u) {
+        for (var row = rows.first + lid.y; row < rows.end; row += 8u) {
             let xhat = x[p.x_off + row * p.channels + col] * rstd[p.rstd_off + row];
             sw = fma(dout[p.dout_off + row * p.channels + col], xhat, sw);
         }
     }
-    partial_w[lid.y * 32u + lid.x] = sw;
-    workgroupBarrier();
+    let total = column_lanes_sum(lid, sw);
     if (lid.y == 0u && col < p.channels) {
-        var total = 0.0;
-        for (var l = 0u; l < 8u; l++) { total += partial_w[l * 32u + lid.x]; }
-        dweight[col] += total;
+        let i = column_store_index(p.dweight_off, p.blocks, wg.y, p.channels, col);
+        if (p.blocks == 1u) { dweight[i] += total; } else { dweight[i] = total; }
     }
 }

@@ -6,6 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Result, bail};
 
+/// The gpu device's scratch for the column sums' partials (`gpu_columns.rs`): 1 MiB holds 64 blocks
+/// (4096 rows) of sums of a 4096-wide output.
+pub const GPU_COLUMN_PARTIALS_BYTES: u64 = 1 << 20;
+
 /// What a device charges its budget for each kind of allocation. The devices charge with these and the
 /// planner (`train::plan`) counts with them, so the bytes planned are the bytes allocated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -14,13 +18,15 @@ pub struct AllocCosts {
     pub packs_16bit: bool,
     /// Token ids and 16-bit values on their way to an f32 tensor pass through device buffers.
     pub stages_uploads: bool,
+    /// Bytes the device holds from the moment it opens (the gpu device's column-sum partials).
+    pub fixed_bytes: u64,
 }
 
 impl AllocCosts {
     /// The gpu device: packed 16-bit tensors, token ids and 16-bit uploads staged on the device.
-    pub const GPU: AllocCosts = AllocCosts { packs_16bit: true, stages_uploads: true };
+    pub const GPU: AllocCosts = AllocCosts { packs_16bit: true, stages_uploads: true, fixed_bytes: GPU_COLUMN_PARTIALS_BYTES };
     /// The cpu device: every tensor f32; token ids and uploads stay in host memory.
-    pub const CPU: AllocCosts = AllocCosts { packs_16bit: false, stages_uploads: false };
+    pub const CPU: AllocCosts = AllocCosts { packs_16bit: false, stages_uploads: false, fixed_bytes: 0 };
 
     /// An f32 tensor of `len` elements (an empty one still takes a word).
     pub fn tensor_bytes(&self, len: usize) -> u64 {

@@ -116,6 +116,8 @@ pub struct GpuDevice {
     attention_forced: Cell<Option<AttentionTile>>,
     /// The kernels' busy time from GPU timestamps (`gpu_busy.rs`), where the adapter has them.
     busy: Option<BusyClock>,
+    /// The column sums' partials per block of rows (`gpu_columns.rs`).
+    column_partials: GpuTensor,
 }
 
 /// The largest Params any kernel takes, in bytes (the attention kernels': 20 words).
@@ -196,9 +198,11 @@ impl GpuDevice {
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        let budget = ByteBudget::new(budget_bytes.unwrap_or(u64::MAX));
+        let column_partials = columns::partials_scratch(&device, &budget)?;
         Ok(GpuDevice {
             summary,
-            budget: ByteBudget::new(budget_bytes.unwrap_or(u64::MAX)),
+            budget,
             max_window_elems,
             align_elems,
             modules: RefCell::default(),
@@ -217,6 +221,7 @@ impl GpuDevice {
             attention_table: RefCell::new(attention_table),
             attention_forced: Cell::new(None),
             busy: BusyClock::new(&device, &queue),
+            column_partials,
             device,
             queue,
         })
@@ -488,6 +493,9 @@ mod attention;
 
 #[path = "gpu_gpt2.rs"]
 mod gpt2;
+
+#[path = "gpu_columns.rs"]
+mod columns;
 
 // The `Backend` ops, each to its dispatch: the element-wise kernels inline, the others in the
 // family's file above.

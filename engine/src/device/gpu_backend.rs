@@ -175,17 +175,21 @@ impl Backend for GpuDevice {
         Ok(())
     }
     fn bias_backward(&self, dbias: &GpuTensor, dout: &GpuTensor, m: usize, n: usize) {
-        let step = self.rows_per_piece(n);
-        for rows in Self::pieces(m, step, 1) {
-            let dw = self.window(dout, rows.start * n..rows.end * n);
-            let bw = self.window(dbias, 0..n);
-            self.dispatch(
-                shaders::BIAS_BACKWARD,
-                "main",
-                &[rows.len() as u32, n as u32, dw.elem_offset, bw.elem_offset],
-                &[(1, dw.binding), (2, bw.binding)],
-                [n.div_ceil(32) as u32, 1, 1],
-            );
+        for piece in self.column_pieces(m, n, 1) {
+            let dw = self.window(dout, piece.rows.start * n..piece.rows.end * n);
+            let out = self.column_target(&piece, n, dbias, 0);
+            let params = [
+                piece.rows.len() as u32,
+                n as u32,
+                dw.elem_offset,
+                out.elem_offset,
+                piece.rows_per_block as u32,
+                piece.blocks as u32,
+                0,
+                0,
+            ];
+            self.dispatch(shaders::BIAS_BACKWARD, "main", &params, &[(1, dw.binding), (2, out.binding)], piece.grid(n));
+            self.add_column_partials(&piece, n, &[dbias]);
         }
     }
 

@@ -143,35 +143,50 @@ impl GpuDevice {
             let span = r.start * channels..r.end * channels;
             let (xw, dw, gw) = (self.window(x, span.clone()), self.window(dout, span.clone()), self.window(dx, span));
             let (mw, rw) = (self.window(mean, r.clone()), self.window(rstd, r.clone()));
-            let params = [r.len() as u32, channels as u32, xw.elem_offset, dw.elem_offset, gw.elem_offset, mw.elem_offset, 0, 0];
+            let params =
+                [r.len() as u32, channels as u32, xw.elem_offset, dw.elem_offset, gw.elem_offset, mw.elem_offset, 0, 0, 0, 0, 0, 0];
             self.dispatch(
                 shaders::LAYERNORM_BACKWARD,
                 "input_grad",
                 &params,
                 &[
-                    (1, xw.binding.clone()),
-                    (2, dw.binding.clone()),
+                    (1, xw.binding),
+                    (2, dw.binding),
                     (3, weight.buffer.as_entire_buffer_binding()),
-                    (4, mw.binding.clone()),
-                    (5, rw.binding.clone()),
+                    (4, mw.binding),
+                    (5, rw.binding),
                     (6, gw.binding),
                 ],
                 Self::grid(r.len()),
             );
+        }
+        for piece in self.column_pieces(rows, channels, 2) {
+            let (r, span) = (piece.rows.clone(), piece.rows.start * channels..piece.rows.end * channels);
+            let (xw, dw) = (self.window(x, span.clone()), self.window(dout, span));
+            let (mw, rw) = (self.window(mean, r.clone()), self.window(rstd, r));
+            let (tw, tb) = (self.column_target(&piece, channels, dweight, 0), self.column_target(&piece, channels, dbias, 1));
+            let params = [
+                piece.rows.len() as u32,
+                channels as u32,
+                xw.elem_offset,
+                dw.elem_offset,
+                0,
+                mw.elem_offset,
+                piece.rows_per_block as u32,
+                piece.blocks as u32,
+                tw.elem_offset,
+                tb.elem_offset,
+                0,
+                0,
+            ];
             self.dispatch(
                 shaders::LAYERNORM_BACKWARD,
                 "param_grad",
                 &params,
-                &[
-                    (1, xw.binding),
-                    (2, dw.binding),
-                    (4, mw.binding),
-                    (5, rw.binding),
-                    (7, dweight.buffer.as_entire_buffer_binding()),
-                    (8, dbias.buffer.as_entire_buffer_binding()),
-                ],
-                [channels.div_ceil(32) as u32, 1, 1],
+                &[(1, xw.binding), (2, dw.binding), (4, mw.binding), (5, rw.binding), (7, tw.binding), (8, tb.binding)],
+                piece.grid(channels),
             );
+            self.add_column_partials(&piece, channels, &[dweight, dbias]);
         }
     }
 

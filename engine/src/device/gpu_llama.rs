@@ -53,28 +53,44 @@ impl GpuDevice {
             let span = r.start * channels..r.end * channels;
             let (xw, dw, gw) = (self.window(x, span.clone()), self.window(dout, span.clone()), self.window(dx, span));
             let rw = self.window(rstd, r.clone());
-            let params = [r.len() as u32, channels as u32, xw.elem_offset, dw.elem_offset, gw.elem_offset, rw.elem_offset, 0, 0];
+            let params =
+                [r.len() as u32, channels as u32, xw.elem_offset, dw.elem_offset, gw.elem_offset, rw.elem_offset, 0, 0, 0, 0, 0, 0];
             self.dispatch(
                 shaders::RMSNORM_BACKWARD,
                 "input_grad",
                 &params,
-                &[
-                    (1, xw.binding.clone()),
-                    (2, dw.binding.clone()),
-                    (3, weight.buffer.as_entire_buffer_binding()),
-                    (4, rw.binding.clone()),
-                    (5, gw.binding),
-                ],
+                &[(1, xw.binding), (2, dw.binding), (3, weight.buffer.as_entire_buffer_binding()), (4, rw.binding), (5, gw.binding)],
                 Self::grid(r.len()),
             );
-            // Each piece adds its rows' sums into dweight in turn: a fixed order for a given binding size.
+        }
+        // Each piece adds its rows' sums into dweight in turn: a fixed order for a given binding size.
+        for piece in self.column_pieces(rows, channels, 1) {
+            let span = piece.rows.start * channels..piece.rows.end * channels;
+            let (xw, dw, rw) = (self.window(x, span.clone()), self.window(dout, span), self.window(rstd, piece.rows.clone()));
+            let tw = self.column_target(&piece, channels, dweight, 0);
+            let (rows_per_block, blocks) = (piece.rows_per_block as u32, piece.blocks as u32);
+            let params = [
+                piece.rows.len() as u32,
+                channels as u32,
+                xw.elem_offset,
+                dw.elem_offset,
+                0,
+                rw.elem_offset,
+                rows_per_block,
+                blocks,
+                tw.elem_offset,
+                0,
+                0,
+                0,
+            ];
             self.dispatch(
                 shaders::RMSNORM_BACKWARD,
                 "param_grad",
                 &params,
-                &[(1, xw.binding), (2, dw.binding), (4, rw.binding), (6, dweight.buffer.as_entire_buffer_binding())],
-                [channels.div_ceil(32) as u32, 1, 1],
+                &[(1, xw.binding), (2, dw.binding), (4, rw.binding), (6, tw.binding)],
+                piece.grid(channels),
             );
+            self.add_column_partials(&piece, channels, &[dweight]);
         }
     }
 

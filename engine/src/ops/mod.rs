@@ -34,6 +34,10 @@ mod step_times;
 
 pub use matmul::{MatmulShape, Operand};
 
+/// Rows one workgroup of the GPU's column sums covers (`shaders/wgsl/common/column_lanes.wgsl`): the twin
+/// that mirrors those kernels' order (rmsnorm's weight gradient) blocks its rows alike.
+pub const COLUMN_BLOCK_ROWS: usize = 64;
+
 // Llama's ops.
 pub mod rmsnorm;
 pub mod rope;

@@ -8,9 +8,11 @@
 
 use rayon::prelude::*;
 
+use super::COLUMN_BLOCK_ROWS;
+
 /// Lanes of the kernels' row workgroup.
 const LANES: usize = 256;
-/// Lanes over rows in the weight-gradient kernel (`param_grad`: 32 columns x 8 row lanes).
+/// Lanes over rows in the weight-gradient kernel (`param_grad`: 32 columns x 8 row lanes a block).
 const ROW_LANES: usize = 8;
 
 /// The sum of `term(c)` over columns 0..channels in the kernels' order: lane l folds columns l, l + 256, ...
@@ -69,17 +71,26 @@ pub fn rmsnorm_backward(
             dxr[i] = r.mul_add((-xhat).mul_add(gx_mean, g), dxr[i]);
         }
     });
-    // As `param_grad`: row lane l sums rows l, l + 8, ... of a column; the 8 partials are then added in order.
+    // As `param_grad` on a piece of rows the GPU does not split: block b of COLUMN_BLOCK_ROWS rows, lane l
+    // of it summing the block's rows l, l + 8, ...; the 8 lane sums added in order, then the blocks' sums.
+    let blocks = rows.div_ceil(COLUMN_BLOCK_ROWS).max(1);
     dweight[..c].par_iter_mut().enumerate().for_each(|(col, dw)| {
-        let mut total = 0.0f32;
-        for lane in 0..ROW_LANES {
-            let partial = (lane..rows).step_by(ROW_LANES).fold(0.0f32, |acc, row| {
-                let xhat = x[row * c + col] * rstd[row];
-                dout[row * c + col].mul_add(xhat, acc)
-            });
-            total += partial;
+        let block_sum = |block: usize| {
+            let rows = block * COLUMN_BLOCK_ROWS..((block + 1) * COLUMN_BLOCK_ROWS).min(rows);
+            let mut total = 0.0f32;
+            for lane in 0..ROW_LANES {
+                total += rows.clone().skip(lane).step_by(ROW_LANES).fold(0.0f32, |acc, row| {
+                    let xhat = x[row * c + col] * rstd[row];
+                    dout[row * c + col].mul_add(xhat, acc)
+                });
+            }
+            total
+        };
+        if blocks == 1 {
+            *dw += block_sum(0);
+        } else {
+            *dw += (0..blocks).fold(0.0f32, |total, block| total + block_sum(block));
         }
-        *dw += total;
     });
 }
 

@@ -54,6 +54,8 @@ pub struct Placement {
     pub device_head_bytes: u64,
     pub device_block_slot_bytes: u64,
     pub device_activation_bytes: u64,
+    /// Two blocks' gradient buffers, the token ids' and 16-bit uploads' staging, and what the device
+    /// holds from the moment it opens (`AllocCosts::fixed_bytes`).
     pub device_other_bytes: u64,
     /// Block parameter slots on the device (2 at least; all blocks if the budget allows).
     pub block_slots: usize,
@@ -315,7 +317,7 @@ impl DeviceNeeds {
                 + model.head_activation_bytes(tc.batch, tc.seq_len)
                 + loss_bytes
                 + (model.n_layer() as u64 + 1) * costs.tensor_bytes(bt * model.width()),
-            other_bytes: 2 * block.map_or(0, f32_bytes) + 2 * costs.tokens_bytes(bt) + staged_16bit,
+            other_bytes: 2 * block.map_or(0, f32_bytes) + 2 * costs.tokens_bytes(bt) + staged_16bit + costs.fixed_bytes,
         }
     }
 
