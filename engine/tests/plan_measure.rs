@@ -71,3 +71,23 @@ fn measure_is_plans_flag_and_a_missing_directory_is_named() {
         zerostream_with(dir.path(), &["plan".into(), "--device".into(), "cpu".into(), "--measure".into(), "/proc/nonexistent/dir".into()]);
     assert!(!out.status.success() && stderr(&out).contains("/proc/nonexistent/dir"), "{}", stderr(&out));
 }
+
+/// The drive's rehearsal sweeps the run's own state: LARS's one moment (and its two passes), LAMB's two,
+/// each read and written, and its files removed afterwards.
+#[test]
+fn the_drive_rehearsal_sweeps_each_optimizers_state() {
+    let dir = tempfile::tempdir().unwrap();
+    for optimizer in ["lars", "lamb"] {
+        let nvme = dir.path().join(optimizer);
+        let args: Vec<String> = ["plan", "--measure", "--device", "cpu", "--batch-size", "2", "--seq-len", "32"]
+            .into_iter()
+            .chain(["--optimizer", optimizer, "--offload-optimizer", "nvme", "--nvme-dir", &path(&nvme)])
+            .map(String::from)
+            .collect();
+        let plan = zerostream_with(&dir.path().join("tune"), &args);
+        assert!(plan.status.success(), "{optimizer}: {}", stderr(&plan));
+        let said = String::from_utf8_lossy(&plan.stdout).into_owned();
+        assert!(predicted_s(&said) > 0.0 && said.contains("GB/s read+write"), "{optimizer}:\n{said}");
+        assert!(!nvme.join(".zerostream-measure").exists(), "{optimizer}: the rehearsal files are removed");
+    }
+}

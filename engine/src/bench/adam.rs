@@ -105,20 +105,13 @@ pub fn bench_adam(cfg: &AdamBenchConfig) -> Result<AdamBenchReport> {
     let g32 = filled(1e-3);
     let g16: Vec<f16> = pool.install(|| g32.par_iter().map(|x| f16::from_f32(*x)).collect());
     let gb16: Vec<bf16> = pool.install(|| g32.par_iter().map(|x| bf16::from_f32(*x)).collect());
-    let mut copy16 = vec![f16::ZERO; if cfg.copy == HalfOrFull::F16 { n } else { 0 }];
-    let mut copyb16 = vec![bf16::ZERO; if cfg.copy == HalfOrFull::Bf16 { n } else { 0 }];
+    let mut copy = CopyBuffers::new(cfg.copy, n);
     let grads = match cfg.grad {
         HalfOrFull::F32 => Grads::F32(&g32),
         HalfOrFull::F16 => Grads::F16(&g16),
         HalfOrFull::Bf16 => Grads::Bf16(&gb16),
     };
-    let mut best = f64::INFINITY;
-    for step in 1..=cfg.reps as u64 + 1 {
-        let copy = match cfg.copy {
-            HalfOrFull::F32 => ParamCopy::None,
-            HalfOrFull::F16 => ParamCopy::F16(&mut copy16),
-            HalfOrFull::Bf16 => ParamCopy::Bf16(&mut copyb16),
-        };
+    let best = best_step_seconds(cfg.reps, |step| {
         let [m16, v16] = &mut moments16;
         let moments = if bf16_moments {
             Moments::Bf16 { m: m16, v: v16, noise: MomentNoise::new(0, step, 0, 0) }
@@ -126,14 +119,11 @@ pub fn bench_adam(cfg: &AdamBenchConfig) -> Result<AdamBenchReport> {
             Moments::F32 { m: &mut m, v: &mut v }
         };
         let start = Instant::now();
-        adam.step_moments(&mut p, moments, grads, copy, step, 1.0, true);
-        let t = start.elapsed().as_secs_f64();
-        if step > 1 {
-            best = best.min(t); // the first step faults pages in
-        }
-    }
+        adam.step_moments(&mut p, moments, grads, copy.param_copy(), step, 1.0, true);
+        start.elapsed().as_secs_f64()
+    });
     eprintln!("bench adam: measuring memory bandwidth (triad)...");
-    drop((g16, gb16, copy16, copyb16));
+    drop((g16, gb16, copy));
     let triad = membw::triad_gbps(&pool, n.max(1 << 24), cfg.reps.max(3));
     let copy_bytes = if cfg.copy == HalfOrFull::F32 { 0 } else { 2 };
     // bf16 moments: 2 of the 4 bytes of each moment, read and written.
@@ -186,31 +176,49 @@ fn bench_layerwise(cfg: &AdamBenchConfig) -> Result<AdamBenchReport> {
     let filled = |value: f32, len: usize| -> Vec<f32> { pool.install(|| vec![value; len]) };
     let (mut p, grads, mut m) = (filled(0.5, n), filled(1e-3, n), filled(0.0, n));
     let mut v = filled(0.0, if config.moments() == 2 { n } else { 0 });
-    let mut copy16 = vec![f16::ZERO; if cfg.copy == HalfOrFull::F16 { n } else { 0 }];
-    let mut copyb16 = vec![bf16::ZERO; if cfg.copy == HalfOrFull::Bf16 { n } else { 0 }];
-    let mut best = f64::INFINITY;
-    for step in 1..=cfg.reps as u64 + 1 {
-        let copy = match cfg.copy {
-            HalfOrFull::F32 => ParamCopy::None,
-            HalfOrFull::F16 => ParamCopy::F16(&mut copy16),
-            HalfOrFull::Bf16 => ParamCopy::Bf16(&mut copyb16),
-        };
+    let mut copy = CopyBuffers::new(cfg.copy, n);
+    let best = best_step_seconds(cfg.reps, |step| {
         let start = Instant::now();
         let norms = opt.measure(&p, &mut m, &mut v, &grads, step, 1.0, true);
         let trust = opt.trust_ratio(norms, true);
-        opt.apply(&mut p, &mut m, &v, &grads, copy, step, 1.0, true, trust);
-        if step > 1 {
-            best = best.min(start.elapsed().as_secs_f64()); // the first step faults pages in
-        }
-    }
+        opt.apply(&mut p, &mut m, &v, &grads, copy.param_copy(), step, 1.0, true, trust);
+        start.elapsed().as_secs_f64()
+    });
     eprintln!("bench adam: measuring memory bandwidth (triad)...");
-    drop((copy16, copyb16));
+    drop(copy);
     let triad = membw::triad_gbps(&pool, n.max(1 << 24), cfg.reps.max(3));
     // Pass 1 reads p and g (LAMB also m and v, and writes them back); pass 2 reads p and the state
     // (LARS also g) and writes p (LARS also m), and the copy.
     let copy_bytes = if cfg.copy == HalfOrFull::F32 { 0 } else { 2 };
     let bytes_per_param = copy_bytes + if config.moments() == 2 { 16 + 8 + 12 + 4 } else { 8 + 12 + 8 };
     Ok(report(cfg, (opt.threads(), "auto"), best, bytes_per_param, triad))
+}
+
+/// The 16-bit copy of the parameters an update writes (`--copy`): a buffer of the chosen format, or none.
+struct CopyBuffers {
+    format: HalfOrFull,
+    f16: Vec<f16>,
+    bf16: Vec<bf16>,
+}
+
+impl CopyBuffers {
+    fn new(format: HalfOrFull, n: usize) -> Self {
+        let len = |f: HalfOrFull| if format == f { n } else { 0 };
+        CopyBuffers { format, f16: vec![f16::ZERO; len(HalfOrFull::F16)], bf16: vec![bf16::ZERO; len(HalfOrFull::Bf16)] }
+    }
+
+    fn param_copy(&mut self) -> ParamCopy<'_> {
+        match self.format {
+            HalfOrFull::F32 => ParamCopy::None,
+            HalfOrFull::F16 => ParamCopy::F16(&mut self.f16),
+            HalfOrFull::Bf16 => ParamCopy::Bf16(&mut self.bf16),
+        }
+    }
+}
+
+/// The fastest of steps 2..=reps + 1, each timed by `step(step_number)` (the first faults pages in).
+fn best_step_seconds(reps: usize, mut step: impl FnMut(u64) -> f64) -> f64 {
+    (1..=reps as u64 + 1).map(|n| (n, step(n))).filter(|&(n, _)| n > 1).map(|(_, t)| t).fold(f64::INFINITY, f64::min)
 }
 
 fn grads_elem_bytes(g: HalfOrFull) -> usize {

@@ -63,6 +63,8 @@ impl fmt::Display for GradCompression {
 /// Chunks per parallel task of int8 and onebit: 16 Ki elements at the default chunk, enough that
 /// rayon's scheduling is noise, few enough that a gradient group spreads over every thread.
 const CHUNKS_PER_TASK: usize = 64;
+// A run of onebit's chunks then starts on a whole byte of signs, whatever the chunk size.
+const _: () = assert!(CHUNKS_PER_TASK.is_multiple_of(8));
 
 /// Elements per parallel task of the element-wise codecs (none, bf16) and of topk's passes.
 const ELEMS_PER_TASK: usize = 1 << 14;
@@ -219,15 +221,27 @@ impl Codec {
         bytes.next_multiple_of(4)
     }
 
-    /// Payload bytes per chunk where each chunk owns its bytes (int8; onebit when a chunk is a whole
-    /// number of bytes), so runs of chunks can be coded in parallel. None: onebit's chunks share
-    /// sign bytes and are coded in one sequential pass.
-    fn payload_bytes_per_chunk(&self) -> Option<usize> {
-        match self.mode {
-            GradCompression::Int8 => Some(self.chunk_elems),
-            GradCompression::OneBit if self.chunk_elems.is_multiple_of(8) => Some(self.chunk_elems / 8),
-            _ => None,
-        }
+    /// Elements in one run of chunks coded by one task.
+    fn run_elems(&self) -> usize {
+        CHUNKS_PER_TASK * self.chunk_elems
+    }
+
+    /// The int8 or onebit codes of a slice of `n` elements split into runs of [`CHUNKS_PER_TASK`]
+    /// chunks: each run's scales and payload, which no other run touches (a run starts at a multiple
+    /// of 64 elements, so on a byte of onebit's signs even where chunks share bytes).
+    fn runs_mut<'a>(&self, out: &'a mut [u8], n: usize) -> impl IndexedParallelIterator<Item = (&'a mut [u8], &'a mut [u8])> {
+        let (scales, payload) = out.split_at_mut(4 * n.div_ceil(self.chunk_elems));
+        scales.par_chunks_mut(4 * CHUNKS_PER_TASK).zip(payload.par_chunks_mut(self.payload_bytes_per_run()))
+    }
+
+    /// [`Codec::runs_mut`] of received bytes.
+    fn runs<'a>(&self, bytes: &'a [u8], n: usize) -> impl IndexedParallelIterator<Item = (&'a [u8], &'a [u8])> {
+        let (scales, payload) = bytes.split_at(4 * n.div_ceil(self.chunk_elems));
+        scales.par_chunks(4 * CHUNKS_PER_TASK).zip(payload.par_chunks(self.payload_bytes_per_run()))
+    }
+
+    fn payload_bytes_per_run(&self) -> usize {
+        if self.mode == GradCompression::Int8 { self.run_elems() } else { self.run_elems() / 8 }
     }
 
     /// Writes `x` encoded into `out` (`encoded_bytes(x.len())` long).
@@ -245,16 +259,8 @@ impl Codec {
                 }
             }),
             GradCompression::Int8 | GradCompression::OneBit => {
-                let (scales, payload) = out.split_at_mut(4 * x.len().div_ceil(self.chunk_elems));
-                let run = CHUNKS_PER_TASK * self.chunk_elems;
-                match self.payload_bytes_per_chunk() {
-                    Some(pb) => scales
-                        .par_chunks_mut(4 * CHUNKS_PER_TASK)
-                        .zip(payload.par_chunks_mut(pb * CHUNKS_PER_TASK))
-                        .zip(x.par_chunks(run))
-                        .for_each(|((s, p), x)| self.encode_run(x, s, p)),
-                    None => self.encode_run(x, scales, payload),
-                }
+                let n = x.len();
+                self.runs_mut(out, n).zip(x.par_chunks(self.run_elems())).for_each(|((s, p), x)| self.encode_run(x, s, p))
             }
             GradCompression::TopK(f) => {
                 let kept = topk_indices(x, Self::kept(f, x.len()));
@@ -290,14 +296,8 @@ impl Codec {
                 }
             }),
             GradCompression::Int8 | GradCompression::OneBit => {
-                let (scales, payload) = bytes.split_at(4 * out.len().div_ceil(self.chunk_elems));
-                match self.payload_bytes_per_chunk() {
-                    Some(pb) => out.par_chunks_mut(CHUNKS_PER_TASK * self.chunk_elems).enumerate().for_each(|(t, o)| {
-                        let first = t * CHUNKS_PER_TASK;
-                        self.decode_run::<OP>(&scales[4 * first..], &payload[pb * first..], o)
-                    }),
-                    None => self.decode_run::<OP>(scales, payload, out),
-                }
+                let n = out.len();
+                out.par_chunks_mut(self.run_elems()).zip(self.runs(bytes, n)).for_each(|(o, (s, p))| self.decode_run::<OP>(s, p, o))
             }
             // Subtracting the 0.0 of an element not sent leaves it as it is: only the pairs' are touched.
             GradCompression::TopK(_) if OP == SUB => {
@@ -332,16 +332,10 @@ impl Codec {
         match self.mode {
             GradCompression::Int8 | GradCompression::OneBit => {
                 out.fill(0);
-                let (scales, payload) = out.split_at_mut(4 * x.len().div_ceil(self.chunk_elems));
-                let run = CHUNKS_PER_TASK * self.chunk_elems;
-                match self.payload_bytes_per_chunk() {
-                    Some(pb) => scales
-                        .par_chunks_mut(4 * CHUNKS_PER_TASK)
-                        .zip(payload.par_chunks_mut(pb * CHUNKS_PER_TASK))
-                        .zip(residual.par_chunks_mut(run).zip(x.par_chunks(run)))
-                        .for_each(|((s, p), (r, x))| self.feedback_run(x, r, s, p)),
-                    None => self.feedback_run(x, residual, scales, payload),
-                }
+                let run = self.run_elems();
+                self.runs_mut(out, x.len())
+                    .zip(residual.par_chunks_mut(run).zip(x.par_chunks(run)))
+                    .for_each(|((s, p), (r, x))| self.feedback_run(x, r, s, p))
             }
             _ => {
                 residual.par_iter_mut().zip(x).for_each(|(r, v)| *r += v);

@@ -181,6 +181,27 @@ impl Comm {
         self.all_gather_counted(mine, out, Traffic::Params, device_busy)
     }
 
+    /// [`Comm::all_gather_params`] of encoded bytes, `encoded_bytes` from every rank: `encode` writes
+    /// this rank's into the send buffer, then `decode(rank, bytes)` reads every rank's in rank order,
+    /// both timed as codec work ([`CommStats::codec_seconds`]). The buffers are the compressed
+    /// reduce-scatter's, kept between calls.
+    pub fn all_gather_encoded(
+        &self,
+        encoded_bytes: usize,
+        encode: impl FnOnce(&mut [u8]),
+        mut decode: impl FnMut(usize, &[u8]),
+        device_busy: bool,
+    ) -> Result<()> {
+        let mut wire = self.wire.borrow_mut();
+        let (send, recv) = &mut *wire;
+        send.resize(encoded_bytes, 0);
+        recv.resize(self.world_size() * encoded_bytes, 0);
+        self.time_codec(|| encode(send));
+        self.all_gather_params(send.as_slice(), recv, device_busy)?;
+        self.time_codec(|| recv.chunks_exact(encoded_bytes.max(1)).enumerate().for_each(|(rank, bytes)| decode(rank, bytes)));
+        Ok(())
+    }
+
     fn all_gather_counted<T: bytemuck::Pod>(&self, mine: &[T], out: &mut [T], traffic: Traffic, device_busy: bool) -> Result<()> {
         let world = self.world_size();
         if out.len() != world * mine.len() {

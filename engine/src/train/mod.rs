@@ -43,6 +43,7 @@ mod validate;
 mod vocab_head;
 mod worker;
 
+use std::cell::RefCell;
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -116,6 +117,8 @@ pub struct Trainer<'d, D: Backend> {
     stage1_grads: Vec<Vec<f32>>,
     /// A block's whole downloaded gradient and this rank's reduced slice of it, reused between calls.
     reduce_scratch: (Vec<f32>, Vec<f32>),
+    /// `--param-compression`: a working-copy slice as f32, to encode and decode, reused between gathers.
+    gather_values: RefCell<Vec<f32>>,
     /// How gradients cross between ranks, with the error-feedback residuals of a compressed exchange.
     exchange: grad_exchange::GradExchange,
     progress: Arc<Progress>,
@@ -281,6 +284,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             shared: Arc::new(shared),
             stage1_grads,
             reduce_scratch: (Vec::new(), Vec::new()),
+            gather_values: RefCell::default(),
             exchange,
             progress,
             nvme,

@@ -3,8 +3,8 @@
 //!
 //! Timed here:
 //! - the drive: its directories (the run's `--nvme-dir`, striped alike), swept as the update sweeps
-//!   the state (read ahead, AdamW, write back, through the run's I/O engine), bytes of both directions
-//!   per second;
+//!   the state (read ahead, the run's update and its moments, write back, through the run's I/O
+//!   engine), bytes of both directions per second;
 //! - the update (`--optimizer`: AdamW, or LAMB's and LARS's two passes) at the run's moment format
 //!   and working-copy precision, on the run's threads;
 //! - the device: a one-block and a several-block cut of the run's model (same width, vocabulary, B,
@@ -12,8 +12,8 @@
 //!   device time (compute, upload, download), the rest is the head's; and a block's upload rate.
 //!
 //! The model of a steady step: the drive moves its bytes (`Placement::nvme_traffic`) while the device
-//! runs every block and the head, and AdamW sweeps the state; the step takes the longest of the three.
-//! On the cpu device the device's work, AdamW and the sweep's own CPU time (AdamW, checksums, the
+//! runs every block and the head, and the update sweeps the state; the step takes the longest of the
+//! three. On the cpu device the device's work, the update and the sweep's own CPU time (the update, checksums, the
 //! I/O's system time: the share of the cores the rehearsal kept busy) share the cores, so they add
 //! up, against the drive's time alone.
 
@@ -188,15 +188,20 @@ impl Prediction {
 /// The update's sweep, rehearsed on the drive: 8 groups of the run's largest group size (at most 32M
 /// parameters each) of master weights and moments in the run's format, on `dirs`
 /// (`.zerostream-measure` subdirectories, striped as the run's state is, removed afterwards), swept
-/// three times by the trainer's own pipeline (read ahead, AdamW, write back); the last two sweeps'
+/// three times by the trainer's own pipeline (read ahead, the run's update, write back); the last two sweeps'
 /// bytes read and written per second. Gigabytes, not a burst: a drive (or a virtual disk's host cache) runs far
 /// faster for a moment than for a sweep's minutes, and the sweep's three stages set its pace as much
 /// as the drive does.
 fn measure_drive(dirs: &[PathBuf], train: &TrainConfig, group_elems: usize) -> Result<(f64, f64)> {
     struct Group {
         master: Stored,
-        m: Stored,
-        v: Stored,
+        /// The optimizer's moments (m and v; LARS's m alone).
+        moments: Vec<Stored>,
+    }
+    impl Group {
+        fn all(&mut self) -> Vec<&mut Stored> {
+            std::iter::once(&mut self.master).chain(self.moments.iter_mut()).collect()
+        }
     }
     const PASSES: u64 = 3;
     let subdirs: Vec<PathBuf> = dirs.iter().map(|d| d.join(".zerostream-measure")).collect();
@@ -213,13 +218,13 @@ fn measure_drive(dirs: &[PathBuf], train: &TrainConfig, group_elems: usize) -> R
         };
         let mut groups = (0..8)
             .map(|k| {
-                Ok(Group {
-                    master: new(&format!("g{k}.master"), 4 * n)?,
-                    m: new(&format!("g{k}.m"), moment_bytes * n)?,
-                    v: new(&format!("g{k}.v"), moment_bytes * n)?,
-                })
+                let moments =
+                    train.optimizer.moment_names().iter().map(|m| new(&format!("g{k}.{m}"), moment_bytes * n)).collect::<Result<_>>()?;
+                Ok(Group { master: new(&format!("g{k}.master"), 4 * n)?, moments })
             })
             .collect::<Result<Vec<_>>>()?;
+        // The run's update rule: AdamW, or LAMB's and LARS's two passes (fp32 moments).
+        let layerwise = super::layerwise_config(train).map(|config| Layerwise::new(config, train.adam_threads));
         let adam = AdamW::new(adam_config(train), train.adam_threads, DEFAULT_CHUNK_ELEMS);
         let grads = vec![1e-3f32; n];
         let nv = &nvme;
@@ -229,11 +234,23 @@ fn measure_drive(dirs: &[PathBuf], train: &TrainConfig, group_elems: usize) -> R
                 timed = Some(Instant::now()); // the first pass writes the files' first bytes
                 cpu_start = super::report::process_cpu_seconds();
             }
-            let load = |g: &mut Group| Stored::page_in_all(&mut [&mut g.master, &mut g.m, &mut g.v], Some(nv));
-            let store = |g: &mut Group| Stored::page_out_all(&mut [&mut g.master, &mut g.m, &mut g.v], Some(nv), true);
+            let load = |g: &mut Group| Stored::page_in_all(&mut g.all(), Some(nv));
+            let store = |g: &mut Group| Stored::page_out_all(&mut g.all(), Some(nv), true);
             let compute = |k: usize, g: &mut Group| {
                 let p = g.master.data_mut().as_mut_slice::<f32>();
-                let (m, v) = (g.m.data_mut(), g.v.data_mut());
+                let (m, rest) = g.moments.split_first_mut().expect("a first moment");
+                let (m, v) = (m.data_mut(), rest.first_mut().map(|v| v.data_mut()));
+                if let Some(opt) = &layerwise {
+                    let (m, mut none) = (m.as_mut_slice::<f32>(), Vec::new());
+                    let v = match v {
+                        Some(v) => v.as_mut_slice::<f32>(),
+                        None => none.as_mut_slice(),
+                    };
+                    let trust = opt.trust_ratio(opt.measure(p, m, v, &grads, pass, 1.0, true), true);
+                    opt.apply(p, m, v, &grads, ParamCopy::None, pass, 1.0, true, trust);
+                    return Ok(());
+                }
+                let v = v.expect("AdamW's second moment");
                 let moments = match train.adam_state {
                     AdamState::Fp32 => Moments::F32 { m: m.as_mut_slice(), v: v.as_mut_slice() },
                     AdamState::Bf16 => Moments::Bf16 {

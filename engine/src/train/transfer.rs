@@ -122,23 +122,21 @@ impl<D: Backend> Trainer<'_, D> {
         // bf16 of a bf16 working copy is the words themselves: gathered as they are.
         let codec = self.train.param_compression.codec().filter(|c| !(c.mode == GradCompression::Bf16 && format == Some(HalfFormat::Bf16)));
         let Some(codec) = codec else { return self.comm.all_gather_params(mine, out, busy) };
-        let (n, world) = (mine.len(), self.sharding.world);
-        let mut values = vec![0.0f32; n];
-        let eb = codec.encoded_bytes(n);
-        let mut bytes = vec![0u8; eb];
-        self.comm.time_codec(|| {
+        let n = mine.len();
+        let values = &self.gather_values;
+        values.borrow_mut().resize(n, 0.0);
+        let encode = |bytes: &mut [u8]| {
+            let mut values = values.borrow_mut();
             words_to_f32(bytemuck::cast_slice(mine), format, &mut values);
-            codec.encode(&values, &mut bytes);
-        });
-        let mut all = vec![0u8; world * eb];
-        self.comm.all_gather_params(&bytes, &mut all, busy)?;
-        self.comm.time_codec(|| {
-            for (r, slice) in out.chunks_exact_mut(n.max(1)).enumerate().take(world) {
-                codec.decode(&all[r * eb..(r + 1) * eb], &mut values);
-                f32_to_words(&values, format, bytemuck::cast_slice_mut(slice));
-            }
-        });
-        Ok(())
+            codec.encode(&values, bytes);
+        };
+        let mut slices = out.chunks_exact_mut(n.max(1));
+        let decode = |_rank: usize, bytes: &[u8]| {
+            let (slice, mut values) = (slices.next().expect("a slice of the working copy per rank"), values.borrow_mut());
+            codec.decode(bytes, &mut values);
+            f32_to_words(&values, format, bytemuck::cast_slice_mut(slice));
+        };
+        self.comm.all_gather_encoded(codec.encoded_bytes(n), encode, decode, busy)
     }
 
     /// Makes block `l`'s parameters resident in a slot for this step; returns the slot.
