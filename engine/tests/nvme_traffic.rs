@@ -11,7 +11,7 @@ mod common;
 use common::trajectory::{Golden, Run, run, run_rank};
 use zerostream::comm::Comm;
 use zerostream::comm::compress::GradCompression;
-use zerostream::device::CpuDevice;
+use zerostream::device::{AllocCosts, CpuDevice};
 use zerostream::train::ranks::in_process;
 use zerostream::train::{Precision, TrainConfig, ZeroStage};
 use zerostream_offload::Tier;
@@ -54,7 +54,7 @@ fn sequential_steps_move_exactly_the_predicted_bytes() {
                 &zerostream_checkpoints::HfModel::open(&common::trajectory::golden_dir(GOLDEN).join("model")).unwrap(),
             )
             .unwrap();
-            tc.gpu_mem_budget = Some(zerostream::train::minimum_device_bytes(&model, &tc));
+            tc.gpu_mem_budget = Some(zerostream::train::minimum_device_bytes_on(&model, &tc, AllocCosts::CPU));
         }
         let got = run(&CpuDevice::new(tc.gpu_mem_budget), GOLDEN, tc);
         assert_exact(what, &got, 0);
@@ -153,7 +153,7 @@ fn a_ram_cache_for_the_working_copy_reads_each_block_once_and_changes_nothing() 
     let tokens = zerostream_checkpoints::TokenFile::open(&dir.join("tokens.bin")).unwrap();
     let nvme = tempfile::tempdir().unwrap();
     let mut base = TrainConfig { steps: 3, sequential: true, recompute: true, ..on_nvme(&golden.train_config(), &nvme) };
-    base.gpu_mem_budget = Some(zerostream::train::minimum_device_bytes(&model, &base));
+    base.gpu_mem_budget = Some(zerostream::train::minimum_device_bytes_on(&model, &base, AllocCosts::CPU));
     let train = |tc: TrainConfig| {
         let dev = CpuDevice::new(tc.gpu_mem_budget);
         let mut trainer = Trainer::new(&dev, &ModelSource::Random { model: model.clone(), seed: 5 }, tc).unwrap();

@@ -8,7 +8,7 @@ mod common;
 
 use common::gpu_or_skip;
 use common::trajectory::{Golden, bits, check_trajectory, golden_dir, run};
-use zerostream::device::{Backend, CpuDevice};
+use zerostream::device::{AllocCosts, Backend, CpuDevice};
 use zerostream::train::{Precision, TrainConfig};
 use zerostream_checkpoints::HfModel;
 use zerostream_offload::Tier;
@@ -62,8 +62,9 @@ fn tiers_budgets_and_recompute_give_bit_identical_runs() {
         if tc.gpu_mem_budget == Some(0) {
             // The smallest budget the planner accepts; one byte less is refused.
             let cfg = zerostream::model::Model::of_hf(&HfModel::open(&golden_dir("gpt2-tiny-accum").join("model")).unwrap()).unwrap();
-            let minimum = zerostream::train::minimum_device_bytes(&cfg, &tc);
-            assert!(zerostream::train::plan(&cfg, &TrainConfig { gpu_mem_budget: Some(minimum - 1), ..tc.clone() }, 1).is_err());
+            let minimum = zerostream::train::minimum_device_bytes_on(&cfg, &tc, AllocCosts::CPU);
+            let one_less = TrainConfig { gpu_mem_budget: Some(minimum - 1), ..tc.clone() };
+            assert!(zerostream::train::plan_on(&cfg, &one_less, 1, AllocCosts::CPU).is_err());
             tc.gpu_mem_budget = Some(minimum);
         }
         let budget = tc.gpu_mem_budget;

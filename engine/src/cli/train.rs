@@ -466,7 +466,7 @@ pub fn plan(a: TrainArgs, explicit: &BTreeSet<String>) -> Result<()> {
     let request = resolve_train(&a, false, explicit, "")?;
     let (placement, predicted) = match &a.measure {
         Some(dir) => {
-            eprintln!("plan --measure: timing the drive, AdamW and the device on this run's shapes ...");
+            eprintln!("plan --measure: timing the drive, the update and the device on this run's shapes ...");
             let (placement, line) = zerostream::train::launch::plan_measured(request, std::path::Path::new(dir))?;
             (placement, Some(line))
         }

@@ -101,7 +101,8 @@ pub struct Comm {
     stats: Cell<CommStats>,
     /// The reduce-scatter's receive buffer, kept between calls (it runs once per block per micro-batch).
     received: RefCell<Vec<f32>>,
-    /// The compressed reduce-scatter's send and receive bytes, kept the same way.
+    /// The compressed reduce-scatter's send and receive bytes, kept the same way (the compressed
+    /// working-copy gather, `all_gather_encoded`, uses them too).
     wire: RefCell<(Vec<u8>, Vec<u8>)>,
 }
 

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Result, bail};
 
-/// The gpu device's scratch for the column sums' partials (`gpu_columns.rs`): 1 MiB holds 64 blocks
-/// (4096 rows) of sums of a 4096-wide output.
+/// The gpu device's scratch for the column sums' partials (`gpu_columns.rs`): 1 MiB holds 63 blocks
+/// (4032 rows) of sums of a 4096-wide output, less the alignment slack.
 pub const GPU_COLUMN_PARTIALS_BYTES: u64 = 1 << 20;
 
 /// What a device charges its budget for each kind of allocation. The devices charge with these and the
@@ -18,7 +18,8 @@ pub struct AllocCosts {
     pub packs_16bit: bool,
     /// Token ids and 16-bit values on their way to an f32 tensor pass through device buffers.
     pub stages_uploads: bool,
-    /// Bytes the device holds from the moment it opens (the gpu device's column-sum partials).
+    /// Bytes the device holds once it has trained a step, whatever the model (the gpu device's
+    /// column-sum partials, made by the first backward).
     pub fixed_bytes: u64,
 }
 

@@ -116,8 +116,9 @@ pub struct GpuDevice {
     attention_forced: Cell<Option<AttentionTile>>,
     /// The kernels' busy time from GPU timestamps (`gpu_busy.rs`), where the adapter has them.
     busy: Option<BusyClock>,
-    /// The column sums' partials per block of rows (`gpu_columns.rs`).
-    column_partials: GpuTensor,
+    /// The column sums' partials per block of rows (`gpu_columns.rs`), made by the first column sum
+    /// (the planner counts it in `AllocCosts::fixed_bytes`; generation never needs it).
+    column_partials: std::cell::OnceCell<GpuTensor>,
 }
 
 /// The largest Params any kernel takes, in bytes (the attention kernels': 20 words).
@@ -198,11 +199,9 @@ impl GpuDevice {
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let budget = ByteBudget::new(budget_bytes.unwrap_or(u64::MAX));
-        let column_partials = columns::partials_scratch(&device, &budget)?;
         Ok(GpuDevice {
             summary,
-            budget,
+            budget: ByteBudget::new(budget_bytes.unwrap_or(u64::MAX)),
             max_window_elems,
             align_elems,
             modules: RefCell::default(),
@@ -221,7 +220,7 @@ impl GpuDevice {
             attention_table: RefCell::new(attention_table),
             attention_forced: Cell::new(None),
             busy: BusyClock::new(&device, &queue),
-            column_partials,
+            column_partials: Default::default(),
             device,
             queue,
         })

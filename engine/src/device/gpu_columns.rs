@@ -4,13 +4,12 @@
 //! scratch buffer, and `column_partials_sum.wgsl` adds them into the output in block order. A workgroup
 //! per 32 columns alone left an H100 nearly idle where the output is short (N = 768: 24 workgroups,
 //! 4-15% of the copy bandwidth in benches/results/2026-11-23-h100-gpu.md). A piece of one block skips the
-//! scratch and adds into the output itself. A child module of `gpu`, so it uses that file's helpers.
+//! scratch and adds into the output itself. The order of the sums depends on the pieces (a binding's
+//! size and the scratch's), never on timing. A child module of `gpu`, so it uses that file's helpers.
 
 use std::ops::Range;
 
-use anyhow::Result;
-
-use super::{ByteBudget, GpuDevice, GpuTensor, Window};
+use super::{GpuDevice, GpuTensor, Window};
 use crate::device::alloc::GPU_COLUMN_PARTIALS_BYTES;
 use crate::ops::COLUMN_BLOCK_ROWS;
 use zerostream_shaders as shaders;
@@ -32,24 +31,22 @@ impl ColumnPiece {
     }
 }
 
-/// The scratch the column sums' partials go to, charged to the device's budget.
-pub(super) fn partials_scratch(device: &wgpu::Device, budget: &ByteBudget) -> Result<GpuTensor> {
-    let charge = budget.charge(GPU_COLUMN_PARTIALS_BYTES, "column-sum partials")?;
-    let buffer = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("column-sum partials"),
-        size: GPU_COLUMN_PARTIALS_BYTES,
-        usage: wgpu::BufferUsages::STORAGE,
-        mapped_at_creation: false,
-    });
-    Ok(GpuTensor { buffer, len: GPU_COLUMN_PARTIALS_BYTES as usize / 4, format: None, _charge: charge })
-}
-
 impl GpuDevice {
+    /// The scratch the partials go to, made (and charged to the budget) by the first column sum.
+    fn column_partials(&self) -> &GpuTensor {
+        self.column_partials.get_or_init(|| {
+            let usage = wgpu::BufferUsages::STORAGE;
+            let len = GPU_COLUMN_PARTIALS_BYTES as usize / 4;
+            // The planner counts these bytes (`AllocCosts::fixed_bytes`) in every training budget.
+            self.create_tensor(len, "column-sum partials", usage).expect("the column sums' 1 MiB scratch within the device budget")
+        })
+    }
+
     /// Splits `rows` rows of `n` columns, summed into `outputs` vectors, into pieces whose row windows fit
     /// one binding and whose partials fit the scratch (one window of it per output, aligned and
     /// disjoint). Where not even two blocks' partials fit, each piece is one block of all its rows.
     pub(super) fn column_pieces(&self, rows: usize, n: usize, outputs: usize) -> Vec<ColumnPiece> {
-        let scratch_elems = self.column_partials.len.min(self.max_window_elems);
+        let scratch_elems = self.column_partials().len.min(self.max_window_elems);
         let max_blocks = ((scratch_elems / outputs).saturating_sub(self.align_elems) / n.max(1)).min(MAX_BLOCKS);
         let bind_rows = self.rows_per_piece(n);
         let piece_rows = if max_blocks >= 2 { bind_rows.min(max_blocks * COLUMN_BLOCK_ROWS) } else { bind_rows };
@@ -70,7 +67,7 @@ impl GpuDevice {
             return self.window(output, 0..n);
         }
         let stride = (piece.blocks * n).next_multiple_of(self.align_elems);
-        self.window(&self.column_partials, index * stride..index * stride + piece.blocks * n)
+        self.window(self.column_partials(), index * stride..index * stride + piece.blocks * n)
     }
 
     /// The second stage: adds each output's partials of `piece` into it, in block order (nothing where

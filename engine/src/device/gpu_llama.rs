@@ -63,7 +63,8 @@ impl GpuDevice {
                 Self::grid(r.len()),
             );
         }
-        // Each piece adds its rows' sums into dweight in turn: a fixed order for a given binding size.
+        // Each piece adds its rows' sums into dweight in turn: a fixed order for a given binding and
+        // scratch size.
         for piece in self.column_pieces(rows, channels, 1) {
             let span = piece.rows.start * channels..piece.rows.end * channels;
             let (xw, dw, rw) = (self.window(x, span.clone()), self.window(dout, span), self.window(rstd, piece.rows.clone()));

@@ -71,8 +71,9 @@ pub fn rmsnorm_backward(
             dxr[i] = r.mul_add((-xhat).mul_add(gx_mean, g), dxr[i]);
         }
     });
-    // As `param_grad` on a piece of rows the GPU does not split: block b of COLUMN_BLOCK_ROWS rows, lane l
-    // of it summing the block's rows l, l + 8, ...; the 8 lane sums added in order, then the blocks' sums.
+    // As `param_grad` where the GPU sums every row in one piece (one binding and its 1 MiB scratch hold
+    // them: up to 4032 rows at C = 4096): block b of COLUMN_BLOCK_ROWS rows, lane l of it summing the
+    // block's rows l, l + 8, ...; the 8 lane sums added in order, then the blocks' sums.
     let blocks = rows.div_ceil(COLUMN_BLOCK_ROWS).max(1);
     dweight[..c].par_iter_mut().enumerate().for_each(|(col, dw)| {
         let block_sum = |block: usize| {

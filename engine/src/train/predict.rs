@@ -41,7 +41,7 @@ use crate::model::Model;
 pub struct LinkRates {
     /// Bytes per second read and written at once, both directions counted (None: no drive timed).
     pub drive_gbps: Option<f64>,
-    /// The share of all the cores the sweep kept busy while timed (AdamW, checksums, the I/O's system
+    /// The share of all the cores the sweep kept busy while timed (the update, checksums, the I/O's system
     /// time): the part of the drive's time the cpu device's work cannot overlap.
     pub drive_cpu_share: f64,
     pub adam_gparams_per_s: f64,
@@ -118,13 +118,13 @@ pub fn measure<D: Backend>(
     })
 }
 
-/// Whether `dev` computes on the CPU's cores, which AdamW uses too.
+/// Whether `dev` computes on the CPU's cores, which the update uses too.
 pub fn shares_cores<D: Backend>(dev: &D) -> bool {
     dev.alloc_costs() == crate::device::AllocCosts::CPU
 }
 
 /// The steady step of `placement` (of `model` with `train`) at `rates`; `shared_cores`: the device is
-/// the CPU, whose cores AdamW uses too.
+/// the CPU, whose cores the update uses too.
 pub fn predict(rates: &LinkRates, placement: &Placement, model: &Model, train: &TrainConfig, shared_cores: bool) -> Prediction {
     let traffic = placement.nvme_traffic.total();
     let drive_bytes = traffic.read_bytes + traffic.written_bytes;
@@ -142,7 +142,7 @@ pub fn predict(rates: &LinkRates, placement: &Placement, model: &Model, train: &
     let device_s = rates.head_s + model.n_layer() as f64 * rates.block_s + upload_s;
     let state_params = placement.host_optimizer_bytes as f64 / train.state_bytes_per_param() as f64;
     let adam_s = state_params / (rates.adam_gparams_per_s * 1e9);
-    // On the cpu device the device's work, AdamW and the sweep's own CPU time share the cores.
+    // On the cpu device the device's work, the update and the sweep's own CPU time share the cores.
     let candidates = if shared_cores {
         vec![
             ("the cores (device, update and the sweep's CPU time)", device_s + adam_s + rates.drive_cpu_share * drive_s),
