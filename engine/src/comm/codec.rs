@@ -299,25 +299,28 @@ impl Codec {
                 let n = out.len();
                 out.par_chunks_mut(self.run_elems()).zip(self.runs(bytes, n)).for_each(|(o, (s, p))| self.decode_run::<OP>(s, p, o))
             }
-            // Subtracting the 0.0 of an element not sent leaves it as it is: only the pairs' are touched.
-            GradCompression::TopK(_) if OP == SUB => {
-                for p in bytes.chunks_exact(8) {
-                    out[u32::from_le_bytes([p[0], p[1], p[2], p[3]]) as usize] -= word(&p[4..]);
-                }
-            }
             GradCompression::TopK(_) => {
-                // Pairs come in increasing index (encode keeps them so); every other element gets
-                // 0.0 (x + 0.0 turns -0.0 into +0.0), so each element sees exactly one operation, as
-                // after a decoded copy.
-                let mut pairs = bytes.chunks_exact(8).map(|p| (u32::from_le_bytes([p[0], p[1], p[2], p[3]]) as usize, word(&p[4..])));
-                let mut next = pairs.next();
-                for (i, o) in out.iter_mut().enumerate() {
-                    match next {
-                        Some((j, v)) if j == i => {
-                            apply::<OP>(o, v);
-                            next = pairs.next();
+                let pairs = bytes.chunks_exact(8).map(|p| (u32::from_le_bytes([p[0], p[1], p[2], p[3]]) as usize, word(&p[4..])));
+                match OP {
+                    // Subtracting the 0.0 of an element not sent leaves it as it is: only the pairs'.
+                    SUB => pairs.for_each(|(i, v)| out[i] -= v),
+                    SET => {
+                        out.par_chunks_mut(ELEMS_PER_TASK).for_each(|o| o.fill(0.0));
+                        pairs.for_each(|(i, v)| out[i] = v);
+                    }
+                    // An element not sent gets `+= 0.0` (which turns -0.0 into +0.0). The pairs go
+                    // first; the `+= 0.0` pass over all then changes a sent element only where its sum
+                    // is -0.0 (-0.0 + -0.0), which is put back: each element ends as after one `+=`.
+                    _ => {
+                        let mut negative_zeros = Vec::new();
+                        for (i, v) in pairs {
+                            out[i] += v;
+                            if out[i].to_bits() == (-0.0f32).to_bits() {
+                                negative_zeros.push(i);
+                            }
                         }
-                        _ => apply::<OP>(o, 0.0),
+                        out.par_chunks_mut(ELEMS_PER_TASK).for_each(|o| o.iter_mut().for_each(|o| *o += 0.0));
+                        negative_zeros.into_iter().for_each(|i| out[i] = -0.0);
                     }
                 }
             }
@@ -564,6 +567,29 @@ mod tests {
                 assert_eq!(bits(&sum), bits(&separate), "{mode} n={n} chunk={chunk}: decode_add");
             }
         }
+    }
+
+    /// topk's decode_add where the values sent include -0.0 (fewer non-zeros than pairs kept) and land
+    /// on -0.0: the bits of a decoded copy added element by element.
+    #[test]
+    fn topk_decode_add_keeps_the_bits_of_negative_zeros() {
+        let codec = Codec::new(GradCompression::TopK(0.5), 64).unwrap();
+        let n = 40;
+        let mut x = vec![0.0f32; n];
+        x.iter_mut().step_by(3).for_each(|v| *v = -0.0);
+        x[7] = 2.0;
+        let mut bytes = vec![0u8; codec.encoded_bytes(n)];
+        codec.encode(&x, &mut bytes);
+        let mut decoded = vec![1.0f32; n];
+        codec.decode(&bytes, &mut decoded);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert!(decoded.iter().any(|v| v.to_bits() == (-0.0f32).to_bits()), "a -0.0 is sent: {decoded:?}");
+        let mut sum: Vec<f32> = (0..n).map(|i| if i % 2 == 0 { -0.0 } else { i as f32 }).collect();
+        let mut separate = sum.clone();
+        separate.iter_mut().zip(&decoded).for_each(|(s, d)| *s += d);
+        codec.decode_add(&bytes, &mut sum);
+        assert_eq!(bits(&sum), bits(&separate));
+        assert!(sum.iter().any(|v| v.to_bits() == (-0.0f32).to_bits()), "-0.0 + -0.0 stays -0.0");
     }
 
     /// Error feedback loses nothing: over many steps, the decoded values sent plus the residual left
