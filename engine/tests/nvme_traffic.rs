@@ -206,3 +206,79 @@ fn a_ram_cache_for_the_working_copy_reads_each_block_once_and_changes_nothing() 
         }
     }
 }
+
+/// `--params-ram-cache auto` sizes the cache from the RAM available: a small model's evicted blocks
+/// all fit here, and `plan` names them; a size that is neither bytes nor `auto` is refused by name.
+#[test]
+fn an_automatic_ram_cache_holds_the_evicted_blocks_that_fit() {
+    use common::cli::{path, stderr, zerostream};
+    let dir = tempfile::tempdir().unwrap();
+    let nvme = path(dir.path());
+    let base = ["plan", "--device", "cpu", "--offload-params", "nvme", "--nvme-dir", &nvme];
+    let refused = zerostream(&[&base[..], &["--gpu-mem-budget", "1"]].concat());
+    let said = stderr(&refused);
+    let at = said.find("the minimum of ").unwrap_or_else(|| panic!("{said}")) + "the minimum of ".len();
+    let minimum = said[at..].split_whitespace().next().unwrap().to_string();
+    let plan = |cache: &str| zerostream(&[&base[..], &["--gpu-mem-budget", &minimum, "--params-ram-cache", cache]].concat());
+    let (auto, none) = (plan("auto"), plan("0"));
+    assert!(auto.status.success() && none.status.success(), "{}{}", stderr(&auto), stderr(&none));
+    let (auto, none) = (String::from_utf8_lossy(&auto.stdout), String::from_utf8_lossy(&none.stdout));
+    assert!(auto.contains("kept in RAM from forward to backward by --params-ram-cache"), "{auto}");
+    assert!(!none.contains("kept in RAM"), "{none}");
+    let bogus = plan("lots");
+    assert_eq!(bogus.status.code(), Some(2));
+    assert!(stderr(&bogus).contains("--params-ram-cache"), "{}", stderr(&bogus));
+}
+
+/// Stages 1-2 with two ranks: the forward upload that gathers a block's working copy keeps it in the
+/// RAM cache for the backward (writing it back after), so with room for every evicted block each
+/// group is read once a step and written back once, exactly as predicted, with the bits unchanged.
+#[test]
+fn two_ranks_keep_a_gathered_working_copy_for_the_backward() {
+    use zerostream::train::{ModelSource, Trainer};
+    let golden = Golden::load(GOLDEN);
+    let dir = common::trajectory::golden_dir(GOLDEN);
+    let model =
+        zerostream::model::Model::of_hf(&zerostream_checkpoints::HfModel::open(&dir.join("model")).unwrap()).unwrap().with_layers(6);
+    let tokens = zerostream_checkpoints::TokenFile::open(&dir.join("tokens.bin")).unwrap();
+    for stage in [ZeroStage::One, ZeroStage::Two] {
+        let run = |cache_bytes: u64| {
+            let nvme = tempfile::tempdir().unwrap();
+            let mut tc = TrainConfig {
+                steps: 3,
+                sequential: true,
+                recompute: true,
+                grad_accum: 1,
+                zero_stage: stage,
+                params_ram_cache_bytes: cache_bytes,
+                ..on_nvme(&golden.train_config(), &nvme)
+            };
+            tc.gpu_mem_budget = Some(zerostream::train::minimum_device_bytes_on(&model, &tc, AllocCosts::CPU));
+            let ranks = in_process(2, |comm: Comm| {
+                let dev = CpuDevice::new(tc.gpu_mem_budget);
+                let mut trainer = Trainer::with_comm(&dev, &ModelSource::Random { model: model.clone(), seed: 5 }, tc.clone(), comm)?;
+                let reports: Vec<_> = (0..3).map(|_| trainer.train_step(&tokens)).collect::<anyhow::Result<_>>()?;
+                let placement = trainer.placement.clone();
+                trainer.finish()?;
+                Ok((reports, placement))
+            })
+            .unwrap();
+            let (reports, placement) = ranks.into_iter().next().unwrap();
+            let bits: Vec<u64> = reports.iter().flat_map(|r| [r.loss.to_bits(), r.grad_norm.to_bits()]).collect();
+            let bytes: Vec<(u64, u64)> = reports.iter().map(|r| (r.nvme_read_bytes, r.nvme_written_bytes)).collect();
+            (bits, bytes, placement)
+        };
+        let what = format!("stage {}", stage.number());
+        let (bits, _, uncached) = run(0);
+        let (cached_bits, bytes, placement) = run(1 << 30);
+        assert_eq!(cached_bits, bits, "{what}: the cache changed the run");
+        assert_eq!(placement.cached_working_blocks, 0..4, "{what}");
+        let (want, before) = (placement.nvme_traffic, uncached.nvme_traffic);
+        assert_eq!(want.working.read_bytes, placement.host_working_bytes, "{what}: each group read once a step");
+        assert_eq!(want.working.written_bytes, before.working.written_bytes, "{what}: the gathered copies still written back");
+        // Step 0 gathers nothing (every rank starts whole); the steps after it are steady.
+        for (step, &got) in bytes.iter().enumerate().skip(1) {
+            assert_eq!(got, (want.total().read_bytes, want.total().written_bytes), "{what}: step {step} against {want:?}");
+        }
+    }
+}

@@ -18,6 +18,17 @@ use zerostream_offload::{IoConfig, IoEngineKind, Tier};
 
 use crate::{DeviceArgs, parse_grad_compression, parse_size};
 
+/// `--params-ram-cache`: a size, or `auto` (sized by `train::launch` from the RAM available).
+#[derive(Clone, Copy, Debug)]
+pub enum RamCache {
+    Bytes(u64),
+    Auto,
+}
+
+fn parse_ram_cache(text: &str) -> Result<RamCache, String> {
+    if text.trim().eq_ignore_ascii_case("auto") { Ok(RamCache::Auto) } else { parse_size(text).map(RamCache::Bytes) }
+}
+
 /// Where a kind of state lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum OffloadTarget {
@@ -228,10 +239,12 @@ pub struct TrainArgs {
     /// With --offload-params nvme: RAM (e.g. 3GiB; default 0) that keeps the working copies of the
     /// blocks evicted from their device slots between their forward and backward uploads, so each is
     /// read from the drive once a step instead of twice — the blocks nearest the turn from forward to
-    /// backward first. `plan` says how many blocks it holds and the bytes saved; results are
-    /// bit-identical with or without it.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "0")]
-    params_ram_cache: u64,
+    /// backward first. `auto`: what the RAM available at start-up leaves after the run's other state
+    /// (and the cpu device's memory) and a margin of 1 GiB + 1/8 of it, shared by the ranks on this
+    /// machine. `plan` says how many blocks it holds and the bytes saved; results are bit-identical
+    /// with or without it.
+    #[arg(long, value_name = "SIZE|auto", value_parser = parse_ram_cache, default_value = "0")]
+    params_ram_cache: RamCache,
     /// Directory for the NVMe tier's files (`rank{r}/{group}.{kind}.rank{r}.bin`; reused by later
     /// runs), or several, comma-separated (`--nvme-dir /mnt/a/zs,/mnt/b/zs`), one per drive: every
     /// tensor is then striped over all of them (page-aligned stripes of equal size), so each drive
@@ -366,7 +379,10 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>, r
         offload_optimizer: a.offload_optimizer.tier(),
         offload_gradients: a.offload_gradients.map(OffloadTarget::tier),
         offload_params: a.offload_params.tier(),
-        params_ram_cache_bytes: a.params_ram_cache,
+        params_ram_cache_bytes: match a.params_ram_cache {
+            RamCache::Bytes(bytes) => bytes,
+            RamCache::Auto => 0,
+        },
         nvme_dirs: a.nvme_dir.clone(),
         io: a.io.config(),
         verify: !a.no_verify,
@@ -411,6 +427,7 @@ fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>, r
         train,
         ranks: RankRequest { world_size: a.world_size, devices, device: a.device.device, adapter: a.device.adapter.clone() },
         explicit_flags: explicit.clone(),
+        params_ram_cache_auto: matches!(a.params_ram_cache, RamCache::Auto),
         named_model,
         resolved_config: resolved.to_string(),
         config_file: a.config_file.clone(),

@@ -375,5 +375,14 @@ pub const PEER_TIMEOUT: Duration = Duration::from_secs(600);
 /// The world size an MPI launcher gave this process, read from the variables the launchers
 /// set (OpenMPI, MPICH), so that a binary built without MPI can still tell it was started by `mpirun`.
 pub fn launcher_world_size() -> Option<usize> {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"].iter().find_map(|v| std::env::var(v).ok()).and_then(|s| s.trim().parse().ok())
+    env_count(&["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
+}
+
+/// The processes of this job on this machine, from the launcher's environment (None: not launched).
+pub fn launcher_local_size() -> Option<usize> {
+    env_count(&["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"])
+}
+
+fn env_count(vars: &[&str]) -> Option<usize> {
+    vars.iter().find_map(|v| std::env::var(v).ok()).and_then(|s| s.trim().parse().ok())
 }

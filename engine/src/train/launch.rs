@@ -35,6 +35,8 @@ pub struct RunRequest {
     /// The flags the user gave (by long name, from the command line or a config file): a resumed run
     /// takes every other setting from its checkpoint.
     pub explicit_flags: BTreeSet<String>,
+    /// `--params-ram-cache auto`: `train.params_ram_cache_bytes` is sized here from the RAM available.
+    pub params_ram_cache_auto: bool,
     /// With `--resume`, the `--model` or `--config` also given (flag, model): it must be the checkpoint's.
     pub named_model: Option<(&'static str, ModelChoice)>,
     /// The run's resolved flags as TOML: written beside `--metrics` and into TensorBoard's text.
@@ -75,6 +77,8 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
     if let Some(dir) = &req.tensorboard {
         req.options.tensorboard = Some(super::tensorboard::TensorBoard::prepare(dir, &req.resolved_config)?);
     }
+    let ranks_here = if mpi_world.is_some() { crate::comm::launcher_local_size().unwrap_or(world) } else { world };
+    size_params_ram_cache(&mut req, world, ranks_here)?;
     if mpi_world.is_some() {
         return launch_mpi(&req);
     }
@@ -99,6 +103,7 @@ pub fn plan(mut req: RunRequest) -> Result<Placement> {
     check_request(&req)?;
     let world = req.ranks.world_size.or_else(crate::comm::launcher_world_size).unwrap_or(1).max(1);
     resume_from_checkpoint(&mut req, world)?;
+    size_params_ram_cache(&mut req, world, world)?;
     let model = model_config(&req.options.model)?;
     plan_on(&model, &req.train, world, planned_costs(req.ranks.device))
 }
@@ -109,6 +114,7 @@ pub fn plan_measured(mut req: RunRequest, measure: &Path) -> Result<(Placement, 
     check_request(&req)?;
     let world = req.ranks.world_size.or_else(crate::comm::launcher_world_size).unwrap_or(1).max(1);
     resume_from_checkpoint(&mut req, world)?;
+    size_params_ram_cache(&mut req, world, world)?;
     let model = model_config(&req.options.model)?;
     let placement = plan_on(&model, &req.train, world, planned_costs(req.ranks.device))?;
     let dirs = predict::drive_dirs(measure, &req.train);
@@ -212,6 +218,21 @@ fn check_host_ram(req: &RunRequest, world: usize, ranks_here: usize) -> Result<(
     let placement = plan_on(&model, &req.train, world, planned_costs(req.ranks.device))?;
     placement.check_host_ram(ranks_here)?;
     placement.check_nvme_room(&req.train.nvme_dirs, ranks_here)
+}
+
+/// `--params-ram-cache auto`: the RAM available now less what `ranks_here` ranks' other state needs
+/// (and the cpu device's memory, which is RAM too) and a margin, shared by the ranks
+/// (`Placement::params_ram_cache_room`); nothing without `auto`.
+fn size_params_ram_cache(req: &mut RunRequest, world: usize, ranks_here: usize) -> Result<()> {
+    if !req.params_ram_cache_auto {
+        return Ok(());
+    }
+    let model = model_config(&req.options.model)?;
+    let costs = planned_costs(req.ranks.device);
+    let without = TrainConfig { params_ram_cache_bytes: 0, ..req.train.clone() };
+    let placement = plan_on(&model, &without, world, costs)?;
+    req.train.params_ram_cache_bytes = placement.params_ram_cache_room(ranks_here, costs == AllocCosts::CPU);
+    Ok(())
 }
 
 /// CPU cores each of `ranks` ranks on this machine gets for AdamW, unless --adam-threads says.

@@ -234,7 +234,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             // Gradients live with the optimizer state (written whole by the step's first micro-batch).
             let mut grads = Stored::new(&format!("{}.grad", g.name), 4 * slice, train.gradients_tier(), nv)?;
             grads.page_out(nv, false)?;
-            shared.push(Mutex::new(SharedGroup { grads, grad_sum_squares: 0.0, working, gathered: 0, held_for_backward: false }));
+            shared.push(Mutex::new(SharedGroup { grads, grad_sum_squares: 0.0, working, gathered: 0, held_for_backward: None }));
             optimizer.push(OptimizerGroup { group: k, master, m, v });
             stage1_grads.push(if k > 0 && !sharding.shards_grads() { vec![0.0; shard.padded_len] } else { Vec::new() });
         }

@@ -155,6 +155,20 @@ impl Placement {
         Ok(())
     }
 
+    /// The RAM each of `ranks_here` ranks can give `--params-ram-cache auto` (this placement planned
+    /// without a cache): what is available now less their state in RAM (and the device's memory when
+    /// it is RAM: `device_in_ram`) and a margin of 1 GiB + 1/8 of what is available (the process
+    /// itself, allocator slack, other programs); 0 when the RAM is unknown, or with the working copy in RAM.
+    pub fn params_ram_cache_room(&self, ranks_here: usize, device_in_ram: bool) -> u64 {
+        let Some(avail) = available_ram_bytes() else { return 0 };
+        if self.params_tier != Tier::Nvme {
+            return 0;
+        }
+        let per_rank = self.host_bytes_per_rank().0 + if device_in_ram { self.device_bytes() } else { 0 };
+        let margin = (1 << 30) + avail / 8;
+        avail.saturating_sub(margin).saturating_sub(per_rank * ranks_here as u64) / ranks_here.max(1) as u64
+    }
+
     /// Refuses, with the numbers, a run whose state in RAM for `ranks_here` ranks on this machine is
     /// more than the RAM available now: better at start-up than an abort when an allocation fails.
     pub fn check_host_ram(&self, ranks_here: usize) -> Result<()> {

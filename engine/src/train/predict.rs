@@ -11,11 +11,14 @@
 //!   T, precision, budget), all state in RAM, a few steps each; their difference gives a block's
 //!   device time (compute, upload, download), the rest is the head's; and a block's upload rate.
 //!
-//! The model of a steady step: the drive moves its bytes (`Placement::nvme_traffic`) while the device
-//! runs every block and the head, and the update sweeps the state; the step takes the longest of the
-//! three. On the cpu device the device's work, the update and the sweep's own CPU time (the update, checksums, the
-//! I/O's system time: the share of the cores the rehearsal kept busy) share the cores, so they add
-//! up, against the drive's time alone.
+//! The model of a steady step (`predict`): overlapped, the update's sweep runs beside the next step's
+//! first forward, which waits for each group's update before uploading it; the head, the backward and
+//! any further micro-batches follow (the next update needs their gradients). So a step is the slower
+//! of that forward, the update and the drive's bytes beside the sweep (`NvmeTraffic::during_sweep`),
+//! plus the slower of the rest of the device's work and the rest of the drive's bytes. On the cpu
+//! device the device's work, the update and the sweep's own CPU time (the update, checksums, the
+//! I/O's system time: the share of the cores the rehearsal kept busy) share the cores, so within each
+//! part they add up, against the drive's time alone.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -31,7 +34,7 @@ use zerostream_offload::{IoEngine, Layerwise, NvmeDir, Stored, Tier};
 
 use super::config::{AdamState, TrainConfig};
 use super::plan::Placement;
-use super::traffic::NvmeTraffic;
+use super::traffic::{NvmeTraffic, ReadWrite};
 use super::{ModelSource, Trainer};
 use crate::device::Backend;
 use crate::model::Model;
@@ -49,6 +52,12 @@ pub struct LinkRates {
     /// every block resident, and of the rest.
     pub block_s: f64,
     pub head_s: f64,
+    /// Of those, the forward's share (kernels and the upload before the vocabulary head): what runs
+    /// beside the update's sweep.
+    #[serde(default)]
+    pub block_forward_s: f64,
+    #[serde(default)]
+    pub head_forward_s: f64,
     /// Host-to-device bytes per second of a block's working copy: what evicted blocks pay again.
     pub upload_gbps: f64,
     pub measuring_s: f64,
@@ -61,11 +70,30 @@ pub struct Prediction {
     /// The device's share: kernels, transfers, and (`upload_s`) evicted blocks' second upload.
     pub device_s: f64,
     pub upload_s: f64,
+    /// Of `device_s`, the first forward's (beside the sweep).
+    pub forward_s: f64,
     pub adam_s: f64,
     pub drive_s: f64,
-    /// The link that sets the step: "the drive", "the device" or "the update" (the optimizer's, on
-    /// the CPU; or, on the cpu device, the cores the device, the update and the sweep share).
+    /// The two parts of the step, each set by its slowest link: the first forward beside the update's
+    /// sweep, then the rest (the head, the backward, further micro-batches); with `--sequential`,
+    /// everything one after the other.
+    pub phases: [Phase; 2],
+}
+
+/// A part of the step: how long, and which link sets it ("the drive", "the device", "the update",
+/// or, on the cpu device, "the cores" the device, the update and the sweep share).
+#[derive(Clone, Copy, Debug)]
+pub struct Phase {
+    pub seconds: f64,
     pub bound: &'static str,
+}
+
+impl Phase {
+    /// The slowest of `links`.
+    fn longest(links: &[(&'static str, f64)]) -> Phase {
+        let (bound, seconds) = links.iter().copied().fold(("the device", 0.0f64), |best, c| if c.1 > best.1 { c } else { best });
+        Phase { seconds, bound }
+    }
 }
 
 /// Times the links of a run of `model` with `train` (laid out as `placement`) on `dev`, the drive in
@@ -92,6 +120,9 @@ pub fn measure<D: Backend>(
     // Noise can make the difference negative on tiny models: a block costs at least nothing.
     let block_s = if extra_blocks > 0 { ((more.device_s - one.device_s) / extra_blocks as f64).max(0.0) } else { one.device_s / 2.0 };
     let head_s = (one.device_s - block_s).max(0.0);
+    let block_forward_s =
+        if extra_blocks > 0 { ((more.forward_s - one.forward_s) / extra_blocks as f64).max(0.0) } else { one.forward_s / 2.0 };
+    let head_forward_s = (one.forward_s - block_forward_s).max(0.0);
     // The drive last: the writes it leaves for the kernel to flush would slow what comes after.
     let adam_gparams_per_s = measure_adam(train);
     let (drive_gbps, drive_cpu_share) = match drive_dirs.is_empty() {
@@ -113,6 +144,8 @@ pub fn measure<D: Backend>(
         adam_gparams_per_s,
         block_s,
         head_s,
+        block_forward_s,
+        head_forward_s,
         upload_gbps,
         measuring_s: start.elapsed().as_secs_f64(),
     })
@@ -125,13 +158,20 @@ pub fn shares_cores<D: Backend>(dev: &D) -> bool {
 
 /// The steady step of `placement` (of `model` with `train`) at `rates`; `shared_cores`: the device is
 /// the CPU, whose cores the update uses too.
+///
+/// Overlapped, the update's sweep runs beside the next step's first forward, which waits for each
+/// group's update before uploading it; the head, the backward and any further micro-batches come
+/// after the sweep has ended (the next update needs their gradients). So the step is the slower of
+/// the forward and the sweep, plus the rest, each part moving its own share of the drive's bytes.
 pub fn predict(rates: &LinkRates, placement: &Placement, model: &Model, train: &TrainConfig, shared_cores: bool) -> Prediction {
-    let traffic = placement.nvme_traffic.total();
-    let drive_bytes = traffic.read_bytes + traffic.written_bytes;
-    let drive_s = match rates.drive_gbps {
-        Some(gbps) if drive_bytes > 0 => drive_bytes as f64 / (gbps * 1e9),
+    let traffic = &placement.nvme_traffic;
+    let drive_time = |rw: ReadWrite| match rates.drive_gbps {
+        Some(gbps) if gbps > 0.0 => (rw.read_bytes + rw.written_bytes) as f64 / (gbps * 1e9),
         _ => 0.0,
     };
+    let drive_s = drive_time(traffic.total());
+    let sweep_drive_s = drive_time(traffic.during_sweep);
+    let rest_drive_s = (drive_s - sweep_drive_s).max(0.0);
     // Blocks evicted from their device slots between forward and backward are uploaded again: the
     // bytes over an all-resident run's (counted as the NVMe tier would read them), at a block's rate.
     // (A RAM cache spares the drive's reads, not the uploads.)
@@ -140,19 +180,57 @@ pub fn predict(rates: &LinkRates, placement: &Placement, model: &Model, train: &
     let reupload_bytes = uploads(placement.block_slots).saturating_sub(uploads(model.n_layer()));
     let upload_s = if rates.upload_gbps > 0.0 { reupload_bytes as f64 / (rates.upload_gbps * 1e9) } else { 0.0 };
     let device_s = rates.head_s + model.n_layer() as f64 * rates.block_s + upload_s;
+    let forward_s = (rates.head_forward_s + model.n_layer() as f64 * rates.block_forward_s).min(device_s);
     let state_params = placement.host_optimizer_bytes as f64 / train.state_bytes_per_param() as f64;
     let adam_s = state_params / (rates.adam_gparams_per_s * 1e9);
-    // On the cpu device the device's work, the update and the sweep's own CPU time share the cores.
-    let candidates = if shared_cores {
-        vec![
-            ("the cores (device, update and the sweep's CPU time)", device_s + adam_s + rates.drive_cpu_share * drive_s),
-            ("the drive", drive_s),
+    let links = StepLinks {
+        forward_s,
+        rest_device_s: device_s - forward_s,
+        adam_s,
+        sweep_drive_s,
+        rest_drive_s,
+        drive_cpu_share: rates.drive_cpu_share,
+    };
+    let phases = step_phases(&links, shared_cores, train.sequential);
+    Prediction { step_s: phases[0].seconds + phases[1].seconds, device_s, upload_s, forward_s, adam_s, drive_s, phases }
+}
+
+/// The seconds each link needs in each part of a step.
+struct StepLinks {
+    /// The device's first forward, and the rest of its step.
+    forward_s: f64,
+    rest_device_s: f64,
+    adam_s: f64,
+    /// The drive's bytes beside the sweep (the sweep's own and the first forward's), and the rest.
+    sweep_drive_s: f64,
+    rest_drive_s: f64,
+    /// The share of the cores the sweep keeps busy while the drive moves its bytes.
+    drive_cpu_share: f64,
+}
+
+/// The step's two parts: overlapped, the first forward beside the sweep, then the rest; with
+/// `sequential`, the device's step, then the update and the drive.
+fn step_phases(l: &StepLinks, shared_cores: bool, sequential: bool) -> [Phase; 2] {
+    let share = l.drive_cpu_share;
+    if sequential {
+        let device = if shared_cores { "the cores" } else { "the device" };
+        [
+            Phase { seconds: l.forward_s + l.rest_device_s, bound: device },
+            Phase { seconds: l.adam_s + l.sweep_drive_s + l.rest_drive_s, bound: "the update and the drive" },
+        ]
+    } else if shared_cores {
+        // On the cpu device the device's work, the update and the sweep's own CPU time share the
+        // cores, so they add up, against the drive's time alone.
+        [
+            Phase::longest(&[("the cores", l.forward_s + l.adam_s + share * l.sweep_drive_s), ("the drive", l.sweep_drive_s)]),
+            Phase::longest(&[("the cores", l.rest_device_s + share * l.rest_drive_s), ("the drive", l.rest_drive_s)]),
         ]
     } else {
-        vec![("the device", device_s), ("the update", adam_s), ("the drive", drive_s)]
-    };
-    let (bound, step_s) = candidates.into_iter().fold(("the device", 0.0f64), |best, c| if c.1 > best.1 { c } else { best });
-    Prediction { step_s, device_s, upload_s, adam_s, drive_s, bound }
+        [
+            Phase::longest(&[("the device", l.forward_s), ("the update", l.adam_s), ("the drive", l.sweep_drive_s)]),
+            Phase::longest(&[("the device", l.rest_device_s), ("the drive", l.rest_drive_s)]),
+        ]
+    }
 }
 
 impl Prediction {
@@ -169,11 +247,16 @@ impl Prediction {
             Some(_) => "drive: nothing on NVMe".into(),
             None => "drive not timed (no --nvme-dir or --measure DIR)".into(),
         };
+        let [beside, after] = self.phases;
         format!(
-            "predicted steady step: {:.3} s, set by {} ({drive}; device {:.3} s: head {:.3} s + {:.4} s a block + re-uploads {:.3} s at {:.2} GB/s; update {:.3} s at {:.2} Gparam/s); measured in {:.0} s",
+            "predicted steady step: {:.3} s: {:.3} s beside the update's sweep, set by {}, then {:.3} s set by {} ({drive}; device {:.3} s, {:.3} s of it the first forward: head {:.3} s + {:.4} s a block + re-uploads {:.3} s at {:.2} GB/s; update {:.3} s at {:.2} Gparam/s); measured in {:.0} s",
             self.step_s,
-            self.bound,
+            beside.seconds,
+            beside.bound,
+            after.seconds,
+            after.bound,
             self.device_s,
+            self.forward_s,
             rates.head_s,
             rates.block_s,
             self.upload_s,
@@ -327,8 +410,9 @@ fn measure_adam(train: &TrainConfig) -> f64 {
 
 #[derive(Clone)]
 struct DeviceTiming {
-    /// Kernels and transfers, per step.
+    /// Kernels and transfers, per step, and of them those before the vocabulary head.
     device_s: f64,
+    forward_s: f64,
     upload_s: f64,
     upload_bytes: u64,
 }
@@ -359,12 +443,12 @@ fn measure_device<D: Backend>(dev: &D, model: &Model, train: &TrainConfig, layer
     let mut trainer = Trainer::new(dev, &ModelSource::Random { model: cut, seed: train.seed }, tc)
         .with_context(|| format!("timing the device on {layers} block(s) of the model"))?;
     // The fastest of three steps after a warm-up: noise only adds.
-    let mut best = DeviceTiming { device_s: f64::INFINITY, upload_s: 0.0, upload_bytes: 0 };
+    let mut best = DeviceTiming { device_s: f64::INFINITY, forward_s: 0.0, upload_s: 0.0, upload_bytes: 0 };
     for step in 0..DEVICE_STEPS {
         let r = trainer.train_step(&data)?;
         let device_s = r.compute_s + r.upload_s + r.download_s;
         if step > 0 && device_s < best.device_s {
-            best = DeviceTiming { device_s, upload_s: r.upload_s, upload_bytes: r.upload_bytes };
+            best = DeviceTiming { device_s, forward_s: r.forward_device_s, upload_s: r.upload_s, upload_bytes: r.upload_bytes };
         }
     }
     trainer.finish()?;
@@ -441,4 +525,32 @@ pub fn saved_rates(device: &str, model: &Model, train: &TrainConfig) -> Option<L
 /// The directories `plan --measure DIR` times: DIR, else the run's own.
 pub fn drive_dirs(measure: &Path, train: &TrainConfig) -> Vec<PathBuf> {
     if measure.as_os_str().is_empty() { train.nvme_dirs.clone() } else { vec![measure.to_path_buf()] }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn links() -> StepLinks {
+        StepLinks { forward_s: 1.0, rest_device_s: 3.0, adam_s: 0.5, sweep_drive_s: 10.0, rest_drive_s: 1.0, drive_cpu_share: 0.5 }
+    }
+
+    fn seconds(p: [Phase; 2]) -> (f64, &'static str, f64, &'static str) {
+        (p[0].seconds, p[0].bound, p[1].seconds, p[1].bound)
+    }
+
+    /// The sweep hides the first forward only; the backward waits for nothing but its own bytes.
+    #[test]
+    fn the_sweep_overlaps_the_first_forward_and_the_rest_follows() {
+        assert_eq!(seconds(step_phases(&links(), false, false)), (10.0, "the drive", 3.0, "the device"));
+        // The cpu device: the forward, the update and the sweep's CPU share add up on the cores.
+        let cpu = StepLinks { adam_s: 2.0, drive_cpu_share: 0.75, ..links() };
+        assert_eq!(seconds(step_phases(&cpu, true, false)), (10.5, "the cores", 3.75, "the cores"));
+        assert_eq!(seconds(step_phases(&links(), true, false)), (10.0, "the drive", 3.5, "the cores"));
+        let update_bound = StepLinks { adam_s: 12.0, ..links() };
+        assert_eq!(seconds(step_phases(&update_bound, false, false)).1, "the update");
+        // Nothing overlaps in the sequential schedule.
+        let (device, _, rest, _) = seconds(step_phases(&links(), false, true));
+        assert_eq!(device + rest, 15.5);
+    }
 }

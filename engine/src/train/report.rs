@@ -18,6 +18,9 @@ pub struct StepReport {
     pub compute_s: f64,
     pub upload_s: f64,
     pub download_s: f64,
+    /// Of compute, upload and download, the seconds before the step's first vocabulary head: the
+    /// forward that runs beside the previous update's sweep.
+    pub forward_device_s: f64,
     /// CPU AdamW time of the update that ran during this step (the previous step's gradients).
     pub adam_s: f64,
     /// The device's kernels' busy time during the step by GPU timestamps (None without them).
@@ -78,6 +81,7 @@ impl StepReport {
                 "gpu_kernels_s": self.gpu_kernels_s,
                 "upload_s": self.upload_s,
                 "download_s": self.download_s,
+                "forward_device_s": self.forward_device_s,
                 "adam_s": self.adam_s,
                 "update_wait_s": self.update_wait_s,
                 "io_wait_s": self.io_wait_s,

@@ -41,6 +41,8 @@ pub(super) struct Clock {
     pub(super) compute: Duration,
     pub(super) upload: Duration,
     pub(super) download: Duration,
+    /// compute + upload + download when the step's first vocabulary head began.
+    pub(super) forward_device: Option<Duration>,
     pub(super) update_wait: Duration,
     pub(super) io_wait: Duration,
     pub(super) upload_bytes: u64,
@@ -102,6 +104,7 @@ impl<D: Backend> Trainer<'_, D> {
             gpu_kernels_s,
             upload_s: clock.upload.as_secs_f64(),
             download_s: clock.download.as_secs_f64(),
+            forward_device_s: clock.forward_device.unwrap_or_default().as_secs_f64(),
             adam_s: adam_seconds_total(&self.progress) - adam_before,
             update_wait_s: clock.update_wait.as_secs_f64(),
             io_wait_s: clock.io_wait.as_secs_f64(),
@@ -158,6 +161,8 @@ impl<D: Backend> Trainer<'_, D> {
                 });
             }
             Op::Head => {
+                let c = &mut st.clock;
+                c.forward_device.get_or_insert(c.compute + c.upload + c.download);
                 let y = &st.tokens.as_ref().expect("embedded first").1;
                 let scale = Some(st.loss_scale / st.micro_batches as f32);
                 let loss = self.head_loss(y, scale, st.micro == 0, &mut st.clock)?;

@@ -13,7 +13,8 @@
 //! - each upload reads the working copy (a block still in its device slot this step is not read again),
 //!   and with several ranks in stages 1-2 the first upload after an update writes it back completed by
 //!   the all-gather; a block `--params-ram-cache` holds ([`cached_working_blocks`]) stays in RAM from
-//!   its forward upload to its backward one, so the second reads nothing.
+//!   its forward upload to its backward one, so the second reads nothing (and a gathered copy is
+//!   written back after it).
 
 use std::ops::Range;
 
@@ -46,6 +47,10 @@ pub struct NvmeTraffic {
     pub gradients: ReadWrite,
     /// The working copy.
     pub working: ReadWrite,
+    /// Of all these, the bytes moved while the update's sweep runs (overlapped, it runs beside the
+    /// next step's first forward): the sweep's own and that forward's uploads. The rest move in the
+    /// step's other micro-batches and its backward.
+    pub during_sweep: ReadWrite,
     /// Micro-batches of this rank per step.
     pub micro_batches: usize,
 }
@@ -95,18 +100,29 @@ impl NvmeTraffic {
         let mut slot_holds: Vec<Option<usize>> = vec![None; slots];
         let mut gathered = vec![false; group_lens.len()];
         let cached = cached_working_blocks(tc, world, group_lens, block_slots);
-        let mut held = vec![false; group_lens.len()];
+        // Held in RAM since its forward upload: Some(whether a gather completed it, to be written back).
+        let mut held: Vec<Option<bool>> = vec![None; group_lens.len()];
         let mut micro = 0;
+        // Until the step's first vocabulary head, its forward runs beside the previous update's sweep.
+        let mut beside_sweep = true;
         let mut upload = |t: &mut NvmeTraffic, k: usize| {
             if working_on {
-                let written = if gathers && !std::mem::replace(&mut gathered[k], true) { working_bytes(k) } else { 0 };
-                let read = if std::mem::replace(&mut held[k], false) { 0 } else { working_bytes(k) };
-                // Kept from a forward upload that wrote nothing back (see `Trainer::upload_group_keeping`).
-                held[k] = read > 0 && written == 0 && k > 0 && cached.contains(&(k - 1));
-                t.working.add(read, written);
+                let was_held = held[k].take();
+                let read = if was_held.is_some() { 0 } else { working_bytes(k) };
+                let dirty = (gathers && !std::mem::replace(&mut gathered[k], true)) || was_held == Some(true);
+                // Kept from a forward upload, and written back (if a gather completed it) after the
+                // backward's (see `Trainer::upload_group_keeping`).
+                if was_held.is_none() && k > 0 && cached.contains(&(k - 1)) {
+                    held[k] = Some(dirty);
+                    t.working.add(read, 0);
+                } else {
+                    t.working.add(read, if dirty { working_bytes(k) } else { 0 });
+                }
             }
         };
         for op in step_schedule(n_layer, tc.grad_accum, !tc.sequential) {
+            let before = t.total();
+            beside_sweep &= op != Op::Head;
             match op {
                 Op::FetchHead => upload(&mut t, 0),
                 Op::Embed { micro: m } => micro = m,
@@ -137,6 +153,10 @@ impl NvmeTraffic {
                     }
                 }
                 _ => {}
+            }
+            if beside_sweep || op == Op::Update {
+                let after = t.total();
+                t.during_sweep.add(after.read_bytes - before.read_bytes, after.written_bytes - before.written_bytes);
             }
         }
         t
@@ -176,5 +196,31 @@ impl NvmeTraffic {
             per(all.read_bytes) / m as f64,
             per(all.written_bytes) / m as f64,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Overlapped, the sweep's bytes and the first forward's uploads move beside the sweep; the
+    /// backward's re-upload and the gradients' writes after it.
+    #[test]
+    fn the_sweep_and_the_first_forward_move_beside_the_sweep() {
+        let tc = TrainConfig { offload_optimizer: Tier::Nvme, offload_params: Tier::Nvme, ..Default::default() };
+        let lens = [1024, 640, 640];
+        let t = NvmeTraffic::of(&tc, 1, &lens, 1);
+        let working_once: u64 = lens.iter().map(|&n| 4 * n as u64).sum();
+        // The optimizer's bytes and the gradients' sweep reads are the sweep's; every group is
+        // uploaded once in the forward; block 0 is evicted by block 1 and read again for its backward.
+        let beside = ReadWrite {
+            read_bytes: t.optimizer.read_bytes + t.gradients.read_bytes + working_once,
+            written_bytes: t.optimizer.written_bytes + t.working.written_bytes,
+        };
+        assert_eq!(t.during_sweep, beside);
+        let all = t.total();
+        assert_eq!(all.read_bytes - beside.read_bytes, 4 * 640, "block 0's second upload");
+        assert_eq!(all.written_bytes - beside.written_bytes, t.gradients.written_bytes);
+        assert!(t.gradients.written_bytes > 0);
     }
 }

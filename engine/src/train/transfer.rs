@@ -38,7 +38,7 @@ impl<D: Backend> Trainer<'_, D> {
         let mut shared = lock(&self.shared[k]);
         let nv = self.nvme.as_deref();
         // Held since its forward upload: paged in already, so this reads nothing.
-        let held = std::mem::replace(&mut shared.held_for_backward, false);
+        let held = shared.held_for_backward.take();
         timed(&mut clock.io_wait, || shared.working.page_in(nv))?;
         let mut kept = Vec::with_capacity(keep.len());
         let dirty = match self.train.precision {
@@ -56,8 +56,10 @@ impl<D: Backend> Trainer<'_, D> {
                 })?
             }
         };
-        if !held && !dirty && k > 0 && self.placement.cached_working_blocks.contains(&(k - 1)) {
-            shared.held_for_backward = true;
+        // A copy a gather completed is held too, and written back after its backward upload.
+        let dirty = dirty || held == Some(true);
+        if held.is_none() && k > 0 && self.placement.cached_working_blocks.contains(&(k - 1)) {
+            shared.held_for_backward = Some(dirty);
         } else {
             shared.working.page_out(nv, dirty)?;
         }

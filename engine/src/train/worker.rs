@@ -36,8 +36,9 @@ pub(super) struct SharedGroup {
     /// thread gathers the other ranks' slices once per update).
     pub(super) gathered: u64,
     /// The working copy stays paged in from its forward upload to its backward one (a block
-    /// `--params-ram-cache` holds: `Placement::cached_working_blocks`).
-    pub(super) held_for_backward: bool,
+    /// `--params-ram-cache` holds: `Placement::cached_working_blocks`): Some(whether a gather
+    /// completed it, so its tier's copy is stale until the backward upload writes it back).
+    pub(super) held_for_backward: Option<bool>,
 }
 
 impl SharedGroup {
