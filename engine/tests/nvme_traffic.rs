@@ -139,6 +139,16 @@ fn two_directories_share_every_tensor_equally_and_change_nothing() {
     println!("striped over two directories: {total_a} and {total_b} bytes of shard files");
 }
 
+/// The golden's model grown to six blocks (two device slots then evict four), and its tokens.
+fn six_block_model() -> (zerostream::model::Model, zerostream_checkpoints::TokenFile) {
+    let dir = common::trajectory::golden_dir(GOLDEN);
+    let hf = zerostream_checkpoints::HfModel::open(&dir.join("model")).unwrap();
+    (
+        zerostream::model::Model::of_hf(&hf).unwrap().with_layers(6),
+        zerostream_checkpoints::TokenFile::open(&dir.join("tokens.bin")).unwrap(),
+    )
+}
+
 /// `--params-ram-cache`: the blocks evicted from their device slots between forward and backward keep
 /// their working copy in RAM, the nearest the turn first, so their backward upload reads nothing. The
 /// bits are those without it; every sequential step moves exactly the predicted, fewer, bytes; with
@@ -147,10 +157,7 @@ fn two_directories_share_every_tensor_equally_and_change_nothing() {
 fn a_ram_cache_for_the_working_copy_reads_each_block_once_and_changes_nothing() {
     use zerostream::train::{ModelSource, Trainer};
     let golden = Golden::load(GOLDEN);
-    let dir = common::trajectory::golden_dir(GOLDEN);
-    let model =
-        zerostream::model::Model::of_hf(&zerostream_checkpoints::HfModel::open(&dir.join("model")).unwrap()).unwrap().with_layers(6);
-    let tokens = zerostream_checkpoints::TokenFile::open(&dir.join("tokens.bin")).unwrap();
+    let (model, tokens) = six_block_model();
     let nvme = tempfile::tempdir().unwrap();
     let mut base = TrainConfig { steps: 3, sequential: true, recompute: true, ..on_nvme(&golden.train_config(), &nvme) };
     base.gpu_mem_budget = Some(zerostream::train::minimum_device_bytes_on(&model, &base, AllocCosts::CPU));
@@ -237,10 +244,7 @@ fn an_automatic_ram_cache_holds_the_evicted_blocks_that_fit() {
 fn two_ranks_keep_a_gathered_working_copy_for_the_backward() {
     use zerostream::train::{ModelSource, Trainer};
     let golden = Golden::load(GOLDEN);
-    let dir = common::trajectory::golden_dir(GOLDEN);
-    let model =
-        zerostream::model::Model::of_hf(&zerostream_checkpoints::HfModel::open(&dir.join("model")).unwrap()).unwrap().with_layers(6);
-    let tokens = zerostream_checkpoints::TokenFile::open(&dir.join("tokens.bin")).unwrap();
+    let (model, tokens) = six_block_model();
     for stage in [ZeroStage::One, ZeroStage::Two] {
         let run = |cache_bytes: u64| {
             let nvme = tempfile::tempdir().unwrap();

@@ -183,14 +183,14 @@ impl Comm {
     }
 
     /// [`Comm::all_gather_params`] of encoded bytes, `encoded_bytes` from every rank: `encode` writes
-    /// this rank's into the send buffer, then `decode(rank, bytes)` reads every rank's in rank order,
+    /// this rank's into the send buffer, then `decode(bytes)` reads every rank's, one call each in rank order,
     /// both timed as codec work ([`CommStats::codec_seconds`]). The buffers are the compressed
     /// reduce-scatter's, kept between calls.
     pub fn all_gather_encoded(
         &self,
         encoded_bytes: usize,
         encode: impl FnOnce(&mut [u8]),
-        mut decode: impl FnMut(usize, &[u8]),
+        decode: impl FnMut(&[u8]),
         device_busy: bool,
     ) -> Result<()> {
         let mut wire = self.wire.borrow_mut();
@@ -199,7 +199,7 @@ impl Comm {
         recv.resize(self.world_size() * encoded_bytes, 0);
         self.time_codec(|| encode(send));
         self.all_gather_params(send.as_slice(), recv, device_busy)?;
-        self.time_codec(|| recv.chunks_exact(encoded_bytes.max(1)).enumerate().for_each(|(rank, bytes)| decode(rank, bytes)));
+        self.time_codec(|| recv.chunks_exact(encoded_bytes.max(1)).for_each(decode));
         Ok(())
     }
 

@@ -183,7 +183,7 @@ impl Backend for GpuDevice {
                 n as u32,
                 dw.elem_offset,
                 out.elem_offset,
-                piece.rows_per_block as u32,
+                piece.rows_per_block() as u32,
                 piece.blocks as u32,
                 0,
                 0,

@@ -20,11 +20,15 @@ const MAX_BLOCKS: usize = 65535;
 /// One dispatch's rows of a column sum and their blocking.
 pub(super) struct ColumnPiece {
     pub rows: Range<usize>,
-    pub rows_per_block: usize,
     pub blocks: usize,
 }
 
 impl ColumnPiece {
+    /// Rows each workgroup sums: the whole piece when it is one block, else [`COLUMN_BLOCK_ROWS`].
+    pub fn rows_per_block(&self) -> usize {
+        if self.blocks == 1 { self.rows.len().max(1) } else { COLUMN_BLOCK_ROWS }
+    }
+
     /// The column-sum kernels' grid: 32 columns by one block of rows per workgroup.
     pub fn grid(&self, n: usize) -> [u32; 3] {
         [n.div_ceil(32) as u32, self.blocks as u32, 1]
@@ -49,14 +53,11 @@ impl GpuDevice {
         let scratch_elems = self.column_partials().len.min(self.max_window_elems);
         let max_blocks = ((scratch_elems / outputs).saturating_sub(self.align_elems) / n.max(1)).min(MAX_BLOCKS);
         let bind_rows = self.rows_per_piece(n);
-        let piece_rows = if max_blocks >= 2 { bind_rows.min(max_blocks * COLUMN_BLOCK_ROWS) } else { bind_rows };
+        let blocked = max_blocks >= 2;
+        let piece_rows = if blocked { bind_rows.min(max_blocks * COLUMN_BLOCK_ROWS) } else { bind_rows };
         Self::pieces(rows, piece_rows, 1)
             .into_iter()
-            .map(|rows| {
-                let blocks = if max_blocks >= 2 { rows.len().div_ceil(COLUMN_BLOCK_ROWS).max(1) } else { 1 };
-                let rows_per_block = if blocks == 1 { rows.len().max(1) } else { COLUMN_BLOCK_ROWS };
-                ColumnPiece { rows, rows_per_block, blocks }
-            })
+            .map(|rows| ColumnPiece { blocks: if blocked { rows.len().div_ceil(COLUMN_BLOCK_ROWS).max(1) } else { 1 }, rows })
             .collect()
     }
 

@@ -172,7 +172,7 @@ impl GpuDevice {
                 dw.elem_offset,
                 0,
                 mw.elem_offset,
-                piece.rows_per_block as u32,
+                piece.rows_per_block() as u32,
                 piece.blocks as u32,
                 tw.elem_offset,
                 tb.elem_offset,

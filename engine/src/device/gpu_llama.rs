@@ -69,7 +69,7 @@ impl GpuDevice {
             let span = piece.rows.start * channels..piece.rows.end * channels;
             let (xw, dw, rw) = (self.window(x, span.clone()), self.window(dout, span), self.window(rstd, piece.rows.clone()));
             let tw = self.column_target(&piece, channels, dweight, 0);
-            let (rows_per_block, blocks) = (piece.rows_per_block as u32, piece.blocks as u32);
+            let (rows_per_block, blocks) = (piece.rows_per_block() as u32, piece.blocks as u32);
             let params = [
                 piece.rows.len() as u32,
                 channels as u32,

@@ -133,7 +133,7 @@ impl<D: Backend> Trainer<'_, D> {
             codec.encode(&values, bytes);
         };
         let mut slices = out.chunks_exact_mut(n.max(1));
-        let decode = |_rank: usize, bytes: &[u8]| {
+        let decode = |bytes: &[u8]| {
             let (slice, mut values) = (slices.next().expect("a slice of the working copy per rank"), values.borrow_mut());
             codec.decode(bytes, &mut values);
             f32_to_words(&values, format, bytemuck::cast_slice_mut(slice));
