@@ -286,3 +286,32 @@ fn two_ranks_keep_a_gathered_working_copy_for_the_backward() {
         }
     }
 }
+
+/// What a forward-only validation or a step's last backward upload holds in the RAM cache is let go
+/// before the update, so no held copy outlives its step: after a one-batch validation, and with two
+/// micro-batches (whose second backward takes blocks still in their slots for a forward), every later
+/// sequential step moves exactly the predicted bytes.
+#[test]
+fn nothing_held_in_the_ram_cache_outlives_its_step() {
+    use zerostream::train::{ModelSource, Trainer};
+    let golden = Golden::load(GOLDEN);
+    let (model, tokens) = six_block_model();
+    for grad_accum in [1, 2] {
+        let nvme = tempfile::tempdir().unwrap();
+        let mut tc = TrainConfig { steps: 3, sequential: true, recompute: true, grad_accum, ..on_nvme(&golden.train_config(), &nvme) };
+        tc.gpu_mem_budget = Some(zerostream::train::minimum_device_bytes_on(&model, &tc, AllocCosts::CPU));
+        tc.params_ram_cache_bytes = 1 << 30;
+        let dev = CpuDevice::new(tc.gpu_mem_budget);
+        let mut trainer = Trainer::new(&dev, &ModelSource::Random { model: model.clone(), seed: 5 }, tc).unwrap();
+        trainer.validation_loss(&tokens, 1).unwrap();
+        let want = trainer.placement.nvme_traffic.total();
+        for step in 0..3 {
+            let r = trainer.train_step(&tokens).unwrap();
+            if step > 0 {
+                let got = (r.nvme_read_bytes, r.nvme_written_bytes);
+                assert_eq!(got, (want.read_bytes, want.written_bytes), "{grad_accum} micro-batches, step {step}");
+            }
+        }
+        trainer.finish().unwrap();
+    }
+}

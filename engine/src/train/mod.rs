@@ -140,6 +140,9 @@ pub struct Trainer<'d, D: Backend> {
     pub io_notes: Vec<String>,
     /// The device's kernel seconds (GPU timestamps) when the last step ended, for the next one's share.
     kernel_seconds_seen: Option<f64>,
+    /// Wait for the device before `forward_device_s` is taken, so an asynchronous device's forward is
+    /// counted there and not in the head's first wait (`plan --measure`'s cuts; a run does not stall).
+    pub(super) sync_forward: bool,
 }
 
 impl<'d, D: Backend> Trainer<'d, D> {
@@ -299,6 +302,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             adam_steps,
             io_notes,
             kernel_seconds_seen: dev.kernel_seconds(),
+            sync_forward: false,
         })
     }
 

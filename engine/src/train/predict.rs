@@ -74,6 +74,8 @@ pub struct Prediction {
     pub forward_s: f64,
     pub adam_s: f64,
     pub drive_s: f64,
+    /// `--sequential`: the parts run one after the other (the device's step, then the sweep).
+    pub sequential: bool,
     /// The two parts of the step, each set by its slowest link: the first forward beside the update's
     /// sweep, then the rest (the head, the backward, further micro-batches); with `--sequential`,
     /// everything one after the other.
@@ -192,7 +194,16 @@ pub fn predict(rates: &LinkRates, placement: &Placement, model: &Model, train: &
         drive_cpu_share: rates.drive_cpu_share,
     };
     let phases = step_phases(&links, shared_cores, train.sequential);
-    Prediction { step_s: phases[0].seconds + phases[1].seconds, device_s, upload_s, forward_s, adam_s, drive_s, phases }
+    Prediction {
+        step_s: phases[0].seconds + phases[1].seconds,
+        device_s,
+        upload_s,
+        forward_s,
+        adam_s,
+        drive_s,
+        sequential: train.sequential,
+        phases,
+    }
 }
 
 /// The seconds each link needs in each part of a step.
@@ -213,10 +224,12 @@ struct StepLinks {
 fn step_phases(l: &StepLinks, shared_cores: bool, sequential: bool) -> [Phase; 2] {
     let share = l.drive_cpu_share;
     if sequential {
+        // The device thread's step, its own reads and writes included, then the whole sweep (whose
+        // read-ahead and write-back overlap the update).
         let device = if shared_cores { "the cores" } else { "the device" };
         [
-            Phase { seconds: l.forward_s + l.rest_device_s, bound: device },
-            Phase { seconds: l.adam_s + l.sweep_drive_s + l.rest_drive_s, bound: "the update and the drive" },
+            Phase { seconds: l.forward_s + l.rest_device_s + l.rest_drive_s, bound: device },
+            Phase::longest(&[("the update", l.adam_s), ("the drive", l.sweep_drive_s)]),
         ]
     } else if shared_cores {
         // On the cpu device the device's work, the update and the sweep's own CPU time share the
@@ -247,14 +260,20 @@ impl Prediction {
             Some(_) => "drive: nothing on NVMe".into(),
             None => "drive not timed (no --nvme-dir or --measure DIR)".into(),
         };
-        let [beside, after] = self.phases;
+        let [first, then] = self.phases;
+        let parts = match self.sequential {
+            false => format!(
+                "{:.3} s beside the update's sweep, set by {}, then {:.3} s set by {}",
+                first.seconds, first.bound, then.seconds, then.bound
+            ),
+            true => format!(
+                "{:.3} s of the device's step, set by {}, then {:.3} s of the update's sweep, set by {}",
+                first.seconds, first.bound, then.seconds, then.bound
+            ),
+        };
         format!(
-            "predicted steady step: {:.3} s: {:.3} s beside the update's sweep, set by {}, then {:.3} s set by {} ({drive}; device {:.3} s, {:.3} s of it the first forward: head {:.3} s + {:.4} s a block + re-uploads {:.3} s at {:.2} GB/s; update {:.3} s at {:.2} Gparam/s); measured in {:.0} s",
+            "predicted steady step: {:.3} s: {parts} ({drive}; device {:.3} s, {:.3} s of it the first forward: head {:.3} s + {:.4} s a block + re-uploads {:.3} s at {:.2} GB/s; update {:.3} s at {:.2} Gparam/s); measured in {:.0} s",
             self.step_s,
-            beside.seconds,
-            beside.bound,
-            after.seconds,
-            after.bound,
             self.device_s,
             self.forward_s,
             rates.head_s,
@@ -442,6 +461,7 @@ fn measure_device<D: Backend>(dev: &D, model: &Model, train: &TrainConfig, layer
     let data = TokenFile::from_ids("plan --measure", &tokens);
     let mut trainer = Trainer::new(dev, &ModelSource::Random { model: cut, seed: train.seed }, tc)
         .with_context(|| format!("timing the device on {layers} block(s) of the model"))?;
+    trainer.sync_forward = true;
     // The fastest of three steps after a warm-up: noise only adds.
     let mut best = DeviceTiming { device_s: f64::INFINITY, forward_s: 0.0, upload_s: 0.0, upload_bytes: 0 };
     for step in 0..DEVICE_STEPS {
@@ -484,6 +504,8 @@ fn rates_key(device: &str, model: &Model, train: &TrainConfig, drive_dirs: &[Pat
         RATE_FLAGS.iter().map(|k| (k.to_string(), flags.get(*k).cloned().unwrap_or_default())).collect();
     serde_json::json!({
         "zerostream": env!("CARGO_PKG_VERSION"),
+        // What the rates hold: 2 since the forward's share was timed (older files predict without it).
+        "rates": 2,
         "device": device,
         "model": format!("{model:?}"),
         "flags": rate_flags,
@@ -550,7 +572,6 @@ mod tests {
         let update_bound = StepLinks { adam_s: 12.0, ..links() };
         assert_eq!(seconds(step_phases(&update_bound, false, false)).1, "the update");
         // Nothing overlaps in the sequential schedule.
-        let (device, _, rest, _) = seconds(step_phases(&links(), false, true));
-        assert_eq!(device + rest, 15.5);
+        assert_eq!(seconds(step_phases(&links(), false, true)), (5.0, "the device", 10.0, "the drive"));
     }
 }

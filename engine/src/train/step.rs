@@ -161,8 +161,13 @@ impl<D: Backend> Trainer<'_, D> {
                 });
             }
             Op::Head => {
-                let c = &mut st.clock;
-                c.forward_device.get_or_insert(c.compute + c.upload + c.download);
+                if st.clock.forward_device.is_none() {
+                    if self.sync_forward {
+                        timed(&mut st.clock.compute, || dev.synchronize());
+                    }
+                    let c = &st.clock;
+                    st.clock.forward_device = Some(c.compute + c.upload + c.download);
+                }
                 let y = &st.tokens.as_ref().expect("embedded first").1;
                 let scale = Some(st.loss_scale / st.micro_batches as f32);
                 let loss = self.head_loss(y, scale, st.micro == 0, &mut st.clock)?;
@@ -198,7 +203,10 @@ impl<D: Backend> Trainer<'_, D> {
             }
             Op::DownloadHead => st.overflow |= self.download_head(&mut st.clock)?,
             Op::ReduceBlocks => self.reduce_stage1_grads()?,
-            Op::Update => self.update(st)?,
+            Op::Update => {
+                self.release_held(&mut st.clock)?;
+                self.update(st)?;
+            }
             Op::AwaitUpdate => {
                 // The whole sweep, write-backs included: nothing of this step's is left for the next.
                 let adam_steps = self.adam_steps;

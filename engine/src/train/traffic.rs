@@ -105,7 +105,7 @@ impl NvmeTraffic {
         let mut micro = 0;
         // Until the step's first vocabulary head, its forward runs beside the previous update's sweep.
         let mut beside_sweep = true;
-        let mut upload = |t: &mut NvmeTraffic, k: usize| {
+        let mut upload = |t: &mut NvmeTraffic, held: &mut [Option<bool>], k: usize| {
             if working_on {
                 let was_held = held[k].take();
                 let read = if was_held.is_some() { 0 } else { working_bytes(k) };
@@ -124,12 +124,12 @@ impl NvmeTraffic {
             let before = t.total();
             beside_sweep &= op != Op::Head;
             match op {
-                Op::FetchHead => upload(&mut t, 0),
+                Op::FetchHead => upload(&mut t, &mut held, 0),
                 Op::Embed { micro: m } => micro = m,
                 // A block still in its slot this step is not uploaded again.
                 Op::Fetch { block } if slot_holds[block % slots] != Some(block) => {
                     slot_holds[block % slots] = Some(block);
-                    upload(&mut t, 1 + block);
+                    upload(&mut t, &mut held, 1 + block);
                 }
                 Op::FinishDownload { block } if grads_on && sharding.shards_grads() => {
                     let read = if micro == 0 { 0 } else { slice_bytes(1 + block) };
@@ -140,6 +140,12 @@ impl NvmeTraffic {
                     (1..group_lens.len()).for_each(|k| t.gradients.add(residual_bytes(k), slice_bytes(k) + residual_bytes(k)));
                 }
                 Op::Update => {
+                    // What is still held goes back before the update (`Trainer::release_held`).
+                    for (k, h) in held.iter_mut().enumerate() {
+                        if h.take() == Some(true) {
+                            t.working.add(0, working_bytes(k));
+                        }
+                    }
                     for k in 0..group_lens.len() {
                         if optimizer_on {
                             t.optimizer.add(state_bytes(k), state_bytes(k));

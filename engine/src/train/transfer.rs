@@ -67,6 +67,21 @@ impl<D: Backend> Trainer<'_, D> {
         Ok(kept.into_iter().map(|(_, w)| w).collect())
     }
 
+    /// Lets go of the working copies held for a backward upload that will not come: those held at the
+    /// step's end (a later micro-batch's backward upload of a block still in its slot from the one
+    /// before is taken for a forward one) or by a forward-only validation. Written back where a gather
+    /// completed them. So no copy is held across an update, and every step starts with none held.
+    pub(super) fn release_held(&self, clock: &mut Clock) -> Result<()> {
+        let nv = self.nvme.as_deref();
+        for shared in self.shared.iter() {
+            let mut group = lock(shared);
+            if let Some(dirty) = group.held_for_backward.take() {
+                timed(&mut clock.io_wait, || group.working.page_out(nv, dirty))?;
+            }
+        }
+        Ok(())
+    }
+
     /// [`Self::upload_group`] for working-copy words of type `T` (f32, or 16-bit words), each tensor's
     /// words also shown to `host(index, words)`; returns whether the resident working copy changed (it
     /// was completed by a gather).

@@ -35,6 +35,8 @@ impl<D: Backend> Trainer<'_, D> {
             }
             sum += self.head_loss(&y, None, false, &mut clock)? as f64;
         }
+        // Forward only: what `--params-ram-cache` held for a backward goes back now.
+        self.release_held(&mut clock)?;
         let loss = sum / batches as f64;
         if !loss.is_finite() {
             bail!("the validation loss on {} is {loss} (not finite): the weights hold NaN or infinite values", data.path.display());
