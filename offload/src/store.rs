@@ -166,6 +166,17 @@ impl Stored {
         }
     }
 
+    /// Writes a resident NVMe tensor to its file and keeps it resident, clean (a later page-out need not
+    /// write it again); a RAM tensor, or one paged out, is left as it is.
+    pub fn write_back(&mut self, nvme: Option<&NvmeDir>) -> Result<()> {
+        let (Home::Nvme(files), Some(buf)) = (&self.home, self.resident.as_mut()) else { return Ok(()) };
+        let nvme = nvme.expect("an NVMe tensor writes through its directory");
+        let bytes = buf.len_bytes() as u64;
+        crate::shard_file::write_all(nvme, &mut stripe_slices(buf, files))?;
+        nvme.count_written(bytes);
+        Ok(())
+    }
+
     /// Writes an NVMe tensor back (if `dirty`) and drops its buffer; RAM tensors stay as they are.
     pub fn page_out(&mut self, nvme: Option<&NvmeDir>, dirty: bool) -> Result<()> {
         Stored::page_out_all(&mut [self], nvme, dirty)
@@ -266,6 +277,25 @@ mod tests {
         assert!(err.0.contains("in use by another zerostream run"), "{}", err.0);
         drop(first);
         nvme(dir.path(), true); // the lock goes with the run
+    }
+
+    #[test]
+    fn a_write_back_keeps_the_data_resident_and_counts_its_bytes_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let nv = nvme(dir.path(), true);
+        let mut t = Stored::new("h.1.working", 5_000, Tier::Nvme, Some(&nv)).unwrap();
+        t.write_back(Some(&nv)).unwrap(); // paged out: nothing to write
+        assert_eq!(nv.traffic(), (0, 0));
+        t.page_in_zeroed(Some(&nv));
+        t.data_mut().as_mut_slice::<u16>().iter_mut().enumerate().for_each(|(i, x)| *x = i as u16);
+        t.write_back(Some(&nv)).unwrap();
+        assert!(t.is_resident(), "kept for its next reader");
+        t.page_out(Some(&nv), false).unwrap();
+        let (read, written) = nv.traffic();
+        assert_eq!((read, written), (0, 5_000), "written once, read never");
+        let mut again = Stored::new("h.1.working", 5_000, Tier::Nvme, Some(&nv)).unwrap();
+        again.page_in(Some(&nv)).unwrap();
+        assert!(again.data().as_slice::<u16>().iter().enumerate().all(|(i, &x)| x == i as u16));
     }
 
     #[test]

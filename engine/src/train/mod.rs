@@ -237,7 +237,14 @@ impl<'d, D: Backend> Trainer<'d, D> {
             // Gradients live with the optimizer state (written whole by the step's first micro-batch).
             let mut grads = Stored::new(&format!("{}.grad", g.name), 4 * slice, train.gradients_tier(), nv)?;
             grads.page_out(nv, false)?;
-            shared.push(Mutex::new(SharedGroup { grads, grad_sum_squares: 0.0, working, gathered: 0, held_for_backward: None }));
+            shared.push(Mutex::new(SharedGroup {
+                grads,
+                grad_sum_squares: 0.0,
+                working,
+                gathered: 0,
+                held_for_backward: None,
+                fresh: false,
+            }));
             optimizer.push(OptimizerGroup { group: k, master, m, v });
             stage1_grads.push(if k > 0 && !sharding.shards_grads() { vec![0.0; shard.padded_len] } else { Vec::new() });
         }
@@ -272,6 +279,8 @@ impl<'d, D: Backend> Trainer<'d, D> {
                 swept: adam_steps,
                 adam_seconds: Vec::new(),
                 failed: None,
+                fresh_waiting: 0,
+                fresh_stopped_through: 0,
             }),
             changed: Condvar::new(),
         });
@@ -356,6 +365,8 @@ impl<'d, D: Backend> Trainer<'d, D> {
     /// last step's report.
     pub fn finish(&mut self) -> Result<f64> {
         let before = adam_seconds_total(&self.progress);
+        // No forward follows: the last sweep must not wait to keep copies for one.
+        self.progress.stop_fresh(self.adam_steps);
         self.jobs = None; // closing the channel ends the worker's loop
         if let Some(handle) = self.worker.take() {
             let (optimizer, rule) = handle.join().map_err(|_| anyhow!("the optimizer thread panicked"))??;
@@ -404,6 +415,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
 
 impl<D: Backend> Drop for Trainer<'_, D> {
     fn drop(&mut self) {
+        self.progress.stop_fresh(u64::MAX);
         self.jobs = None;
         if let Some(handle) = self.worker.take() {
             let _ = handle.join();

@@ -42,7 +42,8 @@ pub struct Placement {
     pub host_stage1_grad_bytes: u64,
     /// Per rank: the most host RAM the NVMe-tier state takes while paged in at once (0 without an NVMe
     /// tier): the update's sweep holds three groups (read ahead, updated, written back) with their
-    /// gradients, and the device thread one group's gradient and one working copy.
+    /// gradients, and the device thread one group's gradient and one working copy; overlapped, the
+    /// fresh working copies the sweep keeps for the next forward (`worker::FRESH_COPIES_AHEAD`).
     pub host_paged_in_bytes: u64,
     /// Per rank, on NVMe beside the state while a run is open: the spare files shard writes go into
     /// (`zerostream_offload::SPARES_PER_SIZE` of each shard size at most; 0 without an NVMe tier).
@@ -414,7 +415,10 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
     let group_lens: Vec<usize> = groups.iter().map(|g| g.len).collect();
     let cached_working_blocks = super::traffic::cached_working_blocks(tc, sharding.world, &group_lens, block_slots);
     if tc.offload_params == Tier::Nvme {
-        host_paged_in_bytes += 2 * working_bytes * largest_working;
+        // The one the sweep writes and the one the device thread uploads; overlapped, the fresh copies
+        // the sweep keeps ahead of the forward too.
+        let fresh = if tc.sequential { 0 } else { super::worker::FRESH_COPIES_AHEAD as u64 };
+        host_paged_in_bytes += (2 + fresh) * working_bytes * largest_working;
         host_paged_in_bytes += working_bytes * cached_working_blocks.clone().map(|b| shards[1 + b].working_len as u64).sum::<u64>();
     }
     // The spare files: a few per distinct shard size (master, fp32 moments and gradient slices share
@@ -485,7 +489,12 @@ mod tests {
         lens.sort_unstable_by(|a, b| b.cmp(a));
         let padded = |n: u64| n.div_ceil(64) * 64;
         let (head, block) = (padded(lens[0]), padded(lens[1]));
-        assert_eq!(ram, 16 * (head + 2 * block) + 4 * head + 2 * 2 * head);
+        // The sweep's three groups of state and gradients, the device thread's gradient, and bf16
+        // working copies: the sweep's, the device thread's and the fresh ones kept for the forward.
+        let working_copies = 2 + crate::train::worker::FRESH_COPIES_AHEAD as u64;
+        assert_eq!(ram, 16 * (head + 2 * block) + 4 * head + working_copies * 2 * head);
+        let sequential = plan(&model, &TrainConfig { sequential: true, ..tc.clone() }, 1).unwrap();
+        assert_eq!(ram - sequential.host_bytes_per_rank().0, (working_copies - 2) * 2 * head, "no fresh copies in sequence");
         assert_eq!(nvme, p.host_optimizer_bytes + p.host_grad_bytes + p.host_working_bytes);
         assert_eq!(p.host_grad_bytes, 4 * groups.iter().map(|g| padded(g.len as u64)).sum::<u64>());
         // All in RAM: nothing is paged, and the whole state counts.

@@ -239,7 +239,9 @@ impl<D: Backend> Trainer<'_, D> {
             // torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), at most 1, in f32.
             let clip = if self.train.grad_clip > 0.0 { (self.train.grad_clip as f32 / (st.grad_norm as f32 + 1e-6)).min(1.0) } else { 1.0 };
             self.adam_steps += 1;
-            let job = UpdateJob { lr: st.lr, adam_step: self.adam_steps, grad_multiplier: clip / st.loss_scale };
+            // Overlapped, the next step's forward takes the sweep's new working copies as it makes them.
+            let keep_fresh = !self.train.sequential;
+            let job = UpdateJob { lr: st.lr, adam_step: self.adam_steps, grad_multiplier: clip / st.loss_scale, keep_fresh };
             self.jobs.as_ref().expect("the worker is running").send(job).map_err(|_| self.worker_error())?;
         }
         Ok(())

@@ -14,7 +14,8 @@
 //!   and with several ranks in stages 1-2 the first upload after an update writes it back completed by
 //!   the all-gather; a block `--params-ram-cache` holds ([`cached_working_blocks`]) stays in RAM from
 //!   its forward upload to its backward one, so the second reads nothing (and a gathered copy is
-//!   written back after it).
+//!   written back after it); overlapped, a group's first upload of the step reads nothing either: the
+//!   sweep kept the copy it wrote resident for it (`worker::FRESH_COPIES_AHEAD`).
 
 use std::ops::Range;
 
@@ -53,6 +54,9 @@ pub struct NvmeTraffic {
     pub during_sweep: ReadWrite,
     /// Micro-batches of this rank per step.
     pub micro_batches: usize,
+    /// Overlapped: the working copy's bytes the forward takes from the sweep's fresh copies rather than
+    /// the drive (read in a run's first step, which no sweep precedes).
+    pub fresh_working_bytes: u64,
 }
 
 /// The blocks whose working copy `--params-ram-cache` keeps in RAM between their forward and
@@ -102,13 +106,21 @@ impl NvmeTraffic {
         let cached = cached_working_blocks(tc, world, group_lens, block_slots);
         // Held in RAM since its forward upload: Some(whether a gather completed it, to be written back).
         let mut held: Vec<Option<bool>> = vec![None; group_lens.len()];
+        // Overlapped, each group's first upload of the step takes the copy the sweep kept fresh
+        // (`worker::FRESH_COPIES_AHEAD`): it reads nothing.
+        let fresh = !tc.sequential;
+        let mut uploaded = vec![false; group_lens.len()];
         let mut micro = 0;
         // Until the step's first vocabulary head, its forward runs beside the previous update's sweep.
         let mut beside_sweep = true;
         let mut upload = |t: &mut NvmeTraffic, held: &mut [Option<bool>], k: usize| {
             if working_on {
                 let was_held = held[k].take();
-                let read = if was_held.is_some() { 0 } else { working_bytes(k) };
+                let fresh_copy = fresh && !std::mem::replace(&mut uploaded[k], true);
+                if fresh_copy {
+                    t.fresh_working_bytes += working_bytes(k);
+                }
+                let read = if was_held.is_some() || fresh_copy { 0 } else { working_bytes(k) };
                 let dirty = (gathers && !std::mem::replace(&mut gathered[k], true)) || was_held == Some(true);
                 // Kept from a forward upload, and written back (if a gather completed it) after the
                 // backward's (see `Trainer::upload_group_keeping`).
@@ -209,18 +221,20 @@ impl NvmeTraffic {
 mod tests {
     use super::*;
 
-    /// Overlapped, the sweep's bytes and the first forward's uploads move beside the sweep; the
-    /// backward's re-upload and the gradients' writes after it.
+    /// Overlapped, the sweep's bytes move beside the sweep, and the first forward's uploads read nothing
+    /// (they take the sweep's fresh copies); the backward's re-upload and the gradients' writes come
+    /// after it. Sequential, every upload reads.
     #[test]
-    fn the_sweep_and_the_first_forward_move_beside_the_sweep() {
+    fn the_sweep_moves_beside_the_first_forward_which_takes_its_fresh_copies() {
         let tc = TrainConfig { offload_optimizer: Tier::Nvme, offload_params: Tier::Nvme, ..Default::default() };
         let lens = [1024, 640, 640];
         let t = NvmeTraffic::of(&tc, 1, &lens, 1);
         let working_once: u64 = lens.iter().map(|&n| 4 * n as u64).sum();
-        // The optimizer's bytes and the gradients' sweep reads are the sweep's; every group is
-        // uploaded once in the forward; block 0 is evicted by block 1 and read again for its backward.
+        assert_eq!(t.fresh_working_bytes, working_once, "every group's first upload takes a fresh copy");
+        // The optimizer's bytes and the gradients' sweep reads are the sweep's; block 0 is evicted by
+        // block 1 and read again for its backward.
         let beside = ReadWrite {
-            read_bytes: t.optimizer.read_bytes + t.gradients.read_bytes + working_once,
+            read_bytes: t.optimizer.read_bytes + t.gradients.read_bytes,
             written_bytes: t.optimizer.written_bytes + t.working.written_bytes,
         };
         assert_eq!(t.during_sweep, beside);
@@ -228,5 +242,9 @@ mod tests {
         assert_eq!(all.read_bytes - beside.read_bytes, 4 * 640, "block 0's second upload");
         assert_eq!(all.written_bytes - beside.written_bytes, t.gradients.written_bytes);
         assert!(t.gradients.written_bytes > 0);
+
+        let sequential = NvmeTraffic::of(&TrainConfig { sequential: true, ..tc }, 1, &lens, 1);
+        assert_eq!(sequential.fresh_working_bytes, 0);
+        assert_eq!(sequential.working.read_bytes, t.working.read_bytes + working_once);
     }
 }

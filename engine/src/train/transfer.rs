@@ -37,8 +37,12 @@ impl<D: Backend> Trainer<'_, D> {
         self.wait_group(k, clock)?;
         let mut shared = lock(&self.shared[k]);
         let nv = self.nvme.as_deref();
-        // Held since its forward upload: paged in already, so this reads nothing.
+        // Held since its forward upload, or kept fresh by the update: paged in already, so this reads
+        // nothing.
         let held = shared.held_for_backward.take();
+        if std::mem::take(&mut shared.fresh) {
+            self.progress.took_fresh();
+        }
         timed(&mut clock.io_wait, || shared.working.page_in(nv))?;
         let mut kept = Vec::with_capacity(keep.len());
         let dirty = match self.train.precision {
@@ -71,12 +75,18 @@ impl<D: Backend> Trainer<'_, D> {
     /// step's end (a later micro-batch's backward upload of a block still in its slot from the one
     /// before is taken for a forward one) or by a forward-only validation. Written back where a gather
     /// completed them. So no copy is held across an update, and every step starts with none held.
+    /// Fresh copies no upload took (the sweep was stopped from keeping more) go too: each sweep starts
+    /// with none.
     pub(super) fn release_held(&self, clock: &mut Clock) -> Result<()> {
         let nv = self.nvme.as_deref();
         for shared in self.shared.iter() {
             let mut group = lock(shared);
             if let Some(dirty) = group.held_for_backward.take() {
                 timed(&mut clock.io_wait, || group.working.page_out(nv, dirty))?;
+            }
+            if std::mem::take(&mut group.fresh) {
+                self.progress.took_fresh();
+                group.working.page_out(nv, false)?;
             }
         }
         Ok(())

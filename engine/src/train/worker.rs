@@ -10,7 +10,7 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use half::{bf16, f16};
 use zerostream_offload::layerwise::SquaredNorms;
-use zerostream_offload::{AdamW, Grads, Layerwise, MomentNoise, Moments, NvmeDir, ParamCopy, Stored, pipelined_sweep};
+use zerostream_offload::{AdamW, Grads, Layerwise, MomentNoise, Moments, NvmeDir, ParamCopy, Stored, Tier, pipelined_sweep};
 
 use crate::comm::Comm;
 
@@ -39,6 +39,9 @@ pub(super) struct SharedGroup {
     /// `--params-ram-cache` holds: `Placement::cached_working_blocks`): Some(whether a gather
     /// completed it, so its tier's copy is stale until the backward upload writes it back).
     pub(super) held_for_backward: Option<bool>,
+    /// The update's new working copy, written to its tier and kept resident for the next upload (the
+    /// next forward's), which then reads nothing: counted in [`ProgressState::fresh_waiting`].
+    pub(super) fresh: bool,
 }
 
 impl SharedGroup {
@@ -92,7 +95,16 @@ pub(super) struct UpdateJob {
     pub(super) adam_step: u64,
     /// Multiplies every gradient: clip coefficient / loss scale.
     pub(super) grad_multiplier: f32,
+    /// Whether the sweep keeps its new working copies (on NVMe) resident for the next step's forward,
+    /// at most [`FRESH_COPIES_AHEAD`] groups ahead of it: an overlapped schedule, whose forward takes
+    /// them in the sweep's order.
+    pub(super) keep_fresh: bool,
 }
+
+/// How many groups' fresh working copies the sweep keeps resident ahead of the forward that uploads
+/// them: the sweep waits rather than keep more, so the forward reads none of them back from the drive
+/// and the RAM they take is bounded (the plan counts them).
+pub(crate) const FRESH_COPIES_AHEAD: usize = 2;
 
 /// How far the worker has got: updates applied per group, AdamW seconds per job, the first error.
 pub(super) struct Progress {
@@ -107,13 +119,20 @@ pub(super) struct ProgressState {
     pub(super) swept: u64,
     pub(super) adam_seconds: Vec<f64>,
     pub(super) failed: Option<String>,
+    /// Groups holding a fresh working copy not yet uploaded ([`SharedGroup::fresh`]).
+    pub(super) fresh_waiting: usize,
+    /// The sweeps (by AdamW step) that keep no more fresh copies: stopped by the device thread when it
+    /// will not take them in order (it waits for a whole sweep, or for a group while they fill the
+    /// window), so the sweep never waits for a forward that is not coming.
+    pub(super) fresh_stopped_through: u64,
 }
 
 impl Progress {
     pub(super) fn lock(&self) -> MutexGuard<'_, ProgressState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
-    /// Blocks until group `k` has had `count` updates.
+    /// Blocks until group `k` has had `count` updates. Should fresh copies fill the window meanwhile
+    /// (uploads out of the sweep's order), that sweep stops keeping them rather than wait for them.
     pub(super) fn wait_for(&self, k: usize, count: u64) -> Result<()> {
         let mut s = self.lock();
         loop {
@@ -123,12 +142,18 @@ impl Progress {
             if s.updated[k] >= count {
                 return Ok(());
             }
+            if s.fresh_waiting >= FRESH_COPIES_AHEAD && s.fresh_stopped_through < count {
+                s.fresh_stopped_through = count;
+                self.changed.notify_all();
+            }
             s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
         }
     }
 
-    /// Blocks until the sweep of AdamW step `adam_step` has finished, write-backs included.
+    /// Blocks until the sweep of AdamW step `adam_step` has finished, write-backs included (that sweep
+    /// keeps no more fresh copies: no forward takes them while this waits).
     pub(super) fn wait_for_sweep(&self, adam_step: u64) -> Result<()> {
+        self.stop_fresh(adam_step);
         let mut s = self.lock();
         loop {
             if let Some(e) = &s.failed {
@@ -141,6 +166,51 @@ impl Progress {
         }
     }
 }
+
+impl Progress {
+    /// The sweeps up to AdamW step `adam_step` keep no more fresh working copies (those kept stay
+    /// valid for their upload).
+    pub(super) fn stop_fresh(&self, adam_step: u64) {
+        let mut s = self.lock();
+        s.fresh_stopped_through = s.fresh_stopped_through.max(adam_step);
+        drop(s);
+        self.changed.notify_all();
+    }
+
+    /// A fresh copy was uploaded or let go: room for another.
+    pub(super) fn took_fresh(&self) {
+        let mut s = self.lock();
+        s.fresh_waiting = s.fresh_waiting.checked_sub(1).expect("a fresh copy was counted");
+        drop(s);
+        self.changed.notify_all();
+    }
+
+    /// The sweep of `adam_step`, before updating a group: whether it keeps the group's new working
+    /// copy resident, waiting while [`FRESH_COPIES_AHEAD`] are not yet uploaded. No (and no wait) once
+    /// the sweep is stopped from keeping them, after a failure, or after [`FRESH_WAIT_LIMIT`] without
+    /// room (a schedule that does not take them: slower, never stuck).
+    fn room_for_fresh(&self, adam_step: u64) -> bool {
+        let mut s = self.lock();
+        let since = Instant::now();
+        loop {
+            if s.failed.is_some() || s.fresh_stopped_through >= adam_step {
+                return false;
+            }
+            if s.fresh_waiting < FRESH_COPIES_AHEAD {
+                return true;
+            }
+            let Some(left) = FRESH_WAIT_LIMIT.checked_sub(since.elapsed()) else {
+                s.fresh_stopped_through = adam_step;
+                return false;
+            };
+            s = self.changed.wait_timeout(s, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+}
+
+/// The longest the sweep waits for room to keep a fresh copy (the forward's upload of the oldest
+/// one): a safety net only, as every path that does not take them in order stops the sweep first.
+const FRESH_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -295,6 +365,7 @@ pub(super) fn optimizer_worker(
     formats: UpdateFormats,
 ) -> Result<WorkerState> {
     let parts: Vec<Vec<TensorPart>> = layouts.iter().zip(shards).map(|(l, s)| tensor_parts(l, s)).collect();
+    let working_on_nvme = shared.first().is_some_and(|s| lock(s).working.tier() == Tier::Nvme);
     for job in jobs {
         let start = Instant::now();
         rule.set_lr(job.lr);
@@ -309,16 +380,28 @@ pub(super) fn optimizer_worker(
         let store =
             |g: &mut OptimizerGroup| -> Result<()> { Ok(Stored::page_out_all(&mut [&mut g.master, &mut g.m, &mut g.v], nvme, true)?) };
         let compute = |k: usize, g: &mut OptimizerGroup| -> Result<()> {
+            let keep = job.keep_fresh && working_on_nvme && progress.room_for_fresh(job.adam_step);
             let mut sh = lock(&shared[k]);
             sh.working.page_in_zeroed(nvme);
             match &rule {
                 UpdateRule::AdamW(adam) => adamw_group(adam, k, &parts[k], g, &mut sh, &job, formats),
                 UpdateRule::Layerwise(opt, comm) => layerwise_group(opt, comm, &parts[k], g, &mut sh, &job, formats.working)?,
             }
-            sh.working.page_out(nvme, true)?;
+            if keep {
+                sh.working.write_back(nvme)?;
+            } else {
+                sh.working.page_out(nvme, true)?;
+            }
             sh.grads.page_out(nvme, false)?;
-            drop(sh);
-            progress.lock().updated[k] += 1;
+            // Counted while the group is locked: whoever takes the copy finds it counted.
+            let mut p = progress.lock();
+            p.updated[k] += 1;
+            if keep {
+                debug_assert!(!sh.fresh, "every sweep starts with no fresh copy left (Trainer::release_held)");
+                sh.fresh = true;
+                p.fresh_waiting += 1;
+            }
+            drop((p, sh));
             progress.changed.notify_all();
             Ok(())
         };
