@@ -135,6 +135,20 @@ fn mpirun_with_lamb_equals_in_process_bit_for_bit() {
     check_mpi_equals_in_process("3", &["--optimizer", "lars"]);
 }
 
+/// With the state on NVMe: the update's fresh working copies, `--params-ram-cache auto` (each process
+/// sizes it, MPI agrees on the smallest) and LAMB's own communicator give what in-process ranks give.
+#[cfg(feature = "mpi")]
+#[test]
+fn mpirun_with_the_state_on_nvme_equals_in_process_bit_for_bit() {
+    // A directory each: another stage's shards have other sizes, and are refused.
+    for (stage, optimizer) in [("2", "adamw"), ("3", "lamb")] {
+        let nvme = tempfile::tempdir().unwrap();
+        let dir = nvme.path().to_str().unwrap();
+        let on_nvme = ["--offload-optimizer", "nvme", "--offload-params", "nvme", "--nvme-dir", dir, "--params-ram-cache", "auto"];
+        check_mpi_equals_in_process(stage, &[&on_nvme[..], &["--optimizer", optimizer]].concat());
+    }
+}
+
 #[cfg(feature = "mpi")]
 fn check_mpi_equals_in_process(stage: &str, extra: &[&str]) {
     let (local, mpi) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());

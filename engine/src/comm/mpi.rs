@@ -54,6 +54,13 @@ impl MpiWorld {
         self.world.split_shared(self.world.rank()).size() as usize
     }
 
+    /// The smallest of every process's `mine` (MPI_Allreduce, MPI_MIN).
+    pub fn min_u64(&self, mine: u64) -> u64 {
+        let mut smallest = 0u64;
+        self.world.all_reduce_into(&mine, &mut smallest, mpi::collective::SystemOperation::min());
+        smallest
+    }
+
     /// Prints why and stops every process of the job (MPI_Abort).
     pub fn abort(&self, message: &str) -> ! {
         eprintln!("error: {message}; stopping every rank");

@@ -367,16 +367,14 @@ pub fn open(choice: DeviceChoice, adapter: Option<&str>, budget_bytes: Option<u6
     match choice {
         DeviceChoice::Cpu => Ok(AnyDevice::Cpu(CpuDevice::new(budget_bytes))),
         DeviceChoice::Gpu => Ok(AnyDevice::Gpu(GpuDevice::open(adapter, budget_bytes)?)),
-        DeviceChoice::Auto => {
-            let adapters = gpu::list_adapters();
-            let real = adapters.iter().any(|a| a.is_real_gpu());
-            if adapter.is_some() || real {
-                Ok(AnyDevice::Gpu(GpuDevice::open(adapter, budget_bytes)?))
-            } else {
-                Ok(AnyDevice::Cpu(CpuDevice::new(budget_bytes)))
-            }
-        }
+        DeviceChoice::Auto => open(resolve_auto(adapter), adapter, budget_bytes),
     }
+}
+
+/// The device `--device auto` opens: the gpu device when `--adapter` names one or wgpu finds a real
+/// GPU, else the cpu device (never a software rasteriser such as lavapipe).
+pub fn resolve_auto(adapter: Option<&str>) -> DeviceChoice {
+    if adapter.is_some() || gpu::list_adapters().iter().any(|a| a.is_real_gpu()) { DeviceChoice::Gpu } else { DeviceChoice::Cpu }
 }
 
 /// Parses a byte size such as `512MiB`, `2GiB`, `4GB`, `1048576`.

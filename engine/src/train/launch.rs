@@ -82,7 +82,7 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
     if mpi_world.is_some() {
         return launch_mpi(&req);
     }
-    check_host_ram(&req, world, world)?;
+    check_host_ram(&req, &req.train, world, world)?;
     let RunRequest { options, mut train, ranks, .. } = req;
     if world == 1 {
         if ranks.devices.len() > 1 {
@@ -211,13 +211,14 @@ fn planned_costs(choice: DeviceChoice) -> AllocCosts {
     }
 }
 
-/// Refuses before any work a run whose state would not fit in this machine's RAM or on its NVMe
-/// directory's disk (`ranks_here` ranks), or whose device budget the chosen device cannot keep.
-fn check_host_ram(req: &RunRequest, world: usize, ranks_here: usize) -> Result<()> {
+/// Refuses before any work a run (`req` with the settings `train`) whose state would not fit in this
+/// machine's RAM or on its NVMe directory's disk (`ranks_here` ranks), or whose device budget the
+/// chosen device cannot keep.
+fn check_host_ram(req: &RunRequest, train: &TrainConfig, world: usize, ranks_here: usize) -> Result<()> {
     let model = model_config(&req.options.model)?;
-    let placement = plan_on(&model, &req.train, world, planned_costs(req.ranks.device))?;
+    let placement = plan_on(&model, train, world, planned_costs(req.ranks.device))?;
     placement.check_host_ram(ranks_here)?;
-    placement.check_nvme_room(&req.train.nvme_dirs, ranks_here)
+    placement.check_nvme_room(&train.nvme_dirs, ranks_here)
 }
 
 /// `--params-ram-cache auto`: the RAM available now less what `ranks_here` ranks' other state needs
@@ -228,7 +229,12 @@ fn size_params_ram_cache(req: &mut RunRequest, world: usize, ranks_here: usize) 
         return Ok(());
     }
     let model = model_config(&req.options.model)?;
-    let costs = planned_costs(req.ranks.device);
+    // `--device auto` sized as what it will open: the cpu device's memory is RAM too.
+    let device = match req.ranks.device {
+        DeviceChoice::Auto => crate::device::resolve_auto(req.ranks.adapter.as_deref()),
+        choice => choice,
+    };
+    let costs = planned_costs(device);
     let without = TrainConfig { params_ram_cache_bytes: 0, ..req.train.clone() };
     let placement = plan_on(&model, &without, world, costs)?;
     req.train.params_ram_cache_bytes = placement.params_ram_cache_room(ranks_here, costs == AllocCosts::CPU);
@@ -261,10 +267,15 @@ fn launch_mpi(req: &RunRequest) -> Result<Launched> {
     use crate::comm::{Comm, mpi::MpiWorld};
     let mpi = MpiWorld::init().context("initialising MPI")?;
     let (rank, local_rank) = (mpi.rank(), mpi.node_local_rank());
-    if let Err(e) = check_host_ram(req, mpi.size(), mpi.node_local_size()) {
+    let mut train = req.train.clone();
+    if req.params_ram_cache_auto {
+        // Each process sized the cache from its own machine's RAM: all take the smallest, so every rank
+        // holds the same blocks and the checkpoint records the size they all used.
+        train.params_ram_cache_bytes = mpi.min_u64(train.params_ram_cache_bytes);
+    }
+    if let Err(e) = check_host_ram(req, &train, mpi.size(), mpi.node_local_size()) {
         mpi.abort(&format!("rank {rank}: {e:#}"));
     }
-    let mut train = req.train.clone();
     train.adam_threads = adam_threads_per_rank(train.adam_threads, mpi.node_local_size());
     let (devices, choice, adapter) = (&req.ranks.devices, req.ranks.device, req.ranks.adapter.as_deref());
     let which = match devices.get(local_rank) {

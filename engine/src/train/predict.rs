@@ -54,9 +54,7 @@ pub struct LinkRates {
     pub head_s: f64,
     /// Of those, the forward's share (kernels and the upload before the vocabulary head): what runs
     /// beside the update's sweep.
-    #[serde(default)]
     pub block_forward_s: f64,
-    #[serde(default)]
     pub head_forward_s: f64,
     /// Host-to-device bytes per second of a block's working copy: what evicted blocks pay again.
     pub upload_gbps: f64,
@@ -212,7 +210,8 @@ struct StepLinks {
     forward_s: f64,
     rest_device_s: f64,
     adam_s: f64,
-    /// The drive's bytes beside the sweep (the sweep's own and the first forward's), and the rest.
+    /// The drive's bytes beside the sweep (the sweep's own, and the first forward's: none but a
+    /// gathered copy's write-back, as it takes the sweep's fresh copies), and the rest.
     sweep_drive_s: f64,
     rest_drive_s: f64,
     /// The share of the cores the sweep keeps busy while the drive moves its bytes.

@@ -15,7 +15,9 @@
 //!   the all-gather; a block `--params-ram-cache` holds ([`cached_working_blocks`]) stays in RAM from
 //!   its forward upload to its backward one, so the second reads nothing (and a gathered copy is
 //!   written back after it); overlapped, a group's first upload of the step reads nothing either: the
-//!   sweep kept the copy it wrote resident for it (`worker::FRESH_COPIES_AHEAD`).
+//!   sweep kept the copy it wrote resident for it (`worker::FRESH_COPIES_AHEAD`; not after a
+//!   validation, a checkpoint or a skipped step, and LAMB or LARS with several ranks keep only what
+//!   fits without waiting, so the forward may read some).
 
 use std::ops::Range;
 

@@ -75,8 +75,8 @@ impl<D: Backend> Trainer<'_, D> {
     /// step's end (a later micro-batch's backward upload of a block still in its slot from the one
     /// before is taken for a forward one) or by a forward-only validation. Written back where a gather
     /// completed them. So no copy is held across an update, and every step starts with none held.
-    /// Fresh copies no upload took (the sweep was stopped from keeping more) go too: each sweep starts
-    /// with none.
+    /// Fresh copies no upload took go too, so each sweep starts with none (every step's first forward
+    /// takes them all, so in the schedules run today there are none left here).
     pub(super) fn release_held(&self, clock: &mut Clock) -> Result<()> {
         let nv = self.nvme.as_deref();
         for shared in self.shared.iter() {

@@ -123,7 +123,8 @@ pub(super) struct ProgressState {
     pub(super) fresh_waiting: usize,
     /// The sweeps (by AdamW step) that keep no more fresh copies: stopped by the device thread when it
     /// will not take them in order (it waits for a whole sweep, or for a group while they fill the
-    /// window), so the sweep never waits for a forward that is not coming.
+    /// window), so the sweep never waits for a forward that is not coming; or by the sweep itself after
+    /// [`FRESH_WAIT_LIMIT`].
     pub(super) fresh_stopped_through: u64,
 }
 
@@ -186,10 +187,10 @@ impl Progress {
     }
 
     /// The sweep of `adam_step`, before updating a group: whether it keeps the group's new working
-    /// copy resident, waiting while [`FRESH_COPIES_AHEAD`] are not yet uploaded. No (and no wait) once
-    /// the sweep is stopped from keeping them, after a failure, or after [`FRESH_WAIT_LIMIT`] without
-    /// room (a schedule that does not take them: slower, never stuck).
-    fn room_for_fresh(&self, adam_step: u64) -> bool {
+    /// copy resident, waiting (if it `may_wait`) while [`FRESH_COPIES_AHEAD`] are not yet uploaded. No
+    /// (and no wait) once the sweep is stopped from keeping them, after a failure, or after
+    /// [`FRESH_WAIT_LIMIT`] without room.
+    fn room_for_fresh(&self, adam_step: u64, may_wait: bool) -> bool {
         let mut s = self.lock();
         let since = Instant::now();
         loop {
@@ -198,6 +199,9 @@ impl Progress {
             }
             if s.fresh_waiting < FRESH_COPIES_AHEAD {
                 return true;
+            }
+            if !may_wait {
+                return false;
             }
             let Some(left) = FRESH_WAIT_LIMIT.checked_sub(since.elapsed()) else {
                 s.fresh_stopped_through = adam_step;
@@ -209,7 +213,8 @@ impl Progress {
 }
 
 /// The longest the sweep waits for room to keep a fresh copy (the forward's upload of the oldest
-/// one): a safety net only, as every path that does not take them in order stops the sweep first.
+/// one): a safety net, as every path of this rank that does not take them in order stops the sweep
+/// first.
 const FRESH_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -366,6 +371,13 @@ pub(super) fn optimizer_worker(
 ) -> Result<WorkerState> {
     let parts: Vec<Vec<TensorPart>> = layouts.iter().zip(shards).map(|(l, s)| tensor_parts(l, s)).collect();
     let working_on_nvme = shared.first().is_some_and(|s| lock(s).working.tier() == Tier::Nvme);
+    // A sweep that meets the other ranks' (LAMB's and LARS's norms) never waits for room: a rank
+    // whose device thread failed waits for its own sweep, which needs this one's, while this rank's
+    // device thread waits for that rank in a collective, taking no copies. It keeps what fits.
+    let may_wait = match &rule {
+        UpdateRule::AdamW(_) => true,
+        UpdateRule::Layerwise(_, comm) => comm.world_size() == 1,
+    };
     for job in jobs {
         let start = Instant::now();
         rule.set_lr(job.lr);
@@ -380,7 +392,7 @@ pub(super) fn optimizer_worker(
         let store =
             |g: &mut OptimizerGroup| -> Result<()> { Ok(Stored::page_out_all(&mut [&mut g.master, &mut g.m, &mut g.v], nvme, true)?) };
         let compute = |k: usize, g: &mut OptimizerGroup| -> Result<()> {
-            let keep = job.keep_fresh && working_on_nvme && progress.room_for_fresh(job.adam_step);
+            let keep = job.keep_fresh && working_on_nvme && progress.room_for_fresh(job.adam_step, may_wait);
             let mut sh = lock(&shared[k]);
             sh.working.page_in_zeroed(nvme);
             match &rule {
