@@ -136,7 +136,8 @@ fn mpirun_with_lamb_equals_in_process_bit_for_bit() {
 }
 
 /// With the state on NVMe: the update's fresh working copies, `--params-ram-cache auto` (each process
-/// sizes it, MPI agrees on the smallest) and LAMB's own communicator give what in-process ranks give.
+/// sizes it, MPI agrees on the smallest: shown here to complete, as the size changes no result) and
+/// LAMB's own communicator give what in-process ranks give.
 #[cfg(feature = "mpi")]
 #[test]
 fn mpirun_with_the_state_on_nvme_equals_in_process_bit_for_bit() {

@@ -2,6 +2,7 @@
 //!
 //! Only byte movement goes through MPI (all-gather, all-to-all, broadcast, barrier); the sums are done
 //! in rank order by [`super::Comm`], so MPI's choice of reduction algorithm never changes a result.
+//! (One reduction is MPI's own: the start-up minimum of `--params-ram-cache auto`, an integer.)
 //! The trainer's collectives are called from its device thread; a layer-wise optimizer (LAMB, LARS)
 //! sums its norms from its own thread on a split communicator, so MPI is initialised asking for
 //! `MPI_THREAD_MULTIPLE`, and [`Collectives::split`] refuses if the library did not grant it.
