@@ -237,7 +237,10 @@ fn step_phases(l: &StepLinks, shared_cores: bool, sequential: bool) -> [Phase; 2
         // its kernels run on it, so nothing of the drive's hides behind them.
         [
             Phase::longest(&[("the cores", l.forward_s + l.adam_s + share * l.sweep_drive_s), ("the drive", l.sweep_drive_s)]),
-            Phase { seconds: l.rest_device_s + l.rest_drive_s, bound: "the cores and the drive in turn" },
+            Phase {
+                seconds: l.rest_device_s + l.rest_drive_s,
+                bound: if l.rest_drive_s > 0.0 { "the cores and the drive in turn" } else { "the cores" },
+            },
         ]
     } else {
         [
@@ -571,6 +574,9 @@ mod tests {
         // After the sweep the cpu device's kernels and the device thread's reads and writes add up.
         assert_eq!(seconds(step_phases(&cpu, true, false)), (10.5, "the cores", 4.0, "the cores and the drive in turn"));
         assert_eq!(seconds(step_phases(&links(), true, false)), (10.0, "the drive", 4.0, "the cores and the drive in turn"));
+        // Nothing on the drive after the sweep: the cores alone.
+        let nothing_after = StepLinks { rest_drive_s: 0.0, ..links() };
+        assert_eq!(seconds(step_phases(&nothing_after, true, false)), (10.0, "the drive", 3.0, "the cores"));
         let update_bound = StepLinks { adam_s: 12.0, ..links() };
         assert_eq!(seconds(step_phases(&update_bound, false, false)).1, "the update");
         // Nothing overlaps in the sequential schedule.
