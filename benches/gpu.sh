@@ -22,6 +22,8 @@
 #   XL_B, XL_T, XL_STEPS   the same for the 1.5B run (default B, T, STEPS)
 #   SKIP     parts to leave out, space-separated: selftest tune kernels transfer torch train-gpt2 train-gpt2-xl
 #            train-gpt2-f16 oversized
+#   TUNE_SECONDS  the tuner's --max-seconds (default 150; the part may run 50 s longer)
+#   KERNELS_LIMIT seconds `bench kernels` may run (default 240)
 #   TUNE_FLAGS    flags for `tune` (default: its GPT-2 124M/1.5B and Llama-3.2-1B shape sets; --quick on lavapipe)
 #   OVERSIZED_MODEL, OVERSIZED_BUDGET   the streamed-vs-resident pair (default llama-3.2-1b at 5GiB: its fp32 minimum at B=1 T=1024 is 4.0 GiB, so it
 #            streams its blocks; the resident run gets 60GiB); OVERSIZED_B, OVERSIZED_T (default 1, T)
@@ -303,8 +305,9 @@ render
 # First: every kernel and variant against its twin (a failure here makes every number below suspect),
 # then the tuner, whose table every later part runs with.
 skipped selftest || part selftest 120 "$ZS" selftest --device gpu --json
-skipped tune || part tune 200 "$ZS" tune --json --max-seconds 150 ${TUNE_FLAGS:-}
-skipped kernels || part kernels 240 "$ZS" bench kernels --batch-size "$B" --seq-len "$T" --json ${KERNEL_FLAGS:-}
+TUNE_SECONDS=${TUNE_SECONDS:-150}
+skipped tune || part tune $((TUNE_SECONDS + 50)) "$ZS" tune --json --max-seconds "$TUNE_SECONDS" ${TUNE_FLAGS:-}
+skipped kernels || part kernels ${KERNELS_LIMIT:-240} "$ZS" bench kernels --batch-size "$B" --seq-len "$T" --json ${KERNEL_FLAGS:-}
 skipped transfer || { part h2d 60 "$ZS" bench h2d --json; part d2h 90 "$ZS" bench d2h --json; part overlap 60 "$ZS" bench overlap --json ${OVERLAP_FLAGS:-}; }
 
 # PyTorch: the same shapes, timed with CUDA events (median after warm-up).
