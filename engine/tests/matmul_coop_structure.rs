@@ -18,6 +18,16 @@ const A_STRIDE: usize = 40;
 const B_STRIDE: usize = 136;
 const REGIONS: usize = 8;
 const DUMP_SLOT: usize = 8;
+/// Where A's and B's tiles start in the kernel's one f16 workgroup array, `tile_halves`.
+const A_TILE: usize = 0;
+const B_TILE: usize = 5120;
+/// Where the subgroup count sits in `c_stage`, after the staging slots.
+const COUNT_SLOT: usize = 2304;
+/// A cooperative load or store needs a 16-byte aligned address and row stride (Vulkan's rule; NVIDIA's
+/// driver read shifted elements when the tiles sat 4 bytes off). The kernel's two workgroup arrays are
+/// each a multiple of 16 bytes long (the shaders crate's tests), so any packing starts them aligned; here
+/// every offset into them is checked.
+const COOP_ALIGN_BYTES: usize = 16;
 
 /// The kernel's Params (flags bit 0 accumulate, bit 1 bias; b_format 0 f32, 1 f16, 2 bf16).
 struct Params {
@@ -77,6 +87,10 @@ fn b_element(p: &Params, b: &[u32], k0: usize, col0: usize, idx: usize) -> (usiz
 
 /// coopLoadT: a row-major 16 x 16 tile at `base` with `stride` elements between rows.
 fn coop_load(tile: &[u16], base: usize, stride: usize) -> [[f32; 16]; 16] {
+    assert!(
+        (base * 2).is_multiple_of(COOP_ALIGN_BYTES) && (stride * 2).is_multiple_of(COOP_ALIGN_BYTES),
+        "coopLoadT at {base}, stride {stride}"
+    );
     let mut m = [[0.0; 16]; 16];
     for (i, row) in m.iter_mut().enumerate() {
         for (j, x) in row.iter_mut().enumerate() {
@@ -99,7 +113,8 @@ fn run_kernel(p: &Params, a: &[f32], b: &[u32], bias: &[f32], c: &mut [f32], sub
     for wg_y in 0..p.m.div_ceil(TILE_M) {
         for wg_x in 0..p.n.div_ceil(TILE_N) {
             let (row0, col0) = (wg_y * TILE_M, wg_x * TILE_N);
-            let (mut a_tile, mut b_tile, mut c_stage) = (vec![0u16; 5120], vec![0u16; 4352], vec![0.0f32; 2304]);
+            let (mut tile_halves, mut c_stage) = (vec![0u16; 9472], vec![0.0f32; COUNT_SLOT + 4]);
+            c_stage[COUNT_SLOT] = f32::from_bits(subgroups as u32); // read back once, by every invocation
             let passes = REGIONS.div_ceil(subgroups);
             for sweep in 0..passes {
                 // Per subgroup: its eight accumulators (acc00..acc03, acc10..acc13).
@@ -108,20 +123,22 @@ fn run_kernel(p: &Params, a: &[f32], b: &[u32], bias: &[f32], c: &mut [f32], sub
                     for li in 0..256 {
                         for j in 0..16 {
                             let (at, av) = a_element(p, a, row0, t * TILE_K, li + 256 * j);
-                            a_tile[at] = av;
+                            tile_halves[A_TILE + at] = av;
                             let (bt, bv) = b_element(p, b, t * TILE_K, col0, li + 256 * j);
-                            b_tile[bt] = bv;
+                            tile_halves[B_TILE + bt] = bv;
                         }
                     }
                     for kk in (0..TILE_K).step_by(16) {
                         for (sg, acc) in acc.iter_mut().enumerate() {
                             let region = (sweep * subgroups + sg) % REGIONS;
-                            let (a_base, b_base) = ((region / 2) * 32 * A_STRIDE, (region % 2) * 64);
-                            let a_rows =
-                                [coop_load(&a_tile, a_base + kk, A_STRIDE), coop_load(&a_tile, a_base + 16 * A_STRIDE + kk, A_STRIDE)];
+                            let (a_base, b_base) = (A_TILE + (region / 2) * 32 * A_STRIDE, B_TILE + (region % 2) * 64);
+                            let a_rows = [
+                                coop_load(&tile_halves, a_base + kk, A_STRIDE),
+                                coop_load(&tile_halves, a_base + 16 * A_STRIDE + kk, A_STRIDE),
+                            ];
                             for ti in 0..2 {
                                 for tj in 0..4 {
-                                    let bj = coop_load(&b_tile, kk * B_STRIDE + b_base + 16 * tj, B_STRIDE);
+                                    let bj = coop_load(&tile_halves, kk * B_STRIDE + b_base + 16 * tj, B_STRIDE);
                                     multiply_add(&a_rows[ti], &bj, &mut acc[ti * 4 + tj]);
                                 }
                             }
@@ -135,6 +152,8 @@ fn run_kernel(p: &Params, a: &[f32], b: &[u32], bias: &[f32], c: &mut [f32], sub
                         for (sg, acc) in acc.iter().enumerate() {
                             let g = sweep * subgroups + sg;
                             let slot = if g >= REGIONS { DUMP_SLOT } else { g % REGIONS };
+                            // coopStoreT of f32 at slot * 256 with 16 between rows.
+                            assert!((slot * 256 * 4).is_multiple_of(COOP_ALIGN_BYTES) && (16 * 4usize).is_multiple_of(COOP_ALIGN_BYTES));
                             for i in 0..16 {
                                 for j in 0..16 {
                                     c_stage[slot * 256 + i * 16 + j] = acc[ti * 4 + tj][i][j];
@@ -159,6 +178,7 @@ fn run_kernel(p: &Params, a: &[f32], b: &[u32], bias: &[f32], c: &mut [f32], sub
                     }
                 }
             }
+            assert_eq!(c_stage[COUNT_SLOT].to_bits(), subgroups as u32, "the staging slots overran the subgroup count");
         }
     }
 }

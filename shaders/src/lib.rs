@@ -165,6 +165,29 @@ mod tests {
         assert!(has_op(4459), "no OpCooperativeMatrixMulAddKHR");
     }
 
+    /// The cooperative-matrix matmul's workgroup variables are each a multiple of 16 bytes long, so however
+    /// a driver packs them each starts 16-byte aligned, as a cooperative load or store needs (NVIDIA's
+    /// driver read elements 4 bytes off when a 4-byte variable sat among them; the offsets inside the
+    /// arrays are checked by engine/tests/matmul_coop_structure.rs).
+    #[test]
+    fn matmul_coop_workgroup_variables_keep_16_byte_alignment() {
+        let module = naga::front::wgsl::parse_str(MATMUL_COOP.source).unwrap();
+        let mut layouter = naga::proc::Layouter::default();
+        layouter.update(module.to_ctx()).unwrap();
+        let sizes: Vec<(String, u32)> = module
+            .global_variables
+            .iter()
+            .filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup)
+            .map(|(_, v)| (v.name.clone().unwrap_or_default(), layouter[v.ty].size))
+            .collect();
+        assert_eq!(sizes.len(), 2, "{sizes:?}");
+        for (name, bytes) in &sizes {
+            assert!(bytes % 16 == 0, "workgroup variable {name} is {bytes} bytes, not a multiple of 16");
+        }
+        // Together, the bytes the engine checks an adapter for.
+        assert_eq!(sizes.iter().map(|(_, b)| b).sum::<u32>(), 128 * 40 * 2 + 32 * 136 * 2 + 9 * 256 * 4 + 16);
+    }
+
     /// Every kernel and fp32 matmul variant translated to Metal Shading Language and to HLSL by naga, as
     /// wgpu's Metal and DX12 backends translate them, so a kernel that cannot run there fails here.
     /// The cooperative-matrix matmul is left out: wgpu offers cooperative matrices on Vulkan alone (on

@@ -33,7 +33,7 @@
 //   initial being C if accumulating, plus the bias, with bounds checks (edge tiles). Outside the matrix A
 //   and B are zero, so padded rows, columns and k never reach a stored element.
 //
-// Workgroup memory: 10240 + 8704 bytes of f16 tiles, 9 x 1 KiB f32 staging slots and one word: 28164 bytes
+// Workgroup memory: 10240 + 8704 bytes of f16 tiles, 9 x 1 KiB f32 staging slots and 16 bytes: 28176 bytes
 // (gpu_matmul.rs's COOP_WORKGROUP_STORAGE_BYTES; adapters with cooperative matrices have at least 32 KiB).
 //
 // Determinism: the products' order inside a cooperative multiply-add is the hardware's, but fixed for a given
@@ -50,15 +50,23 @@
 const TILE_M: u32 = 128u;
 const TILE_N: u32 = 128u;
 const TILE_K: u32 = 32u;
-const A_STRIDE: u32 = 40u; // halves per row of a_tile: TILE_K + 8
-const B_STRIDE: u32 = 136u; // halves per row of b_tile: TILE_N + 8
+const A_STRIDE: u32 = 40u; // halves per row of A's tile: TILE_K + 8
+const B_STRIDE: u32 = 136u; // halves per row of B's tile: TILE_N + 8
 const REGIONS: u32 = 8u; // 32 x 64 regions of the C tile
 const DUMP_SLOT: u32 = 8u; // the staging slot of subgroups computing a copy of a region
 
-var<workgroup> a_tile: array<f16, 5120>; // [TILE_M][A_STRIDE]
-var<workgroup> b_tile: array<f16, 4352>; // [TILE_K][B_STRIDE]
-var<workgroup> c_stage: array<f32, 2304>; // [REGIONS + 1][16 x 16]
-var<workgroup> subgroup_count: u32;
+// Two workgroup variables only, each a multiple of 16 bytes long: a cooperative load or store needs its
+// address 16-byte aligned, WGSL cannot place workgroup variables, and a driver packs them in an order of
+// its own. With a third, 4-byte variable (the subgroup count, as this kernel first had) NVIDIA's driver
+// (580, H100 and H200) left the tiles 4 bytes off and every product read its neighbours' elements.
+// `tile_halves` holds A's tile ([TILE_M][A_STRIDE] at A_TILE) and B's ([TILE_K][B_STRIDE] at B_TILE, 10240
+// bytes in); `c_stage` the accumulators' staging slots ([REGIONS + 1][16 x 16]) and, after them, the
+// subgroup count (as f32 bits) and padding to 16 bytes.
+const A_TILE: u32 = 0u;
+const B_TILE: u32 = 5120u; // TILE_M * A_STRIDE
+const COUNT_SLOT: u32 = 2304u; // (REGIONS + 1) * 256
+var<workgroup> tile_halves: array<f16, 9472>; // 5120 + TILE_K * B_STRIDE
+var<workgroup> c_stage: array<f32, 2308>; // COUNT_SLOT + 4
 
 // Whether A is read along M (a transposed operand: unit row stride) rather than along K.
 fn a_along_m() -> bool {
@@ -86,7 +94,7 @@ fn b_half(k: u32, n: u32) -> u32 {
     return f16_bits(bitcast<f32>(bits << 16u));
 }
 
-// Element `idx` (0..4096) of A's tile at (row0, k0): its place in a_tile, and its f16 bits.
+// Element `idx` (0..4096) of A's tile at (row0, k0): its place in A's tile, and its f16 bits.
 fn a_element(row0: u32, k0: u32, idx: u32) -> vec2<u32> {
     var r: u32;
     var kk: u32;
@@ -100,7 +108,7 @@ fn a_element(row0: u32, k0: u32, idx: u32) -> vec2<u32> {
     return vec2<u32>(r * A_STRIDE + kk, a_half(row0 + r, k0 + kk));
 }
 
-// Element `idx` (0..4096) of B's tile at (k0, col0): its place in b_tile, and its f16 bits.
+// Element `idx` (0..4096) of B's tile at (k0, col0): its place in B's tile, and its f16 bits.
 fn b_element(k0: u32, col0: u32, idx: u32) -> vec2<u32> {
     var kk: u32;
     var n: u32;
@@ -135,8 +143,8 @@ fn load_tiles(row0: u32, col0: u32, k0: u32, li: u32) -> Staged {
 // naga has no bitcast from u32 to vec2<f16>.
 fn store_tiles(s: Staged) {
     for (var j = 0u; j < 16u; j++) {
-        a_tile[s.a[j] & 0xffffu] = f16(unpack2x16float(s.a[j]).y);
-        b_tile[s.b[j] & 0xffffu] = f16(unpack2x16float(s.b[j]).y);
+        tile_halves[A_TILE + (s.a[j] & 0xffffu)] = f16(unpack2x16float(s.a[j]).y);
+        tile_halves[B_TILE + (s.b[j] & 0xffffu)] = f16(unpack2x16float(s.b[j]).y);
     }
 }
 
@@ -172,9 +180,9 @@ fn main(
 ) {
     let row0 = wg.y * TILE_M;
     let col0 = wg.x * TILE_N;
-    if (li == 0u) { subgroup_count = sg_count; }
+    if (li == 0u) { c_stage[COUNT_SLOT] = bitcast<f32>(sg_count); }
     // The count through workgroup memory: a value the validator knows is uniform, for the pass loop.
-    let count = workgroupUniformLoad(&subgroup_count);
+    let count = bitcast<u32>(workgroupUniformLoad(&c_stage[COUNT_SLOT]));
     let passes = (REGIONS + count - 1u) / count;
     let tiles = (p.k + TILE_K - 1u) / TILE_K;
 
@@ -182,8 +190,8 @@ fn main(
         let g = sweep * count + sg;
         let region = g % REGIONS;
         let slot = select(region, DUMP_SLOT, g >= REGIONS);
-        let a_base = (region / 2u) * 32u * A_STRIDE; // the region's first row in a_tile
-        let b_base = (region % 2u) * 64u; // its first column in b_tile
+        let a_base = A_TILE + (region / 2u) * 32u * A_STRIDE; // the region's first row of A's tile
+        let b_base = B_TILE + (region % 2u) * 64u; // its first column of B's tile
         var acc00 = coop_mat16x16<f32, C>();
         var acc01 = coop_mat16x16<f32, C>();
         var acc02 = coop_mat16x16<f32, C>();
@@ -203,12 +211,12 @@ fn main(
                 staged = load_tiles(row0, col0, (t + 1u) * TILE_K, li);
             }
             for (var kk = 0u; kk < TILE_K; kk += 16u) {
-                let a0 = coopLoadT<coop_mat16x16<f16, A>>(&a_tile[a_base + kk], A_STRIDE);
-                let a1 = coopLoadT<coop_mat16x16<f16, A>>(&a_tile[a_base + 16u * A_STRIDE + kk], A_STRIDE);
-                let b0 = coopLoadT<coop_mat16x16<f16, B>>(&b_tile[kk * B_STRIDE + b_base], B_STRIDE);
-                let b1 = coopLoadT<coop_mat16x16<f16, B>>(&b_tile[kk * B_STRIDE + b_base + 16u], B_STRIDE);
-                let b2 = coopLoadT<coop_mat16x16<f16, B>>(&b_tile[kk * B_STRIDE + b_base + 32u], B_STRIDE);
-                let b3 = coopLoadT<coop_mat16x16<f16, B>>(&b_tile[kk * B_STRIDE + b_base + 48u], B_STRIDE);
+                let a0 = coopLoadT<coop_mat16x16<f16, A>>(&tile_halves[a_base + kk], A_STRIDE);
+                let a1 = coopLoadT<coop_mat16x16<f16, A>>(&tile_halves[a_base + 16u * A_STRIDE + kk], A_STRIDE);
+                let b0 = coopLoadT<coop_mat16x16<f16, B>>(&tile_halves[kk * B_STRIDE + b_base], B_STRIDE);
+                let b1 = coopLoadT<coop_mat16x16<f16, B>>(&tile_halves[kk * B_STRIDE + b_base + 16u], B_STRIDE);
+                let b2 = coopLoadT<coop_mat16x16<f16, B>>(&tile_halves[kk * B_STRIDE + b_base + 32u], B_STRIDE);
+                let b3 = coopLoadT<coop_mat16x16<f16, B>>(&tile_halves[kk * B_STRIDE + b_base + 48u], B_STRIDE);
                 acc00 = coopMultiplyAdd(a0, b0, acc00);
                 acc01 = coopMultiplyAdd(a0, b1, acc01);
                 acc02 = coopMultiplyAdd(a0, b2, acc02);

@@ -30,8 +30,8 @@ const COOP_TILE: u32 = 128;
 const WORKGROUP_STORAGE_BYTES: u32 = MatmulTile::DEFAULT.workgroup_bytes();
 
 /// Workgroup memory matmul_coop.wgsl declares: f16 tiles of A (128 x 40) and B (32 x 136), nine 16 x 16
-/// f32 staging slots and the subgroup count.
-pub const COOP_WORKGROUP_STORAGE_BYTES: u32 = 128 * 40 * 2 + 32 * 136 * 2 + 9 * 256 * 4 + 4;
+/// f32 staging slots and 16 bytes holding the subgroup count.
+pub const COOP_WORKGROUP_STORAGE_BYTES: u32 = 128 * 40 * 2 + 32 * 136 * 2 + 9 * 256 * 4 + 16;
 
 /// The default matmul (every adapter), for `bench kernels`.
 pub const MATMUL_PATH: &str = "matmul.wgsl: fp32 FMA, the variant (tile per workgroup x K step / per invocation / \
