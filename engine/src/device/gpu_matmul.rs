@@ -35,8 +35,8 @@ pub const COOP_WORKGROUP_STORAGE_BYTES: u32 = 128 * 40 * 2 + 32 * 136 * 2 + 9 * 
 
 /// The default matmul (every adapter), for `bench kernels`.
 pub const MATMUL_PATH: &str = "matmul.wgsl: fp32 FMA, the variant (tile per workgroup x K step / per invocation / \
-     buffers / loads) per shape class from the device's tuning table; default 128x128x8/8x8/db/v4 \
-     (16 KiB workgroup memory); no subgroup ops, no cooperative matrix";
+     buffers / loads) per shape class from the device's tuning table, else the vendor's built-in default (`zerostream \
+     devices` names it); no subgroup ops, no cooperative matrix";
 
 /// The opt-in f16-input matmul (`--matmul-inputs f16`), on adapters [`coop_unavailable`] accepts.
 pub const MATMUL_COOP_PATH: &str = "matmul_coop.wgsl: A, B rounded to f16 (nearest even), 16x16x16 cooperative matrices \
