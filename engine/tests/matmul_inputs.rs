@@ -11,8 +11,9 @@ mod common;
 use common::gpu_or_skip;
 use common::trajectory::{Golden, Run, bits, check_against, golden_dir, run};
 use zerostream::device::{CpuDevice, MatmulInputs};
+use zerostream::model::Model;
 use zerostream::train::{ModelSource, TrainConfig, Trainer};
-use zerostream_checkpoints::HfModel;
+use zerostream_checkpoints::{Gpt2Config, HfModel, TokenFile};
 
 const NAME: &str = "gpt2-tiny-accum";
 
@@ -60,6 +61,46 @@ fn f16_inputs_on_cpu_follow_the_f32_run_up_to_the_rounding() {
     // would mean the f16 run went astray.
     assert!(loss < 5e-3, "losses {loss:.2e} apart");
     assert!(params <= adam_reach, "final parameters {params:.2e} apart, beyond AdamW's reach {adam_reach:.2e}");
+}
+
+/// With a vocabulary of 50257 and 1024 tokens a step, the output gradient of a logit the target is not
+/// is about 1 / (1024 x 50257) = 1.9e-8, under half f16's smallest subnormal (6e-8): unscaled, every such
+/// gradient rounds to zero and the rows of `wte` no token in the data names get no gradient at all, so
+/// AdamW leaves them where the f32 run moves them by about lr (the drift a GPT-2 124M run showed on an
+/// H200). Under f16 inputs the trainer scales the loss (by 65536 at first), and those rows move as in
+/// the f32 run.
+#[test]
+fn f16_inputs_scale_the_loss_so_output_gradients_below_f16s_range_survive() {
+    let golden = Golden::load(NAME);
+    let dir = golden_dir(NAME);
+    let Model::Gpt2(small) = Model::of_hf(&HfModel::open(&dir.join("model")).unwrap()).unwrap() else { panic!("a GPT-2 golden") };
+    let data_vocab = small.vocab_size;
+    let model = Model::Gpt2(Gpt2Config { vocab_size: 50257, ..small });
+    let tokens = TokenFile::open(&dir.join("tokens.bin")).unwrap();
+    let tc = TrainConfig { steps: 1, batch: 4, seq_len: 32, grad_accum: 8, ..golden.train_config() };
+    let one_step = |matmul_inputs| {
+        let dev = CpuDevice::new(None);
+        let tc = TrainConfig { matmul_inputs, ..tc.clone() };
+        let mut trainer = Trainer::new(&dev, &ModelSource::Random { model: model.clone(), seed: 7 }, tc).unwrap();
+        let report = trainer.train_step(&tokens).unwrap();
+        assert!(report.applied, "{matmul_inputs:?}: the step was skipped");
+        (report.loss_scale, trainer.master_weights().unwrap())
+    };
+    let (f32_scale, exact) = one_step(MatmulInputs::F32);
+    let (f16_scale, rounded) = one_step(MatmulInputs::F16);
+    // The rows of the tied embedding past the data's vocabulary: moved by the output gradient only.
+    let unnamed_rows = |params: &[(String, Vec<usize>, Vec<f32>)]| -> Vec<f32> {
+        let (_, shape, values) = params.iter().find(|(name, _, _)| name.ends_with("wte.weight")).expect("wte");
+        values[data_vocab * shape[1]..].to_vec()
+    };
+    let (exact, rounded) = (unnamed_rows(&exact), unnamed_rows(&rounded));
+    let lr = tc.lr.peak as f32;
+    let apart = exact.iter().zip(&rounded).filter(|(x, y)| (*x - *y).abs() > lr / 2.0).count();
+    let share = apart as f64 / exact.len() as f64;
+    println!("f16 inputs: {apart} of {} unnamed wte weights ({share:.4}) moved differently from f32", exact.len());
+    // Unscaled, nearly all of them would; scaled, only those whose gradient is near zero may.
+    assert!(share < 0.02, "{share:.4} of the unnamed wte weights moved differently from the f32 run: did their gradient underflow?");
+    assert_eq!((f32_scale, f16_scale), (1.0, 65536.0), "loss scales");
 }
 
 #[test]

@@ -332,7 +332,10 @@ pub struct TrainArgs {
     /// 65504 they become infinity, below ~6e-8 zero) and multiplied on the GPU's cooperative matrices
     /// (tensor cores) where the adapter lists a 16x16x16 f16->f32 configuration (`zerostream devices`
     /// says); a GPU without one refuses, and `--device cpu` rounds the same way on the CPU (no faster
-    /// there). It changes the numbers, so a resumed run keeps it.
+    /// there). With f16 the loss is scaled dynamically, as with --precision fp16 (from 65536, halved and
+    /// the step skipped when a gradient overflows, doubled after 2000 clean steps), so that output
+    /// gradients near 1 / (tokens x vocab) do not round to zero. It changes the numbers, so a resumed
+    /// run keeps it.
     #[arg(long, value_enum, default_value_t = zerostream::device::MatmulInputs::F32)]
     matmul_inputs: zerostream::device::MatmulInputs,
     /// Tokens of text to sample at the end (0 = none).

@@ -194,6 +194,13 @@ impl TrainConfig {
         self.offload_gradients.unwrap_or(self.offload_optimizer)
     }
 
+    /// Whether the loss is scaled dynamically ([`super::LossScaler`]): with 16-bit gradients (fp16), and
+    /// with f16 matmul inputs, where an unscaled output gradient (about 1 / (tokens x vocab) per logit,
+    /// 5e-9 for GPT-2 at B=4, T=1024) would round to zero.
+    pub fn loss_scaled(&self) -> bool {
+        self.precision == Precision::Fp16 || self.matmul_inputs == MatmulInputs::F16
+    }
+
     /// Bytes per parameter of the optimizer state: the fp32 master weight and the optimizer's moments.
     pub fn state_bytes_per_param(&self) -> usize {
         4 + self.moment_bytes_per_param()
@@ -250,11 +257,12 @@ impl TrainConfig {
                  word, so bf16 would send as many bytes and drop 3 bits of each; use none or int8"
             );
         }
-        if self.grad_compression != GradCompression::None && self.precision == Precision::Fp16 {
+        if self.grad_compression != GradCompression::None && self.loss_scaled() {
             bail!(
-                "--grad-compression {} with --precision fp16: a loss-scaled step whose gradient overflowed is skipped, \
-                 but its overflow would stay in the error-feedback residual; use --precision bf16 or fp32",
-                self.grad_compression
+                "--grad-compression {} with {}: a loss-scaled step whose gradient overflowed is skipped, but its \
+                 overflow would stay in the error-feedback residual; use --precision bf16 or fp32 with --matmul-inputs f32",
+                self.grad_compression,
+                if self.precision == Precision::Fp16 { "--precision fp16" } else { "--matmul-inputs f16" }
             );
         }
         Ok(())

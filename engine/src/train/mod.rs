@@ -261,7 +261,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
         let names: Vec<&str> = layouts.iter().map(|g| g.name.as_str()).collect();
         let exchange = grad_exchange::GradExchange::new(&train, &sharding, &shards, &names, source, nv, &mut io_notes)?;
         let device = Self::allocate_device(dev, &model, &train, &placement)?;
-        let mut scaler = if train.precision == Precision::Fp16 { LossScaler::new() } else { LossScaler::fixed_one() };
+        let mut scaler = if train.loss_scaled() { LossScaler::new() } else { LossScaler::fixed_one() };
         // A resumed run carries on from the checkpoint's counters; the working copy it was built with
         // is whole and current.
         let (mut step, mut adam_steps) = (0, 0);

@@ -408,7 +408,7 @@ fn describe_run<D: Backend>(
     let flag = |v: &serde_json::Value| v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
     let f = train.to_flags();
     say(format!(
-        "training: {} steps x {} micro-batches of {}x{} tokens{}; lr {} ({}, warmup {}, min {}), {}, weight decay {}, clip {}, {}{}{}{}",
+        "training: {} steps x {} micro-batches of {}x{} tokens{}; lr {} ({}, warmup {}, min {}), {}, weight decay {}, clip {}, {}{}{}{}{}",
         train.steps,
         train.grad_accum * world,
         train.batch,
@@ -432,6 +432,7 @@ fn describe_run<D: Backend>(
         train.grad_clip,
         flag(&f["precision"]),
         if train.matmul_inputs == crate::device::MatmulInputs::F16 { ", matmul inputs rounded to f16" } else { "" },
+        if train.loss_scaled() { ", dynamic loss scale from 65536" } else { "" },
         if train.adam_state == super::AdamState::Bf16 { ", bf16 AdamW moments (stochastically rounded)" } else { "" },
         if train.recompute { ", recompute" } else { "" }
     ));
