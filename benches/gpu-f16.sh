@@ -2,19 +2,21 @@
 # benches/gpu-f16.sh: issue #22 item 3 on a lent GPU with cooperative matrices, in about three minutes:
 # `selftest` (the cooperative-matrix matmul against its twin), `bench kernels` (its time beside the fp32
 # kernel's), and GPT-2 124M and Llama-3.2-1B trained with fp32 and with `--matmul-inputs f16` from the same
-# seed, so their losses and speeds sit side by side. Everything lands in $OUT (or ./gpu-f16-out); the
-# device tool brings back at most 8 files, so tar them there.
+# seed, so their losses and speeds sit side by side. Everything lands in ./gpu-f16-out and, packed for the
+# device tool (which brings back at most 8 files), in $OUT/gpu-f16.tar.gz (./gpu-f16.tar.gz without $OUT).
 #
 # Usage:  bash benches/gpu-f16.sh      (after the Vulkan loader is unpacked, as benches/gpu.sh says)
 # Environment: ZS (default .device/zerostream), TUNE_TABLE (a tuning file `zerostream tune` wrote on this
-#              adapter, installed first under its own name so the fp32 runs use tuned variants), STEPS
+#              adapter, driver and zerostream version, under any name: copied into the tuning directory,
+#              where the device finds it by its key, so the fp32 runs use tuned variants), STEPS
 #              (default 20), LLAMA_STEPS (default 6).
 set -uo pipefail
-out=${OUT:-gpu-f16-out}
+out=gpu-f16-out
 mkdir -p "$out"
 ZS=${ZS:-.device/zerostream} STEPS=${STEPS:-20} LLAMA_STEPS=${LLAMA_STEPS:-6}
 if [ -n "${TUNE_TABLE:-}" ]; then
-  mkdir -p ~/.cache/zerostream/tune && cp "$TUNE_TABLE" ~/.cache/zerostream/tune/
+  tune_dir=${ZEROSTREAM_TUNE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/zerostream/tune}
+  mkdir -p "$tune_dir" && cp "$TUNE_TABLE" "$tune_dir/" || exit 1
 fi
 log() { echo "== $* ($(date +%T))" | tee -a "$out/parts.txt" >&2; }
 "$ZS" devices >"$out/devices.txt" 2>&1
@@ -58,3 +60,4 @@ for model in ("gpt2", "llama"):
         print(f"{model} step {a['step']}: loss fp32 {a['loss']:.5f} f16 {b['loss']:.5f} (diff {b['loss'] - a['loss']:+.5f}); "
               f"tokens/s fp32 {a['tokens_per_s']:.0f} f16 {b['tokens_per_s']:.0f}")
 PY
+tar -czf "${OUT:-.}/gpu-f16.tar.gz" -C "$out" .

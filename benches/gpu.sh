@@ -22,7 +22,7 @@
 #   XL_B, XL_T, XL_STEPS   the same for the 1.5B run (default B, T, STEPS)
 #   SKIP     parts to leave out, space-separated: selftest tune kernels transfer torch train-gpt2 train-gpt2-xl
 #            train-gpt2-f16 oversized
-#   TUNE_SECONDS  the tuner's --max-seconds (default 150; the part may run 50 s longer)
+#   TUNE_SECONDS  the tuner's --max-seconds, whole seconds (default 150; the part may run 50 s longer)
 #   KERNELS_LIMIT seconds `bench kernels` may run (default 240)
 #   TUNE_FLAGS    flags for `tune` (default: its GPT-2 124M/1.5B and Llama-3.2-1B shape sets; --quick on lavapipe)
 #   OVERSIZED_MODEL, OVERSIZED_BUDGET   the streamed-vs-resident pair (default llama-3.2-1b at 5GiB: its fp32 minimum at B=1 T=1024 is 4.0 GiB, so it
@@ -306,6 +306,7 @@ render
 # then the tuner, whose table every later part runs with.
 skipped selftest || part selftest 120 "$ZS" selftest --device gpu --json
 TUNE_SECONDS=${TUNE_SECONDS:-150}
+case $TUNE_SECONDS in ''|*[!0-9]*) echo "benches/gpu.sh: TUNE_SECONDS must be a whole number of seconds, got '$TUNE_SECONDS'" >&2; exit 2;; esac
 skipped tune || part tune $((TUNE_SECONDS + 50)) "$ZS" tune --json --max-seconds "$TUNE_SECONDS" ${TUNE_FLAGS:-}
 skipped kernels || part kernels ${KERNELS_LIMIT:-240} "$ZS" bench kernels --batch-size "$B" --seq-len "$T" --json ${KERNEL_FLAGS:-}
 skipped transfer || { part h2d 60 "$ZS" bench h2d --json; part d2h 90 "$ZS" bench d2h --json; part overlap 60 "$ZS" bench overlap --json ${OVERLAP_FLAGS:-}; }

@@ -114,7 +114,7 @@ fn run_kernel(p: &Params, a: &[f32], b: &[u32], bias: &[f32], c: &mut [f32], sub
         for wg_x in 0..p.n.div_ceil(TILE_N) {
             let (row0, col0) = (wg_y * TILE_M, wg_x * TILE_N);
             let (mut tile_halves, mut c_stage) = (vec![0u16; 9472], vec![0.0f32; COUNT_SLOT + 4]);
-            c_stage[COUNT_SLOT] = f32::from_bits(subgroups as u32); // read back once, by every invocation
+            c_stage[COUNT_SLOT] = subgroups as f32; // read back once, by every invocation
             let passes = REGIONS.div_ceil(subgroups);
             for sweep in 0..passes {
                 // Per subgroup: its eight accumulators (acc00..acc03, acc10..acc13).
@@ -178,7 +178,7 @@ fn run_kernel(p: &Params, a: &[f32], b: &[u32], bias: &[f32], c: &mut [f32], sub
                     }
                 }
             }
-            assert_eq!(c_stage[COUNT_SLOT].to_bits(), subgroups as u32, "the staging slots overran the subgroup count");
+            assert_eq!(c_stage[COUNT_SLOT], subgroups as f32, "the staging slots overran the subgroup count");
         }
     }
 }

@@ -84,10 +84,13 @@ fn every_variant_gives_the_default_bits() {
         gpu.force_matmul_variant(Some(v)).unwrap();
         assert_same_bits(&v.name(), &products(&gpu), &reference);
     }
-    // Products split across small bindings (K halves accumulate) give the same bits too.
+    // Products split across small bindings (K halves accumulate) give the same bits too: the default,
+    // the smallest tile (the most workgroups per split) and every variant with scalar loads.
     let mut small = gpu_or_skip("every_variant_gives_the_default_bits").unwrap();
     small.limit_binding_bytes_for_tests(64 << 10);
-    for v in [MatmulTile::DEFAULT, *variants.last().unwrap()] {
+    let smallest = *variants.iter().min_by_key(|v| v.tile_m * v.tile_n).unwrap();
+    let scalar_loads = variants.iter().filter(|v| !v.vector_loads);
+    for &v in [MatmulTile::DEFAULT, smallest].iter().chain(scalar_loads) {
         small.force_matmul_variant(Some(v)).unwrap();
         assert_same_bits(&format!("{v} with 64 KiB bindings"), &products(&small), &reference);
     }
@@ -130,9 +133,7 @@ fn zerostream(tune_dir: &std::path::Path, args: &[&str]) -> std::process::Output
 /// corrupt table is reported and not used, and a bad variant name is refused by name.
 #[test]
 fn tune_writes_the_table_devices_reports_it() {
-    if gpu_or_skip("tune_writes_the_table_devices_reports_it").is_none() {
-        return;
-    }
+    let Some(gpu) = gpu_or_skip("tune_writes_the_table_devices_reports_it") else { return };
     let dir = tempfile::tempdir().unwrap();
     let out = zerostream(dir.path(), &["tune", "--quick", "--no-16bit", "--variants", "128x128x8/8x8/db/v4,64x64x8/8x8/db/v4", "--json"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -146,8 +147,18 @@ fn tune_writes_the_table_devices_reports_it() {
     assert!(classes.iter().all(|l| l["kind"] == "class" && l["variants"].as_array().unwrap().len() == 2));
     let table = std::path::PathBuf::from(summary["table"].as_str().unwrap());
     assert!(table.starts_with(dir.path()) && table.exists());
+    // Classes the table does not name keep the vendor's built-in default.
+    let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&table).unwrap()).unwrap();
+    let vendor_default = MatmulTable::builtin(gpu.summary()).default.name();
+    assert_eq!(saved["default"].as_str(), Some(vendor_default.as_str()), "the table's default");
     let devices = String::from_utf8_lossy(&zerostream(dir.path(), &["devices"]).stdout).into_owned();
     assert!(devices.contains(&format!("tuned table {}", table.display())), "{devices}");
+    // A table copied in under another name (from a machine like this one, say) is found by its key.
+    let copied = dir.path().join("copied-from-elsewhere.json");
+    std::fs::rename(&table, &copied).unwrap();
+    let devices = String::from_utf8_lossy(&zerostream(dir.path(), &["devices"]).stdout).into_owned();
+    assert!(devices.contains(&format!("tuned table {}", copied.display())), "{devices}");
+    std::fs::rename(&copied, &table).unwrap();
     std::fs::write(&table, "{ not json").unwrap();
     let devices = zerostream(dir.path(), &["devices"]);
     let text = String::from_utf8_lossy(&devices.stdout);

@@ -9,8 +9,8 @@ use zerostream::bench::transfer::{Link, bench_transfer};
 fn device_to_host_transfers_return_the_uploaded_bytes() {
     let Some(gpu) = common::gpu_or_skip("device_to_host_transfers_return_the_uploaded_bytes") else { return };
     // bench_transfer checks every d2h result against the bytes it uploaded and fails on a difference;
-    // 9 MiB + 4 bytes makes the staging ring wrap with a partial last chunk.
-    let runs = bench_transfer(&gpu, Link::DeviceToHost, &[4, (9 << 20) + 4], 1, |_| {}).unwrap();
+    // 33 MiB + 4 bytes makes the d2h staging ring (4 buffers of 8 MiB) wrap, with a partial last chunk.
+    let runs = bench_transfer(&gpu, Link::DeviceToHost, &[4, (33 << 20) + 4], 1, |_| {}).unwrap();
     assert_eq!(runs.len(), 4, "two sizes, two download methods");
     assert!(runs.iter().all(|r| r.gbps > 0.0 && r.gbps.is_finite()));
     let runs = bench_transfer(&gpu, Link::HostToDevice, &[(9 << 20) + 4], 1, |_| {}).unwrap();
@@ -19,14 +19,16 @@ fn device_to_host_transfers_return_the_uploaded_bytes() {
     assert!(err.contains("multiple of 4"), "{err}");
 }
 
-/// The gpu device's writes: a large one fills wgpu's staging memory on several threads (1 MiB pieces,
-/// the last one partial), a small one goes through `write_buffer`; both read back exactly, and a write
-/// after queued work is ordered after it.
+/// The gpu device's writes: a large one goes through the upload ring (8 MiB chunks of 8 buffers,
+/// each filled on several threads in 1 MiB pieces, the last ones partial; 80 MiB + 12 bytes wraps the
+/// ring, so refills wait for their buffer's earlier copy), a small one through `write_buffer`; all read
+/// back exactly, a write after queued work is ordered after it, and work queued after a write after
+/// the write.
 #[test]
 fn parallel_uploads_write_every_byte_in_order() {
     use zerostream::Backend;
     let Some(gpu) = common::gpu_or_skip("parallel_uploads_write_every_byte_in_order") else { return };
-    for len in [5usize, (3 << 18) + 7, (1 << 20) + 3] {
+    for len in [5usize, (3 << 18) + 7, (1 << 20) + 3, (5 << 22) + 3] {
         let values: Vec<f32> = (0..len).map(|i| (i % 1009) as f32 - 500.5).collect();
         let t = gpu.alloc(len, "upload").unwrap();
         gpu.fill(&t, 1.0);
@@ -36,17 +38,19 @@ fn parallel_uploads_write_every_byte_in_order() {
         gpu.fill(&t, 2.0);
         gpu.write(&t, &values);
         assert!(gpu.read(&t) == values, "{len} elements: a write was reordered before queued work");
+        gpu.fill(&t, 3.0);
+        assert!(gpu.read(&t).iter().all(|&v| v == 3.0), "{len} elements: a write landed after work queued behind it");
     }
 }
 
 /// `bench overlap` issues each upload method's copy, and the trainer's download, behind submitted
-/// matmuls and checks the bytes that arrive (it fails on a difference); 40 MiB + 16 bytes wraps the staging ring (4 buffers of 8 MiB), whose
-/// refills then wait for their own earlier copies only. Bad sizes are refused by flag.
+/// matmuls and checks the bytes that arrive (it fails on a difference); 72 MiB + 16 bytes wraps the
+/// device's upload ring (8 buffers of 8 MiB), whose refills then wait for their own earlier copies only. Bad sizes are refused by flag.
 #[test]
 fn copies_issued_behind_kernels_deliver_their_bytes() {
     use zerostream::bench::overlap::{OverlapConfig, bench_overlap};
     let Some(gpu) = common::gpu_or_skip("copies_issued_behind_kernels_deliver_their_bytes") else { return };
-    let cfg = OverlapConfig { bytes: (40 << 20) + 16, m: 64, n: 48, k: 80, reps: 1 };
+    let cfg = OverlapConfig { bytes: (72 << 20) + 16, m: 64, n: 48, k: 80, reps: 1 };
     let mut seen = 0;
     let runs = bench_overlap(&gpu, &cfg, |_| seen += 1).unwrap();
     assert_eq!((runs.len(), seen), (4, 4), "Direct, Parallel and StagingRing up, begin_read down, each reported");

@@ -61,7 +61,8 @@ const DUMP_SLOT: u32 = 8u; // the staging slot of subgroups computing a copy of 
 // (580, H100 and H200) left the tiles 4 bytes off and every product read its neighbours' elements.
 // `tile_halves` holds A's tile ([TILE_M][A_STRIDE] at A_TILE) and B's ([TILE_K][B_STRIDE] at B_TILE, 10240
 // bytes in); `c_stage` the accumulators' staging slots ([REGIONS + 1][16 x 16]) and, after them, the
-// subgroup count (as f32 bits) and padding to 16 bytes.
+// subgroup count (as an f32 value: its bits would be a subnormal, which a driver that flushes them
+// may zero) and padding to 16 bytes.
 const A_TILE: u32 = 0u;
 const B_TILE: u32 = 5120u; // TILE_M * A_STRIDE
 const COUNT_SLOT: u32 = 2304u; // (REGIONS + 1) * 256
@@ -180,9 +181,9 @@ fn main(
 ) {
     let row0 = wg.y * TILE_M;
     let col0 = wg.x * TILE_N;
-    if (li == 0u) { c_stage[COUNT_SLOT] = bitcast<f32>(sg_count); }
+    if (li == 0u) { c_stage[COUNT_SLOT] = f32(sg_count); }
     // The count through workgroup memory: a value the validator knows is uniform, for the pass loop.
-    let count = bitcast<u32>(workgroupUniformLoad(&c_stage[COUNT_SLOT]));
+    let count = u32(workgroupUniformLoad(&c_stage[COUNT_SLOT]));
     let passes = (REGIONS + count - 1u) / count;
     let tiles = (p.k + TILE_K - 1u) / TILE_K;
 

@@ -14,7 +14,7 @@ use anyhow::{Context, Result, bail};
 use zerostream_shaders::{AttentionPass, AttentionTile};
 
 use super::adapter::AdapterSummary;
-use super::matmul_tuning::{TableFile, TableKey, TableSource, bucket, table_path};
+use super::matmul_tuning::{TableFile, TableKey, TableSource, bucket, existing_table};
 use crate::ops::attention::AttentionDims;
 
 /// An attention call's shape class: what the tuner times once and the device looks up for every call.
@@ -93,7 +93,7 @@ impl AttentionTable {
     /// A file that cannot be read, or whose attention entries are not valid, is reported in the second
     /// value and not used.
     pub fn load(adapter: &AdapterSummary) -> (Self, Option<String>) {
-        let Some(path) = table_path(adapter).filter(|p| p.exists()) else { return (Self::builtin(adapter), None) };
+        let Some(path) = existing_table(adapter) else { return (Self::builtin(adapter), None) };
         match Self::read(&path, adapter) {
             Ok(table) => (table, None),
             Err(e) => (Self::builtin(adapter), Some(format!("ignoring the attention tuning table {}: {e:#}", path.display()))),

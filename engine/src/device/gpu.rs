@@ -104,6 +104,8 @@ pub struct GpuDevice {
     spare_reads: SpareReads,
     /// Staging buffers of finished reads, by size, for the next read of the same total size.
     spare_staging: RefCell<Vec<wgpu::Buffer>>,
+    /// Large writes' staging buffers (`gpu_staging.rs`).
+    upload_ring: staging::UploadRing,
     /// `--matmul-inputs`: f16 runs every matmul through `matmul_coop.wgsl` (set only where it can run).
     matmul_inputs: Cell<MatmulInputs>,
     /// The fp32 matmul's variant per shape class (`zerostream tune`'s table, or the vendor's default).
@@ -214,6 +216,7 @@ impl GpuDevice {
             matmul_placeholder,
             spare_reads: SpareReads::default(),
             spare_staging: RefCell::new(Vec::new()),
+            upload_ring: Default::default(),
             matmul_inputs: Cell::default(),
             matmul_table: RefCell::new(matmul_table),
             matmul_forced: Cell::new(None),
@@ -486,6 +489,9 @@ mod crossentropy;
 
 #[path = "gpu_memory.rs"]
 mod memory;
+
+#[path = "gpu_staging.rs"]
+mod staging;
 
 #[path = "gpu_attention.rs"]
 mod attention;

@@ -1,7 +1,7 @@
 //! The gpu device's memory: creating tensors (each charged to the byte budget), writing them (large
-//! writes fill wgpu's staging memory on rayon's threads: one core's memcpy is far below a PCIe link) and
-//! reading them back (copies into one staging buffer per read, reused for the next read of its size; the
-//! values widened straight from the mapping into vectors the trainer hands back, or f32 tensors lent
+//! writes through the upload ring, filled on rayon's threads: one core's memcpy is far below a PCIe
+//! link) and reading them back (copies into one staging buffer per read, reused for the next read of
+//! its size; the values widened straight from the mapping into vectors the trainer hands back, or f32 tensors lent
 //! out of the mapping itself to `finish_read_with`, which adds gradients into the accumulator with no
 //! host copy between). A child module of `gpu`, so it uses that file's private fields.
 
@@ -13,12 +13,24 @@ use crate::device::{AllocCosts, HalfFormat};
 
 /// The most bytes of finished reads' staging buffers kept for reuse (host-visible memory).
 const SPARE_STAGING_BYTES: u64 = 256 << 20;
-/// Below this an upload is one `write_buffer` (threads would cost more than they save).
-const PARALLEL_UPLOAD_MIN_BYTES: usize = 1 << 20;
-/// Bytes per rayon task of a parallel upload.
-const PARALLEL_UPLOAD_PIECE_BYTES: usize = 1 << 20;
+/// Below this an upload is one `write_buffer` (threads and a submission would cost more than they save).
+const RING_UPLOAD_MIN_BYTES: usize = 1 << 20;
+/// Bytes per rayon task filling mapped staging memory.
+const FILL_PIECE_BYTES: usize = 1 << 20;
 
-/// The staging memory's base pointer, shared by the tasks that each write their own disjoint piece.
+/// Copies `src` into the start of `dst` (write-only mapped memory) on rayon's threads, a piece each.
+pub(super) fn fill_in_parallel(mut dst: wgpu::WriteOnly<'_, [u8]>, src: &[u8]) {
+    assert!(src.len() <= dst.len(), "{} bytes into a mapping of {}", src.len(), dst.len());
+    let base = StagingPtr(dst.as_raw_element_ptr().as_ptr());
+    src.par_chunks(FILL_PIECE_BYTES).enumerate().for_each(|(i, piece)| {
+        // SAFETY: piece i goes to bytes i * PIECE .. of the mapping, which is at least `src.len()`
+        // long: in bounds, disjoint between tasks, and only written.
+        unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), base.get().add(i * FILL_PIECE_BYTES), piece.len()) }
+    });
+}
+
+/// The mapping's base pointer, shared by the tasks that each write their own disjoint piece (wgpu's
+/// `WriteOnly<[u8]>` is not `Send`, so it cannot be split among them).
 #[derive(Clone, Copy)]
 struct StagingPtr(*mut u8);
 // SAFETY: the tasks write disjoint byte ranges through it, inside the mapping, which outlives them.
@@ -47,27 +59,27 @@ pub struct GpuPendingRead {
 }
 
 impl GpuDevice {
-    /// Writes `bytes` into `dst` at `offset` (ordered after the work recorded before it, which the
-    /// caller has submitted): large uploads fill wgpu's staging memory on rayon's threads, then the
-    /// device copies it at the next submission.
+    /// Writes `bytes` into `dst` at `offset`, ordered after the work recorded before it and before the
+    /// work recorded after it: large writes through the upload ring (`gpu_staging.rs`), small ones
+    /// through `write_buffer`.
     pub(in crate::device) fn upload(&self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
+        if bytes.len() >= RING_UPLOAD_MIN_BYTES {
+            self.upload_through_ring(dst, offset, bytes);
+        } else {
+            self.queue.write_buffer(dst, offset, bytes);
+        }
+    }
+
+    /// The write path before the ring, for `bench h2d`'s comparison: wgpu's staging memory for the
+    /// whole write (`write_buffer_with`), filled on rayon's threads, copied at the next submission.
+    pub(in crate::device) fn upload_via_wgpu_staging(&self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
         let size = wgpu::BufferSize::new(bytes.len() as u64);
-        let view = match size {
-            Some(size) if bytes.len() >= PARALLEL_UPLOAD_MIN_BYTES => self.queue.write_buffer_with(dst, offset, size),
-            _ => None,
-        };
-        let Some(mut view) = view else {
-            // Small, or refused by validation (which `write_buffer` then reports as wgpu does).
+        let Some(mut view) = size.and_then(|size| self.queue.write_buffer_with(dst, offset, size)) else {
+            // Empty, or refused by validation (which `write_buffer` then reports as wgpu does).
             self.queue.write_buffer(dst, offset, bytes);
             return;
         };
-        let mut staging = view.slice(..);
-        let base = StagingPtr(staging.as_raw_element_ptr().as_ptr());
-        bytes.par_chunks(PARALLEL_UPLOAD_PIECE_BYTES).enumerate().for_each(|(i, piece)| {
-            // SAFETY: piece i goes to bytes i * PIECE .. of the mapping, which is `bytes.len()` long:
-            // in bounds, disjoint between tasks, and only written.
-            unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), base.get().add(i * PARALLEL_UPLOAD_PIECE_BYTES), piece.len()) }
-        });
+        fill_in_parallel(view.slice(..), bytes);
     }
 
     pub(super) fn create_tensor(&self, len: usize, label: &str, usage: wgpu::BufferUsages) -> Result<GpuTensor> {

@@ -149,10 +149,7 @@ impl MatmulTable {
     /// built-in default. A file that cannot be read or is not a table is reported in the second value
     /// (and not used): a cache must never stop a run.
     pub fn load(adapter: &AdapterSummary) -> (Self, Option<String>) {
-        let Some(path) = table_path(adapter) else { return (Self::builtin(adapter), None) };
-        if !path.exists() {
-            return (Self::builtin(adapter), None);
-        }
+        let Some(path) = existing_table(adapter) else { return (Self::builtin(adapter), None) };
         match Self::read(&path, adapter) {
             Ok(table) => (table, None),
             Err(e) => (Self::builtin(adapter), Some(format!("ignoring the matmul tuning table {}: {e:#}", path.display()))),
@@ -255,6 +252,24 @@ pub fn table_path(adapter: &AdapterSummary) -> Option<PathBuf> {
         hash = (hash ^ byte as u64).wrapping_mul(0x0100_0000_01b3);
     }
     Some(tune_dir()?.join(format!("{stem}-{hash:016x}.json")))
+}
+
+/// The table file to load for `adapter`, if any: the one at [`table_path`], else (a table copied in
+/// from another machine under another name) the first in the tuning directory, by name, whose key is
+/// this adapter's.
+pub fn existing_table(adapter: &AdapterSummary) -> Option<PathBuf> {
+    let own = table_path(adapter)?;
+    if own.exists() {
+        return Some(own);
+    }
+    let key = TableKey::of(adapter);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(own.parent()?).ok()?.filter_map(|e| Some(e.ok()?.path())).collect();
+    files.sort();
+    files.into_iter().filter(|p| p.extension().is_some_and(|e| e == "json")).find(|p| {
+        // A file that is not a table, or another adapter's, is passed over here; only the own one is reported.
+        let text = std::fs::read_to_string(p).unwrap_or_default();
+        serde_json::from_str::<TableFile>(&text).is_ok_and(|f| f.key == key)
+    })
 }
 
 /// The vendor's default variant and the vendor's name. Only measured choices go here; an adapter of a

@@ -1,12 +1,14 @@
 //! Host<->device throughput through wgpu, for `zerostream bench h2d` / `bench d2h`: the ways the
-//! trainer can move parameters up and gradients down, timed until the data has arrived (`parallel` is
-//! the gpu device's own write path, `GpuDevice::upload`). Tested (the bytes that come back) in
-//! tests/transfer.rs.
+//! trainer can move parameters up and gradients down, timed until the data has arrived (h2d
+//! `staging-ring` is the gpu device's own write path, `GpuDevice::upload`). Staging memory a method
+//! keeps between moves is made before the clock starts, as PyTorch's pinned buffer is. Tested (the
+//! bytes that come back) in tests/transfer.rs.
 
 use std::sync::mpsc::{Receiver, channel};
 use std::time::Instant;
 
 use anyhow::{Result, anyhow, bail};
+use rayon::prelude::*;
 
 use super::gpu::{GpuDevice, GpuTensor};
 
@@ -14,25 +16,23 @@ use super::gpu::{GpuDevice, GpuTensor};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum TransferMethod {
     /// h2d: `queue.write_buffer` (wgpu copies into its own staging memory on one thread). d2h: one
-    /// copy into a mapped read-back buffer of the whole size (what `Backend::read` does).
+    /// copy into a mapped read-back buffer of the whole size, copied out on rayon's threads (what
+    /// `Backend::read` does; the trainer adds gradients straight out of the mapping).
     Direct,
-    /// h2d only: wgpu's staging memory filled by rayon's threads (`GpuDevice::upload`, what the gpu
-    /// device's writes do: one core's memcpy is far below a PCIe link).
+    /// h2d only: wgpu's fresh staging memory for the whole write, filled by rayon's threads (the gpu
+    /// device's write path before the ring).
     Parallel,
     /// A ring of mapped staging buffers, each chunk copied on the device while the next is filled
-    /// (h2d) or drained (d2h).
+    /// (h2d: the gpu device's upload ring, what its writes do) or drained (d2h), on rayon's threads.
     StagingRing,
 }
 
-/// The staging buffers of an h2d move that the device may still be copying from: drop it once the
-/// device has run them.
-pub struct H2dInFlight {
-    ring: Vec<(wgpu::Buffer, super::alloc::Charge)>,
-}
-
-/// Chunk size and ring length of the staging ring.
+/// Chunk size and ring length of the d2h staging ring (the h2d ring is the device's own,
+/// `gpu_staging.rs`).
 const RING_CHUNK_BYTES: u64 = 8 << 20;
 const RING_LEN: usize = 4;
+/// Bytes per rayon task copying out of a mapping.
+const DRAIN_PIECE_BYTES: usize = 1 << 20;
 
 fn map(buffer: &wgpu::Buffer, mode: wgpu::MapMode) -> Receiver<Result<(), wgpu::BufferAsyncError>> {
     let (tx, rx) = channel();
@@ -70,74 +70,33 @@ impl GpuDevice {
         let (dst, _c) = self.bench_buffer(bytes, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST, "h2d target")?;
         self.synchronize();
         let start = Instant::now();
-        let in_flight = self.issue_h2d(&dst, host, method)?;
+        self.issue_h2d(&dst, host, method);
         self.wait()?;
-        drop(in_flight);
         Ok(start.elapsed().as_secs_f64())
     }
 
     /// Starts moving `host` into the start of `dst` by `method` and returns once the host's part is
     /// done, without waiting for the device's (`zerostream bench overlap` runs kernels meanwhile). The
-    /// ring waits only for its own earlier copies before refilling a buffer. Keep the result until the
-    /// device has run the copies.
-    pub fn issue_h2d_into(&self, dst: &GpuTensor, host: &[u8], method: TransferMethod) -> Result<H2dInFlight> {
+    /// ring waits only for its own earlier copies before refilling a buffer.
+    pub fn issue_h2d_into(&self, dst: &GpuTensor, host: &[u8], method: TransferMethod) -> Result<()> {
         if host.len() as u64 > dst.buffer().size() {
             bail!("an h2d copy of {} bytes into a tensor of {} bytes", host.len(), dst.buffer().size());
         }
-        self.issue_h2d(dst.buffer(), host, method)
+        self.issue_h2d(dst.buffer(), host, method);
+        Ok(())
     }
 
-    fn issue_h2d(&self, dst: &wgpu::Buffer, host: &[u8], method: TransferMethod) -> Result<H2dInFlight> {
-        let bytes = host.len() as u64;
-        let mut in_flight = H2dInFlight { ring: Vec::new() };
+    fn issue_h2d(&self, dst: &wgpu::Buffer, host: &[u8], method: TransferMethod) {
         match method {
             TransferMethod::Direct => {
                 self.queue.write_buffer(dst, 0, host);
                 self.queue.submit([]);
             }
             TransferMethod::Parallel => {
-                self.upload(dst, 0, host);
+                self.upload_via_wgpu_staging(dst, 0, host);
                 self.queue.submit([]);
             }
-            TransferMethod::StagingRing => {
-                let chunk = RING_CHUNK_BYTES.min(bytes);
-                let mut pending: Vec<Option<(Receiver<_>, wgpu::SubmissionIndex)>> = (0..RING_LEN).map(|_| None).collect();
-                for _ in 0..RING_LEN {
-                    let charge = self.budget.charge(chunk, "h2d staging")?;
-                    let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-                        label: Some("h2d staging"),
-                        size: chunk,
-                        usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
-                        mapped_at_creation: true,
-                    });
-                    in_flight.ring.push((buffer, charge));
-                }
-                for (k, piece) in host.chunks(chunk as usize).enumerate() {
-                    let buffer = &in_flight.ring[k % RING_LEN].0;
-                    if let Some((rx, submission)) = pending[k % RING_LEN].take() {
-                        self.wait_mapped_after(&rx, submission)?;
-                    }
-                    buffer.slice(..).get_mapped_range_mut().map_err(|e| anyhow!("{e}"))?.slice(..piece.len()).copy_from_slice(piece);
-                    buffer.unmap();
-                    let mut encoder = self.device.create_command_encoder(&Default::default());
-                    encoder.copy_buffer_to_buffer(buffer, 0, dst, k as u64 * chunk, piece.len() as u64);
-                    let submission = self.queue.submit([encoder.finish()]);
-                    pending[k % RING_LEN] = Some((map(buffer, wgpu::MapMode::Write), submission));
-                }
-            }
-        }
-        Ok(in_flight)
-    }
-
-    /// Waits for a staging buffer's mapping, requested after `submission` (its copy): only that
-    /// submission and those before it, not later work.
-    fn wait_mapped_after(&self, rx: &Receiver<Result<(), wgpu::BufferAsyncError>>, submission: wgpu::SubmissionIndex) -> Result<()> {
-        loop {
-            if let Ok(r) = rx.try_recv() {
-                return r.map_err(|e| anyhow!("mapping a staging buffer failed: {e}"));
-            }
-            let wait = wgpu::PollType::Wait { submission_index: Some(submission.clone()), timeout: None };
-            self.device.poll(wait).map_err(|e| anyhow!("GPU device lost: {e}"))?;
+            TransferMethod::StagingRing => self.upload_through_ring(dst, 0, host),
         }
     }
 
@@ -151,8 +110,6 @@ impl GpuDevice {
         )?;
         self.queue.write_buffer(&src, 0, host);
         self.queue.submit([]);
-        self.synchronize();
-        let start = Instant::now();
         let chunk = match method {
             TransferMethod::Direct | TransferMethod::Parallel => bytes,
             TransferMethod::StagingRing => RING_CHUNK_BYTES.min(bytes),
@@ -162,6 +119,8 @@ impl GpuDevice {
         for _ in 0..ring_len {
             ring.push(self.bench_buffer(chunk, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, "d2h staging")?);
         }
+        self.synchronize();
+        let start = Instant::now();
         let chunks = bytes.div_ceil(chunk) as usize;
         let mut in_flight: std::collections::VecDeque<(usize, Receiver<_>)> = Default::default();
         let drain = |k: usize, rx: Receiver<_>, host: &mut [u8]| -> Result<()> {
@@ -169,7 +128,11 @@ impl GpuDevice {
             let buffer = &ring[k % ring_len].0;
             let off = k * chunk as usize;
             let n = (host.len() - off).min(chunk as usize);
-            host[off..off + n].copy_from_slice(&buffer.slice(..).get_mapped_range().map_err(|e| anyhow!("{e}"))?[..n]);
+            {
+                let mapped = buffer.slice(..n as u64).get_mapped_range().map_err(|e| anyhow!("{e}"))?;
+                let pieces = host[off..off + n].par_chunks_mut(DRAIN_PIECE_BYTES).zip(mapped.par_chunks(DRAIN_PIECE_BYTES));
+                pieces.for_each(|(d, s)| d.copy_from_slice(s));
+            }
             buffer.unmap();
             Ok(())
         };
