@@ -82,9 +82,7 @@ impl Progress {
         }
         let _ = std::io::stdout().flush();
     }
-}
 
-impl Progress {
     /// When the running check has taken longer than `limit`: reports it failed, says what was found so
     /// far and ends the process (exit code 1).
     fn stop_if_overdue(&mut self, limit: Duration) {

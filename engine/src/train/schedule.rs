@@ -44,8 +44,9 @@ pub struct ScalerState {
     pub growth_interval: u32,
 }
 
-/// Dynamic loss scaling for fp16: multiply the loss by `scale` so small gradients survive in 16 bits;
-/// on overflow skip the step and halve the scale; after `growth_interval` clean steps, double it.
+/// Dynamic loss scaling for 16-bit values (fp16 gradients, f16 matmul inputs; see
+/// [`super::TrainConfig::loss_scaled`]): multiply the loss by `scale` so small gradients survive in 16
+/// bits; on overflow skip the step and halve the scale; after `growth_interval` clean steps, double it.
 #[derive(Clone, Debug)]
 pub struct LossScaler {
     pub scale: f32,

@@ -166,9 +166,9 @@ impl Progress {
             s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
         }
     }
-}
 
-impl Progress {
+    // The fresh working copies the sweep keeps resident for the next forward's uploads.
+
     /// The sweeps up to AdamW step `adam_step` keep no more fresh working copies (those kept stay
     /// valid for their upload).
     pub(super) fn stop_fresh(&self, adam_step: u64) {
