@@ -127,3 +127,22 @@ fn gpu_16bit_uploads_and_lent_reads_match_the_twin() {
         }
     }
 }
+
+/// Finishing a read submits the work recorded after the read began before the host blocks, so the
+/// device runs it while the host waits and adds (the trainer records block l's backward before it
+/// finishes block l + 1's gradient download); the values are those of the work before the read.
+#[test]
+fn finishing_a_read_submits_the_work_recorded_after_it() {
+    use zerostream::Backend;
+    let Some(gpu) = common::gpu_or_skip("finishing_a_read_submits_the_work_recorded_after_it") else { return };
+    let (a, b) = (gpu.alloc(1000, "a").unwrap(), gpu.alloc(1000, "b").unwrap());
+    gpu.fill(&a, 1.5);
+    let pending = gpu.begin_read(&[&a]);
+    gpu.fill(&b, 2.5);
+    gpu.fill(&a, 3.5);
+    assert_eq!(gpu.unsubmitted_passes(), 2, "the fills after the read are only recorded");
+    let got = gpu.finish_read(pending);
+    assert!(got[0].iter().all(|&v| v == 1.5), "the read saw work recorded after it");
+    assert_eq!(gpu.unsubmitted_passes(), 0, "the host waited with work left unsubmitted");
+    assert!(gpu.read(&b).iter().all(|&v| v == 2.5) && gpu.read(&a).iter().all(|&v| v == 3.5));
+}

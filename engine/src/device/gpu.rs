@@ -239,6 +239,11 @@ impl GpuDevice {
         self.max_window_elems = self.max_window_elems.min(elems.max(self.align_elems));
     }
 
+    /// Passes recorded and not yet submitted (the tests hold host waits to submitting them first).
+    pub fn unsubmitted_passes(&self) -> usize {
+        self.pending_passes.get()
+    }
+
     /// Waits until every recorded pass has run.
     pub fn synchronize(&self) {
         self.flush();

@@ -202,6 +202,10 @@ impl GpuDevice {
         let (Some(staging), Some(mapped)) = (pending.staging, pending.mapped) else {
             return f(&vec![&[][..]; pending.sizes.len()]);
         };
+        // What was recorded since the read began (the trainer records block l's backward before it
+        // finishes block l + 1's download) goes to the device before the host blocks, so the device
+        // runs it while the host waits and then adds the gradient, rather than idling until the next read.
+        self.flush();
         loop {
             match mapped.try_recv() {
                 Ok(result) => {
