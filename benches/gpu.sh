@@ -47,6 +47,10 @@ fi
 B=${B:-4} T=${T:-1024} STEPS=${STEPS:-3} SKIP=${SKIP:-}
 XL_B=${XL_B:-$B} XL_T=${XL_T:-$T} XL_STEPS=${XL_STEPS:-$STEPS}
 BUDGET_GPT2=${BUDGET_GPT2:-16GiB} BUDGET_XL=${BUDGET_XL:-60GiB}
+# Checked before anything runs (a bad value must not cost device time); base 10 even with leading zeros.
+TUNE_SECONDS=${TUNE_SECONDS:-150}
+case $TUNE_SECONDS in ''|*[!0-9]*) echo "benches/gpu.sh: TUNE_SECONDS must be a whole number of seconds, got '$TUNE_SECONDS'" >&2; exit 2;; esac
+TUNE_SECONDS=$((10#$TUNE_SECONDS))
 work=$(mktemp -d)
 export PYTHONUNBUFFERED=1
 mkdir -p "$(dirname "$results")"
@@ -305,8 +309,6 @@ render
 # First: every kernel and variant against its twin (a failure here makes every number below suspect),
 # then the tuner, whose table every later part runs with.
 skipped selftest || part selftest 120 "$ZS" selftest --device gpu --json
-TUNE_SECONDS=${TUNE_SECONDS:-150}
-case $TUNE_SECONDS in ''|*[!0-9]*) echo "benches/gpu.sh: TUNE_SECONDS must be a whole number of seconds, got '$TUNE_SECONDS'" >&2; exit 2;; esac
 skipped tune || part tune $((TUNE_SECONDS + 50)) "$ZS" tune --json --max-seconds "$TUNE_SECONDS" ${TUNE_FLAGS:-}
 skipped kernels || part kernels ${KERNELS_LIMIT:-240} "$ZS" bench kernels --batch-size "$B" --seq-len "$T" --json ${KERNEL_FLAGS:-}
 skipped transfer || { part h2d 60 "$ZS" bench h2d --json; part d2h 90 "$ZS" bench d2h --json; part overlap 60 "$ZS" bench overlap --json ${OVERLAP_FLAGS:-}; }

@@ -104,7 +104,7 @@ fn compression_works_at_every_stage_and_does_nothing_with_one_rank() {
 }
 
 #[test]
-fn bad_modes_and_fp16_are_refused_by_name() {
+fn bad_modes_and_loss_scaling_are_refused_by_name() {
     for bad in ["gzip", "topk:0", "topk:2"] {
         let err = bad.parse::<GradCompression>().unwrap_err().to_string();
         assert!(err.contains("--grad-compression") && err.contains(bad), "{err}");
@@ -112,6 +112,11 @@ fn bad_modes_and_fp16_are_refused_by_name() {
     let fp16 = TrainConfig { precision: zerostream::train::Precision::Fp16, ..config(GradCompression::Int8, ZeroStage::Two) };
     let err = fp16.check().unwrap_err().to_string();
     assert!(err.contains("--grad-compression int8") && err.contains("fp16"), "{err}");
+    // f16 matmul inputs scale the loss too: the same refusal, naming that flag.
+    let f16_inputs =
+        TrainConfig { matmul_inputs: zerostream::device::MatmulInputs::F16, ..config(GradCompression::OneBit, ZeroStage::Two) };
+    let err = f16_inputs.check().unwrap_err().to_string();
+    assert!(err.contains("--grad-compression onebit") && err.contains("--matmul-inputs f16"), "{err}");
     let chunk = TrainConfig { grad_compression_chunk: 0, ..config(GradCompression::Int8, ZeroStage::Two) };
     assert!(chunk.check().unwrap_err().to_string().contains("--grad-compression-chunk"));
 }

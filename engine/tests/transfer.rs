@@ -41,6 +41,8 @@ fn parallel_uploads_write_every_byte_in_order() {
         gpu.fill(&t, 3.0);
         assert!(gpu.read(&t).iter().all(|&v| v == 3.0), "{len} elements: a write landed after work queued behind it");
     }
+    // Eight buffers to start; more only while writes outrun the device's copies, up to 64.
+    assert!((8..=64).contains(&gpu.upload_ring_len()), "{} buffers in the upload ring", gpu.upload_ring_len());
 }
 
 /// `bench overlap` issues each upload method's copy, and the trainer's download, behind submitted

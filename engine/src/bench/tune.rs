@@ -21,7 +21,7 @@ use zerostream_shaders::{AttentionTile, MatmulTile};
 
 use crate::device::attention_tuning::AttentionTable;
 use crate::device::gpu::GpuTensor;
-use crate::device::matmul_tuning::{MatmulClass, MatmulTable, TableEntry, TableFile, TableKey, TableSource, table_path};
+use crate::device::matmul_tuning::{MatmulClass, MatmulTable, TableEntry, TableFile, TableKey, TableSource, existing_table, table_path};
 use crate::device::timing::Timer;
 use crate::device::{Backend, GpuDevice, HalfFormat, MatmulShape, Operand};
 
@@ -309,7 +309,10 @@ pub fn save_table(dev: &GpuDevice, results: &[ClassResult], attention: &[Attenti
     let path = table_path(dev.summary()).context("no cache directory for the tuning table (set ZEROSTREAM_TUNE_DIR)")?;
     let key = TableKey::of(dev.summary());
     let (mut entries, mut attention_entries): (BTreeMap<String, TableEntry>, BTreeMap<String, TableEntry>) = Default::default();
-    if let Ok(text) = std::fs::read_to_string(&path)
+    // The classes tuned before (in this adapter's own file, or a copied-in one the device found by its
+    // key) are kept unless tuned again.
+    if let Some(before) = existing_table(dev.summary())
+        && let Ok(text) = std::fs::read_to_string(&before)
         && let Ok(old) = serde_json::from_str::<TableFile>(&text)
         && old.key == key
     {

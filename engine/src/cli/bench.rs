@@ -82,7 +82,7 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Host-to-device throughput through wgpu: queue.write_buffer, its staging memory filled by several threads (what training uses), and a ring of mapped staging buffers.
+    /// Host-to-device throughput through wgpu: queue.write_buffer, wgpu's staging memory filled by several threads, and the device's upload ring of mapped staging buffers (what training uses).
     H2d(TransferArgs),
     /// Device-to-host throughput through wgpu: one mapped read-back buffer and a ring of them.
     D2h(TransferArgs),

@@ -59,10 +59,11 @@ pub struct GpuPendingRead {
 }
 
 impl GpuDevice {
-    /// Writes `bytes` into `dst` at `offset`, ordered after the work recorded before it and before the
-    /// work recorded after it: large writes through the upload ring (`gpu_staging.rs`), small ones
-    /// through `write_buffer`.
+    /// Writes `bytes` into `dst` at `offset`, ordered after the work recorded before it (submitted
+    /// first) and before the work recorded after it: large writes through the upload ring
+    /// (`gpu_staging.rs`), small ones through `write_buffer`, which lands before the next submission.
     pub(in crate::device) fn upload(&self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
+        self.flush();
         if bytes.len() >= RING_UPLOAD_MIN_BYTES {
             self.upload_through_ring(dst, offset, bytes);
         } else {
@@ -119,7 +120,6 @@ impl GpuDevice {
 
     pub fn write_words(&self, t: &GpuTensor, words: &[u32]) {
         if !words.is_empty() {
-            self.flush();
             self.upload(&t.buffer, 0, bytemuck::cast_slice(words));
         }
     }
@@ -131,7 +131,7 @@ impl GpuDevice {
             return;
         }
         let pairs_bytes = bits.len() / 2 * 4;
-        self.flush();
+        self.flush(); // for the odd last word's `write_buffer` (`upload` submits first itself)
         if pairs_bytes > 0 {
             self.upload(&t.buffer, 0, &bytemuck::cast_slice(bits)[..pairs_bytes]);
         }

@@ -1,10 +1,10 @@
-//! The gpu device's upload ring: a few host-visible staging buffers, created once, that a large write
-//! is copied into on rayon's threads one chunk at a time, each chunk then copied on the device while
-//! the host fills the next. wgpu's own `write_buffer_with` allocates fresh staging memory for every
-//! write (which the driver must map and pin) and copies only after the whole write is filled: on an
-//! H100 it reached 28 GB/s at 64 MiB and 12 GB/s at 256 MiB against a 55 GB/s pinned copy
-//! (benches/results/2026-11-26-h100-gpu.md). A child module of `gpu`, so it uses that file's private
-//! fields.
+//! The gpu device's upload ring: host-visible staging buffers, made once and reused, that a large
+//! write is copied into on rayon's threads one chunk at a time, each chunk then copied on the device
+//! while the host fills the next. wgpu's own `write_buffer_with` allocates fresh staging memory for
+//! every write (which the driver must map and pin) and copies only after the whole write is filled: on
+//! an H100 it reached 28 GB/s at 64 MiB and 12 GB/s at 256 MiB against a 55 GB/s pinned copy
+//! (benches/results/2026-11-26-h100-gpu.md). The buffers are host memory, not charged to the device's
+//! byte budget. A child module of `gpu`, so it uses that file's private fields.
 
 use std::cell::{Cell, RefCell};
 use std::sync::mpsc::{Receiver, TryRecvError, channel};
@@ -14,8 +14,13 @@ use super::memory::fill_in_parallel;
 
 /// Bytes a ring buffer holds: a chunk of a write.
 pub(super) const UPLOAD_CHUNK_BYTES: u64 = 8 << 20;
-/// Ring buffers: chunks the device may still be copying while the host fills another.
-pub(super) const UPLOAD_RING_LEN: usize = 8;
+/// Buffers the ring starts with.
+const UPLOAD_RING_MIN_LEN: usize = 8;
+/// Buffers the ring may grow to (512 MiB). A buffer whose copy the device has not run yet is waited
+/// for only at this size: below it the ring grows instead, since that copy sits behind whatever was
+/// submitted before it (a write larger than the ring, made while a block's kernels run, would otherwise
+/// hold the host until those kernels end).
+const UPLOAD_RING_MAX_LEN: usize = 64;
 
 type Mapped = Receiver<Result<(), wgpu::BufferAsyncError>>;
 /// A ring buffer's copy that the device may still be running: the buffer's mapping request and the
@@ -30,26 +35,31 @@ pub(super) struct UploadRing {
 }
 
 impl GpuDevice {
-    /// Writes `bytes` into `dst` at `offset` through the ring, ordered after the work recorded before
+    /// Writes `bytes` into `dst` at `offset` through the ring, ordered after the work submitted before
     /// it and before the work recorded after it (each chunk's copy goes into the device's encoder and
-    /// is submitted at once, so that its buffer can be mapped again).
+    /// is submitted at once, so that its buffer can be mapped again). Offset and length are whole
+    /// 32-bit words, as every copy's must be.
     pub(in crate::device) fn upload_through_ring(&self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
+        let align = wgpu::COPY_BUFFER_ALIGNMENT;
+        assert!(
+            offset.is_multiple_of(align) && (bytes.len() as u64).is_multiple_of(align),
+            "a write of {} bytes at byte {offset}: GPU copies move whole multiples of {align} bytes",
+            bytes.len()
+        );
         let ring = &self.upload_ring;
         for (k, piece) in bytes.chunks(UPLOAD_CHUNK_BYTES as usize).enumerate() {
-            let i = ring.next.get();
-            ring.next.set((i + 1) % UPLOAD_RING_LEN);
             let mut slots = ring.slots.borrow_mut();
             if slots.is_empty() {
-                slots.extend((0..UPLOAD_RING_LEN).map(|_| {
-                    let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-                        label: Some("upload ring"),
-                        size: UPLOAD_CHUNK_BYTES,
-                        usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
-                        mapped_at_creation: true,
-                    });
-                    (buffer, None)
-                }));
+                slots.extend((0..UPLOAD_RING_MIN_LEN).map(|_| (self.ring_buffer(), None)));
             }
+            // Run the callbacks of mappings already done, then take the next buffer if its copy is
+            // done, else a new one while the ring may grow, else wait for it.
+            let _ = self.device.poll(wgpu::PollType::Poll);
+            let i = ring.next.get() % slots.len();
+            if !copy_done(&mut slots[i].1) && slots.len() < UPLOAD_RING_MAX_LEN {
+                slots.insert(i, (self.ring_buffer(), None));
+            }
+            ring.next.set((i + 1) % slots.len());
             let (buffer, in_use) = &mut slots[i];
             if let Some((mapped, submission)) = in_use.take() {
                 self.wait_mapped_for_upload(&mapped, submission);
@@ -74,6 +84,20 @@ impl GpuDevice {
         }
     }
 
+    /// Buffers in the upload ring (it grows while writes outrun the device's copies).
+    pub fn upload_ring_len(&self) -> usize {
+        self.upload_ring.slots.borrow().len()
+    }
+
+    fn ring_buffer(&self) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("upload ring"),
+            size: UPLOAD_CHUNK_BYTES,
+            usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: true,
+        })
+    }
+
     /// Waits until a ring buffer is mapped again: for the submission holding its copy (and those
     /// before it), not for later work.
     fn wait_mapped_for_upload(&self, mapped: &Mapped, submission: wgpu::SubmissionIndex) {
@@ -88,5 +112,20 @@ impl GpuDevice {
                 Err(TryRecvError::Disconnected) => panic!("map callback dropped"),
             }
         }
+    }
+}
+
+/// Whether a ring buffer is free to fill (never used, or mapped again after its copy), without
+/// blocking; clears `in_use` when it is.
+fn copy_done(in_use: &mut InUse) -> bool {
+    let Some((mapped, _)) = in_use else { return true };
+    match mapped.try_recv() {
+        Ok(result) => {
+            result.expect("mapping the upload ring's buffer failed");
+            *in_use = None;
+            true
+        }
+        Err(TryRecvError::Empty) => false,
+        Err(TryRecvError::Disconnected) => panic!("map callback dropped"),
     }
 }

@@ -82,6 +82,9 @@ impl GpuDevice {
         if host.len() as u64 > dst.buffer().size() {
             bail!("an h2d copy of {} bytes into a tensor of {} bytes", host.len(), dst.buffer().size());
         }
+        if !(host.len() as u64).is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT) {
+            bail!("an h2d copy of {} bytes: must be a multiple of {} (wgpu's copy alignment)", host.len(), wgpu::COPY_BUFFER_ALIGNMENT);
+        }
         self.issue_h2d(dst.buffer(), host, method);
         Ok(())
     }

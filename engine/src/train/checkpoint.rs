@@ -95,7 +95,7 @@ pub struct TrainerState {
     pub zerostream_version: String,
     /// Optimizer steps completed: the next step's index.
     pub step: u64,
-    /// AdamW updates applied (fp16 steps skipped for overflow do not count).
+    /// AdamW updates applied (loss-scaled steps skipped for overflow do not count).
     pub adam_steps: u64,
     /// The learning rate the next step will use: where the schedule stands.
     pub next_lr: f64,

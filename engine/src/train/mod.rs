@@ -267,7 +267,13 @@ impl<'d, D: Backend> Trainer<'d, D> {
         let (mut step, mut adam_steps) = (0, 0);
         if let ModelSource::Checkpoint(c) = source {
             (step, adam_steps) = (c.state.step, c.state.adam_steps);
-            scaler = LossScaler::restore(&c.state.loss_scaler);
+            let restored = LossScaler::restore(&c.state.loss_scaler);
+            if train.loss_scaled() && restored.is_fixed() {
+                // A checkpoint of `--matmul-inputs f16` from before that flag scaled the loss.
+                io_notes.push("the checkpoint's loss scale is fixed at 1: this run scales the loss dynamically from 65536".into());
+            } else {
+                scaler = restored;
+            }
             // With --param-compression the uninterrupted run computes with the decoded copy: gather
             // again (u64::MAX: no update gathered) so that this one does too.
             let gathered = if train.param_compression.codec().is_some() { u64::MAX } else { adam_steps };

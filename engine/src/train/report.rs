@@ -10,7 +10,7 @@ pub struct StepReport {
     pub grad_norm: f64,
     pub lr: f64,
     pub loss_scale: f32,
-    /// False when fp16 overflowed and the update was skipped.
+    /// False when a loss-scaled step overflowed and its update was skipped.
     pub applied: bool,
     pub tokens: usize,
     pub seconds: f64,

@@ -432,7 +432,7 @@ fn describe_run<D: Backend>(
         train.grad_clip,
         flag(&f["precision"]),
         if train.matmul_inputs == crate::device::MatmulInputs::F16 { ", matmul inputs rounded to f16" } else { "" },
-        if train.loss_scaled() { ", dynamic loss scale from 65536" } else { "" },
+        if train.loss_scaled() { ", dynamic loss scale" } else { "" },
         if train.adam_state == super::AdamState::Bf16 { ", bf16 AdamW moments (stochastically rounded)" } else { "" },
         if train.recompute { ", recompute" } else { "" }
     ));

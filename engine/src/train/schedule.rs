@@ -1,4 +1,4 @@
-//! The learning-rate schedule and the dynamic loss scale of fp16 training.
+//! The learning-rate schedule and the dynamic loss scale (fp16 training, f16 matmul inputs).
 
 /// `--lr-schedule`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -36,7 +36,7 @@ impl LrPlan {
     }
 }
 
-/// The loss scaler's state (fp16's dynamic scale; 1 and never changing otherwise).
+/// The loss scaler's state (the dynamic scale with `TrainConfig::loss_scaled`; 1 and never changing otherwise).
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct ScalerState {
     pub scale: f32,
@@ -65,6 +65,10 @@ impl LossScaler {
     /// A scale that never changes (1 for fp32 and bf16).
     pub fn fixed_one() -> Self {
         LossScaler { scale: 1.0, clean_steps: 0, growth_interval: u32::MAX }
+    }
+    /// Whether this is [`Self::fixed_one`]'s scale, which never changes.
+    pub fn is_fixed(&self) -> bool {
+        self.growth_interval == u32::MAX
     }
     /// The scaler's state, for a checkpoint.
     pub fn state(&self) -> ScalerState {

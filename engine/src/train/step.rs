@@ -225,7 +225,7 @@ impl<D: Backend> Trainer<'_, D> {
         Ok(slot)
     }
 
-    /// The end of a step: the loss, the global norm and fp16 overflow agreed across ranks, the loss
+    /// The end of a step: the loss, the global norm and overflow (loss-scaled runs) agreed across ranks, the loss
     /// scale updated, and AdamW handed to the worker thread (unless the step is skipped).
     fn update(&mut self, st: &mut StepState<D>) -> Result<()> {
         // Global norm over every group's (scaled) gradient, in f64: each rank sums its slices in group

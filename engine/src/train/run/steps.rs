@@ -13,7 +13,7 @@ use zerostream_checkpoints::checkpoint::CheckpointRoot;
 use super::RunOptions;
 use crate::device::Backend;
 use crate::train::checkpoint::{RunRecord, truncate_metrics};
-use crate::train::{Precision, StepReport, Trainer};
+use crate::train::{StepReport, Trainer};
 
 /// What the step loop did.
 pub(super) struct StepsOutcome {
@@ -25,10 +25,11 @@ pub(super) struct StepsOutcome {
     pub(super) checkpoint: Option<PathBuf>,
 }
 
-/// Consecutive steps skipped for non-finite gradients after which a run stops: a few in fp32/bf16
-/// (nothing will change), more in fp16, where the loss scale halves each time until it fits.
-fn skip_limit(precision: Precision) -> u64 {
-    if precision == Precision::Fp16 { 24 } else { 3 }
+/// Consecutive steps skipped for non-finite gradients after which a run stops: a few without a loss
+/// scale (nothing will change), more with one (fp16, f16 matmul inputs), which halves each time until
+/// it fits.
+fn skip_limit(loss_scaled: bool) -> u64 {
+    if loss_scaled { 24 } else { 3 }
 }
 
 /// Runs the steps from the trainer's current step to `--steps`, with metrics, progress, checkpoints
@@ -98,7 +99,7 @@ pub(super) fn train_steps<D: Backend>(
         skipped_in_a_row = if r.applied { 0 } else { skipped_in_a_row + 1 };
         let (loss, step) = (r.loss, r.step);
         out.reports.push(r);
-        if skipped_in_a_row >= skip_limit(trainer.train.precision) {
+        if skipped_in_a_row >= skip_limit(trainer.train.loss_scaled()) {
             bar.finish();
             bail!(
                 "steps {}..={step} were all skipped: the gradients held non-finite values (loss {loss}); the model or the \
