@@ -1,9 +1,10 @@
 //! The gpu device's memory: creating tensors (each charged to the byte budget), writing them (large
 //! writes through the upload ring, filled on rayon's threads: one core's memcpy is far below a PCIe
 //! link) and reading them back (copies into one staging buffer per read, reused for the next read of
-//! its size; the values widened straight from the mapping into vectors the trainer hands back, or f32 tensors lent
-//! out of the mapping itself to `finish_read_with`, which adds gradients into the accumulator with no
-//! host copy between). A child module of `gpu`, so it uses that file's private fields.
+//! its size; the values widened straight from the mapping into vectors the trainer hands back, or f32
+//! tensors lent out of the mapping itself to `finish_read_with`, which adds gradients into the
+//! accumulator with no host copy between). A child module of `gpu`, so it uses that file's private
+//! fields.
 
 use anyhow::{Result, bail};
 use rayon::prelude::*;
