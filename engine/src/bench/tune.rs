@@ -340,19 +340,11 @@ pub fn save_table(dev: &GpuDevice, results: &[ClassResult], attention: &[Attenti
             },
         );
     }
-    // Classes the table does not name keep the vendor's built-in default, as on an untuned adapter.
-    let vendor_default = MatmulTable::builtin(dev.summary()).default;
-    let file = TableFile {
-        key,
-        created: utc_now(),
-        default: vendor_default.name(),
-        entries: entries.into_values().collect(),
-        attention: attention_entries.into_values().collect(),
-    };
+    let file = TableFile::for_adapter(dev.summary(), utc_now(), entries.into_values().collect(), attention_entries.into_values().collect());
     file.save(&path)?;
     let mut table = MatmulTable {
         source: TableSource::Tuned { path: path.clone(), created: file.created.clone() },
-        default: vendor_default,
+        default: MatmulTile::parse(&file.default).map_err(anyhow::Error::msg)?,
         entries: BTreeMap::new(),
     };
     for e in &file.entries {

@@ -220,6 +220,13 @@ pub struct TableFile {
 }
 
 impl TableFile {
+    /// A table of `entries` and `attention` for `adapter`, created `created`: every class it does not
+    /// name keeps the vendor's built-in default, as on an adapter never tuned.
+    pub fn for_adapter(adapter: &AdapterSummary, created: String, entries: Vec<TableEntry>, attention: Vec<TableEntry>) -> Self {
+        let default = MatmulTable::builtin(adapter).default.name();
+        TableFile { key: TableKey::of(adapter), created, default, entries, attention }
+    }
+
     /// Writes the table beside its final name and renames it into place, so a reader never sees half a
     /// file and an interrupted tune leaves the previous table.
     pub fn save(&self, path: &Path) -> Result<()> {
@@ -314,9 +321,8 @@ mod tests {
 
     /// NVIDIA's built-in default is the variant that won most classes on an H100, a candidate within the
     /// smallest limits; an adapter of a vendor nobody measured keeps the kernel as it was.
-    #[test]
-    fn the_builtin_default_is_the_measured_one_for_nvidia_alone() {
-        let adapter = |vendor: u32| AdapterSummary {
+    fn adapter(vendor: u32) -> AdapterSummary {
+        AdapterSummary {
             index: 0,
             name: "test".into(),
             backend: "Vulkan".into(),
@@ -332,13 +338,28 @@ mod tests {
             subgroup: false,
             cooperative_matrix: false,
             cooperative_matrix_configs: Vec::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn the_builtin_default_is_the_measured_one_for_nvidia_alone() {
         let (vendor, nvidia) = builtin_default(&adapter(0x10de));
         assert_eq!((vendor, nvidia.name().as_str()), ("NVIDIA", "64x64x16/4x4/db/v4"));
         assert!(MatmulTile::CANDIDATES.contains(&nvidia) && nvidia.workgroup_bytes() <= 16 << 10 && nvidia.workgroup_size() <= 256);
         for other in [0x1002, 0x8086, 0x106b, 0x10005] {
             assert_eq!(builtin_default(&adapter(other)).1, MatmulTile::DEFAULT);
         }
+    }
+
+    /// A tuned table keeps the vendor's default for the classes it does not name (`zerostream tune`
+    /// writes it so), not the kernel's original one.
+    #[test]
+    fn a_tuned_table_defaults_to_the_vendors_variant() {
+        let nvidia = TableFile::for_adapter(&adapter(0x10de), "now".into(), Vec::new(), Vec::new());
+        assert_eq!(nvidia.default, "64x64x16/4x4/db/v4");
+        assert_eq!(nvidia.key, TableKey::of(&adapter(0x10de)));
+        let amd = TableFile::for_adapter(&adapter(0x1002), "now".into(), Vec::new(), Vec::new());
+        assert_eq!(amd.default, MatmulTile::DEFAULT.name());
     }
 
     #[test]
