@@ -83,6 +83,8 @@ fn resuming_equals_not_stopping_on_the_cpu_device() {
         &["--device", "cpu", "--precision", "bf16", "--offload-optimizer", "nvme", "--offload-params", "nvme"],
     );
     check_resume_equality("cpu fp16 ram", &["--device", "cpu", "--precision", "fp16"]);
+    // f16 matmul inputs: the dynamic loss scale comes back from the checkpoint as it was.
+    check_resume_equality("cpu f16 matmul inputs", &["--device", "cpu", "--matmul-inputs", "f16"]);
     // bf16 moments come back from the checkpoint's BF16 tensors as they were, rounding noise and all.
     check_resume_equality("cpu bf16 moments nvme", &["--device", "cpu", "--adam-state", "bf16", "--offload-optimizer", "nvme"]);
     // Striped over a second directory (each leg's own --nvme-dir is the first).
@@ -94,6 +96,35 @@ fn resuming_equals_not_stopping_on_the_cpu_device() {
     );
     // A resumed run draws the masks the uninterrupted one would have, recomputed activations too.
     check_resume_equality("cpu dropout recompute", &["--device", "cpu", "--dropout", "0.1", "--recompute"]);
+}
+
+/// A `--matmul-inputs f16` checkpoint from before that flag scaled the loss (its scale fixed at 1) is
+/// resumed with a dynamic scale, and the run says so.
+#[test]
+fn an_unscaled_f16_inputs_checkpoint_resumes_with_a_dynamic_scale() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let metrics = dir.path().join("m.jsonl");
+    let run = |steps: &str, resume: bool| {
+        let mut more = vec!["--device", "cpu", "--matmul-inputs", "f16", "--steps", steps, "--checkpoint-dir", ck.to_str().unwrap()];
+        more.extend(["--metrics", metrics.to_str().unwrap()]);
+        if resume {
+            more.extend(["--resume", ck.to_str().unwrap()]);
+        }
+        let out = zerostream(&golden_args("gpt2-tiny-accum", &more));
+        assert!(out.status.success(), "{}", stderr(&out));
+        out
+    };
+    run("2", false);
+    let state_path = ck.join("step-00000002").join("trainer_state.json");
+    let mut state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&state_path).unwrap()).unwrap();
+    assert_eq!(state["loss_scaler"]["scale"], 65536.0, "{}", state["loss_scaler"]);
+    state["loss_scaler"] = serde_json::json!({ "scale": 1.0, "clean_steps": 0, "growth_interval": u32::MAX });
+    std::fs::write(&state_path, serde_json::to_string(&state).unwrap()).unwrap();
+    let out = run("3", true);
+    assert!(stderr(&out).contains("loss scale is fixed at 1: this run scales the loss dynamically"), "{}", stderr(&out));
+    let last: serde_json::Value = serde_json::from_str(std::fs::read_to_string(&metrics).unwrap().lines().last().unwrap()).unwrap();
+    assert_eq!((last["step"].as_u64(), last["loss_scale"].as_f64()), (Some(2), Some(65536.0)), "{last}");
 }
 
 #[test]
