@@ -110,6 +110,40 @@ fn a_diverged_run_stops_with_an_error_after_a_few_skipped_steps() {
     ]);
     let err = stderr(&out);
     assert!(!out.status.success() && err.contains("were all skipped") && err.contains("diverged"), "{err}");
+    assert!(!err.contains("--matmul-inputs"), "{err}");
+}
+
+/// With f16 matmul inputs the loss is scaled, so the run allows more skipped steps (the scale halves
+/// each time), and a non-finite loss also names f16's range as a possible cause.
+#[test]
+fn a_diverged_f16_inputs_run_names_f16s_range() {
+    let out = zerostream(&[
+        "train",
+        "--device",
+        "cpu",
+        "--matmul-inputs",
+        "f16",
+        "--steps",
+        "40",
+        "--batch-size",
+        "1",
+        "--seq-len",
+        "16",
+        "--lr",
+        "1e30",
+        "--warmup-steps",
+        "0",
+        "--lr-schedule",
+        "constant",
+        "--grad-clip",
+        "0",
+        "--sample-tokens",
+        "0",
+    ]);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("were all skipped") && err.contains("f16's range (65504)"), "{err}");
+    // 24 skipped steps, not 3: "steps 1..=24" (step 0's update is the one that diverged).
+    assert!(err.contains("steps 1..=24 were all skipped"), "{err}");
 }
 
 #[test]

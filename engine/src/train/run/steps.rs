@@ -101,10 +101,17 @@ pub(super) fn train_steps<D: Backend>(
         out.reports.push(r);
         if skipped_in_a_row >= skip_limit(trainer.train.loss_scaled()) {
             bar.finish();
+            // f16 inputs: a forward value past 65504 is infinity, which no loss scale undoes.
+            let f16_inputs = trainer.train.matmul_inputs == crate::device::MatmulInputs::F16;
             bail!(
                 "steps {}..={step} were all skipped: the gradients held non-finite values (loss {loss}); the model or the \
-                 learning rate has diverged{}",
+                 learning rate has diverged{}{}",
                 step + 1 - skipped_in_a_row,
+                if f16_inputs && !loss.is_finite() {
+                    ", or a matmul input passed f16's range (65504) under --matmul-inputs f16 (try f32)"
+                } else {
+                    ""
+                },
                 out.checkpoint.as_ref().map(|p| format!("; the last checkpoint is {}", p.display())).unwrap_or_default()
             );
         }
