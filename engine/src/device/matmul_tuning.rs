@@ -319,8 +319,7 @@ mod tests {
         assert_eq!(MatmulClass::parse("nn/f32/m1/n1"), None);
     }
 
-    /// NVIDIA's built-in default is the variant that won most classes on an H100, a candidate within the
-    /// smallest limits; an adapter of a vendor nobody measured keeps the kernel as it was.
+    /// An adapter summary of `vendor` with the smallest limits.
     fn adapter(vendor: u32) -> AdapterSummary {
         AdapterSummary {
             index: 0,
@@ -341,6 +340,8 @@ mod tests {
         }
     }
 
+    /// NVIDIA's built-in default is the variant that won most classes on an H100, a candidate within the
+    /// smallest limits; an adapter of a vendor nobody measured keeps the kernel as it was.
     #[test]
     fn the_builtin_default_is_the_measured_one_for_nvidia_alone() {
         let (vendor, nvidia) = builtin_default(&adapter(0x10de));
