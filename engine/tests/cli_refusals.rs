@@ -84,32 +84,21 @@ fn hyperparameters_out_of_range_and_metrics_over_an_input_are_refused_before_any
     }
 }
 
+/// A cpu run of `--steps 40` at lr 1e30, which sends the weights to infinity in one update, so every
+/// later step's gradients are non-finite; `extra` flags added.
+fn diverging_run(extra: &[&str]) -> String {
+    let mut args = vec!["train", "--device", "cpu", "--steps", "40", "--batch-size", "1", "--seq-len", "16", "--lr", "1e30"];
+    args.extend(["--warmup-steps", "0", "--lr-schedule", "constant", "--grad-clip", "0", "--sample-tokens", "0"]);
+    args.extend(extra);
+    let out = zerostream(&args);
+    assert!(!out.status.success(), "the diverged run succeeded");
+    stderr(&out)
+}
+
 #[test]
 fn a_diverged_run_stops_with_an_error_after_a_few_skipped_steps() {
-    // lr 1e30 sends the weights to infinity in one update; every later step's gradients are non-finite.
-    let out = zerostream(&[
-        "train",
-        "--device",
-        "cpu",
-        "--steps",
-        "20",
-        "--batch-size",
-        "1",
-        "--seq-len",
-        "16",
-        "--lr",
-        "1e30",
-        "--warmup-steps",
-        "0",
-        "--lr-schedule",
-        "constant",
-        "--grad-clip",
-        "0",
-        "--sample-tokens",
-        "0",
-    ]);
-    let err = stderr(&out);
-    assert!(!out.status.success() && err.contains("were all skipped") && err.contains("diverged"), "{err}");
+    let err = diverging_run(&[]);
+    assert!(err.contains("were all skipped") && err.contains("diverged"), "{err}");
     assert!(!err.contains("--matmul-inputs"), "{err}");
 }
 
@@ -117,31 +106,8 @@ fn a_diverged_run_stops_with_an_error_after_a_few_skipped_steps() {
 /// each time), and a non-finite loss also names f16's range as a possible cause.
 #[test]
 fn a_diverged_f16_inputs_run_names_f16s_range() {
-    let out = zerostream(&[
-        "train",
-        "--device",
-        "cpu",
-        "--matmul-inputs",
-        "f16",
-        "--steps",
-        "40",
-        "--batch-size",
-        "1",
-        "--seq-len",
-        "16",
-        "--lr",
-        "1e30",
-        "--warmup-steps",
-        "0",
-        "--lr-schedule",
-        "constant",
-        "--grad-clip",
-        "0",
-        "--sample-tokens",
-        "0",
-    ]);
-    let err = stderr(&out);
-    assert!(!out.status.success() && err.contains("were all skipped") && err.contains("f16's range (65504)"), "{err}");
+    let err = diverging_run(&["--matmul-inputs", "f16"]);
+    assert!(err.contains("were all skipped") && err.contains("f16's range (65504)"), "{err}");
     // 24 skipped steps, not 3: "steps 1..=24" (step 0's update is the one that diverged).
     assert!(err.contains("steps 1..=24 were all skipped"), "{err}");
 }

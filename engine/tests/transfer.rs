@@ -47,7 +47,8 @@ fn parallel_uploads_write_every_byte_in_order() {
 
 /// `bench overlap` issues each upload method's copy, and the trainer's download, behind submitted
 /// matmuls and checks the bytes that arrive (it fails on a difference); 72 MiB + 16 bytes wraps the
-/// device's upload ring (8 buffers of 8 MiB), whose refills then wait for their own earlier copies only. Bad sizes are refused by flag.
+/// device's upload ring (8 buffers of 8 MiB), whose refills then wait for their own earlier copies
+/// only. Bad sizes are refused by flag.
 #[test]
 fn copies_issued_behind_kernels_deliver_their_bytes() {
     use zerostream::bench::overlap::{OverlapConfig, bench_overlap};

@@ -6,11 +6,16 @@
 //! accumulator with no host copy between). A child module of `gpu`, so it uses that file's private
 //! fields.
 
+use std::sync::mpsc::{Receiver, TryRecvError};
+
 use anyhow::{Result, bail};
 use rayon::prelude::*;
 
 use super::{GpuDevice, GpuTensor};
 use crate::device::{AllocCosts, HalfFormat};
+
+/// A staging buffer's mapping request: its callback's result.
+pub(super) type Mapped = Receiver<Result<(), wgpu::BufferAsyncError>>;
 
 /// The most bytes of finished reads' staging buffers kept for reuse (host-visible memory).
 const SPARE_STAGING_BYTES: u64 = 256 << 20;
@@ -55,7 +60,7 @@ pub struct GpuPendingRead {
     pub(super) staging: Option<wgpu::Buffer>,
     pub(super) sizes: Vec<u64>,
     pub(super) formats: Vec<(Option<HalfFormat>, usize)>,
-    pub(super) mapped: Option<std::sync::mpsc::Receiver<Result<(), wgpu::BufferAsyncError>>>,
+    pub(super) mapped: Option<Mapped>,
     pub(super) submission: Option<wgpu::SubmissionIndex>,
 }
 
@@ -207,20 +212,7 @@ impl GpuDevice {
         // finishes block l + 1's download) goes to the device before the host blocks, so the device
         // runs it while the host waits and then adds the gradient, rather than idling until the next read.
         self.flush();
-        loop {
-            match mapped.try_recv() {
-                Ok(result) => {
-                    result.expect("mapping a read-back buffer failed");
-                    break;
-                }
-                Err(std::sync::mpsc::TryRecvError::Empty) => {
-                    self.device
-                        .poll(wgpu::PollType::Wait { submission_index: pending.submission.clone(), timeout: None })
-                        .expect("GPU device lost while reading back a tensor");
-                }
-                Err(std::sync::mpsc::TryRecvError::Disconnected) => panic!("map callback dropped"),
-            }
-        }
+        self.wait_until_mapped(&mapped, pending.submission, "a read-back buffer");
         let view = staging.slice(..).get_mapped_range().expect("mapped range");
         let all = bytemuck::cast_slice::<u8, u32>(&view);
         let mut words = Vec::with_capacity(pending.sizes.len());
@@ -238,6 +230,21 @@ impl GpuDevice {
             spares.push(staging);
         }
         out
+    }
+
+    /// Blocks until `mapped` reports the mapping of a staging buffer (`what`), requested after
+    /// `submission`: waits for that submission and those before it, not for later work.
+    pub(super) fn wait_until_mapped(&self, mapped: &Mapped, submission: Option<wgpu::SubmissionIndex>, what: &str) {
+        loop {
+            match mapped.try_recv() {
+                Ok(result) => return result.unwrap_or_else(|e| panic!("mapping {what} failed: {e}")),
+                Err(TryRecvError::Empty) => {
+                    let wait = wgpu::PollType::Wait { submission_index: submission.clone(), timeout: None };
+                    self.device.poll(wait).unwrap_or_else(|e| panic!("GPU device lost while waiting for {what}: {e}"));
+                }
+                Err(TryRecvError::Disconnected) => panic!("the map callback of {what} was dropped"),
+            }
+        }
     }
 
     /// A tensor's words as f32 values (16-bit storage widened exactly), into a recycled vector.

@@ -7,10 +7,10 @@
 //! byte budget. A child module of `gpu`, so it uses that file's private fields.
 
 use std::cell::{Cell, RefCell};
-use std::sync::mpsc::{Receiver, TryRecvError, channel};
+use std::sync::mpsc::{TryRecvError, channel};
 
 use super::GpuDevice;
-use super::memory::fill_in_parallel;
+use super::memory::{Mapped, fill_in_parallel};
 
 /// Bytes a ring buffer holds: a chunk of a write.
 pub(super) const UPLOAD_CHUNK_BYTES: u64 = 8 << 20;
@@ -22,7 +22,6 @@ const UPLOAD_RING_MIN_LEN: usize = 8;
 /// hold the host until those kernels end).
 const UPLOAD_RING_MAX_LEN: usize = 64;
 
-type Mapped = Receiver<Result<(), wgpu::BufferAsyncError>>;
 /// A ring buffer's copy that the device may still be running: the buffer's mapping request and the
 /// submission holding the copy.
 type InUse = Option<(Mapped, wgpu::SubmissionIndex)>;
@@ -62,7 +61,7 @@ impl GpuDevice {
             ring.next.set((i + 1) % slots.len());
             let (buffer, in_use) = &mut slots[i];
             if let Some((mapped, submission)) = in_use.take() {
-                self.wait_mapped_for_upload(&mapped, submission);
+                self.wait_until_mapped(&mapped, Some(submission), "the upload ring's buffer");
             }
             let len = piece.len() as u64;
             {
@@ -96,22 +95,6 @@ impl GpuDevice {
             usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: true,
         })
-    }
-
-    /// Waits until a ring buffer is mapped again: for the submission holding its copy (and those
-    /// before it), not for later work.
-    fn wait_mapped_for_upload(&self, mapped: &Mapped, submission: wgpu::SubmissionIndex) {
-        loop {
-            match mapped.try_recv() {
-                Ok(result) => return result.expect("mapping the upload ring's buffer failed"),
-                Err(TryRecvError::Empty) => {
-                    self.device
-                        .poll(wgpu::PollType::Wait { submission_index: Some(submission.clone()), timeout: None })
-                        .expect("GPU device lost while uploading");
-                }
-                Err(TryRecvError::Disconnected) => panic!("map callback dropped"),
-            }
-        }
     }
 }
 

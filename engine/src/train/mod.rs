@@ -270,7 +270,8 @@ impl<'d, D: Backend> Trainer<'d, D> {
             let restored = LossScaler::restore(&c.state.loss_scaler);
             if train.loss_scaled() && restored.is_fixed() {
                 // A checkpoint of `--matmul-inputs f16` from before that flag scaled the loss.
-                io_notes.push("the checkpoint's loss scale is fixed at 1: this run scales the loss dynamically from 65536".into());
+                io_notes
+                    .push(format!("the checkpoint's loss scale is fixed at 1: this run scales the loss dynamically from {}", scaler.scale));
             } else {
                 scaler = restored;
             }
