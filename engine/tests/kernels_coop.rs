@@ -1,16 +1,19 @@
-//! `matmul_coop.wgsl` (f16 inputs on 16x16 cooperative matrices, f32 sums) against its twin
+//! `matmul_coop.wgsl` (f16 inputs on cooperative matrices, f32 sums) against its twin
 //! `ops::matmul_f16::matmul_f16_inputs`, at the awkward shapes of the fp32 matmul's tests (every kind of
 //! edge of the 128 x 128 x 32 tiles), every operand layout, f32 and 16-bit B, with bias and accumulation,
-//! also with 64 KiB bindings (K split into accumulating pieces, windows at odd offsets).
+//! also with 64 KiB bindings (K split into accumulating pieces, windows at odd offsets); and every variant
+//! of the adapter's cooperative size against the default, bit for bit.
 //!
-//! Runs where the adapter lists a 16x16x16 f16 -> f32 configuration; elsewhere (lavapipe, CI) it says
-//! that it skipped the comparison and checks instead that f16 inputs are refused, naming the adapter, and
-//! that the fp32 kernel stays the path. An adapter is still required under ZEROSTREAM_REQUIRE_GPU=1.
+//! Runs where the adapter lists a 16x16x16 or 8x8x8 f16 -> f32 configuration (NVIDIA; Mesa's lavapipe from
+//! 25.x on, which CI runs in a newer Debian's root: `.ci/coop-lavapipe`); elsewhere (the Debian 12 lavapipe)
+//! it says that it skipped the comparison and checks instead that f16 inputs are refused, naming the
+//! adapter, and that the fp32 kernel stays the path. An adapter is still required under
+//! ZEROSTREAM_REQUIRE_GPU=1.
 
 mod common;
 
 use common::kernel_check::tensor;
-use common::{assert_close, gpu_or_skip, random};
+use common::{assert_close, coop_skipped, gpu_or_skip, random};
 use zerostream::device::{Backend, GpuDevice, HalfFormat, MatmulInputs, MatmulShape, Operand};
 use zerostream::ops::matmul_f16::matmul_f16_inputs;
 
@@ -100,11 +103,7 @@ fn compare_all(gpu: &GpuDevice, label: &str) {
 fn matmul_coop_matches_twin() {
     let Some(gpu) = gpu_or_skip("matmul_coop_matches_twin") else { return };
     if !gpu.has_coop_matmul() {
-        eprintln!(
-            "SKIPPED matmul_coop_matches_twin: adapter {:?} lacks cooperative matrices (16x16x16 f16->f32); \
-             `zerostream devices` lists what it has",
-            gpu.summary().name
-        );
+        coop_skipped("matmul_coop_matches_twin", &gpu);
         // Then f16 inputs are refused, naming the adapter and the flag, and nothing changes.
         let err = format!("{:#}", gpu.set_matmul_inputs(MatmulInputs::F16).unwrap_err());
         assert!(err.contains("--matmul-inputs f16") && err.contains(&gpu.summary().name), "{err}");
@@ -118,4 +117,55 @@ fn matmul_coop_matches_twin() {
     small.limit_binding_bytes_for_tests(64 << 10);
     small.set_matmul_inputs(MatmulInputs::F16).unwrap();
     compare_all(&small, "64 KiB bindings");
+}
+
+/// Every variant of the adapter's cooperative size gives the default's bits, in every layout, with a bias,
+/// accumulating, with a 16-bit B: a tuner's choice never changes a result.
+#[test]
+fn matmul_coop_variants_give_the_default_bits() {
+    let Some(gpu) = gpu_or_skip("matmul_coop_variants_give_the_default_bits") else { return };
+    let variants = gpu.coop_variants();
+    if variants.is_empty() {
+        coop_skipped("matmul_coop_variants_give_the_default_bits", &gpu);
+        assert!(!gpu.has_coop_matmul());
+        return;
+    }
+    assert!(variants.len() >= 3, "{variants:?}");
+    gpu.set_matmul_inputs(MatmulInputs::F16).unwrap();
+    for (i, &(m, n, k)) in SHAPES.iter().enumerate() {
+        let seed = 1900 + 10 * i as u64;
+        let (a, b, bias, c0) =
+            (random(seed, m * k, 1.0), random(seed + 1, k * n, 1.0), random(seed + 2, n, 1.0), random(seed + 3, m * n, 1.0));
+        let b16: Vec<u16> = b.iter().map(|x| half::f16::from_f32(*x).to_bits()).collect();
+        let both_t = MatmulShape { a: Operand::transposed(m), b: Operand::transposed(k), ..MatmulShape::row_major(m, n, k) };
+        for (layout, s) in [("nn", MatmulShape::row_major(m, n, k)), ("tt", both_t)] {
+            for b_format in [None, Some(HalfFormat::F16)] {
+                let run = |variant| {
+                    gpu.force_coop_variant(Some(variant)).unwrap();
+                    let tb = match b_format {
+                        None => tensor(&gpu, &b),
+                        Some(f) => {
+                            let t = gpu.alloc_16bit(b16.len(), "b16", f).unwrap();
+                            gpu.write_16bit(&t, &b16, f).unwrap();
+                            t
+                        }
+                    };
+                    let c = tensor(&gpu, &c0);
+                    gpu.matmul(&c, &tensor(&gpu, &a), &tb, Some(&tensor(&gpu, &bias)), &s, true);
+                    gpu.read(&c)
+                };
+                let want = run(variants[0]);
+                for &variant in &variants[1..] {
+                    let got = run(variant);
+                    let differ = got.iter().zip(&want).filter(|(g, w)| g.to_bits() != w.to_bits()).count();
+                    assert_eq!(
+                        differ, 0,
+                        "{variant} against {}: {m}x{n}x{k} {layout} B {b_format:?}: {differ} elements differ",
+                        variants[0]
+                    );
+                }
+            }
+        }
+    }
+    gpu.force_coop_variant(None).unwrap();
 }

@@ -1,15 +1,15 @@
 //! `--matmul-inputs f16` (`TrainConfig::matmul_inputs`): every matmul's operands rounded to f16, sums in
 //! f32. On the cpu device a run follows the f32 run up to that rounding, is deterministic, and leaves the
 //! default f32 path untouched; on a GPU it runs the cooperative-matrix kernel where the adapter lists a
-//! 16x16x16 f16 configuration (compared with the cpu device's f16 run), and otherwise refuses, naming the
-//! adapter and the flag.
+//! 16x16x16 or 8x8x8 f16 configuration (compared with the cpu device's f16 run), and otherwise refuses,
+//! naming the adapter and the flag.
 //!
 //! The data is the copy of shared/golden in `tests/golden/` (see tests/golden.rs for its origin).
 
 mod common;
 
-use common::gpu_or_skip;
 use common::trajectory::{Golden, Run, bits, check_against, golden_dir, run};
+use common::{coop_skipped, gpu_or_skip};
 use zerostream::device::{CpuDevice, MatmulInputs};
 use zerostream::model::Model;
 use zerostream::train::{ModelSource, TrainConfig, Trainer};
@@ -109,7 +109,7 @@ fn f16_inputs_on_gpu_run_the_coop_kernel_or_are_refused_by_name() {
     let golden = Golden::load(NAME);
     let tc = TrainConfig { matmul_inputs: MatmulInputs::F16, steps: 3, ..golden.train_config() };
     if !gpu.has_coop_matmul() {
-        println!("SKIPPED the f16 GPU run: adapter {:?} lacks 16x16x16 f16 cooperative matrices; checking the refusal", gpu.summary().name);
+        coop_skipped("f16_inputs_on_gpu_run_the_coop_kernel_or_are_refused_by_name (the f16 GPU run; checking the refusal)", &gpu);
         let hf = HfModel::open(&golden_dir(NAME).join("model")).unwrap();
         let err = Trainer::new(&gpu, &ModelSource::Hf(&hf), tc).err().expect("the f16 run must be refused on this adapter");
         let text = format!("{err:#}");

@@ -83,6 +83,8 @@ fn the_cpu_devices_fast_kernels_pass_against_the_twins() {
 fn the_gpu_kernels_pass_against_the_twins() {
     let Some(gpu) = gpu_or_skip("the_gpu_kernels_pass_against_the_twins") else { return };
     let coop = gpu.has_coop_matmul();
+    let coop_variants: Vec<_> = gpu.coop_variants().into_iter().skip(1).collect();
+    assert_eq!(coop, !coop_variants.is_empty());
     let report = passes(&AnyDevice::Gpu(gpu));
     let names = kernels(&report);
     let expected: Vec<String> = EVERY_DEVICE
@@ -94,7 +96,10 @@ fn the_gpu_kernels_pass_against_the_twins() {
     let split =
         expected.iter().filter(|k| !k.starts_with("attention_forward") && !k.starts_with("attention_backward") && *k != "cast_f32_to_f16");
     let split: Vec<String> = split.map(|k| format!("{k} (64 KiB bindings)")).collect();
-    let missing: Vec<&String> = expected.iter().chain(&split).filter(|k| !names.contains(k.as_str())).collect();
+    // Every cooperative-matrix variant besides the default (run in full above), against the twin and its bits.
+    let variants = coop_variants.iter().flat_map(|v| [format!("matmul_coop {v}"), format!("matmul_coop {v} = c{}'s default", v.coop)]);
+    let variants: Vec<String> = variants.collect();
+    let missing: Vec<&String> = expected.iter().chain(&split).chain(&variants).filter(|k| !names.contains(k.as_str())).collect();
     assert!(missing.is_empty(), "not checked on the gpu: {missing:?}");
     assert!(names.contains("compile"), "{names:?}");
     // An adapter without the cooperative matrices says so, by kernel.
@@ -153,7 +158,8 @@ fn wgpu_errors_fail_their_check_and_the_device_works_on() {
     let error = results[0].error.as_deref().unwrap_or_default();
     assert!(!results[0].passed() && error.starts_with("the device reported: "), "{}", results[0].line());
     assert!(!error.contains('\n'), "{error}");
-    let coop = gpu.compile(zerostream_shaders::MATMUL_COOP);
+    let coop_size = gpu.summary().coop_f16_size().unwrap_or(16);
+    let coop = gpu.compile(zerostream_shaders::CoopTile::default_for(coop_size).kernel());
     assert_eq!(coop.is_ok(), gpu.has_coop_matmul(), "{coop:?}");
     if let Err(e) = coop {
         println!("matmul_coop on {}: {e}", gpu.summary().name);

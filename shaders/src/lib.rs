@@ -4,20 +4,23 @@
 //! This crate only embeds the source text (`include_str!`), so it has no run-time dependencies; the engine
 //! compiles the modules on its device. The test at the bottom parses and validates every kernel with naga,
 //! so an invalid shader fails `cargo test` here rather than at pipeline creation on some user's GPU, and
-//! writes the cooperative-matrix matmul as SPIR-V (no adapter here has cooperative matrices to compile it).
+//! writes the cooperative-matrix matmul's variants as SPIR-V (as wgpu would on a Vulkan adapter that has
+//! cooperative matrices).
 //!
 //! The fp32 matmul is a template (`wgsl/matmul.wgsl`) rendered per variant by [`MatmulTile`]
-//! (`matmul_template.rs`), and so are the attention kernels (`wgsl/attention_forward.wgsl`,
+//! (`matmul_template.rs`), the cooperative-matrix matmul (`wgsl/matmul_coop.wgsl`) by [`CoopTile`]
+//! (`matmul_coop_template.rs`), and the attention kernels (`wgsl/attention_forward.wgsl`,
 //! `wgsl/attention_backward.wgsl`, `wgsl/attention_decode.wgsl`) by [`AttentionTile`]
-//! (`attention_template.rs`); they are not in
-//! [`ALL`], and the tests validate every candidate variant.
+//! (`attention_template.rs`); they are not in [`ALL`], and the tests validate every candidate variant.
 
 pub mod attention_template;
+pub mod matmul_coop_template;
 pub mod matmul_template;
 
 use std::collections::HashMap;
 
 pub use attention_template::{AttentionPass, AttentionTile};
+pub use matmul_coop_template::CoopTile;
 pub use matmul_template::MatmulTile;
 
 /// `template` with each hole (a name in double braces) replaced by its value in `holes`; `file` names the
@@ -94,7 +97,6 @@ kernels! {
     GELU_ERF_FORWARD => "gelu_erf_forward" with "erfc",
     LAYERNORM_BACKWARD => "layernorm_backward" with "workgroup_sum", "column_lanes",
     LAYERNORM_FORWARD => "layernorm_forward" with "workgroup_sum",
-    MATMUL_COOP => "matmul_coop" with "enable_f16_coop", "matmul_io", "f16_bits",
     RELU_BACKWARD => "relu_backward",
     RELU_FORWARD => "relu_forward",
     RESIDUAL_FORWARD => "residual_forward",
@@ -130,39 +132,42 @@ mod tests {
         }
     }
 
-    /// The cooperative-matrix matmul, which no adapter on a CI machine can compile, checked the way wgpu
-    /// would on a Vulkan adapter that has it: validated with only the capabilities the engine requests
-    /// (f16, subgroups, cooperative matrices, and the f16 packing that every full Vulkan device has and
-    /// matmul.wgsl already uses) and written as SPIR-V 1.3 by naga's Vulkan backend.
+    /// Every candidate variant of the cooperative-matrix matmul, at both cooperative sizes.
+    fn coop_variants() -> Vec<CoopTile> {
+        [16, 8].into_iter().flat_map(CoopTile::candidates).collect()
+    }
+
+    /// The cooperative-matrix matmul's variants checked the way wgpu would on a Vulkan adapter that has
+    /// cooperative matrices: validated with only the capabilities the engine requests (f16, subgroups,
+    /// cooperative matrices, and the f16 packing that every full Vulkan device has and matmul.wgsl already
+    /// uses) and written as SPIR-V 1.3 by naga's Vulkan backend.
     #[test]
     fn matmul_coop_validates_and_writes_spirv() {
         use naga::valid::Capabilities as Caps;
-        let module = naga::front::wgsl::parse_str(MATMUL_COOP.source)
-            .unwrap_or_else(|e| panic!("matmul_coop.wgsl: {}", e.emit_to_string(MATMUL_COOP.source)));
-        let caps = Caps::SHADER_FLOAT16 | Caps::SHADER_FLOAT16_IN_FLOAT32 | Caps::SUBGROUP | Caps::COOPERATIVE_MATRIX;
-        let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
-            .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
-            .subgroup_operations(naga::valid::SubgroupOperationSet::BASIC)
-            .validate(&module)
-            .unwrap_or_else(|e| panic!("matmul_coop.wgsl: {}", e.emit_to_string(MATMUL_COOP.source)));
-        // Without the cooperative-matrix capability the module is refused (so the check above means something).
-        assert!(
-            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps - Caps::COOPERATIVE_MATRIX)
-                .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
-                .subgroup_operations(naga::valid::SubgroupOperationSet::BASIC)
-                .validate(&module)
-                .is_err()
-        );
-        let options = naga::back::spv::Options { lang_version: (1, 3), ..Default::default() };
-        let pipeline = naga::back::spv::PipelineOptions { shader_stage: naga::ShaderStage::Compute, entry_point: "main".into() };
-        let words = naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline))
-            .unwrap_or_else(|e| panic!("matmul_coop.wgsl to SPIR-V: {e}"));
-        assert_eq!(words[0], 0x0723_0203, "SPIR-V magic number");
-        // The module uses the cooperative-matrix instructions (capability CooperativeMatrixKHR = 6022,
-        // OpCooperativeMatrixMulAddKHR = 4459), not a fallback.
-        let has_op = |opcode: u32| words.iter().any(|&w| w & 0xffff == opcode);
-        assert!(words.windows(2).any(|w| w == [0x0002_0011, 6022]), "no OpCapability CooperativeMatrixKHR");
-        assert!(has_op(4459), "no OpCooperativeMatrixMulAddKHR");
+        for tile in coop_variants() {
+            let kernel = tile.kernel();
+            let module = naga::front::wgsl::parse_str(kernel.source)
+                .unwrap_or_else(|e| panic!("{}: {}", kernel.name, e.emit_to_string(kernel.source)));
+            let caps = Caps::SHADER_FLOAT16 | Caps::SHADER_FLOAT16_IN_FLOAT32 | Caps::SUBGROUP | Caps::COOPERATIVE_MATRIX;
+            let validator = |caps| {
+                let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps);
+                v.subgroup_stages(naga::valid::ShaderStages::COMPUTE).subgroup_operations(naga::valid::SubgroupOperationSet::BASIC);
+                v
+            };
+            let info = validator(caps).validate(&module).unwrap_or_else(|e| panic!("{}: {}", kernel.name, e.emit_to_string(kernel.source)));
+            // Without the cooperative-matrix capability the module is refused (so the check above means something).
+            assert!(validator(caps - Caps::COOPERATIVE_MATRIX).validate(&module).is_err());
+            let options = naga::back::spv::Options { lang_version: (1, 3), ..Default::default() };
+            let pipeline = naga::back::spv::PipelineOptions { shader_stage: naga::ShaderStage::Compute, entry_point: "main".into() };
+            let words = naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline))
+                .unwrap_or_else(|e| panic!("{} to SPIR-V: {e}", kernel.name));
+            assert_eq!(words[0], 0x0723_0203, "SPIR-V magic number");
+            // The module uses the cooperative-matrix instructions (capability CooperativeMatrixKHR = 6022,
+            // OpCooperativeMatrixMulAddKHR = 4459), not a fallback.
+            let has_op = |opcode: u32| words.iter().any(|&w| w & 0xffff == opcode);
+            assert!(words.windows(2).any(|w| w == [0x0002_0011, 6022]), "{}: no OpCapability CooperativeMatrixKHR", kernel.name);
+            assert!(has_op(4459), "{}: no OpCooperativeMatrixMulAddKHR", kernel.name);
+        }
     }
 
     /// The cooperative-matrix matmul's workgroup variables are each a multiple of 16 bytes long, so however
@@ -171,21 +176,23 @@ mod tests {
     /// arrays are checked by engine/tests/matmul_coop_structure.rs).
     #[test]
     fn matmul_coop_workgroup_variables_keep_16_byte_alignment() {
-        let module = naga::front::wgsl::parse_str(MATMUL_COOP.source).unwrap();
-        let mut layouter = naga::proc::Layouter::default();
-        layouter.update(module.to_ctx()).unwrap();
-        let sizes: Vec<(String, u32)> = module
-            .global_variables
-            .iter()
-            .filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup)
-            .map(|(_, v)| (v.name.clone().unwrap_or_default(), layouter[v.ty].size))
-            .collect();
-        assert_eq!(sizes.len(), 2, "{sizes:?}");
-        for (name, bytes) in &sizes {
-            assert!(bytes % 16 == 0, "workgroup variable {name} is {bytes} bytes, not a multiple of 16");
+        for tile in coop_variants() {
+            let module = naga::front::wgsl::parse_str(tile.kernel().source).unwrap();
+            let mut layouter = naga::proc::Layouter::default();
+            layouter.update(module.to_ctx()).unwrap();
+            let sizes: Vec<(String, u32)> = module
+                .global_variables
+                .iter()
+                .filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup)
+                .map(|(_, v)| (v.name.clone().unwrap_or_default(), layouter[v.ty].size))
+                .collect();
+            assert_eq!(sizes.len(), 2, "{tile}: {sizes:?}");
+            for (name, bytes) in &sizes {
+                assert!(bytes % 16 == 0, "{tile}: workgroup variable {name} is {bytes} bytes, not a multiple of 16");
+            }
+            // Together, the bytes the engine checks an adapter for.
+            assert_eq!(sizes.iter().map(|(_, b)| b).sum::<u32>(), tile.workgroup_bytes(), "{tile}");
         }
-        // Together, the bytes the engine checks an adapter for.
-        assert_eq!(sizes.iter().map(|(_, b)| b).sum::<u32>(), 128 * 40 * 2 + 32 * 136 * 2 + 9 * 256 * 4 + 16);
     }
 
     /// Every kernel and fp32 matmul variant translated to Metal Shading Language and to HLSL by naga, as
@@ -196,7 +203,7 @@ mod tests {
     fn every_kernel_translates_to_msl_and_hlsl() {
         let variants: Vec<Kernel> = templated();
         let mut translated = 0;
-        for kernel in ALL.iter().filter(|k| k.name != MATMUL_COOP.name).chain(&variants) {
+        for kernel in ALL.iter().chain(&variants) {
             let module = naga::front::wgsl::parse_str(kernel.source).unwrap();
             let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
                 .validate(&module)
@@ -229,8 +236,9 @@ mod tests {
                 continue; // wgsl/common/: helpers prepended to kernels, not kernels
             }
             let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-            // Rendered by MatmulTile and AttentionTile, validated above per variant.
-            let templated = ["matmul", "attention_forward", "attention_backward", "attention_decode"].contains(&name.as_str());
+            // Rendered by MatmulTile, CoopTile and AttentionTile, validated above per variant.
+            let templated =
+                ["matmul", "matmul_coop", "attention_forward", "attention_backward", "attention_decode"].contains(&name.as_str());
             assert!(templated || ALL.iter().any(|k| k.name == name), "wgsl/{name}.wgsl is not in shaders::ALL");
         }
     }

@@ -1,11 +1,18 @@
 // matmul_coop: C (M, N) = A (M, K) @ B (K, N) [+ bias (N)] [+ C], with A and B rounded to f16 and multiplied
-// on cooperative matrices (tensor cores, matrix cores): 16 x 16 x 16 products of f16 inputs summed in f32.
+// on cooperative matrices (tensor cores, matrix cores): COOP x COOP x COOP products of f16 inputs summed in f32.
 //
 // The opt-in 16-bit path of `train --matmul-inputs f16`; matmul.wgsl (fp32 FMA) stays the default and the
 // fallback. Same Params, same bindings 0-4 and the same strided-operand conventions as matmul.wgsl, so one
 // dispatch path (engine/src/device/gpu_matmul.rs) serves both; flags bits 2-3 (matmul.wgsl's vec4 views)
 // are ignored here. It needs three adapter features: SHADER_F16, SUBGROUP (for subgroup_id) and
-// EXPERIMENTAL_COOPERATIVE_MATRIX with a 16x16x16 f16 x f16 -> f32 configuration (gpu.rs checks all three).
+// EXPERIMENTAL_COOPERATIVE_MATRIX with a COOP x COOP x COOP f16 x f16 -> f32 configuration (16 on NVIDIA,
+// 8 on Mesa's lavapipe; gpu_matmul.rs's `coop_unavailable` checks them all).
+//
+// This file is a TEMPLATE: `shaders/src/matmul_coop_template.rs` fills the holes (NAMES in double braces)
+// from a `CoopTile` (cooperative size COOP, workgroup tile TILE_M x TILE_N, K step TILE_K, accumulators per
+// subgroup FRAG_M x FRAG_N, invocations per workgroup), writing the accumulators, the staged loads and the
+// multiply-adds out as named variables (an indexed function-scope array would likely land in local memory).
+// Every variant of one COOP computes the same bits (see Determinism), so `zerostream tune` may pick any.
 //
 // Rounding: every element of A (f32) and of an f32 or bf16 B is rounded to f16 by `f16_bits` (common/), round to
 // nearest even in integer arithmetic (values past 65504 become +-inf, tiny ones f16 subnormals or zero),
@@ -14,60 +21,66 @@
 // twin (engine/src/ops/matmul_f16.rs).
 //
 // Design:
-// - A workgroup of 256 invocations computes a 128 x 128 tile of C, as matmul.wgsl does (so the host's grid is
-//   the same). The tile is cut into 8 regions of 32 x 64; a subgroup computes one region, 2 x 4 cooperative
-//   16 x 16 accumulators (f32), named variables so they stay in registers.
-// - The subgroup count is the adapter's business (256 / subgroup size: 8 on NVIDIA and AMD wave32, 4 on
-//   wave64, 16 on SIMD16). Subgroup s takes region g = pass * count + s; with fewer than 8 subgroups the
-//   workgroup makes several passes over K (every subgroup in every pass: cooperative operations must be in
-//   uniform control flow, so nothing branches on the subgroup id); a subgroup with g >= 8 (more than 8
-//   subgroups) computes a copy of region g % 8 and parks its result in a dump slot nobody reads.
-// - K is streamed 32 at a time through one workgroup tile per operand, f16, rows padded by 8 halves (16
-//   bytes) so row starts stay 16-byte aligned while rows fall into different banks: A as [m][k] (128 x 40),
-//   B as [k][n] (32 x 136). Each invocation loads 16 elements of each operand per step (consecutive
-//   invocations walk the operand's unit-stride dimension, as in matmul.wgsl), rounds them to f16 in
-//   registers, and stores them after the barrier that ends the previous step's multiplies; the next
-//   step's global loads are issued before this step's multiplies, so they are in flight meanwhile.
-// - Accumulators start at zero. The epilogue takes them one 16 x 16 tile at a time through a workgroup
+// - A workgroup of WORKGROUP invocations computes a TILE_M x TILE_N tile of C. The tile is cut into
+//   REGIONS regions of (FRAG_M x COOP) x (FRAG_N x COOP); a subgroup computes one region, FRAG_M x FRAG_N
+//   cooperative accumulators (f32).
+// - The subgroup count is the adapter's business (WORKGROUP / subgroup size). Subgroup s takes region
+//   g = pass * count + s; with fewer subgroups than regions the workgroup makes several passes over K (every
+//   subgroup in every pass: cooperative operations must be in uniform control flow, so nothing branches on
+//   the subgroup id); a subgroup with g >= REGIONS computes a copy of region g % REGIONS and parks its
+//   result in a dump slot nobody reads.
+// - K is streamed TILE_K at a time through one workgroup tile per operand, f16, rows padded by 8 halves (16
+//   bytes) so row starts stay 16-byte aligned while rows fall into different banks: A as [m][k], B as
+//   [k][n]. Each invocation loads LOADS_A elements of A and LOADS_B of B per step (consecutive invocations
+//   walk the operand's unit-stride dimension, as in matmul.wgsl), rounds them to f16 in registers, and
+//   stores them after the barrier that ends the previous step's multiplies; the next step's global loads
+//   are issued before this step's multiplies, so they are in flight meanwhile.
+// - Accumulators start at zero. The epilogue takes them one COOP x COOP tile at a time through a workgroup
 //   staging slot per region (coopStore), after which the whole workgroup writes C = initial + product,
 //   initial being C if accumulating, plus the bias, with bounds checks (edge tiles). Outside the matrix A
 //   and B are zero, so padded rows, columns and k never reach a stored element.
 //
-// Workgroup memory: 10240 + 8704 bytes of f16 tiles, 9 x 1 KiB f32 staging slots and 16 bytes: 28176 bytes
-// (gpu_matmul.rs's COOP_WORKGROUP_STORAGE_BYTES; adapters with cooperative matrices have at least 32 KiB).
-//
-// Determinism: the products' order inside a cooperative multiply-add is the hardware's, but fixed for a given
-// adapter and driver; no atomics, and the engine's K splitting (for bindings) is a function of the shape.
-// Results differ from matmul.wgsl's by the f16 rounding of the inputs (see the twin's test for the bound).
+// Determinism: every accumulator is the chain of cooperative multiply-adds over K's COOP-deep blocks in
+// increasing k, from zero; the order of the products inside one multiply-add is the hardware's, but fixed
+// for a given adapter and driver. Neither depends on the tile, the K step or the region a subgroup takes, so
+// every variant of one COOP gives the same bits; no atomics, and the engine's K splitting (for bindings) is
+// a function of the shape. Results differ from matmul.wgsl's by the f16 rounding of the inputs (see the
+// twin's test for the bound), and between COOP sizes by the hardware's order inside a multiply-add.
 
 // Its enable directives (f16, wgpu_cooperative_matrix) come first, from common/enable_f16_coop.wgsl, and
 // f16_bits from common/f16_bits.wgsl (the rounding cast_f32_to_f16.wgsl also uses, so the kernel tests
-// check it on any adapter); shaders/src/lib.rs prepends them (and common/matmul_io.wgsl).
+// check it on any adapter); matmul_coop_template.rs prepends them (and common/matmul_io.wgsl).
 
 // Params and bindings 0-4 come from common/matmul_io.wgsl (shared with matmul.wgsl); flags bits 2 and 3
 // (matmul.wgsl's vec4 views) are not read here.
 
-const TILE_M: u32 = 128u;
-const TILE_N: u32 = 128u;
-const TILE_K: u32 = 32u;
-const A_STRIDE: u32 = 40u; // halves per row of A's tile: TILE_K + 8
-const B_STRIDE: u32 = 136u; // halves per row of B's tile: TILE_N + 8
-const REGIONS: u32 = 8u; // 32 x 64 regions of the C tile
-const DUMP_SLOT: u32 = 8u; // the staging slot of subgroups computing a copy of a region
+// The variant: {{NAME}}.
+const COOP: u32 = {{COOP}}u;
+const TILE_M: u32 = {{TILE_M}}u;
+const TILE_N: u32 = {{TILE_N}}u;
+const TILE_K: u32 = {{TILE_K}}u;
+const A_STRIDE: u32 = {{A_STRIDE}}u; // halves per row of A's tile: TILE_K + 8
+const B_STRIDE: u32 = {{B_STRIDE}}u; // halves per row of B's tile: TILE_N + 8
+const REGION_M: u32 = {{REGION_M}}u; // rows of C per region: FRAG_M x COOP
+const REGION_N: u32 = {{REGION_N}}u; // columns of C per region: FRAG_N x COOP
+const REGIONS_N: u32 = {{REGIONS_N}}u; // regions across the tile (TILE_N / REGION_N)
+const REGIONS: u32 = {{REGIONS}}u;
+const DUMP_SLOT: u32 = {{REGIONS}}u; // the staging slot of subgroups computing a copy of a region
+const SLOT: u32 = {{SLOT}}u; // f32 per staging slot: COOP x COOP
 
 // Two workgroup variables only, each a multiple of 16 bytes long: a cooperative load or store needs its
 // address 16-byte aligned, WGSL cannot place workgroup variables, and a driver packs them in an order of
 // its own. With a third, 4-byte variable (the subgroup count, as this kernel first had) NVIDIA's driver
 // (580, H100 and H200) left the tiles 4 bytes off and every product read its neighbours' elements.
-// `tile_halves` holds A's tile ([TILE_M][A_STRIDE] at A_TILE) and B's ([TILE_K][B_STRIDE] at B_TILE, 10240
-// bytes in); `c_stage` the accumulators' staging slots ([REGIONS + 1][16 x 16]) and, after them, the
-// subgroup count (as an f32 value: its bits would be a subnormal, which a driver that flushes them
-// may zero) and padding to 16 bytes.
+// `tile_halves` holds A's tile ([TILE_M][A_STRIDE] at A_TILE) and B's ([TILE_K][B_STRIDE] at B_TILE);
+// `c_stage` the accumulators' staging slots ([REGIONS + 1][SLOT]) and, after them, the subgroup count
+// (as an f32 value: its bits would be a subnormal, which a driver that flushes them may zero) and padding
+// to 16 bytes.
 const A_TILE: u32 = 0u;
-const B_TILE: u32 = 5120u; // TILE_M * A_STRIDE
-const COUNT_SLOT: u32 = 2304u; // (REGIONS + 1) * 256
-var<workgroup> tile_halves: array<f16, 9472>; // 5120 + TILE_K * B_STRIDE
-var<workgroup> c_stage: array<f32, 2308>; // COUNT_SLOT + 4
+const B_TILE: u32 = {{B_TILE}}u; // TILE_M * A_STRIDE
+const COUNT_SLOT: u32 = {{COUNT_SLOT}}u; // (REGIONS + 1) * SLOT
+var<workgroup> tile_halves: array<f16, {{TILE_HALVES}}>;
+var<workgroup> c_stage: array<f32, {{C_STAGE}}>; // COUNT_SLOT + 4
 
 // Whether A is read along M (a transposed operand: unit row stride) rather than along K.
 fn a_along_m() -> bool {
@@ -95,8 +108,9 @@ fn b_half(k: u32, n: u32) -> u32 {
     return f16_bits(bitcast<f32>(bits << 16u));
 }
 
-// Element `idx` (0..4096) of A's tile at (row0, k0): its place in A's tile, and its f16 bits.
-fn a_element(row0: u32, k0: u32, idx: u32) -> vec2<u32> {
+// Element `idx` (0..TILE_M * TILE_K) of A's tile at (row0, k0): its place in the tile (low half) and its
+// f16 bits (high half).
+fn load_a(row0: u32, k0: u32, idx: u32) -> u32 {
     var r: u32;
     var kk: u32;
     if (a_along_m()) {
@@ -106,11 +120,11 @@ fn a_element(row0: u32, k0: u32, idx: u32) -> vec2<u32> {
         r = idx / TILE_K;
         kk = idx % TILE_K;
     }
-    return vec2<u32>(r * A_STRIDE + kk, a_half(row0 + r, k0 + kk));
+    return (r * A_STRIDE + kk) | (a_half(row0 + r, k0 + kk) << 16u);
 }
 
-// Element `idx` (0..4096) of B's tile at (k0, col0): its place in B's tile, and its f16 bits.
-fn b_element(k0: u32, col0: u32, idx: u32) -> vec2<u32> {
+// Element `idx` (0..TILE_K * TILE_N) of B's tile at (k0, col0), as `load_a`.
+fn load_b(k0: u32, col0: u32, idx: u32) -> u32 {
     var kk: u32;
     var n: u32;
     if (b_along_k()) {
@@ -120,36 +134,17 @@ fn b_element(k0: u32, col0: u32, idx: u32) -> vec2<u32> {
         kk = idx / TILE_N;
         n = idx % TILE_N;
     }
-    return vec2<u32>(kk * B_STRIDE + n, b_half(k0 + kk, col0 + n));
+    return (B_TILE + kk * B_STRIDE + n) | (b_half(k0 + kk, col0 + n) << 16u);
 }
 
-// This invocation's 16 elements of each operand's tile at k0: places (low half) and f16 bits (high half).
-struct Staged {
-    a: array<u32, 16>,
-    b: array<u32, 16>,
+// Stores a staged element (place, f16 bits) into the tiles. The f16 bits are widened exactly by
+// unpack2x16float and narrowed back exactly (every value is an f16): naga has no bitcast from u32 to
+// vec2<f16>.
+fn store_half(staged: u32) {
+    tile_halves[staged & 0xffffu] = f16(unpack2x16float(staged).y);
 }
 
-fn load_tiles(row0: u32, col0: u32, k0: u32, li: u32) -> Staged {
-    var s: Staged;
-    for (var j = 0u; j < 16u; j++) {
-        let ea = a_element(row0, k0, li + 256u * j);
-        s.a[j] = ea.x | (ea.y << 16u);
-        let eb = b_element(k0, col0, li + 256u * j);
-        s.b[j] = eb.x | (eb.y << 16u);
-    }
-    return s;
-}
-
-// The f16 bits are widened exactly by unpack2x16float and narrowed back exactly (every value is an f16):
-// naga has no bitcast from u32 to vec2<f16>.
-fn store_tiles(s: Staged) {
-    for (var j = 0u; j < 16u; j++) {
-        tile_halves[A_TILE + (s.a[j] & 0xffffu)] = f16(unpack2x16float(s.a[j]).y);
-        tile_halves[B_TILE + (s.b[j] & 0xffffu)] = f16(unpack2x16float(s.b[j]).y);
-    }
-}
-
-// Writes C at (row, col) of the tile = initial value + product, inside the matrix only.
+// Writes C at (row, col) = initial value + product, inside the matrix only.
 fn write_c(row: u32, col: u32, product: f32) {
     if (row >= p.m || col >= p.n) { return; }
     let i = p.c_off + row * p.c_row_stride + col;
@@ -159,20 +154,22 @@ fn write_c(row: u32, col: u32, product: f32) {
     c[i] = x + product;
 }
 
-// Every subgroup parks accumulator tile (ti, tj) of its region in its slot; then the workgroup writes the
+// Every subgroup parks accumulator (fi, fj) of its region in its slot; then the workgroup writes the
 // slots of regions first..end (this pass's) to C.
-fn flush_tile(acc: coop_mat16x16<f32, C>, slot: u32, ti: u32, tj: u32, first: u32, end: u32, row0: u32, col0: u32, li: u32) {
-    coopStoreT(acc, &c_stage[slot * 256u], 16u);
+fn flush_tile(acc: coop_mat{{COOP}}x{{COOP}}<f32, C>, slot: u32, fi: u32, fj: u32, first: u32, end: u32, row0: u32, col0: u32, li: u32) {
+    coopStoreT(acc, &c_stage[slot * SLOT], COOP);
     workgroupBarrier();
     for (var region = first; region < end; region++) {
-        let row = row0 + (region / 2u) * 32u + ti * 16u + li / 16u;
-        let col = col0 + (region % 2u) * 64u + tj * 16u + li % 16u;
-        write_c(row, col, c_stage[region * 256u + li]);
+        for (var e = li; e < SLOT; e += {{WORKGROUP}}u) {
+            let row = row0 + (region / REGIONS_N) * REGION_M + fi * COOP + e / COOP;
+            let col = col0 + (region % REGIONS_N) * REGION_N + fj * COOP + e % COOP;
+            write_c(row, col, c_stage[region * SLOT + e]);
+        }
     }
     workgroupBarrier();
 }
 
-@compute @workgroup_size(256, 1, 1)
+@compute @workgroup_size({{WORKGROUP}}, 1, 1)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
@@ -191,54 +188,27 @@ fn main(
         let g = sweep * count + sg;
         let region = g % REGIONS;
         let slot = select(region, DUMP_SLOT, g >= REGIONS);
-        let a_base = A_TILE + (region / 2u) * 32u * A_STRIDE; // the region's first row of A's tile
-        let b_base = B_TILE + (region % 2u) * 64u; // its first column of B's tile
-        var acc00 = coop_mat16x16<f32, C>();
-        var acc01 = coop_mat16x16<f32, C>();
-        var acc02 = coop_mat16x16<f32, C>();
-        var acc03 = coop_mat16x16<f32, C>();
-        var acc10 = coop_mat16x16<f32, C>();
-        var acc11 = coop_mat16x16<f32, C>();
-        var acc12 = coop_mat16x16<f32, C>();
-        var acc13 = coop_mat16x16<f32, C>();
+        let a_base = A_TILE + (region / REGIONS_N) * REGION_M * A_STRIDE; // the region's first row of A's tile
+        let b_base = B_TILE + (region % REGIONS_N) * REGION_N; // its first column of B's tile
+{{ACCUMULATORS}}
 
-        var staged = load_tiles(row0, col0, 0u, li);
+{{LOAD_FIRST}}
         for (var t = 0u; t < tiles; t++) {
             // The previous step's cooperative loads are done before the tiles are overwritten.
             workgroupBarrier();
-            store_tiles(staged);
+{{STORE}}
             workgroupBarrier();
             if (t + 1u < tiles) {
-                staged = load_tiles(row0, col0, (t + 1u) * TILE_K, li);
+{{LOAD_NEXT}}
             }
-            for (var kk = 0u; kk < TILE_K; kk += 16u) {
-                let a0 = coopLoadT<coop_mat16x16<f16, A>>(&tile_halves[a_base + kk], A_STRIDE);
-                let a1 = coopLoadT<coop_mat16x16<f16, A>>(&tile_halves[a_base + 16u * A_STRIDE + kk], A_STRIDE);
-                let b0 = coopLoadT<coop_mat16x16<f16, B>>(&tile_halves[kk * B_STRIDE + b_base], B_STRIDE);
-                let b1 = coopLoadT<coop_mat16x16<f16, B>>(&tile_halves[kk * B_STRIDE + b_base + 16u], B_STRIDE);
-                let b2 = coopLoadT<coop_mat16x16<f16, B>>(&tile_halves[kk * B_STRIDE + b_base + 32u], B_STRIDE);
-                let b3 = coopLoadT<coop_mat16x16<f16, B>>(&tile_halves[kk * B_STRIDE + b_base + 48u], B_STRIDE);
-                acc00 = coopMultiplyAdd(a0, b0, acc00);
-                acc01 = coopMultiplyAdd(a0, b1, acc01);
-                acc02 = coopMultiplyAdd(a0, b2, acc02);
-                acc03 = coopMultiplyAdd(a0, b3, acc03);
-                acc10 = coopMultiplyAdd(a1, b0, acc10);
-                acc11 = coopMultiplyAdd(a1, b1, acc11);
-                acc12 = coopMultiplyAdd(a1, b2, acc12);
-                acc13 = coopMultiplyAdd(a1, b3, acc13);
+            for (var kk = 0u; kk < TILE_K; kk += COOP) {
+{{MULTIPLY}}
             }
         }
 
-        // This pass computed regions sweep * count .. min(8, (sweep + 1) * count).
+        // This pass computed regions sweep * count .. min(REGIONS, (sweep + 1) * count).
         let first = sweep * count;
         let end = min(REGIONS, first + count);
-        flush_tile(acc00, slot, 0u, 0u, first, end, row0, col0, li);
-        flush_tile(acc01, slot, 0u, 1u, first, end, row0, col0, li);
-        flush_tile(acc02, slot, 0u, 2u, first, end, row0, col0, li);
-        flush_tile(acc03, slot, 0u, 3u, first, end, row0, col0, li);
-        flush_tile(acc10, slot, 1u, 0u, first, end, row0, col0, li);
-        flush_tile(acc11, slot, 1u, 1u, first, end, row0, col0, li);
-        flush_tile(acc12, slot, 1u, 2u, first, end, row0, col0, li);
-        flush_tile(acc13, slot, 1u, 3u, first, end, row0, col0, li);
+{{FLUSH}}
     }
 }

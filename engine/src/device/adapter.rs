@@ -51,6 +51,12 @@ impl AdapterSummary {
         }
     }
 
+    /// The cooperative size matmul_coop.wgsl would multiply with here: the largest COOP of the
+    /// COOP x COOP x COOP f16 -> f32 configurations the adapter lists (16 on NVIDIA, 8 on Mesa's lavapipe).
+    pub fn coop_f16_size(&self) -> Option<u32> {
+        self.cooperative_matrix_configs.iter().filter_map(CoopMatrixConfig::coop_f16_size).max()
+    }
+
     /// A hardware GPU (discrete, integrated or virtualised), as opposed to a software rasteriser.
     pub fn is_real_gpu(&self) -> bool {
         matches!(self.device_type, wgpu::DeviceType::DiscreteGpu | wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::VirtualGpu)
@@ -126,9 +132,11 @@ impl CoopMatrixConfig {
         CoopMatrixConfig { m: p.m_size, n: p.n_size, k: p.k_size, ab_type: name(p.ab_type), cr_type: name(p.cr_type) }
     }
 
-    /// The configuration matmul_coop.wgsl multiplies with: 16x16x16, f16 inputs, f32 accumulator.
-    pub fn is_coop_f16_16x16(&self) -> bool {
-        (self.m, self.n, self.k, self.ab_type, self.cr_type) == (16, 16, 16, "f16", "f32")
+    /// The size of a configuration matmul_coop.wgsl can multiply with: COOP x COOP x COOP, f16 inputs,
+    /// f32 accumulator, COOP 8 or 16.
+    pub fn coop_f16_size(&self) -> Option<u32> {
+        let square = self.m == self.n && self.n == self.k && [8, 16].contains(&self.m);
+        (square && (self.ab_type, self.cr_type) == ("f16", "f32")).then_some(self.m)
     }
 }
 

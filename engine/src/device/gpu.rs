@@ -22,11 +22,11 @@ use super::{Activation, AttentionDims, Backend, DecodeDims, DropoutMask, HalfFor
 use crate::ops::elementwise::SUM_SQUARES_GROUP;
 use crate::ops::encoder::TokenBuckets;
 use busy::BusyClock;
-use zerostream_shaders::{self as shaders, AttentionTile, MatmulTile};
+use zerostream_shaders::{self as shaders, AttentionTile, CoopTile, MatmulTile};
 
 pub use super::adapter::{AdapterSummary, CoopMatrixConfig, list_adapters, quiet_wayland_probe};
 use super::adapter::{adapters, instance};
-pub use matmul::{COOP_WORKGROUP_STORAGE_BYTES, MATMUL_COOP_PATH, MATMUL_PATH, coop_unavailable};
+pub use matmul::{MATMUL_COOP_PATH, MATMUL_PATH, coop_unavailable};
 
 /// Passes recorded before the pending encoder is submitted even without a read-back.
 const MAX_PENDING_PASSES: usize = 256;
@@ -112,6 +112,8 @@ pub struct GpuDevice {
     matmul_table: RefCell<MatmulTable>,
     /// One variant for every product, whatever the table says (the tuner and the variant tests).
     matmul_forced: Cell<Option<MatmulTile>>,
+    /// The cooperative-matrix variant every `--matmul-inputs f16` product runs, when forced (tests, the tuner).
+    coop_forced: Cell<Option<CoopTile>>,
     /// The training attention kernels' variant per shape class (from the same tuning file).
     attention_table: RefCell<AttentionTable>,
     /// One attention variant for every call, whatever the table says (the tuner and the tests).
@@ -169,7 +171,7 @@ impl GpuDevice {
         let experimental_features = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
             // SAFETY: wgpu asks the caller to accept that experimental features may have bugs. Only
             // `matmul_coop.wgsl` uses this one, only under `--matmul-inputs f16`, and its results are
-            // checked against the twin by `tests/kernels.rs` on any adapter that has the feature.
+            // checked against the twin by `tests/kernels_coop.rs` on any adapter that has the feature.
             unsafe { wgpu::ExperimentalFeatures::enabled() }
         } else {
             wgpu::ExperimentalFeatures::disabled()
@@ -220,6 +222,7 @@ impl GpuDevice {
             matmul_inputs: Cell::default(),
             matmul_table: RefCell::new(matmul_table),
             matmul_forced: Cell::new(None),
+            coop_forced: Cell::new(None),
             attention_table: RefCell::new(attention_table),
             attention_forced: Cell::new(None),
             busy: BusyClock::new(&device, &queue),

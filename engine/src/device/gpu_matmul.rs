@@ -8,9 +8,11 @@
 //! unless one variant is forced for every product ([`GpuDevice::force_matmul_variant`]: the tuner and
 //! the tests). Every variant gives the same bits.
 //!
-//! Under `--matmul-inputs f16` the same pieces go to `matmul_coop.wgsl` (f16 inputs on 16x16 cooperative
-//! matrices, f32 sums; same Params and bindings 0-4, same 128 x 128 grid) instead: only on an adapter that
-//! [`coop_unavailable`] accepts. The fp32 kernel is the default and the fallback everywhere.
+//! Under `--matmul-inputs f16` the same pieces go to `matmul_coop.wgsl` (f16 inputs on cooperative
+//! matrices, f32 sums; same Params and bindings 0-4), a template too (`shaders/src/matmul_coop_template.rs`,
+//! [`CoopTile`]) at the adapter's cooperative size: only on an adapter that [`coop_unavailable`] accepts.
+//! Its variants of one size give the same bits as each other. The fp32 kernel is the default and the
+//! fallback everywhere.
 //!
 //! [`Backend::matmul`]: crate::device::Backend::matmul
 
@@ -18,20 +20,14 @@ use std::ops::Range;
 
 use anyhow::{Result, bail};
 
-use super::{AdapterSummary, CoopMatrixConfig, GpuDevice, GpuTensor, Window};
+use super::{AdapterSummary, GpuDevice, GpuTensor, Window};
 use crate::device::matmul_tuning::{MatmulClass, MatmulTable};
 use crate::device::{HalfFormat, MatmulInputs, MatmulShape};
-use zerostream_shaders::{self as shaders, MatmulTile};
+use zerostream_shaders::{CoopTile, MatmulTile};
 
-/// Rows and columns of C per workgroup of matmul_coop.wgsl.
-const COOP_TILE: u32 = 128;
 /// Workgroup memory the default fp32 variant declares, which every adapter must have (the smallest
 /// maximum Vulkan, Metal and DX12 allow).
 const WORKGROUP_STORAGE_BYTES: u32 = MatmulTile::DEFAULT.workgroup_bytes();
-
-/// Workgroup memory matmul_coop.wgsl declares: f16 tiles of A (128 x 40) and B (32 x 136), nine 16 x 16
-/// f32 staging slots and 16 bytes holding the subgroup count.
-pub const COOP_WORKGROUP_STORAGE_BYTES: u32 = 128 * 40 * 2 + 32 * 136 * 2 + 9 * 256 * 4 + 16;
 
 /// The default matmul (every adapter), for `bench kernels`.
 pub const MATMUL_PATH: &str = "matmul.wgsl: fp32 FMA, the variant (tile per workgroup x K step / per invocation / \
@@ -39,13 +35,13 @@ pub const MATMUL_PATH: &str = "matmul.wgsl: fp32 FMA, the variant (tile per work
      devices` names it); no subgroup ops, no cooperative matrix";
 
 /// The opt-in f16-input matmul (`--matmul-inputs f16`), on adapters [`coop_unavailable`] accepts.
-pub const MATMUL_COOP_PATH: &str = "matmul_coop.wgsl: A, B rounded to f16 (nearest even), 16x16x16 cooperative matrices \
-     f16 x f16 -> f32, 128x128 tile per 256-invocation workgroup, a 32x64 region (2x4 accumulators) per subgroup, \
-     K step 32 through f16 workgroup tiles";
+pub const MATMUL_COOP_PATH: &str = "matmul_coop.wgsl: A, B rounded to f16 (nearest even), cooperative matrices \
+     f16 x f16 -> f32 at the adapter's size (16x16x16, else 8x8x8), the variant (c<size> / tile per workgroup x K step / \
+     accumulators per subgroup / invocations) forced or the size's default, c16/128x128x32/2x4/256; f16 workgroup tiles";
 
 /// Why `matmul_coop.wgsl` cannot run on this adapter, or None when it can: it needs f16 shaders,
-/// subgroups (for the subgroup id), wgpu's cooperative-matrix feature with a 16x16x16 f16 -> f32
-/// configuration, and its workgroup memory.
+/// subgroups (for the subgroup id), wgpu's cooperative-matrix feature with a 16x16x16 or 8x8x8 f16 -> f32
+/// configuration, and its default variant's workgroup memory.
 pub fn coop_unavailable(a: &AdapterSummary) -> Option<String> {
     if !a.cooperative_matrix {
         return Some(if a.cooperative_matrix_configs.is_empty() {
@@ -54,20 +50,23 @@ pub fn coop_unavailable(a: &AdapterSummary) -> Option<String> {
             "wgpu does not offer its cooperative matrices (EXPERIMENTAL_COOPERATIVE_MATRIX)".to_string()
         });
     }
-    if !a.cooperative_matrix_configs.iter().any(CoopMatrixConfig::is_coop_f16_16x16) {
+    let Some(size) = a.coop_f16_size() else {
         let listed: Vec<String> = a.cooperative_matrix_configs.iter().map(|c| c.to_string()).collect();
-        return Some(format!("it lists no 16x16x16 f16->f32 cooperative matrix, only: {}", listed.join(", ")));
-    }
+        return Some(format!("it lists no 16x16x16 or 8x8x8 f16->f32 cooperative matrix, only: {}", listed.join(", ")));
+    };
     if !a.shader_f16 || !a.subgroup {
         return Some("it lacks shader-f16 or subgroups".to_string());
     }
-    if a.max_workgroup_storage_bytes < COOP_WORKGROUP_STORAGE_BYTES {
-        return Some(format!(
-            "it allows {} bytes of workgroup memory, the kernel needs {COOP_WORKGROUP_STORAGE_BYTES}",
-            a.max_workgroup_storage_bytes
-        ));
+    let needed = CoopTile::default_for(size).workgroup_bytes();
+    if a.max_workgroup_storage_bytes < needed {
+        return Some(format!("it allows {} bytes of workgroup memory, the kernel needs {needed}", a.max_workgroup_storage_bytes));
     }
     None
+}
+
+/// Whether an adapter can hold a variant's workgroup memory and invocations.
+fn fits_adapter(a: &AdapterSummary, bytes: u32, invocations: u32) -> bool {
+    bytes <= a.max_workgroup_storage_bytes && invocations <= a.max_invocations_per_workgroup
 }
 
 /// Refuses an adapter whose workgroup memory cannot hold the matmul's tiles (Vulkan, Metal and DX12 all
@@ -107,10 +106,40 @@ impl GpuDevice {
     /// default first.
     pub fn matmul_variants(&self) -> Vec<MatmulTile> {
         let a = &self.summary;
-        MatmulTile::CANDIDATES
-            .into_iter()
-            .filter(|t| t.workgroup_bytes() <= a.max_workgroup_storage_bytes && t.workgroup_size() <= a.max_invocations_per_workgroup)
-            .collect()
+        MatmulTile::CANDIDATES.into_iter().filter(|t| fits_adapter(a, t.workgroup_bytes(), t.workgroup_size())).collect()
+    }
+
+    /// The variants of the cooperative-matrix matmul this adapter can run (its cooperative size, its
+    /// workgroup memory), the size's default first; none without cooperative matrices.
+    pub fn coop_variants(&self) -> Vec<CoopTile> {
+        let a = &self.summary;
+        match (self.has_coop_matmul(), a.coop_f16_size()) {
+            (true, Some(size)) => {
+                CoopTile::candidates(size).into_iter().filter(|t| fits_adapter(a, t.workgroup_bytes(), t.workgroup)).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Runs every cooperative-matrix product with `tile` (None: the default of the adapter's size again).
+    pub fn force_coop_variant(&self, tile: Option<CoopTile>) -> Result<()> {
+        if let Some(t) = tile
+            && !self.coop_variants().contains(&t)
+        {
+            bail!("cooperative matmul variant {t} is not one this adapter can run ({})", self.summary.name);
+        }
+        self.coop_forced.set(tile);
+        Ok(())
+    }
+
+    /// The cooperative-matrix variant the products run now (forced, else the default of the adapter's
+    /// size); None without cooperative matrices.
+    pub fn coop_variant(&self) -> Option<CoopTile> {
+        if let Some(forced) = self.coop_forced.get() {
+            return Some(forced);
+        }
+        let size = self.summary.coop_f16_size()?;
+        self.has_coop_matmul().then(|| CoopTile::default_for(size))
     }
 
     /// Runs every fp32 product with `tile` (None: the table's choice per shape class again).
@@ -138,13 +167,7 @@ impl GpuDevice {
     pub fn matmul_variant_for(&self, shape: &MatmulShape, b_16bit: bool) -> MatmulTile {
         let chosen = self.matmul_forced.get().unwrap_or_else(|| self.matmul_table.borrow().choose(&MatmulClass::of(shape, b_16bit)));
         // A table is checked against the adapter when tuned; a variant it cannot run falls back.
-        if chosen.workgroup_bytes() <= self.summary.max_workgroup_storage_bytes
-            && chosen.workgroup_size() <= self.summary.max_invocations_per_workgroup
-        {
-            chosen
-        } else {
-            MatmulTile::DEFAULT
-        }
+        if fits_adapter(&self.summary, chosen.workgroup_bytes(), chosen.workgroup_size()) { chosen } else { MatmulTile::DEFAULT }
     }
 
     /// Whether this adapter can run the cooperative-matrix matmul (`--matmul-inputs f16`).
@@ -237,13 +260,15 @@ impl GpuDevice {
             None => wa.binding.clone(),
         };
         if self.matmul_inputs.get() == MatmulInputs::F16 {
-            // The same Params and tile grid; no vec4 views (it rounds each element on the way in).
+            // The same Params; no vec4 views (it rounds each element on the way in). F16 inputs are set only
+            // where the adapter has cooperative matrices.
+            let tile = self.coop_variant().expect("--matmul-inputs f16 on an adapter without cooperative matrices");
             self.dispatch(
-                shaders::MATMUL_COOP,
+                tile.kernel(),
                 "main",
                 &params,
                 &[(1, wa.binding), (2, wb.binding), (3, bias_binding), (4, wc.binding)],
-                [n.div_ceil(COOP_TILE), m.div_ceil(COOP_TILE), 1],
+                [n.div_ceil(tile.tile_n), m.div_ceil(tile.tile_m), 1],
             );
             return;
         }

@@ -1,12 +1,14 @@
 //! The checks only the gpu device has: every kernel compiled on the adapter (first, so a kernel the
 //! driver refuses is named with its error; the attention variants with their decode kernel), every
-//! variant of the fp32 matmul and of the training attention kernels against the twin, and the f32 -> f16 rounding kernel bit for bit.
+//! variant of the fp32 matmul and of the training attention kernels against the twin, every variant of the
+//! cooperative-matrix matmul against the twin and bit for bit against its default, and the f32 -> f16
+//! rounding kernel bit for bit.
 
 use anyhow::Result;
 
-use super::{Check, CheckResult, Size, Tolerance, check_matmul, random, upload};
-use crate::device::{GpuDevice, HalfFormat};
-use zerostream_shaders::{self as shaders, AttentionPass, AttentionTile, MatmulTile};
+use super::{Check, CheckResult, Size, Tolerance, check_matmul, check_matmul_f16_inputs, random, upload};
+use crate::device::{Backend, GpuDevice, HalfFormat, MatmulInputs, MatmulShape, Operand};
+use zerostream_shaders::{self as shaders, AttentionPass, AttentionTile, CoopTile, MatmulTile};
 
 /// Creates the pipeline of every entry point of every kernel the adapter can run (the cooperative-
 /// matrix matmul only where it has what it needs): a case per kernel, the refusals in words.
@@ -17,8 +19,8 @@ pub fn check_compile(dev: &GpuDevice) -> Result<Vec<CheckResult>> {
     variants.extend(
         dev.attention_variants().iter().flat_map(|t| AttentionPass::ALL.map(|p| t.kernel(p)).into_iter().chain([t.decode_kernel()])),
     );
-    let listed = shaders::ALL.iter().filter(|k| k.name != shaders::MATMUL_COOP.name || dev.has_coop_matmul());
-    for kernel in listed.chain(&variants) {
+    variants.extend(dev.coop_variants().iter().map(CoopTile::kernel));
+    for kernel in shaders::ALL.iter().chain(&variants) {
         kernels += 1;
         match dev.compile(*kernel) {
             Ok(n) => entry_points += n,
@@ -43,6 +45,8 @@ impl Drop for Unforced<'_> {
     fn drop(&mut self) {
         let _ = self.0.force_matmul_variant(None);
         let _ = self.0.force_attention_variant(None);
+        let _ = self.0.force_coop_variant(None);
+        let _ = self.0.set_matmul_inputs(MatmulInputs::F32);
     }
 }
 
@@ -61,6 +65,37 @@ pub fn check_attention_variant(dev: &GpuDevice, variant: AttentionTile, size: Si
     let _unforced = Unforced(dev);
     let mut results = super::attention::check_forward(dev, &format!("attention_forward {variant}"), size)?;
     results.extend(super::attention::check_backward(dev, &format!("attention_backward {variant}"), size)?);
+    Ok(results)
+}
+
+/// One variant of the cooperative-matrix matmul (`CoopTile`), forced for every product: against the twin
+/// in every layout and with a 16-bit B, and bit for bit against the default of its cooperative size (every
+/// variant of one size sums each element in the same order, so a tuner's choice never changes a result).
+pub fn check_coop_variant(dev: &GpuDevice, variant: CoopTile, size: Size) -> Result<Vec<CheckResult>> {
+    let _unforced = Unforced(dev);
+    dev.force_coop_variant(Some(variant))?;
+    let mut results = check_matmul_f16_inputs(dev, &format!("matmul_coop {variant}"), size)?;
+    let mut same = Check::new(&format!("matmul_coop {variant} = c{}'s default", variant.coop), Tolerance::Bits);
+    dev.set_matmul_inputs(MatmulInputs::F16)?;
+    for (i, &(m, n, k)) in [(1, 1, 1), (63, 65, 17), (130, 200, 96), (17, 129, 300), (257, 70, 64)].iter().enumerate() {
+        let seed = 7000 + 10 * i as u64;
+        let (a, b, c0) = (random(seed, m * k, 1.0), random(seed + 1, k * n, 1.0), random(seed + 2, m * n, 1.0));
+        let shapes = [
+            MatmulShape::row_major(m, n, k),
+            MatmulShape { a: Operand::transposed(m), b: Operand::transposed(k), ..MatmulShape::row_major(m, n, k) },
+        ];
+        for (layout, s) in ["nn", "tt"].iter().zip(shapes) {
+            let run = |tile: CoopTile| -> Result<Vec<f32>> {
+                dev.force_coop_variant(Some(tile))?;
+                let c = upload(dev, &c0)?;
+                dev.matmul(&c, &upload(dev, &a)?, &upload(dev, &b)?, None, &s, true);
+                Ok(dev.read(&c))
+            };
+            let (got, want) = (run(variant)?, run(CoopTile::default_for(variant.coop))?);
+            same.compare(&format!("{m}x{n}x{k} {layout} accumulate"), &got, &want);
+        }
+    }
+    results.push(same.finish());
     Ok(results)
 }
 

@@ -25,6 +25,19 @@ pub fn gpu_or_skip(test: &str) -> Option<GpuDevice> {
     }
 }
 
+/// Says that `test` skipped its cooperative-matrix part on `gpu` (which lacks them), or fails it under
+/// ZEROSTREAM_REQUIRE_COOP=1 (`.ci/coop-lavapipe` sets it, in a root whose lavapipe has them).
+pub fn coop_skipped(test: &str, gpu: &GpuDevice) {
+    let why = zerostream::device::gpu::coop_unavailable(gpu.summary()).unwrap_or_default();
+    if std::env::var("ZEROSTREAM_REQUIRE_COOP").as_deref() == Ok("1") {
+        panic!("{test}: ZEROSTREAM_REQUIRE_COOP=1 but adapter {:?} cannot run the cooperative-matrix matmul: {why}", gpu.summary().name);
+    }
+    eprintln!(
+        "SKIPPED {test}: adapter {:?} cannot run the cooperative-matrix matmul ({why}); `zerostream devices` lists what it has",
+        gpu.summary().name
+    );
+}
+
 /// Asserts |got - want| <= atol + rtol * |want| elementwise, naming the first offender.
 pub fn assert_close(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32) {
     assert_eq!(got.len(), want.len(), "{what}: length");

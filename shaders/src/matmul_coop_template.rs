@@ -1,0 +1,338 @@
+//! The cooperative-matrix matmul's variants: `wgsl/matmul_coop.wgsl` is a template whose holes this module
+//! fills from a [`CoopTile`] (cooperative size, workgroup tile, K step, accumulators per subgroup,
+//! invocations), writing the accumulators, the staged loads and the multiply-adds out as named variables.
+//!
+//! Every variant of one cooperative size sums each accumulator as the same chain of multiply-adds over K's
+//! blocks in increasing k (the template's header says why), so they all give the same bits and a tuner may
+//! choose among them freely; `engine/tests/kernels_coop.rs` holds them to each other and to the twin where an
+//! adapter has cooperative matrices. The size itself (16 on NVIDIA, 8 on Mesa's lavapipe) is the adapter's.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::{Mutex, OnceLock};
+
+use crate::Kernel;
+
+/// The template, with its enable directives and the shared helpers, Params and bindings prepended.
+const TEMPLATE: &str = concat!(
+    include_str!("../wgsl/common/enable_f16_coop.wgsl"),
+    include_str!("../wgsl/common/matmul_io.wgsl"),
+    include_str!("../wgsl/common/f16_bits.wgsl"),
+    include_str!("../wgsl/matmul_coop.wgsl")
+);
+
+/// One variant of the cooperative-matrix matmul.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CoopTile {
+    /// The cooperative matrices' size: COOP x COOP x COOP f16 products summed in f32 (8 or 16).
+    pub coop: u32,
+    /// Rows of C per workgroup.
+    pub tile_m: u32,
+    /// Columns of C per workgroup.
+    pub tile_n: u32,
+    /// K per step through workgroup memory (a multiple of `coop` and of 8).
+    pub tile_k: u32,
+    /// Cooperative accumulators per subgroup along M.
+    pub frag_m: u32,
+    /// Cooperative accumulators per subgroup along N.
+    pub frag_n: u32,
+    /// Invocations per workgroup.
+    pub workgroup: u32,
+}
+
+/// A region of C per subgroup and a workgroup shape, independent of the cooperative size: (tile_m, tile_n,
+/// tile_k, region_m, region_n, workgroup).
+type Shape = (u32, u32, u32, u32, u32, u32);
+
+/// The shapes `zerostream tune` tries, the default first (the kernel as it was before variants). Each fits
+/// 48 KiB of workgroup memory (NVIDIA's Vulkan limit) at COOP = 16; [`CoopTile::workgroup_bytes`] says
+/// what each needs, and the tuner skips those an adapter cannot hold.
+const SHAPES: [Shape; 7] = [
+    (128, 128, 32, 32, 64, 256),
+    // A deeper K step: half the barriers per K.
+    (128, 128, 64, 32, 64, 256),
+    // A 64 x 64 region per subgroup (4 x 4 accumulators at COOP 16): more products per cooperative load.
+    (128, 128, 32, 64, 64, 128),
+    // Wider tiles along N: each A element staged once serves 256 columns.
+    (128, 256, 32, 64, 64, 256),
+    // Smaller tiles for skinny products (N = 768 on 132 SMs).
+    (64, 64, 32, 32, 32, 128),
+    (64, 128, 32, 32, 64, 128),
+    (128, 64, 32, 32, 32, 256),
+];
+
+impl CoopTile {
+    /// The variant the device runs for a cooperative size until it is tuned: the kernel as it was before
+    /// variants (a 128 x 128 tile, a 32 x 64 region per subgroup, 256 invocations, K step 32).
+    pub const fn default_for(coop: u32) -> CoopTile {
+        Self::from_shape(coop, SHAPES[0])
+    }
+
+    const fn from_shape(coop: u32, (tile_m, tile_n, tile_k, region_m, region_n, workgroup): Shape) -> CoopTile {
+        CoopTile { coop, tile_m, tile_n, tile_k, frag_m: region_m / coop, frag_n: region_n / coop, workgroup }
+    }
+
+    /// The variants `zerostream tune` tries for a cooperative size, the default first: the shapes whose
+    /// regions make at most 32 accumulators of that size.
+    pub fn candidates(coop: u32) -> Vec<CoopTile> {
+        SHAPES.iter().map(|s| Self::from_shape(coop, *s)).filter(|t| t.check().is_ok()).collect()
+    }
+
+    /// A stable name: `c16/128x128x32/2x4/256` (cooperative size / workgroup tile x K step / accumulators
+    /// per subgroup / invocations).
+    pub fn name(&self) -> String {
+        format!("c{}/{}x{}x{}/{}x{}/{}", self.coop, self.tile_m, self.tile_n, self.tile_k, self.frag_m, self.frag_n, self.workgroup)
+    }
+
+    /// Parses [`Self::name`]'s form and checks the variant.
+    pub fn parse(name: &str) -> Result<CoopTile, String> {
+        let bad = || format!("cooperative matmul variant {name:?}: expected the form c16/128x128x32/2x4/256");
+        let parts: Vec<&str> = name.split('/').collect();
+        let [coop, tile, frags, workgroup] = parts[..] else { return Err(bad()) };
+        let num = |s: &str| s.parse::<u32>().map_err(|_| bad());
+        let nums = |s: &str| s.split('x').map(num).collect::<Result<Vec<u32>, String>>();
+        let coop = num(coop.strip_prefix('c').ok_or_else(bad)?)?;
+        let (tile, frags, workgroup) = (nums(tile)?, nums(frags)?, num(workgroup)?);
+        let (&[tile_m, tile_n, tile_k], &[frag_m, frag_n]) = (&tile[..], &frags[..]) else { return Err(bad()) };
+        let t = CoopTile { coop, tile_m, tile_n, tile_k, frag_m, frag_n, workgroup };
+        t.check().map_err(|e| format!("cooperative matmul variant {name:?}: {e}"))?;
+        Ok(t)
+    }
+
+    const fn region_m(&self) -> u32 {
+        self.frag_m * self.coop
+    }
+
+    const fn region_n(&self) -> u32 {
+        self.frag_n * self.coop
+    }
+
+    /// Regions (one subgroup's share) per workgroup tile.
+    pub const fn regions(&self) -> u32 {
+        if self.region_m() == 0 || self.region_n() == 0 {
+            return 0; // refused by check()
+        }
+        (self.tile_m / self.region_m()) * (self.tile_n / self.region_n())
+    }
+
+    const fn a_stride(&self) -> u32 {
+        self.tile_k + 8
+    }
+
+    const fn b_stride(&self) -> u32 {
+        self.tile_n + 8
+    }
+
+    /// f16 elements of the tiles' array (A's, then B's), rounded up to 16 bytes.
+    const fn tile_halves(&self) -> u32 {
+        (self.tile_m * self.a_stride() + self.tile_k * self.b_stride()).div_ceil(8) * 8
+    }
+
+    /// f32 elements of the staging array: a COOP x COOP slot per region and the dump slot, then the
+    /// subgroup count and padding to 16 bytes.
+    const fn c_stage(&self) -> u32 {
+        (self.regions() + 1) * self.coop * self.coop + 4
+    }
+
+    /// Workgroup memory the variant declares.
+    pub const fn workgroup_bytes(&self) -> u32 {
+        self.tile_halves() * 2 + self.c_stage() * 4
+    }
+
+    /// Elements of A's tile each invocation stages per K step.
+    const fn loads_a(&self) -> u32 {
+        self.tile_m * self.tile_k / self.workgroup
+    }
+
+    /// Elements of B's tile each invocation stages per K step.
+    const fn loads_b(&self) -> u32 {
+        self.tile_k * self.tile_n / self.workgroup
+    }
+
+    /// Whether the template can be filled for this variant: the regions tile the workgroup tile, the K
+    /// step is whole cooperative blocks, the staging divides into invocations, and every place in the tiles
+    /// fits the 16 bits the staged loads keep it in.
+    pub fn check(&self) -> Result<(), String> {
+        let t = self;
+        if ![8, 16].contains(&t.coop) {
+            return Err(format!("the cooperative size {} must be 8 or 16", t.coop));
+        }
+        if t.frag_m == 0 || t.frag_n == 0 || t.frag_m * t.frag_n > 32 {
+            return Err(format!("{}x{} accumulators per subgroup (1 to 32 in all)", t.frag_m, t.frag_n));
+        }
+        if t.tile_m == 0 || t.tile_n == 0 || !t.tile_m.is_multiple_of(t.region_m()) || !t.tile_n.is_multiple_of(t.region_n()) {
+            return Err(format!("the tile {}x{} must be a whole number of {}x{} regions", t.tile_m, t.tile_n, t.region_m(), t.region_n()));
+        }
+        if t.tile_k == 0 || !t.tile_k.is_multiple_of(t.coop) || !t.tile_k.is_multiple_of(8) {
+            return Err(format!("the K step {} must be a positive multiple of {} and of 8", t.tile_k, t.coop));
+        }
+        if ![64, 128, 256].contains(&t.workgroup) {
+            return Err(format!("{} invocations per workgroup (64, 128 or 256 allowed)", t.workgroup));
+        }
+        for (operand, elements) in [("A", t.tile_m * t.tile_k), ("B", t.tile_k * t.tile_n)] {
+            if elements < t.workgroup || !elements.is_multiple_of(t.workgroup) {
+                return Err(format!(
+                    "{operand}'s tile has {elements} elements per K step, not a whole number per invocation ({})",
+                    t.workgroup
+                ));
+            }
+        }
+        if t.tile_halves() > 1 << 16 {
+            return Err(format!("the tiles hold {} halves, more than a 16-bit place can address", t.tile_halves()));
+        }
+        Ok(())
+    }
+
+    /// The WGSL of this variant: the template with its holes filled. Panics on a variant that fails
+    /// [`Self::check`] (callers check first; the candidates all pass, tested).
+    pub fn source(&self) -> String {
+        self.check().unwrap_or_else(|e| panic!("cooperative matmul variant {}: {e}", self.name()));
+        crate::fill_holes(TEMPLATE, "matmul_coop.wgsl", &self.holes())
+    }
+
+    /// This variant as a [`Kernel`] (its source rendered once per process and kept: the engine's pipeline
+    /// cache keys on the name).
+    pub fn kernel(&self) -> Kernel {
+        static RENDERED: OnceLock<Mutex<HashMap<CoopTile, Kernel>>> = OnceLock::new();
+        let mut map = RENDERED.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+        *map.entry(*self).or_insert_with(|| Kernel {
+            name: Box::leak(format!("matmul_coop {}", self.name()).into_boxed_str()),
+            source: Box::leak(self.source().into_boxed_str()),
+        })
+    }
+
+    fn holes(&self) -> HashMap<&'static str, String> {
+        let t = self;
+        let coop_type = |elem: &str, role: &str| format!("coop_mat{0}x{0}<{elem}, {role}>", t.coop);
+        let (mut accumulators, mut multiply, mut flush) = (String::new(), String::new(), String::new());
+        for i in 0..t.frag_m {
+            for j in 0..t.frag_n {
+                let _ = writeln!(accumulators, "        var acc{i}_{j} = {}();", coop_type("f32", "C"));
+                let _ = writeln!(flush, "        flush_tile(acc{i}_{j}, slot, {i}u, {j}u, first, end, row0, col0, li);");
+            }
+        }
+        // Per COOP-deep block of the K step: the region's fragments of A and B from workgroup memory, then
+        // every accumulator's multiply-add.
+        for i in 0..t.frag_m {
+            let _ = writeln!(
+                multiply,
+                "                let a{i} = coopLoadT<{}>(&tile_halves[a_base + {}u * A_STRIDE + kk], A_STRIDE);",
+                coop_type("f16", "A"),
+                i * t.coop
+            );
+        }
+        for j in 0..t.frag_n {
+            let _ = writeln!(
+                multiply,
+                "                let b{j} = coopLoadT<{}>(&tile_halves[kk * B_STRIDE + b_base + {}u], B_STRIDE);",
+                coop_type("f16", "B"),
+                j * t.coop
+            );
+        }
+        for i in 0..t.frag_m {
+            for j in 0..t.frag_n {
+                let _ = writeln!(multiply, "                acc{i}_{j} = coopMultiplyAdd(a{i}, b{j}, acc{i}_{j});");
+            }
+        }
+        // The staged loads: element li + j * WORKGROUP of each operand's tile, into named registers.
+        let (mut first, mut next, mut store) = (String::new(), String::new(), String::new());
+        for (operand, loads, call) in [("a", t.loads_a(), "load_a(row0, {K}, {Q})"), ("b", t.loads_b(), "load_b({K}, col0, {Q})")] {
+            for j in 0..loads {
+                let q = if j == 0 { "li".to_string() } else { format!("li + {}u", j * t.workgroup) };
+                let call = |k: &str| call.replace("{K}", k).replace("{Q}", &q);
+                let _ = writeln!(first, "        var staged_{operand}{j} = {};", call("0u"));
+                let _ = writeln!(next, "                staged_{operand}{j} = {};", call("(t + 1u) * TILE_K"));
+                let _ = writeln!(store, "            store_half(staged_{operand}{j});");
+            }
+        }
+        let strip = |s: String| s.trim_end_matches('\n').to_string();
+        HashMap::from([
+            ("NAME", t.name()),
+            ("COOP", t.coop.to_string()),
+            ("TILE_M", t.tile_m.to_string()),
+            ("TILE_N", t.tile_n.to_string()),
+            ("TILE_K", t.tile_k.to_string()),
+            ("A_STRIDE", t.a_stride().to_string()),
+            ("B_STRIDE", t.b_stride().to_string()),
+            ("REGION_M", t.region_m().to_string()),
+            ("REGION_N", t.region_n().to_string()),
+            ("REGIONS_N", (t.tile_n / t.region_n()).to_string()),
+            ("REGIONS", t.regions().to_string()),
+            ("SLOT", (t.coop * t.coop).to_string()),
+            ("B_TILE", (t.tile_m * t.a_stride()).to_string()),
+            ("COUNT_SLOT", ((t.regions() + 1) * t.coop * t.coop).to_string()),
+            ("TILE_HALVES", t.tile_halves().to_string()),
+            ("C_STAGE", t.c_stage().to_string()),
+            ("WORKGROUP", t.workgroup.to_string()),
+            ("ACCUMULATORS", strip(accumulators)),
+            ("LOAD_FIRST", strip(first)),
+            ("STORE", strip(store)),
+            ("LOAD_NEXT", strip(next)),
+            ("MULTIPLY", strip(multiply)),
+            ("FLUSH", strip(flush)),
+        ])
+    }
+}
+
+impl std::fmt::Display for CoopTile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candidates_are_valid_distinct_and_named_reversibly() {
+        for coop in [8, 16] {
+            let candidates = CoopTile::candidates(coop);
+            for (i, t) in candidates.iter().enumerate() {
+                t.check().unwrap_or_else(|e| panic!("{}: {e}", t.name()));
+                assert_eq!(CoopTile::parse(&t.name()).unwrap(), *t);
+                assert!(candidates[..i].iter().all(|u| u != t), "{} listed twice", t.name());
+                assert!(t.workgroup_bytes() <= 48 * 1024 || coop == 8, "{} needs {} bytes", t.name(), t.workgroup_bytes());
+            }
+            assert_eq!(candidates[0], CoopTile::default_for(coop));
+        }
+        // The kernel as it was before variants, byte for byte in workgroup memory.
+        assert_eq!(CoopTile::default_for(16).name(), "c16/128x128x32/2x4/256");
+        assert_eq!(CoopTile::default_for(16).workgroup_bytes(), 128 * 40 * 2 + 32 * 136 * 2 + 9 * 256 * 4 + 16);
+        assert_eq!(CoopTile::default_for(8).name(), "c8/128x128x32/4x8/256");
+    }
+
+    #[test]
+    fn bad_variants_are_refused_by_name() {
+        for (name, why) in [
+            ("c16/128x128x32/2x4", "expected the form"),
+            ("c12/128x128x32/2x4/256", "8 or 16"),
+            ("c16/128x128x24/2x4/256", "multiple of 16"),
+            ("c16/100x128x32/2x4/256", "whole number of 32x64 regions"),
+            ("c8/128x128x32/8x8/256", "1 to 32"),
+            ("c16/128x128x32/2x4/96", "invocations"),
+            ("c8/8x8x8/1x1/256", "whole number per invocation"),
+        ] {
+            let e = CoopTile::parse(name).unwrap_err();
+            assert!(e.contains(why) && e.contains(name), "{name}: {e}");
+        }
+    }
+
+    /// The default's rendering keeps the hand-written kernel's structure: 8 accumulators, 2 + 4 fragments
+    /// and 8 multiply-adds per block, 16 staged elements of each operand.
+    #[test]
+    fn default_rendering_has_the_expected_shape() {
+        let src = CoopTile::default_for(16).source();
+        assert!(!src.contains("{{"), "a hole left unfilled");
+        assert_eq!(src.matches("= coop_mat16x16<f32, C>()").count(), 8);
+        assert_eq!(src.matches("= coopMultiplyAdd(").count(), 8);
+        assert_eq!(src.matches("coopLoadT<coop_mat16x16<f16, A>>").count(), 2);
+        assert_eq!(src.matches("coopLoadT<coop_mat16x16<f16, B>>").count(), 4);
+        assert_eq!(src.matches("store_half(staged_").count(), 32);
+        assert!(src.contains("var staged_a15 = ") && !src.contains("staged_a16"));
+        assert!(src.contains("@workgroup_size(256, 1, 1)"));
+        let eight = CoopTile::default_for(8).source();
+        assert_eq!(eight.matches("= coopMultiplyAdd(").count(), 32);
+        assert!(eight.contains("coop_mat8x8<f16, A>"));
+    }
+}
