@@ -220,6 +220,13 @@ fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
                 );
                 let (table, problem) = MatmulTable::load(a);
                 println!("    fp32 matmul variants: {}", table.describe());
+                if let (None, Some(size)) = (device::gpu::coop_unavailable(a), a.coop_f16_size()) {
+                    println!(
+                        "    cooperative-matrix variants: {} tuned shape classes, default {}",
+                        table.coop_entries.values().filter(|t| t.coop == size).count(),
+                        zerostream_shaders::CoopTile::default_for(size)
+                    );
+                }
                 if let Some(problem) = problem {
                     println!("    warning: {problem}");
                 }

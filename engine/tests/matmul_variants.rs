@@ -111,11 +111,23 @@ fn the_table_picks_the_variant_per_shape_class() {
     let shape = MatmulShape::row_major(4096, 2304, 768);
     let small = MatmulTile::parse("64x64x8/8x8/db/v4").unwrap();
     let class = MatmulClass::of(&shape, false);
+    // Where the adapter has cooperative matrices, its size's third variant for the class.
+    let coop = gpu.coop_variants().get(2).copied();
     gpu.set_matmul_table(MatmulTable {
         source: TableSource::Builtin { vendor: "test" },
         default: MatmulTile::DEFAULT,
         entries: BTreeMap::from([(class, small)]),
+        coop_entries: coop.map(|t| (class, t)).into_iter().collect(),
     });
+    if let Some(coop) = coop {
+        assert_eq!(gpu.coop_variant_for(&shape, false), Some(coop));
+        assert_eq!(gpu.coop_variant_for(&shape, true), Some(gpu.coop_variants()[0]), "16-bit B is another class");
+        gpu.force_coop_variant(Some(gpu.coop_variants()[1])).unwrap();
+        assert_eq!(gpu.coop_variant_for(&shape, false), Some(gpu.coop_variants()[1]), "a forced variant wins");
+        gpu.force_coop_variant(None).unwrap();
+    } else {
+        assert_eq!(gpu.coop_variant_for(&shape, false), None);
+    }
     assert_eq!(gpu.matmul_variant_for(&shape, false), small);
     assert_eq!(gpu.matmul_variant_for(&shape, true), MatmulTile::DEFAULT, "16-bit B is another class");
     let dw =

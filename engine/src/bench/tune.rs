@@ -3,7 +3,8 @@
 //! the vocabulary projection's chunk, with f32 and 16-bit weights), keeps the fastest per shape class,
 //! and writes the table the gpu device loads when it opens (`device/matmul_tuning.rs`). The same for the
 //! training attention kernels' variants, forward and backward (`tune/attention.rs`, run first by the
-//! command), into the same file (`device/attention_tuning.rs`).
+//! command), into the same file (`device/attention_tuning.rs`); and, on an adapter with cooperative
+//! matrices, the cooperative-matrix matmul's variants (`--matmul-inputs f16`) on the same products.
 //!
 //! A variant is accepted only if its result equals the default variant's bit for bit on the product it
 //! was timed on: the table can change the speed of a run, never its numbers.
@@ -17,13 +18,13 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use zerostream_checkpoints::LlamaConfig;
-use zerostream_shaders::{AttentionTile, MatmulTile};
+use zerostream_shaders::{AttentionTile, CoopTile, MatmulTile};
 
 use crate::device::attention_tuning::AttentionTable;
 use crate::device::gpu::GpuTensor;
 use crate::device::matmul_tuning::{MatmulClass, MatmulTable, TableEntry, TableFile, TableKey, TableSource, existing_table, table_path};
 use crate::device::timing::Timer;
-use crate::device::{Backend, GpuDevice, HalfFormat, MatmulShape, Operand};
+use crate::device::{Backend, GpuDevice, HalfFormat, MatmulInputs, MatmulShape, Operand};
 
 /// What to tune on.
 #[derive(Clone, Debug)]
@@ -44,6 +45,8 @@ pub struct TuneConfig {
     pub attention: bool,
     /// Only these attention variants (empty: every one the adapter can run).
     pub attention_variants: Vec<AttentionTile>,
+    /// Also the cooperative-matrix matmul's variants, where the adapter has cooperative matrices.
+    pub coop: bool,
 }
 
 impl TuneConfig {
@@ -59,6 +62,7 @@ impl TuneConfig {
             variants: Vec::new(),
             attention: true,
             attention_variants: Vec::new(),
+            coop: true,
         }
     }
 }
@@ -124,17 +128,17 @@ fn time_variants<V: Copy>(
     Ok(timed)
 }
 
-/// One class's outcome.
+/// One class's outcome: of the fp32 matmul's variants, or of the cooperative-matrix matmul's.
 #[derive(Clone, Debug)]
-pub struct ClassResult {
+pub struct ClassResult<V = MatmulTile> {
     pub class: MatmulClass,
     /// The product it was timed on, and every product of the class.
     pub shape: MatmulShape,
     pub products: Vec<String>,
-    pub timed: VariantTimes<MatmulTile>,
+    pub timed: VariantTimes<V>,
 }
 
-impl ClassResult {
+impl<V> ClassResult<V> {
     pub fn flops(&self) -> f64 {
         2.0 * (self.shape.m * self.shape.n * self.shape.k) as f64
     }
@@ -249,8 +253,16 @@ fn operands(dev: &GpuDevice, p: &Product, seed: u64) -> Result<Operands> {
     Ok(Operands { a, b, c })
 }
 
-/// Times `variants` on one class's product; the first must be the default (the reference bits).
-fn tune_class(dev: &GpuDevice, p: &Product, variants: &[MatmulTile], timer: Timer, seed: u64) -> Result<VariantTimes<MatmulTile>> {
+/// Times `variants` (made the device's choice by `force`) on one class's product; the first must be the
+/// default (the reference bits).
+fn tune_class<V: Copy>(
+    dev: &GpuDevice,
+    p: &Product,
+    variants: &[V],
+    force: impl Fn(Option<V>) -> Result<()>,
+    timer: Timer,
+    seed: u64,
+) -> Result<VariantTimes<V>> {
     let ops = operands(dev, p, seed)?;
     let bits = || {
         let c = dev.read(&ops.c);
@@ -259,12 +271,60 @@ fn tune_class(dev: &GpuDevice, p: &Product, variants: &[MatmulTile], timer: Time
         bits
     };
     let run = || dev.matmul(&ops.c, &ops.a, &ops.b, None, &p.shape, false);
-    time_variants(dev, variants, timer, |v| dev.force_matmul_variant(v), run, bits)
+    time_variants(dev, variants, timer, force, run, bits)
+}
+
+/// The shape classes of the configured models' products, in the order first met, each with the product
+/// it is timed on and the names of all its products.
+fn step_classes(cfg: &TuneConfig) -> Result<Vec<(MatmulClass, Product, Vec<String>)>> {
+    let mut classes: Vec<(MatmulClass, Product, Vec<String>)> = Vec::new();
+    for model in &cfg.models {
+        for p in step_products(model, cfg.batch, cfg.seq_len, cfg.vocab_chunk_rows, cfg.with_16bit)? {
+            let class = MatmulClass::of(&p.shape, p.b_16bit);
+            match classes.iter_mut().find(|(c, _, _)| *c == class) {
+                Some((_, _, names)) => names.push(p.name),
+                None => classes.push((class, p.clone(), vec![p.name])),
+            }
+        }
+    }
+    Ok(classes)
+}
+
+/// Times `variants` (the default first) on every class, until `cfg.max_seconds` after `start`; `what`
+/// names them in the message when time runs out.
+fn tune_classes<V: Copy>(
+    dev: &GpuDevice,
+    cfg: &TuneConfig,
+    start: Instant,
+    what: &str,
+    variants: &[V],
+    force: impl Fn(Option<V>) -> Result<()> + Copy,
+    mut on_class: impl FnMut(&ClassResult<V>),
+) -> Result<Vec<ClassResult<V>>> {
+    let classes = step_classes(cfg)?;
+    let timer = dev.best_timer();
+    let mut results = Vec::new();
+    for (i, (class, product, names)) in classes.iter().enumerate() {
+        if start.elapsed().as_secs_f64() > cfg.max_seconds {
+            eprintln!(
+                "tune: --max-seconds {} reached; {} of {} {what} classes left untuned",
+                cfg.max_seconds,
+                classes.len() - i,
+                classes.len()
+            );
+            break;
+        }
+        let timed = tune_class(dev, product, variants, force, timer, i as u64 * 7 + 1)?;
+        let result = ClassResult { class: *class, shape: product.shape, products: names.clone(), timed };
+        on_class(&result);
+        results.push(result);
+    }
+    Ok(results)
 }
 
 /// Tunes every class of the configured models' products, until `cfg.max_seconds` after `start` (the
 /// whole tune's clock, attention's classes included); calls `on_class` as each finishes.
-pub fn tune(dev: &GpuDevice, cfg: &TuneConfig, start: Instant, mut on_class: impl FnMut(&ClassResult)) -> Result<Vec<ClassResult>> {
+pub fn tune(dev: &GpuDevice, cfg: &TuneConfig, start: Instant, on_class: impl FnMut(&ClassResult)) -> Result<Vec<ClassResult>> {
     let mut variants = if cfg.variants.is_empty() { dev.matmul_variants() } else { cfg.variants.clone() };
     for v in &variants {
         if !dev.matmul_variants().contains(v) {
@@ -274,41 +334,54 @@ pub fn tune(dev: &GpuDevice, cfg: &TuneConfig, start: Instant, mut on_class: imp
     // The default first: its bits are the reference and its time the baseline.
     variants.retain(|v| *v != MatmulTile::DEFAULT);
     variants.insert(0, MatmulTile::DEFAULT);
-    let mut classes: BTreeMap<MatmulClass, (Product, Vec<String>)> = BTreeMap::new();
-    let mut order = Vec::new();
-    for model in &cfg.models {
-        for p in step_products(model, cfg.batch, cfg.seq_len, cfg.vocab_chunk_rows, cfg.with_16bit)? {
-            let class = MatmulClass::of(&p.shape, p.b_16bit);
-            let entry = classes.entry(class).or_insert_with(|| {
-                order.push(class);
-                (p.clone(), Vec::new())
-            });
-            entry.1.push(p.name);
-        }
-    }
-    let timer = dev.best_timer();
-    let mut results = Vec::new();
-    for (i, class) in order.iter().enumerate() {
-        if start.elapsed().as_secs_f64() > cfg.max_seconds {
-            eprintln!("tune: --max-seconds {} reached; {} of {} classes left untuned", cfg.max_seconds, order.len() - i, order.len());
-            break;
-        }
-        let (product, names) = &classes[class];
-        let timed = tune_class(dev, product, &variants, timer, i as u64 * 7 + 1)?;
-        let result = ClassResult { class: *class, shape: product.shape, products: names.clone(), timed };
-        on_class(&result);
-        results.push(result);
-    }
-    Ok(results)
+    tune_classes(dev, cfg, start, "matmul", &variants, |v| dev.force_matmul_variant(v), on_class)
 }
 
-/// The table from `results` and `attention`, merged over the adapter's previous table for the same key
-/// (classes tuned again are replaced, the others kept), written to its place in the cache directory and
-/// installed on `dev`.
-pub fn save_table(dev: &GpuDevice, results: &[ClassResult], attention: &[AttentionResult]) -> Result<std::path::PathBuf> {
+/// The cooperative-matrix matmul's variants (`--matmul-inputs f16`) on every class, as [`tune`]; nothing
+/// on an adapter without cooperative matrices or with `cfg.coop` off.
+pub fn tune_coop(
+    dev: &GpuDevice,
+    cfg: &TuneConfig,
+    start: Instant,
+    on_class: impl FnMut(&ClassResult<CoopTile>),
+) -> Result<Vec<ClassResult<CoopTile>>> {
+    let variants = dev.coop_variants(); // the size's default first
+    if !cfg.coop || variants.is_empty() {
+        return Ok(Vec::new());
+    }
+    dev.set_matmul_inputs(MatmulInputs::F16)?;
+    let results = tune_classes(dev, cfg, start, "cooperative-matrix", &variants, |v| dev.force_coop_variant(v), on_class);
+    dev.set_matmul_inputs(MatmulInputs::F32)?;
+    results
+}
+
+/// The table entry of a tuned matmul class: its winner, with what was measured.
+fn class_entry<V: Copy + std::fmt::Display>(r: &ClassResult<V>) -> TableEntry {
+    let (best, seconds) = r.timed.best();
+    let s = &r.shape;
+    TableEntry {
+        class: r.class.key(),
+        variant: best.to_string(),
+        shape: format!("M={} N={} K={}", s.m, s.n, s.k),
+        products: r.products.clone(),
+        seconds,
+        default_seconds: r.timed.default_seconds(),
+    }
+}
+
+/// The table from `results`, `attention` and `coop`, merged over the adapter's previous table for the
+/// same key (classes tuned again are replaced, the others kept), written to its place in the cache
+/// directory and installed on `dev`.
+pub fn save_table(
+    dev: &GpuDevice,
+    results: &[ClassResult],
+    attention: &[AttentionResult],
+    coop: &[ClassResult<CoopTile>],
+) -> Result<std::path::PathBuf> {
     let path = table_path(dev.summary()).context("no cache directory for the tuning table (set ZEROSTREAM_TUNE_DIR)")?;
     let key = TableKey::of(dev.summary());
-    let (mut entries, mut attention_entries): (BTreeMap<String, TableEntry>, BTreeMap<String, TableEntry>) = Default::default();
+    let (mut entries, mut attention_entries, mut coop_entries): (BTreeMap<String, TableEntry>, BTreeMap<_, _>, BTreeMap<_, _>) =
+        Default::default();
     // The classes tuned before (in this adapter's own file, or a copied-in one the device found by its
     // key) are kept unless tuned again.
     if let Some(before) = existing_table(dev.summary())
@@ -318,6 +391,7 @@ pub fn save_table(dev: &GpuDevice, results: &[ClassResult], attention: &[Attenti
     {
         entries.extend(old.entries.into_iter().map(|e| (e.class.clone(), e)));
         attention_entries.extend(old.attention.into_iter().map(|e| (e.class.clone(), e)));
+        coop_entries.extend(old.coop.into_iter().map(|e| (e.class.clone(), e)));
     }
     for r in attention {
         let (best, seconds) = r.timed.best();
@@ -325,31 +399,30 @@ pub fn save_table(dev: &GpuDevice, results: &[ClassResult], attention: &[Attenti
         let (shape, products, default_seconds) = (r.shape(), r.calls.clone(), r.timed.default_seconds());
         attention_entries.insert(class.clone(), TableEntry { class, variant, shape, products, seconds, default_seconds });
     }
-    for r in results {
-        let (best, seconds) = r.timed.best();
-        let s = &r.shape;
-        entries.insert(
-            r.class.key(),
-            TableEntry {
-                class: r.class.key(),
-                variant: best.name(),
-                shape: format!("M={} N={} K={}", s.m, s.n, s.k),
-                products: r.products.clone(),
-                seconds,
-                default_seconds: r.timed.default_seconds(),
-            },
-        );
-    }
-    let file = TableFile::for_adapter(dev.summary(), utc_now(), entries.into_values().collect(), attention_entries.into_values().collect());
+    entries.extend(results.iter().map(|r| (r.class.key(), class_entry(r))));
+    coop_entries.extend(coop.iter().map(|r| (r.class.key(), class_entry(r))));
+    let file = TableFile::for_adapter(
+        dev.summary(),
+        utc_now(),
+        entries.into_values().collect(),
+        attention_entries.into_values().collect(),
+        coop_entries.into_values().collect(),
+    );
     file.save(&path)?;
     let mut table = MatmulTable {
         source: TableSource::Tuned { path: path.clone(), created: file.created.clone() },
         default: MatmulTile::parse(&file.default).map_err(anyhow::Error::msg)?,
         entries: BTreeMap::new(),
+        coop_entries: BTreeMap::new(),
     };
     for e in &file.entries {
         if let (Some(class), Ok(tile)) = (MatmulClass::parse(&e.class), MatmulTile::parse(&e.variant)) {
             table.entries.insert(class, tile);
+        }
+    }
+    for e in &file.coop {
+        if let (Some(class), Ok(tile)) = (MatmulClass::parse(&e.class), CoopTile::parse(&e.variant)) {
+            table.coop_entries.insert(class, tile);
         }
     }
     dev.set_matmul_table(table);

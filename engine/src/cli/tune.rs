@@ -1,6 +1,7 @@
-//! `zerostream tune`: the fp32 matmul's and the training attention kernels' variants timed on this
-//! adapter per shape class, and the winners written where the gpu device finds them when it opens (the
-//! library's `tune` module does the work).
+//! `zerostream tune`: the fp32 matmul's, the training attention kernels' and (where the adapter has
+//! cooperative matrices) the cooperative-matrix matmul's variants timed on this adapter per shape class,
+//! and the winners written where the gpu device finds them when it opens (the library's `tune` module
+//! does the work).
 
 use anyhow::Result;
 use zerostream::bench::tune::{AttentionResult, ClassResult, TuneConfig, VariantTimes};
@@ -38,6 +39,10 @@ pub struct TuneArgs {
     /// Leave out the attention kernels (forward and backward at each model's head dim and --seq-len).
     #[arg(long)]
     no_attention: bool,
+    /// Leave out the cooperative-matrix matmul's variants (`train --matmul-inputs f16`), which are tuned on
+    /// the same products after the fp32 ones where the adapter has cooperative matrices.
+    #[arg(long)]
+    no_coop: bool,
     /// Stop starting new shape classes after this many seconds (those done are kept).
     #[arg(long, default_value_t = 170.0)]
     max_seconds: f64,
@@ -67,9 +72,11 @@ pub fn run(args: TuneArgs) -> Result<i32> {
             variants: Vec::new(),
             attention: true,
             attention_variants: Vec::new(),
+            coop: true,
         }
     };
     cfg.attention &= !args.no_attention;
+    cfg.coop &= !args.no_coop;
     cfg.attention_variants =
         args.attention_variants.iter().map(|v| AttentionTile::parse(v).map_err(anyhow::Error::msg)).collect::<Result<_>>()?;
     cfg.with_16bit &= !args.no_16bit;
@@ -81,8 +88,9 @@ pub fn run(args: TuneArgs) -> Result<i32> {
         (true, 0) => dev.attention_variants().len(),
         (true, n) => n,
     };
+    let coop_variants = if cfg.coop { dev.coop_variants().len() } else { 0 };
     eprintln!(
-        "tune: {} ({}), {} matmul and {attention_variants} attention variants, models {} at B={} T={}, timer {}",
+        "tune: {} ({}), {} matmul, {attention_variants} attention and {coop_variants} cooperative-matrix variants, models {} at B={} T={}, timer {}",
         summary.name,
         summary.driver,
         variants.len(),
@@ -95,10 +103,14 @@ pub fn run(args: TuneArgs) -> Result<i32> {
     // The attention classes first: a few, each timed in seconds at most, which the many matmul classes
     // would otherwise leave past --max-seconds.
     let attention = zerostream::bench::tune::tune_attention(&dev, &cfg, start, |r| print_attention(r, args.json))?;
-    let results = zerostream::bench::tune::tune(&dev, &cfg, start, |r| print_class(r, args.json))?;
-    let path = if args.no_save { None } else { Some(zerostream::bench::tune::save_table(&dev, &results, &attention)?) };
+    let results = zerostream::bench::tune::tune(&dev, &cfg, start, |r| print_class(r, "class", args.json))?;
+    let coop = zerostream::bench::tune::tune_coop(&dev, &cfg, start, |r| print_class(r, "coop_class", args.json))?;
+    let path = if args.no_save { None } else { Some(zerostream::bench::tune::save_table(&dev, &results, &attention, &coop)?) };
     let mut mismatched: Vec<String> =
         results.iter().flat_map(|r| r.timed.mismatched.iter().map(move |v| format!("matmul variant {v} on {}", r.class.key()))).collect();
+    mismatched.extend(
+        coop.iter().flat_map(|r| r.timed.mismatched.iter().map(move |v| format!("cooperative matmul variant {v} on {}", r.class.key()))),
+    );
     mismatched.extend(
         attention.iter().flat_map(|r| r.timed.mismatched.iter().map(move |v| format!("attention variant {v} on {}", r.class.key()))),
     );
@@ -109,14 +121,19 @@ pub fn run(args: TuneArgs) -> Result<i32> {
             "{}",
             serde_json::json!({
                 "kind": "summary", "adapter": summary.name, "driver": summary.driver, "timer": dev.best_timer().name(),
-                "classes": results.len(), "attention_classes": attention.len(), "seconds": seconds, "table": path.as_ref().map(|p| p.display().to_string()),
+                "classes": results.len(), "attention_classes": attention.len(), "coop_classes": coop.len(), "seconds": seconds, "table": path.as_ref().map(|p| p.display().to_string()),
                 "mismatched": mismatched,
                 "speedup_min": speedups.iter().copied().fold(f64::INFINITY, f64::min),
                 "speedup_max": speedups.iter().copied().fold(0.0, f64::max),
             })
         );
     } else {
-        println!("tune: {} matmul and {} attention shape classes in {seconds:.1} s", results.len(), attention.len());
+        println!(
+            "tune: {} matmul, {} attention and {} cooperative-matrix shape classes in {seconds:.1} s",
+            results.len(),
+            attention.len(),
+            coop.len()
+        );
         match &path {
             Some(p) => println!("table: {} (every later run on this adapter and driver uses it)", p.display()),
             None => println!("table: not written (--no-save)"),
@@ -143,13 +160,14 @@ fn timed_fields<V: Copy + std::fmt::Display>(t: &VariantTimes<V>) -> serde_json:
     }
 }
 
-fn print_class(r: &ClassResult, json: bool) {
+/// One tuned matmul class (`kind`: `class` for the fp32 kernel, `coop_class` for the cooperative-matrix one).
+fn print_class<V: Copy + std::fmt::Display>(r: &ClassResult<V>, kind: &str, json: bool) {
     let (best, best_s) = r.timed.best();
     let s = &r.shape;
     if json {
         let mut row = timed_fields(&r.timed);
         row.extend([
-            ("kind".into(), "class".into()),
+            ("kind".into(), kind.into()),
             ("class".into(), r.class.key().into()),
             ("shape".into(), format!("M={} N={} K={}", s.m, s.n, s.k).into()),
             ("products".into(), r.products.clone().into()),
@@ -159,12 +177,13 @@ fn print_class(r: &ClassResult, json: bool) {
         return;
     }
     println!(
-        "{:<20} M={:<6} N={:<6} K={:<6} best {:<22} {:>9.3} ms {:>8.0} GFLOP/s  default {:>9.3} ms  {:.2}x  [{}]",
+        "{}{:<20} M={:<6} N={:<6} K={:<6} best {:<22} {:>9.3} ms {:>8.0} GFLOP/s  default {:>9.3} ms  {:.2}x  [{}]",
+        if kind == "coop_class" { "coop " } else { "" },
         r.class.key(),
         s.m,
         s.n,
         s.k,
-        best.name(),
+        best.to_string(),
         best_s * 1e3,
         r.flops() / best_s / 1e9,
         r.timed.default_seconds() * 1e3,

@@ -37,7 +37,8 @@ pub const MATMUL_PATH: &str = "matmul.wgsl: fp32 FMA, the variant (tile per work
 /// The opt-in f16-input matmul (`--matmul-inputs f16`), on adapters [`coop_unavailable`] accepts.
 pub const MATMUL_COOP_PATH: &str = "matmul_coop.wgsl: A, B rounded to f16 (nearest even), cooperative matrices \
      f16 x f16 -> f32 at the adapter's size (16x16x16, else 8x8x8), the variant (c<size> / tile per workgroup x K step / \
-     accumulators per subgroup / invocations) forced or the size's default, c16/128x128x32/2x4/256; f16 workgroup tiles";
+     accumulators per subgroup / invocations) per shape class from the device's tuning table, else the size's default \
+     (c16/128x128x32/2x4/256); f16 workgroup tiles";
 
 /// Why `matmul_coop.wgsl` cannot run on this adapter, or None when it can: it needs f16 shaders,
 /// subgroups (for the subgroup id), wgpu's cooperative-matrix feature with a 16x16x16 or 8x8x8 f16 -> f32
@@ -132,14 +133,19 @@ impl GpuDevice {
         Ok(())
     }
 
-    /// The cooperative-matrix variant the products run now (forced, else the default of the adapter's
-    /// size); None without cooperative matrices.
-    pub fn coop_variant(&self) -> Option<CoopTile> {
+    /// The cooperative-matrix variant a product of this shape runs now (forced, else the table's choice
+    /// for its class, else the default of the adapter's size); None without cooperative matrices.
+    pub fn coop_variant_for(&self, shape: &MatmulShape, b_16bit: bool) -> Option<CoopTile> {
         if let Some(forced) = self.coop_forced.get() {
             return Some(forced);
         }
         let size = self.summary.coop_f16_size()?;
-        self.has_coop_matmul().then(|| CoopTile::default_for(size))
+        if !self.has_coop_matmul() {
+            return None;
+        }
+        let chosen = self.matmul_table.borrow().choose_coop(&MatmulClass::of(shape, b_16bit), size);
+        // A table is checked against the adapter when tuned; a variant it cannot hold falls back.
+        Some(if fits_adapter(&self.summary, chosen.workgroup_bytes(), chosen.workgroup) { chosen } else { CoopTile::default_for(size) })
     }
 
     /// Runs every fp32 product with `tile` (None: the table's choice per shape class again).
@@ -259,10 +265,12 @@ impl GpuDevice {
             Some(w) => w.binding.clone(),
             None => wa.binding.clone(),
         };
+        // The piece's own shape class (a split product's pieces may fall in smaller classes).
+        let piece = MatmulShape { m: rows.len(), n: cols.len(), k: ks.len(), ..*s };
         if self.matmul_inputs.get() == MatmulInputs::F16 {
             // The same Params; no vec4 views (it rounds each element on the way in). F16 inputs are set only
             // where the adapter has cooperative matrices.
-            let tile = self.coop_variant().expect("--matmul-inputs f16 on an adapter without cooperative matrices");
+            let tile = self.coop_variant_for(&piece, b.format.is_some()).expect("--matmul-inputs f16 without cooperative matrices");
             self.dispatch(
                 tile.kernel(),
                 "main",
@@ -272,8 +280,6 @@ impl GpuDevice {
             );
             return;
         }
-        // The piece's own shape class (a split product's pieces may fall in smaller classes).
-        let piece = MatmulShape { m: rows.len(), n: cols.len(), k: ks.len(), ..*s };
         let tile = self.matmul_variant_for(&piece, b.format.is_some());
         self.dispatch(
             tile.kernel(),

@@ -1,4 +1,5 @@
-//! Which fp32 matmul variant ([`MatmulTile`]) the gpu device runs for a product: the table that
+//! Which fp32 matmul variant ([`MatmulTile`]) and which cooperative-matrix variant ([`CoopTile`], under
+//! `--matmul-inputs f16`) the gpu device runs for a product: the table that
 //! `zerostream tune` writes per adapter, driver and zerostream version into the user's cache
 //! directory, loaded when the device opens, or a built-in default per vendor where none was tuned.
 //!
@@ -12,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
-use zerostream_shaders::MatmulTile;
+use zerostream_shaders::{CoopTile, MatmulTile};
 
 use super::adapter::AdapterSummary;
 use crate::ops::MatmulShape;
@@ -108,6 +109,21 @@ pub struct MatmulTable {
     /// For products of no tuned class nearby.
     pub default: MatmulTile,
     pub entries: BTreeMap<MatmulClass, MatmulTile>,
+    /// The cooperative-matrix variant per class (any class it does not name runs the default of the
+    /// adapter's cooperative size).
+    pub coop_entries: BTreeMap<MatmulClass, CoopTile>,
+}
+
+/// `class`'s own entry, else the nearest of the same layouts within [`MAX_BORROW_DISTANCE`].
+fn nearest<V: Copy>(entries: &BTreeMap<MatmulClass, V>, class: &MatmulClass) -> Option<V> {
+    if let Some(v) = entries.get(class) {
+        return Some(*v);
+    }
+    entries
+        .iter()
+        .filter_map(|(c, v)| class.distance(c).filter(|d| *d <= MAX_BORROW_DISTANCE).map(|d| (d, *v)))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, v)| v)
 }
 
 /// Classes further apart than this (in half-octaves, summed over M, N, K) are not borrowed from.
@@ -117,27 +133,30 @@ impl MatmulTable {
     /// The built-in default for an adapter nobody tuned: the vendor's, where one was measured.
     pub fn builtin(adapter: &AdapterSummary) -> Self {
         let (vendor, default) = builtin_default(adapter);
-        MatmulTable { source: TableSource::Builtin { vendor }, default, entries: BTreeMap::new() }
+        MatmulTable { source: TableSource::Builtin { vendor }, default, entries: BTreeMap::new(), coop_entries: BTreeMap::new() }
     }
 
     /// The variant for a product of class `class`: its own tuned entry, else the nearest tuned class of
     /// the same layouts within [`MAX_BORROW_DISTANCE`], else the default.
     pub fn choose(&self, class: &MatmulClass) -> MatmulTile {
-        if let Some(tile) = self.entries.get(class) {
-            return *tile;
-        }
-        self.entries
-            .iter()
-            .filter_map(|(c, t)| class.distance(c).filter(|d| *d <= MAX_BORROW_DISTANCE).map(|d| (d, *t)))
-            .min_by_key(|(d, _)| *d)
-            .map_or(self.default, |(_, t)| t)
+        nearest(&self.entries, class).unwrap_or(self.default)
+    }
+
+    /// The cooperative-matrix variant of cooperative size `coop` for a product of class `class`: as
+    /// [`Self::choose`], else the size's default.
+    pub fn choose_coop(&self, class: &MatmulClass, coop: u32) -> CoopTile {
+        nearest(&self.coop_entries, class).filter(|t| t.coop == coop).unwrap_or(CoopTile::default_for(coop))
     }
 
     /// One line for `zerostream devices` and the run's description.
     pub fn describe(&self) -> String {
         match &self.source {
             TableSource::Tuned { path, created } => {
-                format!("tuned table {} ({} shape classes, {created}; default {})", path.display(), self.entries.len(), self.default)
+                let coop = match self.coop_entries.len() {
+                    0 => String::new(),
+                    n => format!(", {n} cooperative-matrix classes"),
+                };
+                format!("tuned table {} ({} shape classes{coop}, {created}; default {})", path.display(), self.entries.len(), self.default)
             }
             TableSource::Builtin { vendor } => {
                 format!("built-in default for {vendor}: {} (not tuned here: run `zerostream tune`)", self.default)
@@ -169,7 +188,12 @@ impl MatmulTable {
             let class = MatmulClass::parse(&e.class).with_context(|| format!("shape class {:?}", e.class))?;
             entries.insert(class, MatmulTile::parse(&e.variant).map_err(anyhow::Error::msg)?);
         }
-        Ok(MatmulTable { source: TableSource::Tuned { path: path.to_path_buf(), created: file.created }, default, entries })
+        let mut coop_entries = BTreeMap::new();
+        for e in &file.coop {
+            let class = MatmulClass::parse(&e.class).with_context(|| format!("shape class {:?}", e.class))?;
+            coop_entries.insert(class, CoopTile::parse(&e.variant).map_err(anyhow::Error::msg)?);
+        }
+        Ok(MatmulTable { source: TableSource::Tuned { path: path.to_path_buf(), created: file.created }, default, entries, coop_entries })
     }
 }
 
@@ -217,14 +241,24 @@ pub struct TableFile {
     /// were tuned, which therefore still load.
     #[serde(default)]
     pub attention: Vec<TableEntry>,
+    /// The cooperative-matrix matmul's classes (`--matmul-inputs f16`), on adapters that have them;
+    /// absent from older files.
+    #[serde(default)]
+    pub coop: Vec<TableEntry>,
 }
 
 impl TableFile {
-    /// A table of `entries` and `attention` for `adapter`, created `created`: every class it does not
-    /// name keeps the vendor's built-in default, as on an adapter never tuned.
-    pub fn for_adapter(adapter: &AdapterSummary, created: String, entries: Vec<TableEntry>, attention: Vec<TableEntry>) -> Self {
+    /// A table of `entries`, `attention` and `coop` for `adapter`, created `created`: every class it
+    /// does not name keeps the vendor's built-in default, as on an adapter never tuned.
+    pub fn for_adapter(
+        adapter: &AdapterSummary,
+        created: String,
+        entries: Vec<TableEntry>,
+        attention: Vec<TableEntry>,
+        coop: Vec<TableEntry>,
+    ) -> Self {
         let default = MatmulTable::builtin(adapter).default.name();
-        TableFile { key: TableKey::of(adapter), created, default, entries, attention }
+        TableFile { key: TableKey::of(adapter), created, default, entries, attention, coop }
     }
 
     /// Writes the table beside its final name and renames it into place, so a reader never sees half a
@@ -356,10 +390,10 @@ mod tests {
     /// writes it so), not the kernel's original one.
     #[test]
     fn a_tuned_table_defaults_to_the_vendors_variant() {
-        let nvidia = TableFile::for_adapter(&adapter(0x10de), "now".into(), Vec::new(), Vec::new());
+        let nvidia = TableFile::for_adapter(&adapter(0x10de), "now".into(), Vec::new(), Vec::new(), Vec::new());
         assert_eq!(nvidia.default, "64x64x16/4x4/db/v4");
         assert_eq!(nvidia.key, TableKey::of(&adapter(0x10de)));
-        let amd = TableFile::for_adapter(&adapter(0x1002), "now".into(), Vec::new(), Vec::new());
+        let amd = TableFile::for_adapter(&adapter(0x1002), "now".into(), Vec::new(), Vec::new(), Vec::new());
         assert_eq!(amd.default, MatmulTile::DEFAULT.name());
     }
 
@@ -374,6 +408,7 @@ mod tests {
             source: TableSource::Builtin { vendor: "test" },
             default: MatmulTile::DEFAULT,
             entries: BTreeMap::from([(own, small)]),
+            coop_entries: BTreeMap::new(),
         };
         assert_eq!(table.choose(&own), small);
         assert_eq!(table.choose(&near), small);
@@ -382,5 +417,11 @@ mod tests {
         table.entries.insert(near, MatmulTile::CANDIDATES[1]);
         assert_eq!(table.choose(&near), MatmulTile::CANDIDATES[1]);
         assert_eq!(table.choose(&own), small);
+        // The cooperative-matrix entries alike, and only of the adapter's cooperative size.
+        let coop = CoopTile::candidates(16)[2];
+        table.coop_entries.insert(own, coop);
+        assert_eq!(table.choose_coop(&near, 16), coop);
+        assert_eq!(table.choose_coop(&far, 16), CoopTile::default_for(16));
+        assert_eq!(table.choose_coop(&own, 8), CoopTile::default_for(8));
     }
 }
