@@ -2,7 +2,7 @@
 # benches/gpu.sh: what a lent GPU machine should measure, in one command, written into ONE markdown file
 # and a JSON file of issue #22's goals beside it (results.json: each goal a named ratio, see
 # benches/gpu_goals.py): first `zerostream selftest --device gpu` (every kernel and matmul variant
-# against its plain-Rust twin on this adapter) and `zerostream tune` (the matmul and attention variants timed per shape
+# against its plain-Rust twin on this adapter) and `zerostream tune` (the matmul, attention and cooperative-matrix variants timed per shape
 # class; the table it writes is what every later part runs with), then
 # the adapter (zerostream devices, nvidia-smi), `zerostream bench kernels` (GPT-2 124M and 1.5B shapes, and
 # which matmul path the adapter took: tile configuration, subgroup or cooperative-matrix use),
@@ -146,8 +146,15 @@ if classes:
         for r in attention:
             md.append(f"| {r['class']} | {r['shape']} | {r['best']} | {r['best_seconds']*1e3:.3f} | "
                       f"{r['default_seconds']*1e3:.3f} | {r['speedup']:.2f} | {', '.join(r['calls'])} |")
+    coop = [r for r in jsonl("tune.out") if r.get("kind") == "coop_class"]
+    if coop:
+        md += ["\n| cooperative-matrix class | shape | best variant | ms | GFLOP/s | default ms | speedup | every variant (ms) |", "|---|---|---|---:|---:|---:|---:|---|"]
+        for r in coop:
+            every = ", ".join(f"{v['variant']} {v['seconds']*1e3:.3f}" for v in r["variants"])
+            md.append(f"| {r['class']} | {r['shape']} | {r['best']} | {r['best_seconds']*1e3:.3f} | {r['best_gflops']:.0f} | "
+                      f"{r['default_seconds']*1e3:.3f} | {r['speedup']:.2f} | {every} |")
     if tsum:
-        md.append(f"\n{tsum[0]['classes']} matmul and {tsum[0].get('attention_classes', 0)} attention classes in {tsum[0]['seconds']:.0f} s; "
+        md.append(f"\n{tsum[0]['classes']} matmul, {tsum[0].get('attention_classes', 0)} attention and {tsum[0].get('coop_classes', 0)} cooperative-matrix classes in {tsum[0]['seconds']:.0f} s; "
                   f"table {tsum[0]['table']}; mismatched variants: {tsum[0]['mismatched'] or 'none'}\n")
 elif read("tune.err") is not None:
     md += ["## zerostream tune (no classes)\n", block(tail(read("tune.err")))]
