@@ -50,13 +50,17 @@ fn bench_kernels_quick_gives_every_kernel_a_positive_rate() {
     assert!(rows.iter().any(|r| r["precision"] == "bf16-B"), "no row for the matmul with a 16-bit B operand");
     // The cooperative-matrix matmul: timed beside the fp32 one where the adapter has it, else every row
     // says it is unavailable (and why) and none claims it.
-    let coop_rows = rows.iter().filter(|r| r["precision"].as_str().is_some_and(|p| p.starts_with("f16-coop"))).count();
+    let coop_rows = rows.iter().filter(|r| r["kernel"] == "matmul" && r["precision"].as_str().is_some_and(|p| p.starts_with("f16-coop")));
+    let coop_rows = coop_rows.count();
+    // The multiply-add's own rate (coop_probe.wgsl), once, as the products' ceiling.
+    let probe_rows = rows.iter().filter(|r| r["kernel"] == "matmul_coop_mma").count();
     let available = rows.iter().all(|r| r["matmul_coop"] == "available");
     if available {
         let fp32_products = rows.iter().filter(|r| r["kernel"] == "matmul" && r["precision"] == "fp32").count();
         assert_eq!(coop_rows, fp32_products, "one f16-coop row per product");
+        assert_eq!(probe_rows, 1, "one cooperative multiply-add probe");
     } else {
-        assert_eq!(coop_rows, 0);
+        assert_eq!(coop_rows + probe_rows, 0);
         assert!(rows.iter().all(|r| r["matmul_coop"].as_str().is_some_and(|m| m.starts_with("unavailable on this adapter: "))));
     }
     for r in &rows {

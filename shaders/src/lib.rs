@@ -20,7 +20,7 @@ pub mod matmul_template;
 use std::collections::HashMap;
 
 pub use attention_template::{AttentionPass, AttentionTile};
-pub use matmul_coop_template::CoopTile;
+pub use matmul_coop_template::{COOP_PROBE_SUBGROUPS, CoopTile, coop_probe_count_at, coop_probe_kernel};
 pub use matmul_template::MatmulTile;
 
 /// `template` with each hole (a name in double braces) replaced by its value in `holes`; `file` names the
@@ -137,6 +137,11 @@ mod tests {
         [16, 8].into_iter().flat_map(CoopTile::candidates).collect()
     }
 
+    /// Every cooperative-matrix kernel: the matmul's variants and the probe, at both sizes.
+    fn coop_kernels() -> Vec<Kernel> {
+        coop_variants().iter().map(CoopTile::kernel).chain([16, 8].map(coop_probe_kernel)).collect()
+    }
+
     /// The cooperative-matrix matmul's variants checked the way wgpu would on a Vulkan adapter that has
     /// cooperative matrices: validated with only the capabilities the engine requests (f16, subgroups,
     /// cooperative matrices, and the f16 packing that every full Vulkan device has and matmul.wgsl already
@@ -144,8 +149,7 @@ mod tests {
     #[test]
     fn matmul_coop_validates_and_writes_spirv() {
         use naga::valid::Capabilities as Caps;
-        for tile in coop_variants() {
-            let kernel = tile.kernel();
+        for kernel in coop_kernels() {
             let module = naga::front::wgsl::parse_str(kernel.source)
                 .unwrap_or_else(|e| panic!("{}: {}", kernel.name, e.emit_to_string(kernel.source)));
             let caps = Caps::SHADER_FLOAT16 | Caps::SHADER_FLOAT16_IN_FLOAT32 | Caps::SUBGROUP | Caps::COOPERATIVE_MATRIX;
@@ -237,8 +241,8 @@ mod tests {
             }
             let name = path.file_stem().unwrap().to_string_lossy().into_owned();
             // Rendered by MatmulTile, CoopTile and AttentionTile, validated above per variant.
-            let templated =
-                ["matmul", "matmul_coop", "attention_forward", "attention_backward", "attention_decode"].contains(&name.as_str());
+            let templated = ["matmul", "matmul_coop", "coop_probe", "attention_forward", "attention_backward", "attention_decode"]
+                .contains(&name.as_str());
             assert!(templated || ALL.iter().any(|k| k.name == name), "wgsl/{name}.wgsl is not in shaders::ALL");
         }
     }

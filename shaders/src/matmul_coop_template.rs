@@ -274,6 +274,37 @@ impl CoopTile {
     }
 }
 
+/// The probe of the cooperative multiply-add's own rate at cooperative size `coop` (`wgsl/coop_probe.wgsl`):
+/// what `bench kernels` times beside the matmul. Its output holds [`COOP_PROBE_SUBGROUPS`] x 8 slots of
+/// `coop` x `coop` f32, then the workgroup's subgroup count.
+pub fn coop_probe_kernel(coop: u32) -> Kernel {
+    assert!([8, 16].contains(&coop), "cooperative size {coop}");
+    static RENDERED: OnceLock<Mutex<HashMap<u32, Kernel>>> = OnceLock::new();
+    let mut map = RENDERED.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    *map.entry(coop).or_insert_with(|| {
+        let slot = coop * coop;
+        let holes = HashMap::from([
+            ("COOP", coop.to_string()),
+            ("SLOT", slot.to_string()),
+            ("COUNT_AT", coop_probe_count_at(coop).to_string()),
+            ("TILE_HALVES", (6 * slot).to_string()),
+        ]);
+        let template = concat!(include_str!("../wgsl/common/enable_f16_coop.wgsl"), include_str!("../wgsl/coop_probe.wgsl"));
+        Kernel {
+            name: Box::leak(format!("coop_probe c{coop}").into_boxed_str()),
+            source: Box::leak(crate::fill_holes(template, "coop_probe.wgsl", &holes).into_boxed_str()),
+        }
+    })
+}
+
+/// Subgroup slots of the probe's output (the subgroup id modulo this).
+pub const COOP_PROBE_SUBGROUPS: u32 = 64;
+
+/// Where the probe writes the subgroup count: after its slots.
+pub const fn coop_probe_count_at(coop: u32) -> u32 {
+    COOP_PROBE_SUBGROUPS * 8 * coop * coop
+}
+
 impl std::fmt::Display for CoopTile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.name())

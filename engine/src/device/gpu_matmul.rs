@@ -176,6 +176,21 @@ impl GpuDevice {
         if fits_adapter(&self.summary, chosen.workgroup_bytes(), chosen.workgroup_size()) { chosen } else { MatmulTile::DEFAULT }
     }
 
+    /// Dispatches `coop_probe.wgsl` (the cooperative multiply-add's own rate, for `bench kernels`):
+    /// `workgroups` of 256 invocations, each subgroup `iters` rounds of 8 multiply-adds, into `out` (at
+    /// least `coop_probe_count_at(size) + 1` elements). Needs the cooperative-matrix matmul's adapter.
+    pub fn coop_probe(&self, out: &GpuTensor, workgroups: u32, iters: u32) -> Result<()> {
+        let Some(size) = self.summary.coop_f16_size().filter(|_| self.has_coop_matmul()) else {
+            bail!("{} cannot run the cooperative-matrix probe", self.summary.name);
+        };
+        if out.len <= zerostream_shaders::coop_probe_count_at(size) as usize {
+            bail!("the cooperative-matrix probe's output needs {} elements", zerostream_shaders::coop_probe_count_at(size) + 1);
+        }
+        let w = self.window(out, 0..out.len);
+        self.dispatch(zerostream_shaders::coop_probe_kernel(size), "main", &[iters, 0, 0, 0], &[(1, w.binding)], [workgroups, 1, 1]);
+        Ok(())
+    }
+
     /// Whether this adapter can run the cooperative-matrix matmul (`--matmul-inputs f16`).
     pub fn has_coop_matmul(&self) -> bool {
         coop_unavailable(&self.summary).is_none()

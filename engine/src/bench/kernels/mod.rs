@@ -319,6 +319,7 @@ impl Bench<'_> {
     fn model_kernels(&mut self, m: &Gpt2Config) -> Result<()> {
         let (b, t, c, l) = (self.cfg.batch, self.cfg.seq_len, m.n_embd, m.n_layer);
         let bt = b * t;
+        self.coop_probe(bt)?;
         for lin in [("qkv", c, 3 * c), ("attn_proj", c, c), ("fc", c, m.hidden()), ("fc_proj", m.hidden(), c)] {
             self.linear(lin, bt, l)?;
         }

@@ -63,7 +63,7 @@ impl Bench<'_> {
                 flops: s.flops(),
                 bytes: in_bytes + b_bytes,
                 per_step: 0,
-                variant: None,
+                variant: dev.coop_variant_for(&s, p.b16.is_some()).map(|t| t.name()),
             };
             dev.set_matmul_inputs(MatmulInputs::F16)?;
             let timed = self.time(case, || dev.matmul(p.c, p.a, b, p.bias, &s, p.accumulate));
@@ -71,6 +71,34 @@ impl Bench<'_> {
             timed?;
         }
         Ok(())
+    }
+
+    /// The cooperative multiply-add's own rate (`coop_probe.wgsl`: fragments in registers, no loads in the
+    /// loop), the ceiling of every `matmul_coop` variant on this adapter; `bt` sizes the grid.
+    pub(super) fn coop_probe(&mut self, bt: usize) -> Result<()> {
+        let dev = self.dev;
+        let Some(size) = dev.summary().coop_f16_size().filter(|_| dev.has_coop_matmul() && self.wants("matmul")) else { return Ok(()) };
+        let (workgroups, iters) = ((bt / 4).clamp(8, 1024) as u32, if bt >= 1024 { 256 } else { 16 });
+        let count_at = zerostream_shaders::coop_probe_count_at(size) as usize;
+        let out = dev.alloc(count_at + 4, "coop probe")?;
+        dev.coop_probe(&out, workgroups, iters)?;
+        let subgroups = dev.read(&out)[count_at] as f64;
+        if subgroups.is_nan() || subgroups < 1.0 {
+            anyhow::bail!("the cooperative-matrix probe reported {subgroups} subgroups per workgroup");
+        }
+        let mma_flops = 2.0 * f64::from(size).powi(3);
+        let case = Case {
+            kernel: "matmul_coop_mma",
+            case: "cooperative multiply-adds from registers (every matmul_coop variant's ceiling)".into(),
+            shape: format!("{workgroups} workgroups x {subgroups} subgroups x {iters} x 8 of {size}x{size}x{size}"),
+            precision: "f16-coop",
+            bound: Bound::Compute,
+            flops: f64::from(workgroups) * subgroups * f64::from(iters) * 8.0 * mma_flops,
+            bytes: 0.0,
+            per_step: 0,
+            variant: None,
+        };
+        self.time(case, || dev.coop_probe(&out, workgroups, iters).expect("checked by the first dispatch"))
     }
 
     /// A linear layer (in `k`, out `n`): forward, the input gradient, the weight gradient, the bias gradient.
