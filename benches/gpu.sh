@@ -10,9 +10,10 @@
 # on the same shapes: torch.matmul (fp32 without TF32, bf16 and f16), scaled_dot_product_attention,
 # pinned-memory copies, and a Hugging Face GPT2LMHeadModel fp32 training step. Each part is rendered into
 # the results file as soon as it finishes, so a run cut short still leaves what it measured.
-# Where the adapter has 16x16x16 f16 cooperative matrices, bench kernels also times the f16-input matmul
-# (rows f16-coop), the matmul table holds it against torch's bf16 and f16 matmul (issue #13's goal: at
-# least 25% of torch bf16), and a third training run uses --matmul-inputs f16.
+# Where the adapter has 16x16x16 (or 8x8x8) f16 cooperative matrices, tune also times the cooperative-matrix
+# variants, bench kernels times the f16-input matmul (rows f16-coop) and the multiply-add alone (row
+# matmul_coop_mma, their ceiling), the matmul table holds it against torch's bf16 and f16 matmul (issue
+# #13's goal: at least 25% of torch bf16), and a third training run uses --matmul-inputs f16.
 #
 # Usage:  bash benches/gpu.sh [RESULTS.md]     (default: $OUT/results.md if $OUT is set, else ./gpu-results.md)
 # Environment (all optional):
@@ -146,18 +147,19 @@ if classes:
         for r in attention:
             md.append(f"| {r['class']} | {r['shape']} | {r['best']} | {r['best_seconds']*1e3:.3f} | "
                       f"{r['default_seconds']*1e3:.3f} | {r['speedup']:.2f} | {', '.join(r['calls'])} |")
-    coop = [r for r in jsonl("tune.out") if r.get("kind") == "coop_class"]
-    if coop:
-        md += ["\n| cooperative-matrix class | shape | best variant | ms | GFLOP/s | default ms | speedup | every variant (ms) |", "|---|---|---|---:|---:|---:|---:|---|"]
-        for r in coop:
-            every = ", ".join(f"{v['variant']} {v['seconds']*1e3:.3f}" for v in r["variants"])
-            md.append(f"| {r['class']} | {r['shape']} | {r['best']} | {r['best_seconds']*1e3:.3f} | {r['best_gflops']:.0f} | "
-                      f"{r['default_seconds']*1e3:.3f} | {r['speedup']:.2f} | {every} |")
     if tsum:
         md.append(f"\n{tsum[0]['classes']} matmul, {tsum[0].get('attention_classes', 0)} attention and {tsum[0].get('coop_classes', 0)} cooperative-matrix classes in {tsum[0]['seconds']:.0f} s; "
                   f"table {tsum[0]['table']}; mismatched variants: {tsum[0]['mismatched'] or 'none'}\n")
 elif read("tune.err") is not None:
     md += ["## zerostream tune (no classes)\n", block(tail(read("tune.err")))]
+# The cooperative-matrix classes (adapters with cooperative matrices), whatever the fp32 classes did.
+coop = [r for r in jsonl("tune.out") if r.get("kind") == "coop_class"]
+if coop:
+    md += ["## zerostream tune: cooperative-matrix classes\n", "| cooperative-matrix class | shape | best variant | ms | GFLOP/s | default ms | speedup | every variant (ms) |", "|---|---|---|---:|---:|---:|---:|---|"]
+    for r in coop:
+        every = ", ".join(f"{v['variant']} {v['seconds']*1e3:.3f}" for v in r["variants"])
+        md.append(f"| {r['class']} | {r['shape']} | {r['best']} | {r['best_seconds']*1e3:.3f} | {r['best_gflops']:.0f} | "
+                  f"{r['default_seconds']*1e3:.3f} | {r['speedup']:.2f} | {every} |")
 
 kernels = [r for r in jsonl("kernels.out") if "kernel" in r]
 steps = [r for r in jsonl("kernels.out") if "step_kernel_seconds" in r]
@@ -214,7 +216,7 @@ if kernels and tm:
         md.append(f"f16-coop / torch bf16 over {len(coop_ratios)} products: min {coop_ratios[0]:.2f}, "
                   f"median {coop_ratios[len(coop_ratios)//2]:.2f}, max {coop_ratios[-1]:.2f} (goal: >= 0.25).\n")
     else:
-        md.append("No f16-coop rows: the adapter has no 16x16x16 f16 cooperative matrices (see the line above).\n")
+        md.append("No f16-coop rows: the adapter has no 16x16x16 or 8x8x8 f16 cooperative matrices (see the line above).\n")
 
 if torch:
     md += ["## PyTorch on the same machine\n", "| what | shape | dtype | time (us) | rate |", "|---|---|---|---:|---:|"]

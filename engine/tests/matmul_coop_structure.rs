@@ -1,33 +1,72 @@
-//! `matmul_coop.wgsl`'s addressing run on the CPU, statement for statement: the workgroup grid, the
-//! per-invocation staging of A and B into the f16 tiles (`a_element`, `b_element`, both operand
-//! orientations, every B format), the subgroups' regions and passes (4, 8 and 16 subgroups: several
-//! passes, one pass, and copies parked in the dump slot), the cooperative loads (row-major, with the
-//! tiles' strides), the staging slots of the epilogue and `write_c` — with only the 16 x 16 cooperative
-//! multiply-add itself replaced by plain f32 sums. Compared with the twin (`matmul_f16_inputs`), it checks
-//! every index of the kernel on any machine; `tests/kernels_coop.rs` checks the kernel itself where an
-//! adapter has cooperative matrices (none here). Keep it in step with the WGSL.
+//! `matmul_coop.wgsl`'s addressing run on the CPU, statement for statement, for every candidate variant of
+//! both cooperative sizes (the template's constants computed as `matmul_coop_template.rs` fills them): the
+//! workgroup grid, the per-invocation staging of A and B into the f16 tiles (`load_a`, `load_b`, both
+//! operand orientations, every B format), the subgroups' regions and passes (several passes, one, and
+//! copies parked in the dump slot), the K blocks each step multiplies, the cooperative loads (row-major,
+//! with the tiles' strides, 16-byte aligned), the staging slots of the epilogue and `write_c` — with only
+//! the cooperative multiply-add itself replaced by plain f32 sums. Compared with the twin
+//! (`matmul_f16_inputs`), it checks every index of every variant on any machine, the 16x16 ones included,
+//! which only NVIDIA's adapters run; `tests/kernels_coop.rs` checks the kernel itself where an adapter has
+//! cooperative matrices. Keep it in step with the WGSL.
 
 use rand::{Rng, SeedableRng};
 use zerostream::device::{MatmulShape, Operand};
 use zerostream::ops::matmul_f16::matmul_f16_inputs;
+use zerostream_shaders::CoopTile;
 
-const TILE_M: usize = 128;
-const TILE_N: usize = 128;
-const TILE_K: usize = 32;
-const A_STRIDE: usize = 40;
-const B_STRIDE: usize = 136;
-const REGIONS: usize = 8;
-const DUMP_SLOT: usize = 8;
-/// Where A's and B's tiles start in the kernel's one f16 workgroup array, `tile_halves`.
-const A_TILE: usize = 0;
-const B_TILE: usize = 5120;
-/// Where the subgroup count sits in `c_stage`, after the staging slots.
-const COUNT_SLOT: usize = 2304;
 /// A cooperative load or store needs a 16-byte aligned address and row stride (Vulkan's rule; NVIDIA's
 /// driver read shifted elements when the tiles sat 4 bytes off). The kernel's two workgroup arrays are
 /// each a multiple of 16 bytes long (the shaders crate's tests), so any packing starts them aligned; here
 /// every offset into them is checked.
 const COOP_ALIGN_BYTES: usize = 16;
+
+/// The template's constants for one variant (`shaders/src/matmul_coop_template.rs`'s holes).
+struct Tile {
+    coop: usize,
+    tile_m: usize,
+    tile_n: usize,
+    tile_k: usize,
+    frag_m: usize,
+    frag_n: usize,
+    workgroup: usize,
+    a_stride: usize,
+    b_stride: usize,
+    region_m: usize,
+    region_n: usize,
+    regions_n: usize,
+    regions: usize,
+    b_tile: usize,
+    count_slot: usize,
+    tile_halves: usize,
+}
+
+impl Tile {
+    fn of(t: &CoopTile) -> Tile {
+        let u = |x: u32| x as usize;
+        let (coop, tile_m, tile_n, tile_k) = (u(t.coop), u(t.tile_m), u(t.tile_n), u(t.tile_k));
+        let (region_m, region_n) = (u(t.frag_m) * coop, u(t.frag_n) * coop);
+        let (a_stride, b_stride) = (tile_k + 8, tile_n + 8);
+        let regions = (tile_m / region_m) * (tile_n / region_n);
+        Tile {
+            coop,
+            tile_m,
+            tile_n,
+            tile_k,
+            frag_m: u(t.frag_m),
+            frag_n: u(t.frag_n),
+            workgroup: u(t.workgroup),
+            a_stride,
+            b_stride,
+            region_m,
+            region_n,
+            regions_n: tile_n / region_n,
+            regions,
+            b_tile: tile_m * a_stride,
+            count_slot: (regions + 1) * coop * coop,
+            tile_halves: (tile_m * a_stride + tile_k * b_stride).div_ceil(8) * 8,
+        }
+    }
+}
 
 /// The kernel's Params (flags bit 0 accumulate, bit 1 bias; b_format 0 f32, 1 f16, 2 bf16).
 struct Params {
@@ -73,112 +112,118 @@ fn b_half(p: &Params, b: &[u32], k: usize, n: usize) -> u16 {
     f16_bits(f32::from_bits(bits << 16))
 }
 
-fn a_element(p: &Params, a: &[f32], row0: usize, k0: usize, idx: usize) -> (usize, u16) {
+/// `load_a`: element `idx` of A's tile at (row0, k0): its place in the tiles' array and its f16 bits.
+fn load_a(t: &Tile, p: &Params, a: &[f32], row0: usize, k0: usize, idx: usize) -> (usize, u16) {
     let along_m = p.a_row_stride == 1 && p.a_col_stride != 1;
-    let (r, kk) = if along_m { (idx % TILE_M, idx / TILE_M) } else { (idx / TILE_K, idx % TILE_K) };
-    (r * A_STRIDE + kk, a_half(p, a, row0 + r, k0 + kk))
+    let (r, kk) = if along_m { (idx % t.tile_m, idx / t.tile_m) } else { (idx / t.tile_k, idx % t.tile_k) };
+    (r * t.a_stride + kk, a_half(p, a, row0 + r, k0 + kk))
 }
 
-fn b_element(p: &Params, b: &[u32], k0: usize, col0: usize, idx: usize) -> (usize, u16) {
+/// `load_b`: element `idx` of B's tile at (k0, col0), as `load_a`.
+fn load_b(t: &Tile, p: &Params, b: &[u32], k0: usize, col0: usize, idx: usize) -> (usize, u16) {
     let along_k = p.b_row_stride == 1 && p.b_col_stride != 1;
-    let (kk, n) = if along_k { (idx % TILE_K, idx / TILE_K) } else { (idx / TILE_N, idx % TILE_N) };
-    (kk * B_STRIDE + n, b_half(p, b, k0 + kk, col0 + n))
+    let (kk, n) = if along_k { (idx % t.tile_k, idx / t.tile_k) } else { (idx / t.tile_n, idx % t.tile_n) };
+    (t.b_tile + kk * t.b_stride + n, b_half(p, b, k0 + kk, col0 + n))
 }
 
-/// coopLoadT: a row-major 16 x 16 tile at `base` with `stride` elements between rows.
-fn coop_load(tile: &[u16], base: usize, stride: usize) -> [[f32; 16]; 16] {
+/// coopLoadT: a row-major `coop` x `coop` tile at `base` with `stride` elements between rows.
+fn coop_load(coop: usize, tile: &[u16], base: usize, stride: usize) -> Vec<Vec<f32>> {
     assert!(
         (base * 2).is_multiple_of(COOP_ALIGN_BYTES) && (stride * 2).is_multiple_of(COOP_ALIGN_BYTES),
         "coopLoadT at {base}, stride {stride}"
     );
-    let mut m = [[0.0; 16]; 16];
-    for (i, row) in m.iter_mut().enumerate() {
-        for (j, x) in row.iter_mut().enumerate() {
-            *x = half::f16::from_bits(tile[base + i * stride + j]).to_f32();
-        }
-    }
-    m
+    (0..coop).map(|i| (0..coop).map(|j| half::f16::from_bits(tile[base + i * stride + j]).to_f32()).collect()).collect()
 }
 
-fn multiply_add(a: &[[f32; 16]; 16], b: &[[f32; 16]; 16], acc: &mut [[f32; 16]; 16]) {
-    for i in 0..16 {
-        for j in 0..16 {
-            acc[i][j] += (0..16).map(|k| a[i][k] * b[k][j]).sum::<f32>();
+fn multiply_add(a: &[Vec<f32>], b: &[Vec<f32>], acc: &mut [Vec<f32>]) {
+    let coop = a.len();
+    for i in 0..coop {
+        for j in 0..coop {
+            acc[i][j] += (0..coop).map(|k| a[i][k] * b[k][j]).sum::<f32>();
         }
     }
 }
 
-/// The whole dispatch (every workgroup of the host's grid) with `subgroups` subgroups per workgroup.
-fn run_kernel(p: &Params, a: &[f32], b: &[u32], bias: &[f32], c: &mut [f32], subgroups: usize) {
-    for wg_y in 0..p.m.div_ceil(TILE_M) {
-        for wg_x in 0..p.n.div_ceil(TILE_N) {
-            let (row0, col0) = (wg_y * TILE_M, wg_x * TILE_N);
-            let (mut tile_halves, mut c_stage) = (vec![0u16; 9472], vec![0.0f32; COUNT_SLOT + 4]);
-            c_stage[COUNT_SLOT] = subgroups as f32; // read back once, by every invocation
-            let passes = REGIONS.div_ceil(subgroups);
+/// The whole dispatch (every workgroup of the host's grid) of variant `t` with `subgroups` subgroups per
+/// workgroup.
+fn run_kernel(t: &Tile, p: &Params, a: &[f32], b: &[u32], bias: &[f32], c: &mut [f32], subgroups: usize) {
+    let (coop, slot_len) = (t.coop, t.coop * t.coop);
+    let dump_slot = t.regions;
+    for wg_y in 0..p.m.div_ceil(t.tile_m) {
+        for wg_x in 0..p.n.div_ceil(t.tile_n) {
+            let (row0, col0) = (wg_y * t.tile_m, wg_x * t.tile_n);
+            let (mut tile_halves, mut c_stage) = (vec![0u16; t.tile_halves], vec![0.0f32; t.count_slot + 4]);
+            c_stage[t.count_slot] = subgroups as f32; // read back once, by every invocation
+            let passes = t.regions.div_ceil(subgroups);
+            let zero = vec![vec![0.0f32; coop]; coop];
             for sweep in 0..passes {
-                // Per subgroup: its eight accumulators (acc00..acc03, acc10..acc13).
-                let mut acc = vec![[[[0.0f32; 16]; 16]; 8]; subgroups];
-                for t in 0..p.k.div_ceil(TILE_K) {
-                    for li in 0..256 {
-                        for j in 0..16 {
-                            let (at, av) = a_element(p, a, row0, t * TILE_K, li + 256 * j);
-                            tile_halves[A_TILE + at] = av;
-                            let (bt, bv) = b_element(p, b, t * TILE_K, col0, li + 256 * j);
-                            tile_halves[B_TILE + bt] = bv;
+                // Per subgroup: its frag_m x frag_n accumulators.
+                let mut acc = vec![vec![zero.clone(); t.frag_m * t.frag_n]; subgroups];
+                for step in 0..p.k.div_ceil(t.tile_k) {
+                    for li in 0..t.workgroup {
+                        for j in 0..t.tile_m * t.tile_k / t.workgroup {
+                            let (at, av) = load_a(t, p, a, row0, step * t.tile_k, li + t.workgroup * j);
+                            tile_halves[at] = av;
+                        }
+                        for j in 0..t.tile_k * t.tile_n / t.workgroup {
+                            let (bt, bv) = load_b(t, p, b, step * t.tile_k, col0, li + t.workgroup * j);
+                            tile_halves[bt] = bv;
                         }
                     }
-                    for kk in (0..TILE_K).step_by(16) {
+                    let k_end = t.tile_k.min((p.k - step * t.tile_k).div_ceil(coop) * coop);
+                    for kk in (0..k_end).step_by(coop) {
                         for (sg, acc) in acc.iter_mut().enumerate() {
-                            let region = (sweep * subgroups + sg) % REGIONS;
-                            let (a_base, b_base) = (A_TILE + (region / 2) * 32 * A_STRIDE, B_TILE + (region % 2) * 64);
-                            let a_rows = [
-                                coop_load(&tile_halves, a_base + kk, A_STRIDE),
-                                coop_load(&tile_halves, a_base + 16 * A_STRIDE + kk, A_STRIDE),
-                            ];
-                            for ti in 0..2 {
-                                for tj in 0..4 {
-                                    let bj = coop_load(&tile_halves, kk * B_STRIDE + b_base + 16 * tj, B_STRIDE);
-                                    multiply_add(&a_rows[ti], &bj, &mut acc[ti * 4 + tj]);
+                            let region = (sweep * subgroups + sg) % t.regions;
+                            let a_base = (region / t.regions_n) * t.region_m * t.a_stride;
+                            let b_base = t.b_tile + (region % t.regions_n) * t.region_n;
+                            let a_frags: Vec<_> = (0..t.frag_m)
+                                .map(|i| coop_load(coop, &tile_halves, a_base + i * coop * t.a_stride + kk, t.a_stride))
+                                .collect();
+                            for fj in 0..t.frag_n {
+                                let bj = coop_load(coop, &tile_halves, kk * t.b_stride + b_base + fj * coop, t.b_stride);
+                                for (fi, a_frag) in a_frags.iter().enumerate() {
+                                    multiply_add(a_frag, &bj, &mut acc[fi * t.frag_n + fj]);
                                 }
                             }
                         }
                     }
                 }
-                let (first, end) = (sweep * subgroups, REGIONS.min(sweep * subgroups + subgroups));
-                for ti in 0..2 {
-                    for tj in 0..4 {
+                let (first, end) = (sweep * subgroups, t.regions.min(sweep * subgroups + subgroups));
+                for fi in 0..t.frag_m {
+                    for fj in 0..t.frag_n {
                         // flush_tile: every subgroup stores into its slot, then the workgroup writes C.
                         for (sg, acc) in acc.iter().enumerate() {
                             let g = sweep * subgroups + sg;
-                            let slot = if g >= REGIONS { DUMP_SLOT } else { g % REGIONS };
-                            // coopStoreT of f32 at slot * 256 with 16 between rows.
-                            assert!((slot * 256 * 4).is_multiple_of(COOP_ALIGN_BYTES) && (16 * 4usize).is_multiple_of(COOP_ALIGN_BYTES));
-                            for i in 0..16 {
-                                for j in 0..16 {
-                                    c_stage[slot * 256 + i * 16 + j] = acc[ti * 4 + tj][i][j];
+                            let slot = if g >= t.regions { dump_slot } else { g % t.regions };
+                            // coopStoreT of f32 at slot * SLOT with COOP between rows.
+                            assert!((slot * slot_len * 4).is_multiple_of(COOP_ALIGN_BYTES) && (coop * 4).is_multiple_of(COOP_ALIGN_BYTES));
+                            for i in 0..coop {
+                                for j in 0..coop {
+                                    c_stage[slot * slot_len + i * coop + j] = acc[fi * t.frag_n + fj][i][j];
                                 }
                             }
                         }
-                        for li in 0..256 {
+                        for li in 0..t.workgroup {
                             for region in first..end {
-                                let row = row0 + (region / 2) * 32 + ti * 16 + li / 16;
-                                let col = col0 + (region % 2) * 64 + tj * 16 + li % 16;
-                                if row >= p.m || col >= p.n {
-                                    continue;
+                                for e in (li..slot_len).step_by(t.workgroup) {
+                                    let row = row0 + (region / t.regions_n) * t.region_m + fi * coop + e / coop;
+                                    let col = col0 + (region % t.regions_n) * t.region_n + fj * coop + e % coop;
+                                    if row >= p.m || col >= p.n {
+                                        continue;
+                                    }
+                                    let i = p.c_off + row * p.c_row_stride + col;
+                                    let mut x = if p.flags & 1 != 0 { c[i] } else { 0.0 };
+                                    if p.flags & 2 != 0 {
+                                        x += bias[p.bias_off + col];
+                                    }
+                                    c[i] = x + c_stage[region * slot_len + e];
                                 }
-                                let i = p.c_off + row * p.c_row_stride + col;
-                                let mut x = if p.flags & 1 != 0 { c[i] } else { 0.0 };
-                                if p.flags & 2 != 0 {
-                                    x += bias[p.bias_off + col];
-                                }
-                                c[i] = x + c_stage[region * 256 + li];
                             }
                         }
                     }
                 }
             }
-            assert_eq!(c_stage[COUNT_SLOT], subgroups as f32, "the staging slots overran the subgroup count");
+            assert_eq!(c_stage[t.count_slot], subgroups as f32, "the staging slots overran the subgroup count");
         }
     }
 }
@@ -188,11 +233,13 @@ fn random(len: usize, seed: u64) -> Vec<f32> {
     (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
 }
 
-/// Every layout, each B format, bias and accumulation, at shapes with every kind of tile edge, against
-/// the twin; 4, 8 and 16 subgroups give the same C.
+/// Every variant of both cooperative sizes (`CoopTile::candidates`), every layout, each B format, bias
+/// and accumulation, at shapes with every kind of tile edge, against the twin; subgroup counts that
+/// make several passes, one, and copies parked in the dump slot give the same C.
 #[test]
 fn the_kernels_addressing_computes_the_twins_product() {
-    let shapes = [(3, 17, 1), (1, 1, 1), (63, 65, 17), (130, 200, 96), (129, 130, 33)];
+    let shapes = [(3, 17, 1), (1, 1, 1), (63, 65, 17), (130, 200, 96), (129, 130, 33), (70, 260, 72)];
+    let variants: Vec<CoopTile> = [16, 8].into_iter().flat_map(CoopTile::candidates).filter(|t| !t.precast).collect();
     let mut seed = 0;
     for (m, n, k) in shapes {
         let rm = MatmulShape::row_major(m, n, k);
@@ -258,13 +305,17 @@ fn the_kernels_addressing_computes_the_twins_product() {
                     c_row_stride: s.c.row_stride,
                     bias_off: 3,
                 };
-                for subgroups in [8, 4, 16] {
+                // Each variant at one subgroup count, in turn: a pass per region, several, and more
+                // subgroups than regions.
+                for (v, variant) in variants.iter().enumerate() {
+                    let t = Tile::of(variant);
+                    let subgroups = [t.regions, 2.max(t.regions / 4), 2 * t.regions][(v + seed as usize) % 3];
                     let mut got = c0.clone();
-                    run_kernel(&p, &a, &b_words, &bias, &mut got, subgroups);
+                    run_kernel(&t, &p, &a, &b_words, &bias, &mut got, subgroups);
                     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                         assert!(
                             (g - w).abs() <= 1e-5 * (k as f32).sqrt() * (1.0 + w.abs()),
-                            "{name} m={m} n={n} k={k} b_format={b_format} accumulate={accumulate} bias={with_bias}, \
+                            "{variant} {name} m={m} n={n} k={k} b_format={b_format} accumulate={accumulate} bias={with_bias}, \
                              {subgroups} subgroups: element {i}: kernel {g}, twin {w}"
                         );
                     }

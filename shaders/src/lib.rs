@@ -177,7 +177,7 @@ mod tests {
     /// The cooperative-matrix matmul's workgroup variables are each a multiple of 16 bytes long, so however
     /// a driver packs them each starts 16-byte aligned, as a cooperative load or store needs (NVIDIA's
     /// driver read elements 4 bytes off when a 4-byte variable sat among them; the offsets inside the
-    /// arrays are checked by engine/tests/matmul_coop_structure.rs).
+    /// arrays, for every variant, are checked by engine/tests/matmul_coop_structure.rs).
     #[test]
     fn matmul_coop_workgroup_variables_keep_16_byte_alignment() {
         for tile in coop_variants() {

@@ -38,13 +38,18 @@ pub struct CoopTile {
     pub frag_n: u32,
     /// Invocations per workgroup.
     pub workgroup: u32,
+    /// A (and an f32 B) arrive already rounded to f16 in a scratch buffer (the engine casts each
+    /// operand's span once, with the same rounding), so the kernel reads halves instead of rounding every
+    /// element on every workgroup that loads it. The same bits as without.
+    pub precast: bool,
 }
 
 /// A region of C per subgroup and a workgroup shape, independent of the cooperative size: (tile_m, tile_n,
 /// tile_k, region_m, region_n, workgroup).
 type Shape = (u32, u32, u32, u32, u32, u32);
 
-/// The shapes `zerostream tune` tries, the default first (the kernel as it was before variants). Each fits
+/// The shapes `zerostream tune` tries, the default first (the kernel as it was before variants), each
+/// also with precast operands where [`PRECAST_SHAPES`] says. Each fits
 /// 48 KiB of workgroup memory (NVIDIA's Vulkan limit) at COOP = 16; [`CoopTile::workgroup_bytes`] says
 /// what each needs, and the tuner skips those an adapter cannot hold.
 const SHAPES: [Shape; 7] = [
@@ -61,6 +66,9 @@ const SHAPES: [Shape; 7] = [
     (128, 64, 32, 32, 32, 256),
 ];
 
+/// Which of [`SHAPES`] are also tried with precast operands.
+const PRECAST_SHAPES: [usize; 4] = [0, 1, 2, 4];
+
 impl CoopTile {
     /// The variant the device runs for a cooperative size until it is tuned: the kernel as it was before
     /// variants (a 128 x 128 tile, a 32 x 64 region per subgroup, 256 invocations, K step 32).
@@ -69,32 +77,48 @@ impl CoopTile {
     }
 
     const fn from_shape(coop: u32, (tile_m, tile_n, tile_k, region_m, region_n, workgroup): Shape) -> CoopTile {
-        CoopTile { coop, tile_m, tile_n, tile_k, frag_m: region_m / coop, frag_n: region_n / coop, workgroup }
+        CoopTile { coop, tile_m, tile_n, tile_k, frag_m: region_m / coop, frag_n: region_n / coop, workgroup, precast: false }
     }
 
     /// The variants `zerostream tune` tries for a cooperative size, the default first: the shapes whose
     /// regions make at most 32 accumulators of that size.
     pub fn candidates(coop: u32) -> Vec<CoopTile> {
-        SHAPES.iter().map(|s| Self::from_shape(coop, *s)).filter(|t| t.check().is_ok()).collect()
+        let plain = SHAPES.iter().map(|s| Self::from_shape(coop, *s));
+        let precast = PRECAST_SHAPES.iter().map(|&i| CoopTile { precast: true, ..Self::from_shape(coop, SHAPES[i]) });
+        plain.chain(precast).filter(|t| t.check().is_ok()).collect()
     }
 
     /// A stable name: `c16/128x128x32/2x4/256` (cooperative size / workgroup tile x K step / accumulators
-    /// per subgroup / invocations).
+    /// per subgroup / invocations), and `/pc` after it for precast operands.
     pub fn name(&self) -> String {
-        format!("c{}/{}x{}x{}/{}x{}/{}", self.coop, self.tile_m, self.tile_n, self.tile_k, self.frag_m, self.frag_n, self.workgroup)
+        format!(
+            "c{}/{}x{}x{}/{}x{}/{}{}",
+            self.coop,
+            self.tile_m,
+            self.tile_n,
+            self.tile_k,
+            self.frag_m,
+            self.frag_n,
+            self.workgroup,
+            if self.precast { "/pc" } else { "" }
+        )
     }
 
     /// Parses [`Self::name`]'s form and checks the variant.
     pub fn parse(name: &str) -> Result<CoopTile, String> {
-        let bad = || format!("cooperative matmul variant {name:?}: expected the form c16/128x128x32/2x4/256");
+        let bad = || format!("cooperative matmul variant {name:?}: expected the form c16/128x128x32/2x4/256[/pc]");
         let parts: Vec<&str> = name.split('/').collect();
+        let (precast, parts) = match parts[..] {
+            [ref head @ .., "pc"] => (true, head),
+            ref all => (false, all),
+        };
         let [coop, tile, frags, workgroup] = parts[..] else { return Err(bad()) };
         let num = |s: &str| s.parse::<u32>().map_err(|_| bad());
         let nums = |s: &str| s.split('x').map(num).collect::<Result<Vec<u32>, String>>();
         let coop = num(coop.strip_prefix('c').ok_or_else(bad)?)?;
         let (tile, frags, workgroup) = (nums(tile)?, nums(frags)?, num(workgroup)?);
         let (&[tile_m, tile_n, tile_k], &[frag_m, frag_n]) = (&tile[..], &frags[..]) else { return Err(bad()) };
-        let t = CoopTile { coop, tile_m, tile_n, tile_k, frag_m, frag_n, workgroup };
+        let t = CoopTile { coop, tile_m, tile_n, tile_k, frag_m, frag_n, workgroup, precast };
         t.check().map_err(|e| format!("cooperative matmul variant {name:?}: {e}"))?;
         Ok(t)
     }
@@ -154,6 +178,10 @@ impl CoopTile {
     /// fits the 16 bits the staged loads keep it in.
     pub fn check(&self) -> Result<(), String> {
         let t = self;
+        // Bounds first, so the products below cannot overflow (a hand-edited table names any numbers).
+        if t.tile_m > 512 || t.tile_n > 512 || t.tile_k > 256 || t.frag_m > 32 || t.frag_n > 32 {
+            return Err(format!("the tile {}x{}x{} or {}x{} accumulators out of range", t.tile_m, t.tile_n, t.tile_k, t.frag_m, t.frag_n));
+        }
         if ![8, 16].contains(&t.coop) {
             return Err(format!("the cooperative size {} must be 8 or 16", t.coop));
         }
@@ -264,6 +292,7 @@ impl CoopTile {
             ("TILE_HALVES", t.tile_halves().to_string()),
             ("C_STAGE", t.c_stage().to_string()),
             ("WORKGROUP", t.workgroup.to_string()),
+            ("A_PRECAST", t.precast.to_string()),
             ("ACCUMULATORS", strip(accumulators)),
             ("LOAD_FIRST", strip(first)),
             ("STORE", strip(store)),
@@ -327,6 +356,9 @@ mod tests {
             }
             assert_eq!(candidates[0], CoopTile::default_for(coop));
         }
+        assert_eq!(CoopTile::candidates(16).len(), 11);
+        assert_eq!(CoopTile::candidates(16).iter().filter(|t| t.precast).count(), 4);
+        assert_eq!(CoopTile::parse("c16/128x128x32/2x4/256/pc").unwrap(), CoopTile { precast: true, ..CoopTile::default_for(16) });
         // The kernel as it was before variants, byte for byte in workgroup memory.
         assert_eq!(CoopTile::default_for(16).name(), "c16/128x128x32/2x4/256");
         assert_eq!(CoopTile::default_for(16).workgroup_bytes(), 128 * 40 * 2 + 32 * 136 * 2 + 9 * 256 * 4 + 16);
@@ -343,6 +375,8 @@ mod tests {
             ("c8/128x128x32/8x8/256", "1 to 32"),
             ("c16/128x128x32/2x4/96", "invocations"),
             ("c8/8x8x8/1x1/256", "whole number per invocation"),
+            ("c16/128x128x32/2x4/256/pd", "expected the form"),
+            ("c16/4294967295x128x32/2x4/256", "out of range"),
         ] {
             let e = CoopTile::parse(name).unwrap_err();
             assert!(e.contains(why) && e.contains(name), "{name}: {e}");

@@ -10,8 +10,11 @@
 //
 // This file is a TEMPLATE: `shaders/src/matmul_coop_template.rs` fills the holes (NAMES in double braces)
 // from a `CoopTile` (cooperative size COOP, workgroup tile TILE_M x TILE_N, K step TILE_K, accumulators per
-// subgroup FRAG_M x FRAG_N, invocations per workgroup), writing the accumulators, the staged loads and the
-// multiply-adds out as named variables (an indexed function-scope array would likely land in local memory).
+// subgroup FRAG_M x FRAG_N, invocations per workgroup, precast operands), writing the accumulators, the
+// staged loads and the multiply-adds out as named variables (an indexed function-scope array would likely
+// land in local memory). With A_PRECAST the engine has rounded A (and an f32 B, then passed as b_format 1)
+// to f16 into a scratch buffer with the same function, once per product rather than once per workgroup
+// that loads an element; binding 1 then holds halves packed two per word (read through bitcast).
 // Every variant of one COOP computes the same bits (see Determinism), so `zerostream tune` may pick any.
 //
 // Rounding: every element of A (f32) and of an f32 or bf16 B is rounded to f16 by `f16_bits` (common/), round to
@@ -41,7 +44,7 @@
 //   and B are zero, so padded rows, columns and k never reach a stored element.
 //
 // Determinism: every accumulator is the chain of cooperative multiply-adds over K's COOP-deep blocks in
-// increasing k, from zero; the order of the products inside one multiply-add is the hardware's, but fixed
+// increasing k (those K reaches, K rounded up to COOP, whatever the K step), from zero; the order of the products inside one multiply-add is the hardware's, but fixed
 // for a given adapter and driver. Neither depends on the tile, the K step or the region a subgroup takes, so
 // every variant of one COOP gives the same bits; no atomics, and the engine's K splitting (for bindings) is
 // a function of the shape. Results differ from matmul.wgsl's by the f16 rounding of the inputs (see the
@@ -92,10 +95,15 @@ fn b_along_k() -> bool {
     return p.b_row_stride == 1u && p.b_col_stride != 1u;
 }
 
+// Whether A arrives as f16 halves packed two per word (the engine rounded it already), not as f32.
+const A_PRECAST: bool = {{A_PRECAST}};
+
 // A (r, k) as f16 bits, or 0 outside the matrix.
 fn a_half(r: u32, k: u32) -> u32 {
     if (r >= p.m || k >= p.k) { return 0u; }
-    return f16_bits(a[p.a_off + r * p.a_row_stride + k * p.a_col_stride]);
+    let i = p.a_off + r * p.a_row_stride + k * p.a_col_stride;
+    if (A_PRECAST) { return (bitcast<u32>(a[i >> 1u]) >> ((i & 1u) * 16u)) & 0xffffu; }
+    return f16_bits(a[i]);
 }
 
 // B (k, n) as f16 bits (an f16 B as stored, f32 and bf16 rounded), or 0 outside the matrix.
@@ -201,7 +209,10 @@ fn main(
             if (t + 1u < tiles) {
 {{LOAD_NEXT}}
             }
-            for (var kk = 0u; kk < TILE_K; kk += COOP) {
+            // Only the COOP-deep blocks K reaches (rounded up to COOP), so every K step multiplies the same
+            // blocks and a deeper step never adds blocks of padding (which would turn a -0 sum into +0).
+            let k_end = min(TILE_K, (p.k - t * TILE_K + COOP - 1u) / COOP * COOP);
+            for (var kk = 0u; kk < k_end; kk += COOP) {
 {{MULTIPLY}}
             }
         }

@@ -290,12 +290,14 @@ fn step_classes(cfg: &TuneConfig) -> Result<Vec<(MatmulClass, Product, Vec<Strin
     Ok(classes)
 }
 
-/// Times `variants` (the default first) on every class, until `cfg.max_seconds` after `start`; `what`
-/// names them in the message when time runs out.
+/// Times `variants` (the default first) on every class, until `until_s` after `start`; `what` names them
+/// in the message when time runs out.
+#[allow(clippy::too_many_arguments)]
 fn tune_classes<V: Copy>(
     dev: &GpuDevice,
     cfg: &TuneConfig,
     start: Instant,
+    until_s: f64,
     what: &str,
     variants: &[V],
     force: impl Fn(Option<V>) -> Result<()> + Copy,
@@ -305,9 +307,9 @@ fn tune_classes<V: Copy>(
     let timer = dev.best_timer();
     let mut results = Vec::new();
     for (i, (class, product, names)) in classes.iter().enumerate() {
-        if start.elapsed().as_secs_f64() > cfg.max_seconds {
+        if start.elapsed().as_secs_f64() > until_s {
             eprintln!(
-                "tune: --max-seconds {} reached; {} of {} {what} classes left untuned",
+                "tune: {until_s:.0} s of --max-seconds {} used; {} of {} {what} classes left untuned",
                 cfg.max_seconds,
                 classes.len() - i,
                 classes.len()
@@ -334,7 +336,9 @@ pub fn tune(dev: &GpuDevice, cfg: &TuneConfig, start: Instant, on_class: impl Fn
     // The default first: its bits are the reference and its time the baseline.
     variants.retain(|v| *v != MatmulTile::DEFAULT);
     variants.insert(0, MatmulTile::DEFAULT);
-    tune_classes(dev, cfg, start, "matmul", &variants, |v| dev.force_matmul_variant(v), on_class)
+    // Where the cooperative-matrix variants follow, they keep the last 40% of the time.
+    let until_s = if cfg.coop && !dev.coop_variants().is_empty() { 0.6 * cfg.max_seconds } else { cfg.max_seconds };
+    tune_classes(dev, cfg, start, until_s, "matmul", &variants, |v| dev.force_matmul_variant(v), on_class)
 }
 
 /// The cooperative-matrix matmul's variants (`--matmul-inputs f16`) on every class, as [`tune`]; nothing
@@ -350,7 +354,7 @@ pub fn tune_coop(
         return Ok(Vec::new());
     }
     dev.set_matmul_inputs(MatmulInputs::F16)?;
-    let results = tune_classes(dev, cfg, start, "cooperative-matrix", &variants, |v| dev.force_coop_variant(v), on_class);
+    let results = tune_classes(dev, cfg, start, cfg.max_seconds, "cooperative-matrix", &variants, |v| dev.force_coop_variant(v), on_class);
     dev.set_matmul_inputs(MatmulInputs::F32)?;
     results
 }

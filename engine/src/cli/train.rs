@@ -330,7 +330,7 @@ pub struct TrainArgs {
     /// What every matmul's inputs are rounded to before they are multiplied (sums are f32 either way).
     /// f32 (default): exact inputs, the fp32 kernels. f16: A and B rounded to f16 (nearest even; past
     /// 65504 they become infinity, below ~6e-8 zero) and multiplied on the GPU's cooperative matrices
-    /// (tensor cores) where the adapter lists a 16x16x16 f16->f32 configuration (`zerostream devices`
+    /// (tensor cores) where the adapter lists a 16x16x16 or 8x8x8 f16->f32 configuration (`zerostream devices`
     /// says); a GPU without one refuses, and `--device cpu` rounds the same way on the CPU (no faster
     /// there). With f16 the loss is scaled dynamically, as with --precision fp16 (from 65536, halved and
     /// the step skipped when a gradient overflows, doubled after 2000 clean steps), so that output

@@ -43,7 +43,8 @@ pub struct TuneArgs {
     /// the same products after the fp32 ones where the adapter has cooperative matrices.
     #[arg(long)]
     no_coop: bool,
-    /// Stop starting new shape classes after this many seconds (those done are kept).
+    /// Stop starting new shape classes after this many seconds (those done are kept); where the adapter has
+    /// cooperative matrices the fp32 classes stop at 60% of it and theirs take the rest.
     #[arg(long, default_value_t = 170.0)]
     max_seconds: f64,
     /// Tiny shapes and a few variants' worth of time: seconds on a software adapter such as lavapipe.

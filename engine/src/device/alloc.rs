@@ -10,6 +10,11 @@ use anyhow::{Result, bail};
 /// (4032 rows) of sums of a 4096-wide output, less the alignment slack.
 pub const GPU_COLUMN_PARTIALS_BYTES: u64 = 1 << 20;
 
+/// The gpu device's scratch for a product's operands rounded to f16 (`--matmul-inputs f16` with a precast
+/// cooperative-matrix variant, `gpu_matmul.rs`): 32 Mi halves, A and B of GPT-2 XL's or Llama-3.2-1B's
+/// largest products at 1024 tokens (a piece that needs more runs without precast: the same bits).
+pub const GPU_COOP_SCRATCH_BYTES: u64 = 64 << 20;
+
 /// What a device charges its budget for each kind of allocation. The devices charge with these and the
 /// planner (`train::plan`) counts with them, so the bytes planned are the bytes allocated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,13 +26,21 @@ pub struct AllocCosts {
     /// Bytes the device holds once it has trained a step, whatever the model (the gpu device's
     /// column-sum partials, made by the first backward).
     pub fixed_bytes: u64,
+    /// Bytes the device may hold for `--matmul-inputs f16` runs besides (the gpu device's f16 operand
+    /// scratch, made by the first precast product).
+    pub f16_inputs_bytes: u64,
 }
 
 impl AllocCosts {
     /// The gpu device: packed 16-bit tensors, token ids and 16-bit uploads staged on the device.
-    pub const GPU: AllocCosts = AllocCosts { packs_16bit: true, stages_uploads: true, fixed_bytes: GPU_COLUMN_PARTIALS_BYTES };
+    pub const GPU: AllocCosts = AllocCosts {
+        packs_16bit: true,
+        stages_uploads: true,
+        fixed_bytes: GPU_COLUMN_PARTIALS_BYTES,
+        f16_inputs_bytes: GPU_COOP_SCRATCH_BYTES,
+    };
     /// The cpu device: every tensor f32; token ids and uploads stay in host memory.
-    pub const CPU: AllocCosts = AllocCosts { packs_16bit: false, stages_uploads: false, fixed_bytes: 0 };
+    pub const CPU: AllocCosts = AllocCosts { packs_16bit: false, stages_uploads: false, fixed_bytes: 0, f16_inputs_bytes: 0 };
 
     /// An f32 tensor of `len` elements (an empty one still takes a word).
     pub fn tensor_bytes(&self, len: usize) -> u64 {

@@ -123,6 +123,9 @@ pub struct GpuDevice {
     /// The column sums' partials per block of rows (`gpu_columns.rs`), made by the first column sum
     /// (the planner counts it in `AllocCosts::fixed_bytes`; generation never needs it).
     column_partials: std::cell::OnceCell<GpuTensor>,
+    /// A precast product's operands rounded to f16 (`gpu_matmul.rs`), made by the first such product
+    /// (the planner counts it in `AllocCosts::f16_inputs_bytes`); None where the budget could not hold it.
+    coop_scratch: std::cell::OnceCell<Option<GpuTensor>>,
 }
 
 /// The largest Params any kernel takes, in bytes (the attention kernels': 20 words).
@@ -227,6 +230,7 @@ impl GpuDevice {
             attention_forced: Cell::new(None),
             busy: BusyClock::new(&device, &queue),
             column_partials: Default::default(),
+            coop_scratch: Default::default(),
             device,
             queue,
         })
@@ -437,6 +441,25 @@ impl GpuDevice {
                 shaders::CAST_F32_TO_F16,
                 "main",
                 &[r.len() as u32, xw.elem_offset, ow.elem_offset, 0],
+                &[(1, xw.binding), (2, ow.binding)],
+                Self::elementwise_grid(r.len().div_ceil(2)),
+            );
+        }
+    }
+
+    /// The f16 tensor `out` from half `out_start` (even) = `x[span]` rounded to f16, as [`Self::cast_f32_to_f16`].
+    pub(super) fn cast_span_to_f16(&self, out: &GpuTensor, out_start: usize, x: &GpuTensor, span: Range<usize>) {
+        debug_assert!(out_start.is_multiple_of(2) && out.format == Some(HalfFormat::F16));
+        if span.is_empty() {
+            return;
+        }
+        for r in Self::pieces(span.len(), self.max_window_elems, 2 * self.align_elems) {
+            let xw = self.window(x, span.start + r.start..span.start + r.end);
+            let ow = self.packed_window(out, out_start + r.start..out_start + r.end);
+            self.dispatch(
+                shaders::CAST_F32_TO_F16,
+                "main",
+                &[r.len() as u32, xw.elem_offset, ow.elem_offset / 2, 0],
                 &[(1, xw.binding), (2, ow.binding)],
                 Self::elementwise_grid(r.len().div_ceil(2)),
             );

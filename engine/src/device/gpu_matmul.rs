@@ -21,6 +21,7 @@ use std::ops::Range;
 use anyhow::{Result, bail};
 
 use super::{AdapterSummary, GpuDevice, GpuTensor, Window};
+use crate::device::alloc::GPU_COOP_SCRATCH_BYTES;
 use crate::device::matmul_tuning::{MatmulClass, MatmulTable};
 use crate::device::{HalfFormat, MatmulInputs, MatmulShape};
 use zerostream_shaders::{CoopTile, MatmulTile};
@@ -196,6 +197,44 @@ impl GpuDevice {
         coop_unavailable(&self.summary).is_none()
     }
 
+    /// The scratch of a precast product's f16 operands (`CoopTile::precast`), made at the first call; None
+    /// where the budget cannot hold it.
+    fn coop_scratch(&self) -> Option<&GpuTensor> {
+        self.coop_scratch
+            .get_or_init(|| {
+                let halves = (GPU_COOP_SCRATCH_BYTES / 2) as usize;
+                let usage = wgpu::BufferUsages::STORAGE;
+                self.create_formatted(halves, Some(HalfFormat::F16), "f16 operand scratch", usage).ok()
+            })
+            .as_ref()
+    }
+
+    /// Rounds A's span (and B's, when B is f32) to f16 into the scratch, with the kernels' own rounding
+    /// (`cast_f32_to_f16.wgsl`), and returns their windows there (B's None for a 16-bit B, which the
+    /// kernel reads as stored); None when the scratch is missing or too small for this piece.
+    fn precast_operands<'s>(
+        &'s self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        a_span: Range<usize>,
+        b_span: Range<usize>,
+    ) -> Option<(Window<'s>, Option<Window<'s>>)> {
+        let scratch = self.coop_scratch()?;
+        // B's halves start on a binding-aligned word after A's.
+        let b_start = 2 * (a_span.len().div_ceil(2).div_ceil(self.align_elems) * self.align_elems);
+        let b_len = if b.format.is_none() { b_span.len() } else { 0 };
+        if b_start + b_len > scratch.len {
+            return None;
+        }
+        self.cast_span_to_f16(scratch, 0, a, a_span.clone());
+        let sa = self.packed_window(scratch, 0..a_span.len());
+        let sb = (b.format.is_none()).then(|| {
+            self.cast_span_to_f16(scratch, b_start, b, b_span);
+            self.packed_window(scratch, b_start..b_start + b_len)
+        });
+        Some((sa, sb))
+    }
+
     /// `window` again as whole vec4 (its size rounded down to 16 bytes), and whether the kernel may read
     /// it: not when the window holds no whole vec4 or does not start on one (then the placeholder is bound).
     fn vec4_window<'a>(&'a self, window: &Window<'a>) -> (wgpu::BufferBinding<'a>, bool) {
@@ -286,13 +325,26 @@ impl GpuDevice {
             // The same Params; no vec4 views (it rounds each element on the way in). F16 inputs are set only
             // where the adapter has cooperative matrices.
             let tile = self.coop_variant_for(&piece, b.format.is_some()).expect("--matmul-inputs f16 without cooperative matrices");
-            self.dispatch(
-                tile.kernel(),
-                "main",
-                &params,
-                &[(1, wa.binding), (2, wb.binding), (3, bias_binding), (4, wc.binding)],
-                [n.div_ceil(tile.tile_n), m.div_ceil(tile.tile_m), 1],
-            );
+            let grid = [n.div_ceil(tile.tile_n), m.div_ceil(tile.tile_m), 1];
+            let (a_span, b_span) = (s.a.span(rows.clone(), ks.clone()), s.b.span(ks.clone(), cols.clone()));
+            let scratch = if tile.precast { self.precast_operands(a, b, a_span, b_span) } else { None };
+            let Some((sa, sb)) = scratch else {
+                // Without precast (asked for, or the scratch cannot hold this piece): the same bits.
+                let tile = CoopTile { precast: false, ..tile };
+                let bindings = [(1, wa.binding), (2, wb.binding), (3, bias_binding), (4, wc.binding)];
+                self.dispatch(tile.kernel(), "main", &params, &bindings, grid);
+                return;
+            };
+            let mut params = params;
+            params[4] = sa.elem_offset; // A's halves
+            let b_binding = match sb {
+                Some(sb) => {
+                    (params[8], params[11]) = (sb.elem_offset, 1); // B's halves, as an f16 B
+                    sb.binding
+                }
+                None => wb.binding, // a 16-bit B, read as stored
+            };
+            self.dispatch(tile.kernel(), "main", &params, &[(1, sa.binding), (2, b_binding), (3, bias_binding), (4, wc.binding)], grid);
             return;
         }
         let tile = self.matmul_variant_for(&piece, b.format.is_some());

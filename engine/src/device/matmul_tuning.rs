@@ -114,13 +114,12 @@ pub struct MatmulTable {
     pub coop_entries: BTreeMap<MatmulClass, CoopTile>,
 }
 
-/// `class`'s own entry, else the nearest of the same layouts within [`MAX_BORROW_DISTANCE`].
-fn nearest<V: Copy>(entries: &BTreeMap<MatmulClass, V>, class: &MatmulClass) -> Option<V> {
-    if let Some(v) = entries.get(class) {
-        return Some(*v);
-    }
+/// `class`'s own entry, else the nearest of the same layouts within [`MAX_BORROW_DISTANCE`], among the
+/// entries `usable` accepts.
+fn nearest<V: Copy>(entries: &BTreeMap<MatmulClass, V>, class: &MatmulClass, usable: impl Fn(&V) -> bool) -> Option<V> {
     entries
         .iter()
+        .filter(|(_, v)| usable(v))
         .filter_map(|(c, v)| class.distance(c).filter(|d| *d <= MAX_BORROW_DISTANCE).map(|d| (d, *v)))
         .min_by_key(|(d, _)| *d)
         .map(|(_, v)| v)
@@ -139,13 +138,13 @@ impl MatmulTable {
     /// The variant for a product of class `class`: its own tuned entry, else the nearest tuned class of
     /// the same layouts within [`MAX_BORROW_DISTANCE`], else the default.
     pub fn choose(&self, class: &MatmulClass) -> MatmulTile {
-        nearest(&self.entries, class).unwrap_or(self.default)
+        nearest(&self.entries, class, |_| true).unwrap_or(self.default)
     }
 
     /// The cooperative-matrix variant of cooperative size `coop` for a product of class `class`: as
     /// [`Self::choose`], else the size's default.
     pub fn choose_coop(&self, class: &MatmulClass, coop: u32) -> CoopTile {
-        nearest(&self.coop_entries, class).filter(|t| t.coop == coop).unwrap_or(CoopTile::default_for(coop))
+        nearest(&self.coop_entries, class, |t| t.coop == coop).unwrap_or(CoopTile::default_for(coop))
     }
 
     /// One line for `zerostream devices` and the run's description.
@@ -423,5 +422,9 @@ mod tests {
         assert_eq!(table.choose_coop(&near, 16), coop);
         assert_eq!(table.choose_coop(&far, 16), CoopTile::default_for(16));
         assert_eq!(table.choose_coop(&own, 8), CoopTile::default_for(8));
+        // An entry of the other size, nearer, does not hide one of the adapter's size.
+        table.coop_entries.insert(near, CoopTile::candidates(8)[1]);
+        assert_eq!(table.choose_coop(&near, 16), coop);
+        assert_eq!(table.choose_coop(&near, 8), CoopTile::candidates(8)[1]);
     }
 }

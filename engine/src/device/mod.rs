@@ -124,8 +124,8 @@ pub trait Backend {
     /// What the operands of every later [`Backend::matmul`] are rounded to before they are multiplied
     /// (`train --matmul-inputs`). F32: nothing, the default. F16: the gpu device runs
     /// `matmul_coop.wgsl` on cooperative matrices, the cpu device its twin's arithmetic
-    /// ([`crate::ops::matmul_f16`]); a gpu adapter without a 16x16x16 f16 configuration refuses, naming
-    /// itself.
+    /// ([`crate::ops::matmul_f16`]); a gpu adapter without a 16x16x16 or 8x8x8 f16 configuration refuses,
+    /// naming itself.
     fn set_matmul_inputs(&self, inputs: MatmulInputs) -> Result<()>;
     /// dbias (N) += column sums of dout (M, N).
     fn bias_backward(&self, dbias: &Self::Tensor, dout: &Self::Tensor, m: usize, n: usize);

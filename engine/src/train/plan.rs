@@ -8,7 +8,7 @@ use super::config::{AdamState, Optimizer, Precision, TrainConfig};
 use super::layout::{GroupLayout, TensorSlot, group_layouts};
 use super::shard::{Sharding, ZeroStage};
 use super::traffic::NvmeTraffic;
-use crate::device::{AllocCosts, HalfFormat};
+use crate::device::{AllocCosts, HalfFormat, MatmulInputs};
 use crate::model::Model;
 use crate::model::vocab::LossActs;
 
@@ -332,7 +332,11 @@ impl DeviceNeeds {
                 + model.head_activation_bytes(tc.batch, tc.seq_len)
                 + loss_bytes
                 + (model.n_layer() as u64 + 1) * costs.tensor_bytes(bt * model.width()),
-            other_bytes: 2 * block.map_or(0, f32_bytes) + 2 * costs.tokens_bytes(bt) + staged_16bit + costs.fixed_bytes,
+            other_bytes: 2 * block.map_or(0, f32_bytes)
+                + 2 * costs.tokens_bytes(bt)
+                + staged_16bit
+                + costs.fixed_bytes
+                + if tc.matmul_inputs == MatmulInputs::F16 { costs.f16_inputs_bytes } else { 0 },
         }
     }
 
@@ -501,5 +505,16 @@ mod tests {
         let in_ram = plan(&model, &TrainConfig { precision: Precision::Bf16, ..TrainConfig::default() }, 1).unwrap();
         assert_eq!(in_ram.host_paged_in_bytes, 0);
         assert_eq!(in_ram.host_bytes_per_rank(), (nvme, 0));
+    }
+
+    /// `--matmul-inputs f16` on the gpu device plans its f16 operand scratch; the cpu device has none.
+    #[test]
+    fn f16_inputs_plan_the_gpu_operand_scratch() {
+        let model = Model::preset("gpt2").unwrap();
+        let f32_inputs = TrainConfig::default();
+        let f16_inputs = TrainConfig { matmul_inputs: MatmulInputs::F16, ..f32_inputs.clone() };
+        let extra = |costs| minimum_device_bytes_on(&model, &f16_inputs, costs) - minimum_device_bytes_on(&model, &f32_inputs, costs);
+        assert_eq!(extra(AllocCosts::GPU), crate::device::alloc::GPU_COOP_SCRATCH_BYTES);
+        assert_eq!(extra(AllocCosts::CPU), 0);
     }
 }

@@ -215,8 +215,12 @@ pub fn bench_kernels(dev: &GpuDevice, cfg: &KernelBenchConfig, mut on_run: impl 
     on_run(&copy);
     let mut bench = Bench { dev, cfg, timer, model: String::new(), runs: vec![copy], on_run: &mut on_run };
     let mut steps = Vec::new();
-    for (name, m) in &models {
+    for (i, (name, m)) in models.iter().enumerate() {
         bench.model = name.clone();
+        if i == 0 {
+            // Once per run, at the first model's grid: the cooperative multiply-add's own rate.
+            bench.coop_probe(cfg.batch * cfg.seq_len)?;
+        }
         let first = bench.runs.len();
         bench.model_kernels(m)?;
         if cfg.only.is_empty() {
@@ -319,7 +323,6 @@ impl Bench<'_> {
     fn model_kernels(&mut self, m: &Gpt2Config) -> Result<()> {
         let (b, t, c, l) = (self.cfg.batch, self.cfg.seq_len, m.n_embd, m.n_layer);
         let bt = b * t;
-        self.coop_probe(bt)?;
         for lin in [("qkv", c, 3 * c), ("attn_proj", c, c), ("fc", c, m.hidden()), ("fc_proj", m.hidden(), c)] {
             self.linear(lin, bt, l)?;
         }
