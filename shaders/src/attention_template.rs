@@ -13,9 +13,8 @@
 //! choose among them freely; `engine/tests/attention_variants.rs` holds them to each other and to the twin.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
 
-use crate::Kernel;
+use crate::{Kernel, Rendered};
 
 /// Shared helpers of both kernels, as the `kernels!` table prepends them.
 const COMMON: &str = concat!(
@@ -164,12 +163,8 @@ impl AttentionTile {
     }
 
     fn kernel_of(&self, template: Template) -> Kernel {
-        static RENDERED: OnceLock<Mutex<HashMap<(&'static str, AttentionTile), Kernel>>> = OnceLock::new();
-        let mut map = RENDERED.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-        *map.entry((template.name, *self)).or_insert_with(|| Kernel {
-            name: Box::leak(format!("{} {}", template.name, self.name()).into_boxed_str()),
-            source: Box::leak(self.render(template).into_boxed_str()),
-        })
+        static RENDERED: Rendered<(&'static str, AttentionTile)> = Rendered::new(Default::default);
+        crate::rendered(&RENDERED, (template.name, *self), || (format!("{} {}", template.name, self.name()), self.render(template)))
     }
 
     /// Every candidate's kernels: both training passes and decode (validation, compile checks).

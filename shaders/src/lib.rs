@@ -18,6 +18,7 @@ pub mod matmul_coop_template;
 pub mod matmul_template;
 
 use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
 
 pub use attention_template::{AttentionPass, AttentionTile};
 pub use matmul_coop_template::{COOP_PROBE_SUBGROUPS, CoopTile, coop_probe_count_at, coop_probe_kernel};
@@ -39,6 +40,24 @@ pub(crate) fn fill_holes(template: &str, file: &str, holes: &HashMap<&str, Strin
     out.push_str(rest);
     out
 }
+
+/// A templated kernel, rendered once per process per `key` and kept in `cache` (the engine's pipeline
+/// cache keys on the name; the strings live as long as the process, as the `include_str!` sources do).
+/// `render` gives the name and the source.
+pub(crate) fn rendered<K: Copy + Eq + std::hash::Hash>(
+    cache: &LazyLock<Mutex<HashMap<K, Kernel>>>,
+    key: K,
+    render: impl FnOnce() -> (String, String),
+) -> Kernel {
+    let mut map = cache.lock().unwrap_or_else(|e| e.into_inner());
+    *map.entry(key).or_insert_with(|| {
+        let (name, source) = render();
+        Kernel { name: Box::leak(name.into_boxed_str()), source: Box::leak(source.into_boxed_str()) }
+    })
+}
+
+/// A cache for [`rendered`].
+pub(crate) type Rendered<K> = LazyLock<Mutex<HashMap<K, Kernel>>>;
 
 /// One kernel: the op's name (the file's stem) and its WGSL source.
 #[derive(Clone, Copy, Debug)]

@@ -9,9 +9,8 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::{Mutex, OnceLock};
 
-use crate::Kernel;
+use crate::{Kernel, Rendered};
 
 /// The template, with its enable directives and the shared helpers, Params and bindings prepended.
 const TEMPLATE: &str = concat!(
@@ -221,12 +220,8 @@ impl CoopTile {
     /// This variant as a [`Kernel`] (its source rendered once per process and kept: the engine's pipeline
     /// cache keys on the name).
     pub fn kernel(&self) -> Kernel {
-        static RENDERED: OnceLock<Mutex<HashMap<CoopTile, Kernel>>> = OnceLock::new();
-        let mut map = RENDERED.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-        *map.entry(*self).or_insert_with(|| Kernel {
-            name: Box::leak(format!("matmul_coop {}", self.name()).into_boxed_str()),
-            source: Box::leak(self.source().into_boxed_str()),
-        })
+        static RENDERED: Rendered<CoopTile> = Rendered::new(Default::default);
+        crate::rendered(&RENDERED, *self, || (format!("matmul_coop {}", self.name()), self.source()))
     }
 
     fn holes(&self) -> HashMap<&'static str, String> {
@@ -308,9 +303,8 @@ impl CoopTile {
 /// `coop` x `coop` f32, then the workgroup's subgroup count.
 pub fn coop_probe_kernel(coop: u32) -> Kernel {
     assert!([8, 16].contains(&coop), "cooperative size {coop}");
-    static RENDERED: OnceLock<Mutex<HashMap<u32, Kernel>>> = OnceLock::new();
-    let mut map = RENDERED.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-    *map.entry(coop).or_insert_with(|| {
+    static RENDERED: Rendered<u32> = Rendered::new(Default::default);
+    crate::rendered(&RENDERED, coop, || {
         let slot = coop * coop;
         let holes = HashMap::from([
             ("COOP", coop.to_string()),
@@ -319,10 +313,7 @@ pub fn coop_probe_kernel(coop: u32) -> Kernel {
             ("TILE_HALVES", (6 * slot).to_string()),
         ]);
         let template = concat!(include_str!("../wgsl/common/enable_f16_coop.wgsl"), include_str!("../wgsl/coop_probe.wgsl"));
-        Kernel {
-            name: Box::leak(format!("coop_probe c{coop}").into_boxed_str()),
-            source: Box::leak(crate::fill_holes(template, "coop_probe.wgsl", &holes).into_boxed_str()),
-        }
+        (format!("coop_probe c{coop}"), crate::fill_holes(template, "coop_probe.wgsl", &holes))
     })
 }
 

@@ -9,9 +9,8 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::{Mutex, OnceLock};
 
-use crate::Kernel;
+use crate::{Kernel, Rendered};
 
 /// The template, with the shared Params and bindings prepended (as the `kernels!` table does).
 const TEMPLATE: &str = concat!(include_str!("../wgsl/common/matmul_io.wgsl"), include_str!("../wgsl/matmul.wgsl"));
@@ -162,12 +161,8 @@ impl MatmulTile {
     /// This variant as a [`Kernel`] (its source rendered once per process and kept: the engine's pipeline
     /// cache keys on the name).
     pub fn kernel(&self) -> Kernel {
-        static RENDERED: OnceLock<Mutex<HashMap<MatmulTile, Kernel>>> = OnceLock::new();
-        let mut map = RENDERED.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-        *map.entry(*self).or_insert_with(|| Kernel {
-            name: Box::leak(format!("matmul {}", self.name()).into_boxed_str()),
-            source: Box::leak(self.source().into_boxed_str()),
-        })
+        static RENDERED: Rendered<MatmulTile> = Rendered::new(Default::default);
+        crate::rendered(&RENDERED, *self, || (format!("matmul {}", self.name()), self.source()))
     }
 
     /// Row offsets of this invocation's rows from its first (group g of 4 at g * tile_m / (thread_m / 4)).
