@@ -325,7 +325,8 @@ fn tune_classes<V: Copy>(
 }
 
 /// Tunes every class of the configured models' products, until `cfg.max_seconds` after `start` (the
-/// whole tune's clock, attention's classes included); calls `on_class` as each finishes.
+/// whole tune's clock, attention's classes included; 60% of it where [`tune_coop`] follows); calls
+/// `on_class` as each finishes.
 pub fn tune(dev: &GpuDevice, cfg: &TuneConfig, start: Instant, on_class: impl FnMut(&ClassResult)) -> Result<Vec<ClassResult>> {
     let mut variants = if cfg.variants.is_empty() { dev.matmul_variants() } else { cfg.variants.clone() };
     for v in &variants {
