@@ -84,6 +84,9 @@ pub struct GpuDevice {
     pub(super) device: wgpu::Device,
     pub(super) queue: wgpu::Queue,
     summary: AdapterSummary,
+    /// The cooperative size `matmul_coop.wgsl` runs at here, decided once when the device opens (None:
+    /// `matmul::coop_unavailable` refuses the adapter).
+    coop_size: Option<u32>,
     pub(super) budget: ByteBudget,
     /// Largest window, in elements, that any op binds (the adapter's limit less the alignment slack).
     max_window_elems: usize,
@@ -207,6 +210,7 @@ impl GpuDevice {
             mapped_at_creation: false,
         });
         Ok(GpuDevice {
+            coop_size: matmul::coop_unavailable(&summary).is_none().then(|| summary.coop_f16_size()).flatten(),
             summary,
             budget: ByteBudget::new(budget_bytes.unwrap_or(u64::MAX)),
             max_window_elems,

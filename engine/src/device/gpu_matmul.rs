@@ -114,13 +114,8 @@ impl GpuDevice {
     /// The variants of the cooperative-matrix matmul this adapter can run (its cooperative size, its
     /// workgroup memory), the size's default first; none without cooperative matrices.
     pub fn coop_variants(&self) -> Vec<CoopTile> {
-        let a = &self.summary;
-        match (self.has_coop_matmul(), a.coop_f16_size()) {
-            (true, Some(size)) => {
-                CoopTile::candidates(size).into_iter().filter(|t| fits_adapter(a, t.workgroup_bytes(), t.workgroup)).collect()
-            }
-            _ => Vec::new(),
-        }
+        let Some(size) = self.coop_size else { return Vec::new() };
+        CoopTile::candidates(size).into_iter().filter(|t| fits_adapter(&self.summary, t.workgroup_bytes(), t.workgroup)).collect()
     }
 
     /// Runs every cooperative-matrix product with `tile` (None: the default of the adapter's size again).
@@ -140,10 +135,7 @@ impl GpuDevice {
         if let Some(forced) = self.coop_forced.get() {
             return Some(forced);
         }
-        let size = self.summary.coop_f16_size()?;
-        if !self.has_coop_matmul() {
-            return None;
-        }
+        let size = self.coop_size?;
         let chosen = self.matmul_table.borrow().choose_coop(&MatmulClass::of(shape, b_16bit), size);
         // A table is checked against the adapter when tuned; a variant it cannot hold falls back.
         Some(if fits_adapter(&self.summary, chosen.workgroup_bytes(), chosen.workgroup) { chosen } else { CoopTile::default_for(size) })
@@ -181,7 +173,7 @@ impl GpuDevice {
     /// `workgroups` of 256 invocations, each subgroup `iters` rounds of 8 multiply-adds, into `out` (at
     /// least `coop_probe_count_at(size) + 1` elements). Needs the cooperative-matrix matmul's adapter.
     pub fn coop_probe(&self, out: &GpuTensor, workgroups: u32, iters: u32) -> Result<()> {
-        let Some(size) = self.summary.coop_f16_size().filter(|_| self.has_coop_matmul()) else {
+        let Some(size) = self.coop_size else {
             bail!("{} cannot run the cooperative-matrix probe", self.summary.name);
         };
         if out.len <= zerostream_shaders::coop_probe_count_at(size) as usize {
@@ -194,7 +186,12 @@ impl GpuDevice {
 
     /// Whether this adapter can run the cooperative-matrix matmul (`--matmul-inputs f16`).
     pub fn has_coop_matmul(&self) -> bool {
-        coop_unavailable(&self.summary).is_none()
+        self.coop_size.is_some()
+    }
+
+    /// The cooperative size the matmul runs at on this adapter (16, else 8), None where it cannot run.
+    pub fn coop_size(&self) -> Option<u32> {
+        self.coop_size
     }
 
     /// The scratch of a precast product's f16 operands (`CoopTile::precast`), made at the first call; None

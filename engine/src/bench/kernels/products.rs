@@ -77,7 +77,7 @@ impl Bench<'_> {
     /// loop), the ceiling of every `matmul_coop` variant on this adapter; `bt` sizes the grid.
     pub(super) fn coop_probe(&mut self, bt: usize) -> Result<()> {
         let dev = self.dev;
-        let Some(size) = dev.summary().coop_f16_size().filter(|_| dev.has_coop_matmul() && self.wants("matmul")) else { return Ok(()) };
+        let Some(size) = dev.coop_size().filter(|_| self.wants("matmul")) else { return Ok(()) };
         let (workgroups, iters) = ((bt / 4).clamp(8, 1024) as u32, if bt >= 1024 { 256 } else { 16 });
         let count_at = zerostream_shaders::coop_probe_count_at(size) as usize;
         let out = dev.alloc(count_at + 4, "coop probe")?;
