@@ -118,6 +118,7 @@ pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 fn main() {
+    quiet_on_closed_stdout();
     // SAFETY: no other thread has started yet.
     unsafe { device::gpu::quiet_wayland_probe() };
     let matches = parse_args().unwrap_or_else(|e| {
@@ -150,6 +151,24 @@ fn main() {
             std::process::exit(1);
         }
     }
+}
+
+/// Exit code of a command whose standard output was closed under it (`zerostream devices | head`):
+/// the shell's code for a process a closed pipe stopped (128 + SIGPIPE).
+const CLOSED_STDOUT_EXIT_CODE: i32 = 141;
+
+/// Makes a closed standard output end the command quietly, as it does Unix's own tools: Rust ignores
+/// SIGPIPE, so `println!` into a closed pipe panics instead. Leaving SIGPIPE ignored keeps a closed
+/// socket under MPI an error the transport reports rather than a silent death.
+fn quiet_on_closed_stdout() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info.payload().downcast_ref::<String>().map(String::as_str).unwrap_or_default();
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(CLOSED_STDOUT_EXIT_CODE);
+        }
+        report(info)
+    }));
 }
 
 /// The command line, with `train`/`plan --config-file FILE`'s flags placed before the command line's

@@ -253,3 +253,21 @@ fn progress_is_one_plain_line_per_step_off_a_terminal_and_quiet_prints_none() {
     let out = zerostream(&[&["--quiet", "train", "--lr=-1"][..], &common].concat());
     assert!(!out.status.success() && stderr(&out).contains("--lr -1: must be"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_closed_standard_output_ends_the_command_quietly() {
+    use std::process::Stdio;
+    // `plan` prints a page into a pipe whose reader is gone before it starts, as after `zerostream
+    // plan | head -0`.
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_zerostream"))
+        .args(["plan", "--config", "gpt2", "--device", "cpu"])
+        .stdout(Stdio::from(writer))
+        .stderr(Stdio::piped())
+        .output()
+        .expect("running zerostream");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(141), "exit code of a closed pipe; stderr: {err}");
+    assert!(!err.contains("panicked"), "no panic report: {err}");
+}
