@@ -14,6 +14,7 @@ fn device_to_host_transfers_return_the_uploaded_bytes() {
     assert_eq!(runs.len(), 4, "two sizes, two download methods");
     assert!(runs.iter().all(|r| r.gbps > 0.0 && r.gbps.is_finite()));
     let runs = bench_transfer(&gpu, Link::HostToDevice, &[(9 << 20) + 4], 1, |_| {}).unwrap();
+    assert_eq!(runs.len(), 4, "Direct, Parallel, StagingRing and Prestaged");
     assert!(runs.iter().all(|r| r.gbps > 0.0 && r.gbps.is_finite()));
     let err = bench_transfer(&gpu, Link::HostToDevice, &[6], 1, |_| {}).unwrap_err().to_string();
     assert!(err.contains("multiple of 4"), "{err}");
@@ -56,8 +57,9 @@ fn copies_issued_behind_kernels_deliver_their_bytes() {
     let cfg = OverlapConfig { bytes: (72 << 20) + 16, m: 64, n: 48, k: 80, reps: 1 };
     let mut seen = 0;
     let runs = bench_overlap(&gpu, &cfg, |_| seen += 1).unwrap();
-    assert_eq!((runs.len(), seen), (4, 4), "Direct, Parallel and StagingRing up, begin_read down, each reported");
-    assert_eq!(runs[3].method, "d2h begin_read");
+    assert_eq!((runs.len(), seen), (5, 5), "Direct, Parallel, StagingRing and Prestaged up, begin_read down, each reported");
+    assert_eq!(runs[3].method, "h2d Prestaged");
+    assert_eq!(runs[4].method, "d2h begin_read");
     for r in &runs {
         assert!([r.copy_s, r.kernels_s, r.both_s].iter().all(|s| *s > 0.0 && s.is_finite()), "{r:?}");
         assert!((1..=1000).contains(&r.matmuls) && r.hidden().is_finite(), "{r:?}");

@@ -46,7 +46,9 @@ pub fn bench_transfer(
         let mut host: Vec<u8> = (0..bytes).map(|i| (i % 253) as u8).collect();
         // A download has no parallel variant: every copy out of a mapping runs on rayon's threads.
         let methods: &[TransferMethod] = match link {
-            Link::HostToDevice => &[TransferMethod::Direct, TransferMethod::Parallel, TransferMethod::StagingRing],
+            Link::HostToDevice => {
+                &[TransferMethod::Direct, TransferMethod::Parallel, TransferMethod::StagingRing, TransferMethod::Prestaged]
+            }
             Link::DeviceToHost => &[TransferMethod::Direct, TransferMethod::StagingRing],
         };
         for &method in methods {

@@ -546,3 +546,4 @@ mod backend;
 #[path = "gpu_errors.rs"]
 mod errors;
 pub use memory::GpuPendingRead;
+pub use staging::Prestaged;

@@ -83,6 +83,39 @@ impl GpuDevice {
         }
     }
 
+    /// Staging memory holding `host`, made and filled now, for a copy timed later
+    /// (`TransferMethod::Prestaged`, `issue_prestaged_into`); the bytes are host memory, charged to the budget as a bench's
+    /// staging is.
+    pub fn prestage(&self, host: &[u8]) -> anyhow::Result<Prestaged> {
+        let bytes = host.len() as u64;
+        if bytes == 0 || !bytes.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT) {
+            anyhow::bail!(
+                "prestaging {bytes} bytes: must be a positive multiple of {} (wgpu's copy alignment)",
+                wgpu::COPY_BUFFER_ALIGNMENT
+            );
+        }
+        let charge = self.budget.charge(bytes, "prestaged upload")?;
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("prestaged upload"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: true,
+        });
+        fill_in_parallel(buffer.slice(..).get_mapped_range_mut().expect("mapped at creation").slice(..), host);
+        buffer.unmap();
+        Ok(Prestaged { buffer, _charge: charge })
+    }
+
+    /// Copies prestaged bytes into the start of `dst` on the device, ordered after the work recorded
+    /// before it, and submits the copy without waiting for it.
+    pub(in crate::device) fn copy_prestaged(&self, dst: &wgpu::Buffer, staged: &Prestaged) {
+        let mut slot = self.encoder.borrow_mut();
+        let encoder = slot.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
+        encoder.copy_buffer_to_buffer(&staged.buffer, 0, dst, 0, staged.buffer.size());
+        drop(slot);
+        self.flush();
+    }
+
     /// Buffers in the upload ring (it grows while writes outrun the device's copies).
     pub fn upload_ring_len(&self) -> usize {
         self.upload_ring.slots.borrow().len()
@@ -95,6 +128,18 @@ impl GpuDevice {
             usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: true,
         })
+    }
+}
+
+/// Bytes already in staging memory (`GpuDevice::prestage`): a copy's source, filled before the copy.
+pub struct Prestaged {
+    buffer: wgpu::Buffer,
+    _charge: crate::device::alloc::Charge,
+}
+
+impl Prestaged {
+    pub fn bytes(&self) -> u64 {
+        self.buffer.size()
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Instant;
 use anyhow::{Result, anyhow, bail};
 use rayon::prelude::*;
 
-use super::gpu::{GpuDevice, GpuTensor};
+use super::gpu::{GpuDevice, GpuTensor, Prestaged};
 
 /// How bytes cross to or from the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -25,6 +25,11 @@ pub enum TransferMethod {
     /// A ring of mapped staging buffers, each chunk copied on the device while the next is filled
     /// (h2d: the gpu device's upload ring, what its writes do) or drained (d2h), on rayon's threads.
     StagingRing,
+    /// h2d only: the bytes already in staging memory, filled before the clock starts (as PyTorch's
+    /// pinned buffer holds them): the device's copy alone. What an upload would cost the device thread
+    /// if the AdamW thread wrote the working copy straight into staging memory (issue #22 item 4), so
+    /// `StagingRing` against this row is what the host's copy into the ring costs.
+    Prestaged,
 }
 
 /// Chunk size and ring length of the d2h staging ring (the h2d ring is the device's own,
@@ -68,9 +73,13 @@ impl GpuDevice {
     pub fn time_h2d(&self, host: &[u8], method: TransferMethod) -> Result<f64> {
         let bytes = host.len() as u64;
         let (dst, _c) = self.bench_buffer(bytes, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST, "h2d target")?;
+        let staged = if method == TransferMethod::Prestaged { Some(self.prestage(host)?) } else { None };
         self.synchronize();
         let start = Instant::now();
-        self.issue_h2d(&dst, host, method);
+        match &staged {
+            Some(staged) => self.copy_prestaged(&dst, staged),
+            None => self.issue_h2d(&dst, host, method)?,
+        }
         self.wait()?;
         Ok(start.elapsed().as_secs_f64())
     }
@@ -85,11 +94,19 @@ impl GpuDevice {
         if !(host.len() as u64).is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT) {
             bail!("an h2d copy of {} bytes: must be a multiple of {} (wgpu's copy alignment)", host.len(), wgpu::COPY_BUFFER_ALIGNMENT);
         }
-        self.issue_h2d(dst.buffer(), host, method);
+        self.issue_h2d(dst.buffer(), host, method)
+    }
+
+    /// [`Self::issue_h2d_into`] from bytes prestaged before: records and submits the device's copy.
+    pub fn issue_prestaged_into(&self, dst: &GpuTensor, staged: &Prestaged) -> Result<()> {
+        if staged.bytes() > dst.buffer().size() {
+            bail!("an h2d copy of {} bytes into a tensor of {} bytes", staged.bytes(), dst.buffer().size());
+        }
+        self.copy_prestaged(dst.buffer(), staged);
         Ok(())
     }
 
-    fn issue_h2d(&self, dst: &wgpu::Buffer, host: &[u8], method: TransferMethod) {
+    fn issue_h2d(&self, dst: &wgpu::Buffer, host: &[u8], method: TransferMethod) -> Result<()> {
         match method {
             TransferMethod::Direct => {
                 self.queue.write_buffer(dst, 0, host);
@@ -100,11 +117,18 @@ impl GpuDevice {
                 self.queue.submit([]);
             }
             TransferMethod::StagingRing => self.upload_through_ring(dst, 0, host),
+            TransferMethod::Prestaged => {
+                bail!("a prestaged copy's bytes are staged before it is issued: GpuDevice::prestage, then issue_prestaged_into")
+            }
         }
+        Ok(())
     }
 
     /// Seconds to bring a device buffer of `host.len()` bytes into `host`.
     pub fn time_d2h(&self, host: &mut [u8], method: TransferMethod) -> Result<f64> {
+        if matches!(method, TransferMethod::Parallel | TransferMethod::Prestaged) {
+            bail!("{method:?} moves bytes up only (h2d)");
+        }
         let bytes = host.len() as u64;
         let (src, _c) = self.bench_buffer(
             bytes,
@@ -114,7 +138,7 @@ impl GpuDevice {
         self.queue.write_buffer(&src, 0, host);
         self.queue.submit([]);
         let chunk = match method {
-            TransferMethod::Direct | TransferMethod::Parallel => bytes,
+            TransferMethod::Direct | TransferMethod::Parallel | TransferMethod::Prestaged => bytes,
             TransferMethod::StagingRing => RING_CHUNK_BYTES.min(bytes),
         };
         let ring_len = if method == TransferMethod::StagingRing { RING_LEN } else { 1 };
