@@ -138,7 +138,8 @@ fn a_run_too_big_for_this_machines_ram_is_refused_before_any_work() {
 #[test]
 fn a_run_too_big_for_its_nvme_disk_is_refused_before_any_work() {
     // A GPT-2 of 15000 blocks of width 2048 (755B parameters): ~12.7 TiB of state on NVMe, more than any
-    // disk a test runs on; its RAM need (the groups paged in) is small.
+    // disk a test runs on; its RAM need (the groups paged in, and the cpu device's 3 GiB with one
+    // token's block inputs kept) is about 7 GiB.
     let dir = tempfile::tempdir().unwrap();
     let mut config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../benches/scale/gpt2-3b.json")).unwrap())
@@ -164,6 +165,13 @@ fn a_run_too_big_for_its_nvme_disk_is_refused_before_any_work() {
         "nvme",
         "--nvme-dir",
         nvme.to_str().unwrap(),
+        "--gpu-mem-budget",
+        "3GiB",
+        "--recompute",
+        "--batch-size",
+        "1",
+        "--seq-len",
+        "8",
         "--steps",
         "1",
     ]);

@@ -271,3 +271,21 @@ fn a_closed_standard_output_ends_the_command_quietly() {
     assert_eq!(out.status.code(), Some(141), "exit code of a closed pipe; stderr: {err}");
     assert!(!err.contains("panicked"), "no panic report: {err}");
 }
+
+/// `plan --device auto` plans the device `auto` will open, here as `train` does (the cpu device where
+/// wgpu finds no real GPU: its memory then counts in the RAM the run needs).
+#[test]
+fn plan_with_device_auto_plans_the_device_it_opens() {
+    let opened = match zerostream::device::resolve_auto(None) {
+        zerostream::device::DeviceChoice::Cpu => "cpu",
+        _ => "gpu",
+    };
+    let plan = |device: &str| {
+        let out = zerostream(&["plan", "--config", "gpt2", "--device", device]);
+        assert!(out.status.success(), "plan --device {device}: {}", stderr(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let auto = plan("auto");
+    assert_eq!(auto, plan(opened), "--device auto plans as --device {opened}");
+    assert!(auto.contains("the device's"), "the device's share of RAM is named: {auto}");
+}

@@ -15,6 +15,13 @@ pub const GPU_COLUMN_PARTIALS_BYTES: u64 = 1 << 20;
 /// largest products at 1024 tokens (a piece that needs more runs without precast: the same bits).
 pub const GPU_COOP_SCRATCH_BYTES: u64 = 64 << 20;
 
+/// Bytes of each buffer of the gpu device's upload ring (`gpu_staging.rs`): a chunk of a write.
+pub const GPU_UPLOAD_CHUNK_BYTES: u64 = 8 << 20;
+/// Buffers the upload ring may grow to (512 MiB) while writes outrun the device's copies.
+pub const GPU_UPLOAD_RING_MAX_LEN: usize = 64;
+/// The most bytes of finished reads' staging buffers the gpu device keeps for reuse (`gpu_memory.rs`).
+pub const GPU_SPARE_READBACK_BYTES: u64 = 256 << 20;
+
 /// What a device charges its budget for each kind of allocation. The devices charge with these and the
 /// planner (`train::plan`) counts with them, so the bytes planned are the bytes allocated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +36,12 @@ pub struct AllocCosts {
     /// Bytes the device may hold for `--matmul-inputs f16` runs besides (the gpu device's f16 operand
     /// scratch, made by the first precast product).
     pub f16_inputs_bytes: u64,
+    /// The device's memory is host RAM (the cpu device): what it holds counts against the machine's RAM.
+    pub memory_is_ram: bool,
+    /// Host memory the device keeps for moving bytes whatever the model, not charged to its budget:
+    /// the gpu device's upload ring at its largest and the read-back buffers it keeps for reuse (RAM on
+    /// a discrete GPU).
+    pub host_staging_bytes: u64,
 }
 
 impl AllocCosts {
@@ -38,9 +51,18 @@ impl AllocCosts {
         stages_uploads: true,
         fixed_bytes: GPU_COLUMN_PARTIALS_BYTES,
         f16_inputs_bytes: GPU_COOP_SCRATCH_BYTES,
+        memory_is_ram: false,
+        host_staging_bytes: GPU_UPLOAD_CHUNK_BYTES * GPU_UPLOAD_RING_MAX_LEN as u64 + GPU_SPARE_READBACK_BYTES,
     };
     /// The cpu device: every tensor f32; token ids and uploads stay in host memory.
-    pub const CPU: AllocCosts = AllocCosts { packs_16bit: false, stages_uploads: false, fixed_bytes: 0, f16_inputs_bytes: 0 };
+    pub const CPU: AllocCosts = AllocCosts {
+        packs_16bit: false,
+        stages_uploads: false,
+        fixed_bytes: 0,
+        f16_inputs_bytes: 0,
+        memory_is_ram: true,
+        host_staging_bytes: 0,
+    };
 
     /// An f32 tensor of `len` elements (an empty one still takes a word).
     pub fn tensor_bytes(&self, len: usize) -> u64 {

@@ -12,13 +12,12 @@ use anyhow::{Result, bail};
 use rayon::prelude::*;
 
 use super::{GpuDevice, GpuTensor};
+use crate::device::alloc::GPU_SPARE_READBACK_BYTES;
 use crate::device::{AllocCosts, HalfFormat};
 
 /// A staging buffer's mapping request: its callback's result.
 pub(super) type Mapped = Receiver<Result<(), wgpu::BufferAsyncError>>;
 
-/// The most bytes of finished reads' staging buffers kept for reuse (host-visible memory).
-const SPARE_STAGING_BYTES: u64 = 256 << 20;
 /// Below this an upload is one `write_buffer` (threads and a submission would cost more than they save).
 const RING_UPLOAD_MIN_BYTES: usize = 1 << 20;
 /// Bytes per rayon task filling mapped staging memory.
@@ -226,7 +225,7 @@ impl GpuDevice {
         drop(view);
         staging.unmap();
         let mut spares = self.spare_staging.borrow_mut();
-        if spares.iter().map(|b| b.size()).sum::<u64>() + staging.size() <= SPARE_STAGING_BYTES {
+        if spares.iter().map(|b| b.size()).sum::<u64>() + staging.size() <= GPU_SPARE_READBACK_BYTES {
             spares.push(staging);
         }
         out

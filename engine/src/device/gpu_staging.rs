@@ -4,23 +4,24 @@
 //! every write (which the driver must map and pin) and copies only after the whole write is filled: on
 //! an H100 it reached 28 GB/s at 64 MiB and 12 GB/s at 256 MiB against a 55 GB/s pinned copy
 //! (benches/results/2026-11-26-h100-gpu.md). The buffers are host memory, not charged to the device's
-//! byte budget. A child module of `gpu`, so it uses that file's private fields.
+//! byte budget (the planner counts them in host RAM). A child module of `gpu`, so it uses that file's private fields.
 
 use std::cell::{Cell, RefCell};
 use std::sync::mpsc::{TryRecvError, channel};
 
 use super::GpuDevice;
 use super::memory::{Mapped, fill_in_parallel};
+use crate::device::alloc::{GPU_UPLOAD_CHUNK_BYTES, GPU_UPLOAD_RING_MAX_LEN};
 
 /// Bytes a ring buffer holds: a chunk of a write.
-pub(super) const UPLOAD_CHUNK_BYTES: u64 = 8 << 20;
+pub(super) const UPLOAD_CHUNK_BYTES: u64 = GPU_UPLOAD_CHUNK_BYTES;
 /// Buffers the ring starts with.
 const UPLOAD_RING_MIN_LEN: usize = 8;
-/// Buffers the ring may grow to (512 MiB). A buffer whose copy the device has not run yet is waited
-/// for only at this size: below it the ring grows instead, since that copy sits behind whatever was
-/// submitted before it (a write larger than the ring, made while a block's kernels run, would otherwise
-/// hold the host until those kernels end).
-const UPLOAD_RING_MAX_LEN: usize = 64;
+/// Buffers the ring may grow to (the planner counts them in host RAM, `AllocCosts::host_staging_bytes`).
+/// A buffer whose copy the device has not run yet is waited for only at this size: below it the ring
+/// grows instead, since that copy sits behind whatever was submitted before it (a write larger than
+/// the ring, made while a block's kernels run, would otherwise hold the host until those kernels end).
+const UPLOAD_RING_MAX_LEN: usize = GPU_UPLOAD_RING_MAX_LEN;
 
 /// A ring buffer's copy that the device may still be running: the buffer's mapping request and the
 /// submission holding the copy.

@@ -372,9 +372,12 @@ pub fn open(choice: DeviceChoice, adapter: Option<&str>, budget_bytes: Option<u6
 }
 
 /// The device `--device auto` opens: the gpu device when `--adapter` names one or wgpu finds a real
-/// GPU, else the cpu device (never a software rasteriser such as lavapipe).
+/// GPU, else the cpu device (never a software rasteriser such as lavapipe). The adapters are listed once
+/// a process: the planner and every rank's `open` then agree, and none lists them again.
 pub fn resolve_auto(adapter: Option<&str>) -> DeviceChoice {
-    if adapter.is_some() || gpu::list_adapters().iter().any(|a| a.is_real_gpu()) { DeviceChoice::Gpu } else { DeviceChoice::Cpu }
+    static REAL_GPU_FOUND: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let real_gpu_found = || *REAL_GPU_FOUND.get_or_init(|| gpu::list_adapters().iter().any(|a| a.is_real_gpu()));
+    if adapter.is_some() || real_gpu_found() { DeviceChoice::Gpu } else { DeviceChoice::Cpu }
 }
 
 /// Parses a byte size such as `512MiB`, `2GiB`, `4GB`, `1048576`.

@@ -105,7 +105,7 @@ pub fn plan(mut req: RunRequest) -> Result<Placement> {
     resume_from_checkpoint(&mut req, world)?;
     size_params_ram_cache(&mut req, world, world)?;
     let model = model_config(&req.options.model)?;
-    plan_on(&model, &req.train, world, planned_costs(req.ranks.device))
+    plan_on(&model, &req.train, world, planned_costs(&req.ranks))
 }
 
 /// [`plan`], and the links it would use timed on this machine (`plan --measure`: the drive in
@@ -116,7 +116,7 @@ pub fn plan_measured(mut req: RunRequest, measure: &Path) -> Result<(Placement, 
     resume_from_checkpoint(&mut req, world)?;
     size_params_ram_cache(&mut req, world, world)?;
     let model = model_config(&req.options.model)?;
-    let placement = plan_on(&model, &req.train, world, planned_costs(req.ranks.device))?;
+    let placement = plan_on(&model, &req.train, world, planned_costs(&req.ranks))?;
     let dirs = predict::drive_dirs(measure, &req.train);
     let dev = RankDevice::Default.open(req.ranks.device, req.ranks.adapter.as_deref(), req.train.gpu_mem_budget)?;
     let (rates, shared_cores, device) = match &dev {
@@ -201,14 +201,15 @@ fn finished_run(dir: &Path, step: u64, steps: u64, save: Option<&Path>) -> Resul
     Ok(Launched::AlreadyDone)
 }
 
-/// What the device `--device` names charges for its allocations, for planning before it is opened:
-/// the cpu device's costs for `cpu`, a GPU's otherwise (`auto` falls back to the cpu device only where
-/// no GPU is found, and the trainer then plans again with the device it opened).
-fn planned_costs(choice: DeviceChoice) -> AllocCosts {
-    match choice {
-        DeviceChoice::Cpu => AllocCosts::CPU,
-        DeviceChoice::Gpu | DeviceChoice::Auto => AllocCosts::GPU,
-    }
+/// What the device `--device` names charges for its allocations, for planning before it is opened: the
+/// cpu device's costs for `cpu`, and for `auto` where it finds no GPU (`device::resolve_auto`, as
+/// `device::open` decides), a GPU's otherwise.
+fn planned_costs(ranks: &RankRequest) -> AllocCosts {
+    let device = match ranks.device {
+        DeviceChoice::Auto => crate::device::resolve_auto(ranks.adapter.as_deref()),
+        choice => choice,
+    };
+    if device == DeviceChoice::Cpu { AllocCosts::CPU } else { AllocCosts::GPU }
 }
 
 /// Refuses before any work a run (`req` with the settings `train`) whose state would not fit in this
@@ -216,7 +217,7 @@ fn planned_costs(choice: DeviceChoice) -> AllocCosts {
 /// chosen device cannot keep.
 fn check_host_ram(req: &RunRequest, train: &TrainConfig, world: usize, ranks_here: usize) -> Result<()> {
     let model = model_config(&req.options.model)?;
-    let placement = plan_on(&model, train, world, planned_costs(req.ranks.device))?;
+    let placement = plan_on(&model, train, world, planned_costs(&req.ranks))?;
     placement.check_host_ram(ranks_here)?;
     placement.check_nvme_room(&train.nvme_dirs, ranks_here)
 }
@@ -229,15 +230,9 @@ fn size_params_ram_cache(req: &mut RunRequest, world: usize, ranks_here: usize) 
         return Ok(());
     }
     let model = model_config(&req.options.model)?;
-    // `--device auto` sized as what it will open: the cpu device's memory is RAM too.
-    let device = match req.ranks.device {
-        DeviceChoice::Auto => crate::device::resolve_auto(req.ranks.adapter.as_deref()),
-        choice => choice,
-    };
-    let costs = planned_costs(device);
     let without = TrainConfig { params_ram_cache_bytes: 0, ..req.train.clone() };
-    let placement = plan_on(&model, &without, world, costs)?;
-    req.train.params_ram_cache_bytes = placement.params_ram_cache_room(ranks_here, costs == AllocCosts::CPU);
+    let placement = plan_on(&model, &without, world, planned_costs(&req.ranks))?;
+    req.train.params_ram_cache_bytes = placement.params_ram_cache_room(ranks_here);
     Ok(())
 }
 

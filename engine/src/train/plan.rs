@@ -48,6 +48,10 @@ pub struct Placement {
     /// Per rank, on NVMe beside the state while a run is open: the spare files shard writes go into
     /// (`zerostream_offload::SPARES_PER_SIZE` of each shard size at most; 0 without an NVMe tier).
     pub host_nvme_spare_bytes: u64,
+    /// Per rank: host RAM the device takes besides the state: the cpu device's whole memory (it is
+    /// RAM), or the gpu device's host staging (`AllocCosts::host_staging_bytes`) and the read-backs of
+    /// the two gradient buffers a backward has in flight.
+    pub host_device_bytes: u64,
     /// Whether the output projection (V, C) is resident on the device whole, with every vocabulary
     /// chunk's logits, or uploaded a chunk at a time with one chunk's logits (when the budget cannot
     /// hold it whole). The embedding's rows are gathered on the host either way.
@@ -90,11 +94,17 @@ impl Placement {
         (ram, nvme)
     }
 
+    /// Host RAM per rank: the state in RAM (`host_bytes_per_rank`) and what the device takes of it
+    /// (`host_device_bytes`). What the RAM check, the summary and `--params-ram-cache auto` count.
+    pub fn ram_bytes_per_rank(&self) -> u64 {
+        self.host_bytes_per_rank().0 + self.host_device_bytes
+    }
+
     /// One line: the host state per rank and for all ranks on one machine, against the RAM this
     /// machine has available now.
     pub fn host_summary(&self) -> String {
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-        let (ram, nvme) = self.host_bytes_per_rank();
+        let (ram, nvme) = (self.ram_bytes_per_rank(), self.host_bytes_per_rank().1);
         let all = ram * self.world_size as u64;
         let verdict = match available_ram_bytes() {
             Some(avail) if all <= avail => format!("fits in the {:.1} GiB of RAM available here", gib(avail)),
@@ -105,8 +115,9 @@ impl Placement {
             None => "RAM available here unknown".to_string(),
         };
         format!(
-            "host state per rank: {:.2} GiB in RAM (state paged in from NVMe included), {:.2} GiB on NVMe{}; {} rank(s) on one machine: {:.2} GiB of RAM, {verdict}",
+            "host state per rank: {:.2} GiB in RAM (state paged in from NVMe and the device's {:.2} GiB included), {:.2} GiB on NVMe{}; {} rank(s) on one machine: {:.2} GiB of RAM, {verdict}",
             gib(ram),
+            gib(self.host_device_bytes),
             gib(nvme),
             if self.host_nvme_spare_bytes > 0 {
                 format!(" (+ up to {:.2} GiB of spare files while running)", gib(self.host_nvme_spare_bytes))
@@ -157,15 +168,15 @@ impl Placement {
     }
 
     /// The RAM each of `ranks_here` ranks can give `--params-ram-cache auto` (this placement planned
-    /// without a cache): what is available now less their state in RAM (and the device's memory when
-    /// it is RAM: `device_in_ram`) and a margin of 1 GiB + 1/8 of what is available (the process
-    /// itself, allocator slack, other programs); 0 when the RAM is unknown, or with the working copy in RAM.
-    pub fn params_ram_cache_room(&self, ranks_here: usize, device_in_ram: bool) -> u64 {
+    /// without a cache): what is available now less their RAM (`ram_bytes_per_rank`) and a margin of
+    /// 1 GiB + 1/8 of what is available (the process itself, allocator slack, other programs); 0 when
+    /// the RAM is unknown, or with the working copy in RAM.
+    pub fn params_ram_cache_room(&self, ranks_here: usize) -> u64 {
         let Some(avail) = available_ram_bytes() else { return 0 };
         if self.params_tier != Tier::Nvme {
             return 0;
         }
-        let per_rank = self.host_bytes_per_rank().0 + if device_in_ram { self.device_bytes() } else { 0 };
+        let per_rank = self.ram_bytes_per_rank();
         let margin = (1 << 30) + avail / 8;
         avail.saturating_sub(margin).saturating_sub(per_rank * ranks_here as u64) / ranks_here.max(1) as u64
     }
@@ -174,15 +185,17 @@ impl Placement {
     /// more than the RAM available now: better at start-up than an abort when an allocation fails.
     pub fn check_host_ram(&self, ranks_here: usize) -> Result<()> {
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-        let need = self.host_bytes_per_rank().0 * ranks_here as u64;
+        let need = self.ram_bytes_per_rank() * ranks_here as u64;
         if let Some(avail) = available_ram_bytes()
             && need > avail
         {
             bail!(
-                "host RAM: {ranks_here} rank(s) here need {:.2} GiB of RAM for their state, but only {:.2} GiB is available: put the \
-                 optimizer state and parameters on NVMe (--offload-optimizer nvme --offload-params nvme --nvme-dir DIR), use a \
-                 higher --zero-stage, or spread the ranks over more machines",
+                "host RAM: {ranks_here} rank(s) here need {:.2} GiB of RAM for their state and devices ({:.2} GiB a rank the device's: \
+                 with the cpu device, lower it with --gpu-mem-budget, --recompute or a smaller --batch-size/--seq-len), but only {:.2} GiB \
+                 is available: put the optimizer state and parameters on NVMe (--offload-optimizer nvme --offload-params nvme --nvme-dir DIR), \
+                 use a higher --zero-stage, or spread the ranks over more machines",
                 gib(need),
+                gib(self.host_device_bytes),
                 gib(avail)
             );
         }
@@ -445,7 +458,8 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         zerostream_offload::SPARES_PER_SIZE as u64 * spare_sizes.iter().map(|b| b.div_ceil(page) * page + page).sum::<u64>();
     // Stage 1 with several ranks keeps each block's whole gradient (the head's is reduced at once).
     let stage1_grads = if sharding.shards_grads() { 0 } else { shards[1..].iter().map(|s| s.padded_len).sum::<usize>() as u64 };
-    Ok(Placement {
+    let largest_block = group_lens[1..].iter().max().copied().unwrap_or(0);
+    let mut placement = Placement {
         optimizer_tier: tc.offload_optimizer,
         grads_tier: tc.gradients_tier(),
         params_tier: tc.offload_params,
@@ -462,6 +476,7 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         host_stage1_grad_bytes: 4 * stage1_grads,
         host_paged_in_bytes,
         host_nvme_spare_bytes,
+        host_device_bytes: 0,
         vocab_resident,
         device_head_bytes: head_bytes,
         device_block_slot_bytes: slot_bytes,
@@ -471,7 +486,10 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         cached_working_blocks,
         device_budget_bytes: tc.gpu_mem_budget,
         nvme_traffic: NvmeTraffic::of(tc, sharding.world, &group_lens, block_slots),
-    })
+    };
+    placement.host_device_bytes =
+        if costs.memory_is_ram { placement.device_bytes() } else { costs.host_staging_bytes + 2 * costs.tensor_bytes(largest_block) };
+    Ok(placement)
 }
 
 #[cfg(test)]
@@ -516,5 +534,25 @@ mod tests {
         let extra = |costs| minimum_device_bytes_on(&model, &f16_inputs, costs) - minimum_device_bytes_on(&model, &f32_inputs, costs);
         assert_eq!(extra(AllocCosts::GPU), crate::device::alloc::GPU_COOP_SCRATCH_BYTES);
         assert_eq!(extra(AllocCosts::CPU), 0);
+    }
+
+    /// The RAM a run needs counts the device's share of it: the cpu device's whole memory (at every
+    /// budget), or the gpu device's host staging and two blocks' gradient read-backs.
+    #[test]
+    fn host_ram_counts_what_the_device_takes_of_it() {
+        let model = Model::preset("gpt2").unwrap();
+        for tc in [
+            TrainConfig::default(),
+            TrainConfig { gpu_mem_budget: Some(minimum_device_bytes(&model, &TrainConfig::default())), ..TrainConfig::default() },
+        ] {
+            let cpu = plan_on(&model, &tc, 1, AllocCosts::CPU).unwrap();
+            assert!(cpu.device_bytes() > 0);
+            assert_eq!(cpu.ram_bytes_per_rank(), cpu.host_bytes_per_rank().0 + cpu.device_bytes());
+        }
+        let gpu = plan_on(&model, &TrainConfig::default(), 1, AllocCosts::GPU).unwrap();
+        let block = group_layouts(&model)[1].len as u64;
+        assert_eq!(gpu.host_device_bytes, (512 << 20) + (256 << 20) + 2 * 4 * block);
+        assert_eq!(gpu.ram_bytes_per_rank(), gpu.host_bytes_per_rank().0 + gpu.host_device_bytes);
+        assert!(gpu.host_summary().contains("the device's 0.80 GiB included"), "{}", gpu.host_summary());
     }
 }
