@@ -179,3 +179,22 @@ fn a_run_too_big_for_its_nvme_disk_is_refused_before_any_work() {
     assert!(!out.status.success() && err.contains("--nvme-dir") && err.contains("GiB free"), "{err}");
     assert!(!nvme.exists(), "nothing was written before the refusal");
 }
+
+/// Benchmarks asked for more memory than the machine or the adapter has refuse by flag with the
+/// numbers, before allocating (an allocation that fails aborts the process; a buffer past the
+/// adapter's limit fails wgpu's validation).
+#[test]
+fn benches_too_big_for_the_machine_are_refused_before_allocating() {
+    let out = zerostream(&["bench", "adam", "--params", "1000000000000000", "--reps", "1"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "an error, not an abort: {err}");
+    assert!(err.contains("--params") && err.contains("GiB of RAM"), "{err}");
+    let Some(gpu) = common::gpu_or_skip("benches_too_big_for_the_machine_are_refused_before_allocating") else { return };
+    let max = gpu.summary().max_buffer_bytes;
+    for link in [zerostream::bench::transfer::Link::HostToDevice, zerostream::bench::transfer::Link::DeviceToHost] {
+        let err = zerostream::bench::transfer::bench_transfer(&gpu, link, &[4, (max + 4) & !3], 1, |_| panic!("no size ran"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--sizes") && err.contains("largest buffer"), "{err}");
+    }
+}

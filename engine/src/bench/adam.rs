@@ -76,10 +76,26 @@ impl AdamBenchReport {
     }
 }
 
+/// The most bytes of RAM `bench adam` allocates per parameter, whatever its options.
+const BENCH_BYTES_PER_PARAM: u64 = 24;
+
 /// Best-of-`reps` AdamW step time over `params` parameters, and the triad bandwidth on the same threads.
 pub fn bench_adam(cfg: &AdamBenchConfig) -> Result<AdamBenchReport> {
     if cfg.params == 0 || cfg.reps == 0 {
         bail!("--params and --reps must be positive");
+    }
+    // At most: master weights, two fp32 moments, the gradient in f32, f16 and bf16, and a 4-byte copy.
+    let need_bytes = cfg.params as u64 * BENCH_BYTES_PER_PARAM;
+    if let Some(avail) = crate::train::available_ram_bytes()
+        && need_bytes > avail
+    {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        bail!(
+            "bench adam --params {}: needs up to {:.1} GiB of RAM ({BENCH_BYTES_PER_PARAM} bytes a parameter), but {:.1} GiB is available: lower --params",
+            cfg.params,
+            gib(need_bytes),
+            gib(avail)
+        );
     }
     if cfg.optimizer != Optimizer::Adamw {
         return bench_layerwise(cfg);

@@ -38,12 +38,28 @@ pub fn bench_transfer(
     reps: usize,
     mut on_run: impl FnMut(&TransferRun),
 ) -> Result<Vec<TransferRun>> {
-    let mut runs = Vec::new();
+    // Every size is checked before any is moved, so a bad one late in the list costs no time.
+    let max_buffer_bytes = dev.summary().max_buffer_bytes;
     for &bytes in sizes {
         if bytes == 0 || bytes % wgpu::COPY_BUFFER_ALIGNMENT != 0 {
-            bail!("transfer size {bytes} bytes: must be a positive multiple of {} (wgpu's copy alignment)", wgpu::COPY_BUFFER_ALIGNMENT);
+            bail!(
+                "--sizes: transfer size {bytes} bytes: must be a positive multiple of {} (wgpu's copy alignment)",
+                wgpu::COPY_BUFFER_ALIGNMENT
+            );
         }
-        let mut host: Vec<u8> = (0..bytes).map(|i| (i % 253) as u8).collect();
+        if bytes > max_buffer_bytes {
+            bail!(
+                "--sizes: transfer size {bytes} bytes ({:.1} GiB): larger than the adapter's largest buffer, {max_buffer_bytes} bytes",
+                bytes as f64 / (1u64 << 30) as f64
+            );
+        }
+    }
+    let mut runs = Vec::new();
+    for &bytes in sizes {
+        let mut host = Vec::new();
+        host.try_reserve_exact(bytes as usize)
+            .map_err(|_| anyhow::anyhow!("--sizes: transfer size {bytes} bytes: the host cannot allocate a buffer of that size"))?;
+        host.extend((0..bytes).map(|i| (i % 253) as u8));
         // A download has no parallel variant: every copy out of a mapping runs on rayon's threads.
         let methods: &[TransferMethod] = match link {
             Link::HostToDevice => {

@@ -256,7 +256,7 @@ impl Placement {
 }
 
 /// MemAvailable from /proc/meminfo (Linux), in bytes.
-fn available_ram_bytes() -> Option<u64> {
+pub(crate) fn available_ram_bytes() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
