@@ -180,11 +180,24 @@ fn a_run_too_big_for_its_nvme_disk_is_refused_before_any_work() {
     assert!(!nvme.exists(), "nothing was written before the refusal");
 }
 
-/// Benchmarks asked for more memory than the machine or the adapter has refuse by flag with the
-/// numbers, before allocating (an allocation that fails aborts the process; a buffer past the
+/// Runs and benchmarks asked for more memory or threads than the machine or the adapter has refuse by
+/// flag with the numbers, before allocating (an allocation that fails aborts the process; a buffer past the
 /// adapter's limit fails wgpu's validation).
 #[test]
 fn benches_too_big_for_the_machine_are_refused_before_allocating() {
+    // The cpu device's memory is RAM: activations of 100000 sequences of 1024 tokens are refused with it.
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny/tokens.bin");
+    let out = zerostream(&["train", "--device", "cpu", "--config", "gpt2", "--data", data, "--batch-size", "100000", "--seq-len", "1024"]);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("host RAM") && err.contains("the device's") && err.contains("--gpu-mem-budget"), "{err}");
+    // Thread counts past any machine's are refused, not attempted.
+    for (args, flag) in [
+        (&["bench", "adam", "--params", "1000", "--threads", "100000"][..], "--threads 100000"),
+        (&["train", "--device", "cpu", "--adam-threads", "100000"][..], "--adam-threads 100000"),
+    ] {
+        let err = stderr(&zerostream(args));
+        assert!(err.contains(flag) && err.contains("at most"), "{err}");
+    }
     let out = zerostream(&["bench", "adam", "--params", "1000000000000000", "--reps", "1"]);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "an error, not an abort: {err}");

@@ -465,6 +465,10 @@ pub struct AdamW {
     isa: Isa,
 }
 
+/// The most threads an update's pool may have (`--adam-threads`, `bench adam --threads`): more than any
+/// machine's cores, and few enough that making them cannot exhaust the process's threads.
+pub const MAX_THREADS: usize = 1024;
+
 /// Elements per task by default: 64 Ki elements keep a task's p, m, v (768 KiB) within L2 reach.
 pub const DEFAULT_CHUNK_ELEMS: usize = 1 << 16;
 

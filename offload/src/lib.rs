@@ -15,7 +15,7 @@ mod spare_pool;
 pub mod store;
 pub mod sweep;
 
-pub use adam::{AdamConfig, AdamW, Grads, Isa, MomentNoise, Moments, ParamCopy};
+pub use adam::{AdamConfig, AdamW, Grads, Isa, MAX_THREADS, MomentNoise, Moments, ParamCopy};
 pub use aligned::{ALIGN_BYTES, AlignedBuf, BufferPool};
 pub use io::{Direction, IoConfig, IoEngine, IoEngineKind};
 pub use layerwise::{Layerwise, LayerwiseConfig, Rule};

@@ -84,6 +84,9 @@ pub fn bench_adam(cfg: &AdamBenchConfig) -> Result<AdamBenchReport> {
     if cfg.params == 0 || cfg.reps == 0 {
         bail!("--params and --reps must be positive");
     }
+    if cfg.threads > zerostream_offload::MAX_THREADS {
+        bail!("--threads {}: at most {} (0: one per core)", cfg.threads, zerostream_offload::MAX_THREADS);
+    }
     // At most: master weights, two fp32 moments, the gradient in f32, f16 and bf16, and a 4-byte copy.
     let need_bytes = cfg.params as u64 * BENCH_BYTES_PER_PARAM;
     if let Some(avail) = crate::train::available_ram_bytes()

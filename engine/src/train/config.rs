@@ -216,13 +216,25 @@ impl TrainConfig {
         [self.offload_optimizer, self.gradients_tier(), self.offload_params].contains(&Tier::Nvme)
     }
 
+    /// Refuses an empty micro-batch or step (checked again by every trainer, whoever made its config).
+    pub fn check_batch(&self) -> Result<()> {
+        if self.batch == 0 || self.seq_len == 0 || self.grad_accum == 0 {
+            bail!("--batch-size, --seq-len and --grad-accum must be positive");
+        }
+        Ok(())
+    }
+
     /// Refuses settings that cannot train, each named by its flag with the range it must lie in.
     pub fn check(&self) -> Result<()> {
         if self.steps == 0 {
             bail!("--steps must be at least 1");
         }
+        self.check_batch()?;
         if self.uses_nvme() && self.nvme_dirs.is_empty() {
             bail!("--offload-optimizer nvme, --offload-gradients nvme and --offload-params nvme need --nvme-dir DIR");
+        }
+        if self.adam_threads > zerostream_offload::MAX_THREADS {
+            bail!("--adam-threads {}: at most {} (0: one per core)", self.adam_threads, zerostream_offload::MAX_THREADS);
         }
         /// A flag, its value, whether the value is in range, and the range in words.
         type Check<'a> = (&'a str, f64, fn(f64) -> bool, &'a str);

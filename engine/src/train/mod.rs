@@ -161,9 +161,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             None => source.model(),
         };
         model.validate()?;
-        if train.batch == 0 || train.seq_len == 0 || train.grad_accum == 0 {
-            bail!("--batch-size, --seq-len and --grad-accum must be positive");
-        }
+        train.check_batch()?;
         model.check_seq_len(train.seq_len)?;
         dev.check_attention(model.attention_dims(train.batch, train.seq_len))?;
         // Before any work: a gpu adapter without the f16 cooperative matrices refuses here, naming itself.

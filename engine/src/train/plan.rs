@@ -189,11 +189,17 @@ impl Placement {
         if let Some(avail) = available_ram_bytes()
             && need > avail
         {
+            // Where most of a rank's RAM goes decides the advice.
+            let advice = if 2 * self.host_device_bytes >= self.ram_bytes_per_rank() {
+                "most of it the device's: with the cpu device, set a --gpu-mem-budget, add --recompute or use a smaller \
+                 --batch-size/--seq-len"
+            } else {
+                "put the optimizer state and parameters on NVMe (--offload-optimizer nvme --offload-params nvme --nvme-dir DIR), \
+                 use a higher --zero-stage, or spread the ranks over more machines"
+            };
             bail!(
-                "host RAM: {ranks_here} rank(s) here need {:.2} GiB of RAM for their state and devices ({:.2} GiB a rank the device's: \
-                 with the cpu device, lower it with --gpu-mem-budget, --recompute or a smaller --batch-size/--seq-len), but only {:.2} GiB \
-                 is available: put the optimizer state and parameters on NVMe (--offload-optimizer nvme --offload-params nvme --nvme-dir DIR), \
-                 use a higher --zero-stage, or spread the ranks over more machines",
+                "host RAM: {ranks_here} rank(s) here need {:.2} GiB of RAM for their state and devices ({:.2} GiB a rank the \
+                 device's), but only {:.2} GiB is available: {advice}",
                 gib(need),
                 gib(self.host_device_bytes),
                 gib(avail)
