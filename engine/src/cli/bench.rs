@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use zerostream::bench::adam::{AdamBenchConfig, HalfOrFull};
 use zerostream::bench::io::{self as bench_io, IoBenchConfig};
 use zerostream::bench::kernels::KernelBenchConfig;
@@ -356,6 +356,26 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
 fn bench_collectives(world_size: usize, sizes: &[u64], reps: usize, codec: Codec, json: bool) -> Result<()> {
     use zerostream::bench::comm::{CollectiveRun, bench_collectives};
     let launched = zerostream::comm::launcher_world_size().unwrap_or(1);
+    if let Some(bad) = sizes.iter().find(|&&b| b == 0 || b % 4 != 0) {
+        bail!("--sizes {bad}: every slice must be a positive multiple of 4 bytes (whole f32 words)");
+    }
+    if world_size == 0 || world_size > zerostream_offload::MAX_THREADS {
+        bail!("--world-size {world_size}: 1 to {} in-process ranks", zerostream_offload::MAX_THREADS);
+    }
+    // Each in-process rank holds about four world-sized buffers of the largest slice (the gathered
+    // copy, the reduce-scatter's input, a compressed exchange's gradient and residual).
+    let largest = sizes.iter().copied().max().unwrap_or(0);
+    let need_bytes = if launched > 1 { 0 } else { 4 * (world_size as u64).pow(2) * largest };
+    if let Some(avail) = zerostream::train::available_ram_bytes()
+        && need_bytes > avail
+    {
+        bail!(
+            "--world-size {world_size} with --sizes up to {}: the in-process ranks need about {:.1} GiB of RAM, but {:.1} GiB is available",
+            human_bytes(largest),
+            need_bytes as f64 / (1u64 << 30) as f64,
+            avail as f64 / (1u64 << 30) as f64
+        );
+    }
     let (runs, transport): (Vec<CollectiveRun>, String) = if launched > 1 {
         mpi_bench_collectives(sizes, reps, codec)?
     } else {

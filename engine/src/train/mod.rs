@@ -59,7 +59,7 @@ pub use checkpoint::{Checkpoint, RunRecord, SaveDtype};
 pub use config::{AdamState, Flags, MEANING_FLAGS, Optimizer, Precision, TrainConfig};
 use device_state::DeviceState;
 use layout::{GroupLayout, group_layouts};
-pub(crate) use plan::available_ram_bytes;
+pub use plan::available_ram_bytes;
 pub use plan::{Placement, minimum_device_bytes, minimum_device_bytes_on, plan, plan_on};
 pub use report::StepReport;
 pub use schedule::{LossScaler, LrPlan, LrSchedule};

@@ -261,8 +261,8 @@ impl Placement {
     }
 }
 
-/// MemAvailable from /proc/meminfo (Linux), in bytes.
-pub(crate) fn available_ram_bytes() -> Option<u64> {
+/// The RAM available now, in bytes: MemAvailable from /proc/meminfo (Linux); None elsewhere.
+pub fn available_ram_bytes() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
