@@ -194,10 +194,15 @@ fn benches_too_big_for_the_machine_are_refused_before_allocating() {
     for (args, flag) in [
         (&["bench", "adam", "--params", "1000", "--threads", "100000"][..], "--threads 100000"),
         (&["train", "--device", "cpu", "--adam-threads", "100000"][..], "--adam-threads 100000"),
+        (&["bench", "collectives", "--world-size", "100000"][..], "--world-size 100000"),
     ] {
         let err = stderr(&zerostream(args));
-        assert!(err.contains(flag) && err.contains("at most"), "{err}");
+        assert!(err.contains(flag) && (err.contains("at most") || err.contains("1 to 1024")), "{err}");
     }
+    let err = stderr(&zerostream(&["bench", "collectives", "--world-size", "1000", "--sizes", "1GiB"]));
+    assert!(err.contains("--world-size 1000") && err.contains("GiB of RAM"), "{err}");
+    let err = stderr(&zerostream(&["bench", "collectives", "--sizes", "6"]));
+    assert!(err.contains("--sizes 6") && err.contains("multiple of 4"), "{err}");
     let out = zerostream(&["bench", "adam", "--params", "1000000000000000", "--reps", "1"]);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "an error, not an abort: {err}");
