@@ -280,12 +280,14 @@ fn plan_with_device_auto_plans_the_device_it_opens() {
         zerostream::device::DeviceChoice::Cpu => "cpu",
         _ => "gpu",
     };
+    // The RAM available here moves between the two runs: the verdict after the RAM needed is cut.
     let plan = |device: &str| {
         let out = zerostream(&["plan", "--config", "gpt2", "--device", device]);
         assert!(out.status.success(), "plan --device {device}: {}", stderr(&out));
-        String::from_utf8(out.stdout).unwrap()
+        let text = String::from_utf8(out.stdout).unwrap();
+        text.lines().map(|l| l.split(" GiB of RAM, ").next().unwrap_or(l).to_string()).collect::<Vec<_>>().join("\n")
     };
     let auto = plan("auto");
     assert_eq!(auto, plan(opened), "--device auto plans as --device {opened}");
-    assert!(auto.contains("the device's"), "the device's share of RAM is named: {auto}");
+    assert!(auto.contains("the device's") && auto.contains("host state per rank"), "the device's share of RAM is named: {auto}");
 }

@@ -53,13 +53,12 @@ pub fn bench_transfer(
                 bytes as f64 / (1u64 << 30) as f64
             );
         }
+        // The host's bytes, a download's expected copy or a prestaged upload's staging beside them.
+        crate::train::refuse_past_available_ram(bytes.saturating_mul(2), &format!("--sizes: transfer size {bytes} bytes"))?;
     }
     let mut runs = Vec::new();
     for &bytes in sizes {
-        let mut host = Vec::new();
-        host.try_reserve_exact(bytes as usize)
-            .map_err(|_| anyhow::anyhow!("--sizes: transfer size {bytes} bytes: the host cannot allocate a buffer of that size"))?;
-        host.extend((0..bytes).map(|i| (i % 253) as u8));
+        let mut host: Vec<u8> = (0..bytes).map(|i| (i % 253) as u8).collect();
         // A download has no parallel variant: every copy out of a mapping runs on rayon's threads.
         let methods: &[TransferMethod] = match link {
             Link::HostToDevice => {

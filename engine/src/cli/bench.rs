@@ -359,22 +359,17 @@ fn bench_collectives(world_size: usize, sizes: &[u64], reps: usize, codec: Codec
     if let Some(bad) = sizes.iter().find(|&&b| b == 0 || b % 4 != 0) {
         bail!("--sizes {bad}: every slice must be a positive multiple of 4 bytes (whole f32 words)");
     }
-    if world_size == 0 || world_size > zerostream_offload::MAX_THREADS {
-        bail!("--world-size {world_size}: 1 to {} in-process ranks", zerostream_offload::MAX_THREADS);
-    }
-    // Each in-process rank holds about four world-sized buffers of the largest slice (the gathered
-    // copy, the reduce-scatter's input, a compressed exchange's gradient and residual).
-    let largest = sizes.iter().copied().max().unwrap_or(0);
-    let need_bytes = if launched > 1 { 0 } else { 4 * (world_size as u64).pow(2) * largest };
-    if let Some(avail) = zerostream::train::available_ram_bytes()
-        && need_bytes > avail
-    {
-        bail!(
-            "--world-size {world_size} with --sizes up to {}: the in-process ranks need about {:.1} GiB of RAM, but {:.1} GiB is available",
-            human_bytes(largest),
-            need_bytes as f64 / (1u64 << 30) as f64,
-            avail as f64 / (1u64 << 30) as f64
-        );
+    if launched <= 1 {
+        if world_size == 0 || world_size > zerostream_offload::MAX_THREADS {
+            bail!("--world-size {world_size}: 1 to {} in-process ranks", zerostream_offload::MAX_THREADS);
+        }
+        // Each in-process rank holds two world-sized buffers of the largest slice (the gathered copy
+        // and the reduce-scatter's input), and a compressed exchange's gradient and residual besides.
+        let buffers = if codec.mode == zerostream::comm::compress::GradCompression::None { 2 } else { 4 };
+        let largest = sizes.iter().copied().max().unwrap_or(0);
+        let need_bytes = (buffers * world_size as u64 * world_size as u64).saturating_mul(largest);
+        let what = format!("--world-size {world_size} with --sizes up to {}", human_bytes(largest));
+        zerostream::train::refuse_past_available_ram(need_bytes, &what)?;
     }
     let (runs, transport): (Vec<CollectiveRun>, String) = if launched > 1 {
         mpi_bench_collectives(sizes, reps, codec)?

@@ -372,8 +372,9 @@ pub fn open(choice: DeviceChoice, adapter: Option<&str>, budget_bytes: Option<u6
 }
 
 /// The device `--device auto` opens: the gpu device when `--adapter` names one or wgpu finds a real
-/// GPU, else the cpu device (never a software rasteriser such as lavapipe). The adapters are listed once
-/// a process: the planner and every rank's `open` then agree, and none lists them again.
+/// GPU, else the cpu device (never a software rasteriser such as lavapipe). Whether a real GPU is
+/// present is asked once a process, so the planner and every rank's `open` agree (opening a GPU lists
+/// the adapters again to pick one).
 pub fn resolve_auto(adapter: Option<&str>) -> DeviceChoice {
     static REAL_GPU_FOUND: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let real_gpu_found = || *REAL_GPU_FOUND.get_or_init(|| gpu::list_adapters().iter().any(|a| a.is_real_gpu()));

@@ -138,8 +138,8 @@ impl GpuDevice {
         self.queue.write_buffer(&src, 0, host);
         self.queue.submit([]);
         let chunk = match method {
-            TransferMethod::Direct | TransferMethod::Parallel | TransferMethod::Prestaged => bytes,
             TransferMethod::StagingRing => RING_CHUNK_BYTES.min(bytes),
+            _ => bytes,
         };
         let ring_len = if method == TransferMethod::StagingRing { RING_LEN } else { 1 };
         let mut ring = Vec::new();

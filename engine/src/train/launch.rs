@@ -201,15 +201,22 @@ fn finished_run(dir: &Path, step: u64, steps: u64, save: Option<&Path>) -> Resul
     Ok(Launched::AlreadyDone)
 }
 
-/// What the device `--device` names charges for its allocations, for planning before it is opened: the
-/// cpu device's costs for `cpu`, and for `auto` where it finds no GPU (`device::resolve_auto`, as
-/// `device::open` decides), a GPU's otherwise.
+/// What the ranks' devices charge for their allocations, for planning before they are opened: the cpu
+/// device's costs where any rank computes on it (`--devices cpu,...`, `--device cpu`, or `auto` finding
+/// no GPU, as `device::open` decides: `device::resolve_auto`), since its whole memory is RAM, so the RAM
+/// planned covers every rank; a GPU's otherwise.
 fn planned_costs(ranks: &RankRequest) -> AllocCosts {
-    let device = match ranks.device {
+    let default = match ranks.device {
         DeviceChoice::Auto => crate::device::resolve_auto(ranks.adapter.as_deref()),
         choice => choice,
     };
-    if device == DeviceChoice::Cpu { AllocCosts::CPU } else { AllocCosts::GPU }
+    let on_cpu = |d: &RankDevice| match d {
+        RankDevice::Cpu => true,
+        RankDevice::Default => default == DeviceChoice::Cpu,
+        RankDevice::Adapter(_) => false,
+    };
+    let any_cpu = if ranks.devices.is_empty() { default == DeviceChoice::Cpu } else { ranks.devices.iter().any(on_cpu) };
+    if any_cpu { AllocCosts::CPU } else { AllocCosts::GPU }
 }
 
 /// Refuses before any work a run (`req` with the settings `train`) whose state would not fit in this
@@ -223,7 +230,7 @@ fn check_host_ram(req: &RunRequest, train: &TrainConfig, world: usize, ranks_her
 }
 
 /// `--params-ram-cache auto`: the RAM available now less what `ranks_here` ranks' other state needs
-/// (and the cpu device's memory, which is RAM too) and a margin, shared by the ranks
+/// (and the devices' share of RAM, `Placement::host_device_bytes`) and a margin, shared by the ranks
 /// (`Placement::params_ram_cache_room`); nothing without `auto`.
 fn size_params_ram_cache(req: &mut RunRequest, world: usize, ranks_here: usize) -> Result<()> {
     if !req.params_ram_cache_auto {
@@ -285,5 +292,23 @@ fn launch_mpi(req: &RunRequest) -> Result<Launched> {
     match opened.and_then(|dev| super::run::run_rank_on(&dev, &req.options, train, comm)) {
         Ok(summary) => Ok(Launched::Ran { rank, summary }),
         Err(e) => mpi.abort(&format!("rank {rank}: {e:#}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run with any rank on the cpu device is planned with the cpu device's costs (its memory is
+    /// RAM); one whose ranks all name adapters, with a GPU's, whatever `--device` says.
+    #[test]
+    fn a_rank_on_the_cpu_device_plans_the_run_with_its_costs() {
+        let ranks = |device, devices: Vec<RankDevice>| RankRequest { world_size: Some(2), devices, device, adapter: None };
+        let adapter = || RankDevice::Adapter("0".into());
+        assert_eq!(planned_costs(&ranks(DeviceChoice::Gpu, vec![])), AllocCosts::GPU);
+        assert_eq!(planned_costs(&ranks(DeviceChoice::Cpu, vec![])), AllocCosts::CPU);
+        assert_eq!(planned_costs(&ranks(DeviceChoice::Gpu, vec![adapter(), RankDevice::Cpu])), AllocCosts::CPU);
+        assert_eq!(planned_costs(&ranks(DeviceChoice::Cpu, vec![adapter(), RankDevice::Default])), AllocCosts::CPU);
+        assert_eq!(planned_costs(&ranks(DeviceChoice::Cpu, vec![adapter(), adapter()])), AllocCosts::GPU);
     }
 }

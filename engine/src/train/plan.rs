@@ -49,9 +49,11 @@ pub struct Placement {
     /// (`zerostream_offload::SPARES_PER_SIZE` of each shard size at most; 0 without an NVMe tier).
     pub host_nvme_spare_bytes: u64,
     /// Per rank: host RAM the device takes besides the state: the cpu device's whole memory (it is
-    /// RAM), or the gpu device's host staging (`AllocCosts::host_staging_bytes`) and the read-backs of
-    /// the two gradient buffers a backward has in flight.
+    /// RAM), or the gpu device's host staging (`AllocCosts::host_staging_bytes`) and the read-backs in
+    /// flight (a backward's two blocks of gradients, or one vocabulary chunk's).
     pub host_device_bytes: u64,
+    /// The device's memory is host RAM (`AllocCosts::memory_is_ram`: the cpu device).
+    pub device_memory_is_ram: bool,
     /// Whether the output projection (V, C) is resident on the device whole, with every vocabulary
     /// chunk's logits, or uploaded a chunk at a time with one chunk's logits (when the budget cannot
     /// hold it whole). The embedding's rows are gathered on the host either way.
@@ -190,9 +192,10 @@ impl Placement {
             && need > avail
         {
             // Where most of a rank's RAM goes decides the advice.
-            let advice = if 2 * self.host_device_bytes >= self.ram_bytes_per_rank() {
-                "most of it the device's: with the cpu device, set a --gpu-mem-budget, add --recompute or use a smaller \
-                 --batch-size/--seq-len"
+            let advice = if self.device_memory_is_ram && 2 * self.host_device_bytes >= self.ram_bytes_per_rank() {
+                "most of it the cpu device's memory: set a --gpu-mem-budget, add --recompute or use a smaller --batch-size/--seq-len"
+            } else if 2 * self.host_device_bytes >= self.ram_bytes_per_rank() {
+                "most of it the GPUs' host staging: run fewer ranks on this machine"
             } else {
                 "put the optimizer state and parameters on NVMe (--offload-optimizer nvme --offload-params nvme --nvme-dir DIR), \
                  use a higher --zero-stage, or spread the ranks over more machines"
@@ -259,6 +262,18 @@ impl Placement {
             self.nvme_traffic.describe(self.params),
         )
     }
+}
+
+/// Refuses work that needs `need_bytes` of RAM when less is available now (unchecked where the platform
+/// does not say): better an error naming `what` asked for it than an abort when an allocation fails.
+pub fn refuse_past_available_ram(need_bytes: u64, what: &str) -> Result<()> {
+    if let Some(avail) = available_ram_bytes()
+        && need_bytes > avail
+    {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        bail!("{what}: needs about {:.1} GiB of RAM, but {:.1} GiB is available", gib(need_bytes), gib(avail));
+    }
+    Ok(())
 }
 
 /// The RAM available now, in bytes: MemAvailable from /proc/meminfo (Linux); None elsewhere.
@@ -465,6 +480,7 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
     // Stage 1 with several ranks keeps each block's whole gradient (the head's is reduced at once).
     let stage1_grads = if sharding.shards_grads() { 0 } else { shards[1..].iter().map(|s| s.padded_len).sum::<usize>() as u64 };
     let largest_block = group_lens[1..].iter().max().copied().unwrap_or(0);
+    let vocab_chunk = model.vocab_chunks(tc.vocab_chunk_rows).rows_per_chunk * model.width();
     let mut placement = Placement {
         optimizer_tier: tc.offload_optimizer,
         grads_tier: tc.gradients_tier(),
@@ -483,6 +499,7 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         host_paged_in_bytes,
         host_nvme_spare_bytes,
         host_device_bytes: 0,
+        device_memory_is_ram: costs.memory_is_ram,
         vocab_resident,
         device_head_bytes: head_bytes,
         device_block_slot_bytes: slot_bytes,
@@ -493,8 +510,8 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         device_budget_bytes: tc.gpu_mem_budget,
         nvme_traffic: NvmeTraffic::of(tc, sharding.world, &group_lens, block_slots),
     };
-    placement.host_device_bytes =
-        if costs.memory_is_ram { placement.device_bytes() } else { costs.host_staging_bytes + 2 * costs.tensor_bytes(largest_block) };
+    let read_backs = costs.tensor_bytes(2 * largest_block).max(costs.tensor_bytes(vocab_chunk));
+    placement.host_device_bytes = if costs.memory_is_ram { placement.device_bytes() } else { costs.host_staging_bytes + read_backs };
     Ok(placement)
 }
 
@@ -557,7 +574,8 @@ mod tests {
         }
         let gpu = plan_on(&model, &TrainConfig::default(), 1, AllocCosts::GPU).unwrap();
         let block = group_layouts(&model)[1].len as u64;
-        assert_eq!(gpu.host_device_bytes, (512 << 20) + (256 << 20) + 2 * 4 * block);
+        let chunk = model.vocab_chunks(TrainConfig::default().vocab_chunk_rows).rows_per_chunk * model.width();
+        assert_eq!(gpu.host_device_bytes, (512 << 20) + (256 << 20) + (2 * 4 * block).max(4 * chunk as u64));
         assert_eq!(gpu.ram_bytes_per_rank(), gpu.host_bytes_per_rank().0 + gpu.host_device_bytes);
         assert!(gpu.host_summary().contains("the device's 0.80 GiB included"), "{}", gpu.host_summary());
     }
