@@ -240,9 +240,10 @@ pub struct TrainArgs {
     /// blocks evicted from their device slots between their forward and backward uploads, so each is
     /// read from the drive once a step instead of twice — the blocks nearest the turn from forward to
     /// backward first. `auto`: what the RAM available at start-up leaves after the run's other state
-    /// (and the device's share of RAM: the cpu device's memory, a GPU's host staging) and a margin of 1 GiB + 1/8 of it, shared by the ranks on this
-    /// machine (a resumed run keeps the size its checkpoint recorded unless given `auto` again). `plan` says how many blocks it holds and the bytes saved; results are bit-identical
-    /// with or without it.
+    /// (and the device's share of RAM: the cpu device's memory, a GPU's host staging) and a margin of
+    /// 1 GiB + 1/8 of it, shared by the ranks on this machine (a resumed run keeps the size its
+    /// checkpoint recorded unless given `auto` again). `plan` says how many blocks it holds and the
+    /// bytes saved; results are bit-identical with or without it.
     #[arg(long, value_name = "SIZE|auto", value_parser = parse_ram_cache, default_value = "0")]
     params_ram_cache: RamCache,
     /// Directory for the NVMe tier's files (`rank{r}/{group}.{kind}.rank{r}.bin`; reused by later
