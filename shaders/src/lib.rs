@@ -44,11 +44,7 @@ pub(crate) fn fill_holes(template: &str, file: &str, holes: &HashMap<&str, Strin
 /// A templated kernel, rendered once per process per `key` and kept in `cache` (the engine's pipeline
 /// cache keys on the name; the strings live as long as the process, as the `include_str!` sources do).
 /// `render` gives the name and the source.
-pub(crate) fn rendered<K: Copy + Eq + std::hash::Hash>(
-    cache: &LazyLock<Mutex<HashMap<K, Kernel>>>,
-    key: K,
-    render: impl FnOnce() -> (String, String),
-) -> Kernel {
+pub(crate) fn rendered<K: Copy + Eq + std::hash::Hash>(cache: &Rendered<K>, key: K, render: impl FnOnce() -> (String, String)) -> Kernel {
     let mut map = cache.lock().unwrap_or_else(|e| e.into_inner());
     *map.entry(key).or_insert_with(|| {
         let (name, source) = render();

@@ -495,8 +495,8 @@ impl GpuDevice {
     }
 }
 
-// For `device::timing` (`zerostream bench kernels`): commands recorded into the same stream as the
-// kernels, so a timestamp lands exactly between two ops.
+// Commands recorded into the same stream as the kernels: copies (uploads, read-backs) and, for
+// `device::timing` (`zerostream bench kernels`), timestamps that land exactly between two ops.
 impl GpuDevice {
     /// Records `f` into the pending command encoder: after every pass recorded so far, before any recorded later.
     pub(super) fn record(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {

@@ -177,9 +177,7 @@ impl GpuDevice {
                 mapped_at_creation: false,
             })
         });
-        {
-            let mut slot = self.encoder.borrow_mut();
-            let encoder = slot.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
+        self.record(|encoder| {
             let mut offset = 0;
             for (t, &bytes) in tensors.iter().zip(&sizes) {
                 if bytes > 0 {
@@ -187,7 +185,7 @@ impl GpuDevice {
                 }
                 offset += bytes;
             }
-        }
+        });
         let submission = self.flush();
         let (sender, receiver) = std::sync::mpsc::channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {

@@ -4,7 +4,8 @@
 //! every write (which the driver must map and pin) and copies only after the whole write is filled: on
 //! an H100 it reached 28 GB/s at 64 MiB and 12 GB/s at 256 MiB against a 55 GB/s pinned copy
 //! (benches/results/2026-11-26-h100-gpu.md). The buffers are host memory, not charged to the device's
-//! byte budget (the planner counts them in host RAM). A child module of `gpu`, so it uses that file's private fields.
+//! byte budget (the planner counts them in host RAM). A child module of `gpu`, so it uses that
+//! file's private fields.
 
 use std::cell::{Cell, RefCell};
 use std::sync::mpsc::{TryRecvError, channel};
@@ -13,15 +14,12 @@ use super::GpuDevice;
 use super::memory::{Mapped, fill_in_parallel};
 use crate::device::alloc::{GPU_UPLOAD_CHUNK_BYTES, GPU_UPLOAD_RING_MAX_LEN};
 
-/// Bytes a ring buffer holds: a chunk of a write.
-pub(super) const UPLOAD_CHUNK_BYTES: u64 = GPU_UPLOAD_CHUNK_BYTES;
-/// Buffers the ring starts with.
-const UPLOAD_RING_MIN_LEN: usize = 8;
-/// Buffers the ring may grow to (the planner counts them in host RAM, `AllocCosts::host_staging_bytes`).
-/// A buffer whose copy the device has not run yet is waited for only at this size: below it the ring
+/// Buffers the ring starts with, each a chunk of a write (`GPU_UPLOAD_CHUNK_BYTES`). It grows to
+/// `GPU_UPLOAD_RING_MAX_LEN` (the planner counts them in host RAM, `AllocCosts::host_staging_bytes`):
+/// a buffer whose copy the device has not run yet is waited for only at that size; below it the ring
 /// grows instead, since that copy sits behind whatever was submitted before it (a write larger than
 /// the ring, made while a block's kernels run, would otherwise hold the host until those kernels end).
-const UPLOAD_RING_MAX_LEN: usize = GPU_UPLOAD_RING_MAX_LEN;
+const UPLOAD_RING_MIN_LEN: usize = 8;
 
 /// A ring buffer's copy that the device may still be running: the buffer's mapping request and the
 /// submission holding the copy.
@@ -47,7 +45,7 @@ impl GpuDevice {
             bytes.len()
         );
         let ring = &self.upload_ring;
-        for (k, piece) in bytes.chunks(UPLOAD_CHUNK_BYTES as usize).enumerate() {
+        for (k, piece) in bytes.chunks(GPU_UPLOAD_CHUNK_BYTES as usize).enumerate() {
             let mut slots = ring.slots.borrow_mut();
             if slots.is_empty() {
                 slots.extend((0..UPLOAD_RING_MIN_LEN).map(|_| (self.ring_buffer(), None)));
@@ -56,7 +54,7 @@ impl GpuDevice {
             // done, else a new one while the ring may grow, else wait for it.
             let _ = self.device.poll(wgpu::PollType::Poll);
             let i = ring.next.get() % slots.len();
-            if !copy_done(&mut slots[i].1) && slots.len() < UPLOAD_RING_MAX_LEN {
+            if !copy_done(&mut slots[i].1) && slots.len() < GPU_UPLOAD_RING_MAX_LEN {
                 slots.insert(i, (self.ring_buffer(), None));
             }
             ring.next.set((i + 1) % slots.len());
@@ -70,11 +68,7 @@ impl GpuDevice {
                 fill_in_parallel(view.slice(..), piece);
             }
             buffer.unmap();
-            {
-                let mut slot = self.encoder.borrow_mut();
-                let encoder = slot.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
-                encoder.copy_buffer_to_buffer(buffer, 0, dst, offset + k as u64 * UPLOAD_CHUNK_BYTES, len);
-            }
+            self.record(|encoder| encoder.copy_buffer_to_buffer(buffer, 0, dst, offset + k as u64 * GPU_UPLOAD_CHUNK_BYTES, len));
             let submission = self.flush().expect("the chunk's copy was recorded");
             let (sender, receiver) = channel();
             buffer.slice(..).map_async(wgpu::MapMode::Write, move |r| {
@@ -85,8 +79,8 @@ impl GpuDevice {
     }
 
     /// Staging memory holding `host`, made and filled now, for a copy timed later
-    /// (`TransferMethod::Prestaged`, `issue_prestaged_into`); the bytes are host memory, charged to the budget as a bench's
-    /// staging is.
+    /// (`TransferMethod::Prestaged`, `issue_prestaged_into`); the bytes are host memory, charged to the
+    /// budget as a bench's staging is.
     pub fn prestage(&self, host: &[u8]) -> anyhow::Result<Prestaged> {
         let bytes = host.len() as u64;
         if bytes == 0 || !bytes.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT) {
@@ -110,10 +104,7 @@ impl GpuDevice {
     /// Copies prestaged bytes into the start of `dst` on the device, ordered after the work recorded
     /// before it, and submits the copy without waiting for it.
     pub(in crate::device) fn copy_prestaged(&self, dst: &wgpu::Buffer, staged: &Prestaged) {
-        let mut slot = self.encoder.borrow_mut();
-        let encoder = slot.get_or_insert_with(|| self.device.create_command_encoder(&Default::default()));
-        encoder.copy_buffer_to_buffer(&staged.buffer, 0, dst, 0, staged.buffer.size());
-        drop(slot);
+        self.record(|encoder| encoder.copy_buffer_to_buffer(&staged.buffer, 0, dst, 0, staged.buffer.size()));
         self.flush();
     }
 
@@ -125,7 +116,7 @@ impl GpuDevice {
     fn ring_buffer(&self) -> wgpu::Buffer {
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("upload ring"),
-            size: UPLOAD_CHUNK_BYTES,
+            size: GPU_UPLOAD_CHUNK_BYTES,
             usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: true,
         })

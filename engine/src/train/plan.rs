@@ -48,10 +48,10 @@ pub struct Placement {
     /// Per rank, on NVMe beside the state while a run is open: the spare files shard writes go into
     /// (`zerostream_offload::SPARES_PER_SIZE` of each shard size at most; 0 without an NVMe tier).
     pub host_nvme_spare_bytes: u64,
-    /// Per rank: host RAM the device takes besides the state: the cpu device's whole memory (it is
-    /// RAM), or the gpu device's host staging (`AllocCosts::host_staging_bytes`) and the read-backs in
-    /// flight (a backward's two blocks of gradients, or one vocabulary chunk's).
-    pub host_device_bytes: u64,
+    /// Per rank, on the gpu device: its host staging (`AllocCosts::host_staging_bytes`) and the
+    /// read-backs in flight (a backward's two blocks of gradients, or one vocabulary chunk's); 0 on the
+    /// cpu device, whose whole memory is RAM instead (`host_device_bytes`).
+    pub device_staging_bytes: u64,
     /// The device's memory is host RAM (`AllocCosts::memory_is_ram`: the cpu device).
     pub device_memory_is_ram: bool,
     /// Whether the output projection (V, C) is resident on the device whole, with every vocabulary
@@ -96,10 +96,16 @@ impl Placement {
         (ram, nvme)
     }
 
+    /// Per rank: host RAM the device takes besides the state: the cpu device's whole memory, or the
+    /// gpu device's host staging.
+    pub fn host_device_bytes(&self) -> u64 {
+        if self.device_memory_is_ram { self.device_bytes() } else { self.device_staging_bytes }
+    }
+
     /// Host RAM per rank: the state in RAM (`host_bytes_per_rank`) and what the device takes of it
     /// (`host_device_bytes`). What the RAM check, the summary and `--params-ram-cache auto` count.
     pub fn ram_bytes_per_rank(&self) -> u64 {
-        self.host_bytes_per_rank().0 + self.host_device_bytes
+        self.host_bytes_per_rank().0 + self.host_device_bytes()
     }
 
     /// One line: the host state per rank and for all ranks on one machine, against the RAM this
@@ -119,7 +125,7 @@ impl Placement {
         format!(
             "host state per rank: {:.2} GiB in RAM (state paged in from NVMe and the device's {:.2} GiB included), {:.2} GiB on NVMe{}; {} rank(s) on one machine: {:.2} GiB of RAM, {verdict}",
             gib(ram),
-            gib(self.host_device_bytes),
+            gib(self.host_device_bytes()),
             gib(nvme),
             if self.host_nvme_spare_bytes > 0 {
                 format!(" (+ up to {:.2} GiB of spare files while running)", gib(self.host_nvme_spare_bytes))
@@ -192,9 +198,9 @@ impl Placement {
             && need > avail
         {
             // Where most of a rank's RAM goes decides the advice.
-            let advice = if self.device_memory_is_ram && 2 * self.host_device_bytes >= self.ram_bytes_per_rank() {
+            let advice = if self.device_memory_is_ram && 2 * self.host_device_bytes() >= self.ram_bytes_per_rank() {
                 "most of it the cpu device's memory: set a --gpu-mem-budget, add --recompute or use a smaller --batch-size/--seq-len"
-            } else if 2 * self.host_device_bytes >= self.ram_bytes_per_rank() {
+            } else if 2 * self.host_device_bytes() >= self.ram_bytes_per_rank() {
                 "most of it the GPUs' host staging: run fewer ranks on this machine"
             } else {
                 "put the optimizer state and parameters on NVMe (--offload-optimizer nvme --offload-params nvme --nvme-dir DIR), \
@@ -204,7 +210,7 @@ impl Placement {
                 "host RAM: {ranks_here} rank(s) here need {:.2} GiB of RAM for their state and devices ({:.2} GiB a rank the \
                  device's), but only {:.2} GiB is available: {advice}",
                 gib(need),
-                gib(self.host_device_bytes),
+                gib(self.host_device_bytes()),
                 gib(avail)
             );
         }
@@ -481,7 +487,8 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
     let stage1_grads = if sharding.shards_grads() { 0 } else { shards[1..].iter().map(|s| s.padded_len).sum::<usize>() as u64 };
     let largest_block = group_lens[1..].iter().max().copied().unwrap_or(0);
     let vocab_chunk = model.vocab_chunks(tc.vocab_chunk_rows).rows_per_chunk * model.width();
-    let mut placement = Placement {
+    let read_backs = costs.tensor_bytes(2 * largest_block).max(costs.tensor_bytes(vocab_chunk));
+    Ok(Placement {
         optimizer_tier: tc.offload_optimizer,
         grads_tier: tc.gradients_tier(),
         params_tier: tc.offload_params,
@@ -498,7 +505,7 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         host_stage1_grad_bytes: 4 * stage1_grads,
         host_paged_in_bytes,
         host_nvme_spare_bytes,
-        host_device_bytes: 0,
+        device_staging_bytes: if costs.memory_is_ram { 0 } else { costs.host_staging_bytes + read_backs },
         device_memory_is_ram: costs.memory_is_ram,
         vocab_resident,
         device_head_bytes: head_bytes,
@@ -509,10 +516,7 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         cached_working_blocks,
         device_budget_bytes: tc.gpu_mem_budget,
         nvme_traffic: NvmeTraffic::of(tc, sharding.world, &group_lens, block_slots),
-    };
-    let read_backs = costs.tensor_bytes(2 * largest_block).max(costs.tensor_bytes(vocab_chunk));
-    placement.host_device_bytes = if costs.memory_is_ram { placement.device_bytes() } else { costs.host_staging_bytes + read_backs };
-    Ok(placement)
+    })
 }
 
 #[cfg(test)]
@@ -575,8 +579,8 @@ mod tests {
         let gpu = plan_on(&model, &TrainConfig::default(), 1, AllocCosts::GPU).unwrap();
         let block = group_layouts(&model)[1].len as u64;
         let chunk = model.vocab_chunks(TrainConfig::default().vocab_chunk_rows).rows_per_chunk * model.width();
-        assert_eq!(gpu.host_device_bytes, (512 << 20) + (256 << 20) + (2 * 4 * block).max(4 * chunk as u64));
-        assert_eq!(gpu.ram_bytes_per_rank(), gpu.host_bytes_per_rank().0 + gpu.host_device_bytes);
+        assert_eq!(gpu.host_device_bytes(), (512 << 20) + (256 << 20) + (2 * 4 * block).max(4 * chunk as u64));
+        assert_eq!(gpu.ram_bytes_per_rank(), gpu.host_bytes_per_rank().0 + gpu.host_device_bytes());
         assert!(gpu.host_summary().contains("the device's 0.80 GiB included"), "{}", gpu.host_summary());
     }
 }
