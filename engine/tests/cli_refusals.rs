@@ -1,7 +1,7 @@
 //! The `zerostream` binary's refusals of bad input, naming the flag and the numbers, before any work
 //! where it can: impossible budgets and missing directories, hyperparameters out of range, a metrics
 //! file over an input, `--data` that is not a regular file, a run too big for the RAM or the NVMe disk,
-//! and a diverged run.
+//! `tune`'s shapes and clock, and a diverged run.
 
 mod common;
 
@@ -37,6 +37,24 @@ fn bad_input_is_refused_with_the_flag_and_the_numbers() {
     let bad = format!("{},/proc/nonexistent/dir", a.display());
     let out = zerostream(&["train", "--device", "cpu", "--offload-params", "nvme", "--nvme-dir", &bad, "--steps", "1"]);
     assert!(!out.status.success() && stderr(&out).contains("/proc/nonexistent/dir"), "{}", stderr(&out));
+}
+
+/// `tune`'s shapes and clock are refused by flag before an adapter is opened (a zero batch once tuned
+/// empty products into the table, `--quick` silently dropped the flags it overrides).
+#[test]
+fn tune_flags_out_of_range_are_refused() {
+    for (args, named) in [
+        (&["--batch-size", "0"][..], "--batch-size"),
+        (&["--seq-len", "0"], "--seq-len"),
+        (&["--vocab-chunk-rows", "0"], "--vocab-chunk-rows"),
+        (&["--max-seconds=-1"], "--max-seconds"),
+        (&["--max-seconds", "nan"], "--max-seconds"),
+        (&["--quick", "--models", "gpt2"], "--models"),
+    ] {
+        let out = zerostream(&[&["tune", "--no-save"][..], args].concat());
+        let err = stderr(&out);
+        assert!(out.status.code() == Some(2) && err.contains(named), "tune {args:?}: {err}");
+    }
 }
 
 #[test]

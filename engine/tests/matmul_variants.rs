@@ -163,6 +163,15 @@ fn tune_writes_the_table_devices_reports_it() {
     let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&table).unwrap()).unwrap();
     let vendor_default = MatmulTable::builtin(gpu.summary()).default.name();
     assert_eq!(saved["default"].as_str(), Some(vendor_default.as_str()), "the table's default");
+    // Out of time before the first variant: nothing timed, nothing the table holds lost.
+    let none = zerostream(dir.path(), &["tune", "--quick", "--no-16bit", "--max-seconds", "0", "--json"]);
+    let none_stdout = String::from_utf8_lossy(&none.stdout);
+    assert!(none.status.success(), "tune --max-seconds 0: {}", String::from_utf8_lossy(&none.stderr));
+    let none_summary: serde_json::Value = serde_json::from_str(none_stdout.lines().last().unwrap()).unwrap();
+    assert_eq!((none_summary["classes"].as_u64(), none_summary["attention_classes"].as_u64()), (Some(0), Some(0)), "{none_stdout}");
+    let kept: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&table).unwrap()).unwrap();
+    assert_eq!(kept["entries"], saved["entries"], "the tuned classes survive a tune that timed none");
+    assert!(saved["entries"].as_array().is_some_and(|e| !e.is_empty()));
     let devices = String::from_utf8_lossy(&zerostream(dir.path(), &["devices"]).stdout).into_owned();
     assert!(devices.contains(&format!("tuned table {}", table.display())), "{devices}");
     // A table copied in under another name (from a machine like this one, say) is found by its key.

@@ -14,7 +14,7 @@ mod attention;
 pub use attention::{AttentionCall, AttentionResult, attention_calls, tune_attention};
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use zerostream_checkpoints::LlamaConfig;
@@ -96,18 +96,25 @@ impl<V: Copy> VariantTimes<V> {
 
 /// Times each of `variants` (the first must be the default: its output bits are the reference), made
 /// the device's choice by `force`: `run` makes one call, `bits` reads its outputs. A variant whose bits
-/// differ is left out and named.
+/// differ is left out and named. `None` when `deadline` passes before the last variant: a class timed
+/// in part is not recorded, since its winner would replace a whole tune's in the saved table.
 fn time_variants<V: Copy>(
     dev: &GpuDevice,
     variants: &[V],
     timer: Timer,
+    deadline: Instant,
     force: impl Fn(Option<V>) -> Result<()>,
     run: impl Fn(),
     bits: impl Fn() -> Vec<u32>,
-) -> Result<VariantTimes<V>> {
+) -> Result<Option<VariantTimes<V>>> {
     let mut reference: Option<Vec<u32>> = None;
     let mut timed = VariantTimes { times: Vec::new(), mismatched: Vec::new() };
     for &variant in variants {
+        // Compiling one variant can take minutes on a CPU driver, so the clock is read before each.
+        if Instant::now() > deadline {
+            force(None)?;
+            return Ok(None);
+        }
         force(Some(variant))?;
         run(); // pipeline creation and warm-up, and the bits to compare
         let bits = bits();
@@ -125,7 +132,7 @@ fn time_variants<V: Copy>(
         timed.times.push((variant, dev.time_reps(reps, timer, &run)?.median_s()));
     }
     force(None)?;
-    Ok(timed)
+    Ok(Some(timed))
 }
 
 /// One class's outcome: of the fp32 matmul's variants, or of the cooperative-matrix matmul's.
@@ -261,8 +268,9 @@ fn tune_class<V: Copy>(
     variants: &[V],
     force: impl Fn(Option<V>) -> Result<()>,
     timer: Timer,
+    deadline: Instant,
     seed: u64,
-) -> Result<VariantTimes<V>> {
+) -> Result<Option<VariantTimes<V>>> {
     let ops = operands(dev, p, seed)?;
     let bits = || {
         let c = dev.read(&ops.c);
@@ -271,7 +279,7 @@ fn tune_class<V: Copy>(
         bits
     };
     let run = || dev.matmul(&ops.c, &ops.a, &ops.b, None, &p.shape, false);
-    time_variants(dev, variants, timer, force, run, bits)
+    time_variants(dev, variants, timer, deadline, force, run, bits)
 }
 
 /// The shape classes of the configured models' products, in the order first met, each with the product
@@ -306,8 +314,13 @@ fn tune_classes<V: Copy>(
     let classes = step_classes(cfg)?;
     let timer = dev.best_timer();
     let mut results = Vec::new();
+    let deadline = start + Duration::from_secs_f64(until_s);
     for (i, (class, product, names)) in classes.iter().enumerate() {
-        if start.elapsed().as_secs_f64() > until_s {
+        let timed = match Instant::now() < deadline {
+            true => tune_class(dev, product, variants, force, timer, deadline, i as u64 * 7 + 1)?,
+            false => None,
+        };
+        let Some(timed) = timed else {
             eprintln!(
                 "tune: {until_s:.0} s of --max-seconds {} used; {} of {} {what} classes left untuned",
                 cfg.max_seconds,
@@ -315,8 +328,7 @@ fn tune_classes<V: Copy>(
                 classes.len()
             );
             break;
-        }
-        let timed = tune_class(dev, product, variants, force, timer, i as u64 * 7 + 1)?;
+        };
         let result = ClassResult { class: *class, shape: product.shape, products: names.clone(), timed };
         on_class(&result);
         results.push(result);

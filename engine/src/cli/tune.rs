@@ -18,13 +18,13 @@ pub struct TuneArgs {
     #[arg(long, value_delimiter = ',', default_value = "gpt2,gpt2-xl,llama-3.2-1b")]
     models: Vec<String>,
     /// B: sequences per micro-batch of the runs to tune for (M of most products is B x T).
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     batch_size: usize,
     /// T: tokens per sequence.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     seq_len: usize,
     /// Rows of the vocabulary chunk, as `train --vocab-chunk-rows`.
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, default_value_t = 8192, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     vocab_chunk_rows: usize,
     /// Leave out the products with 16-bit weights (they serve `--precision bf16|fp16` runs).
     #[arg(long)]
@@ -43,12 +43,15 @@ pub struct TuneArgs {
     /// the same products after the fp32 ones where the adapter has cooperative matrices.
     #[arg(long)]
     no_coop: bool,
-    /// Stop starting new shape classes after this many seconds (those done are kept); where the adapter has
-    /// cooperative matrices the fp32 classes stop at 60% of it and theirs take the rest.
-    #[arg(long, default_value_t = 170.0)]
+    /// Stop after this many seconds: the classes done are kept and merged into the table, one still being
+    /// timed is left untuned (the clock is read before each variant, whose compiling can take minutes on a
+    /// CPU driver). Where the adapter has cooperative matrices the fp32 classes stop at 60% of it and
+    /// theirs take the rest.
+    #[arg(long, default_value_t = 170.0, value_parser = parse_max_seconds)]
     max_seconds: f64,
-    /// Tiny shapes and a few variants' worth of time: seconds on a software adapter such as lavapipe.
-    #[arg(long)]
+    /// The tiny model's shapes at B=2 T=64 in place of --models, --batch-size, --seq-len and
+    /// --vocab-chunk-rows: seconds on a software adapter such as lavapipe.
+    #[arg(long, conflicts_with_all = ["models", "batch_size", "seq_len", "vocab_chunk_rows"])]
     quick: bool,
     /// Print the results without writing the table.
     #[arg(long)]
@@ -69,13 +72,14 @@ pub fn run(args: TuneArgs) -> Result<i32> {
             seq_len: args.seq_len,
             vocab_chunk_rows: args.vocab_chunk_rows,
             with_16bit: true,
-            max_seconds: args.max_seconds,
+            max_seconds: 0.0, // set below, for --quick too
             variants: Vec::new(),
             attention: true,
             attention_variants: Vec::new(),
             coop: true,
         }
     };
+    cfg.max_seconds = args.max_seconds;
     cfg.attention &= !args.no_attention;
     cfg.coop &= !args.no_coop;
     cfg.attention_variants =
@@ -216,4 +220,12 @@ fn print_attention(r: &AttentionResult, json: bool) {
         r.timed.default_seconds() / best_s,
         r.calls.join(", ")
     );
+}
+
+/// `--max-seconds`: a finite, non-negative number of seconds (0 tunes nothing and keeps the table).
+fn parse_max_seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s.is_finite() && (0.0..=1e9).contains(&s) => Ok(s),
+        _ => Err(format!("expected seconds from 0 to 1e9, e.g. 170 or 2.5; got {text:?}")),
+    }
 }

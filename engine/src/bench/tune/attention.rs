@@ -6,7 +6,7 @@
 //! backward) equals the default variant's bit for bit on the call it was timed on.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use zerostream_checkpoints::LlamaConfig;
@@ -110,14 +110,15 @@ fn tune_call(
     call: &AttentionCall,
     variants: &[AttentionTile],
     timer: Timer,
+    deadline: Instant,
     seed: u64,
-) -> Result<VariantTimes<AttentionTile>> {
+) -> Result<Option<VariantTimes<AttentionTile>>> {
     let (t, d) = (tensors(dev, call.dims, seed)?, call.dims);
     let run = || match call.pass {
         AttentionPass::Forward => dev.attention_forward(&t.out, &t.lse, &t.qkv, d),
         AttentionPass::Backward => dev.attention_backward(&t.dqkv, &t.delta, &t.dout, &t.qkv, &t.out, &t.lse, d),
     };
-    time_variants(dev, variants, timer, |v| dev.force_attention_variant(v), run, || output_bits(dev, &t, call.pass))
+    time_variants(dev, variants, timer, deadline, |v| dev.force_attention_variant(v), run, || output_bits(dev, &t, call.pass))
 }
 
 /// The attention variants to try, the default first: `cfg.attention_variants`, else every one the
@@ -162,8 +163,14 @@ pub fn tune_attention(
     }
     let timer = dev.best_timer();
     let mut results = Vec::new();
+    let deadline = start + Duration::from_secs_f64(cfg.max_seconds);
     for (i, class) in order.iter().enumerate() {
-        if start.elapsed().as_secs_f64() > cfg.max_seconds {
+        let (call, names) = &classes[class];
+        let timed = match Instant::now() < deadline {
+            true => tune_call(dev, call, &variants, timer, deadline, 1000 + i as u64 * 7)?,
+            false => None,
+        };
+        let Some(timed) = timed else {
             eprintln!(
                 "tune: --max-seconds {} reached; {} of {} attention classes left untuned",
                 cfg.max_seconds,
@@ -171,9 +178,7 @@ pub fn tune_attention(
                 order.len()
             );
             break;
-        }
-        let (call, names) = &classes[class];
-        let timed = tune_call(dev, call, &variants, timer, 1000 + i as u64 * 7)?;
+        };
         let result = AttentionResult { class: *class, dims: call.dims, calls: names.clone(), timed };
         on_class(&result);
         results.push(result);
