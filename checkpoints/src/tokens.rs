@@ -115,6 +115,15 @@ impl TokenFile {
         Ok(())
     }
 
+    /// How many distinct micro-batches of B*T+1 tokens the file holds (0 when not one): micro-batch `g`
+    /// is the same as micro-batch `g` mod this.
+    pub fn micro_batches(&self, batch: usize, seq_len: usize) -> usize {
+        match batch.checked_mul(seq_len) {
+            Some(span) if span > 0 && span < usize::MAX => self.len.saturating_sub(1) / span,
+            _ => 0,
+        }
+    }
+
     /// Micro-batch `g` of the training contract: window `g mod floor((n-1)/(B*T))` of B*T+1 tokens;
     /// returns (x, y), each B*T long.
     pub fn micro_batch(&self, g: usize, batch: usize, seq_len: usize) -> Result<(Vec<u32>, Vec<u32>)> {

@@ -61,7 +61,7 @@ pub struct EvalData<'a> {
 /// into one chunk-sized slot). Host memory holds one block tensor or one chunk at a time, whatever the
 /// model's size.
 pub fn evaluate<D: Backend>(dev: &D, model_dir: &Path, eval: &EvalData<'_>) -> Result<EvalReport> {
-    let EvalData { path: data, dtype: data_dtype, batch, seq_len, batches, progress } = *eval;
+    let EvalData { path: data, dtype: data_dtype, batch, seq_len, mut batches, progress } = *eval;
     if batch == 0 || seq_len == 0 || batches == 0 {
         bail!("--batch-size, --seq-len and --batches must be positive");
     }
@@ -69,6 +69,15 @@ pub fn evaluate<D: Backend>(dev: &D, model_dir: &Path, eval: &EvalData<'_>) -> R
     let model = Model::of_hf(&hf)?;
     let tokens = TokenFile::open_with(data, data_dtype)?;
     tokens.check_vocab(model.vocab_size())?;
+    // Past the micro-batches the file holds, the first ones would be read again and weigh twice.
+    let held = tokens.micro_batches(batch, seq_len);
+    if held > 0 && batches > held {
+        eprintln!(
+            "eval: {} holds {held} micro-batches of B x T tokens, fewer than --batches {batches}: reading those {held}",
+            data.display()
+        );
+        batches = held;
+    }
     model.check_seq_len(seq_len).with_context(|| model_dir.display().to_string())?;
     dev.check_attention(model.attention_dims(batch, seq_len))?;
     let groups = group_layouts(&model);

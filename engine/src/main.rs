@@ -63,7 +63,8 @@ enum Command {
         /// T: tokens per sequence (at most the model's n_positions).
         #[arg(long, default_value_t = 64)]
         seq_len: usize,
-        /// N: how many micro-batches, from the start of the file (wrapping around).
+        /// N: how many micro-batches, from the start of the file; at most as many as it holds (said when
+        /// this asks for more, since the first ones read again would count twice).
         #[arg(long, default_value_t = 1)]
         batches: usize,
         #[command(flatten)]

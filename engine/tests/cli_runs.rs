@@ -182,6 +182,29 @@ fn validation_loss_is_the_number_eval_gives_for_the_same_weights() {
     let eval: serde_json::Value = serde_json::from_slice(&eval.stdout).unwrap();
     assert_eq!(rows[0]["val_loss"].as_f64(), eval["loss"].as_f64());
     assert!((rows[0]["val_perplexity"].as_f64().unwrap() - rows[0]["val_loss"].as_f64().unwrap().exp()).abs() < 1e-9);
+    // Asked for more micro-batches than the file holds, both read each of them once, and say so.
+    let shape = ["--device", "cpu", "--data", &data, "--batch-size", "2", "--seq-len", "16"];
+    let all = zerostream(&[&["eval", "--model", &model, "--batches", "100000"][..], &shape].concat());
+    assert!(all.status.success() && stderr(&all).contains("fewer than --batches 100000"), "{}", stderr(&all));
+    let all: serde_json::Value = serde_json::from_slice(&all.stdout).unwrap();
+    let held = all["batches"].as_u64().unwrap();
+    assert!((2..100000).contains(&held), "{all}");
+    let exact = zerostream(&[&["eval", "--model", &model, "--batches", &held.to_string()][..], &shape].concat());
+    let exact: serde_json::Value = serde_json::from_slice(&exact.stdout).unwrap();
+    assert_eq!(all["loss"].as_f64(), exact["loss"].as_f64());
+    let metrics = dir.path().join("all.jsonl");
+    let flags = ["--model", &model, "--val-data", &data, "--eval-every", "1", "--eval-batches", "100000", "--steps", "1"];
+    let out = zerostream(&[&["train", "--sample-tokens", "0", "--metrics", metrics.to_str().unwrap()][..], &flags, &shape].concat());
+    assert!(out.status.success() && stderr(&out).contains(&format!("holds {held} micro-batches")), "{}", stderr(&out));
+    let row: serde_json::Value = serde_json::from_str(std::fs::read_to_string(&metrics).unwrap().lines().next().unwrap()).unwrap();
+    assert_eq!(row["val_loss"].as_f64(), exact["loss"].as_f64(), "train's validation reads what eval reads");
+    // Validation data without one micro-batch is refused before training, not after it.
+    let small = dir.path().join("small.bin");
+    std::fs::write(&small, [0u8; 20]).unwrap();
+    let flags = ["--model", &model, "--val-data", small.to_str().unwrap(), "--eval-every", "0", "--steps", "1"];
+    let out = zerostream(&[&["train", "--sample-tokens", "0"][..], &flags, &shape].concat());
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("small.bin: 10 tokens") && !err.contains("step 0"), "{err}");
 }
 
 /// Greedy decoding gives the tokens transformers' greedy `generate` gives (recorded from it: see

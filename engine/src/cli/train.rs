@@ -115,7 +115,8 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 100)]
     eval_every: u64,
     /// Micro-batches of --val-data per validation (the first ones, in the order `eval` reads them, so
-    /// the number is the one `zerostream eval` gives for the same weights).
+    /// the number is the one `zerostream eval` gives for the same weights); at most as many as the file
+    /// holds, which is said at the start where this asks for more.
     #[arg(long, default_value_t = 4)]
     eval_batches: usize,
     /// B: sequences per micro-batch.

@@ -58,7 +58,7 @@ pub struct RunOptions {
     pub val_data: Option<PathBuf>,
     /// Validation before every step that is a multiple of this (0: only at the end).
     pub eval_every: u64,
-    /// Micro-batches of --val-data per validation.
+    /// Micro-batches of --val-data per validation (at most as many as it holds).
     pub eval_batches: usize,
     pub seed: u64,
     pub metrics: Option<PathBuf>,
@@ -191,6 +191,8 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         }
     };
     describe_run(&say, options, &train, &model, &tokens, dev, &comm);
+    // The held-out tokens with the micro-batches each validation reads.
+    let validation = validation.as_ref().map(|v| Ok::<_, anyhow::Error>((v, eval_batches(v, options, &train, &say)?))).transpose()?;
     let root = checkpoint_root(&say, options, lead)?;
     let record = RunRecord {
         seed: options.seed,
@@ -213,9 +215,9 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
     }
     let predicted_step_s = predict_step(dev, &model, &trainer, &say);
     let start = Instant::now();
-    let outcome = train_steps(&mut trainer, &tokens, validation.as_ref(), options, root.as_ref(), &record, predicted_step_s, &say)?;
+    let outcome = train_steps(&mut trainer, &tokens, validation, options, root.as_ref(), &record, predicted_step_s, &say)?;
     let last_update_s = trainer.finish()?;
-    let final_val_loss = validation.as_ref().map(|v| final_validation(&mut trainer, v, options, &say)).transpose()?;
+    let final_val_loss = validation.map(|(v, batches)| final_validation(&mut trainer, v, batches, &say)).transpose()?;
     let seconds = start.elapsed().as_secs_f64();
     if lead && outcome.metrics_written {
         plot_metrics(options, &say);
@@ -291,6 +293,31 @@ fn open_data(options: &RunOptions, model: &Model, source: &ModelSource<'_>) -> R
     Ok((tokens, validation))
 }
 
+/// The micro-batches each validation reads: `--eval-batches`, or all `v` holds where that is fewer (a
+/// count past them would read the first ones again and weigh them twice); a file without one is refused
+/// before training, not after it.
+fn eval_batches(v: &TokenFile, options: &RunOptions, train: &TrainConfig, say: &dyn Fn(String)) -> Result<usize> {
+    let held = v.micro_batches(train.batch, train.seq_len);
+    if held == 0 {
+        bail!(
+            "validation data {}: {} tokens, fewer than one micro-batch of --batch-size {} x --seq-len {} + 1 = {} tokens",
+            v.path.display(),
+            v.len,
+            train.batch,
+            train.seq_len,
+            train.batch.saturating_mul(train.seq_len).saturating_add(1)
+        );
+    }
+    if options.eval_batches > held {
+        say(format!(
+            "validation: {} holds {held} micro-batches of B x T tokens, fewer than --eval-batches {}: each validation reads those {held}",
+            v.path.display(),
+            options.eval_batches
+        ));
+    }
+    Ok(options.eval_batches.min(held))
+}
+
 /// Rank 0 holds the checkpoint root (its lock, its leftovers) for the whole run.
 fn checkpoint_root(say: &dyn Fn(String), options: &RunOptions, lead: bool) -> Result<Option<CheckpointRoot>> {
     let (Some(dir), true) = (&options.checkpoints.dir, lead) else { return Ok(None) };
@@ -325,13 +352,13 @@ fn save_model<D: Backend>(trainer: &mut Trainer<'_, D>, dir: &std::path::Path, r
 }
 
 /// The validation loss of the final weights.
-fn final_validation<D: Backend>(trainer: &mut Trainer<'_, D>, v: &TokenFile, options: &RunOptions, say: &dyn Fn(String)) -> Result<f64> {
-    let loss = trainer.validation_loss(v, options.eval_batches)?;
+fn final_validation<D: Backend>(trainer: &mut Trainer<'_, D>, v: &TokenFile, batches: usize, say: &dyn Fn(String)) -> Result<f64> {
+    let loss = trainer.validation_loss(v, batches)?;
     say(format!(
         "validation: loss {loss:.4} (perplexity {:.2}) after step {} on {} micro-batches of {}",
         loss.exp(),
         trainer.step,
-        options.eval_batches,
+        batches,
         v.path.display()
     ));
     Ok(loss)

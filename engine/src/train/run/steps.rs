@@ -38,7 +38,7 @@ fn skip_limit(loss_scaled: bool) -> u64 {
 pub(super) fn train_steps<D: Backend>(
     trainer: &mut Trainer<'_, D>,
     tokens: &TokenFile,
-    validation: Option<&TokenFile>,
+    validation: Option<(&TokenFile, usize)>,
     options: &RunOptions,
     root: Option<&CheckpointRoot>,
     record: &RunRecord,
@@ -60,8 +60,8 @@ pub(super) fn train_steps<D: Backend>(
     while trainer.step < steps {
         // Validation of the weights this step starts from, so step 0's is the initial model's.
         let val_loss = match validation {
-            Some(v) if options.eval_every > 0 && trainer.step.is_multiple_of(options.eval_every) => {
-                Some(trainer.validation_loss(v, options.eval_batches)?)
+            Some((v, batches)) if options.eval_every > 0 && trainer.step.is_multiple_of(options.eval_every) => {
+                Some(trainer.validation_loss(v, batches)?)
             }
             _ => None,
         };
