@@ -315,3 +315,32 @@ fn plan_counts_slots_as_the_named_device_stores_them() {
     let (cpu, gpu): (f64, f64) = (slot("cpu").parse().unwrap(), slot("gpu").parse().unwrap());
     assert!((cpu / gpu - 2.0).abs() < 0.3, "a bf16 slot: {cpu} MiB on the cpu device, {gpu} MiB on a GPU");
 }
+
+/// `bench io` measures every engine in a directory it creates, and leaves nothing behind: not its
+/// file, not the directories it made.
+#[test]
+fn bench_io_measures_and_leaves_no_trace() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("new").join("drive");
+    let out = zerostream(&[
+        "bench",
+        "io",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--size",
+        "4MiB",
+        "--block-size",
+        "1MiB",
+        "--queue-depth",
+        "2",
+        "--io-engine",
+        "threads",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{report}");
+    assert!(runs[0]["write_gbps"].as_f64().unwrap() > 0.0 && runs[0]["read_gbps"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(!tmp.path().join("new").exists(), "bench io left {} behind", tmp.path().join("new").display());
+}

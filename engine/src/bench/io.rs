@@ -89,10 +89,42 @@ pub fn run_one(path: &Path, size: u64, config: IoConfig) -> Result<IoRun> {
     })
 }
 
-/// Every combination, in order; the test file is removed afterwards.
+/// The `--dir` a drive bench writes its files in: created with any missing parents, as the NVMe tier
+/// creates its own, and those it created removed again when dropped (the empty ones: a file someone
+/// else put there meanwhile keeps its directory), so a measurement leaves nothing behind.
+pub struct BenchDir {
+    /// The directories this made, deepest first.
+    created: Vec<PathBuf>,
+}
+
+impl BenchDir {
+    pub fn open(dir: &Path) -> Result<BenchDir> {
+        let mut created = Vec::new();
+        let mut missing = Some(dir);
+        while let Some(d) = missing.filter(|d| !d.as_os_str().is_empty() && std::fs::symlink_metadata(d).is_err()) {
+            created.push(d.to_path_buf());
+            missing = d.parent();
+        }
+        if dir.exists() && !dir.is_dir() {
+            bail!("--dir {}: not a directory", dir.display());
+        }
+        let made = BenchDir { created };
+        std::fs::create_dir_all(dir).with_context(|| format!("--dir {}: cannot create it", dir.display()))?;
+        Ok(made)
+    }
+}
+
+impl Drop for BenchDir {
+    fn drop(&mut self) {
+        for d in &self.created {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// Every combination, in order, in `cfg.dir` (which must exist: [`BenchDir::open`]); the test file is
+/// removed afterwards.
 pub fn bench_io(cfg: &IoBenchConfig, mut on_run: impl FnMut(&IoRun)) -> Result<Vec<IoRun>> {
-    // A missing directory is created, as the NVMe tier creates its own.
-    std::fs::create_dir_all(&cfg.dir).with_context(|| format!("--dir {}: cannot create it", cfg.dir.display()))?;
     if !cfg.dir.is_dir() {
         bail!("--dir {}: not a directory", cfg.dir.display());
     }
@@ -198,4 +230,31 @@ pub fn plot(runs: &[IoRun], path: &Path) -> Result<()> {
     }
     root.present().with_context(|| format!("writing {}", path.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bench_dir_removes_what_it_made_and_only_that() {
+        let tmp = tempfile::tempdir().unwrap();
+        let deep = tmp.path().join("a").join("b");
+        let made = BenchDir::open(&deep).unwrap();
+        assert!(deep.is_dir());
+        drop(made);
+        assert!(!tmp.path().join("a").exists(), "both levels it created are gone");
+        assert!(tmp.path().is_dir(), "the directory that was there stays");
+        // A directory that gained a file meanwhile is kept, with the file.
+        let made = BenchDir::open(&deep).unwrap();
+        std::fs::write(deep.join("someone-elses"), b"x").unwrap();
+        drop(made);
+        assert!(deep.join("someone-elses").is_file());
+        // One that existed before is left as it was.
+        drop(BenchDir::open(&deep).unwrap());
+        assert!(deep.is_dir());
+        // A file in the way is refused by name.
+        let err = BenchDir::open(&deep.join("someone-elses")).err().unwrap().to_string();
+        assert!(err.contains("someone-elses") && err.contains("not a directory"), "{err}");
+    }
 }

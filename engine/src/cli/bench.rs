@@ -54,7 +54,8 @@ pub enum BenchCommand {
     /// NVMe tier: sequential O_DIRECT write then read of a file, per I/O engine, block size and queue
     /// depth; prints the best configuration (ready for `train`).
     Io {
-        /// Directory on the drive to measure (a file is written there and removed).
+        /// Directory on the drive to measure (a file is written there and removed; a directory this
+        /// creates is removed again).
         #[arg(long)]
         dir: PathBuf,
         /// Bytes written then read per configuration.
@@ -222,6 +223,7 @@ pub struct KernelArgs {
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Io { dir, size, block_size, queue_depth, io_engine, buffered, fio, plot, json } => {
+            let _made = bench_io::BenchDir::open(&dir)?; // held to the end: fio writes there too
             let cfg = IoBenchConfig {
                 dir: dir.clone(),
                 size_bytes: size,
@@ -545,6 +547,7 @@ fn bench_all(dir: &std::path::Path, size: u64, params: usize, adapter: Option<&s
         }),
     });
     let (block, depth) = (1u64 << 20, 32);
+    let _made = bench_io::BenchDir::open(dir)?;
     let io_cfg = IoBenchConfig {
         dir: dir.to_path_buf(),
         size_bytes: size,
