@@ -27,7 +27,9 @@ pub struct GenerateArgs {
     /// Token ids to continue, comma-separated (e.g. 464,3290,318).
     #[arg(long, value_delimiter = ',')]
     prompt_tokens: Option<Vec<u32>>,
-    /// Tokens to generate.
+    /// Tokens to generate. Within the model's context each token costs one position's forward (the
+    /// key/value cache); past it, each sees the last context-length tokens as a full recompute would, so
+    /// each costs a whole window's forward.
     #[arg(long, default_value_t = 100)]
     max_new_tokens: usize,
     /// Sampling temperature; 0 = greedy (always the most likely token).
