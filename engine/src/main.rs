@@ -274,7 +274,7 @@ fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
         Command::Bench(b) => cli::bench::run(b).map(|()| 0),
         Command::Tune(args) => cli::tune::run(*args),
         Command::Plot { metrics, out } => {
-            if let Some(input) = metrics.iter().find(|m| std::fs::canonicalize(m).ok() == std::fs::canonicalize(&out).ok()) {
+            if let Some(input) = metrics.iter().find(|m| zerostream::train::outputs::same_file(m, &out)) {
                 anyhow::bail!("-o {} is the metrics file {}: it would be overwritten", out.display(), input.display());
             }
             let curves = metrics.iter().map(|m| zerostream::plot::read_metrics(m)).collect::<Result<Vec<_>>>()?;

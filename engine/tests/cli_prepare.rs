@@ -113,4 +113,11 @@ fn prepare_splits_documents_and_holds_out_a_validation_file() {
     assert!(stderr(&run).contains("2 held-out documents"), "{}", stderr(&run));
     let bad = zerostream(&["prepare", "--text", text.to_str().unwrap(), "--out", out.to_str().unwrap(), "--val-fraction", "1.5"]);
     assert!(!bad.status.success() && stderr(&bad).contains("--val-fraction 1.5"), "{}", stderr(&bad));
+    // Blank text is refused, and the token file already there is kept.
+    let blank = dir.path().join("blank.txt");
+    std::fs::write(&blank, "\n\n  \n").unwrap();
+    let before = std::fs::read(&out).unwrap();
+    let bad = zerostream(&["prepare", "--text", blank.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(!bad.status.success() && stderr(&bad).contains("no text to tokenise"), "{}", stderr(&bad));
+    assert_eq!(std::fs::read(&out).unwrap(), before);
 }

@@ -123,6 +123,10 @@ fn plot_overlays_runs_and_never_overwrites_its_input() {
     let out = zerostream(&["plot", &files[0], "-o", &files[0]]);
     assert!(!out.status.success() && stderr(&out).contains("would be overwritten"), "{}", stderr(&out));
     assert_eq!(std::fs::read(&files[0]).unwrap(), before);
+    // A missing input is reported as missing, not as the output (neither path exists).
+    let missing = dir.path().join("missing.jsonl");
+    let out = zerostream(&["plot", missing.to_str().unwrap(), "-o", dir.path().join("new.svg").to_str().unwrap()]);
+    assert!(!out.status.success() && stderr(&out).contains("missing.jsonl: No such file"), "{}", stderr(&out));
 }
 
 #[test]

@@ -60,11 +60,14 @@ pub fn prepare(a: PrepareArgs, quiet: bool) -> Result<()> {
     let val_out = val_path(&a.out);
     let records = [DataTokenizer::sidecar(&a.out), DataTokenizer::sidecar(&val_out)];
     for out in [&a.out, &val_out, &records[0], &records[1]] {
-        if std::fs::canonicalize(out).ok() == std::fs::canonicalize(&a.text).ok() {
+        if zerostream::train::outputs::same_file(out, &a.text) {
             bail!("{} is the --text file: it would be overwritten", out.display());
         }
     }
     let documents: Vec<&str> = content.split(separator.as_str()).filter(|d| !d.trim().is_empty()).collect();
+    if documents.is_empty() {
+        bail!("--text {}: no text to tokenise ({} bytes, all blank)", a.text.display(), content.len());
+    }
     let between: Vec<u32> = match tokenizer.end_of_text() {
         Some(eot) => vec![eot],
         None => tokenizer.encode(&separator)?,

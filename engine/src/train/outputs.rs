@@ -22,25 +22,29 @@ pub const MODEL_FILES: &[&str] = &[
 
 /// Checks the run's outputs before any work: none is one of its inputs (it would be overwritten), and
 /// `--save` can be written (its parent is created if missing) and holds no files but a model's.
+/// Whether `a` and `b` name one existing file or directory (a path that does not exist is nobody's).
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}
+
 pub fn check_outputs(options: &RunOptions) -> Result<()> {
     let mut inputs: Vec<PathBuf> = options.data.iter().chain(&options.val_data).cloned().collect();
     if let ModelChoice::Hf(dir) | ModelChoice::Resume(dir) = &options.model {
         inputs.push(dir.clone());
         inputs.extend(std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| e.path()));
     }
-    let same = |a: &Path, b: &Path| match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
-        (Ok(x), Ok(y)) => x == y,
-        _ => false,
-    };
     let outputs = [("--metrics", &options.metrics), ("--save", &options.save), ("--checkpoint-dir", &options.checkpoints.dir)];
     for (flag, path) in outputs {
         let Some(path) = path else { continue };
-        if let Some(input) = inputs.iter().find(|p| same(p, path)) {
+        if let Some(input) = inputs.iter().find(|p| same_file(p, path)) {
             bail!("{flag} {} is the input {}: it would be overwritten; choose another path", path.display(), input.display());
         }
     }
     if let (Some(save), Some(root)) = (&options.save, &options.checkpoints.dir)
-        && same(save, root)
+        && same_file(save, root)
     {
         bail!("--save {} is also the --checkpoint-dir: give the saved model its own directory", save.display());
     }
@@ -95,7 +99,7 @@ pub fn resolved_path(metrics: &Path) -> PathBuf {
 pub fn write_resolved(metrics: &Path, text: &str, config_file: Option<&Path>) -> Result<PathBuf> {
     let path = resolved_path(metrics);
     if let Some(input) = config_file
-        && std::fs::canonicalize(input).ok().is_some_and(|c| std::fs::canonicalize(&path).ok() == Some(c))
+        && same_file(input, &path)
     {
         if std::fs::read_to_string(input).ok().as_deref() == Some(text) {
             return Ok(path);
