@@ -208,6 +208,12 @@ fn benches_too_big_for_the_machine_are_refused_before_allocating() {
     let out = zerostream(&["train", "--device", "cpu", "--config", "gpt2", "--data", data, "--batch-size", "100000", "--seq-len", "1024"]);
     let err = stderr(&out);
     assert!(!out.status.success() && err.contains("host RAM") && err.contains("the device's") && err.contains("--gpu-mem-budget"), "{err}");
+    // eval has no plan: the cpu device itself refuses a tensor past the RAM (it aborted allocating).
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny/model");
+    let out = zerostream(&["eval", "--device", "cpu", "--model", model, "--data", data, "--batch-size", "100000000", "--seq-len", "16"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "an error, not an abort: {err}");
+    assert!(err.contains("cpu device") && err.contains("past the RAM available") && err.contains("--batch-size"), "{err}");
     // Thread counts past any machine's are refused, not attempted.
     for (args, flag) in [
         (&["bench", "adam", "--params", "1000", "--threads", "100000"][..], "--threads 100000"),

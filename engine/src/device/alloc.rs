@@ -154,6 +154,14 @@ impl Drop for Charge {
     }
 }
 
+/// The RAM available now, in bytes: MemAvailable from /proc/meminfo (Linux); None elsewhere.
+pub fn available_ram_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,6 +20,9 @@ pub struct CpuDevice {
     spare_reads: SpareReads,
     /// `--matmul-inputs`: with f16, matmuls round copies of their operands first.
     matmul_inputs: Cell<MatmulInputs>,
+    /// The RAM available when the device opened: its memory is RAM, and a tensor past it is refused
+    /// by name rather than left to the kernel's out-of-memory killer (None where unknown).
+    ram_bytes: Option<u64>,
 }
 
 pub struct CpuTensor {
@@ -38,7 +41,24 @@ impl CpuDevice {
             budget: ByteBudget::new(budget_bytes.unwrap_or(u64::MAX)),
             spare_reads: SpareReads::default(),
             matmul_inputs: Cell::default(),
+            ram_bytes: super::alloc::available_ram_bytes(),
         }
+    }
+}
+
+/// `len` zeros, or None where the allocator refuses (past the RAM and swap the kernel will promise):
+/// `vec![0.0; len]` would abort the process. Like it, the pages are the kernel's zero pages until
+/// written, so a tensor sized for the largest shape costs RAM only for what is used.
+fn zeroed(len: usize) -> Option<Vec<f32>> {
+    let layout = std::alloc::Layout::array::<f32>(len).ok()?;
+    if layout.size() == 0 {
+        return Some(Vec::new());
+    }
+    // SAFETY: the layout is non-zero-sized; a non-null pointer from the global allocator with f32's
+    // layout for `len` elements, all zero bytes (0.0f32), is a valid Vec<f32> of length and capacity `len`.
+    unsafe {
+        let ptr = std::alloc::alloc_zeroed(layout) as *mut f32;
+        (!ptr.is_null()).then(|| Vec::from_raw_parts(ptr, len, len))
     }
 }
 
@@ -51,8 +71,20 @@ impl Backend for CpuDevice {
         format!("cpu ({} threads)", rayon::current_num_threads())
     }
     fn alloc(&self, len: usize, label: &str) -> Result<CpuTensor> {
-        let charge = self.budget.charge(AllocCosts::CPU.tensor_bytes(len), label)?;
-        Ok(CpuTensor { data: RefCell::new(vec![0.0; len]), _charge: charge })
+        let bytes = AllocCosts::CPU.tensor_bytes(len);
+        let charge = self.budget.charge(bytes, label)?;
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let live = self.budget.stats().live_bytes;
+        let data = self.ram_bytes.is_none_or(|ram| live <= ram).then(|| zeroed(len)).flatten();
+        let Some(data) = data else {
+            anyhow::bail!(
+                "cpu device: {label} ({:.2} GiB) brings the device's memory to {:.2} GiB, past the RAM available ({}): use a smaller --batch-size or --seq-len",
+                gib(bytes),
+                gib(live),
+                self.ram_bytes.map_or("the allocator refused".into(), |r| format!("{:.2} GiB", gib(r)))
+            );
+        };
+        Ok(CpuTensor { data: RefCell::new(data), _charge: charge })
     }
     fn len(&self, t: &CpuTensor) -> usize {
         t.data.borrow().len()

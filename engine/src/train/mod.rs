@@ -54,13 +54,14 @@ use zerostream_offload::{AdamConfig, AdamW, IoEngine, Layerwise, LayerwiseConfig
 use crate::comm::Comm;
 use crate::comm::compress::ParamCompression;
 use crate::device::Backend;
+pub use crate::device::alloc::available_ram_bytes;
 use crate::model::{Model, TensorSpec};
 pub use checkpoint::{Checkpoint, RunRecord, SaveDtype};
 pub use config::{AdamState, Flags, MEANING_FLAGS, Optimizer, Precision, TrainConfig};
 use device_state::DeviceState;
 use layout::{GroupLayout, group_layouts};
+pub use plan::refuse_past_available_ram;
 pub use plan::{Placement, minimum_device_bytes, minimum_device_bytes_on, plan, plan_on};
-pub use plan::{available_ram_bytes, refuse_past_available_ram};
 pub use report::StepReport;
 pub use schedule::{LossScaler, LrPlan, LrSchedule};
 pub use shard::{GroupShard, Sharding, ZeroStage};

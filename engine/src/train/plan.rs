@@ -8,6 +8,7 @@ use super::config::{AdamState, Optimizer, Precision, TrainConfig};
 use super::layout::{GroupLayout, TensorSlot, group_layouts};
 use super::shard::{Sharding, ZeroStage};
 use super::traffic::NvmeTraffic;
+use crate::device::alloc::available_ram_bytes;
 use crate::device::{AllocCosts, HalfFormat, MatmulInputs};
 use crate::model::Model;
 use crate::model::vocab::LossActs;
@@ -280,14 +281,6 @@ pub fn refuse_past_available_ram(need_bytes: u64, what: &str) -> Result<()> {
         bail!("{what}: needs about {:.1} GiB of RAM, but {:.1} GiB is available", gib(need_bytes), gib(avail));
     }
     Ok(())
-}
-
-/// The RAM available now, in bytes: MemAvailable from /proc/meminfo (Linux); None elsewhere.
-pub fn available_ram_bytes() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }
 
 /// The format a block slot stores tensor `t` in: 16-bit for matrices when the working copy is 16-bit
