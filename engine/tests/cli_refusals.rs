@@ -40,9 +40,10 @@ fn bad_input_is_refused_with_the_flag_and_the_numbers() {
 }
 
 /// `tune`'s shapes and clock are refused by flag before an adapter is opened (a zero batch once tuned
-/// empty products into the table, `--quick` silently dropped the flags it overrides).
+/// empty products into the table, `--quick` silently dropped the flags it overrides), and so is a world
+/// of no ranks.
 #[test]
-fn tune_flags_out_of_range_are_refused() {
+fn counts_and_clocks_out_of_range_are_refused() {
     for (args, named) in [
         (&["--batch-size", "0"][..], "--batch-size"),
         (&["--seq-len", "0"], "--seq-len"),
@@ -55,6 +56,9 @@ fn tune_flags_out_of_range_are_refused() {
         let err = stderr(&out);
         assert!(out.status.code() == Some(2) && err.contains(named), "tune {args:?}: {err}");
     }
+    // plan took --world-size 0 for one rank.
+    let out = zerostream(&["plan", "--config", "gpt2", "--world-size", "0"]);
+    assert!(out.status.code() == Some(2) && stderr(&out).contains("--world-size"), "{}", stderr(&out));
 }
 
 #[test]

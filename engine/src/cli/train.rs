@@ -263,7 +263,7 @@ pub struct TrainArgs {
     adam_threads: usize,
     /// Ranks in this process, one thread and one device each (data parallel, ZeRO-partitioned state).
     /// Under `mpirun` leave this out: the world size comes from MPI.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     world_size: Option<usize>,
     /// One device per rank, comma-separated: a GPU adapter's index or name, or `cpu` (e.g. `0,1` or
     /// `cpu,cpu`). Default: every rank opens --device/--adapter. Under mpirun, indexed by the node-local rank.
