@@ -125,7 +125,8 @@ pub struct TrainArgs {
     /// T: tokens per sequence (at most the model's n_positions).
     #[arg(long, default_value_t = 128)]
     seq_len: usize,
-    /// Micro-batches per optimizer step (gradients accumulate on the host, where the optimizer state lives).
+    /// Micro-batches per optimizer step (gradients accumulate on the host, where the optimizer state lives);
+    /// at most 65536.
     #[arg(long, default_value_t = 1)]
     grad_accum: usize,
     /// Optimizer steps.

@@ -16,6 +16,11 @@ use crate::device::MatmulInputs;
 
 pub use super::choices::{AdamState, Optimizer, Precision};
 
+/// The most micro-batches one step accumulates (`--grad-accum`): the planner walks a step's schedule
+/// op by op, so a step of a billion micro-batches would take it hours (about 2^16 x 16 tokens is already
+/// a million-token batch a rank).
+pub const MAX_GRAD_ACCUM: usize = 1 << 16;
+
 /// Everything a training run is configured with besides the model and the data.
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
@@ -216,10 +221,14 @@ impl TrainConfig {
         [self.offload_optimizer, self.gradients_tier(), self.offload_params].contains(&Tier::Nvme)
     }
 
-    /// Refuses an empty micro-batch or step (checked again by every trainer, whoever made its config).
+    /// Refuses an empty micro-batch or step, or one of more micro-batches than [`MAX_GRAD_ACCUM`]
+    /// (checked again by every trainer, whoever made its config).
     pub fn check_batch(&self) -> Result<()> {
         if self.batch == 0 || self.seq_len == 0 || self.grad_accum == 0 {
             bail!("--batch-size, --seq-len and --grad-accum must be positive");
+        }
+        if self.grad_accum > MAX_GRAD_ACCUM {
+            bail!("--grad-accum {}: at most {MAX_GRAD_ACCUM} micro-batches a step (raise --batch-size instead)", self.grad_accum);
         }
         Ok(())
     }

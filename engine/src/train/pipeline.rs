@@ -66,47 +66,48 @@ impl fmt::Display for Op {
     }
 }
 
-/// The operations of one step over `n_layer` blocks and `accum` micro-batches. Overlapped: the next
+/// The operations of one step over `n_layer` blocks and `accum` micro-batches, made one micro-batch at
+/// a time as they are taken (a step of many micro-batches is never held whole). Overlapped: the next
 /// block's fetch is issued while a block computes, and a block's gradient download is finished only
 /// after the next block's backward is submitted (two gradient buffers); the update runs behind the next
 /// step. Sequential: each operation waits for the one before.
-pub fn step_schedule(n_layer: usize, accum: usize, overlapped: bool) -> Vec<Op> {
-    let mut ops = vec![Op::FetchHead];
-    for micro in 0..accum {
-        ops.push(Op::Embed { micro });
-        for block in 0..n_layer {
-            ops.push(Op::Fetch { block });
-            ops.push(Op::Forward { block });
-            if overlapped && block + 1 < n_layer {
-                ops.push(Op::Fetch { block: block + 1 });
-            }
+pub fn step_schedule(n_layer: usize, accum: usize, overlapped: bool) -> impl Iterator<Item = Op> {
+    let end = [Op::DownloadHead, Op::ReduceBlocks, Op::Update].into_iter().chain((!overlapped).then_some(Op::AwaitUpdate));
+    std::iter::once(Op::FetchHead).chain((0..accum).flat_map(move |micro| micro_batch_ops(n_layer, micro, overlapped))).chain(end)
+}
+
+/// One micro-batch's operations: embed, the blocks' forward, the head, the blocks' backward with their
+/// downloads, the embedding's backward.
+fn micro_batch_ops(n_layer: usize, micro: usize, overlapped: bool) -> Vec<Op> {
+    let mut ops = vec![Op::Embed { micro }];
+    for block in 0..n_layer {
+        ops.push(Op::Fetch { block });
+        ops.push(Op::Forward { block });
+        if overlapped && block + 1 < n_layer {
+            ops.push(Op::Fetch { block: block + 1 });
         }
-        ops.push(Op::Head);
-        for block in (0..n_layer).rev() {
-            ops.push(Op::Fetch { block });
-            ops.push(Op::Backward { block });
-            if overlapped {
-                if block > 0 {
-                    ops.push(Op::Fetch { block: block - 1 });
-                }
-                if block + 1 < n_layer {
-                    ops.push(Op::FinishDownload { block: block + 1 });
-                }
-                ops.push(Op::BeginDownload { block });
-            } else {
-                ops.push(Op::BeginDownload { block });
-                ops.push(Op::FinishDownload { block });
-            }
-        }
-        if overlapped && n_layer > 0 {
-            ops.push(Op::FinishDownload { block: 0 });
-        }
-        ops.push(Op::EmbedBackward);
     }
-    ops.extend([Op::DownloadHead, Op::ReduceBlocks, Op::Update]);
-    if !overlapped {
-        ops.push(Op::AwaitUpdate);
+    ops.push(Op::Head);
+    for block in (0..n_layer).rev() {
+        ops.push(Op::Fetch { block });
+        ops.push(Op::Backward { block });
+        if overlapped {
+            if block > 0 {
+                ops.push(Op::Fetch { block: block - 1 });
+            }
+            if block + 1 < n_layer {
+                ops.push(Op::FinishDownload { block: block + 1 });
+            }
+            ops.push(Op::BeginDownload { block });
+        } else {
+            ops.push(Op::BeginDownload { block });
+            ops.push(Op::FinishDownload { block });
+        }
     }
+    if overlapped && n_layer > 0 {
+        ops.push(Op::FinishDownload { block: 0 });
+    }
+    ops.push(Op::EmbedBackward);
     ops
 }
 
@@ -133,7 +134,8 @@ mod tests {
     #[test]
     fn both_schedules_compute_the_same_things_and_respect_their_dependencies() {
         for (n_layer, accum) in [(1, 1), (2, 1), (4, 3)] {
-            let (over, seq) = (step_schedule(n_layer, accum, true), step_schedule(n_layer, accum, false));
+            let (over, seq): (Vec<Op>, Vec<Op>) =
+                (step_schedule(n_layer, accum, true).collect(), step_schedule(n_layer, accum, false).collect());
             let compute = |ops: &[Op]| -> Vec<Op> {
                 ops.iter().copied().filter(|o| !matches!(o, Op::Fetch { .. } | Op::BeginDownload { .. } | Op::AwaitUpdate)).collect()
             };
@@ -162,8 +164,11 @@ mod tests {
                 }
             }
         }
-        let printed = describe(&step_schedule(2, 1, true));
-        println!("overlapped, 2 blocks:\n{printed}\n\nsequential, 2 blocks:\n{}", describe(&step_schedule(2, 1, false)));
+        let printed = describe(&step_schedule(2, 1, true).collect::<Vec<_>>());
+        println!(
+            "overlapped, 2 blocks:\n{printed}\n\nsequential, 2 blocks:\n{}",
+            describe(&step_schedule(2, 1, false).collect::<Vec<_>>())
+        );
         assert!(printed.contains("fetch h.0, forward h.0, fetch h.1, fetch h.1, forward h.1"), "{printed}");
         assert!(printed.contains("backward h.0, download< h.1, download> h.0"), "{printed}");
     }

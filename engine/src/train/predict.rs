@@ -461,7 +461,9 @@ fn measure_device<D: Backend>(dev: &D, model: &Model, train: &TrainConfig, layer
     };
     let mut rng = ChaCha8Rng::seed_from_u64(train.seed);
     let vocab = cut.vocab_size() as u32;
-    let tokens: Vec<u32> = (0..(tc.batch * tc.seq_len + 1) * tc.grad_accum * 8).map(|_| rng.random_range(0..vocab)).collect();
+    // Enough windows for a few steps' micro-batches; past them the data wraps round, which times the same.
+    let windows = tc.grad_accum.min(8) * 8;
+    let tokens: Vec<u32> = (0..(tc.batch * tc.seq_len + 1) * windows).map(|_| rng.random_range(0..vocab)).collect();
     let data = TokenFile::from_ids("plan --measure", &tokens);
     let mut trainer = Trainer::new(dev, &ModelSource::Random { model: cut, seed: train.seed }, tc)
         .with_context(|| format!("timing the device on {layers} block(s) of the model"))?;
