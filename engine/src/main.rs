@@ -65,7 +65,7 @@ enum Command {
         seq_len: usize,
         /// N: how many micro-batches, from the start of the file; at most as many as it holds (said when
         /// this asks for more, since the first ones read again would count twice).
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
         batches: usize,
         #[command(flatten)]
         device: DeviceArgs,

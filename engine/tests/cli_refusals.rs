@@ -59,6 +59,9 @@ fn counts_and_clocks_out_of_range_are_refused() {
     // plan took --world-size 0 for one rank.
     let out = zerostream(&["plan", "--config", "gpt2", "--world-size", "0"]);
     assert!(out.status.code() == Some(2) && stderr(&out).contains("--world-size"), "{}", stderr(&out));
+    // No validation batches was refused only when the first validation came, after training with --eval-every 0.
+    let out = zerostream(&["train", "--device", "cpu", "--eval-batches", "0", "--eval-every", "0"]);
+    assert!(out.status.code() == Some(2) && stderr(&out).contains("--eval-batches"), "{}", stderr(&out));
     // A billion micro-batches a step took 16 GB of RAM to plan before anything was said.
     let out = zerostream(&["plan", "--config", "gpt2", "--grad-accum", "1000000000"]);
     assert!(!out.status.success() && stderr(&out).contains("--grad-accum 1000000000: at most 65536"), "{}", stderr(&out));

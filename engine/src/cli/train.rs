@@ -117,7 +117,7 @@ pub struct TrainArgs {
     /// Micro-batches of --val-data per validation (the first ones, in the order `eval` reads them, so
     /// the number is the one `zerostream eval` gives for the same weights); at most as many as the file
     /// holds, which is said at the start where this asks for more.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     eval_batches: usize,
     /// B: sequences per micro-batch.
     #[arg(long, default_value_t = 8)]
