@@ -347,4 +347,11 @@ fn bench_io_measures_and_leaves_no_trace() {
     assert_eq!(runs.len(), 1, "{report}");
     assert!(runs[0]["write_gbps"].as_f64().unwrap() > 0.0 && runs[0]["read_gbps"].as_f64().unwrap() > 0.0, "{report}");
     assert!(!tmp.path().join("new").exists(), "bench io left {} behind", tmp.path().join("new").display());
+    // Bad flags are named, before anything is written (they ran, or named a Rust struct).
+    for (flag, value) in [("--size", "0"), ("--block-size", "3"), ("--queue-depth", "0")] {
+        let out = zerostream(&["bench", "io", "--dir", dir.to_str().unwrap(), flag, value]);
+        let err = stderr(&out);
+        assert!(!out.status.success() && err.contains(&format!("{flag} {value}: expected")), "{err}");
+        assert!(!tmp.path().join("new").exists());
+    }
 }

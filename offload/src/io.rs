@@ -139,6 +139,9 @@ pub struct IoEngine {
     pub notes: Vec<String>,
 }
 
+/// The most requests an engine keeps in flight (io_uring's rings are sized by it).
+pub const MAX_QUEUE_DEPTH: usize = 4096;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Direction {
     Read,
@@ -155,8 +158,11 @@ impl IoEngine {
                 format!("block size {} bytes: expected a positive multiple of {ALIGN_BYTES}", config.block_bytes),
             ));
         }
-        if config.queue_depth == 0 || config.queue_depth > 4096 {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("queue depth {}: expected 1 to 4096", config.queue_depth)));
+        if config.queue_depth == 0 || config.queue_depth > MAX_QUEUE_DEPTH {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("queue depth {}: expected 1 to {MAX_QUEUE_DEPTH}", config.queue_depth),
+            ));
         }
         let mut notes = Vec::new();
         if config.engine == IoEngineKind::Uring

@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use zerostream_offload::io::MAX_QUEUE_DEPTH;
 use zerostream_offload::io::preallocate;
-use zerostream_offload::{AlignedBuf, Direction, IoConfig, IoEngine, IoEngineKind};
+use zerostream_offload::{ALIGN_BYTES, AlignedBuf, Direction, IoConfig, IoEngine, IoEngineKind};
 
 #[derive(Clone, Debug)]
 pub struct IoBenchConfig {
@@ -125,6 +126,15 @@ impl Drop for BenchDir {
 /// Every combination, in order, in `cfg.dir` (which must exist: [`BenchDir::open`]); the test file is
 /// removed afterwards.
 pub fn bench_io(cfg: &IoBenchConfig, mut on_run: impl FnMut(&IoRun)) -> Result<Vec<IoRun>> {
+    if cfg.size_bytes == 0 {
+        bail!("--size 0: expected a positive number of bytes");
+    }
+    if let Some(b) = cfg.block_sizes.iter().find(|&&b| b == 0 || !b.is_multiple_of(ALIGN_BYTES as u64)) {
+        bail!("--block-size {b}: expected a positive multiple of {ALIGN_BYTES} bytes");
+    }
+    if let Some(d) = cfg.queue_depths.iter().find(|&&d| d == 0 || d > MAX_QUEUE_DEPTH) {
+        bail!("--queue-depth {d}: expected 1 to {MAX_QUEUE_DEPTH}");
+    }
     if !cfg.dir.is_dir() {
         bail!("--dir {}: not a directory", cfg.dir.display());
     }
