@@ -23,14 +23,18 @@
 //! for the same update, which steps the parameter with the unrounded moments, then stored rounded
 //! stochastically ([`rounding`]), 4 bytes per parameter fewer to keep and move.
 
+mod isa;
+mod reference;
 pub(crate) mod rounding;
 
 use half::{bf16, f16};
+pub use isa::Isa;
 use rayon::prelude::*;
+pub use reference::{adamw_reference, adamw_reference_moments};
 pub use rounding::NoiseKey;
 #[cfg(target_arch = "x86_64")]
 use rounding::store_bf16_streaming;
-use rounding::{bf16_from_f32, bf16_stochastic, bf16_to_f32, round_stochastic_into, widen_into};
+use rounding::{bf16_from_f32, bf16_to_f32, round_stochastic_into, widen_into};
 
 /// AdamW's hyper-parameters. f64, as Python hands them to PyTorch: `1 - beta2` computed from an f32
 /// 0.999 is off by 5e-5 relative, which the moments would carry.
@@ -213,100 +217,6 @@ fn update(p: &mut f32, m: &mut f32, v: &mut f32, grad: f32, k: &StepScalars) {
     *v = (k.one_minus_beta2 * g).mul_add(g, *v * k.beta2);
     let denom = v.sqrt() / k.bias_correction2_sqrt + k.eps;
     *p += (-k.step_size * *m) / denom;
-}
-
-/// The reference: one element at a time, no chunks, no threads. Kept beside the fast path as the oracle
-/// the tests compare it with.
-#[allow(clippy::too_many_arguments, reason = "the fast path's arguments, one for one, so the two read side by side")]
-pub fn adamw_reference(
-    params: &mut [f32],
-    m: &mut [f32],
-    v: &mut [f32],
-    grads: Grads<'_>,
-    copy: ParamCopy<'_>,
-    cfg: &AdamConfig,
-    step: u64,
-    grad_scale: f32,
-    decay_this_tensor: bool,
-) {
-    adamw_reference_moments(params, Moments::F32 { m, v }, grads, copy, cfg, step, grad_scale, decay_this_tensor)
-}
-
-/// [`adamw_reference`] over moments of either format.
-#[allow(clippy::too_many_arguments, reason = "the fast path's arguments, one for one, so the two read side by side")]
-pub fn adamw_reference_moments(
-    params: &mut [f32],
-    moments: Moments<'_>,
-    grads: Grads<'_>,
-    copy: ParamCopy<'_>,
-    cfg: &AdamConfig,
-    step: u64,
-    grad_scale: f32,
-    decay_this_tensor: bool,
-) {
-    let k = StepScalars::new(cfg, step, grad_scale, decay_this_tensor);
-    let mut copy = copy;
-    let mut moments = moments;
-    for i in 0..params.len() {
-        let g = match grads {
-            Grads::F32(g) => g[i],
-            Grads::F16(g) => g[i].to_f32(),
-            Grads::Bf16(g) => bf16_to_f32(g[i]),
-        };
-        match &mut moments {
-            Moments::F32 { m, v } => update(&mut params[i], &mut m[i], &mut v[i], g, &k),
-            Moments::Bf16 { m, v, noise } => {
-                let (mut m32, mut v32) = (bf16_to_f32(m[i]), bf16_to_f32(v[i]));
-                update(&mut params[i], &mut m32, &mut v32, g, &k);
-                let at = noise.first_index + i as u32;
-                m[i] = bf16::from_bits(bf16_stochastic(m32, noise.m.noise(at)));
-                v[i] = bf16::from_bits(bf16_stochastic(v32, noise.v.noise(at)));
-            }
-        }
-        match &mut copy {
-            ParamCopy::None => {}
-            ParamCopy::F32(out) => out[i] = params[i],
-            ParamCopy::F16(out) => out[i] = f16::from_f32(params[i]),
-            ParamCopy::Bf16(out) => out[i] = bf16_from_f32(params[i]),
-        }
-    }
-}
-
-/// The instruction set the fast path runs with on this CPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Isa {
-    Avx512,
-    Avx2Fma,
-    /// The baseline of the target: SSE2 on x86-64, NEON on aarch64.
-    Baseline,
-}
-
-impl Isa {
-    pub fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw") {
-                return Isa::Avx512;
-            }
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                return Isa::Avx2Fma;
-            }
-        }
-        Isa::Baseline
-    }
-    pub fn name(&self) -> &'static str {
-        match self {
-            Isa::Avx512 => "avx512",
-            Isa::Avx2Fma => "avx2+fma",
-            Isa::Baseline => {
-                if cfg!(target_arch = "aarch64") {
-                    "neon"
-                } else {
-                    "baseline"
-                }
-            }
-        }
-    }
 }
 
 /// The loop body, generic over gradient and copy types; inlined into each instruction-set variant.
