@@ -1,0 +1,66 @@
+//! The gpu device's casts between f32 and halves packed two per u32 word: f16 rounding for the
+//! cooperative-matrix matmul's operands, f16 and bf16 widening for 16-bit uploads and slots.
+
+use std::ops::Range;
+
+use super::{GpuDevice, GpuTensor, HalfFormat, shaders};
+
+impl GpuDevice {
+    /// out (u32 words, two f16 per word) = f16(x[..n]), round to nearest even.
+    pub fn cast_f32_to_f16(&self, out_words: &GpuTensor, x: &GpuTensor, n: usize) {
+        for r in Self::pieces(n, self.max_window_elems, 2 * self.align_elems) {
+            let xw = self.window(x, r.clone());
+            let ow = self.window(out_words, r.start / 2..r.end.div_ceil(2));
+            self.dispatch(
+                shaders::CAST_F32_TO_F16,
+                "main",
+                &[r.len() as u32, xw.elem_offset, ow.elem_offset, 0],
+                &[(1, xw.binding), (2, ow.binding)],
+                Self::elementwise_grid(r.len().div_ceil(2)),
+            );
+        }
+    }
+
+    /// The f16 tensor `out` from half `out_start` (even) = `x[span]` rounded to f16, as [`Self::cast_f32_to_f16`].
+    pub(super) fn cast_span_to_f16(&self, out: &GpuTensor, out_start: usize, x: &GpuTensor, span: Range<usize>) {
+        debug_assert!(out_start.is_multiple_of(2) && out.format == Some(HalfFormat::F16));
+        if span.is_empty() {
+            return;
+        }
+        for r in Self::pieces(span.len(), self.max_window_elems, 2 * self.align_elems) {
+            let xw = self.window(x, span.start + r.start..span.start + r.end);
+            let ow = self.packed_window(out, out_start + r.start..out_start + r.end);
+            self.dispatch(
+                shaders::CAST_F32_TO_F16,
+                "main",
+                &[r.len() as u32, xw.elem_offset, ow.elem_offset / 2, 0],
+                &[(1, xw.binding), (2, ow.binding)],
+                Self::elementwise_grid(r.len().div_ceil(2)),
+            );
+        }
+    }
+
+    /// out[..n] = f32 of the halves packed in `x_words`.
+    pub fn cast_f16_to_f32(&self, out: &GpuTensor, x_words: &GpuTensor, n: usize) {
+        self.widen_halves(HalfFormat::F16, out, x_words, n)
+    }
+
+    /// out (f32) = bf16 values packed two per u32 word (exact).
+    pub fn cast_bf16_to_f32(&self, out: &GpuTensor, x_words: &GpuTensor, n: usize) {
+        self.widen_halves(HalfFormat::Bf16, out, x_words, n)
+    }
+
+    fn widen_halves(&self, format: HalfFormat, out: &GpuTensor, x_words: &GpuTensor, n: usize) {
+        for r in Self::pieces(n, self.max_window_elems, 2 * self.align_elems) {
+            let xw = self.window(x_words, r.start / 2..r.end.div_ceil(2));
+            let ow = self.window(out, r.clone());
+            self.dispatch(
+                shaders::CAST_HALF_TO_F32,
+                "main",
+                &[r.len() as u32, xw.elem_offset, ow.elem_offset, (format == HalfFormat::Bf16) as u32],
+                &[(1, xw.binding), (2, ow.binding)],
+                Self::elementwise_grid(r.len().div_ceil(2)),
+            );
+        }
+    }
+}
