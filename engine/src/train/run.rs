@@ -21,7 +21,9 @@ use crate::model::Model;
 use super::demo::Demo;
 pub use super::demo::TEXT as DEMO_TEXT;
 
+mod data;
 mod steps;
+use data::{eval_batches, final_validation, open_data, tokenizer_files};
 use steps::train_steps;
 
 /// Where the weights come from.
@@ -261,63 +263,6 @@ fn predict_step<D: Backend>(dev: &D, model: &Model, trainer: &Trainer<'_, D>, sa
     Some(prediction.step_s)
 }
 
-/// The training tokens and the validation tokens (`--val-data`, or the built-in text's last scenes),
-/// checked against the model's vocabulary and, resuming, against the checkpoint's data.
-fn open_data(options: &RunOptions, model: &Model, source: &ModelSource<'_>) -> Result<(TokenFile, Option<TokenFile>)> {
-    let tokens = match &options.data {
-        Some(path) => TokenFile::open_with(path, options.data_dtype)?,
-        None => Demo::get()?.train_tokens(),
-    };
-    tokens.check_vocab(model.vocab_size())?;
-    let validation = match &options.val_data {
-        Some(path) => {
-            let v = TokenFile::open_with(path, options.data_dtype)?;
-            v.check_vocab(model.vocab_size())?;
-            Some(v)
-        }
-        None if options.data.is_none() => Some(Demo::get()?.val_tokens()),
-        None => None,
-    };
-    if let ModelSource::Checkpoint(c) = source
-        && c.state.data_tokens != tokens.len
-    {
-        bail!(
-            "{} holds {} tokens, but the checkpoint {} was trained on {} ({} tokens): resume on the same data",
-            tokens.path.display(),
-            tokens.len,
-            c.dir.display(),
-            c.state.data,
-            c.state.data_tokens
-        );
-    }
-    Ok((tokens, validation))
-}
-
-/// The micro-batches each validation reads: `--eval-batches`, or all `v` holds where that is fewer (a
-/// count past them would read the first ones again and weigh them twice); a file without one is refused
-/// before training, not after it.
-fn eval_batches(v: &TokenFile, options: &RunOptions, train: &TrainConfig, say: &dyn Fn(String)) -> Result<usize> {
-    let held = v.micro_batches(train.batch, train.seq_len);
-    if held == 0 {
-        bail!(
-            "validation data {}: {} tokens, fewer than one micro-batch of --batch-size {} x --seq-len {} + 1 = {} tokens",
-            v.path.display(),
-            v.len,
-            train.batch,
-            train.seq_len,
-            train.batch.saturating_mul(train.seq_len).saturating_add(1)
-        );
-    }
-    if options.eval_batches > held {
-        say(format!(
-            "validation: {} holds {held} micro-batches of B x T tokens, fewer than --eval-batches {}: each validation reads those {held}",
-            v.path.display(),
-            options.eval_batches
-        ));
-    }
-    Ok(options.eval_batches.min(held))
-}
-
 /// Rank 0 holds the checkpoint root (its lock, its leftovers) for the whole run.
 fn checkpoint_root(say: &dyn Fn(String), options: &RunOptions, lead: bool) -> Result<Option<CheckpointRoot>> {
     let (Some(dir), true) = (&options.checkpoints.dir, lead) else { return Ok(None) };
@@ -351,19 +296,6 @@ fn save_model<D: Backend>(trainer: &mut Trainer<'_, D>, dir: &std::path::Path, r
     Ok(())
 }
 
-/// The validation loss of the final weights.
-fn final_validation<D: Backend>(trainer: &mut Trainer<'_, D>, v: &TokenFile, batches: usize, say: &dyn Fn(String)) -> Result<f64> {
-    let loss = trainer.validation_loss(v, batches)?;
-    say(format!(
-        "validation: loss {loss:.4} (perplexity {:.2}) after step {} on {} micro-batches of {}",
-        loss.exp(),
-        trainer.step,
-        batches,
-        v.path.display()
-    ));
-    Ok(loss)
-}
-
 /// The curves beside the metrics (`loss.svg`); a failure to draw them costs the picture, not the run.
 fn plot_metrics(options: &RunOptions, say: &dyn Fn(String)) {
     #[cfg(feature = "plot")]
@@ -376,29 +308,6 @@ fn plot_metrics(options: &RunOptions, say: &dyn Fn(String)) {
     }
     #[cfg(not(feature = "plot"))]
     let _ = (options, say);
-}
-
-/// The files that make saved model directories carry the data's tokenizer (see
-/// [`RunOptions::tokenizer`]); says which, or why there are none.
-fn tokenizer_files(say: &dyn Fn(String), options: &RunOptions, model: &Model) -> Result<Vec<(String, Vec<u8>)>> {
-    let found = match (&options.tokenizer, &options.data) {
-        (Some(t), _) => Some(t.clone()),
-        (None, Some(data)) => DataTokenizer::read_beside(data)?,
-        (None, None) => Some(DataTokenizer::Json(Demo::get()?.tokenizer.to_json()?)),
-    };
-    let Some(tokenizer) = found else {
-        if options.save.is_some() || options.checkpoints.dir.is_some() {
-            let data = options.data.as_deref().map(|d| DataTokenizer::sidecar(d).display().to_string()).unwrap_or_default();
-            say(format!("tokenizer: unknown (no {data}; pass --tokenizer): saved models get no tokenizer files"));
-        }
-        return Ok(Vec::new());
-    };
-    tokenizer.check_vocab(model.vocab_size())?;
-    let files = tokenizer.model_files(model.max_seq_len())?;
-    if files.is_empty() {
-        say(format!("tokenizer: {} (no Hugging Face tokenizer files exist for it: saved models get none)", tokenizer.describe()));
-    }
-    Ok(files)
 }
 
 /// Every setting of the run by flag name: the trainer's, the seed, the data and the world size.
