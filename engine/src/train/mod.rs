@@ -21,6 +21,7 @@ mod config;
 pub mod demo;
 mod device_state;
 mod grad_exchange;
+mod host_init;
 pub mod launch;
 pub mod layout;
 pub mod outputs;
@@ -49,10 +50,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use anyhow::{Context, Result, anyhow, bail};
-use zerostream_offload::{AdamConfig, AdamW, IoEngine, Layerwise, LayerwiseConfig, NvmeDir, Rule, Stored};
+use zerostream_offload::{AdamConfig, AdamW, Layerwise, LayerwiseConfig, NvmeDir, Rule};
 
 use crate::comm::Comm;
-use crate::comm::compress::ParamCompression;
 use crate::device::Backend;
 pub use crate::device::alloc::available_ram_bytes;
 use crate::model::{Model, TensorSpec};
@@ -68,7 +68,7 @@ pub use shard::{GroupShard, Sharding, ZeroStage};
 use step::{Clock, timed};
 use worker::{
     OptimizerGroup, Progress, ProgressState, SharedGroup, UpdateFormats, UpdateJob, UpdateRule, WorkerState, adam_seconds_total, lock,
-    optimizer_worker, write_working,
+    optimizer_worker,
 };
 
 /// Where the model's initial weights come from.
@@ -173,91 +173,22 @@ impl<'d, D: Backend> Trainer<'d, D> {
         let layouts = Arc::new(group_layouts(&model));
         let shards: Arc<Vec<GroupShard>> = Arc::new(layouts.iter().map(|g| sharding.group(g.len)).collect());
 
-        let uses_nvme = train.uses_nvme();
         let mut io_notes = Vec::new();
-        let nvme = if uses_nvme {
-            if train.nvme_dirs.is_empty() {
-                bail!("--offload-optimizer nvme / --offload-params nvme need --nvme-dir DIR");
-            }
-            let io = IoEngine::new(train.io).context("--io-engine/--block-size/--queue-depth")?;
-            // Each rank has its own subdirectory in each directory, with stable names, so a restart
-            // finds its files.
-            let rank_dirs: Vec<std::path::PathBuf> = train.nvme_dirs.iter().map(|d| d.join(format!("rank{}", sharding.rank))).collect();
-            let nvme = NvmeDir::striped(&rank_dirs, io, train.verify, sharding.rank)?;
-            io_notes.extend(nvme.io.notes.iter().cloned());
-            Some(Arc::new(nvme))
-        } else {
-            None
-        };
+        let nvme = host_init::open_nvme(&train, &sharding, &mut io_notes)?;
         let nv = nvme.as_deref();
 
         // Host state, filled group by group from the source.
         let specs_index = checkpoint_order(&model);
-        let mut shared = Vec::new();
-        let mut optimizer = Vec::new();
-        let mut stage1_grads = Vec::new();
+        let (mut shared, mut optimizer, mut stage1_grads) = (Vec::new(), Vec::new(), Vec::new());
         for (k, (g, shard)) in layouts.iter().zip(shards.iter()).enumerate() {
-            let slice = shard.slice_len();
-            let mut master = Stored::new(&format!("{}.master", g.name), 4 * slice, train.offload_optimizer, nv)?;
-            // The optimizer's moments: m and v (AdamW, LAMB), or m alone (LARS's momentum; v empty).
-            let moment_names = train.optimizer.moment_names();
-            let moment_bytes = |i: usize| if i < moment_names.len() { train.adam_state.moment_bytes() * slice } else { 0 };
-            let mut m = Stored::new(&format!("{}.adam_m", g.name), moment_bytes(0), train.offload_optimizer, nv)?;
-            let mut v = Stored::new(&format!("{}.adam_v", g.name), moment_bytes(1), train.offload_optimizer, nv)?;
-            let bytes = train.precision.working_bytes_per_param();
-            let mut working = Stored::new(&format!("{}.working", g.name), bytes * shard.working_len, train.offload_params, nv)?;
-            for s in [&mut master, &mut m, &mut v, &mut working] {
-                s.page_in_zeroed(nv);
-            }
-            let working_range = shard.working_base..shard.working_base + shard.working_len;
-            if let ModelSource::Checkpoint(c) = source {
-                // This rank's slices at this world size, cut from whichever ranks' files hold them.
-                c.read_range(&g.name, "master", shard.owned.clone(), master.data_mut().as_mut_slice())?;
-                for (&kind, moment) in moment_names.iter().zip([&mut m, &mut v]) {
-                    c.read_moment(&g.name, kind, shard.owned.clone(), train.adam_state, moment)?;
-                }
-                let mut values = vec![0.0f32; shard.working_len];
-                c.read_range(&g.name, "master", working_range, &mut values)?;
-                write_working(train.precision, &values, &mut working, 0);
-            } else {
-                // The whole group, one group at a time: every rank keeps only its parts of it.
-                let mut whole = vec![0.0f32; shard.padded_len];
-                for t in &g.tensors {
-                    let spec = TensorSpec { name: t.name.clone(), shape: t.shape.clone(), decay: t.decay };
-                    let values = source.values(specs_index[&t.name], &spec)?;
-                    whole[t.range()].copy_from_slice(&values);
-                }
-                master.data_mut().as_mut_slice::<f32>().copy_from_slice(&whole[shard.owned.clone()]);
-                // m and v start at zero, as page_in_zeroed leaves them.
-                write_working(train.precision, &whole[working_range], &mut working, 0);
-            }
-            for s in [&mut master, &mut m, &mut v, &mut working] {
-                s.page_out(nv, true)?;
-            }
-            // Gradients live with the optimizer state (written whole by the step's first micro-batch).
-            let mut grads = Stored::new(&format!("{}.grad", g.name), 4 * slice, train.gradients_tier(), nv)?;
-            grads.page_out(nv, false)?;
-            shared.push(Mutex::new(SharedGroup {
-                grads,
-                grad_sum_squares: 0.0,
-                working,
-                gathered: 0,
-                held_for_backward: None,
-                fresh: false,
-            }));
-            optimizer.push(OptimizerGroup { group: k, master, m, v });
+            let (group, state) = host_init::group_state(k, g, shard, &train, source, &specs_index, nv)?;
+            shared.push(Mutex::new(group));
+            optimizer.push(state);
             stage1_grads.push(if k > 0 && !sharding.shards_grads() { vec![0.0; shard.padded_len] } else { Vec::new() });
         }
 
         let rule = update_rule(&train, &comm)?;
-        if train.param_compression.codec().is_some() && sharding.world == 1 {
-            io_notes.push(format!(
-                "--param-compression {} does nothing with one rank: the working copy is not gathered",
-                train.param_compression.name()
-            ));
-        } else if train.param_compression == ParamCompression::Bf16 && train.precision == Precision::Bf16 {
-            io_notes.push("--param-compression bf16 does nothing with --precision bf16: the working copy is bf16 already".into());
-        }
+        io_notes.extend(host_init::param_compression_note(&train, &sharding));
         let names: Vec<&str> = layouts.iter().map(|g| g.name.as_str()).collect();
         let exchange = grad_exchange::GradExchange::new(&train, &sharding, &shards, &names, source, nv, &mut io_notes)?;
         let device = Self::allocate_device(dev, &model, &train, &placement)?;

@@ -1,0 +1,98 @@
+//! The trainer's host state as it starts: the NVMe directories, and each group's master weights, optimizer
+//! moments, working copy and gradient accumulator, on their tiers, filled from a checkpoint (this
+//! rank's slices at this world size) or from the model's source (the whole group, one at a time).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use zerostream_offload::{IoEngine, NvmeDir, Stored};
+
+use super::layout::GroupLayout;
+use super::worker::{OptimizerGroup, SharedGroup, write_working};
+use super::{GroupShard, ModelSource, Precision, Sharding, TrainConfig};
+use crate::comm::compress::ParamCompression;
+use crate::model::TensorSpec;
+
+/// The rank's NVMe directories (a `rankN` subdirectory in each `--nvme-dir`, with stable names so a
+/// restart finds its files), where any state is on NVMe; the I/O engine's notes go to `io_notes`.
+pub(super) fn open_nvme(train: &TrainConfig, sharding: &Sharding, io_notes: &mut Vec<String>) -> Result<Option<Arc<NvmeDir>>> {
+    if !train.uses_nvme() {
+        return Ok(None);
+    }
+    if train.nvme_dirs.is_empty() {
+        bail!("--offload-optimizer nvme / --offload-params nvme need --nvme-dir DIR");
+    }
+    let io = IoEngine::new(train.io).context("--io-engine/--block-size/--queue-depth")?;
+    let rank_dirs: Vec<std::path::PathBuf> = train.nvme_dirs.iter().map(|d| d.join(format!("rank{}", sharding.rank))).collect();
+    let nvme = NvmeDir::striped(&rank_dirs, io, train.verify, sharding.rank)?;
+    io_notes.extend(nvme.io.notes.iter().cloned());
+    Ok(Some(Arc::new(nvme)))
+}
+
+/// Group `k`'s host state on this rank: what the device thread shares with the worker (gradient
+/// accumulator, working copy) and what the worker alone holds (master weights, moments). `specs_index`:
+/// each tensor's index in checkpoint order.
+pub(super) fn group_state(
+    k: usize,
+    g: &GroupLayout,
+    shard: &GroupShard,
+    train: &TrainConfig,
+    source: &ModelSource<'_>,
+    specs_index: &HashMap<String, usize>,
+    nv: Option<&NvmeDir>,
+) -> Result<(SharedGroup, OptimizerGroup)> {
+    let slice = shard.slice_len();
+    let mut master = Stored::new(&format!("{}.master", g.name), 4 * slice, train.offload_optimizer, nv)?;
+    // The optimizer's moments: m and v (AdamW, LAMB), or m alone (LARS's momentum; v empty).
+    let moment_names = train.optimizer.moment_names();
+    let moment_bytes = |i: usize| if i < moment_names.len() { train.adam_state.moment_bytes() * slice } else { 0 };
+    let mut m = Stored::new(&format!("{}.adam_m", g.name), moment_bytes(0), train.offload_optimizer, nv)?;
+    let mut v = Stored::new(&format!("{}.adam_v", g.name), moment_bytes(1), train.offload_optimizer, nv)?;
+    let bytes = train.precision.working_bytes_per_param();
+    let mut working = Stored::new(&format!("{}.working", g.name), bytes * shard.working_len, train.offload_params, nv)?;
+    for s in [&mut master, &mut m, &mut v, &mut working] {
+        s.page_in_zeroed(nv);
+    }
+    let working_range = shard.working_base..shard.working_base + shard.working_len;
+    if let ModelSource::Checkpoint(c) = source {
+        // This rank's slices at this world size, cut from whichever ranks' files hold them.
+        c.read_range(&g.name, "master", shard.owned.clone(), master.data_mut().as_mut_slice())?;
+        for (&kind, moment) in moment_names.iter().zip([&mut m, &mut v]) {
+            c.read_moment(&g.name, kind, shard.owned.clone(), train.adam_state, moment)?;
+        }
+        let mut values = vec![0.0f32; shard.working_len];
+        c.read_range(&g.name, "master", working_range, &mut values)?;
+        write_working(train.precision, &values, &mut working, 0);
+    } else {
+        // The whole group, one group at a time: every rank keeps only its parts of it.
+        let mut whole = vec![0.0f32; shard.padded_len];
+        for t in &g.tensors {
+            let spec = TensorSpec { name: t.name.clone(), shape: t.shape.clone(), decay: t.decay };
+            let values = source.values(specs_index[&t.name], &spec)?;
+            whole[t.range()].copy_from_slice(&values);
+        }
+        master.data_mut().as_mut_slice::<f32>().copy_from_slice(&whole[shard.owned.clone()]);
+        // m and v start at zero, as page_in_zeroed leaves them.
+        write_working(train.precision, &whole[working_range], &mut working, 0);
+    }
+    for s in [&mut master, &mut m, &mut v, &mut working] {
+        s.page_out(nv, true)?;
+    }
+    // Gradients live with the optimizer state (written whole by the step's first micro-batch).
+    let mut grads = Stored::new(&format!("{}.grad", g.name), 4 * slice, train.gradients_tier(), nv)?;
+    grads.page_out(nv, false)?;
+    let shared = SharedGroup { grads, grad_sum_squares: 0.0, working, gathered: 0, held_for_backward: None, fresh: false };
+    Ok((shared, OptimizerGroup { group: k, master, m, v }))
+}
+
+/// Why `--param-compression` does nothing in this run, if it does not.
+pub(super) fn param_compression_note(train: &TrainConfig, sharding: &Sharding) -> Option<String> {
+    if train.param_compression.codec().is_some() && sharding.world == 1 {
+        Some(format!("--param-compression {} does nothing with one rank: the working copy is not gathered", train.param_compression.name()))
+    } else if train.param_compression == ParamCompression::Bf16 && train.precision == Precision::Bf16 {
+        Some("--param-compression bf16 does nothing with --precision bf16: the working copy is bf16 already".into())
+    } else {
+        None
+    }
+}
