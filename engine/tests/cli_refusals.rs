@@ -102,6 +102,10 @@ fn hyperparameters_out_of_range_and_metrics_over_an_input_are_refused_before_any
     let d = data.to_str().unwrap();
     let out = zerostream(&["train", "--device", "cpu", "--config", "gpt2", "--data", d, "--metrics", d]);
     assert!(!out.status.success() && stderr(&out).contains("is the input"), "{}", stderr(&out));
+    // A directory as --metrics is refused before the state is built, not after.
+    let out = zerostream(&["train", "--device", "cpu", "--config", "gpt2", "--data", d, "--metrics", dir.path().to_str().unwrap()]);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("is a directory") && !err.contains("placement:"), "{err}");
     assert_eq!(std::fs::read(&data).unwrap(), before, "the data file is untouched");
     // A pipe or a directory as --data is refused at once (a pipe would block the open).
     let fifo = dir.path().join("fifo");

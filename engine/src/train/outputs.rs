@@ -51,6 +51,16 @@ pub fn check_outputs(options: &RunOptions) -> Result<()> {
     if let Some(save) = &options.save {
         check_save_dir(save)?;
     }
+    // The metrics file is opened after the state is built, which can take minutes on NVMe.
+    if let Some(metrics) = &options.metrics
+        && metrics.is_dir()
+    {
+        bail!(
+            "--metrics {}: is a directory; give the metrics file's path (e.g. {})",
+            metrics.display(),
+            metrics.join("run.jsonl").display()
+        );
+    }
     Ok(())
 }
 
