@@ -184,6 +184,13 @@ fn tune_writes_the_table_devices_reports_it() {
     let devices = zerostream(dir.path(), &["devices"]);
     let text = String::from_utf8_lossy(&devices.stdout);
     assert!(devices.status.success() && text.contains("built-in default") && text.contains("ignoring the matmul tuning table"), "{text}");
+    // A table place it could not write is refused before anything is timed.
+    let file = dir.path().join("not-a-directory");
+    std::fs::write(&file, "x").unwrap();
+    let out = zerostream(&file, &["tune", "--quick", "--no-16bit", "--variants", "128x128x8/8x8/db/v4", "--json"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("cannot create it") && err.contains("--no-save"), "{err}");
+    assert!(out.stdout.is_empty(), "no class was timed: {}", String::from_utf8_lossy(&out.stdout));
     let bad = zerostream(dir.path(), &["tune", "--quick", "--variants", "128x128x7/8x8/db/v4"]);
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(!bad.status.success() && stderr.contains("128x128x7/8x8/db/v4") && stderr.contains("multiple of 4"), "{stderr}");

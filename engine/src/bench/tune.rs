@@ -389,6 +389,19 @@ fn class_entry<V: Copy + std::fmt::Display>(r: &ClassResult<V>) -> TableEntry {
 /// The table from `results`, `attention` and `coop`, merged over the adapter's previous table for the
 /// same key (classes tuned again are replaced, the others kept), written to its place in the cache
 /// directory and installed on `dev`.
+/// Refuses, before anything is timed, a table place `save_table` could not write (minutes of a lent
+/// GPU's tuning would otherwise be lost at the end): its directory made and a file written there.
+pub fn check_table_place(dev: &GpuDevice) -> Result<std::path::PathBuf> {
+    let path = table_path(dev.summary()).context("no cache directory for the tuning table (set ZEROSTREAM_TUNE_DIR, or pass --no-save)")?;
+    let dir = path.parent().context("a tuning table path has a directory")?;
+    let advice = "set ZEROSTREAM_TUNE_DIR to a writable directory, or pass --no-save";
+    std::fs::create_dir_all(dir).with_context(|| format!("the tuning table's directory {}: cannot create it; {advice}", dir.display()))?;
+    let probe = path.with_extension("json.probe");
+    std::fs::write(&probe, b"").with_context(|| format!("the tuning table's directory {}: cannot write there; {advice}", dir.display()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(path)
+}
+
 pub fn save_table(
     dev: &GpuDevice,
     results: &[ClassResult],

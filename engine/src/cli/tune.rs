@@ -104,6 +104,9 @@ pub fn run(args: TuneArgs) -> Result<i32> {
         cfg.seq_len,
         dev.best_timer().name()
     );
+    if !args.no_save {
+        zerostream::bench::tune::check_table_place(&dev)?;
+    }
     let start = std::time::Instant::now();
     // The attention classes first: a few, each timed in seconds at most, which the many matmul classes
     // would otherwise leave past --max-seconds.
