@@ -92,9 +92,10 @@ enum Command {
         #[arg(short, long, default_value = "loss.svg")]
         out: PathBuf,
     },
-    /// Time the fp32 matmul's variants on this GPU for the products of GPT-2 and Llama training steps, and
-    /// the training attention kernels' variants (forward and backward) at their head dims and --seq-len,
-    /// and keep the fastest per shape class in a table in the user's cache directory (by adapter, driver
+    /// Time the fp32 matmul's variants on this GPU for the products of GPT-2 and Llama training steps, the
+    /// training attention kernels' variants (forward and backward) at their head dims and --seq-len, and,
+    /// where the adapter has cooperative matrices, the f16 cooperative-matrix matmul's (`train
+    /// --matmul-inputs f16`), and keep the fastest per shape class in a table in the user's cache directory (by adapter, driver
     /// and zerostream version; `ZEROSTREAM_TUNE_DIR` overrides the place). Every later run on the adapter
     /// uses it; `devices` says which table is in use. Variants give identical bits: only the speed changes.
     Tune(Box<cli::tune::TuneArgs>),
