@@ -48,13 +48,14 @@ pub struct EvalData<'a> {
     pub batch: usize,
     /// T: tokens per sequence.
     pub seq_len: usize,
-    /// Micro-batches 0..batches of the training contract's order.
+    /// Micro-batches 0..batches of the training contract's order (at most as many as the file holds).
     pub batches: usize,
     /// A progress line per micro-batch on stderr (rewritten in place on a terminal).
     pub progress: bool,
 }
 
-/// Mean of the micro-batch losses of micro-batches 0..batches (the training contract's order), with
+/// Mean of the micro-batch losses of micro-batches 0..batches (the training contract's order; each of
+/// the file's micro-batches once where it holds fewer, as `train`'s validation reads them), with
 /// the model streamed: one block slot refilled block by block from the model's files, two residual
 /// buffers, the head's small tensors resident, and its (V, C) matrices read from the files as needed
 /// (the embedding's rows of the micro-batch's tokens; the projection one vocabulary chunk at a time
@@ -71,7 +72,15 @@ pub fn evaluate<D: Backend>(dev: &D, model_dir: &Path, eval: &EvalData<'_>) -> R
     tokens.check_vocab(model.vocab_size())?;
     // Past the micro-batches the file holds, the first ones would be read again and weigh twice.
     let held = tokens.micro_batches(batch, seq_len);
-    if held > 0 && batches > held {
+    if held == 0 {
+        bail!(
+            "{}: {} tokens, fewer than one micro-batch of --batch-size {batch} x --seq-len {seq_len} + 1 = {} tokens",
+            data.display(),
+            tokens.len,
+            batch.saturating_mul(seq_len).saturating_add(1)
+        );
+    }
+    if batches > held {
         eprintln!(
             "eval: {} holds {held} micro-batches of B x T tokens, fewer than --batches {batches}: reading those {held}",
             data.display()

@@ -90,6 +90,22 @@ pub fn run_one(path: &Path, size: u64, config: IoConfig) -> Result<IoRun> {
     })
 }
 
+impl IoBenchConfig {
+    /// Refuses, by flag, a size, block size or queue depth no engine takes (before any file is made).
+    pub fn check(&self) -> Result<()> {
+        if self.size_bytes == 0 {
+            bail!("--size 0: expected a positive number of bytes");
+        }
+        if let Some(b) = self.block_sizes.iter().find(|&&b| b == 0 || !b.is_multiple_of(ALIGN_BYTES as u64)) {
+            bail!("--block-size {b}: expected a positive multiple of {ALIGN_BYTES} bytes");
+        }
+        if let Some(d) = self.queue_depths.iter().find(|&&d| d == 0 || d > MAX_QUEUE_DEPTH) {
+            bail!("--queue-depth {d}: expected 1 to {MAX_QUEUE_DEPTH}");
+        }
+        Ok(())
+    }
+}
+
 /// The `--dir` a drive bench writes its files in: created with any missing parents, as the NVMe tier
 /// creates its own, and those it created removed again when dropped (the empty ones: a file someone
 /// else put there meanwhile keeps its directory), so a measurement leaves nothing behind.
@@ -126,15 +142,7 @@ impl Drop for BenchDir {
 /// Every combination, in order, in `cfg.dir` (which must exist: [`BenchDir::open`]); the test file is
 /// removed afterwards.
 pub fn bench_io(cfg: &IoBenchConfig, mut on_run: impl FnMut(&IoRun)) -> Result<Vec<IoRun>> {
-    if cfg.size_bytes == 0 {
-        bail!("--size 0: expected a positive number of bytes");
-    }
-    if let Some(b) = cfg.block_sizes.iter().find(|&&b| b == 0 || !b.is_multiple_of(ALIGN_BYTES as u64)) {
-        bail!("--block-size {b}: expected a positive multiple of {ALIGN_BYTES} bytes");
-    }
-    if let Some(d) = cfg.queue_depths.iter().find(|&&d| d == 0 || d > MAX_QUEUE_DEPTH) {
-        bail!("--queue-depth {d}: expected 1 to {MAX_QUEUE_DEPTH}");
-    }
+    cfg.check()?;
     if !cfg.dir.is_dir() {
         bail!("--dir {}: not a directory", cfg.dir.display());
     }
@@ -260,9 +268,11 @@ mod tests {
         std::fs::write(deep.join("someone-elses"), b"x").unwrap();
         drop(made);
         assert!(deep.join("someone-elses").is_file());
-        // One that existed before is left as it was.
+        // One that existed before is left as it was, empty or not.
+        std::fs::remove_file(deep.join("someone-elses")).unwrap();
         drop(BenchDir::open(&deep).unwrap());
         assert!(deep.is_dir());
+        std::fs::write(deep.join("someone-elses"), b"x").unwrap();
         // A file in the way is refused by name.
         let err = BenchDir::open(&deep.join("someone-elses")).err().unwrap().to_string();
         assert!(err.contains("someone-elses") && err.contains("not a directory"), "{err}");

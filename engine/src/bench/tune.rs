@@ -298,6 +298,13 @@ fn step_classes(cfg: &TuneConfig) -> Result<Vec<(MatmulClass, Product, Vec<Strin
     Ok(classes)
 }
 
+/// `seconds` after `start` (negative or NaN: `start`), at most a century (infinity: no limit).
+pub(crate) fn deadline_after(start: Instant, seconds: f64) -> Instant {
+    let century = Duration::from_secs(100 * 365 * 86400);
+    let wait = Duration::try_from_secs_f64(seconds.max(0.0)).map_or(century, |d| d.min(century));
+    start.checked_add(wait).unwrap_or(start)
+}
+
 /// Times `variants` (the default first) on every class, until `until_s` after `start`; `what` names them
 /// in the message when time runs out.
 #[allow(clippy::too_many_arguments)]
@@ -314,7 +321,7 @@ fn tune_classes<V: Copy>(
     let classes = step_classes(cfg)?;
     let timer = dev.best_timer();
     let mut results = Vec::new();
-    let deadline = start + Duration::from_secs_f64(until_s);
+    let deadline = deadline_after(start, until_s);
     for (i, (class, product, names)) in classes.iter().enumerate() {
         let timed = match Instant::now() < deadline {
             true => tune_class(dev, product, variants, force, timer, deadline, i as u64 * 7 + 1)?,
@@ -386,9 +393,6 @@ fn class_entry<V: Copy + std::fmt::Display>(r: &ClassResult<V>) -> TableEntry {
     }
 }
 
-/// The table from `results`, `attention` and `coop`, merged over the adapter's previous table for the
-/// same key (classes tuned again are replaced, the others kept), written to its place in the cache
-/// directory and installed on `dev`.
 /// Refuses, before anything is timed, a table place `save_table` could not write (minutes of a lent
 /// GPU's tuning would otherwise be lost at the end): its directory made and a file written there.
 pub fn check_table_place(dev: &GpuDevice) -> Result<std::path::PathBuf> {
@@ -402,6 +406,9 @@ pub fn check_table_place(dev: &GpuDevice) -> Result<std::path::PathBuf> {
     Ok(path)
 }
 
+/// The table from `results`, `attention` and `coop`, merged over the adapter's previous table for the
+/// same key (classes tuned again are replaced, the others kept), written to its place in the cache
+/// directory and installed on `dev`.
 pub fn save_table(
     dev: &GpuDevice,
     results: &[ClassResult],

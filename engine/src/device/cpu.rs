@@ -75,14 +75,20 @@ impl Backend for CpuDevice {
         let charge = self.budget.charge(bytes, label)?;
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let live = self.budget.stats().live_bytes;
-        let data = self.ram_bytes.is_none_or(|ram| live <= ram).then(|| zeroed(len)).flatten();
-        let Some(data) = data else {
+        // What a command can do about it: a smaller batch or sequence, or a budget that streams blocks.
+        let advice = "use a smaller --batch-size or --seq-len, or a --gpu-mem-budget (blocks then stream through it)";
+        if let Some(ram) = self.ram_bytes
+            && live > ram
+        {
             anyhow::bail!(
-                "cpu device: {label} ({:.2} GiB) brings the device's memory to {:.2} GiB, past the RAM available ({}): use a smaller --batch-size or --seq-len",
+                "cpu device: {label} ({:.2} GiB) brings the device's memory to {:.2} GiB, past the {:.2} GiB of RAM available: {advice}",
                 gib(bytes),
                 gib(live),
-                self.ram_bytes.map_or("the allocator refused".into(), |r| format!("{:.2} GiB", gib(r)))
+                gib(ram)
             );
+        }
+        let Some(data) = zeroed(len) else {
+            anyhow::bail!("cpu device: {label} ({:.2} GiB): the system refused the memory: {advice}", gib(bytes));
         };
         Ok(CpuTensor { data: RefCell::new(data), _charge: charge })
     }
@@ -373,5 +379,22 @@ impl Backend for CpuDevice {
     }
     fn swiglu_backward(&self, d_gate_up: &CpuTensor, dout: &CpuTensor, gate_up: &CpuTensor, rows: usize, hidden: usize) {
         ops::swiglu::swiglu_backward(&mut d_gate_up.data.borrow_mut(), &dout.data.borrow(), &gate_up.data.borrow(), rows, hidden);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tensor past the RAM (or past what the allocator gives) is an error naming it, not an abort, and
+    /// charges nothing.
+    #[test]
+    fn a_tensor_past_the_ram_is_refused_by_name() {
+        let dev = CpuDevice::new(None);
+        let err = dev.alloc(usize::MAX / 8, "huge activations").err().expect("refused").to_string();
+        assert!(err.contains("huge activations") && err.contains("--gpu-mem-budget"), "{err}");
+        assert_eq!(dev.alloc_stats().live_bytes, 0, "the refused tensor's charge is released");
+        let t = dev.alloc(1000, "small").unwrap();
+        assert_eq!((dev.len(&t), dev.read(&t).iter().all(|&x| x == 0.0)), (1000, true));
     }
 }

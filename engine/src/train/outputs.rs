@@ -20,8 +20,6 @@ pub const MODEL_FILES: &[&str] = &[
     "special_tokens_map.json",
 ];
 
-/// Checks the run's outputs before any work: none is one of its inputs (it would be overwritten), and
-/// `--save` can be written (its parent is created if missing) and holds no files but a model's.
 /// Whether `a` and `b` name one existing file or directory (a path that does not exist is nobody's).
 pub fn same_file(a: &Path, b: &Path) -> bool {
     match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
@@ -29,6 +27,10 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
         _ => false,
     }
 }
+
+/// Checks the run's outputs before any work: none is one of its inputs (it would be overwritten),
+/// `--save` can be written (its parent is created if missing) and holds no files but a model's, and
+/// `--metrics` is not a directory.
 
 pub fn check_outputs(options: &RunOptions) -> Result<()> {
     let mut inputs: Vec<PathBuf> = options.data.iter().chain(&options.val_data).cloned().collect();

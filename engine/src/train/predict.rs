@@ -1,7 +1,7 @@
 //! The step time before the run (`plan --measure`): time each link the run will use, in well under a
 //! minute, and predict a steady step from the bytes and parameters the placement gives.
 //!
-//! Timed here:
+//! Timed (`predict/measure.rs`):
 //! - the drive: its directories (the run's `--nvme-dir`, striped alike), swept as the update sweeps
 //!   the state (read ahead, the run's update and its moments, write back, through the run's I/O
 //!   engine), bytes of both directions per second;

@@ -6,7 +6,7 @@
 //! backward) equals the default variant's bit for bit on the call it was timed on.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use zerostream_checkpoints::LlamaConfig;
@@ -163,7 +163,7 @@ pub fn tune_attention(
     }
     let timer = dev.best_timer();
     let mut results = Vec::new();
-    let deadline = start + Duration::from_secs_f64(cfg.max_seconds);
+    let deadline = super::deadline_after(start, cfg.max_seconds);
     for (i, class) in order.iter().enumerate() {
         let (call, names) = &classes[class];
         let timed = match Instant::now() < deadline {

@@ -47,7 +47,6 @@ pub struct IoArgs {
 
 pub fn io_command(a: IoArgs) -> Result<()> {
     let IoArgs { dir, size, block_size, queue_depth, io_engine, buffered, fio, plot, json } = a;
-    let _made = bench_io::BenchDir::open(&dir)?; // held to the end: fio writes there too
     let cfg = IoBenchConfig {
         dir: dir.clone(),
         size_bytes: size,
@@ -56,6 +55,8 @@ pub fn io_command(a: IoArgs) -> Result<()> {
         engines: io_engine,
         direct: !buffered,
     };
+    cfg.check()?;
+    let _made = bench_io::BenchDir::open(&dir)?; // held to the end: fio writes there too
     let runs = bench_io::bench_io(&cfg, |r| {
         if !json {
             println!(

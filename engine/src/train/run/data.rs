@@ -45,6 +45,9 @@ pub(super) fn open_data(options: &RunOptions, model: &Model, source: &ModelSourc
 /// count past them would read the first ones again and weigh them twice); a file without one is refused
 /// before training, not after it.
 pub(super) fn eval_batches(v: &TokenFile, options: &RunOptions, train: &TrainConfig, say: &dyn Fn(String)) -> Result<usize> {
+    if options.eval_batches == 0 {
+        bail!("--eval-batches must be at least 1");
+    }
     let held = v.micro_batches(train.batch, train.seq_len);
     if held == 0 {
         bail!(
