@@ -31,7 +31,6 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
 /// Checks the run's outputs before any work: none is one of its inputs (it would be overwritten),
 /// `--save` can be written (its parent is created if missing) and holds no files but a model's, and
 /// `--metrics` is not a directory.
-
 pub fn check_outputs(options: &RunOptions) -> Result<()> {
     let mut inputs: Vec<PathBuf> = options.data.iter().chain(&options.val_data).cloned().collect();
     if let ModelChoice::Hf(dir) | ModelChoice::Resume(dir) = &options.model {
