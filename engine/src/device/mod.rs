@@ -402,7 +402,12 @@ pub fn parse_bytes(text: &str) -> Result<u64> {
         "tib" => 1024.0f64.powi(4),
         other => bail!("invalid size {text:?}: unknown unit {other:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"),
     };
-    Ok((value * scale).round() as u64)
+    let bytes = (value * scale).round();
+    // Past 2^63 bytes (8 EiB) no machine has it, and the cast would quietly saturate.
+    if bytes >= 2f64.powi(63) {
+        bail!("invalid size {text:?}: more than 8 EiB");
+    }
+    Ok(bytes as u64)
 }
 
 #[cfg(test)]
@@ -413,6 +418,9 @@ mod tests {
     fn sizes_parse_with_units_and_bad_ones_say_why() {
         assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
         assert_eq!(parse_bytes("2GiB").unwrap(), 2 << 30);
+        let err = parse_bytes("99999999999999999999999").unwrap_err().to_string();
+        assert!(err.contains("more than 8 EiB"), "{err}");
+        assert!(parse_bytes("9000000TiB").is_err());
         assert_eq!(parse_bytes("4GB").unwrap(), 4_000_000_000);
         assert_eq!(parse_bytes("1048576").unwrap(), 1 << 20);
         assert!(parse_bytes("12 parsecs").unwrap_err().to_string().contains("unknown unit"));
