@@ -84,6 +84,10 @@ fn hyperparameters_out_of_range_and_metrics_over_an_input_are_refused_before_any
         let err = stderr(&out);
         assert!(!out.status.success() && err.contains(flag) && err.contains("must be"), "{flag} {value}: {err}");
     }
+    // A cosine "down" to a floor above its peak would raise the rate.
+    let out = zerostream(&["train", "--device", "cpu", "--steps", "1", "--min-lr", "1"]);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("--min-lr 1 is above --lr 0.002"), "{err}");
     // An unknown optimizer names the ones there are; the layer-wise ones refuse bf16 moments.
     let out = zerostream(&["train", "--device", "cpu", "--steps", "1", "--optimizer", "sgd"]);
     let err = stderr(&out);

@@ -263,6 +263,9 @@ impl TrainConfig {
                 bail!("{flag} {value}: must be {range}");
             }
         }
+        if self.lr.schedule == LrSchedule::Cosine && self.lr.min > self.lr.peak {
+            bail!("--min-lr {} is above --lr {}: the cosine schedule would raise the rate as it goes", self.lr.min, self.lr.peak);
+        }
         Codec::new(self.grad_compression, self.grad_compression_chunk)?;
         if self.optimizer != Optimizer::Adamw && self.adam_state != AdamState::Fp32 {
             bail!(
