@@ -6,7 +6,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail};
 
 use super::TrainConfig;
 use super::run::{RunOptions, RunSummary, run_rank_on};
@@ -40,7 +40,10 @@ impl RankDevice {
         match self {
             RankDevice::Default => device::open(choice, adapter, budget_bytes),
             RankDevice::Cpu => device::open(DeviceChoice::Cpu, None, budget_bytes),
-            RankDevice::Adapter(name) => device::open(DeviceChoice::Gpu, Some(name), budget_bytes),
+            // Named by --devices (the node-local choice under mpirun is always an adapter that exists).
+            RankDevice::Adapter(name) => {
+                device::open(DeviceChoice::Gpu, Some(name), budget_bytes).with_context(|| format!("--devices {name}"))
+            }
         }
     }
 }
@@ -143,7 +146,7 @@ pub fn train_in_process(
     in_process(world, |comm| {
         let rank = comm.rank();
         let which = devices.get(rank).cloned().unwrap_or(RankDevice::Default);
-        let dev = which.open(choice, adapter, train.gpu_mem_budget).map_err(|e| e.context(format!("rank {rank}: opening its device")))?;
+        let dev = which.open(choice, adapter, train.gpu_mem_budget).map_err(|e| e.context("opening its device"))?;
         run_rank_on(&dev, options, train.clone(), comm)
     })
 }
