@@ -62,6 +62,11 @@ fn counts_and_clocks_out_of_range_are_refused() {
     // No validation batches was refused only when the first validation came, after training with --eval-every 0.
     let out = zerostream(&["train", "--device", "cpu", "--eval-batches", "0", "--eval-every", "0"]);
     assert!(out.status.code() == Some(2) && stderr(&out).contains("--eval-batches"), "{}", stderr(&out));
+    // An adapter --devices names that is not there is reported as --devices' (it said --adapter).
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny/tokens.bin");
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny/model");
+    let out = zerostream(&["train", "--model", model, "--data", data, "--steps", "1", "--world-size", "2", "--devices", "99,cpu"]);
+    assert!(!out.status.success() && stderr(&out).contains("rank 0 of 2: opening its device: --devices 99"), "{}", stderr(&out));
     // A billion micro-batches a step took 16 GB of RAM to plan before anything was said.
     let out = zerostream(&["plan", "--config", "gpt2", "--grad-accum", "1000000000"]);
     assert!(!out.status.success() && stderr(&out).contains("--grad-accum 1000000000: at most 65536"), "{}", stderr(&out));
