@@ -70,6 +70,8 @@ pub fn evaluate<D: Backend>(dev: &D, model_dir: &Path, eval: &EvalData<'_>) -> R
     let model = Model::of_hf(&hf)?;
     let tokens = TokenFile::open_with(data, data_dtype)?;
     tokens.check_vocab(model.vocab_size())?;
+    model.check_seq_len(seq_len).with_context(|| model_dir.display().to_string())?;
+    dev.check_attention(model.attention_dims(batch, seq_len))?;
     // Past the micro-batches the file holds, the first ones would be read again and weigh twice.
     let held = tokens.micro_batches(batch, seq_len);
     if held == 0 {
@@ -87,8 +89,6 @@ pub fn evaluate<D: Backend>(dev: &D, model_dir: &Path, eval: &EvalData<'_>) -> R
         );
         batches = held;
     }
-    model.check_seq_len(seq_len).with_context(|| model_dir.display().to_string())?;
-    dev.check_attention(model.attention_dims(batch, seq_len))?;
     let groups = group_layouts(&model);
     let loading = || format!("loading {}", model_dir.display());
     // Fills `slot` with block group `g`'s parameters, read one tensor at a time.
