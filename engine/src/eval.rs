@@ -54,6 +54,40 @@ pub struct EvalData<'a> {
     pub progress: bool,
 }
 
+/// How many micro-batches of B x T an evaluation asked for `asked` (by `flag`) reads from `tokens`
+/// (`what`, named in the refusal): all the file holds where that is fewer, said through `say` (past them
+/// the first ones would be read again and weigh twice). A file without one is refused. `eval` and
+/// `train`'s validation both count with it, so they read the same micro-batches.
+pub fn micro_batches_to_read(
+    tokens: &TokenFile,
+    what: &str,
+    batch: usize,
+    seq_len: usize,
+    asked: usize,
+    flag: &str,
+    say: &dyn Fn(String),
+) -> Result<usize> {
+    if asked == 0 {
+        bail!("{flag} must be at least 1");
+    }
+    let held = tokens.micro_batches(batch, seq_len);
+    if held == 0 {
+        bail!(
+            "{what} {}: {} tokens, fewer than one micro-batch of --batch-size {batch} x --seq-len {seq_len} + 1 = {} tokens",
+            tokens.path.display(),
+            tokens.len,
+            batch.saturating_mul(seq_len).saturating_add(1)
+        );
+    }
+    if asked > held {
+        say(format!(
+            "{} holds {held} micro-batches of B x T tokens, fewer than {flag} {asked}: reading those {held}",
+            tokens.path.display()
+        ));
+    }
+    Ok(asked.min(held))
+}
+
 /// Mean of the micro-batch losses of micro-batches 0..batches (the training contract's order; each of
 /// the file's micro-batches once where it holds fewer, as `train`'s validation reads them), with
 /// the model streamed: one block slot refilled block by block from the model's files, two residual
@@ -62,7 +96,7 @@ pub struct EvalData<'a> {
 /// into one chunk-sized slot). Host memory holds one block tensor or one chunk at a time, whatever the
 /// model's size.
 pub fn evaluate<D: Backend>(dev: &D, model_dir: &Path, eval: &EvalData<'_>) -> Result<EvalReport> {
-    let EvalData { path: data, dtype: data_dtype, batch, seq_len, mut batches, progress } = *eval;
+    let EvalData { path: data, dtype: data_dtype, batch, seq_len, batches, progress } = *eval;
     if batch == 0 || seq_len == 0 || batches == 0 {
         bail!("--batch-size, --seq-len and --batches must be positive");
     }
@@ -72,23 +106,8 @@ pub fn evaluate<D: Backend>(dev: &D, model_dir: &Path, eval: &EvalData<'_>) -> R
     tokens.check_vocab(model.vocab_size())?;
     model.check_seq_len(seq_len).with_context(|| model_dir.display().to_string())?;
     dev.check_attention(model.attention_dims(batch, seq_len))?;
-    // Past the micro-batches the file holds, the first ones would be read again and weigh twice.
-    let held = tokens.micro_batches(batch, seq_len);
-    if held == 0 {
-        bail!(
-            "{}: {} tokens, fewer than one micro-batch of --batch-size {batch} x --seq-len {seq_len} + 1 = {} tokens",
-            data.display(),
-            tokens.len,
-            batch.saturating_mul(seq_len).saturating_add(1)
-        );
-    }
-    if batches > held {
-        eprintln!(
-            "eval: {} holds {held} micro-batches of B x T tokens, fewer than --batches {batches}: reading those {held}",
-            data.display()
-        );
-        batches = held;
-    }
+    let say = |line: String| eprintln!("eval: {line}");
+    let batches = micro_batches_to_read(&tokens, "--data", batch, seq_len, batches, "--batches", &say)?;
     let groups = group_layouts(&model);
     let loading = || format!("loading {}", model_dir.display());
     // Fills `slot` with block group `g`'s parameters, read one tensor at a time.

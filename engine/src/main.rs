@@ -65,7 +65,7 @@ enum Command {
         seq_len: usize,
         /// N: how many micro-batches, from the start of the file; at most as many as it holds (said when
         /// this asks for more, since the first ones read again would count twice).
-        #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+        #[arg(long, default_value_t = 1, value_parser = crate::positive_count())]
         batches: usize,
         #[command(flatten)]
         device: DeviceArgs,
@@ -115,6 +115,11 @@ pub(crate) fn parse_grad_compression(text: &str) -> Result<zerostream::comm::com
 }
 
 /// `--gpu-mem-budget 2GiB`, `--block-size 1MiB`: bytes with an optional binary unit.
+/// The value parser of a count that must be at least 1 (a batch, a world size, a number of batches).
+pub(crate) fn positive_count() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+}
+
 pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
     device::parse_bytes(text).map_err(|e| e.to_string())
 }

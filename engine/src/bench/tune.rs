@@ -395,7 +395,7 @@ fn class_entry<V: Copy + std::fmt::Display>(r: &ClassResult<V>) -> TableEntry {
 
 /// Refuses, before anything is timed, a table place `save_table` could not write (minutes of a lent
 /// GPU's tuning would otherwise be lost at the end): its directory made and a file written there.
-pub fn check_table_place(dev: &GpuDevice) -> Result<std::path::PathBuf> {
+pub fn check_table_place(dev: &GpuDevice) -> Result<()> {
     let path = table_path(dev.summary()).context("no cache directory for the tuning table (set ZEROSTREAM_TUNE_DIR, or pass --no-save)")?;
     let dir = path.parent().context("a tuning table path has a directory")?;
     let advice = "set ZEROSTREAM_TUNE_DIR to a writable directory, or pass --no-save";
@@ -403,7 +403,7 @@ pub fn check_table_place(dev: &GpuDevice) -> Result<std::path::PathBuf> {
     let probe = path.with_extension("json.probe");
     std::fs::write(&probe, b"").with_context(|| format!("the tuning table's directory {}: cannot write there; {advice}", dir.display()))?;
     let _ = std::fs::remove_file(&probe);
-    Ok(path)
+    Ok(())
 }
 
 /// The table from `results`, `attention` and `coop`, merged over the adapter's previous table for the

@@ -117,7 +117,7 @@ pub struct TrainArgs {
     /// Micro-batches of --val-data per validation (the first ones, in the order `eval` reads them, so
     /// the number is the one `zerostream eval` gives for the same weights); at most as many as the file
     /// holds, which is said at the start where this asks for more.
-    #[arg(long, default_value_t = 4, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, default_value_t = 4, value_parser = crate::positive_count())]
     eval_batches: usize,
     /// B: sequences per micro-batch.
     #[arg(long, default_value_t = 8)]
@@ -264,7 +264,7 @@ pub struct TrainArgs {
     adam_threads: usize,
     /// Ranks in this process, one thread and one device each (data parallel, ZeRO-partitioned state).
     /// Under `mpirun` leave this out: the world size comes from MPI.
-    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, value_parser = crate::positive_count())]
     world_size: Option<usize>,
     /// One device per rank, comma-separated: a GPU adapter's index or name, or `cpu` (e.g. `0,1` or
     /// `cpu,cpu`). Default: every rank opens --device/--adapter. Under mpirun, indexed by the node-local rank.
@@ -328,7 +328,7 @@ pub struct TrainArgs {
     /// the (vocab x width) matrix at a time when --gpu-mem-budget cannot hold it whole, so its minimum
     /// does not grow with the vocabulary. Part of what is computed (the loss is combined chunk by
     /// chunk): a resumed run must keep it; where the matrix lives never changes a result.
-    #[arg(long, default_value_t = zerostream::model::vocab::DEFAULT_CHUNK_ROWS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, default_value_t = zerostream::model::vocab::DEFAULT_CHUNK_ROWS, value_parser = crate::positive_count())]
     vocab_chunk_rows: usize,
     /// What every matmul's inputs are rounded to before they are multiplied (sums are f32 either way).
     /// f32 (default): exact inputs, the fp32 kernels. f16: A and B rounded to f16 (nearest even; past

@@ -18,13 +18,13 @@ pub struct TuneArgs {
     #[arg(long, value_delimiter = ',', default_value = "gpt2,gpt2-xl,llama-3.2-1b")]
     models: Vec<String>,
     /// B: sequences per micro-batch of the runs to tune for (M of most products is B x T).
-    #[arg(long, default_value_t = 4, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, default_value_t = 4, value_parser = crate::positive_count())]
     batch_size: usize,
     /// T: tokens per sequence.
-    #[arg(long, default_value_t = 1024, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, default_value_t = 1024, value_parser = crate::positive_count())]
     seq_len: usize,
     /// Rows of the vocabulary chunk, as `train --vocab-chunk-rows`.
-    #[arg(long, default_value_t = 8192, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, default_value_t = 8192, value_parser = crate::positive_count())]
     vocab_chunk_rows: usize,
     /// Leave out the products with 16-bit weights (they serve `--precision bf16|fp16` runs).
     #[arg(long)]

@@ -199,9 +199,10 @@ impl Placement {
             && need > avail
         {
             // Where most of a rank's RAM goes decides the advice.
-            let advice = if self.device_memory_is_ram && 2 * self.host_device_bytes() >= self.ram_bytes_per_rank() {
+            let mostly_device = 2 * self.host_device_bytes() >= self.ram_bytes_per_rank();
+            let advice = if mostly_device && self.device_memory_is_ram {
                 "most of it the cpu device's memory: set a --gpu-mem-budget, add --recompute or use a smaller --batch-size/--seq-len"
-            } else if 2 * self.host_device_bytes() >= self.ram_bytes_per_rank() {
+            } else if mostly_device {
                 "most of it the GPUs' host staging: run fewer ranks on this machine"
             } else {
                 "put the optimizer state and parameters on NVMe (--offload-optimizer nvme --offload-params nvme --nvme-dir DIR), \

@@ -41,32 +41,12 @@ pub(super) fn open_data(options: &RunOptions, model: &Model, source: &ModelSourc
     Ok((tokens, validation))
 }
 
-/// The micro-batches each validation reads: `--eval-batches`, or all `v` holds where that is fewer (a
-/// count past them would read the first ones again and weigh them twice); a file without one is refused
-/// before training, not after it.
+/// The micro-batches each validation reads: `--eval-batches`, or all `v` holds where that is fewer
+/// (`eval`'s count, [`crate::eval::micro_batches_to_read`]); a file without one is refused before
+/// training, not after it.
 pub(super) fn eval_batches(v: &TokenFile, options: &RunOptions, train: &TrainConfig, say: &dyn Fn(String)) -> Result<usize> {
-    if options.eval_batches == 0 {
-        bail!("--eval-batches must be at least 1");
-    }
-    let held = v.micro_batches(train.batch, train.seq_len);
-    if held == 0 {
-        bail!(
-            "validation data {}: {} tokens, fewer than one micro-batch of --batch-size {} x --seq-len {} + 1 = {} tokens",
-            v.path.display(),
-            v.len,
-            train.batch,
-            train.seq_len,
-            train.batch.saturating_mul(train.seq_len).saturating_add(1)
-        );
-    }
-    if options.eval_batches > held {
-        say(format!(
-            "validation: {} holds {held} micro-batches of B x T tokens, fewer than --eval-batches {}: each validation reads those {held}",
-            v.path.display(),
-            options.eval_batches
-        ));
-    }
-    Ok(options.eval_batches.min(held))
+    let say = |line: String| say(format!("validation: {line}"));
+    crate::eval::micro_batches_to_read(v, "validation data", train.batch, train.seq_len, options.eval_batches, "--eval-batches", &say)
 }
 
 /// The validation loss of the final weights.
