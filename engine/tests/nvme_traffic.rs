@@ -331,3 +331,42 @@ fn nothing_held_in_the_ram_cache_outlives_its_step() {
         trainer.finish().unwrap();
     }
 }
+
+/// Overlapped, the working copies a step reads after the update's sweep (the evicted blocks' backward
+/// uploads, a later micro-batch's forward) are read ahead on their own thread while the block before
+/// computes: every steady step reads ahead exactly the bytes the plan predicts, and the bits are the
+/// sequential run's, which reads nothing ahead.
+#[test]
+fn working_copies_are_read_ahead_of_their_upload_and_change_nothing() {
+    use zerostream::train::{ModelSource, Trainer};
+    let golden = Golden::load(GOLDEN);
+    let (model, tokens) = six_block_model();
+    let train = |sequential: bool| {
+        let nvme = tempfile::tempdir().unwrap();
+        let mut tc = TrainConfig { steps: 4, sequential, recompute: true, ..on_nvme(&golden.train_config(), &nvme) };
+        tc.gpu_mem_budget = Some(zerostream::train::minimum_device_bytes_on(&model, &tc, AllocCosts::CPU));
+        let dev = CpuDevice::new(tc.gpu_mem_budget);
+        let mut trainer = Trainer::new(&dev, &ModelSource::Random { model: model.clone(), seed: 5 }, tc).unwrap();
+        let reports: Vec<_> = (0..4).map(|_| trainer.train_step(&tokens).unwrap()).collect();
+        let placement = trainer.placement.clone();
+        let weights = trainer.master_weights().unwrap();
+        let bits: Vec<u64> = reports.iter().flat_map(|r| [r.loss.to_bits(), r.grad_norm.to_bits()]).collect();
+        (reports, placement, bits, weights)
+    };
+    let (overlapped, placement, bits, weights) = train(false);
+    assert_eq!(placement.block_slots, 2, "four of the six blocks are evicted before their backward");
+    let sharding = zerostream::train::Sharding { rank: 0, world: 1, stage: ZeroStage::One };
+    let block_bytes = 4 * sharding.group(placement.group_lens[1]).working_len as u64;
+    // Both micro-batches' backward re-read blocks 0-3; the second's forward reads blocks 2-5 (0 and 1
+    // are still in their slots from the first's backward).
+    let want = placement.nvme_traffic.read_ahead_bytes;
+    assert_eq!(want, 12 * block_bytes, "{:?}", placement.nvme_traffic);
+    for (step, r) in overlapped.iter().enumerate().skip(1) {
+        assert_eq!(r.nvme_read_ahead_bytes, want, "step {step}");
+    }
+    let (sequential, sequential_placement, sequential_bits, sequential_weights) = train(true);
+    assert_eq!(sequential_placement.nvme_traffic.read_ahead_bytes, 0);
+    assert!(sequential.iter().all(|r| r.nvme_read_ahead_bytes == 0), "nothing is read ahead in sequence");
+    assert!(bits == sequential_bits, "reading ahead changed a loss or a norm");
+    assert!(weights == sequential_weights, "reading ahead changed the weights");
+}

@@ -30,6 +30,7 @@ mod plan;
 pub mod predict;
 mod progress;
 pub mod ranks;
+mod read_ahead;
 mod report;
 pub mod resume;
 pub mod run;
@@ -50,7 +51,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use anyhow::{Context, Result, anyhow, bail};
-use zerostream_offload::{AdamConfig, AdamW, Layerwise, LayerwiseConfig, NvmeDir, Rule};
+use zerostream_offload::{AdamConfig, AdamW, Layerwise, LayerwiseConfig, NvmeDir, Rule, Tier};
 
 use crate::comm::Comm;
 use crate::device::Backend;
@@ -125,6 +126,9 @@ pub struct Trainer<'d, D: Backend> {
     exchange: grad_exchange::GradExchange,
     progress: Arc<Progress>,
     nvme: Option<Arc<NvmeDir>>,
+    /// Reads the next block's working copy from NVMe while a block computes (an overlapped schedule
+    /// with the working copy on NVMe; None otherwise).
+    read_ahead: Option<read_ahead::ReadAhead>,
     jobs: Option<Sender<UpdateJob>>,
     worker: Option<JoinHandle<Result<WorkerState>>>,
     optimizer: Option<Vec<OptimizerGroup>>,
@@ -222,6 +226,13 @@ impl<'d, D: Backend> Trainer<'d, D> {
             }),
             changed: Condvar::new(),
         });
+        let shared = Arc::new(shared);
+        let read_ahead = match &nvme {
+            Some(nvme) if train.offload_params == Tier::Nvme && !train.sequential => {
+                Some(read_ahead::ReadAhead::start(shared.clone(), nvme.clone())?)
+            }
+            _ => None,
+        };
         Ok(Trainer {
             dev,
             model,
@@ -231,13 +242,14 @@ impl<'d, D: Backend> Trainer<'d, D> {
             shards,
             sharding,
             comm,
-            shared: Arc::new(shared),
+            shared,
             stage1_grads,
             reduce_scratch: (Vec::new(), Vec::new()),
             gather_values: RefCell::default(),
             exchange,
             progress,
             nvme,
+            read_ahead,
             jobs: None,
             worker: None,
             optimizer: Some(optimizer),
@@ -297,6 +309,11 @@ impl<'d, D: Backend> Trainer<'d, D> {
     /// (bytes read, bytes written) through this rank's NVMe tier so far; None when nothing lives there.
     pub fn nvme_traffic(&self) -> Option<(u64, u64)> {
         self.nvme.as_ref().map(|n| n.traffic())
+    }
+
+    /// Of the bytes read, those of working copies read ahead of their upload so far.
+    fn read_ahead_bytes(&self) -> u64 {
+        self.read_ahead.as_ref().map_or(0, |r| r.read_bytes())
     }
 
     /// Waits for the last update and stops the worker; returns the AdamW seconds it spent after the

@@ -20,6 +20,12 @@ pub enum Op {
     Fetch {
         block: usize,
     },
+    /// Start reading block `block`'s working copy from NVMe on the read-ahead thread, so the read
+    /// overlaps the computation that follows and its `Fetch` finds it resident (nothing when the copy
+    /// is not on NVMe, is resident already, its update is not done yet, or its slot still holds it).
+    ReadAhead {
+        block: usize,
+    },
     Forward {
         block: usize,
     },
@@ -57,6 +63,7 @@ impl fmt::Display for Op {
         match self {
             Op::Embed { micro } => write!(f, "embed[{micro}]"),
             Op::Fetch { block } => write!(f, "fetch h.{block}"),
+            Op::ReadAhead { block } => write!(f, "read-ahead h.{block}"),
             Op::Forward { block } => write!(f, "forward h.{block}"),
             Op::Backward { block } => write!(f, "backward h.{block}"),
             Op::BeginDownload { block } => write!(f, "download> h.{block}"),
@@ -68,7 +75,8 @@ impl fmt::Display for Op {
 
 /// The operations of one step over `n_layer` blocks and `accum` micro-batches, made one micro-batch at
 /// a time as they are taken (a step of many micro-batches is never held whole). Overlapped: the next
-/// block's fetch is issued while a block computes, and a block's gradient download is finished only
+/// block's working copy is read ahead from NVMe while a block computes, its fetch is issued while the
+/// block computes on an asynchronous device, and a block's gradient download is finished only
 /// after the next block's backward is submitted (two gradient buffers); the update runs behind the next
 /// step. Sequential: each operation waits for the one before.
 pub fn step_schedule(n_layer: usize, accum: usize, overlapped: bool) -> impl Iterator<Item = Op> {
@@ -82,6 +90,9 @@ fn micro_batch_ops(n_layer: usize, micro: usize, overlapped: bool) -> Vec<Op> {
     let mut ops = vec![Op::Embed { micro }];
     for block in 0..n_layer {
         ops.push(Op::Fetch { block });
+        if overlapped && block + 1 < n_layer {
+            ops.push(Op::ReadAhead { block: block + 1 });
+        }
         ops.push(Op::Forward { block });
         if overlapped && block + 1 < n_layer {
             ops.push(Op::Fetch { block: block + 1 });
@@ -90,6 +101,9 @@ fn micro_batch_ops(n_layer: usize, micro: usize, overlapped: bool) -> Vec<Op> {
     ops.push(Op::Head);
     for block in (0..n_layer).rev() {
         ops.push(Op::Fetch { block });
+        if overlapped && block > 0 {
+            ops.push(Op::ReadAhead { block: block - 1 });
+        }
         ops.push(Op::Backward { block });
         if overlapped {
             if block > 0 {
@@ -137,16 +151,27 @@ mod tests {
             let (over, seq): (Vec<Op>, Vec<Op>) =
                 (step_schedule(n_layer, accum, true).collect(), step_schedule(n_layer, accum, false).collect());
             let compute = |ops: &[Op]| -> Vec<Op> {
-                ops.iter().copied().filter(|o| !matches!(o, Op::Fetch { .. } | Op::BeginDownload { .. } | Op::AwaitUpdate)).collect()
+                ops.iter()
+                    .copied()
+                    .filter(|o| !matches!(o, Op::Fetch { .. } | Op::ReadAhead { .. } | Op::BeginDownload { .. } | Op::AwaitUpdate))
+                    .collect()
             };
             let order = |ops: &[Op]| -> Vec<Op> { compute(ops).into_iter().filter(|o| !matches!(o, Op::FinishDownload { .. })).collect() };
             assert_eq!(order(&over), order(&seq), "same computations in the same order");
             for ops in [&over, &seq] {
                 let mut fetched = std::collections::HashSet::new();
                 let mut in_flight = Vec::new();
+                // At most one read ahead at a time, and its block's fetch comes next.
+                let mut read_ahead = None;
                 for op in ops.iter() {
                     match *op {
+                        Op::ReadAhead { block } => {
+                            assert_eq!(read_ahead.replace(block), None, "{op}: a read ahead not yet fetched");
+                        }
                         Op::Fetch { block } => {
+                            if let Some(ahead) = read_ahead.take() {
+                                assert_eq!(ahead, block, "{op} while h.{ahead} is read ahead");
+                            }
                             fetched.insert(block);
                         }
                         Op::Forward { block } | Op::Backward { block } => assert!(fetched.contains(&block), "{op} before its fetch"),
@@ -169,7 +194,8 @@ mod tests {
             "overlapped, 2 blocks:\n{printed}\n\nsequential, 2 blocks:\n{}",
             describe(&step_schedule(2, 1, false).collect::<Vec<_>>())
         );
-        assert!(printed.contains("fetch h.0, forward h.0, fetch h.1, fetch h.1, forward h.1"), "{printed}");
+        assert!(printed.contains("fetch h.0, read-ahead h.1, forward h.0, fetch h.1, fetch h.1, forward h.1"), "{printed}");
+        assert!(printed.contains("fetch h.1, read-ahead h.0, backward h.1, fetch h.0"), "{printed}");
         assert!(printed.contains("backward h.0, download< h.1, download> h.0"), "{printed}");
     }
 }

@@ -37,6 +37,9 @@ pub struct StepReport {
     /// sweep, uploads, gradients); zero without an NVMe tier.
     pub nvme_read_bytes: u64,
     pub nvme_written_bytes: u64,
+    /// Of `nvme_read_bytes`, the working copies read ahead of their upload while the block before
+    /// computed (`pipeline::Op::ReadAhead`).
+    pub nvme_read_ahead_bytes: u64,
     /// The process's peak resident set so far (VmHWM), when the OS reports it.
     pub peak_rss_bytes: Option<u64>,
     /// The validation loss of the weights this step started from (when the step was one to evaluate).
@@ -75,6 +78,7 @@ impl StepReport {
             "peak_rss_bytes": self.peak_rss_bytes,
             "nvme_read_bytes": self.nvme_read_bytes,
             "nvme_written_bytes": self.nvme_written_bytes,
+            "nvme_read_ahead_bytes": self.nvme_read_ahead_bytes,
             "time": {
                 "total_s": self.seconds,
                 "device_compute_s": self.compute_s,

@@ -65,6 +65,7 @@ impl<D: Backend> Trainer<'_, D> {
         let adam_before = adam_seconds_total(&self.progress);
         let comm_before = self.comm.stats();
         let nvme_before = self.nvme_traffic().unwrap_or_default();
+        let read_ahead_before = self.read_ahead_bytes();
         let mut st = StepState::<D> {
             clock: Clock::default(),
             micro_batches: self.train.grad_accum * self.sharding.world,
@@ -113,6 +114,7 @@ impl<D: Backend> Trainer<'_, D> {
             peak_device_bytes: self.dev.alloc_stats().peak_bytes,
             nvme_read_bytes: nvme_after.0 - nvme_before.0,
             nvme_written_bytes: nvme_after.1 - nvme_before.1,
+            nvme_read_ahead_bytes: self.read_ahead_bytes() - read_ahead_before,
             peak_rss_bytes: report::peak_rss_bytes(),
             comm: self.comm.stats() - comm_before,
             val_loss: None,
@@ -153,6 +155,7 @@ impl<D: Backend> Trainer<'_, D> {
             Op::Fetch { block } => {
                 self.ensure_block(block, &mut st.clock)?;
             }
+            Op::ReadAhead { block } => self.read_ahead(block)?,
             Op::Forward { block: l } => {
                 let slot = self.slot_of(l)?;
                 let dropout = st.dropout.as_ref();

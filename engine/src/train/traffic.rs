@@ -54,6 +54,9 @@ pub struct NvmeTraffic {
     /// next step's first forward): the sweep's own and that forward's uploads. The rest move in the
     /// step's other micro-batches and its backward.
     pub during_sweep: ReadWrite,
+    /// Of the rest, the working copy's bytes read ahead (`Op::ReadAhead`): read while the block before
+    /// computes, not in turn with it.
+    pub read_ahead_bytes: u64,
     /// Micro-batches of this rank per step.
     pub micro_batches: usize,
     /// Overlapped: the working copy's bytes the forward takes from the sweep's fresh copies rather than
@@ -115,6 +118,8 @@ impl NvmeTraffic {
         let mut micro = 0;
         // Until the step's first vocabulary head, its forward runs beside the previous update's sweep.
         let mut beside_sweep = true;
+        // The block whose working copy an `Op::ReadAhead` asked for, until its fetch.
+        let mut ahead = None;
         let mut upload = |t: &mut NvmeTraffic, held: &mut [Option<bool>], k: usize| {
             if working_on {
                 let was_held = held[k].take();
@@ -141,9 +146,14 @@ impl NvmeTraffic {
                 Op::FetchHead => upload(&mut t, &mut held, 0),
                 Op::Embed { micro: m } => micro = m,
                 // A block still in its slot this step is not uploaded again.
+                Op::ReadAhead { block } => ahead = Some(block),
                 Op::Fetch { block } if slot_holds[block % slots] != Some(block) => {
                     slot_holds[block % slots] = Some(block);
+                    let read_before = t.working.read_bytes;
                     upload(&mut t, &mut held, 1 + block);
+                    if ahead.take() == Some(block) && !beside_sweep {
+                        t.read_ahead_bytes += t.working.read_bytes - read_before;
+                    }
                 }
                 Op::FinishDownload { block } if grads_on && sharding.shards_grads() => {
                     let read = if micro == 0 { 0 } else { slice_bytes(1 + block) };
@@ -244,9 +254,11 @@ mod tests {
         assert_eq!(all.read_bytes - beside.read_bytes, 4 * 640, "block 0's second upload");
         assert_eq!(all.written_bytes - beside.written_bytes, t.gradients.written_bytes);
         assert!(t.gradients.written_bytes > 0);
+        assert_eq!(t.read_ahead_bytes, 4 * 640, "block 0's second upload is read ahead, during block 1's backward");
 
         let sequential = NvmeTraffic::of(&TrainConfig { sequential: true, ..tc }, 1, &lens, 1);
         assert_eq!(sequential.fresh_working_bytes, 0);
         assert_eq!(sequential.working.read_bytes, t.working.read_bytes + working_once);
+        assert_eq!(sequential.read_ahead_bytes, 0, "nothing is read ahead in sequence");
     }
 }

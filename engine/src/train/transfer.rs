@@ -35,6 +35,10 @@ impl<D: Backend> Trainer<'_, D> {
         clock: &mut Clock,
     ) -> Result<Vec<HostWords>> {
         self.wait_group(k, clock)?;
+        if let Some(read_ahead) = &self.read_ahead {
+            // A copy read ahead is taken, and paged out after its upload like one read here.
+            timed(&mut clock.io_wait, || read_ahead.settle(Some(k)))?;
+        }
         let mut shared = lock(&self.shared[k]);
         let nv = self.nvme.as_deref();
         // Held since its forward upload, or kept fresh by the update: paged in already, so this reads
@@ -176,6 +180,18 @@ impl<D: Backend> Trainer<'_, D> {
             self.device.slot_holds[slot] = Some((l, self.step));
         }
         Ok(slot)
+    }
+
+    /// Starts reading block `l`'s working copy ahead of the `Fetch` that follows, where that fetch
+    /// will read it: its slot does not hold it this step and its update for this step is done (before
+    /// that, the sweep writes the copy). A copy already resident is left as it is.
+    pub(super) fn read_ahead(&self, l: usize) -> Result<()> {
+        let Some(read_ahead) = &self.read_ahead else { return Ok(()) };
+        let in_slot = self.device.slot_holds[l % self.device.slots.len()] == Some((l, self.step));
+        if in_slot || self.progress.lock().updated[1 + l] < self.adam_steps {
+            return Ok(());
+        }
+        read_ahead.begin(1 + l)
     }
 
     /// Finishes a gradient group's download and adds it into this rank's accumulator (or stores it, for
