@@ -334,10 +334,11 @@ fn nothing_held_in_the_ram_cache_outlives_its_step() {
 
 /// Overlapped, the working copies a step reads after the update's sweep (the evicted blocks' backward
 /// uploads, a later micro-batch's forward) are read ahead on their own thread while the block before
-/// computes: every steady step reads ahead exactly the bytes the plan predicts, and the bits are the
-/// sequential run's, which reads nothing ahead.
+/// computes, and the blocks' gradients are written back on another while the next block computes:
+/// every steady step reads ahead and writes behind exactly the bytes the plan predicts, and the bits
+/// are the sequential run's, which does neither.
 #[test]
-fn working_copies_are_read_ahead_of_their_upload_and_change_nothing() {
+fn working_copies_read_ahead_and_gradients_written_behind_change_nothing() {
     use zerostream::train::{ModelSource, Trainer};
     let golden = Golden::load(GOLDEN);
     let (model, tokens) = six_block_model();
@@ -361,12 +362,21 @@ fn working_copies_are_read_ahead_of_their_upload_and_change_nothing() {
     // are still in their slots from the first's backward).
     let want = placement.nvme_traffic.read_ahead_bytes;
     assert_eq!(want, 12 * block_bytes, "{:?}", placement.nvme_traffic);
+    // Both micro-batches write every block's gradient behind (the head's is written at once).
+    let grad_bytes = 4 * sharding.group(placement.group_lens[1]).slice_len() as u64;
+    let behind = placement.nvme_traffic.written_behind_bytes;
+    assert_eq!(behind, 2 * 6 * grad_bytes, "{:?}", placement.nvme_traffic);
     for (step, r) in overlapped.iter().enumerate().skip(1) {
         assert_eq!(r.nvme_read_ahead_bytes, want, "step {step}");
+        assert_eq!(r.nvme_written_behind_bytes, behind, "step {step}");
     }
     let (sequential, sequential_placement, sequential_bits, sequential_weights) = train(true);
     assert_eq!(sequential_placement.nvme_traffic.read_ahead_bytes, 0);
-    assert!(sequential.iter().all(|r| r.nvme_read_ahead_bytes == 0), "nothing is read ahead in sequence");
+    assert_eq!(sequential_placement.nvme_traffic.written_behind_bytes, 0);
+    assert!(
+        sequential.iter().all(|r| r.nvme_read_ahead_bytes == 0 && r.nvme_written_behind_bytes == 0),
+        "nothing in the background in sequence"
+    );
     assert!(bits == sequential_bits, "reading ahead changed a loss or a norm");
     assert!(weights == sequential_weights, "reading ahead changed the weights");
 }

@@ -15,6 +15,7 @@
 //! waits for a group only when it is about to upload it. Each group's update is the same function of
 //! the same inputs whichever thread runs when, so the result is bit-identical to running in sequence.
 
+mod background_io;
 pub mod checkpoint;
 mod choices;
 mod config;
@@ -30,7 +31,6 @@ mod plan;
 pub mod predict;
 mod progress;
 pub mod ranks;
-mod read_ahead;
 mod report;
 pub mod resume;
 pub mod run;
@@ -51,6 +51,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use anyhow::{Context, Result, anyhow, bail};
+use background_io::{BackgroundIo, Job};
 use zerostream_offload::{AdamConfig, AdamW, Layerwise, LayerwiseConfig, NvmeDir, Rule, Tier};
 
 use crate::comm::Comm;
@@ -128,7 +129,10 @@ pub struct Trainer<'d, D: Backend> {
     nvme: Option<Arc<NvmeDir>>,
     /// Reads the next block's working copy from NVMe while a block computes (an overlapped schedule
     /// with the working copy on NVMe; None otherwise).
-    read_ahead: Option<read_ahead::ReadAhead>,
+    read_ahead: Option<BackgroundIo>,
+    /// Writes each group's gradient back to NVMe while the next block computes (an overlapped
+    /// schedule with the gradient accumulator on NVMe; None otherwise).
+    write_behind: Option<BackgroundIo>,
     jobs: Option<Sender<UpdateJob>>,
     worker: Option<JoinHandle<Result<WorkerState>>>,
     optimizer: Option<Vec<OptimizerGroup>>,
@@ -227,12 +231,13 @@ impl<'d, D: Backend> Trainer<'d, D> {
             changed: Condvar::new(),
         });
         let shared = Arc::new(shared);
-        let read_ahead = match &nvme {
-            Some(nvme) if train.offload_params == Tier::Nvme && !train.sequential => {
-                Some(read_ahead::ReadAhead::start(shared.clone(), nvme.clone())?)
-            }
-            _ => None,
+        // Overlapped, the device thread's own NVMe reads and writes move to threads of their own.
+        let background = |job: Job, tier: Tier| match &nvme {
+            Some(nvme) if tier == Tier::Nvme && !train.sequential => BackgroundIo::start(job, shared.clone(), nvme.clone()).map(Some),
+            _ => Ok(None),
         };
+        let read_ahead = background(Job::ReadWorking, train.offload_params)?;
+        let write_behind = background(Job::WriteGrads, train.gradients_tier())?;
         Ok(Trainer {
             dev,
             model,
@@ -250,6 +255,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             progress,
             nvme,
             read_ahead,
+            write_behind,
             jobs: None,
             worker: None,
             optimizer: Some(optimizer),
@@ -311,9 +317,20 @@ impl<'d, D: Backend> Trainer<'d, D> {
         self.nvme.as_ref().map(|n| n.traffic())
     }
 
-    /// Of the bytes read, those of working copies read ahead of their upload so far.
-    fn read_ahead_bytes(&self) -> u64 {
-        self.read_ahead.as_ref().map_or(0, |r| r.read_bytes())
+    /// Of the NVMe bytes moved so far, (the working copies read ahead of their upload, the gradients
+    /// written behind the next block's backward).
+    fn background_bytes(&self) -> (u64, u64) {
+        let moved = |io: &Option<BackgroundIo>| io.as_ref().map_or(0, BackgroundIo::moved_bytes);
+        (moved(&self.read_ahead), moved(&self.write_behind))
+    }
+
+    /// Waits for the reads and writes in flight on the background threads (before the update, which
+    /// reads the gradients the writes write).
+    fn settle_background(&self, clock: &mut Clock) -> Result<()> {
+        for io in [&self.read_ahead, &self.write_behind].into_iter().flatten() {
+            timed(&mut clock.io_wait, || io.settle(None))?;
+        }
+        Ok(())
     }
 
     /// Waits for the last update and stops the worker; returns the AdamW seconds it spent after the

@@ -19,8 +19,9 @@
 //! device the device's work, the update and the sweep's own CPU time (the update, checksums, the
 //! I/O's system time: the share of the cores the rehearsal kept busy) share the cores, so within each
 //! part they add up, against the drive's time alone; and after the sweep the device thread's own
-//! reads and writes follow its kernels, except the working copies read ahead on their own thread
-//! (`NvmeTraffic::read_ahead_bytes`), which hide behind them.
+//! reads and writes follow its kernels, except the working copies read ahead and the gradients
+//! written behind on threads of their own (`NvmeTraffic::read_ahead_bytes`, `written_behind_bytes`),
+//! which hide behind them.
 
 use std::path::{Path, PathBuf};
 
@@ -115,7 +116,8 @@ pub fn predict(rates: &LinkRates, placement: &Placement, model: &Model, train: &
     let drive_s = drive_time(traffic.total());
     let sweep_drive_s = drive_time(traffic.during_sweep);
     let rest_drive_s = (drive_s - sweep_drive_s).max(0.0);
-    let read_ahead_drive_s = drive_time(ReadWrite { read_bytes: traffic.read_ahead_bytes, written_bytes: 0 }).min(rest_drive_s);
+    let background = ReadWrite { read_bytes: traffic.read_ahead_bytes, written_bytes: traffic.written_behind_bytes };
+    let background_drive_s = drive_time(background).min(rest_drive_s);
     // Blocks evicted from their device slots between forward and backward are uploaded again: the
     // bytes over an all-resident run's (counted as the NVMe tier would read them), at a block's rate.
     // (A RAM cache spares the drive's reads, not the uploads.)
@@ -133,7 +135,7 @@ pub fn predict(rates: &LinkRates, placement: &Placement, model: &Model, train: &
         adam_s,
         sweep_drive_s,
         rest_drive_s,
-        read_ahead_drive_s,
+        background_drive_s,
         drive_cpu_share: rates.drive_cpu_share,
     };
     let phases = step_phases(&links, shared_cores, train.sequential);
@@ -159,8 +161,9 @@ struct StepLinks {
     /// gathered copy's write-back, as it takes the sweep's fresh copies), and the rest.
     sweep_drive_s: f64,
     rest_drive_s: f64,
-    /// Of `rest_drive_s`, the working copies read ahead while the block before computes.
-    read_ahead_drive_s: f64,
+    /// Of `rest_drive_s`, the working copies read ahead and the gradients written behind on their own
+    /// threads while the device computes.
+    background_drive_s: f64,
     /// The share of the cores the sweep keeps busy while the drive moves its bytes.
     drive_cpu_share: f64,
 }
@@ -180,12 +183,14 @@ fn step_phases(l: &StepLinks, shared_cores: bool, sequential: bool) -> [Phase; 2
     } else if shared_cores {
         // On the cpu device the device's work, the update and the sweep's own CPU time share the
         // cores, so they add up, against the drive's time alone. After the sweep the device thread
-        // computes and moves its own bytes (the gradients' additions, write-backs) in turn: its kernels
-        // run on it, so only the working copies read ahead on their own thread hide behind them.
-        let in_turn_s = l.rest_drive_s - l.read_ahead_drive_s;
-        let beside = Phase::longest(&[("the cores", l.rest_device_s), ("the drive", l.read_ahead_drive_s)]);
+        // computes and moves its own bytes (a later micro-batch's gradient reads, the head's gradient)
+        // in turn: its kernels run on it, so only the working copies read ahead and the gradients
+        // written behind on their own threads hide behind them.
+        let in_turn_s = l.rest_drive_s - l.background_drive_s;
+        let beside = Phase::longest(&[("the cores", l.rest_device_s), ("the drive", l.background_drive_s)]);
+        // (Under a microsecond in turn is the rounding of two equal byte counts' times.)
         let bound = match beside.bound {
-            "the cores" if in_turn_s > 0.0 => "the cores and the drive in turn",
+            "the cores" if in_turn_s > 1e-6 => "the cores and the drive in turn",
             bound => bound,
         };
         [
@@ -326,7 +331,7 @@ mod tests {
             adam_s: 0.5,
             sweep_drive_s: 10.0,
             rest_drive_s: 1.0,
-            read_ahead_drive_s: 0.0,
+            background_drive_s: 0.0,
             drive_cpu_share: 0.5,
         }
     }
@@ -347,12 +352,13 @@ mod tests {
         // Nothing on the drive after the sweep: the cores alone.
         let nothing_after = StepLinks { rest_drive_s: 0.0, ..links() };
         assert_eq!(seconds(step_phases(&nothing_after, true, false)), (10.0, "the drive", 3.0, "the cores"));
-        // Working copies read ahead hide behind the kernels; the rest of the drive's bytes still follow them.
-        let ahead = StepLinks { rest_drive_s: 1.5, read_ahead_drive_s: 1.0, ..links() };
+        // Working copies read ahead and gradients written behind hide behind the kernels; the rest of
+        // the drive's bytes still follow them.
+        let ahead = StepLinks { rest_drive_s: 1.5, background_drive_s: 1.0, ..links() };
         assert_eq!(seconds(step_phases(&ahead, true, false)), (10.0, "the drive", 3.5, "the cores and the drive in turn"));
-        let only_ahead = StepLinks { rest_drive_s: 1.0, read_ahead_drive_s: 1.0, ..links() };
+        let only_ahead = StepLinks { rest_drive_s: 1.0, background_drive_s: 1.0, ..links() };
         assert_eq!(seconds(step_phases(&only_ahead, true, false)), (10.0, "the drive", 3.0, "the cores"));
-        let reads_longer = StepLinks { rest_drive_s: 4.0, read_ahead_drive_s: 4.0, ..links() };
+        let reads_longer = StepLinks { rest_drive_s: 4.0, background_drive_s: 4.0, ..links() };
         assert_eq!(seconds(step_phases(&reads_longer, true, false)), (10.0, "the drive", 4.0, "the drive"));
         let update_bound = StepLinks { adam_s: 12.0, ..links() };
         assert_eq!(seconds(step_phases(&update_bound, false, false)).1, "the update");

@@ -40,6 +40,9 @@ pub struct StepReport {
     /// Of `nvme_read_bytes`, the working copies read ahead of their upload while the block before
     /// computed (`pipeline::Op::ReadAhead`).
     pub nvme_read_ahead_bytes: u64,
+    /// Of `nvme_written_bytes`, the gradients written back on their own thread while the next block
+    /// computed.
+    pub nvme_written_behind_bytes: u64,
     /// The process's peak resident set so far (VmHWM), when the OS reports it.
     pub peak_rss_bytes: Option<u64>,
     /// The validation loss of the weights this step started from (when the step was one to evaluate).
@@ -79,6 +82,7 @@ impl StepReport {
             "nvme_read_bytes": self.nvme_read_bytes,
             "nvme_written_bytes": self.nvme_written_bytes,
             "nvme_read_ahead_bytes": self.nvme_read_ahead_bytes,
+            "nvme_written_behind_bytes": self.nvme_written_behind_bytes,
             "time": {
                 "total_s": self.seconds,
                 "device_compute_s": self.compute_s,

@@ -65,7 +65,7 @@ impl<D: Backend> Trainer<'_, D> {
         let adam_before = adam_seconds_total(&self.progress);
         let comm_before = self.comm.stats();
         let nvme_before = self.nvme_traffic().unwrap_or_default();
-        let read_ahead_before = self.read_ahead_bytes();
+        let background_before = self.background_bytes();
         let mut st = StepState::<D> {
             clock: Clock::default(),
             micro_batches: self.train.grad_accum * self.sharding.world,
@@ -114,7 +114,8 @@ impl<D: Backend> Trainer<'_, D> {
             peak_device_bytes: self.dev.alloc_stats().peak_bytes,
             nvme_read_bytes: nvme_after.0 - nvme_before.0,
             nvme_written_bytes: nvme_after.1 - nvme_before.1,
-            nvme_read_ahead_bytes: self.read_ahead_bytes() - read_ahead_before,
+            nvme_read_ahead_bytes: self.background_bytes().0 - background_before.0,
+            nvme_written_behind_bytes: self.background_bytes().1 - background_before.1,
             peak_rss_bytes: report::peak_rss_bytes(),
             comm: self.comm.stats() - comm_before,
             val_loss: None,
@@ -207,6 +208,7 @@ impl<D: Backend> Trainer<'_, D> {
             Op::DownloadHead => st.overflow |= self.download_head(&mut st.clock)?,
             Op::ReduceBlocks => self.reduce_stage1_grads()?,
             Op::Update => {
+                self.settle_background(&mut st.clock)?;
                 self.release_held(&mut st.clock)?;
                 self.update(st)?;
             }

@@ -57,6 +57,9 @@ pub struct NvmeTraffic {
     /// Of the rest, the working copy's bytes read ahead (`Op::ReadAhead`): read while the block before
     /// computes, not in turn with it.
     pub read_ahead_bytes: u64,
+    /// Of the rest, the blocks' gradients written back behind the next block's backward (the
+    /// write-behind thread), not in turn with it.
+    pub written_behind_bytes: u64,
     /// Micro-batches of this rank per step.
     pub micro_batches: usize,
     /// Overlapped: the working copy's bytes the forward takes from the sweep's fresh copies rather than
@@ -158,6 +161,9 @@ impl NvmeTraffic {
                 Op::FinishDownload { block } if grads_on && sharding.shards_grads() => {
                     let read = if micro == 0 { 0 } else { slice_bytes(1 + block) };
                     t.gradients.add(read + residual_bytes(1 + block), slice_bytes(1 + block) + residual_bytes(1 + block));
+                    if !tc.sequential && !beside_sweep {
+                        t.written_behind_bytes += slice_bytes(1 + block);
+                    }
                 }
                 Op::DownloadHead if grads_on => t.gradients.add(residual_bytes(0), slice_bytes(0) + residual_bytes(0)),
                 Op::ReduceBlocks if grads_on && !sharding.shards_grads() => {
@@ -255,10 +261,11 @@ mod tests {
         assert_eq!(all.written_bytes - beside.written_bytes, t.gradients.written_bytes);
         assert!(t.gradients.written_bytes > 0);
         assert_eq!(t.read_ahead_bytes, 4 * 640, "block 0's second upload is read ahead, during block 1's backward");
+        assert_eq!(t.written_behind_bytes, 2 * 4 * 640, "both blocks' gradients are written behind");
 
         let sequential = NvmeTraffic::of(&TrainConfig { sequential: true, ..tc }, 1, &lens, 1);
         assert_eq!(sequential.fresh_working_bytes, 0);
         assert_eq!(sequential.working.read_bytes, t.working.read_bytes + working_once);
-        assert_eq!(sequential.read_ahead_bytes, 0, "nothing is read ahead in sequence");
+        assert_eq!((sequential.read_ahead_bytes, sequential.written_behind_bytes), (0, 0), "nothing in the background in sequence");
     }
 }

@@ -8,6 +8,7 @@ use anyhow::Result;
 use rayon::prelude::*;
 use zerostream_offload::Tier;
 
+use super::background_io::BackgroundIo;
 use super::vocab_head::HostWords;
 use super::worker::{SharedGroup, lock};
 use super::{Clock, Precision, Trainer, schedule, timed};
@@ -238,9 +239,12 @@ impl<D: Backend> Trainer<'_, D> {
         };
         let nv = self.nvme.clone();
         let nv = nv.as_deref();
+        // A block's write overlaps the next block's backward; the head's, the step's last, is written
+        // at once (the update waits for it).
+        let write_behind = if k == 0 { None } else { self.write_behind.as_ref() };
         if self.sharding.world == 1 {
             let t0 = Instant::now();
-            lock(&self.shared[k]).change_grads(nv, first, last, |acc| {
+            change_grads_behind(write_behind, &self.shared, k, nv, first, last, |acc| {
                 for (data, slot) in downloaded.iter().zip(&layout.tensors) {
                     add(&mut acc[slot.range()], data.as_ref());
                 }
@@ -266,7 +270,7 @@ impl<D: Backend> Trainer<'_, D> {
                 whole[slot.range()].copy_from_slice(data.as_ref());
             }
             self.exchange.reduce(&self.comm, nv, self.step, k, whole, mine, self.dev.is_async())?;
-            lock(&self.shared[k]).change_grads(nv, first, last, |acc| {
+            change_grads_behind(write_behind, &self.shared, k, nv, first, last, |acc| {
                 add(acc, mine);
                 Ok(())
             })?;
@@ -285,10 +289,33 @@ impl<D: Backend> Trainer<'_, D> {
             let whole = &self.stage1_grads[k];
             let (comm, exchange, step) = (&self.comm, &mut self.exchange, self.step);
             lock(&self.shared[k])
-                .change_grads(nv.as_deref(), true, true, |mine| exchange.reduce(comm, nv.as_deref(), step, k, whole, mine, false))?;
+                .change_grads(nv.as_deref(), true, true, true, |mine| exchange.reduce(comm, nv.as_deref(), step, k, whole, mine, false))?;
         }
         Ok(())
     }
+}
+
+/// Group `k`'s gradient changed with `f` ([`SharedGroup::change_grads`]), its write-back to NVMe handed
+/// to `write_behind` where there is one, so the write overlaps what the device thread does next; the
+/// previous group's write is waited for first.
+#[allow(clippy::too_many_arguments)]
+fn change_grads_behind(
+    write_behind: Option<&BackgroundIo>,
+    shared: &[std::sync::Mutex<SharedGroup>],
+    k: usize,
+    nvme: Option<&zerostream_offload::NvmeDir>,
+    first: bool,
+    last: bool,
+    f: impl FnOnce(&mut [f32]) -> Result<()>,
+) -> Result<()> {
+    if let Some(writes) = write_behind {
+        writes.settle(None)?;
+    }
+    lock(&shared[k]).change_grads(nvme, first, last, write_behind.is_none(), f)?;
+    if let Some(writes) = write_behind {
+        writes.begin(k)?;
+    }
+    Ok(())
 }
 
 /// Elements per parallel task of the word conversions around `--param-compression`.

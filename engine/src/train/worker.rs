@@ -47,12 +47,14 @@ pub(super) struct SharedGroup {
 impl SharedGroup {
     /// Changes the step's gradient with `f`: the first contribution of a step overwrites it (it is not
     /// read back from its tier), later ones add into it; after the `last`, its sum of squares is taken
-    /// for the norm. The gradient is paged out again (written back when on NVMe).
+    /// for the norm. The gradient is paged out again (written back when on NVMe) if `page_out`, else
+    /// left resident for the write-behind thread (`background_io.rs`).
     pub(super) fn change_grads(
         &mut self,
         nvme: Option<&NvmeDir>,
         first: bool,
         last: bool,
+        page_out: bool,
         f: impl FnOnce(&mut [f32]) -> Result<()>,
     ) -> Result<()> {
         if first {
@@ -65,7 +67,9 @@ impl SharedGroup {
         if last {
             self.grad_sum_squares = crate::ops::elementwise::sum_squares_f64(grads);
         }
-        self.grads.page_out(nvme, true)?;
+        if page_out {
+            self.grads.page_out(nvme, true)?;
+        }
         Ok(())
     }
 }
