@@ -133,26 +133,7 @@ impl<D: Backend> Trainer<'_, D> {
         let acts = |l: usize| &d.block_acts[if recompute { 0 } else { l }];
         match op {
             Op::FetchHead => self.fetch_head(&mut st.clock)?,
-            Op::Embed { micro } => {
-                // The training contract: micro-batch i of the step goes to rank i % world, accumulation
-                // index i / world.
-                let (rank, world) = (self.sharding.rank, self.sharding.world);
-                let g = self.step as usize * st.micro_batches + micro * world + rank;
-                let (x, y) = data.micro_batch(g, batch, seq_len)?;
-                // The previous micro-batch's ids go first: the plan counts one micro-batch's on the device.
-                st.tokens = None;
-                let (x_dev, y_dev) = (dev.tokens(&x)?, dev.tokens(&y)?);
-                if micro == 0 {
-                    d.head_grads.iter().for_each(|t| dev.fill(t, 0.0));
-                    self.clear_vocab_grads();
-                }
-                // Masks are keyed by the global micro-batch index, so they do not depend on the world size.
-                st.dropout = self.model.dropout_keys(self.train.seed, self.step, g as u64);
-                self.embed(&x, &x_dev, st.dropout.as_ref(), &mut st.clock)?;
-                st.tokens = Some((x_dev, y_dev));
-                st.input_ids = x;
-                st.micro = micro;
-            }
+            Op::Embed { micro } => self.embed_micro_batch(micro, data, st)?,
             Op::Fetch { block } => {
                 self.ensure_block(block, &mut st.clock)?;
             }
@@ -164,19 +145,7 @@ impl<D: Backend> Trainer<'_, D> {
                     model.block_forward(dev, l, &d.slots[slot], acts(l), &d.residual[l], &d.residual[l + 1], batch, seq_len, dropout)
                 });
             }
-            Op::Head => {
-                if st.clock.forward_device.is_none() {
-                    if self.sync_forward {
-                        timed(&mut st.clock.compute, || dev.synchronize());
-                    }
-                    let c = &st.clock;
-                    st.clock.forward_device = Some(c.compute + c.upload + c.download);
-                }
-                let y = &st.tokens.as_ref().expect("embedded first").1;
-                let scale = Some(st.loss_scale / st.micro_batches as f32);
-                let loss = self.head_loss(y, scale, st.micro == 0, &mut st.clock)?;
-                st.loss_sum += loss as f64;
-            }
+            Op::Head => self.head(st)?,
             Op::Backward { block: l } => {
                 let slot = self.slot_of(l)?;
                 let grads = &d.block_grads[l % 2];
@@ -218,6 +187,48 @@ impl<D: Backend> Trainer<'_, D> {
                 timed(&mut st.clock.update_wait, || self.progress.wait_for_sweep(adam_steps))?;
             }
         }
+        Ok(())
+    }
+
+    /// Micro-batch `micro` of this rank's share of the step: its tokens uploaded (the head's gradients
+    /// zeroed on the first) and embedded.
+    fn embed_micro_batch(&mut self, micro: usize, data: &TokenFile, st: &mut StepState<D>) -> Result<()> {
+        let (dev, d) = (self.dev, &self.device);
+        // The training contract: micro-batch i of the step goes to rank i % world, accumulation index
+        // i / world.
+        let (rank, world) = (self.sharding.rank, self.sharding.world);
+        let g = self.step as usize * st.micro_batches + micro * world + rank;
+        let (x, y) = data.micro_batch(g, self.train.batch, self.train.seq_len)?;
+        // The previous micro-batch's ids go first: the plan counts one micro-batch's on the device.
+        st.tokens = None;
+        let (x_dev, y_dev) = (dev.tokens(&x)?, dev.tokens(&y)?);
+        if micro == 0 {
+            d.head_grads.iter().for_each(|t| dev.fill(t, 0.0));
+            self.clear_vocab_grads();
+        }
+        // Masks are keyed by the global micro-batch index, so they do not depend on the world size.
+        st.dropout = self.model.dropout_keys(self.train.seed, self.step, g as u64);
+        self.embed(&x, &x_dev, st.dropout.as_ref(), &mut st.clock)?;
+        st.tokens = Some((x_dev, y_dev));
+        st.input_ids = x;
+        st.micro = micro;
+        Ok(())
+    }
+
+    /// The vocabulary head of the current micro-batch: its loss added to the step's, its backward run;
+    /// the first head of the step also marks the end of the forward beside the update's sweep.
+    fn head(&mut self, st: &mut StepState<D>) -> Result<()> {
+        if st.clock.forward_device.is_none() {
+            if self.sync_forward {
+                timed(&mut st.clock.compute, || self.dev.synchronize());
+            }
+            let c = &st.clock;
+            st.clock.forward_device = Some(c.compute + c.upload + c.download);
+        }
+        let y = &st.tokens.as_ref().expect("embedded first").1;
+        let scale = Some(st.loss_scale / st.micro_batches as f32);
+        let loss = self.head_loss(y, scale, st.micro == 0, &mut st.clock)?;
+        st.loss_sum += loss as f64;
         Ok(())
     }
 
