@@ -366,6 +366,8 @@ fn working_copies_read_ahead_and_gradients_written_behind_change_nothing() {
     let grad_bytes = 4 * sharding.group(placement.group_lens[1]).slice_len() as u64;
     let behind = placement.nvme_traffic.written_behind_bytes;
     assert_eq!(behind, 2 * 6 * grad_bytes, "{:?}", placement.nvme_traffic);
+    let printed = placement.nvme_traffic.describe(placement.params);
+    assert!(printed.contains("GB read ahead") && printed.contains("GB written behind"), "plan prints them: {printed}");
     for (step, r) in overlapped.iter().enumerate().skip(1) {
         assert_eq!(r.nvme_read_ahead_bytes, want, "step {step}");
         assert_eq!(r.nvme_written_behind_bytes, behind, "step {step}");
@@ -379,4 +381,25 @@ fn working_copies_read_ahead_and_gradients_written_behind_change_nothing() {
     );
     assert!(bits == sequential_bits, "reading ahead changed a loss or a norm");
     assert!(weights == sequential_weights, "reading ahead changed the weights");
+}
+
+/// Two ranks in stages 2 and 3 write their gradient slices behind after the exchange (an int8 one,
+/// whose residuals the device thread pages beside the writes) and read their working copies ahead:
+/// every rank's losses and weights are the sequential run's.
+#[test]
+fn two_ranks_writing_behind_and_reading_ahead_give_the_sequential_bits() {
+    let golden = Golden::load(GOLDEN);
+    for stage in [ZeroStage::Two, ZeroStage::Three] {
+        let runs = |sequential: bool| {
+            let dir = tempfile::tempdir().unwrap();
+            let base = on_nvme(&golden.train_config(), &dir);
+            let tc = TrainConfig { steps: 3, sequential, zero_stage: stage, grad_compression: GradCompression::Int8, ..base };
+            in_process(2, |comm: Comm| run_rank(&CpuDevice::new(None), GOLDEN, tc.clone(), comm)).unwrap()
+        };
+        let (overlapped, sequential) = (runs(false), runs(true));
+        for (rank, (o, s)) in overlapped.iter().zip(&sequential).enumerate() {
+            assert_eq!(o.losses, s.losses, "stage {} rank {rank}", stage.number());
+            assert!(o.final_params == s.final_params, "stage {} rank {rank}: the weights differ", stage.number());
+        }
+    }
 }

@@ -29,9 +29,9 @@ use crate::os;
 /// The most idle spares kept per file size. A spare is out of the pool only while a write fills it,
 /// so this is the number of same-size writes the trainer has in flight at once: the update's write
 /// stage writes a group's master, m and v together (3 files of one size), its compute stage writes the
-/// group's working copy (1; the same size as those with fp32 weights on one rank), and the device
-/// thread writes a gradient or gathers a working copy beside them (1, one at a time; gradients are
-/// the optimizer state's size). 3 + 1 + 1 = 5. Every block group has the same sizes, so this is the
+/// group's working copy (1; the same size as those with fp32 weights on one rank), and the trainer's
+/// device thread writes a gradient (or its write-behind thread does: one at a time between them) or a
+/// gathered working copy beside them (1; gradients are the optimizer state's size). 3 + 1 + 1 = 5. Every block group has the same sizes, so this is the
 /// whole bound for the blocks; the head group adds its own sizes. A write beyond the bound still
 /// works: it creates a spare, and the spare left over afterwards is removed.
 pub const SPARES_PER_SIZE: usize = 5;

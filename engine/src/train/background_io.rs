@@ -5,7 +5,9 @@
 //!   after its addition while the next block computes.
 //!
 //! So the drive works beside the computation instead of after it. On the cpu device, whose kernels run
-//! on the device thread itself, it otherwise never does. One job of each kind is in flight at most:
+//! on the device thread itself, it otherwise never does (on a GPU the device thread already reads while
+//! the device computes; the write-behind still frees it to submit the next block). Each thread has its
+//! own I/O queue (the engine's rings and pools are per thread). One job of each kind is in flight at most:
 //! the next waits for it first (and so does the update, for the writes). A copy read ahead is taken
 //! by its upload, which pages it out as it would one it read itself; so the bytes moved and the RAM
 //! held are the schedule's either way.
@@ -120,7 +122,10 @@ impl BackgroundIo {
         })?;
         self.moved_bytes.set(self.moved_bytes.get() + moved);
         if self.job == Job::ReadWorking && moved > 0 && upload != Some(k) {
-            lock(&self.shared[k]).working.page_out(Some(&self.nvme), false)?;
+            lock(&self.shared[k])
+                .working
+                .page_out(Some(&self.nvme), false)
+                .with_context(|| format!("letting go of group {k}'s working copy, read ahead of an upload that did not come"))?;
         }
         Ok(())
     }

@@ -407,7 +407,7 @@ fn host_paged_in_bytes(tc: &TrainConfig, shards: &[GroupShard], residuals: &[usi
     }
     if tc.offload_params == Tier::Nvme {
         // The one the sweep writes and the one the device thread uploads; overlapped, the fresh copies
-        // the sweep keeps ahead of the forward and the next one read ahead (`read_ahead.rs`) too.
+        // the sweep keeps ahead of the forward and the next one read ahead (`background_io.rs`) too.
         let overlapped = if tc.sequential { 0 } else { super::worker::FRESH_COPIES_AHEAD as u64 + 1 };
         bytes += (2 + overlapped) * working_bytes * largest_working;
         bytes += working_bytes * cached.map(|b| shards[1 + b].working_len as u64).sum::<u64>();

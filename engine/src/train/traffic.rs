@@ -148,8 +148,8 @@ impl NvmeTraffic {
             match op {
                 Op::FetchHead => upload(&mut t, &mut held, 0),
                 Op::Embed { micro: m } => micro = m,
-                // A block still in its slot this step is not uploaded again.
                 Op::ReadAhead { block } => ahead = Some(block),
+                // A block still in its slot this step is not uploaded again.
                 Op::Fetch { block } if slot_holds[block % slots] != Some(block) => {
                     slot_holds[block % slots] = Some(block);
                     let read_before = t.working.read_bytes;
@@ -206,8 +206,8 @@ impl NvmeTraffic {
         all
     }
 
-    /// One line: read and written per step, in all and per parameter (of `params`) for each kind, and
-    /// per micro-batch; or that nothing is on NVMe.
+    /// One line: read and written per step, in all and per parameter (of `params`) for each kind, per
+    /// micro-batch, and what of it moves beside the kernels; or that nothing is on NVMe.
     pub fn describe(&self, params: usize) -> String {
         let all = self.total();
         if all == ReadWrite::default() {
@@ -222,9 +222,13 @@ impl NvmeTraffic {
             .collect::<Vec<_>>()
             .join(", ");
         let m = self.micro_batches.max(1) as u64;
+        let background = match (self.read_ahead_bytes, self.written_behind_bytes) {
+            (0, 0) => String::new(),
+            (read, written) => format!("; beside the kernels: {:.2} GB read ahead, {:.2} GB written behind", gb(read), gb(written)),
+        };
         format!(
             "NVMe per step: read {:.2} GB, written {:.2} GB ({:.2} and {:.2} bytes per parameter; read/written by kind: {kinds}); \
-             per micro-batch of {m}: {:.2} / {:.2} bytes per parameter",
+             per micro-batch of {m}: {:.2} / {:.2} bytes per parameter{background}",
             gb(all.read_bytes),
             gb(all.written_bytes),
             per(all.read_bytes),

@@ -10,7 +10,7 @@ use zerostream_offload::Tier;
 
 use super::background_io::BackgroundIo;
 use super::vocab_head::HostWords;
-use super::worker::{SharedGroup, lock};
+use super::worker::{AfterChange, SharedGroup, lock};
 use super::{Clock, Precision, Trainer, schedule, timed};
 use crate::comm::compress::GradCompression;
 use crate::device::{Backend, HalfFormat};
@@ -239,21 +239,19 @@ impl<D: Backend> Trainer<'_, D> {
         };
         let nv = self.nvme.clone();
         let nv = nv.as_deref();
-        // A block's write overlaps the next block's backward; the head's, the step's last, is written
-        // at once (the update waits for it).
+        // A block's write overlaps the next block's backward; the head's is written at once, as no
+        // block computes after it.
         let write_behind = if k == 0 { None } else { self.write_behind.as_ref() };
+        // The gradient's read-modify-write on NVMe (the addition included) is the device thread's wait
+        // for its tier.
+        let io_wait = if self.train.gradients_tier() == Tier::Nvme { Some(&mut clock.io_wait) } else { None };
         if self.sharding.world == 1 {
-            let t0 = Instant::now();
-            change_grads_behind(write_behind, &self.shared, k, nv, first, last, |acc| {
+            change_grads_behind(write_behind, &self.shared, k, nv, first, last, io_wait, |acc| {
                 for (data, slot) in downloaded.iter().zip(&layout.tensors) {
                     add(&mut acc[slot.range()], data.as_ref());
                 }
                 Ok(())
             })?;
-            if self.train.gradients_tier() == Tier::Nvme {
-                // The gradient's read-modify-write on NVMe (the addition included).
-                clock.io_wait += t0.elapsed();
-            }
         } else if !self.stage1_grads[k].is_empty() {
             for (data, slot) in downloaded.iter().zip(&layout.tensors) {
                 add(&mut self.stage1_grads[k][slot.range()], data.as_ref());
@@ -270,7 +268,7 @@ impl<D: Backend> Trainer<'_, D> {
                 whole[slot.range()].copy_from_slice(data.as_ref());
             }
             self.exchange.reduce(&self.comm, nv, self.step, k, whole, mine, self.dev.is_async())?;
-            change_grads_behind(write_behind, &self.shared, k, nv, first, last, |acc| {
+            change_grads_behind(write_behind, &self.shared, k, nv, first, last, io_wait, |acc| {
                 add(acc, mine);
                 Ok(())
             })?;
@@ -288,8 +286,9 @@ impl<D: Backend> Trainer<'_, D> {
             }
             let whole = &self.stage1_grads[k];
             let (comm, exchange, step) = (&self.comm, &mut self.exchange, self.step);
-            lock(&self.shared[k])
-                .change_grads(nv.as_deref(), true, true, true, |mine| exchange.reduce(comm, nv.as_deref(), step, k, whole, mine, false))?;
+            lock(&self.shared[k]).change_grads(nv.as_deref(), true, true, AfterChange::PageOut, |mine| {
+                exchange.reduce(comm, nv.as_deref(), step, k, whole, mine, false)
+            })?;
         }
         Ok(())
     }
@@ -297,7 +296,7 @@ impl<D: Backend> Trainer<'_, D> {
 
 /// Group `k`'s gradient changed with `f` ([`SharedGroup::change_grads`]), its write-back to NVMe handed
 /// to `write_behind` where there is one, so the write overlaps what the device thread does next; the
-/// previous group's write is waited for first.
+/// previous group's write is waited for first. The time it all takes is added to `io_wait` if given.
 #[allow(clippy::too_many_arguments)]
 fn change_grads_behind(
     write_behind: Option<&BackgroundIo>,
@@ -306,14 +305,20 @@ fn change_grads_behind(
     nvme: Option<&zerostream_offload::NvmeDir>,
     first: bool,
     last: bool,
+    io_wait: Option<&mut std::time::Duration>,
     f: impl FnOnce(&mut [f32]) -> Result<()>,
 ) -> Result<()> {
+    let start = Instant::now();
     if let Some(writes) = write_behind {
         writes.settle(None)?;
     }
-    lock(&shared[k]).change_grads(nvme, first, last, write_behind.is_none(), f)?;
+    let after = if write_behind.is_some() { AfterChange::LeaveResident } else { AfterChange::PageOut };
+    lock(&shared[k]).change_grads(nvme, first, last, after, f)?;
     if let Some(writes) = write_behind {
         writes.begin(k)?;
+    }
+    if let Some(total) = io_wait {
+        *total += start.elapsed();
     }
     Ok(())
 }

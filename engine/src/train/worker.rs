@@ -47,14 +47,14 @@ pub(super) struct SharedGroup {
 impl SharedGroup {
     /// Changes the step's gradient with `f`: the first contribution of a step overwrites it (it is not
     /// read back from its tier), later ones add into it; after the `last`, its sum of squares is taken
-    /// for the norm. The gradient is paged out again (written back when on NVMe) if `page_out`, else
-    /// left resident for the write-behind thread (`background_io.rs`).
+    /// for the norm. Then `after` says whether the gradient is paged out again (written back when on
+    /// NVMe) or left resident for the write-behind thread (`background_io.rs`).
     pub(super) fn change_grads(
         &mut self,
         nvme: Option<&NvmeDir>,
         first: bool,
         last: bool,
-        page_out: bool,
+        after: AfterChange,
         f: impl FnOnce(&mut [f32]) -> Result<()>,
     ) -> Result<()> {
         if first {
@@ -67,11 +67,20 @@ impl SharedGroup {
         if last {
             self.grad_sum_squares = crate::ops::elementwise::sum_squares_f64(grads);
         }
-        if page_out {
+        if after == AfterChange::PageOut {
             self.grads.page_out(nvme, true)?;
         }
         Ok(())
     }
+}
+
+/// What [`SharedGroup::change_grads`] does with the gradient once changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum AfterChange {
+    /// Page it out (written back when on NVMe) at once.
+    PageOut,
+    /// Leave it resident: the write-behind thread writes it back.
+    LeaveResident,
 }
 
 /// The part only the update touches: this rank's slices.
