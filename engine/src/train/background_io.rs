@@ -14,7 +14,7 @@
 
 use std::cell::Cell;
 use std::sync::mpsc::{Receiver, Sender, channel};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use anyhow::{Context, Result, anyhow};
@@ -53,7 +53,8 @@ pub(super) struct BackgroundIo {
     pending: Cell<Option<usize>>,
     /// Bytes moved so far (each job counted once it is waited for).
     moved_bytes: Cell<u64>,
-    thread: Option<JoinHandle<()>>,
+    /// Taken to join the thread: when it stops, or to learn why it stopped early.
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl BackgroundIo {
@@ -93,7 +94,7 @@ impl BackgroundIo {
             done,
             pending: Cell::new(None),
             moved_bytes: Cell::new(0),
-            thread: Some(thread),
+            thread: Mutex::new(Some(thread)),
         })
     }
 
@@ -104,7 +105,7 @@ impl BackgroundIo {
         self.settle(None)?;
         let sent = self.requests.as_ref().is_some_and(|r| r.send(k).is_ok());
         if !sent {
-            return Err(anyhow!("the {} thread stopped", self.job.name()));
+            return Err(self.stopped());
         }
         self.pending.set(Some(k));
         Ok(())
@@ -115,7 +116,7 @@ impl BackgroundIo {
     /// is let go again, so nothing read ahead outlives the op that should have taken it.
     pub(super) fn settle(&self, upload: Option<usize>) -> Result<()> {
         let Some(k) = self.pending.take() else { return Ok(()) };
-        let done = self.done.recv().map_err(|_| anyhow!("the {} thread stopped", self.job.name()))?;
+        let done = self.done.recv().map_err(|_| self.stopped())?;
         let moved = done.with_context(|| match self.job {
             Job::ReadWorking => format!("reading group {k}'s working copy ahead of its upload"),
             Job::WriteGrads => format!("writing group {k}'s gradient back behind the next block's backward"),
@@ -134,12 +135,25 @@ impl BackgroundIo {
     pub(super) fn moved_bytes(&self) -> u64 {
         self.moved_bytes.get()
     }
+
+    /// The error for a thread that stopped before its channel closed: it panicked, and says why.
+    fn stopped(&self) -> anyhow::Error {
+        let why = match self.thread_handle().take().map(JoinHandle::join) {
+            Some(Err(panic)) => super::ranks::panic_message(&panic),
+            _ => "(no message)".into(),
+        };
+        anyhow!("the {} thread stopped: {why}", self.job.name())
+    }
+
+    fn thread_handle(&self) -> MutexGuard<'_, Option<JoinHandle<()>>> {
+        self.thread.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl Drop for BackgroundIo {
     fn drop(&mut self) {
         self.requests = None; // closing the channel ends the thread's loop
-        if let Some(thread) = self.thread.take() {
+        if let Some(thread) = self.thread_handle().take() {
             let _ = thread.join();
         }
     }

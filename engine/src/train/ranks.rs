@@ -122,7 +122,8 @@ pub fn in_process<R: Send>(world: usize, body: impl Fn(Comm) -> Result<R> + Sync
     }
 }
 
-fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+/// A panic's message, as the thread that panicked gave it.
+pub(super) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
     panic
         .downcast_ref::<String>()
         .cloned()
