@@ -114,12 +114,12 @@ pub(crate) fn parse_grad_compression(text: &str) -> Result<zerostream::comm::com
     text.parse().map_err(|e: anyhow::Error| e.to_string())
 }
 
-/// `--gpu-mem-budget 2GiB`, `--block-size 1MiB`: bytes with an optional binary unit.
 /// The value parser of a count that must be at least 1 (a batch, a world size, a number of batches).
 pub(crate) fn positive_count() -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
 }
 
+/// `--gpu-mem-budget 2GiB`, `--block-size 1MiB`: bytes with an optional binary unit.
 pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
     device::parse_bytes(text).map_err(|e| e.to_string())
 }

@@ -87,6 +87,7 @@ impl<D: Backend> Trainer<'_, D> {
         }
         let StepState { clock, micro_batches, lr, loss_scale, loss_sum, grad_norm, applied, .. } = st;
         let nvme_after = self.nvme_traffic().unwrap_or_default();
+        let background_after = self.background_bytes();
         // The kernels' share by the device's clock: waits for the step's last work (its losses and
         // gradients were waited for already), so the next step's recording starts on an idle queue.
         let kernel_seconds = self.dev.kernel_seconds();
@@ -114,8 +115,8 @@ impl<D: Backend> Trainer<'_, D> {
             peak_device_bytes: self.dev.alloc_stats().peak_bytes,
             nvme_read_bytes: nvme_after.0 - nvme_before.0,
             nvme_written_bytes: nvme_after.1 - nvme_before.1,
-            nvme_read_ahead_bytes: self.background_bytes().0 - background_before.0,
-            nvme_written_behind_bytes: self.background_bytes().1 - background_before.1,
+            nvme_read_ahead_bytes: background_after.0 - background_before.0,
+            nvme_written_behind_bytes: background_after.1 - background_before.1,
             peak_rss_bytes: report::peak_rss_bytes(),
             comm: self.comm.stats() - comm_before,
             val_loss: None,
