@@ -382,6 +382,43 @@ fn matmul_with_16bit_b_matches_twin() {
     check!("matmul with 16-bit B", matmul_16bit_b_case, 1e-4, 1e-4);
 }
 
+/// pack_f16.wgsl (the direct cooperative-matrix matmul's operands) against its twin, bit for bit: f32,
+/// f16 and bf16 sources, row-major and transposed, at offsets, with padding on both sides, at awkward sizes.
+#[test]
+fn pack_f16_matches_twin() {
+    use zerostream::ops::matmul_f16::{PackSource, PackedShape, pack_f16};
+    let Some(gpu) = gpu_or_skip("pack_f16") else { return };
+    for (i, &(rows, cols, rows_pad, cols_pad)) in [(1, 1, 16, 16), (5, 3, 8, 4), (33, 17, 64, 32), (130, 97, 256, 112)].iter().enumerate() {
+        for (transposed, offset) in [(false, 0), (true, 3)] {
+            let op = if transposed {
+                Operand { offset, row_stride: 1, col_stride: rows }
+            } else {
+                Operand { offset, row_stride: cols, col_stride: 1 }
+            };
+            let shape = PackedShape { rows, cols, rows_pad, cols_pad };
+            let mut x = random(40 + i as u64, offset + rows * cols, 100.0);
+            x[offset] = 70000.0; // beyond f16: +inf
+            let f16s: Vec<u16> = x.iter().map(|v| half::f16::from_f32(*v).to_bits()).collect();
+            let bf16s: Vec<u16> = x.iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect();
+            let f32_source = tensor(&gpu, &x);
+            let half_sources = [(HalfFormat::F16, &f16s, PackSource::F16(&f16s)), (HalfFormat::Bf16, &bf16s, PackSource::Bf16(&bf16s))];
+            let mut cases = vec![("f32", f32_source, pack_f16(PackSource::F32(&x), &op, &shape))];
+            for (format, bits, source) in half_sources {
+                let t = gpu.alloc_16bit(bits.len(), "halves", format).unwrap();
+                gpu.write_16bit(&t, bits, format).unwrap();
+                cases.push((if format == HalfFormat::F16 { "f16" } else { "bf16" }, t, pack_f16(source, &op, &shape)));
+            }
+            for (name, source, want) in cases {
+                // Garbage first, so the padding is seen to be written.
+                let out = gpu.upload_words(&vec![0xdead_beef; rows_pad * cols_pad / 2], "packed").unwrap();
+                gpu.pack_f16(&out, &source, &op, &shape);
+                let got: Vec<u16> = gpu.read_words(&out).iter().flat_map(|w| [*w as u16, (*w >> 16) as u16]).collect();
+                assert_eq!(got, want, "pack_f16 {name} {rows}x{cols} into {rows_pad}x{cols_pad}, transposed {transposed}, offset {offset}");
+            }
+        }
+    }
+}
+
 #[test]
 fn half_casts_match_the_half_crate() {
     let Some(gpu) = gpu_or_skip("f16 casts") else { return };

@@ -123,6 +123,11 @@ fn matmul_coop_matches_twin() {
     let precast = small.coop_variants().into_iter().find(|t| t.precast).expect("a precast variant");
     small.force_coop_variant(Some(precast)).unwrap();
     compare_all(&small, &format!("64 KiB bindings, {precast}"), 1024);
+    // A direct variant likewise: operands packed piece by piece where a piece's packing fits a binding,
+    // the staged kernel (same bits) where it does not.
+    let direct = small.coop_variants().into_iter().find(|t| t.direct).expect("a direct variant");
+    small.force_coop_variant(Some(direct)).unwrap();
+    compare_all(&small, &format!("64 KiB bindings, {direct}"), 1024);
 }
 
 /// Every variant of the adapter's cooperative size gives the default's bits, in every layout, with a bias,

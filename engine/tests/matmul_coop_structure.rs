@@ -1,9 +1,10 @@
-//! `matmul_coop.wgsl`'s addressing run on the CPU, statement for statement, for every candidate variant of
-//! both cooperative sizes (the template's constants computed as `matmul_coop_template.rs` fills them): the
-//! workgroup grid, the per-invocation staging of A and B into the f16 tiles (`load_a`, `load_b`, both
+//! `matmul_coop.wgsl`'s and `matmul_coop_direct.wgsl`'s addressing run on the CPU, statement for statement,
+//! for every candidate variant of both cooperative sizes (the template's constants computed as
+//! `matmul_coop_template.rs` fills them): the workgroup grid, the per-invocation staging of A and B into the f16 tiles (`load_a`, `load_b`, both
 //! operand orientations, every B format), the subgroups' regions and passes (several passes, one, and
 //! copies parked in the dump slot), the K blocks each step multiplies, the cooperative loads (row-major,
-//! with the tiles' strides, 16-byte aligned), the staging slots of the epilogue and `write_c` — with only
+//! with the tiles' strides, 16-byte aligned; the direct kernel's from the packed operands, in bounds), the
+//! staging slots of the epilogue and `write_c` — with only
 //! the cooperative multiply-add itself replaced by plain f32 sums. Compared with the twin
 //! (`matmul_f16_inputs`), it checks every index of every variant on any machine, the 16x16 ones included,
 //! which only NVIDIA's adapters run; `tests/kernels_coop.rs` checks the kernel itself where an adapter has
@@ -11,7 +12,7 @@
 
 use rand::{Rng, SeedableRng};
 use zerostream::device::{MatmulShape, Operand};
-use zerostream::ops::matmul_f16::matmul_f16_inputs;
+use zerostream::ops::matmul_f16::{PackSource, PackedShape, matmul_f16_inputs, pack_f16};
 use zerostream_shaders::CoopTile;
 
 /// A cooperative load or store needs a 16-byte aligned address and row stride (Vulkan's rule; NVIDIA's
@@ -144,50 +145,31 @@ fn multiply_add(a: &[Vec<f32>], b: &[Vec<f32>], acc: &mut [Vec<f32>]) {
     }
 }
 
+/// One subgroup's accumulators: frag_m x frag_n tiles of coop x coop f32.
+type Accumulators = Vec<Vec<Vec<f32>>>;
+
 /// The whole dispatch (every workgroup of the host's grid) of variant `t` with `subgroups` subgroups per
-/// workgroup.
-fn run_kernel(t: &Tile, p: &Params, a: &[f32], b: &[u32], bias: &[f32], c: &mut [f32], subgroups: usize) {
+/// workgroup: `products(row0, col0, sweep)` gives every subgroup's accumulators for one pass of one
+/// workgroup (the kernel's main loop, staged or direct); the epilogue (`flush_tile`, `write_c`) is the
+/// kernels' shared one.
+fn run_dispatch(
+    t: &Tile,
+    p: &Params,
+    bias: &[f32],
+    c: &mut [f32],
+    subgroups: usize,
+    mut products: impl FnMut(usize, usize, usize) -> Vec<Accumulators>,
+) {
     let (coop, slot_len) = (t.coop, t.coop * t.coop);
     let dump_slot = t.regions;
     for wg_y in 0..p.m.div_ceil(t.tile_m) {
         for wg_x in 0..p.n.div_ceil(t.tile_n) {
             let (row0, col0) = (wg_y * t.tile_m, wg_x * t.tile_n);
-            let (mut tile_halves, mut c_stage) = (vec![0u16; t.tile_halves], vec![0.0f32; t.count_slot + 4]);
+            let mut c_stage = vec![0.0f32; t.count_slot + 4];
             c_stage[t.count_slot] = subgroups as f32; // read back once, by every invocation
             let passes = t.regions.div_ceil(subgroups);
-            let zero = vec![vec![0.0f32; coop]; coop];
             for sweep in 0..passes {
-                // Per subgroup: its frag_m x frag_n accumulators.
-                let mut acc = vec![vec![zero.clone(); t.frag_m * t.frag_n]; subgroups];
-                for step in 0..p.k.div_ceil(t.tile_k) {
-                    for li in 0..t.workgroup {
-                        for j in 0..t.tile_m * t.tile_k / t.workgroup {
-                            let (at, av) = load_a(t, p, a, row0, step * t.tile_k, li + t.workgroup * j);
-                            tile_halves[at] = av;
-                        }
-                        for j in 0..t.tile_k * t.tile_n / t.workgroup {
-                            let (bt, bv) = load_b(t, p, b, step * t.tile_k, col0, li + t.workgroup * j);
-                            tile_halves[bt] = bv;
-                        }
-                    }
-                    let k_end = t.tile_k.min((p.k - step * t.tile_k).div_ceil(coop) * coop);
-                    for kk in (0..k_end).step_by(coop) {
-                        for (sg, acc) in acc.iter_mut().enumerate() {
-                            let region = (sweep * subgroups + sg) % t.regions;
-                            let a_base = (region / t.regions_n) * t.region_m * t.a_stride;
-                            let b_base = t.b_tile + (region % t.regions_n) * t.region_n;
-                            let a_frags: Vec<_> = (0..t.frag_m)
-                                .map(|i| coop_load(coop, &tile_halves, a_base + i * coop * t.a_stride + kk, t.a_stride))
-                                .collect();
-                            for fj in 0..t.frag_n {
-                                let bj = coop_load(coop, &tile_halves, kk * t.b_stride + b_base + fj * coop, t.b_stride);
-                                for (fi, a_frag) in a_frags.iter().enumerate() {
-                                    multiply_add(a_frag, &bj, &mut acc[fi * t.frag_n + fj]);
-                                }
-                            }
-                        }
-                    }
-                }
+                let acc = products(row0, col0, sweep);
                 let (first, end) = (sweep * subgroups, t.regions.min(sweep * subgroups + subgroups));
                 for fi in 0..t.frag_m {
                     for fj in 0..t.frag_n {
@@ -228,6 +210,86 @@ fn run_kernel(t: &Tile, p: &Params, a: &[f32], b: &[u32], bias: &[f32], c: &mut 
     }
 }
 
+/// `matmul_coop.wgsl`: A and B staged through the f16 tiles, element by element, a K step at a time.
+fn run_kernel(t: &Tile, p: &Params, a: &[f32], b: &[u32], bias: &[f32], c: &mut [f32], subgroups: usize) {
+    let coop = t.coop;
+    let zero = vec![vec![0.0f32; coop]; coop];
+    run_dispatch(t, p, bias, c, subgroups, |row0, col0, sweep| {
+        let mut tile_halves = vec![0u16; t.tile_halves];
+        // Per subgroup: its frag_m x frag_n accumulators.
+        let mut acc = vec![vec![zero.clone(); t.frag_m * t.frag_n]; subgroups];
+        for step in 0..p.k.div_ceil(t.tile_k) {
+            for li in 0..t.workgroup {
+                for j in 0..t.tile_m * t.tile_k / t.workgroup {
+                    let (at, av) = load_a(t, p, a, row0, step * t.tile_k, li + t.workgroup * j);
+                    tile_halves[at] = av;
+                }
+                for j in 0..t.tile_k * t.tile_n / t.workgroup {
+                    let (bt, bv) = load_b(t, p, b, step * t.tile_k, col0, li + t.workgroup * j);
+                    tile_halves[bt] = bv;
+                }
+            }
+            let k_end = t.tile_k.min((p.k - step * t.tile_k).div_ceil(coop) * coop);
+            for kk in (0..k_end).step_by(coop) {
+                for (sg, acc) in acc.iter_mut().enumerate() {
+                    let region = (sweep * subgroups + sg) % t.regions;
+                    let a_base = (region / t.regions_n) * t.region_m * t.a_stride;
+                    let b_base = t.b_tile + (region % t.regions_n) * t.region_n;
+                    let a_frags: Vec<_> =
+                        (0..t.frag_m).map(|i| coop_load(coop, &tile_halves, a_base + i * coop * t.a_stride + kk, t.a_stride)).collect();
+                    for fj in 0..t.frag_n {
+                        let bj = coop_load(coop, &tile_halves, kk * t.b_stride + b_base + fj * coop, t.b_stride);
+                        for (fi, a_frag) in a_frags.iter().enumerate() {
+                            multiply_add(a_frag, &bj, &mut acc[fi * t.frag_n + fj]);
+                        }
+                    }
+                }
+            }
+        }
+        acc
+    })
+}
+
+/// `matmul_coop_direct.wgsl` after the engine's packing (`gpu_matmul.rs`'s `pack_operands`, the twin
+/// `pack_f16`): A as [M_pad][K_pad] and B as [K_pad][N_pad] halves, padded to whole tiles and blocks, then
+/// every subgroup's cooperative loads straight from them, block by block. An index past the packed
+/// operands panics here (the padding must cover every load).
+fn run_direct(t: &Tile, p: &Params, a: &[f32], b: &[u32], bias: &[f32], c: &mut [f32], subgroups: usize) {
+    let coop = t.coop;
+    let (mp, np, kp) = (p.m.next_multiple_of(t.tile_m), p.n.next_multiple_of(t.tile_n), p.k.next_multiple_of(coop));
+    let a_op = Operand { offset: p.a_off, row_stride: p.a_row_stride, col_stride: p.a_col_stride };
+    let ah = pack_f16(PackSource::F32(a), &a_op, &PackedShape { rows: p.m, cols: p.k, rows_pad: mp, cols_pad: kp });
+    let b_halves: Vec<u16> = b.iter().flat_map(|w| [*w as u16, (*w >> 16) as u16]).collect();
+    let b_f32: Vec<f32> = b.iter().map(|w| f32::from_bits(*w)).collect();
+    let b_source = match p.b_format {
+        0 => PackSource::F32(&b_f32),
+        1 => PackSource::F16(&b_halves),
+        _ => PackSource::Bf16(&b_halves),
+    };
+    let b_op = Operand { offset: p.b_off, row_stride: p.b_row_stride, col_stride: p.b_col_stride };
+    let bh = pack_f16(b_source, &b_op, &PackedShape { rows: p.k, cols: p.n, rows_pad: kp, cols_pad: np });
+    let zero = vec![vec![0.0f32; coop]; coop];
+    run_dispatch(t, p, bias, c, subgroups, |row0, col0, sweep| {
+        let mut acc = vec![vec![zero.clone(); t.frag_m * t.frag_n]; subgroups];
+        for (sg, acc) in acc.iter_mut().enumerate() {
+            let region = (sweep * subgroups + sg) % t.regions;
+            let a_at = (row0 + (region / t.regions_n) * t.region_m) * kp;
+            let b_at = col0 + (region % t.regions_n) * t.region_n;
+            for kb in 0..p.k.div_ceil(coop) {
+                let k0 = kb * coop;
+                let a_frags: Vec<_> = (0..t.frag_m).map(|i| coop_load(coop, &ah, a_at + i * coop * kp + k0, kp)).collect();
+                for fj in 0..t.frag_n {
+                    let bj = coop_load(coop, &bh, b_at + k0 * np + fj * coop, np);
+                    for (fi, a_frag) in a_frags.iter().enumerate() {
+                        multiply_add(a_frag, &bj, &mut acc[fi * t.frag_n + fj]);
+                    }
+                }
+            }
+        }
+        acc
+    })
+}
+
 fn random(len: usize, seed: u64) -> Vec<f32> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
@@ -239,6 +301,7 @@ fn random(len: usize, seed: u64) -> Vec<f32> {
 #[test]
 fn the_kernels_addressing_computes_the_twins_product() {
     let shapes = [(3, 17, 1), (1, 1, 1), (63, 65, 17), (130, 200, 96), (129, 130, 33), (70, 260, 72)];
+    // Precast variants stage exactly as their plain twins; direct ones run their own loop (`run_direct`).
     let variants: Vec<CoopTile> = [16, 8].into_iter().flat_map(CoopTile::candidates).filter(|t| !t.precast).collect();
     let mut seed = 0;
     for (m, n, k) in shapes {
@@ -311,7 +374,8 @@ fn the_kernels_addressing_computes_the_twins_product() {
                     let t = Tile::of(variant);
                     let subgroups = [t.regions, 2.max(t.regions / 4), 2 * t.regions][(v + seed as usize) % 3];
                     let mut got = c0.clone();
-                    run_kernel(&t, &p, &a, &b_words, &bias, &mut got, subgroups);
+                    let run = if variant.direct { run_direct } else { run_kernel };
+                    run(&t, &p, &a, &b_words, &bias, &mut got, subgroups);
                     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                         assert!(
                             (g - w).abs() <= 1e-5 * (k as f32).sqrt() * (1.0 + w.abs()),

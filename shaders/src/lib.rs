@@ -112,6 +112,7 @@ kernels! {
     GELU_ERF_FORWARD => "gelu_erf_forward" with "erfc",
     LAYERNORM_BACKWARD => "layernorm_backward" with "workgroup_sum", "column_lanes",
     LAYERNORM_FORWARD => "layernorm_forward" with "workgroup_sum",
+    PACK_F16 => "pack_f16" with "f16_bits",
     RELU_BACKWARD => "relu_backward",
     RELU_FORWARD => "relu_forward",
     RESIDUAL_FORWARD => "residual_forward",
@@ -205,7 +206,8 @@ mod tests {
                 .filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup)
                 .map(|(_, v)| (v.name.clone().unwrap_or_default(), layouter[v.ty].size))
                 .collect();
-            assert_eq!(sizes.len(), 2, "{tile}: {sizes:?}");
+            // The staged variants' tiles and slots; a direct variant's slots alone.
+            assert_eq!(sizes.len(), if tile.direct { 1 } else { 2 }, "{tile}: {sizes:?}");
             for (name, bytes) in &sizes {
                 assert!(bytes % 16 == 0, "{tile}: workgroup variable {name} is {bytes} bytes, not a multiple of 16");
             }
@@ -256,8 +258,16 @@ mod tests {
             }
             let name = path.file_stem().unwrap().to_string_lossy().into_owned();
             // Rendered by MatmulTile, CoopTile and AttentionTile, validated above per variant.
-            let templated = ["matmul", "matmul_coop", "coop_probe", "attention_forward", "attention_backward", "attention_decode"]
-                .contains(&name.as_str());
+            let templated = [
+                "matmul",
+                "matmul_coop",
+                "matmul_coop_direct",
+                "coop_probe",
+                "attention_forward",
+                "attention_backward",
+                "attention_decode",
+            ]
+            .contains(&name.as_str());
             assert!(templated || ALL.iter().any(|k| k.name == name), "wgsl/{name}.wgsl is not in shaders::ALL");
         }
     }

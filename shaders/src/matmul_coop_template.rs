@@ -12,12 +12,23 @@ use std::fmt::Write as _;
 
 use crate::{Kernel, Rendered};
 
-/// The template, with its enable directives and the shared helpers, Params and bindings prepended.
+/// The staged template, with its enable directives and the shared helpers, Params, bindings and epilogue
+/// prepended.
 const TEMPLATE: &str = concat!(
     include_str!("../wgsl/common/enable_f16_coop.wgsl"),
+    include_str!("../wgsl/common/matmul_params.wgsl"),
     include_str!("../wgsl/common/matmul_io.wgsl"),
     include_str!("../wgsl/common/f16_bits.wgsl"),
+    include_str!("../wgsl/common/matmul_coop_epilogue.wgsl"),
     include_str!("../wgsl/matmul_coop.wgsl")
+);
+
+/// The direct template (operands packed by `pack_f16.wgsl`, loaded straight from storage memory).
+const DIRECT_TEMPLATE: &str = concat!(
+    include_str!("../wgsl/common/enable_f16_coop.wgsl"),
+    include_str!("../wgsl/common/matmul_params.wgsl"),
+    include_str!("../wgsl/common/matmul_coop_epilogue.wgsl"),
+    include_str!("../wgsl/matmul_coop_direct.wgsl")
 );
 
 /// One variant of the cooperative-matrix matmul.
@@ -41,6 +52,11 @@ pub struct CoopTile {
     /// operand's span once, with the same rounding), so the kernel reads halves instead of rounding every
     /// element on every workgroup that loads it. The same bits as without.
     pub precast: bool,
+    /// The direct kernel (`wgsl/matmul_coop_direct.wgsl`): the engine packs A and B rounded to f16 and
+    /// padded to whole tiles (`pack_f16.wgsl`), and the kernel loads its cooperative matrices straight from
+    /// them, `tile_k / coop` blocks at a time, with no workgroup tiles. Excludes `precast` (it packs its
+    /// own operands). The same bits as the staged variants.
+    pub direct: bool,
 }
 
 /// A region of C per subgroup and a workgroup shape, independent of the cooperative size: (tile_m, tile_n,
@@ -68,6 +84,10 @@ const SHAPES: [Shape; 7] = [
 /// Which of [`SHAPES`] are also tried with precast operands.
 const PRECAST_SHAPES: [usize; 4] = [0, 1, 2, 4];
 
+/// Which of [`SHAPES`] are also tried as direct variants (their K step is the K loaded before the
+/// multiply-adds; their workgroup memory only the epilogue's slots).
+const DIRECT_SHAPES: [usize; 5] = [0, 1, 2, 3, 4];
+
 impl CoopTile {
     /// The variant the device runs for a cooperative size until it is tuned: the kernel as it was before
     /// variants (a 128 x 128 tile, a 32 x 64 region per subgroup, 256 invocations, K step 32).
@@ -76,7 +96,17 @@ impl CoopTile {
     }
 
     const fn from_shape(coop: u32, (tile_m, tile_n, tile_k, region_m, region_n, workgroup): Shape) -> CoopTile {
-        CoopTile { coop, tile_m, tile_n, tile_k, frag_m: region_m / coop, frag_n: region_n / coop, workgroup, precast: false }
+        CoopTile {
+            coop,
+            tile_m,
+            tile_n,
+            tile_k,
+            frag_m: region_m / coop,
+            frag_n: region_n / coop,
+            workgroup,
+            precast: false,
+            direct: false,
+        }
     }
 
     /// The variants `zerostream tune` tries for a cooperative size, the default first: the shapes whose
@@ -84,11 +114,12 @@ impl CoopTile {
     pub fn candidates(coop: u32) -> Vec<CoopTile> {
         let plain = SHAPES.iter().map(|s| Self::from_shape(coop, *s));
         let precast = PRECAST_SHAPES.iter().map(|&i| CoopTile { precast: true, ..Self::from_shape(coop, SHAPES[i]) });
-        plain.chain(precast).filter(|t| t.check().is_ok()).collect()
+        let direct = DIRECT_SHAPES.iter().map(|&i| CoopTile { direct: true, ..Self::from_shape(coop, SHAPES[i]) });
+        plain.chain(precast).chain(direct).filter(|t| t.check().is_ok()).collect()
     }
 
     /// A stable name: `c16/128x128x32/2x4/256` (cooperative size / workgroup tile x K step / accumulators
-    /// per subgroup / invocations), and `/pc` after it for precast operands.
+    /// per subgroup / invocations), and `/pc` after it for precast operands, `/dg` for the direct kernel.
     pub fn name(&self) -> String {
         format!(
             "c{}/{}x{}x{}/{}x{}/{}{}",
@@ -99,17 +130,24 @@ impl CoopTile {
             self.frag_m,
             self.frag_n,
             self.workgroup,
-            if self.precast { "/pc" } else { "" }
+            if self.precast {
+                "/pc"
+            } else if self.direct {
+                "/dg"
+            } else {
+                ""
+            }
         )
     }
 
     /// Parses [`Self::name`]'s form and checks the variant.
     pub fn parse(name: &str) -> Result<CoopTile, String> {
-        let bad = || format!("cooperative matmul variant {name:?}: expected the form c16/128x128x32/2x4/256[/pc]");
+        let bad = || format!("cooperative matmul variant {name:?}: expected the form c16/128x128x32/2x4/256[/pc|/dg]");
         let parts: Vec<&str> = name.split('/').collect();
-        let (precast, parts) = match parts[..] {
-            [ref head @ .., "pc"] => (true, head),
-            ref all => (false, all),
+        let (precast, direct, parts) = match parts[..] {
+            [ref head @ .., "pc"] => (true, false, head),
+            [ref head @ .., "dg"] => (false, true, head),
+            ref all => (false, false, all),
         };
         let [coop, tile, frags, workgroup] = parts[..] else { return Err(bad()) };
         let num = |s: &str| s.parse::<u32>().map_err(|_| bad());
@@ -117,7 +155,7 @@ impl CoopTile {
         let coop = num(coop.strip_prefix('c').ok_or_else(bad)?)?;
         let (tile, frags, workgroup) = (nums(tile)?, nums(frags)?, num(workgroup)?);
         let (&[tile_m, tile_n, tile_k], &[frag_m, frag_n]) = (&tile[..], &frags[..]) else { return Err(bad()) };
-        let t = CoopTile { coop, tile_m, tile_n, tile_k, frag_m, frag_n, workgroup, precast };
+        let t = CoopTile { coop, tile_m, tile_n, tile_k, frag_m, frag_n, workgroup, precast, direct };
         t.check().map_err(|e| format!("cooperative matmul variant {name:?}: {e}"))?;
         Ok(t)
     }
@@ -157,9 +195,9 @@ impl CoopTile {
         (self.regions() + 1) * self.coop * self.coop + 4
     }
 
-    /// Workgroup memory the variant declares.
+    /// Workgroup memory the variant declares (a direct variant: the epilogue's slots only).
     pub const fn workgroup_bytes(&self) -> u32 {
-        self.tile_halves() * 2 + self.c_stage() * 4
+        if self.direct { self.c_stage() * 4 } else { self.tile_halves() * 2 + self.c_stage() * 4 }
     }
 
     /// Elements of A's tile each invocation stages per K step.
@@ -207,6 +245,9 @@ impl CoopTile {
         if t.tile_halves() > 1 << 16 {
             return Err(format!("the tiles hold {} halves, more than a 16-bit place can address", t.tile_halves()));
         }
+        if t.direct && t.precast {
+            return Err("a direct variant packs its own operands: not also precast".to_string());
+        }
         Ok(())
     }
 
@@ -214,6 +255,9 @@ impl CoopTile {
     /// [`Self::check`] (callers check first; the candidates all pass, tested).
     pub fn source(&self) -> String {
         self.check().unwrap_or_else(|e| panic!("cooperative matmul variant {}: {e}", self.name()));
+        if self.direct {
+            return crate::fill_holes(DIRECT_TEMPLATE, "matmul_coop_direct.wgsl", &self.direct_holes());
+        }
         crate::fill_holes(TEMPLATE, "matmul_coop.wgsl", &self.holes())
     }
 
@@ -224,16 +268,73 @@ impl CoopTile {
         crate::rendered(&RENDERED, *self, || (format!("matmul_coop {}", self.name()), self.source()))
     }
 
-    fn holes(&self) -> HashMap<&'static str, String> {
+    fn coop_type(&self, elem: &str, role: &str) -> String {
+        format!("coop_mat{0}x{0}<{elem}, {role}>", self.coop)
+    }
+
+    /// The holes both templates have: the variant's constants, its accumulators and their flush.
+    fn common_holes(&self) -> HashMap<&'static str, String> {
         let t = self;
-        let coop_type = |elem: &str, role: &str| format!("coop_mat{0}x{0}<{elem}, {role}>", t.coop);
-        let (mut accumulators, mut multiply, mut flush) = (String::new(), String::new(), String::new());
+        let (mut accumulators, mut flush) = (String::new(), String::new());
         for i in 0..t.frag_m {
             for j in 0..t.frag_n {
-                let _ = writeln!(accumulators, "        var acc{i}_{j} = {}();", coop_type("f32", "C"));
+                let _ = writeln!(accumulators, "        var acc{i}_{j} = {}();", t.coop_type("f32", "C"));
                 let _ = writeln!(flush, "        flush_tile(acc{i}_{j}, slot, {i}u, {j}u, first, end, row0, col0, li);");
             }
         }
+        HashMap::from([
+            ("NAME", t.name()),
+            ("COOP", t.coop.to_string()),
+            ("TILE_M", t.tile_m.to_string()),
+            ("TILE_N", t.tile_n.to_string()),
+            ("TILE_K", t.tile_k.to_string()),
+            ("REGION_M", t.region_m().to_string()),
+            ("REGION_N", t.region_n().to_string()),
+            ("REGIONS_N", (t.tile_n / t.region_n()).to_string()),
+            ("REGIONS", t.regions().to_string()),
+            ("SLOT", (t.coop * t.coop).to_string()),
+            ("COUNT_SLOT", ((t.regions() + 1) * t.coop * t.coop).to_string()),
+            ("C_STAGE", t.c_stage().to_string()),
+            ("WORKGROUP", t.workgroup.to_string()),
+            ("ACCUMULATORS", strip(accumulators)),
+            ("FLUSH", strip(flush)),
+        ])
+    }
+
+    /// The direct template's holes: per step, the fragments of `tile_k / coop` blocks loaded from the packed
+    /// operands, then every accumulator's multiply-adds block by block (increasing k); per tail block, the
+    /// same for one block.
+    fn direct_holes(&self) -> HashMap<&'static str, String> {
+        let t = self;
+        let blocks = |n: u32| {
+            let (mut loads, mut products) = (String::new(), String::new());
+            for s in 0..n {
+                for i in 0..t.frag_m {
+                    let at = format!("a_at + {}u * sa + k0 + {}u", i * t.coop, s * t.coop);
+                    let _ = writeln!(loads, "            let a{s}_{i} = coopLoadT<{}>(&ah[{at}], sa);", t.coop_type("f16", "A"));
+                }
+                for j in 0..t.frag_n {
+                    let at = format!("b_at + (k0 + {}u) * sb + {}u", s * t.coop, j * t.coop);
+                    let _ = writeln!(loads, "            let b{s}_{j} = coopLoadT<{}>(&bh[{at}], sb);", t.coop_type("f16", "B"));
+                }
+                for i in 0..t.frag_m {
+                    for j in 0..t.frag_n {
+                        let _ = writeln!(products, "            acc{i}_{j} = coopMultiplyAdd(a{s}_{i}, b{s}_{j}, acc{i}_{j});");
+                    }
+                }
+            }
+            strip(loads + &products)
+        };
+        let mut holes = self.common_holes();
+        holes.insert("MULTIPLY_STEP", blocks(t.tile_k / t.coop));
+        holes.insert("MULTIPLY_BLOCK", blocks(1));
+        holes
+    }
+
+    fn holes(&self) -> HashMap<&'static str, String> {
+        let t = self;
+        let coop_type = |elem: &str, role: &str| t.coop_type(elem, role);
+        let mut multiply = String::new();
         // Per COOP-deep block of the K step: the region's fragments of A and B from workgroup memory, then
         // every accumulator's multiply-add.
         for i in 0..t.frag_m {
@@ -268,34 +369,25 @@ impl CoopTile {
                 let _ = writeln!(store, "            store_half(staged_{operand}{j});");
             }
         }
-        let strip = |s: String| s.trim_end_matches('\n').to_string();
-        HashMap::from([
-            ("NAME", t.name()),
-            ("COOP", t.coop.to_string()),
-            ("TILE_M", t.tile_m.to_string()),
-            ("TILE_N", t.tile_n.to_string()),
-            ("TILE_K", t.tile_k.to_string()),
+        let mut holes = self.common_holes();
+        holes.extend([
             ("A_STRIDE", t.a_stride().to_string()),
             ("B_STRIDE", t.b_stride().to_string()),
-            ("REGION_M", t.region_m().to_string()),
-            ("REGION_N", t.region_n().to_string()),
-            ("REGIONS_N", (t.tile_n / t.region_n()).to_string()),
-            ("REGIONS", t.regions().to_string()),
-            ("SLOT", (t.coop * t.coop).to_string()),
             ("B_TILE", (t.tile_m * t.a_stride()).to_string()),
-            ("COUNT_SLOT", ((t.regions() + 1) * t.coop * t.coop).to_string()),
             ("TILE_HALVES", t.tile_halves().to_string()),
-            ("C_STAGE", t.c_stage().to_string()),
-            ("WORKGROUP", t.workgroup.to_string()),
             ("A_PRECAST", t.precast.to_string()),
-            ("ACCUMULATORS", strip(accumulators)),
             ("LOAD_FIRST", strip(first)),
             ("STORE", strip(store)),
             ("LOAD_NEXT", strip(next)),
             ("MULTIPLY", strip(multiply)),
-            ("FLUSH", strip(flush)),
-        ])
+        ]);
+        holes
     }
+}
+
+/// Generated lines without their last newline (a hole sits on a line of its own).
+fn strip(s: String) -> String {
+    s.trim_end_matches('\n').to_string()
 }
 
 /// The probe of the cooperative multiply-add's own rate at cooperative size `coop` (`wgsl/coop_probe.wgsl`):
@@ -347,9 +439,13 @@ mod tests {
             }
             assert_eq!(candidates[0], CoopTile::default_for(coop));
         }
-        assert_eq!(CoopTile::candidates(16).len(), 11);
+        assert_eq!(CoopTile::candidates(16).len(), 16);
         assert_eq!(CoopTile::candidates(16).iter().filter(|t| t.precast).count(), 4);
+        assert_eq!(CoopTile::candidates(16).iter().filter(|t| t.direct).count(), 5);
         assert_eq!(CoopTile::parse("c16/128x128x32/2x4/256/pc").unwrap(), CoopTile { precast: true, ..CoopTile::default_for(16) });
+        assert_eq!(CoopTile::parse("c16/128x128x32/2x4/256/dg").unwrap(), CoopTile { direct: true, ..CoopTile::default_for(16) });
+        // A direct variant holds only the epilogue's slots in workgroup memory.
+        assert_eq!(CoopTile { direct: true, ..CoopTile::default_for(16) }.workgroup_bytes(), 9 * 256 * 4 + 16);
         // The kernel as it was before variants, byte for byte in workgroup memory.
         assert_eq!(CoopTile::default_for(16).name(), "c16/128x128x32/2x4/256");
         assert_eq!(CoopTile::default_for(16).workgroup_bytes(), 128 * 40 * 2 + 32 * 136 * 2 + 9 * 256 * 4 + 16);
@@ -367,6 +463,7 @@ mod tests {
             ("c16/128x128x32/2x4/96", "invocations"),
             ("c8/8x8x8/1x1/256", "whole number per invocation"),
             ("c16/128x128x32/2x4/256/pd", "expected the form"),
+            ("c16/128x128x32/2x4/256/pc/dg", "expected the form"),
             ("c16/4294967295x128x32/2x4/256", "out of range"),
         ] {
             let e = CoopTile::parse(name).unwrap_err();
@@ -387,6 +484,13 @@ mod tests {
         assert_eq!(src.matches("store_half(staged_").count(), 32);
         assert!(src.contains("var staged_a15 = ") && !src.contains("staged_a16"));
         assert!(src.contains("@workgroup_size(256, 1, 1)"));
+        let direct = CoopTile { direct: true, ..CoopTile::default_for(16) }.source();
+        assert!(!direct.contains("{{"), "a hole left unfilled");
+        assert!(!direct.contains("var<workgroup> tile_halves") && !direct.contains("fn f16_bits"), "the direct kernel stages nothing");
+        // Per step of 32: two blocks of 2 + 4 fragments, then 2 x 8 multiply-adds; per tail block one of each.
+        assert_eq!(direct.matches("coopLoadT<coop_mat16x16<f16, A>>").count(), 2 * 2 + 2);
+        assert_eq!(direct.matches("coopLoadT<coop_mat16x16<f16, B>>").count(), 2 * 4 + 4);
+        assert_eq!(direct.matches("= coopMultiplyAdd(").count(), 16 + 8);
         let eight = CoopTile::default_for(8).source();
         assert_eq!(eight.matches("= coopMultiplyAdd(").count(), 32);
         assert!(eight.contains("coop_mat8x8<f16, A>"));

@@ -13,7 +13,11 @@ use std::fmt::Write as _;
 use crate::{Kernel, Rendered};
 
 /// The template, with the shared Params and bindings prepended (as the `kernels!` table does).
-const TEMPLATE: &str = concat!(include_str!("../wgsl/common/matmul_io.wgsl"), include_str!("../wgsl/matmul.wgsl"));
+const TEMPLATE: &str = concat!(
+    include_str!("../wgsl/common/matmul_params.wgsl"),
+    include_str!("../wgsl/common/matmul_io.wgsl"),
+    include_str!("../wgsl/matmul.wgsl")
+);
 
 /// One variant of the fp32 matmul kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

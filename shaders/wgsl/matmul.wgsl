@@ -36,7 +36,8 @@
 // the chain would have continued). Past the end of K, A is padded with -0.0 (and B with +0.0): fma(-0, 0, x) = x for every
 // x, so the padded steps of a last partial tile change no bit, not even the sign of a zero.
 
-// Params and bindings 0-4 come from common/matmul_io.wgsl (shared with matmul_coop.wgsl).
+// Params and binding 0 come from common/matmul_params.wgsl, bindings 1-4 from common/matmul_io.wgsl (both
+// shared with matmul_coop.wgsl).
 // The windows of bindings 1 and 2 again, as whole vec4 (their length rounded down to 16 bytes).
 @group(0) @binding(5) var<storage, read> a4: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read> b4: array<vec4<u32>>;

@@ -52,10 +52,12 @@
 
 // Its enable directives (f16, wgpu_cooperative_matrix) come first, from common/enable_f16_coop.wgsl, and
 // f16_bits from common/f16_bits.wgsl (the rounding cast_f32_to_f16.wgsl also uses, so the kernel tests
-// check it on any adapter); matmul_coop_template.rs prepends them (and common/matmul_io.wgsl).
+// check it on any adapter); matmul_coop_template.rs prepends them (and the files named below).
 
-// Params and bindings 0-4 come from common/matmul_io.wgsl (shared with matmul.wgsl); flags bits 2 and 3
-// (matmul.wgsl's vec4 views) are not read here.
+// Params and binding 0 come from common/matmul_params.wgsl (every matmul kernel's), bindings 1-4 from
+// common/matmul_io.wgsl (shared with matmul.wgsl); flags bits 2 and 3 (matmul.wgsl's vec4 views) are not
+// read here. write_c and flush_tile, the epilogue, come from common/matmul_coop_epilogue.wgsl (shared with
+// matmul_coop_direct.wgsl).
 
 // The variant: {{NAME}}.
 const COOP: u32 = {{COOP}}u;
@@ -150,31 +152,6 @@ fn load_b(k0: u32, col0: u32, idx: u32) -> u32 {
 // vec2<f16>.
 fn store_half(staged: u32) {
     tile_halves[staged & 0xffffu] = f16(unpack2x16float(staged).y);
-}
-
-// Writes C at (row, col) = initial value + product, inside the matrix only.
-fn write_c(row: u32, col: u32, product: f32) {
-    if (row >= p.m || col >= p.n) { return; }
-    let i = p.c_off + row * p.c_row_stride + col;
-    var x = 0.0;
-    if ((p.flags & 1u) != 0u) { x = c[i]; }
-    if ((p.flags & 2u) != 0u) { x += bias[p.bias_off + col]; }
-    c[i] = x + product;
-}
-
-// Every subgroup parks accumulator (fi, fj) of its region in its slot; then the workgroup writes the
-// slots of regions first..end (this pass's) to C.
-fn flush_tile(acc: coop_mat{{COOP}}x{{COOP}}<f32, C>, slot: u32, fi: u32, fj: u32, first: u32, end: u32, row0: u32, col0: u32, li: u32) {
-    coopStoreT(acc, &c_stage[slot * SLOT], COOP);
-    workgroupBarrier();
-    for (var region = first; region < end; region++) {
-        for (var e = li; e < SLOT; e += {{WORKGROUP}}u) {
-            let row = row0 + (region / REGIONS_N) * REGION_M + fi * COOP + e / COOP;
-            let col = col0 + (region % REGIONS_N) * REGION_N + fj * COOP + e % COOP;
-            write_c(row, col, c_stage[region * SLOT + e]);
-        }
-    }
-    workgroupBarrier();
 }
 
 @compute @workgroup_size({{WORKGROUP}}, 1, 1)

@@ -19,7 +19,11 @@ pub const GPU_COOP_SCRATCH_BYTES: u64 = 64 << 20;
 pub const GPU_UPLOAD_CHUNK_BYTES: u64 = 8 << 20;
 /// Buffers the upload ring may grow to (512 MiB) while writes outrun the device's copies.
 pub const GPU_UPLOAD_RING_MAX_LEN: usize = 64;
-/// The most bytes of finished reads' staging buffers the gpu device keeps for reuse (`gpu_memory.rs`).
+/// The most bytes of finished reads' staging buffers the gpu device keeps for reuse (`gpu_memory.rs`), or
+/// two buffers of a read's size where that is more ([`AllocCosts::spare_readback_bytes`]): a backward has
+/// two blocks' reads in turn, and a buffer made afresh for each costs more than the copy itself (Llama-3.2-1B's
+/// 232 MiB blocks spent 1.4 s a step waiting on new read-back buffers on an H200,
+/// benches/results/2026-11-27-h200-gpu.md).
 pub const GPU_SPARE_READBACK_BYTES: u64 = 256 << 20;
 
 /// What a device charges its budget for each kind of allocation. The devices charge with these and the
@@ -39,9 +43,11 @@ pub struct AllocCosts {
     /// The device's memory is host RAM (the cpu device): what it holds counts against the machine's RAM.
     pub memory_is_ram: bool,
     /// Host memory the device keeps for moving bytes whatever the model, not charged to its budget:
-    /// the gpu device's upload ring at its largest and the read-back buffers it keeps for reuse (RAM on
-    /// a discrete GPU).
+    /// the gpu device's upload ring at its largest (RAM on a discrete GPU).
     pub host_staging_bytes: u64,
+    /// The least host memory of read-back buffers the device keeps for reuse (the gpu device's); see
+    /// [`Self::spare_readback_bytes`].
+    pub min_spare_readback_bytes: u64,
 }
 
 impl AllocCosts {
@@ -52,7 +58,8 @@ impl AllocCosts {
         fixed_bytes: GPU_COLUMN_PARTIALS_BYTES,
         f16_inputs_bytes: GPU_COOP_SCRATCH_BYTES,
         memory_is_ram: false,
-        host_staging_bytes: GPU_UPLOAD_CHUNK_BYTES * GPU_UPLOAD_RING_MAX_LEN as u64 + GPU_SPARE_READBACK_BYTES,
+        host_staging_bytes: GPU_UPLOAD_CHUNK_BYTES * GPU_UPLOAD_RING_MAX_LEN as u64,
+        min_spare_readback_bytes: GPU_SPARE_READBACK_BYTES,
     };
     /// The cpu device: every tensor f32; token ids and uploads stay in host memory.
     pub const CPU: AllocCosts = AllocCosts {
@@ -62,7 +69,14 @@ impl AllocCosts {
         f16_inputs_bytes: 0,
         memory_is_ram: true,
         host_staging_bytes: 0,
+        min_spare_readback_bytes: 0,
     };
+
+    /// The most host memory of finished read-back buffers the device keeps for reuse when the largest
+    /// read is `largest_read_bytes`: its minimum, or two buffers of that size (none on the cpu device).
+    pub fn spare_readback_bytes(&self, largest_read_bytes: u64) -> u64 {
+        if self.min_spare_readback_bytes == 0 { 0 } else { self.min_spare_readback_bytes.max(2 * largest_read_bytes) }
+    }
 
     /// An f32 tensor of `len` elements (an empty one still takes a word).
     pub fn tensor_bytes(&self, len: usize) -> u64 {

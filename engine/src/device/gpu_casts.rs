@@ -3,7 +3,9 @@
 
 use std::ops::Range;
 
-use super::{GpuDevice, GpuTensor, HalfFormat, shaders};
+use super::{GpuDevice, GpuTensor, HalfFormat, Window, shaders};
+use crate::ops::matmul::Operand;
+use crate::ops::matmul_f16::PackedShape;
 
 impl GpuDevice {
     /// out (u32 words, two f16 per word) = f16(x[..n]), round to nearest even.
@@ -38,6 +40,49 @@ impl GpuDevice {
                 Self::elementwise_grid(r.len().div_ceil(2)),
             );
         }
+    }
+
+    /// `out_words` (a plain tensor of u32 words, two halves each) from word 0 = the operand `op` addresses
+    /// in `x` (f32, f16 or bf16), rounded to f16 and laid out as `shape` says (`pack_f16.wgsl`; the twin is
+    /// `ops::matmul_f16::pack_f16`). The operand and the output must each fit one binding.
+    pub fn pack_f16(&self, out_words: &GpuTensor, x: &GpuTensor, op: &Operand, shape: &PackedShape) {
+        let out = self.window(out_words, 0..(shape.rows_pad * shape.cols_pad).div_ceil(2));
+        let word_offset = out.elem_offset;
+        self.dispatch_pack_f16(out, word_offset, x, op, shape);
+    }
+
+    /// [`Self::pack_f16`] into the f16 tensor `out` from half `out_start` (even).
+    pub(super) fn pack_f16_into(&self, out: &GpuTensor, out_start: usize, x: &GpuTensor, op: &Operand, shape: &PackedShape) {
+        debug_assert!(out_start.is_multiple_of(2) && out.format == Some(HalfFormat::F16));
+        let window = self.packed_window(out, out_start..out_start + shape.rows_pad * shape.cols_pad);
+        let word_offset = window.elem_offset / 2;
+        self.dispatch_pack_f16(window, word_offset, x, op, shape);
+    }
+
+    fn dispatch_pack_f16(&self, out: Window, out_word_offset: u32, x: &GpuTensor, op: &Operand, shape: &PackedShape) {
+        assert!(shape.cols_pad.is_multiple_of(2), "pack_f16: an odd padded row ({shape:?})");
+        let xw = self.packed_window(x, op.span(0..shape.rows, 0..shape.cols));
+        let format = match x.format {
+            None => 0,
+            Some(HalfFormat::F16) => 1,
+            Some(HalfFormat::Bf16) => 2,
+        };
+        let params = [
+            shape.rows as u32,
+            shape.cols as u32,
+            shape.rows_pad as u32,
+            shape.cols_pad as u32,
+            xw.elem_offset,
+            op.row_stride as u32,
+            op.col_stride as u32,
+            format,
+            out_word_offset,
+            0,
+            0,
+            0,
+        ];
+        let words = shape.rows_pad * shape.cols_pad / 2;
+        self.dispatch(shaders::PACK_F16, "main", &params, &[(1, xw.binding), (2, out.binding)], Self::elementwise_grid(words));
     }
 
     /// out[..n] = f32 of the halves packed in `x_words`.

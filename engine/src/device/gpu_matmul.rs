@@ -24,6 +24,8 @@ use super::{AdapterSummary, GpuDevice, GpuTensor, Window};
 use crate::device::alloc::GPU_COOP_SCRATCH_BYTES;
 use crate::device::matmul_tuning::{MatmulClass, MatmulTable};
 use crate::device::{HalfFormat, MatmulInputs, MatmulShape};
+use crate::ops::matmul::Operand;
+use crate::ops::matmul_f16::PackedShape;
 use zerostream_shaders::{CoopTile, MatmulTile};
 
 /// Workgroup memory the default fp32 variant declares, which every adapter must have (the smallest
@@ -232,6 +234,34 @@ impl GpuDevice {
         Some((sa, sb))
     }
 
+    /// Packs a direct variant's operands for one piece into the scratch (`pack_f16.wgsl`): A as
+    /// [M_pad][K_pad] and B as [K_pad][N_pad] halves, zero-padded to whole workgroup tiles along M and N and
+    /// whole cooperative blocks along K. Returns their windows (each starting a binding, so at half 0) and
+    /// the padded row lengths K_pad and N_pad; None where the scratch or one binding cannot hold them.
+    fn pack_operands<'s>(
+        &'s self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        s: &MatmulShape,
+        (rows, cols, ks): (&Range<usize>, &Range<usize>, &Range<usize>),
+        tile: &CoopTile,
+    ) -> Option<(Window<'s>, Window<'s>, usize, usize)> {
+        let scratch = self.coop_scratch()?;
+        let (m, n, k) = (rows.len(), cols.len(), ks.len());
+        let (mp, np, kp) =
+            (m.next_multiple_of(tile.tile_m as usize), n.next_multiple_of(tile.tile_n as usize), k.next_multiple_of(tile.coop as usize));
+        // B starts a binding of its own, 16-byte aligned as every cooperative load's address must be.
+        let b_start = (mp * kp).next_multiple_of(2 * self.align_elems.max(8));
+        if b_start + kp * np > scratch.len || !self.fits(&(0..mp * kp)) || !self.fits(&(0..kp * np)) {
+            return None;
+        }
+        let a_op = Operand { offset: s.a.at(rows.start, ks.start), ..s.a };
+        self.pack_f16_into(scratch, 0, a, &a_op, &PackedShape { rows: m, cols: k, rows_pad: mp, cols_pad: kp });
+        let b_op = Operand { offset: s.b.at(ks.start, cols.start), ..s.b };
+        self.pack_f16_into(scratch, b_start, b, &b_op, &PackedShape { rows: k, cols: n, rows_pad: kp, cols_pad: np });
+        Some((self.packed_window(scratch, 0..mp * kp), self.packed_window(scratch, b_start..b_start + kp * np), kp, np))
+    }
+
     /// `window` again as whole vec4 (its size rounded down to 16 bytes), and whether the kernel may read
     /// it: not when the window holds no whole vec4 or does not start on one (then the placeholder is bound).
     fn vec4_window<'a>(&'a self, window: &Window<'a>) -> (wgpu::BufferBinding<'a>, bool) {
@@ -323,11 +353,25 @@ impl GpuDevice {
             // where the adapter has cooperative matrices.
             let tile = self.coop_variant_for(&piece, b.format.is_some()).expect("--matmul-inputs f16 without cooperative matrices");
             let grid = [n.div_ceil(tile.tile_n), m.div_ceil(tile.tile_m), 1];
+            if tile.direct
+                && let Some((pa, pb, kp, np)) = self.pack_operands(a, b, s, (&rows, &cols, &ks), &tile)
+            {
+                let mut params = params;
+                (params[4], params[5], params[6]) = (pa.elem_offset, kp as u32, 1); // A: [M_pad][K_pad]
+                (params[8], params[9], params[10], params[11]) = (pb.elem_offset, np as u32, 1, 1); // B: [K_pad][N_pad]
+                let bindings = [(1, pa.binding), (2, pb.binding), (3, bias_binding), (4, wc.binding)];
+                self.dispatch(tile.kernel(), "main", &params, &bindings, grid);
+                return;
+            }
             let (a_span, b_span) = (s.a.span(rows.clone(), ks.clone()), s.b.span(ks.clone(), cols.clone()));
             let scratch = if tile.precast { self.precast_operands(a, b, a_span, b_span) } else { None };
             let Some((sa, sb)) = scratch else {
-                // Without precast (asked for, or the scratch cannot hold this piece): the same bits.
-                let tile = CoopTile { precast: false, ..tile };
+                // Staged, without precast (asked for, or the scratch cannot hold this piece): the same bits,
+                // in the variant's own shape where the adapter holds its tiles, else the default's.
+                let staged = CoopTile { precast: false, direct: false, ..tile };
+                let fits = fits_adapter(&self.summary, staged.workgroup_bytes(), staged.workgroup);
+                let tile = if fits { staged } else { CoopTile::default_for(tile.coop) };
+                let grid = [n.div_ceil(tile.tile_n), m.div_ceil(tile.tile_m), 1];
                 let bindings = [(1, wa.binding), (2, wb.binding), (3, bias_binding), (4, wc.binding)];
                 self.dispatch(tile.kernel(), "main", &params, &bindings, grid);
                 return;

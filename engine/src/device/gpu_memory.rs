@@ -12,7 +12,6 @@ use anyhow::{Result, bail};
 use rayon::prelude::*;
 
 use super::{GpuDevice, GpuTensor};
-use crate::device::alloc::GPU_SPARE_READBACK_BYTES;
 use crate::device::{AllocCosts, HalfFormat};
 
 /// A staging buffer's mapping request: its callback's result.
@@ -223,7 +222,7 @@ impl GpuDevice {
         drop(view);
         staging.unmap();
         let mut spares = self.spare_staging.borrow_mut();
-        if spares.iter().map(|b| b.size()).sum::<u64>() + staging.size() <= GPU_SPARE_READBACK_BYTES {
+        if spares.iter().map(|b| b.size()).sum::<u64>() + staging.size() <= AllocCosts::GPU.spare_readback_bytes(staging.size()) {
             spares.push(staging);
         }
         out

@@ -42,11 +42,69 @@ pub fn matmul_f16_inputs(c: &mut [f32], a: &[f32], b: &[f32], bias: Option<&[f32
     matmul_rounded_with(super::matmul::matmul, c, a, b, bias, s, accumulate);
 }
 
+/// An operand's source for [`pack_f16`]: f32 values, or halves (f16 or bf16) as stored.
+#[derive(Clone, Copy, Debug)]
+pub enum PackSource<'a> {
+    F32(&'a [f32]),
+    F16(&'a [u16]),
+    Bf16(&'a [u16]),
+}
+
+/// Where [`pack_f16`] puts a `rows` x `cols` operand: row-major `[rows_pad][cols_pad]`, zero outside it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PackedShape {
+    pub rows: usize,
+    pub cols: usize,
+    pub rows_pad: usize,
+    pub cols_pad: usize,
+}
+
+/// The twin of `pack_f16.wgsl`: the operand `op` addresses in `x` (rows x cols), rounded to f16 bits as
+/// [`round_to_f16`] rounds (an f16 source as stored, a bf16 one widened first), row-major in
+/// `rows_pad` x `cols_pad` halves and zero outside the operand. What the direct cooperative-matrix matmul
+/// multiplies.
+pub fn pack_f16(x: PackSource, op: &Operand, shape: &PackedShape) -> Vec<u16> {
+    assert!(shape.rows <= shape.rows_pad && shape.cols <= shape.cols_pad, "pack_f16: {shape:?} pads to less than the operand");
+    let mut out = vec![0u16; shape.rows_pad * shape.cols_pad];
+    for r in 0..shape.rows {
+        for col in 0..shape.cols {
+            let i = op.at(r, col);
+            out[r * shape.cols_pad + col] = match x {
+                PackSource::F32(v) => half::f16::from_f32(v[i]).to_bits(),
+                PackSource::F16(h) => h[i],
+                PackSource::Bf16(h) => half::f16::from_f32(half::bf16::from_bits(h[i]).to_f32()).to_bits(),
+            };
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ops::matmul::matmul;
     use rand::{Rng, SeedableRng};
+
+    /// A transposed, offset operand packed with padding: the elements where they belong, rounded, zeros
+    /// around them; the three sources agree where their values do.
+    #[test]
+    fn pack_places_rounds_and_pads() {
+        let x: Vec<f32> = (0..20).map(|i| i as f32 + 1.0 / 4096.0).collect(); // 1/4096 rounds away (ties to even above 2)
+        let op = Operand { offset: 2, row_stride: 1, col_stride: 3 }; // (r, c) at 2 + r + 3c: a transpose
+        let shape = PackedShape { rows: 3, cols: 4, rows_pad: 4, cols_pad: 8 };
+        let packed = pack_f16(PackSource::F32(&x), &op, &shape);
+        assert_eq!(packed.len(), 32);
+        for r in 0..4 {
+            for c in 0..8 {
+                let want = if r < 3 && c < 4 { half::f16::from_f32((2 + r + 3 * c) as f32).to_bits() } else { 0 };
+                assert_eq!(packed[r * 8 + c], want, "({r}, {c})");
+            }
+        }
+        let f16s: Vec<u16> = x.iter().map(|v| half::f16::from_f32(*v).to_bits()).collect();
+        let bf16s: Vec<u16> = x.iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect();
+        assert_eq!(pack_f16(PackSource::F16(&f16s), &op, &shape), packed);
+        assert_eq!(pack_f16(PackSource::Bf16(&bf16s), &op, &shape), packed);
+    }
 
     #[test]
     fn rounding_is_nearest_even_with_overflow_to_infinity() {

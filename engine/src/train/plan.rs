@@ -53,8 +53,9 @@ pub struct Placement {
     /// Per rank, on NVMe beside the state while a run is open: the spare files shard writes go into
     /// (`zerostream_offload::SPARES_PER_SIZE` of each shard size at most; 0 without an NVMe tier).
     pub host_nvme_spare_bytes: u64,
-    /// Per rank, on the gpu device: its host staging (`AllocCosts::host_staging_bytes`) and the
-    /// read-backs in flight (a backward's two blocks of gradients, or one vocabulary chunk's); 0 on the
+    /// Per rank, on the gpu device: its host staging (`AllocCosts::host_staging_bytes`), the
+    /// read-backs in flight (a backward's two blocks of gradients, or one vocabulary chunk's) and the
+    /// finished ones it keeps for reuse (`AllocCosts::spare_readback_bytes`); 0 on the
     /// cpu device, whose whole memory is RAM instead (`host_device_bytes`).
     pub device_staging_bytes: u64,
     /// The device's memory is host RAM (`AllocCosts::memory_is_ram`: the cpu device).
@@ -334,6 +335,8 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
     let largest_block = group_lens[1..].iter().max().copied().unwrap_or(0);
     let vocab_chunk = model.vocab_chunks(tc.vocab_chunk_rows).rows_per_chunk * model.width();
     let read_backs = costs.tensor_bytes(2 * largest_block).max(costs.tensor_bytes(vocab_chunk));
+    let largest_read = costs.tensor_bytes(largest_block.max(vocab_chunk));
+    let spare_read_backs = costs.spare_readback_bytes(largest_read);
     Ok(Placement {
         optimizer_tier: tc.offload_optimizer,
         grads_tier: tc.gradients_tier(),
@@ -351,7 +354,7 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         host_stage1_grad_bytes: 4 * stage1_grads,
         host_paged_in_bytes,
         host_nvme_spare_bytes,
-        device_staging_bytes: if costs.memory_is_ram { 0 } else { costs.host_staging_bytes + read_backs },
+        device_staging_bytes: if costs.memory_is_ram { 0 } else { costs.host_staging_bytes + spare_read_backs + read_backs },
         device_memory_is_ram: costs.memory_is_ram,
         vocab_resident,
         device_head_bytes: head_bytes,
@@ -511,5 +514,12 @@ mod tests {
         assert_eq!(gpu.host_device_bytes(), (512 << 20) + (256 << 20) + (2 * 4 * block).max(4 * chunk as u64));
         assert_eq!(gpu.ram_bytes_per_rank(), gpu.host_bytes_per_rank().0 + gpu.host_device_bytes());
         assert!(gpu.host_summary().contains("the device's 0.80 GiB included"), "{}", gpu.host_summary());
+        // Llama-3.2-1B's 232 MiB blocks: two spare read-backs of a block's size, beyond the 256 MiB.
+        let llama = Model::preset("llama-3.2-1b").unwrap();
+        let gpu = plan_on(&llama, &TrainConfig::default(), 1, AllocCosts::GPU).unwrap();
+        let block = 4 * group_layouts(&llama)[1].len as u64;
+        let chunk = 4 * (llama.vocab_chunks(TrainConfig::default().vocab_chunk_rows).rows_per_chunk * llama.width()) as u64;
+        assert!(block > 128 << 20 && block > chunk, "{block} {chunk}");
+        assert_eq!(gpu.host_device_bytes(), (512 << 20) + 2 * block + 2 * block);
     }
 }
