@@ -4,7 +4,7 @@
 # kernel and cooperative-matrix variant against its twin on this adapter), `tune --models gpt2` (each
 # cooperative-matrix class with every variant's time: the rows of `tune.jsonl` whose kind is coop_class),
 # `bench kernels --models gpt2 --only matmul` (the f16-coop rows with the tuned variants, beside fp32) and a
-# GPT-2 124M run with `--matmul-inputs f16` (B=4, T=1024, the built-in text), then a Llama-3.2-1B fp32 run
+# GPT-2 124M run with `--matmul-inputs f16` (B=4, T=1024, random tokens), then a Llama-3.2-1B fp32 run
 # with every block resident (its download seconds a step). Everything lands in
 # ./gpu-coop-out and, packed for the device tool (which brings back at most 8 files), in
 # $OUT/gpu-coop.tar.gz (./gpu-coop.tar.gz without $OUT).
@@ -27,12 +27,15 @@ part() { # name limit command...
 part selftest 75 "$ZS" selftest --device gpu --quick --json
 part tune $((TUNE_SECONDS + 15)) "$ZS" tune --json --models gpt2 --max-seconds "$TUNE_SECONDS"
 part kernels 45 "$ZS" bench kernels --models gpt2 --only matmul --json
-part train-f16 40 "$ZS" train --config gpt2 --device gpu --steps 6 --batch-size 4 --seq-len 1024 --warmup-steps 1 \
+# Random GPT-2 tokens (train needs --data with --config), as benches/gpu.sh makes them.
+tokens=${TMPDIR:-/tmp}/zs-coop-tokens.bin
+python3 -c "import random, array; random.seed(1337); array.array('H', (random.randrange(50257) for _ in range(1 << 20))).tofile(open('$tokens', 'wb'))"
+part train-f16 40 "$ZS" train --config gpt2 --data "$tokens" --device gpu --steps 6 --batch-size 4 --seq-len 1024 --warmup-steps 1 \
   --sample-tokens 0 --gpu-mem-budget 16GiB --matmul-inputs f16 --metrics "$out/train-f16.metrics"
 # Llama-3.2-1B with every block resident (fp32): its 232 MiB gradient read-backs are the case the spare
 # read-back buffers (AllocCosts::spare_readback_bytes) are sized for; compare its download seconds with
 # the oversized-resident run of benches/gpu.sh before that change (1.44 s a step on an H200).
-part train-llama 70 "$ZS" train --config llama-3.2-1b --device gpu --steps 3 --batch-size 1 --seq-len 1024 --warmup-steps 1 \
+part train-llama 70 "$ZS" train --config llama-3.2-1b --data "$tokens" --device gpu --steps 3 --batch-size 1 --seq-len 1024 --warmup-steps 1 \
   --sample-tokens 0 --gpu-mem-budget 60GiB --metrics "$out/train-llama.metrics"
 # The cooperative-matrix classes: the best variant and every variant's time, one line each.
 python3 - "$out/tune.out" <<'PY' | tee "$out/summary.txt"
