@@ -250,7 +250,7 @@ fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
                     println!(
                         "    cooperative-matrix variants: {} tuned shape classes, default {}",
                         table.coop_entries.values().filter(|t| t.coop == size).count(),
-                        zerostream_shaders::CoopTile::default_for(size)
+                        table.coop_default_for(size)
                     );
                 }
                 if let Some(problem) = problem {

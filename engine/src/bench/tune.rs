@@ -451,6 +451,7 @@ pub fn save_table(
         default: MatmulTile::parse(&file.default).map_err(anyhow::Error::msg)?,
         entries: BTreeMap::new(),
         coop_entries: BTreeMap::new(),
+        coop_default: crate::device::matmul_tuning::builtin_coop_default(dev.summary()),
     };
     for e in &file.entries {
         if let (Some(class), Ok(tile)) = (MatmulClass::parse(&e.class), MatmulTile::parse(&e.variant)) {

@@ -109,9 +109,11 @@ pub struct MatmulTable {
     /// For products of no tuned class nearby.
     pub default: MatmulTile,
     pub entries: BTreeMap<MatmulClass, MatmulTile>,
-    /// The cooperative-matrix variant per class (any class it does not name runs the default of the
-    /// adapter's cooperative size).
+    /// The cooperative-matrix variant per class (any class it does not name runs
+    /// [`Self::coop_default_for`] the adapter's cooperative size).
     pub coop_entries: BTreeMap<MatmulClass, CoopTile>,
+    /// The vendor's measured cooperative-matrix default ([`builtin_coop_default`]), at its size.
+    pub coop_default: Option<CoopTile>,
 }
 
 /// `class`'s own entry, else the nearest of the same layouts within [`MAX_BORROW_DISTANCE`], among the
@@ -132,7 +134,8 @@ impl MatmulTable {
     /// The built-in default for an adapter nobody tuned: the vendor's, where one was measured.
     pub fn builtin(adapter: &AdapterSummary) -> Self {
         let (vendor, default) = builtin_default(adapter);
-        MatmulTable { source: TableSource::Builtin { vendor }, default, entries: BTreeMap::new(), coop_entries: BTreeMap::new() }
+        let (entries, coop_entries, coop_default) = (BTreeMap::new(), BTreeMap::new(), builtin_coop_default(adapter));
+        MatmulTable { source: TableSource::Builtin { vendor }, default, entries, coop_entries, coop_default }
     }
 
     /// The variant for a product of class `class`: its own tuned entry, else the nearest tuned class of
@@ -142,9 +145,15 @@ impl MatmulTable {
     }
 
     /// The cooperative-matrix variant of cooperative size `coop` for a product of class `class`: as
-    /// [`Self::choose`], else the size's default.
+    /// [`Self::choose`], else [`Self::coop_default_for`] that size.
     pub fn choose_coop(&self, class: &MatmulClass, coop: u32) -> CoopTile {
-        nearest(&self.coop_entries, class, |t| t.coop == coop).unwrap_or(CoopTile::default_for(coop))
+        nearest(&self.coop_entries, class, |t| t.coop == coop).unwrap_or(self.coop_default_for(coop))
+    }
+
+    /// The cooperative-matrix variant of size `coop` for classes nobody tuned: the vendor's measured one
+    /// where it is of that size, else the kernel as it was before variants.
+    pub fn coop_default_for(&self, coop: u32) -> CoopTile {
+        self.coop_default.filter(|t| t.coop == coop).unwrap_or(CoopTile::default_for(coop))
     }
 
     /// One line for `zerostream devices` and the run's description.
@@ -192,7 +201,8 @@ impl MatmulTable {
             let class = MatmulClass::parse(&e.class).with_context(|| format!("shape class {:?}", e.class))?;
             coop_entries.insert(class, CoopTile::parse(&e.variant).map_err(anyhow::Error::msg)?);
         }
-        Ok(MatmulTable { source: TableSource::Tuned { path: path.to_path_buf(), created: file.created }, default, entries, coop_entries })
+        let source = TableSource::Tuned { path: path.to_path_buf(), created: file.created };
+        Ok(MatmulTable { source, default, entries, coop_entries, coop_default: builtin_coop_default(adapter) })
     }
 }
 
@@ -334,6 +344,16 @@ fn builtin_default(adapter: &AdapterSummary) -> (&'static str, MatmulTile) {
     (vendor, default)
 }
 
+/// The vendor's cooperative-matrix variant for classes nobody tuned. Only measured choices go here.
+pub(crate) fn builtin_coop_default(adapter: &AdapterSummary) -> Option<CoopTile> {
+    match adapter.vendor {
+        // `zerostream tune` on an H200 (benches/results/2026-11-27-h200-coop-direct.md): this direct variant
+        // won 22 of GPT-2's 25 cooperative-matrix classes, 2-3x faster than the staged default there.
+        0x10de => Some(CoopTile { direct: true, frag_m: 4, frag_n: 4, workgroup: 128, ..CoopTile::default_for(16) }),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -408,6 +428,7 @@ mod tests {
             default: MatmulTile::DEFAULT,
             entries: BTreeMap::from([(own, small)]),
             coop_entries: BTreeMap::new(),
+            coop_default: None,
         };
         assert_eq!(table.choose(&own), small);
         assert_eq!(table.choose(&near), small);
@@ -426,5 +447,12 @@ mod tests {
         table.coop_entries.insert(near, CoopTile::candidates(8)[1]);
         assert_eq!(table.choose_coop(&near, 16), coop);
         assert_eq!(table.choose_coop(&near, 8), CoopTile::candidates(8)[1]);
+        // A vendor's measured default stands in for the untuned classes of its size alone.
+        table.coop_default = builtin_coop_default(&adapter(0x10de));
+        assert_eq!(table.choose_coop(&far, 16).name(), "c16/128x128x32/4x4/128/dg");
+        assert_eq!(table.choose_coop(&far, 8), CoopTile::default_for(8));
+        assert_eq!(table.choose_coop(&own, 16), coop);
+        assert!(CoopTile::candidates(16).contains(&table.coop_default_for(16)));
+        assert_eq!(builtin_coop_default(&adapter(0x1002)), None);
     }
 }

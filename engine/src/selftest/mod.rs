@@ -263,8 +263,10 @@ pub fn run(dev: &AnyDevice, size: Size, progress: &mut dyn FnMut(Event)) -> Repo
             if g.has_coop_matmul() {
                 entries.push(entry("matmul_coop", move |d| check_matmul_f16_inputs(d, "matmul_coop", size)));
             }
-            // Every cooperative-matrix variant after the default (which the check above ran), quick shapes.
-            for variant in g.coop_variants().into_iter().skip(1) {
+            // Every other cooperative-matrix variant, quick shapes (the check above ran the table's choices,
+            // the untuned classes' default among them).
+            let coop_default = g.coop_size().map(|size| g.matmul_table().coop_default_for(size));
+            for variant in g.coop_variants().into_iter().filter(|v| Some(*v) != coop_default) {
                 entries.push(entry(format!("matmul_coop {variant}"), move |d| gpu_only::check_coop_variant(d, variant, Size::Quick)));
             }
             let mut results = run_entries(g, entries, "", progress);
