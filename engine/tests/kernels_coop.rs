@@ -16,6 +16,7 @@ use common::kernel_check::tensor;
 use common::{assert_close, coop_skipped, gpu_or_skip, random};
 use zerostream::device::{Backend, GpuDevice, HalfFormat, MatmulInputs, MatmulShape, Operand};
 use zerostream::ops::matmul_f16::matmul_f16_inputs;
+use zerostream_shaders::Loads;
 
 /// (m, n, k): single elements, K = 1, edges of every tile dimension, a K that needs splitting under
 /// 64 KiB bindings.
@@ -120,12 +121,12 @@ fn matmul_coop_matches_twin() {
     compare_all(&small, "64 KiB bindings", usize::MAX);
     // A precast variant there too: its operands' spans rounded into the scratch piece by piece (not at K =
     // 4097, whose thousands of pieces the default's pass above already walks).
-    let precast = small.coop_variants().into_iter().find(|t| t.precast).expect("a precast variant");
+    let precast = small.coop_variants().into_iter().find(|t| t.loads == Loads::Precast).expect("a precast variant");
     small.force_coop_variant(Some(precast)).unwrap();
     compare_all(&small, &format!("64 KiB bindings, {precast}"), 1024);
     // A direct variant likewise: operands packed piece by piece where a piece's packing fits a binding,
     // the staged kernel (same bits) where it does not.
-    let direct = small.coop_variants().into_iter().find(|t| t.direct).expect("a direct variant");
+    let direct = small.coop_variants().into_iter().find(|t| t.loads == Loads::Direct).expect("a direct variant");
     small.force_coop_variant(Some(direct)).unwrap();
     compare_all(&small, &format!("64 KiB bindings, {direct}"), 1024);
 }

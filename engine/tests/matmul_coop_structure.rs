@@ -1,19 +1,20 @@
-//! `matmul_coop.wgsl`'s and `matmul_coop_direct.wgsl`'s addressing run on the CPU, statement for statement,
-//! for every candidate variant of both cooperative sizes (the template's constants computed as
-//! `matmul_coop_template.rs` fills them): the workgroup grid, the per-invocation staging of A and B into the f16 tiles (`load_a`, `load_b`, both
-//! operand orientations, every B format), the subgroups' regions and passes (several passes, one, and
-//! copies parked in the dump slot), the K blocks each step multiplies, the cooperative loads (row-major,
-//! with the tiles' strides, 16-byte aligned; the direct kernel's from the packed operands, in bounds), the
-//! staging slots of the epilogue and `write_c` — with only
-//! the cooperative multiply-add itself replaced by plain f32 sums. Compared with the twin
+//! The cooperative-matrix matmul's addressing run on the CPU, statement for statement, for every
+//! candidate variant of both cooperative sizes (the template's constants computed as
+//! `matmul_coop_template.rs` fills them): `matmul_coop.wgsl`'s per-invocation staging of A and B into the
+//! f16 tiles (`load_a`, `load_b`, both operand orientations, every B format), `matmul_coop_wide.wgsl`'s
+//! 16-byte chunks of the packed operands and `matmul_coop_direct.wgsl`'s loads straight from them (after
+//! the engine's packing, `pack_f16`); the workgroup grid, the subgroups' regions and passes (several
+//! passes, one, and copies parked in the dump slot), the K blocks each step multiplies, the cooperative
+//! loads (row-major, 16-byte aligned, in bounds), the staging slots of the epilogue and `write_c` — with
+//! only the cooperative multiply-add itself replaced by plain f32 sums. Compared with the twin
 //! (`matmul_f16_inputs`), it checks every index of every variant on any machine, the 16x16 ones included,
-//! which only NVIDIA's adapters run; `tests/kernels_coop.rs` checks the kernel itself where an adapter has
-//! cooperative matrices. Keep it in step with the WGSL.
+//! which only NVIDIA's adapters run; `tests/kernels_coop.rs` checks the kernels themselves where an
+//! adapter has cooperative matrices. Keep it in step with the WGSL.
 
 use rand::{Rng, SeedableRng};
 use zerostream::device::{MatmulShape, Operand};
 use zerostream::ops::matmul_f16::{PackSource, PackedShape, matmul_f16_inputs, pack_f16};
-use zerostream_shaders::CoopTile;
+use zerostream_shaders::{CoopTile, Loads};
 
 /// A cooperative load or store needs a 16-byte aligned address and row stride (Vulkan's rule; NVIDIA's
 /// driver read shifted elements when the tiles sat 4 bytes off). The kernel's two workgroup arrays are
@@ -70,6 +71,7 @@ impl Tile {
 }
 
 /// The kernel's Params (flags bit 0 accumulate, bit 1 bias; b_format 0 f32, 1 f16, 2 bf16).
+#[derive(Clone, Copy)]
 struct Params {
     m: usize,
     n: usize,
@@ -212,12 +214,9 @@ fn run_dispatch(
 
 /// `matmul_coop.wgsl`: A and B staged through the f16 tiles, element by element, a K step at a time.
 fn run_kernel(t: &Tile, p: &Params, a: &[f32], b: &[u32], bias: &[f32], c: &mut [f32], subgroups: usize) {
-    let coop = t.coop;
-    let zero = vec![vec![0.0f32; coop]; coop];
     run_dispatch(t, p, bias, c, subgroups, |row0, col0, sweep| {
         let mut tile_halves = vec![0u16; t.tile_halves];
-        // Per subgroup: its frag_m x frag_n accumulators.
-        let mut acc = vec![vec![zero.clone(); t.frag_m * t.frag_n]; subgroups];
+        let mut acc = accumulators(t, subgroups);
         for step in 0..p.k.div_ceil(t.tile_k) {
             for li in 0..t.workgroup {
                 for j in 0..t.tile_m * t.tile_k / t.workgroup {
@@ -229,34 +228,45 @@ fn run_kernel(t: &Tile, p: &Params, a: &[f32], b: &[u32], bias: &[f32], c: &mut 
                     tile_halves[bt] = bv;
                 }
             }
-            let k_end = t.tile_k.min((p.k - step * t.tile_k).div_ceil(coop) * coop);
-            for kk in (0..k_end).step_by(coop) {
-                for (sg, acc) in acc.iter_mut().enumerate() {
-                    let region = (sweep * subgroups + sg) % t.regions;
-                    let a_base = (region / t.regions_n) * t.region_m * t.a_stride;
-                    let b_base = t.b_tile + (region % t.regions_n) * t.region_n;
-                    let a_frags: Vec<_> =
-                        (0..t.frag_m).map(|i| coop_load(coop, &tile_halves, a_base + i * coop * t.a_stride + kk, t.a_stride)).collect();
-                    for fj in 0..t.frag_n {
-                        let bj = coop_load(coop, &tile_halves, kk * t.b_stride + b_base + fj * coop, t.b_stride);
-                        for (fi, a_frag) in a_frags.iter().enumerate() {
-                            multiply_add(a_frag, &bj, &mut acc[fi * t.frag_n + fj]);
-                        }
-                    }
-                }
-            }
+            multiply_step(t, p, &tile_halves, step, sweep, subgroups, &mut acc);
         }
         acc
     })
 }
 
-/// `matmul_coop_direct.wgsl` after the engine's packing (`gpu_matmul.rs`'s `pack_operands`, the twin
-/// `pack_f16`): A as [M_pad][K_pad] and B as [K_pad][N_pad] halves, padded to whole tiles and blocks, then
-/// every subgroup's cooperative loads straight from them, block by block. An index past the packed
-/// operands panics here (the padding must cover every load).
-fn run_direct(t: &Tile, p: &Params, a: &[f32], b: &[u32], bias: &[f32], c: &mut [f32], subgroups: usize) {
+/// Every subgroup's frag_m x frag_n accumulators, zero.
+fn accumulators(t: &Tile, subgroups: usize) -> Vec<Accumulators> {
+    vec![vec![vec![vec![0.0f32; t.coop]; t.coop]; t.frag_m * t.frag_n]; subgroups]
+}
+
+/// The staged kernels' multiply-adds of one K step from the tiles: the blocks K reaches, each region's
+/// fragments with the tiles' strides.
+fn multiply_step(t: &Tile, p: &Params, tile_halves: &[u16], step: usize, sweep: usize, subgroups: usize, acc: &mut [Accumulators]) {
     let coop = t.coop;
-    let (mp, np, kp) = (p.m.next_multiple_of(t.tile_m), p.n.next_multiple_of(t.tile_n), p.k.next_multiple_of(coop));
+    let k_end = t.tile_k.min((p.k - step * t.tile_k).div_ceil(coop) * coop);
+    for kk in (0..k_end).step_by(coop) {
+        for (sg, acc) in acc.iter_mut().enumerate() {
+            let region = (sweep * subgroups + sg) % t.regions;
+            let a_base = (region / t.regions_n) * t.region_m * t.a_stride;
+            let b_base = t.b_tile + (region % t.regions_n) * t.region_n;
+            let a_frags: Vec<_> =
+                (0..t.frag_m).map(|i| coop_load(coop, tile_halves, a_base + i * coop * t.a_stride + kk, t.a_stride)).collect();
+            for fj in 0..t.frag_n {
+                let bj = coop_load(coop, tile_halves, kk * t.b_stride + b_base + fj * coop, t.b_stride);
+                for (fi, a_frag) in a_frags.iter().enumerate() {
+                    multiply_add(a_frag, &bj, &mut acc[fi * t.frag_n + fj]);
+                }
+            }
+        }
+    }
+}
+
+/// The engine's packing for the packing variants (`gpu_matmul.rs`'s `pack_operands`, the twin
+/// `pack_f16`): A as [M_pad][K_pad] and B as [K_pad][N_pad] halves, padded to whole tiles along M and N
+/// and whole K steps along K; and the Params the kernel then gets (offsets 0, the padded row lengths as
+/// row strides, B as f16).
+fn pack_for(t: &Tile, p: &Params, a: &[f32], b: &[u32]) -> (Vec<u16>, Vec<u16>, Params) {
+    let (mp, np, kp) = (p.m.next_multiple_of(t.tile_m), p.n.next_multiple_of(t.tile_n), p.k.next_multiple_of(t.tile_k));
     let a_op = Operand { offset: p.a_off, row_stride: p.a_row_stride, col_stride: p.a_col_stride };
     let ah = pack_f16(PackSource::F32(a), &a_op, &PackedShape { rows: p.m, cols: p.k, rows_pad: mp, cols_pad: kp });
     let b_halves: Vec<u16> = b.iter().flat_map(|w| [*w as u16, (*w >> 16) as u16]).collect();
@@ -268,23 +278,79 @@ fn run_direct(t: &Tile, p: &Params, a: &[f32], b: &[u32], bias: &[f32], c: &mut 
     };
     let b_op = Operand { offset: p.b_off, row_stride: p.b_row_stride, col_stride: p.b_col_stride };
     let bh = pack_f16(b_source, &b_op, &PackedShape { rows: p.k, cols: p.n, rows_pad: kp, cols_pad: np });
-    let zero = vec![vec![0.0f32; coop]; coop];
-    run_dispatch(t, p, bias, c, subgroups, |row0, col0, sweep| {
-        let mut acc = vec![vec![zero.clone(); t.frag_m * t.frag_n]; subgroups];
+    let packed = Params { a_off: 0, a_row_stride: kp, a_col_stride: 1, b_off: 0, b_row_stride: np, b_col_stride: 1, b_format: 1, ..*p };
+    (ah, bh, packed)
+}
+
+/// `matmul_coop_direct.wgsl`, statement for statement, on the packed operands: whole steps of
+/// `tile_k / coop` blocks (each block's fragments at `k0 + s * COOP`), then the blocks after them one at a
+/// time, every cooperative load straight from the packed A and B with their row strides. An index past
+/// the packed operands panics here (the padding must cover every load).
+fn run_direct(t: &Tile, p: &Params, a: &[f32], b: &[u32], bias: &[f32], c: &mut [f32], subgroups: usize) {
+    let coop = t.coop;
+    let (ah, bh, q) = pack_for(t, p, a, b);
+    let (sa, sb) = (q.a_row_stride, q.b_row_stride);
+    let blocks = q.k.div_ceil(coop);
+    let per_step = t.tile_k / coop;
+    let steps = blocks / per_step;
+    run_dispatch(t, &q, bias, c, subgroups, |row0, col0, sweep| {
+        let mut acc = accumulators(t, subgroups);
         for (sg, acc) in acc.iter_mut().enumerate() {
             let region = (sweep * subgroups + sg) % t.regions;
-            let a_at = (row0 + (region / t.regions_n) * t.region_m) * kp;
-            let b_at = col0 + (region % t.regions_n) * t.region_n;
-            for kb in 0..p.k.div_ceil(coop) {
-                let k0 = kb * coop;
-                let a_frags: Vec<_> = (0..t.frag_m).map(|i| coop_load(coop, &ah, a_at + i * coop * kp + k0, kp)).collect();
-                for fj in 0..t.frag_n {
-                    let bj = coop_load(coop, &bh, b_at + k0 * np + fj * coop, np);
-                    for (fi, a_frag) in a_frags.iter().enumerate() {
-                        multiply_add(a_frag, &bj, &mut acc[fi * t.frag_n + fj]);
+            let a_at = q.a_off + (row0 + (region / t.regions_n) * t.region_m) * sa;
+            let b_at = q.b_off + col0 + (region % t.regions_n) * t.region_n;
+            // One block: its fragments (`a{s}_{i}`, `b{s}_{j}`), then every accumulator's multiply-add.
+            let mut block = |k0: usize, s: usize| {
+                let a_frags: Vec<_> = (0..t.frag_m).map(|i| coop_load(coop, &ah, a_at + i * coop * sa + k0 + s * coop, sa)).collect();
+                let b_frags: Vec<_> = (0..t.frag_n).map(|j| coop_load(coop, &bh, b_at + (k0 + s * coop) * sb + j * coop, sb)).collect();
+                for (fi, a_frag) in a_frags.iter().enumerate() {
+                    for (fj, b_frag) in b_frags.iter().enumerate() {
+                        multiply_add(a_frag, b_frag, &mut acc[fi * t.frag_n + fj]);
                     }
                 }
+            };
+            for step in 0..steps {
+                for s in 0..per_step {
+                    block(step * t.tile_k, s);
+                }
             }
+            for kb in steps * per_step..blocks {
+                block(kb * coop, 0);
+            }
+        }
+        acc
+    })
+}
+
+/// `matmul_coop_wide.wgsl` on the packed operands: each invocation copies whole chunks of 8 halves (16
+/// bytes, 16-byte aligned) into the staged kernel's tiles, then the staged multiply-adds. A chunk past the
+/// packed operands panics here.
+fn run_wide(t: &Tile, p: &Params, a: &[f32], b: &[u32], bias: &[f32], c: &mut [f32], subgroups: usize) {
+    let (ah, bh, q) = pack_for(t, p, a, b);
+    let chunk = |from: &[u16], at: usize| -> [u16; 8] {
+        assert!((at * 2).is_multiple_of(16), "a chunk at half {at}");
+        from[at..at + 8].try_into().unwrap()
+    };
+    run_dispatch(t, &q, bias, c, subgroups, |row0, col0, sweep| {
+        let mut tile_halves = vec![0u16; t.tile_halves];
+        let mut acc = accumulators(t, subgroups);
+        for step in 0..q.k.div_ceil(t.tile_k) {
+            let k0 = step * t.tile_k;
+            for li in 0..t.workgroup {
+                for j in 0..t.tile_m * t.tile_k / 8 / t.workgroup {
+                    let qi = li + j * t.workgroup;
+                    let (r, kk) = (qi / (t.tile_k / 8), (qi % (t.tile_k / 8)) * 8);
+                    let halves = chunk(&ah, q.a_off + (row0 + r) * q.a_row_stride + k0 + kk);
+                    tile_halves[r * t.a_stride + kk..][..8].copy_from_slice(&halves);
+                }
+                for j in 0..t.tile_k * t.tile_n / 8 / t.workgroup {
+                    let qi = li + j * t.workgroup;
+                    let (kk, n) = (qi / (t.tile_n / 8), (qi % (t.tile_n / 8)) * 8);
+                    let halves = chunk(&bh, q.b_off + (k0 + kk) * q.b_row_stride + col0 + n);
+                    tile_halves[t.b_tile + kk * t.b_stride + n..][..8].copy_from_slice(&halves);
+                }
+            }
+            multiply_step(t, &q, &tile_halves, step, sweep, subgroups, &mut acc);
         }
         acc
     })
@@ -301,8 +367,8 @@ fn random(len: usize, seed: u64) -> Vec<f32> {
 #[test]
 fn the_kernels_addressing_computes_the_twins_product() {
     let shapes = [(3, 17, 1), (1, 1, 1), (63, 65, 17), (130, 200, 96), (129, 130, 33), (70, 260, 72)];
-    // Precast variants stage exactly as their plain twins; direct ones run their own loop (`run_direct`).
-    let variants: Vec<CoopTile> = [16, 8].into_iter().flat_map(CoopTile::candidates).filter(|t| !t.precast).collect();
+    // Precast variants stage exactly as their plain twins; direct and wide ones run their own loops.
+    let variants: Vec<CoopTile> = [16, 8].into_iter().flat_map(CoopTile::candidates).filter(|t| t.loads != Loads::Precast).collect();
     let mut seed = 0;
     for (m, n, k) in shapes {
         let rm = MatmulShape::row_major(m, n, k);
@@ -374,7 +440,11 @@ fn the_kernels_addressing_computes_the_twins_product() {
                     let t = Tile::of(variant);
                     let subgroups = [t.regions, 2.max(t.regions / 4), 2 * t.regions][(v + seed as usize) % 3];
                     let mut got = c0.clone();
-                    let run = if variant.direct { run_direct } else { run_kernel };
+                    let run = match variant.loads {
+                        Loads::Direct => run_direct,
+                        Loads::Wide => run_wide,
+                        Loads::Elements | Loads::Precast => run_kernel,
+                    };
                     run(&t, &p, &a, &b_words, &bias, &mut got, subgroups);
                     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                         assert!(

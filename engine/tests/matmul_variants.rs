@@ -118,6 +118,7 @@ fn the_table_picks_the_variant_per_shape_class() {
         default: MatmulTile::DEFAULT,
         entries: BTreeMap::from([(class, small)]),
         coop_entries: coop.map(|t| (class, t)).into_iter().collect(),
+        coop_default: None,
     });
     if let Some(coop) = coop {
         assert_eq!(gpu.coop_variant_for(&shape, false), Some(coop));

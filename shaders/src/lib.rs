@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex};
 
 pub use attention_template::{AttentionPass, AttentionTile};
-pub use matmul_coop_template::{COOP_PROBE_SUBGROUPS, CoopTile, coop_probe_count_at, coop_probe_kernel};
+pub use matmul_coop_template::{COOP_PROBE_SUBGROUPS, CoopTile, Loads, coop_probe_count_at, coop_probe_kernel};
 pub use matmul_template::MatmulTile;
 
 /// `template` with each hole (a name in double braces) replaced by its value in `holes`; `file` names the
@@ -207,7 +207,7 @@ mod tests {
                 .map(|(_, v)| (v.name.clone().unwrap_or_default(), layouter[v.ty].size))
                 .collect();
             // The staged variants' tiles and slots; a direct variant's slots alone.
-            assert_eq!(sizes.len(), if tile.direct { 1 } else { 2 }, "{tile}: {sizes:?}");
+            assert_eq!(sizes.len(), if tile.loads == Loads::Direct { 1 } else { 2 }, "{tile}: {sizes:?}");
             for (name, bytes) in &sizes {
                 assert!(bytes % 16 == 0, "{tile}: workgroup variable {name} is {bytes} bytes, not a multiple of 16");
             }
@@ -262,6 +262,7 @@ mod tests {
                 "matmul",
                 "matmul_coop",
                 "matmul_coop_direct",
+                "matmul_coop_wide",
                 "coop_probe",
                 "attention_forward",
                 "attention_backward",

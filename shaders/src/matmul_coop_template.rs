@@ -23,6 +23,14 @@ const TEMPLATE: &str = concat!(
     include_str!("../wgsl/matmul_coop.wgsl")
 );
 
+/// The wide-staging template (operands packed by `pack_f16.wgsl`, staged 16 bytes per load).
+const WIDE_TEMPLATE: &str = concat!(
+    include_str!("../wgsl/common/enable_f16_coop.wgsl"),
+    include_str!("../wgsl/common/matmul_params.wgsl"),
+    include_str!("../wgsl/common/matmul_coop_epilogue.wgsl"),
+    include_str!("../wgsl/matmul_coop_wide.wgsl")
+);
+
 /// The direct template (operands packed by `pack_f16.wgsl`, loaded straight from storage memory).
 const DIRECT_TEMPLATE: &str = concat!(
     include_str!("../wgsl/common/enable_f16_coop.wgsl"),
@@ -48,15 +56,44 @@ pub struct CoopTile {
     pub frag_n: u32,
     /// Invocations per workgroup.
     pub workgroup: u32,
-    /// A (and an f32 B) arrive already rounded to f16 in a scratch buffer (the engine casts each
-    /// operand's span once, with the same rounding), so the kernel reads halves instead of rounding every
-    /// element on every workgroup that loads it. The same bits as without.
-    pub precast: bool,
-    /// The direct kernel (`wgsl/matmul_coop_direct.wgsl`): the engine packs A and B rounded to f16 and
-    /// padded to whole tiles (`pack_f16.wgsl`), and the kernel loads its cooperative matrices straight from
-    /// them, `tile_k / coop` blocks at a time, with no workgroup tiles. Excludes `precast` (it packs its
-    /// own operands). The same bits as the staged variants.
-    pub direct: bool,
+    /// How A and B reach the cooperative loads. Every way gives the same bits.
+    pub loads: Loads,
+}
+
+/// How a variant's A and B reach its cooperative loads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Loads {
+    /// Staged through the workgroup tiles element by element, each rounded to f16 as it is loaded
+    /// (`wgsl/matmul_coop.wgsl`).
+    Elements,
+    /// As `Elements`, from A (and an f32 B) already rounded to f16 in a scratch buffer (the engine casts
+    /// each operand's span once, with the same rounding), so the kernel reads halves instead of rounding
+    /// every element on every workgroup that loads it (`/pc`).
+    Precast,
+    /// Straight from A and B packed by the engine (`pack_f16.wgsl`: rounded to f16, padded to whole
+    /// tiles), `tile_k / coop` blocks at a time, with no workgroup tiles
+    /// (`wgsl/matmul_coop_direct.wgsl`, `/dg`).
+    Direct,
+    /// Staged through the workgroup tiles from A and B packed as for `Direct`, 8 halves (16 bytes) per
+    /// load and no bounds checks (`wgsl/matmul_coop_wide.wgsl`, `/ws`).
+    Wide,
+}
+
+impl Loads {
+    /// The name's suffix.
+    const fn suffix(self) -> &'static str {
+        match self {
+            Loads::Elements => "",
+            Loads::Precast => "/pc",
+            Loads::Direct => "/dg",
+            Loads::Wide => "/ws",
+        }
+    }
+
+    /// Whether the engine packs A and B for it (`pack_f16.wgsl`).
+    pub const fn packs_operands(self) -> bool {
+        matches!(self, Loads::Direct | Loads::Wide)
+    }
 }
 
 /// A region of C per subgroup and a workgroup shape, independent of the cooperative size: (tile_m, tile_n,
@@ -88,6 +125,9 @@ const PRECAST_SHAPES: [usize; 4] = [0, 1, 2, 4];
 /// multiply-adds; their workgroup memory only the epilogue's slots).
 const DIRECT_SHAPES: [usize; 5] = [0, 1, 2, 3, 4];
 
+/// Which of [`SHAPES`] are also tried with wide staging.
+const WIDE_SHAPES: [usize; 3] = [0, 1, 2];
+
 impl CoopTile {
     /// The variant the device runs for a cooperative size until it is tuned: the kernel as it was before
     /// variants (a 128 x 128 tile, a 32 x 64 region per subgroup, 256 invocations, K step 32).
@@ -96,30 +136,22 @@ impl CoopTile {
     }
 
     const fn from_shape(coop: u32, (tile_m, tile_n, tile_k, region_m, region_n, workgroup): Shape) -> CoopTile {
-        CoopTile {
-            coop,
-            tile_m,
-            tile_n,
-            tile_k,
-            frag_m: region_m / coop,
-            frag_n: region_n / coop,
-            workgroup,
-            precast: false,
-            direct: false,
-        }
+        CoopTile { coop, tile_m, tile_n, tile_k, frag_m: region_m / coop, frag_n: region_n / coop, workgroup, loads: Loads::Elements }
     }
 
     /// The variants `zerostream tune` tries for a cooperative size, the default first: the shapes whose
     /// regions make at most 32 accumulators of that size.
     pub fn candidates(coop: u32) -> Vec<CoopTile> {
         let plain = SHAPES.iter().map(|s| Self::from_shape(coop, *s));
-        let precast = PRECAST_SHAPES.iter().map(|&i| CoopTile { precast: true, ..Self::from_shape(coop, SHAPES[i]) });
-        let direct = DIRECT_SHAPES.iter().map(|&i| CoopTile { direct: true, ..Self::from_shape(coop, SHAPES[i]) });
-        plain.chain(precast).chain(direct).filter(|t| t.check().is_ok()).collect()
+        let with = |loads, shapes: &'static [usize]| shapes.iter().map(move |&i| CoopTile { loads, ..Self::from_shape(coop, SHAPES[i]) });
+        let precast = with(Loads::Precast, &PRECAST_SHAPES);
+        let packed = with(Loads::Direct, &DIRECT_SHAPES).chain(with(Loads::Wide, &WIDE_SHAPES));
+        plain.chain(precast).chain(packed).filter(|t| t.check().is_ok()).collect()
     }
 
     /// A stable name: `c16/128x128x32/2x4/256` (cooperative size / workgroup tile x K step / accumulators
-    /// per subgroup / invocations), and `/pc` after it for precast operands, `/dg` for the direct kernel.
+    /// per subgroup / invocations), and after it `/pc` for precast operands, `/dg` for the direct kernel,
+    /// `/ws` for wide staging ([`Loads`]).
     pub fn name(&self) -> String {
         format!(
             "c{}/{}x{}x{}/{}x{}/{}{}",
@@ -130,24 +162,19 @@ impl CoopTile {
             self.frag_m,
             self.frag_n,
             self.workgroup,
-            if self.precast {
-                "/pc"
-            } else if self.direct {
-                "/dg"
-            } else {
-                ""
-            }
+            self.loads.suffix()
         )
     }
 
     /// Parses [`Self::name`]'s form and checks the variant.
     pub fn parse(name: &str) -> Result<CoopTile, String> {
-        let bad = || format!("cooperative matmul variant {name:?}: expected the form c16/128x128x32/2x4/256[/pc|/dg]");
+        let bad = || format!("cooperative matmul variant {name:?}: expected the form c16/128x128x32/2x4/256[/pc|/dg|/ws]");
         let parts: Vec<&str> = name.split('/').collect();
-        let (precast, direct, parts) = match parts[..] {
-            [ref head @ .., "pc"] => (true, false, head),
-            [ref head @ .., "dg"] => (false, true, head),
-            ref all => (false, false, all),
+        let (loads, parts) = match parts[..] {
+            [ref head @ .., "pc"] => (Loads::Precast, head),
+            [ref head @ .., "dg"] => (Loads::Direct, head),
+            [ref head @ .., "ws"] => (Loads::Wide, head),
+            ref all => (Loads::Elements, all),
         };
         let [coop, tile, frags, workgroup] = parts[..] else { return Err(bad()) };
         let num = |s: &str| s.parse::<u32>().map_err(|_| bad());
@@ -155,7 +182,7 @@ impl CoopTile {
         let coop = num(coop.strip_prefix('c').ok_or_else(bad)?)?;
         let (tile, frags, workgroup) = (nums(tile)?, nums(frags)?, num(workgroup)?);
         let (&[tile_m, tile_n, tile_k], &[frag_m, frag_n]) = (&tile[..], &frags[..]) else { return Err(bad()) };
-        let t = CoopTile { coop, tile_m, tile_n, tile_k, frag_m, frag_n, workgroup, precast, direct };
+        let t = CoopTile { coop, tile_m, tile_n, tile_k, frag_m, frag_n, workgroup, loads };
         t.check().map_err(|e| format!("cooperative matmul variant {name:?}: {e}"))?;
         Ok(t)
     }
@@ -197,7 +224,7 @@ impl CoopTile {
 
     /// Workgroup memory the variant declares (a direct variant: the epilogue's slots only).
     pub const fn workgroup_bytes(&self) -> u32 {
-        if self.direct { self.c_stage() * 4 } else { self.tile_halves() * 2 + self.c_stage() * 4 }
+        if matches!(self.loads, Loads::Direct) { self.c_stage() * 4 } else { self.tile_halves() * 2 + self.c_stage() * 4 }
     }
 
     /// Elements of A's tile each invocation stages per K step.
@@ -245,8 +272,12 @@ impl CoopTile {
         if t.tile_halves() > 1 << 16 {
             return Err(format!("the tiles hold {} halves, more than a 16-bit place can address", t.tile_halves()));
         }
-        if t.direct && t.precast {
-            return Err("a direct variant packs its own operands: not also precast".to_string());
+        if t.loads == Loads::Wide {
+            for (operand, elements) in [("A", t.tile_m * t.tile_k), ("B", t.tile_k * t.tile_n)] {
+                if !elements.is_multiple_of(8 * t.workgroup) {
+                    return Err(format!("{operand}'s tile has {elements} halves per K step, not 8 per load for each of {}", t.workgroup));
+                }
+            }
         }
         Ok(())
     }
@@ -255,10 +286,11 @@ impl CoopTile {
     /// [`Self::check`] (callers check first; the candidates all pass, tested).
     pub fn source(&self) -> String {
         self.check().unwrap_or_else(|e| panic!("cooperative matmul variant {}: {e}", self.name()));
-        if self.direct {
-            return crate::fill_holes(DIRECT_TEMPLATE, "matmul_coop_direct.wgsl", &self.direct_holes());
+        match self.loads {
+            Loads::Elements | Loads::Precast => crate::fill_holes(TEMPLATE, "matmul_coop.wgsl", &self.holes()),
+            Loads::Direct => crate::fill_holes(DIRECT_TEMPLATE, "matmul_coop_direct.wgsl", &self.direct_holes()),
+            Loads::Wide => crate::fill_holes(WIDE_TEMPLATE, "matmul_coop_wide.wgsl", &self.wide_holes()),
         }
-        crate::fill_holes(TEMPLATE, "matmul_coop.wgsl", &self.holes())
     }
 
     /// This variant as a [`Kernel`] (its source rendered once per process and kept: the engine's pipeline
@@ -331,6 +363,26 @@ impl CoopTile {
         holes
     }
 
+    /// The wide template's holes: the staged template's tile geometry and multiply-adds, with each
+    /// invocation's loads as whole 16-byte chunks of the packed operands.
+    fn wide_holes(&self) -> HashMap<&'static str, String> {
+        let t = self;
+        let mut holes = self.holes();
+        let (mut first, mut next, mut store) = (String::new(), String::new(), String::new());
+        for (operand, chunks) in [("a", t.tile_m * t.tile_k / 8 / t.workgroup), ("b", t.tile_k * t.tile_n / 8 / t.workgroup)] {
+            for j in 0..chunks {
+                let q = if j == 0 { "li".to_string() } else { format!("li + {}u", j * t.workgroup) };
+                let _ = writeln!(first, "        var chunk_{operand}{j} = load_{operand}8(row0, col0, 0u, {q});");
+                let _ = writeln!(next, "                chunk_{operand}{j} = load_{operand}8(row0, col0, (t + 1u) * TILE_K, {q});");
+                let _ = writeln!(store, "            store_{operand}8({q}, chunk_{operand}{j});");
+            }
+        }
+        holes.insert("LOAD_FIRST", strip(first));
+        holes.insert("LOAD_NEXT", strip(next));
+        holes.insert("STORE", strip(store));
+        holes
+    }
+
     fn holes(&self) -> HashMap<&'static str, String> {
         let t = self;
         let coop_type = |elem: &str, role: &str| t.coop_type(elem, role);
@@ -375,7 +427,7 @@ impl CoopTile {
             ("B_STRIDE", t.b_stride().to_string()),
             ("B_TILE", (t.tile_m * t.a_stride()).to_string()),
             ("TILE_HALVES", t.tile_halves().to_string()),
-            ("A_PRECAST", t.precast.to_string()),
+            ("A_PRECAST", (t.loads == Loads::Precast).to_string()),
             ("LOAD_FIRST", strip(first)),
             ("STORE", strip(store)),
             ("LOAD_NEXT", strip(next)),
@@ -439,13 +491,16 @@ mod tests {
             }
             assert_eq!(candidates[0], CoopTile::default_for(coop));
         }
-        assert_eq!(CoopTile::candidates(16).len(), 16);
-        assert_eq!(CoopTile::candidates(16).iter().filter(|t| t.precast).count(), 4);
-        assert_eq!(CoopTile::candidates(16).iter().filter(|t| t.direct).count(), 5);
-        assert_eq!(CoopTile::parse("c16/128x128x32/2x4/256/pc").unwrap(), CoopTile { precast: true, ..CoopTile::default_for(16) });
-        assert_eq!(CoopTile::parse("c16/128x128x32/2x4/256/dg").unwrap(), CoopTile { direct: true, ..CoopTile::default_for(16) });
-        // A direct variant holds only the epilogue's slots in workgroup memory.
-        assert_eq!(CoopTile { direct: true, ..CoopTile::default_for(16) }.workgroup_bytes(), 9 * 256 * 4 + 16);
+        let count = |loads| CoopTile::candidates(16).iter().filter(|t| t.loads == loads).count();
+        assert_eq!(CoopTile::candidates(16).len(), 19);
+        assert_eq!((count(Loads::Precast), count(Loads::Direct), count(Loads::Wide)), (4, 5, 3));
+        let with = |loads| CoopTile { loads, ..CoopTile::default_for(16) };
+        assert_eq!(CoopTile::parse("c16/128x128x32/2x4/256/pc").unwrap(), with(Loads::Precast));
+        assert_eq!(CoopTile::parse("c16/128x128x32/2x4/256/dg").unwrap(), with(Loads::Direct));
+        assert_eq!(CoopTile::parse("c16/128x128x32/2x4/256/ws").unwrap(), with(Loads::Wide));
+        // A direct variant holds only the epilogue's slots in workgroup memory, a wide one the staged tiles.
+        assert_eq!(with(Loads::Direct).workgroup_bytes(), 9 * 256 * 4 + 16);
+        assert_eq!(with(Loads::Wide).workgroup_bytes(), CoopTile::default_for(16).workgroup_bytes());
         // The kernel as it was before variants, byte for byte in workgroup memory.
         assert_eq!(CoopTile::default_for(16).name(), "c16/128x128x32/2x4/256");
         assert_eq!(CoopTile::default_for(16).workgroup_bytes(), 128 * 40 * 2 + 32 * 136 * 2 + 9 * 256 * 4 + 16);
@@ -484,13 +539,19 @@ mod tests {
         assert_eq!(src.matches("store_half(staged_").count(), 32);
         assert!(src.contains("var staged_a15 = ") && !src.contains("staged_a16"));
         assert!(src.contains("@workgroup_size(256, 1, 1)"));
-        let direct = CoopTile { direct: true, ..CoopTile::default_for(16) }.source();
+        let direct = CoopTile { loads: Loads::Direct, ..CoopTile::default_for(16) }.source();
         assert!(!direct.contains("{{"), "a hole left unfilled");
         assert!(!direct.contains("var<workgroup> tile_halves") && !direct.contains("fn f16_bits"), "the direct kernel stages nothing");
         // Per step of 32: two blocks of 2 + 4 fragments, then 2 x 8 multiply-adds; per tail block one of each.
         assert_eq!(direct.matches("coopLoadT<coop_mat16x16<f16, A>>").count(), 2 * 2 + 2);
         assert_eq!(direct.matches("coopLoadT<coop_mat16x16<f16, B>>").count(), 2 * 4 + 4);
         assert_eq!(direct.matches("= coopMultiplyAdd(").count(), 16 + 8);
+        // Wide staging: 2 + 2 chunks of 8 halves per invocation and step, the staged multiply-adds.
+        let wide = CoopTile { loads: Loads::Wide, ..CoopTile::default_for(16) }.source();
+        assert!(!wide.contains("{{"), "a hole left unfilled");
+        assert_eq!(wide.matches("var chunk_").count(), 4);
+        assert_eq!(wide.matches("store_a8(").count() + wide.matches("store_b8(").count(), 4 + 2);
+        assert_eq!(wide.matches("= coopMultiplyAdd(").count(), 8);
         let eight = CoopTile::default_for(8).source();
         assert_eq!(eight.matches("= coopMultiplyAdd(").count(), 32);
         assert!(eight.contains("coop_mat8x8<f16, A>"));

@@ -446,26 +446,10 @@ pub fn save_table(
         coop_entries.into_values().collect(),
     );
     file.save(&path)?;
-    let mut table = MatmulTable {
-        source: TableSource::Tuned { path: path.clone(), created: file.created.clone() },
-        default: MatmulTile::parse(&file.default).map_err(anyhow::Error::msg)?,
-        entries: BTreeMap::new(),
-        coop_entries: BTreeMap::new(),
-        coop_default: crate::device::matmul_tuning::builtin_coop_default(dev.summary()),
-    };
-    for e in &file.entries {
-        if let (Some(class), Ok(tile)) = (MatmulClass::parse(&e.class), MatmulTile::parse(&e.variant)) {
-            table.entries.insert(class, tile);
-        }
-    }
-    for e in &file.coop {
-        if let (Some(class), Ok(tile)) = (MatmulClass::parse(&e.class), CoopTile::parse(&e.variant)) {
-            table.coop_entries.insert(class, tile);
-        }
-    }
-    dev.set_matmul_table(table);
     let source = TableSource::Tuned { path: path.clone(), created: file.created.clone() };
-    dev.set_attention_table(AttentionTable { source, entries: crate::device::attention_tuning::entries(&file)? });
+    let attention = AttentionTable { source, entries: crate::device::attention_tuning::entries(&file)? };
+    dev.set_matmul_table(MatmulTable::from_file(file, &path, dev.summary())?);
+    dev.set_attention_table(attention);
     Ok(path)
 }
 

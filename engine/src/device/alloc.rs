@@ -11,8 +11,9 @@ use anyhow::{Result, bail};
 pub const GPU_COLUMN_PARTIALS_BYTES: u64 = 1 << 20;
 
 /// The gpu device's scratch for a product's operands rounded to f16 (`--matmul-inputs f16` with a precast
-/// cooperative-matrix variant, `gpu_matmul.rs`): 32 Mi halves, A and B of GPT-2 XL's or Llama-3.2-1B's
-/// largest products at 1024 tokens (a piece that needs more runs without precast: the same bits).
+/// or packing cooperative-matrix variant, `gpu_matmul.rs`): 32 Mi halves, A and B of GPT-2 XL's or
+/// Llama-3.2-1B's largest products at 1024 tokens and 4 sequences, padded to whole tiles (a piece that
+/// needs more runs staged from A and B as they are: the same bits).
 pub const GPU_COOP_SCRATCH_BYTES: u64 = 64 << 20;
 
 /// Bytes of each buffer of the gpu device's upload ring (`gpu_staging.rs`): a chunk of a write.
@@ -20,10 +21,11 @@ pub const GPU_UPLOAD_CHUNK_BYTES: u64 = 8 << 20;
 /// Buffers the upload ring may grow to (512 MiB) while writes outrun the device's copies.
 pub const GPU_UPLOAD_RING_MAX_LEN: usize = 64;
 /// The most bytes of finished reads' staging buffers the gpu device keeps for reuse (`gpu_memory.rs`), or
-/// two buffers of a read's size where that is more ([`AllocCosts::spare_readback_bytes`]): a backward has
-/// two blocks' reads in turn, and a buffer made afresh for each costs more than the copy itself (Llama-3.2-1B's
-/// 232 MiB blocks spent 1.4 s a step waiting on new read-back buffers on an H200,
-/// benches/results/2026-11-27-h200-gpu.md).
+/// two buffers of a read's size where that is more ([`AllocCosts::spare_readback_bytes`]): room for a
+/// block's buffer beside the other sizes' (vocabulary chunks, the head), since a buffer made afresh for
+/// each read costs more than the copy itself (Llama-3.2-1B's 232 MiB blocks spent 1.4 s a step waiting
+/// on new read-back buffers on an H200, benches/results/2026-11-27-h200-gpu.md). The planner counts these
+/// beside the reads in flight, an upper bound: a read takes its buffer from the spares.
 pub const GPU_SPARE_READBACK_BYTES: u64 = 256 << 20;
 
 /// What a device charges its budget for each kind of allocation. The devices charge with these and the
@@ -38,7 +40,7 @@ pub struct AllocCosts {
     /// column-sum partials, made by the first backward).
     pub fixed_bytes: u64,
     /// Bytes the device may hold for `--matmul-inputs f16` runs besides (the gpu device's f16 operand
-    /// scratch, made by the first precast product).
+    /// scratch, made by the first precast or packed product).
     pub f16_inputs_bytes: u64,
     /// The device's memory is host RAM (the cpu device): what it holds counts against the machine's RAM.
     pub memory_is_ram: bool,

@@ -53,6 +53,16 @@ impl GpuTensor {
     fn elems_per_word(&self) -> usize {
         if self.format.is_some() { 2 } else { 1 }
     }
+
+    /// How the kernels that take any format name this one in their Params (`b_format`, `x_format`):
+    /// 0 f32, 1 f16, 2 bf16.
+    fn format_code(&self) -> u32 {
+        match self.format {
+            None => 0,
+            Some(HalfFormat::F16) => 1,
+            Some(HalfFormat::Bf16) => 2,
+        }
+    }
     fn words(&self) -> usize {
         self.len.div_ceil(self.elems_per_word())
     }

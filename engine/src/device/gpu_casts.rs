@@ -62,11 +62,6 @@ impl GpuDevice {
     fn dispatch_pack_f16(&self, out: Window, out_word_offset: u32, x: &GpuTensor, op: &Operand, shape: &PackedShape) {
         assert!(shape.cols_pad.is_multiple_of(2), "pack_f16: an odd padded row ({shape:?})");
         let xw = self.packed_window(x, op.span(0..shape.rows, 0..shape.cols));
-        let format = match x.format {
-            None => 0,
-            Some(HalfFormat::F16) => 1,
-            Some(HalfFormat::Bf16) => 2,
-        };
         let params = [
             shape.rows as u32,
             shape.cols as u32,
@@ -75,7 +70,7 @@ impl GpuDevice {
             xw.elem_offset,
             op.row_stride as u32,
             op.col_stride as u32,
-            format,
+            x.format_code(),
             out_word_offset,
             0,
             0,

@@ -8,11 +8,13 @@
 //! unless one variant is forced for every product ([`GpuDevice::force_matmul_variant`]: the tuner and
 //! the tests). Every variant gives the same bits.
 //!
-//! Under `--matmul-inputs f16` the same pieces go to `matmul_coop.wgsl` (f16 inputs on cooperative
-//! matrices, f32 sums; same Params and bindings 0-4), a template too (`shaders/src/matmul_coop_template.rs`,
-//! [`CoopTile`]) at the adapter's cooperative size: only on an adapter that [`coop_unavailable`] accepts.
-//! Its variants of one size give the same bits as each other. The fp32 kernel is the default and the
-//! fallback everywhere.
+//! Under `--matmul-inputs f16` the same pieces go to the cooperative-matrix matmul (f16 inputs on
+//! cooperative matrices, f32 sums; same Params and bindings 0-4), templates too
+//! (`shaders/src/matmul_coop_template.rs`, [`CoopTile`]) at the adapter's cooperative size, only on an
+//! adapter that [`coop_unavailable`] accepts: `matmul_coop.wgsl` staged from A and B as they are (or
+//! precast), `matmul_coop_direct.wgsl` and `matmul_coop_wide.wgsl` from A and B packed here first
+//! (`pack_f16.wgsl`, [`Loads`]). Its variants of one size give the same bits as each other. The fp32
+//! kernel is the default and the fallback everywhere.
 //!
 //! [`Backend::matmul`]: crate::device::Backend::matmul
 
@@ -26,7 +28,7 @@ use crate::device::matmul_tuning::{MatmulClass, MatmulTable};
 use crate::device::{HalfFormat, MatmulInputs, MatmulShape};
 use crate::ops::matmul::Operand;
 use crate::ops::matmul_f16::PackedShape;
-use zerostream_shaders::{CoopTile, MatmulTile};
+use zerostream_shaders::{CoopTile, Loads, MatmulTile};
 
 /// Workgroup memory the default fp32 variant declares, which every adapter must have (the smallest
 /// maximum Vulkan, Metal and DX12 allow).
@@ -40,8 +42,9 @@ pub const MATMUL_PATH: &str = "matmul.wgsl: fp32 FMA, the variant (tile per work
 /// The opt-in f16-input matmul (`--matmul-inputs f16`), on adapters [`coop_unavailable`] accepts.
 pub const MATMUL_COOP_PATH: &str = "matmul_coop.wgsl: A, B rounded to f16 (nearest even), cooperative matrices \
      f16 x f16 -> f32 at the adapter's size (16x16x16, else 8x8x8), the variant (c<size> / tile per workgroup x K step / \
-     accumulators per subgroup / invocations) per shape class from the device's tuning table, else the size's default \
-     (c16/128x128x32/2x4/256); f16 workgroup tiles";
+     accumulators per subgroup / invocations / how A and B are loaded) per shape class from the device's tuning table, \
+     else the vendor's built-in default (on NVIDIA c16/128x128x32/4x4/128/dg: A and B packed as f16, loaded straight \
+     from storage), else the size's first (c16/128x128x32/2x4/256: f16 workgroup tiles)";
 
 /// Why `matmul_coop.wgsl` cannot run on this adapter, or None when it can: it needs f16 shaders,
 /// subgroups (for the subgroup id), wgpu's cooperative-matrix feature with a 16x16x16 or 8x8x8 f16 -> f32
@@ -120,7 +123,7 @@ impl GpuDevice {
         CoopTile::candidates(size).into_iter().filter(|t| fits_adapter(&self.summary, t.workgroup_bytes(), t.workgroup)).collect()
     }
 
-    /// Runs every cooperative-matrix product with `tile` (None: the default of the adapter's size again).
+    /// Runs every cooperative-matrix product with `tile` (None: the table's choice per shape class again).
     pub fn force_coop_variant(&self, tile: Option<CoopTile>) -> Result<()> {
         if let Some(t) = tile
             && !self.coop_variants().contains(&t)
@@ -132,7 +135,7 @@ impl GpuDevice {
     }
 
     /// The cooperative-matrix variant a product of this shape runs now (forced, else the table's choice
-    /// for its class, else the default of the adapter's size); None without cooperative matrices.
+    /// for its class, else the table's default at the adapter's size); None without cooperative matrices.
     pub fn coop_variant_for(&self, shape: &MatmulShape, b_16bit: bool) -> Option<CoopTile> {
         if let Some(forced) = self.coop_forced.get() {
             return Some(forced);
@@ -196,8 +199,8 @@ impl GpuDevice {
         self.coop_size
     }
 
-    /// The scratch of a precast product's f16 operands (`CoopTile::precast`), made at the first call; None
-    /// where the budget cannot hold it.
+    /// The scratch of a product's f16 operands, precast or packed ([`Loads`]), made at the first call;
+    /// None where the budget cannot hold it.
     fn coop_scratch(&self) -> Option<&GpuTensor> {
         self.coop_scratch
             .get_or_init(|| {
@@ -234,9 +237,9 @@ impl GpuDevice {
         Some((sa, sb))
     }
 
-    /// Packs a direct variant's operands for one piece into the scratch (`pack_f16.wgsl`): A as
-    /// [M_pad][K_pad] and B as [K_pad][N_pad] halves, zero-padded to whole workgroup tiles along M and N and
-    /// whole cooperative blocks along K. Returns their windows (each starting a binding, so at half 0) and
+    /// Packs a packing variant's operands (`Loads::packs_operands`) for one piece into the scratch
+    /// (`pack_f16.wgsl`): A as [M_pad][K_pad] and B as [K_pad][N_pad] halves, zero-padded to whole workgroup
+    /// tiles along M and N and whole K steps along K. Returns their windows (each starting a binding, so at half 0) and
     /// the padded row lengths K_pad and N_pad; None where the scratch or one binding cannot hold them.
     fn pack_operands<'s>(
         &'s self,
@@ -248,8 +251,9 @@ impl GpuDevice {
     ) -> Option<(Window<'s>, Window<'s>, usize, usize)> {
         let scratch = self.coop_scratch()?;
         let (m, n, k) = (rows.len(), cols.len(), ks.len());
+        // K to whole K steps (a multiple of the cooperative size): the wide kernel loads whole steps.
         let (mp, np, kp) =
-            (m.next_multiple_of(tile.tile_m as usize), n.next_multiple_of(tile.tile_n as usize), k.next_multiple_of(tile.coop as usize));
+            (m.next_multiple_of(tile.tile_m as usize), n.next_multiple_of(tile.tile_n as usize), k.next_multiple_of(tile.tile_k as usize));
         // B starts a binding of its own, 16-byte aligned as every cooperative load's address must be.
         let b_start = (mp * kp).next_multiple_of(2 * self.align_elems.max(8));
         if b_start + kp * np > scratch.len || !self.fits(&(0..mp * kp)) || !self.fits(&(0..kp * np)) {
@@ -330,11 +334,7 @@ impl GpuDevice {
             wb.elem_offset,
             s.b.row_stride as u32,
             s.b.col_stride as u32,
-            match b.format {
-                None => 0,
-                Some(HalfFormat::F16) => 1,
-                Some(HalfFormat::Bf16) => 2,
-            },
+            b.format_code(),
             wc.elem_offset,
             s.c.row_stride as u32,
             bias_window.as_ref().map_or(0, |w| w.elem_offset),
@@ -349,43 +349,10 @@ impl GpuDevice {
         // The piece's own shape class (a split product's pieces may fall in smaller classes).
         let piece = MatmulShape { m: rows.len(), n: cols.len(), k: ks.len(), ..*s };
         if self.matmul_inputs.get() == MatmulInputs::F16 {
-            // The same Params; no vec4 views (it rounds each element on the way in). F16 inputs are set only
-            // where the adapter has cooperative matrices.
+            // F16 inputs are set only where the adapter has cooperative matrices.
             let tile = self.coop_variant_for(&piece, b.format.is_some()).expect("--matmul-inputs f16 without cooperative matrices");
-            let grid = [n.div_ceil(tile.tile_n), m.div_ceil(tile.tile_m), 1];
-            if tile.direct
-                && let Some((pa, pb, kp, np)) = self.pack_operands(a, b, s, (&rows, &cols, &ks), &tile)
-            {
-                let mut params = params;
-                (params[4], params[5], params[6]) = (pa.elem_offset, kp as u32, 1); // A: [M_pad][K_pad]
-                (params[8], params[9], params[10], params[11]) = (pb.elem_offset, np as u32, 1, 1); // B: [K_pad][N_pad]
-                let bindings = [(1, pa.binding), (2, pb.binding), (3, bias_binding), (4, wc.binding)];
-                self.dispatch(tile.kernel(), "main", &params, &bindings, grid);
-                return;
-            }
-            let (a_span, b_span) = (s.a.span(rows.clone(), ks.clone()), s.b.span(ks.clone(), cols.clone()));
-            let scratch = if tile.precast { self.precast_operands(a, b, a_span, b_span) } else { None };
-            let Some((sa, sb)) = scratch else {
-                // Staged, without precast (asked for, or the scratch cannot hold this piece): the same bits,
-                // in the variant's own shape where the adapter holds its tiles, else the default's.
-                let staged = CoopTile { precast: false, direct: false, ..tile };
-                let fits = fits_adapter(&self.summary, staged.workgroup_bytes(), staged.workgroup);
-                let tile = if fits { staged } else { CoopTile::default_for(tile.coop) };
-                let grid = [n.div_ceil(tile.tile_n), m.div_ceil(tile.tile_m), 1];
-                let bindings = [(1, wa.binding), (2, wb.binding), (3, bias_binding), (4, wc.binding)];
-                self.dispatch(tile.kernel(), "main", &params, &bindings, grid);
-                return;
-            };
-            let mut params = params;
-            params[4] = sa.elem_offset; // A's halves
-            let b_binding = match sb {
-                Some(sb) => {
-                    (params[8], params[11]) = (sb.elem_offset, 1); // B's halves, as an f16 B
-                    sb.binding
-                }
-                None => wb.binding, // a 16-bit B, read as stored
-            };
-            self.dispatch(tile.kernel(), "main", &params, &[(1, sa.binding), (2, b_binding), (3, bias_binding), (4, wc.binding)], grid);
+            let pieces = CoopPiece { s, rows, cols, ks, params, windows: (wa, wb, wc), bias: bias_binding };
+            self.dispatch_coop_piece(a, b, tile, pieces);
             return;
         }
         let tile = self.matmul_variant_for(&piece, b.format.is_some());
@@ -397,4 +364,55 @@ impl GpuDevice {
             [n.div_ceil(tile.tile_n), m.div_ceil(tile.tile_m), 1],
         );
     }
+
+    /// The cooperative-matrix matmul of one piece with variant `tile` (the same Params as the fp32
+    /// kernel's, no vec4 views): packed operands for the packing variants, precast ones for the precast
+    /// variants, else (or where the scratch cannot hold the piece) staged from A and B as they are, in the
+    /// variant's own shape where the adapter holds its tiles, else the default's. The same bits every way.
+    fn dispatch_coop_piece(&self, a: &GpuTensor, b: &GpuTensor, tile: CoopTile, piece: CoopPiece) {
+        let CoopPiece { s, rows, cols, ks, params, windows: (wa, wb, wc), bias } = piece;
+        let grid_of = |t: &CoopTile| [(cols.len() as u32).div_ceil(t.tile_n), (rows.len() as u32).div_ceil(t.tile_m), 1];
+        if tile.loads.packs_operands()
+            && let Some((pa, pb, kp, np)) = self.pack_operands(a, b, s, (&rows, &cols, &ks), &tile)
+        {
+            let mut params = params;
+            (params[4], params[5], params[6]) = (pa.elem_offset, kp as u32, 1); // A: [M_pad][K_pad]
+            (params[8], params[9], params[10], params[11]) = (pb.elem_offset, np as u32, 1, 1); // B: [K_pad][N_pad]
+            let bindings = [(1, pa.binding), (2, pb.binding), (3, bias), (4, wc.binding)];
+            self.dispatch(tile.kernel(), "main", &params, &bindings, grid_of(&tile));
+            return;
+        }
+        let (a_span, b_span) = (s.a.span(rows.clone(), ks.clone()), s.b.span(ks.clone(), cols.clone()));
+        let scratch = if tile.loads == Loads::Precast { self.precast_operands(a, b, a_span, b_span) } else { None };
+        let Some((sa, sb)) = scratch else {
+            let staged = CoopTile { loads: Loads::Elements, ..tile };
+            let fits = fits_adapter(&self.summary, staged.workgroup_bytes(), staged.workgroup);
+            let tile = if fits { staged } else { CoopTile::default_for(tile.coop) };
+            let bindings = [(1, wa.binding), (2, wb.binding), (3, bias), (4, wc.binding)];
+            self.dispatch(tile.kernel(), "main", &params, &bindings, grid_of(&tile));
+            return;
+        };
+        let mut params = params;
+        params[4] = sa.elem_offset; // A's halves
+        let b_binding = match sb {
+            Some(sb) => {
+                (params[8], params[11]) = (sb.elem_offset, 1); // B's halves, as an f16 B
+                sb.binding
+            }
+            None => wb.binding, // a 16-bit B, read as stored
+        };
+        self.dispatch(tile.kernel(), "main", &params, &[(1, sa.binding), (2, b_binding), (3, bias), (4, wc.binding)], grid_of(&tile));
+    }
+}
+
+/// One piece of a product for [`GpuDevice::dispatch_coop_piece`]: its shape and ranges, the fp32
+/// kernel's Params, the windows of A, B and C, and the binding in the bias's place.
+struct CoopPiece<'s, 'w> {
+    s: &'s MatmulShape,
+    rows: Range<usize>,
+    cols: Range<usize>,
+    ks: Range<usize>,
+    params: [u32; 16],
+    windows: (Window<'w>, Window<'w>, Window<'w>),
+    bias: wgpu::BufferBinding<'w>,
 }

@@ -186,6 +186,12 @@ impl MatmulTable {
     fn read(path: &Path, adapter: &AdapterSummary) -> Result<Self> {
         let text = std::fs::read_to_string(path)?;
         let file: TableFile = serde_json::from_str(&text).context("not a zerostream tuning table")?;
+        Self::from_file(file, path, adapter)
+    }
+
+    /// The table `file` (read from, or written to, `path`) holds, if it was tuned for `adapter`, with
+    /// the vendor's cooperative-matrix default for the classes it does not name.
+    pub(crate) fn from_file(file: TableFile, path: &Path, adapter: &AdapterSummary) -> Result<Self> {
         let key = TableKey::of(adapter);
         if file.key != key {
             bail!("it was tuned for {:?}, not {:?}", file.key, key);
@@ -349,7 +355,9 @@ pub(crate) fn builtin_coop_default(adapter: &AdapterSummary) -> Option<CoopTile>
     match adapter.vendor {
         // `zerostream tune` on an H200 (benches/results/2026-11-27-h200-coop-direct.md): this direct variant
         // won 22 of GPT-2's 25 cooperative-matrix classes, 2-3x faster than the staged default there.
-        0x10de => Some(CoopTile { direct: true, frag_m: 4, frag_n: 4, workgroup: 128, ..CoopTile::default_for(16) }),
+        0x10de => {
+            Some(CoopTile { loads: zerostream_shaders::Loads::Direct, frag_m: 4, frag_n: 4, workgroup: 128, ..CoopTile::default_for(16) })
+        }
         _ => None,
     }
 }

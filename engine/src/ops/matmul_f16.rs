@@ -89,7 +89,7 @@ mod tests {
     /// around them; the three sources agree where their values do.
     #[test]
     fn pack_places_rounds_and_pads() {
-        let x: Vec<f32> = (0..20).map(|i| i as f32 + 1.0 / 4096.0).collect(); // 1/4096 rounds away (ties to even above 2)
+        let x: Vec<f32> = (0..20).map(|i| i as f32 + 1.0 / 4096.0).collect(); // 1/4096 rounds away above 1 (under half an ulp)
         let op = Operand { offset: 2, row_stride: 1, col_stride: 3 }; // (r, c) at 2 + r + 3c: a transpose
         let shape = PackedShape { rows: 3, cols: 4, rows_pad: 4, cols_pad: 8 };
         let packed = pack_f16(PackSource::F32(&x), &op, &shape);

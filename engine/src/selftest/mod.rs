@@ -31,6 +31,7 @@ pub use compare::{Check, CheckResult, Mismatch, Tolerance, random, random_tokens
 pub use matmul::{check_matmul, check_matmul_f16_inputs};
 
 use crate::device::{AdapterSummary, AnyDevice, Backend, CpuDevice, GpuDevice, HalfFormat, gpu};
+use zerostream_shaders::CoopTile;
 
 /// How much to check: `Full`, the command's default; `Quick`, the largest shapes left out (`--quick`,
 /// and the second pass with 64 KiB bindings).
@@ -263,10 +264,10 @@ pub fn run(dev: &AnyDevice, size: Size, progress: &mut dyn FnMut(Event)) -> Repo
             if g.has_coop_matmul() {
                 entries.push(entry("matmul_coop", move |d| check_matmul_f16_inputs(d, "matmul_coop", size)));
             }
-            // Every other cooperative-matrix variant, quick shapes (the check above ran the table's choices,
-            // the untuned classes' default among them).
-            let coop_default = g.coop_size().map(|size| g.matmul_table().coop_default_for(size));
-            for variant in g.coop_variants().into_iter().filter(|v| Some(*v) != coop_default) {
+            // Every cooperative-matrix variant bit for bit against the kernel as it was before variants (the
+            // check above ran it, or the table's choices, against the twin), quick shapes: the vendor's
+            // default included.
+            for variant in g.coop_variants().into_iter().filter(|v| *v != CoopTile::default_for(v.coop)) {
                 entries.push(entry(format!("matmul_coop {variant}"), move |d| gpu_only::check_coop_variant(d, variant, Size::Quick)));
             }
             let mut results = run_entries(g, entries, "", progress);

@@ -335,7 +335,10 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
     let largest_block = group_lens[1..].iter().max().copied().unwrap_or(0);
     let vocab_chunk = model.vocab_chunks(tc.vocab_chunk_rows).rows_per_chunk * model.width();
     let read_backs = costs.tensor_bytes(2 * largest_block).max(costs.tensor_bytes(vocab_chunk));
-    let largest_read = costs.tensor_bytes(largest_block.max(vocab_chunk));
+    // The largest read-back: a block's gradient, a vocabulary chunk's, or a micro-batch's embedding rows
+    // (read back where the embedding stays on the host).
+    let embed_rows = tc.batch * tc.seq_len * model.width();
+    let largest_read = costs.tensor_bytes(largest_block.max(vocab_chunk).max(embed_rows));
     let spare_read_backs = costs.spare_readback_bytes(largest_read);
     Ok(Placement {
         optimizer_tier: tc.offload_optimizer,
