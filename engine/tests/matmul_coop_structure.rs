@@ -1,15 +1,15 @@
 //! The cooperative-matrix matmul's addressing run on the CPU, statement for statement, for every
 //! candidate variant of both cooperative sizes (the template's constants computed as
 //! `matmul_coop_template.rs` fills them): `matmul_coop.wgsl`'s per-invocation staging of A and B into the
-//! f16 tiles (`load_a`, `load_b`, both operand orientations, every B format), `matmul_coop_wide.wgsl`'s
-//! 16-byte chunks of the packed operands and `matmul_coop_direct.wgsl`'s loads straight from them (after
-//! the engine's packing, `pack_f16`); the workgroup grid, the subgroups' regions and passes (several
-//! passes, one, and copies parked in the dump slot), the K blocks each step multiplies, the cooperative
-//! loads (row-major, 16-byte aligned, in bounds), the staging slots of the epilogue and `write_c` — with
-//! only the cooperative multiply-add itself replaced by plain f32 sums. Compared with the twin
-//! (`matmul_f16_inputs`), it checks every index of every variant on any machine, the 16x16 ones included,
-//! which only NVIDIA's adapters run; `tests/kernels_coop.rs` checks the kernels themselves where an
-//! adapter has cooperative matrices. Keep it in step with the WGSL.
+//! f16 tiles (`load_a`, `load_b`, both operand orientations, every B format), the wide variants' 16-byte
+//! chunks of the packed operands (`common/matmul_coop_chunks.wgsl`) and `matmul_coop_direct.wgsl`'s loads
+//! straight from them (after the engine's packing, `pack_f16`); the workgroup grid, the subgroups'
+//! regions and passes (several passes, one, and copies parked in the dump slot), the K blocks each step
+//! multiplies, the cooperative loads (row-major, 16-byte aligned, in bounds), the staging slots of the
+//! epilogue and `write_c` — with only the cooperative multiply-add itself replaced by plain f32 sums.
+//! Compared with the twin (`matmul_f16_inputs`), it checks every index of every variant on any machine,
+//! the 16x16 ones included, which only NVIDIA's adapters run; `tests/kernels_coop.rs` checks the kernels
+//! themselves where an adapter has cooperative matrices. Keep it in step with the WGSL.
 
 use rand::{Rng, SeedableRng};
 use zerostream::device::{MatmulShape, Operand};
@@ -322,7 +322,7 @@ fn run_direct(t: &Tile, p: &Params, a: &[f32], b: &[u32], bias: &[f32], c: &mut 
     })
 }
 
-/// `matmul_coop_wide.wgsl` on the packed operands: each invocation copies whole chunks of 8 halves (16
+/// `matmul_coop.wgsl` with chunk loads (`common/matmul_coop_chunks.wgsl`) on the packed operands: each invocation copies whole chunks of 8 halves (16
 /// bytes, 16-byte aligned) into the staged kernel's tiles, then the staged multiply-adds. A chunk past the
 /// packed operands panics here.
 fn run_wide(t: &Tile, p: &Params, a: &[f32], b: &[u32], bias: &[f32], c: &mut [f32], subgroups: usize) {

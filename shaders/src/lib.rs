@@ -262,7 +262,6 @@ mod tests {
                 "matmul",
                 "matmul_coop",
                 "matmul_coop_direct",
-                "matmul_coop_wide",
                 "coop_probe",
                 "attention_forward",
                 "attention_backward",

@@ -20,15 +20,18 @@ const TEMPLATE: &str = concat!(
     include_str!("../wgsl/common/matmul_io.wgsl"),
     include_str!("../wgsl/common/f16_bits.wgsl"),
     include_str!("../wgsl/common/matmul_coop_epilogue.wgsl"),
+    include_str!("../wgsl/common/matmul_coop_elements.wgsl"),
     include_str!("../wgsl/matmul_coop.wgsl")
 );
 
-/// The wide-staging template (operands packed by `pack_f16.wgsl`, staged 16 bytes per load).
+/// The staged template again with chunk loads (operands packed by `pack_f16.wgsl`, staged 16 bytes per
+/// load) in place of the element loads.
 const WIDE_TEMPLATE: &str = concat!(
     include_str!("../wgsl/common/enable_f16_coop.wgsl"),
     include_str!("../wgsl/common/matmul_params.wgsl"),
     include_str!("../wgsl/common/matmul_coop_epilogue.wgsl"),
-    include_str!("../wgsl/matmul_coop_wide.wgsl")
+    include_str!("../wgsl/common/matmul_coop_chunks.wgsl"),
+    include_str!("../wgsl/matmul_coop.wgsl")
 );
 
 /// The direct template (operands packed by `pack_f16.wgsl`, loaded straight from storage memory).
@@ -64,7 +67,7 @@ pub struct CoopTile {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Loads {
     /// Staged through the workgroup tiles element by element, each rounded to f16 as it is loaded
-    /// (`wgsl/matmul_coop.wgsl`).
+    /// (`wgsl/matmul_coop.wgsl` with `common/matmul_coop_elements.wgsl`).
     Elements,
     /// As `Elements`, from A (and an f32 B) already rounded to f16 in a scratch buffer (the engine casts
     /// each operand's span once, with the same rounding), so the kernel reads halves instead of rounding
@@ -75,7 +78,7 @@ pub enum Loads {
     /// (`wgsl/matmul_coop_direct.wgsl`, `/dg`).
     Direct,
     /// Staged through the workgroup tiles from A and B packed as for `Direct`, 8 halves (16 bytes) per
-    /// load and no bounds checks (`wgsl/matmul_coop_wide.wgsl`, `/ws`).
+    /// load and no bounds checks (`wgsl/matmul_coop.wgsl` with `common/matmul_coop_chunks.wgsl`, `/ws`).
     Wide,
 }
 
@@ -289,7 +292,7 @@ impl CoopTile {
         match self.loads {
             Loads::Elements | Loads::Precast => crate::fill_holes(TEMPLATE, "matmul_coop.wgsl", &self.holes()),
             Loads::Direct => crate::fill_holes(DIRECT_TEMPLATE, "matmul_coop_direct.wgsl", &self.direct_holes()),
-            Loads::Wide => crate::fill_holes(WIDE_TEMPLATE, "matmul_coop_wide.wgsl", &self.wide_holes()),
+            Loads::Wide => crate::fill_holes(WIDE_TEMPLATE, "matmul_coop.wgsl", &self.wide_holes()),
         }
     }
 

@@ -54,10 +54,16 @@
 // f16_bits from common/f16_bits.wgsl (the rounding cast_f32_to_f16.wgsl also uses, so the kernel tests
 // check it on any adapter); matmul_coop_template.rs prepends them (and the files named below).
 
-// Params and binding 0 come from common/matmul_params.wgsl (every matmul kernel's), bindings 1-4 from
-// common/matmul_io.wgsl (shared with matmul.wgsl); flags bits 2 and 3 (matmul.wgsl's vec4 views) are not
-// read here. write_c and flush_tile, the epilogue, come from common/matmul_coop_epilogue.wgsl (shared with
-// matmul_coop_direct.wgsl).
+// Params and binding 0 come from common/matmul_params.wgsl (every matmul kernel's). write_c and
+// flush_tile, the epilogue, come from common/matmul_coop_epilogue.wgsl (shared with
+// matmul_coop_direct.wgsl). Bindings 1-4 and the staged loads (the functions the LOAD_FIRST, LOAD_NEXT and
+// STORE holes call) come from one of two files, by the variant's `Loads`:
+// - common/matmul_coop_elements.wgsl (Elements, Precast): bindings 1-4 of common/matmul_io.wgsl (shared
+//   with matmul.wgsl; flags bits 2 and 3, its vec4 views, are not read here), and each element loaded,
+//   bounds-checked and rounded alone, as the Design below says;
+// - common/matmul_coop_chunks.wgsl (Wide): A and B packed by the engine (pack_f16.wgsl: rounded to f16,
+//   zero-padded to whole tiles and K steps), read as 16-byte chunks of 8 halves with no bounds check into
+//   the same tiles. The tiles then hold the same halves, so the variants give the same bits.
 
 // The variant: {{NAME}}.
 const COOP: u32 = {{COOP}}u;
@@ -87,73 +93,6 @@ const COUNT_SLOT: u32 = {{COUNT_SLOT}}u; // (REGIONS + 1) * SLOT
 var<workgroup> tile_halves: array<f16, {{TILE_HALVES}}>;
 var<workgroup> c_stage: array<f32, {{C_STAGE}}>; // COUNT_SLOT + 4
 
-// Whether A is read along M (a transposed operand: unit row stride) rather than along K.
-fn a_along_m() -> bool {
-    return p.a_row_stride == 1u && p.a_col_stride != 1u;
-}
-
-// Whether B is read along K (a transposed operand: unit row stride) rather than along N.
-fn b_along_k() -> bool {
-    return p.b_row_stride == 1u && p.b_col_stride != 1u;
-}
-
-// Whether A arrives as f16 halves packed two per word (the engine rounded it already), not as f32.
-const A_PRECAST: bool = {{A_PRECAST}};
-
-// A (r, k) as f16 bits, or 0 outside the matrix.
-fn a_half(r: u32, k: u32) -> u32 {
-    if (r >= p.m || k >= p.k) { return 0u; }
-    let i = p.a_off + r * p.a_row_stride + k * p.a_col_stride;
-    if (A_PRECAST) { return (bitcast<u32>(a[i >> 1u]) >> ((i & 1u) * 16u)) & 0xffffu; }
-    return f16_bits(a[i]);
-}
-
-// B (k, n) as f16 bits (an f16 B as stored, f32 and bf16 rounded), or 0 outside the matrix.
-fn b_half(k: u32, n: u32) -> u32 {
-    if (k >= p.k || n >= p.n) { return 0u; }
-    let i = p.b_off + k * p.b_row_stride + n * p.b_col_stride;
-    if (p.b_format == 0u) { return f16_bits(bitcast<f32>(b[i])); }
-    let bits = (b[i >> 1u] >> ((i & 1u) * 16u)) & 0xffffu;
-    if (p.b_format == 1u) { return bits; }
-    return f16_bits(bitcast<f32>(bits << 16u));
-}
-
-// Element `idx` (0..TILE_M * TILE_K) of A's tile at (row0, k0): its place in the tile (low half) and its
-// f16 bits (high half).
-fn load_a(row0: u32, k0: u32, idx: u32) -> u32 {
-    var r: u32;
-    var kk: u32;
-    if (a_along_m()) {
-        kk = idx / TILE_M;
-        r = idx % TILE_M;
-    } else {
-        r = idx / TILE_K;
-        kk = idx % TILE_K;
-    }
-    return (r * A_STRIDE + kk) | (a_half(row0 + r, k0 + kk) << 16u);
-}
-
-// Element `idx` (0..TILE_K * TILE_N) of B's tile at (k0, col0), as `load_a`.
-fn load_b(k0: u32, col0: u32, idx: u32) -> u32 {
-    var kk: u32;
-    var n: u32;
-    if (b_along_k()) {
-        n = idx / TILE_K;
-        kk = idx % TILE_K;
-    } else {
-        kk = idx / TILE_N;
-        n = idx % TILE_N;
-    }
-    return (B_TILE + kk * B_STRIDE + n) | (b_half(k0 + kk, col0 + n) << 16u);
-}
-
-// Stores a staged element (place, f16 bits) into the tiles. The f16 bits are widened exactly by
-// unpack2x16float and narrowed back exactly (every value is an f16): naga has no bitcast from u32 to
-// vec2<f16>.
-fn store_half(staged: u32) {
-    tile_halves[staged & 0xffffu] = f16(unpack2x16float(staged).y);
-}
-
 @compute @workgroup_size({{WORKGROUP}}, 1, 1)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -163,9 +102,7 @@ fn main(
 ) {
     let row0 = wg.y * TILE_M;
     let col0 = wg.x * TILE_N;
-    if (li == 0u) { c_stage[COUNT_SLOT] = f32(sg_count); }
-    // The count through workgroup memory: a value the validator knows is uniform, for the pass loop.
-    let count = u32(workgroupUniformLoad(&c_stage[COUNT_SLOT]));
+    let count = uniform_subgroup_count(li, sg_count);
     let passes = (REGIONS + count - 1u) / count;
     let tiles = (p.k + TILE_K - 1u) / TILE_K;
 

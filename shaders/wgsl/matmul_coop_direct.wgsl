@@ -52,9 +52,7 @@ fn main(
 ) {
     let row0 = wg.y * TILE_M;
     let col0 = wg.x * TILE_N;
-    if (li == 0u) { c_stage[COUNT_SLOT] = f32(sg_count); }
-    // The count through workgroup memory: a value the validator knows is uniform, for the pass loop.
-    let count = u32(workgroupUniformLoad(&c_stage[COUNT_SLOT]));
+    let count = uniform_subgroup_count(li, sg_count);
     let passes = (REGIONS + count - 1u) / count;
     let blocks = (p.k + COOP - 1u) / COOP; // the COOP-deep blocks K reaches
     let steps = blocks / (TILE_K / COOP); // whole steps; the blocks after them go one at a time

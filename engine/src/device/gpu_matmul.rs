@@ -12,7 +12,7 @@
 //! cooperative matrices, f32 sums; same Params and bindings 0-4), templates too
 //! (`shaders/src/matmul_coop_template.rs`, [`CoopTile`]) at the adapter's cooperative size, only on an
 //! adapter that [`coop_unavailable`] accepts: `matmul_coop.wgsl` staged from A and B as they are (or
-//! precast), `matmul_coop_direct.wgsl` and `matmul_coop_wide.wgsl` from A and B packed here first
+//! precast), `matmul_coop_direct.wgsl` and the wide `matmul_coop.wgsl` from A and B packed here first
 //! (`pack_f16.wgsl`, [`Loads`]). Its variants of one size give the same bits as each other. The fp32
 //! kernel is the default and the fallback everywhere.
 //!

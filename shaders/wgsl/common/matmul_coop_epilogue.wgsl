@@ -1,8 +1,15 @@
 // The epilogue of both cooperative-matrix matmuls (matmul_coop.wgsl, matmul_coop_direct.wgsl): the
 // accumulators leave one COOP x COOP tile at a time through a workgroup staging slot (coopStore), after
-// which the whole workgroup writes C = initial + product with bounds checks. Needs, from the kernel: p, c,
-// bias, c_stage and the constants COOP, SLOT, REGIONS_N, REGION_M, REGION_N; {{COOP}} and {{WORKGROUP}}
-// are the template's holes.
+// which the whole workgroup writes C = initial + product with bounds checks; and the subgroup count both
+// read first. Needs, from the kernel: p, c, bias, c_stage and the constants COOP, SLOT, COUNT_SLOT,
+// REGIONS_N, REGION_M, REGION_N; {{COOP}} and {{WORKGROUP}} are the template's holes.
+
+// The workgroup's subgroup count through workgroup memory: a value the validator knows is uniform, for
+// the pass loop. Every invocation calls it, in uniform control flow.
+fn uniform_subgroup_count(li: u32, sg_count: u32) -> u32 {
+    if (li == 0u) { c_stage[COUNT_SLOT] = f32(sg_count); }
+    return u32(workgroupUniformLoad(&c_stage[COUNT_SLOT]));
+}
 
 // Writes C at (row, col) = initial value + product, inside the matrix only.
 fn write_c(row: u32, col: u32, product: f32) {
