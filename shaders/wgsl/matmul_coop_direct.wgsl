@@ -5,7 +5,7 @@
 // a time, with bounds checks and index arithmetic per element: on an H200 that made it reach 20 TFLOP/s
 // where its multiply-adds alone reach 574 (benches/results/2026-11-27-h200-gpu.md). Here the engine has
 // packed A as [M_pad][K_pad] and B as [K_pad][N_pad] halves, row-major, zero-padded to whole workgroup
-// tiles along M and N and whole COOP blocks along K (Params: a_row_stride = K_pad, b_row_stride = N_pad,
+// tiles along M and N and whole K steps along K (Params: a_row_stride = K_pad, b_row_stride = N_pad,
 // a_off and b_off in halves, multiples of 8). So every cooperative load of a region is in bounds and
 // 16-byte aligned, the loop has no branch, no barrier and no workgroup memory, and the caches serve the
 // reuse between the subgroups of a workgroup. The epilogue is the staged kernel's

@@ -238,9 +238,10 @@ impl GpuDevice {
     }
 
     /// Packs a packing variant's operands (`Loads::packs_operands`) for one piece into the scratch
-    /// (`pack_f16.wgsl`): A as [M_pad][K_pad] and B as [K_pad][N_pad] halves, zero-padded to whole workgroup
-    /// tiles along M and N and whole K steps along K. Returns their windows (each starting a binding, so at half 0) and
-    /// the padded row lengths K_pad and N_pad; None where the scratch or one binding cannot hold them.
+    /// (`pack_f16.wgsl`): A as [M_pad][K_pad] and B as [K_pad][N_pad] halves, zero-padded to whole
+    /// workgroup tiles along M and N and whole K steps along K. Returns their windows (each starting a
+    /// binding, so at half 0) and the padded row lengths K_pad and N_pad; None where the scratch or one
+    /// binding cannot hold them.
     fn pack_operands<'s>(
         &'s self,
         a: &GpuTensor,
