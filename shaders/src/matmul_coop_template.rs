@@ -230,16 +230,6 @@ impl CoopTile {
         if matches!(self.loads, Loads::Direct) { self.c_stage() * 4 } else { self.tile_halves() * 2 + self.c_stage() * 4 }
     }
 
-    /// Elements of A's tile each invocation stages per K step.
-    const fn loads_a(&self) -> u32 {
-        self.tile_m * self.tile_k / self.workgroup
-    }
-
-    /// Elements of B's tile each invocation stages per K step.
-    const fn loads_b(&self) -> u32 {
-        self.tile_k * self.tile_n / self.workgroup
-    }
-
     /// Whether the template can be filled for this variant: the regions tile the workgroup tile, the K
     /// step is whole cooperative blocks, the staging divides into invocations, and every place in the tiles
     /// fits the 16 bits the staged loads keep it in.
@@ -292,7 +282,7 @@ impl CoopTile {
         match self.loads {
             Loads::Elements | Loads::Precast => crate::fill_holes(TEMPLATE, "matmul_coop.wgsl", &self.holes()),
             Loads::Direct => crate::fill_holes(DIRECT_TEMPLATE, "matmul_coop_direct.wgsl", &self.direct_holes()),
-            Loads::Wide => crate::fill_holes(WIDE_TEMPLATE, "matmul_coop.wgsl", &self.wide_holes()),
+            Loads::Wide => crate::fill_holes(WIDE_TEMPLATE, "matmul_coop.wgsl", &self.holes()),
         }
     }
 
@@ -366,26 +356,6 @@ impl CoopTile {
         holes
     }
 
-    /// The wide template's holes: the staged template's tile geometry and multiply-adds, with each
-    /// invocation's loads as whole 16-byte chunks of the packed operands.
-    fn wide_holes(&self) -> HashMap<&'static str, String> {
-        let t = self;
-        let mut holes = self.holes();
-        let (mut first, mut next, mut store) = (String::new(), String::new(), String::new());
-        for (operand, chunks) in [("a", t.tile_m * t.tile_k / 8 / t.workgroup), ("b", t.tile_k * t.tile_n / 8 / t.workgroup)] {
-            for j in 0..chunks {
-                let q = if j == 0 { "li".to_string() } else { format!("li + {}u", j * t.workgroup) };
-                let _ = writeln!(first, "        var chunk_{operand}{j} = load_{operand}8(row0, col0, 0u, {q});");
-                let _ = writeln!(next, "                chunk_{operand}{j} = load_{operand}8(row0, col0, (t + 1u) * TILE_K, {q});");
-                let _ = writeln!(store, "            store_{operand}8({q}, chunk_{operand}{j});");
-            }
-        }
-        holes.insert("LOAD_FIRST", strip(first));
-        holes.insert("LOAD_NEXT", strip(next));
-        holes.insert("STORE", strip(store));
-        holes
-    }
-
     fn holes(&self) -> HashMap<&'static str, String> {
         let t = self;
         let coop_type = |elem: &str, role: &str| t.coop_type(elem, role);
@@ -413,15 +383,21 @@ impl CoopTile {
                 let _ = writeln!(multiply, "                acc{i}_{j} = coopMultiplyAdd(a{i}, b{j}, acc{i}_{j});");
             }
         }
-        // The staged loads: element li + j * WORKGROUP of each operand's tile, into named registers.
+        // The staged loads into named registers: load j of an invocation is element (wide: 16-byte chunk)
+        // li + j * WORKGROUP of each operand's tile; {R} is the register, {K} the step's k, {Q} the index.
+        let (a_load, b_load, register, store_call, per_load) = match t.loads {
+            Loads::Wide => ("load_a8(row0, col0, {K}, {Q})", "load_b8(row0, col0, {K}, {Q})", "chunk", "store_{O}8({Q}, {R})", 8),
+            _ => ("load_a(row0, {K}, {Q})", "load_b({K}, col0, {Q})", "staged", "store_half({R})", 1),
+        };
         let (mut first, mut next, mut store) = (String::new(), String::new(), String::new());
-        for (operand, loads, call) in [("a", t.loads_a(), "load_a(row0, {K}, {Q})"), ("b", t.loads_b(), "load_b({K}, col0, {Q})")] {
-            for j in 0..loads {
+        for (operand, elements, call) in [("a", t.tile_m * t.tile_k, a_load), ("b", t.tile_k * t.tile_n, b_load)] {
+            for j in 0..elements / per_load / t.workgroup {
                 let q = if j == 0 { "li".to_string() } else { format!("li + {}u", j * t.workgroup) };
-                let call = |k: &str| call.replace("{K}", k).replace("{Q}", &q);
-                let _ = writeln!(first, "        var staged_{operand}{j} = {};", call("0u"));
-                let _ = writeln!(next, "                staged_{operand}{j} = {};", call("(t + 1u) * TILE_K"));
-                let _ = writeln!(store, "            store_half(staged_{operand}{j});");
+                let r = format!("{register}_{operand}{j}");
+                let fill = |text: &str, k: &str| text.replace("{K}", k).replace("{Q}", &q).replace("{R}", &r).replace("{O}", operand);
+                let _ = writeln!(first, "        var {r} = {};", fill(call, "0u"));
+                let _ = writeln!(next, "                {r} = {};", fill(call, "(t + 1u) * TILE_K"));
+                let _ = writeln!(store, "            {};", fill(store_call, ""));
             }
         }
         let mut holes = self.common_holes();
