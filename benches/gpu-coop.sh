@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # benches/gpu-coop.sh: the cooperative-matrix matmul on a lent GPU, in four to six minutes (every part
-# has a time limit, 330 s together at most), for a session with only a few minutes of device time left
+# has a time limit, 345 s together at most), for a session with only a few minutes of device time left
 # after benches/gpu.sh:
 #   - `selftest --quick`: every kernel and cooperative-matrix variant against its twin on this adapter;
 #   - `tune --models gpt2`: each cooperative-matrix class with every variant's time (the rows of
 #     tune.out whose kind is coop_class; one line each in summary.txt);
-#   - `bench kernels --models gpt2 --only matmul`: the f16-coop rows with the tuned variants, beside fp32;
+#   - `bench kernels --only matmul` (GPT-2 124M and 1.5B): the f16-coop rows with the tuned variants (1.5B's
+#     classes by the nearest tuned one), beside fp32;
 #   - GPT-2 124M with `--matmul-inputs f16` (B=4, T=1024, random tokens), where the adapter allows it;
 #   - Llama-3.2-1B fp32 with every block resident (its download seconds a step).
 # Everything lands in ./gpu-coop-out and, packed for the device tool (which brings back at most 8 files),
@@ -32,7 +33,7 @@ part() { # name limit command...
 timeout 30 "$ZS" devices >"$out/devices.txt" 2>&1
 part selftest 75 "$ZS" selftest --device gpu --quick --json
 part tune $((TUNE_SECONDS + 15)) "$ZS" tune --json --models gpt2 --max-seconds "$TUNE_SECONDS"
-part kernels 45 "$ZS" bench kernels --models gpt2 --only matmul --json
+part kernels 60 "$ZS" bench kernels --only matmul --json
 # Random GPT-2 tokens (train needs --data with --config), as benches/gpu.sh makes them.
 tokens=${TMPDIR:-/tmp}/zs-coop-tokens.bin
 python3 -c "import random, array, sys; random.seed(1337); array.array('H', (random.randrange(50257) for _ in range(1 << 20))).tofile(open(sys.argv[1], 'wb'))" "$tokens"

@@ -128,8 +128,10 @@ const PRECAST_SHAPES: [usize; 4] = [0, 1, 2, 4];
 /// multiply-adds; their workgroup memory only the epilogue's slots).
 const DIRECT_SHAPES: [usize; 5] = [0, 1, 2, 3, 4];
 
-/// Which of [`SHAPES`] are also tried with wide staging.
-const WIDE_SHAPES: [usize; 3] = [0, 1, 2];
+/// Which of [`SHAPES`] are also tried with wide staging: all of them (on an H200 the wide variants beat
+/// every other kind in 28 of 32 classes, benches/results/2026-11-27-h200-gpu-wide.md; the small tiles are
+/// for the skinny products, whose 128 x 128 tiles leave most SMs idle).
+const WIDE_SHAPES: [usize; 7] = [0, 1, 2, 3, 4, 5, 6];
 
 impl CoopTile {
     /// The variant the device runs for a cooperative size until it is tuned: the kernel as it was before

@@ -43,8 +43,8 @@ pub const MATMUL_PATH: &str = "matmul.wgsl: fp32 FMA, the variant (tile per work
 pub const MATMUL_COOP_PATH: &str = "matmul_coop.wgsl: A, B rounded to f16 (nearest even), cooperative matrices \
      f16 x f16 -> f32 at the adapter's size (16x16x16, else 8x8x8), the variant (c<size> / tile per workgroup x K step / \
      accumulators per subgroup / invocations / how A and B are loaded) per shape class from the device's tuning table, \
-     else the vendor's built-in default (on NVIDIA c16/128x128x32/4x4/128/dg: A and B packed as f16, loaded straight \
-     from storage), else the size's first (c16/128x128x32/2x4/256: f16 workgroup tiles)";
+     else the vendor's built-in default (on NVIDIA c16/128x128x32/4x4/128/ws: A and B packed as f16, staged in 16-byte \
+     loads), else the size's first (c16/128x128x32/2x4/256: f16 workgroup tiles)";
 
 /// Why `matmul_coop.wgsl` cannot run on this adapter, or None when it can: it needs f16 shaders,
 /// subgroups (for the subgroup id), wgpu's cooperative-matrix feature with a 16x16x16 or 8x8x8 f16 -> f32
@@ -252,11 +252,7 @@ impl GpuDevice {
     ) -> Option<(Window<'s>, Window<'s>, usize, usize)> {
         let scratch = self.coop_scratch()?;
         let (m, n, k) = (rows.len(), cols.len(), ks.len());
-        // K to whole K steps (a multiple of the cooperative size): the wide kernel loads whole steps.
-        let (mp, np, kp) =
-            (m.next_multiple_of(tile.tile_m as usize), n.next_multiple_of(tile.tile_n as usize), k.next_multiple_of(tile.tile_k as usize));
-        // B starts a binding of its own, 16-byte aligned as every cooperative load's address must be.
-        let b_start = (mp * kp).next_multiple_of(2 * self.align_elems.max(8));
+        let PackedLayout { mp, np, kp, b_start } = packed_layout(tile, self.align_elems, m, n, k);
         if b_start + kp * np > scratch.len || !self.fits(&(0..mp * kp)) || !self.fits(&(0..kp * np)) {
             return None;
         }
@@ -265,6 +261,18 @@ impl GpuDevice {
         let b_op = Operand { offset: s.b.at(ks.start, cols.start), ..s.b };
         self.pack_f16_into(scratch, b_start, b, &b_op, &PackedShape { rows: k, cols: n, rows_pad: kp, cols_pad: np });
         Some((self.packed_window(scratch, 0..mp * kp), self.packed_window(scratch, b_start..b_start + kp * np), kp, np))
+    }
+
+    /// Under `--matmul-inputs f16`, where the piece's variant packs its operands ([`Loads`]) and they would
+    /// not fit the scratch (64 MiB; the vocabulary's products and GPT-2 1.5B's MLP do not), where to cut
+    /// it ([`split_to_fit_scratch`]); else None.
+    fn packing_split(&self, s: &MatmulShape, b_half: bool, rows: &Range<usize>, cols: &Range<usize>, k: usize) -> Option<Split> {
+        if self.matmul_inputs.get() != MatmulInputs::F16 {
+            return None;
+        }
+        let tile = self.coop_variant_for(&MatmulShape { m: rows.len(), n: cols.len(), k, ..*s }, b_half)?;
+        let scratch_halves = (GPU_COOP_SCRATCH_BYTES / 2) as usize;
+        tile.loads.packs_operands().then(|| split_to_fit_scratch(&tile, self.align_elems, rows, cols, k, scratch_halves)).flatten()
     }
 
     /// `window` again as whole vec4 (its size rounded down to 16 bytes), and whether the kernel may read
@@ -279,7 +287,8 @@ impl GpuDevice {
         }
     }
 
-    /// Splits a product until every operand's window fits one binding, then dispatches each piece.
+    /// Splits a product until every operand's window fits one binding (and, under `--matmul-inputs f16`
+    /// with a packing variant, until its packed operands fit the scratch), then dispatches each piece.
     /// Halving K is exact: the second half starts from what the first stored, and the kernel's sum for an
     /// element is one FMA chain in increasing k from its initial value, so the bits do not change.
     #[allow(clippy::too_many_arguments)]
@@ -297,24 +306,37 @@ impl GpuDevice {
         add_bias: bool,
     ) {
         let (wa, wb, wc) = (s.a.span(rows.clone(), ks.clone()), s.b.span(ks.clone(), cols.clone()), s.c.span(rows.clone(), cols.clone()));
-        if !(self.fits(&wa) && self.fits(&wb) && self.fits(&wc)) {
+        let split = if !(self.fits(&wa) && self.fits(&wb) && self.fits(&wc)) {
             // Halve the longest range; halving K turns the second half into an accumulation.
             let (lr, lc, lk) = (rows.len(), cols.len(), ks.len());
-            if lk >= lr && lk >= lc && lk > 1 {
-                let mid = ks.start + lk / 2;
-                self.matmul_piece(c, a, b, bias, s, rows.clone(), cols.clone(), ks.start..mid, accumulate, add_bias);
-                self.matmul_piece(c, a, b, bias, s, rows, cols, mid..ks.end, true, false);
+            Some(if lk >= lr && lk >= lc && lk > 1 {
+                Split::K(ks.start + lk / 2)
             } else if lr >= lc && lr > 1 {
-                let mid = rows.start + lr / 2;
-                self.matmul_piece(c, a, b, bias, s, rows.start..mid, cols.clone(), ks.clone(), accumulate, add_bias);
-                self.matmul_piece(c, a, b, bias, s, mid..rows.end, cols, ks, accumulate, add_bias);
+                Split::Rows(rows.start + lr / 2)
             } else {
                 assert!(lc > 1, "matmul: a single element's operands exceed one binding");
-                let mid = cols.start + lc / 2;
+                Split::Cols(cols.start + lc / 2)
+            })
+        } else {
+            self.packing_split(s, b.format.is_some(), &rows, &cols, ks.len())
+        };
+        match split {
+            Some(Split::K(mid)) => {
+                self.matmul_piece(c, a, b, bias, s, rows.clone(), cols.clone(), ks.start..mid, accumulate, add_bias);
+                self.matmul_piece(c, a, b, bias, s, rows, cols, mid..ks.end, true, false);
+                return;
+            }
+            Some(Split::Rows(mid)) => {
+                self.matmul_piece(c, a, b, bias, s, rows.start..mid, cols.clone(), ks.clone(), accumulate, add_bias);
+                self.matmul_piece(c, a, b, bias, s, mid..rows.end, cols, ks, accumulate, add_bias);
+                return;
+            }
+            Some(Split::Cols(mid)) => {
                 self.matmul_piece(c, a, b, bias, s, rows.clone(), cols.start..mid, ks.clone(), accumulate, add_bias);
                 self.matmul_piece(c, a, b, bias, s, rows, mid..cols.end, ks, accumulate, add_bias);
+                return;
             }
-            return;
+            None => {}
         }
         let (wa, wb, wc) = (self.window(a, wa), self.packed_window(b, wb), self.window(c, wc));
         let (a4, a4_usable) = self.vec4_window(&wa);
@@ -406,6 +428,58 @@ impl GpuDevice {
     }
 }
 
+/// Where a packing variant's operands of an m x n x k piece lie in the scratch, in halves (`align_elems`:
+/// the adapter's binding alignment in words).
+fn packed_layout(tile: &CoopTile, align_elems: usize, m: usize, n: usize, k: usize) -> PackedLayout {
+    // K to whole K steps (a multiple of the cooperative size): the wide kernel loads whole steps.
+    let (mp, np, kp) =
+        (m.next_multiple_of(tile.tile_m as usize), n.next_multiple_of(tile.tile_n as usize), k.next_multiple_of(tile.tile_k as usize));
+    // B starts a binding of its own, 16-byte aligned as every cooperative load's address must be.
+    let b_start = (mp * kp).next_multiple_of(2 * align_elems.max(8));
+    PackedLayout { mp, np, kp, b_start }
+}
+
+/// Where a piece's packed operands would not fit `scratch_halves`, the cut of its longer side at a whole
+/// workgroup tile near its half; None where they fit, or where neither side can be cut (the piece is
+/// then staged from A and B as they are). Cutting rows or columns is exact: every element of C keeps
+/// its one chain over K, and every variant gives the same bits.
+fn split_to_fit_scratch(
+    tile: &CoopTile,
+    align_elems: usize,
+    rows: &Range<usize>,
+    cols: &Range<usize>,
+    k: usize,
+    scratch_halves: usize,
+) -> Option<Split> {
+    let (m, n) = (rows.len(), cols.len());
+    let layout = packed_layout(tile, align_elems, m, n, k);
+    if layout.b_start + layout.kp * layout.np <= scratch_halves {
+        return None;
+    }
+    // Each of A's rows and B's columns costs K_pad halves: halving the longer side saves the most.
+    let half_at = |len: usize, tile_len: u32| Some((len / 2).next_multiple_of(tile_len as usize)).filter(|&h| h < len);
+    let by_rows = half_at(m, tile.tile_m).map(|h| Split::Rows(rows.start + h));
+    let by_cols = half_at(n, tile.tile_n).map(|h| Split::Cols(cols.start + h));
+    if m >= n { by_rows.or(by_cols) } else { by_cols.or(by_rows) }
+}
+
+/// A packing variant's operands in the scratch, in halves: A's rows and B's columns padded to whole
+/// tiles (`mp`, `np`), K to whole K steps (`kp`), and where B starts.
+struct PackedLayout {
+    mp: usize,
+    np: usize,
+    kp: usize,
+    b_start: usize,
+}
+
+/// Where [`GpuDevice::matmul_piece`] cuts a piece in two: at this k (the second half accumulates), this
+/// row of C, or this column.
+enum Split {
+    K(usize),
+    Rows(usize),
+    Cols(usize),
+}
+
 /// One piece of a product for [`GpuDevice::dispatch_coop_piece`]: its shape and ranges, the fp32
 /// kernel's Params, the windows of A, B and C, and the binding in the bias's place.
 struct CoopPiece<'s, 'w> {
@@ -416,4 +490,57 @@ struct CoopPiece<'s, 'w> {
     params: [u32; 16],
     windows: (Window<'w>, Window<'w>, Window<'w>),
     bias: wgpu::BufferBinding<'w>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Cuts `rows x cols` as `matmul_piece` does until every piece fits, returning the pieces.
+    fn pieces(tile: &CoopTile, rows: Range<usize>, cols: Range<usize>, k: usize, scratch: usize) -> Vec<(Range<usize>, Range<usize>)> {
+        match split_to_fit_scratch(tile, 64, &rows, &cols, k, scratch) {
+            None => vec![(rows, cols)],
+            Some(Split::Rows(mid)) => {
+                let mut out = pieces(tile, rows.start..mid, cols.clone(), k, scratch);
+                out.extend(pieces(tile, mid..rows.end, cols, k, scratch));
+                out
+            }
+            Some(Split::Cols(mid)) => {
+                let mut out = pieces(tile, rows.clone(), cols.start..mid, k, scratch);
+                out.extend(pieces(tile, rows, mid..cols.end, k, scratch));
+                out
+            }
+            Some(Split::K(_)) => panic!("the scratch never splits K"),
+        }
+    }
+
+    /// The products that outgrew the scratch on an H200 (GPT-2's vocabulary chunks, GPT-2 1.5B's MLP,
+    /// a whole vocabulary) and awkward ones: the pieces tile C exactly, each cut on a workgroup tile, and
+    /// each piece's packed operands fit.
+    #[test]
+    fn packed_pieces_cover_c_and_fit_the_scratch() {
+        let scratch = (GPU_COOP_SCRATCH_BYTES / 2) as usize;
+        let wide = CoopTile { loads: Loads::Wide, ..CoopTile::default_for(16) };
+        let small = CoopTile { loads: Loads::Wide, tile_m: 64, tile_n: 64, frag_m: 2, frag_n: 2, workgroup: 128, ..wide };
+        let cases = [(4096, 768, 8192), (8192, 768, 4096), (4096, 1600, 6400), (4096, 50257, 768), (4099, 131, 9001), (130, 5000, 7000)];
+        for tile in [wide, small] {
+            for (m, n, k) in cases {
+                let got = pieces(&tile, 0..m, 0..n, k, scratch);
+                let mut covered = vec![0u8; m.div_ceil(tile.tile_m as usize) * n.div_ceil(tile.tile_n as usize)];
+                for (rows, cols) in &got {
+                    let l = packed_layout(&tile, 64, rows.len(), cols.len(), k);
+                    assert!(l.b_start + l.kp * l.np <= scratch, "{tile} {m}x{n}x{k}: piece {rows:?} x {cols:?} does not fit");
+                    assert!(rows.start % tile.tile_m as usize == 0 && cols.start % tile.tile_n as usize == 0, "{tile}: cut off a tile");
+                    for r in (rows.start..rows.end).step_by(tile.tile_m as usize) {
+                        for c in (cols.start..cols.end).step_by(tile.tile_n as usize) {
+                            covered[r / tile.tile_m as usize * n.div_ceil(tile.tile_n as usize) + c / tile.tile_n as usize] += 1;
+                        }
+                    }
+                }
+                assert!(covered.iter().all(|&c| c == 1), "{tile} {m}x{n}x{k}: the pieces do not tile C once");
+                let fits_whole = packed_layout(&tile, 64, m, n, k);
+                assert_eq!(got.len() == 1, fits_whole.b_start + fits_whole.kp * fits_whole.np <= scratch, "{tile} {m}x{n}x{k}");
+            }
+        }
+    }
 }

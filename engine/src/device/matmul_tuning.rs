@@ -353,10 +353,12 @@ fn builtin_default(adapter: &AdapterSummary) -> (&'static str, MatmulTile) {
 /// The vendor's cooperative-matrix variant for classes nobody tuned. Only measured choices go here.
 pub(crate) fn builtin_coop_default(adapter: &AdapterSummary) -> Option<CoopTile> {
     match adapter.vendor {
-        // `zerostream tune` on an H200 (benches/results/2026-11-27-h200-coop-direct.md): this direct variant
-        // won 22 of GPT-2's 25 cooperative-matrix classes, 2-3x faster than the staged default there.
+        // `zerostream tune` on an H200 (benches/results/2026-11-27-h200-gpu-wide.md): this wide variant won
+        // 23 of the 32 cooperative-matrix classes it reached (GPT-2 124M and 1.5B; another wide one 6, and
+        // the other 3 were products then too large to pack), 5-15x faster than the staged default and
+        // 1.5-3x faster than the direct variants there.
         0x10de => {
-            Some(CoopTile { loads: zerostream_shaders::Loads::Direct, frag_m: 4, frag_n: 4, workgroup: 128, ..CoopTile::default_for(16) })
+            Some(CoopTile { loads: zerostream_shaders::Loads::Wide, frag_m: 4, frag_n: 4, workgroup: 128, ..CoopTile::default_for(16) })
         }
         _ => None,
     }
@@ -457,7 +459,7 @@ mod tests {
         assert_eq!(table.choose_coop(&near, 8), CoopTile::candidates(8)[1]);
         // A vendor's measured default stands in for the untuned classes of its size alone.
         table.coop_default = builtin_coop_default(&adapter(0x10de));
-        assert_eq!(table.choose_coop(&far, 16).name(), "c16/128x128x32/4x4/128/dg");
+        assert_eq!(table.choose_coop(&far, 16).name(), "c16/128x128x32/4x4/128/ws");
         assert_eq!(table.choose_coop(&far, 8), CoopTile::default_for(8));
         assert_eq!(table.choose_coop(&own, 16), coop);
         assert!(CoopTile::candidates(16).contains(&table.coop_default_for(16)));

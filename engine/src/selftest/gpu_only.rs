@@ -99,6 +99,32 @@ pub fn check_coop_variant(dev: &GpuDevice, variant: CoopTile, size: Size) -> Res
     Ok(results)
 }
 
+/// Products whose packed operands outgrow the 64 MiB scratch (A's rows, then B's columns), which the
+/// device cuts into pieces that fit: with `variant` (a packing one), bit for bit against the staged
+/// default, which packs nothing. Vocabulary chunks and GPT-2 1.5B's MLP are this size.
+pub fn check_coop_packed_pieces(dev: &GpuDevice, variant: CoopTile) -> Result<Vec<CheckResult>> {
+    let _unforced = Unforced(dev);
+    dev.set_matmul_inputs(MatmulInputs::F16)?;
+    let mut same = Check::new(&format!("matmul_coop {variant} in scratch-sized pieces = c{}'s default", variant.coop), Tolerance::Bits);
+    // 4100 x 8200 and 8200 x 4100 halves each pass 32 Mi halves by a little; ragged against every tile.
+    for (i, &(m, n, k)) in [(4100, 72, 8200), (72, 4100, 8200)].iter().enumerate() {
+        let seed = 7100 + 10 * i as u64;
+        let (a, b, bias, c0) =
+            (random(seed, m * k, 1.0), random(seed + 1, k * n, 1.0), random(seed + 2, n, 1.0), random(seed + 3, m * n, 1.0));
+        let (ta, tb, tbias) = (upload(dev, &a)?, upload(dev, &b)?, upload(dev, &bias)?);
+        let s = MatmulShape::row_major(m, n, k);
+        let run = |tile: CoopTile| -> Result<Vec<f32>> {
+            dev.force_coop_variant(Some(tile))?;
+            let c = upload(dev, &c0)?;
+            dev.matmul(&c, &ta, &tb, Some(&tbias), &s, true);
+            Ok(dev.read(&c))
+        };
+        let (got, want) = (run(variant)?, run(CoopTile::default_for(variant.coop))?);
+        same.compare(&format!("{m}x{n}x{k} bias accumulate"), &got, &want);
+    }
+    Ok(vec![same.finish()])
+}
+
 /// `cast_f32_to_f16.wgsl` (`common/f16_bits.wgsl`, which `matmul_coop.wgsl` rounds its inputs with)
 /// against the `half` crate bit for bit: ties to even, past the largest f16 (infinity), the subnormal
 /// range and its ties, signed zeros, infinities.

@@ -270,6 +270,14 @@ pub fn run(dev: &AnyDevice, size: Size, progress: &mut dyn FnMut(Event)) -> Repo
             for variant in g.coop_variants().into_iter().filter(|v| *v != CoopTile::default_for(v.coop)) {
                 entries.push(entry(format!("matmul_coop {variant}"), move |d| gpu_only::check_coop_variant(d, variant, Size::Quick)));
             }
+            // Products too large to pack at once, cut into pieces: with the vendor's default where it
+            // packs (NVIDIA's), else the first packing variant.
+            let vendor_default = g.coop_size().map(|size| g.matmul_table().coop_default_for(size));
+            let first_packing = g.coop_variants().into_iter().find(|v| v.loads.packs_operands());
+            let packing = vendor_default.filter(|v| v.loads.packs_operands()).or(first_packing);
+            if let Some(variant) = packing.filter(|_| g.has_coop_matmul()) {
+                entries.push(entry("matmul_coop packed pieces", move |d| gpu_only::check_coop_packed_pieces(d, variant)));
+            }
             let mut results = run_entries(g, entries, "", progress);
             results.extend(run_small_bindings(g, progress));
             results

@@ -15,8 +15,8 @@ fn candidates_are_valid_distinct_and_named_reversibly() {
         assert_eq!(candidates[0], CoopTile::default_for(coop));
     }
     let count = |loads| CoopTile::candidates(16).iter().filter(|t| t.loads == loads).count();
-    assert_eq!(CoopTile::candidates(16).len(), 19);
-    assert_eq!((count(Loads::Precast), count(Loads::Direct), count(Loads::Wide)), (4, 5, 3));
+    assert_eq!(CoopTile::candidates(16).len(), 23);
+    assert_eq!((count(Loads::Precast), count(Loads::Direct), count(Loads::Wide)), (4, 5, 7));
     let with = |loads| CoopTile { loads, ..CoopTile::default_for(16) };
     assert_eq!(CoopTile::parse("c16/128x128x32/2x4/256/pc").unwrap(), with(Loads::Precast));
     assert_eq!(CoopTile::parse("c16/128x128x32/2x4/256/dg").unwrap(), with(Loads::Direct));
