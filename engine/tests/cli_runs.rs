@@ -61,6 +61,42 @@ fn a_short_run_writes_one_metrics_line_per_step_and_saves_a_loadable_model() {
     assert!(err.contains("what it did:") && err.contains("state:") && err.contains("traffic:"), "{err}");
 }
 
+/// `--trace` on the gpu device (the asynchronous one, whose downloads overlap backward): a Chrome trace
+/// whose device-thread spans follow the step schedule (every block forward and backward, each download
+/// begun and finished, in each step), nested inside one span per step, and whose optimizer-thread spans
+/// are one update per group for every step but the last (whose update may end after the run: dropped).
+#[test]
+fn trace_writes_the_step_schedule_as_a_chrome_timeline() {
+    if !common_gpu_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("timeline/trace.json");
+    let args = ["train", "--device", "gpu", "--steps", "3", "--batch-size", "2", "--seq-len", "32", "--sample-tokens", "0"];
+    let out = zerostream(&[&args[..], &["--trace", trace.to_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let events: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let spans = |tid: u64, cat: &str| -> Vec<&serde_json::Value> {
+        events.iter().filter(|e| e["ph"] == "X" && e["tid"] == tid && e["cat"] == cat).collect()
+    };
+    // The built-in run's model: 4 blocks.
+    for (cat, per_step) in [("forward", 4), ("backward", 4), ("download>", 4), ("download<", 4), ("head", 1), ("step", 1)] {
+        assert_eq!(spans(1, cat).len(), 3 * per_step, "{cat} spans on the device thread");
+    }
+    let steps = spans(1, "step");
+    for e in events.iter().filter(|e| e["ph"] == "X" && e["tid"] == 1 && e["cat"] != "step") {
+        let (ts, dur) = (e["ts"].as_f64().unwrap(), e["dur"].as_f64().unwrap());
+        let inside = |s: &&serde_json::Value| {
+            let (sts, sdur) = (s["ts"].as_f64().unwrap(), s["dur"].as_f64().unwrap());
+            sts <= ts && ts + dur <= sts + sdur + 1.0
+        };
+        assert!(dur >= 0.0 && steps.iter().any(inside), "{e} is in no step");
+    }
+    // 5 groups (the head's, then the 4 blocks'); the last step's sweep may be cut off.
+    let updates = spans(2, "update").len();
+    assert!((2 * 5..=3 * 5).contains(&updates), "{updates} update spans: 5 groups a step");
+}
+
 #[test]
 fn a_full_disk_under_the_metrics_file_does_not_stop_training() {
     // /dev/full fails every write with ENOSPC.

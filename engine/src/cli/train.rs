@@ -283,6 +283,13 @@ pub struct TrainArgs {
     /// Write one JSON object per optimizer step to this file.
     #[arg(long)]
     metrics: Option<PathBuf>,
+    /// Write a timeline of the steps to this file (replaced if it exists), in the Chrome trace format:
+    /// open it in https://ui.perfetto.dev or chrome://tracing. One row shows each operation of the step
+    /// schedule on rank 0's device thread (fetch, forward, head, backward, each gradient download's start
+    /// and finish, the update hand-off), another each parameter group the optimizer thread updates. Host
+    /// time: what the thread spent recording, submitting and waiting. Written as the run goes.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
     /// Write TensorBoard event files to this directory (created if missing; `tensorboard --logdir DIR`
     /// shows them): every number of each step's --metrics row as a scalar (losses, learning rate,
     /// gradient norm, loss scale, tokens/s, busy fractions, the step's time split, bytes per link) and

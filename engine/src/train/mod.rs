@@ -39,6 +39,7 @@ pub mod shard;
 mod step;
 pub mod summary;
 pub mod tensorboard;
+pub mod trace;
 pub mod traffic;
 mod transfer;
 mod validate;
@@ -153,6 +154,8 @@ pub struct Trainer<'d, D: Backend> {
     /// Wait for the device before `forward_device_s` is taken, so an asynchronous device's forward is
     /// counted there and not in the head's first wait (`plan --measure`'s cuts; a run does not stall).
     pub(super) sync_forward: bool,
+    /// `--trace`: where this rank's step operations and updates are timed (rank 0's only).
+    trace: Option<Arc<trace::Trace>>,
 }
 
 impl<'d, D: Backend> Trainer<'d, D> {
@@ -268,7 +271,14 @@ impl<'d, D: Backend> Trainer<'d, D> {
             io_notes,
             kernel_seconds_seen: dev.kernel_seconds(),
             sync_forward: false,
+            trace: None,
         })
+    }
+
+    /// Times this rank's step operations and optimizer updates into `trace` from the next step on
+    /// (None: no longer).
+    pub fn set_trace(&mut self, trace: Option<Arc<trace::Trace>>) {
+        self.trace = trace;
     }
 
     fn start_worker(&mut self) -> Result<()> {

@@ -64,6 +64,8 @@ pub struct RunOptions {
     pub eval_batches: usize,
     pub seed: u64,
     pub metrics: Option<PathBuf>,
+    /// A timeline of rank 0's steps in the Chrome trace format ([`super::trace`]).
+    pub trace: Option<PathBuf>,
     /// TensorBoard event files with the metrics' numbers and the configuration (rank 0 writes).
     pub tensorboard: Option<super::tensorboard::TensorBoard>,
     pub save: Option<PathBuf>,
@@ -95,6 +97,7 @@ impl RunOptions {
             eval_batches: 4,
             seed: 1337,
             metrics: None,
+            trace: None,
             tensorboard: None,
             save: None,
             save_dtype: None,

@@ -8,6 +8,7 @@ use anyhow::{Result, bail};
 use zerostream_checkpoints::TokenFile;
 
 use super::pipeline::{self, Op};
+use super::trace::{Lane, traced};
 use super::worker::{UpdateJob, adam_seconds_total, lock};
 use super::{StepReport, Trainer, report};
 use crate::device::Backend;
@@ -82,8 +83,9 @@ impl<D: Backend> Trainer<'_, D> {
             applied: false,
         };
         let schedule = pipeline::step_schedule(self.model.n_layer(), self.train.grad_accum, !self.train.sequential);
+        let trace = self.trace.clone();
         for op in schedule {
-            self.run_op(op, data, &mut st)?;
+            traced(trace.as_deref(), Lane::Device, || op.to_string(), || self.run_op(op, data, &mut st))?;
         }
         let StepState { clock, micro_batches, lr, loss_scale, loss_sum, grad_norm, applied, .. } = st;
         let nvme_after = self.nvme_traffic().unwrap_or_default();
@@ -91,6 +93,9 @@ impl<D: Backend> Trainer<'_, D> {
         // The kernels' share by the device's clock: waits for the step's last work (its losses and
         // gradients were waited for already), so the next step's recording starts on an idle queue.
         let kernel_seconds = self.dev.kernel_seconds();
+        if let Some(t) = &trace {
+            t.span(Lane::Device, &format!("step {}", self.step), start);
+        }
         let gpu_kernels_s = kernel_seconds.zip(self.kernel_seconds_seen).map(|(now, before)| now - before);
         self.kernel_seconds_seen = kernel_seconds;
         let report = StepReport {
@@ -258,7 +263,8 @@ impl<D: Backend> Trainer<'_, D> {
             self.adam_steps += 1;
             // Overlapped, the next step's forward takes the sweep's new working copies as it makes them.
             let keep_fresh = !self.train.sequential;
-            let job = UpdateJob { lr: st.lr, adam_step: self.adam_steps, grad_multiplier: clip / st.loss_scale, keep_fresh };
+            let trace = self.trace.clone();
+            let job = UpdateJob { lr: st.lr, adam_step: self.adam_steps, grad_multiplier: clip / st.loss_scale, keep_fresh, trace };
             self.jobs.as_ref().expect("the worker is running").send(job).map_err(|_| self.worker_error())?;
         }
         Ok(())

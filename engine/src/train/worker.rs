@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 use std::sync::mpsc::Receiver;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use anyhow::{Result, bail};
@@ -17,6 +17,7 @@ use crate::comm::Comm;
 use super::config::{AdamState, Precision};
 use super::layout::GroupLayout;
 use super::shard::{GroupShard, intersect};
+use super::trace::{Lane, Trace};
 
 /// The part of a group both threads touch: gradients (written by the device thread, read by the
 /// update) and the working copy (written by the update, read by the device thread for upload).
@@ -112,6 +113,8 @@ pub(super) struct UpdateJob {
     /// at most [`FRESH_COPIES_AHEAD`] groups ahead of it: an overlapped schedule, whose forward takes
     /// them in the sweep's order.
     pub(super) keep_fresh: bool,
+    /// `--trace`: each group's update is a span there.
+    pub(super) trace: Option<Arc<Trace>>,
 }
 
 /// How many groups' fresh working copies the sweep keeps resident ahead of the forward that uploads
@@ -405,6 +408,7 @@ pub(super) fn optimizer_worker(
         let store =
             |g: &mut OptimizerGroup| -> Result<()> { Ok(Stored::page_out_all(&mut [&mut g.master, &mut g.m, &mut g.v], nvme, true)?) };
         let compute = |k: usize, g: &mut OptimizerGroup| -> Result<()> {
+            let began = Instant::now();
             let keep = job.keep_fresh && working_on_nvme && progress.room_for_fresh(job.adam_step, may_wait);
             let mut sh = lock(&shared[k]);
             sh.working.page_in_zeroed(nvme);
@@ -428,6 +432,9 @@ pub(super) fn optimizer_worker(
             }
             drop((p, sh));
             progress.changed.notify_all();
+            if let Some(trace) = &job.trace {
+                trace.span(Lane::Optimizer, &format!("update group {k}"), began);
+            }
             Ok(())
         };
         optimizer = match pipelined_sweep(optimizer, load, compute, store) {

@@ -109,6 +109,7 @@ fn run_options(a: &TrainArgs, model: ModelChoice) -> Result<RunOptions> {
         eval_batches: a.eval_batches,
         seed: a.seed,
         metrics: a.metrics.clone(),
+        trace: a.trace.clone(),
         tensorboard: None,
         save: a.save.clone(),
         save_dtype: a.save_dtype,

@@ -4,6 +4,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result, bail};
@@ -13,6 +14,7 @@ use zerostream_checkpoints::checkpoint::CheckpointRoot;
 use super::RunOptions;
 use crate::device::Backend;
 use crate::train::checkpoint::{RunRecord, truncate_metrics};
+use crate::train::trace::Trace;
 use crate::train::{StepReport, Trainer};
 
 /// What the step loop did.
@@ -52,6 +54,11 @@ pub(super) fn train_steps<D: Backend>(
         Some(path) if lead => Some(open_metrics(path, first_step)?),
         _ => None,
     };
+    let trace = match &options.trace {
+        Some(path) if lead => Some(Arc::new(open_trace(path)?)),
+        _ => None,
+    };
+    trainer.set_trace(trace.clone());
     let mut tensorboard = crate::train::tensorboard::Sink::open(options.tensorboard.as_ref().filter(|_| lead), first_step)?;
     let bar = crate::train::progress::Progress::new(steps, first_step, options.progress && lead);
     let regular = options.metrics.as_ref().is_some_and(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()));
@@ -135,6 +142,11 @@ pub(super) fn train_steps<D: Backend>(
         }
     }
     bar.finish();
+    trainer.set_trace(None);
+    if let Some(Err(e)) = trace.map(|t| t.finish()) {
+        // Like the metrics: a record of the run, whose failure stops the record only.
+        say(format!("warning: {e:#}"));
+    }
     Ok(out)
 }
 
@@ -151,6 +163,14 @@ fn open_metrics(path: &Path, first_step: u64) -> Result<std::io::BufWriter<std::
         std::fs::File::create(path)
     };
     Ok(std::io::BufWriter::new(file.with_context(|| format!("opening --metrics {}", path.display()))?))
+}
+
+/// `--trace`'s file, its folder made where missing.
+fn open_trace(path: &Path) -> Result<Trace> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).with_context(|| format!("--trace {}: creating {}", path.display(), parent.display()))?;
+    }
+    Trace::create(path)
 }
 
 fn progress_message(r: &StepReport, scale: f32) -> String {
