@@ -31,7 +31,7 @@ pub fn sum_squares(x: &[f32]) -> f64 {
 pub const HOST_CHUNK: usize = 1 << 16;
 
 /// dst = src, on rayon's threads (one core does not saturate the memory bus).
-pub fn copy(dst: &mut [f32], src: &[f32]) {
+pub fn copy<T: Copy + Send + Sync>(dst: &mut [T], src: &[T]) {
     assert_eq!(dst.len(), src.len(), "copy: lengths differ");
     dst.par_chunks_mut(HOST_CHUNK).zip(src.par_chunks(HOST_CHUNK)).for_each(|(d, s)| d.copy_from_slice(s));
 }

@@ -22,19 +22,22 @@ impl<D: Backend> Trainer<'_, D> {
     /// into a temporary for this upload alone (stage 3).
     pub(super) fn upload_group(&self, k: usize, tensors: &[&D::Tensor], clock: &mut Clock) -> Result<()> {
         let tensors: Vec<Option<&D::Tensor>> = tensors.iter().map(|&t| Some(t)).collect();
-        self.upload_group_keeping(k, &tensors, &[], clock)?;
+        self.upload_group_keeping(k, &tensors, &[], Vec::new(), clock)?;
         Ok(())
     }
 
     /// [`Self::upload_group`] into the group's tensors that are given (`None`: not on the device), and
-    /// the working-copy words of tensors `keep` (table indices) copied out for the host, in that order.
+    /// the working-copy words of tensors `keep` (table indices) copied out for the host, in that order,
+    /// into the allocations of `spares` (the last step's copies, by table index) where they fit.
     pub(super) fn upload_group_keeping(
         &self,
         k: usize,
         tensors: &[Option<&D::Tensor>],
         keep: &[usize],
+        mut spares: Vec<(usize, HostWords)>,
         clock: &mut Clock,
     ) -> Result<Vec<HostWords>> {
+        let mut spare = |i: usize| spares.iter().position(|(t, _)| *t == i).map(|at| spares.swap_remove(at).1);
         self.wait_group(k, clock)?;
         if let Some(read_ahead) = &self.read_ahead {
             // A copy read ahead is taken, and paged out after its upload like one read here.
@@ -53,14 +56,22 @@ impl<D: Backend> Trainer<'_, D> {
         let dirty = match self.train.precision {
             Precision::Fp32 => self.upload_words::<f32>(k, &mut shared, tensors, clock, |i, words| {
                 if keep.contains(&i) {
-                    kept.push((i, HostWords::F32(bytemuck::cast_slice(words).to_vec())));
+                    let reuse = match spare(i) {
+                        Some(HostWords::F32(v)) => Some(v),
+                        _ => None,
+                    };
+                    kept.push((i, HostWords::F32(HostWords::copy_of(bytemuck::cast_slice(words), reuse))));
                 }
             })?,
             Precision::Bf16 | Precision::Fp16 => {
                 let format = self.train.precision.half_format().expect("a 16-bit precision");
                 self.upload_words::<u16>(k, &mut shared, tensors, clock, |i, words| {
                     if keep.contains(&i) {
-                        kept.push((i, HostWords::Half(bytemuck::cast_slice(words).to_vec(), format)));
+                        let reuse = match spare(i) {
+                            Some(HostWords::Half(v, _)) => Some(v),
+                            _ => None,
+                        };
+                        kept.push((i, HostWords::Half(HostWords::copy_of(bytemuck::cast_slice(words), reuse), format)));
                     }
                 })?
             }

@@ -21,6 +21,15 @@ pub(super) enum HostWords {
 }
 
 impl HostWords {
+    /// A copy of `words` kept for the step, on rayon's threads, in `reuse`'s allocation where it has the
+    /// same length: the last step's copy of the same matrix, whose pages are already faulted in (a fresh
+    /// 1 GiB vector copied on one thread took 0.8 s of every Llama-3.2-1B step on an H200 host).
+    pub(super) fn copy_of<T: Copy + Default + Send + Sync>(words: &[T], reuse: Option<Vec<T>>) -> Vec<T> {
+        let mut out = reuse.filter(|v| v.len() == words.len()).unwrap_or_else(|| vec![T::default(); words.len()]);
+        elementwise::copy(&mut out, words);
+        out
+    }
+
     /// Rows `ids` (each `width` wide) widened to f32, one after another.
     fn gather(&self, ids: &[u32], width: usize) -> Vec<f32> {
         let mut out = Vec::with_capacity(ids.len() * width);
@@ -81,8 +90,9 @@ impl<D: Backend> Trainer<'_, D> {
         let d = &self.device;
         let tensors: Vec<Option<&D::Tensor>> =
             (0..d.head.len()).map(|i| if vocab_tensors.contains(&i) && !on_device(i) { None } else { Some(&d.head[i]) }).collect();
-        self.vocab.words = Vec::new(); // the last step's copy goes before the new one is made
-        let words = self.upload_group_keeping(0, &tensors, &keep, clock)?;
+        // The last step's copies are overwritten with the new ones, never held beside them.
+        let spares = std::mem::take(&mut self.vocab.words);
+        let words = self.upload_group_keeping(0, &tensors, &keep, spares, clock)?;
         self.vocab.words = keep.into_iter().zip(words).collect();
         self.vocab.tensors = vocab_tensors;
         Ok(())
