@@ -98,6 +98,7 @@ enum Command {
     /// --matmul-inputs f16`), and keep the fastest per shape class in a table in the user's cache directory (by adapter, driver
     /// and zerostream version; `ZEROSTREAM_TUNE_DIR` overrides the place). Every later run on the adapter
     /// uses it; `devices` says which table is in use. Variants give identical bits: only the speed changes.
+    /// Each class's "default" time is the vendor's built-in variant's, which an untuned run uses.
     Tune(Box<cli::tune::TuneArgs>),
     /// Measure one link of the offload path against its ceiling.
     #[command(subcommand)]

@@ -6,8 +6,10 @@
 //! command), into the same file (`device/attention_tuning.rs`); and, on an adapter with cooperative
 //! matrices, the cooperative-matrix matmul's variants (`--matmul-inputs f16`) on the same products.
 //!
-//! A variant is accepted only if its result equals the default variant's bit for bit on the product it
-//! was timed on: the table can change the speed of a run, never its numbers.
+//! A variant is accepted only if its result equals the baseline's bit for bit on the product it was
+//! timed on: the table can change the speed of a run, never its numbers. The baseline, timed first, is
+//! the vendor's built-in default ([`MatmulTable::builtin`]: what an untuned device runs), so a class's
+//! "default" time and speed-up say what tuning gained on this adapter.
 
 mod attention;
 
@@ -79,7 +81,8 @@ pub struct Product {
 /// The variants of one shape class as timed (matmul tiles or attention tiles).
 #[derive(Clone, Debug)]
 pub struct VariantTimes<V> {
-    /// (variant, median seconds) of every variant timed, the default first.
+    /// (variant, seconds) of every variant timed, the baseline (the vendor's default) first: the median
+    /// of several runs, or of one for a variant far slower than the best before it.
     pub times: Vec<(V, f64)>,
     /// Variants left out because their result differed from the default's (a bug: reported loudly).
     pub mismatched: Vec<V>,
@@ -94,7 +97,10 @@ impl<V: Copy> VariantTimes<V> {
     }
 }
 
-/// Times each of `variants` (the first must be the default: its output bits are the reference), made
+/// How many times the best median so far one run of a variant may take and still be timed in full.
+const SLOWER_THAN_BEST: f64 = 2.0;
+
+/// Times each of `variants` (the first is the baseline: its output bits are the reference), made
 /// the device's choice by `force`: `run` makes one call, `bits` reads its outputs. A variant whose bits
 /// differ is left out and named. `None` when `deadline` passes before the last variant: a class timed
 /// in part is not recorded, since its winner would replace a whole tune's in the saved table.
@@ -126,8 +132,15 @@ fn time_variants<V: Copy>(
             }
             Some(_) => {}
         }
-        // About 50 ms of repetitions, at least 3 and at most 20, from one more timed run.
+        // About 50 ms of repetitions, at least 3 and at most 20, from one more timed run; a variant whose
+        // one run takes over twice the best median so far cannot win and keeps that run's time (on an
+        // H200 most staged cooperative-matrix variants are 5-15x slower than the best).
         let once = dev.time_reps(1, timer, &run)?.median_s();
+        let best = timed.times.iter().map(|t| t.1).fold(f64::INFINITY, f64::min);
+        if once > SLOWER_THAN_BEST * best {
+            timed.times.push((variant, once));
+            continue;
+        }
         let reps = ((0.05 / once.max(1e-6)) as usize).clamp(3, 20);
         timed.times.push((variant, dev.time_reps(reps, timer, &run)?.median_s()));
     }
@@ -260,8 +273,8 @@ fn operands(dev: &GpuDevice, p: &Product, seed: u64) -> Result<Operands> {
     Ok(Operands { a, b, c })
 }
 
-/// Times `variants` (made the device's choice by `force`) on one class's product; the first must be the
-/// default (the reference bits).
+/// Times `variants` (made the device's choice by `force`) on one class's product; the first is the
+/// baseline (the reference bits).
 fn tune_class<V: Copy>(
     dev: &GpuDevice,
     p: &Product,
@@ -305,7 +318,7 @@ pub(crate) fn deadline_after(start: Instant, seconds: f64) -> Instant {
     start.checked_add(wait).unwrap_or(start)
 }
 
-/// Times `variants` (the default first) on every class, until `until_s` after `start`; `what` names them
+/// Times `variants` (the baseline first) on every class, until `until_s` after `start`; `what` names them
 /// in the message when time runs out.
 #[allow(clippy::too_many_arguments)]
 fn tune_classes<V: Copy>(
@@ -353,9 +366,12 @@ pub fn tune(dev: &GpuDevice, cfg: &TuneConfig, start: Instant, on_class: impl Fn
             bail!("--variants {v}: this adapter cannot run it (workgroup memory or invocations)");
         }
     }
-    // The default first: its bits are the reference and its time the baseline.
-    variants.retain(|v| *v != MatmulTile::DEFAULT);
-    variants.insert(0, MatmulTile::DEFAULT);
+    // The vendor's built-in default first (what an untuned device runs): its bits are the reference
+    // and its time the baseline a tuned class is compared with.
+    let builtin = MatmulTable::builtin(dev.summary()).default;
+    let baseline = if dev.matmul_variants().contains(&builtin) { builtin } else { MatmulTile::DEFAULT };
+    variants.retain(|v| *v != baseline);
+    variants.insert(0, baseline);
     // Where the cooperative-matrix variants follow, they keep the last 40% of the time.
     let until_s = if cfg.coop && !dev.coop_variants().is_empty() { 0.6 * cfg.max_seconds } else { cfg.max_seconds };
     tune_classes(dev, cfg, start, until_s, "matmul", &variants, |v| dev.force_matmul_variant(v), on_class)
@@ -369,9 +385,14 @@ pub fn tune_coop(
     start: Instant,
     on_class: impl FnMut(&ClassResult<CoopTile>),
 ) -> Result<Vec<ClassResult<CoopTile>>> {
-    let variants = dev.coop_variants(); // the size's default first
+    let mut variants = dev.coop_variants(); // the size's default first
     if !cfg.coop || variants.is_empty() {
         return Ok(Vec::new());
+    }
+    // The vendor's built-in default first, as in [`tune`].
+    let builtin = MatmulTable::builtin(dev.summary()).coop_default_for(variants[0].coop);
+    if let Some(at) = variants.iter().position(|v| *v == builtin) {
+        variants.swap(0, at);
     }
     dev.set_matmul_inputs(MatmulInputs::F16)?;
     let results = tune_classes(dev, cfg, start, cfg.max_seconds, "cooperative-matrix", &variants, |v| dev.force_coop_variant(v), on_class);
