@@ -220,6 +220,7 @@ fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
                             "cooperative_matrix_configs": a.cooperative_matrix_configs.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
                             "matmul_f16_coop": device::gpu::coop_unavailable(a).is_none(),
                             "matmul_table": MatmulTable::load(a).0.describe(),
+                            "upload_staging": MatmulTable::load(a).0.upload_staging.name(),
                             "attention_table": AttentionTable::load(a).0.describe(),
                         })
                     );
@@ -257,6 +258,13 @@ fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
                 if let Some(problem) = problem {
                     println!("    warning: {problem}");
                 }
+                println!(
+                    "    upload staging: {} (`zerostream tune` times mapped buffers against host memory and keeps the faster)",
+                    match table.upload_staging {
+                        device::UploadStaging::Mapped => "wgpu's mapped buffers",
+                        device::UploadStaging::Host => "host memory the GPU copies from",
+                    }
+                );
                 let (attention, problem) = AttentionTable::load(a);
                 println!("    attention variants: {}", attention.describe());
                 if let Some(problem) = problem.filter(|_| matches!(table.source, TableSource::Tuned { .. })) {

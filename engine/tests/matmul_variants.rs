@@ -119,6 +119,7 @@ fn the_table_picks_the_variant_per_shape_class() {
         entries: BTreeMap::from([(class, small)]),
         coop_entries: coop.map(|t| (class, t)).into_iter().collect(),
         coop_default: None,
+        upload_staging: zerostream::device::UploadStaging::Mapped,
     });
     if let Some(coop) = coop {
         assert_eq!(gpu.coop_variant_for(&shape, false), Some(coop));
@@ -155,8 +156,14 @@ fn tune_writes_the_table_devices_reports_it() {
     let summary = lines.last().unwrap();
     assert_eq!(summary["kind"], "summary");
     assert!(summary["classes"].as_u64().unwrap() >= 10, "{summary}");
+    // The upload staging first: both kinds timed where the adapter has them (lavapipe does), the
+    // faster kept in the table.
+    let upload = &lines[0];
+    assert_eq!(upload["kind"], "upload", "{upload}");
+    assert!(upload["mapped_gbps"].as_f64().unwrap() > 0.0, "{upload}");
+    assert_eq!(upload["host_gbps"].is_null(), gpu.host_staging_unavailable().is_some(), "{upload}");
     // The matmul's classes, then the attention kernels' (attention_variants.rs checks those).
-    let classes: Vec<_> = lines[..lines.len() - 1].iter().filter(|l| l["kind"] != "attention_class").collect();
+    let classes: Vec<_> = lines[1..lines.len() - 1].iter().filter(|l| l["kind"] != "attention_class").collect();
     assert!(classes.iter().all(|l| l["kind"] == "class" && l["variants"].as_array().unwrap().len() == 2));
     let table = std::path::PathBuf::from(summary["table"].as_str().unwrap());
     assert!(table.starts_with(dir.path()) && table.exists());
@@ -164,6 +171,7 @@ fn tune_writes_the_table_devices_reports_it() {
     let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&table).unwrap()).unwrap();
     let vendor_default = MatmulTable::builtin(gpu.summary()).default.name();
     assert_eq!(saved["default"].as_str(), Some(vendor_default.as_str()), "the table's default");
+    assert_eq!(saved["upload"]["staging"], upload["chosen"], "the upload staging kept is the one tune chose");
     // Out of time before the first variant: nothing timed, nothing the table holds lost.
     let none = zerostream(dir.path(), &["tune", "--quick", "--no-16bit", "--max-seconds", "0", "--json"]);
     let none_stdout = String::from_utf8_lossy(&none.stdout);

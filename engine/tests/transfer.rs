@@ -14,7 +14,8 @@ fn device_to_host_transfers_return_the_uploaded_bytes() {
     assert_eq!(runs.len(), 4, "two sizes, two download methods");
     assert!(runs.iter().all(|r| r.gbps > 0.0 && r.gbps.is_finite()));
     let runs = bench_transfer(&gpu, Link::HostToDevice, &[(9 << 20) + 4], 1, |_| {}).unwrap();
-    assert_eq!(runs.len(), 4, "Direct, Parallel, StagingRing and Prestaged");
+    let host_ring = gpu.host_staging_unavailable().is_none();
+    assert_eq!(runs.len(), 4 + host_ring as usize, "Direct, Parallel, StagingRing, HostRing where the adapter has it, Prestaged");
     assert!(runs.iter().all(|r| r.gbps > 0.0 && r.gbps.is_finite()));
     let err = bench_transfer(&gpu, Link::HostToDevice, &[6], 1, |_| {}).unwrap_err().to_string();
     assert!(err.contains("multiple of 4"), "{err}");
@@ -24,11 +25,27 @@ fn device_to_host_transfers_return_the_uploaded_bytes() {
 /// each filled on several threads in 1 MiB pieces, the last ones partial; 80 MiB + 12 bytes wraps the
 /// ring, so refills wait for their buffer's earlier copy), a small one through `write_buffer`; all read
 /// back exactly, a write after queued work is ordered after it, and work queued after a write after
-/// the write.
+/// the write. With both kinds of staging where the adapter has them (lavapipe does: its host-visible
+/// memory stands in for host memory), switched between writes.
 #[test]
 fn parallel_uploads_write_every_byte_in_order() {
-    use zerostream::Backend;
+    use zerostream::device::UploadStaging;
     let Some(gpu) = common::gpu_or_skip("parallel_uploads_write_every_byte_in_order") else { return };
+    let mut kinds = vec![UploadStaging::Mapped];
+    match gpu.host_staging_unavailable() {
+        None => kinds.push(UploadStaging::Host),
+        Some(why) => eprintln!("parallel_uploads_write_every_byte_in_order: no host-memory staging here ({why})"),
+    }
+    for kind in kinds {
+        gpu.set_upload_staging(kind).unwrap();
+        assert_eq!(gpu.upload_staging(), kind);
+        write_every_byte_in_order(&gpu);
+    }
+    assert!(gpu.set_upload_staging(UploadStaging::Mapped).is_ok());
+}
+
+fn write_every_byte_in_order(gpu: &zerostream::device::GpuDevice) {
+    use zerostream::Backend;
     for len in [5usize, (3 << 18) + 7, (1 << 20) + 3, (5 << 22) + 3] {
         let values: Vec<f32> = (0..len).map(|i| (i % 1009) as f32 - 500.5).collect();
         let t = gpu.alloc(len, "upload").unwrap();
@@ -57,9 +74,10 @@ fn copies_issued_behind_kernels_deliver_their_bytes() {
     let cfg = OverlapConfig { bytes: (72 << 20) + 16, m: 64, n: 48, k: 80, reps: 1 };
     let mut seen = 0;
     let runs = bench_overlap(&gpu, &cfg, |_| seen += 1).unwrap();
-    assert_eq!((runs.len(), seen), (5, 5), "Direct, Parallel, StagingRing and Prestaged up, begin_read down, each reported");
-    assert_eq!(runs[3].method, "h2d Prestaged");
-    assert_eq!(runs[4].method, "d2h begin_read");
+    let up = zerostream::bench::transfer::h2d_methods(&gpu).len();
+    assert_eq!((runs.len(), seen), (up + 1, up + 1), "every upload method, begin_read down, each reported");
+    assert_eq!(runs[up - 1].method, "h2d Prestaged");
+    assert_eq!(runs[up].method, "d2h begin_read");
     for r in &runs {
         assert!([r.copy_s, r.kernels_s, r.both_s].iter().all(|s| *s > 0.0 && s.is_finite()), "{r:?}");
         assert!((1..=1000).contains(&r.matmuls) && r.hidden().is_finite(), "{r:?}");

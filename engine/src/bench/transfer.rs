@@ -60,13 +60,11 @@ pub fn bench_transfer(
     for &bytes in sizes {
         let mut host: Vec<u8> = (0..bytes).map(|i| (i % 253) as u8).collect();
         // A download has no parallel variant: every copy out of a mapping runs on rayon's threads.
-        let methods: &[TransferMethod] = match link {
-            Link::HostToDevice => {
-                &[TransferMethod::Direct, TransferMethod::Parallel, TransferMethod::StagingRing, TransferMethod::Prestaged]
-            }
-            Link::DeviceToHost => &[TransferMethod::Direct, TransferMethod::StagingRing],
+        let methods: Vec<TransferMethod> = match link {
+            Link::HostToDevice => h2d_methods(dev),
+            Link::DeviceToHost => vec![TransferMethod::Direct, TransferMethod::StagingRing],
         };
-        for &method in methods {
+        for method in methods {
             if link == Link::HostToDevice {
                 // Untimed: the upload ring's buffers are made on the first large write (as PyTorch's
                 // pinned buffer is made before its copies are timed).
@@ -93,4 +91,14 @@ pub fn bench_transfer(
         }
     }
     Ok(runs)
+}
+
+/// The upload methods `dev` can run: every one, `HostRing` only where the adapter makes host-memory
+/// staging (Vulkan).
+pub fn h2d_methods(dev: &GpuDevice) -> Vec<TransferMethod> {
+    let host_ring = dev.host_staging_unavailable().is_none();
+    [TransferMethod::Direct, TransferMethod::Parallel, TransferMethod::StagingRing, TransferMethod::HostRing, TransferMethod::Prestaged]
+        .into_iter()
+        .filter(|&m| m != TransferMethod::HostRing || host_ring)
+        .collect()
 }

@@ -12,8 +12,10 @@
 //! "default" time and speed-up say what tuning gained on this adapter.
 
 mod attention;
+mod upload;
 
 pub use attention::{AttentionCall, AttentionResult, attention_calls, tune_attention};
+pub use upload::{UploadResult, tune_upload};
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -24,7 +26,9 @@ use zerostream_shaders::{AttentionTile, CoopTile, MatmulTile};
 
 use crate::device::attention_tuning::AttentionTable;
 use crate::device::gpu::GpuTensor;
-use crate::device::matmul_tuning::{MatmulClass, MatmulTable, TableEntry, TableFile, TableKey, TableSource, existing_table, table_path};
+use crate::device::matmul_tuning::{
+    MatmulClass, MatmulTable, TableEntry, TableFile, TableKey, TableSource, UploadEntry, existing_table, table_path,
+};
 use crate::device::timing::Timer;
 use crate::device::{Backend, GpuDevice, HalfFormat, MatmulInputs, MatmulShape, Operand};
 
@@ -427,19 +431,21 @@ pub fn check_table_place(dev: &GpuDevice) -> Result<()> {
     Ok(())
 }
 
-/// The table from `results`, `attention` and `coop`, merged over the adapter's previous table for the
-/// same key (classes tuned again are replaced, the others kept), written to its place in the cache
-/// directory and installed on `dev`.
+/// The table from `results`, `attention`, `coop` and `upload`, merged over the adapter's previous table
+/// for the same key (classes tuned again are replaced, the others kept, as is the upload staging when
+/// not timed again), written to its place in the cache directory and installed on `dev`.
 pub fn save_table(
     dev: &GpuDevice,
     results: &[ClassResult],
     attention: &[AttentionResult],
     coop: &[ClassResult<CoopTile>],
+    upload: Option<&UploadResult>,
 ) -> Result<std::path::PathBuf> {
     let path = table_path(dev.summary()).context("no cache directory for the tuning table (set ZEROSTREAM_TUNE_DIR)")?;
     let key = TableKey::of(dev.summary());
     let (mut entries, mut attention_entries, mut coop_entries): (BTreeMap<String, TableEntry>, BTreeMap<_, _>, BTreeMap<_, _>) =
         Default::default();
+    let mut upload_entry = None;
     // The classes tuned before (in this adapter's own file, or a copied-in one the device found by its
     // key) are kept unless tuned again.
     if let Some(before) = existing_table(dev.summary())
@@ -450,6 +456,11 @@ pub fn save_table(
         entries.extend(old.entries.into_iter().map(|e| (e.class.clone(), e)));
         attention_entries.extend(old.attention.into_iter().map(|e| (e.class.clone(), e)));
         coop_entries.extend(old.coop.into_iter().map(|e| (e.class.clone(), e)));
+        upload_entry = old.upload;
+    }
+    if let Some(u) = upload {
+        upload_entry =
+            Some(UploadEntry { staging: u.chosen.name().into(), bytes: u.bytes, mapped_gbps: u.mapped_gbps, host_gbps: u.host_gbps });
     }
     for r in attention {
         let (best, seconds) = r.timed.best();
@@ -459,13 +470,14 @@ pub fn save_table(
     }
     entries.extend(results.iter().map(|r| (r.class.key(), class_entry(r))));
     coop_entries.extend(coop.iter().map(|r| (r.class.key(), class_entry(r))));
-    let file = TableFile::for_adapter(
+    let mut file = TableFile::for_adapter(
         dev.summary(),
         utc_now(),
         entries.into_values().collect(),
         attention_entries.into_values().collect(),
         coop_entries.into_values().collect(),
     );
+    file.upload = upload_entry;
     file.save(&path)?;
     let source = TableSource::Tuned { path: path.clone(), created: file.created.clone() };
     let attention = AttentionTable { source, entries: crate::device::attention_tuning::entries(&file)? };

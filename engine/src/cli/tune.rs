@@ -4,7 +4,7 @@
 //! does the work).
 
 use anyhow::Result;
-use zerostream::bench::tune::{AttentionResult, ClassResult, TuneConfig, VariantTimes};
+use zerostream::bench::tune::{AttentionResult, ClassResult, TuneConfig, UploadResult, VariantTimes};
 use zerostream::device::GpuDevice;
 use zerostream_shaders::{AttentionTile, MatmulTile};
 
@@ -43,6 +43,12 @@ pub struct TuneArgs {
     /// the same products after the fp32 ones where the adapter has cooperative matrices.
     #[arg(long)]
     no_coop: bool,
+    /// Leave the upload staging as it was. Otherwise tune first times a 256 MiB write (16 MiB with
+    /// --quick) through the upload ring's two kinds of staging memory, wgpu's mappable buffers and
+    /// host memory the GPU's copy engine reads (Vulkan only), and keeps the faster: a training run's
+    /// uploads then use it.
+    #[arg(long)]
+    no_upload: bool,
     /// Stop after this many seconds: the classes done are kept and merged into the table, one still being
     /// timed is left untuned (the clock is read before each variant, whose compiling can take minutes on a
     /// CPU driver). Where the adapter has cooperative matrices the fp32 classes stop at 60% of it and
@@ -108,12 +114,19 @@ pub fn run(args: TuneArgs) -> Result<i32> {
         zerostream::bench::tune::check_table_place(&dev)?;
     }
     let start = std::time::Instant::now();
+    // The upload staging first: seconds, whatever --max-seconds leaves for the classes.
+    let upload_bytes = if args.quick { 16 << 20 } else { 256 << 20 };
+    let upload = if args.no_upload { None } else { Some(zerostream::bench::tune::tune_upload(&dev, upload_bytes)?) };
+    if let Some(u) = &upload {
+        print_upload(u, args.json);
+    }
     // The attention classes first: a few, each timed in seconds at most, which the many matmul classes
     // would otherwise leave past --max-seconds.
     let attention = zerostream::bench::tune::tune_attention(&dev, &cfg, start, |r| print_attention(r, args.json))?;
     let results = zerostream::bench::tune::tune(&dev, &cfg, start, |r| print_class(r, "class", args.json))?;
     let coop = zerostream::bench::tune::tune_coop(&dev, &cfg, start, |r| print_class(r, "coop_class", args.json))?;
-    let path = if args.no_save { None } else { Some(zerostream::bench::tune::save_table(&dev, &results, &attention, &coop)?) };
+    let path =
+        if args.no_save { None } else { Some(zerostream::bench::tune::save_table(&dev, &results, &attention, &coop, upload.as_ref())?) };
     let mut mismatched: Vec<String> =
         results.iter().flat_map(|r| r.timed.mismatched.iter().map(move |v| format!("matmul variant {v} on {}", r.class.key()))).collect();
     mismatched.extend(
@@ -226,6 +239,29 @@ fn print_attention(r: &AttentionResult, json: bool) {
 }
 
 /// `--max-seconds`: a finite, non-negative number of seconds (0 tunes nothing and keeps the table).
+/// The upload staging's timing and choice.
+fn print_upload(u: &UploadResult, json: bool) {
+    if json {
+        let row = serde_json::json!({
+            "kind": "upload", "bytes": u.bytes, "mapped_gbps": u.mapped_gbps, "host_gbps": u.host_gbps,
+            "host_unavailable": u.host_unavailable, "chosen": u.chosen.name(),
+        });
+        println!("{row}");
+        return;
+    }
+    let host = match (u.host_gbps, &u.host_unavailable) {
+        (Some(g), _) => format!("{g:.1} GB/s"),
+        (None, Some(why)) => format!("unavailable ({why})"),
+        (None, None) => "unavailable".into(),
+    };
+    println!(
+        "upload staging: mapped buffers {:.1} GB/s, host memory {host} for {} MiB writes: {} chosen",
+        u.mapped_gbps,
+        u.bytes >> 20,
+        u.chosen.name()
+    );
+}
+
 fn parse_max_seconds(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(s) if s.is_finite() && (0.0..=1e9).contains(&s) => Ok(s),

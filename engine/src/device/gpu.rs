@@ -219,7 +219,8 @@ impl GpuDevice {
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        Ok(GpuDevice {
+        let upload_staging = matmul_table.upload_staging;
+        let dev = GpuDevice {
             coop_size: matmul::coop_unavailable(&summary).is_none().then(|| summary.coop_f16_size()).flatten(),
             summary,
             budget: ByteBudget::new(budget_bytes.unwrap_or(u64::MAX)),
@@ -247,7 +248,12 @@ impl GpuDevice {
             coop_scratch: Default::default(),
             device,
             queue,
-        })
+        };
+        // The tuned staging, where this adapter still makes it (a driver update can change that).
+        if let Err(e) = dev.set_upload_staging(upload_staging) {
+            eprintln!("warning: {e:#}; uploads stage in mapped buffers");
+        }
+        Ok(dev)
     }
 
     pub fn summary(&self) -> &AdapterSummary {
@@ -479,6 +485,9 @@ mod memory;
 
 #[path = "gpu_staging.rs"]
 mod staging;
+
+#[path = "gpu_host_staging.rs"]
+mod host_staging;
 
 #[path = "gpu_attention.rs"]
 mod attention;

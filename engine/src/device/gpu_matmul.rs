@@ -163,8 +163,16 @@ impl GpuDevice {
     }
 
     /// Replaces the tuning table (after `zerostream tune`, or a test's own).
+    /// Installs `table` (its upload staging too, where the adapter can make it; else the mapped buffers
+    /// stay, with a warning).
     pub fn set_matmul_table(&self, table: MatmulTable) {
+        let staging = table.upload_staging;
         *self.matmul_table.borrow_mut() = table;
+        if staging != self.upload_staging()
+            && let Err(e) = self.set_upload_staging(staging)
+        {
+            eprintln!("warning: {e:#}; uploads stage in mapped buffers");
+        }
     }
 
     /// The variant a product of this shape runs now.

@@ -25,10 +25,20 @@ const FILL_PIECE_BYTES: usize = 1 << 20;
 /// Copies `src` into the start of `dst` (write-only mapped memory) on rayon's threads, a piece each.
 pub(super) fn fill_in_parallel(mut dst: wgpu::WriteOnly<'_, [u8]>, src: &[u8]) {
     assert!(src.len() <= dst.len(), "{} bytes into a mapping of {}", src.len(), dst.len());
-    let base = StagingPtr(dst.as_raw_element_ptr().as_ptr());
+    // SAFETY: the mapping is at least `src.len()` bytes and `dst` is borrowed mutably while this runs.
+    unsafe { fill_raw_in_parallel(dst.as_raw_element_ptr().as_ptr(), src) }
+}
+
+/// Copies `src` to `dst` on rayon's threads, a piece each.
+///
+/// # Safety
+/// `dst` must be valid for writes of `src.len()` bytes, not overlap `src`, and be written by nothing
+/// else while this runs.
+pub(super) unsafe fn fill_raw_in_parallel(dst: *mut u8, src: &[u8]) {
+    let base = StagingPtr(dst);
     src.par_chunks(FILL_PIECE_BYTES).enumerate().for_each(|(i, piece)| {
-        // SAFETY: piece i goes to bytes i * PIECE .. of the mapping, which is at least `src.len()`
-        // long: in bounds, disjoint between tasks, and only written.
+        // SAFETY: piece i goes to bytes i * PIECE .. of `dst`, which holds `src.len()` bytes (the
+        // caller's promise): in bounds, disjoint between tasks, and only written.
         unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), base.get().add(i * FILL_PIECE_BYTES), piece.len()) }
     });
 }

@@ -1,17 +1,24 @@
-//! The gpu device's upload ring: host-visible staging buffers, made once and reused, that a large
+//! The gpu device's upload ring: staging buffers, made once and reused, that a large
 //! write is copied into on rayon's threads one chunk at a time, each chunk then copied on the device
 //! while the host fills the next. wgpu's own `write_buffer_with` allocates fresh staging memory for
 //! every write (which the driver must map and pin) and copies only after the whole write is filled: on
 //! an H100 it reached 28 GB/s at 64 MiB and 12 GB/s at 256 MiB against a 55 GB/s pinned copy
-//! (benches/results/2026-11-26-h100-gpu.md). The buffers are host memory, not charged to the device's
-//! byte budget (the planner counts them in host RAM). A child module of `gpu`, so it uses that
-//! file's private fields.
+//! (benches/results/2026-11-26-h100-gpu.md). The buffers are wgpu's mappable ones or host memory the
+//! device reads (`UploadStaging`, `gpu_host_staging.rs`; `zerostream tune` keeps the faster), not
+//! charged to the device's byte budget (the planner counts them in host RAM). A child module of
+//! `gpu`, so it uses that file's private fields.
 
 use std::cell::{Cell, RefCell};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{TryRecvError, channel};
 
+use anyhow::{Result, bail};
+
 use super::GpuDevice;
+use super::host_staging::HostStaging;
 use super::memory::{Mapped, fill_in_parallel};
+use crate::device::UploadStaging;
 use crate::device::alloc::{GPU_UPLOAD_CHUNK_BYTES, GPU_UPLOAD_RING_MAX_LEN};
 
 /// Buffers the ring starts with, each a chunk of a write (`GPU_UPLOAD_CHUNK_BYTES`). It grows to
@@ -21,22 +28,76 @@ use crate::device::alloc::{GPU_UPLOAD_CHUNK_BYTES, GPU_UPLOAD_RING_MAX_LEN};
 /// the ring, made while a block's kernels run, would otherwise hold the host until those kernels end).
 const UPLOAD_RING_MIN_LEN: usize = 8;
 
-/// A ring buffer's copy that the device may still be running: the buffer's mapping request and the
-/// submission holding the copy.
-type InUse = Option<(Mapped, wgpu::SubmissionIndex)>;
+/// A ring buffer: wgpu's mappable buffer, or host memory mapped for good ([`UploadStaging`]).
+enum Staging {
+    Mapped(wgpu::Buffer),
+    Host(HostStaging),
+}
 
-/// The ring, made on the first large write (a device that never makes one holds no staging memory).
+impl Staging {
+    fn buffer(&self) -> &wgpu::Buffer {
+        match self {
+            Staging::Mapped(b) => b,
+            Staging::Host(h) => &h.buffer,
+        }
+    }
+}
+
+/// A ring buffer's copy that the device may still be running, and the submission holding it: a mapped
+/// buffer's mapping request (granted once the copy is done), or, for host memory, a flag the queue
+/// sets when the work submitted with the copy is done.
+enum InUse {
+    Mapping(Mapped, wgpu::SubmissionIndex),
+    Copying(Arc<AtomicBool>, wgpu::SubmissionIndex),
+}
+
+struct Slot {
+    staging: Staging,
+    in_use: Option<InUse>,
+}
+
+/// The ring, made on the first large write (a device that never makes one holds no staging memory),
+/// of the kind [`GpuDevice::set_upload_staging`] chose.
 #[derive(Default)]
 pub(super) struct UploadRing {
-    slots: RefCell<Vec<(wgpu::Buffer, InUse)>>,
+    slots: RefCell<Vec<Slot>>,
     next: Cell<usize>,
+    kind: Cell<UploadStaging>,
 }
 
 impl GpuDevice {
+    /// Stages the upload ring's writes in `kind` of memory from now on (the ring is emptied, after the
+    /// device's copies from it are done). Refused, naming why, where the adapter cannot make it.
+    pub fn set_upload_staging(&self, kind: UploadStaging) -> Result<()> {
+        if kind == UploadStaging::Host
+            && let Some(why) = self.host_staging_unavailable()
+        {
+            bail!("upload staging in host memory is not available on {}: {why}", self.summary.name);
+        }
+        let mut slots = self.upload_ring.slots.borrow_mut();
+        for slot in slots.iter_mut() {
+            self.wait_for_copy(slot);
+        }
+        slots.clear();
+        self.upload_ring.kind.set(kind);
+        Ok(())
+    }
+
+    /// Why the upload ring cannot stage in host memory on this adapter (one buffer made and dropped to
+    /// find out), or None when it can.
+    pub fn host_staging_unavailable(&self) -> Option<String> {
+        self.create_host_staging(GPU_UPLOAD_CHUNK_BYTES).err()
+    }
+
+    /// Where the upload ring stages writes now.
+    pub fn upload_staging(&self) -> UploadStaging {
+        self.upload_ring.kind.get()
+    }
+
     /// Writes `bytes` into `dst` at `offset` through the ring, ordered after the work submitted before
     /// it and before the work recorded after it (each chunk's copy goes into the device's encoder and
-    /// is submitted at once, so that its buffer can be mapped again). Offset and length are whole
-    /// 32-bit words, as every copy's must be.
+    /// is submitted at once, so that its buffer can be filled again once the copy is done). Offset and
+    /// length are whole 32-bit words, as every copy's must be.
     pub(in crate::device) fn upload_through_ring(&self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
         let align = wgpu::COPY_BUFFER_ALIGNMENT;
         assert!(
@@ -48,33 +109,61 @@ impl GpuDevice {
         for (k, piece) in bytes.chunks(GPU_UPLOAD_CHUNK_BYTES as usize).enumerate() {
             let mut slots = ring.slots.borrow_mut();
             if slots.is_empty() {
-                slots.extend((0..UPLOAD_RING_MIN_LEN).map(|_| (self.ring_buffer(), None)));
+                slots.extend((0..UPLOAD_RING_MIN_LEN).map(|_| self.ring_slot()));
             }
-            // Run the callbacks of mappings already done, then take the next buffer if its copy is
+            // Run the callbacks of copies already done, then take the next buffer if its copy is
             // done, else a new one while the ring may grow, else wait for it.
             let _ = self.device.poll(wgpu::PollType::Poll);
             let i = ring.next.get() % slots.len();
-            if !copy_done(&mut slots[i].1) && slots.len() < GPU_UPLOAD_RING_MAX_LEN {
-                slots.insert(i, (self.ring_buffer(), None));
+            if !copy_done(&mut slots[i].in_use) && slots.len() < GPU_UPLOAD_RING_MAX_LEN {
+                slots.insert(i, self.ring_slot());
             }
             ring.next.set((i + 1) % slots.len());
-            let (buffer, in_use) = &mut slots[i];
-            if let Some((mapped, submission)) = in_use.take() {
-                self.wait_until_mapped(&mapped, Some(submission), "the upload ring's buffer");
-            }
+            let slot = &mut slots[i];
+            self.wait_for_copy(slot);
             let len = piece.len() as u64;
-            {
-                let mut view = buffer.slice(..len).get_mapped_range_mut().expect("the upload ring's buffer is mapped");
-                fill_in_parallel(view.slice(..), piece);
+            match &mut slot.staging {
+                Staging::Mapped(buffer) => {
+                    {
+                        let mut view = buffer.slice(..len).get_mapped_range_mut().expect("the upload ring's buffer is mapped");
+                        fill_in_parallel(view.slice(..), piece);
+                    }
+                    buffer.unmap();
+                }
+                Staging::Host(host) => host.fill(piece),
             }
-            buffer.unmap();
+            let buffer = slot.staging.buffer();
             self.record(|encoder| encoder.copy_buffer_to_buffer(buffer, 0, dst, offset + k as u64 * GPU_UPLOAD_CHUNK_BYTES, len));
             let submission = self.flush().expect("the chunk's copy was recorded");
-            let (sender, receiver) = channel();
-            buffer.slice(..).map_async(wgpu::MapMode::Write, move |r| {
-                let _ = sender.send(r);
+            slot.in_use = Some(match &slot.staging {
+                Staging::Mapped(buffer) => {
+                    let (sender, receiver) = channel();
+                    buffer.slice(..).map_async(wgpu::MapMode::Write, move |r| {
+                        let _ = sender.send(r);
+                    });
+                    InUse::Mapping(receiver, submission)
+                }
+                Staging::Host(_) => {
+                    let done = Arc::new(AtomicBool::new(false));
+                    let flag = done.clone();
+                    self.queue.on_submitted_work_done(move || flag.store(true, Ordering::Release));
+                    InUse::Copying(done, submission)
+                }
             });
-            *in_use = Some((receiver, submission));
+        }
+    }
+
+    /// Blocks until the device's copy from `slot` (if any) is done, and marks the slot free.
+    fn wait_for_copy(&self, slot: &mut Slot) {
+        match slot.in_use.take() {
+            None => {}
+            Some(InUse::Mapping(mapped, submission)) => self.wait_until_mapped(&mapped, Some(submission), "the upload ring's buffer"),
+            Some(InUse::Copying(done, submission)) => {
+                while !done.load(Ordering::Acquire) {
+                    let wait = wgpu::PollType::Wait { submission_index: Some(submission.clone()), timeout: None };
+                    self.device.poll(wait).unwrap_or_else(|e| panic!("GPU device lost while waiting for the upload ring: {e}"));
+                }
+            }
         }
     }
 
@@ -113,13 +202,22 @@ impl GpuDevice {
         self.upload_ring.slots.borrow().len()
     }
 
-    fn ring_buffer(&self) -> wgpu::Buffer {
-        self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("upload ring"),
-            size: GPU_UPLOAD_CHUNK_BYTES,
-            usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: true,
-        })
+    /// A new ring buffer of the ring's kind (checked when the kind was set: host staging that fails
+    /// here, as when host memory runs out, is a fatal error like any other failed allocation).
+    fn ring_slot(&self) -> Slot {
+        let staging = match self.upload_ring.kind.get() {
+            UploadStaging::Mapped => Staging::Mapped(self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("upload ring"),
+                size: GPU_UPLOAD_CHUNK_BYTES,
+                usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: true,
+            })),
+            UploadStaging::Host => Staging::Host(
+                self.create_host_staging(GPU_UPLOAD_CHUNK_BYTES)
+                    .unwrap_or_else(|why| panic!("the upload ring's host staging buffer: {why}")),
+            ),
+        };
+        Slot { staging, in_use: None }
     }
 }
 
@@ -135,17 +233,23 @@ impl Prestaged {
     }
 }
 
-/// Whether a ring buffer is free to fill (never used, or mapped again after its copy), without
-/// blocking; clears `in_use` when it is.
-fn copy_done(in_use: &mut InUse) -> bool {
-    let Some((mapped, _)) = in_use else { return true };
-    match mapped.try_recv() {
-        Ok(result) => {
-            result.expect("mapping the upload ring's buffer failed");
-            *in_use = None;
-            true
-        }
-        Err(TryRecvError::Empty) => false,
-        Err(TryRecvError::Disconnected) => panic!("map callback dropped"),
+/// Whether a ring buffer is free to fill (never used, or its copy done), without blocking; clears
+/// `in_use` when it is.
+fn copy_done(in_use: &mut Option<InUse>) -> bool {
+    let done = match in_use {
+        None => return true,
+        Some(InUse::Copying(done, _)) => done.load(Ordering::Acquire),
+        Some(InUse::Mapping(mapped, _)) => match mapped.try_recv() {
+            Ok(result) => {
+                result.expect("mapping the upload ring's buffer failed");
+                true
+            }
+            Err(TryRecvError::Empty) => false,
+            Err(TryRecvError::Disconnected) => panic!("map callback dropped"),
+        },
+    };
+    if done {
+        *in_use = None;
     }
+    done
 }

@@ -15,6 +15,7 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use zerostream_shaders::{CoopTile, MatmulTile};
 
+use super::UploadStaging;
 use super::adapter::AdapterSummary;
 use crate::ops::MatmulShape;
 
@@ -114,6 +115,8 @@ pub struct MatmulTable {
     pub coop_entries: BTreeMap<MatmulClass, CoopTile>,
     /// The vendor's measured cooperative-matrix default ([`builtin_coop_default`]), at its size.
     pub coop_default: Option<CoopTile>,
+    /// Where the upload ring stages writes: as tuned, else wgpu's mapped buffers.
+    pub upload_staging: UploadStaging,
 }
 
 /// `class`'s own entry, else the nearest of the same layouts within [`MAX_BORROW_DISTANCE`], among the
@@ -135,7 +138,8 @@ impl MatmulTable {
     pub fn builtin(adapter: &AdapterSummary) -> Self {
         let (vendor, default) = builtin_default(adapter);
         let (entries, coop_entries, coop_default) = (BTreeMap::new(), BTreeMap::new(), builtin_coop_default(adapter));
-        MatmulTable { source: TableSource::Builtin { vendor }, default, entries, coop_entries, coop_default }
+        let upload_staging = UploadStaging::Mapped;
+        MatmulTable { source: TableSource::Builtin { vendor }, default, entries, coop_entries, coop_default, upload_staging }
     }
 
     /// The variant for a product of class `class`: its own tuned entry, else the nearest tuned class of
@@ -207,8 +211,12 @@ impl MatmulTable {
             let class = MatmulClass::parse(&e.class).with_context(|| format!("shape class {:?}", e.class))?;
             coop_entries.insert(class, CoopTile::parse(&e.variant).map_err(anyhow::Error::msg)?);
         }
+        let upload_staging = match &file.upload {
+            None => UploadStaging::Mapped,
+            Some(u) => UploadStaging::parse(&u.staging).with_context(|| format!("upload staging {:?}: not mapped or host", u.staging))?,
+        };
         let source = TableSource::Tuned { path: path.to_path_buf(), created: file.created };
-        Ok(MatmulTable { source, default, entries, coop_entries, coop_default: builtin_coop_default(adapter) })
+        Ok(MatmulTable { source, default, entries, coop_entries, coop_default: builtin_coop_default(adapter), upload_staging })
     }
 }
 
@@ -260,6 +268,20 @@ pub struct TableFile {
     /// absent from older files.
     #[serde(default)]
     pub coop: Vec<TableEntry>,
+    /// The upload ring's staging as timed (absent from older files, and from tunes of adapters never
+    /// timed: those stage in mapped buffers).
+    #[serde(default)]
+    pub upload: Option<UploadEntry>,
+}
+
+/// The upload ring's staging `zerostream tune` chose ([`UploadStaging`]'s name), with what it measured.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct UploadEntry {
+    pub staging: String,
+    /// Bytes per timed write, and the best GB/s through each kind (host: None where unavailable).
+    pub bytes: u64,
+    pub mapped_gbps: f64,
+    pub host_gbps: Option<f64>,
 }
 
 impl TableFile {
@@ -273,7 +295,7 @@ impl TableFile {
         coop: Vec<TableEntry>,
     ) -> Self {
         let default = MatmulTable::builtin(adapter).default.name();
-        TableFile { key: TableKey::of(adapter), created, default, entries, attention, coop }
+        TableFile { key: TableKey::of(adapter), created, default, entries, attention, coop, upload: None }
     }
 
     /// Writes the table beside its final name and renames it into place, so a reader never sees half a
@@ -439,6 +461,7 @@ mod tests {
             entries: BTreeMap::from([(own, small)]),
             coop_entries: BTreeMap::new(),
             coop_default: None,
+            upload_staging: UploadStaging::Mapped,
         };
         assert_eq!(table.choose(&own), small);
         assert_eq!(table.choose(&near), small);

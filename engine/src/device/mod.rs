@@ -317,6 +317,30 @@ pub enum MatmulInputs {
     F16,
 }
 
+/// Where the gpu device's upload ring stages a write before the device copies it (speed only: the
+/// bytes that arrive are the same). `zerostream tune` times both and keeps the faster for the adapter.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UploadStaging {
+    /// wgpu's mappable buffers: on a GPU with a resizable BAR, VRAM the host writes across the link.
+    #[default]
+    Mapped,
+    /// Host memory the device's copy engine reads across the link (Vulkan only), like a pinned copy.
+    Host,
+}
+
+impl UploadStaging {
+    pub fn name(self) -> &'static str {
+        match self {
+            UploadStaging::Mapped => "mapped",
+            UploadStaging::Host => "host",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<UploadStaging> {
+        [UploadStaging::Mapped, UploadStaging::Host].into_iter().find(|s| s.name() == name)
+    }
+}
+
 /// A 16-bit floating-point format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HalfFormat {

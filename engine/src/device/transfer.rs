@@ -10,6 +10,7 @@ use std::time::Instant;
 use anyhow::{Result, anyhow, bail};
 use rayon::prelude::*;
 
+use super::UploadStaging;
 use super::gpu::{GpuDevice, GpuTensor, Prestaged};
 
 /// How bytes cross to or from the device.
@@ -25,6 +26,10 @@ pub enum TransferMethod {
     /// A ring of mapped staging buffers, each chunk copied on the device while the next is filled
     /// (h2d: the gpu device's upload ring, what its writes do) or drained (d2h), on rayon's threads.
     StagingRing,
+    /// h2d only: the upload ring with its buffers in host memory the device's copy engine reads
+    /// (`UploadStaging::Host`, Vulkan only), where `StagingRing` uses wgpu's mappable buffers. Each
+    /// method sets the ring's kind it needs (the device keeps the last one set).
+    HostRing,
     /// h2d only: the bytes already in staging memory, filled before the clock starts (as PyTorch's
     /// pinned buffer holds them): the device's copy alone. What an upload would cost the device thread
     /// if the AdamW thread wrote the working copy straight into staging memory (issue #22 item 4), so
@@ -116,7 +121,13 @@ impl GpuDevice {
                 self.upload_via_wgpu_staging(dst, 0, host);
                 self.queue.submit([]);
             }
-            TransferMethod::StagingRing => self.upload_through_ring(dst, 0, host),
+            TransferMethod::StagingRing | TransferMethod::HostRing => {
+                let kind = if method == TransferMethod::HostRing { UploadStaging::Host } else { UploadStaging::Mapped };
+                if self.upload_staging() != kind {
+                    self.set_upload_staging(kind)?;
+                }
+                self.upload_through_ring(dst, 0, host)
+            }
             TransferMethod::Prestaged => {
                 bail!("a prestaged copy's bytes are staged before it is issued: GpuDevice::prestage, then issue_prestaged_into")
             }
@@ -126,7 +137,7 @@ impl GpuDevice {
 
     /// Seconds to bring a device buffer of `host.len()` bytes into `host`.
     pub fn time_d2h(&self, host: &mut [u8], method: TransferMethod) -> Result<f64> {
-        if matches!(method, TransferMethod::Parallel | TransferMethod::Prestaged) {
+        if matches!(method, TransferMethod::Parallel | TransferMethod::HostRing | TransferMethod::Prestaged) {
             bail!("{method:?} moves bytes up only (h2d)");
         }
         let bytes = host.len() as u64;

@@ -1,0 +1,53 @@
+//! The upload ring's staging for `zerostream tune`: the same write timed through wgpu's mappable
+//! buffers and through host memory the device's copy engine reads ([`UploadStaging`]), the faster
+//! kept in the table (by at least [`HOST_MARGIN`], else the mapped buffers every adapter has). The bytes
+//! that arrive are the same either way: only the speed is chosen.
+
+use anyhow::{Result, bail};
+
+use crate::device::transfer::TransferMethod;
+use crate::device::{GpuDevice, UploadStaging};
+
+/// How much faster host staging must be to be chosen: a tie goes to what every adapter has.
+const HOST_MARGIN: f64 = 1.05;
+
+/// Timed runs per staging kind (after one untimed run that makes the ring's buffers); the best counts.
+const REPS: usize = 3;
+
+/// What the upload timing found.
+#[derive(Clone, Debug)]
+pub struct UploadResult {
+    /// Bytes per timed write.
+    pub bytes: u64,
+    pub mapped_gbps: f64,
+    /// None where the adapter cannot stage in host memory, with why in `host_unavailable`.
+    pub host_gbps: Option<f64>,
+    pub host_unavailable: Option<String>,
+    pub chosen: UploadStaging,
+}
+
+/// Times writes of `bytes` through each staging kind `dev` can use, leaves `dev` on the faster and
+/// says which.
+pub fn tune_upload(dev: &GpuDevice, bytes: u64) -> Result<UploadResult> {
+    if bytes == 0 || !bytes.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT) {
+        bail!("upload timing: {bytes} bytes is not a positive multiple of {}", wgpu::COPY_BUFFER_ALIGNMENT);
+    }
+    let host: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8).collect();
+    let gbps = |method: TransferMethod| -> Result<f64> {
+        dev.time_h2d(&host, method)?; // untimed: the ring's buffers are made on the first write
+        let mut best = f64::INFINITY;
+        for _ in 0..REPS {
+            best = best.min(dev.time_h2d(&host, method)?);
+        }
+        Ok(bytes as f64 / best / 1e9)
+    };
+    let mapped_gbps = gbps(TransferMethod::StagingRing)?;
+    let host_unavailable = dev.host_staging_unavailable();
+    let host_gbps = if host_unavailable.is_none() { Some(gbps(TransferMethod::HostRing)?) } else { None };
+    let chosen = match host_gbps {
+        Some(h) if h >= HOST_MARGIN * mapped_gbps => UploadStaging::Host,
+        _ => UploadStaging::Mapped,
+    };
+    dev.set_upload_staging(chosen)?;
+    Ok(UploadResult { bytes, mapped_gbps, host_gbps, host_unavailable, chosen })
+}
