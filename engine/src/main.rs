@@ -202,78 +202,7 @@ fn parse_args() -> Result<clap::ArgMatches> {
 fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
     let cli_quiet = cli.quiet;
     match cli.command {
-        Command::Devices { json } => {
-            let adapters = device::gpu::list_adapters();
-            if json {
-                for a in &adapters {
-                    println!(
-                        "{}",
-                        serde_json::json!({
-                            "index": a.index, "name": a.name, "backend": a.backend,
-                            "type": format!("{:?}", a.device_type), "driver": a.driver,
-                            "max_storage_binding_bytes": a.max_storage_binding_bytes,
-                            "max_buffer_bytes": a.max_buffer_bytes,
-                            "max_workgroup_storage_bytes": a.max_workgroup_storage_bytes,
-                            "max_invocations_per_workgroup": a.max_invocations_per_workgroup,
-                            "shader_f16": a.shader_f16, "timestamp_query": a.timestamp_query, "subgroup": a.subgroup,
-                            "cooperative_matrix": a.cooperative_matrix,
-                            "cooperative_matrix_configs": a.cooperative_matrix_configs.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
-                            "matmul_f16_coop": device::gpu::coop_unavailable(a).is_none(),
-                            "matmul_table": MatmulTable::load(a).0.describe(),
-                            "upload_staging": MatmulTable::load(a).0.upload_staging.name(),
-                            "attention_table": AttentionTable::load(a).0.describe(),
-                        })
-                    );
-                }
-                return Ok(0);
-            }
-            if adapters.is_empty() {
-                println!("no GPU adapters found; `--device auto` will use the cpu device");
-            }
-            for a in &adapters {
-                println!("[{}] {} ({}, {:?}) driver: {}", a.index, a.name, a.backend, a.device_type, a.driver);
-                println!(
-                    "    max storage binding {} MiB, max buffer {} MiB, workgroup storage {} KiB, {} invocations/workgroup",
-                    a.max_storage_binding_bytes >> 20,
-                    a.max_buffer_bytes >> 20,
-                    a.max_workgroup_storage_bytes >> 10,
-                    a.max_invocations_per_workgroup
-                );
-                println!("    shader-f16: {}, timestamp-query: {}, subgroup: {}", a.shader_f16, a.timestamp_query, a.subgroup);
-                let configs: Vec<String> = a.cooperative_matrix_configs.iter().map(|c| c.to_string()).collect();
-                println!(
-                    "    cooperative matrices: {}; --matmul-inputs f16: {}",
-                    if configs.is_empty() { "none".to_string() } else { configs.join(", ") },
-                    device::gpu::coop_unavailable(a).map_or("available".to_string(), |why| format!("unavailable ({why})"))
-                );
-                let (table, problem) = MatmulTable::load(a);
-                println!("    fp32 matmul variants: {}", table.describe());
-                if let (None, Some(size)) = (device::gpu::coop_unavailable(a), a.coop_f16_size()) {
-                    println!(
-                        "    cooperative-matrix variants: {} tuned shape classes, default {}",
-                        table.coop_entries.values().filter(|t| t.coop == size).count(),
-                        table.coop_default_for(size)
-                    );
-                }
-                if let Some(problem) = problem {
-                    println!("    warning: {problem}");
-                }
-                println!(
-                    "    upload staging: {} (`zerostream tune` times mapped buffers against host memory and keeps the faster)",
-                    match table.upload_staging {
-                        device::UploadStaging::Mapped => "wgpu's mapped buffers",
-                        device::UploadStaging::Host => "host memory the GPU copies from",
-                    }
-                );
-                let (attention, problem) = AttentionTable::load(a);
-                println!("    attention variants: {}", attention.describe());
-                if let Some(problem) = problem.filter(|_| matches!(table.source, TableSource::Tuned { .. })) {
-                    println!("    warning: {problem}"); // (a file the matmul's loader refused is reported once, above)
-                }
-            }
-            println!("cpu: the plain-Rust kernels on {} threads (--device cpu)", rayon::current_num_threads());
-            Ok(0)
-        }
+        Command::Devices { json } => print_devices(json),
         Command::Eval { model, data, data_dtype, batch_size, seq_len, batches, device } => {
             let dev = device::open(device.device, device.adapter.as_deref(), None)?;
             if !cli_quiet {
@@ -301,4 +230,79 @@ fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
         Command::Generate(args) => cli::generate::run(*args, cli_quiet).map(|()| 0),
         Command::Selftest(args) => cli::selftest::run(args),
     }
+}
+
+/// `zerostream devices`: every adapter wgpu sees, with its limits, features and tuning tables (one JSON
+/// object each with --json), then the cpu device.
+fn print_devices(json: bool) -> Result<i32> {
+    let adapters = device::gpu::list_adapters();
+    if json {
+        for a in &adapters {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "index": a.index, "name": a.name, "backend": a.backend,
+                    "type": format!("{:?}", a.device_type), "driver": a.driver,
+                    "max_storage_binding_bytes": a.max_storage_binding_bytes,
+                    "max_buffer_bytes": a.max_buffer_bytes,
+                    "max_workgroup_storage_bytes": a.max_workgroup_storage_bytes,
+                    "max_invocations_per_workgroup": a.max_invocations_per_workgroup,
+                    "shader_f16": a.shader_f16, "timestamp_query": a.timestamp_query, "subgroup": a.subgroup,
+                    "cooperative_matrix": a.cooperative_matrix,
+                    "cooperative_matrix_configs": a.cooperative_matrix_configs.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
+                    "matmul_f16_coop": device::gpu::coop_unavailable(a).is_none(),
+                    "matmul_table": MatmulTable::load(a).0.describe(),
+                    "upload_staging": MatmulTable::load(a).0.upload_staging.name(),
+                    "attention_table": AttentionTable::load(a).0.describe(),
+                })
+            );
+        }
+        return Ok(0);
+    }
+    if adapters.is_empty() {
+        println!("no GPU adapters found; `--device auto` will use the cpu device");
+    }
+    for a in &adapters {
+        println!("[{}] {} ({}, {:?}) driver: {}", a.index, a.name, a.backend, a.device_type, a.driver);
+        println!(
+            "    max storage binding {} MiB, max buffer {} MiB, workgroup storage {} KiB, {} invocations/workgroup",
+            a.max_storage_binding_bytes >> 20,
+            a.max_buffer_bytes >> 20,
+            a.max_workgroup_storage_bytes >> 10,
+            a.max_invocations_per_workgroup
+        );
+        println!("    shader-f16: {}, timestamp-query: {}, subgroup: {}", a.shader_f16, a.timestamp_query, a.subgroup);
+        let configs: Vec<String> = a.cooperative_matrix_configs.iter().map(|c| c.to_string()).collect();
+        println!(
+            "    cooperative matrices: {}; --matmul-inputs f16: {}",
+            if configs.is_empty() { "none".to_string() } else { configs.join(", ") },
+            device::gpu::coop_unavailable(a).map_or("available".to_string(), |why| format!("unavailable ({why})"))
+        );
+        let (table, problem) = MatmulTable::load(a);
+        println!("    fp32 matmul variants: {}", table.describe());
+        if let (None, Some(size)) = (device::gpu::coop_unavailable(a), a.coop_f16_size()) {
+            println!(
+                "    cooperative-matrix variants: {} tuned shape classes, default {}",
+                table.coop_entries.values().filter(|t| t.coop == size).count(),
+                table.coop_default_for(size)
+            );
+        }
+        if let Some(problem) = problem {
+            println!("    warning: {problem}");
+        }
+        println!(
+            "    upload staging: {} (`zerostream tune` times mapped buffers against host memory and keeps the faster)",
+            match table.upload_staging {
+                device::UploadStaging::Mapped => "wgpu's mapped buffers",
+                device::UploadStaging::Host => "host memory the GPU copies from",
+            }
+        );
+        let (attention, problem) = AttentionTable::load(a);
+        println!("    attention variants: {}", attention.describe());
+        if let Some(problem) = problem.filter(|_| matches!(table.source, TableSource::Tuned { .. })) {
+            println!("    warning: {problem}"); // (a file the matmul's loader refused is reported once, above)
+        }
+    }
+    println!("cpu: the plain-Rust kernels on {} threads (--device cpu)", rayon::current_num_threads());
+    Ok(0)
 }

@@ -6,7 +6,7 @@
 use anyhow::Result;
 use zerostream::bench::tune::{AttentionResult, ClassResult, TuneConfig, UploadResult, VariantTimes};
 use zerostream::device::GpuDevice;
-use zerostream_shaders::{AttentionTile, MatmulTile};
+use zerostream_shaders::{AttentionTile, CoopTile, MatmulTile};
 
 #[derive(clap::Args)]
 pub struct TuneArgs {
@@ -127,43 +127,66 @@ pub fn run(args: TuneArgs) -> Result<i32> {
     let coop = zerostream::bench::tune::tune_coop(&dev, &cfg, start, |r| print_class(r, "coop_class", args.json))?;
     let path =
         if args.no_save { None } else { Some(zerostream::bench::tune::save_table(&dev, &results, &attention, &coop, upload.as_ref())?) };
-    let mut mismatched: Vec<String> =
-        results.iter().flat_map(|r| r.timed.mismatched.iter().map(move |v| format!("matmul variant {v} on {}", r.class.key()))).collect();
-    mismatched.extend(
-        coop.iter().flat_map(|r| r.timed.mismatched.iter().map(move |v| format!("cooperative matmul variant {v} on {}", r.class.key()))),
-    );
-    mismatched.extend(
-        attention.iter().flat_map(|r| r.timed.mismatched.iter().map(move |v| format!("attention variant {v} on {}", r.class.key()))),
-    );
-    let speedups: Vec<f64> = results.iter().map(|r| r.timed.default_seconds() / r.timed.best().1).collect();
+    let mismatched = mismatched_variants(&results, &coop, &attention);
     let seconds = start.elapsed().as_secs_f64();
-    if args.json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "kind": "summary", "adapter": summary.name, "driver": summary.driver, "timer": dev.best_timer().name(),
-                "classes": results.len(), "attention_classes": attention.len(), "coop_classes": coop.len(), "seconds": seconds, "table": path.as_ref().map(|p| p.display().to_string()),
-                "mismatched": mismatched,
-                "speedup_min": speedups.iter().copied().fold(f64::INFINITY, f64::min),
-                "speedup_max": speedups.iter().copied().fold(0.0, f64::max),
-            })
-        );
-    } else {
+    let tuned = Tuned { results: &results, attention: &attention, coop: &coop, path: path.as_deref(), seconds, mismatched: &mismatched };
+    tuned.print_summary(&dev, args.json);
+    for m in &mismatched {
+        eprintln!("error: {m} gave other bits than the baseline, the vendor's default (left out of the table): a bug in the template");
+    }
+    Ok(if mismatched.is_empty() { 0 } else { 1 })
+}
+
+/// Every variant whose bits differed from its class's baseline, named with its class.
+fn mismatched_variants(results: &[ClassResult], coop: &[ClassResult<CoopTile>], attention: &[AttentionResult]) -> Vec<String> {
+    let named = |what: &'static str| move |(v, class): (String, String)| format!("{what} {v} on {class}");
+    let of = |timed: Vec<(String, String)>, what| timed.into_iter().map(named(what)).collect::<Vec<_>>();
+    let matmul = results.iter().flat_map(|r| r.timed.mismatched.iter().map(|v| (v.to_string(), r.class.key()))).collect();
+    let coop = coop.iter().flat_map(|r| r.timed.mismatched.iter().map(|v| (v.to_string(), r.class.key()))).collect();
+    let attention = attention.iter().flat_map(|r| r.timed.mismatched.iter().map(|v| (v.to_string(), r.class.key()))).collect();
+    [of(matmul, "matmul variant"), of(coop, "cooperative matmul variant"), of(attention, "attention variant")].concat()
+}
+
+/// What a tune did, for its closing summary.
+struct Tuned<'a> {
+    results: &'a [ClassResult],
+    attention: &'a [AttentionResult],
+    coop: &'a [ClassResult<CoopTile>],
+    path: Option<&'a std::path::Path>,
+    seconds: f64,
+    mismatched: &'a [String],
+}
+
+impl Tuned<'_> {
+    /// The summary: one JSON object, or the class counts and where the table went.
+    fn print_summary(&self, dev: &GpuDevice, json: bool) {
+        let (summary, seconds) = (dev.summary(), self.seconds);
+        let speedups: Vec<f64> = self.results.iter().map(|r| r.timed.default_seconds() / r.timed.best().1).collect();
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "kind": "summary", "adapter": summary.name, "driver": summary.driver, "timer": dev.best_timer().name(),
+                    "classes": self.results.len(), "attention_classes": self.attention.len(), "coop_classes": self.coop.len(),
+                    "seconds": seconds, "table": self.path.map(|p| p.display().to_string()),
+                    "mismatched": self.mismatched,
+                    "speedup_min": speedups.iter().copied().fold(f64::INFINITY, f64::min),
+                    "speedup_max": speedups.iter().copied().fold(0.0, f64::max),
+                })
+            );
+            return;
+        }
         println!(
             "tune: {} matmul, {} attention and {} cooperative-matrix shape classes in {seconds:.1} s",
-            results.len(),
-            attention.len(),
-            coop.len()
+            self.results.len(),
+            self.attention.len(),
+            self.coop.len()
         );
-        match &path {
+        match self.path {
             Some(p) => println!("table: {} (every later run on this adapter and driver uses it)", p.display()),
             None => println!("table: not written (--no-save)"),
         }
     }
-    for m in &mismatched {
-        eprintln!("error: {m} gave other bits than the default (left out of the table): a bug in the template");
-    }
-    Ok(if mismatched.is_empty() { 0 } else { 1 })
 }
 
 /// The JSON fields every tuned class has: its best variant and time, the default's, and every variant's.
