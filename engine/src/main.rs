@@ -238,6 +238,7 @@ fn print_devices(json: bool) -> Result<i32> {
     let adapters = device::gpu::list_adapters();
     if json {
         for a in &adapters {
+            let table = MatmulTable::load(a).0;
             println!(
                 "{}",
                 serde_json::json!({
@@ -251,8 +252,8 @@ fn print_devices(json: bool) -> Result<i32> {
                     "cooperative_matrix": a.cooperative_matrix,
                     "cooperative_matrix_configs": a.cooperative_matrix_configs.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
                     "matmul_f16_coop": device::gpu::coop_unavailable(a).is_none(),
-                    "matmul_table": MatmulTable::load(a).0.describe(),
-                    "upload_staging": MatmulTable::load(a).0.upload_staging.name(),
+                    "matmul_table": table.describe(),
+                    "upload_staging": table.upload_staging.name(),
                     "attention_table": AttentionTable::load(a).0.describe(),
                 })
             );

@@ -6,10 +6,10 @@
 //! command), into the same file (`device/attention_tuning.rs`); and, on an adapter with cooperative
 //! matrices, the cooperative-matrix matmul's variants (`--matmul-inputs f16`) on the same products.
 //!
-//! A variant is accepted only if its result equals the baseline's bit for bit on the product it was
-//! timed on: the table can change the speed of a run, never its numbers. The baseline, timed first, is
-//! the vendor's built-in default ([`MatmulTable::builtin`]: what an untuned device runs), so a class's
-//! "default" time and speed-up say what tuning gained on this adapter.
+//! A variant is accepted only if its result equals the template's plain default's bit for bit on the
+//! product it was timed on: the table can change the speed of a run, never its numbers. The baseline,
+//! timed first, is the vendor's built-in default ([`MatmulTable::builtin`]: what an untuned device runs),
+//! so a class's "default" time and speed-up say what tuning gained on this adapter.
 
 mod attention;
 mod upload;
@@ -88,7 +88,7 @@ pub struct VariantTimes<V> {
     /// (variant, seconds) of every variant timed, the baseline (the vendor's default) first: the median
     /// of several runs, or of one for a variant far slower than the best before it.
     pub times: Vec<(V, f64)>,
-    /// Variants left out because their result differed from the default's (a bug: reported loudly).
+    /// Variants left out because their result differed from the reference's (a bug: reported loudly).
     pub mismatched: Vec<V>,
 }
 
@@ -104,13 +104,22 @@ impl<V: Copy> VariantTimes<V> {
 /// How many times the best median so far one run of a variant may take and still be timed in full.
 const SLOWER_THAN_BEST: f64 = 2.0;
 
-/// Times each of `variants` (the first is the baseline: its output bits are the reference), made
-/// the device's choice by `force`: `run` makes one call, `bits` reads its outputs. A variant whose bits
-/// differ is left out and named. `None` when `deadline` passes before the last variant: a class timed
-/// in part is not recorded, since its winner would replace a whole tune's in the saved table.
-fn time_variants<V: Copy>(
+/// The variants a class is timed with: `list`, its first the baseline (timed first, its time the one a
+/// speed-up is over), and `reference`, whose output bits every variant must give: the plainest kernel
+/// (the template's own default), so a bug in a faster baseline shows as the baseline's mismatch, not
+/// as every other variant's.
+pub(crate) struct Candidates<'a, V> {
+    pub(crate) reference: V,
+    pub(crate) list: &'a [V],
+}
+
+/// Times each of the candidates' variants, made the device's choice by `force`: `run` makes one call,
+/// `bits` reads its outputs. A variant whose bits differ from the reference's is left out and named.
+/// `None` when `deadline` passes before the last variant: a class timed in part is not recorded, since
+/// its winner would replace a whole tune's in the saved table.
+fn time_variants<V: Copy + PartialEq>(
     dev: &GpuDevice,
-    variants: &[V],
+    candidates: &Candidates<V>,
     timer: Timer,
     deadline: Instant,
     force: impl Fn(Option<V>) -> Result<()>,
@@ -118,8 +127,13 @@ fn time_variants<V: Copy>(
     bits: impl Fn() -> Vec<u32>,
 ) -> Result<Option<VariantTimes<V>>> {
     let mut reference: Option<Vec<u32>> = None;
+    if candidates.list.first() != Some(&candidates.reference) {
+        force(Some(candidates.reference))?;
+        run();
+        reference = Some(bits());
+    }
     let mut timed = VariantTimes { times: Vec::new(), mismatched: Vec::new() };
-    for &variant in variants {
+    for &variant in candidates.list {
         // Compiling one variant can take minutes on a CPU driver, so the clock is read before each.
         if Instant::now() > deadline {
             force(None)?;
@@ -277,12 +291,11 @@ fn operands(dev: &GpuDevice, p: &Product, seed: u64) -> Result<Operands> {
     Ok(Operands { a, b, c })
 }
 
-/// Times `variants` (made the device's choice by `force`) on one class's product; the first is the
-/// baseline (the reference bits).
-fn tune_class<V: Copy>(
+/// Times the candidates (made the device's choice by `force`) on one class's product.
+fn tune_class<V: Copy + PartialEq>(
     dev: &GpuDevice,
     p: &Product,
-    variants: &[V],
+    candidates: &Candidates<V>,
     force: impl Fn(Option<V>) -> Result<()>,
     timer: Timer,
     deadline: Instant,
@@ -296,7 +309,7 @@ fn tune_class<V: Copy>(
         bits
     };
     let run = || dev.matmul(&ops.c, &ops.a, &ops.b, None, &p.shape, false);
-    time_variants(dev, variants, timer, deadline, force, run, bits)
+    time_variants(dev, candidates, timer, deadline, force, run, bits)
 }
 
 /// The shape classes of the configured models' products, in the order first met, each with the product
@@ -322,16 +335,16 @@ pub(crate) fn deadline_after(start: Instant, seconds: f64) -> Instant {
     start.checked_add(wait).unwrap_or(start)
 }
 
-/// Times `variants` (the baseline first) on every class, until `until_s` after `start`; `what` names them
-/// in the message when time runs out.
+/// Times the candidates on every class, until `until_s` after `start`; `what` names them in the message
+/// when time runs out.
 #[allow(clippy::too_many_arguments)]
-fn tune_classes<V: Copy>(
+fn tune_classes<V: Copy + PartialEq>(
     dev: &GpuDevice,
     cfg: &TuneConfig,
     start: Instant,
     until_s: f64,
     what: &str,
-    variants: &[V],
+    candidates: &Candidates<V>,
     force: impl Fn(Option<V>) -> Result<()> + Copy,
     mut on_class: impl FnMut(&ClassResult<V>),
 ) -> Result<Vec<ClassResult<V>>> {
@@ -341,7 +354,7 @@ fn tune_classes<V: Copy>(
     let deadline = deadline_after(start, until_s);
     for (i, (class, product, names)) in classes.iter().enumerate() {
         let timed = match Instant::now() < deadline {
-            true => tune_class(dev, product, variants, force, timer, deadline, i as u64 * 7 + 1)?,
+            true => tune_class(dev, product, candidates, force, timer, deadline, i as u64 * 7 + 1)?,
             false => None,
         };
         let Some(timed) = timed else {
@@ -370,15 +383,16 @@ pub fn tune(dev: &GpuDevice, cfg: &TuneConfig, start: Instant, on_class: impl Fn
             bail!("--variants {v}: this adapter cannot run it (workgroup memory or invocations)");
         }
     }
-    // The vendor's built-in default first (what an untuned device runs): its bits are the reference
-    // and its time the baseline a tuned class is compared with.
+    // The vendor's built-in default first (what an untuned device runs): its time is the baseline a
+    // tuned class is compared with; the bits every variant must give are the plain default's.
     let builtin = MatmulTable::builtin(dev.summary()).default;
     let baseline = if dev.matmul_variants().contains(&builtin) { builtin } else { MatmulTile::DEFAULT };
     variants.retain(|v| *v != baseline);
     variants.insert(0, baseline);
     // Where the cooperative-matrix variants follow, they keep the last 40% of the time.
     let until_s = if cfg.coop && !dev.coop_variants().is_empty() { 0.6 * cfg.max_seconds } else { cfg.max_seconds };
-    tune_classes(dev, cfg, start, until_s, "matmul", &variants, |v| dev.force_matmul_variant(v), on_class)
+    let candidates = Candidates { reference: MatmulTile::DEFAULT, list: &variants };
+    tune_classes(dev, cfg, start, until_s, "matmul", &candidates, |v| dev.force_matmul_variant(v), on_class)
 }
 
 /// The cooperative-matrix matmul's variants (`--matmul-inputs f16`) on every class, as [`tune`]; nothing
@@ -393,13 +407,16 @@ pub fn tune_coop(
     if !cfg.coop || variants.is_empty() {
         return Ok(Vec::new());
     }
-    // The vendor's built-in default first, as in [`tune`].
-    let builtin = MatmulTable::builtin(dev.summary()).coop_default_for(variants[0].coop);
+    // The vendor's built-in default first, the plain default's bits the reference, as in [`tune`].
+    let reference = variants[0];
+    let builtin = MatmulTable::builtin(dev.summary()).coop_default_for(reference.coop);
     if let Some(at) = variants.iter().position(|v| *v == builtin) {
         variants.swap(0, at);
     }
     dev.set_matmul_inputs(MatmulInputs::F16)?;
-    let results = tune_classes(dev, cfg, start, cfg.max_seconds, "cooperative-matrix", &variants, |v| dev.force_coop_variant(v), on_class);
+    let candidates = Candidates { reference, list: &variants };
+    let results =
+        tune_classes(dev, cfg, start, cfg.max_seconds, "cooperative-matrix", &candidates, |v| dev.force_coop_variant(v), on_class);
     dev.set_matmul_inputs(MatmulInputs::F32)?;
     results
 }

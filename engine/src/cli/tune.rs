@@ -114,9 +114,10 @@ pub fn run(args: TuneArgs) -> Result<i32> {
         zerostream::bench::tune::check_table_place(&dev)?;
     }
     let start = std::time::Instant::now();
-    // The upload staging first: seconds, whatever --max-seconds leaves for the classes.
+    // The upload staging first: a few seconds, counted in --max-seconds (0 tunes nothing, this neither).
     let upload_bytes = if args.quick { 16 << 20 } else { 256 << 20 };
-    let upload = if args.no_upload { None } else { Some(zerostream::bench::tune::tune_upload(&dev, upload_bytes)?) };
+    let time_upload = !args.no_upload && args.max_seconds > 0.0;
+    let upload = if time_upload { Some(zerostream::bench::tune::tune_upload(&dev, upload_bytes)?) } else { None };
     if let Some(u) = &upload {
         print_upload(u, args.json);
     }
@@ -132,7 +133,7 @@ pub fn run(args: TuneArgs) -> Result<i32> {
     let tuned = Tuned { results: &results, attention: &attention, coop: &coop, path: path.as_deref(), seconds, mismatched: &mismatched };
     tuned.print_summary(&dev, args.json);
     for m in &mismatched {
-        eprintln!("error: {m} gave other bits than the baseline, the vendor's default (left out of the table): a bug in the template");
+        eprintln!("error: {m} gave other bits than the plain default variant (left out of the table): a bug in the template");
     }
     Ok(if mismatched.is_empty() { 0 } else { 1 })
 }
@@ -261,7 +262,6 @@ fn print_attention(r: &AttentionResult, json: bool) {
     );
 }
 
-/// `--max-seconds`: a finite, non-negative number of seconds (0 tunes nothing and keeps the table).
 /// The upload staging's timing and choice.
 fn print_upload(u: &UploadResult, json: bool) {
     if json {
@@ -285,6 +285,7 @@ fn print_upload(u: &UploadResult, json: bool) {
     );
 }
 
+/// `--max-seconds`: a finite, non-negative number of seconds (0 tunes nothing and keeps the table).
 fn parse_max_seconds(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(s) if s.is_finite() && (0.0..=1e9).contains(&s) => Ok(s),

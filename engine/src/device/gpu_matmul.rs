@@ -163,8 +163,8 @@ impl GpuDevice {
     }
 
     /// Replaces the tuning table (after `zerostream tune`, or a test's own).
-    /// Installs `table` (its upload staging too, where the adapter can make it; else the mapped buffers
-    /// stay, with a warning).
+    /// Installs `table`, and the upload staging it was tuned with (where this adapter still makes it;
+    /// else the mapped buffers stay, with a warning): the tuning file holds both.
     pub fn set_matmul_table(&self, table: MatmulTable) {
         let staging = table.upload_staging;
         *self.matmul_table.borrow_mut() = table;
@@ -315,16 +315,7 @@ impl GpuDevice {
     ) {
         let (wa, wb, wc) = (s.a.span(rows.clone(), ks.clone()), s.b.span(ks.clone(), cols.clone()), s.c.span(rows.clone(), cols.clone()));
         let split = if !(self.fits(&wa) && self.fits(&wb) && self.fits(&wc)) {
-            // Halve the longest range; halving K turns the second half into an accumulation.
-            let (lr, lc, lk) = (rows.len(), cols.len(), ks.len());
-            Some(if lk >= lr && lk >= lc && lk > 1 {
-                Split::K(ks.start + lk / 2)
-            } else if lr >= lc && lr > 1 {
-                Split::Rows(rows.start + lr / 2)
-            } else {
-                assert!(lc > 1, "matmul: a single element's operands exceed one binding");
-                Split::Cols(cols.start + lc / 2)
-            })
+            Some(binding_split(&rows, &cols, &ks))
         } else {
             self.packing_split(s, b.format.is_some(), &rows, &cols, ks.len())
         };
@@ -436,6 +427,20 @@ impl GpuDevice {
     }
 }
 
+/// Where to cut a piece whose operands do not fit one binding: its longest range halved (halving K turns
+/// the second half into an accumulation).
+fn binding_split(rows: &Range<usize>, cols: &Range<usize>, ks: &Range<usize>) -> Split {
+    let (lr, lc, lk) = (rows.len(), cols.len(), ks.len());
+    if lk >= lr && lk >= lc && lk > 1 {
+        Split::K(ks.start + lk / 2)
+    } else if lr >= lc && lr > 1 {
+        Split::Rows(rows.start + lr / 2)
+    } else {
+        assert!(lc > 1, "matmul: a single element's operands exceed one binding");
+        Split::Cols(cols.start + lc / 2)
+    }
+}
+
 /// Where a packing variant's operands of an m x n x k piece lie in the scratch, in halves (`align_elems`:
 /// the adapter's binding alignment in words).
 fn packed_layout(tile: &CoopTile, align_elems: usize, m: usize, n: usize, k: usize) -> PackedLayout {
@@ -448,8 +453,8 @@ fn packed_layout(tile: &CoopTile, align_elems: usize, m: usize, n: usize, k: usi
 }
 
 /// Where a piece's packed operands would not fit `scratch_halves`, the cut of its longer side at a whole
-/// workgroup tile near its half; None where they fit, or where neither side can be cut (the piece is
-/// then staged from A and B as they are). Cutting rows or columns is exact: every element of C keeps
+/// workgroup tile near its half; None where they fit, or where no cut can make them fit (not even one
+/// tile's at this K): the piece is then staged from A and B as they are. Cutting rows or columns is exact: every element of C keeps
 /// its one chain over K, and every variant gives the same bits.
 fn split_to_fit_scratch(
     tile: &CoopTile,
@@ -460,12 +465,17 @@ fn split_to_fit_scratch(
     scratch_halves: usize,
 ) -> Option<Split> {
     let (m, n) = (rows.len(), cols.len());
-    let layout = packed_layout(tile, align_elems, m, n, k);
-    if layout.b_start + layout.kp * layout.np <= scratch_halves {
+    let fits = |m: usize, n: usize| {
+        let layout = packed_layout(tile, align_elems, m, n, k);
+        layout.b_start + layout.kp * layout.np <= scratch_halves
+    };
+    // Where even one workgroup tile's operands cannot fit (K past ~130k at 128 x 128 tiles), cutting
+    // would only make thousands of staged dispatches: the piece is staged whole.
+    if fits(m, n) || !fits(m.min(tile.tile_m as usize), n.min(tile.tile_n as usize)) {
         return None;
     }
     // Each of A's rows and B's columns costs K_pad halves: halving the longer side saves the most.
-    let half_at = |len: usize, tile_len: u32| Some((len / 2).next_multiple_of(tile_len as usize)).filter(|&h| h < len);
+    let half_at = |len: usize, tile_len: u32| Some((len / 2).next_multiple_of(tile_len as usize)).filter(|&h| h > 0 && h < len);
     let by_rows = half_at(m, tile.tile_m).map(|h| Split::Rows(rows.start + h));
     let by_cols = half_at(n, tile.tile_n).map(|h| Split::Cols(cols.start + h));
     if m >= n { by_rows.or(by_cols) } else { by_cols.or(by_rows) }
@@ -549,6 +559,15 @@ mod tests {
                 let fits_whole = packed_layout(&tile, 64, m, n, k);
                 assert_eq!(got.len() == 1, fits_whole.b_start + fits_whole.kp * fits_whole.np <= scratch, "{tile} {m}x{n}x{k}");
             }
+            // K so long that one tile's operands cannot fit (a weight gradient over 200k tokens), a side
+            // of 1 or a ragged side: never cut into tiles (nor forever), staged whole.
+            for (m, n, k) in [(1, 4096, 300_000), (129, 100, 300_000), (4096, 4096, 300_000), (1, 1, 300_000)] {
+                assert!(split_to_fit_scratch(&tile, 64, &(0..m), &(0..n), k, scratch).is_none(), "{tile} {m}x{n}x{k}");
+            }
         }
+        // A side of 1 beside one that can be cut: cut that one, never at 0.
+        let wide = CoopTile { loads: Loads::Wide, ..CoopTile::default_for(16) };
+        let got = pieces(&wide, 0..1, 0..60000, 8192, scratch);
+        assert!(got.len() > 1 && got.iter().all(|(r, c)| r.len() == 1 && !c.is_empty()), "{got:?}");
     }
 }

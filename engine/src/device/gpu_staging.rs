@@ -63,6 +63,8 @@ pub(super) struct UploadRing {
     slots: RefCell<Vec<Slot>>,
     next: Cell<usize>,
     kind: Cell<UploadStaging>,
+    /// A host buffer was refused and a mapped one made instead (warned once).
+    warned: Cell<bool>,
 }
 
 impl GpuDevice {
@@ -202,20 +204,29 @@ impl GpuDevice {
         self.upload_ring.slots.borrow().len()
     }
 
-    /// A new ring buffer of the ring's kind (checked when the kind was set: host staging that fails
-    /// here, as when host memory runs out, is a fatal error like any other failed allocation).
+    /// A new ring buffer of the ring's kind. A host buffer the adapter refuses now (the kind was
+    /// checked when set, but the ring grows to 64 buffers, 512 MiB of host memory) is a mapped one
+    /// instead, with one warning: the bytes arrive the same either way.
     fn ring_slot(&self) -> Slot {
-        let staging = match self.upload_ring.kind.get() {
-            UploadStaging::Mapped => Staging::Mapped(self.device.create_buffer(&wgpu::BufferDescriptor {
+        let mapped = || {
+            Staging::Mapped(self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("upload ring"),
                 size: GPU_UPLOAD_CHUNK_BYTES,
                 usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
                 mapped_at_creation: true,
-            })),
-            UploadStaging::Host => Staging::Host(
-                self.create_host_staging(GPU_UPLOAD_CHUNK_BYTES)
-                    .unwrap_or_else(|why| panic!("the upload ring's host staging buffer: {why}")),
-            ),
+            }))
+        };
+        let staging = match self.upload_ring.kind.get() {
+            UploadStaging::Mapped => mapped(),
+            UploadStaging::Host => match self.create_host_staging(GPU_UPLOAD_CHUNK_BYTES) {
+                Ok(host) => Staging::Host(host),
+                Err(why) => {
+                    if !self.upload_ring.warned.replace(true) {
+                        eprintln!("warning: an upload ring buffer in host memory was refused ({why}); using mapped buffers for the rest");
+                    }
+                    mapped()
+                }
+            },
         };
         Slot { staging, in_use: None }
     }

@@ -85,8 +85,9 @@ impl Trace {
 
     /// Closes the timeline's array and flushes it; the first write error, if any, naming the file.
     pub fn finish(&self) -> Result<()> {
-        self.write("\n]\n");
+        // One guard for the bracket and the close: no span of another thread can land after the `]`.
         let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        Self::append(&mut out, "\n]\n");
         out.closed = true;
         let flushed = out.file.flush();
         match out.error.take().map_or(flushed, Err) {
@@ -100,7 +101,10 @@ impl Trace {
     }
 
     fn write(&self, text: &str) {
-        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        Self::append(&mut self.out.lock().unwrap_or_else(|e| e.into_inner()), text);
+    }
+
+    fn append(out: &mut Output, text: &str) {
         if out.error.is_none()
             && !out.closed
             && let Err(e) = out.file.write_all(text.as_bytes())

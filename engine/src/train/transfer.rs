@@ -37,6 +37,8 @@ impl<D: Backend> Trainer<'_, D> {
         mut spares: Vec<(usize, HostWords)>,
         clock: &mut Clock,
     ) -> Result<Vec<HostWords>> {
+        // Spares of tensors not kept this time go now, before the upload.
+        spares.retain(|(i, _)| keep.contains(i));
         let mut spare = |i: usize| spares.iter().position(|(t, _)| *t == i).map(|at| spares.swap_remove(at).1);
         self.wait_group(k, clock)?;
         if let Some(read_ahead) = &self.read_ahead {
@@ -56,10 +58,7 @@ impl<D: Backend> Trainer<'_, D> {
         let dirty = match self.train.precision {
             Precision::Fp32 => self.upload_words::<f32>(k, &mut shared, tensors, clock, |i, words| {
                 if keep.contains(&i) {
-                    let reuse = match spare(i) {
-                        Some(HostWords::F32(v)) => Some(v),
-                        _ => None,
-                    };
+                    let reuse = spare(i).and_then(HostWords::into_f32);
                     kept.push((i, HostWords::F32(HostWords::copy_of(bytemuck::cast_slice(words), reuse))));
                 }
             })?,
@@ -67,10 +66,7 @@ impl<D: Backend> Trainer<'_, D> {
                 let format = self.train.precision.half_format().expect("a 16-bit precision");
                 self.upload_words::<u16>(k, &mut shared, tensors, clock, |i, words| {
                     if keep.contains(&i) {
-                        let reuse = match spare(i) {
-                            Some(HostWords::Half(v, _)) => Some(v),
-                            _ => None,
-                        };
+                        let reuse = spare(i).and_then(HostWords::into_half);
                         kept.push((i, HostWords::Half(HostWords::copy_of(bytemuck::cast_slice(words), reuse), format)));
                     }
                 })?

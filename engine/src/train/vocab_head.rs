@@ -30,6 +30,22 @@ impl HostWords {
         out
     }
 
+    /// The f32 words' vector (to be reused), or None for 16-bit words.
+    pub(super) fn into_f32(self) -> Option<Vec<f32>> {
+        match self {
+            HostWords::F32(v) => Some(v),
+            HostWords::Half(..) => None,
+        }
+    }
+
+    /// The 16-bit words' vector (to be reused), or None for f32 words.
+    pub(super) fn into_half(self) -> Option<Vec<u16>> {
+        match self {
+            HostWords::Half(v, _) => Some(v),
+            HostWords::F32(_) => None,
+        }
+    }
+
     /// Rows `ids` (each `width` wide) widened to f32, one after another.
     fn gather(&self, ids: &[u32], width: usize) -> Vec<f32> {
         let mut out = Vec::with_capacity(ids.len() * width);
@@ -259,4 +275,25 @@ impl<D: Backend> Trainer<'_, D> {
 fn dev_read_all<D: Backend>(dev: &D, tensors: &[D::Tensor]) -> D::PendingRead {
     let refs: Vec<&D::Tensor> = tensors.iter().collect();
     dev.begin_read(&refs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HostWords;
+
+    /// The step's copy lands in the last step's vector where it has the length (no new pages), and in
+    /// a new one where it does not; the words are the source's either way.
+    #[test]
+    fn host_copies_reuse_the_last_steps_vector() {
+        let words: Vec<f32> = (0..100_003).map(|i| i as f32 * 0.5).collect();
+        let last = vec![7.0f32; words.len()];
+        let at = last.as_ptr();
+        let copy = HostWords::copy_of(&words, Some(last));
+        assert_eq!((copy.as_ptr(), &copy), (at, &words));
+        let copy = HostWords::copy_of(&words[1..], Some(copy));
+        assert_eq!(copy, words[1..]);
+        let halves: Vec<u16> = (0..5000).collect();
+        assert_eq!(HostWords::copy_of(&halves, HostWords::F32(vec![0.0; 5000]).into_half()), halves);
+        assert!(HostWords::Half(vec![1], crate::device::HalfFormat::Bf16).into_f32().is_none());
+    }
 }

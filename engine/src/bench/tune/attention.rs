@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 use zerostream_checkpoints::LlamaConfig;
 use zerostream_shaders::{AttentionPass, AttentionTile};
 
-use super::{TuneConfig, VariantTimes, time_variants, values};
+use super::{Candidates, TuneConfig, VariantTimes, time_variants, values};
 use crate::device::attention_tuning::AttentionClass;
 use crate::device::gpu::GpuTensor;
 use crate::device::timing::Timer;
@@ -118,7 +118,8 @@ fn tune_call(
         AttentionPass::Forward => dev.attention_forward(&t.out, &t.lse, &t.qkv, d),
         AttentionPass::Backward => dev.attention_backward(&t.dqkv, &t.delta, &t.dout, &t.qkv, &t.out, &t.lse, d),
     };
-    time_variants(dev, variants, timer, deadline, |v| dev.force_attention_variant(v), run, || output_bits(dev, &t, call.pass))
+    let candidates = Candidates { reference: variants[0], list: variants };
+    time_variants(dev, &candidates, timer, deadline, |v| dev.force_attention_variant(v), run, || output_bits(dev, &t, call.pass))
 }
 
 /// The attention variants to try, the default first: `cfg.attention_variants`, else every one the

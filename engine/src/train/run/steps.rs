@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use zerostream_checkpoints::TokenFile;
 use zerostream_checkpoints::checkpoint::CheckpointRoot;
 
@@ -92,35 +92,15 @@ pub(super) fn train_steps<D: Backend>(
         // Beside a bar on a terminal, a line every 25 steps; with no bar (a log file, a pipe), a line a step.
         let line_due = bar.is_hidden() || r.step % 25 == 0 || r.step + 1 == steps || r.val_loss.is_some();
         if options.progress && lead && line_due {
-            let val = r.val_loss.map_or(String::new(), |v| format!(", validation loss {v:.4} (perplexity {:.1})", v.exp()));
-            let line = format!(
-                "step {:>5}: loss {:.4}, grad norm {:.3}, lr {:.2e}, {:.0} tok/s{val}",
-                r.step,
-                r.loss,
-                r.grad_norm,
-                r.lr,
-                r.tokens_per_s()
-            );
-            bar.println(line);
+            bar.println(step_line(&r));
         }
         skipped_in_a_row = if r.applied { 0 } else { skipped_in_a_row + 1 };
         let (loss, step) = (r.loss, r.step);
         out.reports.push(r);
         if skipped_in_a_row >= skip_limit(trainer.train.loss_scaled()) {
             bar.finish();
-            // f16 inputs: a forward value past 65504 is infinity, which no loss scale undoes.
             let f16_inputs = trainer.train.matmul_inputs == crate::device::MatmulInputs::F16;
-            bail!(
-                "steps {}..={step} were all skipped: the gradients held non-finite values (loss {loss}); the model or the \
-                 learning rate has diverged{}{}",
-                step + 1 - skipped_in_a_row,
-                if f16_inputs && !loss.is_finite() {
-                    ", or a matmul input passed f16's range (65504) under --matmul-inputs f16 (try f32)"
-                } else {
-                    ""
-                },
-                out.checkpoint.as_ref().map(|p| format!("; the last checkpoint is {}", p.display())).unwrap_or_default()
-            );
+            return Err(diverged(step + 1 - skipped_in_a_row..=step, loss, f16_inputs, out.checkpoint.as_deref()));
         }
         let asked = options.stop.as_ref().is_some_and(|s| s.load(Ordering::Relaxed));
         let stop = trainer.agree_any(asked)?;
@@ -163,6 +143,29 @@ fn open_metrics(path: &Path, first_step: u64) -> Result<std::io::BufWriter<std::
         std::fs::File::create(path)
     };
     Ok(std::io::BufWriter::new(file.with_context(|| format!("opening --metrics {}", path.display()))?))
+}
+
+/// A step's line in the log: loss, gradient norm, learning rate, speed and any validation loss.
+fn step_line(r: &StepReport) -> String {
+    let val = r.val_loss.map_or(String::new(), |v| format!(", validation loss {v:.4} (perplexity {:.1})", v.exp()));
+    format!("step {:>5}: loss {:.4}, grad norm {:.3}, lr {:.2e}, {:.0} tok/s{val}", r.step, r.loss, r.grad_norm, r.lr, r.tokens_per_s())
+}
+
+/// The error that stops a run whose `steps` were all skipped for non-finite gradients.
+fn diverged(steps: std::ops::RangeInclusive<u64>, loss: f64, f16_inputs: bool, checkpoint: Option<&Path>) -> anyhow::Error {
+    anyhow::anyhow!(
+        "steps {}..={} were all skipped: the gradients held non-finite values (loss {loss}); the model or the learning rate has \
+         diverged{}{}",
+        steps.start(),
+        steps.end(),
+        // f16 inputs: a forward value past 65504 is infinity, which no loss scale undoes.
+        if f16_inputs && !loss.is_finite() {
+            ", or a matmul input passed f16's range (65504) under --matmul-inputs f16 (try f32)"
+        } else {
+            ""
+        },
+        checkpoint.map(|p| format!("; the last checkpoint is {}", p.display())).unwrap_or_default()
+    )
 }
 
 /// `--trace`'s file, its folder made where missing.
