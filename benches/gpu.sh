@@ -147,6 +147,9 @@ if classes:
         for r in attention:
             md.append(f"| {r['class']} | {r['shape']} | {r['best']} | {r['best_seconds']*1e3:.3f} | "
                       f"{r['default_seconds']*1e3:.3f} | {r['speedup']:.2f} | {', '.join(r['calls'])} |")
+    for u in [r for r in jsonl("tune.out") if r.get("kind") == "upload"]:
+        host = f"{u['host_gbps']:.1f} GB/s" if u.get("host_gbps") else f"unavailable ({u.get('host_unavailable')})"
+        md.append(f"\nUpload staging ({u['bytes'] >> 20} MiB writes): mapped buffers {u['mapped_gbps']:.1f} GB/s, host memory {host}: **{u['chosen']}** kept.\n")
     if tsum:
         md.append(f"\n{tsum[0]['classes']} matmul, {tsum[0].get('attention_classes', 0)} attention and {tsum[0].get('coop_classes', 0)} cooperative-matrix classes in {tsum[0]['seconds']:.0f} s; "
                   f"table {tsum[0]['table']}; mismatched variants: {tsum[0]['mismatched'] or 'none'}\n")
