@@ -35,6 +35,7 @@ impl HostStaging {
 /// and coherent (no flushes), not device-local where one such exists (then it is host memory the
 /// device reads across the link), uncached before cached (write-combined stores for a buffer the host
 /// only writes). None: no host-visible coherent type.
+#[cfg(any(target_os = "linux", target_os = "windows"))]
 pub(crate) fn host_staging_memory_type(types: &[(bool, bool, bool, bool)], type_bits: u32) -> Option<u32> {
     // (host_visible, host_coherent, device_local, host_cached) per type.
     let allowed = |i: usize| type_bits & (1 << i) != 0;
@@ -125,7 +126,7 @@ impl GpuDevice {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, any(target_os = "linux", target_os = "windows")))]
 mod tests {
     use super::host_staging_memory_type;
 
