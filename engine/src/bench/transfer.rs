@@ -65,32 +65,38 @@ pub fn bench_transfer(
             Link::DeviceToHost => vec![TransferMethod::Direct, TransferMethod::StagingRing],
         };
         for method in methods {
-            if link == Link::HostToDevice {
-                // Untimed: the upload ring's buffers are made on the first large write (as PyTorch's
-                // pinned buffer is made before its copies are timed).
-                dev.time_h2d(&host, method)?;
-            }
-            let mut best = f64::INFINITY;
-            for _ in 0..reps.max(1) {
-                let seconds = match link {
-                    Link::HostToDevice => dev.time_h2d(&host, method)?,
-                    Link::DeviceToHost => {
+            let best = match link {
+                Link::HostToDevice => best_h2d_seconds(dev, &host, method, reps)?,
+                Link::DeviceToHost => {
+                    let mut best = f64::INFINITY;
+                    for _ in 0..reps.max(1) {
                         let expected = host.clone();
-                        let s = dev.time_d2h(&mut host, method)?;
+                        best = best.min(dev.time_d2h(&mut host, method)?);
                         if host != expected {
                             bail!("d2h {method:?} of {bytes} bytes returned different data");
                         }
-                        s
                     }
-                };
-                best = best.min(seconds);
-            }
+                    best
+                }
+            };
             let run = TransferRun { link, method, bytes, gbps: bytes as f64 / best / 1e9 };
             on_run(&run);
             runs.push(run);
         }
     }
     Ok(runs)
+}
+
+/// The fastest of `reps` (at least one) timed uploads of `host` by `method`, after one untimed upload:
+/// the upload ring's buffers are made on the first large write (as PyTorch's pinned buffer is made
+/// before its copies are timed).
+pub fn best_h2d_seconds(dev: &GpuDevice, host: &[u8], method: TransferMethod, reps: usize) -> Result<f64> {
+    dev.time_h2d(host, method)?;
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        best = best.min(dev.time_h2d(host, method)?);
+    }
+    Ok(best)
 }
 
 /// The upload methods `dev` can run: every one, `HostRing` only where the adapter makes host-memory

@@ -206,7 +206,7 @@ impl GpuDevice {
 
     /// A new ring buffer of the ring's kind. A host buffer the adapter refuses now (the kind was
     /// checked when set, but the ring grows to 64 buffers, 512 MiB of host memory) is a mapped one
-    /// instead, with one warning: the bytes arrive the same either way.
+    /// instead, with a warning the first time: the bytes arrive the same either way.
     fn ring_slot(&self) -> Slot {
         let mapped = || {
             Staging::Mapped(self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -222,7 +222,9 @@ impl GpuDevice {
                 Ok(host) => Staging::Host(host),
                 Err(why) => {
                     if !self.upload_ring.warned.replace(true) {
-                        eprintln!("warning: an upload ring buffer in host memory was refused ({why}); using mapped buffers for the rest");
+                        eprintln!(
+                            "warning: an upload ring buffer in host memory was refused ({why}); each one refused is a mapped buffer instead"
+                        );
                     }
                     mapped()
                 }

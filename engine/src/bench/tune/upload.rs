@@ -5,6 +5,7 @@
 
 use anyhow::{Result, bail};
 
+use crate::bench::transfer::best_h2d_seconds;
 use crate::device::transfer::TransferMethod;
 use crate::device::{GpuDevice, UploadStaging};
 
@@ -33,14 +34,7 @@ pub fn tune_upload(dev: &GpuDevice, bytes: u64) -> Result<UploadResult> {
         bail!("upload timing: {bytes} bytes is not a positive multiple of {}", wgpu::COPY_BUFFER_ALIGNMENT);
     }
     let host: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8).collect();
-    let gbps = |method: TransferMethod| -> Result<f64> {
-        dev.time_h2d(&host, method)?; // untimed: the ring's buffers are made on the first write
-        let mut best = f64::INFINITY;
-        for _ in 0..REPS {
-            best = best.min(dev.time_h2d(&host, method)?);
-        }
-        Ok(bytes as f64 / best / 1e9)
-    };
+    let gbps = |method| -> Result<f64> { Ok(bytes as f64 / best_h2d_seconds(dev, &host, method, REPS)? / 1e9) };
     let mapped_gbps = gbps(TransferMethod::StagingRing)?;
     let host_unavailable = dev.host_staging_unavailable();
     let host_gbps = if host_unavailable.is_none() { Some(gbps(TransferMethod::HostRing)?) } else { None };
