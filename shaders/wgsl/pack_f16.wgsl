@@ -3,6 +3,12 @@
 // (matmul_coop_direct.wgsl): padded to whole tiles, every cooperative load it makes is in bounds and
 // 16-byte aligned, so its loop has no bounds checks and no staging through workgroup memory.
 //
+// Two entry points, each for one kind of source: `main` for x read along its rows (neighbouring
+// invocations write neighbouring words from neighbouring elements), `transposed` for x stored down its
+// columns (x_row_stride < x_col_stride, a dW product's transposed operand), where `main`'s neighbours
+// would read elements x_col_stride apart: `transposed` moves a tile at a time through workgroup memory,
+// read down x's columns and written along out's rows. Both write every word of out; the bits are the same.
+//
 // The rounding is common/f16_bits.wgsl's (the staged kernels' own), so a packed operand holds exactly the
 // halves the staged kernels would have put in their tiles. The twin is engine/src/ops/matmul_f16.rs's
 // `pack_f16`.
@@ -35,4 +41,38 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let r = w / words_per_row;
     let col = 2u * (w % words_per_row);
     out[p.out_word_off + w] = element(r, col) | (element(r, col + 1u) << 16u);
+}
+
+// transposed's tile: TILE_ROWS rows of out by TILE_COLS halves (TILE_COLS / 2 words).
+const TILE_ROWS: u32 = 32u;
+const TILE_COLS: u32 = 64u;
+// One half per u32, [row][col], rows TILE_COLS + 1 apart: the reading lanes (neighbours a row apart)
+// hit different banks. 8320 bytes.
+const BLOCK_STRIDE: u32 = TILE_COLS + 1u;
+var<workgroup> block: array<u32, TILE_ROWS * BLOCK_STRIDE>;
+
+// One workgroup per tile: out rows wg.y TILE_ROWS.., halves wg.x TILE_COLS...
+@compute @workgroup_size(256, 1, 1)
+fn transposed(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let r0 = wg.y * TILE_ROWS;
+    let c0 = wg.x * TILE_COLS;
+    // Read: lanes next to each other take rows next to each other of one column, which lie next to
+    // each other in x.
+    for (var e = lane; e < TILE_ROWS * TILE_COLS; e += 256u) {
+        let r = e % TILE_ROWS;
+        let c = e / TILE_ROWS;
+        block[r * BLOCK_STRIDE + c] = element(r0 + r, c0 + c);
+    }
+    workgroupBarrier();
+    // Write: lanes next to each other take words next to each other of one row of out.
+    let words_per_row = p.cols_pad / 2u;
+    for (var e = lane; e < TILE_ROWS * TILE_COLS / 2u; e += 256u) {
+        let r = e / (TILE_COLS / 2u);
+        let wc = e % (TILE_COLS / 2u);
+        let word = c0 / 2u + wc;
+        if (r0 + r < p.rows_pad && word < words_per_row) {
+            let at = r * BLOCK_STRIDE + 2u * wc;
+            out[p.out_word_off + (r0 + r) * words_per_row + word] = block[at] | (block[at + 1u] << 16u);
+        }
+    }
 }

@@ -76,8 +76,13 @@ impl GpuDevice {
             0,
             0,
         ];
-        let words = shape.rows_pad * shape.cols_pad / 2;
-        self.dispatch(shaders::PACK_F16, "main", &params, &[(1, xw.binding), (2, out.binding)], Self::elementwise_grid(words));
+        let bindings = [(1, xw.binding), (2, out.binding)];
+        match pack_tiles(op, shape) {
+            Some(tiles) => self.dispatch(shaders::PACK_F16, "transposed", &params, &bindings, tiles),
+            None => {
+                self.dispatch(shaders::PACK_F16, "main", &params, &bindings, Self::elementwise_grid(shape.rows_pad * shape.cols_pad / 2))
+            }
+        }
     }
 
     /// out[..n] = f32 of the halves packed in `x_words`.
@@ -103,4 +108,18 @@ impl GpuDevice {
             );
         }
     }
+}
+
+/// `pack_f16.wgsl`'s tile of its `transposed` entry point: out rows by halves.
+const PACK_TILE: [usize; 2] = [32, 64];
+
+/// The grid of `pack_f16.wgsl`'s `transposed` entry point (one workgroup per tile of out), where the
+/// operand lies down its columns (`row_stride < col_stride`, as a dW product's transposed operand), so
+/// that `main`'s invocations, one word of out each, would read elements a column apart; None where the
+/// operand lies along its rows, or the tiles would pass the grid's limit (`main` then: the same bits).
+fn pack_tiles(op: &Operand, shape: &PackedShape) -> Option<[u32; 3]> {
+    let [tile_rows, tile_cols] = PACK_TILE;
+    let grid = [shape.cols_pad.div_ceil(tile_cols), shape.rows_pad.div_ceil(tile_rows)];
+    (op.row_stride < op.col_stride && grid.iter().all(|&g| g <= crate::ops::attention::MAX_GRID_DIM))
+        .then(|| [grid[0] as u32, grid[1] as u32, 1])
 }
