@@ -1,6 +1,6 @@
 //! The training attention kernels' variants (`shaders/src/attention_template.rs`) on the GPU: every
 //! variant the adapter can run, and odd row counts that are no candidate (5, 12 and 1 rows, whose
-//! blocks straddle key tiles), gives the default variant's bits forward and backward, at awkward sizes
+//! blocks straddle key tiles; 4, 12 and 36 for the blocked backward), gives the default variant's bits forward and backward, at awkward sizes
 //! (T of no multiple of any tile, head dims of part of a chunk, grouped heads, dropout, an explicit
 //! scale), also split across 64 KiB bindings; the default is held to the twin. Decode against a
 //! key/value cache, fed in pieces, gives the forward's bits in every variant. Then the tuning table's
@@ -103,7 +103,9 @@ fn assert_same_bits(label: &str, got: &[(String, Vec<f32>)], want: &[(String, Ve
 fn variants(gpu: &GpuDevice) -> Vec<AttentionTile> {
     let mut variants = gpu.attention_variants();
     assert_eq!(variants.len(), AttentionTile::CANDIDATES.len(), "every adapter runs every candidate");
-    variants.extend([5, 12, 1].map(|rows| AttentionTile { rows }));
+    variants.extend([5, 12, 1].map(AttentionTile::rows));
+    // The blocked backward: a block of one group of 4 rows, and one that straddles key tiles.
+    variants.extend([4, 12, 36].map(AttentionTile::blocked));
     variants
 }
 
@@ -126,7 +128,7 @@ fn every_variant_gives_the_default_bits() {
     let reference = outputs(&gpu, &SMALL);
     let mut small = gpu_or_skip("every_variant_gives_the_default_bits").unwrap();
     small.limit_binding_bytes_for_tests(64 << 10);
-    for v in [AttentionTile::DEFAULT, AttentionTile { rows: 8 }, AttentionTile { rows: 12 }] {
+    for v in [AttentionTile::DEFAULT, AttentionTile::rows(8), AttentionTile::rows(12), AttentionTile::blocked(32)] {
         small.force_attention_variant(Some(v)).unwrap();
         assert_same_bits(&format!("{v} with 64 KiB bindings"), &outputs(&small, &SMALL), &reference);
     }
@@ -176,7 +178,7 @@ fn decode_against_the_cache_gives_the_forward_bits_in_every_variant() {
 fn a_variant_the_adapter_cannot_run_is_refused() {
     let Some(gpu) = gpu_or_skip("a_variant_the_adapter_cannot_run_is_refused") else { return };
     for rows in [0, 33] {
-        let e = gpu.force_attention_variant(Some(AttentionTile { rows })).unwrap_err().to_string();
+        let e = gpu.force_attention_variant(Some(AttentionTile::rows(rows))).unwrap_err().to_string();
         assert!(e.contains(&format!("rows{rows}")), "{e}");
     }
 }
@@ -185,19 +187,23 @@ fn a_variant_the_adapter_cannot_run_is_refused() {
 fn the_table_picks_the_variant_per_shape_class() {
     let Some(gpu) = gpu_or_skip("the_table_picks_the_variant_per_shape_class") else { return };
     let d = AttentionDims::mha(4, 1024, 768, 12);
-    let small = AttentionTile { rows: 8 };
+    let small = AttentionTile::rows(8);
     let class = AttentionClass::of(AttentionPass::Forward, &d);
     gpu.set_attention_table(AttentionTable { source: TableSource::Builtin { vendor: "test" }, entries: BTreeMap::from([(class, small)]) });
     assert_eq!(gpu.attention_variant_for(AttentionPass::Forward, &d), small);
     assert_eq!(gpu.attention_variant_for(AttentionPass::Forward, &AttentionDims { seq_len: 900, ..d }), small, "a nearby T borrows");
-    assert_eq!(gpu.attention_variant_for(AttentionPass::Backward, &d), AttentionTile::DEFAULT, "backward is another class");
+    assert_eq!(gpu.attention_variant_for(AttentionPass::Backward, &d), AttentionTile::blocked(32), "backward is another class, untuned");
     let d128 = AttentionDims::gqa(4, 1024, 32, 8, 128);
     assert_eq!(gpu.attention_variant_for(AttentionPass::Forward, &d128), AttentionTile::DEFAULT, "another head dim");
-    gpu.force_attention_variant(Some(AttentionTile { rows: 16 })).unwrap();
-    assert_eq!(gpu.attention_variant_for(AttentionPass::Backward, &d), AttentionTile { rows: 16 }, "a forced variant wins");
+    gpu.force_attention_variant(Some(AttentionTile::rows(16))).unwrap();
+    assert_eq!(gpu.attention_variant_for(AttentionPass::Backward, &d), AttentionTile::rows(16), "a forced variant wins");
     // A T whose grid would pass WebGPU's 65535 workgroups with 16 rows each runs the default's.
     let long = AttentionDims { seq_len: 65535 * 16 + 1, ..d };
     assert_eq!(gpu.attention_variant_for(AttentionPass::Backward, &long), AttentionTile::DEFAULT);
+    // A backward-only variant forced runs the backward; the forward runs the default's.
+    gpu.force_attention_variant(Some(AttentionTile::blocked(32))).unwrap();
+    assert_eq!(gpu.attention_variant_for(AttentionPass::Backward, &d), AttentionTile::blocked(32));
+    assert_eq!(gpu.attention_variant_for(AttentionPass::Forward, &d), AttentionTile::DEFAULT);
 }
 
 fn zerostream(tune_dir: &std::path::Path, args: &[&str]) -> std::process::Output {
@@ -212,7 +218,8 @@ fn tune_writes_attention_entries_devices_reports_them() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let args = ["tune", "--quick", "--no-16bit", "--variants", "128x128x8/8x8/db/v4", "--attention-variants", "rows32,rows8", "--json"];
+    let args =
+        ["tune", "--quick", "--no-16bit", "--variants", "128x128x8/8x8/db/v4", "--attention-variants", "rows32,rows8,rows32x4", "--json"];
     let out = zerostream(dir.path(), &args);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "tune failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
@@ -221,8 +228,9 @@ fn tune_writes_attention_entries_devices_reports_them() {
     let classes: Vec<&str> = attention.iter().map(|l| l["class"].as_str().unwrap()).collect();
     // --quick: the tiny GPT-2 (head dim 32) at T = 64.
     assert_eq!(classes, ["forward/d32/t12", "backward/d32/t12"], "{stdout}");
-    for l in &attention {
-        assert_eq!(l["variants"].as_array().unwrap().len(), 2, "{l}");
+    // The blocked variant is timed for the backward only.
+    for (l, variants) in attention.iter().zip([2, 3]) {
+        assert_eq!(l["variants"].as_array().unwrap().len(), variants, "{l}");
         assert!(l["mismatched"].as_array().unwrap().is_empty(), "{l}");
     }
     let summary = lines.last().unwrap();
@@ -240,7 +248,8 @@ fn tune_writes_attention_entries_devices_reports_them() {
     let text = String::from_utf8_lossy(&devices.stdout);
     assert!(devices.status.success() && !text.contains("warning"), "{text}");
     assert!(
-        text.contains(&format!("tuned table {}", table.display())) && text.contains("attention variants: rows32 for every shape"),
+        text.contains(&format!("tuned table {}", table.display()))
+            && text.contains("attention variants: forward rows32, backward rows32x4 for every shape"),
         "{text}"
     );
     let bad = zerostream(dir.path(), &["tune", "--quick", "--attention-variants", "rows40"]);

@@ -11,6 +11,10 @@
 //! same order in every variant; tiles a variant visits beyond another's hold only masked pairs, which
 //! add exact zeros (the kernels' headers say why). So all variants give the same bits and a tuner may
 //! choose among them freely; `engine/tests/attention_variants.rs` holds them to each other and to the twin.
+//!
+//! The backward has a second template, `wgsl/attention_backward_blocked.wgsl`: the same sums with each
+//! invocation computing 4 tile rows instead of one ([`AttentionTile::lane_rows`]), so a quarter of the
+//! reads from workgroup memory per multiply-add. Its variants (`rows32x4`) are backward-only.
 
 use std::collections::HashMap;
 
@@ -26,6 +30,7 @@ const COMMON: &str = concat!(
 const ROWS_LOOP: &str = include_str!("../wgsl/common/attention_rows.wgsl");
 const FORWARD: &str = include_str!("../wgsl/attention_forward.wgsl");
 const BACKWARD: &str = include_str!("../wgsl/attention_backward.wgsl");
+const BACKWARD_BLOCKED: &str = include_str!("../wgsl/attention_backward_blocked.wgsl");
 const DECODE: &str = include_str!("../wgsl/attention_decode.wgsl");
 
 /// Which of the two templated kernels.
@@ -51,13 +56,6 @@ impl AttentionPass {
     pub fn parse(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|p| p.name() == name)
     }
-
-    fn template(&self) -> Template {
-        match self {
-            AttentionPass::Forward => Template::FORWARD,
-            AttentionPass::Backward => Template::BACKWARD,
-        }
-    }
 }
 
 /// One templated kernel file: its name, its text, and whether it runs the shared online-softmax loop.
@@ -71,6 +69,7 @@ struct Template {
 impl Template {
     const FORWARD: Template = Template { name: "attention_forward", text: FORWARD, rows_loop: true };
     const BACKWARD: Template = Template { name: "attention_backward", text: BACKWARD, rows_loop: false };
+    const BACKWARD_BLOCKED: Template = Template { name: "attention_backward", text: BACKWARD_BLOCKED, rows_loop: false };
     const DECODE: Template = Template { name: "attention_decode", text: DECODE, rows_loop: true };
 }
 
@@ -78,8 +77,11 @@ impl Template {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AttentionTile {
     /// Tile rows per workgroup: queries (forward, dq) or keys (dk, dv). The grid has ceil(T / rows)
-    /// workgroups along x and each has rows x [`Self::LANES_PER_ROW`] invocations.
+    /// workgroups along x and each has rows x [`Self::LANES_PER_ROW`] / `lane_rows` invocations.
     pub rows: u32,
+    /// Tile rows per invocation: 1 (both passes), or [`Self::BLOCKED_LANE_ROWS`] (the backward only,
+    /// `attention_backward_blocked.wgsl`).
+    pub lane_rows: u32,
 }
 
 impl AttentionTile {
@@ -90,55 +92,110 @@ impl AttentionTile {
     /// Floats per staged row in workgroup memory (32 channels and a float of padding).
     const STRIDE: u32 = 33;
 
+    /// Tile rows per invocation of the blocked backward.
+    pub const BLOCKED_LANE_ROWS: u32 = 4;
+
     /// The kernels as they were before variants: 32 rows, 256 invocations.
-    pub const DEFAULT: AttentionTile = AttentionTile { rows: 32 };
+    pub const DEFAULT: AttentionTile = AttentionTile::rows(32);
 
     /// The variants `zerostream tune` tries, the default first: smaller workgroups, so more of them for
-    /// short sequences and few heads, and less workgroup memory each.
-    pub const CANDIDATES: [AttentionTile; 3] = [Self::DEFAULT, AttentionTile { rows: 16 }, AttentionTile { rows: 8 }];
+    /// short sequences and few heads, and less workgroup memory each; then the blocked backward's.
+    pub const CANDIDATES: [AttentionTile; 5] =
+        [Self::DEFAULT, AttentionTile::rows(16), AttentionTile::rows(8), AttentionTile::blocked(32), AttentionTile::blocked(64)];
 
-    /// A stable name: `rows32`.
+    /// What a pass runs where nothing was tuned: [`Self::DEFAULT`] forward, the blocked backward with
+    /// the default's 32 rows backward (a quarter of the default's reads from workgroup memory per
+    /// multiply-add; 2.2x faster on lavapipe at GPT-2's shapes; the same bits).
+    pub const fn untuned(pass: AttentionPass) -> Self {
+        match pass {
+            AttentionPass::Forward => Self::DEFAULT,
+            AttentionPass::Backward => Self::blocked(32),
+        }
+    }
+
+    /// `rows` rows per workgroup, one per invocation.
+    pub const fn rows(rows: u32) -> Self {
+        AttentionTile { rows, lane_rows: 1 }
+    }
+
+    /// `rows` rows per workgroup, [`Self::BLOCKED_LANE_ROWS`] per invocation (the backward only).
+    pub const fn blocked(rows: u32) -> Self {
+        AttentionTile { rows, lane_rows: Self::BLOCKED_LANE_ROWS }
+    }
+
+    /// Whether the variant has a kernel for `pass` (the blocked ones only for the backward).
+    pub fn has(&self, pass: AttentionPass) -> bool {
+        self.lane_rows == 1 || pass == AttentionPass::Backward
+    }
+
+    /// A stable name: `rows32`, or `rows32x4` for 4 rows per invocation.
     pub fn name(&self) -> String {
-        format!("rows{}", self.rows)
+        match self.lane_rows {
+            1 => format!("rows{}", self.rows),
+            n => format!("rows{}x{n}", self.rows),
+        }
     }
 
     /// Parses [`Self::name`]'s form and [`Self::check`]s the variant.
     pub fn parse(name: &str) -> Result<AttentionTile, String> {
-        let rows = name.strip_prefix("rows").and_then(|n| n.parse::<u32>().ok());
-        let tile = AttentionTile { rows: rows.ok_or_else(|| format!("attention variant {name:?}: expected the form rows32"))? };
+        let expected = || format!("attention variant {name:?}: expected the form rows32 or rows32x4");
+        let body = name.strip_prefix("rows").ok_or_else(expected)?;
+        let (rows, lane_rows) = body.split_once('x').unwrap_or((body, "1"));
+        let number = |n: &str| n.parse::<u32>().map_err(|_| expected());
+        let tile = AttentionTile { rows: number(rows)?, lane_rows: number(lane_rows)? };
         tile.check().map_err(|e| format!("attention variant {name:?}: {e}"))?;
         Ok(tile)
     }
 
     /// Invocations per workgroup.
     pub const fn workgroup_size(&self) -> u32 {
-        self.rows * Self::LANES_PER_ROW
+        self.rows * Self::LANES_PER_ROW / self.lane_rows
     }
 
     /// Workgroup memory the pass's kernel declares: the staged rows (rows and a key tile's worth), the
     /// tile of values and, per lane, the forward's maxima and sums or the backward's delta parts.
+    /// The blocked backward's: the same staged rows, each (row, lane)'s part of delta and each row's
+    /// delta and log-sum-exp.
     pub const fn workgroup_bytes(&self, pass: AttentionPass) -> u32 {
-        let per_lane = match pass {
-            AttentionPass::Forward => 2,
-            AttentionPass::Backward => 1,
+        let extra = match (pass, self.lane_rows) {
+            (AttentionPass::Forward, _) => 2 * self.workgroup_size(),
+            (AttentionPass::Backward, 1) => self.workgroup_size(),
+            (AttentionPass::Backward, _) => self.rows * Self::LANES_PER_ROW + 2 * self.rows,
         };
-        4 * ((2 * self.rows + Self::COLS) * Self::STRIDE + per_lane * self.workgroup_size())
+        4 * ((2 * self.rows + Self::COLS) * Self::STRIDE + extra)
     }
 
-    /// Whether the template can be filled for this variant: 1 to 32 rows (at most 256 invocations,
-    /// what every adapter allows). Any count works, not only divisors of the key tile (the extra tiles
-    /// are masked), so an odd one is a fair test of the claim.
+    /// Whether the template can be filled for this variant: 1 to 32 rows, one per invocation (at most
+    /// 256 invocations, what every adapter allows), or a multiple of 4 up to 64, 4 per invocation. Any
+    /// count works, not only divisors of the key tile (the extra tiles are masked), so an odd one is a
+    /// fair test of the claim.
     pub fn check(&self) -> Result<(), String> {
-        if !(1..=32).contains(&self.rows) {
-            return Err(format!("{} rows per workgroup (1 to 32 allowed: {} invocations each)", self.rows, Self::LANES_PER_ROW));
+        match self.lane_rows {
+            1 if !(1..=32).contains(&self.rows) => {
+                Err(format!("{} rows per workgroup (1 to 32 allowed: {} invocations each)", self.rows, Self::LANES_PER_ROW))
+            }
+            Self::BLOCKED_LANE_ROWS if !(1..=16).contains(&(self.rows / 4)) || !self.rows.is_multiple_of(4) => {
+                Err(format!("{} rows per workgroup, 4 per invocation (a multiple of 4 up to 64 allowed)", self.rows))
+            }
+            1 | Self::BLOCKED_LANE_ROWS => Ok(()),
+            n => Err(format!("{n} rows per invocation (1 or {} allowed)", Self::BLOCKED_LANE_ROWS)),
         }
-        Ok(())
     }
 
     /// The pass's WGSL for this variant: the helpers and the kernel with their holes filled. Panics on a
-    /// variant that fails [`Self::check`] (callers check first; the candidates all pass, tested).
+    /// variant that fails [`Self::check`] or has no kernel for the pass (callers check first; the
+    /// candidates all pass, tested).
     pub fn source(&self, pass: AttentionPass) -> String {
-        self.render(pass.template())
+        self.render(self.template(pass))
+    }
+
+    fn template(&self, pass: AttentionPass) -> Template {
+        assert!(self.has(pass), "attention variant {} has no {} kernel", self.name(), pass.name());
+        match (pass, self.lane_rows) {
+            (AttentionPass::Forward, _) => Template::FORWARD,
+            (AttentionPass::Backward, 1) => Template::BACKWARD,
+            (AttentionPass::Backward, _) => Template::BACKWARD_BLOCKED,
+        }
     }
 
     fn render(&self, template: Template) -> String {
@@ -153,12 +210,13 @@ impl AttentionTile {
     /// The pass's kernel for this variant (rendered once per process and kept: the engine's pipeline
     /// cache keys on the name, `attention_forward rows32`).
     pub fn kernel(&self, pass: AttentionPass) -> Kernel {
-        self.kernel_of(pass.template())
+        self.kernel_of(self.template(pass))
     }
 
     /// The decode kernel (`append`, then `main`: new rows against a key/value cache) for this variant.
-    /// Its workgroup memory is the forward's.
+    /// Its workgroup memory is the forward's. Only for variants with a forward kernel.
     pub fn decode_kernel(&self) -> Kernel {
+        assert!(self.has(AttentionPass::Forward), "attention variant {} has no decode kernel", self.name());
         self.kernel_of(Template::DECODE)
     }
 
@@ -167,9 +225,16 @@ impl AttentionTile {
         crate::rendered(&RENDERED, (template.name, *self), || (format!("{} {}", template.name, self.name()), self.render(template)))
     }
 
-    /// Every candidate's kernels: both training passes and decode (validation, compile checks).
+    /// Every candidate's kernels: the training passes it has and, with a forward, decode (validation,
+    /// compile checks).
     pub fn all_kernels() -> Vec<Kernel> {
-        Self::CANDIDATES.iter().flat_map(|t| AttentionPass::ALL.map(|p| t.kernel(p)).into_iter().chain([t.decode_kernel()])).collect()
+        Self::CANDIDATES.iter().flat_map(AttentionTile::kernels).collect()
+    }
+
+    /// This variant's kernels: the training passes it has and, with a forward, decode.
+    pub fn kernels(&self) -> Vec<Kernel> {
+        let passes = AttentionPass::ALL.into_iter().filter(|p| self.has(*p)).map(|p| self.kernel(p));
+        passes.chain(self.has(AttentionPass::Forward).then(|| self.decode_kernel())).collect()
     }
 }
 
@@ -193,7 +258,9 @@ mod tests {
         assert_eq!(AttentionTile::DEFAULT.workgroup_size(), 256);
         // The hand-written kernels' workgroup memory (engine's KERNEL_WORKGROUP_BYTES is the largest).
         assert_eq!(AttentionTile::DEFAULT.workgroup_bytes(AttentionPass::Forward), 14720);
-        for name in ["rows0", "rows33", "32", "rowsx"] {
+        assert_eq!(AttentionTile::parse("rows64x4").unwrap(), AttentionTile::blocked(64));
+        assert_eq!(AttentionTile::blocked(32).workgroup_size(), 64);
+        for name in ["rows0", "rows33", "32", "rowsx", "rows30x4", "rows68x4", "rows32x2", "rows32x"] {
             let e = AttentionTile::parse(name).unwrap_err();
             assert!(e.contains(name), "{e}");
         }
@@ -203,13 +270,15 @@ mod tests {
     /// The default's rendering is the hand-written kernel's: 32 rows, 256 lanes, no hole left.
     #[test]
     fn default_rendering_has_the_expected_shape() {
+        let blocked = AttentionTile::blocked(32).render(Template::BACKWARD_BLOCKED);
+        assert!(blocked.contains("const ROWS: u32 = 32u;") && blocked.contains("@workgroup_size(64, 1, 1)") && !blocked.contains("{{"));
         for template in [Template::FORWARD, Template::BACKWARD, Template::DECODE] {
             let src = AttentionTile::DEFAULT.render(template);
             assert!(!src.contains("{{"), "a hole left unfilled");
             assert!(src.contains("const ROWS: u32 = 32u;") && src.contains("const LANES: u32 = 256u;"));
             assert!(src.contains("@workgroup_size(256, 1, 1)") && !src.contains("BLOCK"));
             assert_eq!(src.contains("fn attend_rows("), template.rows_loop, "{}", template.name);
-            let small = AttentionTile { rows: 5 }.render(template);
+            let small = AttentionTile::rows(5).render(template);
             assert!(small.contains("const ROWS: u32 = 5u;") && small.contains("@workgroup_size(40, 1, 1)"));
         }
     }

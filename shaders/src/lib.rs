@@ -265,6 +265,7 @@ mod tests {
                 "coop_probe",
                 "attention_forward",
                 "attention_backward",
+                "attention_backward_blocked",
                 "attention_decode",
             ]
             .contains(&name.as_str());

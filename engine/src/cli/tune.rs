@@ -32,8 +32,10 @@ pub struct TuneArgs {
     /// Only these matmul variants, comma-separated (e.g. 128x128x8/8x8/db/v4); default: every one the adapter can run.
     #[arg(long, value_delimiter = ',')]
     variants: Vec<String>,
-    /// Only these attention variants (rows of a tile per workgroup), comma-separated (e.g. rows32,rows8);
-    /// default: every one the adapter can run.
+    /// Only these attention variants (rows of a tile per workgroup, and rows per invocation after an x:
+    /// the backward-only blocked kernel), comma-separated (e.g. rows32,rows8,rows32x4); each pass also
+    /// times its untuned variant (rows32 forward, rows32x4 backward) as the baseline. Default: every
+    /// one the adapter can run.
     #[arg(long, value_delimiter = ',')]
     attention_variants: Vec<String>,
     /// Leave out the attention kernels (forward and backward at each model's head dim and --seq-len).

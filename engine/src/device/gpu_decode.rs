@@ -5,20 +5,21 @@
 use super::attention::AttentionParams;
 use super::{DecodeDims, GpuDevice, GpuTensor};
 use crate::device::AttentionDims;
-use zerostream_shaders::AttentionTile;
+use zerostream_shaders::{AttentionPass, AttentionTile};
 
 /// The variant for a few new rows (a generated token at a time): 8 rows, so a workgroup of 64 lanes
 /// rather than 256 of which one row's 8 would work. Every variant gives the same bits.
-const FEW_ROWS: AttentionTile = AttentionTile { rows: 8 };
+const FEW_ROWS: AttentionTile = AttentionTile::rows(8);
 
 impl GpuDevice {
     /// The variant a decode call of `rows` new rows runs: a forced one
     /// ([`GpuDevice::force_attention_variant`]), else by the count of rows.
     fn decode_variant(&self, rows: usize) -> AttentionTile {
         match self.attention_forced.get() {
-            Some(forced) => forced,
-            None if rows <= FEW_ROWS.rows as usize && self.can_run_attention(&FEW_ROWS) => FEW_ROWS,
-            None => AttentionTile::DEFAULT,
+            // A backward-only variant forced: the default's forward (the same bits).
+            Some(forced) if forced.has(AttentionPass::Forward) => forced,
+            _ if rows <= FEW_ROWS.rows as usize && self.can_run_attention(&FEW_ROWS) => FEW_ROWS,
+            _ => AttentionTile::DEFAULT,
         }
     }
 

@@ -128,8 +128,13 @@ fn kernel_limits_describe_the_wgsl() {
         let workgroup: Vec<_> =
             module.global_variables.iter().map(|(_, v)| v).filter(|v| v.space == naga::AddressSpace::WorkGroup).collect();
         let bytes = workgroup.iter().map(|v| module.types[v.ty].inner.size(module.to_ctx())).sum::<u32>() as usize;
-        assert!(bytes <= KERNEL_WORKGROUP_BYTES, "{}: {bytes} bytes", kernel.name);
-        largest = largest.max(bytes);
+        let tile = AttentionTile::CANDIDATES.into_iter().find(|t| kernel.name.ends_with(&format!(" {t}"))).unwrap();
+        // The blocked backward's larger blocks may need more (the device runs them where they fit); the
+        // rest, whose largest the error for an adapter too small names, fit KERNEL_WORKGROUP_BYTES.
+        if tile.lane_rows == 1 {
+            assert!(bytes <= KERNEL_WORKGROUP_BYTES, "{}: {bytes} bytes", kernel.name);
+            largest = largest.max(bytes);
+        }
         // The tiled kernels: the key tile, the channels a row's accumulators hold, and the lanes: each of
         // a row's lanes owns four columns of a tile row and four channels of each chunk. The rows vary
         // per variant; the default's are the grid's block.
@@ -138,8 +143,10 @@ fn kernel_limits_describe_the_wgsl() {
         assert!(chunk * constant(&module, "MAX_CHUNKS") >= MAX_HEAD_DIM, "{}", kernel.name);
         assert_eq!((4 * lanes_per_row, 4 * lanes_per_row), (cols, chunk), "{}", kernel.name);
         let rows = constant(&module, "ROWS");
-        let tile = AttentionTile::CANDIDATES.into_iter().find(|t| kernel.name.ends_with(&t.name())).unwrap();
         assert_eq!(rows, tile.rows as usize, "{}", kernel.name);
+        if tile.lane_rows != 1 {
+            assert_eq!(constant(&module, "LANE_ROWS"), tile.lane_rows as usize, "{}", kernel.name);
+        }
         // Decode runs the forward's loop, with its workgroup memory.
         let pass = if kernel.name.starts_with("attention_backward") { AttentionPass::Backward } else { AttentionPass::Forward };
         assert_eq!(bytes, tile.workgroup_bytes(pass) as usize, "{}", kernel.name);
@@ -148,7 +155,7 @@ fn kernel_limits_describe_the_wgsl() {
         }
         // Decode's `append` is elementwise: one invocation per float, 256 per workgroup.
         for entry in module.entry_points.iter().filter(|e| e.name != "append") {
-            assert_eq!(entry.workgroup_size[0] as usize, rows * lanes_per_row, "{}: {}", kernel.name, entry.name);
+            assert_eq!(entry.workgroup_size[0] as usize, rows * lanes_per_row / tile.lane_rows as usize, "{}: {}", kernel.name, entry.name);
             assert_eq!(entry.workgroup_size[0] as usize, constant(&module, "LANES"), "{}: {}", kernel.name, entry.name);
         }
     }
