@@ -62,9 +62,8 @@ struct Slot {
 pub(super) struct UploadRing {
     slots: RefCell<Vec<Slot>>,
     next: Cell<usize>,
+    /// Set by `set_upload_staging`; back to mapped after a host buffer is refused.
     kind: Cell<UploadStaging>,
-    /// A host buffer was refused and a mapped one made instead (warned once).
-    warned: Cell<bool>,
 }
 
 impl GpuDevice {
@@ -206,7 +205,8 @@ impl GpuDevice {
 
     /// A new ring buffer of the ring's kind. A host buffer the adapter refuses now (the kind was
     /// checked when set, but the ring grows to 64 buffers, 512 MiB of host memory) is a mapped one
-    /// instead, with a warning the first time: the bytes arrive the same either way.
+    /// instead, with a warning, and the ring grows with mapped ones from then on (no refused try per
+    /// new buffer): the bytes arrive the same either way.
     fn ring_slot(&self) -> Slot {
         let mapped = || {
             Staging::Mapped(self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -221,11 +221,11 @@ impl GpuDevice {
             UploadStaging::Host => match self.create_host_staging(GPU_UPLOAD_CHUNK_BYTES) {
                 Ok(host) => Staging::Host(host),
                 Err(why) => {
-                    if !self.upload_ring.warned.replace(true) {
-                        eprintln!(
-                            "warning: an upload ring buffer in host memory was refused ({why}); each one refused is a mapped buffer instead"
-                        );
-                    }
+                    // (The caller holds the slots borrowed: their count is not read here.)
+                    eprintln!(
+                        "warning: an upload ring buffer in host memory was refused ({why}); the ring grows with mapped ones from now on"
+                    );
+                    self.upload_ring.kind.set(UploadStaging::Mapped);
                     mapped()
                 }
             },
