@@ -4,6 +4,8 @@
 # (B=4, T=1024, 5 steps, every block resident) and Llama-3.2-1B streamed at a 5 GiB budget (B=1, 3 steps).
 # Each run leaves NAME.trace.json (open in https://ui.perfetto.dev), NAME.metrics and NAME.log in
 # ./gpu-trace-out, packed into $OUT/gpu-trace.tar.gz (./gpu-trace.tar.gz without $OUT) for the device tool.
+# First, `bench adam` (bench-adam.txt): the host's AdamW rate and memory bandwidth (STREAM triad), with the
+# gradients and working copy GPT-2's runs use, since the update's sweep bounds their forward.
 #
 # Usage:  bash benches/gpu-trace.sh      (after the Vulkan loader is unpacked, as benches/gpu.sh says)
 # Environment: ZS (default .device/zerostream).
@@ -23,6 +25,11 @@ run() { # name limit flags...
     --trace "$out/$name.trace.json" --metrics "$out/$name.metrics" "$@" >"$out/$name.log" 2>&1
   echo "$name rc=$? $(date +%T)" | tee -a "$out/parts.txt" >&2
 }
+echo "== bench adam ($(date +%T))" >&2
+for copy in f32 f16; do
+  timeout 60 "$ZS" bench adam --params 134217728 --grad f32 --copy "$copy" >>"$out/bench-adam.txt" 2>&1
+  echo "bench-adam-$copy rc=$? $(date +%T)" | tee -a "$out/parts.txt" >&2
+done
 f16=()
 "$ZS" devices --json 2>/dev/null | grep -q '"matmul_f16_coop":true' && f16=(--matmul-inputs f16)
 run gpt2-f16 40 --config gpt2 --steps 5 --batch-size 4 --seq-len 1024 --gpu-mem-budget 16GiB "${f16[@]}"
