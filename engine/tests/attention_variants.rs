@@ -192,18 +192,18 @@ fn the_table_picks_the_variant_per_shape_class() {
     gpu.set_attention_table(AttentionTable { source: TableSource::Builtin { vendor: "test" }, entries: BTreeMap::from([(class, small)]) });
     assert_eq!(gpu.attention_variant_for(AttentionPass::Forward, &d), small);
     assert_eq!(gpu.attention_variant_for(AttentionPass::Forward, &AttentionDims { seq_len: 900, ..d }), small, "a nearby T borrows");
-    assert_eq!(gpu.attention_variant_for(AttentionPass::Backward, &d), AttentionTile::blocked(32), "backward is another class, untuned");
+    assert_eq!(gpu.attention_variant_for(AttentionPass::Backward, &d), AttentionTile::UNTUNED, "backward is another class");
     let d128 = AttentionDims::gqa(4, 1024, 32, 8, 128);
-    assert_eq!(gpu.attention_variant_for(AttentionPass::Forward, &d128), AttentionTile::DEFAULT, "another head dim");
+    assert_eq!(gpu.attention_variant_for(AttentionPass::Forward, &d128), AttentionTile::UNTUNED, "another head dim");
     gpu.force_attention_variant(Some(AttentionTile::rows(16))).unwrap();
     assert_eq!(gpu.attention_variant_for(AttentionPass::Backward, &d), AttentionTile::rows(16), "a forced variant wins");
     // A T whose grid would pass WebGPU's 65535 workgroups with 16 rows each runs the default's.
     let long = AttentionDims { seq_len: 65535 * 16 + 1, ..d };
     assert_eq!(gpu.attention_variant_for(AttentionPass::Backward, &long), AttentionTile::DEFAULT);
-    // A backward-only variant forced runs the backward; the forward runs the default's.
+    // A blocked variant forced runs both passes.
     gpu.force_attention_variant(Some(AttentionTile::blocked(32))).unwrap();
     assert_eq!(gpu.attention_variant_for(AttentionPass::Backward, &d), AttentionTile::blocked(32));
-    assert_eq!(gpu.attention_variant_for(AttentionPass::Forward, &d), AttentionTile::DEFAULT);
+    assert_eq!(gpu.attention_variant_for(AttentionPass::Forward, &d), AttentionTile::blocked(32));
 }
 
 fn zerostream(tune_dir: &std::path::Path, args: &[&str]) -> std::process::Output {
@@ -228,9 +228,8 @@ fn tune_writes_attention_entries_devices_reports_them() {
     let classes: Vec<&str> = attention.iter().map(|l| l["class"].as_str().unwrap()).collect();
     // --quick: the tiny GPT-2 (head dim 32) at T = 64.
     assert_eq!(classes, ["forward/d32/t12", "backward/d32/t12"], "{stdout}");
-    // The blocked variant is timed for the backward only.
-    for (l, variants) in attention.iter().zip([2, 3]) {
-        assert_eq!(l["variants"].as_array().unwrap().len(), variants, "{l}");
+    for l in &attention {
+        assert_eq!(l["variants"].as_array().unwrap().len(), 3, "{l}");
         assert!(l["mismatched"].as_array().unwrap().is_empty(), "{l}");
     }
     let summary = lines.last().unwrap();
@@ -248,8 +247,7 @@ fn tune_writes_attention_entries_devices_reports_them() {
     let text = String::from_utf8_lossy(&devices.stdout);
     assert!(devices.status.success() && !text.contains("warning"), "{text}");
     assert!(
-        text.contains(&format!("tuned table {}", table.display()))
-            && text.contains("attention variants: forward rows32, backward rows32x4 for every shape"),
+        text.contains(&format!("tuned table {}", table.display())) && text.contains("attention variants: rows32x4 for every shape"),
         "{text}"
     );
     let bad = zerostream(dir.path(), &["tune", "--quick", "--attention-variants", "rows40"]);

@@ -12,9 +12,11 @@
 //! add exact zeros (the kernels' headers say why). So all variants give the same bits and a tuner may
 //! choose among them freely; `engine/tests/attention_variants.rs` holds them to each other and to the twin.
 //!
-//! The backward has a second template, `wgsl/attention_backward_blocked.wgsl`: the same sums with each
-//! invocation computing 4 tile rows instead of one ([`AttentionTile::lane_rows`]), so a quarter of the
-//! reads from workgroup memory per multiply-add. Its variants (`rows32x4`) are backward-only.
+//! Both passes have a second, register-blocked template (`wgsl/attention_forward_blocked.wgsl`,
+//! `wgsl/attention_backward_blocked.wgsl`, with `wgsl/common/attention_blocks.wgsl`): the same sums in the
+//! same order with each invocation computing 4 tile rows instead of one ([`AttentionTile::lane_rows`]),
+//! so a quarter of the reads from workgroup memory per multiply-add. Its variants (`rows32x4`) have no
+//! decode kernel: decode keeps the online-softmax loop it shares with the unblocked forward.
 
 use std::collections::HashMap;
 
@@ -28,8 +30,11 @@ const COMMON: &str = concat!(
 );
 /// The online-softmax walk over key tiles, which the forward and the decode kernel both run.
 const ROWS_LOOP: &str = include_str!("../wgsl/common/attention_rows.wgsl");
+/// The register-blocked tile products of the blocked kernels.
+const BLOCKS: &str = include_str!("../wgsl/common/attention_blocks.wgsl");
 const FORWARD: &str = include_str!("../wgsl/attention_forward.wgsl");
 const BACKWARD: &str = include_str!("../wgsl/attention_backward.wgsl");
+const FORWARD_BLOCKED: &str = include_str!("../wgsl/attention_forward_blocked.wgsl");
 const BACKWARD_BLOCKED: &str = include_str!("../wgsl/attention_backward_blocked.wgsl");
 const DECODE: &str = include_str!("../wgsl/attention_decode.wgsl");
 
@@ -58,19 +63,21 @@ impl AttentionPass {
     }
 }
 
-/// One templated kernel file: its name, its text, and whether it runs the shared online-softmax loop.
+/// One templated kernel file: its name (the kernel's, whichever file), its text, and the helpers it
+/// needs beyond [`COMMON`]: the shared online-softmax loop, or the blocked tile products.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct Template {
     name: &'static str,
     text: &'static str,
-    rows_loop: bool,
+    helpers: &'static str,
 }
 
 impl Template {
-    const FORWARD: Template = Template { name: "attention_forward", text: FORWARD, rows_loop: true };
-    const BACKWARD: Template = Template { name: "attention_backward", text: BACKWARD, rows_loop: false };
-    const BACKWARD_BLOCKED: Template = Template { name: "attention_backward", text: BACKWARD_BLOCKED, rows_loop: false };
-    const DECODE: Template = Template { name: "attention_decode", text: DECODE, rows_loop: true };
+    const FORWARD: Template = Template { name: "attention_forward", text: FORWARD, helpers: ROWS_LOOP };
+    const BACKWARD: Template = Template { name: "attention_backward", text: BACKWARD, helpers: "" };
+    const FORWARD_BLOCKED: Template = Template { name: "attention_forward", text: FORWARD_BLOCKED, helpers: BLOCKS };
+    const BACKWARD_BLOCKED: Template = Template { name: "attention_backward", text: BACKWARD_BLOCKED, helpers: BLOCKS };
+    const DECODE: Template = Template { name: "attention_decode", text: DECODE, helpers: ROWS_LOOP };
 }
 
 /// One variant of the training attention kernels.
@@ -79,8 +86,7 @@ pub struct AttentionTile {
     /// Tile rows per workgroup: queries (forward, dq) or keys (dk, dv). The grid has ceil(T / rows)
     /// workgroups along x and each has rows x [`Self::LANES_PER_ROW`] / `lane_rows` invocations.
     pub rows: u32,
-    /// Tile rows per invocation: 1 (both passes), or [`Self::BLOCKED_LANE_ROWS`] (the backward only,
-    /// `attention_backward_blocked.wgsl`).
+    /// Tile rows per invocation: 1, or [`Self::BLOCKED_LANE_ROWS`] (the `*_blocked.wgsl` kernels).
     pub lane_rows: u32,
 }
 
@@ -103,29 +109,26 @@ impl AttentionTile {
     pub const CANDIDATES: [AttentionTile; 5] =
         [Self::DEFAULT, AttentionTile::rows(16), AttentionTile::rows(8), AttentionTile::blocked(32), AttentionTile::blocked(64)];
 
-    /// What a pass runs where nothing was tuned: [`Self::DEFAULT`] forward, the blocked backward with
-    /// the default's 32 rows backward (a quarter of the default's reads from workgroup memory per
-    /// multiply-add; 2.2x faster on lavapipe at GPT-2's shapes; the same bits).
-    pub const fn untuned(pass: AttentionPass) -> Self {
-        match pass {
-            AttentionPass::Forward => Self::DEFAULT,
-            AttentionPass::Backward => Self::blocked(32),
-        }
-    }
+    /// What both passes run where nothing was tuned: the blocked kernels at the default's 32 rows (a
+    /// quarter of the default's reads from workgroup memory per multiply-add, and 2x as fast at GPT-2's
+    /// shapes on lavapipe; the same bits). [`Self::DEFAULT`] stays the reference a tuner checks bits
+    /// against, and what runs where a chosen variant cannot.
+    pub const UNTUNED: AttentionTile = AttentionTile::blocked(32);
 
     /// `rows` rows per workgroup, one per invocation.
     pub const fn rows(rows: u32) -> Self {
         AttentionTile { rows, lane_rows: 1 }
     }
 
-    /// `rows` rows per workgroup, [`Self::BLOCKED_LANE_ROWS`] per invocation (the backward only).
+    /// `rows` rows per workgroup, [`Self::BLOCKED_LANE_ROWS`] per invocation.
     pub const fn blocked(rows: u32) -> Self {
         AttentionTile { rows, lane_rows: Self::BLOCKED_LANE_ROWS }
     }
 
-    /// Whether the variant has a kernel for `pass` (the blocked ones only for the backward).
-    pub fn has(&self, pass: AttentionPass) -> bool {
-        self.lane_rows == 1 || pass == AttentionPass::Backward
+    /// Whether the variant has a decode kernel: the blocked ones have none (decode runs
+    /// `attention_rows.wgsl`'s loop, which gives every variant's bits).
+    pub fn has_decode(&self) -> bool {
+        self.lane_rows == 1
     }
 
     /// A stable name: `rows32`, or `rows32x4` for 4 rows per invocation.
@@ -158,7 +161,7 @@ impl AttentionTile {
     /// delta and log-sum-exp.
     pub const fn workgroup_bytes(&self, pass: AttentionPass) -> u32 {
         let extra = match (pass, self.lane_rows) {
-            (AttentionPass::Forward, _) => 2 * self.workgroup_size(),
+            (AttentionPass::Forward, _) => 2 * self.rows * Self::LANES_PER_ROW,
             (AttentionPass::Backward, 1) => self.workgroup_size(),
             (AttentionPass::Backward, _) => self.rows * Self::LANES_PER_ROW + 2 * self.rows,
         };
@@ -190,9 +193,9 @@ impl AttentionTile {
     }
 
     fn template(&self, pass: AttentionPass) -> Template {
-        assert!(self.has(pass), "attention variant {} has no {} kernel", self.name(), pass.name());
         match (pass, self.lane_rows) {
-            (AttentionPass::Forward, _) => Template::FORWARD,
+            (AttentionPass::Forward, 1) => Template::FORWARD,
+            (AttentionPass::Forward, _) => Template::FORWARD_BLOCKED,
             (AttentionPass::Backward, 1) => Template::BACKWARD,
             (AttentionPass::Backward, _) => Template::BACKWARD_BLOCKED,
         }
@@ -201,9 +204,8 @@ impl AttentionTile {
     fn render(&self, template: Template) -> String {
         self.check().unwrap_or_else(|e| panic!("attention variant {}: {e}", self.name()));
         let holes = HashMap::from([("ROWS", self.rows.to_string()), ("LANES", self.workgroup_size().to_string())]);
-        let rows_loop = if template.rows_loop { ROWS_LOOP } else { "" };
         crate::fill_holes(COMMON, "common/attention_tiles.wgsl", &holes)
-            + rows_loop
+            + template.helpers
             + &crate::fill_holes(template.text, template.name, &holes)
     }
 
@@ -216,7 +218,7 @@ impl AttentionTile {
     /// The decode kernel (`append`, then `main`: new rows against a key/value cache) for this variant.
     /// Its workgroup memory is the forward's. Only for variants with a forward kernel.
     pub fn decode_kernel(&self) -> Kernel {
-        assert!(self.has(AttentionPass::Forward), "attention variant {} has no decode kernel", self.name());
+        assert!(self.has_decode(), "attention variant {} has no decode kernel", self.name());
         self.kernel_of(Template::DECODE)
     }
 
@@ -233,8 +235,8 @@ impl AttentionTile {
 
     /// This variant's kernels: the training passes it has and, with a forward, decode.
     pub fn kernels(&self) -> Vec<Kernel> {
-        let passes = AttentionPass::ALL.into_iter().filter(|p| self.has(*p)).map(|p| self.kernel(p));
-        passes.chain(self.has(AttentionPass::Forward).then(|| self.decode_kernel())).collect()
+        let passes = AttentionPass::ALL.into_iter().map(|p| self.kernel(p));
+        passes.chain(self.has_decode().then(|| self.decode_kernel())).collect()
     }
 }
 
@@ -277,7 +279,7 @@ mod tests {
             assert!(!src.contains("{{"), "a hole left unfilled");
             assert!(src.contains("const ROWS: u32 = 32u;") && src.contains("const LANES: u32 = 256u;"));
             assert!(src.contains("@workgroup_size(256, 1, 1)") && !src.contains("BLOCK"));
-            assert_eq!(src.contains("fn attend_rows("), template.rows_loop, "{}", template.name);
+            assert_eq!(src.contains("fn attend_rows("), template.helpers == ROWS_LOOP, "{}", template.name);
             let small = AttentionTile::rows(5).render(template);
             assert!(small.contains("const ROWS: u32 = 5u;") && small.contains("@workgroup_size(40, 1, 1)"));
         }

@@ -266,6 +266,7 @@ mod tests {
                 "attention_forward",
                 "attention_backward",
                 "attention_backward_blocked",
+                "attention_forward_blocked",
                 "attention_decode",
             ]
             .contains(&name.as_str());

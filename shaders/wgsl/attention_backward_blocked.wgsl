@@ -7,18 +7,16 @@
 // quarter as many reads per multiply-add. A group of 4 rows has the 8 invocations of one row there
 // (part = lane % 8 owns columns part + 8i and channels c CHUNK + part + 8i, as there).
 //
-// The price is registers: 4 rows of accumulators per channel. So the outputs' channels are taken in
-// groups of GROUP_CHUNKS chunks (64 channels, a whole head for GPT-2 and Llama-3.2-1B): a head of more
-// channels takes another walk over the other side per group, recomputing the tiles' probabilities.
-// Every output element is still one FMA chain over the same terms in the same order: the recomputed
-// probabilities are the same values, and each element is accumulated in exactly one group.
+// The outputs' channels are taken in groups of 64 (common/attention_blocks.wgsl says why): a head of
+// more channels takes another walk over the other side per group, recomputing the tiles' probabilities.
 //
 // A template (shaders/src/attention_template.rs): ROWS (a multiple of 4) and LANES = 2 ROWS vary. The
 // per-row delta partial sums and their order are attention_backward.wgsl's: (row, part) sums channels
 // part + 8i, and a row's 8 partial sums are added in part order.
 
 // Params and prob_dropout come from common/attention_params.wgsl; ROWS, COLS, the staged tiles and
-// stage_rows_a/b from common/attention_tiles.wgsl.
+// stage_rows_a/b from common/attention_tiles.wgsl; LANE_ROWS, GROUP_CHUNKS, Block and the blocked tile
+// products from common/attention_blocks.wgsl.
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> qkv: array<f32>;
@@ -27,11 +25,6 @@
 @group(0) @binding(4) var<storage, read> lse: array<f32>;
 @group(0) @binding(5) var<storage, read_write> delta: array<f32>;
 @group(0) @binding(6) var<storage, read_write> dqkv: array<f32>;
-
-// Tile rows per invocation.
-const LANE_ROWS: u32 = 4u;
-// Chunks of output channels accumulated per walk over the other side.
-const GROUP_CHUNKS: u32 = 2u;
 
 // query_grad: each (row, part)'s part of the row's delta, then each row's delta and log-sum-exp.
 var<workgroup> part_sum: array<f32, ROWS * LANES_PER_ROW>;
@@ -48,73 +41,6 @@ fn source_at(b: u32, row: u32, col0: u32, d: u32, source: u32) -> f32 {
     return qkv[qkv_row(b, row) + col0 + d];
 }
 fn store(index: u32, value: f32) { dqkv[index] = value; }
-
-// One invocation's four tile rows, 4 columns (or channels) each.
-struct Block { r0: vec4<f32>, r1: vec4<f32>, r2: vec4<f32>, r3: vec4<f32> }
-
-fn zero_block() -> Block { return Block(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0)); }
-
-// The invocation's first tile row.
-fn first_row(lane: u32) -> u32 { return (lane / LANES_PER_ROW) * LANE_ROWS; }
-
-// tile_dots for the invocation's 4 rows: (tile row) . (tile column part + 8i) over all D channels, rows
-// from a_row0 of one head, columns from b_row0 of another, each an FMA chain in channel order.
-fn block_dots(lane: u32, b: u32, a_row0: u32, a_col0: u32, a_source: u32, b_row0: u32, b_col0: u32, b_source: u32) -> Block {
-    let r = first_row(lane);
-    let part = lane % LANES_PER_ROW;
-    var s = zero_block();
-    for (var c = 0u; c < head_chunks(); c++) {
-        stage_rows_a(lane, b, a_row0, a_col0, a_source, c);
-        stage_rows_b(lane, b, b_row0, b_col0, b_source, c);
-        workgroupBarrier();
-        for (var d = 0u; d < CHUNK; d++) {
-            let k = part * STRIDE + d;
-            let cols = vec4<f32>(stage_b[k], stage_b[k + 8u * STRIDE], stage_b[k + 16u * STRIDE], stage_b[k + 24u * STRIDE]);
-            let a = r * STRIDE + d;
-            s.r0 = fma(vec4<f32>(stage_a[a]), cols, s.r0);
-            s.r1 = fma(vec4<f32>(stage_a[a + STRIDE]), cols, s.r1);
-            s.r2 = fma(vec4<f32>(stage_a[a + 2u * STRIDE]), cols, s.r2);
-            s.r3 = fma(vec4<f32>(stage_a[a + 3u * STRIDE]), cols, s.r3);
-        }
-        workgroupBarrier();
-    }
-    return s;
-}
-
-// accumulate_chunk for the invocation's 4 rows: acc += sum over the tile's columns j, in order, of
-// tile[row][j] times channels c CHUNK + part + 8i of row b_row0 + j of a head (staged into stage_b).
-fn block_accumulate(lane: u32, b: u32, b_row0: u32, b_col0: u32, b_source: u32, c: u32, acc: ptr<function, Block>) {
-    stage_rows_b(lane, b, b_row0, b_col0, b_source, c);
-    workgroupBarrier();
-    let r = first_row(lane);
-    let part = lane % LANES_PER_ROW;
-    var a = *acc;
-    for (var j = 0u; j < COLS; j++) {
-        let v = j * STRIDE + part;
-        let x = vec4<f32>(stage_b[v], stage_b[v + 8u], stage_b[v + 16u], stage_b[v + 24u]);
-        let t = r * STRIDE + j;
-        a.r0 = fma(vec4<f32>(tile[t]), x, a.r0);
-        a.r1 = fma(vec4<f32>(tile[t + STRIDE]), x, a.r1);
-        a.r2 = fma(vec4<f32>(tile[t + 2u * STRIDE]), x, a.r2);
-        a.r3 = fma(vec4<f32>(tile[t + 3u * STRIDE]), x, a.r3);
-    }
-    *acc = a;
-    workgroupBarrier();
-}
-
-// block_accumulate for channel group cg's chunks (the second only where the head has it).
-fn block_accumulate_group(
-    lane: u32, b: u32, b_row0: u32, b_col0: u32, b_source: u32, cg: u32, a0: ptr<function, Block>, a1: ptr<function, Block>,
-) {
-    block_accumulate(lane, b, b_row0, b_col0, b_source, GROUP_CHUNKS * cg, a0);
-    if (GROUP_CHUNKS * cg + 1u < head_chunks()) { block_accumulate(lane, b, b_row0, b_col0, b_source, GROUP_CHUNKS * cg + 1u, a1); }
-}
-
-// Writes channel group cg of one output row (from index base): acc0 and acc1 times factor.
-fn store_group(base: u32, part: u32, cg: u32, acc0: vec4<f32>, acc1: vec4<f32>, factor: f32) {
-    store_chunk(base, part, GROUP_CHUNKS * cg, acc0, factor);
-    store_chunk(base, part, GROUP_CHUNKS * cg + 1u, acc1, factor);
-}
 
 // query_grad's ds for tile row `row` (query t), columns part + 8i of the key tile at k0, into `tile`.
 fn query_ds(b: u32, h: u32, t: u32, row: u32, part: u32, k0: u32, s: vec4<f32>, dov: vec4<f32>) {
@@ -173,8 +99,8 @@ fn query_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         var acc1 = zero_block();
         for (var kt = 0u; kt < tiles; kt++) {
             let k0 = kt * COLS;
-            let s = block_dots(lane, b, q0, q_col, SOURCE_QKV, k0, k_col, SOURCE_QKV);
-            let dov = block_dots(lane, b, q0, q_col, SOURCE_DOUT, k0, v_col, SOURCE_QKV);
+            let s = block_dots(lane, b, q0, q_col, SOURCE_QKV, false, k0, k_col, SOURCE_QKV);
+            let dov = block_dots(lane, b, q0, q_col, SOURCE_DOUT, false, k0, v_col, SOURCE_QKV);
             // block_dots ends with a barrier: every invocation is done reading the last tile.
             query_ds(b, h, q0 + r, r, part, k0, s.r0, dov.r0);
             query_ds(b, h, q0 + r + 1u, r + 1u, part, k0, s.r1, dov.r1);
@@ -242,8 +168,8 @@ fn key_value_grad(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
             for (var qt = k0 / COLS; qt < query_tiles; qt++) {
                 let i0 = qt * COLS;
                 // Transposed tiles: row r is key j, column part + 8i query i0 + part + 8i.
-                let s = block_dots(lane, b, k0, k_col, SOURCE_QKV, i0, q_col, SOURCE_QKV);
-                let dov = block_dots(lane, b, k0, v_col, SOURCE_QKV, i0, q_col, SOURCE_DOUT);
+                let s = block_dots(lane, b, k0, k_col, SOURCE_QKV, false, i0, q_col, SOURCE_QKV);
+                let dov = block_dots(lane, b, k0, v_col, SOURCE_QKV, false, i0, q_col, SOURCE_DOUT);
                 var lse4 = vec4<f32>(0.0);
                 var delta4 = vec4<f32>(0.0);
                 for (var i = 0u; i < 4u; i++) {

@@ -33,8 +33,8 @@ pub struct TuneArgs {
     #[arg(long, value_delimiter = ',')]
     variants: Vec<String>,
     /// Only these attention variants (rows of a tile per workgroup, and rows per invocation after an x:
-    /// the backward-only blocked kernel), comma-separated (e.g. rows32,rows8,rows32x4); each pass also
-    /// times its untuned variant (rows32 forward, rows32x4 backward) as the baseline. Default: every
+    /// the register-blocked kernels), comma-separated (e.g. rows32,rows8,rows32x4); the untuned variant
+    /// (rows32x4) is also timed, as the baseline. Default: every
     /// one the adapter can run.
     #[arg(long, value_delimiter = ',')]
     attention_variants: Vec<String>,

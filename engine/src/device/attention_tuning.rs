@@ -61,14 +61,14 @@ pub struct AttentionTable {
 }
 
 impl AttentionTable {
-    /// No tuned classes: every call runs [`AttentionTile::untuned`] (no vendor has measured defaults).
+    /// No tuned classes: every call runs [`AttentionTile::UNTUNED`] (no vendor has measured defaults).
     pub fn builtin(adapter: &AdapterSummary) -> Self {
         let vendor = super::matmul_tuning::MatmulTable::builtin(adapter).source;
         AttentionTable { source: vendor, entries: BTreeMap::new() }
     }
 
     /// The variant for a call of class `class`: its own tuned entry, else the nearest tuned T of the same
-    /// pass and head dim within [`MAX_BORROW_DISTANCE`], else the pass's untuned variant.
+    /// pass and head dim within [`MAX_BORROW_DISTANCE`], else [`AttentionTile::UNTUNED`].
     pub fn choose(&self, class: &AttentionClass) -> AttentionTile {
         if let Some(tile) = self.entries.get(class) {
             return *tile;
@@ -77,16 +77,16 @@ impl AttentionTable {
             .iter()
             .filter_map(|(c, t)| class.distance(c).filter(|d| *d <= MAX_BORROW_DISTANCE).map(|d| (d, *t)))
             .min_by_key(|(d, _)| *d)
-            .map_or(AttentionTile::untuned(class.pass), |(_, t)| t)
+            .map_or(AttentionTile::UNTUNED, |(_, t)| t)
     }
 
     /// One line for `zerostream devices`: the tuned choices, or the default.
     pub fn describe(&self) -> String {
         if self.entries.is_empty() {
-            return format!("{} for every shape (not tuned here: run `zerostream tune`)", untuned());
+            return format!("{} for every shape (not tuned here: run `zerostream tune`)", AttentionTile::UNTUNED);
         }
         let chosen: Vec<String> = self.entries.iter().map(|(c, t)| format!("{} {t}", c.key())).collect();
-        format!("tuned: {}; {} elsewhere", chosen.join(", "), untuned())
+        format!("tuned: {}; {} elsewhere", chosen.join(", "), AttentionTile::UNTUNED)
     }
 
     /// The table for `adapter` from its tuning file (the same file as the matmul's), else the default.
@@ -113,22 +113,12 @@ impl AttentionTable {
     }
 }
 
-/// The untuned variants, named: `forward rows32, backward rows32x4`.
-fn untuned() -> String {
-    let of = |p: AttentionPass| format!("{} {}", p.name(), AttentionTile::untuned(p));
-    AttentionPass::ALL.map(of).join(", ")
-}
-
 /// The attention entries of a tuning file, by class.
 pub fn entries(file: &TableFile) -> Result<BTreeMap<AttentionClass, AttentionTile>> {
     let mut entries = BTreeMap::new();
     for e in &file.attention {
         let class = AttentionClass::parse(&e.class).with_context(|| format!("attention shape class {:?}", e.class))?;
-        let tile = AttentionTile::parse(&e.variant).map_err(anyhow::Error::msg)?;
-        if !tile.has(class.pass) {
-            bail!("attention shape class {}: variant {tile} has no {} kernel", e.class, class.pass.name());
-        }
-        entries.insert(class, tile);
+        entries.insert(class, AttentionTile::parse(&e.variant).map_err(anyhow::Error::msg)?);
     }
     Ok(entries)
 }
@@ -159,9 +149,8 @@ mod tests {
         assert_eq!(table.choose(&own), small);
         assert_eq!(table.choose(&near), small);
         for class in [far, other_d, other_pass] {
-            assert_eq!(table.choose(&class), AttentionTile::untuned(class.pass), "{}", class.key());
+            assert_eq!(table.choose(&class), AttentionTile::UNTUNED, "{}", class.key());
         }
-        assert_eq!(table.choose(&other_pass), AttentionTile::blocked(32));
         assert!(table.describe().contains("forward/d64/t20 rows8"), "{}", table.describe());
     }
 
@@ -183,11 +172,7 @@ mod tests {
         assert_eq!(read.get(&AttentionClass::parse("forward/d64/t12").unwrap()), Some(&AttentionTile::rows(16)));
         let bad = new.replace("rows16", "rows99");
         assert!(entries(&serde_json::from_str(&bad).unwrap()).unwrap_err().to_string().contains("rows99"));
-        // A backward-only variant for a forward class is refused; for a backward class it is read.
-        let forward_blocked = new.replace("rows16", "rows32x4");
-        let e = entries(&serde_json::from_str(&forward_blocked).unwrap()).unwrap_err().to_string();
-        assert!(e.contains("forward/d64/t12") && e.contains("rows32x4") && e.contains("no forward kernel"), "{e}");
-        let backward = serde_json::from_str(&forward_blocked.replace("forward/", "backward/")).unwrap();
-        assert_eq!(entries(&backward).unwrap().into_values().collect::<Vec<_>>(), [AttentionTile::blocked(32)]);
+        let blocked = serde_json::from_str(&new.replace("rows16", "rows32x4")).unwrap();
+        assert_eq!(entries(&blocked).unwrap().into_values().collect::<Vec<_>>(), [AttentionTile::blocked(32)]);
     }
 }

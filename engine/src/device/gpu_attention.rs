@@ -57,12 +57,12 @@ impl AttentionParams {
 }
 
 impl GpuDevice {
-    /// Whether this adapter can run `tile` for the passes it has (workgroup memory and invocations).
+    /// Whether this adapter can run `tile` for both passes (workgroup memory and invocations).
     pub(super) fn can_run_attention(&self, tile: &AttentionTile) -> bool {
         let a = &self.summary;
         tile.check().is_ok()
             && tile.workgroup_size() <= a.max_invocations_per_workgroup
-            && AttentionPass::ALL.iter().filter(|p| tile.has(**p)).all(|p| tile.workgroup_bytes(*p) <= a.max_workgroup_storage_bytes)
+            && AttentionPass::ALL.iter().all(|p| tile.workgroup_bytes(*p) <= a.max_workgroup_storage_bytes)
     }
 
     /// The candidate attention variants this adapter can run, the default first.
@@ -97,9 +97,8 @@ impl GpuDevice {
     pub fn attention_variant_for(&self, pass: AttentionPass, d: &AttentionDims) -> AttentionTile {
         let chosen = self.attention_forced.get().unwrap_or_else(|| self.attention_table.borrow().choose(&AttentionClass::of(pass, d)));
         // The default's grid is what check_attention allowed; a smaller block could exceed WebGPU's
-        // grid limit, and a table's variant this adapter cannot run, or without this pass's kernel (a
-        // blocked backward forced for both passes), falls back too.
-        if chosen.has(pass) && self.can_run_attention(&chosen) && d.seq_len.div_ceil(chosen.rows as usize) <= MAX_GRID_DIM {
+        // grid limit, and a table's variant this adapter cannot run falls back too.
+        if self.can_run_attention(&chosen) && d.seq_len.div_ceil(chosen.rows as usize) <= MAX_GRID_DIM {
             chosen
         } else {
             AttentionTile::DEFAULT

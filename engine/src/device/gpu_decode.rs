@@ -5,7 +5,7 @@
 use super::attention::AttentionParams;
 use super::{DecodeDims, GpuDevice, GpuTensor};
 use crate::device::AttentionDims;
-use zerostream_shaders::{AttentionPass, AttentionTile};
+use zerostream_shaders::AttentionTile;
 
 /// The variant for a few new rows (a generated token at a time): 8 rows, so a workgroup of 64 lanes
 /// rather than 256 of which one row's 8 would work. Every variant gives the same bits.
@@ -16,8 +16,8 @@ impl GpuDevice {
     /// ([`GpuDevice::force_attention_variant`]), else by the count of rows.
     fn decode_variant(&self, rows: usize) -> AttentionTile {
         match self.attention_forced.get() {
-            // A backward-only variant forced: the default's forward (the same bits).
-            Some(forced) if forced.has(AttentionPass::Forward) => forced,
+            // A blocked variant forced has no decode kernel: the default's (the same bits).
+            Some(forced) if forced.has_decode() => forced,
             _ if rows <= FEW_ROWS.rows as usize && self.can_run_attention(&FEW_ROWS) => FEW_ROWS,
             _ => AttentionTile::DEFAULT,
         }

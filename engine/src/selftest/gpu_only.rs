@@ -8,7 +8,7 @@ use anyhow::Result;
 
 use super::{Check, CheckResult, Size, Tolerance, check_matmul, check_matmul_f16_inputs, random, upload};
 use crate::device::{Backend, GpuDevice, HalfFormat, MatmulInputs, MatmulShape, Operand};
-use zerostream_shaders::{self as shaders, AttentionPass, AttentionTile, CoopTile, MatmulTile};
+use zerostream_shaders::{self as shaders, AttentionTile, CoopTile, MatmulTile};
 
 /// Creates the pipeline of every entry point of every kernel the adapter can run (the cooperative-
 /// matrix matmul only where it has what it needs): a case per kernel, the refusals in words.
@@ -56,15 +56,12 @@ pub fn check_matmul_variant(dev: &GpuDevice, variant: MatmulTile, size: Size) ->
     check_matmul(dev, &format!("matmul {variant}"), size)
 }
 
-/// One variant of the training attention kernels (`AttentionTile`), forced for every call, forward (where
-/// it has one) and backward against the twin (the cases of the `attention_forward` and `attention_backward` checks).
+/// One variant of the training attention kernels (`AttentionTile`), forced for every call, forward and
+/// backward against the twin (the cases of the `attention_forward` and `attention_backward` checks).
 pub fn check_attention_variant(dev: &GpuDevice, variant: AttentionTile, size: Size) -> Result<Vec<CheckResult>> {
     dev.force_attention_variant(Some(variant))?;
     let _unforced = Unforced(dev);
-    let mut results = Vec::new();
-    if variant.has(AttentionPass::Forward) {
-        results.extend(super::attention::check_forward(dev, &format!("attention_forward {variant}"), size)?);
-    }
+    let mut results = super::attention::check_forward(dev, &format!("attention_forward {variant}"), size)?;
     results.extend(super::attention::check_backward(dev, &format!("attention_backward {variant}"), size)?);
     Ok(results)
 }

@@ -122,24 +122,20 @@ fn tune_call(
     time_variants(dev, &candidates, timer, deadline, |v| dev.force_attention_variant(v), run, || output_bits(dev, &t, call.pass))
 }
 
-/// The attention variants to try: `cfg.attention_variants`, else every one the adapter runs.
+/// The attention variants to try, the untuned one first (timed as the baseline, whether listed or not):
+/// `cfg.attention_variants`, else every one the adapter runs.
 fn variants(dev: &GpuDevice, cfg: &TuneConfig) -> Result<Vec<AttentionTile>> {
     let runnable = dev.attention_variants();
-    let variants = if cfg.attention_variants.is_empty() { runnable.clone() } else { cfg.attention_variants.clone() };
+    let mut variants = if cfg.attention_variants.is_empty() { runnable.clone() } else { cfg.attention_variants.clone() };
     if let Some(v) = variants.iter().find(|v| !runnable.contains(v)) {
         bail!(
             "--attention-variants {v}: not a candidate this adapter can run ({})",
             runnable.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
         );
     }
+    variants.retain(|v| *v != AttentionTile::UNTUNED);
+    variants.insert(0, AttentionTile::UNTUNED);
     Ok(variants)
-}
-
-/// Those of `variants` with a kernel for `pass`, the pass's untuned variant first (timed as the
-/// baseline, whether listed or not).
-fn of_pass(pass: AttentionPass, variants: &[AttentionTile]) -> Vec<AttentionTile> {
-    let untuned = AttentionTile::untuned(pass);
-    std::iter::once(untuned).chain(variants.iter().copied().filter(|v| v.has(pass) && *v != untuned)).collect()
 }
 
 /// Tunes every attention class of the configured models, until `cfg.max_seconds` after `start` (the
@@ -172,7 +168,7 @@ pub fn tune_attention(
     for (i, class) in order.iter().enumerate() {
         let (call, names) = &classes[class];
         let timed = match Instant::now() < deadline {
-            true => tune_call(dev, call, &of_pass(call.pass, &variants), timer, deadline, 1000 + i as u64 * 7)?,
+            true => tune_call(dev, call, &variants, timer, deadline, 1000 + i as u64 * 7)?,
             false => None,
         };
         let Some(timed) = timed else {
@@ -204,13 +200,5 @@ mod tests {
         assert_eq!((llama[1].dims.heads, llama[1].dims.kv_heads, llama[1].dims.head_dim), (32, 8, 128));
         assert_eq!(AttentionClass::of(llama[1].pass, &llama[1].dims).key(), "backward/d128/t16");
         assert!(attention_calls("gpt3", 1, 1).is_err());
-    }
-
-    #[test]
-    fn each_pass_times_its_own_variants_untuned_first() {
-        let listed = [AttentionTile::rows(8), AttentionTile::blocked(64), AttentionTile::DEFAULT];
-        assert_eq!(of_pass(AttentionPass::Forward, &listed), [AttentionTile::DEFAULT, AttentionTile::rows(8)]);
-        let backward = [AttentionTile::blocked(32), AttentionTile::rows(8), AttentionTile::blocked(64), AttentionTile::DEFAULT];
-        assert_eq!(of_pass(AttentionPass::Backward, &listed), backward);
     }
 }
