@@ -73,13 +73,58 @@ pub fn check_forward<D: Backend>(dev: &D, label: &str, size: Size) -> Result<Vec
             continue;
         }
         let (qkv, want_out, want_lse) = twin_forward(i, d);
-        let rows = d.batch * d.seq_len;
-        let (out, lse) = (dev.alloc(rows * d.out_width(), "selftest out")?, dev.alloc(d.stat_len(), "selftest lse")?);
-        dev.attention_forward(&out, &lse, &upload(dev, &qkv)?, d);
-        check.compare(&format!("out {tag}"), &dev.read(&out), &want_out);
-        check.compare(&format!("lse {tag}"), &dev.read(&lse), &want_lse);
+        let (out, lse) = device_forward(dev, &qkv, d)?;
+        check.compare(&format!("out {tag}"), &out, &want_out);
+        check.compare(&format!("lse {tag}"), &lse, &want_lse);
     }
     Ok(vec![check.finish()])
+}
+
+/// The device's forward of `qkv`: (out, lse).
+fn device_forward<D: Backend>(dev: &D, qkv: &[f32], d: AttentionDims) -> Result<(Vec<f32>, Vec<f32>)> {
+    let rows = d.batch * d.seq_len;
+    let (out, lse) = (dev.alloc(rows * d.out_width(), "selftest out")?, dev.alloc(d.stat_len(), "selftest lse")?);
+    dev.attention_forward(&out, &lse, &upload(dev, qkv)?, d);
+    Ok((dev.read(&out), dev.read(&lse)))
+}
+
+/// The backward's inputs for case `i` (the twin's forward), and the garbage its outputs start as.
+struct BackwardCase {
+    qkv: Vec<f32>,
+    out: Vec<f32>,
+    lse: Vec<f32>,
+    dout: Vec<f32>,
+    dqkv0: Vec<f32>,
+    delta0: Vec<f32>,
+}
+
+impl BackwardCase {
+    fn new(i: usize, d: AttentionDims) -> Self {
+        let (qkv, out, lse) = twin_forward(i, d);
+        let dout = random(400 + i as u64, d.batch * d.seq_len * d.out_width(), 1.0);
+        let (dqkv0, delta0) = (random(500 + i as u64, qkv.len(), 9.0), random(600 + i as u64, lse.len(), 9.0));
+        BackwardCase { qkv, out, lse, dout, dqkv0, delta0 }
+    }
+
+    /// The device's backward, written over the garbage: (dqkv, delta).
+    fn on<D: Backend>(&self, dev: &D, d: AttentionDims) -> Result<(Vec<f32>, Vec<f32>)> {
+        let (dqkv, delta) = (upload(dev, &self.dqkv0)?, upload(dev, &self.delta0)?);
+        let inputs = (upload(dev, &self.dout)?, upload(dev, &self.qkv)?, upload(dev, &self.out)?, upload(dev, &self.lse)?);
+        dev.attention_backward(&dqkv, &delta, &inputs.0, &inputs.1, &inputs.2, &inputs.3, d);
+        Ok((dev.read(&dqkv), dev.read(&delta)))
+    }
+}
+
+/// Every case's out, lse, dqkv and delta on `dev` as it stands (the variant forced), named: for holding
+/// one variant's bits to another's. Cases the device refuses are left out.
+pub fn outputs<D: Backend>(dev: &D, size: Size) -> Result<Vec<(String, Vec<f32>)>> {
+    let mut all = Vec::new();
+    for (i, d, tag) in cases(size).filter(|(_, d, _)| dev.check_attention(*d).is_ok()) {
+        let (out, lse) = device_forward(dev, &twin_forward(i, d).0, d)?;
+        let (dqkv, delta) = BackwardCase::new(i, d).on(dev, d)?;
+        all.extend([("out", out), ("lse", lse), ("dqkv", dqkv), ("delta", delta)].map(|(name, v)| (format!("{name} {tag}"), v)));
+    }
+    Ok(all)
 }
 
 /// dqkv and delta of every case, from the twin's forward, written over garbage (both are overwritten),
@@ -91,17 +136,12 @@ pub fn check_backward<D: Backend>(dev: &D, label: &str, size: Size) -> Result<Ve
             check.fail(format!("{tag} refused: {e:#}"));
             continue;
         }
-        let (qkv, out, lse) = twin_forward(i, d);
-        let rows = d.batch * d.seq_len;
-        let dout = random(400 + i as u64, rows * d.out_width(), 1.0);
-        let (dqkv0, delta0) = (random(500 + i as u64, qkv.len(), 9.0), random(600 + i as u64, lse.len(), 9.0));
-        let (dqkv, delta) = (upload(dev, &dqkv0)?, upload(dev, &delta0)?);
-        let inputs = (upload(dev, &dout)?, upload(dev, &qkv)?, upload(dev, &out)?, upload(dev, &lse)?);
-        dev.attention_backward(&dqkv, &delta, &inputs.0, &inputs.1, &inputs.2, &inputs.3, d);
-        let (mut want_dqkv, mut want_delta) = (dqkv0, delta0);
+        let case = BackwardCase::new(i, d);
+        let (dqkv, delta) = case.on(dev, d)?;
+        let BackwardCase { qkv, out, lse, dout, dqkv0: mut want_dqkv, delta0: mut want_delta } = case;
         twin::attention_backward(&mut want_dqkv, &mut want_delta, &dout, &qkv, &out, &lse, d);
-        check.compare(&format!("dqkv {tag}"), &dev.read(&dqkv), &want_dqkv);
-        check.compare(&format!("delta {tag}"), &dev.read(&delta), &want_delta);
+        check.compare(&format!("dqkv {tag}"), &dqkv, &want_dqkv);
+        check.compare(&format!("delta {tag}"), &delta, &want_delta);
     }
     Ok(vec![check.finish()])
 }

@@ -57,12 +57,24 @@ pub fn check_matmul_variant(dev: &GpuDevice, variant: MatmulTile, size: Size) ->
 }
 
 /// One variant of the training attention kernels (`AttentionTile`), forced for every call, forward and
-/// backward against the twin (the cases of the `attention_forward` and `attention_backward` checks).
+/// backward against the twin, and bit for bit against the default variant's (the cases of the
+/// `attention_forward` and `attention_backward` checks).
 pub fn check_attention_variant(dev: &GpuDevice, variant: AttentionTile, size: Size) -> Result<Vec<CheckResult>> {
     dev.force_attention_variant(Some(variant))?;
     let _unforced = Unforced(dev);
     let mut results = super::attention::check_forward(dev, &format!("attention_forward {variant}"), size)?;
     results.extend(super::attention::check_backward(dev, &format!("attention_backward {variant}"), size)?);
+    if variant != AttentionTile::DEFAULT {
+        // Every variant sums in the same order; a driver that contracts a multiply and an add in one
+        // variant's code and not in another's would show here (and a tuner would pass it over).
+        let mut same = Check::new(&format!("attention {variant} = {}'s bits", AttentionTile::DEFAULT), Tolerance::Bits);
+        let got = super::attention::outputs(dev, size)?;
+        dev.force_attention_variant(Some(AttentionTile::DEFAULT))?;
+        for ((name, got), (_, want)) in got.iter().zip(&super::attention::outputs(dev, size)?) {
+            same.compare(name, got, want);
+        }
+        results.push(same.finish());
+    }
     Ok(results)
 }
 
