@@ -32,10 +32,13 @@ const COMMON: &str = concat!(
 const ROWS_LOOP: &str = include_str!("../wgsl/common/attention_rows.wgsl");
 /// The register-blocked tile products of the blocked kernels.
 const BLOCKS: &str = include_str!("../wgsl/common/attention_blocks.wgsl");
-const FORWARD: &str = include_str!("../wgsl/attention_forward.wgsl");
-const BACKWARD: &str = include_str!("../wgsl/attention_backward.wgsl");
-const FORWARD_BLOCKED: &str = include_str!("../wgsl/attention_forward_blocked.wgsl");
-const BACKWARD_BLOCKED: &str = include_str!("../wgsl/attention_backward_blocked.wgsl");
+// Each training kernel after its pass's bindings and addressing, which its two templates share.
+const FORWARD: &str = concat!(include_str!("../wgsl/common/attention_forward_io.wgsl"), include_str!("../wgsl/attention_forward.wgsl"));
+const BACKWARD: &str = concat!(include_str!("../wgsl/common/attention_backward_io.wgsl"), include_str!("../wgsl/attention_backward.wgsl"));
+const FORWARD_BLOCKED: &str =
+    concat!(include_str!("../wgsl/common/attention_forward_io.wgsl"), include_str!("../wgsl/attention_forward_blocked.wgsl"));
+const BACKWARD_BLOCKED: &str =
+    concat!(include_str!("../wgsl/common/attention_backward_io.wgsl"), include_str!("../wgsl/attention_backward_blocked.wgsl"));
 const DECODE: &str = include_str!("../wgsl/attention_decode.wgsl");
 
 /// Which of the two templated kernels.

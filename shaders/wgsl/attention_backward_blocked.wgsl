@@ -16,31 +16,12 @@
 
 // Params and prob_dropout come from common/attention_params.wgsl; ROWS, COLS, the staged tiles and
 // stage_rows_a/b from common/attention_tiles.wgsl; LANE_ROWS, GROUP_CHUNKS, Block and the blocked tile
-// products from common/attention_blocks.wgsl.
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> qkv: array<f32>;
-@group(0) @binding(2) var<storage, read> out: array<f32>;
-@group(0) @binding(3) var<storage, read> dout: array<f32>;
-@group(0) @binding(4) var<storage, read> lse: array<f32>;
-@group(0) @binding(5) var<storage, read_write> delta: array<f32>;
-@group(0) @binding(6) var<storage, read_write> dqkv: array<f32>;
+// products from common/attention_blocks.wgsl; the bindings and addressing from
+// common/attention_backward_io.wgsl.
 
 // query_grad: each (row, part)'s part of the row's delta, then each row's delta and log-sum-exp.
 var<workgroup> part_sum: array<f32, ROWS * LANES_PER_ROW>;
 var<workgroup> row_stat: array<f32, 2u * ROWS>;
-
-fn out_index(b: u32, t: u32, h: u32) -> u32 { return p.out_off + ((b * p.seq_len + t) * p.heads + h) * p.head_dim; }
-fn qkv_row(b: u32, t: u32) -> u32 { return p.qkv_off + (b * p.seq_len + t) * p.qkv_width; }
-fn stat_index(b: u32, h: u32, t: u32) -> u32 { return p.stat_off + (b * p.heads + h) * p.seq_len + t; }
-
-// col0: the head's first column in a qkv row, or h D for dout.
-fn source_at(b: u32, row: u32, col0: u32, d: u32, source: u32) -> f32 {
-    if (row >= p.seq_len || d >= p.head_dim) { return 0.0; }
-    if (source == SOURCE_DOUT) { return dout[p.out_off + (b * p.seq_len + row) * p.heads * p.head_dim + col0 + d]; }
-    return qkv[qkv_row(b, row) + col0 + d];
-}
-fn store(index: u32, value: f32) { dqkv[index] = value; }
 
 // query_grad's ds for tile row `row` (query t), columns part + 8i of the key tile at k0, into `tile`.
 fn query_ds(b: u32, h: u32, t: u32, row: u32, part: u32, k0: u32, s: vec4<f32>, dov: vec4<f32>) {

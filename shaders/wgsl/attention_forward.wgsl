@@ -12,18 +12,8 @@
 // row folds the same key tiles in the same order in every variant and all give the same bits.
 
 // Params and prob_dropout come from common/attention_params.wgsl; ROWS, COLS and the staged tiles from
-// common/attention_tiles.wgsl; attend_rows and store_row from common/attention_rows.wgsl.
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> qkv: array<f32>;
-@group(0) @binding(2) var<storage, read_write> out: array<f32>;
-@group(0) @binding(3) var<storage, read_write> lse: array<f32>;
-
-fn source_at(b: u32, row: u32, col0: u32, d: u32, source: u32) -> f32 {
-    if (row >= p.seq_len || d >= p.head_dim) { return 0.0; }
-    return qkv[p.qkv_off + (b * p.seq_len + row) * p.qkv_width + col0 + d];
-}
-fn store(index: u32, value: f32) { out[index] = value; }
+// common/attention_tiles.wgsl; attend_rows and store_row from common/attention_rows.wgsl; the bindings,
+// source_at and store from common/attention_forward_io.wgsl.
 
 @compute @workgroup_size({{LANES}}, 1, 1)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {

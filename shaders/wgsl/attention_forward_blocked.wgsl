@@ -11,22 +11,12 @@
 // A template (shaders/src/attention_template.rs): ROWS (a multiple of 4) and LANES = 2 ROWS vary.
 
 // Params and prob_dropout come from common/attention_params.wgsl; ROWS, COLS and the staged tiles from
-// common/attention_tiles.wgsl; Block and the blocked tile products from common/attention_blocks.wgsl.
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> qkv: array<f32>;
-@group(0) @binding(2) var<storage, read_write> out: array<f32>;
-@group(0) @binding(3) var<storage, read_write> lse: array<f32>;
+// common/attention_tiles.wgsl; Block and the blocked tile products from common/attention_blocks.wgsl;
+// the bindings, source_at and store from common/attention_forward_io.wgsl.
 
 // Each (row, part)'s maximum of its scores in the tile, then its sum of their exponentials.
 var<workgroup> part_max: array<f32, ROWS * LANES_PER_ROW>;
 var<workgroup> part_sum: array<f32, ROWS * LANES_PER_ROW>;
-
-fn source_at(b: u32, row: u32, col0: u32, d: u32, source: u32) -> f32 {
-    if (row >= p.seq_len || d >= p.head_dim) { return 0.0; }
-    return qkv[p.qkv_off + (b * p.seq_len + row) * p.qkv_width + col0 + d];
-}
-fn store(index: u32, value: f32) { out[index] = value; }
 
 // Row `row` (query t)'s scores s of the key tile at k0, scaled, SCORE_NONE where masked; its part's
 // maximum into part_max.
