@@ -102,7 +102,11 @@ fn assert_same_bits(label: &str, got: &[(String, Vec<f32>)], want: &[(String, Ve
 /// The candidates this adapter runs, then row counts no candidate has (blocks that straddle key tiles).
 fn variants(gpu: &GpuDevice) -> Vec<AttentionTile> {
     let mut variants = gpu.attention_variants();
-    assert_eq!(variants.len(), AttentionTile::CANDIDATES.len(), "every adapter runs every candidate");
+    // Every adapter runs every candidate within WebGPU's default 16 KiB of workgroup memory.
+    let everywhere = AttentionTile::CANDIDATES.into_iter().filter(|t| AttentionPass::ALL.iter().all(|p| t.workgroup_bytes(*p) <= 16384));
+    for t in everywhere {
+        assert!(variants.contains(&t), "{t} does not run on this adapter");
+    }
     variants.extend([5, 12, 1].map(AttentionTile::rows));
     // The blocked backward: a block of one group of 4 rows, and one that straddles key tiles.
     variants.extend([4, 12, 36].map(AttentionTile::blocked));
@@ -197,9 +201,9 @@ fn the_table_picks_the_variant_per_shape_class() {
     assert_eq!(gpu.attention_variant_for(AttentionPass::Forward, &d128), AttentionTile::UNTUNED, "another head dim");
     gpu.force_attention_variant(Some(AttentionTile::rows(16))).unwrap();
     assert_eq!(gpu.attention_variant_for(AttentionPass::Backward, &d), AttentionTile::rows(16), "a forced variant wins");
-    // A T whose grid would pass WebGPU's 65535 workgroups with 16 rows each runs the default's.
+    // A T whose grid would pass WebGPU's 65535 workgroups with 16 rows each runs the untuned variant's 32.
     let long = AttentionDims { seq_len: 65535 * 16 + 1, ..d };
-    assert_eq!(gpu.attention_variant_for(AttentionPass::Backward, &long), AttentionTile::DEFAULT);
+    assert_eq!(gpu.attention_variant_for(AttentionPass::Backward, &long), AttentionTile::UNTUNED);
     // A blocked variant forced runs both passes.
     gpu.force_attention_variant(Some(AttentionTile::blocked(32))).unwrap();
     assert_eq!(gpu.attention_variant_for(AttentionPass::Backward, &d), AttentionTile::blocked(32));

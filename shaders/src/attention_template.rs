@@ -15,7 +15,7 @@
 //! Both passes have a second, register-blocked template (`wgsl/attention_forward_blocked.wgsl`,
 //! `wgsl/attention_backward_blocked.wgsl`, with `wgsl/common/attention_blocks.wgsl`): the same sums in the
 //! same order with each invocation computing 4 tile rows instead of one ([`AttentionTile::lane_rows`]),
-//! so a quarter of the reads from workgroup memory per multiply-add. Its variants (`rows32x4`) have no
+//! so 0.5 floats read from workgroup memory per multiply-add instead of 1.25. Its variants (`rows32x4`) have no
 //! decode kernel: decode keeps the online-softmax loop it shares with the unblocked forward.
 
 use std::collections::HashMap;
@@ -101,21 +101,22 @@ impl AttentionTile {
     /// Floats per staged row in workgroup memory (32 channels and a float of padding).
     const STRIDE: u32 = 33;
 
-    /// Tile rows per invocation of the blocked backward.
+    /// Tile rows per invocation of the blocked kernels.
     pub const BLOCKED_LANE_ROWS: u32 = 4;
 
     /// The kernels as they were before variants: 32 rows, 256 invocations.
     pub const DEFAULT: AttentionTile = AttentionTile::rows(32);
 
     /// The variants `zerostream tune` tries, the default first: smaller workgroups, so more of them for
-    /// short sequences and few heads, and less workgroup memory each; then the blocked backward's.
+    /// short sequences and few heads, and less workgroup memory each; then the blocked kernels'.
     pub const CANDIDATES: [AttentionTile; 5] =
         [Self::DEFAULT, AttentionTile::rows(16), AttentionTile::rows(8), AttentionTile::blocked(32), AttentionTile::blocked(64)];
 
-    /// What both passes run where nothing was tuned: the blocked kernels at the default's 32 rows (a
-    /// quarter of the default's reads from workgroup memory per multiply-add, and 2x as fast at GPT-2's
-    /// shapes on lavapipe; the same bits). [`Self::DEFAULT`] stays the reference a tuner checks bits
-    /// against, and what runs where a chosen variant cannot.
+    /// What both passes run where nothing was tuned, or where the table's choice cannot run: the
+    /// blocked kernels at the default's 32 rows (0.5 floats read from workgroup memory per multiply-add
+    /// against the default's 1.25; 2x as fast at GPT-2's shapes on lavapipe; the same bits). It needs
+    /// no more invocations than [`Self::DEFAULT`], nor more workgroup memory than the default's larger
+    /// pass; the default stays the reference a tuner checks bits against.
     pub const UNTUNED: AttentionTile = AttentionTile::blocked(32);
 
     /// `rows` rows per workgroup, one per invocation.
@@ -160,8 +161,8 @@ impl AttentionTile {
 
     /// Workgroup memory the pass's kernel declares: the staged rows (rows and a key tile's worth), the
     /// tile of values and, per lane, the forward's maxima and sums or the backward's delta parts.
-    /// The blocked backward's: the same staged rows, each (row, lane)'s part of delta and each row's
-    /// delta and log-sum-exp.
+    /// The blocked forward's are the same per row; the blocked backward's: the same staged rows, each
+    /// (row, lane)'s part of delta and each row's delta and log-sum-exp.
     pub const fn workgroup_bytes(&self, pass: AttentionPass) -> u32 {
         let extra = match (pass, self.lane_rows) {
             (AttentionPass::Forward, _) => 2 * self.rows * Self::LANES_PER_ROW,
@@ -265,6 +266,12 @@ mod tests {
         assert_eq!(AttentionTile::DEFAULT.workgroup_bytes(AttentionPass::Forward), 14720);
         assert_eq!(AttentionTile::parse("rows64x4").unwrap(), AttentionTile::blocked(64));
         assert_eq!(AttentionTile::blocked(32).workgroup_size(), 64);
+        // The untuned variant runs wherever the default does (the fallback of every other choice).
+        let untuned = AttentionTile::UNTUNED;
+        assert!(untuned.workgroup_size() <= AttentionTile::DEFAULT.workgroup_size() && untuned.rows == AttentionTile::DEFAULT.rows);
+        // (check_attention asks the adapter for the default's largest pass.)
+        let largest = |t: AttentionTile| AttentionPass::ALL.map(|p| t.workgroup_bytes(p)).into_iter().max();
+        assert!(largest(untuned) <= largest(AttentionTile::DEFAULT));
         for name in ["rows0", "rows33", "32", "rowsx", "rows30x4", "rows68x4", "rows32x2", "rows32x"] {
             let e = AttentionTile::parse(name).unwrap_err();
             assert!(e.contains(name), "{e}");

@@ -3,8 +3,8 @@
 // changes. In attention_backward.wgsl each invocation owns one tile row and 4 of its columns, so every
 // multiply-add of a tile product reads 1.25 floats from workgroup memory, which bounds the kernel by
 // that memory's bandwidth. Here each invocation owns LANE_ROWS = 4 rows by the same 4 columns: per
-// channel (or per column, accumulating) it reads 4 floats of each side and does 16 multiply-adds, a
-// quarter as many reads per multiply-add. A group of 4 rows has the 8 invocations of one row there
+// channel (or per column, accumulating) it reads 4 floats of each side and does 16 multiply-adds: 0.5
+// reads per multiply-add. A group of 4 rows has the 8 invocations of one row there
 // (part = lane % 8 owns columns part + 8i and channels c CHUNK + part + 8i, as there).
 //
 // The outputs' channels are taken in groups of 64 (common/attention_blocks.wgsl says why): a head of

@@ -46,8 +46,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 // transposed's tile: TILE_ROWS rows of out by TILE_COLS halves (TILE_COLS / 2 words).
 const TILE_ROWS: u32 = 32u;
 const TILE_COLS: u32 = 64u;
-// One half per u32, [row][col], rows TILE_COLS + 1 apart: the reading lanes (neighbours a row apart)
-// hit different banks. 8320 bytes.
+// One half per u32, [row][col], rows TILE_COLS + 1 apart: the filling lanes (neighbours a row apart)
+// hit different banks; the writing lanes read two halves apart, two to a bank. 8320 bytes.
 const BLOCK_STRIDE: u32 = TILE_COLS + 1u;
 var<workgroup> block: array<u32, TILE_ROWS * BLOCK_STRIDE>;
 

@@ -14,7 +14,7 @@
 mod attention;
 mod upload;
 
-pub use attention::{AttentionCall, AttentionResult, attention_calls, tune_attention};
+pub use attention::{AttentionCall, AttentionResult, attention_calls, attention_variants, tune_attention};
 pub use upload::{UploadResult, tune_upload};
 
 use std::collections::BTreeMap;

@@ -96,11 +96,7 @@ pub fn run(args: TuneArgs) -> Result<i32> {
     cfg.variants = args.variants.iter().map(|v| MatmulTile::parse(v).map_err(anyhow::Error::msg)).collect::<Result<_>>()?;
     let summary = dev.summary().clone();
     let variants = if cfg.variants.is_empty() { dev.matmul_variants() } else { cfg.variants.clone() };
-    let attention_variants = match (cfg.attention, cfg.attention_variants.len()) {
-        (false, _) => 0,
-        (true, 0) => dev.attention_variants().len(),
-        (true, n) => n,
-    };
+    let attention_variants = if cfg.attention { zerostream::bench::tune::attention_variants(&dev, &cfg)?.len() } else { 0 };
     let coop_variants = if cfg.coop { dev.coop_variants().len() } else { 0 };
     eprintln!(
         "tune: {} ({}), {} matmul, {attention_variants} attention and {coop_variants} cooperative-matrix variants, models {} at B={} T={}, timer {}",

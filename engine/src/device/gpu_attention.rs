@@ -96,12 +96,13 @@ impl GpuDevice {
     /// The variant a call of this pass and shape runs now.
     pub fn attention_variant_for(&self, pass: AttentionPass, d: &AttentionDims) -> AttentionTile {
         let chosen = self.attention_forced.get().unwrap_or_else(|| self.attention_table.borrow().choose(&AttentionClass::of(pass, d)));
-        // The default's grid is what check_attention allowed; a smaller block could exceed WebGPU's
-        // grid limit, and a table's variant this adapter cannot run falls back too.
+        // The 32-row grid is what check_attention allowed; a smaller block could exceed WebGPU's grid
+        // limit, and a table's variant this adapter cannot run falls back too: to the untuned variant,
+        // which needs no more invocations, nor more workgroup memory than check_attention asked for (tested).
         if self.can_run_attention(&chosen) && d.seq_len.div_ceil(chosen.rows as usize) <= MAX_GRID_DIM {
             chosen
         } else {
-            AttentionTile::DEFAULT
+            AttentionTile::UNTUNED
         }
     }
 

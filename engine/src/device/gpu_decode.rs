@@ -16,7 +16,7 @@ impl GpuDevice {
     /// ([`GpuDevice::force_attention_variant`]), else by the count of rows.
     fn decode_variant(&self, rows: usize) -> AttentionTile {
         match self.attention_forced.get() {
-            // A blocked variant forced has no decode kernel: the default's (the same bits).
+            // A blocked variant forced has no decode kernel: the unforced choice (the same bits).
             Some(forced) if forced.has_decode() => forced,
             _ if rows <= FEW_ROWS.rows as usize && self.can_run_attention(&FEW_ROWS) => FEW_ROWS,
             _ => AttentionTile::DEFAULT,

@@ -62,8 +62,10 @@ struct Slot {
 pub(super) struct UploadRing {
     slots: RefCell<Vec<Slot>>,
     next: Cell<usize>,
-    /// Set by `set_upload_staging`; back to mapped after a host buffer is refused.
+    /// Set by `set_upload_staging`.
     kind: Cell<UploadStaging>,
+    /// A host buffer was refused since: new buffers are mapped ones (warned once), the ring's own kept.
+    host_refused: Cell<bool>,
 }
 
 impl GpuDevice {
@@ -81,6 +83,7 @@ impl GpuDevice {
         }
         slots.clear();
         self.upload_ring.kind.set(kind);
+        self.upload_ring.host_refused.set(false);
         Ok(())
     }
 
@@ -205,8 +208,8 @@ impl GpuDevice {
 
     /// A new ring buffer of the ring's kind. A host buffer the adapter refuses now (the kind was
     /// checked when set, but the ring grows to 64 buffers, 512 MiB of host memory) is a mapped one
-    /// instead, with a warning, and the ring grows with mapped ones from then on (no refused try per
-    /// new buffer): the bytes arrive the same either way.
+    /// instead, with a warning, and the ring grows with mapped ones until its kind is set again (no
+    /// refused try per new buffer): the bytes arrive the same either way.
     fn ring_slot(&self) -> Slot {
         let mapped = || {
             Staging::Mapped(self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -216,19 +219,19 @@ impl GpuDevice {
                 mapped_at_creation: true,
             }))
         };
-        let staging = match self.upload_ring.kind.get() {
-            UploadStaging::Mapped => mapped(),
-            UploadStaging::Host => match self.create_host_staging(GPU_UPLOAD_CHUNK_BYTES) {
+        let ring = &self.upload_ring;
+        let staging = match ring.kind.get() {
+            UploadStaging::Host if !ring.host_refused.get() => match self.create_host_staging(GPU_UPLOAD_CHUNK_BYTES) {
                 Ok(host) => Staging::Host(host),
                 Err(why) => {
-                    // (The caller holds the slots borrowed: their count is not read here.)
                     eprintln!(
                         "warning: an upload ring buffer in host memory was refused ({why}); the ring grows with mapped ones from now on"
                     );
-                    self.upload_ring.kind.set(UploadStaging::Mapped);
+                    ring.host_refused.set(true);
                     mapped()
                 }
             },
+            _ => mapped(),
         };
         Slot { staging, in_use: None }
     }

@@ -5,7 +5,7 @@
 // c CHUNK + part + 8i, as one row's 8 invocations do in attention_tiles.wgsl: every element is the
 // same FMA chain as there, in the same order, so the blocked kernels give the unblocked ones' bits.
 // Per channel (or per column, accumulating) an invocation reads 4 floats of each side from workgroup
-// memory for 16 multiply-adds, against 5 for 4 there: a quarter of the reads per multiply-add.
+// memory for 16 multiply-adds, against 5 for 4 there: 0.5 reads per multiply-add instead of 1.25.
 //
 // The price is registers: 4 rows of accumulators per channel. So the outputs' channels are taken in
 // groups of GROUP_CHUNKS chunks (64 channels, a whole head for GPT-2 and Llama-3.2-1B), each group a

@@ -122,20 +122,28 @@ fn tune_call(
     time_variants(dev, &candidates, timer, deadline, |v| dev.force_attention_variant(v), run, || output_bits(dev, &t, call.pass))
 }
 
-/// The attention variants to try, the untuned one first (timed as the baseline, whether listed or not):
-/// `cfg.attention_variants`, else every one the adapter runs.
-fn variants(dev: &GpuDevice, cfg: &TuneConfig) -> Result<Vec<AttentionTile>> {
+/// The attention variants to try ([`with_baselines`]): `cfg.attention_variants`, else every one the
+/// adapter runs.
+pub fn attention_variants(dev: &GpuDevice, cfg: &TuneConfig) -> Result<Vec<AttentionTile>> {
     let runnable = dev.attention_variants();
-    let mut variants = if cfg.attention_variants.is_empty() { runnable.clone() } else { cfg.attention_variants.clone() };
+    let variants = if cfg.attention_variants.is_empty() { runnable.clone() } else { cfg.attention_variants.clone() };
     if let Some(v) = variants.iter().find(|v| !runnable.contains(v)) {
         bail!(
             "--attention-variants {v}: not a candidate this adapter can run ({})",
             runnable.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
         );
     }
-    variants.retain(|v| *v != AttentionTile::UNTUNED);
-    variants.insert(0, AttentionTile::UNTUNED);
-    Ok(variants)
+    Ok(with_baselines(variants))
+}
+
+/// `listed` behind the untuned variant (the baseline) and the default (the reference bits), both timed
+/// whether listed or not. With the default always timed, a class keeps a timed variant even where the
+/// untuned one's bits differ (a driver contracting its arithmetic otherwise): its baseline is then the
+/// default.
+fn with_baselines(mut listed: Vec<AttentionTile>) -> Vec<AttentionTile> {
+    let first = [AttentionTile::UNTUNED, AttentionTile::DEFAULT];
+    listed.retain(|v| !first.contains(v));
+    first.into_iter().chain(listed).collect()
 }
 
 /// Tunes every attention class of the configured models, until `cfg.max_seconds` after `start` (the
@@ -149,7 +157,7 @@ pub fn tune_attention(
     if !cfg.attention {
         return Ok(Vec::new());
     }
-    let variants = variants(dev, cfg)?;
+    let variants = attention_variants(dev, cfg)?;
     let mut classes: BTreeMap<AttentionClass, (AttentionCall, Vec<String>)> = BTreeMap::new();
     let mut order = Vec::new();
     for model in &cfg.models {
@@ -190,6 +198,14 @@ pub fn tune_attention(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn untuned_and_default_come_first_whatever_is_listed() {
+        let (untuned, default, small) = (AttentionTile::UNTUNED, AttentionTile::DEFAULT, AttentionTile::rows(8));
+        assert_eq!(with_baselines(vec![small, untuned]), [untuned, default, small]);
+        assert_eq!(with_baselines(vec![default]), [untuned, default]);
+        assert_eq!(with_baselines(vec![]), [untuned, default]);
+    }
 
     #[test]
     fn calls_follow_each_family() {
