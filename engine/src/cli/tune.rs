@@ -34,8 +34,8 @@ pub struct TuneArgs {
     variants: Vec<String>,
     /// Only these attention variants (rows of a tile per workgroup, and rows per invocation after an x:
     /// the register-blocked kernels), comma-separated (e.g. rows32,rows8,rows32x4); the untuned variant
-    /// (rows32x4) is also timed, as the baseline. Default: every
-    /// one the adapter can run.
+    /// (rows32x4, the baseline) and the default (rows32, the reference bits) are timed too. Default:
+    /// every one the adapter can run.
     #[arg(long, value_delimiter = ',')]
     attention_variants: Vec<String>,
     /// Leave out the attention kernels (forward and backward at each model's head dim and --seq-len).
