@@ -179,7 +179,8 @@ if kernels:
            "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in kernels:
         rate = f"{r['gflops']:.0f} GFLOP/s" if r["bound"] == "compute" else f"{r['gbps']:.0f} GB/s"
-        md.append(f"| {r['model']} | {r['kernel']} | {r['case']} | {r['precision']} | {r['shape']} | {r['per_step']} | "
+        case = r['case'] + (f" [{r['variant']}]" if r.get('variant') else "")
+        md.append(f"| {r['model']} | {r['kernel']} | {case} | {r['precision']} | {r['shape']} | {r['per_step']} | "
                   f"{r['seconds']*1e6:.1f} | {rate} | {pct(r['fraction_of_peak'])} | {pct(r['fraction_of_copy'])} | {pct(r['share_of_step'])} |")
     md.append("")
     for s in steps:

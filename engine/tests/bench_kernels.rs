@@ -69,6 +69,11 @@ fn bench_kernels_quick_gives_every_kernel_a_positive_rate() {
         assert!(rate.is_finite() && rate > 0.0, "rate {rate} in {r}");
         assert!(r["seconds"].as_f64().is_some_and(|s| s > 0.0), "seconds in {r}");
     }
+    // The attention rows name the variant that ran (the tuning table's, else the untuned one).
+    for r in rows.iter().filter(|r| r["kernel"].as_str().is_some_and(|k| k.starts_with("attention_"))) {
+        let variant = r["variant"].as_str().unwrap_or_else(|| panic!("no variant in {r}"));
+        assert!(zerostream_shaders::AttentionTile::parse(variant).is_ok(), "{r}");
+    }
     let step = lines.iter().find(|v| v.get("step_kernel_seconds").is_some()).expect("a step estimate line");
     assert!(step["step_kernel_seconds"].as_f64().is_some_and(|s| s.is_finite() && s > 0.0), "{step}");
 }

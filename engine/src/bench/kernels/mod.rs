@@ -134,7 +134,7 @@ pub struct KernelRun {
     pub timer: Timer,
     /// How often one fp32 training step runs this op at this shape (0: not in the fp32 step).
     pub per_step: usize,
-    /// The fp32 matmul's variant that ran (the device's tuning table's choice), for matmul rows.
+    /// The variant that ran (the device's tuning table's choice), for matmul and attention rows.
     pub variant: Option<String>,
 }
 
@@ -427,7 +427,7 @@ impl KernelBenchReport {
         );
         out += &format!(
             "{:<8} {:<22} {:<54} {:<15} {:<23} {:>6} {:>11} {:>16} {:>7} {:>7} {:>6}\n",
-            "model", "kernel", "case [matmul variant]", "prec", "shape", "x/step", "time (us)", "rate", "% peak", "% copy", "% step"
+            "model", "kernel", "case [variant]", "prec", "shape", "x/step", "time (us)", "rate", "% peak", "% copy", "% step"
         );
         let pct = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.1}", 100.0 * v));
         for r in &self.runs {

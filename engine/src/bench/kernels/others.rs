@@ -7,6 +7,7 @@ use anyhow::Result;
 
 use super::{Bench, Bound, Case, f32_bytes, random_ids, random_tensor, random_values};
 use crate::device::{Activation, AttentionDims, Backend, VocabChunk};
+use zerostream_shaders::AttentionPass;
 
 impl Bench<'_> {
     /// Causal attention forward and backward. FLOPs count the causal half only: forward 4 x hd per
@@ -24,7 +25,8 @@ impl Bench<'_> {
         let pairs = (d.seq_len * (d.seq_len + 1) / 2) as f64;
         let forward_flops = 4.0 * (d.batch * d.heads * d.head_dim) as f64 * pairs;
         let shape = format!("B={} T={} NH={} hd={}", d.batch, d.seq_len, d.heads, d.head_dim);
-        let compute = |kernel, flops, bytes| Case {
+        // Each row names the variant that ran (the tuning table's choice, else the untuned one).
+        let compute = |kernel, pass, flops, bytes| Case {
             kernel,
             case: "causal self-attention".into(),
             shape: shape.clone(),
@@ -33,11 +35,12 @@ impl Bench<'_> {
             flops,
             bytes,
             per_step: layers,
-            variant: None,
+            variant: Some(dev.attention_variant_for(pass, &d).name()),
         };
-        let forward = compute("attention_forward", forward_flops, f32_bytes(4 * bt * c + stat));
+        let forward = compute("attention_forward", AttentionPass::Forward, forward_flops, f32_bytes(4 * bt * c + stat));
         self.time(forward, || dev.attention_forward(&out, &lse, &qkv, d))?;
-        let backward = compute("attention_backward", 2.5 * forward_flops, f32_bytes(6 * bt * c + 2 * bt * c + 2 * stat));
+        let backward_bytes = f32_bytes(6 * bt * c + 2 * bt * c + 2 * stat);
+        let backward = compute("attention_backward", AttentionPass::Backward, 2.5 * forward_flops, backward_bytes);
         self.time(backward, || dev.attention_backward(&dqkv, &delta, &dout, &qkv, &out, &lse, d))
     }
 
