@@ -120,8 +120,9 @@ impl BackwardCase {
 pub fn outputs<D: Backend>(dev: &D, size: Size) -> Result<Vec<(String, Vec<f32>)>> {
     let mut all = Vec::new();
     for (i, d, tag) in cases(size).filter(|(_, d, _)| dev.check_attention(*d).is_ok()) {
-        let (out, lse) = device_forward(dev, &twin_forward(i, d).0, d)?;
-        let (dqkv, delta) = BackwardCase::new(i, d).on(dev, d)?;
+        let case = BackwardCase::new(i, d);
+        let (out, lse) = device_forward(dev, &case.qkv, d)?;
+        let (dqkv, delta) = case.on(dev, d)?;
         all.extend([("out", out), ("lse", lse), ("dqkv", dqkv), ("delta", delta)].map(|(name, v)| (format!("{name} {tag}"), v)));
     }
     Ok(all)
