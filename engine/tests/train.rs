@@ -142,3 +142,27 @@ fn gpu_runs_under_the_smallest_budget_are_bit_identical_and_stay_within_it() {
     let got = run(&gpu, "gpt2-tiny-accum", TrainConfig { gpu_mem_budget: Some(minimum_bf16), ..bf16 });
     assert!(got.peak_bytes <= minimum_bf16, "bf16: peak {} bytes above the budget {minimum_bf16}", got.peak_bytes);
 }
+
+/// Working copies in pinned host memory (the default on a gpu device) train bit for bit as those in
+/// ordinary memory, in fp32 and bf16, and the pinned runs do upload from there (two ranks at stage 2,
+/// whose gather completes the copy in place: `tests/ranks.rs`).
+#[test]
+fn pinned_working_copies_give_bit_identical_runs() {
+    let Some(gpu) = gpu_or_skip("pinned_working_copies_give_bit_identical_runs") else { return };
+    if let Some(why) = gpu.host_staging_unavailable() {
+        eprintln!("SKIPPED pinned_working_copies_give_bit_identical_runs: no host-memory buffers here ({why})");
+        return;
+    }
+    let golden = Golden::load("gpt2-tiny-accum");
+    let base = TrainConfig { steps: 3, ..golden.train_config() };
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        let tc = TrainConfig { precision, ..base.clone() };
+        let before = gpu.pinned_upload_bytes();
+        let pinned = run(&gpu, "gpt2-tiny-accum", tc.clone());
+        assert!(gpu.pinned_upload_bytes() > before, "{precision:?}: nothing was uploaded from pinned memory");
+        let before = gpu.pinned_upload_bytes();
+        let plain = run(&gpu, "gpt2-tiny-accum", TrainConfig { pin_memory: false, ..tc });
+        assert_eq!(gpu.pinned_upload_bytes(), before, "{precision:?}: --no-pin-memory uploaded from pinned memory");
+        assert!(bits(&pinned) == bits(&plain), "{precision:?}: pinned working copies changed the run");
+    }
+}

@@ -14,8 +14,12 @@ fn device_to_host_transfers_return_the_uploaded_bytes() {
     assert_eq!(runs.len(), 4, "two sizes, two download methods");
     assert!(runs.iter().all(|r| r.gbps > 0.0 && r.gbps.is_finite()));
     let runs = bench_transfer(&gpu, Link::HostToDevice, &[(9 << 20) + 4], 1, |_| {}).unwrap();
-    let host_ring = gpu.host_staging_unavailable().is_none();
-    assert_eq!(runs.len(), 4 + host_ring as usize, "Direct, Parallel, StagingRing, HostRing where the adapter has it, Prestaged");
+    let host_memory = gpu.host_staging_unavailable().is_none();
+    assert_eq!(
+        runs.len(),
+        4 + 2 * host_memory as usize,
+        "Direct, Parallel, StagingRing, HostRing and Pinned where the adapter has them, Prestaged"
+    );
     assert!(runs.iter().all(|r| r.gbps > 0.0 && r.gbps.is_finite()));
     let err = bench_transfer(&gpu, Link::HostToDevice, &[6], 1, |_| {}).unwrap_err().to_string();
     assert!(err.contains("multiple of 4"), "{err}");
@@ -168,4 +172,45 @@ fn finishing_a_read_submits_the_work_recorded_after_it() {
     assert!(got[0].iter().all(|&v| v == 1.5), "the read saw work recorded after it");
     assert_eq!(gpu.unsubmitted_passes(), 0, "the host waited with work left unsubmitted");
     assert!(gpu.read(&b).iter().all(|&v| v == 2.5) && gpu.read(&a).iter().all(|&v| v == 3.5));
+}
+
+/// Uploads from pinned host memory (`GpuDevice::alloc_pinned`) are one device copy from where the bytes
+/// lie: every byte arrives, at offsets inside the buffer and with a partial last word refused to
+/// staging (16-bit halves), and a host write right after an upload waits for the copy, so the device
+/// gets the bytes as they were when written (64 MiB: a copy long enough that a write not waiting for
+/// it would overtake it).
+#[test]
+fn pinned_uploads_copy_in_place_and_host_writes_wait_for_them() {
+    let Some(gpu) = common::gpu_or_skip("pinned_uploads_copy_in_place_and_host_writes_wait_for_them") else { return };
+    if let Some(why) = gpu.host_staging_unavailable() {
+        assert!(gpu.alloc_pinned(4096).is_err());
+        eprintln!("SKIPPED pinned_uploads_copy_in_place_and_host_writes_wait_for_them: no host-memory buffers here ({why})");
+        return;
+    }
+    use zerostream::device::{Backend, HalfFormat};
+    let n = 16 << 20;
+    let mut pinned = gpu.alloc_pinned(4 * n + 12).unwrap();
+    assert!(pinned.is_in_host_memory() && pinned.bytes().iter().all(|&b| b == 0));
+    let values: Vec<f32> = (0..n + 3).map(|i| i as f32 * 0.5 - 7.0).collect();
+    pinned.as_mut_slice::<f32>().copy_from_slice(&values);
+    let whole = gpu.alloc(n, "whole").unwrap();
+    let before = gpu.pinned_upload_bytes();
+    gpu.write(&whole, &pinned.as_slice::<f32>()[3..]);
+    assert_eq!(gpu.pinned_upload_bytes() - before, 4 * n as u64, "the upload copied from pinned memory");
+    // The host overwrites the buffer at once: this waits for the copy above.
+    pinned.as_mut_slice::<f32>().fill(-1.0);
+    assert!(gpu.read(&whole) == values[3..], "the copy saw the host's later write");
+    // 16-bit words: the pairs copied in place, the odd last one written on its own.
+    let halves: Vec<u16> = (0..9u16).map(|i| 0x3c00 + i).collect();
+    pinned.as_mut_slice::<u16>()[..9].copy_from_slice(&halves);
+    let t = gpu.alloc_16bit(9, "halves", HalfFormat::F16).unwrap();
+    gpu.write_16bit(&t, &pinned.as_slice::<u16>()[..9], HalfFormat::F16).unwrap();
+    let want: Vec<f32> = halves.iter().map(|&h| HalfFormat::F16.to_f32(h)).collect();
+    assert_eq!(gpu.read(&t), want);
+    // Dropped while nothing copies from it; a later upload from ordinary memory is staged as before.
+    drop(pinned);
+    let after = gpu.pinned_upload_bytes();
+    gpu.write(&whole, &values[..n]);
+    assert_eq!(gpu.pinned_upload_bytes(), after);
+    assert!(gpu.read(&whole) == values[..n]);
 }

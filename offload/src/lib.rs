@@ -16,7 +16,7 @@ pub mod store;
 pub mod sweep;
 
 pub use adam::{AdamConfig, AdamW, Grads, Isa, MAX_THREADS, MomentNoise, Moments, ParamCopy};
-pub use aligned::{ALIGN_BYTES, AlignedBuf, BufferPool};
+pub use aligned::{ALIGN_BYTES, AlignedBuf, BufferPool, HostMemory};
 pub use io::{Direction, IoConfig, IoEngine, IoEngineKind};
 pub use layerwise::{Layerwise, LayerwiseConfig, Rule};
 pub use spare_pool::{SPARE_PREFIX, SPARES_PER_SIZE};

@@ -106,6 +106,12 @@ impl Stored {
         Ok(Stored { name: name.to_string(), len_bytes, home, resident })
     }
 
+    /// A RAM tensor in a buffer the caller made (its bytes as they are: [`AlignedBuf`]s start zeroed),
+    /// e.g. in host memory a device copies from directly ([`crate::aligned::HostMemory`]).
+    pub fn in_ram(name: &str, buf: AlignedBuf) -> Self {
+        Stored { name: name.to_string(), len_bytes: buf.len_bytes(), home: Home::Ram, resident: Some(buf) }
+    }
+
     pub fn tier(&self) -> Tier {
         match self.home {
             Home::Ram => Tier::Ram,

@@ -135,9 +135,12 @@ pub fn bench_overlap(dev: &GpuDevice, cfg: &OverlapConfig, mut on_run: impl FnMu
         let host: &[u8] = bytemuck::cast_slice(&host_words);
         // A prestaged copy's bytes wait in staging memory filled here, untimed.
         let staged = if method == TransferMethod::Prestaged { Some(dev.prestage(host)?) } else { None };
-        let issue = || match &staged {
-            Some(staged) => dev.issue_prestaged_into(&work.dst, staged),
-            None => dev.issue_h2d_into(&work.dst, host, method),
+        // A pinned copy's bytes wait in pinned host memory, likewise.
+        let pinned = if method == TransferMethod::Pinned { Some(dev.pinned_copy_of(host)?) } else { None };
+        let issue = || match (&staged, &pinned) {
+            (Some(staged), _) => dev.issue_prestaged_into(&work.dst, staged),
+            (None, Some(pinned)) => dev.issue_h2d_into(&work.dst, pinned.bytes(), method),
+            (None, None) => dev.issue_h2d_into(&work.dst, host, method),
         };
         // The first copy of a method is untimed (wgpu grows its staging memory on it).
         work.best(1, issue)?;

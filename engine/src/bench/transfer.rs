@@ -99,12 +99,13 @@ pub fn best_h2d_seconds(dev: &GpuDevice, host: &[u8], method: TransferMethod, re
     Ok(best)
 }
 
-/// The upload methods `dev` can run: every one, `HostRing` only where the adapter makes host-memory
-/// staging (Vulkan).
+/// The upload methods `dev` can run: every one, `HostRing` and `Pinned` only where the adapter makes
+/// host-memory buffers (Vulkan).
 pub fn h2d_methods(dev: &GpuDevice) -> Vec<TransferMethod> {
-    let host_ring = dev.host_staging_unavailable().is_none();
-    [TransferMethod::Direct, TransferMethod::Parallel, TransferMethod::StagingRing, TransferMethod::HostRing, TransferMethod::Prestaged]
+    use TransferMethod::*;
+    let host_memory = dev.host_staging_unavailable().is_none();
+    [Direct, Parallel, StagingRing, HostRing, Pinned, Prestaged]
         .into_iter()
-        .filter(|&m| m != TransferMethod::HostRing || host_ring)
+        .filter(|&m| !matches!(m, HostRing | Pinned) || host_memory)
         .collect()
 }

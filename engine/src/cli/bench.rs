@@ -52,7 +52,7 @@ pub enum BenchCommand {
     /// NVMe tier: sequential O_DIRECT write then read of a file, per I/O engine, block size and queue
     /// depth; prints the best configuration (ready for `train`).
     Io(drive::IoArgs),
-    /// Host-to-device throughput through wgpu: queue.write_buffer, wgpu's staging memory filled by several threads, the device's upload ring with wgpu's mapped staging buffers (StagingRing) and with host memory the GPU's copy engine reads (HostRing, Vulkan only; training uses whichever `zerostream tune` found faster, else StagingRing), and the device's copy alone from staging memory filled before the clock (Prestaged: the bound a host-side change could reach).
+    /// Host-to-device throughput through wgpu: queue.write_buffer, wgpu's staging memory filled by several threads, the device's upload ring with wgpu's mapped staging buffers (StagingRing) and with host memory the GPU's copy engine reads (HostRing, Vulkan only; training uses whichever `zerostream tune` found faster, else StagingRing), the device's copy from pinned host memory filled before the clock (Pinned, Vulkan only: how training uploads the working copies it keeps in RAM, which the update writes there), and the device's copy alone from wgpu's staging memory filled before the clock (Prestaged: on a discrete GPU that memory may be VRAM, so this can exceed the link).
     H2d(TransferArgs),
     /// Device-to-host throughput through wgpu: one mapped read-back buffer and a ring of them.
     D2h(TransferArgs),

@@ -280,6 +280,13 @@ pub struct TrainArgs {
     /// compute): slower, and bit-identical to the default overlapped one — for checking that it is.
     #[arg(long)]
     sequential: bool,
+    /// Keep the working copies in ordinary (pageable) host memory. By default, with --device gpu and
+    /// the working copy in RAM, it lives in pinned host memory the GPU copies from directly: the update
+    /// writes each new copy there and an upload is one device copy, with no host copy into staging first
+    /// (Vulkan adapters; elsewhere, or where the adapter refuses, the start-up notes say so). The same
+    /// results either way.
+    #[arg(long)]
+    no_pin_memory: bool,
     /// Write one JSON object per optimizer step to this file.
     #[arg(long)]
     metrics: Option<PathBuf>,

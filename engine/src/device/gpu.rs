@@ -119,6 +119,8 @@ pub struct GpuDevice {
     spare_staging: RefCell<Vec<wgpu::Buffer>>,
     /// Large writes' staging buffers (`gpu_staging.rs`).
     upload_ring: staging::UploadRing,
+    /// Host buffers uploads copy from directly (`gpu_pinned.rs`).
+    pinned: pinned::PinnedRegions,
     /// `--matmul-inputs`: f16 runs every matmul through `matmul_coop.wgsl` (set only where it can run).
     matmul_inputs: Cell<MatmulInputs>,
     /// The fp32 matmul's variant per shape class (`zerostream tune`'s table, or the vendor's default).
@@ -237,6 +239,7 @@ impl GpuDevice {
             spare_reads: SpareReads::default(),
             spare_staging: RefCell::new(Vec::new()),
             upload_ring: Default::default(),
+            pinned: Default::default(),
             matmul_inputs: Cell::default(),
             matmul_table: RefCell::new(matmul_table),
             matmul_forced: Cell::new(None),
@@ -488,6 +491,9 @@ mod staging;
 
 #[path = "gpu_host_staging.rs"]
 mod host_staging;
+
+#[path = "gpu_pinned.rs"]
+mod pinned;
 
 #[path = "gpu_attention.rs"]
 mod attention;

@@ -89,6 +89,9 @@ impl Backend for GpuDevice {
     fn check_attention(&self, d: AttentionDims) -> Result<()> {
         d.check_kernel_limits(self.max_window_elems, self.device.limits().max_compute_workgroup_storage_size as usize)
     }
+    fn alloc_pinned(&self, len_bytes: usize) -> Option<std::result::Result<zerostream_offload::AlignedBuf, String>> {
+        Some(GpuDevice::alloc_pinned(self, len_bytes))
+    }
     fn write_16bit(&self, t: &GpuTensor, bits: &[u16], format: HalfFormat) -> Result<()> {
         assert!(bits.len() <= t.len, "write of {} elements into a tensor of {}", bits.len(), t.len);
         if bits.is_empty() {

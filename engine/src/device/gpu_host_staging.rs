@@ -6,8 +6,9 @@
 //! wgpu offers no host-memory staging buffer, so this one is made through its Vulkan hal: a
 //! `VkBuffer` bound to host-visible, coherent memory (not device-local where the adapter has such a
 //! type), mapped once for its lifetime, and handed to wgpu as a copy source. Vulkan only (Linux and
-//! Windows); elsewhere [`GpuDevice::create_host_staging`] says it is unavailable. A child module of
-//! `gpu`, so it uses that file's private fields.
+//! Windows); elsewhere [`GpuDevice::create_host_buffer`] says it is unavailable. The same kind of
+//! buffer, in cached memory, holds working copies the device copies from directly (`gpu_pinned.rs`).
+//! A child module of `gpu`, so it uses that file's private fields.
 
 use super::GpuDevice;
 use super::memory::fill_raw_in_parallel;
@@ -31,16 +32,33 @@ impl HostStaging {
     }
 }
 
-/// Of a physical device's memory types allowed by `type_bits`, the one host staging uses: host-visible
+impl HostStaging {
+    /// A staging buffer of `bytes` in write-combined host memory, or why this adapter cannot make one.
+    pub(super) fn new(dev: &GpuDevice, bytes: u64) -> Result<HostStaging, String> {
+        let (buffer, ptr) = dev.create_host_buffer(bytes, "upload ring (host memory)", HostReads::Never)?;
+        Ok(HostStaging { buffer, ptr, len: bytes as usize })
+    }
+}
+
+/// Whether the host reads a host buffer back, which picks its memory type: a buffer it only writes
+/// is best write-combined (uncached); one it also reads (a working copy) must be cached, since reads
+/// of uncached memory run at a small fraction of the speed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum HostReads {
+    Never,
+    Often,
+}
+
+/// Of a physical device's memory types allowed by `type_bits`, the one a host buffer uses: host-visible
 /// and coherent (no flushes), not device-local where one such exists (then it is host memory the
-/// device reads across the link), uncached before cached (write-combined stores for a buffer the host
-/// only writes). None: no host-visible coherent type.
+/// device reads across the link), uncached before cached where the host only writes it, cached
+/// before uncached where it reads it too. None: no host-visible coherent type.
 #[cfg(any(target_os = "linux", target_os = "windows"))]
-pub(crate) fn host_staging_memory_type(types: &[(bool, bool, bool, bool)], type_bits: u32) -> Option<u32> {
+pub(crate) fn host_staging_memory_type(types: &[(bool, bool, bool, bool)], type_bits: u32, reads: HostReads) -> Option<u32> {
     // (host_visible, host_coherent, device_local, host_cached) per type.
     let allowed = |i: usize| type_bits & (1 << i) != 0;
     let usable = |i: usize| allowed(i) && types[i].0 && types[i].1;
-    let rank = |i: usize| (types[i].2 as u8, types[i].3 as u8);
+    let rank = |i: usize| (types[i].2 as u8, (types[i].3 == (reads == HostReads::Never)) as u8);
     (0..types.len()).filter(|&i| usable(i)).min_by_key(|&i| (rank(i), i)).map(|i| i as u32)
 }
 
@@ -49,11 +67,17 @@ mod vulkan {
     use ash::vk;
     use wgpu::hal::api::Vulkan;
 
-    use super::{GpuDevice, HostStaging, host_staging_memory_type};
+    use super::{GpuDevice, HostReads, host_staging_memory_type};
 
     impl GpuDevice {
-        /// A [`HostStaging`] buffer of `bytes`, or why this adapter cannot make one.
-        pub(in crate::device::gpu) fn create_host_staging(&self, bytes: u64) -> Result<HostStaging, String> {
+        /// A copy source of `bytes` in host memory, mapped for its lifetime (at the pointer returned),
+        /// or why this adapter cannot make one.
+        pub(in crate::device::gpu) fn create_host_buffer(
+            &self,
+            bytes: u64,
+            label: &'static str,
+            reads: HostReads,
+        ) -> Result<(wgpu::Buffer, *mut u8), String> {
             // SAFETY: the hal device is only read here (its handles, to make and bind one buffer that
             // is then handed to wgpu, which owns and frees it); nothing made by wgpu is destroyed.
             let hal = unsafe { self.device.as_hal::<Vulkan>() }.ok_or("host-memory staging needs the Vulkan backend")?;
@@ -85,7 +109,7 @@ mod vulkan {
                     )
                 })
                 .collect();
-            let type_index = host_staging_memory_type(&types, needs.memory_type_bits)
+            let type_index = host_staging_memory_type(&types, needs.memory_type_bits, reads)
                 .ok_or_else(|| destroy("no host-visible coherent memory type allows a copy source".into()))?;
             let alloc = vk::MemoryAllocateInfo::default().allocation_size(needs.size).memory_type_index(type_index);
             // SAFETY: a valid allocate info; the memory is bound to the buffer and both go to wgpu below.
@@ -104,46 +128,52 @@ mod vulkan {
             // frees the memory when wgpu drops it; nothing here touches either after this.
             let hal_buffer = unsafe { wgpu::hal::vulkan::Buffer::from_raw_managed(buffer, memory, 0, needs.size) };
             drop(hal);
-            let desc = wgpu::BufferDescriptor {
-                label: Some("upload ring (host memory)"),
-                size: bytes,
-                usage: wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            };
+            let desc =
+                wgpu::BufferDescriptor { label: Some(label), size: bytes, usage: wgpu::BufferUsages::COPY_SRC, mapped_at_creation: false };
             // SAFETY: made from this device's handle, with the usage and size of `desc`, its bytes
             // (host memory) defined as they are: every copy reads only what a fill wrote.
             let buffer = unsafe { self.device.create_buffer_from_hal::<Vulkan>(hal_buffer, &desc) };
-            Ok(HostStaging { buffer, ptr: ptr.cast(), len: bytes as usize })
+            Ok((buffer, ptr.cast()))
         }
     }
 }
 
 #[cfg(not(any(target_os = "linux", target_os = "windows")))]
 impl GpuDevice {
-    /// Host-memory staging is made through the Vulkan hal, which this platform's wgpu does not use.
-    pub(in crate::device::gpu) fn create_host_staging(&self, _bytes: u64) -> Result<HostStaging, String> {
-        Err("host-memory staging needs the Vulkan backend (Linux or Windows)".into())
+    /// Host-memory buffers are made through the Vulkan hal, which this platform's wgpu does not use.
+    pub(in crate::device::gpu) fn create_host_buffer(
+        &self,
+        _bytes: u64,
+        _label: &'static str,
+        _reads: HostReads,
+    ) -> Result<(wgpu::Buffer, *mut u8), String> {
+        Err("host-memory buffers need the Vulkan backend (Linux or Windows)".into())
     }
 }
 
 #[cfg(all(test, any(target_os = "linux", target_os = "windows")))]
 mod tests {
-    use super::host_staging_memory_type;
+    use super::{HostReads, host_staging_memory_type};
 
     /// NVIDIA's types on a discrete GPU (device-local; host memory write-combined, then cached;
-    /// resizable-BAR VRAM) pick the write-combined host type; lavapipe's single kind of memory is taken
-    /// as it is; a type the buffer does not allow is never picked; no coherent type, no staging.
+    /// resizable-BAR VRAM) pick the write-combined host type for staging and the cached one for memory
+    /// the host reads too; lavapipe's single kind of memory is taken as it is; a type the buffer does
+    /// not allow is never picked; no coherent type, no buffer.
     #[test]
     fn picks_host_memory_over_bar_vram() {
         let (device, host_wc, host_cached, bar) =
             ((false, false, true, false), (true, true, false, false), (true, true, false, true), (true, true, true, false));
         let nvidia = [device, host_wc, host_cached, bar];
-        assert_eq!(host_staging_memory_type(&nvidia, 0b1111), Some(1));
-        assert_eq!(host_staging_memory_type(&nvidia, 0b1101), Some(2), "the write-combined type not allowed");
-        assert_eq!(host_staging_memory_type(&nvidia, 0b1001), Some(3), "only BAR memory allowed: better than none");
-        assert_eq!(host_staging_memory_type(&nvidia, 0b0001), None);
-        let lavapipe = [(true, true, true, true)];
-        assert_eq!(host_staging_memory_type(&lavapipe, 1), Some(0));
-        assert_eq!(host_staging_memory_type(&[(true, false, false, true)], 1), None, "not coherent");
+        for reads in [HostReads::Never, HostReads::Often] {
+            let (best, other) = if reads == HostReads::Never { (1, 2) } else { (2, 1) };
+            let without_best = 0b1111 & !(1 << best);
+            assert_eq!(host_staging_memory_type(&nvidia, 0b1111, reads), Some(best));
+            assert_eq!(host_staging_memory_type(&nvidia, without_best, reads), Some(other), "the preferred type not allowed");
+            assert_eq!(host_staging_memory_type(&nvidia, 0b1001, reads), Some(3), "only BAR memory allowed: better than none");
+            assert_eq!(host_staging_memory_type(&nvidia, 0b0001, reads), None);
+            let lavapipe = [(true, true, true, true)];
+            assert_eq!(host_staging_memory_type(&lavapipe, 1, reads), Some(0));
+            assert_eq!(host_staging_memory_type(&[(true, false, false, true)], 1, reads), None, "not coherent");
+        }
     }
 }

@@ -74,10 +74,14 @@ pub struct GpuPendingRead {
 
 impl GpuDevice {
     /// Writes `bytes` into `dst` at `offset`, ordered after the work recorded before it (submitted
-    /// first) and before the work recorded after it: large writes through the upload ring
-    /// (`gpu_staging.rs`), small ones through `write_buffer`, which lands before the next submission.
+    /// first) and before the work recorded after it: bytes in pinned host memory by one device copy
+    /// from there (`gpu_pinned.rs`), other large writes through the upload ring (`gpu_staging.rs`),
+    /// small ones through `write_buffer`, which lands before the next submission.
     pub(in crate::device) fn upload(&self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
         self.flush();
+        if self.copy_from_pinned(dst, offset, bytes) {
+            return;
+        }
         if bytes.len() >= RING_UPLOAD_MIN_BYTES {
             self.upload_through_ring(dst, offset, bytes);
         } else {

@@ -90,7 +90,7 @@ impl GpuDevice {
     /// Why the upload ring cannot stage in host memory on this adapter (one buffer made and dropped to
     /// find out), or None when it can.
     pub fn host_staging_unavailable(&self) -> Option<String> {
-        self.create_host_staging(GPU_UPLOAD_CHUNK_BYTES).err()
+        HostStaging::new(self, GPU_UPLOAD_CHUNK_BYTES).err()
     }
 
     /// Where the upload ring stages writes now.
@@ -221,7 +221,7 @@ impl GpuDevice {
         };
         let ring = &self.upload_ring;
         let staging = match ring.kind.get() {
-            UploadStaging::Host if !ring.host_refused.get() => match self.create_host_staging(GPU_UPLOAD_CHUNK_BYTES) {
+            UploadStaging::Host if !ring.host_refused.get() => match HostStaging::new(self, GPU_UPLOAD_CHUNK_BYTES) {
                 Ok(host) => Staging::Host(host),
                 Err(why) => {
                     eprintln!(

@@ -96,6 +96,12 @@ pub trait Backend {
     fn is_async(&self) -> bool {
         false
     }
+    /// A zeroed host buffer of `len_bytes` that uploads copy from without staging (the gpu device's
+    /// pinned memory: `device/gpu_pinned.rs`), for data uploaded often (the working copies); Some(Err)
+    /// says why this adapter cannot make one; None where the device reads host memory as it is (cpu).
+    fn alloc_pinned(&self, _len_bytes: usize) -> Option<std::result::Result<zerostream_offload::AlignedBuf, String>> {
+        None
+    }
     /// t[..n] = 16-bit values widened to f32 (exact). The gpu device sends the 16-bit words (half the
     /// bytes of an f32 upload) and widens them with a kernel; this default widens on the host.
     fn write_16bit(&self, t: &Self::Tensor, bits: &[u16], format: HalfFormat) -> Result<()> {

@@ -35,6 +35,10 @@ pub enum TransferMethod {
     /// if the AdamW thread wrote the working copy straight into staging memory (issue #22 item 4), so
     /// `StagingRing` against this row is what the host's copy into the ring costs.
     Prestaged,
+    /// h2d only: the bytes in pinned host memory (`GpuDevice::alloc_pinned`, filled before the clock),
+    /// copied by the device from where they lie: how the trainer uploads the working copies it keeps
+    /// in RAM, which the AdamW thread writes there (issue #22 item 4). Vulkan only.
+    Pinned,
 }
 
 /// Chunk size and ring length of the d2h staging ring (the h2d ring is the device's own,
@@ -79,11 +83,13 @@ impl GpuDevice {
         let bytes = host.len() as u64;
         let (dst, _c) = self.bench_buffer(bytes, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST, "h2d target")?;
         let staged = if method == TransferMethod::Prestaged { Some(self.prestage(host)?) } else { None };
+        let pinned = if method == TransferMethod::Pinned { Some(self.pinned_copy_of(host)?) } else { None };
         self.synchronize();
         let start = Instant::now();
-        match &staged {
-            Some(staged) => self.copy_prestaged(&dst, staged),
-            None => self.issue_h2d(&dst, host, method)?,
+        match (&staged, &pinned) {
+            (Some(staged), _) => self.copy_prestaged(&dst, staged),
+            (None, Some(pinned)) => self.issue_h2d(&dst, pinned.bytes(), method)?,
+            (None, None) => self.issue_h2d(&dst, host, method)?,
         }
         self.wait()?;
         Ok(start.elapsed().as_secs_f64())
@@ -100,6 +106,14 @@ impl GpuDevice {
             bail!("an h2d copy of {} bytes: must be a multiple of {} (wgpu's copy alignment)", host.len(), wgpu::COPY_BUFFER_ALIGNMENT);
         }
         self.issue_h2d(dst.buffer(), host, method)
+    }
+
+    /// `host` copied into a new pinned buffer ([`GpuDevice::alloc_pinned`]), the source
+    /// [`TransferMethod::Pinned`] copies from.
+    pub fn pinned_copy_of(&self, host: &[u8]) -> Result<zerostream_offload::AlignedBuf> {
+        let mut pinned = self.alloc_pinned(host.len()).map_err(|why| anyhow!("pinned host memory of {} bytes: {why}", host.len()))?;
+        pinned.bytes_mut().copy_from_slice(host);
+        Ok(pinned)
     }
 
     /// [`Self::issue_h2d_into`] from bytes prestaged before: records and submits the device's copy.
@@ -131,13 +145,18 @@ impl GpuDevice {
             TransferMethod::Prestaged => {
                 bail!("a prestaged copy's bytes are staged before it is issued: GpuDevice::prestage, then issue_prestaged_into")
             }
+            TransferMethod::Pinned => {
+                if !self.copy_from_pinned(dst, 0, host) {
+                    bail!("a pinned copy's bytes must lie in pinned host memory: GpuDevice::pinned_copy_of");
+                }
+            }
         }
         Ok(())
     }
 
     /// Seconds to bring a device buffer of `host.len()` bytes into `host`.
     pub fn time_d2h(&self, host: &mut [u8], method: TransferMethod) -> Result<f64> {
-        if matches!(method, TransferMethod::Parallel | TransferMethod::HostRing | TransferMethod::Prestaged) {
+        if matches!(method, TransferMethod::Parallel | TransferMethod::HostRing | TransferMethod::Prestaged | TransferMethod::Pinned) {
             bail!("{method:?} moves bytes up only (h2d)");
         }
         let bytes = host.len() as u64;

@@ -67,6 +67,10 @@ pub struct TrainConfig {
     /// before the next backward starts, and each update finished before the step returns. Slower; the
     /// oracle that the overlapped schedule must equal bit for bit.
     pub sequential: bool,
+    /// Working copies kept in RAM live in pinned host memory where the device offers it
+    /// (`Backend::alloc_pinned`), so the update writes them where uploads copy from (`--no-pin-memory`
+    /// turns it off). Where bytes live, never what is computed.
+    pub pin_memory: bool,
     /// `--dropout P`: every dropout probability of the model set to P (None: the config's).
     pub dropout: Option<f64>,
     /// `--seed`: of the initialisation, the dropout masks and the sample.
@@ -125,6 +129,7 @@ impl Default for TrainConfig {
             adam_threads: 0,
             zero_stage: ZeroStage::Two,
             sequential: false,
+            pin_memory: true,
             dropout: None,
             seed: 1337,
             vocab_chunk_rows: crate::model::vocab::DEFAULT_CHUNK_ROWS,
@@ -327,6 +332,7 @@ impl TrainConfig {
         put("adam-threads", json!(self.adam_threads));
         put("zero-stage", json!(self.zero_stage.number()));
         put("sequential", json!(self.sequential));
+        put("no-pin-memory", json!(!self.pin_memory));
         put("dropout", json!(self.dropout));
         put("seed", json!(self.seed));
         put("vocab-chunk-rows", json!(self.vocab_chunk_rows));
@@ -389,6 +395,8 @@ impl TrainConfig {
             adam_threads: uint("adam-threads")? as usize,
             zero_stage: stage,
             sequential: flag("sequential")?,
+            // Checkpoints from before --no-pin-memory: pinned, the default.
+            pin_memory: !f.get("no-pin-memory").and_then(Value::as_bool).unwrap_or(false),
             // Checkpoints from before dropout existed trained without it.
             dropout: f.get("dropout").and_then(Value::as_f64),
             seed: uint("seed")?,

@@ -6,12 +6,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use zerostream_offload::{IoEngine, NvmeDir, Stored};
+use zerostream_offload::{AlignedBuf, IoEngine, NvmeDir, Stored, Tier};
 
 use super::layout::GroupLayout;
 use super::worker::{OptimizerGroup, SharedGroup, write_working};
 use super::{GroupShard, ModelSource, Precision, Sharding, TrainConfig};
 use crate::comm::compress::ParamCompression;
+use crate::device::Backend;
 use crate::model::TensorSpec;
 
 /// The rank's NVMe directories (a `rankN` subdirectory in each `--nvme-dir`, with stable names so a
@@ -30,9 +31,59 @@ pub(super) fn open_nvme(train: &TrainConfig, sharding: &Sharding, io_notes: &mut
     Ok(Some(Arc::new(nvme)))
 }
 
+/// Where the working copies kept in RAM are made: in the device's pinned host memory
+/// (`Backend::alloc_pinned`) while it makes it, with `TrainConfig::pin_memory`. Not for stage 3's
+/// slices, which are gathered into a temporary before every upload and never copied from where they lie.
+pub(super) struct Pinning<'d, D: Backend> {
+    dev: Option<&'d D>,
+    pinned_groups: usize,
+    refused: Option<String>,
+}
+
+impl<'d, D: Backend> Pinning<'d, D> {
+    pub(super) fn new(dev: &'d D, train: &TrainConfig, sharding: &Sharding) -> Self {
+        let dev = (train.pin_memory && !sharding.shards_params()).then_some(dev);
+        Pinning { dev, pinned_groups: 0, refused: None }
+    }
+
+    /// A pinned buffer of `len_bytes`, or None: not asked for, not offered, or refused (once refused,
+    /// not asked again).
+    pub(super) fn alloc(&mut self, len_bytes: usize) -> Option<AlignedBuf> {
+        if self.refused.is_some() {
+            return None;
+        }
+        match self.dev?.alloc_pinned(len_bytes)? {
+            Ok(buf) => {
+                self.pinned_groups += 1;
+                Some(buf)
+            }
+            Err(why) => {
+                self.refused = Some(why);
+                None
+            }
+        }
+    }
+
+    /// What start-up says of it: where the working copies went, and why not all pinned.
+    pub(super) fn note(&self) -> Option<String> {
+        match &self.refused {
+            Some(why) => Some(format!(
+                "pinned host memory refused after {} working copies ({why}): the rest are uploaded through staging",
+                self.pinned_groups
+            )),
+            None if self.pinned_groups > 0 => {
+                Some(format!("{} working copies in pinned host memory: uploaded straight from there", self.pinned_groups))
+            }
+            None => None,
+        }
+    }
+}
+
 /// Group `k`'s host state on this rank: what the device thread shares with the worker (gradient
 /// accumulator, working copy) and what the worker alone holds (master weights, moments). `specs_index`:
-/// each tensor's index in checkpoint order.
+/// each tensor's index in checkpoint order. A working copy in RAM goes into the buffer `pinned`
+/// makes for its bytes where it makes one (the device's pinned memory: `TrainConfig::pin_memory`).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn group_state(
     k: usize,
     g: &GroupLayout,
@@ -41,6 +92,7 @@ pub(super) fn group_state(
     source: &ModelSource<'_>,
     specs_index: &HashMap<String, usize>,
     nv: Option<&NvmeDir>,
+    pinned: &mut dyn FnMut(usize) -> Option<AlignedBuf>,
 ) -> Result<(SharedGroup, OptimizerGroup)> {
     let slice = shard.slice_len();
     let mut master = Stored::new(&format!("{}.master", g.name), 4 * slice, train.offload_optimizer, nv)?;
@@ -50,7 +102,12 @@ pub(super) fn group_state(
     let mut m = Stored::new(&format!("{}.adam_m", g.name), moment_bytes(0), train.offload_optimizer, nv)?;
     let mut v = Stored::new(&format!("{}.adam_v", g.name), moment_bytes(1), train.offload_optimizer, nv)?;
     let bytes = train.precision.working_bytes_per_param();
-    let mut working = Stored::new(&format!("{}.working", g.name), bytes * shard.working_len, train.offload_params, nv)?;
+    let (working_name, working_bytes) = (format!("{}.working", g.name), bytes * shard.working_len);
+    let mut working = match train.offload_params {
+        Tier::Ram => pinned(working_bytes).map(|buf| Stored::in_ram(&working_name, buf)),
+        Tier::Nvme => None,
+    }
+    .map_or_else(|| Stored::new(&working_name, working_bytes, train.offload_params, nv), Ok)?;
     for s in [&mut master, &mut m, &mut v, &mut working] {
         s.page_in_zeroed(nv);
     }

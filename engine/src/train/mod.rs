@@ -191,13 +191,15 @@ impl<'d, D: Backend> Trainer<'d, D> {
         // Host state, filled group by group from the source.
         let specs_index = checkpoint_order(&model);
         let (mut shared, mut optimizer, mut stage1_grads) = (Vec::new(), Vec::new(), Vec::new());
+        let mut pinned = host_init::Pinning::new(dev, &train, &sharding);
         for (k, (g, shard)) in layouts.iter().zip(shards.iter()).enumerate() {
-            let (group, state) = host_init::group_state(k, g, shard, &train, source, &specs_index, nv)?;
+            let (group, state) = host_init::group_state(k, g, shard, &train, source, &specs_index, nv, &mut |n| pinned.alloc(n))?;
             shared.push(Mutex::new(group));
             optimizer.push(state);
             stage1_grads.push(if k > 0 && !sharding.shards_grads() { vec![0.0; shard.padded_len] } else { Vec::new() });
         }
 
+        io_notes.extend(pinned.note());
         let rule = update_rule(&train, &comm)?;
         io_notes.extend(host_init::param_compression_note(&train, &sharding));
         let names: Vec<&str> = layouts.iter().map(|g| g.name.as_str()).collect();

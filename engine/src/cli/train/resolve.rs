@@ -83,6 +83,7 @@ fn train_config(a: &TrainArgs) -> TrainConfig {
         adam_threads: a.adam_threads,
         zero_stage: a.zero_stage,
         sequential: a.sequential,
+        pin_memory: !a.no_pin_memory,
         dropout: a.dropout,
         seed: a.seed,
         vocab_chunk_rows: a.vocab_chunk_rows,

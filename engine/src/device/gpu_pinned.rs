@@ -1,0 +1,118 @@
+//! Pinned working copies: host buffers in memory the device's copy engine reads by itself
+//! (`create_host_buffer`, cached), handed to the trainer as [`AlignedBuf`]s for the working copies
+//! it keeps in RAM. The AdamW thread writes each new working copy straight into them, and an upload
+//! from one is a single device copy across the link: no host copy into staging first (issue #22
+//! item 4; PyTorch's pinned memory). Every upload is checked against the registered regions at one
+//! place, [`GpuDevice::upload`]; a write the host makes to a region waits for the device's copies from
+//! it first ([`HostMemory::before_host_write`], the buffer's only mutable access), so a copy never
+//! reads words the host is rewriting. A child module of `gpu`, so it uses that file's private fields.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use zerostream_offload::aligned::align_up;
+use zerostream_offload::{ALIGN_BYTES, AlignedBuf, HostMemory};
+
+use super::GpuDevice;
+use super::host_staging::HostReads;
+
+/// One pinned buffer: its wgpu copy source, where the [`AlignedBuf`]'s bytes start in it, and the
+/// last submission that copies from it.
+struct PinnedRegion {
+    buffer: wgpu::Buffer,
+    /// The buffer's offset of the page-aligned start the host uses (the mapping need not be aligned).
+    start_in_buffer: u64,
+    /// The host address of that start, and the bytes from there.
+    start: usize,
+    len: usize,
+    copying: Mutex<Option<wgpu::SubmissionIndex>>,
+    device: wgpu::Device,
+}
+
+impl PinnedRegion {
+    /// Blocks until the device's copies from the region are done.
+    fn wait_for_copies(&self) {
+        let pending = self.copying.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(submission) = pending {
+            let wait = wgpu::PollType::Wait { submission_index: Some(submission), timeout: None };
+            self.device.poll(wait).unwrap_or_else(|e| panic!("GPU device lost while waiting for a copy from a pinned working copy: {e}"));
+        }
+    }
+}
+
+/// What an [`AlignedBuf`] holds to keep its region alive (the registry holds it weakly).
+struct Pinned(Arc<PinnedRegion>);
+
+impl HostMemory for Pinned {
+    fn before_host_write(&self) {
+        self.0.wait_for_copies();
+    }
+}
+
+/// The device's pinned regions by host start address, held weakly: a region lives as long as its
+/// buffer, and one whose buffer is gone is skipped (and pruned at the next registration).
+#[derive(Default)]
+pub(super) struct PinnedRegions {
+    by_start: RefCell<BTreeMap<usize, Weak<PinnedRegion>>>,
+    /// Bytes uploaded by copies straight from pinned regions so far.
+    copied_bytes: Cell<u64>,
+}
+
+impl GpuDevice {
+    /// A zeroed buffer of `len_bytes` in host memory this device copies from directly (see the module
+    /// doc), or why the adapter cannot make one.
+    pub fn alloc_pinned(&self, len_bytes: usize) -> Result<AlignedBuf, String> {
+        let len = align_up(len_bytes.max(1));
+        // A page more than asked, so that the host's part starts on a page whatever the mapping's
+        // alignment.
+        let bytes = (len + ALIGN_BYTES) as u64;
+        let max = self.device.limits().max_buffer_size;
+        if bytes > max {
+            return Err(format!("{bytes} bytes is more than this adapter's largest buffer ({max} bytes)"));
+        }
+        let (buffer, mapped) = self.create_host_buffer(bytes, "pinned working copy", HostReads::Often)?;
+        let start = (mapped as usize).next_multiple_of(ALIGN_BYTES);
+        let start_in_buffer = (start - mapped as usize) as u64;
+        let region = Arc::new(PinnedRegion { buffer, start_in_buffer, start, len, copying: Mutex::new(None), device: self.device.clone() });
+        let mut regions = self.pinned.by_start.borrow_mut();
+        regions.retain(|_, r| r.strong_count() > 0);
+        regions.insert(start, Arc::downgrade(&region));
+        // SAFETY: `start` is page-aligned with `len` bytes of the mapping after it (a page was added),
+        // mapped for as long as the buffer lives, which the region (kept by the AlignedBuf) holds; the
+        // device only reads it, after `before_host_write` has let the host's writes finish.
+        Ok(unsafe { AlignedBuf::in_host_memory(start as *mut u8, len_bytes, Box::new(Pinned(region))) })
+    }
+
+    /// Records and submits a device copy of `bytes` into `dst` at `offset`, after the work recorded
+    /// before it, where `bytes` lie in a pinned region (whole 32-bit words, as copies move); false
+    /// (nothing done) where they do not.
+    pub(in crate::device) fn copy_from_pinned(&self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) -> bool {
+        let at = bytes.as_ptr() as usize;
+        let region = {
+            let regions = self.pinned.by_start.borrow();
+            let Some((_, region)) = regions.range(..=at).next_back() else { return false };
+            let Some(region) = region.upgrade() else { return false };
+            region
+        };
+        if at + bytes.len() > region.start + region.len {
+            return false;
+        }
+        let src = region.start_in_buffer + (at - region.start) as u64;
+        let align = wgpu::COPY_BUFFER_ALIGNMENT;
+        if !(src.is_multiple_of(align) && offset.is_multiple_of(align) && (bytes.len() as u64).is_multiple_of(align)) {
+            return false;
+        }
+        self.flush();
+        self.record(|encoder| encoder.copy_buffer_to_buffer(&region.buffer, src, dst, offset, bytes.len() as u64));
+        let submission = self.flush().expect("the copy was recorded");
+        *region.copying.lock().unwrap_or_else(|e| e.into_inner()) = Some(submission);
+        self.pinned.copied_bytes.set(self.pinned.copied_bytes.get() + bytes.len() as u64);
+        true
+    }
+
+    /// Bytes uploaded straight from pinned host memory so far (the rest went through staging).
+    pub fn pinned_upload_bytes(&self) -> u64 {
+        self.pinned.copied_bytes.get()
+    }
+}
