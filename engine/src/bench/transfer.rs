@@ -62,7 +62,7 @@ pub fn bench_transfer(
         // A download has no parallel variant: every copy out of a mapping runs on rayon's threads.
         let methods: Vec<TransferMethod> = match link {
             Link::HostToDevice => h2d_methods(dev),
-            Link::DeviceToHost => vec![TransferMethod::Direct, TransferMethod::StagingRing],
+            Link::DeviceToHost => vec![TransferMethod::Direct, TransferMethod::StagingRing, TransferMethod::InPlace],
         };
         for method in methods {
             let best = match link {

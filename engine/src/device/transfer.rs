@@ -39,6 +39,11 @@ pub enum TransferMethod {
     /// copied by the device from where they lie: how the trainer uploads the working copies it keeps
     /// in RAM, which the AdamW thread writes there (issue #22 item 4). Vulkan only.
     Pinned,
+    /// d2h only: one copy into a mapped read-back buffer made before the clock, timed until its bytes
+    /// can be read where they landed (checked afterwards): how the trainer takes gradients, adding them
+    /// into the accumulator straight out of the mapping (`Backend::finish_read_with`), as PyTorch's
+    /// copy into a pinned buffer leaves the bytes for the host to read there.
+    InPlace,
 }
 
 /// Chunk size and ring length of the d2h staging ring (the h2d ring is the device's own,
@@ -142,6 +147,7 @@ impl GpuDevice {
                 }
                 self.upload_through_ring(dst, 0, host)
             }
+            TransferMethod::InPlace => bail!("{method:?} moves bytes down only (d2h)"),
             TransferMethod::Prestaged => {
                 bail!("a prestaged copy's bytes are staged before it is issued: GpuDevice::prestage, then issue_prestaged_into")
             }
@@ -158,6 +164,9 @@ impl GpuDevice {
     pub fn time_d2h(&self, host: &mut [u8], method: TransferMethod) -> Result<f64> {
         if matches!(method, TransferMethod::Parallel | TransferMethod::HostRing | TransferMethod::Prestaged | TransferMethod::Pinned) {
             bail!("{method:?} moves bytes up only (h2d)");
+        }
+        if method == TransferMethod::InPlace {
+            return self.time_d2h_in_place(host);
         }
         let bytes = host.len() as u64;
         let (src, _c) = self.bench_buffer(
@@ -209,5 +218,28 @@ impl GpuDevice {
             drain(k, rx, host)?;
         }
         Ok(start.elapsed().as_secs_f64())
+    }
+
+    /// [`TransferMethod::InPlace`]: seconds until a device buffer of `host.len()` bytes is readable in a
+    /// mapping; the bytes are then checked against `host` (untimed).
+    fn time_d2h_in_place(&self, host: &[u8]) -> Result<f64> {
+        let bytes = host.len() as u64;
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        let (src, _c) = self.bench_buffer(bytes, usage, "d2h source")?;
+        self.queue.write_buffer(&src, 0, host);
+        let (staging, _s) = self.bench_buffer(bytes, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, "d2h staging")?;
+        self.synchronize();
+        let start = Instant::now();
+        let mut encoder = self.device.create_command_encoder(&Default::default());
+        encoder.copy_buffer_to_buffer(&src, 0, &staging, 0, bytes);
+        self.queue.submit([encoder.finish()]);
+        self.wait_mapped(&map(&staging, wgpu::MapMode::Read))?;
+        let seconds = start.elapsed().as_secs_f64();
+        let same = *staging.slice(..).get_mapped_range().map_err(|e| anyhow!("{e}"))? == *host;
+        staging.unmap();
+        if !same {
+            bail!("d2h InPlace of {bytes} bytes: the mapping holds different bytes");
+        }
+        Ok(seconds)
     }
 }
