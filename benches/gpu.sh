@@ -455,7 +455,7 @@ if ! skipped oversized; then
 fi
 # The streamed run again with the working copies in pageable memory (uploads through the staging ring):
 # what pinned working copies (the default) gained.
-skipped unpinned || train oversized-streamed-unpinned "$OVERSIZED_MODEL" "$OVERSIZED_BUDGET" 150 "$OVERSIZED_B" "$OVERSIZED_T" "$STEPS" --no-pin-memory
+skipped oversized || skipped unpinned || train oversized-streamed-unpinned "$OVERSIZED_MODEL" "$OVERSIZED_BUDGET" 150 "$OVERSIZED_B" "$OVERSIZED_T" "$STEPS" --no-pin-memory
 # Last: the 1.5B run, the least needed by the goals.
 skipped train-gpt2-xl || train gpt2-xl gpt2-xl "$BUDGET_XL" 240 "$XL_B" "$XL_T" "$XL_STEPS"
 render

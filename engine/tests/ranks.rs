@@ -106,15 +106,21 @@ fn sharded_runs_are_bit_identical_across_tiers_budgets_and_recompute() {
     let got = run_world(Dev::Cpu, 2, TrainConfig { sequential: true, ..base.clone() }).unwrap();
     assert!(bits(&got) == bits(&reference), "stage 3: the overlapped schedule differs from the strictly sequential one");
     if let Some(gpu) = gpu_or_skip("sharded_runs_are_bit_identical (gpu part)") {
+        let pinning = gpu.host_staging_unavailable();
         drop(gpu);
         let overlapped = run_world(Dev::Gpu, 2, base.clone()).unwrap();
         let sequential = run_world(Dev::Gpu, 2, TrainConfig { sequential: true, ..base.clone() }).unwrap();
         assert!(bits(&overlapped) == bits(&sequential), "gpu stage 3: the overlapped schedule differs from the sequential one");
         // Stage 2's gather completes each rank's pinned working copy in place before its upload.
-        let stage2 = TrainConfig { zero_stage: ZeroStage::Two, ..base.clone() };
-        let pinned = run_world(Dev::Gpu, 2, stage2.clone()).unwrap();
-        let plain = run_world(Dev::Gpu, 2, TrainConfig { pin_memory: false, ..stage2 }).unwrap();
-        assert!(bits(&pinned) == bits(&plain), "gpu stage 2: pinned working copies changed the run");
+        match pinning {
+            None => {
+                let stage2 = TrainConfig { zero_stage: ZeroStage::Two, ..base.clone() };
+                let pinned = run_world(Dev::Gpu, 2, stage2.clone()).unwrap();
+                let plain = run_world(Dev::Gpu, 2, TrainConfig { pin_memory: false, ..stage2 }).unwrap();
+                assert!(bits(&pinned) == bits(&plain), "gpu stage 2: pinned working copies changed the run");
+            }
+            Some(why) => eprintln!("SKIPPED sharded_runs_are_bit_identical (gpu stage 2, pinned): no host-memory buffers here ({why})"),
+        }
     }
     // bf16 working copies, gathered as 16-bit words: every stage gives the same run.
     let bf16 = TrainConfig { precision: zerostream::train::Precision::Bf16, ..base.clone() };

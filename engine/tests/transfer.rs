@@ -175,10 +175,10 @@ fn finishing_a_read_submits_the_work_recorded_after_it() {
 }
 
 /// Uploads from pinned host memory (`GpuDevice::alloc_pinned`) are one device copy from where the bytes
-/// lie: every byte arrives, at offsets inside the buffer and with a partial last word refused to
-/// staging (16-bit halves), and a host write right after an upload waits for the copy, so the device
-/// gets the bytes as they were when written (64 MiB: a copy long enough that a write not waiting for
-/// it would overtake it).
+/// lie: every byte arrives, at offsets inside the buffer and with an odd last 16-bit value written on
+/// its own, small uploads through `write_buffer` as before; and a host write right after an upload
+/// waits for the copy, so the device gets the bytes as they were when written (64 MiB: a copy long
+/// enough that a write not waiting for it would overtake it, as it did when the wait was removed).
 #[test]
 fn pinned_uploads_copy_in_place_and_host_writes_wait_for_them() {
     let Some(gpu) = common::gpu_or_skip("pinned_uploads_copy_in_place_and_host_writes_wait_for_them") else { return };
@@ -201,12 +201,21 @@ fn pinned_uploads_copy_in_place_and_host_writes_wait_for_them() {
     pinned.as_mut_slice::<f32>().fill(-1.0);
     assert!(gpu.read(&whole) == values[3..], "the copy saw the host's later write");
     // 16-bit words: the pairs copied in place, the odd last one written on its own.
-    let halves: Vec<u16> = (0..9u16).map(|i| 0x3c00 + i).collect();
-    pinned.as_mut_slice::<u16>()[..9].copy_from_slice(&halves);
-    let t = gpu.alloc_16bit(9, "halves", HalfFormat::F16).unwrap();
-    gpu.write_16bit(&t, &pinned.as_slice::<u16>()[..9], HalfFormat::F16).unwrap();
+    let h = (1 << 20) + 1;
+    let halves: Vec<u16> = (0..h).map(|i| 0x3c00 + (i % 1000) as u16).collect();
+    pinned.as_mut_slice::<u16>()[..h].copy_from_slice(&halves);
+    let t = gpu.alloc_16bit(h, "halves", HalfFormat::F16).unwrap();
+    let before = gpu.pinned_upload_bytes();
+    gpu.write_16bit(&t, &pinned.as_slice::<u16>()[..h], HalfFormat::F16).unwrap();
+    assert_eq!(gpu.pinned_upload_bytes() - before, (h as u64 - 1) * 2, "the pairs copied from pinned memory");
     let want: Vec<f32> = halves.iter().map(|&h| HalfFormat::F16.to_f32(h)).collect();
-    assert_eq!(gpu.read(&t), want);
+    assert!(gpu.read(&t) == want);
+    // A small upload from pinned memory goes through write_buffer, as from anywhere.
+    let small = gpu.alloc(1000, "small").unwrap();
+    let before = gpu.pinned_upload_bytes();
+    gpu.write(&small, &pinned.as_slice::<f32>()[..1000]);
+    assert_eq!(gpu.pinned_upload_bytes(), before);
+    assert!(gpu.read(&small) == pinned.as_slice::<f32>()[..1000]);
     // Dropped while nothing copies from it; a later upload from ordinary memory is staged as before.
     drop(pinned);
     let after = gpu.pinned_upload_bytes();

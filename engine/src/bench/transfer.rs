@@ -3,6 +3,7 @@
 use anyhow::{Result, bail};
 
 use crate::device::GpuDevice;
+use crate::device::gpu::PINNED_COPY_MIN_BYTES;
 use crate::device::transfer::TransferMethod;
 
 /// Which way bytes cross.
@@ -61,7 +62,10 @@ pub fn bench_transfer(
         let mut host: Vec<u8> = (0..bytes).map(|i| (i % 253) as u8).collect();
         // A download has no parallel variant: every copy out of a mapping runs on rayon's threads.
         let methods: Vec<TransferMethod> = match link {
-            Link::HostToDevice => h2d_methods(dev),
+            // Uploads under 1 MiB are never copied from pinned memory (`write_buffer` takes them).
+            Link::HostToDevice => {
+                h2d_methods(dev).into_iter().filter(|&m| m != TransferMethod::Pinned || bytes >= PINNED_COPY_MIN_BYTES as u64).collect()
+            }
             Link::DeviceToHost => vec![TransferMethod::Direct, TransferMethod::StagingRing, TransferMethod::InPlace],
         };
         for method in methods {

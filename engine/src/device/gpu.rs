@@ -447,7 +447,7 @@ impl GpuDevice {
 
     /// A 1-D grid of `groups` workgroups, folded into two dimensions past the per-dimension limit.
     fn grid(groups: usize) -> [u32; 3] {
-        const MAX: usize = 65535;
+        const MAX: usize = crate::ops::MAX_GRID_DIM;
         if groups <= MAX { [groups as u32, 1, 1] } else { [MAX as u32, groups.div_ceil(MAX) as u32, 1] }
     }
 
@@ -517,4 +517,5 @@ mod backend;
 #[path = "gpu_errors.rs"]
 mod errors;
 pub use memory::GpuPendingRead;
+pub use pinned::PINNED_COPY_MIN_BYTES;
 pub use staging::Prestaged;

@@ -14,7 +14,7 @@ use anyhow::{Result, bail};
 use super::{GpuDevice, GpuTensor, Window};
 use crate::device::AttentionDims;
 use crate::device::attention_tuning::{AttentionClass, AttentionTable};
-use crate::ops::attention::MAX_GRID_DIM;
+use crate::ops::MAX_GRID_DIM;
 use zerostream_shaders::{AttentionPass, AttentionTile};
 
 /// The Params of the attention kernels (common/attention_params.wgsl): dimensions, scale, the offsets

@@ -89,7 +89,7 @@ impl Backend for GpuDevice {
     fn check_attention(&self, d: AttentionDims) -> Result<()> {
         d.check_kernel_limits(self.max_window_elems, self.device.limits().max_compute_workgroup_storage_size as usize)
     }
-    fn alloc_pinned(&self, len_bytes: usize) -> Option<std::result::Result<zerostream_offload::AlignedBuf, String>> {
+    fn alloc_pinned(&self, len_bytes: usize) -> Option<std::result::Result<zerostream_offload::AlignedBuf, crate::device::PinRefused>> {
         Some(GpuDevice::alloc_pinned(self, len_bytes))
     }
     fn write_16bit(&self, t: &GpuTensor, bits: &[u16], format: HalfFormat) -> Result<()> {

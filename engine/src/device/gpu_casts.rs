@@ -120,6 +120,5 @@ const PACK_TILE: [usize; 2] = [32, 64];
 fn pack_tiles(op: &Operand, shape: &PackedShape) -> Option<[u32; 3]> {
     let [tile_rows, tile_cols] = PACK_TILE;
     let grid = [shape.cols_pad.div_ceil(tile_cols), shape.rows_pad.div_ceil(tile_rows)];
-    (op.row_stride < op.col_stride && grid.iter().all(|&g| g <= crate::ops::attention::MAX_GRID_DIM))
-        .then(|| [grid[0] as u32, grid[1] as u32, 1])
+    (op.row_stride < op.col_stride && grid.iter().all(|&g| g <= crate::ops::MAX_GRID_DIM)).then(|| [grid[0] as u32, grid[1] as u32, 1])
 }

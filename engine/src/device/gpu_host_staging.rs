@@ -111,6 +111,11 @@ mod vulkan {
                 .collect();
             let type_index = host_staging_memory_type(&types, needs.memory_type_bits, reads)
                 .ok_or_else(|| destroy("no host-visible coherent memory type allows a copy source".into()))?;
+            // Memory the host reads too must not be a discrete GPU's VRAM behind the BAR: uncached to
+            // the host, and outside the device's byte budget.
+            if reads == HostReads::Often && types[type_index as usize].2 && self.summary.device_type == wgpu::DeviceType::DiscreteGpu {
+                return Err(destroy("the only host-visible memory a copy source may use is the GPU's own (VRAM behind the BAR)".into()));
+            }
             let alloc = vk::MemoryAllocateInfo::default().allocation_size(needs.size).memory_type_index(type_index);
             // SAFETY: a valid allocate info; the memory is bound to the buffer and both go to wgpu below.
             let memory = unsafe { raw.allocate_memory(&alloc, None) }.map_err(|e| destroy(format!("vkAllocateMemory: {e}")))?;

@@ -16,6 +16,12 @@ use zerostream_offload::{ALIGN_BYTES, AlignedBuf, HostMemory};
 
 use super::GpuDevice;
 use super::host_staging::HostReads;
+use crate::device::PinRefused;
+
+/// Uploads smaller than this go through `write_buffer` as before (copied at once, no submission of
+/// their own), even from pinned memory: a submission per layer-norm weight would cost more than it
+/// saves. The default of [`GpuDevice::set_pinned_copy_min_bytes`].
+pub const PINNED_COPY_MIN_BYTES: usize = 1 << 20;
 
 /// One pinned buffer: its wgpu copy source, where the [`AlignedBuf`]'s bytes start in it, and the
 /// last submission that copies from it.
@@ -36,7 +42,9 @@ impl PinnedRegion {
         let pending = self.copying.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(submission) = pending {
             let wait = wgpu::PollType::Wait { submission_index: Some(submission), timeout: None };
-            self.device.poll(wait).unwrap_or_else(|e| panic!("GPU device lost while waiting for a copy from a pinned working copy: {e}"));
+            // A lost device reads nothing more, so the host may write; the device thread reports the
+            // loss at its next wait (not this thread, which holds the group's lock).
+            let _ = self.device.poll(wait);
         }
     }
 }
@@ -57,21 +65,23 @@ pub(super) struct PinnedRegions {
     by_start: RefCell<BTreeMap<usize, Weak<PinnedRegion>>>,
     /// Bytes uploaded by copies straight from pinned regions so far.
     copied_bytes: Cell<u64>,
+    /// The smallest upload copied from a pinned region.
+    min_bytes: Cell<Option<usize>>,
 }
 
 impl GpuDevice {
     /// A zeroed buffer of `len_bytes` in host memory this device copies from directly (see the module
-    /// doc), or why the adapter cannot make one.
-    pub fn alloc_pinned(&self, len_bytes: usize) -> Result<AlignedBuf, String> {
+    /// doc), or why the adapter made none.
+    pub fn alloc_pinned(&self, len_bytes: usize) -> Result<AlignedBuf, PinRefused> {
         let len = align_up(len_bytes.max(1));
         // A page more than asked, so that the host's part starts on a page whatever the mapping's
         // alignment.
         let bytes = (len + ALIGN_BYTES) as u64;
         let max = self.device.limits().max_buffer_size;
         if bytes > max {
-            return Err(format!("{bytes} bytes is more than this adapter's largest buffer ({max} bytes)"));
+            return Err(PinRefused::TooLarge(format!("{bytes} bytes is more than this adapter's largest buffer ({max} bytes)")));
         }
-        let (buffer, mapped) = self.create_host_buffer(bytes, "pinned working copy", HostReads::Often)?;
+        let (buffer, mapped) = self.create_host_buffer(bytes, "pinned working copy", HostReads::Often).map_err(PinRefused::Unavailable)?;
         let start = (mapped as usize).next_multiple_of(ALIGN_BYTES);
         let start_in_buffer = (start - mapped as usize) as u64;
         let region = Arc::new(PinnedRegion { buffer, start_in_buffer, start, len, copying: Mutex::new(None), device: self.device.clone() });
@@ -85,9 +95,12 @@ impl GpuDevice {
     }
 
     /// Records and submits a device copy of `bytes` into `dst` at `offset`, after the work recorded
-    /// before it, where `bytes` lie in a pinned region (whole 32-bit words, as copies move); false
-    /// (nothing done) where they do not.
+    /// before it, where `bytes` lie in a pinned region (whole 32-bit words, as copies move, and at least
+    /// [`PINNED_COPY_MIN_BYTES`]); false (nothing done) where they do not.
     pub(in crate::device) fn copy_from_pinned(&self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) -> bool {
+        if bytes.len() < self.pinned.min_bytes.get().unwrap_or(PINNED_COPY_MIN_BYTES) {
+            return false;
+        }
         let at = bytes.as_ptr() as usize;
         let region = {
             let regions = self.pinned.by_start.borrow();
@@ -109,6 +122,12 @@ impl GpuDevice {
         *region.copying.lock().unwrap_or_else(|e| e.into_inner()) = Some(submission);
         self.pinned.copied_bytes.set(self.pinned.copied_bytes.get() + bytes.len() as u64);
         true
+    }
+
+    /// Copies from pinned memory only for uploads of at least `bytes` ([`PINNED_COPY_MIN_BYTES`] until
+    /// set); smaller ones go through `write_buffer`. For tests whose tensors are all small.
+    pub fn set_pinned_copy_min_bytes(&self, bytes: usize) {
+        self.pinned.min_bytes.set(Some(bytes));
     }
 
     /// Bytes uploaded straight from pinned host memory so far (the rest went through staging).

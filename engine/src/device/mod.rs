@@ -27,6 +27,23 @@ pub use alloc::{AllocCosts, AllocStats, ByteBudget};
 pub use cpu::CpuDevice;
 pub use gpu::{AdapterSummary, GpuDevice};
 
+/// Why [`Backend::alloc_pinned`] made no buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PinRefused {
+    /// Not of this size (past the adapter's largest buffer): a smaller one may be made.
+    TooLarge(String),
+    /// Not on this adapter at all.
+    Unavailable(String),
+}
+
+impl std::fmt::Display for PinRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PinRefused::TooLarge(why) | PinRefused::Unavailable(why) => f.write_str(why),
+        }
+    }
+}
+
 /// The operations of GPT-2 training, implemented once per device.
 pub trait Backend {
     /// A flat f32 buffer on this device.
@@ -98,8 +115,8 @@ pub trait Backend {
     }
     /// A zeroed host buffer of `len_bytes` that uploads copy from without staging (the gpu device's
     /// pinned memory: `device/gpu_pinned.rs`), for data uploaded often (the working copies); Some(Err)
-    /// says why this adapter cannot make one; None where the device reads host memory as it is (cpu).
-    fn alloc_pinned(&self, _len_bytes: usize) -> Option<std::result::Result<zerostream_offload::AlignedBuf, String>> {
+    /// says why it made none; None where the device reads host memory as it is (cpu).
+    fn alloc_pinned(&self, _len_bytes: usize) -> Option<std::result::Result<zerostream_offload::AlignedBuf, PinRefused>> {
         None
     }
     /// t[..n] = 16-bit values widened to f32 (exact). The gpu device sends the 16-bit words (half the

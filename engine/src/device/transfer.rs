@@ -11,7 +11,7 @@ use anyhow::{Result, anyhow, bail};
 use rayon::prelude::*;
 
 use super::UploadStaging;
-use super::gpu::{GpuDevice, GpuTensor, Prestaged};
+use super::gpu::{GpuDevice, GpuTensor, PINNED_COPY_MIN_BYTES, Prestaged};
 
 /// How bytes cross to or from the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -116,6 +116,9 @@ impl GpuDevice {
     /// `host` copied into a new pinned buffer ([`GpuDevice::alloc_pinned`]), the source
     /// [`TransferMethod::Pinned`] copies from.
     pub fn pinned_copy_of(&self, host: &[u8]) -> Result<zerostream_offload::AlignedBuf> {
+        if host.len() < PINNED_COPY_MIN_BYTES {
+            bail!("a pinned copy of {} bytes: uploads under 1 MiB go through write_buffer, not copied from pinned memory", host.len());
+        }
         let mut pinned = self.alloc_pinned(host.len()).map_err(|why| anyhow!("pinned host memory of {} bytes: {why}", host.len()))?;
         pinned.bytes_mut().copy_from_slice(host);
         Ok(pinned)

@@ -14,6 +14,7 @@
 use anyhow::{Result, bail};
 use rayon::prelude::*;
 
+use super::MAX_GRID_DIM;
 use super::dropout::DropoutMask;
 
 /// The largest head dim the WGSL kernels take. The tiled kernels keep a row's head channels as eight
@@ -24,9 +25,6 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// (`ROWS` and `COLS` in `common/attention_tiles.wgsl`): the default's grids are ceil(T / BLOCK)
 /// workgroups along x (a variant with fewer rows that would pass the grid limit runs the default).
 pub const BLOCK: usize = 32;
-/// The most workgroups a dispatch may have along one dimension (WebGPU's
-/// `maxComputeWorkgroupsPerDimension`, which every adapter wgpu opens allows).
-pub const MAX_GRID_DIM: usize = 65535;
 /// Workgroup memory of the attention kernel that declares the most, whatever the head dim: the forward's
 /// three staged 32 x 33 tiles and two 256-float arrays of per-lane maxima and sums (`attention/tests.rs`
 /// reads the WGSL to keep this true). Under WebGPU's default limit of 16384 bytes.

@@ -34,6 +34,11 @@ mod step_times;
 
 pub use matmul::{MatmulShape, Operand};
 
+/// The most workgroups a dispatch may have along one dimension (WebGPU's
+/// `maxComputeWorkgroupsPerDimension`, which every adapter wgpu opens allows): past it a grid folds
+/// into a second dimension, or the kernel refuses the shape.
+pub const MAX_GRID_DIM: usize = 65535;
+
 /// Rows one workgroup of the GPU's column sums covers (`shaders/wgsl/common/column_lanes.wgsl`): the twin
 /// that mirrors those kernels' order (rmsnorm's weight gradient) blocks its rows alike.
 pub const COLUMN_BLOCK_ROWS: usize = 64;

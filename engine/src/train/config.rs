@@ -396,7 +396,7 @@ impl TrainConfig {
             zero_stage: stage,
             sequential: flag("sequential")?,
             // Checkpoints from before --no-pin-memory: pinned, the default.
-            pin_memory: !f.get("no-pin-memory").and_then(Value::as_bool).unwrap_or(false),
+            pin_memory: f.get("no-pin-memory").is_none() || !flag("no-pin-memory")?,
             // Checkpoints from before dropout existed trained without it.
             dropout: f.get("dropout").and_then(Value::as_f64),
             seed: uint("seed")?,
@@ -467,6 +467,7 @@ mod tests {
             optimizer: Optimizer::Lars,
             momentum: 0.8,
             trust_coefficient: 0.02,
+            pin_memory: false,
             ..TrainConfig::default()
         };
         tc.lr.schedule = LrSchedule::Cosine;

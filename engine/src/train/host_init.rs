@@ -12,7 +12,7 @@ use super::layout::GroupLayout;
 use super::worker::{OptimizerGroup, SharedGroup, write_working};
 use super::{GroupShard, ModelSource, Precision, Sharding, TrainConfig};
 use crate::comm::compress::ParamCompression;
-use crate::device::Backend;
+use crate::device::{Backend, PinRefused};
 use crate::model::TensorSpec;
 
 /// The rank's NVMe directories (a `rankN` subdirectory in each `--nvme-dir`, with stable names so a
@@ -37,7 +37,8 @@ pub(super) fn open_nvme(train: &TrainConfig, sharding: &Sharding, io_notes: &mut
 pub(super) struct Pinning<'d, D: Backend> {
     dev: Option<&'d D>,
     pinned_groups: usize,
-    refused: Option<String>,
+    /// The first refusal, and whether it was the adapter's (then nothing more is asked).
+    refused: Option<PinRefused>,
 }
 
 impl<'d, D: Backend> Pinning<'d, D> {
@@ -46,10 +47,10 @@ impl<'d, D: Backend> Pinning<'d, D> {
         Pinning { dev, pinned_groups: 0, refused: None }
     }
 
-    /// A pinned buffer of `len_bytes`, or None: not asked for, not offered, or refused (once refused,
-    /// not asked again).
+    /// A pinned buffer of `len_bytes`, or None: not asked for, not offered, or refused (once the
+    /// adapter refused, not asked again; a size refused leaves smaller ones to ask for).
     pub(super) fn alloc(&mut self, len_bytes: usize) -> Option<AlignedBuf> {
-        if self.refused.is_some() {
+        if matches!(self.refused, Some(PinRefused::Unavailable(_))) {
             return None;
         }
         match self.dev?.alloc_pinned(len_bytes)? {
@@ -58,7 +59,9 @@ impl<'d, D: Backend> Pinning<'d, D> {
                 Some(buf)
             }
             Err(why) => {
-                self.refused = Some(why);
+                if !matches!(self.refused, Some(PinRefused::Unavailable(_))) {
+                    self.refused = Some(why);
+                }
                 None
             }
         }
@@ -68,7 +71,7 @@ impl<'d, D: Backend> Pinning<'d, D> {
     pub(super) fn note(&self) -> Option<String> {
         match &self.refused {
             Some(why) => Some(format!(
-                "pinned host memory refused after {} working copies ({why}): the rest are uploaded through staging",
+                "{} working copies in pinned host memory, the rest uploaded through staging: pinned memory refused ({why})",
                 self.pinned_groups
             )),
             None if self.pinned_groups > 0 => {
