@@ -55,21 +55,18 @@ impl<D: Backend> Trainer<'_, D> {
         }
         timed(&mut clock.io_wait, || shared.working.page_in(nv))?;
         let mut kept = Vec::with_capacity(keep.len());
+        let format = self.train.precision.half_format();
+        let mut keep_words = |i: usize, words: &[u8]| {
+            if keep.contains(&i) {
+                kept.push((i, HostWords::copy_of(words, format, spare(i), |n| self.pinned_buffer(n))));
+            }
+        };
         let dirty = match self.train.precision {
-            Precision::Fp32 => self.upload_words::<f32>(k, &mut shared, tensors, clock, |i, words| {
-                if keep.contains(&i) {
-                    let reuse = spare(i).and_then(HostWords::into_f32);
-                    kept.push((i, HostWords::F32(HostWords::copy_of(bytemuck::cast_slice(words), reuse))));
-                }
-            })?,
+            Precision::Fp32 => {
+                self.upload_words::<f32>(k, &mut shared, tensors, clock, |i, words| keep_words(i, bytemuck::cast_slice(words)))?
+            }
             Precision::Bf16 | Precision::Fp16 => {
-                let format = self.train.precision.half_format().expect("a 16-bit precision");
-                self.upload_words::<u16>(k, &mut shared, tensors, clock, |i, words| {
-                    if keep.contains(&i) {
-                        let reuse = spare(i).and_then(HostWords::into_half);
-                        kept.push((i, HostWords::Half(HostWords::copy_of(bytemuck::cast_slice(words), reuse), format)));
-                    }
-                })?
+                self.upload_words::<u16>(k, &mut shared, tensors, clock, |i, words| keep_words(i, bytemuck::cast_slice(words)))?
             }
         };
         // A copy a gather completed is held too, and written back after its backward upload.
@@ -81,6 +78,15 @@ impl<D: Backend> Trainer<'_, D> {
         }
         kept.sort_by_key(|&(i, _)| keep.iter().position(|&k| k == i));
         Ok(kept.into_iter().map(|(_, w)| w).collect())
+    }
+
+    /// A buffer of `len_bytes` in the device's pinned memory where it makes one and `--no-pin-memory`
+    /// is not given, for host data uploaded again and again (the kept vocabulary matrices).
+    fn pinned_buffer(&self, len_bytes: usize) -> Option<zerostream_offload::AlignedBuf> {
+        if !self.train.pin_memory {
+            return None;
+        }
+        self.dev.alloc_pinned(len_bytes)?.ok()
     }
 
     /// Lets go of the working copies held for a backward upload that will not come: those held at the

@@ -7,6 +7,7 @@
 //! bit: the same per-chunk products and sums run either way (`tests/train.rs`).
 
 use anyhow::{Result, bail};
+use zerostream_offload::AlignedBuf;
 
 use super::{Clock, Trainer, timed};
 use crate::device::{Backend, HalfFormat};
@@ -14,36 +15,29 @@ use crate::model::vocab::{self, Rows};
 use crate::ops::dropout::DropoutKeys;
 use crate::ops::elementwise;
 
-/// A vocabulary matrix's working-copy words, kept on the host for the step.
-pub(super) enum HostWords {
-    F32(Vec<f32>),
-    Half(Vec<u16>, HalfFormat),
+/// A vocabulary matrix's working-copy words, kept on the host for the step: f32, or 16-bit words of
+/// `format`. In the device's pinned memory where it offers it (`Backend::alloc_pinned`), so a streamed
+/// projection's chunks are uploaded straight from here.
+pub(super) struct HostWords {
+    buf: AlignedBuf,
+    format: Option<HalfFormat>,
 }
 
 impl HostWords {
-    /// A copy of `words` kept for the step, on rayon's threads, in `reuse`'s allocation where it has the
-    /// same length: the last step's copy of the same matrix, whose pages are already faulted in (a fresh
-    /// 1 GiB vector copied on one thread took 0.8 s of every Llama-3.2-1B step on an H200 host).
-    pub(super) fn copy_of<T: Copy + Default + Send + Sync>(words: &[T], reuse: Option<Vec<T>>) -> Vec<T> {
-        let mut out = reuse.filter(|v| v.len() == words.len()).unwrap_or_else(|| vec![T::default(); words.len()]);
-        elementwise::copy(&mut out, words);
-        out
-    }
-
-    /// The f32 words' vector (to be reused), or None for 16-bit words.
-    pub(super) fn into_f32(self) -> Option<Vec<f32>> {
-        match self {
-            HostWords::F32(v) => Some(v),
-            HostWords::Half(..) => None,
-        }
-    }
-
-    /// The 16-bit words' vector (to be reused), or None for f32 words.
-    pub(super) fn into_half(self) -> Option<Vec<u16>> {
-        match self {
-            HostWords::Half(v, _) => Some(v),
-            HostWords::F32(_) => None,
-        }
+    /// A copy of `words` (f32, or 16-bit words of `format`) kept for the step, on rayon's threads, in
+    /// `reuse`'s buffer where it has the same length: the last step's copy of the same matrix, whose
+    /// pages are already faulted in (a fresh 1 GiB vector copied on one thread took 0.8 s of every
+    /// Llama-3.2-1B step on an H200 host); else in a buffer `pinned` makes, else on the heap.
+    pub(super) fn copy_of(
+        words: &[u8],
+        format: Option<HalfFormat>,
+        reuse: Option<HostWords>,
+        pinned: impl FnOnce(usize) -> Option<AlignedBuf>,
+    ) -> HostWords {
+        let reused = reuse.map(|w| w.buf).filter(|b| b.len_bytes() == words.len());
+        let mut buf = reused.or_else(|| pinned(words.len())).unwrap_or_else(|| AlignedBuf::zeroed(words.len()));
+        elementwise::copy(buf.bytes_mut(), words);
+        HostWords { buf, format }
     }
 
     /// Rows `ids` (each `width` wide) widened to f32, one after another.
@@ -51,9 +45,9 @@ impl HostWords {
         let mut out = Vec::with_capacity(ids.len() * width);
         for &id in ids {
             let row = id as usize * width..(id as usize + 1) * width;
-            match self {
-                HostWords::F32(w) => out.extend_from_slice(&w[row]),
-                HostWords::Half(w, format) => out.extend(w[row].iter().map(|&bits| format.to_f32(bits))),
+            match self.format {
+                None => out.extend_from_slice(&self.buf.as_slice::<f32>()[row]),
+                Some(format) => out.extend(self.buf.as_slice::<u16>()[row].iter().map(|&bits| format.to_f32(bits))),
             }
         }
         out
@@ -61,9 +55,9 @@ impl HostWords {
 
     /// Writes elements `range` into device tensor `t` (f32; 16-bit words are widened on arrival).
     fn upload<D: Backend>(&self, dev: &D, t: &D::Tensor, range: std::ops::Range<usize>) -> Result<()> {
-        match self {
-            HostWords::F32(w) => dev.write(t, &w[range]),
-            HostWords::Half(w, format) => dev.write_16bit(t, &w[range], *format)?,
+        match self.format {
+            None => dev.write(t, &self.buf.as_slice::<f32>()[range]),
+            Some(format) => dev.write_16bit(t, &self.buf.as_slice::<u16>()[range], format)?,
         }
         Ok(())
     }
@@ -280,20 +274,29 @@ fn dev_read_all<D: Backend>(dev: &D, tensors: &[D::Tensor]) -> D::PendingRead {
 #[cfg(test)]
 mod tests {
     use super::HostWords;
+    use crate::device::HalfFormat;
+    use zerostream_offload::AlignedBuf;
 
-    /// The step's copy lands in the last step's vector where it has the length (no new pages), and in
-    /// a new one where it does not; the words are the source's either way.
+    /// The step's copy lands in the last step's buffer where it has the length (no new pages), else in
+    /// one the pinning closure makes, else in a new one; the words are the source's either way.
     #[test]
-    fn host_copies_reuse_the_last_steps_vector() {
+    fn host_copies_reuse_the_last_steps_buffer() {
         let words: Vec<f32> = (0..100_003).map(|i| i as f32 * 0.5).collect();
-        let last = vec![7.0f32; words.len()];
-        let at = last.as_ptr();
-        let copy = HostWords::copy_of(&words, Some(last));
-        assert_eq!((copy.as_ptr(), &copy), (at, &words));
-        let copy = HostWords::copy_of(&words[1..], Some(copy));
-        assert_eq!(copy, words[1..]);
+        let bytes: &[u8] = bytemuck::cast_slice(&words);
+        let unpinned = |_| None;
+        let last = HostWords::copy_of(&vec![7u8; bytes.len()], None, None, unpinned);
+        let at = last.buf.bytes().as_ptr();
+        let copy = HostWords::copy_of(bytes, None, Some(last), |_| panic!("reused, not made"));
+        assert_eq!((copy.buf.bytes().as_ptr(), copy.buf.as_slice::<f32>()), (at, &words[..]));
+        let made = std::cell::Cell::new(0);
+        let copy = HostWords::copy_of(&bytes[4..], None, Some(copy), |n| {
+            made.set(n);
+            Some(AlignedBuf::zeroed(n))
+        });
+        assert_eq!((made.get(), copy.buf.as_slice::<f32>()), (bytes.len() - 4, &words[1..]));
         let halves: Vec<u16> = (0..5000).collect();
-        assert_eq!(HostWords::copy_of(&halves, HostWords::F32(vec![0.0; 5000]).into_half()), halves);
-        assert!(HostWords::Half(vec![1], crate::device::HalfFormat::Bf16).into_f32().is_none());
+        let copy = HostWords::copy_of(bytemuck::cast_slice(&halves), Some(HalfFormat::Bf16), Some(copy), unpinned);
+        assert_eq!(copy.buf.as_slice::<u16>(), &halves[..]);
+        assert_eq!(copy.gather(&[2], 3), [6u16, 7, 8].map(|h| HalfFormat::Bf16.to_f32(h)));
     }
 }
