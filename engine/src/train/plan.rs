@@ -54,7 +54,7 @@ pub struct Placement {
     /// (`zerostream_offload::SPARES_PER_SIZE` of each shard size at most; 0 without an NVMe tier).
     pub host_nvme_spare_bytes: u64,
     /// Per rank, on the gpu device: its host staging (`AllocCosts::host_staging_bytes`), the
-    /// read-backs in flight (a backward's two blocks of gradients, or one vocabulary chunk's) and the
+    /// read-backs in flight (a backward's two blocks of gradients, or two vocabulary chunks') and the
     /// finished ones it keeps for reuse (`AllocCosts::spare_readback_bytes`); 0 on the
     /// cpu device, whose whole memory is RAM instead (`host_device_bytes`).
     pub device_staging_bytes: u64,
@@ -334,7 +334,9 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
     let stage1_grads = if sharding.shards_grads() { 0 } else { shards[1..].iter().map(|s| s.padded_len).sum::<usize>() as u64 };
     let largest_block = group_lens[1..].iter().max().copied().unwrap_or(0);
     let vocab_chunk = model.vocab_chunks(tc.vocab_chunk_rows).rows_per_chunk * model.width();
-    let read_backs = costs.tensor_bytes(2 * largest_block).max(costs.tensor_bytes(vocab_chunk));
+    // In flight at once: two blocks' gradients, or two vocabulary chunks' (each read back while the
+    // next computes).
+    let read_backs = costs.tensor_bytes(2 * largest_block.max(vocab_chunk));
     // The largest read-back: a block's gradient, a vocabulary chunk's, or a micro-batch's embedding rows
     // (read back where the embedding stays on the host).
     let embed_rows = tc.batch * tc.seq_len * model.width();

@@ -174,8 +174,12 @@ impl<D: Backend> Trainer<'_, D> {
         }
         let loss = timed(&mut clock.compute, || vocab::finish_loss(dev, loss_acts));
         let Some(scale) = loss_grad_scale else { return Ok(loss) };
-        // Backward in reverse chunk order: the last chunk uploaded is still in the slot.
+        // Backward in reverse chunk order: the last chunk uploaded is still in the slot. Each chunk's
+        // projection gradient is read back while the next chunk computes: its read begins (a copy
+        // recorded after its kernels, so the next chunk's may reuse the buffer), then the chunk before's
+        // is added into the host's sum, which submits this one's work first.
         let (_, staged) = self.vocab.projection();
+        let mut in_flight: Option<(D::PendingRead, std::ops::Range<usize>)> = None;
         for (i, j) in (0..n_chunks).rev().enumerate() {
             let w = self.projection_rows(j, i > 0, clock)?;
             let d = &self.device;
@@ -200,18 +204,14 @@ impl<D: Backend> Trainer<'_, D> {
             let pending = timed(&mut clock.download, || dev.begin_read(&[&d.vocab_grad]));
             let ids = loss_acts.chunks.range(j);
             clock.download_bytes += 4 * (ids.len() * width) as u64;
+            if let Some((before, ids)) = in_flight.replace((pending, ids)) {
+                let sum = &mut self.vocab.grads[staged][ids.start * width..ids.end * width];
+                timed(&mut clock.download, || add_chunk_grad(dev, sum, before, first_micro));
+            }
+        }
+        if let Some((last, ids)) = in_flight {
             let sum = &mut self.vocab.grads[staged][ids.start * width..ids.end * width];
-            // Added straight out of the read-back memory (see `Trainer::accumulate`).
-            timed(&mut clock.download, || {
-                dev.finish_read_with(pending, |chunk_grad| {
-                    if first_micro {
-                        // The projection's gradient is dense: every row gets a value, nothing needs zeroing.
-                        elementwise::copy(sum, &chunk_grad[0][..sum.len()]);
-                    } else {
-                        elementwise::add_into(sum, &chunk_grad[0][..sum.len()]);
-                    }
-                })
-            });
+            timed(&mut clock.download, || add_chunk_grad(dev, sum, last, first_micro));
         }
         let d = &self.device;
         timed(&mut clock.compute, || model.final_norm_backward(dev, &d.head, &d.head_grads, acts, &d.residual[n_layer]));
@@ -264,6 +264,19 @@ impl<D: Backend> Trainer<'_, D> {
         self.dev.recycle(grads);
         Ok(overflow)
     }
+}
+
+/// A chunk's projection gradient, read back by `pending`, into its rows of the host's sum: stored at
+/// the step's first micro-batch (the gradient is dense: every row gets a value, nothing needs zeroing),
+/// else added, straight out of the read-back memory (see `Trainer::accumulate`).
+fn add_chunk_grad<D: Backend>(dev: &D, sum: &mut [f32], pending: D::PendingRead, first_micro: bool) {
+    dev.finish_read_with(pending, |chunk_grad| {
+        if first_micro {
+            elementwise::copy(sum, &chunk_grad[0][..sum.len()]);
+        } else {
+            elementwise::add_into(sum, &chunk_grad[0][..sum.len()]);
+        }
+    })
 }
 
 fn dev_read_all<D: Backend>(dev: &D, tensors: &[D::Tensor]) -> D::PendingRead {
