@@ -21,8 +21,8 @@ pub const GPU_UPLOAD_CHUNK_BYTES: u64 = 8 << 20;
 /// Buffers the upload ring may grow to (512 MiB) while writes outrun the device's copies.
 pub const GPU_UPLOAD_RING_MAX_LEN: usize = 64;
 /// The most bytes of finished reads' staging buffers the gpu device keeps for reuse (`gpu_memory.rs`), or
-/// two buffers of a read's size where that is more ([`AllocCosts::spare_readback_bytes`]): room for a
-/// block's buffer beside the other sizes' (vocabulary chunks, the head), since a buffer made afresh for
+/// two buffers of the largest read's size where that is more ([`AllocCosts::spare_readback_bytes`]): room
+/// for a block's buffer beside the other sizes' (vocabulary chunks, the head), since a buffer made afresh for
 /// each read costs more than the copy itself (Llama-3.2-1B's 232 MiB blocks spent 1.4 s a step waiting
 /// on new read-back buffers on an H200, benches/results/2026-11-27-h200-gpu.md). The planner counts these
 /// beside the reads in flight, an upper bound: a read takes its buffer from the spares.

@@ -117,6 +117,8 @@ pub struct GpuDevice {
     spare_reads: SpareReads,
     /// Staging buffers of finished reads, by size, for the next read of the same total size.
     spare_staging: RefCell<Vec<wgpu::Buffer>>,
+    /// The largest read-back so far: the spares kept are capped as the planner counts them.
+    largest_read_bytes: Cell<u64>,
     /// Large writes' staging buffers (`gpu_staging.rs`).
     upload_ring: staging::UploadRing,
     /// Host buffers uploads copy from directly (`gpu_pinned.rs`).
@@ -238,6 +240,7 @@ impl GpuDevice {
             matmul_placeholder,
             spare_reads: SpareReads::default(),
             spare_staging: RefCell::new(Vec::new()),
+            largest_read_bytes: Cell::new(0),
             upload_ring: Default::default(),
             pinned: Default::default(),
             matmul_inputs: Cell::default(),

@@ -178,6 +178,7 @@ impl GpuDevice {
         if total == 0 {
             return GpuPendingRead { staging: None, sizes, formats, mapped: None, submission: None };
         }
+        self.largest_read_bytes.set(self.largest_read_bytes.get().max(total));
         let spare = {
             let mut spares = self.spare_staging.borrow_mut();
             spares.iter().position(|b| b.size() == total).map(|i| spares.swap_remove(i))
@@ -236,7 +237,10 @@ impl GpuDevice {
         drop(view);
         staging.unmap();
         let mut spares = self.spare_staging.borrow_mut();
-        if spares.iter().map(|b| b.size()).sum::<u64>() + staging.size() <= AllocCosts::GPU.spare_readback_bytes(staging.size()) {
+        // Capped by the largest read so far, as the planner counts them (by its own size, a smaller
+        // buffer would find the cap filled by a larger one's and be made afresh for every read).
+        let cap = AllocCosts::GPU.spare_readback_bytes(self.largest_read_bytes.get());
+        if spares.iter().map(|b| b.size()).sum::<u64>() + staging.size() <= cap {
             spares.push(staging);
         }
         out

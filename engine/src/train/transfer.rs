@@ -56,9 +56,12 @@ impl<D: Backend> Trainer<'_, D> {
         timed(&mut clock.io_wait, || shared.working.page_in(nv))?;
         let mut kept = Vec::with_capacity(keep.len());
         let format = self.train.precision.half_format();
+        // Only a streamed projection's copy is uploaded again (chunk by chunk): that one is pinned.
+        let streamed_projection = (!self.placement.vocab_resident).then(|| self.model.vocab_tensors().1);
         let mut keep_words = |i: usize, words: &[u8]| {
             if keep.contains(&i) {
-                kept.push((i, HostWords::copy_of(words, format, spare(i), |n| self.pinned_buffer(n))));
+                let pin = |n: usize| if streamed_projection == Some(i) { self.pinned_buffer(n) } else { None };
+                kept.push((i, HostWords::copy_of(words, format, spare(i), pin)));
             }
         };
         let dirty = match self.train.precision {

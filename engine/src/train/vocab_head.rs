@@ -36,7 +36,11 @@ impl HostWords {
     ) -> HostWords {
         let reused = reuse.map(|w| w.buf).filter(|b| b.len_bytes() == words.len());
         let mut buf = reused.or_else(|| pinned(words.len())).unwrap_or_else(|| AlignedBuf::zeroed(words.len()));
-        elementwise::copy(buf.bytes_mut(), words);
+        // By 32-bit words where they are (rayon's tasks are sized in elements).
+        match bytemuck::try_cast_slice::<u8, u32>(words) {
+            Ok(words32) => elementwise::copy(buf.as_mut_slice::<u32>(), words32),
+            Err(_) => elementwise::copy(buf.bytes_mut(), words),
+        }
         HostWords { buf, format }
     }
 
@@ -175,9 +179,9 @@ impl<D: Backend> Trainer<'_, D> {
         let loss = timed(&mut clock.compute, || vocab::finish_loss(dev, loss_acts));
         let Some(scale) = loss_grad_scale else { return Ok(loss) };
         // Backward in reverse chunk order: the last chunk uploaded is still in the slot. Each chunk's
-        // projection gradient is read back while the next chunk computes: its read begins (a copy
-        // recorded after its kernels, so the next chunk's may reuse the buffer), then the chunk before's
-        // is added into the host's sum, which submits this one's work first.
+        // projection gradient is read back while the next chunk computes: its read begins (its kernels
+        // and the copy submitted, so the next chunk's may reuse the buffer), then the chunk before's is
+        // added into the host's sum while the device runs this one.
         let (_, staged) = self.vocab.projection();
         let mut in_flight: Option<(D::PendingRead, std::ops::Range<usize>)> = None;
         for (i, j) in (0..n_chunks).rev().enumerate() {
