@@ -1,8 +1,8 @@
 //! Pinned working copies: host buffers in memory the device's copy engine reads by itself
 //! (`create_host_buffer`, cached), handed to the trainer as [`AlignedBuf`]s for the working copies
-//! it keeps in RAM (and a streamed output projection's copy kept for the step). The AdamW thread writes each new working copy straight into them, and an upload
-//! from one is a single device copy across the link: no host copy into staging first (issue #22
-//! item 4; PyTorch's pinned memory). Every upload is checked against the registered regions at one
+//! it keeps in RAM (and a streamed output projection's copy kept for the step). The AdamW thread
+//! writes each new working copy straight into them, and an upload from one is a single device copy
+//! across the link: no host copy into staging first (issue #22 item 4; PyTorch's pinned memory). Every upload is checked against the registered regions at one
 //! place, [`GpuDevice::upload`]; a write the host makes to a region waits for the device's copies from
 //! it first ([`HostMemory::before_host_write`], the buffer's only mutable access), so a copy never
 //! reads words the host is rewriting. A child module of `gpu`, so it uses that file's private fields.

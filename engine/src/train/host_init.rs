@@ -32,8 +32,9 @@ pub(super) fn open_nvme(train: &TrainConfig, sharding: &Sharding, io_notes: &mut
 }
 
 /// Where the working copies kept in RAM are made: in the device's pinned host memory
-/// (`Backend::alloc_pinned`) while it makes it, with `TrainConfig::pin_memory`. Not for stage 3's
-/// slices, which are gathered into a temporary before every upload and never copied from where they lie.
+/// (`Backend::alloc_pinned`) while it makes it, with `TrainConfig::pin_memory`. Not for the slices of
+/// stage 3 with several ranks, which are gathered into a temporary before every upload and never
+/// copied from where they lie.
 pub(super) struct Pinning<'d, D: Backend> {
     dev: Option<&'d D>,
     pinned_groups: usize,
