@@ -78,7 +78,7 @@ fn copies_issued_behind_kernels_deliver_their_bytes() {
     let cfg = OverlapConfig { bytes: (72 << 20) + 16, m: 64, n: 48, k: 80, reps: 1 };
     let mut seen = 0;
     let runs = bench_overlap(&gpu, &cfg, |_| seen += 1).unwrap();
-    let up = zerostream::bench::transfer::h2d_methods(&gpu).len();
+    let up = zerostream::bench::transfer::h2d_methods(&gpu, cfg.bytes).len();
     assert_eq!((runs.len(), seen), (up + 1, up + 1), "every upload method, begin_read down, each reported");
     assert_eq!(runs[up - 1].method, "h2d Prestaged");
     assert_eq!(runs[up].method, "d2h begin_read");

@@ -130,10 +130,7 @@ pub fn bench_overlap(dev: &GpuDevice, cfg: &OverlapConfig, mut on_run: impl FnMu
     })?;
     let mut runs = Vec::new();
     let mut last_written = Vec::new();
-    // Copies under 1 MiB are never made from pinned memory (`write_buffer` takes them).
-    let pinned_ok = cfg.bytes >= crate::device::gpu::PINNED_COPY_MIN_BYTES as u64;
-    let methods = crate::bench::transfer::h2d_methods(dev).into_iter().filter(|&m| m != TransferMethod::Pinned || pinned_ok);
-    for (i, method) in methods.enumerate() {
+    for (i, method) in crate::bench::transfer::h2d_methods(dev, cfg.bytes).into_iter().enumerate() {
         // Different bytes per method, so a copy that never happened cannot pass for the last one's.
         let host_words: Vec<u32> = (0..words as u32).map(|w| w.wrapping_mul(2654435761).wrapping_add(i as u32)).collect();
         let host: &[u8] = bytemuck::cast_slice(&host_words);

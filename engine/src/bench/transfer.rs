@@ -62,10 +62,7 @@ pub fn bench_transfer(
         let mut host: Vec<u8> = (0..bytes).map(|i| (i % 253) as u8).collect();
         // A download has no parallel variant: every copy out of a mapping runs on rayon's threads.
         let methods: Vec<TransferMethod> = match link {
-            // Uploads under 1 MiB are never copied from pinned memory (`write_buffer` takes them).
-            Link::HostToDevice => {
-                h2d_methods(dev).into_iter().filter(|&m| m != TransferMethod::Pinned || bytes >= PINNED_COPY_MIN_BYTES as u64).collect()
-            }
+            Link::HostToDevice => h2d_methods(dev, bytes),
             Link::DeviceToHost => vec![TransferMethod::Direct, TransferMethod::StagingRing, TransferMethod::InPlace],
         };
         for method in methods {
@@ -103,13 +100,19 @@ pub fn best_h2d_seconds(dev: &GpuDevice, host: &[u8], method: TransferMethod, re
     Ok(best)
 }
 
-/// The upload methods `dev` can run: every one, `HostRing` and `Pinned` only where the adapter makes
-/// host-memory buffers (Vulkan).
-pub fn h2d_methods(dev: &GpuDevice) -> Vec<TransferMethod> {
+/// The methods `dev` can upload `bytes` by: every one, `HostRing` and `Pinned` only where the adapter
+/// makes host-memory buffers (Vulkan), and `Pinned` only from 1 MiB (smaller uploads are never copied
+/// from pinned memory: `write_buffer` takes them).
+pub fn h2d_methods(dev: &GpuDevice, bytes: u64) -> Vec<TransferMethod> {
     use TransferMethod::*;
     let host_memory = dev.host_staging_unavailable().is_none();
+    let pinned = host_memory && bytes >= PINNED_COPY_MIN_BYTES as u64;
     [Direct, Parallel, StagingRing, HostRing, Pinned, Prestaged]
         .into_iter()
-        .filter(|&m| !matches!(m, HostRing | Pinned) || host_memory)
+        .filter(|&m| match m {
+            HostRing => host_memory,
+            Pinned => pinned,
+            _ => true,
+        })
         .collect()
 }
