@@ -150,6 +150,9 @@ if classes:
     for u in [r for r in jsonl("tune.out") if r.get("kind") == "upload"]:
         host = f"{u['host_gbps']:.1f} GB/s" if u.get("host_gbps") else f"unavailable ({u.get('host_unavailable')})"
         md.append(f"\nUpload staging ({u['bytes'] >> 20} MiB writes): mapped buffers {u['mapped_gbps']:.1f} GB/s, host memory {host}: **{u['chosen']}** kept.\n")
+    for d in [r for r in jsonl("tune.out") if r.get("kind") == "download"]:
+        pinned = f"{d['pinned_gbps']:.1f} GB/s" if d.get("pinned_gbps") else f"unavailable ({d.get('pinned_unavailable')})"
+        md.append(f"Read-back ({d['bytes'] >> 20} MiB reads): mapped buffers {d['mapped_gbps']:.1f} GB/s, pinned host memory {pinned}: **{d['chosen']}** kept.\n")
     if tsum:
         md.append(f"\n{tsum[0]['classes']} matmul, {tsum[0].get('attention_classes', 0)} attention and {tsum[0].get('coop_classes', 0)} cooperative-matrix classes in {tsum[0]['seconds']:.0f} s; "
                   f"table {tsum[0]['table']}; mismatched variants: {tsum[0]['mismatched'] or 'none'}\n")
@@ -247,8 +250,11 @@ for link in ("h2d", "d2h"):
             md.append(f"| {r['bytes']>>20} MiB | {r['method']} | {r['gbps']:.2f} |")
         md.append(f"\nhost memcpy (one thread): {rows[0]['memcpy_gbps']:.2f} GB/s\n")
         pinned = [r for r in torch if r.get("kind") == "copy" and r["direction"] == link and r["memory"] == "pinned"]
-        # Prestaged (bytes staged before the clock) is the copy alone, the bound for the trainer's paths.
-        paths = [r for r in rows[0]["runs"] if r["method"] != "Prestaged"]
+        # Prestaged (bytes staged before the clock) is the copy alone, the bound for the trainer's paths;
+        # a d2h Pinned read is the trainer's only where the tuner chose pinned read-backs (else InPlace).
+        pinned_reads = any(r.get("kind") == "download" and r.get("chosen") == "pinned" for r in jsonl("tune.out"))
+        not_paths = {"Prestaged"} | ({"Pinned"} if link == "d2h" and not pinned_reads else set())
+        paths = [r for r in rows[0]["runs"] if r["method"] not in not_paths]
         ours = {r["bytes"]: r["gbps"] for r in paths if r["gbps"] == max(x["gbps"] for x in paths if x["bytes"] == r["bytes"])}
         staged = {r["bytes"]: r["gbps"] for r in rows[0]["runs"] if r["method"] == "Prestaged"}
         if staged:
@@ -263,6 +269,11 @@ for link in ("h2d", "d2h"):
                 if p["bytes"] in ours:
                     md.append(f"| {p['bytes']>>20} MiB | {ours[p['bytes']]:.2f} | {p['gbps']:.2f} | {ours[p['bytes']]/p['gbps']:.2f} |")
             md.append("")
+        if link == "d2h" and any(r["method"] == "Pinned" for r in rows[0]["runs"]):
+            md.append("d2h Pinned copies into pinned host memory mapped for good and waits for the submission (no map_async); "
+                      "InPlace copies into a mapped buffer it reuses. The trainer reads through the one `zerostream tune` kept "
+                      + ("(pinned), so both count as its paths above.\n" if pinned_reads else
+                         "(mapped, or not tuned), so Pinned is left out of the best path above.\n"))
     elif read(f"{link}.err") is not None:
         md += [f"## zerostream bench {link} (failed)\n", block(tail(read(f"{link}.err")))]
 

@@ -111,9 +111,12 @@ def goals(work):
         pinned = {r["bytes"]: r["gbps"] for r in torch if r.get("kind") == "copy" and r["direction"] == link and r["memory"] == "pinned"}
         ours = {}
         # Prestaged times the device's copy of bytes staged before the clock: a bound, not a path the
-        # trainer takes, so it is not counted as ours.
+        # trainer takes, so it is not counted as ours; nor is a d2h Pinned read unless the tuner chose
+        # pinned read-backs (the trainer reads through InPlace's mapped buffers otherwise).
+        pinned_reads = any(r.get("kind") == "download" and r.get("chosen") == "pinned" for r in jsonl(work, "tune.out"))
+        not_ours = {"Prestaged"} | ({"Pinned"} if link == "d2h" and not pinned_reads else set())
         for run in (rows[0]["runs"] if rows else []):
-            if run["method"] != "Prestaged":
+            if run["method"] not in not_ours:
                 ours[run["bytes"]] = max(ours.get(run["bytes"], (0.0, "")), (run["gbps"], run["method"]))
         common = sorted(set(ours) & set(pinned))
         if common:

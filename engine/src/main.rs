@@ -254,6 +254,7 @@ fn print_devices(json: bool) -> Result<i32> {
                     "matmul_f16_coop": device::gpu::coop_unavailable(a).is_none(),
                     "matmul_table": table.describe(),
                     "upload_staging": table.upload_staging.name(),
+                    "read_back": table.read_back.name(),
                     "attention_table": AttentionTable::load(a).0.describe(),
                 })
             );
@@ -296,6 +297,13 @@ fn print_devices(json: bool) -> Result<i32> {
             match table.upload_staging {
                 device::UploadStaging::Mapped => "wgpu's mapped buffers",
                 device::UploadStaging::Host => "host memory the GPU copies from",
+            }
+        );
+        println!(
+            "    read-back: {} (`zerostream tune` times mapped buffers against pinned host memory and keeps the faster)",
+            match table.read_back {
+                device::ReadBack::Mapped => "wgpu's mapped buffers",
+                device::ReadBack::Pinned => "pinned host memory the GPU copies into",
             }
         );
         let (attention, problem) = AttentionTable::load(a);

@@ -120,6 +120,7 @@ fn the_table_picks_the_variant_per_shape_class() {
         coop_entries: coop.map(|t| (class, t)).into_iter().collect(),
         coop_default: None,
         upload_staging: zerostream::device::UploadStaging::Mapped,
+        read_back: zerostream::device::ReadBack::Mapped,
     });
     if let Some(coop) = coop {
         assert_eq!(gpu.coop_variant_for(&shape, false), Some(coop));
@@ -162,8 +163,13 @@ fn tune_writes_the_table_devices_reports_it() {
     assert_eq!(upload["kind"], "upload", "{upload}");
     assert!(upload["mapped_gbps"].as_f64().unwrap() > 0.0, "{upload}");
     assert_eq!(upload["host_gbps"].is_null(), gpu.host_staging_unavailable().is_some(), "{upload}");
+    // Then the read-back: mapped buffers against pinned host memory, the faster kept.
+    let download = &lines[1];
+    assert_eq!(download["kind"], "download", "{download}");
+    assert!(download["mapped_gbps"].as_f64().unwrap() > 0.0, "{download}");
+    assert_eq!(download["pinned_gbps"].is_null(), gpu.host_staging_unavailable().is_some(), "{download}");
     // The matmul's classes, then the attention kernels' (attention_variants.rs checks those).
-    let classes: Vec<_> = lines[1..lines.len() - 1].iter().filter(|l| l["kind"] != "attention_class").collect();
+    let classes: Vec<_> = lines[2..lines.len() - 1].iter().filter(|l| l["kind"] != "attention_class").collect();
     // The two asked for, and the vendor's default first where it is neither (NVIDIA's): the baseline.
     let vendor_default = MatmulTable::builtin(gpu.summary()).default.name();
     let asked = ["128x128x8/8x8/db/v4", "64x64x8/8x8/db/v4"];
@@ -176,6 +182,7 @@ fn tune_writes_the_table_devices_reports_it() {
     let saved: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&table).unwrap()).unwrap();
     assert_eq!(saved["default"].as_str(), Some(vendor_default.as_str()), "the table's default");
     assert_eq!(saved["upload"]["staging"], upload["chosen"], "the upload staging kept is the one tune chose");
+    assert_eq!(saved["download"]["read_back"], download["chosen"], "the read-back kept is the one tune chose");
     // Out of time before the first variant: nothing timed, nothing the table holds lost.
     let none = zerostream(dir.path(), &["tune", "--quick", "--no-16bit", "--max-seconds", "0", "--json"]);
     let none_stdout = String::from_utf8_lossy(&none.stdout);
@@ -187,6 +194,8 @@ fn tune_writes_the_table_devices_reports_it() {
     assert!(saved["entries"].as_array().is_some_and(|e| !e.is_empty()));
     let devices = String::from_utf8_lossy(&zerostream(dir.path(), &["devices"]).stdout).into_owned();
     assert!(devices.contains(&format!("tuned table {}", table.display())), "{devices}");
+    let read_back = if download["chosen"] == "pinned" { "read-back: pinned host memory" } else { "read-back: wgpu's mapped buffers" };
+    assert!(devices.contains(read_back), "devices names the read-back tune kept: {devices}");
     // A table copied in under another name (from a machine like this one, say) is found by its key.
     let copied = dir.path().join("copied-from-elsewhere.json");
     std::fs::rename(&table, &copied).unwrap();

@@ -168,3 +168,30 @@ fn pinned_working_copies_give_bit_identical_runs() {
         assert!(bits(&pinned) == bits(&plain), "{precision:?}: pinned working copies changed the run");
     }
 }
+
+/// Gradients read back through pinned host memory (`ReadBack::Pinned`, where `zerostream tune` finds it
+/// faster) give the same run, bit for bit, as through wgpu's mapped buffers, in fp32 and bf16 (16-bit
+/// reads among them), with gradient accumulation; and they are read there.
+#[test]
+fn pinned_read_backs_give_bit_identical_runs() {
+    use zerostream::device::ReadBack;
+    let Some(gpu) = gpu_or_skip("pinned_read_backs_give_bit_identical_runs") else { return };
+    if let Some(why) = gpu.host_staging_unavailable() {
+        eprintln!("SKIPPED pinned_read_backs_give_bit_identical_runs: no host-memory buffers here ({why})");
+        return;
+    }
+    let golden = Golden::load("gpt2-tiny-accum");
+    let base = TrainConfig { steps: 3, ..golden.train_config() };
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        let tc = TrainConfig { precision, ..base.clone() };
+        gpu.set_read_back(ReadBack::Pinned).unwrap();
+        let before = gpu.pinned_read_bytes();
+        let pinned = run(&gpu, "gpt2-tiny-accum", tc.clone());
+        assert!(gpu.pinned_read_bytes() > before, "{precision:?}: nothing was read through pinned memory");
+        gpu.set_read_back(ReadBack::Mapped).unwrap();
+        let before = gpu.pinned_read_bytes();
+        let mapped = run(&gpu, "gpt2-tiny-accum", tc);
+        assert_eq!(gpu.pinned_read_bytes(), before, "{precision:?}: mapped read-backs went through pinned memory");
+        assert!(bits(&pinned) == bits(&mapped), "{precision:?}: pinned read-backs changed the run");
+    }
+}

@@ -4,17 +4,19 @@
 mod common;
 
 use zerostream::bench::transfer::{Link, bench_transfer};
+use zerostream::device::ReadBack;
 
 #[test]
 fn device_to_host_transfers_return_the_uploaded_bytes() {
     let Some(gpu) = common::gpu_or_skip("device_to_host_transfers_return_the_uploaded_bytes") else { return };
     // bench_transfer checks every d2h result against the bytes it uploaded and fails on a difference;
     // 33 MiB + 4 bytes makes the d2h staging ring (4 buffers of 8 MiB) wrap, with a partial last chunk.
+    // InPlace and Pinned are checked where the bytes land, after a first copy into the same buffer.
+    let host_memory = gpu.host_staging_unavailable().is_none();
     let runs = bench_transfer(&gpu, Link::DeviceToHost, &[4, (33 << 20) + 4], 1, |_| {}).unwrap();
-    assert_eq!(runs.len(), 6, "two sizes, three download methods");
+    assert_eq!(runs.len(), 2 * (3 + host_memory as usize), "two sizes; Direct, StagingRing, InPlace and Pinned where the adapter has it");
     assert!(runs.iter().all(|r| r.gbps > 0.0 && r.gbps.is_finite()));
     let runs = bench_transfer(&gpu, Link::HostToDevice, &[(9 << 20) + 4], 1, |_| {}).unwrap();
-    let host_memory = gpu.host_staging_unavailable().is_none();
     assert_eq!(
         runs.len(),
         4 + 2 * host_memory as usize,
@@ -125,14 +127,17 @@ fn cpu_16bit_uploads_widen_every_word_as_the_twin_does() {
 /// The gpu device uploads 16-bit values as they lie in memory (no packed copy on the host) and lends
 /// f32 read-backs straight out of the mapping: every word, at odd lengths and past the parallel
 /// upload's 1 MiB threshold, into f32 tensors (widened on the device) and 16-bit ones, must read back
-/// as the twin widens it; a lent read equals `finish_read`'s vectors, 16-bit tensors among them.
+/// as the twin widens it; a lent read equals `finish_read`'s vectors, 16-bit tensors among them. Through
+/// both kinds of read-back buffer where the adapter has them.
 #[test]
 fn gpu_16bit_uploads_and_lent_reads_match_the_twin() {
     use zerostream::Backend;
     use zerostream::device::HalfFormat;
     let Some(gpu) = common::gpu_or_skip("gpu_16bit_uploads_and_lent_reads_match_the_twin") else { return };
     let every_word: Vec<u16> = (0..=u16::MAX).collect();
-    for format in [HalfFormat::Bf16, HalfFormat::F16] {
+    for (read_back, format) in read_backs(&gpu).into_iter().flat_map(|r| [(r, HalfFormat::Bf16), (r, HalfFormat::F16)]) {
+        gpu.set_read_back(read_back).unwrap();
+        let pinned_before = gpu.pinned_read_bytes();
         for len in [1usize, 2, 7, 65_537, (1 << 19) + 3] {
             let bits: Vec<u16> = (0..len).map(|i| every_word[(i * 7919) % every_word.len()]).collect();
             let wide = gpu.alloc(len, "widened").unwrap();
@@ -152,6 +157,21 @@ fn gpu_16bit_uploads_and_lent_reads_match_the_twin() {
                 assert!(same(lent[0]) && same(lent[1]), "{format:?} len {len}: a lent read differs");
             });
         }
+        let pinned = gpu.pinned_read_bytes() > pinned_before;
+        assert_eq!(pinned, read_back == ReadBack::Pinned, "{read_back:?}: read through pinned memory: {pinned}");
+    }
+    gpu.set_read_back(ReadBack::Mapped).unwrap();
+}
+
+/// The read-back kinds `gpu` can use: mapped buffers, and pinned host memory where it makes it (said
+/// where it cannot: those runs read through mapped buffers only).
+fn read_backs(gpu: &zerostream::device::GpuDevice) -> Vec<ReadBack> {
+    match gpu.host_staging_unavailable() {
+        None => vec![ReadBack::Mapped, ReadBack::Pinned],
+        Some(why) => {
+            eprintln!("pinned read-backs not tested: no host-memory buffers here ({why})");
+            vec![ReadBack::Mapped]
+        }
     }
 }
 
@@ -162,16 +182,20 @@ fn gpu_16bit_uploads_and_lent_reads_match_the_twin() {
 fn finishing_a_read_submits_the_work_recorded_after_it() {
     use zerostream::Backend;
     let Some(gpu) = common::gpu_or_skip("finishing_a_read_submits_the_work_recorded_after_it") else { return };
-    let (a, b) = (gpu.alloc(1000, "a").unwrap(), gpu.alloc(1000, "b").unwrap());
-    gpu.fill(&a, 1.5);
-    let pending = gpu.begin_read(&[&a]);
-    gpu.fill(&b, 2.5);
-    gpu.fill(&a, 3.5);
-    assert_eq!(gpu.unsubmitted_passes(), 2, "the fills after the read are only recorded");
-    let got = gpu.finish_read(pending);
-    assert!(got[0].iter().all(|&v| v == 1.5), "the read saw work recorded after it");
-    assert_eq!(gpu.unsubmitted_passes(), 0, "the host waited with work left unsubmitted");
-    assert!(gpu.read(&b).iter().all(|&v| v == 2.5) && gpu.read(&a).iter().all(|&v| v == 3.5));
+    for read_back in read_backs(&gpu) {
+        gpu.set_read_back(read_back).unwrap();
+        let (a, b) = (gpu.alloc(1000, "a").unwrap(), gpu.alloc(1000, "b").unwrap());
+        gpu.fill(&a, 1.5);
+        let pending = gpu.begin_read(&[&a]);
+        gpu.fill(&b, 2.5);
+        gpu.fill(&a, 3.5);
+        assert_eq!(gpu.unsubmitted_passes(), 2, "{read_back:?}: the fills after the read are only recorded");
+        let got = gpu.finish_read(pending);
+        assert!(got[0].iter().all(|&v| v == 1.5), "{read_back:?}: the read saw work recorded after it");
+        assert_eq!(gpu.unsubmitted_passes(), 0, "{read_back:?}: the host waited with work left unsubmitted");
+        assert!(gpu.read(&b).iter().all(|&v| v == 2.5) && gpu.read(&a).iter().all(|&v| v == 3.5));
+    }
+    gpu.set_read_back(ReadBack::Mapped).unwrap();
 }
 
 /// Uploads from pinned host memory (`GpuDevice::alloc_pinned`) are one device copy from where the bytes

@@ -63,7 +63,7 @@ pub fn bench_transfer(
         // A download has no parallel variant: every copy out of a mapping runs on rayon's threads.
         let methods: Vec<TransferMethod> = match link {
             Link::HostToDevice => h2d_methods(dev, bytes),
-            Link::DeviceToHost => vec![TransferMethod::Direct, TransferMethod::StagingRing, TransferMethod::InPlace],
+            Link::DeviceToHost => d2h_methods(dev),
         };
         for method in methods {
             let best = match link {
@@ -98,6 +98,14 @@ pub fn best_h2d_seconds(dev: &GpuDevice, host: &[u8], method: TransferMethod, re
         best = best.min(dev.time_h2d(host, method)?);
     }
     Ok(best)
+}
+
+/// The methods `dev` can download by: every one, `Pinned` only where the adapter makes host-memory
+/// buffers (Vulkan).
+pub fn d2h_methods(dev: &GpuDevice) -> Vec<TransferMethod> {
+    use TransferMethod::*;
+    let host_memory = dev.host_staging_unavailable().is_none();
+    [Direct, StagingRing, InPlace, Pinned].into_iter().filter(|&m| m != Pinned || host_memory).collect()
 }
 
 /// The methods `dev` can upload `bytes` by: every one, `HostRing` and `Pinned` only where the adapter

@@ -15,7 +15,7 @@ mod attention;
 mod upload;
 
 pub use attention::{AttentionCall, AttentionResult, attention_calls, attention_variants, tune_attention};
-pub use upload::{UploadResult, tune_upload};
+pub use upload::{DownloadResult, UploadResult, tune_download, tune_upload};
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -27,7 +27,7 @@ use zerostream_shaders::{AttentionTile, CoopTile, MatmulTile};
 use crate::device::attention_tuning::AttentionTable;
 use crate::device::gpu::GpuTensor;
 use crate::device::matmul_tuning::{
-    MatmulClass, MatmulTable, TableEntry, TableFile, TableKey, TableSource, UploadEntry, existing_table, table_path,
+    DownloadEntry, MatmulClass, MatmulTable, TableEntry, TableFile, TableKey, TableSource, UploadEntry, existing_table, table_path,
 };
 use crate::device::timing::Timer;
 use crate::device::{Backend, GpuDevice, HalfFormat, MatmulInputs, MatmulShape, Operand};
@@ -448,21 +448,23 @@ pub fn check_table_place(dev: &GpuDevice) -> Result<()> {
     Ok(())
 }
 
-/// The table from `results`, `attention`, `coop` and `upload`, merged over the adapter's previous table
-/// for the same key (classes tuned again are replaced, the others kept, as is the upload staging when
-/// not timed again), written to its place in the cache directory and installed on `dev`.
+/// The table from `results`, `attention`, `coop` and the transfer timings, merged over the adapter's
+/// previous table for the same key (classes tuned again are replaced, the others kept, as are the upload
+/// staging and the read-back when not timed again), written to its place in the cache directory and
+/// installed on `dev`.
 pub fn save_table(
     dev: &GpuDevice,
     results: &[ClassResult],
     attention: &[AttentionResult],
     coop: &[ClassResult<CoopTile>],
     upload: Option<&UploadResult>,
+    download: Option<&DownloadResult>,
 ) -> Result<std::path::PathBuf> {
     let path = table_path(dev.summary()).context("no cache directory for the tuning table (set ZEROSTREAM_TUNE_DIR)")?;
     let key = TableKey::of(dev.summary());
     let (mut entries, mut attention_entries, mut coop_entries): (BTreeMap<String, TableEntry>, BTreeMap<_, _>, BTreeMap<_, _>) =
         Default::default();
-    let mut upload_entry = None;
+    let (mut upload_entry, mut download_entry) = (None, None);
     // The classes tuned before (in this adapter's own file, or a copied-in one the device found by its
     // key) are kept unless tuned again.
     if let Some(before) = existing_table(dev.summary())
@@ -474,10 +476,15 @@ pub fn save_table(
         attention_entries.extend(old.attention.into_iter().map(|e| (e.class.clone(), e)));
         coop_entries.extend(old.coop.into_iter().map(|e| (e.class.clone(), e)));
         upload_entry = old.upload;
+        download_entry = old.download;
     }
     if let Some(u) = upload {
         upload_entry =
             Some(UploadEntry { staging: u.chosen.name().into(), bytes: u.bytes, mapped_gbps: u.mapped_gbps, host_gbps: u.host_gbps });
+    }
+    if let Some(d) = download {
+        let (read_back, bytes, mapped_gbps, pinned_gbps) = (d.chosen.name().into(), d.bytes, d.mapped_gbps, d.pinned_gbps);
+        download_entry = Some(DownloadEntry { read_back, bytes, mapped_gbps, pinned_gbps });
     }
     for r in attention {
         let (best, seconds) = r.timed.best();
@@ -495,6 +502,7 @@ pub fn save_table(
         coop_entries.into_values().collect(),
     );
     file.upload = upload_entry;
+    file.download = download_entry;
     file.save(&path)?;
     let source = TableSource::Tuned { path: path.clone(), created: file.created.clone() };
     let attention = AttentionTable { source, entries: crate::device::attention_tuning::entries(&file)? };

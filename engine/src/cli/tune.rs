@@ -4,7 +4,7 @@
 //! does the work).
 
 use anyhow::Result;
-use zerostream::bench::tune::{AttentionResult, ClassResult, TuneConfig, UploadResult, VariantTimes};
+use zerostream::bench::tune::{AttentionResult, ClassResult, DownloadResult, TuneConfig, UploadResult, VariantTimes};
 use zerostream::device::GpuDevice;
 use zerostream_shaders::{AttentionTile, CoopTile, MatmulTile};
 
@@ -45,10 +45,11 @@ pub struct TuneArgs {
     /// the same products after the fp32 ones where the adapter has cooperative matrices.
     #[arg(long)]
     no_coop: bool,
-    /// Leave the upload staging as it was. Otherwise tune first times a 256 MiB write (16 MiB with
-    /// --quick) through the upload ring's two kinds of staging memory, wgpu's mappable buffers and
-    /// host memory the GPU's copy engine reads (Vulkan only), and keeps the faster: a training run's
-    /// uploads then use it.
+    /// Leave the upload staging and the read-back as they were. Otherwise tune first times a 256 MiB
+    /// write (16 MiB with --quick) through the upload ring's two kinds of staging memory, wgpu's
+    /// mappable buffers and host memory the GPU's copy engine reads (Vulkan only), then a read of the
+    /// same size into a mapped buffer and into pinned host memory (Vulkan only), and keeps the faster of
+    /// each: a training run's uploads and gradient read-backs then use them.
     #[arg(long)]
     no_upload: bool,
     /// Stop after this many seconds: the classes done are kept and merged into the table, one still being
@@ -119,13 +120,20 @@ pub fn run(args: TuneArgs) -> Result<i32> {
     if let Some(u) = &upload {
         print_upload(u, args.json);
     }
+    let download = if time_upload { Some(zerostream::bench::tune::tune_download(&dev, upload_bytes)?) } else { None };
+    if let Some(d) = &download {
+        print_download(d, args.json);
+    }
     // The attention classes first: a few, each timed in seconds at most, which the many matmul classes
     // would otherwise leave past --max-seconds.
     let attention = zerostream::bench::tune::tune_attention(&dev, &cfg, start, |r| print_attention(r, args.json))?;
     let results = zerostream::bench::tune::tune(&dev, &cfg, start, |r| print_class(r, "class", args.json))?;
     let coop = zerostream::bench::tune::tune_coop(&dev, &cfg, start, |r| print_class(r, "coop_class", args.json))?;
-    let path =
-        if args.no_save { None } else { Some(zerostream::bench::tune::save_table(&dev, &results, &attention, &coop, upload.as_ref())?) };
+    let path = if args.no_save {
+        None
+    } else {
+        Some(zerostream::bench::tune::save_table(&dev, &results, &attention, &coop, upload.as_ref(), download.as_ref())?)
+    };
     let mismatched = mismatched_variants(&results, &coop, &attention);
     let seconds = start.elapsed().as_secs_f64();
     let tuned = Tuned { results: &results, attention: &attention, coop: &coop, path: path.as_deref(), seconds, mismatched: &mismatched };
@@ -280,6 +288,29 @@ fn print_upload(u: &UploadResult, json: bool) {
         u.mapped_gbps,
         u.bytes >> 20,
         u.chosen.name()
+    );
+}
+
+/// What the read-back timing found: one JSON row, or a line.
+fn print_download(d: &DownloadResult, json: bool) {
+    if json {
+        let row = serde_json::json!({
+            "kind": "download", "bytes": d.bytes, "mapped_gbps": d.mapped_gbps, "pinned_gbps": d.pinned_gbps,
+            "pinned_unavailable": d.pinned_unavailable, "chosen": d.chosen.name(),
+        });
+        println!("{row}");
+        return;
+    }
+    let pinned = match (d.pinned_gbps, &d.pinned_unavailable) {
+        (Some(g), _) => format!("{g:.1} GB/s"),
+        (None, Some(why)) => format!("unavailable ({why})"),
+        (None, None) => "unavailable".into(),
+    };
+    println!(
+        "read-back: mapped buffers {:.1} GB/s, pinned host memory {pinned} for {} MiB reads: {} chosen",
+        d.mapped_gbps,
+        d.bytes >> 20,
+        d.chosen.name()
     );
 }
 

@@ -116,7 +116,7 @@ pub struct GpuDevice {
     /// Read-back vectors handed back by the trainer ([`Backend::recycle`]).
     spare_reads: SpareReads,
     /// Staging buffers of finished reads, by size, for the next read of the same total size.
-    spare_staging: RefCell<Vec<wgpu::Buffer>>,
+    spare_staging: RefCell<Vec<pinned::ReadStaging>>,
     /// The largest read-back so far: the spares kept are capped as the planner counts them.
     largest_read_bytes: Cell<u64>,
     /// Large writes' staging buffers (`gpu_staging.rs`).
@@ -223,7 +223,7 @@ impl GpuDevice {
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let upload_staging = matmul_table.upload_staging;
+        let (upload_staging, read_back) = (matmul_table.upload_staging, matmul_table.read_back);
         let dev = GpuDevice {
             coop_size: matmul::coop_unavailable(&summary).is_none().then(|| summary.coop_f16_size()).flatten(),
             summary,
@@ -258,6 +258,9 @@ impl GpuDevice {
         // The tuned staging, where this adapter still makes it (a driver update can change that).
         if let Err(e) = dev.set_upload_staging(upload_staging) {
             eprintln!("warning: {e:#}; uploads stage in mapped buffers");
+        }
+        if let Err(e) = dev.set_read_back(read_back) {
+            eprintln!("warning: {e:#}; read-backs land in mapped buffers");
         }
         Ok(dev)
     }

@@ -5,9 +5,10 @@
 //! H200 reached 24 GB/s that way against 55 GB/s for a pinned copy; benches/results/2026-11-27-h200-gpu.md).
 //! wgpu offers no host-memory staging buffer, so this one is made through its Vulkan hal: a
 //! `VkBuffer` bound to host-visible, coherent memory (not device-local where the adapter has such a
-//! type), mapped once for its lifetime, and handed to wgpu as a copy source. Vulkan only (Linux and
-//! Windows); elsewhere [`GpuDevice::create_host_buffer`] says it is unavailable. The same kind of
-//! buffer, in cached memory, holds working copies the device copies from directly (`gpu_pinned.rs`).
+//! type), mapped once for its lifetime, and handed to wgpu as a copy source (or destination, for a
+//! pinned read-back). Vulkan only (Linux and Windows); elsewhere [`GpuDevice::create_host_buffer`]
+//! says it is unavailable. The same kind of buffer, in cached memory, holds working copies the device
+//! copies from directly (`gpu_pinned.rs`).
 //! A child module of `gpu`, so it uses that file's private fields.
 
 use super::GpuDevice;
@@ -70,8 +71,8 @@ mod vulkan {
     use super::{GpuDevice, HostReads, host_staging_memory_type};
 
     impl GpuDevice {
-        /// A copy source of `bytes` in host memory, mapped for its lifetime (at the pointer returned),
-        /// or why this adapter cannot make one.
+        /// A copy source and destination of `bytes` in host memory, mapped for its lifetime (at the
+        /// pointer returned), or why this adapter cannot make one.
         pub(in crate::device::gpu) fn create_host_buffer(
             &self,
             bytes: u64,
@@ -84,7 +85,7 @@ mod vulkan {
             let (raw, physical) = (hal.raw_device(), hal.raw_physical_device());
             let info = vk::BufferCreateInfo::default()
                 .size(bytes)
-                .usage(vk::BufferUsageFlags::TRANSFER_SRC)
+                .usage(vk::BufferUsageFlags::TRANSFER_SRC | vk::BufferUsageFlags::TRANSFER_DST)
                 .sharing_mode(vk::SharingMode::EXCLUSIVE);
             // SAFETY: a valid create info on the device's own handle.
             let buffer = unsafe { raw.create_buffer(&info, None) }.map_err(|e| format!("vkCreateBuffer: {e}"))?;
@@ -133,10 +134,11 @@ mod vulkan {
             // frees the memory when wgpu drops it; nothing here touches either after this.
             let hal_buffer = unsafe { wgpu::hal::vulkan::Buffer::from_raw_managed(buffer, memory, 0, needs.size) };
             drop(hal);
-            let desc =
-                wgpu::BufferDescriptor { label: Some(label), size: bytes, usage: wgpu::BufferUsages::COPY_SRC, mapped_at_creation: false };
+            let usage = wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+            let desc = wgpu::BufferDescriptor { label: Some(label), size: bytes, usage, mapped_at_creation: false };
             // SAFETY: made from this device's handle, with the usage and size of `desc`, its bytes
-            // (host memory) defined as they are: every copy reads only what a fill wrote.
+            // (host memory) defined as they are: every copy reads only what a fill wrote, and the host
+            // reads only what a copy into it wrote, after waiting for that copy's submission.
             let buffer = unsafe { self.device.create_buffer_from_hal::<Vulkan>(hal_buffer, &desc) };
             Ok((buffer, ptr.cast()))
         }

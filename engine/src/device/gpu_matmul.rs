@@ -163,15 +163,20 @@ impl GpuDevice {
     }
 
     /// Replaces the tuning table (after `zerostream tune`, or a test's own).
-    /// Installs `table`, and the upload staging it was tuned with (where this adapter still makes it;
-    /// else the mapped buffers stay, with a warning): the tuning file holds both.
+    /// Installs `table`, and the upload staging and read-back it was tuned with (where this adapter
+    /// still makes them; else the mapped buffers stay, with a warning): the tuning file holds all three.
     pub fn set_matmul_table(&self, table: MatmulTable) {
-        let staging = table.upload_staging;
+        let (staging, read_back) = (table.upload_staging, table.read_back);
         *self.matmul_table.borrow_mut() = table;
         if staging != self.upload_staging()
             && let Err(e) = self.set_upload_staging(staging)
         {
             eprintln!("warning: {e:#}; uploads stage in mapped buffers");
+        }
+        if read_back != self.read_back()
+            && let Err(e) = self.set_read_back(read_back)
+        {
+            eprintln!("warning: {e:#}; read-backs land in mapped buffers");
         }
     }
 

@@ -11,6 +11,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use anyhow::{Result, bail};
 use rayon::prelude::*;
 
+use super::pinned::ReadStaging;
 use super::{GpuDevice, GpuTensor};
 use crate::device::{AllocCosts, HalfFormat};
 
@@ -65,7 +66,7 @@ const _: () = assert!(cfg!(target_endian = "little"), "zerostream's gpu device a
 /// A read-back in flight: the staging buffer its copies were submitted into, the submission, and the
 /// pieces (bytes, format and length of each tensor).
 pub struct GpuPendingRead {
-    pub(super) staging: Option<wgpu::Buffer>,
+    pub(super) staging: Option<ReadStaging>,
     pub(super) sizes: Vec<u64>,
     pub(super) formats: Vec<(Option<HalfFormat>, usize)>,
     pub(super) mapped: Option<Mapped>,
@@ -181,31 +182,32 @@ impl GpuDevice {
         self.largest_read_bytes.set(self.largest_read_bytes.get().max(total));
         let spare = {
             let mut spares = self.spare_staging.borrow_mut();
-            spares.iter().position(|b| b.size() == total).map(|i| spares.swap_remove(i))
+            let kind = self.read_back();
+            spares.iter().position(|s| s.buffer().size() == total && s.kind() == kind).map(|i| spares.swap_remove(i))
         };
-        let staging = spare.unwrap_or_else(|| {
-            self.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("read-back"),
-                size: total,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
-        });
+        let staging = spare.unwrap_or_else(|| self.new_read_staging(total));
         self.record(|encoder| {
             let mut offset = 0;
             for (t, &bytes) in tensors.iter().zip(&sizes) {
                 if bytes > 0 {
-                    encoder.copy_buffer_to_buffer(&t.buffer, 0, &staging, offset, bytes);
+                    encoder.copy_buffer_to_buffer(&t.buffer, 0, staging.buffer(), offset, bytes);
                 }
                 offset += bytes;
             }
         });
         let submission = self.flush();
-        let (sender, receiver) = std::sync::mpsc::channel();
-        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-            let _ = sender.send(r);
-        });
-        GpuPendingRead { staging: Some(staging), sizes, formats, mapped: Some(receiver), submission }
+        // A mapped buffer asks for its mapping now; pinned memory is read once the submission is done.
+        let mapped = match &staging {
+            ReadStaging::Mapped(buffer) => {
+                let (sender, receiver) = std::sync::mpsc::channel();
+                buffer.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+                    let _ = sender.send(r);
+                });
+                Some(receiver)
+            }
+            ReadStaging::Pinned(_) => None,
+        };
+        GpuPendingRead { staging: Some(staging), sizes, formats, mapped, submission }
     }
 
     /// Waits for the submission holding the copies (not for work submitted after it) and copies out.
@@ -216,31 +218,44 @@ impl GpuDevice {
     /// Waits for a read started by [`Self::begin_read_words`] and gives `f` each tensor's words, straight
     /// from the mapped staging buffer; the buffer is kept for the next read of its size.
     pub(super) fn with_mapped<R>(&self, pending: GpuPendingRead, f: impl FnOnce(&[&[u32]]) -> R) -> R {
-        let (Some(staging), Some(mapped)) = (pending.staging, pending.mapped) else {
+        let Some(staging) = pending.staging else {
             return f(&vec![&[][..]; pending.sizes.len()]);
         };
         // What was recorded since the read began (the trainer records block l's backward before it
         // finishes block l + 1's download) goes to the device before the host blocks, so the device
         // runs it while the host waits and then adds the gradient, rather than idling until the next read.
         self.flush();
-        self.wait_until_mapped(&mapped, pending.submission, "a read-back buffer");
-        let view = staging.slice(..).get_mapped_range().expect("mapped range");
-        let all = bytemuck::cast_slice::<u8, u32>(&view);
-        let mut words = Vec::with_capacity(pending.sizes.len());
-        let mut offset = 0;
-        for &bytes in &pending.sizes {
-            let n = (bytes / 4) as usize;
-            words.push(&all[offset..offset + n]);
-            offset += n;
-        }
-        let out = f(&words);
-        drop(view);
-        staging.unmap();
+        let sizes = &pending.sizes;
+        let out = match &staging {
+            ReadStaging::Mapped(buffer) => {
+                let mapped = pending.mapped.expect("a mapped read-back asked for its mapping");
+                self.wait_until_mapped(&mapped, pending.submission, "a read-back buffer");
+                let view = buffer.slice(..).get_mapped_range().expect("mapped range");
+                let out = f(&split_words(bytemuck::cast_slice::<u8, u32>(&view), sizes));
+                drop(view);
+                buffer.unmap();
+                out
+            }
+            ReadStaging::Pinned(pinned) => {
+                let wait = wgpu::PollType::Wait { submission_index: pending.submission, timeout: None };
+                self.device.poll(wait).unwrap_or_else(|e| panic!("GPU device lost while waiting for a read-back: {e}"));
+                let bytes = buffer_bytes(&staging);
+                self.count_pinned_read(bytes);
+                // SAFETY: the mapping holds the buffer's `bytes` (made so, live while `staging` is) at
+                // an address aligned for words (Vulkan maps at its minimum map alignment, 64 bytes or
+                // more); the copies into it are done (their submission waited for) and no other copy
+                // into it is recorded until it is handed out again. The memory is host-coherent, and
+                // the wait on the submission is what makes the device's writes visible here (wgpu maps
+                // its own read-back buffers after the same wait).
+                let all = unsafe { std::slice::from_raw_parts(pinned.ptr.cast::<u32>(), (bytes / 4) as usize) };
+                f(&split_words(all, sizes))
+            }
+        };
         let mut spares = self.spare_staging.borrow_mut();
         // Capped by the largest read so far, as the planner counts them (by its own size, a smaller
         // buffer would find the cap filled by a larger one's and be made afresh for every read).
         let cap = AllocCosts::GPU.spare_readback_bytes(self.largest_read_bytes.get());
-        if spares.iter().map(|b| b.size()).sum::<u64>() + staging.size() <= cap {
+        if spares.iter().map(buffer_bytes).sum::<u64>() + buffer_bytes(&staging) <= cap {
             spares.push(staging);
         }
         out
@@ -278,4 +293,21 @@ impl GpuDevice {
         }
         out
     }
+}
+
+/// The bytes of a read-back buffer.
+fn buffer_bytes(staging: &ReadStaging) -> u64 {
+    staging.buffer().size()
+}
+
+/// `all` cut into consecutive pieces of `sizes` bytes each.
+fn split_words<'a>(all: &'a [u32], sizes: &[u64]) -> Vec<&'a [u32]> {
+    let mut words = Vec::with_capacity(sizes.len());
+    let mut offset = 0;
+    for &bytes in sizes {
+        let n = (bytes / 4) as usize;
+        words.push(&all[offset..offset + n]);
+        offset += n;
+    }
+    words
 }

@@ -1,11 +1,18 @@
-//! Pinned working copies: host buffers in memory the device's copy engine reads by itself
-//! (`create_host_buffer`, cached), handed to the trainer as [`AlignedBuf`]s for the working copies
-//! it keeps in RAM (and a streamed output projection's copy kept for the step). The AdamW thread
-//! writes each new working copy straight into them, and an upload from one is a single device copy
-//! across the link: no host copy into staging first (issue #22 item 4; PyTorch's pinned memory). Every upload is checked against the registered regions at one
-//! place, [`GpuDevice::upload`]; a write the host makes to a region waits for the device's copies from
-//! it first ([`HostMemory::before_host_write`], the buffer's only mutable access), so a copy never
-//! reads words the host is rewriting. A child module of `gpu`, so it uses that file's private fields.
+//! Pinned host memory: buffers the device's copy engine reads or writes by itself
+//! (`create_host_buffer`, cached), mapped for good.
+//!
+//! - **Working copies.** Handed to the trainer as [`AlignedBuf`]s for the working copies it keeps in
+//!   RAM (and a streamed output projection's copy kept for the step). The AdamW thread writes each new
+//!   working copy straight into them, and an upload from one is a single device copy across the link:
+//!   no host copy into staging first (issue #22 item 4; PyTorch's pinned memory). Every upload is
+//!   checked against the registered regions at one place, [`GpuDevice::upload`]; a write the host makes
+//!   to a region waits for the device's copies from it first ([`HostMemory::before_host_write`], the
+//!   buffer's only mutable access), so a copy never reads words the host is rewriting.
+//! - **Read-backs** ([`ReadBack::Pinned`], where `zerostream tune` found it faster): the device copies
+//!   gradients into such a buffer and the host reads them there once the copy's submission is done,
+//!   without wgpu's `map_async` round trip (`gpu_memory.rs` reads them).
+//!
+//! A child module of `gpu`, so it uses that file's private fields.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -16,7 +23,7 @@ use zerostream_offload::{ALIGN_BYTES, AlignedBuf, HostMemory};
 
 use super::GpuDevice;
 use super::host_staging::HostReads;
-use crate::device::PinRefused;
+use crate::device::{PinRefused, ReadBack};
 
 /// Uploads smaller than this go through `write_buffer` as before (copied at once, no submission of
 /// their own), even from pinned memory: a submission per layer-norm weight would cost more than it
@@ -67,6 +74,11 @@ pub(super) struct PinnedRegions {
     copied_bytes: Cell<u64>,
     /// The smallest upload copied from a pinned region.
     min_bytes: Cell<Option<usize>>,
+    /// Where read-backs land ([`GpuDevice::set_read_back`]), whether a pinned one was refused since,
+    /// and the bytes read through pinned memory so far.
+    read_back: Cell<ReadBack>,
+    read_back_refused: Cell<bool>,
+    read_bytes: Cell<u64>,
 }
 
 impl GpuDevice {
@@ -133,5 +145,92 @@ impl GpuDevice {
     /// Bytes uploaded straight from pinned host memory so far (the rest went through staging).
     pub fn pinned_upload_bytes(&self) -> u64 {
         self.pinned.copied_bytes.get()
+    }
+
+    /// A buffer of `bytes` in pinned (cached) host memory the device copies into, mapped for its
+    /// lifetime at the pointer returned, or why the adapter made none: a download read where it lands
+    /// once the copy's submission is done, without wgpu's `map_async` round trip ([`ReadBack::Pinned`],
+    /// `bench d2h`'s `Pinned` row). The host may read it only after waiting for every copy into it.
+    pub(in crate::device) fn pinned_read_back(&self, bytes: u64) -> Result<(wgpu::Buffer, *const u8), String> {
+        let (buffer, ptr) = self.create_host_buffer(bytes, "pinned read-back", HostReads::Often)?;
+        Ok((buffer, ptr.cast_const()))
+    }
+
+    /// Lands read-backs in `kind` of memory from now on (kept buffers of the other kind are dropped).
+    /// Refused, naming why, where the adapter cannot make pinned host buffers.
+    pub fn set_read_back(&self, kind: ReadBack) -> anyhow::Result<()> {
+        if kind == ReadBack::Pinned
+            && let Some(why) = self.host_staging_unavailable()
+        {
+            anyhow::bail!("read-backs into pinned host memory are not available on {}: {why}", self.summary.name);
+        }
+        self.pinned.read_back.set(kind);
+        self.pinned.read_back_refused.set(false);
+        self.spare_staging.borrow_mut().retain(|s| s.kind() == kind);
+        Ok(())
+    }
+
+    /// Where read-backs land now.
+    pub fn read_back(&self) -> ReadBack {
+        self.pinned.read_back.get()
+    }
+
+    /// Bytes read back through pinned host memory so far (the rest through mapped buffers).
+    pub fn pinned_read_bytes(&self) -> u64 {
+        self.pinned.read_bytes.get()
+    }
+
+    /// A read-back buffer of `bytes` of the kind in use, made afresh; a mapped one where a pinned one
+    /// was refused (said once, until the kind is set again).
+    pub(super) fn new_read_staging(&self, bytes: u64) -> ReadStaging {
+        if self.read_back() == ReadBack::Pinned && !self.pinned.read_back_refused.get() {
+            match self.pinned_read_back(bytes) {
+                Ok((buffer, ptr)) => return ReadStaging::Pinned(PinnedRead { buffer, ptr }),
+                Err(why) => {
+                    eprintln!(
+                        "warning: a read-back buffer of {bytes} bytes in pinned host memory was refused ({why}); reading through mapped buffers"
+                    );
+                    self.pinned.read_back_refused.set(true);
+                }
+            }
+        }
+        ReadStaging::Mapped(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("read-back"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        }))
+    }
+
+    /// Counts `bytes` read through pinned host memory.
+    pub(super) fn count_pinned_read(&self, bytes: u64) {
+        self.pinned.read_bytes.set(self.pinned.read_bytes.get() + bytes);
+    }
+}
+
+/// A read-back buffer in pinned host memory: its wgpu copy destination and where the host reads it.
+pub(super) struct PinnedRead {
+    pub(super) buffer: wgpu::Buffer,
+    pub(super) ptr: *const u8,
+}
+
+/// Where one read-back's copies land ([`ReadBack`]).
+pub(super) enum ReadStaging {
+    Mapped(wgpu::Buffer),
+    Pinned(PinnedRead),
+}
+
+impl ReadStaging {
+    pub(super) fn buffer(&self) -> &wgpu::Buffer {
+        match self {
+            ReadStaging::Mapped(buffer) | ReadStaging::Pinned(PinnedRead { buffer, .. }) => buffer,
+        }
+    }
+
+    pub(super) fn kind(&self) -> ReadBack {
+        match self {
+            ReadStaging::Mapped(_) => ReadBack::Mapped,
+            ReadStaging::Pinned(_) => ReadBack::Pinned,
+        }
     }
 }

@@ -15,8 +15,8 @@ use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use zerostream_shaders::{CoopTile, MatmulTile};
 
-use super::UploadStaging;
 use super::adapter::AdapterSummary;
+use super::{ReadBack, UploadStaging};
 use crate::ops::MatmulShape;
 
 /// The environment variable that overrides where tuning tables live (tests, read-only homes).
@@ -117,6 +117,8 @@ pub struct MatmulTable {
     pub coop_default: Option<CoopTile>,
     /// Where the upload ring stages writes: as tuned, else wgpu's mapped buffers.
     pub upload_staging: UploadStaging,
+    /// Where read-backs land: as tuned, else wgpu's mapped buffers.
+    pub read_back: ReadBack,
 }
 
 /// `class`'s own entry, else the nearest of the same layouts within [`MAX_BORROW_DISTANCE`], among the
@@ -138,8 +140,8 @@ impl MatmulTable {
     pub fn builtin(adapter: &AdapterSummary) -> Self {
         let (vendor, default) = builtin_default(adapter);
         let (entries, coop_entries, coop_default) = (BTreeMap::new(), BTreeMap::new(), builtin_coop_default(adapter));
-        let upload_staging = UploadStaging::Mapped;
-        MatmulTable { source: TableSource::Builtin { vendor }, default, entries, coop_entries, coop_default, upload_staging }
+        let (upload_staging, read_back) = (UploadStaging::Mapped, ReadBack::Mapped);
+        MatmulTable { source: TableSource::Builtin { vendor }, default, entries, coop_entries, coop_default, upload_staging, read_back }
     }
 
     /// The variant for a product of class `class`: its own tuned entry, else the nearest tuned class of
@@ -215,8 +217,13 @@ impl MatmulTable {
             None => UploadStaging::Mapped,
             Some(u) => UploadStaging::parse(&u.staging).with_context(|| format!("upload staging {:?}: not mapped or host", u.staging))?,
         };
+        let read_back = match &file.download {
+            None => ReadBack::Mapped,
+            Some(d) => ReadBack::parse(&d.read_back).with_context(|| format!("read-back {:?}: not mapped or pinned", d.read_back))?,
+        };
         let source = TableSource::Tuned { path: path.to_path_buf(), created: file.created };
-        Ok(MatmulTable { source, default, entries, coop_entries, coop_default: builtin_coop_default(adapter), upload_staging })
+        let coop_default = builtin_coop_default(adapter);
+        Ok(MatmulTable { source, default, entries, coop_entries, coop_default, upload_staging, read_back })
     }
 }
 
@@ -272,6 +279,9 @@ pub struct TableFile {
     /// timed: those stage in mapped buffers).
     #[serde(default)]
     pub upload: Option<UploadEntry>,
+    /// Where read-backs land as timed (absent from older files and untimed adapters: mapped buffers).
+    #[serde(default)]
+    pub download: Option<DownloadEntry>,
 }
 
 /// The upload ring's staging `zerostream tune` chose ([`UploadStaging`]'s name), with what it measured.
@@ -282,6 +292,16 @@ pub struct UploadEntry {
     pub bytes: u64,
     pub mapped_gbps: f64,
     pub host_gbps: Option<f64>,
+}
+
+/// Where `zerostream tune` chose to land read-backs ([`ReadBack`]'s name), with what it measured.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DownloadEntry {
+    pub read_back: String,
+    /// Bytes per timed read, and the best GB/s into each kind (pinned: None where unavailable).
+    pub bytes: u64,
+    pub mapped_gbps: f64,
+    pub pinned_gbps: Option<f64>,
 }
 
 impl TableFile {
@@ -295,7 +315,7 @@ impl TableFile {
         coop: Vec<TableEntry>,
     ) -> Self {
         let default = MatmulTable::builtin(adapter).default.name();
-        TableFile { key: TableKey::of(adapter), created, default, entries, attention, coop, upload: None }
+        TableFile { key: TableKey::of(adapter), created, default, entries, attention, coop, upload: None, download: None }
     }
 
     /// Writes the table beside its final name and renames it into place, so a reader never sees half a
@@ -462,6 +482,7 @@ mod tests {
             coop_entries: BTreeMap::new(),
             coop_default: None,
             upload_staging: UploadStaging::Mapped,
+            read_back: ReadBack::Mapped,
         };
         assert_eq!(table.choose(&own), small);
         assert_eq!(table.choose(&near), small);

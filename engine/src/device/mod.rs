@@ -364,6 +364,31 @@ impl UploadStaging {
     }
 }
 
+/// Where the gpu device's read-backs (gradients, losses, every download) land. The bytes are the same
+/// either way; `zerostream tune` times both and keeps the faster for the adapter.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReadBack {
+    /// wgpu's mappable buffers, mapped (`map_async`) after each copy into them.
+    #[default]
+    Mapped,
+    /// Host memory mapped for good that the device's copy engine writes across the link (Vulkan only),
+    /// read once the copy's submission is done, like PyTorch's copy into a pinned buffer.
+    Pinned,
+}
+
+impl ReadBack {
+    pub fn name(self) -> &'static str {
+        match self {
+            ReadBack::Mapped => "mapped",
+            ReadBack::Pinned => "pinned",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<ReadBack> {
+        [ReadBack::Mapped, ReadBack::Pinned].into_iter().find(|s| s.name() == name)
+    }
+}
+
 /// A 16-bit floating-point format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HalfFormat {

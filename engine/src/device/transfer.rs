@@ -35,14 +35,18 @@ pub enum TransferMethod {
     /// if the AdamW thread wrote the working copy straight into staging memory (issue #22 item 4), so
     /// `StagingRing` against this row is what the host's copy into the ring costs.
     Prestaged,
-    /// h2d only: the bytes in pinned host memory (`GpuDevice::alloc_pinned`, filled before the clock),
+    /// h2d: the bytes in pinned host memory (`GpuDevice::alloc_pinned`, filled before the clock),
     /// copied by the device from where they lie: how the trainer uploads the working copies it keeps
-    /// in RAM, which the AdamW thread writes there (issue #22 item 4). Vulkan only.
+    /// in RAM, which the AdamW thread writes there (issue #22 item 4). d2h: one copy into a buffer in
+    /// pinned host memory mapped for good, timed until its submission is done (no `map_async`), as
+    /// PyTorch's copy into a pinned buffer; the trainer reads through `InPlace`'s buffers instead, so
+    /// this row says whether moving its read-backs to pinned memory would pay. Vulkan only.
     Pinned,
-    /// d2h only: one copy into a mapped read-back buffer made before the clock, timed until its bytes
-    /// can be read where they landed (checked afterwards): how the trainer takes gradients, adding them
-    /// into the accumulator straight out of the mapping (`Backend::finish_read_with`), as PyTorch's
-    /// copy into a pinned buffer leaves the bytes for the host to read there.
+    /// d2h only: one copy into a mapped read-back buffer made (and used once) before the clock, timed
+    /// until its bytes can be read where they landed (checked afterwards): how the trainer takes
+    /// gradients, adding them into the accumulator straight out of the mapping of a buffer it reuses
+    /// (`Backend::finish_read_with`), as PyTorch's copy into a pinned buffer leaves the bytes for the
+    /// host to read there.
     InPlace,
 }
 
@@ -165,11 +169,11 @@ impl GpuDevice {
 
     /// Seconds to bring a device buffer of `host.len()` bytes into `host`.
     pub fn time_d2h(&self, host: &mut [u8], method: TransferMethod) -> Result<f64> {
-        if matches!(method, TransferMethod::Parallel | TransferMethod::HostRing | TransferMethod::Prestaged | TransferMethod::Pinned) {
+        if matches!(method, TransferMethod::Parallel | TransferMethod::HostRing | TransferMethod::Prestaged) {
             bail!("{method:?} moves bytes up only (h2d)");
         }
-        if method == TransferMethod::InPlace {
-            return self.time_d2h_in_place(host);
+        if matches!(method, TransferMethod::InPlace | TransferMethod::Pinned) {
+            return self.time_d2h_in_place(host, method);
         }
         let bytes = host.len() as u64;
         let (src, _c) = self.bench_buffer(
@@ -223,25 +227,57 @@ impl GpuDevice {
         Ok(start.elapsed().as_secs_f64())
     }
 
-    /// [`TransferMethod::InPlace`]: seconds until a device buffer of `host.len()` bytes is readable in a
-    /// mapping; the bytes are then checked against `host` (untimed).
-    fn time_d2h_in_place(&self, host: &[u8]) -> Result<f64> {
+    /// [`TransferMethod::InPlace`] and d2h [`TransferMethod::Pinned`]: seconds until a device buffer of
+    /// `host.len()` bytes is readable where it lands (after one untimed copy into the same buffer, as
+    /// the trainer reuses its read-back buffers); the bytes are then checked against `host` (untimed).
+    fn time_d2h_in_place(&self, host: &[u8], method: TransferMethod) -> Result<f64> {
         let bytes = host.len() as u64;
         let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
         let (src, _c) = self.bench_buffer(bytes, usage, "d2h source")?;
         self.queue.write_buffer(&src, 0, host);
-        let (staging, _s) = self.bench_buffer(bytes, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, "d2h staging")?;
+        // The destination, and how long the host waits until it may read there: the mapping a buffer
+        // gets after the copy, or (pinned) the copy's submission.
+        let (staging, _s, pinned) = if method == TransferMethod::Pinned {
+            let (buffer, ptr) =
+                self.pinned_read_back(bytes).map_err(|why| anyhow!("d2h Pinned: pinned host memory of {bytes} bytes: {why}"))?;
+            (buffer, None, Some(ptr))
+        } else {
+            let (buffer, charge) = self.bench_buffer(bytes, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, "d2h staging")?;
+            (buffer, Some(charge), None)
+        };
+        let copy_and_wait = || -> Result<()> {
+            let mut encoder = self.device.create_command_encoder(&Default::default());
+            encoder.copy_buffer_to_buffer(&src, 0, &staging, 0, bytes);
+            let submission = self.queue.submit([encoder.finish()]);
+            match pinned {
+                Some(_) => {
+                    let wait = wgpu::PollType::Wait { submission_index: Some(submission), timeout: None };
+                    self.device.poll(wait).map_err(|e| anyhow!("GPU device lost: {e}"))?;
+                }
+                None => self.wait_mapped(&map(&staging, wgpu::MapMode::Read))?,
+            }
+            Ok(())
+        };
+        copy_and_wait()?;
+        if pinned.is_none() {
+            staging.unmap();
+        }
         self.synchronize();
         let start = Instant::now();
-        let mut encoder = self.device.create_command_encoder(&Default::default());
-        encoder.copy_buffer_to_buffer(&src, 0, &staging, 0, bytes);
-        self.queue.submit([encoder.finish()]);
-        self.wait_mapped(&map(&staging, wgpu::MapMode::Read))?;
+        copy_and_wait()?;
         let seconds = start.elapsed().as_secs_f64();
-        let same = *staging.slice(..).get_mapped_range().map_err(|e| anyhow!("{e}"))? == *host;
-        staging.unmap();
+        let same = match pinned {
+            // SAFETY: the mapping is `bytes` long and lives as long as `staging`; the copy into it is
+            // done (its submission waited for) and nothing else writes it.
+            Some(ptr) => (unsafe { std::slice::from_raw_parts(ptr, bytes as usize) }) == host,
+            None => {
+                let same = *staging.slice(..).get_mapped_range().map_err(|e| anyhow!("{e}"))? == *host;
+                staging.unmap();
+                same
+            }
+        };
         if !same {
-            bail!("d2h InPlace of {bytes} bytes: the mapping holds different bytes");
+            bail!("d2h {method:?} of {bytes} bytes: the bytes where they landed differ from the device's");
         }
         Ok(seconds)
     }
