@@ -92,18 +92,6 @@ fn tensors(dev: &GpuDevice, d: AttentionDims, seed: u64) -> Result<Tensors> {
     Ok(t)
 }
 
-/// The bits of the pass's outputs.
-fn output_bits(dev: &GpuDevice, t: &Tensors, pass: AttentionPass) -> Vec<u32> {
-    let outputs = match pass {
-        AttentionPass::Forward => [&t.out, &t.lse],
-        AttentionPass::Backward => [&t.dqkv, &t.delta],
-    };
-    let values: Vec<Vec<f32>> = outputs.iter().map(|o| dev.read(o)).collect();
-    let bits = values.iter().flat_map(|v| v.iter().map(|x| x.to_bits())).collect();
-    dev.recycle(values);
-    bits
-}
-
 /// Times `variants` on one call, the first as the baseline; the reference bits are the default's.
 fn tune_call(
     dev: &GpuDevice,
@@ -119,7 +107,11 @@ fn tune_call(
         AttentionPass::Backward => dev.attention_backward(&t.dqkv, &t.delta, &t.dout, &t.qkv, &t.out, &t.lse, d),
     };
     let candidates = Candidates { reference: AttentionTile::DEFAULT, list: variants };
-    time_variants(dev, &candidates, timer, deadline, |v| dev.force_attention_variant(v), run, || output_bits(dev, &t, call.pass))
+    let outputs = match call.pass {
+        AttentionPass::Forward => [&t.out, &t.lse],
+        AttentionPass::Backward => [&t.dqkv, &t.delta],
+    };
+    time_variants(dev, &candidates, timer, deadline, |v| dev.force_attention_variant(v), run, &outputs)
 }
 
 /// The attention variants to try ([`with_baselines`]): `cfg.attention_variants`, else every one the
