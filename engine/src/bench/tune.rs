@@ -563,7 +563,10 @@ mod tests {
         };
         let (a, b) = (dev.alloc(1000, "a").unwrap(), dev.alloc(100_003, "b").unwrap());
         let chosen = std::cell::Cell::new(None::<u32>);
-        let force = |v: Option<u32>| Ok(chosen.set(v));
+        let force = |v: Option<u32>| {
+            chosen.set(v);
+            Ok(())
+        };
         let run = || {
             dev.fill(&a, 1.5);
             dev.fill(&b, if chosen.get() == Some(2) { 2.5 } else { 1.5 });
