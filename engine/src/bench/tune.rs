@@ -173,8 +173,8 @@ fn output_bits(dev: &GpuDevice, outputs: &[&GpuTensor]) -> Vec<u32> {
 }
 
 /// Whether `outputs` hold `reference`'s bits, compared where they are read back (lent, on rayon's
-/// threads): no host vector per variant, which for the largest classes' 128 MiB outputs made the
-/// checking cost more than the timing.
+/// threads): no fresh host vector per variant, which for the largest classes' outputs was 128 MiB to
+/// allocate, fault in and fill before comparing (how much of a tune that took is not yet measured).
 fn outputs_hold(dev: &GpuDevice, outputs: &[&GpuTensor], reference: &[u32]) -> bool {
     const PIECE: usize = 1 << 16;
     let pending = dev.begin_read(outputs);
