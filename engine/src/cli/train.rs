@@ -284,7 +284,7 @@ pub struct TrainArgs {
     /// the working copy in RAM, it lives in pinned host memory the GPU copies from directly: the update
     /// writes each new copy there and an upload is one device copy, with no host copy into staging first
     /// (Vulkan adapters; elsewhere, or where the adapter refuses, the start-up notes say so). The same
-    /// results either way.
+    /// results either way. Not carried over by --resume: each run's own command line says.
     #[arg(long)]
     no_pin_memory: bool,
     /// Write one JSON object per optimizer step to this file.

@@ -14,6 +14,10 @@ use zerostream_checkpoints::checkpoint::STATE_FILE;
 use super::checkpoint::TrainerState;
 use super::config::{MEANING_FLAGS, TrainConfig};
 
+/// Settings that change how a run goes, never its numbers, and have no flag to turn them back on: a
+/// resume takes the command line's whether typed or not, rather than the checkpoint's.
+const RUN_ONLY_FLAGS: &[&str] = &["no-pin-memory"];
+
 /// Reads a checkpoint's `trainer_state.json` (without checking its other files: [`super::Checkpoint::open`]
 /// does that before any state is used).
 pub fn read_state(dir: &Path) -> Result<TrainerState> {
@@ -54,6 +58,13 @@ pub fn merge(
             );
         }
         flags.insert(name.clone(), value.clone());
+    }
+    // How this process runs rather than what it computes: the command line's, typed or not (a
+    // `--no-pin-memory` run resumed without the flag pins again; there is no flag to say so).
+    for name in RUN_ONLY_FLAGS {
+        if let Some(value) = given.get(*name) {
+            flags.insert(name.to_string(), value.clone());
+        }
     }
     if explicit.contains("seed") && seed != state.seed {
         bail!("--seed {seed} differs from the checkpoint's {} ({}): leave --seed out to use the checkpoint's", state.seed, dir.display());
@@ -150,6 +161,19 @@ mod tests {
         assert!(is_finished(&st, &done) && !is_finished(&st, &TrainConfig { steps: st.step + 1, ..done }));
         let seed = BTreeSet::from(["seed".to_string()]);
         assert!(merge(dir, &st, &cli, &seed, 2, 1).unwrap_err().to_string().contains("--seed 2"));
+    }
+
+    /// `--no-pin-memory` does not carry over: a resume pins unless its own command line says not to.
+    #[test]
+    fn pinning_is_the_command_lines_not_the_checkpoints() {
+        let st = state(&TrainConfig { pin_memory: false, ..TrainConfig::default() }, 1);
+        let (dir, none) = (Path::new("ck"), BTreeSet::new());
+        assert!(merge(dir, &st, &TrainConfig::default(), &none, 1, 1).unwrap().pin_memory, "resumed without the flag");
+        let typed = BTreeSet::from(["no-pin-memory".to_string()]);
+        let unpinned = TrainConfig { pin_memory: false, ..TrainConfig::default() };
+        assert!(!merge(dir, &st, &unpinned, &typed, 1, 1).unwrap().pin_memory, "resumed with the flag");
+        let pinned_before = state(&TrainConfig::default(), 1);
+        assert!(!merge(dir, &pinned_before, &unpinned, &typed, 1, 1).unwrap().pin_memory, "the flag added on resume");
     }
 
     /// A checkpoint from before a meaning flag existed ran with its default: giving the default

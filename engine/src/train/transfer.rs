@@ -84,12 +84,25 @@ impl<D: Backend> Trainer<'_, D> {
     }
 
     /// A buffer of `len_bytes` in the device's pinned memory where it makes one and `--no-pin-memory`
-    /// is not given, for host data uploaded again and again (the kept vocabulary matrices).
+    /// is not given, for host data uploaded again and again (the kept vocabulary matrices). A refusal
+    /// is said once a run (process): the copy is then kept in ordinary memory and uploaded through
+    /// staging, as with `--no-pin-memory`.
     fn pinned_buffer(&self, len_bytes: usize) -> Option<zerostream_offload::AlignedBuf> {
+        static REFUSAL_SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
         if !self.train.pin_memory {
             return None;
         }
-        self.dev.alloc_pinned(len_bytes)?.ok()
+        match self.dev.alloc_pinned(len_bytes)? {
+            Ok(buf) => Some(buf),
+            Err(why) => {
+                if !REFUSAL_SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    eprintln!(
+                        "note: the streamed output projection's kept copy ({len_bytes} bytes) is not in pinned memory ({why}); its chunks upload through staging"
+                    );
+                }
+                None
+            }
+        }
     }
 
     /// Lets go of the working copies held for a backward upload that will not come: those held at the
