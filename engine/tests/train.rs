@@ -176,7 +176,7 @@ fn pinned_working_copies_give_bit_identical_runs() {
 fn pinned_read_backs_give_bit_identical_runs() {
     use zerostream::device::ReadBack;
     let Some(gpu) = gpu_or_skip("pinned_read_backs_give_bit_identical_runs") else { return };
-    if let Some(why) = gpu.host_staging_unavailable() {
+    if let Some(why) = gpu.pinned_read_back_unavailable() {
         eprintln!("SKIPPED pinned_read_backs_give_bit_identical_runs: no host-memory buffers here ({why})");
         return;
     }

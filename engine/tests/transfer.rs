@@ -12,11 +12,12 @@ fn device_to_host_transfers_return_the_uploaded_bytes() {
     // bench_transfer checks every d2h result against the bytes it uploaded and fails on a difference;
     // 33 MiB + 4 bytes makes the d2h staging ring (4 buffers of 8 MiB) wrap, with a partial last chunk.
     // InPlace and Pinned are checked where the bytes land, after a first copy into the same buffer.
-    let host_memory = gpu.host_staging_unavailable().is_none();
+    let pinned = gpu.pinned_read_back_unavailable().is_none();
     let runs = bench_transfer(&gpu, Link::DeviceToHost, &[4, (33 << 20) + 4], 1, |_| {}).unwrap();
-    assert_eq!(runs.len(), 2 * (3 + host_memory as usize), "two sizes; Direct, StagingRing, InPlace and Pinned where the adapter has it");
+    assert_eq!(runs.len(), 2 * (3 + pinned as usize), "two sizes; Direct, StagingRing, InPlace and Pinned where the adapter has it");
     assert!(runs.iter().all(|r| r.gbps > 0.0 && r.gbps.is_finite()));
     let runs = bench_transfer(&gpu, Link::HostToDevice, &[(9 << 20) + 4], 1, |_| {}).unwrap();
+    let host_memory = gpu.host_staging_unavailable().is_none();
     assert_eq!(
         runs.len(),
         4 + 2 * host_memory as usize,
@@ -166,7 +167,7 @@ fn gpu_16bit_uploads_and_lent_reads_match_the_twin() {
 /// The read-back kinds `gpu` can use: mapped buffers, and pinned host memory where it makes it (said
 /// where it cannot: those runs read through mapped buffers only).
 fn read_backs(gpu: &zerostream::device::GpuDevice) -> Vec<ReadBack> {
-    match gpu.host_staging_unavailable() {
+    match gpu.pinned_read_back_unavailable() {
         None => vec![ReadBack::Mapped, ReadBack::Pinned],
         Some(why) => {
             eprintln!("pinned read-backs not tested: no host-memory buffers here ({why})");

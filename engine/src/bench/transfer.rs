@@ -54,8 +54,10 @@ pub fn bench_transfer(
                 bytes as f64 / (1u64 << 30) as f64
             );
         }
-        // The host's bytes, a download's expected copy or a prestaged upload's staging beside them.
-        crate::train::refuse_past_available_ram(bytes.saturating_mul(2), &format!("--sizes: transfer size {bytes} bytes"))?;
+        // The host's bytes, a download's expected copy (and pinned read-back buffer) or a prestaged
+        // upload's staging beside them.
+        let copies = if link == Link::DeviceToHost { 3 } else { 2 };
+        crate::train::refuse_past_available_ram(bytes.saturating_mul(copies), &format!("--sizes: transfer size {bytes} bytes"))?;
     }
     let mut runs = Vec::new();
     for &bytes in sizes {
@@ -100,12 +102,12 @@ pub fn best_h2d_seconds(dev: &GpuDevice, host: &[u8], method: TransferMethod, re
     Ok(best)
 }
 
-/// The methods `dev` can download by: every one, `Pinned` only where the adapter makes host-memory
-/// buffers (Vulkan).
+/// The methods `dev` can download by: every one, `Pinned` only where the adapter makes pinned
+/// read-back buffers (Vulkan, not in a discrete GPU's BAR memory).
 pub fn d2h_methods(dev: &GpuDevice) -> Vec<TransferMethod> {
     use TransferMethod::*;
-    let host_memory = dev.host_staging_unavailable().is_none();
-    [Direct, StagingRing, InPlace, Pinned].into_iter().filter(|&m| m != Pinned || host_memory).collect()
+    let pinned = dev.pinned_read_back_unavailable().is_none();
+    [Direct, StagingRing, InPlace, Pinned].into_iter().filter(|&m| m != Pinned || pinned).collect()
 }
 
 /// The methods `dev` can upload `bytes` by: every one, `HostRing` and `Pinned` only where the adapter

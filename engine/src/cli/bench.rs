@@ -54,7 +54,7 @@ pub enum BenchCommand {
     Io(drive::IoArgs),
     /// Host-to-device throughput through wgpu: queue.write_buffer, wgpu's staging memory filled by several threads, the device's upload ring with wgpu's mapped staging buffers (StagingRing) and with host memory the GPU's copy engine reads (HostRing, Vulkan only; training uses whichever `zerostream tune` found faster, else StagingRing), the device's copy from pinned host memory filled before the clock (Pinned, Vulkan only: how training uploads the working copies it keeps in RAM, which the update writes there), and the device's copy alone from wgpu's staging memory filled before the clock (Prestaged: on a discrete GPU that memory may be VRAM, so this can exceed the link).
     H2d(TransferArgs),
-    /// Device-to-host throughput through wgpu: one mapped read-back buffer copied out on several threads (Direct), a ring of them (StagingRing), one whose bytes are read where they land (InPlace: how training adds gradients into the accumulator straight out of the mapping), and one into pinned host memory mapped for good (Pinned, Vulkan only: not yet how training reads).
+    /// Device-to-host throughput through wgpu: one mapped read-back buffer copied out on several threads (Direct), a ring of them (StagingRing), one whose bytes are read where they land (InPlace: how training adds gradients into the accumulator straight out of the mapping), and one into pinned host memory mapped for good (Pinned, Vulkan only: how training reads where `zerostream tune` chose pinned read-backs).
     D2h(TransferArgs),
     /// Whether copies run while kernels do on wgpu's one queue: for each way of uploading, and for the
     /// trainer's gradient download, the copy alone, a run of matmuls of about its length alone, and the

@@ -111,7 +111,7 @@ mod vulkan {
                 })
                 .collect();
             let type_index = host_staging_memory_type(&types, needs.memory_type_bits, reads)
-                .ok_or_else(|| destroy("no host-visible coherent memory type allows a copy source".into()))?;
+                .ok_or_else(|| destroy("no host-visible coherent memory type allows a copy source and destination".into()))?;
             // Memory the host reads too must not be a discrete GPU's VRAM behind the BAR: uncached to
             // the host, and outside the device's byte budget.
             if reads == HostReads::Often && types[type_index as usize].2 && self.summary.device_type == wgpu::DeviceType::DiscreteGpu {

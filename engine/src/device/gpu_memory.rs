@@ -244,9 +244,11 @@ impl GpuDevice {
                 // SAFETY: the mapping holds the buffer's `bytes` (made so, live while `staging` is) at
                 // an address aligned for words (Vulkan maps at its minimum map alignment, 64 bytes or
                 // more); the copies into it are done (their submission waited for) and no other copy
-                // into it is recorded until it is handed out again. The memory is host-coherent, and
-                // the wait on the submission is what makes the device's writes visible here (wgpu maps
-                // its own read-back buffers after the same wait).
+                // into it is recorded until it is handed out again. The memory is host-coherent and
+                // the copies' submission is done. Vulkan asks for a transfer-to-host barrier besides
+                // (wgpu records one only for the buffers it maps); drivers of coherent memory make the
+                // writes visible by the fence alone (NVIDIA, Mesa: tests/train.rs reads through it on
+                // lavapipe), but that is practice, not the specification's promise.
                 let all = unsafe { std::slice::from_raw_parts(pinned.ptr.cast::<u32>(), (bytes / 4) as usize) };
                 f(&split_words(all, sizes))
             }

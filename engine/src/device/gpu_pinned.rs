@@ -156,11 +156,17 @@ impl GpuDevice {
         Ok((buffer, ptr.cast_const()))
     }
 
+    /// Why this adapter cannot land read-backs in pinned host memory (one buffer made and dropped to
+    /// find out: cached host memory, which a discrete GPU may offer only as BAR VRAM), or None.
+    pub fn pinned_read_back_unavailable(&self) -> Option<String> {
+        self.pinned_read_back(wgpu::COPY_BUFFER_ALIGNMENT).err()
+    }
+
     /// Lands read-backs in `kind` of memory from now on (kept buffers of the other kind are dropped).
-    /// Refused, naming why, where the adapter cannot make pinned host buffers.
+    /// Refused, naming why, where the adapter cannot make pinned read-back buffers.
     pub fn set_read_back(&self, kind: ReadBack) -> anyhow::Result<()> {
         if kind == ReadBack::Pinned
-            && let Some(why) = self.host_staging_unavailable()
+            && let Some(why) = self.pinned_read_back_unavailable()
         {
             anyhow::bail!("read-backs into pinned host memory are not available on {}: {why}", self.summary.name);
         }

@@ -18,7 +18,8 @@ use super::gpu::{GpuDevice, GpuTensor, PINNED_COPY_MIN_BYTES, Prestaged};
 pub enum TransferMethod {
     /// h2d: `queue.write_buffer` (wgpu copies into its own staging memory on one thread). d2h: one
     /// copy into a mapped read-back buffer of the whole size, copied out on rayon's threads (what
-    /// `Backend::read` does; the trainer adds gradients straight out of the mapping).
+    /// `Backend::read` does with mapped read-backs, the default; the trainer adds gradients straight
+    /// out of the mapping).
     Direct,
     /// h2d only: wgpu's fresh staging memory for the whole write, filled by rayon's threads (the gpu
     /// device's write path before the ring).
@@ -39,14 +40,14 @@ pub enum TransferMethod {
     /// copied by the device from where they lie: how the trainer uploads the working copies it keeps
     /// in RAM, which the AdamW thread writes there (issue #22 item 4). d2h: one copy into a buffer in
     /// pinned host memory mapped for good, timed until its submission is done (no `map_async`), as
-    /// PyTorch's copy into a pinned buffer; the trainer reads through `InPlace`'s buffers instead, so
-    /// this row says whether moving its read-backs to pinned memory would pay. Vulkan only.
+    /// PyTorch's copy into a pinned buffer: how the trainer reads where `zerostream tune` found it
+    /// faster than `InPlace` (`ReadBack::Pinned`). Vulkan only.
     Pinned,
     /// d2h only: one copy into a mapped read-back buffer made (and used once) before the clock, timed
     /// until its bytes can be read where they landed (checked afterwards): how the trainer takes
-    /// gradients, adding them into the accumulator straight out of the mapping of a buffer it reuses
-    /// (`Backend::finish_read_with`), as PyTorch's copy into a pinned buffer leaves the bytes for the
-    /// host to read there.
+    /// gradients with mapped read-backs (the default), adding them into the accumulator straight out of
+    /// the mapping of a buffer it reuses (`Backend::finish_read_with`), as PyTorch's copy into a pinned
+    /// buffer leaves the bytes for the host to read there.
     InPlace,
 }
 

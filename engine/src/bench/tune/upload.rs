@@ -75,7 +75,7 @@ pub fn tune_download(dev: &GpuDevice, bytes: u64) -> Result<DownloadResult> {
         Ok(bytes as f64 / best / 1e9)
     };
     let mapped_gbps = gbps(TransferMethod::InPlace)?;
-    let pinned_unavailable = dev.host_staging_unavailable();
+    let pinned_unavailable = dev.pinned_read_back_unavailable();
     let pinned_gbps = if pinned_unavailable.is_none() { Some(gbps(TransferMethod::Pinned)?) } else { None };
     let chosen = match pinned_gbps {
         Some(p) if p >= HOST_MARGIN * mapped_gbps => ReadBack::Pinned,
