@@ -30,6 +30,13 @@ for copy in f32 f16; do
   timeout 60 "$ZS" bench adam --params 134217728 --grad f32 --copy "$copy" >>"$out/bench-adam.txt" 2>&1
   echo "bench-adam-$copy rc=$? $(date +%T)" | tee -a "$out/parts.txt" >&2
 done
+# One group's worth, as the step updates them: a GPT-2 124M block (7.1M parameters) and a Llama-3.2-1B
+# block (60.8M). On the H200 the step's per-group updates ran at 2.6-3.6 Gparam/s against 5.44 above
+# (benches/results/2026-11-28-h200-analysis.md): this says whether the group's size is why.
+for params in 7077888 60817408; do
+  timeout 60 "$ZS" bench adam --params "$params" --grad f32 --copy f32 >>"$out/bench-adam.txt" 2>&1
+  echo "bench-adam-$params rc=$? $(date +%T)" | tee -a "$out/parts.txt" >&2
+done
 f16=()
 "$ZS" devices --json 2>/dev/null | grep -q '"matmul_f16_coop":true' && f16=(--matmul-inputs f16)
 run gpt2-f16 40 --config gpt2 --steps 5 --batch-size 4 --seq-len 1024 --gpu-mem-budget 16GiB "${f16[@]}"
