@@ -156,6 +156,10 @@ if classes:
     if tsum:
         md.append(f"\n{tsum[0]['classes']} matmul, {tsum[0].get('attention_classes', 0)} attention and {tsum[0].get('coop_classes', 0)} cooperative-matrix classes in {tsum[0]['seconds']:.0f} s; "
                   f"table {tsum[0]['table']}; mismatched variants: {tsum[0]['mismatched'] or 'none'}\n")
+        for part, s in (tsum[0].get("spent") or {}).items():
+            md.append(f"- {part}: {s['setup_s']:.1f} s making operands, {s['check_s']:.1f} s first runs and bit checks, {s['timing_s']:.1f} s timed runs")
+        dropped = [l for l in (read("tune.err") or "").splitlines() if "are not timed on the" in l]
+        md += [f"- {l}" for l in dropped] + [""]
 elif read("tune.err") is not None:
     md += ["## zerostream tune (no classes)\n", block(tail(read("tune.err")))]
 # The cooperative-matrix classes (adapters with cooperative matrices), whatever the fp32 classes did.

@@ -176,6 +176,11 @@ fn tune_writes_the_table_devices_reports_it() {
     let per_class = 2 + !asked.contains(&vendor_default.as_str()) as usize;
     assert!(classes.iter().all(|l| l["kind"] == "class" && l["variants"].as_array().unwrap().len() == per_class), "{classes:?}");
     assert!(classes.iter().all(|l| l["variants"][0]["variant"] == vendor_default.as_str()), "the baseline first");
+    // Where the time went, per class and in the summary's sum.
+    let spent = |l: &serde_json::Value, part: &str| l["spent"][part].as_f64().unwrap_or(-1.0);
+    assert!(classes.iter().all(|l| spent(l, "setup_s") >= 0.0 && spent(l, "check_s") > 0.0 && spent(l, "timing_s") > 0.0), "{classes:?}");
+    let timing_s: f64 = classes.iter().map(|l| spent(l, "timing_s")).sum();
+    assert!((summary["spent"]["matmul"]["timing_s"].as_f64().unwrap() - timing_s).abs() < 1e-9, "{summary}");
     let table = std::path::PathBuf::from(summary["table"].as_str().unwrap());
     assert!(table.starts_with(dir.path()) && table.exists());
     // Classes the table does not name keep the vendor's built-in default.

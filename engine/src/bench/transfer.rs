@@ -70,17 +70,7 @@ pub fn bench_transfer(
         for method in methods {
             let best = match link {
                 Link::HostToDevice => best_h2d_seconds(dev, &host, method, reps)?,
-                Link::DeviceToHost => {
-                    let mut best = f64::INFINITY;
-                    for _ in 0..reps.max(1) {
-                        let expected = host.clone();
-                        best = best.min(dev.time_d2h(&mut host, method)?);
-                        if host != expected {
-                            bail!("d2h {method:?} of {bytes} bytes returned different data");
-                        }
-                    }
-                    best
-                }
+                Link::DeviceToHost => best_d2h_seconds(dev, &mut host, method, reps)?,
             };
             let run = TransferRun { link, method, bytes, gbps: bytes as f64 / best / 1e9 };
             on_run(&run);
@@ -98,6 +88,20 @@ pub fn best_h2d_seconds(dev: &GpuDevice, host: &[u8], method: TransferMethod, re
     let mut best = f64::INFINITY;
     for _ in 0..reps.max(1) {
         best = best.min(dev.time_h2d(host, method)?);
+    }
+    Ok(best)
+}
+
+/// The fastest of `reps` (at least one) timed downloads of `host` by `method` (each copies `host` up
+/// untimed and reads it back), failing if a read returns other bytes than were sent.
+pub fn best_d2h_seconds(dev: &GpuDevice, host: &mut [u8], method: TransferMethod, reps: usize) -> Result<f64> {
+    let expected = host.to_vec();
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        best = best.min(dev.time_d2h(host, method)?);
+        if host != expected.as_slice() {
+            bail!("d2h {method:?} of {} bytes returned different data", host.len());
+        }
     }
     Ok(best)
 }

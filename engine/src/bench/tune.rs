@@ -13,15 +13,18 @@
 
 mod attention;
 mod upload;
+mod variants;
 
 pub use attention::{AttentionCall, AttentionResult, attention_calls, attention_variants, tune_attention};
 pub use upload::{DownloadResult, UploadResult, tune_download, tune_upload};
+pub use variants::{Spent, VariantTimes};
+
+use variants::{Candidates, Hopeless, time_variants, values};
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use rayon::prelude::*;
 use zerostream_checkpoints::LlamaConfig;
 use zerostream_shaders::{AttentionTile, CoopTile, MatmulTile};
 
@@ -81,113 +84,6 @@ pub struct Product {
     pub name: String,
     pub shape: MatmulShape,
     pub b_16bit: bool,
-}
-
-/// The variants of one shape class as timed (matmul tiles or attention tiles).
-#[derive(Clone, Debug)]
-pub struct VariantTimes<V> {
-    /// (variant, seconds) of every variant timed, the baseline (the vendor's default) first: the median
-    /// of several runs, or of one for a variant far slower than the best before it.
-    pub times: Vec<(V, f64)>,
-    /// Variants left out because their result differed from the reference's (a bug: reported loudly).
-    pub mismatched: Vec<V>,
-}
-
-impl<V: Copy> VariantTimes<V> {
-    pub fn best(&self) -> (V, f64) {
-        *self.times.iter().min_by(|a, b| a.1.total_cmp(&b.1)).expect("the default is always timed")
-    }
-    pub fn default_seconds(&self) -> f64 {
-        self.times[0].1
-    }
-}
-
-/// How many times the best median so far one run of a variant may take and still be timed in full.
-const SLOWER_THAN_BEST: f64 = 2.0;
-
-/// The variants a class is timed with: `list`, its first the baseline (timed first, its time the one a
-/// speed-up is over), and `reference`, whose output bits every variant must give: the plainest kernel
-/// (the template's own default), so a bug in a faster baseline shows as the baseline's mismatch, not
-/// as every other variant's.
-pub(crate) struct Candidates<'a, V> {
-    pub(crate) reference: V,
-    pub(crate) list: &'a [V],
-}
-
-/// Times each of the candidates' variants, made the device's choice by `force`: `run` makes one call,
-/// writing `outputs`. A variant whose bits differ from the reference's is left out and named.
-/// `None` when `deadline` passes before the last variant: a class timed in part is not recorded, since
-/// its winner would replace a whole tune's in the saved table.
-fn time_variants<V: Copy + PartialEq>(
-    dev: &GpuDevice,
-    candidates: &Candidates<V>,
-    timer: Timer,
-    deadline: Instant,
-    force: impl Fn(Option<V>) -> Result<()>,
-    run: impl Fn(),
-    outputs: &[&GpuTensor],
-) -> Result<Option<VariantTimes<V>>> {
-    let mut reference: Option<Vec<u32>> = None;
-    if candidates.list.first() != Some(&candidates.reference) {
-        force(Some(candidates.reference))?;
-        run();
-        reference = Some(output_bits(dev, outputs));
-    }
-    let mut timed = VariantTimes { times: Vec::new(), mismatched: Vec::new() };
-    for &variant in candidates.list {
-        // Compiling one variant can take minutes on a CPU driver, so the clock is read before each.
-        if Instant::now() > deadline {
-            force(None)?;
-            return Ok(None);
-        }
-        force(Some(variant))?;
-        run(); // pipeline creation and warm-up, and the bits to compare
-        match &reference {
-            None => reference = Some(output_bits(dev, outputs)),
-            Some(r) if !outputs_hold(dev, outputs, r) => {
-                timed.mismatched.push(variant);
-                continue;
-            }
-            Some(_) => {}
-        }
-        // About 50 ms of repetitions, at least 3 and at most 20, from one more timed run; a variant whose
-        // one run takes over twice the best median so far cannot win and keeps that run's time (on an
-        // H200 most staged cooperative-matrix variants are 5-15x slower than the best).
-        let once = dev.time_reps(1, timer, &run)?.median_s();
-        let best = timed.times.iter().map(|t| t.1).fold(f64::INFINITY, f64::min);
-        if once > SLOWER_THAN_BEST * best {
-            timed.times.push((variant, once));
-            continue;
-        }
-        let reps = ((0.05 / once.max(1e-6)) as usize).clamp(3, 20);
-        timed.times.push((variant, dev.time_reps(reps, timer, &run)?.median_s()));
-    }
-    force(None)?;
-    Ok(Some(timed))
-}
-
-/// The bits of `outputs`, one after another: the reference every variant of a class must give.
-fn output_bits(dev: &GpuDevice, outputs: &[&GpuTensor]) -> Vec<u32> {
-    let pending = dev.begin_read(outputs);
-    dev.finish_read_with(pending, |lent| lent.iter().flat_map(|v| v.iter().map(|x| x.to_bits())).collect())
-}
-
-/// Whether `outputs` hold `reference`'s bits, compared where they are read back (lent, on rayon's
-/// threads): no fresh host vector per variant, which for the largest classes' outputs was 128 MiB to
-/// allocate, fault in and fill before comparing (how much of a tune that took is not yet measured).
-fn outputs_hold(dev: &GpuDevice, outputs: &[&GpuTensor], reference: &[u32]) -> bool {
-    const PIECE: usize = 1 << 16;
-    let pending = dev.begin_read(outputs);
-    dev.finish_read_with(pending, |lent| {
-        let total: usize = lent.iter().map(|v| v.len()).sum();
-        let mut at = 0;
-        total == reference.len()
-            && lent.iter().all(|v| {
-                let want = &reference[at..at + v.len()];
-                at += v.len();
-                v.par_chunks(PIECE).zip(want.par_chunks(PIECE)).all(|(got, want)| got.iter().zip(want).all(|(g, w)| g.to_bits() == *w))
-            })
-    })
 }
 
 /// One class's outcome: of the fp32 matmul's variants, or of the cooperative-matrix matmul's.
@@ -272,19 +168,6 @@ pub fn step_products(model: &str, batch: usize, seq_len: usize, vocab_chunk_rows
     Ok(out)
 }
 
-/// Deterministic values in [-1, 1) (xorshift), enough for timing and for comparing variants' bits.
-fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
-
 /// Elements an operand of `rows` x `cols` occupies under its strides.
 fn operand_len(op: &Operand, rows: usize, cols: usize) -> usize {
     op.offset + (rows.max(1) - 1) * op.row_stride + (cols.max(1) - 1) * op.col_stride + 1
@@ -325,9 +208,16 @@ fn tune_class<V: Copy + PartialEq>(
     deadline: Instant,
     seed: u64,
 ) -> Result<Option<VariantTimes<V>>> {
+    let setup_start = Instant::now();
     let ops = operands(dev, p, seed)?;
+    dev.synchronize();
+    let setup_s = setup_start.elapsed().as_secs_f64();
     let run = || dev.matmul(&ops.c, &ops.a, &ops.b, None, &p.shape, false);
-    time_variants(dev, candidates, timer, deadline, force, run, &[&ops.c])
+    let timed = time_variants(dev, candidates, timer, deadline, force, run, &[&ops.c])?;
+    Ok(timed.map(|mut t| {
+        t.spent.setup_s = setup_s;
+        t
+    }))
 }
 
 /// The shape classes of the configured models' products, in the order first met, each with the product
@@ -356,7 +246,7 @@ pub(crate) fn deadline_after(start: Instant, seconds: f64) -> Instant {
 /// Times the candidates on every class, until `until_s` after `start`; `what` names them in the message
 /// when time runs out.
 #[allow(clippy::too_many_arguments)]
-fn tune_classes<V: Copy + PartialEq>(
+fn tune_classes<V: Copy + PartialEq + std::fmt::Display>(
     dev: &GpuDevice,
     cfg: &TuneConfig,
     start: Instant,
@@ -370,9 +260,12 @@ fn tune_classes<V: Copy + PartialEq>(
     let timer = dev.best_timer();
     let mut results = Vec::new();
     let deadline = deadline_after(start, until_s);
+    let mut list = candidates.list.to_vec();
+    let mut hopeless = Hopeless::new(&list);
     for (i, (class, product, names)) in classes.iter().enumerate() {
+        let these = Candidates { list: &list, ..*candidates };
         let timed = match Instant::now() < deadline {
-            true => tune_class(dev, product, candidates, force, timer, deadline, i as u64 * 7 + 1)?,
+            true => tune_class(dev, product, &these, force, timer, deadline, i as u64 * 7 + 1)?,
             false => None,
         };
         let Some(timed) = timed else {
@@ -384,6 +277,19 @@ fn tune_classes<V: Copy + PartialEq>(
             );
             break;
         };
+        let dropped = if candidates.prune { hopeless.count(&timed, &[list[0], candidates.reference]) } else { Vec::new() };
+        if !dropped.is_empty() {
+            list.retain(|v| !dropped.contains(v));
+            eprintln!(
+                "tune: {} of {} {what} variants took over {}x their class's best on each of the first {} classes and are not timed on the {} after: {}",
+                dropped.len(),
+                candidates.list.len(),
+                Hopeless::<V>::RATIO,
+                Hopeless::<V>::CLASSES,
+                classes.len() - i - 1,
+                dropped.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ")
+            );
+        }
         let result = ClassResult { class: *class, shape: product.shape, products: names.clone(), timed };
         on_class(&result);
         results.push(result);
@@ -409,7 +315,7 @@ pub fn tune(dev: &GpuDevice, cfg: &TuneConfig, start: Instant, on_class: impl Fn
     variants.insert(0, baseline);
     // Where the cooperative-matrix variants follow, they keep the last 40% of the time.
     let until_s = if cfg.coop && !dev.coop_variants().is_empty() { 0.6 * cfg.max_seconds } else { cfg.max_seconds };
-    let candidates = Candidates { reference: MatmulTile::DEFAULT, list: &variants };
+    let candidates = Candidates { reference: MatmulTile::DEFAULT, list: &variants, prune: cfg.variants.is_empty() };
     tune_classes(dev, cfg, start, until_s, "matmul", &candidates, |v| dev.force_matmul_variant(v), on_class)
 }
 
@@ -432,7 +338,7 @@ pub fn tune_coop(
         variants.swap(0, at);
     }
     dev.set_matmul_inputs(MatmulInputs::F16)?;
-    let candidates = Candidates { reference, list: &variants };
+    let candidates = Candidates { reference, list: &variants, prune: true };
     let results =
         tune_classes(dev, cfg, start, cfg.max_seconds, "cooperative-matrix", &candidates, |v| dev.force_coop_variant(v), on_class);
     dev.set_matmul_inputs(MatmulInputs::F32)?;
@@ -548,36 +454,6 @@ fn utc_now() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A variant whose outputs differ from the reference's in any output, anywhere (here: the second
-    /// output only, past the first comparison piece) is left out as mismatched; the others are timed.
-    /// On the first adapter (skipped without one, failed under ZEROSTREAM_REQUIRE_GPU=1).
-    #[test]
-    fn variants_with_other_bits_are_left_out() {
-        let dev = match GpuDevice::open(None, None) {
-            Ok(dev) => dev,
-            Err(e) if std::env::var("ZEROSTREAM_REQUIRE_GPU").as_deref() == Ok("1") => {
-                panic!("ZEROSTREAM_REQUIRE_GPU=1 but no adapter: {e:#}")
-            }
-            Err(e) => return eprintln!("SKIPPED variants_with_other_bits_are_left_out: no GPU adapter ({e:#})"),
-        };
-        let (a, b) = (dev.alloc(1000, "a").unwrap(), dev.alloc(100_003, "b").unwrap());
-        let chosen = std::cell::Cell::new(None::<u32>);
-        let force = |v: Option<u32>| {
-            chosen.set(v);
-            Ok(())
-        };
-        let run = || {
-            dev.fill(&a, 1.5);
-            dev.fill(&b, if chosen.get() == Some(2) { 2.5 } else { 1.5 });
-        };
-        let candidates = Candidates { reference: 0, list: &[1, 2, 0, 3] };
-        let far = Instant::now() + Duration::from_secs(600);
-        let timed = time_variants(&dev, &candidates, dev.best_timer(), far, force, run, &[&a, &b]).unwrap().unwrap();
-        assert_eq!(timed.mismatched, vec![2]);
-        assert_eq!(timed.times.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 0, 3]);
-        assert_eq!(chosen.get(), None, "the device's own choice is restored");
-    }
 
     #[test]
     fn products_follow_each_family_layout() {

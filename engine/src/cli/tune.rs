@@ -4,7 +4,7 @@
 //! does the work).
 
 use anyhow::Result;
-use zerostream::bench::tune::{AttentionResult, ClassResult, DownloadResult, TuneConfig, UploadResult, VariantTimes};
+use zerostream::bench::tune::{AttentionResult, ClassResult, DownloadResult, Spent, TuneConfig, UploadResult, VariantTimes};
 use zerostream::device::GpuDevice;
 use zerostream_shaders::{AttentionTile, CoopTile, MatmulTile};
 
@@ -29,7 +29,9 @@ pub struct TuneArgs {
     /// Leave out the products with 16-bit weights (they serve `--precision bf16|fp16` runs).
     #[arg(long)]
     no_16bit: bool,
-    /// Only these matmul variants, comma-separated (e.g. 128x128x8/8x8/db/v4); default: every one the adapter can run.
+    /// Only these matmul variants, comma-separated (e.g. 128x128x8/8x8/db/v4), each timed on every class.
+    /// Default: every one the adapter can run, where a variant (fp32 or cooperative-matrix) slower than 3x
+    /// its class's best on each of the first 6 classes is not timed on the later ones (it cannot win).
     #[arg(long, value_delimiter = ',')]
     variants: Vec<String>,
     /// Only these attention variants (rows of a tile per workgroup, and rows per invocation after an x:
@@ -169,6 +171,9 @@ impl Tuned<'_> {
     fn print_summary(&self, dev: &GpuDevice, json: bool) {
         let (summary, seconds) = (dev.summary(), self.seconds);
         let speedups: Vec<f64> = self.results.iter().map(|r| r.timed.default_seconds() / r.timed.best().1).collect();
+        let sum = |spent: &mut dyn Iterator<Item = Spent>| spent.fold(Spent::default(), Spent::plus);
+        let (matmul, coop) = (sum(&mut self.results.iter().map(|r| r.timed.spent)), sum(&mut self.coop.iter().map(|r| r.timed.spent)));
+        let attention = sum(&mut self.attention.iter().map(|r| r.timed.spent));
         if json {
             println!(
                 "{}",
@@ -179,6 +184,7 @@ impl Tuned<'_> {
                     "mismatched": self.mismatched,
                     "speedup_min": speedups.iter().copied().fold(f64::INFINITY, f64::min),
                     "speedup_max": speedups.iter().copied().fold(0.0, f64::max),
+                    "spent": {"matmul": spent_json(matmul), "attention": spent_json(attention), "coop": spent_json(coop)},
                 })
             );
             return;
@@ -189,6 +195,14 @@ impl Tuned<'_> {
             self.attention.len(),
             self.coop.len()
         );
+        for (what, s) in [("matmul", matmul), ("attention", attention), ("cooperative-matrix", coop)] {
+            if s.total_s() > 0.0 {
+                println!(
+                    "  {what}: {:.1} s making operands, {:.1} s first runs and bit checks, {:.1} s timed runs",
+                    s.setup_s, s.check_s, s.timing_s
+                );
+            }
+        }
         match self.path {
             Some(p) => println!("table: {} (every later run on this adapter and driver uses it)", p.display()),
             None => println!("table: not written (--no-save)"),
@@ -204,11 +218,17 @@ fn timed_fields<V: Copy + std::fmt::Display>(t: &VariantTimes<V>) -> serde_json:
         "best": best.to_string(), "best_seconds": best_s, "default_seconds": t.default_seconds(),
         "speedup": t.default_seconds() / best_s, "variants": times,
         "mismatched": t.mismatched.iter().map(|v| v.to_string()).collect::<Vec<_>>(),
+        "spent": spent_json(t.spent),
     });
     match fields {
         serde_json::Value::Object(map) => map,
         _ => unreachable!("a JSON object literal"),
     }
+}
+
+/// Where the time went, as JSON seconds.
+fn spent_json(s: Spent) -> serde_json::Value {
+    serde_json::json!({"setup_s": s.setup_s, "check_s": s.check_s, "timing_s": s.timing_s})
 }
 
 /// One tuned matmul class (`kind`: `class` for the fp32 kernel, `coop_class` for the cooperative-matrix one).
@@ -270,48 +290,45 @@ fn print_attention(r: &AttentionResult, json: bool) {
 
 /// The upload staging's timing and choice.
 fn print_upload(u: &UploadResult, json: bool) {
-    if json {
-        let row = serde_json::json!({
-            "kind": "upload", "bytes": u.bytes, "mapped_gbps": u.mapped_gbps, "host_gbps": u.host_gbps,
-            "host_unavailable": u.host_unavailable, "chosen": u.chosen.name(),
-        });
-        println!("{row}");
-        return;
-    }
-    let host = match (u.host_gbps, &u.host_unavailable) {
-        (Some(g), _) => format!("{g:.1} GB/s"),
-        (None, Some(why)) => format!("unavailable ({why})"),
-        (None, None) => "unavailable".into(),
-    };
-    println!(
-        "upload staging: mapped buffers {:.1} GB/s, host memory {host} for {} MiB writes: {} chosen",
-        u.mapped_gbps,
-        u.bytes >> 20,
-        u.chosen.name()
-    );
+    let other = LinkTiming { name: "host", label: "host memory", gbps: u.host_gbps, unavailable: &u.host_unavailable };
+    print_link_choice(("upload", "upload staging", "writes"), u.bytes, u.mapped_gbps, other, u.chosen.name(), json);
 }
 
-/// What the read-back timing found: one JSON row, or a line.
+/// The read-back's timing and choice.
 fn print_download(d: &DownloadResult, json: bool) {
+    let other = LinkTiming { name: "pinned", label: "pinned host memory", gbps: d.pinned_gbps, unavailable: &d.pinned_unavailable };
+    print_link_choice(("download", "read-back", "reads"), d.bytes, d.mapped_gbps, other, d.chosen.name(), json);
+}
+
+/// The timing of the alternative to wgpu's mapped buffers: its JSON key prefix and words, and its rate
+/// or why the adapter has none.
+struct LinkTiming<'a> {
+    name: &'static str,
+    label: &'static str,
+    gbps: Option<f64>,
+    unavailable: &'a Option<String>,
+}
+
+/// One link's timing and choice as a JSON row (`kind`, `mapped_gbps`, `<name>_gbps`,
+/// `<name>_unavailable`, `chosen`), or a line; `(kind, title, what)` name the link and its copies.
+fn print_link_choice((kind, title, what): (&str, &str, &str), bytes: u64, mapped_gbps: f64, other: LinkTiming, chosen: &str, json: bool) {
     if json {
-        let row = serde_json::json!({
-            "kind": "download", "bytes": d.bytes, "mapped_gbps": d.mapped_gbps, "pinned_gbps": d.pinned_gbps,
-            "pinned_unavailable": d.pinned_unavailable, "chosen": d.chosen.name(),
-        });
-        println!("{row}");
+        let mut row = serde_json::Map::new();
+        row.insert("kind".into(), kind.into());
+        row.insert("bytes".into(), bytes.into());
+        row.insert("mapped_gbps".into(), mapped_gbps.into());
+        row.insert(format!("{}_gbps", other.name), serde_json::json!(other.gbps));
+        row.insert(format!("{}_unavailable", other.name), serde_json::json!(other.unavailable));
+        row.insert("chosen".into(), chosen.into());
+        println!("{}", serde_json::Value::Object(row));
         return;
     }
-    let pinned = match (d.pinned_gbps, &d.pinned_unavailable) {
+    let rate = match (other.gbps, other.unavailable) {
         (Some(g), _) => format!("{g:.1} GB/s"),
         (None, Some(why)) => format!("unavailable ({why})"),
         (None, None) => "unavailable".into(),
     };
-    println!(
-        "read-back: mapped buffers {:.1} GB/s, pinned host memory {pinned} for {} MiB reads: {} chosen",
-        d.mapped_gbps,
-        d.bytes >> 20,
-        d.chosen.name()
-    );
+    println!("{title}: mapped buffers {mapped_gbps:.1} GB/s, {} {rate} for {} MiB {what}: {chosen} chosen", other.label, bytes >> 20);
 }
 
 /// `--max-seconds`: a finite, non-negative number of seconds (0 tunes nothing and keeps the table).

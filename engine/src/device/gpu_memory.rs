@@ -239,7 +239,7 @@ impl GpuDevice {
             ReadStaging::Pinned(pinned) => {
                 let wait = wgpu::PollType::Wait { submission_index: pending.submission, timeout: None };
                 self.device.poll(wait).unwrap_or_else(|e| panic!("GPU device lost while waiting for a read-back: {e}"));
-                let bytes = buffer_bytes(&staging);
+                let bytes = staging.buffer().size();
                 self.count_pinned_read(bytes);
                 // SAFETY: the mapping holds the buffer's `bytes` (made so, live while `staging` is) at
                 // an address aligned for words (Vulkan maps at its minimum map alignment, 64 bytes or
@@ -257,7 +257,7 @@ impl GpuDevice {
         // Capped by the largest read so far, as the planner counts them (by its own size, a smaller
         // buffer would find the cap filled by a larger one's and be made afresh for every read).
         let cap = AllocCosts::GPU.spare_readback_bytes(self.largest_read_bytes.get());
-        if spares.iter().map(buffer_bytes).sum::<u64>() + buffer_bytes(&staging) <= cap {
+        if spares.iter().map(|s| s.buffer().size()).sum::<u64>() + staging.buffer().size() <= cap {
             spares.push(staging);
         }
         out
@@ -295,11 +295,6 @@ impl GpuDevice {
         }
         out
     }
-}
-
-/// The bytes of a read-back buffer.
-fn buffer_bytes(staging: &ReadStaging) -> u64 {
-    staging.buffer().size()
 }
 
 /// `all` cut into consecutive pieces of `sizes` bytes each.

@@ -101,17 +101,24 @@ fn tune_call(
     deadline: Instant,
     seed: u64,
 ) -> Result<Option<VariantTimes<AttentionTile>>> {
+    let setup_start = Instant::now();
     let (t, d) = (tensors(dev, call.dims, seed)?, call.dims);
+    dev.synchronize();
+    let setup_s = setup_start.elapsed().as_secs_f64();
     let run = || match call.pass {
         AttentionPass::Forward => dev.attention_forward(&t.out, &t.lse, &t.qkv, d),
         AttentionPass::Backward => dev.attention_backward(&t.dqkv, &t.delta, &t.dout, &t.qkv, &t.out, &t.lse, d),
     };
-    let candidates = Candidates { reference: AttentionTile::DEFAULT, list: variants };
+    let candidates = Candidates { reference: AttentionTile::DEFAULT, list: variants, prune: false };
     let outputs = match call.pass {
         AttentionPass::Forward => [&t.out, &t.lse],
         AttentionPass::Backward => [&t.dqkv, &t.delta],
     };
-    time_variants(dev, &candidates, timer, deadline, |v| dev.force_attention_variant(v), run, &outputs)
+    let timed = time_variants(dev, &candidates, timer, deadline, |v| dev.force_attention_variant(v), run, &outputs)?;
+    Ok(timed.map(|mut t| {
+        t.spent.setup_s = setup_s;
+        t
+    }))
 }
 
 /// The attention variants to try ([`with_baselines`]): `cfg.attention_variants`, else every one the

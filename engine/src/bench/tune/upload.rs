@@ -7,7 +7,7 @@
 
 use anyhow::{Result, bail};
 
-use crate::bench::transfer::best_h2d_seconds;
+use crate::bench::transfer::{best_d2h_seconds, best_h2d_seconds};
 use crate::device::transfer::TransferMethod;
 use crate::device::{GpuDevice, ReadBack, UploadStaging};
 
@@ -67,13 +67,7 @@ pub fn tune_download(dev: &GpuDevice, bytes: u64) -> Result<DownloadResult> {
         bail!("read-back timing: {bytes} bytes is not a positive multiple of {}", wgpu::COPY_BUFFER_ALIGNMENT);
     }
     let mut host: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8).collect();
-    let mut gbps = |method| -> Result<f64> {
-        let mut best = f64::INFINITY;
-        for _ in 0..REPS {
-            best = best.min(dev.time_d2h(&mut host, method)?);
-        }
-        Ok(bytes as f64 / best / 1e9)
-    };
+    let mut gbps = |method| -> Result<f64> { Ok(bytes as f64 / best_d2h_seconds(dev, &mut host, method, REPS)? / 1e9) };
     let mapped_gbps = gbps(TransferMethod::InPlace)?;
     let pinned_unavailable = dev.pinned_read_back_unavailable();
     let pinned_gbps = if pinned_unavailable.is_none() { Some(gbps(TransferMethod::Pinned)?) } else { None };
