@@ -373,6 +373,7 @@ def bench(fn, target_s=0.2, max_reps=100):
 def rnd(*shape, dtype=torch.float32): return torch.randn(*shape, device=dev, dtype=dtype)
 models = {"gpt2": (768, 12), "gpt2-xl": (1600, 25)}
 V, bt = 50257, B * T
+VC = min(8192, V)  # train's --vocab-chunk-rows default (model::vocab::DEFAULT_CHUNK_ROWS)
 # Peaks measured here: a large product and a device copy.
 for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"), (torch.float16, "f16")):
     a, b = rnd(8192, 8192, dtype=dtype), rnd(8192, 8192, dtype=dtype)
@@ -393,10 +394,11 @@ for model, (C, NH) in models.items():
                 s = bench(fn)
                 emit(kind="matmul", model=model, case=case, shape=f"M={m_} N={n_} K={k_}", dtype=name, seconds=s, gflops=2 * m_ * n_ * k_ / s / 1e9)
             del inp, w, dout
-        ln_f, wte, dlogits = rnd(bt, C, dtype=dtype), rnd(V, C, dtype=dtype), rnd(bt, V, dtype=dtype)
-        for case, fn, (m_, n_, k_) in (("lm_head forward", lambda: ln_f @ wte.t(), (bt, V, C)),
-                                     ("lm_head dinp", lambda: dlogits @ wte, (bt, C, V)),
-                                     ("lm_head dW", lambda: dlogits.t() @ ln_f, (V, C, bt))):
+        # The head one vocabulary chunk at a time, as zerostream trains it (bench kernels' lm_head rows).
+        ln_f, wte, dlogits = rnd(bt, C, dtype=dtype), rnd(VC, C, dtype=dtype), rnd(bt, VC, dtype=dtype)
+        for case, fn, (m_, n_, k_) in (("lm_head forward", lambda: ln_f @ wte.t(), (bt, VC, C)),
+                                     ("lm_head dinp", lambda: dlogits @ wte, (bt, C, VC)),
+                                     ("lm_head dW", lambda: dlogits.t() @ ln_f, (VC, C, bt))):
             s = bench(fn)
             emit(kind="matmul", model=model, case=case, shape=f"M={m_} N={n_} K={k_}", dtype=name, seconds=s, gflops=2 * m_ * n_ * k_ / s / 1e9)
         del ln_f, wte, dlogits

@@ -160,50 +160,69 @@ impl Bench<'_> {
         Ok(())
     }
 
-    /// The tied lm_head: logits = ln_f @ wte^T, and its two gradients.
+    /// The tied lm_head as training runs it, one vocabulary chunk of `DEFAULT_CHUNK_ROWS` rows at a
+    /// time (`model/vocab.rs`; the whole (BT, V) product is never made): a chunk's logits = ln_f @
+    /// wte_j^T, d ln_f += dlogits_j @ wte_j, dwte_j = dlogits_j^T @ ln_f. Counted once per chunk of the
+    /// step, the last (shorter) chunk as a whole one.
     pub(super) fn lm_head(&mut self, bt: usize, c: usize, v: usize) -> Result<()> {
         if !self.wants("matmul") {
             return Ok(());
         }
         let dev = self.dev;
-        let wte = random_tensor(dev, v * c, 5, "wte")?;
-        let wte16 = random_bf16_tensor(dev, v * c, 5, "wte bf16")?;
+        let rows = crate::model::vocab::DEFAULT_CHUNK_ROWS.min(v);
+        let chunks = v.div_ceil(rows);
+        let wte = random_tensor(dev, rows * c, 5, "wte chunk")?;
+        let wte16 = random_bf16_tensor(dev, rows * c, 5, "wte chunk bf16")?;
         let ln_f = random_tensor(dev, bt * c, 6, "ln_f")?;
-        let logits = random_tensor(dev, bt * v, 7, "logits")?;
-        let (d_ln_f, dwte) = (dev.alloc(bt * c, "d ln_f")?, dev.alloc(v * c, "d wte")?);
+        let logits = random_tensor(dev, bt * rows, 7, "logits chunk")?;
+        let (d_ln_f, dwte) = (dev.alloc(bt * c, "d ln_f")?, dev.alloc(rows * c, "d wte chunk")?);
         let products = [
             Product {
                 case: "lm_head forward".into(),
-                shape: MatmulShape { m: bt, n: v, k: c, a: Operand::row_major(c), b: Operand::transposed(c), c: Operand::row_major(v) },
+                shape: MatmulShape {
+                    m: bt,
+                    n: rows,
+                    k: c,
+                    a: Operand::row_major(c),
+                    b: Operand::transposed(c),
+                    c: Operand::row_major(rows),
+                },
                 c: &logits,
                 a: &ln_f,
                 b: &wte,
                 b16: Some(&wte16),
                 bias: None,
                 accumulate: false,
-                per_step: 1,
+                per_step: chunks,
             },
             Product {
                 case: "lm_head dinp".into(),
-                shape: MatmulShape::row_major(bt, c, v),
+                shape: MatmulShape::row_major(bt, c, rows),
                 c: &d_ln_f,
                 a: &logits,
                 b: &wte,
                 b16: Some(&wte16),
                 bias: None,
-                accumulate: false,
-                per_step: 1,
+                accumulate: true,
+                per_step: chunks,
             },
             Product {
                 case: "lm_head dW".into(),
-                shape: MatmulShape { m: v, n: c, k: bt, a: Operand::transposed(v), b: Operand::row_major(c), c: Operand::row_major(c) },
+                shape: MatmulShape {
+                    m: rows,
+                    n: c,
+                    k: bt,
+                    a: Operand::transposed(rows),
+                    b: Operand::row_major(c),
+                    c: Operand::row_major(c),
+                },
                 c: &dwte,
                 a: &logits,
                 b: &ln_f,
                 b16: None,
                 bias: None,
-                accumulate: true,
-                per_step: 1,
+                accumulate: false,
+                per_step: chunks,
             },
         ];
         for p in products {

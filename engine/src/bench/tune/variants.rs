@@ -7,9 +7,9 @@ use std::time::Instant;
 use anyhow::Result;
 use rayon::prelude::*;
 
-use crate::device::{Backend, GpuDevice};
 use crate::device::gpu::GpuTensor;
 use crate::device::timing::Timer;
+use crate::device::{Backend, GpuDevice};
 
 /// The variants of one shape class as timed (matmul tiles or attention tiles).
 #[derive(Clone, Debug)]
@@ -271,5 +271,4 @@ mod tests {
         assert!(many.iter().all(|v| (-1.0..1.0).contains(v)) && many[..1 << 16] != many[1 << 16..2 << 16], "pieces differ");
         assert_ne!(values(1000, 1), values(1000, 2));
     }
-
 }
