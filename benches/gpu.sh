@@ -157,7 +157,7 @@ if classes:
         md.append(f"\n{tsum[0]['classes']} matmul, {tsum[0].get('attention_classes', 0)} attention and {tsum[0].get('coop_classes', 0)} cooperative-matrix classes in {tsum[0]['seconds']:.0f} s; "
                   f"table {tsum[0]['table']}; mismatched variants: {tsum[0]['mismatched'] or 'none'}\n")
         for part, s in (tsum[0].get("spent") or {}).items():
-            md.append(f"- {part}: {s['setup_s']:.1f} s making operands, {s['check_s']:.1f} s first runs and bit checks, {s['timing_s']:.1f} s timed runs")
+            if s["setup_s"] + s["check_s"] + s["timing_s"] > 0: md.append(f"- {part}: {s['setup_s']:.1f} s making operands, {s['check_s']:.1f} s first runs and bit checks, {s['timing_s']:.1f} s timed runs")
         dropped = [l for l in (read("tune.err") or "").splitlines() if "are not timed on the" in l]
         md += [f"- {l}" for l in dropped] + [""]
 elif read("tune.err") is not None:
@@ -256,7 +256,7 @@ for link in ("h2d", "d2h"):
         pinned = [r for r in torch if r.get("kind") == "copy" and r["direction"] == link and r["memory"] == "pinned"]
         # Prestaged (bytes staged before the clock) is the copy alone, the bound for the trainer's paths;
         # a d2h Pinned read is the trainer's only where the tuner chose pinned read-backs (else InPlace).
-        pinned_reads = any(r.get("kind") == "download" and r.get("chosen") == "pinned" for r in jsonl("tune.out"))
+        pinned_reads = any(r.get("read_back") == "pinned" for r in jsonl("devices.json")[:1])  # the first adapter: the benches'
         not_paths = {"Prestaged"} | ({"Pinned"} if link == "d2h" and not pinned_reads else set())
         paths = [r for r in rows[0]["runs"] if r["method"] not in not_paths]
         ours = {r["bytes"]: r["gbps"] for r in paths if r["gbps"] == max(x["gbps"] for x in paths if x["bytes"] == r["bytes"])}
@@ -349,6 +349,8 @@ render
 skipped selftest || part selftest 120 "$ZS" selftest --device gpu --json
 skipped tune || part tune $((TUNE_SECONDS + 50)) "$ZS" tune --json --max-seconds "$TUNE_SECONDS" ${TUNE_FLAGS:-}
 skipped kernels || part kernels ${KERNELS_LIMIT:-240} "$ZS" bench kernels --batch-size "$B" --seq-len "$T" --json ${KERNEL_FLAGS:-}
+# The read-back the trainer uses now (the table's, whether this run's tune or an earlier one chose it).
+"$ZS" devices --json >"$work/devices.json" 2>/dev/null || true
 skipped transfer || { part h2d 60 "$ZS" bench h2d --json; part d2h 90 "$ZS" bench d2h --json; part overlap 60 "$ZS" bench overlap --json ${OVERLAP_FLAGS:-}; }
 
 # PyTorch: the same shapes, timed with CUDA events (median after warm-up).

@@ -281,6 +281,12 @@ impl GpuDevice {
     }
 
     /// Waits until every recorded pass has run.
+    /// Blocks until `submission` (None: everything submitted) and the submissions before it are done on
+    /// the device, not later ones; Err where the device is lost.
+    pub(super) fn wait_for_submission(device: &wgpu::Device, submission: Option<wgpu::SubmissionIndex>) -> Result<(), wgpu::PollError> {
+        device.poll(wgpu::PollType::Wait { submission_index: submission, timeout: None }).map(drop)
+    }
+
     pub fn synchronize(&self) {
         self.flush();
         let _ = self.device.poll(wgpu::PollType::wait_indefinitely());

@@ -237,8 +237,8 @@ impl GpuDevice {
                 out
             }
             ReadStaging::Pinned(pinned) => {
-                let wait = wgpu::PollType::Wait { submission_index: pending.submission, timeout: None };
-                self.device.poll(wait).unwrap_or_else(|e| panic!("GPU device lost while waiting for a read-back: {e}"));
+                Self::wait_for_submission(&self.device, pending.submission)
+                    .unwrap_or_else(|e| panic!("GPU device lost while waiting for a read-back: {e}"));
                 let bytes = staging.buffer().size();
                 self.count_pinned_read(bytes);
                 // SAFETY: the mapping holds the buffer's `bytes` (made so, live while `staging` is) at
@@ -270,8 +270,8 @@ impl GpuDevice {
             match mapped.try_recv() {
                 Ok(result) => return result.unwrap_or_else(|e| panic!("mapping {what} failed: {e}")),
                 Err(TryRecvError::Empty) => {
-                    let wait = wgpu::PollType::Wait { submission_index: submission.clone(), timeout: None };
-                    self.device.poll(wait).unwrap_or_else(|e| panic!("GPU device lost while waiting for {what}: {e}"));
+                    Self::wait_for_submission(&self.device, submission.clone())
+                        .unwrap_or_else(|e| panic!("GPU device lost while waiting for {what}: {e}"));
                 }
                 Err(TryRecvError::Disconnected) => panic!("the map callback of {what} was dropped"),
             }

@@ -48,10 +48,9 @@ impl PinnedRegion {
     fn wait_for_copies(&self) {
         let pending = self.copying.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(submission) = pending {
-            let wait = wgpu::PollType::Wait { submission_index: Some(submission), timeout: None };
             // A lost device reads nothing more, so the host may write; the device thread reports the
             // loss at its next wait (not this thread, which holds the group's lock).
-            let _ = self.device.poll(wait);
+            let _ = GpuDevice::wait_for_submission(&self.device, Some(submission));
         }
     }
 }

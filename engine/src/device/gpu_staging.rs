@@ -164,8 +164,8 @@ impl GpuDevice {
             Some(InUse::Mapping(mapped, submission)) => self.wait_until_mapped(&mapped, Some(submission), "the upload ring's buffer"),
             Some(InUse::Copying(done, submission)) => {
                 while !done.load(Ordering::Acquire) {
-                    let wait = wgpu::PollType::Wait { submission_index: Some(submission.clone()), timeout: None };
-                    self.device.poll(wait).unwrap_or_else(|e| panic!("GPU device lost while waiting for the upload ring: {e}"));
+                    Self::wait_for_submission(&self.device, Some(submission.clone()))
+                        .unwrap_or_else(|e| panic!("GPU device lost while waiting for the upload ring: {e}"));
                 }
             }
         }

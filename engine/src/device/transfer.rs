@@ -252,8 +252,7 @@ impl GpuDevice {
             let submission = self.queue.submit([encoder.finish()]);
             match pinned {
                 Some(_) => {
-                    let wait = wgpu::PollType::Wait { submission_index: Some(submission), timeout: None };
-                    self.device.poll(wait).map_err(|e| anyhow!("GPU device lost: {e}"))?;
+                    Self::wait_for_submission(&self.device, Some(submission)).map_err(|e| anyhow!("GPU device lost: {e}"))?;
                 }
                 None => self.wait_mapped(&map(&staging, wgpu::MapMode::Read))?,
             }
