@@ -27,6 +27,7 @@ mod isa;
 mod reference;
 pub(crate) mod rounding;
 
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 pub use isa::Isa;
 use rayon::prelude::*;
@@ -271,7 +272,20 @@ fn chunk_body(
             let out = &mut out[..n];
             sweep!(g, |x: f32| x, |i: usize, x: f32| out[i] = bf16_from_f32(x))
         }
-        // f16 conversions go through the `half` crate element by element: correct, not the fast path.
+        // The f16 copy in a second pass over the chunk, still in cache, by the `half` crate's slice
+        // conversion: 8 at a time where the CPU has F16C (checked once per chunk), the same bits as its
+        // element-wise `f16::from_f32` (nearest even). Element by element, with the feature checked
+        // for every one, the update ran at 0.27 Gparam/s here against 1.36 with a bf16 copy.
+        (Grads::F32(g), ParamCopy::F16(out)) => {
+            sweep!(g, |x: f32| x, |_, _| ());
+            out[..n].convert_from_f32_slice(p);
+        }
+        (Grads::Bf16(g), ParamCopy::F16(out)) => {
+            sweep!(g, bf16_to_f32, |_, _| ());
+            out[..n].convert_from_f32_slice(p);
+        }
+        // f16 gradients (`bench adam --grad f16` only: training reads f32 or bf16 ones) go through the
+        // `half` crate element by element: correct, not a fast path.
         (grads, copy) => {
             for i in 0..n {
                 let gi = match grads {

@@ -135,6 +135,45 @@ fn f16_gradients_and_copy_match_the_reference() {
     assert!(b.3.iter().zip(&b.0).all(|(h, p)| *h == half::f16::from_f32(*p)));
 }
 
+/// The f16 copy of the training paths (f32 or bf16 gradients), written by slice after the chunk's update,
+/// is the reference's element-wise rounding on every instruction set and chunking: nearest even, past
+/// 65504 infinity, subnormals, signed zeros.
+#[test]
+fn f16_copy_from_f32_and_bf16_gradients_matches_the_reference() {
+    let cfg = AdamConfig { weight_decay: 0.0, ..AdamConfig::default() };
+    let n = 10_007;
+    let mut params = random(7, n, 1.0);
+    // Values the update moves by about lr at most, so they stay near these edges of f16's range.
+    let edges = [65504.0, 65519.0, 65520.0, -70000.0, 6e-8, -3e-8, 1.0 + 2f32.powi(-11), 2f32.powi(-14), 0.0, -0.0];
+    for (i, e) in edges.iter().enumerate() {
+        params[i * 997] = *e;
+    }
+    let g32 = random(8, n, 2.0);
+    let g16: Vec<bf16> = g32.iter().map(|x| bf16::from_f32(*x)).collect();
+    let mut isas = vec![Isa::Baseline];
+    if Isa::detect() != Isa::Baseline {
+        isas.push(Isa::detect());
+    }
+    for grads in [Grads::F32(&g32), Grads::Bf16(&g16)] {
+        let mut want = (params.clone(), vec![0.0; n], vec![0.0; n], vec![half::f16::ZERO; n]);
+        adamw_reference(&mut want.0, &mut want.1, &mut want.2, grads, ParamCopy::F16(&mut want.3), &cfg, 1, 1.0, true);
+        assert!(
+            want.3.iter().any(|h| h.is_infinite()) && want.3.iter().any(|h| !h.is_normal() && *h != half::f16::ZERO && h.is_finite()),
+            "the edges are reached"
+        );
+        for &isa in &isas {
+            for (threads, chunk) in [(1, 7), (2, 999), (2, 1 << 16)] {
+                let mut got = (params.clone(), vec![0.0; n], vec![0.0; n], vec![half::f16::ZERO; n]);
+                let adam = AdamW::with_isa(cfg, threads, chunk, isa);
+                adam.step(&mut got.0, &mut got.1, &mut got.2, grads, ParamCopy::F16(&mut got.3), 1, 1.0, true);
+                let bits = |h: &[half::f16]| h.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert!(got.0 == want.0, "{isa:?} {threads} threads, chunks of {chunk}: the update differs");
+                assert_eq!(bits(&got.3), bits(&want.3), "{isa:?} {threads} threads, chunks of {chunk}: the f16 copy differs");
+            }
+        }
+    }
+}
+
 #[test]
 fn a_step_with_non_finite_gradients_is_skipped_and_changes_nothing() {
     let n = 1000;
