@@ -80,7 +80,11 @@ pub fn cast_bf16_to_f32(out: &mut [f32], x: &[u16]) {
 
 /// f16 bits -> f32 (exact). Twin of `cast_half_to_f32.wgsl` (format 0).
 pub fn cast_f16_to_f32(out: &mut [f32], x: &[u16]) {
-    out.par_iter_mut().zip(x.par_iter()).for_each(|(o, v)| *o = half::f16::from_bits(*v).to_f32());
+    use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+    assert_eq!(out.len(), x.len(), "cast_f16_to_f32: {} outputs for {} inputs", out.len(), x.len());
+    out.par_chunks_mut(HOST_CHUNK)
+        .zip(x.par_chunks(HOST_CHUNK))
+        .for_each(|(o, h)| h.reinterpret_cast::<half::f16>().convert_to_f32_slice(o));
 }
 
 #[cfg(test)]

@@ -357,20 +357,23 @@ const CONVERT_TASK_ELEMS: usize = 1 << 14;
 
 /// Working-copy words (f32, or 16-bit words of `format`) as f32 values, on rayon's threads.
 fn words_to_f32(words: &[u8], format: Option<HalfFormat>, out: &mut [f32]) {
+    use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
     let Some(format) = format else { return out.copy_from_slice(bytemuck::cast_slice(words)) };
     let words = bytemuck::cast_slice::<u8, u16>(words);
     out.par_chunks_mut(CONVERT_TASK_ELEMS).zip(words.par_chunks(CONVERT_TASK_ELEMS)).for_each(|(o, w)| match format {
         HalfFormat::Bf16 => o.iter_mut().zip(w).for_each(|(o, &w)| *o = half::bf16::from_bits(w).to_f32()),
-        HalfFormat::F16 => o.iter_mut().zip(w).for_each(|(o, &w)| *o = half::f16::from_bits(w).to_f32()),
+        // By slice: F16C checked once, 8 at a time (element by element it is checked for every one).
+        HalfFormat::F16 => w.reinterpret_cast::<half::f16>().convert_to_f32_slice(o),
     });
 }
 
 /// f32 values as working-copy words (rounded to nearest even for 16-bit formats), on rayon's threads.
 fn f32_to_words(values: &[f32], format: Option<HalfFormat>, words: &mut [u8]) {
+    use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
     let Some(format) = format else { return words.copy_from_slice(bytemuck::cast_slice(values)) };
     let words = bytemuck::cast_slice_mut::<u8, u16>(words);
     words.par_chunks_mut(CONVERT_TASK_ELEMS).zip(values.par_chunks(CONVERT_TASK_ELEMS)).for_each(|(w, v)| match format {
         HalfFormat::Bf16 => w.iter_mut().zip(v).for_each(|(w, &v)| *w = half::bf16::from_f32(v).to_bits()),
-        HalfFormat::F16 => w.iter_mut().zip(v).for_each(|(w, &v)| *w = half::f16::from_f32(v).to_bits()),
+        HalfFormat::F16 => w.reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(v),
     });
 }

@@ -8,6 +8,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use anyhow::{Result, bail};
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use half::{bf16, f16};
 use zerostream_offload::layerwise::SquaredNorms;
 use zerostream_offload::{AdamW, Grads, Layerwise, MomentNoise, Moments, NvmeDir, ParamCopy, Stored, Tier, pipelined_sweep};
@@ -252,9 +253,9 @@ pub(super) fn write_working(precision: Precision, master: &[f32], working: &mut 
             }
         }
         Precision::Fp16 => {
-            for (w, &p) in working.data_mut().as_mut_slice::<u16>()[at..at + n].iter_mut().zip(master) {
-                *w = f16::from_f32(p).to_bits();
-            }
+            // By slice: F16C checked once, 8 at a time; the same bits as `f16::from_f32`.
+            let words = &mut working.data_mut().as_mut_slice::<u16>()[at..at + n];
+            words.reinterpret_cast_mut::<f16>().convert_from_f32_slice(master);
         }
     }
 }
