@@ -158,7 +158,7 @@ if classes:
                   f"table {tsum[0]['table']}; mismatched variants: {tsum[0]['mismatched'] or 'none'}\n")
         for part, s in (tsum[0].get("spent") or {}).items():
             if s["setup_s"] + s["check_s"] + s["timing_s"] > 0: md.append(f"- {part}: {s['setup_s']:.1f} s making operands, {s['check_s']:.1f} s first runs and bit checks, {s['timing_s']:.1f} s timed runs")
-        dropped = [l for l in (read("tune.err") or "").splitlines() if "are not timed on the" in l]
+        dropped = [l for l in (read("tune.err") or "").splitlines() if "are not timed on later classes" in l or "are timed on every class again" in l]
         md += [f"- {l}" for l in dropped] + [""]
 elif read("tune.err") is not None:
     md += ["## zerostream tune (no classes)\n", block(tail(read("tune.err")))]
@@ -255,8 +255,10 @@ for link in ("h2d", "d2h"):
         md.append(f"\nhost memcpy (one thread): {rows[0]['memcpy_gbps']:.2f} GB/s\n")
         pinned = [r for r in torch if r.get("kind") == "copy" and r["direction"] == link and r["memory"] == "pinned"]
         # Prestaged (bytes staged before the clock) is the copy alone, the bound for the trainer's paths;
-        # a d2h Pinned read is the trainer's only where the tuner chose pinned read-backs (else InPlace).
-        pinned_reads = any(r.get("read_back") == "pinned" for r in jsonl("devices.json")[:1])  # the first adapter: the benches'
+        # a d2h Pinned read is the trainer's only where the table of the adapter the benches open
+        # (devices.json's preferred one, written after tune: this run's table or an earlier one's) chose
+        # pinned read-backs; else the trainer reads through InPlace's mapped buffers.
+        pinned_reads = any(r.get("read_back") == "pinned" for r in jsonl("devices.json") if r.get("preferred"))
         not_paths = {"Prestaged"} | ({"Pinned"} if link == "d2h" and not pinned_reads else set())
         paths = [r for r in rows[0]["runs"] if r["method"] not in not_paths]
         ours = {r["bytes"]: r["gbps"] for r in paths if r["gbps"] == max(x["gbps"] for x in paths if x["bytes"] == r["bytes"])}

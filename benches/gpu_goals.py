@@ -114,7 +114,7 @@ def goals(work):
         # trainer takes, so it is not counted as ours; nor is a d2h Pinned read unless the tuner chose
         # pinned read-backs (the trainer reads through InPlace's mapped buffers otherwise).
         # The read-back in the adapter's table when the transfers ran (this run's tune, or an earlier one's).
-        pinned_reads = any(r.get("read_back") == "pinned" for r in jsonl(work, "devices.json")[:1])
+        pinned_reads = any(r.get("read_back") == "pinned" for r in jsonl(work, "devices.json") if r.get("preferred"))
         not_ours = {"Prestaged"} | ({"Pinned"} if link == "d2h" and not pinned_reads else set())
         for run in (rows[0]["runs"] if rows else []):
             if run["method"] not in not_ours:

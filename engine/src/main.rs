@@ -236,13 +236,14 @@ fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
 /// object each with --json), then the cpu device.
 fn print_devices(json: bool) -> Result<i32> {
     let adapters = device::gpu::list_adapters();
+    let preferred = device::gpu::preferred_adapter(&adapters);
     if json {
         for a in &adapters {
             let table = MatmulTable::load(a).0;
             println!(
                 "{}",
                 serde_json::json!({
-                    "index": a.index, "name": a.name, "backend": a.backend,
+                    "index": a.index, "preferred": preferred == Some(a.index), "name": a.name, "backend": a.backend,
                     "type": format!("{:?}", a.device_type), "driver": a.driver,
                     "max_storage_binding_bytes": a.max_storage_binding_bytes,
                     "max_buffer_bytes": a.max_buffer_bytes,
@@ -265,7 +266,8 @@ fn print_devices(json: bool) -> Result<i32> {
         println!("no GPU adapters found; `--device auto` will use the cpu device");
     }
     for a in &adapters {
-        println!("[{}] {} ({}, {:?}) driver: {}", a.index, a.name, a.backend, a.device_type, a.driver);
+        let opened = if preferred == Some(a.index) { " (opened by --device gpu without --adapter)" } else { "" };
+        println!("[{}] {} ({}, {:?}) driver: {}{opened}", a.index, a.name, a.backend, a.device_type, a.driver);
         println!(
             "    max storage binding {} MiB, max buffer {} MiB, workgroup storage {} KiB, {} invocations/workgroup",
             a.max_storage_binding_bytes >> 20,

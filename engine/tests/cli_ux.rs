@@ -208,6 +208,23 @@ fn no_graphics_stack_warning_without_a_desktop_session() {
     assert!(!err.contains("XDG_RUNTIME_DIR"), "a warning from the graphics stack: {err}");
 }
 
+/// `devices --json` marks as `preferred` the one adapter `--device gpu` opens without `--adapter`, the
+/// one whose table scripts read (gpu.sh's read-back choice). Skipped without an adapter (failed under
+/// ZEROSTREAM_REQUIRE_GPU=1).
+#[test]
+fn devices_json_marks_the_adapter_opened_by_default() {
+    let opened = match zerostream::device::GpuDevice::open(None, None) {
+        Ok(dev) => dev.summary().index,
+        Err(e) if std::env::var("ZEROSTREAM_REQUIRE_GPU").as_deref() == Ok("1") => panic!("ZEROSTREAM_REQUIRE_GPU=1 but no adapter: {e:#}"),
+        Err(e) => return eprintln!("SKIPPED devices_json_marks_the_adapter_opened_by_default: no GPU adapter ({e:#})"),
+    };
+    let out = zerostream(&["devices", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let preferred: Vec<u64> = rows.iter().filter(|r| r["preferred"] == true).map(|r| r["index"].as_u64().unwrap()).collect();
+    assert_eq!(preferred, vec![opened as u64], "{rows:?}");
+}
+
 /// A preemption loop re-runs one command; once the checkpoint is at `--steps`, the command ends at once
 /// with success, writing `--save` from the checkpoint's model if it is missing, and leaving it otherwise.
 #[test]

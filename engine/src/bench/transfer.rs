@@ -93,15 +93,12 @@ pub fn best_h2d_seconds(dev: &GpuDevice, host: &[u8], method: TransferMethod, re
 }
 
 /// The fastest of `reps` (at least one) timed downloads of `host` by `method` (each copies `host` up
-/// untimed and reads it back), failing if a read returns other bytes than were sent.
+/// untimed and reads it back), failing if a read returns other bytes than were sent
+/// ([`GpuDevice::time_d2h`] checks each).
 pub fn best_d2h_seconds(dev: &GpuDevice, host: &mut [u8], method: TransferMethod, reps: usize) -> Result<f64> {
-    let expected = host.to_vec();
     let mut best = f64::INFINITY;
     for _ in 0..reps.max(1) {
         best = best.min(dev.time_d2h(host, method)?);
-        if host != expected.as_slice() {
-            bail!("d2h {method:?} of {} bytes returned different data", host.len());
-        }
     }
     Ok(best)
 }

@@ -1,4 +1,4 @@
-//! `zerostream tune`: times every variant of the fp32 matmul the adapter can run on the products a
+//! `zerostream tune`: times the variants of the fp32 matmul the adapter can run on the products a
 //! model's training step makes (forward, input gradient and weight gradient of every linear layer and of
 //! the vocabulary projection's chunk, with f32 and 16-bit weights), keeps the fastest per shape class,
 //! and writes the table the gpu device loads when it opens (`device/matmul_tuning.rs`). The same for the
@@ -19,7 +19,7 @@ pub use attention::{AttentionCall, AttentionResult, attention_calls, attention_v
 pub use upload::{DownloadResult, UploadResult, tune_download, tune_upload};
 pub use variants::{Spent, VariantTimes};
 
-use variants::{Candidates, Hopeless, time_variants, values};
+use variants::{Candidates, Clock, Hopeless, time_variants, values};
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -33,7 +33,6 @@ use crate::device::gpu::GpuTensor;
 use crate::device::matmul_tuning::{
     DownloadEntry, MatmulClass, MatmulTable, TableEntry, TableFile, TableKey, TableSource, UploadEntry, existing_table, table_path,
 };
-use crate::device::timing::Timer;
 use crate::device::{Backend, GpuDevice, HalfFormat, MatmulInputs, MatmulShape, Operand};
 
 /// What to tune on.
@@ -204,8 +203,7 @@ fn tune_class<V: Copy + PartialEq>(
     p: &Product,
     candidates: &Candidates<V>,
     force: impl Fn(Option<V>) -> Result<()>,
-    timer: Timer,
-    deadline: Instant,
+    clock: Clock,
     seed: u64,
 ) -> Result<Option<VariantTimes<V>>> {
     let setup_start = Instant::now();
@@ -213,11 +211,7 @@ fn tune_class<V: Copy + PartialEq>(
     dev.synchronize();
     let setup_s = setup_start.elapsed().as_secs_f64();
     let run = || dev.matmul(&ops.c, &ops.a, &ops.b, None, &p.shape, false);
-    let timed = time_variants(dev, candidates, timer, deadline, force, run, &[&ops.c])?;
-    Ok(timed.map(|mut t| {
-        t.spent.setup_s = setup_s;
-        t
-    }))
+    time_variants(dev, candidates, clock, setup_s, force, run, &[&ops.c])
 }
 
 /// The shape classes of the configured models' products, in the order first met, each with the product
@@ -257,15 +251,17 @@ fn tune_classes<V: Copy + PartialEq + std::fmt::Display>(
     mut on_class: impl FnMut(&ClassResult<V>),
 ) -> Result<Vec<ClassResult<V>>> {
     let classes = step_classes(cfg)?;
-    let timer = dev.best_timer();
+    let clock = Clock { timer: dev.best_timer(), deadline: deadline_after(start, until_s) };
     let mut results = Vec::new();
-    let deadline = deadline_after(start, until_s);
-    let mut list = candidates.list.to_vec();
-    let mut hopeless = Hopeless::new(&list);
+    let mut hopeless = Hopeless::new(candidates.list, &[candidates.list[0], candidates.reference]);
     for (i, (class, product, names)) in classes.iter().enumerate() {
+        let list = match candidates.prune {
+            true => hopeless.list_for(class, candidates.list),
+            false => candidates.list.to_vec(),
+        };
         let these = Candidates { list: &list, ..*candidates };
-        let timed = match Instant::now() < deadline {
-            true => tune_class(dev, product, &these, force, timer, deadline, i as u64 * 7 + 1)?,
+        let timed = match Instant::now() < clock.deadline {
+            true => tune_class(dev, product, &these, force, clock, i as u64 * 7 + 1)?,
             false => None,
         };
         let Some(timed) = timed else {
@@ -277,24 +273,48 @@ fn tune_classes<V: Copy + PartialEq + std::fmt::Display>(
             );
             break;
         };
-        let dropped = if candidates.prune { hopeless.count(&timed, &[list[0], candidates.reference]) } else { Vec::new() };
-        if !dropped.is_empty() {
-            list.retain(|v| !dropped.contains(v));
-            eprintln!(
-                "tune: {} of {} {what} variants took over {}x their class's best on each of the first {} classes and are not timed on the {} after: {}",
-                dropped.len(),
-                candidates.list.len(),
-                Hopeless::<V>::RATIO,
-                Hopeless::<V>::CLASSES,
-                classes.len() - i - 1,
-                dropped.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ")
-            );
+        if candidates.prune {
+            let before = hopeless.dropped();
+            hopeless.count(class, &timed);
+            report_dropped(what, candidates.list.len(), &before, &hopeless.dropped(), class, classes.len() - i - 1);
         }
         let result = ClassResult { class: *class, shape: product.shape, products: names.clone(), timed };
         on_class(&result);
         results.push(result);
     }
     Ok(results)
+}
+
+/// Says on stderr which variants [`Hopeless`] dropped after `class` (from `before`), or took back.
+fn report_dropped<V: Copy + PartialEq + std::fmt::Display>(
+    what: &str,
+    of: usize,
+    before: &[V],
+    now: &[V],
+    class: &MatmulClass,
+    left: usize,
+) {
+    let names = |vs: Vec<&V>| vs.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ");
+    let dropped: Vec<&V> = now.iter().filter(|v| !before.contains(v)).collect();
+    let back: Vec<&V> = before.iter().filter(|v| !now.contains(v)).collect();
+    if !dropped.is_empty() && left > 0 {
+        eprintln!(
+            "tune: {} of {of} {what} variants took over {}x their class's best on each of the first {} classes and are not timed on later classes like them (their layouts, M, N and K within their buckets; on others every variant is timed again): {}",
+            dropped.len(),
+            Hopeless::<V>::RATIO,
+            Hopeless::<V>::CLASSES,
+            names(dropped)
+        );
+    }
+    if !back.is_empty() {
+        eprintln!(
+            "tune: {} {what} variants dropped earlier came within {}x of the best on {}, unlike the classes they lost on, and are timed on every class again: {}",
+            back.len(),
+            Hopeless::<V>::RATIO,
+            class.key(),
+            names(back)
+        );
+    }
 }
 
 /// Tunes every class of the configured models' products, until `cfg.max_seconds` after `start` (the

@@ -29,9 +29,11 @@ pub struct TuneArgs {
     /// Leave out the products with 16-bit weights (they serve `--precision bf16|fp16` runs).
     #[arg(long)]
     no_16bit: bool,
-    /// Only these matmul variants, comma-separated (e.g. 128x128x8/8x8/db/v4), each timed on every class.
-    /// Default: every one the adapter can run, where a variant (fp32 or cooperative-matrix) slower than 3x
-    /// its class's best on each of the first 6 classes is not timed on the later ones (it cannot win).
+    /// Only these fp32 matmul variants, comma-separated (e.g. 128x128x8/8x8/db/v4), each timed on every
+    /// class. Default: every one the adapter can run, where a variant slower than 3x its class's best on
+    /// each of the first 6 classes is not timed on later classes like them (their operand layouts, and
+    /// M, N and K within their sizes; on an unlike class every variant is timed again). The
+    /// cooperative-matrix variants, which this flag does not name, are always pruned that way.
     #[arg(long, value_delimiter = ',')]
     variants: Vec<String>,
     /// Only these attention variants (rows of a tile per workgroup, and rows per invocation after an x:

@@ -109,6 +109,12 @@ pub fn list_adapters() -> Vec<AdapterSummary> {
     adapters(&instance()).iter().enumerate().map(|(i, a)| AdapterSummary::new(i, a)).collect()
 }
 
+/// The index of the adapter `--device gpu` opens without `--adapter`: the most capable (discrete
+/// first, software last; the lowest index among equals). `None` without adapters.
+pub fn preferred_adapter(summaries: &[AdapterSummary]) -> Option<usize> {
+    summaries.iter().min_by_key(|s| (s.preference(), s.index)).map(|s| s.index)
+}
+
 /// One cooperative-matrix configuration an adapter lists: C (M x N) += A (M x K) @ B (K x N).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CoopMatrixConfig {

@@ -24,7 +24,7 @@ use crate::ops::encoder::TokenBuckets;
 use busy::BusyClock;
 use zerostream_shaders::{self as shaders, AttentionTile, CoopTile, MatmulTile};
 
-pub use super::adapter::{AdapterSummary, CoopMatrixConfig, list_adapters, quiet_wayland_probe};
+pub use super::adapter::{AdapterSummary, CoopMatrixConfig, list_adapters, preferred_adapter, quiet_wayland_probe};
 use super::adapter::{adapters, instance};
 pub use matmul::{MATMUL_COOP_PATH, MATMUL_PATH, coop_unavailable};
 
@@ -178,7 +178,7 @@ impl GpuDevice {
                     format!("--adapter {sel:?} matches no adapter; found: {}", names.join(", "))
                 })?,
             },
-            None => summaries.iter().min_by_key(|s| (s.preference(), s.index)).unwrap().index,
+            None => preferred_adapter(&summaries).expect("adapters were found"),
         };
         Self::from_adapter(&found[index], summaries[index].clone(), budget_bytes)
     }
@@ -333,7 +333,8 @@ impl GpuDevice {
 }
 
 // Llama's kernels (RMSNorm, RoPE, SwiGLU) are dispatched from gpu_llama.rs, a child module so that it
-// shares this file's private helpers (windows, pieces, dispatch) without widening their visibility.
+// shares this file's private helpers (windows, pieces) and gpu_dispatch.rs's `dispatch` without
+// widening their visibility.
 #[path = "gpu_llama.rs"]
 mod llama;
 // The decode attention of generation with a KV cache, likewise.

@@ -168,7 +168,9 @@ impl GpuDevice {
         Ok(())
     }
 
-    /// Seconds to bring a device buffer of `host.len()` bytes into `host`.
+    /// Seconds to bring a device buffer of `host.len()` bytes (`host`'s, copied up untimed) back to the
+    /// host: into `host` (Direct, StagingRing) or readable where it lands (InPlace, Pinned). Fails if
+    /// the bytes read differ from those sent (checked untimed): the one place every d2h timing is checked.
     pub fn time_d2h(&self, host: &mut [u8], method: TransferMethod) -> Result<f64> {
         if matches!(method, TransferMethod::Parallel | TransferMethod::HostRing | TransferMethod::Prestaged) {
             bail!("{method:?} moves bytes up only (h2d)");
@@ -184,6 +186,7 @@ impl GpuDevice {
         )?;
         self.queue.write_buffer(&src, 0, host);
         self.queue.submit([]);
+        let sent = host.to_vec();
         let chunk = match method {
             TransferMethod::StagingRing => RING_CHUNK_BYTES.min(bytes),
             _ => bytes,
@@ -225,7 +228,11 @@ impl GpuDevice {
         while let Some((k, rx)) = in_flight.pop_front() {
             drain(k, rx, host)?;
         }
-        Ok(start.elapsed().as_secs_f64())
+        let seconds = start.elapsed().as_secs_f64();
+        if *host != *sent {
+            bail!("d2h {method:?} of {bytes} bytes: the bytes read differ from those sent");
+        }
+        Ok(seconds)
     }
 
     /// [`TransferMethod::InPlace`] and d2h [`TransferMethod::Pinned`]: seconds until a device buffer of

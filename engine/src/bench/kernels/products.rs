@@ -163,7 +163,9 @@ impl Bench<'_> {
     /// The tied lm_head as training runs it, one vocabulary chunk of `DEFAULT_CHUNK_ROWS` rows at a
     /// time (`model/vocab.rs`; the whole (BT, V) product is never made): a chunk's logits = ln_f @
     /// wte_j^T, d ln_f += dlogits_j @ wte_j, dwte_j = dlogits_j^T @ ln_f. Counted once per chunk of the
-    /// step, the last (shorter) chunk as a whole one.
+    /// step, the last (shorter) chunk as a whole one: a resident head's count. A streamed head keeps one
+    /// chunk's logits, so its backward recomputes every chunk's but the last one's: the forward product
+    /// runs 2 x chunks - 1 times there, and this count understates its share of the step.
     pub(super) fn lm_head(&mut self, bt: usize, c: usize, v: usize) -> Result<()> {
         if !self.wants("matmul") {
             return Ok(());

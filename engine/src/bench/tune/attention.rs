@@ -12,10 +12,9 @@ use anyhow::{Context, Result, bail};
 use zerostream_checkpoints::LlamaConfig;
 use zerostream_shaders::{AttentionPass, AttentionTile};
 
-use super::{Candidates, TuneConfig, VariantTimes, time_variants, values};
+use super::{Candidates, Clock, TuneConfig, VariantTimes, time_variants, values};
 use crate::device::attention_tuning::AttentionClass;
 use crate::device::gpu::GpuTensor;
-use crate::device::timing::Timer;
 use crate::device::{AttentionDims, Backend, GpuDevice};
 
 /// One attention call of a training step.
@@ -97,8 +96,7 @@ fn tune_call(
     dev: &GpuDevice,
     call: &AttentionCall,
     variants: &[AttentionTile],
-    timer: Timer,
-    deadline: Instant,
+    clock: Clock,
     seed: u64,
 ) -> Result<Option<VariantTimes<AttentionTile>>> {
     let setup_start = Instant::now();
@@ -114,11 +112,7 @@ fn tune_call(
         AttentionPass::Forward => [&t.out, &t.lse],
         AttentionPass::Backward => [&t.dqkv, &t.delta],
     };
-    let timed = time_variants(dev, &candidates, timer, deadline, |v| dev.force_attention_variant(v), run, &outputs)?;
-    Ok(timed.map(|mut t| {
-        t.spent.setup_s = setup_s;
-        t
-    }))
+    time_variants(dev, &candidates, clock, setup_s, |v| dev.force_attention_variant(v), run, &outputs)
 }
 
 /// The attention variants to try ([`with_baselines`]): `cfg.attention_variants`, else every one the
@@ -169,13 +163,12 @@ pub fn tune_attention(
             entry.1.push(call.name);
         }
     }
-    let timer = dev.best_timer();
+    let clock = Clock { timer: dev.best_timer(), deadline: super::deadline_after(start, cfg.max_seconds) };
     let mut results = Vec::new();
-    let deadline = super::deadline_after(start, cfg.max_seconds);
     for (i, class) in order.iter().enumerate() {
         let (call, names) = &classes[class];
-        let timed = match Instant::now() < deadline {
-            true => tune_call(dev, call, &variants, timer, deadline, 1000 + i as u64 * 7)?,
+        let timed = match Instant::now() < clock.deadline {
+            true => tune_call(dev, call, &variants, clock, 1000 + i as u64 * 7)?,
             false => None,
         };
         let Some(timed) = timed else {

@@ -1,6 +1,7 @@
 //! How `zerostream tune` times one shape class's variants: each made the device's choice in turn, its
 //! output's bits checked against the reference variant's, the hopeless ones timed once and, after a
-//! tune's first classes, not at all ([`Hopeless`]); and where the class's time went ([`Spent`]).
+//! tune's first classes, not on later classes like them ([`Hopeless`]); and where the class's time
+//! went ([`Spent`]).
 
 use std::time::Instant;
 
@@ -8,6 +9,7 @@ use anyhow::Result;
 use rayon::prelude::*;
 
 use crate::device::gpu::GpuTensor;
+use crate::device::matmul_tuning::MatmulClass;
 use crate::device::timing::Timer;
 use crate::device::{Backend, GpuDevice};
 
@@ -27,7 +29,8 @@ pub struct VariantTimes<V> {
 /// whether a tune is bound by its set-up, its checks or its timings.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Spent {
-    /// Making and filling the class's operands.
+    /// Making and filling the class's operands (for an attention backward class, also the default
+    /// forward that makes its output and log-sum-exp).
     pub setup_s: f64,
     /// Each variant's first run (pipeline creation on first use, warm-up) and the comparison of its
     /// output with the reference's bits (a read-back), the reference's own run included.
@@ -71,57 +74,102 @@ pub(crate) struct Candidates<'a, V> {
     pub(crate) prune: bool,
 }
 
-/// Variants that cannot win, found on a tune's first classes and left out of its later ones: on an H200,
-/// 11 of the 23 cooperative-matrix variants were 3.6-59x slower than their class's best on every one of
-/// 42 classes, yet each cost a warm-up, a read-back and a timed run per class. Leaving a variant out
-/// changes no result (every variant gives the same bits), only which variant a later class may choose.
+/// Variants that cannot win, found on a tune's first classes and left out of later classes like them:
+/// on an H200, 11 of the 23 cooperative-matrix variants were 3.6-59x slower than their class's best on
+/// every one of 42 classes, yet each cost a warm-up, a read-back and a timed run per class. Leaving a
+/// variant out changes no result (every variant gives the same bits), only which variant a later class
+/// may choose. A verdict drawn on the first classes (a model's first layer: K of 768-4096) says nothing
+/// about unlike shapes (the vocabulary chunk's K of 8192, where a 64x64 tile won on the H200), so on a
+/// class outside them every variant is timed again; that class then joins the evidence, and a dropped
+/// variant that comes within [`Self::RATIO`] of its best there is timed everywhere again.
 pub(super) struct Hopeless<V> {
-    /// Per variant of the list: slower than [`Self::RATIO`] x the best on every class so far.
+    /// Per variant of the list: slower than [`Self::RATIO`] x the best on every class counted.
     so_far: Vec<(V, bool)>,
-    classes: usize,
+    /// The classes timed with every variant: the first [`Self::CLASSES`], then each one unlike them.
+    counted: Vec<MatmulClass>,
+    /// Never dropped: the baseline and the reference bits' variant.
+    keep: Vec<V>,
 }
 
 impl<V: Copy + PartialEq> Hopeless<V> {
     /// How many times its class's best a variant's time must be to count as hopeless there.
     pub(super) const RATIO: f64 = 3.0;
-    /// On how many classes in a row.
+    /// On how many classes before a verdict.
     pub(super) const CLASSES: usize = 6;
 
-    pub(super) fn new(list: &[V]) -> Self {
-        Hopeless { so_far: list.iter().map(|&v| (v, true)).collect(), classes: 0 }
+    pub(super) fn new(list: &[V], keep: &[V]) -> Self {
+        Hopeless { so_far: list.iter().map(|&v| (v, true)).collect(), counted: Vec::new(), keep: keep.to_vec() }
     }
 
-    /// Counts one class's times; after the [`Self::CLASSES`]th, the variants hopeless on each, except
-    /// `keep` (the baseline and the reference bits' variant). A mismatched variant is not hopeless: it
-    /// stays, to be named again as a bug.
-    pub(super) fn count(&mut self, timed: &VariantTimes<V>, keep: &[V]) -> Vec<V> {
+    /// The variants dropped so far: hopeless on each counted class, once there are enough of them.
+    /// A mismatched variant is not hopeless: it stays, to be named again as a bug.
+    pub(super) fn dropped(&self) -> Vec<V> {
+        if self.counted.len() < Self::CLASSES {
+            return Vec::new();
+        }
+        self.so_far.iter().filter(|(v, hopeless)| *hopeless && !self.keep.contains(v)).map(|(v, _)| *v).collect()
+    }
+
+    /// Whether `class` lies within the counted classes: one of their operand layouts and B storages,
+    /// and each of its M, N and K buckets within theirs. Only there are dropped variants left out.
+    pub(super) fn covers(&self, class: &MatmulClass) -> bool {
+        let within = |bucket: fn(&MatmulClass) -> u8| {
+            let (lo, hi) = self.counted.iter().map(bucket).fold((u8::MAX, 0), |(lo, hi), b| (lo.min(b), hi.max(b)));
+            (lo..=hi).contains(&bucket(class))
+        };
+        let layout = |c: &MatmulClass| (c.a_transposed, c.b_transposed, c.b_16bit);
+        self.counted.len() >= Self::CLASSES
+            && self.counted.iter().any(|c| layout(c) == layout(class))
+            && within(|c| c.m_bucket)
+            && within(|c| c.n_bucket)
+            && within(|c| c.k_bucket)
+    }
+
+    /// The variants to time on `class`: `list` less the dropped ones where the class is covered.
+    pub(super) fn list_for(&self, class: &MatmulClass, list: &[V]) -> Vec<V> {
+        let dropped = if self.covers(class) { self.dropped() } else { Vec::new() };
+        list.iter().copied().filter(|v| !dropped.contains(v)).collect()
+    }
+
+    /// Counts a class timed with every variant (one not [`Self::covers`]ed); a covered class, timed
+    /// without the dropped variants, says nothing about them and is not counted.
+    pub(super) fn count(&mut self, class: &MatmulClass, timed: &VariantTimes<V>) {
+        if self.covers(class) {
+            return;
+        }
         let (_, best) = timed.best();
         for (v, hopeless) in &mut self.so_far {
             let time = timed.times.iter().find(|t| t.0 == *v).map(|t| t.1);
             *hopeless &= time.is_some_and(|t| t > Self::RATIO * best);
         }
-        self.classes += 1;
-        if self.classes != Self::CLASSES {
-            return Vec::new();
-        }
-        self.so_far.iter().filter(|(v, hopeless)| *hopeless && !keep.contains(v)).map(|(v, _)| *v).collect()
+        self.counted.push(*class);
     }
+}
+
+/// How a tune times: with which timer, until when.
+#[derive(Clone, Copy)]
+pub(crate) struct Clock {
+    pub(crate) timer: Timer,
+    /// A class not finished by then is not recorded.
+    pub(crate) deadline: Instant,
 }
 
 /// Times each of the candidates' variants, made the device's choice by `force`: `run` makes one call,
 /// writing `outputs`. A variant whose bits differ from the reference's is left out and named.
-/// `None` when `deadline` passes before the last variant: a class timed in part is not recorded, since
+/// `setup_s` (making the class's operands) is carried into the class's [`Spent`].
+/// `None` when the clock's deadline passes before the last variant: a class timed in part is not recorded, since
 /// its winner would replace a whole tune's in the saved table.
 pub(crate) fn time_variants<V: Copy + PartialEq>(
     dev: &GpuDevice,
     candidates: &Candidates<V>,
-    timer: Timer,
-    deadline: Instant,
+    clock: Clock,
+    setup_s: f64,
     force: impl Fn(Option<V>) -> Result<()>,
     run: impl Fn(),
     outputs: &[&GpuTensor],
 ) -> Result<Option<VariantTimes<V>>> {
-    let mut spent = Spent::default();
+    let Clock { timer, deadline } = clock;
+    let mut spent = Spent { setup_s, ..Spent::default() };
     let check_start = Instant::now();
     let mut reference: Option<Vec<u32>> = None;
     if candidates.list.first() != Some(&candidates.reference) {
@@ -242,25 +290,42 @@ mod tests {
         };
         let candidates = Candidates { reference: 0, list: &[1, 2, 0, 3], prune: false };
         let far = Instant::now() + Duration::from_secs(600);
-        let timed = time_variants(&dev, &candidates, dev.best_timer(), far, force, run, &[&a, &b]).unwrap().unwrap();
+        let timed = time_variants(&dev, &candidates, Clock { timer: dev.best_timer(), deadline: far }, 0.0, force, run, &[&a, &b])
+            .unwrap()
+            .unwrap();
         assert_eq!(timed.mismatched, vec![2]);
         assert_eq!(timed.times.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 0, 3]);
         assert_eq!(chosen.get(), None, "the device's own choice is restored");
     }
 
-    /// Only a variant over 3x the best on every one of the first classes is dropped, once, after the
-    /// last of them: not the kept ones (the baseline), not one that came close once, not a mismatched one.
+    /// Only a variant over 3x the best on every one of the first classes is dropped, after the last of
+    /// them: not the kept ones (the baseline), not one that came close once, not a mismatched one; and
+    /// only on classes like those: on an unlike one every variant is timed again, and one that comes
+    /// close there is back for good.
     #[test]
-    fn hopeless_variants_are_dropped_after_losing_each_first_class() {
+    fn hopeless_variants_are_dropped_on_classes_like_those_they_lost() {
         let times = |t: &[(u32, f64)]| VariantTimes { times: t.to_vec(), mismatched: vec![4], spent: Spent::default() };
-        let mut hopeless = Hopeless::new(&[0, 1, 2, 3, 4]);
-        for class in 0..Hopeless::<u32>::CLASSES {
-            let close_once = if class == 2 { 2.9 } else { 10.0 };
-            let dropped = hopeless.count(&times(&[(0, 5.0), (1, 1.0), (2, 3.5), (3, close_once)]), &[0]);
-            let expected: Vec<u32> = if class + 1 == Hopeless::<u32>::CLASSES { vec![2] } else { vec![] };
-            assert_eq!(dropped, expected, "after class {class}");
+        let class = |m, k| MatmulClass { a_transposed: false, b_transposed: true, b_16bit: false, m_bucket: m, n_bucket: 19, k_bucket: k };
+        let all = [0, 1, 2, 3, 4, 5];
+        let mut hopeless = Hopeless::new(&all, &[0]);
+        for i in 0..Hopeless::<u32>::CLASSES {
+            assert_eq!(hopeless.dropped(), Vec::<u32>::new(), "before class {i}");
+            let first = class(19 + (i % 2) as u8, 19 + (i % 3) as u8 * 2);
+            assert_eq!(hopeless.list_for(&first, &all), all, "class {i}: every variant timed");
+            let close_once = if i == 2 { 2.9 } else { 10.0 };
+            hopeless.count(&first, &times(&[(0, 5.0), (1, 1.0), (2, 3.5), (3, close_once), (5, 4.0)]));
         }
-        assert!(hopeless.count(&times(&[(0, 5.0), (1, 1.0), (3, 9.0)]), &[0]).is_empty(), "dropped once, not again");
+        assert_eq!(hopeless.dropped(), vec![2, 5]);
+        let like = class(20, 21);
+        assert_eq!(hopeless.list_for(&like, &all), vec![0, 1, 3, 4], "within the first classes' buckets");
+        hopeless.count(&like, &times(&[(0, 1.0), (1, 2.0)]));
+        assert_eq!(hopeless.dropped(), vec![2, 5], "a covered class is not counted");
+        for unlike in [class(20, 26), class(18, 21), MatmulClass { b_16bit: true, ..like }] {
+            assert_eq!(hopeless.list_for(&unlike, &all), all, "{} is outside the first classes", unlike.key());
+        }
+        hopeless.count(&class(20, 26), &times(&[(0, 5.0), (1, 1.0), (2, 3.5), (3, 9.0), (5, 2.0)]));
+        assert_eq!(hopeless.dropped(), vec![2], "5 came close on the long-K class");
+        assert_eq!(hopeless.list_for(&class(19, 25), &all), vec![0, 1, 3, 4, 5], "the long-K class joined the evidence");
     }
 
     #[test]
