@@ -84,15 +84,7 @@ fn run(adam: Option<&AdamW>, n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<u16
 fn fast_path_is_bit_identical_for_any_threads_chunks_and_instruction_set() {
     let n = 100_003;
     let reference = run(None, n);
-    let mut isas = vec![Isa::Baseline];
-    if Isa::detect() != Isa::Baseline {
-        isas.push(Isa::detect());
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && !isas.contains(&Isa::Avx2Fma) {
-        isas.push(Isa::Avx2Fma);
-    }
-    for isa in isas {
+    for isa in Isa::available() {
         for (threads, chunk) in [(1, 1), (2, 7), (2, 4096), (3, 65536), (2, 1 << 20)] {
             let adam = AdamW::with_isa(AdamConfig::default(), threads, chunk, isa);
             assert!(run(Some(&adam), n) == reference, "{isa:?} with {threads} threads, chunks of {chunk} differ from the reference");
@@ -106,10 +98,7 @@ fn fast_path_is_bit_identical_for_any_threads_chunks_and_instruction_set() {
 fn f32_copy_is_the_updated_parameters() {
     let n = 10_007;
     let g = random(3, n, 2.0);
-    let mut isas = vec![Isa::Baseline];
-    if Isa::detect() != Isa::Baseline {
-        isas.push(Isa::detect());
-    }
+    let isas = Isa::available();
     for isa in isas {
         let adam = AdamW::with_isa(AdamConfig::default(), 2, 999, isa);
         let mut a = (random(1, n, 1.0), vec![0.0; n], vec![0.0; n]);
@@ -150,10 +139,7 @@ fn f16_copy_from_f32_and_bf16_gradients_matches_the_reference() {
     }
     let g32 = random(8, n, 2.0);
     let g16: Vec<bf16> = g32.iter().map(|x| bf16::from_f32(*x)).collect();
-    let mut isas = vec![Isa::Baseline];
-    if Isa::detect() != Isa::Baseline {
-        isas.push(Isa::detect());
-    }
+    let isas = Isa::available();
     for grads in [Grads::F32(&g32), Grads::Bf16(&g16)] {
         let mut want = (params.clone(), vec![0.0; n], vec![0.0; n], vec![half::f16::ZERO; n]);
         adamw_reference(&mut want.0, &mut want.1, &mut want.2, grads, ParamCopy::F16(&mut want.3), &cfg, 1, 1.0, true);

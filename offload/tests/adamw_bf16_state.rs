@@ -45,18 +45,6 @@ fn step_range(adam: Option<&AdamW>, s: &mut State, range: std::ops::Range<usize>
     }
 }
 
-fn isas() -> Vec<Isa> {
-    let mut isas = vec![Isa::Baseline];
-    if Isa::detect() != Isa::Baseline {
-        isas.push(Isa::detect());
-    }
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && !isas.contains(&Isa::Avx2Fma) {
-        isas.push(Isa::Avx2Fma);
-    }
-    isas
-}
-
 #[test]
 fn bf16_moments_are_bit_identical_to_the_reference_for_any_threads_chunks_and_instruction_set() {
     for (n, bf16_grads) in [(1, false), (100_003, true), (70_001, false)] {
@@ -65,7 +53,7 @@ fn bf16_moments_are_bit_identical_to_the_reference_for_any_threads_chunks_and_in
             step_range(None, &mut reference, 0..n, 0, step, bf16_grads);
         }
         assert!(reference.m.iter().any(|x| x.to_f32() != 0.0), "the moments moved");
-        for isa in isas() {
+        for isa in Isa::available() {
             for (threads, chunk) in [(1, 1), (2, 7), (2, 4096), (3, 65536), (2, 1 << 20)] {
                 let adam = AdamW::with_isa(AdamConfig::default(), threads, chunk, isa);
                 let mut s = State::new(n);

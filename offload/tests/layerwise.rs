@@ -9,6 +9,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use safetensors::SafeTensors;
 use zerostream_offload::ParamCopy;
+use zerostream_offload::adam::Isa;
 use zerostream_offload::layerwise::{Layerwise, LayerwiseConfig, NORM_BLOCK_ELEMS, Rule, SquaredNorms, layerwise_reference};
 
 fn golden() -> Vec<u8> {
@@ -106,7 +107,7 @@ fn matches_pytorch_lamb_and_lars_at_every_length() {
 }
 
 #[test]
-fn fast_path_is_bit_identical_to_the_reference_for_any_thread_count() {
+fn fast_path_is_bit_identical_to_the_reference_for_any_thread_count_and_instruction_set() {
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     let rules = [Rule::Lamb { beta1: 0.9, beta2: 0.99, eps: 1e-8 }, Rule::Lars { momentum: 0.9, trust_coefficient: 0.01 }];
     for rule in rules {
@@ -121,8 +122,8 @@ fn fast_path_is_bit_identical_to_the_reference_for_any_thread_count() {
             for (s, g) in grads.iter().enumerate() {
                 layerwise_reference(&cfg, &mut p, &mut m, &mut v, g, ParamCopy::Bf16(&mut copy), s as u64 + 1, 0.5, decay);
             }
-            for threads in [1, 2, 3] {
-                let opt = Layerwise::new(cfg, threads);
+            for (threads, isa) in [1, 2, 3].into_iter().flat_map(|t| Isa::available().into_iter().map(move |i| (t, i))) {
+                let opt = Layerwise::with_isa(cfg, threads, isa);
                 let (mut fp, mut fm, mut fv) = (p0.clone(), vec![0.0; n], vec![0.0; v_len]);
                 let mut fcopy = vec![half::bf16::ZERO; n];
                 for (s, g) in grads.iter().enumerate() {
@@ -131,10 +132,10 @@ fn fast_path_is_bit_identical_to_the_reference_for_any_thread_count() {
                     opt.apply(&mut fp, &mut fm, &fv, g, ParamCopy::Bf16(&mut fcopy), s as u64 + 1, 0.5, decay, trust);
                 }
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&fp), bits(&p), "{rule:?} n={n} threads={threads}: p");
-                assert_eq!(bits(&fm), bits(&m), "{rule:?} n={n} threads={threads}: m");
-                assert_eq!(bits(&fv), bits(&v), "{rule:?} n={n} threads={threads}: v");
-                assert_eq!(fcopy, copy, "{rule:?} n={n} threads={threads}: the bf16 copy");
+                assert_eq!(bits(&fp), bits(&p), "{rule:?} n={n} threads={threads} {isa:?}: p");
+                assert_eq!(bits(&fm), bits(&m), "{rule:?} n={n} threads={threads} {isa:?}: m");
+                assert_eq!(bits(&fv), bits(&v), "{rule:?} n={n} threads={threads} {isa:?}: v");
+                assert_eq!(fcopy, copy, "{rule:?} n={n} threads={threads} {isa:?}: the bf16 copy");
                 assert!(fcopy.iter().zip(&fp).all(|(c, x)| *c == half::bf16::from_f32(*x)), "the copy is the parameters rounded");
             }
         }

@@ -204,7 +204,7 @@ fn bench_layerwise(cfg: &AdamBenchConfig) -> Result<AdamBenchReport> {
     // (LARS also g) and writes p (LARS also m), and the copy.
     let copy_bytes = if cfg.copy == HalfOrFull::F32 { 0 } else { 2 };
     let bytes_per_param = copy_bytes + if config.moments() == 2 { 16 + 8 + 12 + 4 } else { 8 + 12 + 8 };
-    Ok(report(cfg, (opt.threads(), "auto"), best, bytes_per_param, triad))
+    Ok(report(cfg, (opt.threads(), opt.isa().name()), best, bytes_per_param, triad))
 }
 
 /// The 16-bit copy of the parameters an update writes (`--copy`): a buffer of the chosen format, or none.

@@ -22,6 +22,19 @@ impl Isa {
         }
         Isa::Baseline
     }
+    /// Every build this CPU can run, the baseline first: what tests hold to each other.
+    pub fn available() -> Vec<Isa> {
+        let mut isas = vec![Isa::Baseline];
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            isas.push(Isa::Avx2Fma);
+        }
+        if Isa::detect() == Isa::Avx512 {
+            isas.push(Isa::Avx512);
+        }
+        isas
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Isa::Avx512 => "avx512",
