@@ -158,7 +158,10 @@ def main():
     selftest = [r for r in jsonl(work, "selftest.out") if r.get("kind") == "summary"]
     tune = [r for r in jsonl(work, "tune.out") if r.get("kind") == "summary"]
     machine = read(work, "machine.out") or ""
-    adapter = next((line.split("] ", 1)[1] for line in machine.splitlines() if line.startswith("[0] ")), None)
+    # The adapter the benches open: the one `devices` marks (older binaries: the first listed).
+    listed = [line.split("] ", 1)[1] for line in machine.splitlines() if line.startswith("[") and "] " in line]
+    marker = " (opened by --device gpu without --adapter)"
+    adapter = next((a.replace(marker, "") for a in listed if marker in a), listed[0] if listed else None)
     binary = next((line[len("binary: "):] for line in machine.splitlines() if line.startswith("binary: ")), None)
     doc = {
         "adapter": adapter,
