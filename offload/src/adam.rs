@@ -372,7 +372,7 @@ fn chunk_dispatch(isa: Isa, p: &mut [f32], moments: &mut Moments<'_>, grads: Gra
     // The scratch is borrowed here, outside the instruction-set variants: a closure passed to
     // `LocalKey::with` would be compiled without their target features (and mul_add become calls).
     WIDENED.with_borrow_mut(|scratch| match isa {
-        // SAFETY: `Isa::detect` only returns these when the CPU has the features.
+        // SAFETY: an `AdamW` holds only an instruction set this CPU has (checked in `with_isa`).
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe { chunk_avx512(p, moments, scratch, grads, copy, k) },
         #[cfg(target_arch = "x86_64")]
@@ -402,8 +402,10 @@ impl AdamW {
         Self::with_isa(config, threads, chunk_elems, Isa::detect())
     }
 
-    /// As [`AdamW::new`] with an explicit instruction set (must be one the CPU has; tests use it to compare).
+    /// As [`AdamW::new`] with an explicit instruction set, so that tests compare the builds. Panics if
+    /// this CPU lacks it ([`Isa::available`]): the unsafe calls into its build rely on this check.
     pub fn with_isa(config: AdamConfig, threads: usize, chunk_elems: usize, isa: Isa) -> Self {
+        isa.assert_available();
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("building the AdamW thread pool");
         AdamW { config, pool, chunk_elems: chunk_elems.max(1), isa }
     }

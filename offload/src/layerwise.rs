@@ -278,7 +278,7 @@ mod wide {
 
     pub(super) fn measure(isa: Isa, k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32]) -> SquaredNorms {
         BLOCK_UPDATE.with_borrow_mut(|scratch| match isa {
-            // SAFETY: `Isa::detect` only returns these when the CPU has the features.
+            // SAFETY: a `Layerwise` holds only an instruction set this CPU has (checked in `with_isa`).
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => unsafe { measure_avx512(k, p, m, v, grads, scratch) },
             #[cfg(target_arch = "x86_64")]
@@ -341,10 +341,11 @@ pub fn layerwise_reference(
     let k = Scalars::new(cfg, step, grad_scale, decay);
     let n = p.len();
     let mut norms = SquaredNorms::default();
+    let mut scratch = Vec::new();
     for s in (0..n).step_by(NORM_BLOCK_ELEMS) {
         let e = (s + NORM_BLOCK_ELEMS).min(n);
         let vb: &mut [f32] = if v.is_empty() { &mut [] } else { &mut v[s..e] };
-        norms = norms + measure_block(&k, &p[s..e], &mut m[s..e], vb, &grads[s..e], &mut Vec::new());
+        norms = norms + measure_block(&k, &p[s..e], &mut m[s..e], vb, &grads[s..e], &mut scratch);
     }
     let trust = trust_ratio(cfg, norms, decay);
     let mut copy = copy;
@@ -364,9 +365,10 @@ impl Layerwise {
         Self::with_isa(config, threads, Isa::detect())
     }
 
-    /// As [`Self::new`] with a chosen instruction set (one this CPU has: [`Isa::detect`]'s or narrower),
-    /// so tests run every build.
+    /// As [`Self::new`] with a chosen instruction set, so that tests run every build. Panics if this CPU
+    /// lacks it ([`Isa::available`]): the unsafe calls into its build rely on this check.
     pub fn with_isa(config: LayerwiseConfig, threads: usize, isa: Isa) -> Self {
+        isa.assert_available();
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("building the optimizer thread pool");
         Layerwise { config, pool, isa }
     }

@@ -276,7 +276,7 @@ fn tune_classes<V: Copy + PartialEq + std::fmt::Display>(
         if candidates.prune {
             let before = hopeless.dropped();
             hopeless.count(class, &timed);
-            report_dropped(what, candidates.list.len(), &before, &hopeless.dropped(), class, classes.len() - i - 1);
+            report_dropped(what, candidates.list.len(), &before, &hopeless.dropped(), &timed.mismatched, class, classes.len() - i - 1);
         }
         let result = ClassResult { class: *class, shape: product.shape, products: names.clone(), timed };
         on_class(&result);
@@ -285,21 +285,24 @@ fn tune_classes<V: Copy + PartialEq + std::fmt::Display>(
     Ok(results)
 }
 
-/// Says on stderr which variants [`Hopeless`] dropped after `class` (from `before`), or took back.
+/// Says on stderr which variants [`Hopeless`] dropped after `class` (from `before`), or took back:
+/// for coming close there, or (`mismatched` there) for giving other bits, which keeps a variant in
+/// the lists so that it is named again.
 fn report_dropped<V: Copy + PartialEq + std::fmt::Display>(
     what: &str,
     of: usize,
     before: &[V],
     now: &[V],
+    mismatched: &[V],
     class: &MatmulClass,
     left: usize,
 ) {
     let names = |vs: Vec<&V>| vs.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ");
     let dropped: Vec<&V> = now.iter().filter(|v| !before.contains(v)).collect();
-    let back: Vec<&V> = before.iter().filter(|v| !now.contains(v)).collect();
+    let (wrong, back): (Vec<&V>, Vec<&V>) = before.iter().filter(|v| !now.contains(v)).partition(|v| mismatched.contains(v));
     if !dropped.is_empty() && left > 0 {
         eprintln!(
-            "tune: {} of {of} {what} variants took over {}x their class's best on each of the first {} classes and are not timed on later classes like them (their layouts, M, N and K within their buckets; on others every variant is timed again): {}",
+            "tune: {} of {of} {what} variants took over {}x their class's best on each of the first {} classes and are not timed on later classes like them (one of their layouts, and M, N and K each within the range all of them span; on others every variant is timed again): {}",
             dropped.len(),
             Hopeless::<V>::RATIO,
             Hopeless::<V>::CLASSES,
@@ -313,6 +316,14 @@ fn report_dropped<V: Copy + PartialEq + std::fmt::Display>(
             Hopeless::<V>::RATIO,
             class.key(),
             names(back)
+        );
+    }
+    if !wrong.is_empty() {
+        eprintln!(
+            "tune: {} {what} variants dropped earlier gave bits unlike the reference's on {} (the summary names each mismatch) and are timed on every class again, to be named wherever they do: {}",
+            wrong.len(),
+            class.key(),
+            names(wrong)
         );
     }
 }

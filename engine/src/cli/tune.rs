@@ -31,8 +31,9 @@ pub struct TuneArgs {
     no_16bit: bool,
     /// Only these fp32 matmul variants, comma-separated (e.g. 128x128x8/8x8/db/v4), each timed on every
     /// class. Default: every one the adapter can run, where a variant slower than 3x its class's best on
-    /// each of the first 6 classes is not timed on later classes like them (their operand layouts, and
-    /// M, N and K within their sizes; on an unlike class every variant is timed again). The
+    /// each of the first 6 classes is not timed on later classes like them (one of their operand layouts,
+    /// and M, N and K each within the range all of them span; on an unlike class every variant is timed
+    /// again). The
     /// cooperative-matrix variants, which this flag does not name, are always pruned that way.
     #[arg(long, value_delimiter = ',')]
     variants: Vec<String>,

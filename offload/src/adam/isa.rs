@@ -35,6 +35,12 @@ impl Isa {
         isas
     }
 
+    /// Panics unless this CPU has `self` (one of [`Isa::available`]): the optimizers call their
+    /// `#[target_feature]` builds only after this check.
+    pub fn assert_available(self) {
+        assert!(Isa::available().contains(&self), "the {} build needs instructions this CPU lacks", self.name());
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Isa::Avx512 => "avx512",

@@ -29,8 +29,8 @@ pub struct VariantTimes<V> {
 /// whether a tune is bound by its set-up, its checks or its timings.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Spent {
-    /// Making and filling the class's operands (for an attention backward class, also the default
-    /// forward that makes its output and log-sum-exp).
+    /// Making and filling the class's operands (for every attention class, forward ones too, also the
+    /// default forward that makes the backward's inputs: its output and log-sum-exp).
     pub setup_s: f64,
     /// Each variant's first run (pipeline creation on first use, warm-up) and the comparison of its
     /// output with the reference's bits (a read-back), the reference's own run included.
@@ -111,7 +111,8 @@ impl<V: Copy + PartialEq> Hopeless<V> {
     }
 
     /// Whether `class` lies within the counted classes: one of their operand layouts and B storages,
-    /// and each of its M, N and K buckets within theirs. Only there are dropped variants left out.
+    /// and each of its M, N and K buckets within the range all of them span (one range per dimension,
+    /// shared by the layouts). Only there are dropped variants left out.
     pub(super) fn covers(&self, class: &MatmulClass) -> bool {
         let within = |bucket: fn(&MatmulClass) -> u8| {
             let (lo, hi) = self.counted.iter().map(bucket).fold((u8::MAX, 0), |(lo, hi), b| (lo.min(b), hi.max(b)));
@@ -268,7 +269,8 @@ mod tests {
 
     /// A variant whose outputs differ from the reference's in any output, anywhere (here: the second
     /// output only, past the first comparison piece) is left out as mismatched; the others are timed.
-    /// On the first adapter (skipped without one, failed under ZEROSTREAM_REQUIRE_GPU=1).
+    /// On the adapter `--device gpu` opens by default (skipped without one, failed under
+    /// ZEROSTREAM_REQUIRE_GPU=1).
     #[test]
     fn variants_with_other_bits_are_left_out() {
         let dev = match GpuDevice::open(None, None) {
