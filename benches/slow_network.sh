@@ -5,8 +5,8 @@
 # exchange costs what it would over such a link. Both ranks' traffic shares the one limited interface.
 #
 # Two parts:
-# 1. Time: GPT-2 124M (`--config gpt2`, random weights, bf16 working copy, B=1, T=32, stage 2), where
-#    the exchange dominates the step: per RATE and MODE, the gradient and parameter bytes a rank sends
+# 1. Time: GPT-2 124M (`--config gpt2`, random weights, bf16 working copy, B=1, T=32, stage 2 unless
+#    the mode names another), where the exchange dominates the step: per RATE and MODE, the gradient and parameter bytes a rank sends
 #    per step (comm_grad_bytes, comm_param_bytes) and the mean step time over the steps after the
 #    first, against `none`.
 # 2. Loss: the small GPT-2 and Llama of benches/adam_state/ (byte-level Hamlet) trained LOSS_STEPS
@@ -16,13 +16,14 @@
 # Usage:  sudo bash benches/slow_network.sh        (tc needs CAP_NET_ADMIN; mpirun runs as root here)
 # Environment: ZS (a zerostream built with --features zerostream/mpi; default: build it), RATES
 # (default "1gbit 10gbit"), MODES (default "none bf16 int8 onebit topk:0.01 onebit/int8
-# topk:0.01/int8": a --grad-compression mode, optionally with a --param-compression mode after a
-# slash), TIME_STEPS (default 6), LOSS_STEPS (default 300; 0 skips the loss part), OUT (keeps metrics,
+# topk:0.01/int8 none@0 onebit@0": a --grad-compression mode, optionally with a --param-compression
+# mode after a slash, and a --zero-stage after an @, default 2: stage 0 all-reduces the gradients and
+# gathers no working copy), TIME_STEPS (default 6), LOSS_STEPS (default 300; 0 skips the loss part), OUT (keeps metrics,
 # logs and SVGs; default: a new temporary directory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rates=${RATES:-"1gbit 10gbit"}
-modes=${MODES:-"none bf16 int8 onebit topk:0.01 onebit/int8 topk:0.01/int8"}
+modes=${MODES:-"none bf16 int8 onebit topk:0.01 onebit/int8 topk:0.01/int8 none@0 onebit@0"}
 time_steps=${TIME_STEPS:-6}
 loss_steps=${LOSS_STEPS:-300}
 if [ -z "${ZS:-}" ]; then
@@ -37,11 +38,13 @@ trap limit_off EXIT
 echo "== machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $("$ZS" --version); $(mpirun --version | head -1)"
 "$ZS" prepare --quiet --text examples/data/hamlet.txt --out "$work/hamlet.bin" --tokenizer bytes --val-fraction 0.1
 
-# The flags of a MODES entry: GRAD or GRAD/PARAM.
+# The flags of a MODES entry: GRAD, GRAD/PARAM, either with @STAGE after it.
 flags_of() {
-  case "$1" in
-    */*) echo "--grad-compression ${1%%/*} --param-compression ${1#*/}" ;;
-    *) echo "--grad-compression $1" ;;
+  local mode=${1%@*} stage=2
+  case "$1" in *@*) stage=${1##*@} ;; esac
+  case "$mode" in
+    */*) echo "--zero-stage $stage --grad-compression ${mode%%/*} --param-compression ${mode#*/}" ;;
+    *) echo "--zero-stage $stage --grad-compression $mode" ;;
   esac
 }
 
@@ -58,17 +61,17 @@ PY
 }
 
 echo
-echo "== time: GPT-2 124M, 2 ranks over TCP on lo, bf16 working copy, B=1, T=32, stage 2, $time_steps steps"
-echo "| link | mode (grad[/param]) | s/step | vs none | gradient MB sent/step | vs none | parameter MB sent/step |"
+echo "== time: GPT-2 124M, 2 ranks over TCP on lo, bf16 working copy, B=1, T=32, stage 2 unless @, $time_steps steps"
+echo "| link | mode (grad[/param][@stage]) | s/step | vs none | gradient MB sent/step | vs none | parameter MB sent/step |"
 echo "|---|---|---|---|---|---|---|"
 for rate in $rates; do
   limit_off
   tc qdisc add dev lo root tbf rate "$rate" burst 1mbit latency 400ms
   base_s="" base_g=""
   for mode in $modes; do
-    name="time-$rate-$(echo "$mode" | tr ':/' '_+')"
+    name="time-$rate-$(echo "$mode" | tr ':/@' '_+-')"
     "${mpi[@]}" "$ZS" train --device cpu --config gpt2 --data "$work/hamlet.bin" --batch-size 1 --seq-len 32 \
-      --precision bf16 --zero-stage 2 --steps "$time_steps" $(flags_of "$mode") --sample-tokens 0 \
+      --precision bf16 --steps "$time_steps" $(flags_of "$mode") --sample-tokens 0 \
       --metrics "$work/$name.jsonl" > "$work/$name.log" 2>&1 || { echo "| $rate | $mode | failed: see $work/$name.log |"; continue; }
     read -r s g p _ <<< "$(summary "$work/$name.jsonl")"
     [ -z "$base_s" ] && base_s=$s base_g=$g
@@ -87,7 +90,7 @@ for model in gpt2 llama; do
   base=""
   files=()
   for mode in $modes; do
-    name="loss-$model-$(echo "$mode" | tr ':/' '_+')"
+    name="loss-$model-$(echo "$mode" | tr ':/@' '_+-')"
     "${mpi[@]}" "$ZS" train --device cpu --config "benches/adam_state/$model-small-bytes.json" \
       --data "$work/hamlet.bin" --batch-size 8 --seq-len 128 --steps "$loss_steps" --lr 3e-3 --warmup-steps 30 \
       --lr-schedule cosine $(flags_of "$mode") --sample-tokens 0 \

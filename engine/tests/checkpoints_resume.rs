@@ -177,6 +177,8 @@ fn resuming_with_grad_compression_restores_the_error_feedback() {
         &[&two[..], &["--grad-compression", "onebit", "--grad-compression-chunk", "64"]].concat(),
     );
     check_resume_equality("cpu topk stage 1", &[&two[..], &["--zero-stage", "1", "--grad-compression", "topk:0.1"]].concat());
+    // Stage 0: each rank's residual covers the whole of every group.
+    check_resume_equality("cpu onebit stage 0", &[&two[..], &["--zero-stage", "0", "--grad-compression", "onebit"]].concat());
     // The resumed run gathers the working copy through the codec again, as the uninterrupted one had.
     check_resume_equality("cpu int8 parameters stage 2", &[&two[..], &["--param-compression", "int8"]].concat());
     check_resume_equality("cpu int8 parameters stage 3", &[&two[..], &["--zero-stage", "3", "--param-compression", "int8"]].concat());
@@ -212,13 +214,17 @@ fn resuming_equals_not_stopping_on_the_gpu() {
 }
 
 /// The golden contract's run (gpt2-tiny-accum: 8 steps of 2 micro-batches) split at step 4 between two
-/// world sizes: the resumed trajectory stays within the golden tolerances.
+/// world sizes, or between stage 0 (every rank's file the whole state) and a sharded stage: the resumed
+/// trajectory stays within the golden tolerances.
 #[test]
 fn a_checkpoint_resumes_at_another_world_size_on_the_golden_trajectory() {
     let golden = common::trajectory::Golden::load("gpt2-tiny-accum");
     let g = common::trajectory::golden_dir("gpt2-tiny-accum");
     let (want_loss, want_norm) = (golden.f64("trajectory.loss"), golden.f64("trajectory.grad_norm"));
-    for (before, after) in [(("2", "1", "3"), ("1", "2")), (("1", "2", "2"), ("2", "1"))] {
+    // (world, accumulation, stage) before; (world, stage) after.
+    let splits =
+        [(("2", "1", "3"), ("1", "3")), (("1", "2", "2"), ("2", "3")), (("2", "1", "0"), ("2", "3")), (("2", "1", "3"), ("2", "0"))];
+    for (before, after) in splits {
         let dir = tempfile::tempdir().unwrap();
         let (ck, metrics) = (dir.path().join("ck"), dir.path().join("m.jsonl"));
         let base = |steps: &str| {
@@ -268,7 +274,7 @@ fn a_checkpoint_resumes_at_another_world_size_on_the_golden_trajectory() {
         let out = zerostream(&a);
         assert!(out.status.success(), "{}", stderr(&out));
         let mut b = base("8");
-        b.extend(strings(&["--resume", ck.to_str().unwrap(), "--world-size", after.0, "--zero-stage", "3"]));
+        b.extend(strings(&["--resume", ck.to_str().unwrap(), "--world-size", after.0, "--zero-stage", after.1]));
         let out = zerostream(&b);
         assert!(out.status.success(), "{}", stderr(&out));
         let rows = trajectory(&metrics);
@@ -280,14 +286,16 @@ fn a_checkpoint_resumes_at_another_world_size_on_the_golden_trajectory() {
             let ne = (norm - want_norm[s]).abs() / want_norm[s].abs();
             assert!(
                 le < 1e-5 && ne < 1e-4,
-                "world {} -> {}: step {s}: loss {loss} vs {} ({le:.2e}), norm {norm} vs {} ({ne:.2e})",
+                "world {} stage {} -> {} stage {}: step {s}: loss {loss} vs {} ({le:.2e}), norm {norm} vs {} ({ne:.2e})",
                 before.0,
+                before.2,
                 after.0,
+                after.1,
                 want_loss[s],
                 want_norm[s]
             );
         }
-        eprintln!("world {} (stage {}) -> world {}: 8 steps within the golden tolerances", before.0, before.2, after.0);
+        eprintln!("world {} (stage {}) -> world {} (stage {}): 8 steps within the golden tolerances", before.0, before.2, after.0, after.1);
     }
 }
 

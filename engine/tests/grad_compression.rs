@@ -89,13 +89,18 @@ fn every_mode_sends_what_its_codec_promises_and_stays_near_none() {
 
 #[test]
 fn compression_works_at_every_stage_and_does_nothing_with_one_rank() {
-    for stage in [ZeroStage::One, ZeroStage::Three] {
+    for stage in [ZeroStage::Zero, ZeroStage::One, ZeroStage::Three] {
         let none = run(2, config(GradCompression::None, stage));
         let got = run(2, config(GradCompression::OneBit, stage));
         let ratio = got.grad_bytes.iter().sum::<u64>() as f64 / none.grad_bytes.iter().sum::<u64>() as f64;
         assert!(ratio < 1.0 / 16.0, "stage {}: onebit sent {ratio:.4} of none's gradient bytes", stage.number());
         assert_ne!(got.weights, none.weights);
+        let worst = got.losses.iter().zip(&none.losses).map(|(a, b)| (a - b).abs() / b).fold(0.0, f64::max);
+        assert!(worst < 0.10, "stage {}: onebit's losses {:?} against none's {:?}", stage.number(), got.losses, none.losses);
     }
+    // Stage 0 gathers no working copy: onebit's step sends the gradients' encodings alone.
+    let zero = run(2, config(GradCompression::OneBit, ZeroStage::Zero));
+    assert!(zero.param_bytes.iter().all(|&b| b == 0), "stage 0 sent parameter bytes: {:?}", zero.param_bytes);
     // One rank: nothing crosses, so the run is none's exactly.
     let one = run(1, config(GradCompression::OneBit, ZeroStage::Two));
     let plain = run(1, config(GradCompression::None, ZeroStage::Two));
@@ -167,6 +172,47 @@ fn the_compressed_reduce_scatter_decodes_and_sums_in_rank_order() {
             let d = decoded(x);
             assert!(left.iter().zip(x).zip(&d).all(|((l, x), d)| l.to_bits() == (x - d).to_bits()), "rank {s}: residual of slice {r}");
         }
+    }
+}
+
+/// Stage 0's compressed all-reduce at world 3, against the same arithmetic done here: every rank's
+/// whole vector decoded from its encoding (this rank's own too), summed in rank order, the same bits on
+/// every rank; the residual left is what the encoding dropped; each rank sends its encoding to the
+/// other two. Uncompressed, the all-reduce is the reduce-scatter's sums gathered.
+#[test]
+fn the_compressed_all_reduce_decodes_every_rank_and_sums_in_rank_order() {
+    use zerostream::comm::compress::Codec;
+    let (world, n) = (3, 3 * 1001);
+    let codec = Codec::new(GradCompression::OneBit, 64).unwrap();
+    let full_of = |r: usize| -> Vec<f32> { (0..n).map(|i| (((i * 7919 + r * 104_729) % 2001) as f32 - 1000.0) * 1e-3).collect() };
+    let results = in_process(world, |comm: Comm| {
+        let r = comm.rank();
+        let (full, mut sum, mut residual) = (full_of(r), vec![0.0f32; n], vec![0.0f32; n]);
+        comm.all_reduce_sum_compressed(&full, &mut sum, &codec, &mut residual, false)?;
+        let sent = comm.stats().grad_sent_bytes;
+        let (mut exact, mut slice) = (vec![0.0f32; n], vec![0.0f32; n / world]);
+        comm.all_reduce_sum(&full, &mut exact, false)?;
+        comm.reduce_scatter_sum(&full, &mut slice, false)?;
+        Ok((sum, residual, sent, exact, slice))
+    })
+    .unwrap();
+    let decoded = |x: &[f32]| {
+        let mut bytes = vec![0u8; codec.encoded_bytes(x.len())];
+        codec.encode(x, &mut bytes);
+        let mut y = vec![0.0f32; x.len()];
+        codec.decode(&bytes, &mut y);
+        y
+    };
+    let mut want = decoded(&full_of(0));
+    (1..world).for_each(|s| want.iter_mut().zip(decoded(&full_of(s))).for_each(|(a, b)| *a += b));
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (r, (sum, residual, sent, exact, slice)) in results.iter().enumerate() {
+        assert_eq!(bits(sum), bits(&want), "rank {r}: not the rank-order sum of every rank's decoded vector");
+        assert_eq!(*sent, ((world - 1) * codec.encoded_bytes(n)) as u64, "rank {r}: bytes on the wire");
+        let (x, d) = (full_of(r), decoded(&full_of(r)));
+        assert!(residual.iter().zip(&x).zip(&d).all(|((l, x), d)| l.to_bits() == (x - d).to_bits()), "rank {r}: residual");
+        assert_eq!(bits(exact), bits(&results[0].3), "rank {r}: the exact all-reduce differs between ranks");
+        assert_eq!(bits(&exact[r * n / world..(r + 1) * n / world]), bits(slice), "rank {r}: not the reduce-scatter's sums");
     }
 }
 

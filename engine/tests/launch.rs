@@ -109,7 +109,7 @@ fn a_build_without_mpi_says_so_under_mpirun() {
 #[cfg(feature = "mpi")]
 #[test]
 fn mpirun_two_processes_equal_two_in_process_ranks_bit_for_bit() {
-    for stage in ["1", "2", "3"] {
+    for stage in ["0", "1", "2", "3"] {
         check_mpi_equals_in_process(stage, &[]);
     }
 }
@@ -124,6 +124,7 @@ fn mpirun_with_grad_compression_equals_in_process_bit_for_bit() {
     }
     check_mpi_equals_in_process("3", &["--grad-compression", "onebit", "--grad-compression-chunk", "100"]);
     check_mpi_equals_in_process("2", &["--grad-compression", "onebit", "--param-compression", "int8"]);
+    check_mpi_equals_in_process("0", &["--grad-compression", "onebit", "--optimizer", "lamb"]);
 }
 
 /// LAMB's norms are summed from the optimizer thread on a communicator of its own while the device

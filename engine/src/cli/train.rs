@@ -75,7 +75,7 @@ impl IoArgs {
 }
 
 fn parse_stage(text: &str) -> Result<ZeroStage, String> {
-    text.trim().parse::<u8>().ok().and_then(ZeroStage::from_number).ok_or_else(|| format!("expected 1, 2 or 3, got {text:?}"))
+    text.trim().parse::<u8>().ok().and_then(ZeroStage::from_number).ok_or_else(|| format!("expected 0, 1, 2 or 3, got {text:?}"))
 }
 
 #[derive(clap::Args)]
@@ -272,8 +272,11 @@ pub struct TrainArgs {
     /// `cpu,cpu`). Default: every rank opens --device/--adapter. Under mpirun, indexed by the node-local rank.
     #[arg(long)]
     devices: Option<String>,
-    /// What is split between ranks: 1 = fp32 master weights and Adam moments; 2 = also the gradients;
-    /// 3 = also the working copy of the parameters (gathered before each upload). Default 2.
+    /// What is split between ranks: 0 = nothing (every rank keeps and updates the whole model, and the
+    /// gradients are all-reduced: with --grad-compression only compressed gradients cross, no working
+    /// copy; for slow links, at a whole model's optimizer state per rank); 1 = fp32 master weights and
+    /// Adam moments; 2 = also the gradients; 3 = also the working copy of the parameters (gathered
+    /// before each upload). Default 2.
     #[arg(long, value_parser = parse_stage, default_value = "2")]
     zero_stage: ZeroStage,
     /// Run the strictly sequential schedule (no upload ahead, no download or AdamW overlapped with

@@ -357,6 +357,64 @@ impl Comm {
         Ok(())
     }
 
+    /// All-reduce of f32: `out` (as long as `full`) becomes the sum over ranks of their `full`, added in
+    /// rank order: a [`Comm::reduce_scatter_sum`] into this rank's slice (`full.len()` must be a
+    /// multiple of the world size), then the slices gathered. Every element is summed exactly as the
+    /// reduce-scatter sums it, so every rank holds the same bits.
+    pub fn all_reduce_sum(&self, full: &[f32], out: &mut [f32], device_busy: bool) -> Result<()> {
+        let world = self.world_size();
+        if out.len() != full.len() || !full.len().is_multiple_of(world) {
+            bail!("all-reduce: {} elements in, {} out, for {world} ranks", full.len(), out.len());
+        }
+        let n = full.len() / world;
+        let mut mine = vec![0.0f32; n];
+        self.reduce_scatter_sum(full, &mut mine, device_busy)?;
+        self.all_gather_counted(&mine, out, Traffic::Grads, device_busy)
+    }
+
+    /// [`Comm::all_reduce_sum`] with every rank's `full` encoded by `codec`, with error feedback
+    /// (`residual`, as long as `full`: what earlier encodings dropped, added in before encoding and
+    /// replaced by what this one drops), and the encodings gathered: `out` = the sum of every rank's
+    /// decoded `full`, this rank's own too, in rank order, so every rank holds the same bits on every
+    /// transport. Each rank sends (world - 1) encodings of the whole, against the reduce-scatter's one
+    /// of a slice and the working copy's gather: few ranks over a slow link. `none` is
+    /// [`Comm::all_reduce_sum`] (`residual` untouched).
+    pub fn all_reduce_sum_compressed(
+        &self,
+        full: &[f32],
+        out: &mut [f32],
+        codec: &Codec,
+        residual: &mut [f32],
+        device_busy: bool,
+    ) -> Result<()> {
+        let (world, n) = (self.world_size(), full.len());
+        if codec.mode == GradCompression::None || world == 1 {
+            return self.all_reduce_sum(full, out, device_busy);
+        }
+        if out.len() != n || residual.len() != n {
+            bail!("all-reduce: {n} elements in, {} out and {} of residual", out.len(), residual.len());
+        }
+        let mut wire = self.wire.borrow_mut();
+        let (send, recv) = &mut *wire;
+        // Pieces of a fixed element count, as in the reduce-scatter: a piece is what topk chooses among.
+        let piece = MAX_CHUNK_BYTES / 4;
+        for start in (0..n).step_by(piece) {
+            let c = piece.min(n - start);
+            let eb = codec.encoded_bytes(c);
+            send.resize(eb, 0);
+            recv.resize(world * eb, 0);
+            let range = start..start + c;
+            self.time_codec(|| codec.encode_with_feedback(&full[range.clone()], &mut residual[range.clone()], send));
+            self.count((world - 1) * eb, Traffic::Grads, device_busy, || self.transport.all_gather_bytes(send, recv))?;
+            let o = &mut out[range];
+            self.time_codec(|| {
+                codec.decode(&recv[..eb], o);
+                (1..world).for_each(|r| codec.decode_add(&recv[r * eb..(r + 1) * eb], o));
+            });
+        }
+        Ok(())
+    }
+
     /// `buf` = root's `buf` on every rank.
     pub fn broadcast(&self, root: usize, buf: &mut [u8]) -> Result<()> {
         let sent = if self.rank() == root { (self.world_size() - 1) * buf.len() } else { 0 };

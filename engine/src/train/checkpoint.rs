@@ -8,7 +8,8 @@
 //!   flat buffer, and with `--grad-compression` `{group}.grad_residual` (the rank's error feedback for
 //!   the other ranks' slices, in rank order; see `grad_exchange.rs`); the metadata holds the world size,
 //!   the stage and every group's length, padded length and owned range, so another world size can
-//!   re-split the state;
+//!   re-split the state (stage 0: every rank's file holds the whole, the same bits; resuming reads
+//!   rank 0's, and each rank's residual is the error feedback of the whole group);
 //! - the tokenizer's files when the run knows its tokenizer (`RunRecord::tokenizer_files`: GPT-2's
 //!   vocab.json + merges.txt + tokenizer_config.json + special_tokens_map.json, or a tokenizer.json);
 //! - `trainer_state.json`: counters, loss scaler, data position, every setting, and the manifest
@@ -215,15 +216,7 @@ impl<D: Backend> Trainer<'_, D> {
                 og.v.page_out(nv, false)?;
             }
             let mine = og.master.data().as_slice::<f32>();
-            let gathered;
-            let whole: &[f32] = if world > 1 {
-                let mut all = vec![0.0f32; shard.padded_len];
-                self.comm.all_gather(mine, &mut all, false)?;
-                gathered = all;
-                &gathered
-            } else {
-                mine
-            };
+            let whole = super::gather_owned(&self.comm, &self.sharding, mine, shard.padded_len)?;
             if let Some(w) = model.as_mut() {
                 for t in &g.tensors {
                     w.write_f32(&t.name, &whole[t.range()])?;
@@ -397,7 +390,9 @@ impl Checkpoint {
     pub fn read_range(&self, group: &str, kind: &str, range: Range<usize>, out: &mut [f32]) -> Result<()> {
         assert_eq!(out.len(), range.len());
         out.fill(0.0);
-        for rf in &self.ranks {
+        // Stage 0's ranks each hold the whole, the same bits: rank 0's file is read.
+        let holders = if self.state.zero_stage == 0 { &self.ranks[..1] } else { &self.ranks[..] };
+        for rf in holders {
             let Some((owned, len)) = rf.owned.get(group) else {
                 bail!("{}: no group {group} (the checkpoint is of another model)", rf.path.display());
             };

@@ -360,7 +360,7 @@ impl TrainConfig {
         let schedule = LrSchedule::from_str(&parse_enum("lr-schedule")?, true).map_err(|e| anyhow::anyhow!("lr-schedule: {e}"))?;
         let steps = uint("steps")?;
         let engine: IoEngineKind = text("io-engine")?.parse().map_err(|e: String| anyhow::anyhow!("io-engine: {e}"))?;
-        let stage = ZeroStage::from_number(uint("zero-stage")? as u8).context("zero-stage: expected 1, 2 or 3")?;
+        let stage = ZeroStage::from_number(uint("zero-stage")? as u8).context("zero-stage: expected 0, 1, 2 or 3")?;
         Ok(TrainConfig {
             batch: uint("batch-size")? as usize,
             seq_len: uint("seq-len")? as usize,

@@ -1,6 +1,7 @@
-//! The gradients' reduce-scatter between ranks, compressed or not (`--grad-compression`), with this
-//! rank's error-feedback residuals: one per group, holding what the encodings of the slices this rank
-//! sends dropped (world - 1 slices: this rank's own crosses no wire), on the gradients' tier (paged in
+//! The gradients' reduce-scatter between ranks (their all-reduce, in stage 0), compressed or not
+//! (`--grad-compression`), with this rank's error-feedback residuals: one per group, holding what the
+//! encodings of the slices this rank sends dropped (world - 1 slices: this rank's own crosses no wire;
+//! stage 0: the whole group, which every rank sends and decodes), on the gradients' tier (paged in
 //! around each exchange, like the gradient accumulator) and checkpointed in the rank's optimizer file
 //! as `{group}.grad_residual`, so a resumed run equals an uninterrupted one bit for bit.
 
@@ -19,20 +20,22 @@ pub(super) struct GradExchange {
     warmup_steps: u64,
     /// Per group (empty: no compression, or one rank).
     pub residuals: Vec<Stored>,
+    /// Stage 0 with several ranks: gradients all-reduced, every rank owning the whole.
+    all_reduce: bool,
 }
 
-/// Elements of a group's residual: the slices of every other rank.
-fn residual_len(shard: &GroupShard, world: usize) -> usize {
-    (world - 1) * shard.slice_len()
+/// Elements of a group's residual: the slices of every other rank (stage 0: the whole group).
+fn residual_len(shard: &GroupShard, sharding: &Sharding) -> usize {
+    if sharding.replicates() { shard.padded_len } else { (sharding.world - 1) * shard.slice_len() }
 }
 
-/// Elements of each group's residual in a run of `train` over `world` ranks (none without compression
-/// or with one rank): what the plan counts.
-pub(super) fn residual_lens(train: &TrainConfig, world: usize, shards: &[GroupShard]) -> Vec<usize> {
-    if train.grad_compression == GradCompression::None || world < 2 {
+/// Elements of each group's residual in a run of `train` split as `sharding` says (none without
+/// compression or with one rank): what the plan counts.
+pub(super) fn residual_lens(train: &TrainConfig, sharding: &Sharding, shards: &[GroupShard]) -> Vec<usize> {
+    if train.grad_compression == GradCompression::None || sharding.world < 2 {
         return Vec::new();
     }
-    shards.iter().map(|s| residual_len(s, world)).collect()
+    shards.iter().map(|s| residual_len(s, sharding)).collect()
 }
 
 impl GradExchange {
@@ -48,28 +51,35 @@ impl GradExchange {
         notes: &mut Vec<String>,
     ) -> Result<Self> {
         let codec = Codec::new(train.grad_compression, train.grad_compression_chunk)?;
+        let (warmup_steps, all_reduce) = (train.grad_compression_warmup, sharding.replicates());
         let mut residuals = Vec::new();
         if codec.mode == GradCompression::None {
-            return Ok(GradExchange { codec, warmup_steps: train.grad_compression_warmup, residuals });
+            return Ok(GradExchange { codec, warmup_steps, residuals, all_reduce });
         }
         if sharding.world == 1 {
             notes.push(format!("--grad-compression {} does nothing with one rank: no gradient crosses between ranks", codec.mode));
-            return Ok(GradExchange { codec, warmup_steps: train.grad_compression_warmup, residuals });
+            return Ok(GradExchange { codec, warmup_steps, residuals, all_reduce });
         }
+        // Stage 0's residuals cover the whole group, the other stages' the other ranks' slices.
+        let same_split = |c: &Checkpoint| c.state.world_size == sharding.world && (c.state.zero_stage == 0) == all_reduce;
         let resumed = match source {
-            ModelSource::Checkpoint(c) if c.state.world_size == sharding.world => Some(c),
+            ModelSource::Checkpoint(c) if same_split(c) => Some(c),
             ModelSource::Checkpoint(c) => {
                 notes.push(format!(
-                    "--grad-compression {}: the error-feedback residuals of the checkpoint's {} ranks do not map onto {} ranks' slices; \
-                     they start again from zero",
-                    codec.mode, c.state.world_size, sharding.world
+                    "--grad-compression {}: the error-feedback residuals of the checkpoint's {} ranks at ZeRO stage {} do not map onto \
+                     {} ranks' at stage {}; they start again from zero",
+                    codec.mode,
+                    c.state.world_size,
+                    c.state.zero_stage,
+                    sharding.world,
+                    sharding.stage.number()
                 ));
                 None
             }
             _ => None,
         };
         for (shard, name) in shards.iter().zip(names) {
-            let len = residual_len(shard, sharding.world);
+            let len = residual_len(shard, sharding);
             let mut r = Stored::new(&format!("{name}.grad_residual"), 4 * len, train.gradients_tier(), nvme)?;
             r.page_in_zeroed(nvme);
             if let Some(c) = resumed {
@@ -78,12 +88,12 @@ impl GradExchange {
             r.page_out(nvme, true)?;
             residuals.push(r);
         }
-        Ok(GradExchange { codec, warmup_steps: train.grad_compression_warmup, residuals })
+        Ok(GradExchange { codec, warmup_steps, residuals, all_reduce })
     }
 
     /// Group `k`'s reduce-scatter in optimizer step `step`: `mine` = the sum over ranks of their parts
-    /// of this rank's slice of `whole`, each sent as the codec encodes it (exactly, for `none` and
-    /// during the warm-up).
+    /// of this rank's slice of `whole` (stage 0: of all of it, `mine` as long as `whole`), each sent as
+    /// the codec encodes it (exactly, for `none` and during the warm-up).
     #[allow(clippy::too_many_arguments)]
     pub fn reduce(
         &mut self,
@@ -96,9 +106,18 @@ impl GradExchange {
         device_busy: bool,
     ) -> Result<()> {
         let residual = self.residuals.get_mut(k).filter(|_| step >= self.warmup_steps);
-        let Some(residual) = residual else { return comm.reduce_scatter_sum(whole, mine, device_busy) };
+        let Some(residual) = residual else {
+            return match self.all_reduce {
+                true => comm.all_reduce_sum(whole, mine, device_busy),
+                false => comm.reduce_scatter_sum(whole, mine, device_busy),
+            };
+        };
         residual.page_in(nvme)?;
-        comm.reduce_scatter_sum_compressed(whole, mine, &self.codec, residual.data_mut().as_mut_slice(), device_busy)?;
+        let (codec, values) = (&self.codec, residual.data_mut().as_mut_slice());
+        match self.all_reduce {
+            true => comm.all_reduce_sum_compressed(whole, mine, codec, values, device_busy)?,
+            false => comm.reduce_scatter_sum_compressed(whole, mine, codec, values, device_busy)?,
+        }
         residual.page_out(nvme, true)?;
         Ok(())
     }

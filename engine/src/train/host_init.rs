@@ -151,6 +151,11 @@ pub(super) fn group_state(
 pub(super) fn param_compression_note(train: &TrainConfig, sharding: &Sharding) -> Option<String> {
     if train.param_compression.codec().is_some() && sharding.world == 1 {
         Some(format!("--param-compression {} does nothing with one rank: the working copy is not gathered", train.param_compression.name()))
+    } else if train.param_compression.codec().is_some() && sharding.replicates() {
+        Some(format!(
+            "--param-compression {} does nothing at ZeRO stage 0: every rank updates the whole working copy, which is not gathered",
+            train.param_compression.name()
+        ))
     } else if train.param_compression == ParamCompression::Bf16 && train.precision == Precision::Bf16 {
         Some("--param-compression bf16 does nothing with --precision bf16: the working copy is bf16 already".into())
     } else {

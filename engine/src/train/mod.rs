@@ -200,7 +200,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
         }
 
         io_notes.extend(pinned.note());
-        let rule = update_rule(&train, &comm)?;
+        let rule = update_rule(&train, &comm, sharding.replicates())?;
         io_notes.extend(host_init::param_compression_note(&train, &sharding));
         let names: Vec<&str> = layouts.iter().map(|g| g.name.as_str()).collect();
         let exchange = grad_exchange::GradExchange::new(&train, &sharding, &shards, &names, source, nv, &mut io_notes)?;
@@ -372,11 +372,10 @@ impl<'d, D: Backend> Trainer<'d, D> {
             bail!("no parameter group {g}: the model has {}", self.layouts.len());
         };
         opt.master.page_in(nv.as_deref())?;
-        let mut whole = vec![0.0f32; shard.padded_len];
-        let gathered = self.comm.all_gather(opt.master.data().as_slice::<f32>(), &mut whole, false);
+        let tensors = gather_owned(&self.comm, &self.sharding, opt.master.data().as_slice::<f32>(), shard.padded_len)
+            .map(|whole| layout.tensors.iter().map(|t| whole[t.range()].to_vec()).collect());
         opt.master.page_out(nv.as_deref(), false)?;
-        gathered?;
-        Ok(layout.tensors.iter().map(|t| whole[t.range()].to_vec()).collect())
+        tensors
     }
 
     /// The fp32 master weights, tensor by tensor (name, shape, values), in checkpoint order, after
@@ -407,9 +406,21 @@ impl<D: Backend> Drop for Trainer<'_, D> {
     }
 }
 
+/// A group's whole fp32 state (`padded_len` values) from every rank's owned slice, `mine` this rank's:
+/// gathered, or `mine` itself where it is the whole (one rank; stage 0). A collective with several
+/// ranks at stages 1-3.
+fn gather_owned<'a>(comm: &Comm, sharding: &Sharding, mine: &'a [f32], padded_len: usize) -> Result<std::borrow::Cow<'a, [f32]>> {
+    if sharding.world == 1 || sharding.replicates() {
+        return Ok(std::borrow::Cow::Borrowed(mine));
+    }
+    let mut whole = vec![0.0f32; padded_len];
+    comm.all_gather(mine, &mut whole, false)?;
+    Ok(std::borrow::Cow::Owned(whole))
+}
+
 /// The update rule `train` asks for. A layer-wise one gets its own channel over the ranks, split from
 /// `comm` here, at the same point on every rank.
-fn update_rule(train: &TrainConfig, comm: &Comm) -> Result<UpdateRule> {
+fn update_rule(train: &TrainConfig, comm: &Comm, replicates: bool) -> Result<UpdateRule> {
     let threads = train.adam_threads;
     match layerwise_config(train) {
         None => {
@@ -417,6 +428,8 @@ fn update_rule(train: &TrainConfig, comm: &Comm) -> Result<UpdateRule> {
             let config = AdamConfig { lr, beta1: train.beta1, beta2: train.beta2, eps: train.eps, weight_decay };
             Ok(UpdateRule::AdamW(AdamW::new(config, threads, zerostream_offload::adam::DEFAULT_CHUNK_ELEMS)))
         }
+        // Stage 0: each rank holds whole tensors, and their norms are its own.
+        Some(config) if replicates => Ok(UpdateRule::Layerwise(Layerwise::new(config, threads), Comm::single())),
         Some(config) => {
             let channel = comm.split().context("--optimizer: a channel for the norms between ranks")?;
             Ok(UpdateRule::Layerwise(Layerwise::new(config, threads), channel))

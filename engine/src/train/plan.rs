@@ -324,7 +324,7 @@ pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
     let shards: Vec<_> = groups.iter().map(|g| sharding.group(g.len)).collect();
     let slices = shards.iter().map(|s| s.slice_len()).sum::<usize>() as u64;
     let working = shards.iter().map(|s| s.working_len).sum::<usize>() as u64;
-    let residuals = super::grad_exchange::residual_lens(tc, sharding.world, &shards);
+    let residuals = super::grad_exchange::residual_lens(tc, &sharding, &shards);
     let group_lens: Vec<usize> = groups.iter().map(|g| g.len).collect();
     let cached_working_blocks = super::traffic::cached_working_blocks(tc, sharding.world, &group_lens, block_slots);
     let host_paged_in_bytes = host_paged_in_bytes(tc, &shards, &residuals, cached_working_blocks.clone());

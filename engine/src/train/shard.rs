@@ -2,15 +2,20 @@
 //! splits.
 //!
 //! A group of `len` elements is padded to a multiple of world_size x [`SHARD_ALIGN_ELEMS`] and cut into
-//! world_size contiguous slices of equal length; rank r owns slice r. Padding elements belong to no
-//! tensor: they stay zero and are never updated. The slice geometry is a pure function of (len, world
-//! size), so state saved at one world size can be re-split at another.
+//! world_size contiguous slices of equal length; rank r owns slice r (stage 0: every rank owns all of
+//! them). Padding elements belong to no tensor: they stay zero and are never updated. The slice
+//! geometry is a pure function of (len, world size), so state saved at one world size can be re-split
+//! at another.
 
 use std::ops::Range;
 
 /// `--zero-stage`: which state is split between ranks (each stage adds one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ZeroStage {
+    /// Nothing: every rank keeps and updates the whole model (data parallelism), and the gradients are
+    /// all-reduced. With `--grad-compression` no working copy crosses between ranks, only the
+    /// compressed gradients: the choice for slow links (DeepSpeed's 1-bit Adam runs unsharded too).
+    Zero = 0,
     /// fp32 master weights and Adam moments.
     One = 1,
     /// ... and the accumulated gradients (reduce-scattered as each block's backward ends).
@@ -22,6 +27,7 @@ pub enum ZeroStage {
 impl ZeroStage {
     pub fn from_number(n: u8) -> Option<Self> {
         match n {
+            0 => Some(ZeroStage::Zero),
             1 => Some(ZeroStage::One),
             2 => Some(ZeroStage::Two),
             3 => Some(ZeroStage::Three),
@@ -71,10 +77,21 @@ impl Sharding {
         Sharding { rank: 0, world: 1, stage: ZeroStage::Two }
     }
 
-    /// Gradients are kept as this rank's slice only (stage 2 and 3; also with one rank, where the
-    /// slice is everything).
+    /// Gradients are reduced as each block's backward ends and kept as this rank's slice only (stages
+    /// 2 and 3; stage 0, where the slice is everything; and one rank, likewise).
     pub fn shards_grads(&self) -> bool {
-        self.world == 1 || self.stage >= ZeroStage::Two
+        self.world == 1 || self.stage != ZeroStage::One
+    }
+
+    /// Every rank owns the whole of every group (stage 0 with several ranks): gradients are
+    /// all-reduced rather than reduce-scattered, and sums over the owners (norms) are this rank's own.
+    pub fn replicates(&self) -> bool {
+        self.world > 1 && self.stage == ZeroStage::Zero
+    }
+
+    /// The working copy is gathered from the ranks' slices once per update (stages 1-2, several ranks).
+    pub fn gathers_working(&self) -> bool {
+        self.world > 1 && matches!(self.stage, ZeroStage::One | ZeroStage::Two)
     }
 
     /// The working copy is kept as this rank's slice only (stage 3, more than one rank).
@@ -86,7 +103,7 @@ impl Sharding {
         let unit = self.world * SHARD_ALIGN_ELEMS;
         let padded_len = len.div_ceil(unit) * unit;
         let slice = padded_len / self.world;
-        let owned = self.rank * slice..(self.rank + 1) * slice;
+        let owned = if self.replicates() { 0..padded_len } else { self.rank * slice..(self.rank + 1) * slice };
         let (working_base, working_len) = if self.shards_params() { (owned.start, slice) } else { (0, padded_len) };
         GroupShard { len, padded_len, owned, working_base, working_len }
     }
@@ -126,6 +143,12 @@ mod tests {
         assert!(!s(ZeroStage::One).shards_grads() && !s(ZeroStage::One).shards_params());
         assert!(s(ZeroStage::Two).shards_grads() && !s(ZeroStage::Two).shards_params());
         assert!(s(ZeroStage::Three).shards_grads() && s(ZeroStage::Three).shards_params());
+        assert!(s(ZeroStage::Zero).replicates() && !s(ZeroStage::Zero).shards_params() && !s(ZeroStage::Zero).gathers_working());
+        assert!(s(ZeroStage::One).gathers_working() && s(ZeroStage::Two).gathers_working() && !s(ZeroStage::Three).gathers_working());
+        let g = s(ZeroStage::Zero).group(1000);
+        assert_eq!((g.owned.clone(), g.working_base, g.working_len), (0..g.padded_len, 0, g.padded_len), "stage 0 owns everything");
+        let one = Sharding { rank: 0, world: 1, stage: ZeroStage::Zero };
+        assert!(!one.replicates() && one.group(1000).owned == (0..1024), "one rank: as every stage");
         let g = s(ZeroStage::Three).group(1000);
         assert_eq!((g.working_base, g.working_len), (g.owned.start, g.owned.len()));
         let g = s(ZeroStage::Two).group(1000);

@@ -251,9 +251,10 @@ impl<D: Backend> Trainer<'_, D> {
     /// scale updated, and AdamW handed to the worker thread (unless the step is skipped).
     fn update(&mut self, st: &mut StepState<D>) -> Result<()> {
         // Global norm over every group's (scaled) gradient, in f64: each rank sums its slices in group
-        // order, and the ranks' sums are added in rank order.
+        // order, and the ranks' sums are added in rank order (stage 0: every rank's sum is the whole's).
         let sum_squares: f64 = self.shared.iter().map(|s| lock(s).grad_sum_squares).sum();
-        st.grad_norm = self.comm.sum_f64(sum_squares)?.sqrt() / st.loss_scale as f64;
+        let sum_squares = if self.sharding.replicates() { sum_squares } else { self.comm.sum_f64(sum_squares)? };
+        st.grad_norm = sum_squares.sqrt() / st.loss_scale as f64;
         let overflow = self.comm.any(st.overflow || !st.grad_norm.is_finite())?;
         st.loss_sum = self.comm.sum_f64(st.loss_sum)?;
         st.applied = self.scaler.update(overflow);

@@ -98,13 +98,13 @@ impl NvmeTraffic {
         let (optimizer_on, grads_on, working_on) = (nvme(tc.offload_optimizer), nvme(tc.gradients_tier()), nvme(tc.offload_params));
         let slice_bytes = |k: usize| 4 * shards[k].slice_len() as u64;
         // A compressed exchange reads and writes the group's error-feedback residual each time.
-        let residuals = super::grad_exchange::residual_lens(tc, sharding.world, &shards);
+        let residuals = super::grad_exchange::residual_lens(tc, &sharding, &shards);
         let residual_bytes = |k: usize| if grads_on { 4 * residuals.get(k).copied().unwrap_or(0) as u64 } else { 0 };
         let state_bytes = |k: usize| (tc.state_bytes_per_param() * shards[k].slice_len()) as u64;
         let working_bytes = |k: usize| (tc.precision.working_bytes_per_param() * shards[k].working_len) as u64;
         // Stages 1-2 with several ranks gather the working copy in place on its first upload after an
         // update, and write it back.
-        let gathers = sharding.world > 1 && !sharding.shards_params();
+        let gathers = sharding.gathers_working();
         let mut t = NvmeTraffic { micro_batches: tc.grad_accum, ..Default::default() };
 
         let n_layer = group_lens.len().saturating_sub(1);

@@ -147,7 +147,7 @@ impl<D: Backend> Trainer<'_, D> {
             gathered = all;
             &gathered
         } else {
-            if self.sharding.world > 1 && shared.gathered != self.adam_steps {
+            if self.sharding.gathers_working() && shared.gathered != self.adam_steps {
                 let w = shared.working.data_mut().as_mut_slice::<T>();
                 let mine = w[shard.owned.clone()].to_vec();
                 self.gather_working(&mine, w, busy)?;
