@@ -18,7 +18,7 @@
 # (default "1gbit 10gbit"), MODES (default "none bf16 int8 onebit topk:0.01 onebit/int8
 # topk:0.01/int8 none@0 onebit@0": a --grad-compression mode, optionally with a --param-compression
 # mode after a slash, and a --zero-stage after an @, default 2: stage 0 all-reduces the gradients and
-# gathers no working copy), TIME_STEPS (default 6), LOSS_STEPS (default 300; 0 skips the loss part), OUT (keeps metrics,
+# gathers no working copy), TIME_STEPS (default 6; 0 skips the time part), LOSS_STEPS (default 300; 0 skips the loss part), OUT (keeps metrics,
 # logs and SVGs; default: a new temporary directory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,6 +60,7 @@ print(f"{mean(lambda r: r['time']['total_s']):.3f} {mean(lambda r: r['comm_grad_
 PY
 }
 
+[ "$time_steps" -gt 0 ] || rates=""
 echo
 echo "== time: GPT-2 124M, 2 ranks over TCP on lo, bf16 working copy, B=1, T=32, stage 2 unless @, $time_steps steps"
 echo "| link | mode (grad[/param][@stage]) | s/step | vs none | gradient MB sent/step | vs none | parameter MB sent/step |"

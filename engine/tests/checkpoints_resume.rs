@@ -201,6 +201,30 @@ fn resuming_with_grad_compression_restores_the_error_feedback() {
     assert!(!out.status.success());
     let err = stderr(&out);
     assert!(err.contains("--grad-compression bf16") && err.contains("int8"), "{err}");
+
+    // Stage 0's residuals cover whole groups: a sharded stage resumes without them, saying so.
+    let dir = tempfile::tempdir().unwrap();
+    let ck = path(&dir.path().join("ck"));
+    let mut zero = golden_args("gpt2-tiny-accum", &two);
+    zero.extend(strings(&["--zero-stage", "0", "--grad-compression", "onebit", "--steps", "2", "--checkpoint-dir", &ck]));
+    let out = zerostream(&zero);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut sharded = golden_args("gpt2-tiny-accum", &two);
+    sharded.extend(strings(&[
+        "--zero-stage",
+        "2",
+        "--grad-compression",
+        "onebit",
+        "--steps",
+        "4",
+        "--checkpoint-dir",
+        &ck,
+        "--resume",
+        &ck,
+    ]));
+    let out = zerostream(&sharded);
+    let err = stderr(&out);
+    assert!(out.status.success() && err.contains("at ZeRO stage 0 do not map onto") && err.contains("start again from zero"), "{err}");
 }
 
 #[test]
@@ -222,8 +246,13 @@ fn a_checkpoint_resumes_at_another_world_size_on_the_golden_trajectory() {
     let g = common::trajectory::golden_dir("gpt2-tiny-accum");
     let (want_loss, want_norm) = (golden.f64("trajectory.loss"), golden.f64("trajectory.grad_norm"));
     // (world, accumulation, stage) before; (world, stage) after.
-    let splits =
-        [(("2", "1", "3"), ("1", "3")), (("1", "2", "2"), ("2", "3")), (("2", "1", "0"), ("2", "3")), (("2", "1", "3"), ("2", "0"))];
+    let splits = [
+        (("2", "1", "3"), ("1", "3")),
+        (("1", "2", "2"), ("2", "3")),
+        (("2", "1", "0"), ("2", "3")),
+        (("2", "1", "3"), ("2", "0")),
+        (("2", "1", "0"), ("1", "2")),
+    ];
     for (before, after) in splits {
         let dir = tempfile::tempdir().unwrap();
         let (ck, metrics) = (dir.path().join("ck"), dir.path().join("m.jsonl"));
@@ -273,6 +302,16 @@ fn a_checkpoint_resumes_at_another_world_size_on_the_golden_trajectory() {
         ]));
         let out = zerostream(&a);
         assert!(out.status.success(), "{}", stderr(&out));
+        if before.2 == "0" {
+            // Every rank holds and updates the whole: their optimizer files hold the same state.
+            let step = ck.join("step-00000004");
+            let read = |r: usize| std::fs::read(step.join(format!("optimizer.rank{r}.safetensors"))).unwrap();
+            let (zero, one) = (read(0), read(1));
+            let (zero, one) = (safetensors::SafeTensors::deserialize(&zero).unwrap(), safetensors::SafeTensors::deserialize(&one).unwrap());
+            for name in zero.names() {
+                assert!(zero.tensor(name).unwrap().data() == one.tensor(name).unwrap().data(), "stage 0: ranks differ in {name}");
+            }
+        }
         let mut b = base("8");
         b.extend(strings(&["--resume", ck.to_str().unwrap(), "--world-size", after.0, "--zero-stage", after.1]));
         let out = zerostream(&b);

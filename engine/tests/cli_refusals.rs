@@ -177,6 +177,13 @@ fn a_run_too_big_for_this_machines_ram_is_refused_before_any_work() {
 }
 
 #[test]
+fn an_unknown_zero_stage_is_refused_naming_the_stages() {
+    let out = zerostream(&["train", "--device", "cpu", "--config", "gpt2", "--zero-stage", "4", "--steps", "1"]);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("--zero-stage") && err.contains("expected 0, 1, 2 or 3"), "{err}");
+}
+
+#[test]
 fn a_run_too_big_for_its_nvme_disk_is_refused_before_any_work() {
     // A GPT-2 of 15000 blocks of width 2048 (755B parameters): ~12.7 TiB of state on NVMe, more than any
     // disk a test runs on; its RAM need (the groups paged in, and the cpu device's 1.5 GiB with one

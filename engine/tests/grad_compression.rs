@@ -17,6 +17,7 @@ const GOLDEN: &str = "gpt2-tiny-accum";
 
 struct Steps {
     losses: Vec<f64>,
+    norms: Vec<f64>,
     grad_bytes: Vec<u64>,
     param_bytes: Vec<u64>,
     codec_seconds: f64,
@@ -29,10 +30,18 @@ fn run(world: usize, tc: TrainConfig) -> Steps {
         let tokens = TokenFile::open(&golden_dir(GOLDEN).join("tokens.bin"))?;
         let dev = CpuDevice::new(None);
         let mut trainer = Trainer::with_comm(&dev, &ModelSource::Hf(&hf), tc.clone(), comm)?;
-        let mut s = Steps { losses: Vec::new(), grad_bytes: Vec::new(), param_bytes: Vec::new(), codec_seconds: 0.0, weights: Vec::new() };
+        let mut s = Steps {
+            losses: Vec::new(),
+            norms: Vec::new(),
+            grad_bytes: Vec::new(),
+            param_bytes: Vec::new(),
+            codec_seconds: 0.0,
+            weights: Vec::new(),
+        };
         for _ in 0..tc.steps {
             let r = trainer.train_step(&tokens)?;
             s.losses.push(r.loss);
+            s.norms.push(r.grad_norm);
             s.grad_bytes.push(r.comm.grad_sent_bytes);
             s.param_bytes.push(r.comm.param_sent_bytes);
             s.codec_seconds += r.comm.codec_seconds;
@@ -97,6 +106,16 @@ fn compression_works_at_every_stage_and_does_nothing_with_one_rank() {
         assert_ne!(got.weights, none.weights);
         let worst = got.losses.iter().zip(&none.losses).map(|(a, b)| (a - b).abs() / b).fold(0.0, f64::max);
         assert!(worst < 0.10, "stage {}: onebit's losses {:?} against none's {:?}", stage.number(), got.losses, none.losses);
+        // The codec's output in the groups' padding is dropped: kept, it grew step after step in
+        // stage 0 (to 70x none's norm in 10 steps), where the result is sent again.
+        let most = none.norms.iter().copied().fold(0.0, f64::max);
+        assert!(
+            got.norms.iter().all(|&n| n < 2.0 * most),
+            "stage {}: onebit's norms {:?} against none's {:?}",
+            stage.number(),
+            got.norms,
+            none.norms
+        );
     }
     // Stage 0 gathers no working copy: onebit's step sends the gradients' encodings alone.
     let zero = run(2, config(GradCompression::OneBit, ZeroStage::Zero));
@@ -126,6 +145,15 @@ fn bad_modes_and_loss_scaling_are_refused_by_name() {
     assert!(chunk.check().unwrap_err().to_string().contains("--grad-compression-chunk"));
 }
 
+/// `x` encoded by `codec` and decoded again.
+fn round_trip(codec: &zerostream::comm::compress::Codec, x: &[f32]) -> Vec<f32> {
+    let mut bytes = vec![0u8; codec.encoded_bytes(x.len())];
+    codec.encode(x, &mut bytes);
+    let mut y = vec![0.0f32; x.len()];
+    codec.decode(&bytes, &mut y);
+    y
+}
+
 /// The compressed reduce-scatter at world 3, against the same arithmetic done here: each rank's part of
 /// another rank's slice decoded from its encoding, its own part exact, summed in rank order; the
 /// residual left is what the encoding dropped; the bytes counted are the encodings'.
@@ -142,13 +170,7 @@ fn the_compressed_reduce_scatter_decodes_and_sums_in_rank_order() {
         Ok((mine, residual, comm.stats().grad_sent_bytes))
     })
     .unwrap();
-    let decoded = |x: &[f32]| {
-        let mut bytes = vec![0u8; codec.encoded_bytes(x.len())];
-        codec.encode(x, &mut bytes);
-        let mut y = vec![0.0f32; x.len()];
-        codec.decode(&bytes, &mut y);
-        y
-    };
+    let decoded = |x: &[f32]| round_trip(&codec, x);
     for (r, (mine, _, sent)) in results.iter().enumerate() {
         let mut want = vec![0.0f32; n];
         for s in 0..world {
@@ -196,13 +218,7 @@ fn the_compressed_all_reduce_decodes_every_rank_and_sums_in_rank_order() {
         Ok((sum, residual, sent, exact, slice))
     })
     .unwrap();
-    let decoded = |x: &[f32]| {
-        let mut bytes = vec![0u8; codec.encoded_bytes(x.len())];
-        codec.encode(x, &mut bytes);
-        let mut y = vec![0.0f32; x.len()];
-        codec.decode(&bytes, &mut y);
-        y
-    };
+    let decoded = |x: &[f32]| round_trip(&codec, x);
     let mut want = decoded(&full_of(0));
     (1..world).for_each(|s| want.iter_mut().zip(decoded(&full_of(s))).for_each(|(a, b)| *a += b));
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -274,5 +290,9 @@ fn bench_collectives_times_each_compressed_mode() {
         let codec = Codec::new(mode.parse().unwrap(), zerostream::comm::compress::DEFAULT_CHUNK_ELEMS).unwrap();
         assert_eq!(row["wire_bytes_per_rank"], codec.encoded_bytes(slice_bytes / 4) as u64, "{mode}: {row}");
         assert!(row["seconds"].as_f64().unwrap() > 0.0 && row["codec_seconds"].as_f64().unwrap() > 0.0, "{mode}: {row}");
+        // Stage 0's all-reduce of the same gradient: each rank's encoding of the whole (2 slices) to the other.
+        let row =
+            runs.iter().find(|r| r["op"] == format!("all-reduce {mode} (stage 0)")).unwrap_or_else(|| panic!("{mode}: no row in {json}"));
+        assert_eq!(row["wire_bytes_per_rank"], codec.encoded_bytes(2 * slice_bytes / 4) as u64, "{mode}: {row}");
     }
 }

@@ -41,7 +41,7 @@ fn check(name: &str, optimizer: Optimizer) {
     assert_eq!(base.grad_accum, 2, "the golden's steps hold 2 micro-batches");
     let one = run_world(name, 1, base.clone());
     check_against(&golden, &one, name, "world 1 x accum 2");
-    for stage in [ZeroStage::One, ZeroStage::Two, ZeroStage::Three] {
+    for stage in [ZeroStage::Zero, ZeroStage::One, ZeroStage::Two, ZeroStage::Three] {
         let tc = TrainConfig { grad_accum: 1, zero_stage: stage, ..base.clone() };
         let two = run_world(name, 2, tc.clone());
         check_against(&golden, &two, name, &format!("world 2 x accum 1, stage {}", stage.number()));

@@ -64,7 +64,7 @@ fn sequential_steps_move_exactly_the_predicted_bytes() {
 #[test]
 fn rank_zero_of_two_moves_exactly_the_predicted_bytes_in_every_stage() {
     let golden = Golden::load(GOLDEN);
-    for stage in [ZeroStage::One, ZeroStage::Two, ZeroStage::Three] {
+    for stage in [ZeroStage::Zero, ZeroStage::One, ZeroStage::Two, ZeroStage::Three] {
         let dir = tempfile::tempdir().unwrap();
         // Step 0 gathers nothing (every rank starts with the whole working copy), so it moves less than a
         // steady step in stages 1-2; the steps after it are steady.

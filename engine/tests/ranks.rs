@@ -122,18 +122,25 @@ fn sharded_runs_are_bit_identical_across_tiers_budgets_and_recompute() {
             Some(why) => eprintln!("SKIPPED sharded_runs_are_bit_identical (gpu stage 2, pinned): no host-memory buffers here ({why})"),
         }
     }
-    // bf16 working copies, gathered as 16-bit words: every stage gives the same run.
+    // bf16 working copies, gathered as 16-bit words: every sharded stage gives the same run. Stage 0
+    // has the same gradient sums but adds the norm's squares in another order (the whole group's,
+    // not each rank's slice and then the ranks), so it is held to the losses.
     let bf16 = TrainConfig { precision: zerostream::train::Precision::Bf16, ..base.clone() };
     let runs: Vec<_> = STAGES.iter().map(|&s| run_world(Dev::Cpu, 2, TrainConfig { zero_stage: s, ..bf16.clone() }).unwrap()).collect();
-    for (s, r) in STAGES.iter().zip(&runs) {
-        assert!(bits(r) == bits(&runs[1]), "bf16 stage {} differs from stage 2 (accum 1: same sums)", s.number());
+    let stage2 = &runs[2];
+    for (s, r) in STAGES.iter().zip(&runs).skip(1) {
+        assert!(bits(r) == bits(stage2), "bf16 stage {} differs from stage 2 (accum 1: same sums)", s.number());
+    }
+    for (a, b) in runs[0].losses.iter().zip(&stage2.losses) {
+        assert!((a - b).abs() <= 1e-6 * b.abs(), "bf16 stage 0: loss {a} against stage 2's {b}");
     }
 }
 
 /// Bytes sent per step match the ZeRO volumes: with Ψ the padded parameter count and N ranks, every
 /// stage reduce-scatters the gradients ((N-1)/N x 4Ψ bytes); stages 1-2 all-gather the updated working
 /// copy once per step from step 1 on, and stage 3 gathers it before each upload (once per step here,
-/// where every block stays resident between forward and backward); plus three scalars.
+/// where every block stays resident between forward and backward); stage 0 gathers the reduced
+/// gradients instead, once a step whatever the accumulation; plus three scalars (two in stage 0).
 #[test]
 fn comm_bytes_match_the_zero_volumes() {
     let golden = Golden::load(GOLDEN);
@@ -162,6 +169,10 @@ fn comm_bytes_match_the_zero_volumes() {
                 assert_eq!(got.comm_bytes, want, "world {world} stage {} {precision:?}: bytes sent per step", stage.number());
             }
         }
+        // Stage 0 sums a rank's micro-batches locally and all-reduces once a step, however many.
+        let tc = TrainConfig { steps: 2, ..with(&golden.train_config(), 2, ZeroStage::Zero) };
+        let got = run_world(Dev::Cpu, world, tc).unwrap();
+        assert_eq!(got.comm_bytes, [2 * share(4) + ((world - 1) * (1 + 8)) as u64; 2], "world {world} stage 0, 2 micro-batches a step");
         println!(
             "world {world}: comm bytes per step = 2 x (N-1)/N x Ψ bytes in fp32 (Ψ = {psi} padded parameters), as ZeRO says (stage 0: the all-reduce's)"
         );

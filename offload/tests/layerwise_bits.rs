@@ -3,7 +3,9 @@
 //! them moves both, and `layerwise.rs`'s fast-against-reference test cannot see it.
 //!
 //! The digests below were printed by this same file run at commit 95bb545 (the parent of that change),
-//! `cargo test -p zerostream-offload --test layerwise_bits -- --nocapture`.
+//! `cargo test -p zerostream-offload --test layerwise_bits -- --nocapture`. They also depend on
+//! rand_chacha's stream and rand's f32 sampling: after a bump of either, print them at 95bb545 again
+//! with the new versions before concluding that the optimizers changed.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

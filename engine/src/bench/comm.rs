@@ -87,7 +87,8 @@ fn gradient_like(seed: usize, n: usize) -> Vec<f32> {
 /// Measures the trainer's all-gather and reduce-scatter at each slice size on this rank's world (every
 /// rank calls it); `extra` adds transport-specific rows (MPI's own collectives) at each size.
 /// With `codec` (other than none), also the reduce-scatter as `--grad-compression` runs it: encoded
-/// with error feedback, on gradient-like values, its bytes on the wire counted.
+/// with error feedback, on gradient-like values, its bytes on the wire counted; and stage 0's
+/// compressed all-reduce of the same values.
 pub fn bench_collectives(
     comm: &Comm,
     slice_sizes_bytes: &[u64],
@@ -110,19 +111,33 @@ pub fn bench_collectives(
         if let Some(codec) = codec.filter(|c| c.mode != GradCompression::None && world > 1) {
             let full = gradient_like(comm.rank(), world * n);
             let mut residual = vec![0.0f32; (world - 1) * n];
-            let before = comm.stats().grad_sent_bytes;
-            comm.reduce_scatter_sum_compressed(&full, &mut out, &codec, &mut residual, false)?;
-            let wire = comm.stats().grad_sent_bytes - before;
-            let codec_before = comm.stats().codec_seconds;
-            let t = best_time(comm, reps, || comm.reduce_scatter_sum_compressed(&full, &mut out, &codec, &mut residual, false))?;
-            // best_time makes reps.max(1) calls after one warm-up.
-            let codec_seconds = (comm.stats().codec_seconds - codec_before) / (reps.max(1) + 1) as f64;
             let op = format!("reduce-scatter {}", codec.mode);
-            runs.push(CollectiveRun { wire_bytes_per_rank: wire, codec_seconds, ..record(&op, 4 * n, world, t) });
+            runs.push(time_compressed(comm, reps, &op, n, || {
+                comm.reduce_scatter_sum_compressed(&full, &mut out, &codec, &mut residual, false)
+            })?);
+            // Stage 0's exchange of the same gradient: every rank's whole encoding to every rank.
+            let (mut sum, mut residual) = (vec![0.0f32; world * n], vec![0.0f32; world * n]);
+            let op = format!("all-reduce {} (stage 0)", codec.mode);
+            runs.push(time_compressed(comm, reps, &op, n, || {
+                comm.all_reduce_sum_compressed(&full, &mut sum, &codec, &mut residual, false)
+            })?);
         }
         runs.extend(extra(n, reps)?);
     }
     Ok(runs)
+}
+
+/// A compressed exchange `run` of `n` elements per rank's slice, timed as [`best_time`] times it, with
+/// its bytes on the wire (from one untimed call) and its codec seconds per call.
+fn time_compressed(comm: &Comm, reps: usize, op: &str, n: usize, mut run: impl FnMut() -> Result<()>) -> Result<CollectiveRun> {
+    let before = comm.stats().grad_sent_bytes;
+    run()?;
+    let wire = comm.stats().grad_sent_bytes - before;
+    let codec_before = comm.stats().codec_seconds;
+    let t = best_time(comm, reps, &mut run)?;
+    // best_time makes reps.max(1) calls after one warm-up.
+    let codec_seconds = (comm.stats().codec_seconds - codec_before) / (reps.max(1) + 1) as f64;
+    Ok(CollectiveRun { wire_bytes_per_rank: wire, codec_seconds, ..record(op, 4 * n, comm.world_size(), t) })
 }
 
 /// MPI's own MPI_Allgather and MPI_Reduce_scatter_block (sum of f32) on `n` floats per rank.

@@ -206,7 +206,8 @@ pub struct TrainArgs {
     /// Checkpoints keep the chosen format; a resume keeps the checkpoint's.
     #[arg(long, value_enum, default_value = "fp32")]
     adam_state: AdamState,
-    /// How gradients cross between ranks in the reduce-scatter: none (f32, exact), bf16 (2 bytes per
+    /// How gradients cross between ranks in the reduce-scatter (--zero-stage 0: the all-reduce, where
+    /// every rank encodes its whole gradient and decodes every rank's): none (f32, exact), bf16 (2 bytes per
     /// element), int8 (1 byte plus a scale per chunk), onebit (1 bit plus a scale per chunk) or topk:F
     /// (the largest-magnitude fraction F of each slice, e.g. topk:0.01, as index and value). Each
     /// rank keeps what compression dropped (error feedback) and adds it into the next gradient it
@@ -225,7 +226,7 @@ pub struct TrainArgs {
     /// refused with fp16: as many bytes, fewer bits) or int8 (1 byte plus a 4-byte scale per 256
     /// elements). Every rank, the sender included, computes
     /// with the decoded copy, so ranks stay identical; the fp32 master weights stay exact. Does nothing
-    /// with one rank.
+    /// with one rank or at --zero-stage 0 (no working copy is gathered).
     #[arg(long, value_enum, default_value = "none")]
     param_compression: ParamCompression,
     /// Elements per scale of --grad-compression int8 and onebit (each chunk's scale costs 4 bytes).

@@ -101,6 +101,8 @@ pub struct Comm {
     stats: Cell<CommStats>,
     /// The reduce-scatter's receive buffer, kept between calls (it runs once per block per micro-batch).
     received: RefCell<Vec<f32>>,
+    /// The all-reduce's slice of sums, kept the same way.
+    reduced: RefCell<Vec<f32>>,
     /// The compressed reduce-scatter's send and receive bytes, kept the same way (the compressed
     /// working-copy gather, `all_gather_encoded`, uses them too).
     wire: RefCell<(Vec<u8>, Vec<u8>)>,
@@ -116,7 +118,13 @@ enum Traffic {
 
 impl Comm {
     pub fn new(transport: Box<dyn Collectives>) -> Self {
-        Comm { transport, stats: Cell::new(CommStats::default()), received: RefCell::new(Vec::new()), wire: RefCell::default() }
+        Comm {
+            transport,
+            stats: Cell::new(CommStats::default()),
+            received: RefCell::default(),
+            reduced: RefCell::default(),
+            wire: RefCell::default(),
+        }
     }
 
     /// A world of one: every collective is a copy.
@@ -306,8 +314,8 @@ impl Comm {
     /// [`Comm::reduce_scatter_sum`] with the slices bound for other ranks encoded by `codec`, with error
     /// feedback: `residual` holds what earlier encodings of each slice sent dropped (world - 1 slices:
     /// those of the other ranks in rank order, this rank's skipped); it is added in before encoding and
-    /// replaced by what this encoding drops. This rank's own slice crosses no wire and is summed exactly. Every rank decodes the same bytes, so the rank-order sum is the
-    /// same on every transport. `none` is [`Comm::reduce_scatter_sum`] itself (`residual` untouched).
+    /// replaced by what this encoding drops. This rank's own slice crosses no wire and is summed
+    /// exactly. Every rank decodes the same bytes, so the rank-order sum is the same on every transport. `none` is [`Comm::reduce_scatter_sum`] itself (`residual` untouched).
     pub fn reduce_scatter_sum_compressed(
         &self,
         full: &[f32],
@@ -366,19 +374,22 @@ impl Comm {
         if out.len() != full.len() || !full.len().is_multiple_of(world) {
             bail!("all-reduce: {} elements in, {} out, for {world} ranks", full.len(), out.len());
         }
-        let n = full.len() / world;
-        let mut mine = vec![0.0f32; n];
-        self.reduce_scatter_sum(full, &mut mine, device_busy)?;
-        self.all_gather_counted(&mine, out, Traffic::Grads, device_busy)
+        // Taken out of its cell for the two calls, which borrow the others.
+        let mut mine = std::mem::take(&mut *self.reduced.borrow_mut());
+        mine.resize(full.len() / world, 0.0);
+        let r = self.reduce_scatter_sum(full, &mut mine, device_busy);
+        let r = r.and_then(|_| self.all_gather_counted(&mine, out, Traffic::Grads, device_busy));
+        *self.reduced.borrow_mut() = mine;
+        r
     }
 
     /// [`Comm::all_reduce_sum`] with every rank's `full` encoded by `codec`, with error feedback
     /// (`residual`, as long as `full`: what earlier encodings dropped, added in before encoding and
     /// replaced by what this one drops), and the encodings gathered: `out` = the sum of every rank's
     /// decoded `full`, this rank's own too, in rank order, so every rank holds the same bits on every
-    /// transport. Each rank sends (world - 1) encodings of the whole, against the reduce-scatter's one
-    /// of a slice and the working copy's gather: few ranks over a slow link. `none` is
-    /// [`Comm::all_reduce_sum`] (`residual` untouched).
+    /// transport. Each rank sends (world - 1) encodings of the whole, where the reduce-scatter sends
+    /// (world - 1) slices' and the sharded stages then gather the working copy: for few ranks over a
+    /// slow link. `none` is [`Comm::all_reduce_sum`] (`residual` untouched).
     pub fn all_reduce_sum_compressed(
         &self,
         full: &[f32],

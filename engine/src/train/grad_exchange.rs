@@ -22,6 +22,43 @@ pub(super) struct GradExchange {
     pub residuals: Vec<Stored>,
     /// Stage 0 with several ranks: gradients all-reduced, every rank owning the whole.
     all_reduce: bool,
+    /// Per group: where its padding lies in the exchange's result and in its residual (see
+    /// [`Padding`]); empty without residuals.
+    padding: Vec<Padding>,
+}
+
+/// The places of a group's padding (elements past its tensors, zero in every gradient sent) in this
+/// rank's reduced values and in its residual. A codec's scale covers a chunk, and a chunk can reach
+/// into the padding: the zeros there decode as plus or minus the scale, so those elements are zeroed
+/// after each exchange. Left, they would count in the gradient norm, and in stage 0, where the result
+/// is what the next step sends, grow step after step.
+#[derive(Default)]
+struct Padding {
+    in_result: Vec<std::ops::Range<usize>>,
+    in_residual: Vec<std::ops::Range<usize>>,
+}
+
+impl Padding {
+    fn of(shard: &GroupShard, sharding: &Sharding) -> Self {
+        let pad = shard.len..shard.padded_len;
+        // `covered` (group coordinates) laid out from `at` in a buffer: its padding there.
+        let within = |covered: std::ops::Range<usize>, at: usize| {
+            super::shard::intersect(pad.clone(), &covered).map(|r| r.start - covered.start + at..r.end - covered.start + at)
+        };
+        if sharding.replicates() {
+            let whole = within(0..shard.padded_len, 0);
+            return Padding { in_result: whole.clone().into_iter().collect(), in_residual: whole.into_iter().collect() };
+        }
+        // The residual: the other ranks' slices, in rank order.
+        let slice = shard.slice_len();
+        let others = (0..sharding.world).filter(|&r| r != sharding.rank);
+        let in_residual = others.enumerate().filter_map(|(i, r)| within(r * slice..(r + 1) * slice, i * slice)).collect();
+        Padding { in_result: within(shard.owned.clone(), 0).into_iter().collect(), in_residual }
+    }
+
+    fn zero(ranges: &[std::ops::Range<usize>], values: &mut [f32]) {
+        ranges.iter().for_each(|r| values[r.clone()].fill(0.0));
+    }
 }
 
 /// Elements of a group's residual: the slices of every other rank (stage 0: the whole group).
@@ -54,11 +91,11 @@ impl GradExchange {
         let (warmup_steps, all_reduce) = (train.grad_compression_warmup, sharding.replicates());
         let mut residuals = Vec::new();
         if codec.mode == GradCompression::None {
-            return Ok(GradExchange { codec, warmup_steps, residuals, all_reduce });
+            return Ok(GradExchange { codec, warmup_steps, residuals, all_reduce, padding: Vec::new() });
         }
         if sharding.world == 1 {
             notes.push(format!("--grad-compression {} does nothing with one rank: no gradient crosses between ranks", codec.mode));
-            return Ok(GradExchange { codec, warmup_steps, residuals, all_reduce });
+            return Ok(GradExchange { codec, warmup_steps, residuals, all_reduce, padding: Vec::new() });
         }
         // Stage 0's residuals cover the whole group, the other stages' the other ranks' slices.
         let same_split = |c: &Checkpoint| c.state.world_size == sharding.world && (c.state.zero_stage == 0) == all_reduce;
@@ -88,7 +125,8 @@ impl GradExchange {
             r.page_out(nvme, true)?;
             residuals.push(r);
         }
-        Ok(GradExchange { codec, warmup_steps, residuals, all_reduce })
+        let padding = shards.iter().map(|s| Padding::of(s, sharding)).collect();
+        Ok(GradExchange { codec, warmup_steps, residuals, all_reduce, padding })
     }
 
     /// Group `k`'s reduce-scatter in optimizer step `step`: `mine` = the sum over ranks of their parts
@@ -118,6 +156,9 @@ impl GradExchange {
             true => comm.all_reduce_sum_compressed(whole, mine, codec, values, device_busy)?,
             false => comm.reduce_scatter_sum_compressed(whole, mine, codec, values, device_busy)?,
         }
+        let padding = &self.padding[k];
+        Padding::zero(&padding.in_result, mine);
+        Padding::zero(&padding.in_residual, values);
         residual.page_out(nvme, true)?;
         Ok(())
     }

@@ -160,7 +160,10 @@ impl NvmeTraffic {
                 }
                 Op::FinishDownload { block } if grads_on && sharding.shards_grads() => {
                     let read = if micro == 0 { 0 } else { slice_bytes(1 + block) };
-                    t.gradients.add(read + residual_bytes(1 + block), slice_bytes(1 + block) + residual_bytes(1 + block));
+                    // Stage 0 exchanges (and reads and writes the residual) with the last micro-batch only.
+                    let exchanged = !sharding.replicates() || micro + 1 == tc.grad_accum;
+                    let residual = if exchanged { residual_bytes(1 + block) } else { 0 };
+                    t.gradients.add(read + residual, slice_bytes(1 + block) + residual);
                     if !tc.sequential && !beside_sweep {
                         t.written_behind_bytes += slice_bytes(1 + block);
                     }

@@ -47,7 +47,7 @@ pub fn bench_collectives(world_size: usize, sizes: &[u64], reps: usize, codec: C
     for r in &runs {
         let codec = if r.codec_seconds > 0.0 { format!(", of which coding {:.3} ms", 1e3 * r.codec_seconds) } else { String::new() };
         println!(
-            "{:<26} slice {:>8}: {:8.3} ms  {:7.2} GB/s per rank  ({} on the wire per rank{codec})",
+            "{:<28} slice {:>8}: {:8.3} ms  {:7.2} GB/s per rank  ({} on the wire per rank{codec})",
             r.op,
             human_bytes(r.slice_bytes),
             1e3 * r.seconds,

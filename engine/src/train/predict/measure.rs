@@ -31,7 +31,9 @@ pub fn measure<D: Backend>(
     let start = Instant::now();
     // A rank's slice of a block's group: what the sweep moves at a time.
     let lens = &placement.group_lens;
-    let group_elems = lens.iter().skip(1).max().or(lens.first()).copied().unwrap_or(0) / placement.world_size.max(1);
+    let largest = lens.iter().skip(1).max().or(lens.first()).copied().unwrap_or(0);
+    let sharding = crate::train::Sharding { rank: 0, world: placement.world_size.max(1), stage: placement.zero_stage };
+    let group_elems = sharding.group(largest).slice_len();
     // A block's time is the difference between two cuts, as many blocks apart as 2 GiB of state in
     // RAM holds (at least 4: a block must stand out of the step-to-step noise even where it is a
     // small part of the head's time); a small model is timed whole.
