@@ -18,8 +18,8 @@
 # (default "1gbit 10gbit"), MODES (default "none bf16 int8 onebit topk:0.01 onebit/int8
 # topk:0.01/int8 none@0 onebit@0": a --grad-compression mode, optionally with a --param-compression
 # mode after a slash, and a --zero-stage after an @, default 2: stage 0 all-reduces the gradients and
-# gathers no working copy), TIME_STEPS (default 6; 0 skips the time part), LOSS_STEPS (default 300; 0 skips the loss part), OUT (keeps metrics,
-# logs and SVGs; default: a new temporary directory).
+# gathers no working copy), TIME_STEPS (default 6; 0 skips the time part), LOSS_STEPS (default
+# 300; 0 skips the loss part), OUT (keeps metrics, logs and SVGs; default: a new temporary directory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rates=${RATES:-"1gbit 10gbit"}

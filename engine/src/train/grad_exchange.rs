@@ -97,6 +97,14 @@ impl GradExchange {
             notes.push(format!("--grad-compression {} does nothing with one rank: no gradient crosses between ranks", codec.mode));
             return Ok(GradExchange { codec, warmup_steps, residuals, all_reduce, padding: Vec::new() });
         }
+        if all_reduce && warmup_steps == 0 {
+            notes.push(format!(
+                "--grad-compression {} at --zero-stage 0 encodes every rank's whole gradient, its own part too: on the small models of \
+                 benches/results/2026-11-28-stage0-slow-network.md onebit's loss after 300 steps trailed none's by 14-18% without \
+                 --grad-compression-warmup and by 2-4% with 100 warm-up steps",
+                codec.mode
+            ));
+        }
         // Stage 0's residuals cover the whole group, the other stages' the other ranks' slices.
         let same_split = |c: &Checkpoint| c.state.world_size == sharding.world && (c.state.zero_stage == 0) == all_reduce;
         let resumed = match source {
