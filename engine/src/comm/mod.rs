@@ -315,7 +315,8 @@ impl Comm {
     /// feedback: `residual` holds what earlier encodings of each slice sent dropped (world - 1 slices:
     /// those of the other ranks in rank order, this rank's skipped); it is added in before encoding and
     /// replaced by what this encoding drops. This rank's own slice crosses no wire and is summed
-    /// exactly. Every rank decodes the same bytes, so the rank-order sum is the same on every transport. `none` is [`Comm::reduce_scatter_sum`] itself (`residual` untouched).
+    /// exactly. Every rank decodes the same bytes, so the rank-order sum is the same on every
+    /// transport. `none` is [`Comm::reduce_scatter_sum`] itself (`residual` untouched).
     pub fn reduce_scatter_sum_compressed(
         &self,
         full: &[f32],

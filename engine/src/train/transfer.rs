@@ -227,8 +227,8 @@ impl<D: Backend> Trainer<'_, D> {
     /// Finishes a gradient group's download and adds it into this rank's accumulator (or stores it, for
     /// the step's `first` contribution; `last` is the step's last): with several ranks, after
     /// reduce-scattering it (stages 2-3, and the head in every stage), or whole (stage 1 blocks, reduced
-    /// at the end of the step; stage 0, all-reduced with the step's last). Returns whether any value would overflow 16-bit storage (checked in fp16
-    /// only).
+    /// at the end of the step; stage 0, all-reduced with the step's last). Returns whether any value
+    /// would overflow 16-bit storage (checked in fp16 only).
     pub(super) fn accumulate(&mut self, k: usize, pending: D::PendingRead, first: bool, last: bool, clock: &mut Clock) -> Result<bool> {
         // Added straight out of the device's read-back memory where it lends it (the gpu device's
         // mapping): no host copy of the gradient between the link and the accumulator.
@@ -274,23 +274,17 @@ impl<D: Backend> Trainer<'_, D> {
         // The gradient's read-modify-write on NVMe (the addition included) is the device thread's wait
         // for its tier.
         let io_wait = if self.train.gradients_tier() == Tier::Nvme { Some(&mut clock.io_wait) } else { None };
-        if self.sharding.world == 1 {
-            change_grads_behind(write_behind, &self.shared, k, nv, first, last, io_wait, |acc| {
-                for (data, slot) in downloaded.iter().zip(&layout.tensors) {
-                    add(&mut acc[slot.range()], data.as_ref());
-                }
-                Ok(())
-            })?;
-        } else if self.sharding.replicates() {
-            // Stage 0: each rank sums its micro-batches into its whole accumulator, as one rank does,
-            // and the step's sum is all-reduced once, with the last micro-batch.
+        if self.sharding.world == 1 || self.sharding.replicates() {
+            // One rank, or stage 0: each rank sums its micro-batches into its whole accumulator, and
+            // (stage 0) the step's sum is all-reduced once, with the last micro-batch.
+            let all_reduce = last && self.sharding.replicates();
             let (exchange, comm, step, busy) = (&mut self.exchange, &self.comm, self.step, self.dev.is_async());
             let local = &mut self.reduce_scratch.0;
             change_grads_behind(write_behind, &self.shared, k, nv, first, last, io_wait, |acc| {
                 for (data, slot) in downloaded.iter().zip(&layout.tensors) {
                     add(&mut acc[slot.range()], data.as_ref());
                 }
-                if last {
+                if all_reduce {
                     local.clear();
                     local.extend_from_slice(acc);
                     exchange.reduce(comm, nv, step, k, local, acc, busy)?;
