@@ -100,6 +100,15 @@ fn hyperparameters_out_of_range_and_metrics_over_an_input_are_refused_before_any
     let out = zerostream(&["train", "--device", "cpu", "--steps", "1", "--optimizer", "lars", "--adam-state", "bf16"]);
     let err = stderr(&out);
     assert!(!out.status.success() && err.contains("--optimizer lars") && err.contains("--adam-state bf16"), "{err}");
+    // A frozen variance needs a warm-up to learn it in, and an optimizer that keeps one.
+    for (extra, says) in [
+        (&["--freeze-variance"][..], "--grad-compression-warmup"),
+        (&["--freeze-variance", "--grad-compression-warmup", "2", "--optimizer", "lars"][..], "--optimizer lars"),
+    ] {
+        let out = zerostream(&[&["train", "--device", "cpu", "--steps", "1"][..], extra].concat());
+        let err = stderr(&out);
+        assert!(!out.status.success() && err.contains("--freeze-variance") && err.contains(says), "{extra:?}: {err}");
+    }
     // bf16 words for an fp16 working copy would cost as many bytes and lose bits.
     let out = zerostream(&["train", "--device", "cpu", "--steps", "1", "--precision", "fp16", "--param-compression", "bf16"]);
     let err = stderr(&out);

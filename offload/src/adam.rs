@@ -15,6 +15,10 @@
 //!        = p - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 //! ```
 //!
+//! With the variance frozen after step F (1-bit Adam's, `AdamConfig::variance_frozen_after`), the
+//! steps past F keep v and its bias correction 1 - beta2^F as they were; the loop is unchanged, only
+//! its scalars ([`second_moment`]).
+//!
 //! One binary serves every CPU: the same loop is compiled for AVX-512, AVX2+FMA and the baseline (NEON
 //! is the baseline on aarch64), and the widest one the CPU has is chosen at run time. No FMA is ever
 //! contracted, so every instruction set gives bit-identical results, and so does every thread count.
@@ -46,11 +50,14 @@ pub struct AdamConfig {
     pub beta2: f64,
     pub eps: f64,
     pub weight_decay: f64,
+    /// 1-bit Adam's frozen variance: past this optimizer step the second moment stops changing (None:
+    /// AdamW's, updated every step). At least 1: the variance it keeps is learned before it.
+    pub variance_frozen_after: Option<u64>,
 }
 
 impl Default for AdamConfig {
     fn default() -> Self {
-        AdamConfig { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 }
+        AdamConfig { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, variance_frozen_after: None }
     }
 }
 
@@ -175,6 +182,20 @@ pub(crate) fn bias_corrections(beta1: f64, beta2: f64, step: u64) -> (f64, f64) 
     (1.0 - beta1.powf(step as f64), 1.0 - beta2.powf(step as f64))
 }
 
+/// The second moment's scalars at `step`: beta2 and 1 - beta2 as f32, and its bias correction
+/// 1 - beta2^step. Past `frozen_after` (F) they are 1, 0 and 1 - beta2^F: `v * 1 + (0 * g) * g` keeps
+/// v's bits (v >= 0; only a non-finite g, which would poison v anyway, changes them), so v_hat stays
+/// step F's. Shared with LAMB (layerwise.rs).
+pub(crate) fn second_moment(beta2: f64, step: u64, frozen_after: Option<u64>) -> (f32, f32, f64) {
+    match frozen_after {
+        Some(frozen) if step > frozen => {
+            assert!(frozen >= 1, "the variance frozen before the first step would stay zero");
+            (1.0, 0.0, 1.0 - beta2.powf(frozen as f64))
+        }
+        _ => (beta2 as f32, (1.0 - beta2) as f32, 1.0 - beta2.powf(step as f64)),
+    }
+}
+
 /// The per-step scalars, computed once (in f64, as Python computes them for PyTorch) and rounded to f32.
 #[derive(Clone, Copy, Debug)]
 struct StepScalars {
@@ -193,13 +214,14 @@ impl StepScalars {
         assert!(step >= 1, "AdamW steps count from 1");
         let (lr, b1, b2) = (cfg.lr, cfg.beta1, cfg.beta2);
         let wd = if decay_this_tensor { cfg.weight_decay } else { 0.0 };
-        let (bias_correction1, bias_correction2) = bias_corrections(b1, b2, step);
+        let (bias_correction1, _) = bias_corrections(b1, b2, step);
+        let (beta2, one_minus_beta2, bias_correction2) = second_moment(b2, step, cfg.variance_frozen_after);
         StepScalars {
             grad_scale,
             decay: (1.0 - lr * wd) as f32,
             one_minus_beta1: (1.0 - b1) as f32,
-            beta2: cfg.beta2 as f32,
-            one_minus_beta2: (1.0 - b2) as f32,
+            beta2,
+            one_minus_beta2,
             step_size: (lr / bias_correction1) as f32,
             bias_correction2_sqrt: bias_correction2.sqrt() as f32,
             eps: cfg.eps as f32,

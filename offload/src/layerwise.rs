@@ -55,6 +55,9 @@ pub struct LayerwiseConfig {
     pub lr: f64,
     pub weight_decay: f64,
     pub rule: Rule,
+    /// LAMB's second moment frozen past this step, as `AdamConfig::variance_frozen_after` (LARS
+    /// keeps no variance: must be None).
+    pub variance_frozen_after: Option<u64>,
 }
 
 impl LayerwiseConfig {
@@ -123,14 +126,17 @@ impl Scalars {
         match cfg.rule {
             Rule::Lamb { beta1, beta2, eps } => {
                 k.one_minus_beta1 = (1.0 - beta1) as f32;
-                k.beta2 = beta2 as f32;
-                k.one_minus_beta2 = (1.0 - beta2) as f32;
-                let (bc1, bc2) = crate::adam::bias_corrections(beta1, beta2, step);
+                let (bc1, _) = crate::adam::bias_corrections(beta1, beta2, step);
+                let bc2;
+                (k.beta2, k.one_minus_beta2, bc2) = crate::adam::second_moment(beta2, step, cfg.variance_frozen_after);
                 k.bias_correction1 = bc1 as f32;
                 k.bias_correction2_sqrt = bc2.sqrt() as f32;
                 k.eps = eps as f32;
             }
-            Rule::Lars { momentum, .. } => k.momentum = momentum as f32,
+            Rule::Lars { momentum, .. } => {
+                assert!(cfg.variance_frozen_after.is_none(), "LARS keeps no variance to freeze");
+                k.momentum = momentum as f32;
+            }
         }
         k
     }

@@ -34,7 +34,14 @@ fn matches_pytorch_adamw_at_every_length() {
     let (_, header) = SafeTensors::read_metadata(&bytes).unwrap();
     let meta = header.metadata().clone().expect("golden file has __metadata__");
     let get = |k: &str| meta[k].parse::<f64>().unwrap();
-    let cfg = AdamConfig { lr: get("lr"), beta1: get("beta1"), beta2: get("beta2"), eps: get("eps"), weight_decay: get("wd") };
+    let cfg = AdamConfig {
+        lr: get("lr"),
+        beta1: get("beta1"),
+        beta2: get("beta2"),
+        eps: get("eps"),
+        weight_decay: get("wd"),
+        variance_frozen_after: None,
+    };
     let steps: usize = meta["steps"].parse().unwrap();
     for threads in [1, 2] {
         let adam = AdamW::new(cfg, threads, 1000);
@@ -177,4 +184,65 @@ fn a_step_with_non_finite_gradients_is_skipped_and_changes_nothing() {
     let g = random(4, n, 1.0);
     assert!(adam.step_if_finite(&mut p, &mut m, &mut v, Grads::F32(&g), ParamCopy::None, 1, 1.0, true));
     assert!(p != before.0);
+}
+
+/// 1-bit Adam's frozen variance (`variance_frozen_after: Some(2)`): steps 1 and 2 are AdamW's bit for
+/// bit; past step 2 the second moment keeps its bits (fp32 and bf16 moments, every instruction set and
+/// chunking, and the reference), while the first moment and the parameters go on, each step dividing
+/// by v with step 2's bias correction, in the update's operation order.
+#[test]
+fn a_frozen_variance_keeps_its_bits_and_its_bias_correction() {
+    let n = 1001;
+    let plain = AdamConfig { weight_decay: 0.0, ..AdamConfig::default() };
+    let frozen = AdamConfig { variance_frozen_after: Some(2), ..plain };
+    let grads: Vec<Vec<f32>> = (0..4).map(|s| random(20 + s, n, 1.0)).collect();
+    let start = random(19, n, 1.0);
+    let bc2_sqrt = (1.0 - plain.beta2.powi(2)).sqrt() as f32;
+    for isa in Isa::available() {
+        for (threads, chunk) in [(1, 7), (2, 1 << 16)] {
+            let (adam, adam_plain) = (AdamW::with_isa(frozen, threads, chunk, isa), AdamW::with_isa(plain, threads, chunk, isa));
+            let (mut p, mut m, mut v) = (start.clone(), vec![0.0f32; n], vec![0.0f32; n]);
+            let (mut pp, mut mp, mut vp) = (start.clone(), vec![0.0f32; n], vec![0.0f32; n]);
+            let (mut pr, mut mr, mut vr) = (start.clone(), vec![0.0f32; n], vec![0.0f32; n]);
+            let mut v_at_freeze = Vec::new();
+            for (s, g) in grads.iter().enumerate() {
+                let step = s as u64 + 1;
+                let before = (p.clone(), m.clone());
+                adam.step(&mut p, &mut m, &mut v, Grads::F32(g), ParamCopy::None, step, 1.0, true);
+                adam_plain.step(&mut pp, &mut mp, &mut vp, Grads::F32(g), ParamCopy::None, step, 1.0, true);
+                adamw_reference(&mut pr, &mut mr, &mut vr, Grads::F32(g), ParamCopy::None, &frozen, step, 1.0, true);
+                let what = format!("{isa:?} {threads} threads, chunks of {chunk}, step {step}");
+                assert!((&p, &m, &v) == (&pr, &mr, &vr), "{what}: the fast path differs from the reference");
+                if step <= 2 {
+                    assert!((&p, &m, &v) == (&pp, &mp, &vp), "{what}: differs from AdamW before the freeze");
+                    v_at_freeze = v.clone();
+                    continue;
+                }
+                assert!(v == v_at_freeze, "{what}: the frozen variance changed");
+                assert!(v != vp && m != before.1, "{what}: the plain run's v, or m, stood still");
+                let step_size = (plain.lr / (1.0 - plain.beta1.powi(step as i32))) as f32;
+                for i in 0..n {
+                    let mi = ((1.0 - plain.beta1) as f32).mul_add(g[i] - before.1[i], before.1[i]);
+                    let denom = v[i].sqrt() / bc2_sqrt + plain.eps as f32;
+                    let want = before.0[i] + (-step_size * mi) / denom;
+                    assert!(m[i] == mi && p[i] == want, "{what}: element {i}: p {} m {}, want {want} {mi}", p[i], m[i]);
+                }
+            }
+        }
+    }
+    // bf16 moments: stochastic rounding of an unchanged bf16 value is that value.
+    let adam = AdamW::new(frozen, 2, 64);
+    let (mut p, mut m, mut v) = (start.clone(), vec![bf16::ZERO; n], vec![bf16::ZERO; n]);
+    let mut v_at_freeze = Vec::new();
+    for (s, g) in grads.iter().enumerate() {
+        let step = s as u64 + 1;
+        let noise = zerostream_offload::adam::MomentNoise::new(5, step, 0, 0);
+        let moments = zerostream_offload::adam::Moments::Bf16 { m: &mut m, v: &mut v, noise };
+        adam.step_moments(&mut p, moments, Grads::F32(g), ParamCopy::None, step, 1.0, true);
+        if step == 2 {
+            v_at_freeze = v.clone();
+        } else if step > 2 {
+            assert!(v == v_at_freeze, "bf16 moments, step {step}: the frozen variance changed");
+        }
+    }
 }

@@ -41,6 +41,7 @@ fn configs(meta: &std::collections::HashMap<String, String>) -> [(&'static str, 
                 lr: get("lamb_lr"),
                 weight_decay: wd,
                 rule: Rule::Lamb { beta1: get("beta1"), beta2: get("beta2"), eps: get("eps") },
+                variance_frozen_after: None,
             },
         ),
         (
@@ -49,6 +50,7 @@ fn configs(meta: &std::collections::HashMap<String, String>) -> [(&'static str, 
                 lr: get("lars_lr"),
                 weight_decay: wd,
                 rule: Rule::Lars { momentum: get("momentum"), trust_coefficient: get("trust_coefficient") },
+                variance_frozen_after: None,
             },
         ),
     ]
@@ -111,7 +113,7 @@ fn fast_path_is_bit_identical_to_the_reference_for_any_thread_count_and_instruct
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     let rules = [Rule::Lamb { beta1: 0.9, beta2: 0.99, eps: 1e-8 }, Rule::Lars { momentum: 0.9, trust_coefficient: 0.01 }];
     for rule in rules {
-        let cfg = LayerwiseConfig { lr: 0.01, weight_decay: 0.1, rule };
+        let cfg = LayerwiseConfig { lr: 0.01, weight_decay: 0.1, rule, variance_frozen_after: None };
         for n in [1, 5, NORM_BLOCK_ELEMS - 1, NORM_BLOCK_ELEMS + 3, 3 * NORM_BLOCK_ELEMS + 77] {
             let p0: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
             let grads: Vec<Vec<f32>> = (0..3).map(|_| (0..n).map(|_| rng.random_range(-0.1..0.1)).collect()).collect();
@@ -144,8 +146,18 @@ fn fast_path_is_bit_identical_to_the_reference_for_any_thread_count_and_instruct
 
 #[test]
 fn trust_ratio_follows_each_papers_formula_and_falls_back_to_one() {
-    let lamb = LayerwiseConfig { lr: 1.0, weight_decay: 0.1, rule: Rule::Lamb { beta1: 0.9, beta2: 0.99, eps: 1e-8 } };
-    let lars = LayerwiseConfig { lr: 1.0, weight_decay: 0.5, rule: Rule::Lars { momentum: 0.9, trust_coefficient: 0.01 } };
+    let lamb = LayerwiseConfig {
+        lr: 1.0,
+        weight_decay: 0.1,
+        rule: Rule::Lamb { beta1: 0.9, beta2: 0.99, eps: 1e-8 },
+        variance_frozen_after: None,
+    };
+    let lars = LayerwiseConfig {
+        lr: 1.0,
+        weight_decay: 0.5,
+        rule: Rule::Lars { momentum: 0.9, trust_coefficient: 0.01 },
+        variance_frozen_after: None,
+    };
     let norms = SquaredNorms { param: 9.0, update: 4.0 }; // |p| = 3, |u| = 2
     let opt = |c| Layerwise::new(c, 1);
     assert_eq!(opt(lamb).trust_ratio(norms, true), 1.5);
@@ -164,8 +176,15 @@ fn norms_of_slices_add_up_to_the_whole_tensors() {
     let n = 2 * NORM_BLOCK_ELEMS + 1000;
     let p: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
     let g: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
-    let opt =
-        Layerwise::new(LayerwiseConfig { lr: 0.1, weight_decay: 0.0, rule: Rule::Lars { momentum: 0.9, trust_coefficient: 0.001 } }, 2);
+    let opt = Layerwise::new(
+        LayerwiseConfig {
+            lr: 0.1,
+            weight_decay: 0.0,
+            rule: Rule::Lars { momentum: 0.9, trust_coefficient: 0.001 },
+            variance_frozen_after: None,
+        },
+        2,
+    );
     let mut m = vec![0.0; n];
     let whole = opt.measure(&p, &mut m, &mut [], &g, 1, 1.0, true);
     let cut = 12345;
@@ -177,5 +196,37 @@ fn norms_of_slices_add_up_to_the_whole_tensors() {
     let exact_p: f64 = p.iter().map(|&x| (x as f64) * (x as f64)).sum();
     for (got, want) in [(whole.param, exact_p), (sum.param, exact_p), (sum.update, whole.update)] {
         assert!((got - want).abs() <= 1e-12 * want, "{got} vs {want}");
+    }
+}
+
+/// LAMB with the variance frozen past step 1 (1-bit LAMB): v keeps its bits, m and p go on, and the
+/// fast path still equals the reference bit for bit.
+#[test]
+fn lamb_with_a_frozen_variance_keeps_its_bits() {
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let cfg = LayerwiseConfig {
+        lr: 0.01,
+        weight_decay: 0.1,
+        rule: Rule::Lamb { beta1: 0.9, beta2: 0.99, eps: 1e-8 },
+        variance_frozen_after: Some(1),
+    };
+    let n = NORM_BLOCK_ELEMS + 3;
+    let p0: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let (mut p, mut m, mut v) = (p0.clone(), vec![0.0; n], vec![0.0; n]);
+    let (mut fp, mut fm, mut fv) = (p0, vec![0.0; n], vec![0.0; n]);
+    let opt = Layerwise::new(cfg, 2);
+    let mut v_at_freeze = Vec::new();
+    for step in 1..=3 {
+        let g: Vec<f32> = (0..n).map(|_| rng.random_range(-0.1..0.1)).collect();
+        let m_before = m.clone();
+        layerwise_reference(&cfg, &mut p, &mut m, &mut v, &g, ParamCopy::None, step, 1.0, true);
+        let norms = opt.measure(&fp, &mut fm, &mut fv, &g, step, 1.0, true);
+        opt.apply(&mut fp, &mut fm, &fv, &g, ParamCopy::None, step, 1.0, true, opt.trust_ratio(norms, true));
+        assert!((&fp, &fm, &fv) == (&p, &m, &v), "step {step}: the fast path differs from the reference");
+        if step == 1 {
+            v_at_freeze = v.clone();
+        } else {
+            assert!(v == v_at_freeze && m != m_before, "step {step}: v changed, or m stood still");
+        }
     }
 }

@@ -43,8 +43,18 @@ fn run(cfg: &LayerwiseConfig) -> u64 {
 
 #[test]
 fn lamb_and_lars_bits_are_those_before_the_vector_passes() {
-    let lamb = LayerwiseConfig { lr: 1e-2, weight_decay: 0.01, rule: Rule::Lamb { beta1: 0.9, beta2: 0.999, eps: 1e-6 } };
-    let lars = LayerwiseConfig { lr: 0.1, weight_decay: 1e-4, rule: Rule::Lars { momentum: 0.9, trust_coefficient: 1e-3 } };
+    let lamb = LayerwiseConfig {
+        lr: 1e-2,
+        weight_decay: 0.01,
+        rule: Rule::Lamb { beta1: 0.9, beta2: 0.999, eps: 1e-6 },
+        variance_frozen_after: None,
+    };
+    let lars = LayerwiseConfig {
+        lr: 0.1,
+        weight_decay: 1e-4,
+        rule: Rule::Lars { momentum: 0.9, trust_coefficient: 1e-3 },
+        variance_frozen_after: None,
+    };
     let (lamb_digest, lars_digest) = (run(&lamb), run(&lars));
     println!("lamb {lamb_digest:#018x} lars {lars_digest:#018x}");
     assert_eq!((lamb_digest, lars_digest), (LAMB_DIGEST, LARS_DIGEST));

@@ -62,7 +62,7 @@ fn sweep_throughput() {
             })
             .collect();
         let adam = AdamW::new(
-            AdamConfig { lr: 1e-4, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 },
+            AdamConfig { lr: 1e-4, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, variance_frozen_after: None },
             0,
             zerostream_offload::adam::DEFAULT_CHUNK_ELEMS,
         );

@@ -221,6 +221,14 @@ pub struct TrainArgs {
     /// gradients are where a coarse codec's delayed error costs most.
     #[arg(long, value_name = "STEPS", default_value_t = 0)]
     grad_compression_warmup: u64,
+    /// Freeze AdamW's (or LAMB's) second moment when --grad-compression-warmup ends, as 1-bit Adam
+    /// does: from then on each step divides by the variance (and its bias correction) of the last
+    /// warm-up step. The square of a one-bit gradient says little about the gradient's, so a variance
+    /// kept updating from it steers the update worse than one learned from the exact warm-up. Needs
+    /// --grad-compression-warmup >= 1; not with --optimizer lars (no second moment). Applies at any
+    /// world size; the steps up to the freeze are unchanged.
+    #[arg(long)]
+    freeze_variance: bool,
     /// How the working copy crosses between ranks in its all-gather (ZeRO++'s quantised weights): none
     /// (its words as they are), bf16 (2 bytes per element; the same as none with --precision bf16,
     /// refused with fp16: as many bytes, fewer bits) or int8 (1 byte plus a 4-byte scale per 256

@@ -8,8 +8,9 @@
 //!   flat buffer, and with `--grad-compression` `{group}.grad_residual` (the rank's error feedback for
 //!   the other ranks' slices, in rank order; see `grad_exchange.rs`); the metadata holds the world size,
 //!   the stage and every group's length, padded length and owned range, so another world size can
-//!   re-split the state (stage 0: every rank's file holds the whole, the same bits; resuming reads
-//!   rank 0's, and each rank's residual is the error feedback of the whole group);
+//!   re-split the state (stage 0: the replicas hold the same bits, checked by CRC at every save;
+//!   rank 0's file holds the whole once, every rank's file its residual, the error feedback of the
+//!   whole group);
 //! - the tokenizer's files when the run knows its tokenizer (`RunRecord::tokenizer_files`: GPT-2's
 //!   vocab.json + merges.txt + tokenizer_config.json + special_tokens_map.json, or a tokenizer.json);
 //! - `trainer_state.json`: counters, loss scaler, data position, every setting, and the manifest
@@ -171,6 +172,9 @@ impl<D: Backend> Trainer<'_, D> {
         self.finish()?;
         let (rank, world) = (self.sharding.rank, self.sharding.world);
         let lead = rank == 0;
+        // Stage 0's replicas hold the same state bit for bit (checked below): rank 0 writes it once, and
+        // every rank writes only its own error-feedback residuals.
+        let writes_state = lead || !self.sharding.replicates();
         let mut model = if lead {
             let entries =
                 self.layouts.iter().flat_map(|g| g.tensors.iter().map(|t| TensorEntry::new(&t.name, dtype.dtype(), t.shape.clone())));
@@ -181,7 +185,7 @@ impl<D: Backend> Trainer<'_, D> {
         };
         let mut opt = if optimizer {
             let mut entries = Vec::new();
-            for (g, shard) in self.layouts.iter().zip(self.shards.iter()) {
+            for (g, shard) in self.layouts.iter().zip(self.shards.iter()).filter(|_| writes_state) {
                 let moments = match self.train.adam_state {
                     AdamState::Fp32 => Dtype::F32,
                     AdamState::Bf16 => Dtype::BF16,
@@ -205,7 +209,7 @@ impl<D: Backend> Trainer<'_, D> {
         for (k, (g, shard)) in self.layouts.iter().zip(self.shards.iter()).enumerate() {
             let og = &mut optimizer_groups[k];
             og.master.page_in(nv)?;
-            if let Some(w) = opt.as_mut() {
+            if let Some(w) = opt.as_mut().filter(|_| writes_state) {
                 og.m.page_in(nv)?;
                 og.v.page_in(nv)?;
                 w.write_tensor(&format!("{}.master", g.name), og.master.data().bytes())?;
@@ -216,6 +220,9 @@ impl<D: Backend> Trainer<'_, D> {
                 og.v.page_out(nv, false)?;
             }
             let mine = og.master.data().as_slice::<f32>();
+            if self.sharding.replicates() {
+                check_replicas_agree(&self.comm, &g.name, mine)?;
+            }
             let whole = super::gather_owned(&self.comm, &self.sharding, mine, shard.padded_len)?;
             if let Some(w) = model.as_mut() {
                 for t in &g.tensors {
@@ -250,7 +257,8 @@ impl<D: Backend> Trainer<'_, D> {
         Ok(files)
     }
 
-    /// The flat layout of this rank's optimizer file, as safetensors metadata.
+    /// The flat layout of this rank's optimizer file, as safetensors metadata (at stage 0, the ranks past
+    /// the first declare the whole group but hold only residuals: resuming reads rank 0's state).
     fn layout_metadata(&self) -> BTreeMap<String, String> {
         let groups: Vec<_> = self
             .layouts
@@ -390,7 +398,7 @@ impl Checkpoint {
     pub fn read_range(&self, group: &str, kind: &str, range: Range<usize>, out: &mut [f32]) -> Result<()> {
         assert_eq!(out.len(), range.len());
         out.fill(0.0);
-        // Stage 0's ranks each hold the whole, the same bits: rank 0's file is read.
+        // Stage 0's state is in rank 0's file alone (the other ranks' hold residuals).
         let holders = if self.state.zero_stage == 0 { &self.ranks[..1] } else { &self.ranks[..] };
         for rf in holders {
             let Some((owned, len)) = rf.owned.get(group) else {
@@ -443,6 +451,21 @@ impl Checkpoint {
             }
         }
     }
+}
+
+/// Collective, at stage 0: every rank's master weights of group `name` must be the same bits, as the
+/// replicas are built to be (the same decoded sums, in rank order, on every rank). A checkpoint keeps
+/// one copy, so a divergence is refused here, by group, rather than saved as rank 0's alone.
+fn check_replicas_agree(comm: &crate::comm::Comm, name: &str, master: &[f32]) -> Result<()> {
+    let crcs = comm.gather_scalars(crc32fast::hash(bytemuck::cast_slice(master)))?;
+    if let Some(r) = crcs.iter().position(|&c| c != crcs[0]) {
+        bail!(
+            "--zero-stage 0: rank {r}'s master weights of {name} differ from rank 0's (CRC32 {:08x} against {:08x}); the replicas diverged, so no checkpoint was written from them",
+            crcs[r],
+            crcs[0]
+        );
+    }
+    Ok(())
 }
 
 /// The group slices an optimizer file's metadata declares.

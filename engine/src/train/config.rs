@@ -91,6 +91,9 @@ pub struct TrainConfig {
     /// `--grad-compression-warmup`: optimizer steps at the start of training whose gradients cross
     /// uncompressed (the compression starts after them, its residuals from zero).
     pub grad_compression_warmup: u64,
+    /// `--freeze-variance`: AdamW's or LAMB's second moment stops changing after the
+    /// `grad_compression_warmup` steps (1-bit Adam's frozen variance).
+    pub freeze_variance: bool,
     /// `--param-compression`: how the working copy crosses between ranks in its all-gather (every rank
     /// then computes with the decoded copy); part of what is computed with more than one rank.
     pub param_compression: ParamCompression,
@@ -138,6 +141,7 @@ impl Default for TrainConfig {
             grad_compression: GradCompression::None,
             grad_compression_chunk: compress::DEFAULT_CHUNK_ELEMS,
             grad_compression_warmup: 0,
+            freeze_variance: false,
             param_compression: ParamCompression::None,
             optimizer: Optimizer::Adamw,
             momentum: 0.9,
@@ -159,6 +163,7 @@ pub const MEANING_FLAGS: &[&str] = &[
     "grad-compression",
     "grad-compression-chunk",
     "grad-compression-warmup",
+    "freeze-variance",
     "param-compression",
     "optimizer",
     "momentum",
@@ -280,6 +285,15 @@ impl TrainConfig {
                 self.adam_state.name()
             );
         }
+        if self.freeze_variance && self.optimizer == Optimizer::Lars {
+            bail!("--freeze-variance with --optimizer lars: LARS keeps no second moment to freeze; use adamw or lamb");
+        }
+        if self.freeze_variance && self.grad_compression_warmup == 0 {
+            bail!(
+                "--freeze-variance needs --grad-compression-warmup STEPS >= 1: the variance freezes when the warm-up \
+                 ends, and is learned during it"
+            );
+        }
         if self.param_compression == ParamCompression::Bf16 && self.precision == Precision::Fp16 {
             bail!(
                 "--param-compression bf16 with --precision fp16: the fp16 working copy already crosses in 2 bytes a \
@@ -341,6 +355,7 @@ impl TrainConfig {
         put("grad-compression", json!(self.grad_compression.to_string()));
         put("grad-compression-chunk", json!(self.grad_compression_chunk));
         put("grad-compression-warmup", json!(self.grad_compression_warmup));
+        put("freeze-variance", json!(self.freeze_variance));
         put("param-compression", json!(self.param_compression.name()));
         put("optimizer", json!(enum_name(self.optimizer)));
         put("momentum", json!(self.momentum));
@@ -428,6 +443,8 @@ impl TrainConfig {
                 .map_or(compress::DEFAULT_CHUNK_ELEMS, |n| n as usize),
             // Checkpoints from before --grad-compression-warmup compressed from the first step.
             grad_compression_warmup: f.get("grad-compression-warmup").and_then(Value::as_u64).unwrap_or(0),
+            // Checkpoints from before --freeze-variance updated it every step.
+            freeze_variance: f.get("freeze-variance").and_then(Value::as_bool).unwrap_or(false),
             // Checkpoints from before --param-compression gathered the working copy exactly.
             param_compression: match f.get("param-compression") {
                 None => ParamCompression::None,
@@ -463,6 +480,7 @@ mod tests {
             grad_compression: GradCompression::TopK(0.25),
             grad_compression_chunk: 64,
             grad_compression_warmup: 30,
+            freeze_variance: true,
             param_compression: ParamCompression::Int8,
             optimizer: Optimizer::Lars,
             momentum: 0.8,

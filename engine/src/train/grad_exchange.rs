@@ -101,7 +101,8 @@ impl GradExchange {
             notes.push(format!(
                 "--grad-compression {} at --zero-stage 0 encodes every rank's whole gradient, its own part too: on the small models of \
                  benches/results/2026-11-28-stage0-slow-network.md onebit's loss after 300 steps trailed none's by 14-18% without \
-                 --grad-compression-warmup and by 2-4% with 100 warm-up steps",
+                 --grad-compression-warmup, by 2-4% with 100 warm-up steps, and by 0.6-1.4% with \
+                 --grad-compression-warmup 150 --freeze-variance (benches/results/2026-11-28-frozen-variance.md)",
                 codec.mode
             ));
         }

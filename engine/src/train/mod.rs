@@ -425,7 +425,8 @@ fn update_rule(train: &TrainConfig, comm: &Comm, replicates: bool) -> Result<Upd
     match layerwise_config(train) {
         None => {
             let (lr, weight_decay) = (train.lr.peak, train.weight_decay);
-            let config = AdamConfig { lr, beta1: train.beta1, beta2: train.beta2, eps: train.eps, weight_decay };
+            let variance_frozen_after = variance_frozen_after(train);
+            let config = AdamConfig { lr, beta1: train.beta1, beta2: train.beta2, eps: train.eps, weight_decay, variance_frozen_after };
             Ok(UpdateRule::AdamW(AdamW::new(config, threads, zerostream_offload::adam::DEFAULT_CHUNK_ELEMS)))
         }
         // Stage 0: each rank holds whole tensors, and their norms are its own.
@@ -444,7 +445,12 @@ pub(crate) fn layerwise_config(train: &TrainConfig) -> Option<LayerwiseConfig> {
         Optimizer::Lamb => Rule::Lamb { beta1: train.beta1, beta2: train.beta2, eps: train.eps },
         Optimizer::Lars => Rule::Lars { momentum: train.momentum, trust_coefficient: train.trust_coefficient },
     };
-    Some(LayerwiseConfig { lr: train.lr.peak, weight_decay: train.weight_decay, rule })
+    Some(LayerwiseConfig { lr: train.lr.peak, weight_decay: train.weight_decay, rule, variance_frozen_after: variance_frozen_after(train) })
+}
+
+/// `--freeze-variance`: the optimizer step after which the second moment stays (the warm-up's last).
+pub(crate) fn variance_frozen_after(train: &TrainConfig) -> Option<u64> {
+    train.freeze_variance.then_some(train.grad_compression_warmup)
 }
 
 /// Each parameter's index in checkpoint order, by name.

@@ -360,11 +360,15 @@ fn describe_run<D: Backend>(
         match train.optimizer {
             super::Optimizer::Lars => format!("LARS momentum {}, trust coefficient {}", train.momentum, train.trust_coefficient),
             o => format!(
-                "{} betas {}/{}, eps {}",
+                "{} betas {}/{}, eps {}{}",
                 if o == super::Optimizer::Lamb { "LAMB" } else { "AdamW" },
                 train.beta1,
                 train.beta2,
-                train.eps
+                train.eps,
+                match super::variance_frozen_after(train) {
+                    Some(step) => format!(" (variance frozen after step {step})"),
+                    None => String::new(),
+                }
             ),
         },
         train.weight_decay,

@@ -92,6 +92,7 @@ fn train_config(a: &TrainArgs) -> TrainConfig {
         grad_compression: a.grad_compression,
         grad_compression_chunk: a.grad_compression_chunk,
         grad_compression_warmup: a.grad_compression_warmup,
+        freeze_variance: a.freeze_variance,
         param_compression: a.param_compression,
         optimizer: a.optimizer,
         momentum: a.momentum,

@@ -172,7 +172,15 @@ fn measure_drive(dirs: &[PathBuf], train: &TrainConfig, group_elems: usize) -> R
 }
 
 fn adam_config(train: &TrainConfig) -> AdamConfig {
-    AdamConfig { lr: train.lr.peak, beta1: train.beta1, beta2: train.beta2, eps: train.eps, weight_decay: train.weight_decay }
+    let variance_frozen_after = super::super::variance_frozen_after(train);
+    AdamConfig {
+        lr: train.lr.peak,
+        beta1: train.beta1,
+        beta2: train.beta2,
+        eps: train.eps,
+        weight_decay: train.weight_decay,
+        variance_frozen_after,
+    }
 }
 
 /// The update's parameters per second over 8M parameters (one tensor) with the run's optimizer,
