@@ -125,6 +125,7 @@ fn mpirun_with_grad_compression_equals_in_process_bit_for_bit() {
     check_mpi_equals_in_process("3", &["--grad-compression", "onebit", "--grad-compression-chunk", "100"]);
     check_mpi_equals_in_process("2", &["--grad-compression", "onebit", "--param-compression", "int8"]);
     check_mpi_equals_in_process("0", &["--grad-compression", "onebit", "--optimizer", "lamb"]);
+    check_mpi_equals_in_process("0", &["--grad-compression", "onebit", "--grad-compression-warmup", "1", "--freeze-variance"]);
 }
 
 /// LAMB's norms are summed from the optimizer thread on a communicator of its own while the device
