@@ -134,6 +134,15 @@ fn sharded_runs_are_bit_identical_across_tiers_budgets_and_recompute() {
     for (a, b) in runs[0].losses.iter().zip(&stage2.losses) {
         assert!((a - b).abs() <= 1e-6 * b.abs(), "bf16 stage 0: loss {a} against stage 2's {b}");
     }
+    // fp16 with dynamic loss scaling: stage 0 checks the whole gradient for overflow on every rank
+    // (agreed with `any`) and unscales it as stage 2 does its slices, so the two stay together.
+    let fp16 = TrainConfig { precision: zerostream::train::Precision::Fp16, ..base.clone() };
+    let zero = run_world(Dev::Cpu, 2, TrainConfig { zero_stage: ZeroStage::Zero, ..fp16.clone() }).unwrap();
+    let two = run_world(Dev::Cpu, 2, TrainConfig { zero_stage: ZeroStage::Two, ..fp16 }).unwrap();
+    assert!(zero.losses.iter().all(|l| l.is_finite()), "fp16 stage 0: losses {:?}", zero.losses);
+    for (a, b) in zero.losses.iter().zip(&two.losses) {
+        assert!((a - b).abs() <= 1e-6 * b.abs(), "fp16 stage 0: loss {a} against stage 2's {b}");
+    }
 }
 
 /// Bytes sent per step match the ZeRO volumes: with Ψ the padded parameter count and N ranks, every

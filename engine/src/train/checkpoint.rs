@@ -183,26 +183,7 @@ impl<D: Backend> Trainer<'_, D> {
         } else {
             None
         };
-        let mut opt = if optimizer {
-            let mut entries = Vec::new();
-            for (g, shard) in self.layouts.iter().zip(self.shards.iter()).filter(|_| writes_state) {
-                let moments = match self.train.adam_state {
-                    AdamState::Fp32 => Dtype::F32,
-                    AdamState::Bf16 => Dtype::BF16,
-                };
-                entries.push(TensorEntry::new(format!("{}.master", g.name), Dtype::F32, vec![shard.slice_len()]));
-                for kind in self.train.optimizer.moment_names() {
-                    entries.push(TensorEntry::new(format!("{}.{kind}", g.name), moments, vec![shard.slice_len()]));
-                }
-            }
-            // --grad-compression's error feedback: this rank's residual of each group's other slices.
-            for (g, r) in self.layouts.iter().zip(&self.exchange.residuals) {
-                entries.push(TensorEntry::new(format!("{}.grad_residual", g.name), Dtype::F32, vec![r.len_bytes() / 4]));
-            }
-            Some(StreamWriter::create(&dir.join(optimizer_file(rank)), entries, &self.layout_metadata())?)
-        } else {
-            None
-        };
+        let mut opt = if optimizer { Some(self.optimizer_file_writer(dir, writes_state)?) } else { None };
         let nv = self.nvme.clone();
         let nv = nv.as_deref();
         let optimizer_groups = self.optimizer.as_mut().expect("finished");
@@ -255,6 +236,26 @@ impl<D: Backend> Trainer<'_, D> {
             }
         }
         Ok(files)
+    }
+
+    /// This rank's optimizer file in `dir`, its tensors declared: with `writes_state`, each group's
+    /// master slice and moments; then, with --grad-compression, each group's error-feedback residual.
+    fn optimizer_file_writer(&self, dir: &Path, writes_state: bool) -> Result<StreamWriter> {
+        let mut entries = Vec::new();
+        let moments = match self.train.adam_state {
+            AdamState::Fp32 => Dtype::F32,
+            AdamState::Bf16 => Dtype::BF16,
+        };
+        for (g, shard) in self.layouts.iter().zip(self.shards.iter()).filter(|_| writes_state) {
+            entries.push(TensorEntry::new(format!("{}.master", g.name), Dtype::F32, vec![shard.slice_len()]));
+            for kind in self.train.optimizer.moment_names() {
+                entries.push(TensorEntry::new(format!("{}.{kind}", g.name), moments, vec![shard.slice_len()]));
+            }
+        }
+        for (g, r) in self.layouts.iter().zip(&self.exchange.residuals) {
+            entries.push(TensorEntry::new(format!("{}.grad_residual", g.name), Dtype::F32, vec![r.len_bytes() / 4]));
+        }
+        StreamWriter::create(&dir.join(optimizer_file(self.sharding.rank)), entries, &self.layout_metadata())
     }
 
     /// The flat layout of this rank's optimizer file, as safetensors metadata (at stage 0, the ranks past

@@ -73,3 +73,25 @@ fn host_ram_counts_what_the_device_takes_of_it() {
     assert!(block > 128 << 20 && block > chunk, "{block} {chunk}");
     assert_eq!(gpu.host_device_bytes(), (512 << 20) + 2 * block + 2 * block);
 }
+
+/// At --zero-stage 0 every rank plans the whole model's state, as one rank does (master, moments,
+/// gradients and working copy), and error-feedback residuals over whole groups; the sharded stages
+/// plan slices, and residuals over the other ranks' slices only.
+#[test]
+fn stage_zero_plans_the_whole_state_on_every_rank() {
+    use crate::comm::compress::GradCompression;
+    use crate::train::ZeroStage;
+    let model = Model::preset("gpt2").unwrap();
+    let at = |stage, world| {
+        let tc = TrainConfig { zero_stage: stage, grad_compression: GradCompression::OneBit, ..TrainConfig::default() };
+        plan(&model, &tc, world).unwrap()
+    };
+    let (one, zero, two, three) = (at(ZeroStage::Two, 1), at(ZeroStage::Zero, 2), at(ZeroStage::Two, 2), at(ZeroStage::Three, 2));
+    let whole = |p: &Placement| (p.host_optimizer_bytes, p.host_grad_bytes, p.host_working_bytes);
+    assert_eq!(whole(&zero), whole(&one), "stage 0 holds the whole, as one rank does");
+    assert_eq!(one.host_residual_bytes, 0, "one rank compresses nothing");
+    assert_eq!(zero.host_residual_bytes, one.host_grad_bytes, "stage 0's residuals: whole groups in f32");
+    assert_eq!(2 * two.host_optimizer_bytes, one.host_optimizer_bytes, "stage 2 holds half the state");
+    assert_eq!(two.host_residual_bytes, two.host_grad_bytes, "stage 2's residuals: the other rank's slices");
+    assert_eq!(2 * three.host_working_bytes, one.host_working_bytes, "stage 3 holds half the working copy");
+}
