@@ -180,7 +180,18 @@ fn resuming_with_grad_compression_restores_the_error_feedback() {
     // Stage 0: each rank's residual covers the whole of every group.
     check_resume_equality("cpu onebit stage 0", &[&two[..], &["--zero-stage", "0", "--grad-compression", "onebit"]].concat());
     // 1-bit Adam's frozen variance, frozen before the split: the resumed run keeps it frozen.
-    let frozen = ["--zero-stage", "0", "--grad-compression", "onebit", "--grad-compression-warmup", "3", "--freeze-variance"];
+    // The state on NVMe: rank 1 pages in its master weights (for the replicas' CRC), not its moments.
+    let frozen = [
+        "--zero-stage",
+        "0",
+        "--grad-compression",
+        "onebit",
+        "--grad-compression-warmup",
+        "3",
+        "--freeze-variance",
+        "--offload-optimizer",
+        "nvme",
+    ];
     check_resume_equality("cpu onebit stage 0 frozen variance", &[&two[..], &frozen[..]].concat());
     // The resumed run gathers the working copy through the codec again, as the uninterrupted one had.
     check_resume_equality("cpu int8 parameters stage 2", &[&two[..], &["--param-compression", "int8"]].concat());

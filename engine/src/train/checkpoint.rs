@@ -8,7 +8,7 @@
 //!   flat buffer, and with `--grad-compression` `{group}.grad_residual` (the rank's error feedback for
 //!   the other ranks' slices, in rank order; see `grad_exchange.rs`); the metadata holds the world size,
 //!   the stage and every group's length, padded length and owned range, so another world size can
-//!   re-split the state (stage 0: the replicas hold the same bits, checked by CRC at every save;
+//!   re-split the state (stage 0: the replicas hold the same bits, their master weights checked by CRC at every save;
 //!   rank 0's file holds the whole once, every rank's file its residual, the error feedback of the
 //!   whole group);
 //! - the tokenizer's files when the run knows its tokenizer (`RunRecord::tokenizer_files`: GPT-2's
@@ -158,8 +158,8 @@ fn write_config(dir: &Path, model: &Model, dtype: SaveDtype) -> Result<(String, 
 }
 
 impl<D: Backend> Trainer<'_, D> {
-    /// Collective: writes into `dir` (which must exist) this rank's optimizer slices and, on rank 0,
-    /// the model (gathered group by group) in `dtype` and the `extra` files; with `optimizer` false
+    /// Collective: writes into `dir` (which must exist) this rank's optimizer slices (stage 0: rank 0
+    /// the whole state, the other ranks their residuals only) and, on rank 0, the model (gathered group by group) in `dtype` and the `extra` files; with `optimizer` false
     /// only the model and `extra`. Returns the files rank 0 wrote and the digests of every rank's
     /// optimizer file (rank 0 only).
     fn write_state(

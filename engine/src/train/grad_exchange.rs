@@ -138,21 +138,23 @@ impl GradExchange {
         Ok(GradExchange { codec, warmup_steps, residuals, all_reduce, padding })
     }
 
-    /// Group `k`'s reduce-scatter in optimizer step `step`: `mine` = the sum over ranks of their parts
-    /// of this rank's slice of `whole` (stage 0: of all of it, `mine` as long as `whole`), each sent as
-    /// the codec encodes it (exactly, for `none` and during the warm-up).
+    /// Group `k`'s reduce-scatter after `updates_applied` optimizer updates: `mine` = the sum over ranks
+    /// of their parts of this rank's slice of `whole` (stage 0: of all of it, `mine` as long as
+    /// `whole`), each sent as the codec encodes it (exactly, for `none` and during the warm-up). The
+    /// warm-up counts applied updates, not steps, as `--freeze-variance` does, so a skipped step
+    /// cannot start the compression before the variance is frozen.
     #[allow(clippy::too_many_arguments)]
     pub fn reduce(
         &mut self,
         comm: &Comm,
         nvme: Option<&NvmeDir>,
-        step: u64,
+        updates_applied: u64,
         k: usize,
         whole: &[f32],
         mine: &mut [f32],
         device_busy: bool,
     ) -> Result<()> {
-        let residual = self.residuals.get_mut(k).filter(|_| step >= self.warmup_steps);
+        let residual = self.residuals.get_mut(k).filter(|_| updates_applied >= self.warmup_steps);
         let Some(residual) = residual else {
             return match self.all_reduce {
                 true => comm.all_reduce_sum(whole, mine, device_busy),

@@ -148,6 +148,21 @@ pub(super) fn group_state(
 }
 
 /// Why `--param-compression` does nothing in this run, if it does not.
+/// What `--freeze-variance` does in a run where it is not what it is for: no gradient compressed, or
+/// a warm-up as long as the run.
+pub(super) fn freeze_variance_note(train: &TrainConfig) -> Option<String> {
+    let w = train.grad_compression_warmup;
+    if !train.freeze_variance {
+        None
+    } else if w >= train.steps {
+        Some(format!("--freeze-variance: the warm-up ({w} steps) lasts the whole run of {} steps, so nothing freezes", train.steps))
+    } else if train.grad_compression == crate::comm::compress::GradCompression::None {
+        Some(format!("--freeze-variance without --grad-compression: the variance freezes after update {w} all the same"))
+    } else {
+        None
+    }
+}
+
 pub(super) fn param_compression_note(train: &TrainConfig, sharding: &Sharding) -> Option<String> {
     if train.param_compression.codec().is_some() && sharding.world == 1 {
         Some(format!("--param-compression {} does nothing with one rank: the working copy is not gathered", train.param_compression.name()))

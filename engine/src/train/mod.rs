@@ -202,6 +202,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
         io_notes.extend(pinned.note());
         let rule = update_rule(&train, &comm, sharding.replicates())?;
         io_notes.extend(host_init::param_compression_note(&train, &sharding));
+        io_notes.extend(host_init::freeze_variance_note(&train));
         let names: Vec<&str> = layouts.iter().map(|g| g.name.as_str()).collect();
         let exchange = grad_exchange::GradExchange::new(&train, &sharding, &shards, &names, source, nv, &mut io_notes)?;
         let device = Self::allocate_device(dev, &model, &train, &placement)?;

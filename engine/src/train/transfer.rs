@@ -278,7 +278,7 @@ impl<D: Backend> Trainer<'_, D> {
             // One rank, or stage 0: each rank sums its micro-batches into its whole accumulator, and
             // (stage 0) the step's sum is all-reduced once, with the last micro-batch.
             let all_reduce = last && self.sharding.replicates();
-            let (exchange, comm, step, busy) = (&mut self.exchange, &self.comm, self.step, self.dev.is_async());
+            let (exchange, comm, updates, busy) = (&mut self.exchange, &self.comm, self.adam_steps, self.dev.is_async());
             let local = &mut self.reduce_scratch.0;
             change_grads_behind(write_behind, &self.shared, k, nv, first, last, io_wait, |acc| {
                 for (data, slot) in downloaded.iter().zip(&layout.tensors) {
@@ -287,7 +287,7 @@ impl<D: Backend> Trainer<'_, D> {
                 if all_reduce {
                     local.clear();
                     local.extend_from_slice(acc);
-                    exchange.reduce(comm, nv, step, k, local, acc, busy)?;
+                    exchange.reduce(comm, nv, updates, k, local, acc, busy)?;
                 }
                 Ok(())
             })?;
@@ -306,7 +306,7 @@ impl<D: Backend> Trainer<'_, D> {
             for (data, slot) in downloaded.iter().zip(&layout.tensors) {
                 whole[slot.range()].copy_from_slice(data.as_ref());
             }
-            self.exchange.reduce(&self.comm, nv, self.step, k, whole, mine, self.dev.is_async())?;
+            self.exchange.reduce(&self.comm, nv, self.adam_steps, k, whole, mine, self.dev.is_async())?;
             change_grads_behind(write_behind, &self.shared, k, nv, first, last, io_wait, |acc| {
                 add(acc, mine);
                 Ok(())
@@ -324,9 +324,9 @@ impl<D: Backend> Trainer<'_, D> {
                 continue;
             }
             let whole = &self.stage1_grads[k];
-            let (comm, exchange, step) = (&self.comm, &mut self.exchange, self.step);
+            let (comm, exchange, updates) = (&self.comm, &mut self.exchange, self.adam_steps);
             lock(&self.shared[k]).change_grads(nv.as_deref(), true, true, AfterChange::PageOut, |mine| {
-                exchange.reduce(comm, nv.as_deref(), step, k, whole, mine, false)
+                exchange.reduce(comm, nv.as_deref(), updates, k, whole, mine, false)
             })?;
         }
         Ok(())
