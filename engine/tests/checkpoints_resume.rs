@@ -179,6 +179,9 @@ fn resuming_with_grad_compression_restores_the_error_feedback() {
     check_resume_equality("cpu topk stage 1", &[&two[..], &["--zero-stage", "1", "--grad-compression", "topk:0.1"]].concat());
     // Stage 0: each rank's residual covers the whole of every group.
     check_resume_equality("cpu onebit stage 0", &[&two[..], &["--zero-stage", "0", "--grad-compression", "onebit"]].concat());
+    // Three ranks: the two-phase all-reduce, whose residual is the reduce-scatter's and the owner's.
+    let three = ["--device", "cpu", "--world-size", "3", "--zero-stage", "0", "--grad-compression", "onebit"];
+    check_resume_equality("cpu onebit stage 0, three ranks", &three);
     // 1-bit Adam's frozen variance, frozen before the split: the resumed run keeps it frozen.
     // The state on NVMe: rank 1 pages in its master weights (for the replicas' CRC), not its moments.
     let frozen = [

@@ -98,20 +98,21 @@ fn every_mode_sends_what_its_codec_promises_and_stays_near_none() {
 
 #[test]
 fn compression_works_at_every_stage_and_does_nothing_with_one_rank() {
-    for stage in [ZeroStage::Zero, ZeroStage::One, ZeroStage::Three] {
-        let none = run(2, config(GradCompression::None, stage));
-        let got = run(2, config(GradCompression::OneBit, stage));
+    // Stage 0 at 3 and 4 ranks: the two-phase all-reduce, with its residual's padding in two places.
+    for (world, stage) in [(2, ZeroStage::Zero), (2, ZeroStage::One), (2, ZeroStage::Three), (3, ZeroStage::Zero), (4, ZeroStage::Zero)] {
+        let none = run(world, config(GradCompression::None, stage));
+        let got = run(world, config(GradCompression::OneBit, stage));
         let ratio = got.grad_bytes.iter().sum::<u64>() as f64 / none.grad_bytes.iter().sum::<u64>() as f64;
-        assert!(ratio < 1.0 / 16.0, "stage {}: onebit sent {ratio:.4} of none's gradient bytes", stage.number());
+        assert!(ratio < 1.0 / 16.0, "world {world} stage {}: onebit sent {ratio:.4} of none's gradient bytes", stage.number());
         assert_ne!(got.weights, none.weights);
         let worst = got.losses.iter().zip(&none.losses).map(|(a, b)| (a - b).abs() / b).fold(0.0, f64::max);
-        assert!(worst < 0.10, "stage {}: onebit's losses {:?} against none's {:?}", stage.number(), got.losses, none.losses);
+        assert!(worst < 0.10, "world {world} stage {}: onebit's losses {:?} against none's {:?}", stage.number(), got.losses, none.losses);
         // The codec's output in the groups' padding is dropped: kept, it grew step after step in
         // stage 0 (to 70x none's norm in 10 steps), where the result is sent again.
         let most = none.norms.iter().copied().fold(0.0, f64::max);
         assert!(
             got.norms.iter().all(|&n| n < 2.0 * most),
-            "stage {}: onebit's norms {:?} against none's {:?}",
+            "world {world} stage {}: onebit's norms {:?} against none's {:?}",
             stage.number(),
             got.norms,
             none.norms
@@ -197,38 +198,81 @@ fn the_compressed_reduce_scatter_decodes_and_sums_in_rank_order() {
     }
 }
 
-/// Stage 0's compressed all-reduce at world 3, against the same arithmetic done here: every rank's
-/// whole vector decoded from its encoding (this rank's own too), summed in rank order, the same bits on
-/// every rank; the residual left is what the encoding dropped; each rank sends its encoding to the
-/// other two. Uncompressed, the all-reduce is the reduce-scatter's sums gathered.
+/// Stage 0's compressed all-reduce against the same arithmetic done here, the same bits on every rank;
+/// uncompressed, it is the reduce-scatter's sums gathered.
+/// - 2 ranks, one phase: every rank's whole vector decoded from its encoding (this rank's own too) and
+///   summed in rank order; the residual left is what the encoding dropped; one encoding sent.
+/// - 3 and 4 ranks, two phases: the compressed reduce-scatter's sums (checked above), each encoded
+///   again by its owner and decoded by every rank; the residual is the reduce-scatter's, then the
+///   owner's slice's; 2 (N-1) slice encodings sent.
 #[test]
-fn the_compressed_all_reduce_decodes_every_rank_and_sums_in_rank_order() {
+fn the_compressed_all_reduce_sums_in_rank_order_in_one_or_two_phases() {
     use zerostream::comm::compress::Codec;
-    let (world, n) = (3, 3 * 1001);
-    let codec = Codec::new(GradCompression::OneBit, 64).unwrap();
-    let full_of = |r: usize| -> Vec<f32> { (0..n).map(|i| (((i * 7919 + r * 104_729) % 2001) as f32 - 1000.0) * 1e-3).collect() };
-    let results = in_process(world, |comm: Comm| {
-        let r = comm.rank();
-        let (full, mut sum, mut residual) = (full_of(r), vec![0.0f32; n], vec![0.0f32; n]);
-        comm.all_reduce_sum_compressed(&full, &mut sum, &codec, &mut residual, false)?;
-        let sent = comm.stats().grad_sent_bytes;
-        let (mut exact, mut slice) = (vec![0.0f32; n], vec![0.0f32; n / world]);
-        comm.all_reduce_sum(&full, &mut exact, false)?;
-        comm.reduce_scatter_sum(&full, &mut slice, false)?;
-        Ok((sum, residual, sent, exact, slice))
-    })
-    .unwrap();
-    let decoded = |x: &[f32]| round_trip(&codec, x);
-    let mut want = decoded(&full_of(0));
-    (1..world).for_each(|s| want.iter_mut().zip(decoded(&full_of(s))).for_each(|(a, b)| *a += b));
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    for (r, (sum, residual, sent, exact, slice)) in results.iter().enumerate() {
-        assert_eq!(bits(sum), bits(&want), "rank {r}: not the rank-order sum of every rank's decoded vector");
-        assert_eq!(*sent, ((world - 1) * codec.encoded_bytes(n)) as u64, "rank {r}: bytes on the wire");
-        let (x, d) = (full_of(r), decoded(&full_of(r)));
-        assert!(residual.iter().zip(&x).zip(&d).all(|((l, x), d)| l.to_bits() == (x - d).to_bits()), "rank {r}: residual");
-        assert_eq!(bits(exact), bits(&results[0].3), "rank {r}: the exact all-reduce differs between ranks");
-        assert_eq!(bits(&exact[r * n / world..(r + 1) * n / world]), bits(slice), "rank {r}: not the reduce-scatter's sums");
+    for world in [2, 3, 4] {
+        let n = world * 1001;
+        let slice = n / world;
+        let codec = Codec::new(GradCompression::OneBit, 64).unwrap();
+        let full_of = |r: usize| -> Vec<f32> { (0..n).map(|i| (((i * 7919 + r * 104_729) % 2001) as f32 - 1000.0) * 1e-3).collect() };
+        let results = in_process(world, |comm: Comm| {
+            let r = comm.rank();
+            let (full, mut sum, mut residual) = (full_of(r), vec![0.0f32; n], vec![0.0f32; n]);
+            comm.all_reduce_sum_compressed(&full, &mut sum, &codec, &mut residual, false)?;
+            let sent = comm.stats().grad_sent_bytes;
+            let (mut exact, mut mine) = (vec![0.0f32; n], vec![0.0f32; slice]);
+            comm.all_reduce_sum(&full, &mut exact, false)?;
+            comm.reduce_scatter_sum(&full, &mut mine, false)?;
+            Ok((sum, residual, sent, exact, mine))
+        })
+        .unwrap();
+        let decoded = |x: &[f32]| round_trip(&codec, x);
+        let add = |a: &mut Vec<f32>, b: &[f32]| a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let diff = |x: &[f32], d: &[f32]| x.iter().zip(d).map(|(x, d)| x - d).collect::<Vec<f32>>();
+        let two_phases = zerostream::comm::all_reduce_in_two_phases(world);
+        assert_eq!(two_phases, world > 2);
+        // What each rank's residual should hold, and the sum every rank should hold.
+        let (want, residuals): (Vec<f32>, Vec<Vec<f32>>) = if !two_phases {
+            let mut want = decoded(&full_of(0));
+            (1..world).for_each(|s| add(&mut want, &decoded(&full_of(s))));
+            (want, (0..world).map(|r| diff(&full_of(r), &decoded(&full_of(r)))).collect())
+        } else {
+            // Owner s's slice: the others' parts decoded, its own exact, in rank order.
+            let sums: Vec<Vec<f32>> = (0..world)
+                .map(|s| {
+                    let part = |r: usize| {
+                        let p = full_of(r)[s * slice..(s + 1) * slice].to_vec();
+                        if r == s { p } else { decoded(&p) }
+                    };
+                    let mut sum = part(0);
+                    (1..world).for_each(|r| add(&mut sum, &part(r)));
+                    sum
+                })
+                .collect();
+            let want = sums.iter().flat_map(|s| decoded(s)).collect();
+            let residuals = (0..world)
+                .map(|r| {
+                    let x = full_of(r);
+                    let mut left: Vec<f32> = (0..world)
+                        .filter(|&s| s != r)
+                        .flat_map(|s| diff(&x[s * slice..(s + 1) * slice], &decoded(&x[s * slice..(s + 1) * slice])))
+                        .collect();
+                    left.extend(diff(&sums[r], &decoded(&sums[r])));
+                    left
+                })
+                .collect();
+            (want, residuals)
+        };
+        let encodings_sent = if two_phases { 2 * (world - 1) * codec.encoded_bytes(slice) } else { (world - 1) * codec.encoded_bytes(n) };
+        for (r, (sum, residual, sent, exact, mine)) in results.iter().enumerate() {
+            assert_eq!(bits(sum), bits(&want), "world {world}, rank {r}: not the rank-order sums decoded");
+            assert_eq!(bits(residual), bits(&residuals[r]), "world {world}, rank {r}: residual");
+            assert_eq!(*sent, encodings_sent as u64, "world {world}, rank {r}: bytes on the wire");
+            assert_eq!(bits(exact), bits(&results[0].3), "world {world}, rank {r}: the exact all-reduce differs between ranks");
+            assert_eq!(bits(&exact[r * slice..(r + 1) * slice]), bits(mine), "world {world}, rank {r}: not the reduce-scatter's sums");
+        }
+        if world == 4 {
+            assert!(2 * (world - 1) * codec.encoded_bytes(slice) < (world - 1) * codec.encoded_bytes(n), "two phases send fewer bytes");
+        }
     }
 }
 

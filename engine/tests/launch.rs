@@ -126,6 +126,8 @@ fn mpirun_with_grad_compression_equals_in_process_bit_for_bit() {
     check_mpi_equals_in_process("2", &["--grad-compression", "onebit", "--param-compression", "int8"]);
     check_mpi_equals_in_process("0", &["--grad-compression", "onebit", "--optimizer", "lamb"]);
     check_mpi_equals_in_process("0", &["--grad-compression", "onebit", "--grad-compression-warmup", "1", "--freeze-variance"]);
+    // Three ranks: stage 0's two-phase compressed all-reduce.
+    check_mpi_equals_in_process_at("3", "0", &["--grad-compression", "onebit"]);
 }
 
 /// LAMB's norms are summed from the optimizer thread on a communicator of its own while the device
@@ -154,23 +156,28 @@ fn mpirun_with_the_state_on_nvme_equals_in_process_bit_for_bit() {
 
 #[cfg(feature = "mpi")]
 fn check_mpi_equals_in_process(stage: &str, extra: &[&str]) {
+    check_mpi_equals_in_process_at("2", stage, extra)
+}
+
+#[cfg(feature = "mpi")]
+fn check_mpi_equals_in_process_at(world: &str, stage: &str, extra: &[&str]) {
     let (local, mpi) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let what = format!("stage {stage} {}", extra.join(" "));
+    let what = format!("{world} ranks, stage {stage} {}", extra.join(" "));
     let mut args = train_args(local.path(), stage);
     args.extend(extra.iter().map(|s| s.to_string()));
-    args.extend(["--world-size".into(), "2".into()]);
-    check(&Command::new(env!("CARGO_BIN_EXE_zerostream")).args(&args).output().unwrap(), "--world-size 2");
+    args.extend(["--world-size".into(), world.into()]);
+    check(&Command::new(env!("CARGO_BIN_EXE_zerostream")).args(&args).output().unwrap(), &format!("--world-size {world}"));
     let out = Command::new("mpirun")
-        .args(["--allow-run-as-root", "--oversubscribe", "-n", "2", env!("CARGO_BIN_EXE_zerostream")])
+        .args(["--allow-run-as-root", "--oversubscribe", "-n", world, env!("CARGO_BIN_EXE_zerostream")])
         .args(train_args(mpi.path(), stage))
         .args(extra)
         .output()
         .expect("running mpirun (apt-get install openmpi-bin)");
-    check(&out, "mpirun -n 2");
+    check(&out, &format!("mpirun -n {world}"));
     let (a, b) = (trajectory(local.path()), trajectory(mpi.path()));
     assert_eq!(a.len(), 4);
     assert_eq!(a, b, "{what}: losses and gradient norms, in-process vs MPI");
     let weights = |d: &Path| std::fs::read(d.join("model/model.safetensors")).unwrap();
     assert!(weights(local.path()) == weights(mpi.path()), "{what}: saved weights differ between in-process and MPI");
-    println!("{what}: mpirun -n 2 and --world-size 2 are bit-identical over {} steps: {a:?}", a.len());
+    println!("{what}: mpirun -n {world} and --world-size {world} are bit-identical over {} steps: {a:?}", a.len());
 }

@@ -384,13 +384,20 @@ impl Comm {
         r
     }
 
-    /// [`Comm::all_reduce_sum`] with every rank's `full` encoded by `codec`, with error feedback
-    /// (`residual`, as long as `full`: what earlier encodings dropped, added in before encoding and
-    /// replaced by what this one drops), and the encodings gathered: `out` = the sum of every rank's
-    /// decoded `full`, this rank's own too, in rank order, so every rank holds the same bits on every
-    /// transport. Each rank sends (world - 1) encodings of the whole, where the reduce-scatter sends
-    /// (world - 1) slices' and the sharded stages then gather the working copy: for few ranks over a
-    /// slow link. `none` is [`Comm::all_reduce_sum`] (`residual` untouched).
+    /// [`Comm::all_reduce_sum`] with the gradient encoded by `codec`, with error feedback: `out` = the
+    /// same bits on every rank and transport, near the sum over ranks of their `full`. `residual` (as
+    /// long as `full`) holds what earlier encodings dropped, added in before encoding and replaced by
+    /// what this one drops. Two ways, whichever sends fewer bytes ([`all_reduce_in_two_phases`]):
+    /// - **one phase** (2 ranks): each rank's whole `full` encoded and the encodings gathered; every
+    ///   rank decodes all of them, its own too, and sums in rank order. `(world - 1)` encodings of the
+    ///   whole sent per rank;
+    /// - **two phases** (3 ranks or more, as 1-bit Adam's compressed all-reduce): the compressed
+    ///   reduce-scatter ([`Comm::reduce_scatter_sum_compressed`], `residual`'s first `world - 1`
+    ///   slices its worker residual), then each rank's summed slice encoded again (the last slice of
+    ///   `residual` its server residual) and the encodings gathered, every rank decoding every slice,
+    ///   its own too. `2 (world - 1) / world` encodings of the whole sent per rank.
+    ///
+    /// `none` is [`Comm::all_reduce_sum`] (`residual` untouched).
     pub fn all_reduce_sum_compressed(
         &self,
         full: &[f32],
@@ -403,9 +410,27 @@ impl Comm {
         if codec.mode == GradCompression::None || world == 1 {
             return self.all_reduce_sum(full, out, device_busy);
         }
-        if out.len() != n || residual.len() != n {
-            bail!("all-reduce: {n} elements in, {} out and {} of residual", out.len(), residual.len());
+        if out.len() != n || residual.len() != n || !n.is_multiple_of(world) {
+            bail!("all-reduce: {n} elements in, {} out and {} of residual, for {world} ranks", out.len(), residual.len());
         }
+        if !all_reduce_in_two_phases(world) {
+            return self.gather_encoded_and_sum(full, out, codec, residual, device_busy);
+        }
+        let slice = n / world;
+        let (worker, server) = residual.split_at_mut((world - 1) * slice);
+        // Taken out of its cell for the calls, which borrow the others.
+        let mut mine = std::mem::take(&mut *self.reduced.borrow_mut());
+        mine.resize(slice, 0.0);
+        let r = self.reduce_scatter_sum_compressed(full, &mut mine, codec, worker, device_busy);
+        let r = r.and_then(|_| self.gather_encoded_slices(&mine, out, codec, server, device_busy));
+        *self.reduced.borrow_mut() = mine;
+        r
+    }
+
+    /// The one-phase compressed all-reduce: `full` encoded whole (feedback into `residual`), the
+    /// encodings gathered, and every rank's decoded and summed in rank order into `out`.
+    fn gather_encoded_and_sum(&self, full: &[f32], out: &mut [f32], codec: &Codec, residual: &mut [f32], device_busy: bool) -> Result<()> {
+        let (world, n) = (self.world_size(), full.len());
         let mut wire = self.wire.borrow_mut();
         let (send, recv) = &mut *wire;
         // Pieces of a fixed element count, as in the reduce-scatter: a piece is what topk chooses among.
@@ -427,6 +452,30 @@ impl Comm {
         Ok(())
     }
 
+    /// The two-phase all-reduce's second phase: this rank's summed slice `mine` encoded (feedback into
+    /// `residual`, as long as it), the encodings gathered, and rank r's decoded into `out`'s slice r.
+    fn gather_encoded_slices(&self, mine: &[f32], out: &mut [f32], codec: &Codec, residual: &mut [f32], device_busy: bool) -> Result<()> {
+        let (world, slice) = (self.world_size(), mine.len());
+        let mut wire = self.wire.borrow_mut();
+        let (send, recv) = &mut *wire;
+        let piece = MAX_CHUNK_BYTES / 4;
+        for start in (0..slice).step_by(piece) {
+            let c = piece.min(slice - start);
+            let eb = codec.encoded_bytes(c);
+            send.resize(eb, 0);
+            recv.resize(world * eb, 0);
+            let range = start..start + c;
+            self.time_codec(|| codec.encode_with_feedback(&mine[range.clone()], &mut residual[range.clone()], send));
+            self.count((world - 1) * eb, Traffic::Grads, device_busy, || self.transport.all_gather_bytes(send, recv))?;
+            self.time_codec(|| {
+                for r in 0..world {
+                    codec.decode(&recv[r * eb..(r + 1) * eb], &mut out[r * slice + start..r * slice + start + c]);
+                }
+            });
+        }
+        Ok(())
+    }
+
     /// `buf` = root's `buf` on every rank.
     pub fn broadcast(&self, root: usize, buf: &mut [u8]) -> Result<()> {
         let sent = if self.rank() == root { (self.world_size() - 1) * buf.len() } else { 0 };
@@ -441,6 +490,13 @@ impl Comm {
 
 /// How long a rank waits in a collective for the others before it names the ones that never came.
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Whether [`Comm::all_reduce_sum_compressed`] takes two phases at `world` ranks: from 3 on, where
+/// `2 (world - 1) / world` encodings sent beat the one phase's `world - 1`. At 2 ranks both send one
+/// encoding of the whole, and one phase compresses each gradient once, not twice.
+pub fn all_reduce_in_two_phases(world: usize) -> bool {
+    world > 2
+}
 
 /// The world size an MPI launcher gave this process, read from the variables the launchers
 /// set (OpenMPI, MPICH), so that a binary built without MPI can still tell it was started by `mpirun`.

@@ -45,15 +45,23 @@ impl Padding {
         let within = |covered: std::ops::Range<usize>, at: usize| {
             super::shard::intersect(pad.clone(), &covered).map(|r| r.start - covered.start + at..r.end - covered.start + at)
         };
-        if sharding.replicates() {
-            let whole = within(0..shard.padded_len, 0);
-            return Padding { in_result: whole.clone().into_iter().collect(), in_residual: whole.into_iter().collect() };
+        let (world, rank) = (sharding.world, sharding.rank);
+        let slice = shard.padded_len / world;
+        // The reduce-scatter's residual: the other ranks' slices, in rank order.
+        let others = || (0..world).filter(move |&r| r != rank);
+        let worker = others().enumerate().filter_map(|(i, r)| within(r * slice..(r + 1) * slice, i * slice));
+        if !sharding.replicates() {
+            return Padding { in_result: within(shard.owned.clone(), 0).into_iter().collect(), in_residual: worker.collect() };
         }
-        // The residual: the other ranks' slices, in rank order.
-        let slice = shard.slice_len();
-        let others = (0..sharding.world).filter(|&r| r != sharding.rank);
-        let in_residual = others.enumerate().filter_map(|(i, r)| within(r * slice..(r + 1) * slice, i * slice)).collect();
-        Padding { in_result: within(shard.owned.clone(), 0).into_iter().collect(), in_residual }
+        let whole = within(0..shard.padded_len, 0);
+        // Stage 0's all-reduce: one phase, the whole group; two phases, the reduce-scatter's residual
+        // and then this rank's own slice (comm::all_reduce_sum_compressed).
+        let in_residual = if crate::comm::all_reduce_in_two_phases(world) {
+            worker.chain(within(rank * slice..(rank + 1) * slice, (world - 1) * slice)).collect()
+        } else {
+            whole.clone().into_iter().collect()
+        };
+        Padding { in_result: whole.into_iter().collect(), in_residual }
     }
 
     fn zero(ranges: &[std::ops::Range<usize>], values: &mut [f32]) {
@@ -61,7 +69,8 @@ impl Padding {
     }
 }
 
-/// Elements of a group's residual: the slices of every other rank (stage 0: the whole group).
+/// Elements of a group's residual: the slices of every other rank (stage 0: the whole group's worth,
+/// laid out as `Comm::all_reduce_sum_compressed` says).
 fn residual_len(shard: &GroupShard, sharding: &Sharding) -> usize {
     if sharding.replicates() { shard.padded_len } else { (sharding.world - 1) * shard.slice_len() }
 }
