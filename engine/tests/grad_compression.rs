@@ -98,7 +98,8 @@ fn every_mode_sends_what_its_codec_promises_and_stays_near_none() {
 
 #[test]
 fn compression_works_at_every_stage_and_does_nothing_with_one_rank() {
-    // Stage 0 at 3 and 4 ranks: the two-phase all-reduce, with its residual's padding in two places.
+    // Stage 0 at 3 and 4 ranks: the two-phase all-reduce (its residual's padding: grad_exchange's
+    // unit test). One phase would send 0.070 and 0.094 of none's bytes there, over the 1/16 below.
     for (world, stage) in [(2, ZeroStage::Zero), (2, ZeroStage::One), (2, ZeroStage::Three), (3, ZeroStage::Zero), (4, ZeroStage::Zero)] {
         let none = run(world, config(GradCompression::None, stage));
         let got = run(world, config(GradCompression::OneBit, stage));
@@ -269,9 +270,6 @@ fn the_compressed_all_reduce_sums_in_rank_order_in_one_or_two_phases() {
             assert_eq!(*sent, encodings_sent as u64, "world {world}, rank {r}: bytes on the wire");
             assert_eq!(bits(exact), bits(&results[0].3), "world {world}, rank {r}: the exact all-reduce differs between ranks");
             assert_eq!(bits(&exact[r * slice..(r + 1) * slice]), bits(mine), "world {world}, rank {r}: not the reduce-scatter's sums");
-        }
-        if world == 4 {
-            assert!(2 * (world - 1) * codec.encoded_bytes(slice) < (world - 1) * codec.encoded_bytes(n), "two phases send fewer bytes");
         }
     }
 }

@@ -115,7 +115,7 @@ pub fn bench_collectives(
             runs.push(time_compressed(comm, reps, &op, n, || {
                 comm.reduce_scatter_sum_compressed(&full, &mut out, &codec, &mut residual, false)
             })?);
-            // Stage 0's exchange of the same gradient: every rank's whole encoding to every rank.
+            // Stage 0's exchange of the same gradient (one phase at 2 ranks, two from 3).
             let (mut sum, mut residual) = (vec![0.0f32; world * n], vec![0.0f32; world * n]);
             let op = format!("all-reduce {} (stage 0)", codec.mode);
             runs.push(time_compressed(comm, reps, &op, n, || {

@@ -76,7 +76,7 @@ pub enum BenchCommand {
         reps: usize,
         /// Also time the reduce-scatter as `train --grad-compression MODE` runs it (none, bf16, int8,
         /// onebit, topk:F): encoded with error feedback, on gradient-like values, with its bytes on the wire;
-        /// and `--zero-stage 0`'s all-reduce of the same values (every rank's whole encoding to every rank).
+        /// and `--zero-stage 0`'s all-reduce of the same values (in one phase at 2 ranks, two from 3).
         #[arg(long, value_name = "MODE", value_parser = parse_grad_compression, default_value = "none")]
         grad_compression: GradCompression,
         /// Elements per scale of int8 and onebit, as `train --grad-compression-chunk`.

@@ -206,8 +206,9 @@ pub struct TrainArgs {
     /// Checkpoints keep the chosen format; a resume keeps the checkpoint's.
     #[arg(long, value_enum, default_value = "fp32")]
     adam_state: AdamState,
-    /// How gradients cross between ranks in the reduce-scatter (--zero-stage 0: the all-reduce, where
-    /// every rank encodes its whole gradient and decodes every rank's): none (f32, exact), bf16 (2 bytes per
+    /// How gradients cross between ranks in the reduce-scatter (--zero-stage 0: the all-reduce; at 2
+    /// ranks every rank encodes its whole gradient and decodes every rank's, from 3 ranks it takes two
+    /// phases, the reduce-scatter and then each rank's summed slice encoded again): none (f32, exact), bf16 (2 bytes per
     /// element), int8 (1 byte plus a scale per chunk), onebit (1 bit plus a scale per chunk) or topk:F
     /// (the largest-magnitude fraction F of each slice, e.g. topk:0.01, as index and value). Each
     /// rank keeps what compression dropped (error feedback) and adds it into the next gradient it

@@ -104,7 +104,7 @@ pub struct Comm {
     /// The all-reduce's slice of sums, kept the same way.
     reduced: RefCell<Vec<f32>>,
     /// The compressed reduce-scatter's send and receive bytes, kept the same way (the compressed
-    /// working-copy gather, `all_gather_encoded`, uses them too).
+    /// all-reduce and working-copy gather, `all_gather_encoded`, use them too).
     wire: RefCell<(Vec<u8>, Vec<u8>)>,
 }
 

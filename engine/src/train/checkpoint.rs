@@ -273,6 +273,7 @@ impl<D: Backend> Trainer<'_, D> {
             ("rank".to_string(), self.sharding.rank.to_string()),
             ("zero_stage".to_string(), self.sharding.stage.number().to_string()),
             ("groups".to_string(), serde_json::Value::from(groups).to_string()),
+            ("grad_residual_layout".to_string(), residual_layout(&self.sharding).to_string()),
         ])
     }
 
@@ -426,6 +427,13 @@ impl Checkpoint {
 }
 
 impl Checkpoint {
+    /// Rank `rank`'s optimizer file's metadata value `key` (None: the file has no such key, or no file).
+    pub(super) fn rank_metadata(&self, rank: usize, key: &str) -> Option<String> {
+        let rf = self.ranks.get(rank)?;
+        let (_, meta) = SafeTensors::read_metadata(&rf.mmap).ok()?;
+        meta.metadata().as_ref()?.get(key).cloned()
+    }
+
     /// The whole tensor `name` of rank `rank`'s optimizer file as f32 (None: the file has no such tensor).
     pub(super) fn rank_tensor(&self, rank: usize, name: &str) -> Result<Option<Vec<f32>>> {
         let Some(rf) = self.ranks.get(rank) else { bail!("{}: no optimizer file of rank {rank}", self.dir.display()) };
@@ -451,6 +459,16 @@ impl Checkpoint {
                 Ok(())
             }
         }
+    }
+}
+
+/// How a rank's `{group}.grad_residual` is laid out, recorded in its optimizer file: a resume takes
+/// the residuals only from a checkpoint that lays them out as this run does.
+pub(super) fn residual_layout(sharding: &super::shard::Sharding) -> &'static str {
+    match (sharding.replicates(), crate::comm::all_reduce_in_two_phases(sharding.world)) {
+        (false, _) => "other ranks' slices",
+        (true, false) => "whole group",
+        (true, true) => "other ranks' slices, then the own slice's server residual",
     }
 }
 

@@ -1,7 +1,8 @@
 //! The gradients' reduce-scatter between ranks (their all-reduce, in stage 0), compressed or not
 //! (`--grad-compression`), with this rank's error-feedback residuals: one per group, holding what the
 //! encodings of the slices this rank sends dropped (world - 1 slices: this rank's own crosses no wire;
-//! stage 0: the whole group, which every rank sends and decodes), on the gradients' tier (paged in
+//! stage 0 at 2 ranks: the whole group, which every rank sends and decodes; from 3 ranks: the other
+//! ranks' slices and then the own slice's second encoding, `Comm::all_reduce_sum_compressed`), on the gradients' tier (paged in
 //! around each exchange, like the gradient accumulator) and checkpointed in the rank's optimizer file
 //! as `{group}.grad_residual`, so a resumed run equals an uninterrupted one bit for bit.
 
@@ -109,20 +110,29 @@ impl GradExchange {
         if all_reduce && warmup_steps == 0 {
             notes.push(format!(
                 "--grad-compression {} at --zero-stage 0 encodes every rank's whole gradient, its own part too: on the small models of \
-                 benches/results/2026-11-28-stage0-slow-network.md onebit's loss after 300 steps trailed none's by 14-18% without \
+                 benches/results/2026-11-28-stage0-slow-network.md at 2 ranks onebit's loss after 300 steps trailed none's by 14-18% without \
                  --grad-compression-warmup, by 2-4% with 100 warm-up steps, and by 0.6-1.4% with \
                  --grad-compression-warmup 150 --freeze-variance (benches/results/2026-11-28-frozen-variance.md)",
                 codec.mode
             ));
         }
-        // Stage 0's residuals cover the whole group, the other stages' the other ranks' slices.
-        let same_split = |c: &Checkpoint| c.state.world_size == sharding.world && (c.state.zero_stage == 0) == all_reduce;
+        // Stage 0's residuals cover the whole group's worth, the other stages' the other ranks'
+        // slices. Checkpoints that do not record the layout (before stage 0 took two phases from 3
+        // ranks on) laid out the stage's as one phase.
+        let layout = super::checkpoint::residual_layout(sharding);
+        let same_split = |c: &Checkpoint| {
+            let recorded = c.rank_metadata(sharding.rank, "grad_residual_layout");
+            let recorded = recorded.as_deref().unwrap_or(if c.state.zero_stage == 0 { "whole group" } else { "other ranks' slices" });
+            c.state.world_size == sharding.world && (c.state.zero_stage == 0) == all_reduce && recorded == layout
+        };
         let resumed = match source {
             ModelSource::Checkpoint(c) if same_split(c) => Some(c),
             ModelSource::Checkpoint(c) => {
+                let old_layout =
+                    c.rank_metadata(sharding.rank, "grad_residual_layout").map(|l| format!(", laid out as {l}")).unwrap_or_default();
                 notes.push(format!(
-                    "--grad-compression {}: the error-feedback residuals of the checkpoint's {} ranks at ZeRO stage {} do not map onto \
-                     {} ranks' at stage {}; they start again from zero",
+                    "--grad-compression {}: the error-feedback residuals of the checkpoint's {} ranks at ZeRO stage {}{old_layout} do not map onto \
+                     {} ranks' at stage {}, laid out as {layout}; they start again from zero",
                     codec.mode,
                     c.state.world_size,
                     c.state.zero_stage,
@@ -209,5 +219,47 @@ fn read_residual(c: &Checkpoint, rank: usize, group: &str, shard: &GroupShard, o
             "{}: rank {rank}'s optimizer file has no {group}.grad_residual (the error-feedback residual --grad-compression resumes from)",
             c.dir.display()
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::ZeroStage;
+
+    /// `Padding::of` against a map built element by element: which group element each place of the
+    /// result and of the residual holds (as the reduce-scatter and the all-reduce in one or two phases
+    /// lay them out), at every stage and world 2-4, for groups whose padding spans several slices.
+    #[test]
+    fn padding_lies_where_the_layout_puts_group_elements_past_the_tensors() {
+        let expand = |ranges: &[std::ops::Range<usize>]| ranges.iter().flat_map(|r| r.clone()).collect::<Vec<_>>();
+        for stage in [ZeroStage::Zero, ZeroStage::One, ZeroStage::Two, ZeroStage::Three] {
+            for world in 2..=4 {
+                for len in [1, 100, 64 * world + 1, 3 * 64 * world - 5] {
+                    for rank in 0..world {
+                        let sharding = Sharding { rank, world, stage };
+                        let shard = sharding.group(len);
+                        let slice = shard.padded_len / world;
+                        let others: Vec<usize> = (0..world).filter(|&r| r != rank).collect();
+                        // The group element at each place of the result and of the residual.
+                        let result: Vec<usize> = shard.owned.clone().collect();
+                        let mut residual: Vec<usize> = others.iter().flat_map(|&r| r * slice..(r + 1) * slice).collect();
+                        if sharding.replicates() {
+                            if crate::comm::all_reduce_in_two_phases(world) {
+                                residual.extend(rank * slice..(rank + 1) * slice);
+                            } else {
+                                residual = (0..shard.padded_len).collect();
+                            }
+                        }
+                        assert_eq!(residual.len(), residual_len(&shard, &sharding));
+                        let past = |at: &[usize]| at.iter().enumerate().filter(|(_, e)| **e >= len).map(|(i, _)| i).collect::<Vec<_>>();
+                        let p = Padding::of(&shard, &sharding);
+                        let what = format!("stage {} world {world} rank {rank} len {len}", stage.number());
+                        assert_eq!(expand(&p.in_result), past(&result), "{what}: the result's padding");
+                        assert_eq!(expand(&p.in_residual), past(&residual), "{what}: the residual's padding");
+                    }
+                }
+            }
+        }
     }
 }
