@@ -201,15 +201,15 @@ fn the_compressed_reduce_scatter_decodes_and_sums_in_rank_order() {
 
 /// Stage 0's compressed all-reduce against the same arithmetic done here, the same bits on every rank;
 /// uncompressed, it is the reduce-scatter's sums gathered.
-/// - 2 ranks, one phase: every rank's whole vector decoded from its encoding (this rank's own too) and
+/// - one phase (auto's at 2 ranks): every rank's whole vector decoded from its encoding (this rank's own too) and
 ///   summed in rank order; the residual left is what the encoding dropped; one encoding sent.
-/// - 3 and 4 ranks, two phases: the compressed reduce-scatter's sums (checked above), each encoded
+/// - two phases (auto's from 3 ranks): the compressed reduce-scatter's sums (checked above), each encoded
 ///   again by its owner and decoded by every rank; the residual is the reduce-scatter's, then the
 ///   owner's slice's; 2 (N-1) slice encodings sent.
 #[test]
 fn the_compressed_all_reduce_sums_in_rank_order_in_one_or_two_phases() {
     use zerostream::comm::compress::Codec;
-    for world in [2, 3, 4] {
+    for (world, two_phases) in [(2, false), (3, true), (4, true), (3, false), (2, true)] {
         let n = world * 1001;
         let slice = n / world;
         let codec = Codec::new(GradCompression::OneBit, 64).unwrap();
@@ -217,7 +217,7 @@ fn the_compressed_all_reduce_sums_in_rank_order_in_one_or_two_phases() {
         let results = in_process(world, |comm: Comm| {
             let r = comm.rank();
             let (full, mut sum, mut residual) = (full_of(r), vec![0.0f32; n], vec![0.0f32; n]);
-            comm.all_reduce_sum_compressed(&full, &mut sum, &codec, &mut residual, false)?;
+            comm.all_reduce_sum_compressed(&full, &mut sum, &codec, &mut residual, two_phases, false)?;
             let sent = comm.stats().grad_sent_bytes;
             let (mut exact, mut mine) = (vec![0.0f32; n], vec![0.0f32; slice]);
             comm.all_reduce_sum(&full, &mut exact, false)?;
@@ -229,8 +229,7 @@ fn the_compressed_all_reduce_sums_in_rank_order_in_one_or_two_phases() {
         let add = |a: &mut Vec<f32>, b: &[f32]| a.iter_mut().zip(b).for_each(|(a, b)| *a += b);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         let diff = |x: &[f32], d: &[f32]| x.iter().zip(d).map(|(x, d)| x - d).collect::<Vec<f32>>();
-        let two_phases = zerostream::comm::all_reduce_in_two_phases(world);
-        assert_eq!(two_phases, world > 2);
+        assert_eq!(zerostream::comm::AllReducePhases::Auto.two_at(world), world > 2, "auto: two phases from 3 ranks");
         // What each rank's residual should hold, and the sum every rank should hold.
         let (want, residuals): (Vec<f32>, Vec<Vec<f32>>) = if !two_phases {
             let mut want = decoded(&full_of(0));
@@ -265,11 +264,19 @@ fn the_compressed_all_reduce_sums_in_rank_order_in_one_or_two_phases() {
         };
         let encodings_sent = if two_phases { 2 * (world - 1) * codec.encoded_bytes(slice) } else { (world - 1) * codec.encoded_bytes(n) };
         for (r, (sum, residual, sent, exact, mine)) in results.iter().enumerate() {
-            assert_eq!(bits(sum), bits(&want), "world {world}, rank {r}: not the rank-order sums decoded");
-            assert_eq!(bits(residual), bits(&residuals[r]), "world {world}, rank {r}: residual");
-            assert_eq!(*sent, encodings_sent as u64, "world {world}, rank {r}: bytes on the wire");
-            assert_eq!(bits(exact), bits(&results[0].3), "world {world}, rank {r}: the exact all-reduce differs between ranks");
-            assert_eq!(bits(&exact[r * slice..(r + 1) * slice]), bits(mine), "world {world}, rank {r}: not the reduce-scatter's sums");
+            assert_eq!(bits(sum), bits(&want), "world {world} two phases {two_phases}, rank {r}: not the rank-order sums decoded");
+            assert_eq!(bits(residual), bits(&residuals[r]), "world {world} two phases {two_phases}, rank {r}: residual");
+            assert_eq!(*sent, encodings_sent as u64, "world {world} two phases {two_phases}, rank {r}: bytes on the wire");
+            assert_eq!(
+                bits(exact),
+                bits(&results[0].3),
+                "world {world} two phases {two_phases}, rank {r}: the exact all-reduce differs between ranks"
+            );
+            assert_eq!(
+                bits(&exact[r * slice..(r + 1) * slice]),
+                bits(mine),
+                "world {world} two phases {two_phases}, rank {r}: not the reduce-scatter's sums"
+            );
         }
     }
 }

@@ -128,6 +128,7 @@ fn mpirun_with_grad_compression_equals_in_process_bit_for_bit() {
     check_mpi_equals_in_process("0", &["--grad-compression", "onebit", "--grad-compression-warmup", "1", "--freeze-variance"]);
     // Three ranks: stage 0's two-phase compressed all-reduce.
     check_mpi_equals_in_process_at("3", "0", &["--grad-compression", "onebit"]);
+    check_mpi_equals_in_process_at("3", "0", &["--grad-compression", "onebit", "--all-reduce-phases", "1"]);
 }
 
 /// LAMB's norms are summed from the optimizer thread on a communicator of its own while the device

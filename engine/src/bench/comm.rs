@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use anyhow::Result;
 
-use crate::comm::Comm;
 use crate::comm::compress::{Codec, GradCompression};
+use crate::comm::{AllReducePhases, Comm};
 
 /// One measured collective at one size.
 #[derive(Clone, Debug)]
@@ -119,7 +119,7 @@ pub fn bench_collectives(
             let (mut sum, mut residual) = (vec![0.0f32; world * n], vec![0.0f32; world * n]);
             let op = format!("all-reduce {} (stage 0)", codec.mode);
             runs.push(time_compressed(comm, reps, &op, n, || {
-                comm.all_reduce_sum_compressed(&full, &mut sum, &codec, &mut residual, false)
+                comm.all_reduce_sum_compressed(&full, &mut sum, &codec, &mut residual, AllReducePhases::Auto.two_at(world), false)
             })?);
         }
         runs.extend(extra(n, reps)?);

@@ -230,6 +230,14 @@ pub struct TrainArgs {
     /// world size; the steps up to the freeze are unchanged.
     #[arg(long)]
     freeze_variance: bool,
+    /// How --zero-stage 0 all-reduces a --grad-compression gradient: 1 (every rank's whole gradient
+    /// encoded and gathered, N-1 encodings sent per rank), 2 (1-bit Adam's: the compressed
+    /// reduce-scatter, then each rank's summed slice encoded again and gathered, 2 (N-1)/N encodings,
+    /// but the other ranks' parts compressed twice: on 4 ranks the small models' loss gap to none
+    /// doubled) or auto (2 from 3 ranks on, 1 at 2 ranks, where both send one encoding). Does nothing
+    /// at other stages or without compression.
+    #[arg(long, value_enum, value_name = "PHASES", default_value = "auto")]
+    all_reduce_phases: zerostream::comm::AllReducePhases,
     /// How the working copy crosses between ranks in its all-gather (ZeRO++'s quantised weights): none
     /// (its words as they are), bf16 (2 bytes per element; the same as none with --precision bf16,
     /// refused with fp16: as many bytes, fewer bits) or int8 (1 byte plus a 4-byte scale per 256

@@ -387,11 +387,11 @@ impl Comm {
     /// [`Comm::all_reduce_sum`] with the gradient encoded by `codec`, with error feedback: `out` = the
     /// same bits on every rank and transport, near the sum over ranks of their `full`. `residual` (as
     /// long as `full`) holds what earlier encodings dropped, added in before encoding and replaced by
-    /// what this one drops. Two ways, whichever sends fewer bytes ([`all_reduce_in_two_phases`]):
-    /// - **one phase** (2 ranks): each rank's whole `full` encoded and the encodings gathered; every
+    /// what this one drops. Two ways (`two_phases`, from [`AllReducePhases`]):
+    /// - **one phase**: each rank's whole `full` encoded and the encodings gathered; every
     ///   rank decodes all of them, its own too, and sums in rank order. `(world - 1)` encodings of the
     ///   whole sent per rank;
-    /// - **two phases** (3 ranks or more, as 1-bit Adam's compressed all-reduce): the compressed
+    /// - **two phases** (as 1-bit Adam's compressed all-reduce): the compressed
     ///   reduce-scatter ([`Comm::reduce_scatter_sum_compressed`], `residual`'s first `world - 1`
     ///   slices its worker residual), then each rank's summed slice encoded again (the last slice of
     ///   `residual` its server residual) and the encodings gathered, every rank decoding every slice,
@@ -404,6 +404,7 @@ impl Comm {
         out: &mut [f32],
         codec: &Codec,
         residual: &mut [f32],
+        two_phases: bool,
         device_busy: bool,
     ) -> Result<()> {
         let (world, n) = (self.world_size(), full.len());
@@ -413,7 +414,7 @@ impl Comm {
         if out.len() != n || residual.len() != n || !n.is_multiple_of(world) {
             bail!("all-reduce: {n} elements in, {} out and {} of residual, for {world} ranks", out.len(), residual.len());
         }
-        if !all_reduce_in_two_phases(world) {
+        if !two_phases {
             return self.gather_encoded_and_sum(full, out, codec, residual, device_busy);
         }
         let slice = n / world;
@@ -491,11 +492,32 @@ impl Comm {
 /// How long a rank waits in a collective for the others before it names the ones that never came.
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// Whether [`Comm::all_reduce_sum_compressed`] takes two phases at `world` ranks: from 3 on, where
-/// `2 (world - 1) / world` encodings sent beat the one phase's `world - 1`. At 2 ranks both send one
-/// encoding of the whole, and one phase compresses each gradient once, not twice.
-pub fn all_reduce_in_two_phases(world: usize) -> bool {
-    world > 2
+/// `--all-reduce-phases`: how stage 0's compressed all-reduce runs ([`Comm::all_reduce_sum_compressed`]).
+/// Two phases send `2 (world - 1) / world` encodings of the whole per rank where one sends
+/// `world - 1`, but compress the other ranks' parts twice: on 4 ranks the small models' loss gap to
+/// `none` doubled (benches/results/2026-11-28-frozen-variance.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum AllReducePhases {
+    /// Two phases from 3 ranks on (fewer bytes), one at 2 (as many bytes, one compression).
+    #[default]
+    Auto,
+    /// One phase at every world size.
+    #[value(name = "1")]
+    One,
+    /// Two phases at every world size.
+    #[value(name = "2")]
+    Two,
+}
+
+impl AllReducePhases {
+    /// Whether the all-reduce takes two phases at `world` ranks.
+    pub fn two_at(self, world: usize) -> bool {
+        match self {
+            AllReducePhases::Auto => world > 2,
+            AllReducePhases::One => false,
+            AllReducePhases::Two => world > 1,
+        }
+    }
 }
 
 /// The world size an MPI launcher gave this process, read from the variables the launchers

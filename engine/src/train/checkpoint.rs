@@ -273,7 +273,10 @@ impl<D: Backend> Trainer<'_, D> {
             ("rank".to_string(), self.sharding.rank.to_string()),
             ("zero_stage".to_string(), self.sharding.stage.number().to_string()),
             ("groups".to_string(), serde_json::Value::from(groups).to_string()),
-            ("grad_residual_layout".to_string(), residual_layout(&self.sharding).to_string()),
+            (
+                "grad_residual_layout".to_string(),
+                residual_layout(&self.sharding, self.train.all_reduce_phases.two_at(self.sharding.world)).to_string(),
+            ),
         ])
     }
 
@@ -464,8 +467,8 @@ impl Checkpoint {
 
 /// How a rank's `{group}.grad_residual` is laid out, recorded in its optimizer file: a resume takes
 /// the residuals only from a checkpoint that lays them out as this run does.
-pub(super) fn residual_layout(sharding: &super::shard::Sharding) -> &'static str {
-    match (sharding.replicates(), crate::comm::all_reduce_in_two_phases(sharding.world)) {
+pub(super) fn residual_layout(sharding: &super::shard::Sharding, two_phases: bool) -> &'static str {
+    match (sharding.replicates(), two_phases) {
         (false, _) => "other ranks' slices",
         (true, false) => "whole group",
         (true, true) => "other ranks' slices, then the own slice's server residual",

@@ -94,6 +94,8 @@ pub struct TrainConfig {
     /// `--freeze-variance`: AdamW's or LAMB's second moment stops changing after the
     /// `grad_compression_warmup` steps (1-bit Adam's frozen variance).
     pub freeze_variance: bool,
+    /// `--all-reduce-phases`: stage 0's compressed all-reduce in one phase or two.
+    pub all_reduce_phases: crate::comm::AllReducePhases,
     /// `--param-compression`: how the working copy crosses between ranks in its all-gather (every rank
     /// then computes with the decoded copy); part of what is computed with more than one rank.
     pub param_compression: ParamCompression,
@@ -142,6 +144,7 @@ impl Default for TrainConfig {
             grad_compression_chunk: compress::DEFAULT_CHUNK_ELEMS,
             grad_compression_warmup: 0,
             freeze_variance: false,
+            all_reduce_phases: crate::comm::AllReducePhases::Auto,
             param_compression: ParamCompression::None,
             optimizer: Optimizer::Adamw,
             momentum: 0.9,
@@ -164,6 +167,7 @@ pub const MEANING_FLAGS: &[&str] = &[
     "grad-compression-chunk",
     "grad-compression-warmup",
     "freeze-variance",
+    "all-reduce-phases",
     "param-compression",
     "optimizer",
     "momentum",
@@ -356,6 +360,7 @@ impl TrainConfig {
         put("grad-compression-chunk", json!(self.grad_compression_chunk));
         put("grad-compression-warmup", json!(self.grad_compression_warmup));
         put("freeze-variance", json!(self.freeze_variance));
+        put("all-reduce-phases", json!(enum_name(self.all_reduce_phases)));
         put("param-compression", json!(self.param_compression.name()));
         put("optimizer", json!(enum_name(self.optimizer)));
         put("momentum", json!(self.momentum));
@@ -445,6 +450,12 @@ impl TrainConfig {
             grad_compression_warmup: f.get("grad-compression-warmup").and_then(Value::as_u64).unwrap_or(0),
             // Checkpoints from before --freeze-variance updated it every step.
             freeze_variance: f.get("freeze-variance").and_then(Value::as_bool).unwrap_or(false),
+            // Checkpoints from before --all-reduce-phases chose as auto does now.
+            all_reduce_phases: match f.get("all-reduce-phases") {
+                None => crate::comm::AllReducePhases::Auto,
+                Some(_) => crate::comm::AllReducePhases::from_str(&parse_enum("all-reduce-phases")?, true)
+                    .map_err(|e| anyhow::anyhow!("all-reduce-phases: {e}"))?,
+            },
             // Checkpoints from before --param-compression gathered the working copy exactly.
             param_compression: match f.get("param-compression") {
                 None => ParamCompression::None,
@@ -481,6 +492,7 @@ mod tests {
             grad_compression_chunk: 64,
             grad_compression_warmup: 30,
             freeze_variance: true,
+            all_reduce_phases: crate::comm::AllReducePhases::Two,
             param_compression: ParamCompression::Int8,
             optimizer: Optimizer::Lars,
             momentum: 0.8,

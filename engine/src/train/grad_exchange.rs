@@ -23,6 +23,8 @@ pub(super) struct GradExchange {
     pub residuals: Vec<Stored>,
     /// Stage 0 with several ranks: gradients all-reduced, every rank owning the whole.
     all_reduce: bool,
+    /// Stage 0's compressed all-reduce in two phases (`--all-reduce-phases`).
+    two_phases: bool,
     /// Per group: where its padding lies in the exchange's result and in its residual (see
     /// [`Padding`]); empty without residuals.
     padding: Vec<Padding>,
@@ -40,7 +42,7 @@ struct Padding {
 }
 
 impl Padding {
-    fn of(shard: &GroupShard, sharding: &Sharding) -> Self {
+    fn of(shard: &GroupShard, sharding: &Sharding, two_phases: bool) -> Self {
         let pad = shard.len..shard.padded_len;
         // `covered` (group coordinates) laid out from `at` in a buffer: its padding there.
         let within = |covered: std::ops::Range<usize>, at: usize| {
@@ -57,7 +59,7 @@ impl Padding {
         let whole = within(0..shard.padded_len, 0);
         // Stage 0's all-reduce: one phase, the whole group; two phases, the reduce-scatter's residual
         // and then this rank's own slice (comm::all_reduce_sum_compressed).
-        let in_residual = if crate::comm::all_reduce_in_two_phases(world) {
+        let in_residual = if two_phases {
             worker.chain(within(rank * slice..(rank + 1) * slice, (world - 1) * slice)).collect()
         } else {
             whole.clone().into_iter().collect()
@@ -99,13 +101,14 @@ impl GradExchange {
     ) -> Result<Self> {
         let codec = Codec::new(train.grad_compression, train.grad_compression_chunk)?;
         let (warmup_steps, all_reduce) = (train.grad_compression_warmup, sharding.replicates());
+        let two_phases = train.all_reduce_phases.two_at(sharding.world);
         let mut residuals = Vec::new();
         if codec.mode == GradCompression::None {
-            return Ok(GradExchange { codec, warmup_steps, residuals, all_reduce, padding: Vec::new() });
+            return Ok(GradExchange { codec, warmup_steps, residuals, all_reduce, two_phases, padding: Vec::new() });
         }
         if sharding.world == 1 {
             notes.push(format!("--grad-compression {} does nothing with one rank: no gradient crosses between ranks", codec.mode));
-            return Ok(GradExchange { codec, warmup_steps, residuals, all_reduce, padding: Vec::new() });
+            return Ok(GradExchange { codec, warmup_steps, residuals, all_reduce, two_phases, padding: Vec::new() });
         }
         if all_reduce && warmup_steps == 0 {
             notes.push(format!(
@@ -119,7 +122,7 @@ impl GradExchange {
         // Stage 0's residuals cover the whole group's worth, the other stages' the other ranks'
         // slices. Checkpoints that do not record the layout (before stage 0 took two phases from 3
         // ranks on) laid out the stage's as one phase.
-        let layout = super::checkpoint::residual_layout(sharding);
+        let layout = super::checkpoint::residual_layout(sharding, two_phases);
         let same_split = |c: &Checkpoint| {
             let recorded = c.rank_metadata(sharding.rank, "grad_residual_layout");
             let recorded = recorded.as_deref().unwrap_or(if c.state.zero_stage == 0 { "whole group" } else { "other ranks' slices" });
@@ -153,8 +156,8 @@ impl GradExchange {
             r.page_out(nvme, true)?;
             residuals.push(r);
         }
-        let padding = shards.iter().map(|s| Padding::of(s, sharding)).collect();
-        Ok(GradExchange { codec, warmup_steps, residuals, all_reduce, padding })
+        let padding = shards.iter().map(|s| Padding::of(s, sharding, two_phases)).collect();
+        Ok(GradExchange { codec, warmup_steps, residuals, all_reduce, two_phases, padding })
     }
 
     /// Group `k`'s reduce-scatter after `updates_applied` optimizer updates: `mine` = the sum over ranks
@@ -183,7 +186,7 @@ impl GradExchange {
         residual.page_in(nvme)?;
         let (codec, values) = (&self.codec, residual.data_mut().as_mut_slice());
         match self.all_reduce {
-            true => comm.all_reduce_sum_compressed(whole, mine, codec, values, device_busy)?,
+            true => comm.all_reduce_sum_compressed(whole, mine, codec, values, self.two_phases, device_busy)?,
             false => comm.reduce_scatter_sum_compressed(whole, mine, codec, values, device_busy)?,
         }
         let padding = &self.padding[k];
@@ -229,12 +232,13 @@ mod tests {
 
     /// `Padding::of` against a map built element by element: which group element each place of the
     /// result and of the residual holds (as the reduce-scatter and the all-reduce in one or two phases
-    /// lay them out), at every stage and world 2-4, for groups whose padding spans several slices.
+    /// lay them out), at every stage, world 2-4 and phase count, for groups whose padding spans
+    /// several slices.
     #[test]
     fn padding_lies_where_the_layout_puts_group_elements_past_the_tensors() {
         let expand = |ranges: &[std::ops::Range<usize>]| ranges.iter().flat_map(|r| r.clone()).collect::<Vec<_>>();
         for stage in [ZeroStage::Zero, ZeroStage::One, ZeroStage::Two, ZeroStage::Three] {
-            for world in 2..=4 {
+            for (world, two_phases) in (2..=4).flat_map(|w| [(w, false), (w, true)]) {
                 for len in [1, 100, 64 * world + 1, 3 * 64 * world - 5] {
                     for rank in 0..world {
                         let sharding = Sharding { rank, world, stage };
@@ -245,7 +249,7 @@ mod tests {
                         let result: Vec<usize> = shard.owned.clone().collect();
                         let mut residual: Vec<usize> = others.iter().flat_map(|&r| r * slice..(r + 1) * slice).collect();
                         if sharding.replicates() {
-                            if crate::comm::all_reduce_in_two_phases(world) {
+                            if two_phases {
                                 residual.extend(rank * slice..(rank + 1) * slice);
                             } else {
                                 residual = (0..shard.padded_len).collect();
@@ -253,8 +257,8 @@ mod tests {
                         }
                         assert_eq!(residual.len(), residual_len(&shard, &sharding));
                         let past = |at: &[usize]| at.iter().enumerate().filter(|(_, e)| **e >= len).map(|(i, _)| i).collect::<Vec<_>>();
-                        let p = Padding::of(&shard, &sharding);
-                        let what = format!("stage {} world {world} rank {rank} len {len}", stage.number());
+                        let p = Padding::of(&shard, &sharding, two_phases);
+                        let what = format!("stage {} world {world} rank {rank} len {len} two phases {two_phases}", stage.number());
                         assert_eq!(expand(&p.in_result), past(&result), "{what}: the result's padding");
                         assert_eq!(expand(&p.in_residual), past(&residual), "{what}: the residual's padding");
                     }

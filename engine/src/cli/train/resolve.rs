@@ -93,6 +93,7 @@ fn train_config(a: &TrainArgs) -> TrainConfig {
         grad_compression_chunk: a.grad_compression_chunk,
         grad_compression_warmup: a.grad_compression_warmup,
         freeze_variance: a.freeze_variance,
+        all_reduce_phases: a.all_reduce_phases,
         param_compression: a.param_compression,
         optimizer: a.optimizer,
         momentum: a.momentum,
