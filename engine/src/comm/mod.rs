@@ -431,10 +431,39 @@ impl Comm {
     /// The one-phase compressed all-reduce: `full` encoded whole (feedback into `residual`), the
     /// encodings gathered, and every rank's decoded and summed in rank order into `out`.
     fn gather_encoded_and_sum(&self, full: &[f32], out: &mut [f32], codec: &Codec, residual: &mut [f32], device_busy: bool) -> Result<()> {
-        let (world, n) = (self.world_size(), full.len());
+        self.gather_encoded(full, codec, residual, device_busy, |range, encodings, eb| {
+            let o = &mut out[range];
+            codec.decode(&encodings[..eb], o);
+            encodings[eb..].chunks_exact(eb).for_each(|e| codec.decode_add(e, o));
+        })
+    }
+
+    /// The two-phase all-reduce's second phase: this rank's summed slice `mine` encoded (feedback into
+    /// `residual`, as long as it), the encodings gathered, and rank r's decoded into `out`'s slice r.
+    fn gather_encoded_slices(&self, mine: &[f32], out: &mut [f32], codec: &Codec, residual: &mut [f32], device_busy: bool) -> Result<()> {
+        let slice = mine.len();
+        self.gather_encoded(mine, codec, residual, device_busy, |range, encodings, eb| {
+            for (r, e) in encodings.chunks_exact(eb).enumerate() {
+                codec.decode(e, &mut out[r * slice + range.start..r * slice + range.end]);
+            }
+        })
+    }
+
+    /// `x` encoded piece by piece with error feedback (`residual`, as long as `x`) and each piece's
+    /// encodings gathered from every rank; `decode(piece's range in x, the encodings in rank order,
+    /// bytes of one)` takes them. Pieces have a fixed element count, as in the reduce-scatter: a piece
+    /// is what topk chooses among.
+    fn gather_encoded(
+        &self,
+        x: &[f32],
+        codec: &Codec,
+        residual: &mut [f32],
+        device_busy: bool,
+        mut decode: impl FnMut(std::ops::Range<usize>, &[u8], usize),
+    ) -> Result<()> {
+        let (world, n) = (self.world_size(), x.len());
         let mut wire = self.wire.borrow_mut();
         let (send, recv) = &mut *wire;
-        // Pieces of a fixed element count, as in the reduce-scatter: a piece is what topk chooses among.
         let piece = MAX_CHUNK_BYTES / 4;
         for start in (0..n).step_by(piece) {
             let c = piece.min(n - start);
@@ -442,37 +471,9 @@ impl Comm {
             send.resize(eb, 0);
             recv.resize(world * eb, 0);
             let range = start..start + c;
-            self.time_codec(|| codec.encode_with_feedback(&full[range.clone()], &mut residual[range.clone()], send));
+            self.time_codec(|| codec.encode_with_feedback(&x[range.clone()], &mut residual[range.clone()], send));
             self.count((world - 1) * eb, Traffic::Grads, device_busy, || self.transport.all_gather_bytes(send, recv))?;
-            let o = &mut out[range];
-            self.time_codec(|| {
-                codec.decode(&recv[..eb], o);
-                (1..world).for_each(|r| codec.decode_add(&recv[r * eb..(r + 1) * eb], o));
-            });
-        }
-        Ok(())
-    }
-
-    /// The two-phase all-reduce's second phase: this rank's summed slice `mine` encoded (feedback into
-    /// `residual`, as long as it), the encodings gathered, and rank r's decoded into `out`'s slice r.
-    fn gather_encoded_slices(&self, mine: &[f32], out: &mut [f32], codec: &Codec, residual: &mut [f32], device_busy: bool) -> Result<()> {
-        let (world, slice) = (self.world_size(), mine.len());
-        let mut wire = self.wire.borrow_mut();
-        let (send, recv) = &mut *wire;
-        let piece = MAX_CHUNK_BYTES / 4;
-        for start in (0..slice).step_by(piece) {
-            let c = piece.min(slice - start);
-            let eb = codec.encoded_bytes(c);
-            send.resize(eb, 0);
-            recv.resize(world * eb, 0);
-            let range = start..start + c;
-            self.time_codec(|| codec.encode_with_feedback(&mine[range.clone()], &mut residual[range.clone()], send));
-            self.count((world - 1) * eb, Traffic::Grads, device_busy, || self.transport.all_gather_bytes(send, recv))?;
-            self.time_codec(|| {
-                for r in 0..world {
-                    codec.decode(&recv[r * eb..(r + 1) * eb], &mut out[r * slice + start..r * slice + start + c]);
-                }
-            });
+            self.time_codec(|| decode(range, recv, eb));
         }
         Ok(())
     }
