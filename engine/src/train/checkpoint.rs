@@ -9,8 +9,8 @@
 //!   the other ranks' slices, in rank order; see `grad_exchange.rs`); the metadata holds the world size,
 //!   the stage and every group's length, padded length and owned range, so another world size can
 //!   re-split the state (stage 0: the replicas hold the same bits, their master weights checked by CRC at every save;
-//!   rank 0's file holds the whole once, every rank's file its residual, the error feedback of the
-//!   whole group);
+//!   rank 0's file holds the whole once, every rank's file its residual, laid out as its metadata's
+//!   `grad_residual_layout` says);
 //! - the tokenizer's files when the run knows its tokenizer (`RunRecord::tokenizer_files`: GPT-2's
 //!   vocab.json + merges.txt + tokenizer_config.json + special_tokens_map.json, or a tokenizer.json);
 //! - `trainer_state.json`: counters, loss scaler, data position, every setting, and the manifest

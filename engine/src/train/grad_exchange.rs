@@ -126,7 +126,8 @@ impl GradExchange {
         let same_split = |c: &Checkpoint| {
             let recorded = c.rank_metadata(sharding.rank, "grad_residual_layout");
             let recorded = recorded.as_deref().unwrap_or(if c.state.zero_stage == 0 { "whole group" } else { "other ranks' slices" });
-            c.state.world_size == sharding.world && (c.state.zero_stage == 0) == all_reduce && recorded == layout
+            // The layout tells stage 0 from the sharded stages, so only the world size is left to compare.
+            c.state.world_size == sharding.world && recorded == layout
         };
         let resumed = match source {
             ModelSource::Checkpoint(c) if same_split(c) => Some(c),
