@@ -288,7 +288,9 @@ rows = jsonl("overlap.out")
 if rows:
     md += ["## zerostream bench overlap\n",
            "Each copy alone, matmuls of about its length alone, then the matmuls submitted with the copy issued behind them; "
-           "hidden = (copy + kernels - both) / min(copy, kernels): 1 overlapped, 0 serialised.\n",
+           "hidden = (copy + kernels - both) / min(copy, kernels): 1 overlapped, 0 serialised. "
+           "Rows `queue2` and `transfer-queue` copy on a Vulkan queue beside wgpu's (a second of its family; a copy-only family), "
+           "`stand-in-queue` on wgpu's own where the adapter has no other.\n",
            "| method | bytes | copy ms | matmuls | kernels ms | both ms | hidden |", "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         md.append(f"| {r['method']} | {r['bytes']>>20} MiB | {r['copy_s']*1e3:.3f} | {r['matmuls']} | {r['kernels_s']*1e3:.3f} | {r['both_s']*1e3:.3f} | {r['hidden']:.2f} |")

@@ -96,6 +96,43 @@ fn copies_issued_behind_kernels_deliver_their_bytes() {
     assert!(err.contains("--k"), "{err}");
 }
 
+/// A device opened with copy queues (`gpu_copy_queue.rs`) has one on Vulkan, at least the stand-in
+/// on wgpu's own queue (lavapipe has no other), and `bench overlap` times a copy each way on each,
+/// checking the bytes on that queue; a copy out of a tensor's range, or on a queue the device lacks,
+/// is refused by name. The device trains as any other: the matmuls beside the copies run on it.
+#[test]
+fn copies_on_the_queues_beside_wgpus_deliver_their_bytes() {
+    use zerostream::bench::overlap::{OverlapConfig, bench_overlap};
+    use zerostream::device::gpu::CopyQueueKind;
+    let test = "copies_on_the_queues_beside_wgpus_deliver_their_bytes";
+    if common::gpu_or_skip(test).is_none() {
+        return;
+    }
+    let gpu = zerostream::device::GpuDevice::open_with_copy_queues(None, None).unwrap();
+    let kinds = gpu.copy_queue_kinds();
+    if gpu.summary().backend != "Vulkan" {
+        assert!(kinds.is_empty(), "{kinds:?} off Vulkan");
+        eprintln!("SKIPPED {test}: copy queues are Vulkan's, and this adapter is {}", gpu.summary().backend);
+        return;
+    }
+    assert!(!kinds.is_empty(), "a Vulkan device opened with copy queues has at least the stand-in");
+    let cfg = OverlapConfig { bytes: (3 << 20) + 16, m: 64, n: 48, k: 80, reps: 1 };
+    let runs = bench_overlap(&gpu, &cfg, |_| {}).unwrap();
+    let queue_rows: Vec<&str> = runs.iter().map(|r| r.method.as_str()).filter(|m| kinds.iter().any(|k| m.ends_with(k.name()))).collect();
+    let expected: Vec<String> = kinds.iter().flat_map(|k| [format!("h2d {}", k.name()), format!("d2h {}", k.name())]).collect();
+    assert_eq!(queue_rows, expected);
+    let host = gpu.host_buffer(4096).unwrap();
+    let small = zerostream::device::Backend::alloc(&gpu, 256, "small").unwrap();
+    let err = gpu.copy_host_to_tensor_on(kinds[0], &host, &small, 4096).unwrap_err().to_string();
+    assert!(err.contains("4096 bytes") && err.contains("out of range"), "{err}");
+    let missing = [CopyQueueKind::SameFamily, CopyQueueKind::TransferFamily, CopyQueueKind::SharedStandIn]
+        .into_iter()
+        .find(|k| !kinds.contains(k))
+        .expect("a device has the stand-in only where it has no other");
+    let err = gpu.copy_tensor_to_host_on(missing, &small, &host, 1024).unwrap_err().to_string();
+    assert!(err.contains("this device has no"), "{err}");
+}
+
 /// The cpu device widens 16-bit uploads in place on rayon's threads with `half`'s slice conversions;
 /// every word (NaNs, infinities, subnormals included) must widen as the trait's default does, at
 /// sizes around its chunks, into a longer tensor whose tail stays as it was.

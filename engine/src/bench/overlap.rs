@@ -8,13 +8,17 @@
 //! `hidden` is the share of the shorter of the two that the pair saved: 1 when it ran wholly under the
 //! other, 0 when they ran one after the other. Every copy's bytes are read back and checked. Last, the
 //! same for the way back: the trainer's gradient download (`Backend::begin_read`, finished by
-//! `finish_read`) issued behind the matmuls.
+//! `finish_read`) issued behind the matmuls. Last, where the device was opened with copy queues
+//! beside wgpu's (`GpuDevice::open_with_copy_queues`, as the command opens it), a copy each way on
+//! each of those queues while the matmuls run on wgpu's: whether a second queue hides what one
+//! serialises.
 
 use std::time::Instant;
 
 use anyhow::{Result, bail};
 
 use crate::device::gpu::GpuTensor;
+use crate::device::gpu::{CopyQueueKind, HostBuffer};
 use crate::device::transfer::TransferMethod;
 use crate::device::{Backend, GpuDevice, MatmulShape};
 
@@ -189,5 +193,57 @@ pub fn bench_overlap(dev: &GpuDevice, cfg: &OverlapConfig, mut on_run: impl FnMu
     let run = OverlapRun { method: "d2h begin_read".into(), bytes: cfg.bytes, matmuls, copy_s, kernels_s, both_s };
     on_run(&run);
     runs.push(run);
+    for (i, kind) in dev.copy_queue_kinds().into_iter().enumerate() {
+        for run in queue_runs(&work, cfg, one_matmul, kind, i as u32)? {
+            on_run(&run);
+            runs.push(run);
+        }
+    }
     Ok(runs)
+}
+
+/// The rows of one copy queue (`gpu_copy_queue.rs`): a copy from host memory into the target, then
+/// the target's bytes back into host memory, each on that queue beside matmuls on wgpu's. Each copy's
+/// bytes are checked on the same queue (read back into host memory there).
+fn queue_runs(work: &Work<'_>, cfg: &OverlapConfig, one_matmul: f64, kind: CopyQueueKind, seed: u32) -> Result<[OverlapRun; 2]> {
+    let dev = work.dev;
+    let bytes = cfg.bytes;
+    let host_words: Vec<u32> = (0..(bytes / 4) as u32).map(|w| w.wrapping_mul(40503).wrapping_add(0x5eed + seed)).collect();
+    let mut src = dev.host_buffer(bytes as usize)?;
+    src.write(bytemuck::cast_slice(&host_words));
+    let mut back = dev.host_buffer(bytes as usize)?;
+    let host_bytes: &[u8] = bytemuck::cast_slice(&host_words);
+    let mut rows = Vec::new();
+    for direction in ["h2d", "d2h"] {
+        let copy = |back: &HostBuffer| match direction {
+            "h2d" => dev.copy_host_to_tensor_on(kind, &src, &work.dst, bytes),
+            _ => dev.copy_tensor_to_host_on(kind, &work.dst, back, bytes),
+        };
+        // Cleared, so a copy down that never happened cannot pass.
+        back.write(&vec![0; bytes as usize]);
+        // The first copy is untimed (it makes the queue's command buffer).
+        work.best(1, || copy(&back))?;
+        let copy_s = work.best(cfg.reps, || copy(&back))?;
+        let matmuls = ((copy_s / one_matmul).round() as usize).clamp(1, 1000);
+        let kernels_s = work.best(cfg.reps, || {
+            work.record_matmuls(matmuls);
+            Ok(())
+        })?;
+        let both_s = work.best(cfg.reps, || {
+            work.record_matmuls(matmuls);
+            dev.submit_recorded();
+            copy(&back)
+        })?;
+        if direction == "h2d" {
+            // The target read back on the same queue into cleared host memory.
+            back.write(&vec![0; bytes as usize]);
+            dev.copy_tensor_to_host_on(kind, &work.dst, &back, bytes)?;
+            dev.synchronize();
+        }
+        if back.bytes() != host_bytes {
+            bail!("bench overlap: the copy {direction} on {} did not deliver its bytes", kind.describe());
+        }
+        rows.push(OverlapRun { method: format!("{direction} {}", kind.name()), bytes, matmuls, copy_s, kernels_s, both_s });
+    }
+    Ok(rows.try_into().expect("two directions"))
 }

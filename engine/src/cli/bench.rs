@@ -59,7 +59,10 @@ pub enum BenchCommand {
     /// Whether copies run while kernels do on wgpu's one queue: for each way of uploading, and for the
     /// trainer's gradient download, the copy alone, a run of matmuls of about its length alone, and the
     /// matmuls submitted first with the copy issued behind them (the trainer's order); `hidden` is the
-    /// share of the shorter part the pair saved (1: fully overlapped, 0: one after the other).
+    /// share of the shorter part the pair saved (1: fully overlapped, 0: one after the other). Then,
+    /// on Vulkan, the same for a copy each way on each queue the adapter offers beside wgpu's (rows
+    /// `queue2`: a second queue of wgpu's family; `transfer-queue`: a copy-only family), or on
+    /// wgpu's own queue standing in where it offers none (`stand-in-queue`, which overlaps nothing).
     Overlap(OverlapArgs),
     /// All-gather and reduce-scatter GB/s per rank through the trainer's collectives: in-process ranks
     /// beside a memcpy ceiling, or under mpirun (built with the mpi feature) beside MPI's own
@@ -268,12 +271,15 @@ fn transfer_command(t: TransferArgs, link: Link) -> Result<()> {
 
 fn overlap_command(o: OverlapArgs) -> Result<()> {
     use zerostream::bench::overlap::{OverlapConfig, bench_overlap};
-    let dev = GpuDevice::open(o.adapter.as_deref(), None)?;
+    let dev = GpuDevice::open_with_copy_queues(o.adapter.as_deref(), None)?;
     let cfg = OverlapConfig { bytes: o.bytes, m: o.m, n: o.n, k: o.k, reps: o.reps };
     if !o.json {
         println!("device: {}", zerostream::device::Backend::describe(&dev));
+        for kind in dev.copy_queue_kinds() {
+            println!("copy queue `{}`: {}", kind.name(), kind.describe());
+        }
         println!("copies of {} beside matmuls of {} x {} x {} (best of {}):", human_bytes(cfg.bytes), cfg.m, cfg.n, cfg.k, cfg.reps);
-        println!("{:>17} {:>10} {:>8} {:>12} {:>10} {:>7}", "method", "copy ms", "matmuls", "kernels ms", "both ms", "hidden");
+        println!("{:>18} {:>10} {:>8} {:>12} {:>10} {:>7}", "method", "copy ms", "matmuls", "kernels ms", "both ms", "hidden");
     }
     bench_overlap(&dev, &cfg, |r| {
         if o.json {
@@ -281,7 +287,7 @@ fn overlap_command(o: OverlapArgs) -> Result<()> {
         } else {
             let ms = |s: f64| format!("{:.3}", s * 1e3);
             let hidden = format!("{:.0}%", 100.0 * r.hidden());
-            println!("{:>17} {:>10} {:>8} {:>12} {:>10} {:>7}", r.method, ms(r.copy_s), r.matmuls, ms(r.kernels_s), ms(r.both_s), hidden);
+            println!("{:>18} {:>10} {:>8} {:>12} {:>10} {:>7}", r.method, ms(r.copy_s), r.matmuls, ms(r.kernels_s), ms(r.both_s), hidden);
         }
     })?;
     Ok(())

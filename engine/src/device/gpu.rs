@@ -143,6 +143,9 @@ pub struct GpuDevice {
     /// A precast product's operands rounded to f16 (`gpu_matmul.rs`), made by the first such product
     /// (the planner counts it in `AllocCosts::f16_inputs_bytes`); None where the budget could not hold it.
     coop_scratch: std::cell::OnceCell<Option<GpuTensor>>,
+    /// Queues beside wgpu's that copies may run on (`gpu_copy_queue.rs`): none unless the device was
+    /// opened by [`GpuDevice::open_with_copy_queues`].
+    copy_queues: Vec<copy_queue::CopyQueue>,
 }
 
 /// The largest Params any kernel takes, in bytes (the attention kernels': 20 words).
@@ -159,6 +162,16 @@ impl GpuDevice {
     /// Opens an adapter: `selector` is an index or a case-insensitive substring of the name, as listed by
     /// `zerostream devices`; without one, the most capable adapter (discrete first, software last).
     pub fn open(selector: Option<&str>, budget_bytes: Option<u64>) -> Result<Self> {
+        Self::open_adapter(selector, budget_bytes, false)
+    }
+
+    /// [`Self::open`], asking Vulkan for the queues beside wgpu's that copies may run on
+    /// (`gpu_copy_queue.rs`; `bench overlap` times them).
+    pub fn open_with_copy_queues(selector: Option<&str>, budget_bytes: Option<u64>) -> Result<Self> {
+        Self::open_adapter(selector, budget_bytes, true)
+    }
+
+    fn open_adapter(selector: Option<&str>, budget_bytes: Option<u64>, copy_queues: bool) -> Result<Self> {
         let instance = instance();
         let found = adapters(&instance);
         if found.is_empty() {
@@ -180,10 +193,10 @@ impl GpuDevice {
             },
             None => preferred_adapter(&summaries).expect("adapters were found"),
         };
-        Self::from_adapter(&found[index], summaries[index].clone(), budget_bytes)
+        Self::from_adapter(&found[index], summaries[index].clone(), budget_bytes, copy_queues)
     }
 
-    fn from_adapter(adapter: &wgpu::Adapter, summary: AdapterSummary, budget_bytes: Option<u64>) -> Result<Self> {
+    fn from_adapter(adapter: &wgpu::Adapter, summary: AdapterSummary, budget_bytes: Option<u64>, copy_queues: bool) -> Result<Self> {
         let features = adapter.features() & WANTED_FEATURES;
         let limits = adapter.limits();
         matmul::check_limits(&limits, &summary.name)?;
@@ -196,14 +209,29 @@ impl GpuDevice {
         } else {
             wgpu::ExperimentalFeatures::disabled()
         };
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        let desc = wgpu::DeviceDescriptor {
             label: Some("zerostream"),
             required_features: features,
             required_limits: limits.clone(),
             experimental_features,
             ..Default::default()
-        }))
-        .with_context(|| format!("opening adapter {:?}", summary.name))?;
+        };
+        // Where Vulkan refuses the extra queues, the device opens as always, without them (said).
+        let opened = match copy_queues.then(|| copy_queue::open_with_queues(adapter, &desc)).transpose() {
+            Ok(opened) => opened.flatten(),
+            Err(e) => {
+                eprintln!("warning: {e:#}; opening {:?} without copy queues", summary.name);
+                None
+            }
+        };
+        let (device, queue, copy_queues) = match opened {
+            Some(opened) => opened,
+            None => {
+                let (device, queue) =
+                    pollster::block_on(adapter.request_device(&desc)).with_context(|| format!("opening adapter {:?}", summary.name))?;
+                (device, queue, Vec::new())
+            }
+        };
         let align_elems = limits.min_storage_buffer_offset_alignment as usize / 4;
         let max_window_elems = (limits.max_storage_buffer_binding_size as usize / 4).saturating_sub(align_elems);
         // Each pass's slot starts at a multiple of the uniform offset alignment.
@@ -252,6 +280,7 @@ impl GpuDevice {
             busy: BusyClock::new(&device, &queue),
             column_partials: Default::default(),
             coop_scratch: Default::default(),
+            copy_queues,
             device,
             queue,
         };
@@ -361,6 +390,10 @@ mod host_staging;
 
 #[path = "gpu_pinned.rs"]
 mod pinned;
+
+#[path = "gpu_copy_queue.rs"]
+mod copy_queue;
+pub use copy_queue::{CopyQueueKind, HostBuffer};
 
 #[path = "gpu_attention.rs"]
 mod attention;

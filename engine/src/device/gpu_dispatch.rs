@@ -16,10 +16,13 @@ impl GpuDevice {
         device.poll(wgpu::PollType::Wait { submission_index: submission, timeout: None }).map(drop)
     }
 
-    /// Waits until every recorded pass has run.
+    /// Waits until every recorded pass has run, and every copy issued on a copy queue.
     pub fn synchronize(&self) {
         self.flush();
         let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
+        if let Err(e) = self.wait_for_copy_queues() {
+            panic!("GPU device lost while waiting for its copy queues: {e:#}");
+        }
     }
 
     /// Hands the recorded passes to the queue without waiting for them (`bench overlap` issues copies

@@ -1,0 +1,474 @@
+//! Copy queues beside wgpu's one queue (issue #22 item 4).
+//!
+//! wgpu gives a device one queue, and on the H200 copies on it ran one after the kernels (`bench
+//! overlap`: 0.21 of a pinned upload hidden, none of a download), about 25 ms of a 216 ms GPT-2 step
+//! (benches/results/2026-11-28-h200-analysis.md). Vulkan lets a device have more queues: a second
+//! queue of the family wgpu uses, or one of a family that only copies (NVIDIA's DMA engines). A device
+//! opened with [`GpuDevice::open_with_copy_queues`] asks for those beside wgpu's own (through wgpu's
+//! Vulkan hal, `open_with_callback`), and moves bytes on them with raw `vkCmdCopyBuffer`s, each
+//! submission fenced, so that `bench overlap` times copies there beside kernels on wgpu's queue.
+//! Whether they overlap decides whether the trainer's uploads and read-backs move there.
+//!
+//! Where the adapter has no queue but wgpu's (lavapipe), a stand-in submits to wgpu's own queue
+//! ([`CopyQueueKind::SharedStandIn`]): it overlaps nothing, and tests the path everywhere. Every
+//! queue is used from the device's thread only (the device is not `Sync`), which is what makes the
+//! stand-in's submissions to wgpu's queue safe: Vulkan asks that no two threads submit to one queue
+//! at once, and wgpu submits only when this thread calls it.
+//!
+//! Buffers: the copies here touch only buffers that wgpu's queue is not using meanwhile (the caller's
+//! rule), and a buffer a copy queue of another family wrote is read back on that same queue, so no
+//! ownership moves between families. Vulkan only (Linux and Windows). A child module of `gpu`.
+
+use anyhow::{Context, Result, bail};
+
+use super::GpuDevice;
+
+/// Which kind of queue moves the bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyQueueKind {
+    /// A second queue of the family wgpu's queue belongs to (graphics and compute as well as copies).
+    SameFamily,
+    /// A queue of a family that only copies (no graphics, no compute): the DMA engines.
+    TransferFamily,
+    /// wgpu's own queue, where the adapter offers no other: tests the path, overlaps nothing.
+    SharedStandIn,
+}
+
+impl CopyQueueKind {
+    /// The name `bench overlap`'s rows carry (`h2d queue2`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            CopyQueueKind::SameFamily => "queue2",
+            CopyQueueKind::TransferFamily => "transfer-queue",
+            CopyQueueKind::SharedStandIn => "stand-in-queue",
+        }
+    }
+
+    /// What the queue is, in words.
+    pub fn describe(self) -> &'static str {
+        match self {
+            CopyQueueKind::SameFamily => "a second queue of wgpu's queue family",
+            CopyQueueKind::TransferFamily => "a queue of a transfer-only family",
+            CopyQueueKind::SharedStandIn => "wgpu's own queue, standing in for a second one the adapter lacks",
+        }
+    }
+}
+
+/// Which extra queues a device asks for, from its adapter's queue families: `(flags, queue count)`
+/// each, wgpu's family first (wgpu-hal opens family 0). A second queue of family 0 where it has two;
+/// the first family that copies but neither draws nor computes.
+// Used by the Vulkan opening only (and its test), which other platforms lack.
+#[cfg_attr(not(any(target_os = "linux", target_os = "windows")), allow(dead_code))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct QueuePlan {
+    pub(crate) same_family: bool,
+    pub(crate) transfer_family: Option<u32>,
+}
+
+// Used by the Vulkan opening only (and its test), which other platforms lack.
+#[cfg_attr(not(any(target_os = "linux", target_os = "windows")), allow(dead_code))]
+impl QueuePlan {
+    pub(crate) fn of(families: &[(QueueAbilities, u32)]) -> QueuePlan {
+        let same_family = families.first().is_some_and(|&(_, count)| count >= 2);
+        let transfer_family = families
+            .iter()
+            .position(|&(a, count)| count >= 1 && a.transfer && !a.graphics && !a.compute)
+            .filter(|&i| i > 0)
+            .map(|i| i as u32);
+        QueuePlan { same_family, transfer_family }
+    }
+}
+
+/// What a queue family can do, as far as choosing a copy queue goes.
+// Used by the Vulkan opening only (and its test), which other platforms lack.
+#[cfg_attr(not(any(target_os = "linux", target_os = "windows")), allow(dead_code))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct QueueAbilities {
+    pub(crate) graphics: bool,
+    pub(crate) compute: bool,
+    pub(crate) transfer: bool,
+}
+
+/// One copy a copy queue makes: `size` bytes from `src` at `src_offset` to `dst` at `dst_offset`.
+pub(in crate::device) struct BufferCopy<'a> {
+    pub(in crate::device) src: &'a wgpu::Buffer,
+    pub(in crate::device) src_offset: u64,
+    pub(in crate::device) dst: &'a wgpu::Buffer,
+    pub(in crate::device) dst_offset: u64,
+    pub(in crate::device) size: u64,
+}
+
+/// A buffer in host memory the copy queues copy into or out of, mapped for its lifetime (`bench
+/// overlap`'s source and read-back; see `gpu_host_staging.rs` for the memory).
+pub struct HostBuffer {
+    pub(in crate::device) buffer: wgpu::Buffer,
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl HostBuffer {
+    /// Writes `bytes` at the start. The caller has waited for every copy out of the buffer
+    /// ([`GpuDevice::synchronize`]).
+    pub fn write(&mut self, bytes: &[u8]) {
+        assert!(bytes.len() <= self.len, "{} bytes into a host buffer of {}", bytes.len(), self.len);
+        // SAFETY: the mapping is `len` bytes, live while the buffer is; `&mut self` means nothing else
+        // writes it here, and the device reads it only in copies issued after this returns.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr, bytes.len()) }
+    }
+
+    /// The buffer's bytes. The caller has waited for every copy into it ([`GpuDevice::synchronize`]).
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: the mapping is `len` bytes, live while the buffer is, host-coherent; the copies into
+        // it are done (the caller's rule; each copy's command buffer ends with a transfer-to-host
+        // barrier).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl GpuDevice {
+    /// The copy queues this device was opened with (none unless by [`GpuDevice::open_with_copy_queues`]).
+    pub fn copy_queue_kinds(&self) -> Vec<CopyQueueKind> {
+        self.copy_queues.iter().map(|q| q.kind()).collect()
+    }
+
+    /// A host buffer of `bytes` (a multiple of 4) for copies on the copy queues, or why the adapter
+    /// makes none.
+    pub fn host_buffer(&self, bytes: usize) -> Result<HostBuffer> {
+        let (buffer, ptr) = self
+            .create_host_buffer(bytes as u64, "copy-queue host buffer", super::host_staging::HostReads::Often)
+            .map_err(|why| anyhow::anyhow!("a host buffer of {bytes} bytes: {why}"))?;
+        Ok(HostBuffer { buffer, ptr, len: bytes })
+    }
+
+    /// Issues a copy of the first `bytes` of `host` into `dst` on the copy queue of `kind`, without
+    /// waiting ([`Self::synchronize`] waits). `dst` is not in use by wgpu's queue meanwhile.
+    pub fn copy_host_to_tensor_on(&self, kind: CopyQueueKind, host: &HostBuffer, dst: &super::GpuTensor, bytes: u64) -> Result<()> {
+        let copy = BufferCopy { src: &host.buffer, src_offset: 0, dst: dst.buffer(), dst_offset: 0, size: bytes };
+        self.copy_on_queue(kind, &[copy])
+    }
+
+    /// Issues a copy of the first `bytes` of `src` into `host` on the copy queue of `kind`, without
+    /// waiting ([`Self::synchronize`] waits). `src` is not being written by wgpu's queue meanwhile.
+    pub fn copy_tensor_to_host_on(&self, kind: CopyQueueKind, src: &super::GpuTensor, host: &HostBuffer, bytes: u64) -> Result<()> {
+        let copy = BufferCopy { src: src.buffer(), src_offset: 0, dst: &host.buffer, dst_offset: 0, size: bytes };
+        self.copy_on_queue(kind, &[copy])
+    }
+
+    /// Issues `copies` on the copy queue of `kind` and returns without waiting; [`Self::synchronize`]
+    /// waits for them. Every buffer is one wgpu's queue is not using meanwhile (the caller's rule).
+    pub(in crate::device) fn copy_on_queue(&self, kind: CopyQueueKind, copies: &[BufferCopy<'_>]) -> Result<()> {
+        let queue = self.copy_queues.iter().find(|q| q.kind() == kind).with_context(|| format!("this device has no {}", kind.name()))?;
+        for c in copies {
+            let (src_end, dst_end) = (c.src_offset + c.size, c.dst_offset + c.size);
+            if src_end > c.src.size() || dst_end > c.dst.size() || !c.size.is_multiple_of(4) {
+                bail!(
+                    "a copy of {} bytes from offset {} of a {}-byte buffer to offset {} of a {}-byte one: out of range or not whole words",
+                    c.size,
+                    c.src_offset,
+                    c.src.size(),
+                    c.dst_offset,
+                    c.dst.size()
+                );
+            }
+        }
+        queue.submit(copies)
+    }
+
+    /// Waits until every copy issued on the copy queues is done.
+    pub(super) fn wait_for_copy_queues(&self) -> Result<()> {
+        self.copy_queues.iter().try_for_each(|q| q.wait_idle())
+    }
+}
+
+#[cfg(any(target_os = "linux", target_os = "windows"))]
+pub(super) use vulkan::{CopyQueue, open_with_queues};
+
+#[cfg(any(target_os = "linux", target_os = "windows"))]
+mod vulkan {
+    use std::cell::RefCell;
+    use std::time::Duration;
+
+    use anyhow::{Context, Result, anyhow};
+    use ash::vk;
+    use wgpu::hal::api::Vulkan;
+
+    use super::{BufferCopy, CopyQueueKind, QueueAbilities, QueuePlan};
+
+    /// How long a wait for a copy queue may take before it is called a hung device.
+    const WAIT_LIMIT: Duration = Duration::from_secs(120);
+
+    /// The priorities of the queues asked for (Vulkan wants one per queue; all equal).
+    static PRIORITIES: [f32; 2] = [1.0, 1.0];
+
+    /// One copy queue: its command pool and the submissions still in flight (their fence, command
+    /// buffer and the buffers they copy, kept alive until the fence signals).
+    pub(in crate::device::gpu) struct CopyQueue {
+        kind: CopyQueueKind,
+        /// Keeps the Vulkan device alive while this queue's objects are.
+        _device: wgpu::Device,
+        raw: ash::Device,
+        queue: vk::Queue,
+        pool: vk::CommandPool,
+        in_flight: RefCell<Vec<Submitted>>,
+        /// Fences and command buffers of finished submissions, reset, for the next.
+        spare: RefCell<Vec<(vk::Fence, vk::CommandBuffer)>>,
+    }
+
+    struct Submitted {
+        fence: vk::Fence,
+        commands: vk::CommandBuffer,
+        _buffers: Vec<wgpu::Buffer>,
+    }
+
+    /// Opens `adapter` as `request_device` would, with the extra queues its families allow asked for
+    /// beside wgpu's: the device, wgpu's queue, and a [`CopyQueue`] per extra queue (the stand-in on
+    /// wgpu's queue where there is none). `Ok(None)`: not a Vulkan adapter.
+    #[allow(clippy::type_complexity)]
+    pub(in crate::device::gpu) fn open_with_queues(
+        adapter: &wgpu::Adapter,
+        desc: &wgpu::DeviceDescriptor<'_>,
+    ) -> Result<Option<(wgpu::Device, wgpu::Queue, Vec<CopyQueue>)>> {
+        // SAFETY: the hal adapter is only read (its queue families) and opened once below, as wgpu's
+        // own `request_device` opens it.
+        let Some(hal_adapter) = (unsafe { adapter.as_hal::<Vulkan>() }) else { return Ok(None) };
+        let instance = hal_adapter.shared_instance().raw_instance();
+        // SAFETY: the physical device belongs to this instance.
+        let families = unsafe { instance.get_physical_device_queue_family_properties(hal_adapter.raw_physical_device()) };
+        let abilities: Vec<(QueueAbilities, u32)> = families
+            .iter()
+            .map(|f| {
+                let has = |flag| f.queue_flags.contains(flag);
+                let a = QueueAbilities {
+                    graphics: has(vk::QueueFlags::GRAPHICS),
+                    compute: has(vk::QueueFlags::COMPUTE),
+                    transfer: has(vk::QueueFlags::TRANSFER),
+                };
+                (a, f.queue_count)
+            })
+            .collect();
+        let plan = QueuePlan::of(&abilities);
+        let callback = Box::new(move |args: wgpu::hal::vulkan::CreateDeviceCallbackArgs<'_, '_, '_>| {
+            if plan.same_family
+                && let Some(first) = args.queue_create_infos.first_mut()
+            {
+                *first = first.queue_priorities(&PRIORITIES);
+            }
+            if let Some(family) = plan.transfer_family {
+                args.queue_create_infos
+                    .push(vk::DeviceQueueCreateInfo::default().queue_family_index(family).queue_priorities(&PRIORITIES[..1]));
+            }
+        });
+        // SAFETY: the callback only adds queues the adapter lists (a second of family 0 where it has
+        // two or more, the first of a transfer family); features and limits are wgpu's own checks'.
+        let open =
+            unsafe { hal_adapter.open_with_callback(desc.required_features, &desc.required_limits, &desc.memory_hints, Some(callback)) }
+                .map_err(|e| anyhow!("opening the Vulkan device with copy queues: {e}"))?;
+        let raw = open.device.raw_device().clone();
+        let wgpu_queue = open.device.raw_queue();
+        let mut extra = Vec::new();
+        if plan.same_family {
+            // SAFETY: the device was made with two queues of family 0.
+            extra.push((CopyQueueKind::SameFamily, 0, unsafe { raw.get_device_queue(0, 1) }));
+        }
+        if let Some(family) = plan.transfer_family {
+            // SAFETY: the device was made with one queue of this family.
+            extra.push((CopyQueueKind::TransferFamily, family, unsafe { raw.get_device_queue(family, 0) }));
+        }
+        if extra.is_empty() {
+            extra.push((CopyQueueKind::SharedStandIn, 0, wgpu_queue));
+        }
+        drop(hal_adapter);
+        // SAFETY: `open` was made from this adapter with `desc`'s features.
+        let (device, queue) = unsafe { adapter.create_device_from_hal(open, desc) }.context("handing the Vulkan device to wgpu")?;
+        let queues =
+            extra.into_iter().map(|(kind, family, q)| CopyQueue::new(kind, &device, raw.clone(), family, q)).collect::<Result<_>>()?;
+        Ok(Some((device, queue, queues)))
+    }
+
+    impl CopyQueue {
+        fn new(kind: CopyQueueKind, device: &wgpu::Device, raw: ash::Device, family: u32, queue: vk::Queue) -> Result<Self> {
+            let info =
+                vk::CommandPoolCreateInfo::default().queue_family_index(family).flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER);
+            // SAFETY: a valid create info on a live device; the pool is destroyed in Drop.
+            let pool = unsafe { raw.create_command_pool(&info, None) }.map_err(|e| anyhow!("vkCreateCommandPool: {e}"))?;
+            Ok(CopyQueue { kind, _device: device.clone(), raw, queue, pool, in_flight: RefCell::default(), spare: RefCell::default() })
+        }
+
+        pub(in crate::device::gpu) fn kind(&self) -> CopyQueueKind {
+            self.kind
+        }
+
+        /// A reset fence and command buffer: a spare one, or new.
+        fn take_spare(&self) -> Result<(vk::Fence, vk::CommandBuffer)> {
+            if let Some(spare) = self.spare.borrow_mut().pop() {
+                return Ok(spare);
+            }
+            // SAFETY: valid create infos on a live device; both are freed in Drop.
+            let fence =
+                unsafe { self.raw.create_fence(&vk::FenceCreateInfo::default(), None) }.map_err(|e| anyhow!("vkCreateFence: {e}"))?;
+            let alloc = vk::CommandBufferAllocateInfo::default()
+                .command_pool(self.pool)
+                .level(vk::CommandBufferLevel::PRIMARY)
+                .command_buffer_count(1);
+            // SAFETY: as above.
+            let commands = unsafe { self.raw.allocate_command_buffers(&alloc) }.map_err(|e| anyhow!("vkAllocateCommandBuffers: {e}"))?[0];
+            Ok((fence, commands))
+        }
+
+        /// Records `copies` into one command buffer (ending with a barrier that makes the writes
+        /// visible to the host) and submits it, fenced.
+        pub(in crate::device::gpu) fn submit(&self, copies: &[BufferCopy<'_>]) -> Result<()> {
+            let (fence, commands) = self.take_spare()?;
+            let raw = &self.raw;
+            // SAFETY: the command buffer is reset (new, or reset with its fence after its submission
+            // finished) and recorded by this thread only; every buffer handle is live (the wgpu
+            // buffers are kept in `in_flight` until the fence signals).
+            unsafe {
+                let begin = vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
+                raw.begin_command_buffer(commands, &begin).map_err(|e| anyhow!("vkBeginCommandBuffer: {e}"))?;
+                for c in copies {
+                    let (src, dst) = (raw_buffer(c.src)?, raw_buffer(c.dst)?);
+                    let region = vk::BufferCopy { src_offset: c.src_offset, dst_offset: c.dst_offset, size: c.size };
+                    raw.cmd_copy_buffer(commands, src, dst, &[region]);
+                }
+                let to_host = vk::MemoryBarrier::default()
+                    .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
+                    .dst_access_mask(vk::AccessFlags::HOST_READ);
+                raw.cmd_pipeline_barrier(
+                    commands,
+                    vk::PipelineStageFlags::TRANSFER,
+                    vk::PipelineStageFlags::HOST,
+                    vk::DependencyFlags::empty(),
+                    &[to_host],
+                    &[],
+                    &[],
+                );
+                raw.end_command_buffer(commands).map_err(|e| anyhow!("vkEndCommandBuffer: {e}"))?;
+                let buffers = [commands];
+                let submit = vk::SubmitInfo::default().command_buffers(&buffers);
+                raw.queue_submit(self.queue, &[submit], fence).map_err(|e| anyhow!("vkQueueSubmit on the {}: {e}", self.kind.name()))?;
+            }
+            let kept = copies.iter().flat_map(|c| [c.src.clone(), c.dst.clone()]).collect();
+            self.in_flight.borrow_mut().push(Submitted { fence, commands, _buffers: kept });
+            Ok(())
+        }
+
+        /// Waits for every submission in flight and keeps their fences and command buffers, reset.
+        pub(in crate::device::gpu) fn wait_idle(&self) -> Result<()> {
+            let done: Vec<Submitted> = self.in_flight.borrow_mut().drain(..).collect();
+            if done.is_empty() {
+                return Ok(());
+            }
+            let fences: Vec<vk::Fence> = done.iter().map(|s| s.fence).collect();
+            // SAFETY: the fences are live and were submitted with their command buffers.
+            unsafe { self.raw.wait_for_fences(&fences, true, WAIT_LIMIT.as_nanos() as u64) }.map_err(|e| {
+                anyhow!("waiting for the {} ({} submissions, {} s at most): {e}", self.kind.name(), fences.len(), WAIT_LIMIT.as_secs())
+            })?;
+            let mut spare = self.spare.borrow_mut();
+            for s in done {
+                // SAFETY: the submission is done (its fence signalled), so both may be reset.
+                unsafe {
+                    self.raw.reset_fences(&[s.fence]).map_err(|e| anyhow!("vkResetFences: {e}"))?;
+                    self.raw
+                        .reset_command_buffer(s.commands, vk::CommandBufferResetFlags::empty())
+                        .map_err(|e| anyhow!("vkResetCommandBuffer: {e}"))?;
+                }
+                spare.push((s.fence, s.commands));
+            }
+            Ok(())
+        }
+    }
+
+    impl Drop for CopyQueue {
+        fn drop(&mut self) {
+            // A lost device has finished nothing it will finish; its objects are freed all the same.
+            let _ = self.wait_idle();
+            let spare = std::mem::take(&mut *self.spare.borrow_mut());
+            let in_flight = std::mem::take(&mut *self.in_flight.borrow_mut());
+            let objects = spare.into_iter().chain(in_flight.into_iter().map(|s| (s.fence, s.commands)));
+            // SAFETY: nothing of this queue's is in flight (waited for above, or the device is lost);
+            // the device outlives this (held by `_device`).
+            unsafe {
+                for (fence, commands) in objects {
+                    self.raw.destroy_fence(fence, None);
+                    self.raw.free_command_buffers(self.pool, &[commands]);
+                }
+                self.raw.destroy_command_pool(self.pool, None);
+            }
+        }
+    }
+
+    /// The Vulkan handle of a wgpu buffer.
+    fn raw_buffer(buffer: &wgpu::Buffer) -> Result<vk::Buffer> {
+        // SAFETY: the handle is only recorded into a copy; the buffer is kept alive until that
+        // copy's submission is done.
+        let hal = unsafe { buffer.as_hal::<Vulkan>() }.context("a buffer of another backend")?;
+        // SAFETY: as above.
+        Ok(unsafe { hal.raw_handle() })
+    }
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "windows")))]
+pub(super) use elsewhere::{CopyQueue, open_with_queues};
+
+#[cfg(not(any(target_os = "linux", target_os = "windows")))]
+mod elsewhere {
+    use anyhow::Result;
+
+    use super::{BufferCopy, CopyQueueKind};
+
+    /// No copy queues where wgpu does not run on Vulkan.
+    pub(in crate::device::gpu) enum CopyQueue {}
+
+    impl CopyQueue {
+        pub(in crate::device::gpu) fn kind(&self) -> CopyQueueKind {
+            match *self {}
+        }
+        pub(in crate::device::gpu) fn submit(&self, _copies: &[BufferCopy<'_>]) -> Result<()> {
+            match *self {}
+        }
+        pub(in crate::device::gpu) fn wait_idle(&self) -> Result<()> {
+            match *self {}
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    pub(in crate::device::gpu) fn open_with_queues(
+        _adapter: &wgpu::Adapter,
+        _desc: &wgpu::DeviceDescriptor<'_>,
+    ) -> Result<Option<(wgpu::Device, wgpu::Queue, Vec<CopyQueue>)>> {
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{QueueAbilities, QueuePlan};
+
+    /// NVIDIA's families (graphics+compute+transfer x16, transfer x2, compute+transfer x8, ...) ask
+    /// for a second queue of family 0 and the transfer family; lavapipe's one family of one queue
+    /// asks for none; a transfer-only family 0 is wgpu's own, never taken as the extra one.
+    #[test]
+    fn plans_the_queues_the_families_allow() {
+        let all = QueueAbilities { graphics: true, compute: true, transfer: true };
+        let copy = QueueAbilities { transfer: true, ..Default::default() };
+        let compute = QueueAbilities { compute: true, transfer: true, ..Default::default() };
+        let nvidia = [(all, 16), (copy, 2), (compute, 8)];
+        assert_eq!(QueuePlan::of(&nvidia), QueuePlan { same_family: true, transfer_family: Some(1) });
+        assert_eq!(QueuePlan::of(&[(all, 1)]), QueuePlan { same_family: false, transfer_family: None });
+        assert_eq!(
+            QueuePlan::of(&[(all, 1), (compute, 4), (copy, 0), (copy, 1)]),
+            QueuePlan { same_family: false, transfer_family: Some(3) }
+        );
+        assert_eq!(QueuePlan::of(&[(copy, 1)]), QueuePlan { same_family: false, transfer_family: None });
+        assert_eq!(QueuePlan::of(&[]), QueuePlan { same_family: false, transfer_family: None });
+    }
+}
