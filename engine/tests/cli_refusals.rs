@@ -100,6 +100,10 @@ fn hyperparameters_out_of_range_and_metrics_over_an_input_are_refused_before_any
     let out = zerostream(&["train", "--device", "cpu", "--steps", "1", "--optimizer", "lars", "--adam-state", "bf16"]);
     let err = stderr(&out);
     assert!(!out.status.success() && err.contains("--optimizer lars") && err.contains("--adam-state bf16"), "{err}");
+    // The cpu device has no copy queue to move copies to.
+    let out = zerostream(&["train", "--device", "cpu", "--steps", "1", "--copy-queue"]);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("--copy-queue") && err.contains("cpu device"), "{err}");
     // A frozen variance needs a warm-up to learn it in, and an optimizer that keeps one.
     for (extra, says) in [
         (&["--freeze-variance"][..], "--grad-compression-warmup"),

@@ -169,6 +169,46 @@ fn pinned_working_copies_give_bit_identical_runs() {
     }
 }
 
+/// `--copy-queue` (the pinned uploads and read-backs on a second queue, ordered against wgpu's by
+/// timeline semaphores and the buffers each submission uses) trains bit for bit as wgpu's one queue,
+/// in fp32 and bf16, overlapped, sequential and at the minimum budget (blocks re-uploaded in the
+/// backward), and both kinds of copy do run there. Lavapipe has one queue, so its own stands in: the
+/// semaphores, the tracking, the raw copies and the waits all run, though nothing overlaps.
+#[test]
+fn copy_queue_gives_bit_identical_runs() {
+    use zerostream::device::ReadBack;
+    let test = "copy_queue_gives_bit_identical_runs";
+    let Some(gpu) = gpu_or_skip(test) else { return };
+    if let Some(why) = gpu.pinned_read_back_unavailable() {
+        eprintln!("SKIPPED {test}: no host-memory buffers here ({why})");
+        return;
+    }
+    gpu.set_pinned_copy_min_bytes(0);
+    gpu.set_read_back(ReadBack::Pinned).unwrap();
+    let golden = Golden::load("gpt2-tiny-accum");
+    let base = TrainConfig { steps: 3, ..golden.train_config() };
+    for tc in [base.clone(), TrainConfig { precision: Precision::Bf16, ..base.clone() }, TrainConfig { sequential: true, ..base.clone() }] {
+        let one_queue = run(&gpu, "gpt2-tiny-accum", tc.clone());
+        assert_eq!(gpu.copy_queue_in_use(), None);
+        let two_queues = run(&gpu, "gpt2-tiny-accum", TrainConfig { copy_queue: true, ..tc.clone() });
+        let (up, down) = gpu.copy_queue_bytes();
+        assert!(up > 0 && down > 0, "{:?}: {up} bytes up and {down} down on the copy queue", tc.precision);
+        assert!(bits(&two_queues) == bits(&one_queue), "{:?} sequential {}: the copy queue changed the run", tc.precision, tc.sequential);
+    }
+    drop(gpu);
+    let tc = TrainConfig { recompute: true, ..base };
+    let cfg = zerostream::model::Model::of_hf(&HfModel::open(&golden_dir("gpt2-tiny-accum").join("model")).unwrap()).unwrap();
+    let minimum = zerostream::train::minimum_device_bytes(&cfg, &tc);
+    let gpu = zerostream::device::GpuDevice::open(None, Some(minimum)).unwrap();
+    gpu.set_pinned_copy_min_bytes(0);
+    gpu.set_read_back(ReadBack::Pinned).unwrap();
+    let tc = TrainConfig { gpu_mem_budget: Some(minimum), ..tc };
+    let one_queue = run(&gpu, "gpt2-tiny-accum", tc.clone());
+    let two_queues = run(&gpu, "gpt2-tiny-accum", TrainConfig { copy_queue: true, ..tc });
+    assert!(gpu.copy_queue_bytes().0 > 0, "nothing uploaded on the copy queue at the minimum budget");
+    assert!(bits(&two_queues) == bits(&one_queue), "the copy queue changed the run at the minimum budget");
+}
+
 /// Gradients read back through pinned host memory (`ReadBack::Pinned`, where `zerostream tune` finds it
 /// faster) give the same run, bit for bit, as through wgpu's mapped buffers, in fp32 and bf16 (16-bit
 /// reads among them), with gradient accumulation; and they are read there.

@@ -82,7 +82,12 @@ fn copies_issued_behind_kernels_deliver_their_bytes() {
     let mut seen = 0;
     let runs = bench_overlap(&gpu, &cfg, |_| seen += 1).unwrap();
     let up = zerostream::bench::transfer::h2d_methods(&gpu, cfg.bytes).len();
-    assert_eq!((runs.len(), seen), (up + 1, up + 1), "every upload method, begin_read down, each reported");
+    let queues = 2 * gpu.copy_queue_kinds().len();
+    assert_eq!(
+        (runs.len(), seen),
+        (up + 1 + queues, up + 1 + queues),
+        "every upload method, begin_read down, each copy queue's two, each reported"
+    );
     assert_eq!(runs[up - 1].method, "h2d Prestaged");
     assert_eq!(runs[up].method, "d2h begin_read");
     for r in &runs {
@@ -105,10 +110,7 @@ fn copies_on_the_queues_beside_wgpus_deliver_their_bytes() {
     use zerostream::bench::overlap::{OverlapConfig, bench_overlap};
     use zerostream::device::gpu::CopyQueueKind;
     let test = "copies_on_the_queues_beside_wgpus_deliver_their_bytes";
-    if common::gpu_or_skip(test).is_none() {
-        return;
-    }
-    let gpu = zerostream::device::GpuDevice::open_with_copy_queues(None, None).unwrap();
+    let Some(gpu) = common::gpu_or_skip(test) else { return };
     let kinds = gpu.copy_queue_kinds();
     if gpu.summary().backend != "Vulkan" {
         assert!(kinds.is_empty(), "{kinds:?} off Vulkan");

@@ -8,10 +8,9 @@
 //! `hidden` is the share of the shorter of the two that the pair saved: 1 when it ran wholly under the
 //! other, 0 when they ran one after the other. Every copy's bytes are read back and checked. Last, the
 //! same for the way back: the trainer's gradient download (`Backend::begin_read`, finished by
-//! `finish_read`) issued behind the matmuls. Last, where the device was opened with copy queues
-//! beside wgpu's (`GpuDevice::open_with_copy_queues`, as the command opens it), a copy each way on
-//! each of those queues while the matmuls run on wgpu's: whether a second queue hides what one
-//! serialises.
+//! `finish_read`) issued behind the matmuls. Then, on each copy queue a Vulkan device has beside
+//! wgpu's (`gpu_copy_queue.rs`), a copy each way while the matmuls run on wgpu's queue: whether a
+//! second queue hides what one serialises.
 
 use std::time::Instant;
 

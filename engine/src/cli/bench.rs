@@ -271,7 +271,7 @@ fn transfer_command(t: TransferArgs, link: Link) -> Result<()> {
 
 fn overlap_command(o: OverlapArgs) -> Result<()> {
     use zerostream::bench::overlap::{OverlapConfig, bench_overlap};
-    let dev = GpuDevice::open_with_copy_queues(o.adapter.as_deref(), None)?;
+    let dev = GpuDevice::open(o.adapter.as_deref(), None)?;
     let cfg = OverlapConfig { bytes: o.bytes, m: o.m, n: o.n, k: o.k, reps: o.reps };
     if !o.json {
         println!("device: {}", zerostream::device::Backend::describe(&dev));

@@ -308,6 +308,15 @@ pub struct TrainArgs {
     /// results either way. Not carried over by --resume: each run's own command line says.
     #[arg(long)]
     no_pin_memory: bool,
+    /// With --device gpu on Vulkan: the big uploads (working copies from pinned host memory) and
+    /// read-backs (gradients into pinned host memory, where `zerostream tune` chose them) run on a
+    /// second queue of the GPU, beside the kernels, rather than between them on wgpu's one queue
+    /// (`zerostream bench overlap` times whether the GPU overlaps them). Two timeline semaphores keep
+    /// every read and write in the one-queue order, so the results are the same bits. Where the adapter
+    /// has no second queue, its one queue stands in (no overlap). Refused off Vulkan and with --device
+    /// cpu. Not carried over by --resume: each run's own command line says.
+    #[arg(long)]
+    copy_queue: bool,
     /// Write one JSON object per optimizer step to this file.
     #[arg(long)]
     metrics: Option<PathBuf>,

@@ -157,6 +157,13 @@ impl Backend for CpuDevice {
             MatmulInputs::F16 => ops::matmul_f16::matmul_rounded_with(ops::matmul_fast::matmul, c, a, b, bias, shape, accumulate),
         }
     }
+    fn set_copy_queue(&self, on: bool) -> Result<()> {
+        if on {
+            anyhow::bail!("--copy-queue: the cpu device copies nothing to a device (its memory is RAM); use it with --device gpu");
+        }
+        Ok(())
+    }
+
     fn set_matmul_inputs(&self, inputs: MatmulInputs) -> Result<()> {
         self.matmul_inputs.set(inputs);
         Ok(())

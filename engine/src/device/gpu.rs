@@ -46,6 +46,9 @@ pub struct GpuTensor {
     len: usize,
     /// f32, or 16-bit values packed two per word (element 2i in the low half).
     format: Option<HalfFormat>,
+    /// Made while a copy route was set, and cleared on wgpu's queue then, so wgpu counts it as
+    /// initialised and a raw copy may write it (`gpu_copy_route.rs`).
+    ready_for_copies: bool,
     _charge: Charge,
 }
 
@@ -143,9 +146,11 @@ pub struct GpuDevice {
     /// A precast product's operands rounded to f16 (`gpu_matmul.rs`), made by the first such product
     /// (the planner counts it in `AllocCosts::f16_inputs_bytes`); None where the budget could not hold it.
     coop_scratch: std::cell::OnceCell<Option<GpuTensor>>,
-    /// Queues beside wgpu's that copies may run on (`gpu_copy_queue.rs`): none unless the device was
-    /// opened by [`GpuDevice::open_with_copy_queues`].
+    /// Queues beside wgpu's that copies may run on (`gpu_copy_queue.rs`): none off Vulkan.
     copy_queues: Vec<copy_queue::CopyQueue>,
+    /// `--copy-queue`: the copy queue the big uploads and read-backs take, and the order kept between
+    /// it and wgpu's queue (`gpu_copy_route.rs`); None: everything on wgpu's queue.
+    copy_route: RefCell<Option<std::rc::Rc<copy_route::Route>>>,
 }
 
 /// The largest Params any kernel takes, in bytes (the attention kernels': 20 words).
@@ -161,17 +166,8 @@ impl GpuTensor {
 impl GpuDevice {
     /// Opens an adapter: `selector` is an index or a case-insensitive substring of the name, as listed by
     /// `zerostream devices`; without one, the most capable adapter (discrete first, software last).
+    /// On Vulkan it asks for the queues beside wgpu's that copies may run on (`gpu_copy_queue.rs`).
     pub fn open(selector: Option<&str>, budget_bytes: Option<u64>) -> Result<Self> {
-        Self::open_adapter(selector, budget_bytes, false)
-    }
-
-    /// [`Self::open`], asking Vulkan for the queues beside wgpu's that copies may run on
-    /// (`gpu_copy_queue.rs`; `bench overlap` times them).
-    pub fn open_with_copy_queues(selector: Option<&str>, budget_bytes: Option<u64>) -> Result<Self> {
-        Self::open_adapter(selector, budget_bytes, true)
-    }
-
-    fn open_adapter(selector: Option<&str>, budget_bytes: Option<u64>, copy_queues: bool) -> Result<Self> {
         let instance = instance();
         let found = adapters(&instance);
         if found.is_empty() {
@@ -193,10 +189,10 @@ impl GpuDevice {
             },
             None => preferred_adapter(&summaries).expect("adapters were found"),
         };
-        Self::from_adapter(&found[index], summaries[index].clone(), budget_bytes, copy_queues)
+        Self::from_adapter(&found[index], summaries[index].clone(), budget_bytes)
     }
 
-    fn from_adapter(adapter: &wgpu::Adapter, summary: AdapterSummary, budget_bytes: Option<u64>, copy_queues: bool) -> Result<Self> {
+    fn from_adapter(adapter: &wgpu::Adapter, summary: AdapterSummary, budget_bytes: Option<u64>) -> Result<Self> {
         let features = adapter.features() & WANTED_FEATURES;
         let limits = adapter.limits();
         matmul::check_limits(&limits, &summary.name)?;
@@ -217,8 +213,8 @@ impl GpuDevice {
             ..Default::default()
         };
         // Where Vulkan refuses the extra queues, the device opens as always, without them (said).
-        let opened = match copy_queues.then(|| copy_queue::open_with_queues(adapter, &desc)).transpose() {
-            Ok(opened) => opened.flatten(),
+        let opened = match copy_queue::open_with_queues(adapter, &desc) {
+            Ok(opened) => opened,
             Err(e) => {
                 eprintln!("warning: {e:#}; opening {:?} without copy queues", summary.name);
                 None
@@ -281,6 +277,7 @@ impl GpuDevice {
             column_partials: Default::default(),
             coop_scratch: Default::default(),
             copy_queues,
+            copy_route: RefCell::new(None),
             device,
             queue,
         };
@@ -393,6 +390,9 @@ mod pinned;
 
 #[path = "gpu_copy_queue.rs"]
 mod copy_queue;
+
+#[path = "gpu_copy_route.rs"]
+mod copy_route;
 pub use copy_queue::{CopyQueueKind, HostBuffer};
 
 #[path = "gpu_attention.rs"]

@@ -11,7 +11,11 @@ impl Backend for GpuDevice {
     type PendingRead = GpuPendingRead;
 
     fn describe(&self) -> String {
-        format!("{} ({}, {:?})", self.summary.name, self.summary.backend, self.summary.device_type)
+        let copies = match self.copy_queue_in_use() {
+            Some(kind) => format!(", big copies on {}", kind.describe()),
+            None => String::new(),
+        };
+        format!("{} ({}, {:?}{copies})", self.summary.name, self.summary.backend, self.summary.device_type)
     }
     fn alloc(&self, len: usize, label: &str) -> Result<GpuTensor> {
         self.storage_tensor(len, label)
@@ -164,6 +168,10 @@ impl Backend for GpuDevice {
         }
         self.matmul_piece(c, a, b, bias, s, 0..s.m, 0..s.n, 0..s.k, accumulate, true);
     }
+    fn set_copy_queue(&self, on: bool) -> Result<()> {
+        GpuDevice::set_copy_queue(self, on)
+    }
+
     fn set_matmul_inputs(&self, inputs: MatmulInputs) -> Result<()> {
         if inputs == MatmulInputs::F16
             && let Some(why) = matmul::coop_unavailable(&self.summary)

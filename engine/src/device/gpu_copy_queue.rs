@@ -3,11 +3,11 @@
 //! wgpu gives a device one queue, and on the H200 copies on it ran one after the kernels (`bench
 //! overlap`: 0.21 of a pinned upload hidden, none of a download), about 25 ms of a 216 ms GPT-2 step
 //! (benches/results/2026-11-28-h200-analysis.md). Vulkan lets a device have more queues: a second
-//! queue of the family wgpu uses, or one of a family that only copies (NVIDIA's DMA engines). A device
-//! opened with [`GpuDevice::open_with_copy_queues`] asks for those beside wgpu's own (through wgpu's
-//! Vulkan hal, `open_with_callback`), and moves bytes on them with raw `vkCmdCopyBuffer`s, each
-//! submission fenced, so that `bench overlap` times copies there beside kernels on wgpu's queue.
-//! Whether they overlap decides whether the trainer's uploads and read-backs move there.
+//! queue of the family wgpu uses, or one of a family that only copies (NVIDIA's DMA engines). A Vulkan
+//! device asks for those when it opens, beside wgpu's own (through wgpu's Vulkan hal,
+//! `open_with_callback`), and moves bytes on them with raw `vkCmdCopyBuffer`s, each submission fenced:
+//! `bench overlap` times copies there beside kernels on wgpu's queue, and `--copy-queue` moves the
+//! trainer's big uploads and read-backs to the second queue of wgpu's family (`gpu_copy_route.rs`).
 //!
 //! Where the adapter has no queue but wgpu's (lavapipe), a stand-in submits to wgpu's own queue
 //! ([`CopyQueueKind::SharedStandIn`]): it overlaps nothing, and tests the path everywhere. Every
@@ -134,7 +134,7 @@ impl HostBuffer {
 }
 
 impl GpuDevice {
-    /// The copy queues this device was opened with (none unless by [`GpuDevice::open_with_copy_queues`]).
+    /// The copy queues this device was opened with (none off Vulkan).
     pub fn copy_queue_kinds(&self) -> Vec<CopyQueueKind> {
         self.copy_queues.iter().map(|q| q.kind()).collect()
     }
@@ -163,8 +163,12 @@ impl GpuDevice {
     }
 
     /// Issues `copies` on the copy queue of `kind` and returns without waiting; [`Self::synchronize`]
-    /// waits for them. Every buffer is one wgpu's queue is not using meanwhile (the caller's rule).
+    /// waits for them. Every buffer is one wgpu's queue is not using meanwhile (the caller's rule), so
+    /// not while a copy route is set, whose order these copies would bypass.
     pub(in crate::device) fn copy_on_queue(&self, kind: CopyQueueKind, copies: &[BufferCopy<'_>]) -> Result<()> {
+        if let Some(route) = self.copy_queue_in_use() {
+            bail!("copies on the {} bypass the order kept by --copy-queue ({} in use): set it off first", kind.name(), route.name());
+        }
         let queue = self.copy_queues.iter().find(|q| q.kind() == kind).with_context(|| format!("this device has no {}", kind.name()))?;
         for c in copies {
             let (src_end, dst_end) = (c.src_offset + c.size, c.dst_offset + c.size);
@@ -179,7 +183,7 @@ impl GpuDevice {
                 );
             }
         }
-        queue.submit(copies)
+        queue.submit(copies, None, None)
     }
 
     /// Waits until every copy issued on the copy queues is done.
@@ -189,7 +193,7 @@ impl GpuDevice {
 }
 
 #[cfg(any(target_os = "linux", target_os = "windows"))]
-pub(super) use vulkan::{CopyQueue, open_with_queues};
+pub(super) use vulkan::{CopyQueue, WAIT_LIMIT, open_with_queues};
 
 #[cfg(any(target_os = "linux", target_os = "windows"))]
 mod vulkan {
@@ -203,7 +207,7 @@ mod vulkan {
     use super::{BufferCopy, CopyQueueKind, QueueAbilities, QueuePlan};
 
     /// How long a wait for a copy queue may take before it is called a hung device.
-    const WAIT_LIMIT: Duration = Duration::from_secs(120);
+    pub(in crate::device::gpu) const WAIT_LIMIT: Duration = Duration::from_secs(120);
 
     /// The priorities of the queues asked for (Vulkan wants one per queue; all equal).
     static PRIORITIES: [f32; 2] = [1.0, 1.0];
@@ -306,8 +310,9 @@ mod vulkan {
             self.kind
         }
 
-        /// A reset fence and command buffer: a spare one, or new.
+        /// A reset fence and command buffer: a spare one (finished submissions' first), or new.
         fn take_spare(&self) -> Result<(vk::Fence, vk::CommandBuffer)> {
+            self.recycle_finished()?;
             if let Some(spare) = self.spare.borrow_mut().pop() {
                 return Ok(spare);
             }
@@ -323,9 +328,45 @@ mod vulkan {
             Ok((fence, commands))
         }
 
+        /// Moves the submissions whose fences have signalled to the spares, reset, without waiting.
+        fn recycle_finished(&self) -> Result<()> {
+            let mut in_flight = self.in_flight.borrow_mut();
+            let mut i = 0;
+            while i < in_flight.len() {
+                // SAFETY: the fence is live (made here, destroyed only in Drop).
+                let done = unsafe { self.raw.get_fence_status(in_flight[i].fence) }.map_err(|e| anyhow!("vkGetFenceStatus: {e}"))?;
+                if done {
+                    let s = in_flight.swap_remove(i);
+                    self.keep_spare(s.fence, s.commands)?;
+                } else {
+                    i += 1;
+                }
+            }
+            Ok(())
+        }
+
+        /// Resets a finished submission's fence and command buffer and keeps them for the next.
+        fn keep_spare(&self, fence: vk::Fence, commands: vk::CommandBuffer) -> Result<()> {
+            // SAFETY: the submission is done (its fence signalled), so both may be reset.
+            unsafe {
+                self.raw.reset_fences(&[fence]).map_err(|e| anyhow!("vkResetFences: {e}"))?;
+                self.raw
+                    .reset_command_buffer(commands, vk::CommandBufferResetFlags::empty())
+                    .map_err(|e| anyhow!("vkResetCommandBuffer: {e}"))?;
+            }
+            self.spare.borrow_mut().push((fence, commands));
+            Ok(())
+        }
+
         /// Records `copies` into one command buffer (ending with a barrier that makes the writes
-        /// visible to the host) and submits it, fenced.
-        pub(in crate::device::gpu) fn submit(&self, copies: &[BufferCopy<'_>]) -> Result<()> {
+        /// visible to the host) and submits it, fenced; where given, after the timeline semaphore
+        /// `wait` reaches its value (before any copy starts), and signalling `signal`'s value when done.
+        pub(in crate::device::gpu) fn submit(
+            &self,
+            copies: &[BufferCopy<'_>],
+            wait: Option<(vk::Semaphore, u64)>,
+            signal: Option<(vk::Semaphore, u64)>,
+        ) -> Result<()> {
             let (fence, commands) = self.take_spare()?;
             let raw = &self.raw;
             // SAFETY: the command buffer is reset (new, or reset with its fence after its submission
@@ -353,7 +394,19 @@ mod vulkan {
                 );
                 raw.end_command_buffer(commands).map_err(|e| anyhow!("vkEndCommandBuffer: {e}"))?;
                 let buffers = [commands];
-                let submit = vk::SubmitInfo::default().command_buffers(&buffers);
+                let (wait_sems, wait_values): (Vec<_>, Vec<_>) = wait.into_iter().unzip();
+                let (signal_sems, signal_values): (Vec<_>, Vec<_>) = signal.into_iter().unzip();
+                let stages = vec![vk::PipelineStageFlags::TRANSFER; wait_sems.len()];
+                let mut timeline =
+                    vk::TimelineSemaphoreSubmitInfo::default().wait_semaphore_values(&wait_values).signal_semaphore_values(&signal_values);
+                let mut submit = vk::SubmitInfo::default().command_buffers(&buffers);
+                if !wait_sems.is_empty() || !signal_sems.is_empty() {
+                    submit = submit
+                        .wait_semaphores(&wait_sems)
+                        .wait_dst_stage_mask(&stages)
+                        .signal_semaphores(&signal_sems)
+                        .push_next(&mut timeline);
+                }
                 raw.queue_submit(self.queue, &[submit], fence).map_err(|e| anyhow!("vkQueueSubmit on the {}: {e}", self.kind.name()))?;
             }
             let kept = copies.iter().flat_map(|c| [c.src.clone(), c.dst.clone()]).collect();
@@ -372,18 +425,7 @@ mod vulkan {
             unsafe { self.raw.wait_for_fences(&fences, true, WAIT_LIMIT.as_nanos() as u64) }.map_err(|e| {
                 anyhow!("waiting for the {} ({} submissions, {} s at most): {e}", self.kind.name(), fences.len(), WAIT_LIMIT.as_secs())
             })?;
-            let mut spare = self.spare.borrow_mut();
-            for s in done {
-                // SAFETY: the submission is done (its fence signalled), so both may be reset.
-                unsafe {
-                    self.raw.reset_fences(&[s.fence]).map_err(|e| anyhow!("vkResetFences: {e}"))?;
-                    self.raw
-                        .reset_command_buffer(s.commands, vk::CommandBufferResetFlags::empty())
-                        .map_err(|e| anyhow!("vkResetCommandBuffer: {e}"))?;
-                }
-                spare.push((s.fence, s.commands));
-            }
-            Ok(())
+            done.into_iter().try_for_each(|s| self.keep_spare(s.fence, s.commands))
         }
     }
 
@@ -432,7 +474,7 @@ mod elsewhere {
         pub(in crate::device::gpu) fn kind(&self) -> CopyQueueKind {
             match *self {}
         }
-        pub(in crate::device::gpu) fn submit(&self, _copies: &[BufferCopy<'_>]) -> Result<()> {
+        pub(in crate::device::gpu) fn submit(&self, _copies: &[BufferCopy<'_>], _wait: Option<()>, _signal: Option<()>) -> Result<()> {
             match *self {}
         }
         pub(in crate::device::gpu) fn wait_idle(&self) -> Result<()> {

@@ -34,6 +34,11 @@ impl GpuDevice {
     /// Submits the pending encoder (if any); returns its submission.
     pub(super) fn flush(&self) -> Option<wgpu::SubmissionIndex> {
         let mut submission = None;
+        let route = self.route();
+        // Queued writes the route tracks land with the next submission: make one.
+        if route.as_ref().is_some_and(|r| r.has_pending()) && self.encoder.borrow().is_none() {
+            *self.encoder.borrow_mut() = Some(self.device.create_command_encoder(&Default::default()));
+        }
         if let Some(mut encoder) = self.encoder.borrow_mut().take() {
             let timestamps = self.busy.as_ref().and_then(|b| b.before_submit(&self.device, &mut encoder));
             // Queue writes land before the next submission's commands, after the previous one's.
@@ -42,7 +47,11 @@ impl GpuDevice {
                 self.queue.write_buffer(&self.uniform_arena, 0, &bytes);
                 bytes.clear();
             }
+            let compute_value = route.as_ref().map(|r| r.before_submit(&self.queue));
             submission = Some(self.queue.submit([encoder.finish()]));
+            if let (Some(route), Some(value)) = (&route, compute_value) {
+                route.after_submit(value);
+            }
             if let (Some(busy), Some((readback, passes))) = (&self.busy, timestamps) {
                 busy.after_submit(readback, passes);
             }
@@ -142,6 +151,10 @@ impl GpuDevice {
             pass.set_pipeline(&pipeline);
             pass.set_bind_group(0, &bind_group, &[]);
             pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+        }
+        // Before the flush below, which must carry them.
+        if let Some(route) = self.route() {
+            route.track(storage.iter().map(|(_, b)| b.buffer));
         }
         self.pending_passes.set(self.pending_passes.get() + 1);
         if self.pending_passes.get() >= MAX_PENDING_PASSES {

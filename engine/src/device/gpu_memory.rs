@@ -71,6 +71,8 @@ pub struct GpuPendingRead {
     pub(super) formats: Vec<(Option<HalfFormat>, usize)>,
     pub(super) mapped: Option<Mapped>,
     pub(super) submission: Option<wgpu::SubmissionIndex>,
+    /// Where the copies ran on a copy queue: its timelines and the value that says they are done.
+    pub(super) copy: Option<(std::sync::Arc<super::copy_route::Timelines>, u64)>,
 }
 
 impl GpuDevice {
@@ -78,11 +80,13 @@ impl GpuDevice {
     /// first) and before the work recorded after it: bytes in pinned host memory by one device copy
     /// from there (`gpu_pinned.rs`), other large writes through the upload ring (`gpu_staging.rs`),
     /// small ones through `write_buffer`, which lands before the next submission.
-    pub(in crate::device) fn upload(&self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
+    pub(in crate::device) fn upload(&self, t: &GpuTensor, offset: u64, bytes: &[u8]) {
+        let dst = &t.buffer;
         self.flush();
-        if self.copy_from_pinned(dst, offset, bytes) {
+        if self.copy_from_pinned(dst, t.ready_for_copies, offset, bytes) {
             return;
         }
+        self.track_uses(&[dst]);
         if bytes.len() >= RING_UPLOAD_MIN_BYTES {
             self.upload_through_ring(dst, offset, bytes);
         } else {
@@ -121,7 +125,14 @@ impl GpuDevice {
         let charge = self.budget.charge(bytes, label)?;
         let buffer =
             self.device.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size: bytes, usage, mapped_at_creation: false });
-        Ok(GpuTensor { buffer, len, format, _charge: charge })
+        // Under a copy route the zeros wgpu would write before the buffer's first use on its queue
+        // are written now, so that a raw copy into it is never followed by them.
+        let ready_for_copies = self.route().is_some() && usage.contains(wgpu::BufferUsages::COPY_DST);
+        if ready_for_copies {
+            self.record(|encoder| encoder.clear_buffer(&buffer, 0, None));
+            self.track_uses(&[&buffer]);
+        }
+        Ok(GpuTensor { buffer, len, format, ready_for_copies, _charge: charge })
     }
 
     pub(super) fn storage_tensor(&self, len: usize, label: &str) -> Result<GpuTensor> {
@@ -139,7 +150,7 @@ impl GpuDevice {
 
     pub fn write_words(&self, t: &GpuTensor, words: &[u32]) {
         if !words.is_empty() {
-            self.upload(&t.buffer, 0, bytemuck::cast_slice(words));
+            self.upload(t, 0, bytemuck::cast_slice(words));
         }
     }
 
@@ -152,10 +163,11 @@ impl GpuDevice {
         let pairs_bytes = bits.len() / 2 * 4;
         self.flush(); // for the odd last word's `write_buffer` (`upload` submits first itself)
         if pairs_bytes > 0 {
-            self.upload(&t.buffer, 0, &bytemuck::cast_slice(bits)[..pairs_bytes]);
+            self.upload(t, 0, &bytemuck::cast_slice(bits)[..pairs_bytes]);
         }
         if bits.len() % 2 == 1 {
             let last = bits[bits.len() - 1] as u32;
+            self.track_uses(&[&t.buffer]);
             self.queue.write_buffer(&t.buffer, pairs_bytes as u64, bytemuck::bytes_of(&last));
         }
     }
@@ -177,7 +189,7 @@ impl GpuDevice {
         let formats = tensors.iter().map(|t| (t.format, t.len)).collect();
         let total: u64 = sizes.iter().sum();
         if total == 0 {
-            return GpuPendingRead { staging: None, sizes, formats, mapped: None, submission: None };
+            return GpuPendingRead { staging: None, sizes, formats, mapped: None, submission: None, copy: None };
         }
         self.largest_read_bytes.set(self.largest_read_bytes.get().max(total));
         let spare = {
@@ -186,6 +198,10 @@ impl GpuDevice {
             spares.iter().position(|s| s.buffer().size() == total && s.kind() == kind).map(|i| spares.swap_remove(i))
         };
         let staging = spare.unwrap_or_else(|| self.new_read_staging(total));
+        if let Some(pending) = self.read_on_copy_queue(tensors, &sizes, &staging) {
+            return GpuPendingRead { staging: Some(staging), sizes, formats, mapped: None, submission: None, copy: Some(pending) };
+        }
+        self.track_uses(&tensors.iter().map(|t| &t.buffer).chain([staging.buffer()]).collect::<Vec<_>>());
         self.record(|encoder| {
             let mut offset = 0;
             for (t, &bytes) in tensors.iter().zip(&sizes) {
@@ -207,7 +223,7 @@ impl GpuDevice {
             }
             ReadStaging::Pinned(_) => None,
         };
-        GpuPendingRead { staging: Some(staging), sizes, formats, mapped, submission }
+        GpuPendingRead { staging: Some(staging), sizes, formats, mapped, submission, copy: None }
     }
 
     /// Waits for the submission holding the copies (not for work submitted after it) and copies out.
@@ -237,8 +253,13 @@ impl GpuDevice {
                 out
             }
             ReadStaging::Pinned(pinned) => {
-                Self::wait_for_submission(&self.device, pending.submission)
-                    .unwrap_or_else(|e| panic!("GPU device lost while waiting for a read-back: {e}"));
+                match &pending.copy {
+                    Some((timelines, value)) => {
+                        timelines.wait_for_copy(*value).unwrap_or_else(|e| panic!("GPU device lost while waiting for a read-back: {e:#}"))
+                    }
+                    None => Self::wait_for_submission(&self.device, pending.submission)
+                        .unwrap_or_else(|e| panic!("GPU device lost while waiting for a read-back: {e}")),
+                }
                 let bytes = staging.buffer().size();
                 self.count_pinned_read(bytes);
                 // SAFETY: the mapping holds the buffer's `bytes` (made so, live while `staging` is) at

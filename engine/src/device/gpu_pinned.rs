@@ -39,18 +39,30 @@ struct PinnedRegion {
     /// The host address of that start, and the bytes from there.
     start: usize,
     len: usize,
-    copying: Mutex<Option<wgpu::SubmissionIndex>>,
+    copying: Mutex<Option<Copying>>,
     device: wgpu::Device,
+}
+
+/// The last copy out of a pinned region: a submission of wgpu's queue, or a copy queue's.
+enum Copying {
+    Wgpu(wgpu::SubmissionIndex),
+    CopyQueue(Arc<super::copy_route::Timelines>, u64),
 }
 
 impl PinnedRegion {
     /// Blocks until the device's copies from the region are done.
     fn wait_for_copies(&self) {
         let pending = self.copying.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(submission) = pending {
-            // A lost device reads nothing more, so the host may write; the device thread reports the
-            // loss at its next wait (not this thread, which holds the group's lock).
-            let _ = GpuDevice::wait_for_submission(&self.device, Some(submission));
+        // A lost device reads nothing more, so the host may write; the device thread reports the
+        // loss at its next wait (not this thread, which holds the group's lock).
+        match pending {
+            Some(Copying::Wgpu(submission)) => {
+                let _ = GpuDevice::wait_for_submission(&self.device, Some(submission));
+            }
+            Some(Copying::CopyQueue(timelines, value)) => {
+                let _ = timelines.wait_for_copy(value);
+            }
+            None => {}
         }
     }
 }
@@ -107,8 +119,9 @@ impl GpuDevice {
 
     /// Records and submits a device copy of `bytes` into `dst` at `offset`, after the work recorded
     /// before it, where `bytes` lie in a pinned region (whole 32-bit words, as copies move, and at least
-    /// [`PINNED_COPY_MIN_BYTES`]); false (nothing done) where they do not.
-    pub(in crate::device) fn copy_from_pinned(&self, dst: &wgpu::Buffer, offset: u64, bytes: &[u8]) -> bool {
+    /// [`PINNED_COPY_MIN_BYTES`]); false (nothing done) where they do not. On the copy queue where a
+    /// route is set and `dst` is ready for raw copies (`gpu_copy_route.rs`), else on wgpu's queue.
+    pub(in crate::device) fn copy_from_pinned(&self, dst: &wgpu::Buffer, dst_ready_for_copies: bool, offset: u64, bytes: &[u8]) -> bool {
         if bytes.len() < self.pinned.min_bytes.get().unwrap_or(PINNED_COPY_MIN_BYTES) {
             return false;
         }
@@ -128,9 +141,28 @@ impl GpuDevice {
             return false;
         }
         self.flush();
-        self.record(|encoder| encoder.copy_buffer_to_buffer(&region.buffer, src, dst, offset, bytes.len() as u64));
-        let submission = self.flush().expect("the copy was recorded");
-        *region.copying.lock().unwrap_or_else(|e| e.into_inner()) = Some(submission);
+        let copying = match self.route().filter(|_| dst_ready_for_copies) {
+            Some(route) => {
+                let copy = super::copy_queue::BufferCopy {
+                    src: &region.buffer,
+                    src_offset: src,
+                    dst,
+                    dst_offset: offset,
+                    size: bytes.len() as u64,
+                };
+                let value = route
+                    .copy(&self.copy_queues[route.queue], &[copy])
+                    .unwrap_or_else(|e| panic!("GPU copy queue failed on an upload: {e:#}"));
+                route.up_bytes.set(route.up_bytes.get() + bytes.len() as u64);
+                Copying::CopyQueue(route.timelines(), value)
+            }
+            None => {
+                self.track_uses(&[&region.buffer, dst]);
+                self.record(|encoder| encoder.copy_buffer_to_buffer(&region.buffer, src, dst, offset, bytes.len() as u64));
+                Copying::Wgpu(self.flush().expect("the copy was recorded"))
+            }
+        };
+        *region.copying.lock().unwrap_or_else(|e| e.into_inner()) = Some(copying);
         self.pinned.copied_bytes.set(self.pinned.copied_bytes.get() + bytes.len() as u64);
         true
     }

@@ -137,6 +137,7 @@ impl GpuDevice {
                 Staging::Host(host) => host.fill(piece),
             }
             let buffer = slot.staging.buffer();
+            self.track_uses(&[buffer, dst]);
             self.record(|encoder| encoder.copy_buffer_to_buffer(buffer, 0, dst, offset + k as u64 * GPU_UPLOAD_CHUNK_BYTES, len));
             let submission = self.flush().expect("the chunk's copy was recorded");
             slot.in_use = Some(match &slot.staging {

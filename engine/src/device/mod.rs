@@ -150,6 +150,9 @@ pub trait Backend {
     /// ([`crate::ops::matmul_f16`]); a gpu adapter without a 16x16x16 or 8x8x8 f16 configuration refuses,
     /// naming itself.
     fn set_matmul_inputs(&self, inputs: MatmulInputs) -> Result<()>;
+    /// `--copy-queue`: a gpu device's big uploads and read-backs on a second queue beside the kernels,
+    /// the same bits (`gpu_copy_route.rs`); the cpu device, which copies nothing, refuses `on`.
+    fn set_copy_queue(&self, on: bool) -> Result<()>;
     /// dbias (N) += column sums of dout (M, N).
     fn bias_backward(&self, dbias: &Self::Tensor, dout: &Self::Tensor, m: usize, n: usize);
 

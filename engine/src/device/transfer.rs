@@ -160,7 +160,7 @@ impl GpuDevice {
                 bail!("a prestaged copy's bytes are staged before it is issued: GpuDevice::prestage, then issue_prestaged_into")
             }
             TransferMethod::Pinned => {
-                if !self.copy_from_pinned(dst, 0, host) {
+                if !self.copy_from_pinned(dst, false, 0, host) {
                     bail!("a pinned copy's bytes must lie in pinned host memory: GpuDevice::pinned_copy_of");
                 }
             }

@@ -71,6 +71,9 @@ pub struct TrainConfig {
     /// (`Backend::alloc_pinned`), so the update writes them where uploads copy from (`--no-pin-memory`
     /// turns it off). Where bytes live, never what is computed.
     pub pin_memory: bool,
+    /// `--copy-queue`: a gpu device moves the big uploads and read-backs on a second Vulkan queue,
+    /// beside the kernels (`Backend::set_copy_queue`). Where copies run, never what is computed.
+    pub copy_queue: bool,
     /// `--dropout P`: every dropout probability of the model set to P (None: the config's).
     pub dropout: Option<f64>,
     /// `--seed`: of the initialisation, the dropout masks and the sample.
@@ -135,6 +138,7 @@ impl Default for TrainConfig {
             zero_stage: ZeroStage::Two,
             sequential: false,
             pin_memory: true,
+            copy_queue: false,
             dropout: None,
             seed: 1337,
             vocab_chunk_rows: crate::model::vocab::DEFAULT_CHUNK_ROWS,
@@ -351,6 +355,7 @@ impl TrainConfig {
         put("zero-stage", json!(self.zero_stage.number()));
         put("sequential", json!(self.sequential));
         put("no-pin-memory", json!(!self.pin_memory));
+        put("copy-queue", json!(self.copy_queue));
         put("dropout", json!(self.dropout));
         put("seed", json!(self.seed));
         put("vocab-chunk-rows", json!(self.vocab_chunk_rows));
@@ -417,6 +422,8 @@ impl TrainConfig {
             sequential: flag("sequential")?,
             // Checkpoints from before --no-pin-memory: pinned, the default.
             pin_memory: f.get("no-pin-memory").is_none() || !flag("no-pin-memory")?,
+            // Checkpoints from before --copy-queue: wgpu's queue.
+            copy_queue: f.get("copy-queue").is_some() && flag("copy-queue")?,
             // Checkpoints from before dropout existed trained without it.
             dropout: f.get("dropout").and_then(Value::as_f64),
             seed: uint("seed")?,
@@ -498,6 +505,7 @@ mod tests {
             momentum: 0.8,
             trust_coefficient: 0.02,
             pin_memory: false,
+            copy_queue: true,
             ..TrainConfig::default()
         };
         tc.lr.schedule = LrSchedule::Cosine;

@@ -178,6 +178,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
         dev.check_attention(model.attention_dims(train.batch, train.seq_len))?;
         // Before any work: a gpu adapter without the f16 cooperative matrices refuses here, naming itself.
         dev.set_matmul_inputs(train.matmul_inputs)?;
+        dev.set_copy_queue(train.copy_queue)?;
         let sharding = Sharding { rank: comm.rank(), world: comm.world_size(), stage: train.zero_stage };
         check_same_configuration(&comm, &model, &train)?;
         let placement = plan_on(&model, &train, sharding.world, dev.alloc_costs())?;

@@ -16,7 +16,7 @@ use super::config::{MEANING_FLAGS, TrainConfig};
 
 /// Settings that change how a run goes, never its numbers, and have no flag to turn them back on: a
 /// resume takes the command line's whether typed or not, rather than the checkpoint's.
-const RUN_ONLY_FLAGS: &[&str] = &["no-pin-memory"];
+const RUN_ONLY_FLAGS: &[&str] = &["no-pin-memory", "copy-queue"];
 
 /// Reads a checkpoint's `trainer_state.json` (without checking its other files: [`super::Checkpoint::open`]
 /// does that before any state is used).

@@ -190,6 +190,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
     // Before anything is said or written: a gpu adapter without the f16 cooperative matrices refuses
     // `--matmul-inputs f16` here, naming itself (the trainer sets it again, for library callers).
     dev.set_matmul_inputs(train.matmul_inputs)?;
+    dev.set_copy_queue(train.copy_queue)?;
     let say = |line: String| {
         if options.progress && lead {
             eprintln!("{line}");

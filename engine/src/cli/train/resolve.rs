@@ -84,6 +84,7 @@ fn train_config(a: &TrainArgs) -> TrainConfig {
         zero_stage: a.zero_stage,
         sequential: a.sequential,
         pin_memory: !a.no_pin_memory,
+        copy_queue: a.copy_queue,
         dropout: a.dropout,
         seed: a.seed,
         vocab_chunk_rows: a.vocab_chunk_rows,
