@@ -130,7 +130,7 @@ fn copies_on_the_queues_beside_wgpus_deliver_their_bytes() {
     let missing = [CopyQueueKind::SameFamily, CopyQueueKind::TransferFamily, CopyQueueKind::SharedStandIn]
         .into_iter()
         .find(|k| !kinds.contains(k))
-        .expect("a device has the stand-in only where it has no other");
+        .expect("a device has a second queue of wgpu's family or the stand-in, never both");
     let err = gpu.copy_tensor_to_host_on(missing, &small, &host, 1024).unwrap_err().to_string();
     assert!(err.contains("this device has no"), "{err}");
 }

@@ -9,11 +9,13 @@
 //! `bench overlap` times copies there beside kernels on wgpu's queue, and `--copy-queue` moves the
 //! trainer's big uploads and read-backs to the second queue of wgpu's family (`gpu_copy_route.rs`).
 //!
-//! Where the adapter has no queue but wgpu's (lavapipe), a stand-in submits to wgpu's own queue
-//! ([`CopyQueueKind::SharedStandIn`]): it overlaps nothing, and tests the path everywhere. Every
+//! Where the adapter has no second queue of wgpu's family (lavapipe has one queue in all), a stand-in
+//! submits to wgpu's own queue ([`CopyQueueKind::SharedStandIn`]): it overlaps nothing, and tests the
+//! path everywhere. Every
 //! queue is used from the device's thread only (the device is not `Sync`), which is what makes the
 //! stand-in's submissions to wgpu's queue safe: Vulkan asks that no two threads submit to one queue
-//! at once, and wgpu submits only when this thread calls it.
+//! at once, and wgpu submits only when this thread calls it (its queue's last wait, when the device
+//! is dropped, may run on whichever thread lets it go, after every copy here has finished).
 //!
 //! Buffers: the copies here touch only buffers that wgpu's queue is not using meanwhile (the caller's
 //! rule), and a buffer a copy queue of another family wrote is read back on that same queue, so no
@@ -286,7 +288,8 @@ mod vulkan {
             // SAFETY: the device was made with one queue of this family.
             extra.push((CopyQueueKind::TransferFamily, family, unsafe { raw.get_device_queue(family, 0) }));
         }
-        if extra.is_empty() {
+        // Without a second queue of wgpu's family (the one `--copy-queue` takes), wgpu's own stands in.
+        if !plan.same_family {
             extra.push((CopyQueueKind::SharedStandIn, 0, wgpu_queue));
         }
         drop(hal_adapter);
@@ -375,6 +378,20 @@ mod vulkan {
             unsafe {
                 let begin = vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
                 raw.begin_command_buffer(commands, &begin).map_err(|e| anyhow!("vkBeginCommandBuffer: {e}"))?;
+                // After the copies submitted before on this queue: nothing else orders two copy
+                // submissions that touch the same bytes (an upload and the read-back of it).
+                let after_copies = vk::MemoryBarrier::default()
+                    .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
+                    .dst_access_mask(vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE);
+                raw.cmd_pipeline_barrier(
+                    commands,
+                    vk::PipelineStageFlags::TRANSFER,
+                    vk::PipelineStageFlags::TRANSFER,
+                    vk::DependencyFlags::empty(),
+                    &[after_copies],
+                    &[],
+                    &[],
+                );
                 for c in copies {
                     let (src, dst) = (raw_buffer(c.src)?, raw_buffer(c.dst)?);
                     let region = vk::BufferCopy { src_offset: c.src_offset, dst_offset: c.dst_offset, size: c.size };

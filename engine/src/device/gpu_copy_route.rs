@@ -11,7 +11,10 @@
 //! submission uses are gathered as its work is recorded ([`Route::track`]: each dispatch's bindings,
 //! each copy, clear and queued write the device records on wgpu's queue), so a copy runs beside
 //! kernels that do not touch its buffers, and never beside those that do: the same reads and writes
-//! in the same order as on one queue, so every bit as on one queue (`tests/train.rs`). The host waits
+//! in the same order as on one queue, so the same bits. Every path training takes records its
+//! buffers; `tests/train.rs` holds the runs to one queue's bits (on the stand-in here, where order is
+//! kept by the one queue as well; on a GPU with a second queue, by the semaphores alone). Copies on
+//! the copy queue are ordered among themselves by a barrier at the start of each. The host waits
 //! for a read-back's copy, or a pinned region's, on `copies` ([`Timelines::wait_for_copy`]).
 //!
 //! wgpu zero-fills a buffer lazily, before its first use on wgpu's queue; a buffer a raw copy wrote
@@ -156,9 +159,28 @@ mod vulkan {
 
     impl Timelines {
         fn new(device: &wgpu::Device) -> Result<Self> {
-            // SAFETY: only the hal device's handle is read.
-            let raw =
-                unsafe { device.as_hal::<Vulkan>() }.ok_or_else(|| anyhow!("copy queues need the Vulkan backend"))?.raw_device().clone();
+            // SAFETY: only the hal device's handles are read.
+            let hal = unsafe { device.as_hal::<Vulkan>() }.ok_or_else(|| anyhow!("copy queues need the Vulkan backend"))?;
+            // The timeline functions used are Vulkan 1.2's own, and wgpu enables the feature where the
+            // device has it.
+            let instance = hal.shared_instance().raw_instance();
+            // SAFETY: the physical device belongs to this instance.
+            let api = unsafe { instance.get_physical_device_properties(hal.raw_physical_device()) }.api_version;
+            if vk::api_version_major(api) == 1 && vk::api_version_minor(api) < 2 {
+                anyhow::bail!(
+                    "--copy-queue needs Vulkan 1.2's timeline semaphores; this device offers Vulkan 1.{}",
+                    vk::api_version_minor(api)
+                );
+            }
+            let mut v12 = vk::PhysicalDeviceVulkan12Features::default();
+            let mut features = vk::PhysicalDeviceFeatures2::default().push_next(&mut v12);
+            // SAFETY: as above; a 1.2 device answers the 1.2 feature query.
+            unsafe { instance.get_physical_device_features2(hal.raw_physical_device(), &mut features) };
+            if v12.timeline_semaphore != vk::TRUE {
+                anyhow::bail!("--copy-queue needs timeline semaphores, which this Vulkan device lacks");
+            }
+            let raw = hal.raw_device().clone();
+            drop(hal);
             let make = || {
                 let mut kind = vk::SemaphoreTypeCreateInfo::default().semaphore_type(vk::SemaphoreType::TIMELINE).initial_value(0);
                 let info = vk::SemaphoreCreateInfo::default().push_next(&mut kind);
@@ -215,6 +237,10 @@ mod vulkan {
         last_copy: RefCell<HashMap<vk::Buffer, u64>>,
         /// The buffers the work recorded since the last submission of wgpu's queue uses.
         pending: RefCell<Vec<vk::Buffer>>,
+        /// The values the maps' pruned entries had reached, (compute, copies): a buffer not found
+        /// may be one of them, so every wait is at least for these (already reached, so free), which
+        /// keeps the memory dependency the pruned entry's wait would have made.
+        pruned: Cell<(u64, u64)>,
     }
 
     impl Order {
@@ -226,6 +252,7 @@ mod vulkan {
                 last_compute: RefCell::default(),
                 last_copy: RefCell::default(),
                 pending: RefCell::default(),
+                pruned: Cell::new((0, 0)),
             })
         }
 
@@ -245,7 +272,7 @@ mod vulkan {
         pub(in crate::device::gpu) fn before_submit(&self, queue: &wgpu::Queue) -> u64 {
             let value = self.compute_value.get() + 1;
             let last_copy = self.last_copy.borrow();
-            let need = self.pending.borrow().iter().filter_map(|b| last_copy.get(b)).copied().max().unwrap_or(0);
+            let need = self.pending.borrow().iter().filter_map(|b| last_copy.get(b)).copied().max().unwrap_or(0).max(self.pruned.get().1);
             // SAFETY: the semaphores are live (held by `timelines`) and timeline ones; the wait's value
             // was signalled by a copy already submitted, the signal's is the next one.
             let hal = unsafe { queue.as_hal::<Vulkan>() }.expect("a route exists only on a Vulkan device");
@@ -257,8 +284,15 @@ mod vulkan {
         }
 
         /// Records that the submission set up by [`Self::before_submit`] (its `value`) used the pending
-        /// buffers.
-        pub(in crate::device::gpu) fn after_submit(&self, value: u64) {
+        /// buffers. Where wgpu never handed it to Vulkan (validation refused it), the wait and signal
+        /// still queued are taken back and nothing is recorded, so the next submission signals `value`.
+        pub(in crate::device::gpu) fn after_submit(&self, queue: &wgpu::Queue, value: u64) {
+            // SAFETY: only the pending semaphore lists of the hal queue are touched.
+            let hal = unsafe { queue.as_hal::<Vulkan>() }.expect("a route exists only on a Vulkan device");
+            if hal.remove_signal_semaphore(self.timelines.compute) {
+                hal.remove_wait_semaphore(self.timelines.copies);
+                return;
+            }
             self.compute_value.set(value);
             let mut last = self.last_compute.borrow_mut();
             for b in self.pending.borrow_mut().drain(..) {
@@ -267,6 +301,7 @@ mod vulkan {
             if last.len() > PRUNE_AT {
                 let reached = self.timelines.reached(self.timelines.compute);
                 last.retain(|_, v| *v > reached);
+                self.pruned.set((reached.max(self.pruned.get().0), self.pruned.get().1));
             }
         }
 
@@ -276,7 +311,7 @@ mod vulkan {
             let buffers: Vec<vk::Buffer> = copies.iter().flat_map(|c| [c.src, c.dst]).filter_map(raw_buffer).collect();
             let after = {
                 let last = self.last_compute.borrow();
-                buffers.iter().filter_map(|b| last.get(b)).copied().max().unwrap_or(0)
+                buffers.iter().filter_map(|b| last.get(b)).copied().max().unwrap_or(0).max(self.pruned.get().0)
             };
             let value = self.copy_value.get() + 1;
             let wait = (after > 0).then_some((self.timelines.compute, after));
@@ -290,6 +325,7 @@ mod vulkan {
             if last.len() > PRUNE_AT {
                 let reached = self.timelines.reached(self.timelines.copies);
                 last.retain(|_, v| *v > reached);
+                self.pruned.set((self.pruned.get().0, reached.max(self.pruned.get().1)));
             }
             Ok(value)
         }
@@ -343,7 +379,7 @@ mod elsewhere {
         pub(in crate::device::gpu) fn before_submit(&self, _queue: &wgpu::Queue) -> u64 {
             match *self {}
         }
-        pub(in crate::device::gpu) fn after_submit(&self, _value: u64) {
+        pub(in crate::device::gpu) fn after_submit(&self, _queue: &wgpu::Queue, _value: u64) {
             match *self {}
         }
         pub(in crate::device::gpu) fn copy(&self, _queue: &CopyQueue, _copies: &[BufferCopy<'_>]) -> Result<u64> {

@@ -50,7 +50,7 @@ impl GpuDevice {
             let compute_value = route.as_ref().map(|r| r.before_submit(&self.queue));
             submission = Some(self.queue.submit([encoder.finish()]));
             if let (Some(route), Some(value)) = (&route, compute_value) {
-                route.after_submit(value);
+                route.after_submit(&self.queue, value);
             }
             if let (Some(busy), Some((readback, passes))) = (&self.busy, timestamps) {
                 busy.after_submit(readback, passes);

@@ -198,6 +198,7 @@ impl GpuDevice {
     /// Copies prestaged bytes into the start of `dst` on the device, ordered after the work recorded
     /// before it, and submits the copy without waiting for it.
     pub(in crate::device) fn copy_prestaged(&self, dst: &wgpu::Buffer, staged: &Prestaged) {
+        self.track_uses(&[&staged.buffer, dst]);
         self.record(|encoder| encoder.copy_buffer_to_buffer(&staged.buffer, 0, dst, 0, staged.buffer.size()));
         self.flush();
     }
