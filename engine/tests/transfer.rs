@@ -123,7 +123,7 @@ fn copies_on_the_queues_beside_wgpus_deliver_their_bytes() {
     let queue_rows: Vec<&str> = runs.iter().map(|r| r.method.as_str()).filter(|m| kinds.iter().any(|k| m.ends_with(k.name()))).collect();
     let expected: Vec<String> = kinds.iter().flat_map(|k| [format!("h2d {}", k.name()), format!("d2h {}", k.name())]).collect();
     assert_eq!(queue_rows, expected);
-    let host = gpu.host_buffer(4096).unwrap();
+    let mut host = gpu.host_buffer(4096).unwrap();
     let small = zerostream::device::Backend::alloc(&gpu, 256, "small").unwrap();
     let err = gpu.copy_host_to_tensor_on(kinds[0], &host, &small, 4096).unwrap_err().to_string();
     assert!(err.contains("4096 bytes") && err.contains("out of range"), "{err}");
@@ -131,8 +131,22 @@ fn copies_on_the_queues_beside_wgpus_deliver_their_bytes() {
         .into_iter()
         .find(|k| !kinds.contains(k))
         .expect("a device has a second queue of wgpu's family or the stand-in, never both");
-    let err = gpu.copy_tensor_to_host_on(missing, &small, &host, 1024).unwrap_err().to_string();
+    let err = gpu.copy_tensor_to_host_on(missing, &small, &mut host, 1024).unwrap_err().to_string();
     assert!(err.contains("this device has no"), "{err}");
+    for (bytes, why) in [(0, "empty"), (6, "whole words")] {
+        let err = gpu.copy_host_to_tensor_on(kinds[0], &host, &small, bytes).unwrap_err().to_string();
+        assert!(err.contains(why), "{bytes} bytes: {err}");
+    }
+    for bytes in [0, 10] {
+        let err = gpu.host_buffer(bytes).err().expect("refused").to_string();
+        assert!(err.contains("whole 4-byte words"), "{bytes} bytes: {err}");
+    }
+    // A copy into the host buffer, then its bytes: the read waits for the copy (no synchronize).
+    zerostream::device::Backend::write(&gpu, &small, &[1.5; 256]);
+    gpu.synchronize();
+    gpu.copy_tensor_to_host_on(kinds[0], &small, &mut host, 1024).unwrap();
+    let got: &[f32] = bytemuck::cast_slice(&host.bytes(&gpu).unwrap()[..1024]);
+    assert!(got.iter().all(|&x| x == 1.5), "{:?}", &got[..4]);
 }
 
 /// The cpu device widens 16-bit uploads in place on rayon's threads with `half`'s slice conversions;

@@ -102,36 +102,52 @@ pub(in crate::device) struct BufferCopy<'a> {
 
 /// A buffer in host memory the copy queues copy into or out of, mapped for its lifetime (`bench
 /// overlap`'s source and read-back; see `gpu_host_staging.rs` for the memory).
+///
+/// The host touches it only once the copies issued with it are done: [`Self::write`] and
+/// [`Self::bytes`] wait for the device's copy queues first where one was issued since, and a copy
+/// into it takes `&mut`, so none can be issued while its bytes are borrowed.
 pub struct HostBuffer {
     pub(in crate::device) buffer: wgpu::Buffer,
+    /// The device whose copy queues use it (the one waited for).
+    device: wgpu::Device,
     ptr: *mut u8,
     len: usize,
+    /// Whether a copy was issued with it since the last wait.
+    copying: std::cell::Cell<bool>,
 }
 
 impl HostBuffer {
-    /// Writes `bytes` at the start. The caller has waited for every copy out of the buffer
-    /// ([`GpuDevice::synchronize`]).
-    pub fn write(&mut self, bytes: &[u8]) {
-        assert!(bytes.len() <= self.len, "{} bytes into a host buffer of {}", bytes.len(), self.len);
+    /// Writes `bytes` at the start, once the copies issued with the buffer are done.
+    pub fn write(&mut self, dev: &GpuDevice, bytes: &[u8]) -> Result<()> {
+        if bytes.len() > self.len {
+            bail!("{} bytes into a host buffer of {}", bytes.len(), self.len);
+        }
+        self.wait(dev)?;
         // SAFETY: the mapping is `len` bytes, live while the buffer is; `&mut self` means nothing else
-        // writes it here, and the device reads it only in copies issued after this returns.
+        // writes it here, and no copy that reads it is in flight (waited for above).
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr, bytes.len()) }
+        Ok(())
     }
 
-    /// The buffer's bytes. The caller has waited for every copy into it ([`GpuDevice::synchronize`]).
-    pub fn bytes(&self) -> &[u8] {
-        // SAFETY: the mapping is `len` bytes, live while the buffer is, host-coherent; the copies into
-        // it are done (the caller's rule; each copy's command buffer ends with a transfer-to-host
-        // barrier).
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    /// The buffer's bytes, once the copies issued with it are done.
+    pub fn bytes(&self, dev: &GpuDevice) -> Result<&[u8]> {
+        self.wait(dev)?;
+        // SAFETY: the mapping is `len` bytes, live while the buffer is, host-coherent; no copy into it
+        // is in flight (waited for above; each copy's command buffer ends with a transfer-to-host
+        // barrier), and none can be issued while the slice borrows `self` (a copy into it takes `&mut`).
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr, self.len) })
     }
 
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
+    /// Waits for `dev`'s copy queues where a copy was issued with this buffer since the last wait.
+    fn wait(&self, dev: &GpuDevice) -> Result<()> {
+        if dev.device != self.device {
+            bail!("a host buffer used with a GPU device other than the one that made it");
+        }
+        if self.copying.get() {
+            dev.wait_for_copy_queues()?;
+            self.copying.set(false);
+        }
+        Ok(())
     }
 }
 
@@ -141,27 +157,41 @@ impl GpuDevice {
         self.copy_queues.iter().map(|q| q.kind()).collect()
     }
 
-    /// A host buffer of `bytes` (a multiple of 4) for copies on the copy queues, or why the adapter
-    /// makes none.
+    /// A host buffer of `bytes` (a whole number of 4-byte words, not 0) for copies on the copy
+    /// queues, or why the adapter makes none.
     pub fn host_buffer(&self, bytes: usize) -> Result<HostBuffer> {
+        if bytes == 0 || !bytes.is_multiple_of(4) {
+            bail!("a host buffer of {bytes} bytes: copy queues move whole 4-byte words, at least one");
+        }
         let (buffer, ptr) = self
             .create_host_buffer(bytes as u64, "copy-queue host buffer", super::host_staging::HostReads::Often)
             .map_err(|why| anyhow::anyhow!("a host buffer of {bytes} bytes: {why}"))?;
-        Ok(HostBuffer { buffer, ptr, len: bytes })
+        Ok(HostBuffer { buffer, device: self.device.clone(), ptr, len: bytes, copying: std::cell::Cell::new(false) })
     }
 
     /// Issues a copy of the first `bytes` of `host` into `dst` on the copy queue of `kind`, without
     /// waiting ([`Self::synchronize`] waits). `dst` is not in use by wgpu's queue meanwhile.
     pub fn copy_host_to_tensor_on(&self, kind: CopyQueueKind, host: &HostBuffer, dst: &super::GpuTensor, bytes: u64) -> Result<()> {
         let copy = BufferCopy { src: &host.buffer, src_offset: 0, dst: dst.buffer(), dst_offset: 0, size: bytes };
-        self.copy_on_queue(kind, &[copy])
+        self.copy_with_host(kind, host, copy)
     }
 
     /// Issues a copy of the first `bytes` of `src` into `host` on the copy queue of `kind`, without
-    /// waiting ([`Self::synchronize`] waits). `src` is not being written by wgpu's queue meanwhile.
-    pub fn copy_tensor_to_host_on(&self, kind: CopyQueueKind, src: &super::GpuTensor, host: &HostBuffer, bytes: u64) -> Result<()> {
+    /// waiting (`host`'s next read waits). `src` is not being written by wgpu's queue meanwhile. On
+    /// a transfer-only family's queue, `src` holds only what that queue wrote: without an ownership
+    /// transfer, Vulkan leaves what another family's queue wrote undefined there.
+    pub fn copy_tensor_to_host_on(&self, kind: CopyQueueKind, src: &super::GpuTensor, host: &mut HostBuffer, bytes: u64) -> Result<()> {
         let copy = BufferCopy { src: src.buffer(), src_offset: 0, dst: &host.buffer, dst_offset: 0, size: bytes };
-        self.copy_on_queue(kind, &[copy])
+        self.copy_with_host(kind, host, copy)
+    }
+
+    fn copy_with_host(&self, kind: CopyQueueKind, host: &HostBuffer, copy: BufferCopy<'_>) -> Result<()> {
+        if host.device != self.device {
+            bail!("a host buffer used with a GPU device other than the one that made it");
+        }
+        self.copy_on_queue(kind, &[copy])?;
+        host.copying.set(true);
+        Ok(())
     }
 
     /// Issues `copies` on the copy queue of `kind` and returns without waiting; [`Self::synchronize`]
@@ -173,10 +203,11 @@ impl GpuDevice {
         }
         let queue = self.copy_queues.iter().find(|q| q.kind() == kind).with_context(|| format!("this device has no {}", kind.name()))?;
         for c in copies {
-            let (src_end, dst_end) = (c.src_offset + c.size, c.dst_offset + c.size);
-            if src_end > c.src.size() || dst_end > c.dst.size() || !c.size.is_multiple_of(4) {
+            let fits = |offset: u64, buffer: &wgpu::Buffer| offset.checked_add(c.size).is_some_and(|end| end <= buffer.size());
+            let words = [c.size, c.src_offset, c.dst_offset].iter().all(|n| n.is_multiple_of(4));
+            if c.size == 0 || !words || !fits(c.src_offset, c.src) || !fits(c.dst_offset, c.dst) {
                 bail!(
-                    "a copy of {} bytes from offset {} of a {}-byte buffer to offset {} of a {}-byte one: out of range or not whole words",
+                    "a copy of {} bytes from offset {} of a {}-byte buffer to offset {} of a {}-byte one: empty, out of range or not whole words",
                     c.size,
                     c.src_offset,
                     c.src.size(),
@@ -195,7 +226,7 @@ impl GpuDevice {
 }
 
 #[cfg(any(target_os = "linux", target_os = "windows"))]
-pub(super) use vulkan::{CopyQueue, WAIT_LIMIT, open_with_queues};
+pub(super) use vulkan::{CopyQueue, WAIT_LIMIT, open_with_queues, raw_buffer, raw_handles};
 
 #[cfg(any(target_os = "linux", target_os = "windows"))]
 mod vulkan {
@@ -273,7 +304,8 @@ mod vulkan {
             }
         });
         // SAFETY: the callback only adds queues the adapter lists (a second of family 0 where it has
-        // two or more, the first of a transfer family); features and limits are wgpu's own checks'.
+        // two or more, the first of a transfer family). `request_device`'s checks of features and limits
+        // against the adapter are skipped on this path; `desc` asks for what the adapter offers.
         let open =
             unsafe { hal_adapter.open_with_callback(desc.required_features, &desc.required_limits, &desc.memory_hints, Some(callback)) }
                 .map_err(|e| anyhow!("opening the Vulkan device with copy queues: {e}"))?;
@@ -348,9 +380,10 @@ mod vulkan {
             Ok(())
         }
 
-        /// Resets a finished submission's fence and command buffer and keeps them for the next.
+        /// Resets a finished (or never submitted) submission's fence and command buffer and keeps them
+        /// for the next.
         fn keep_spare(&self, fence: vk::Fence, commands: vk::CommandBuffer) -> Result<()> {
-            // SAFETY: the submission is done (its fence signalled), so both may be reset.
+            // SAFETY: the submission is done (its fence signalled) or was never made, so both may be reset.
             unsafe {
                 self.raw.reset_fences(&[fence]).map_err(|e| anyhow!("vkResetFences: {e}"))?;
                 self.raw
@@ -361,54 +394,65 @@ mod vulkan {
             Ok(())
         }
 
-        /// Records `copies` into one command buffer (ending with a barrier that makes the writes
-        /// visible to the host) and submits it, fenced; where given, after the timeline semaphore
-        /// `wait` reaches its value (before any copy starts), and signalling `signal`'s value when done.
+        /// Records `copies` into one command buffer and submits it, fenced (see [`Self::submit_resolved`]).
         pub(in crate::device::gpu) fn submit(
             &self,
             copies: &[BufferCopy<'_>],
             wait: Option<(vk::Semaphore, u64)>,
             signal: Option<(vk::Semaphore, u64)>,
         ) -> Result<()> {
+            self.submit_resolved(copies, &raw_handles(copies)?, wait, signal)
+        }
+
+        /// Records `copies` (whose Vulkan handles are `handles`, source and destination per copy) into
+        /// one command buffer, between a barrier after this queue's earlier copies and one that makes
+        /// the writes visible to the host, and submits it, fenced; where given, after the timeline
+        /// semaphore `wait` reaches its value (before any copy starts), and signalling `signal`'s value
+        /// when done. On an error nothing was submitted, and the fence and command buffer are kept.
+        pub(in crate::device::gpu) fn submit_resolved(
+            &self,
+            copies: &[BufferCopy<'_>],
+            handles: &[[vk::Buffer; 2]],
+            wait: Option<(vk::Semaphore, u64)>,
+            signal: Option<(vk::Semaphore, u64)>,
+        ) -> Result<()> {
             let (fence, commands) = self.take_spare()?;
+            if let Err(e) = self.record_and_submit(commands, fence, copies, handles, wait, signal) {
+                // Never submitted: both are kept for the next, reset (an unsignalled fence resets too).
+                self.keep_spare(fence, commands)?;
+                return Err(e);
+            }
+            let kept = copies.iter().flat_map(|c| [c.src.clone(), c.dst.clone()]).collect();
+            self.in_flight.borrow_mut().push(Submitted { fence, commands, _buffers: kept });
+            Ok(())
+        }
+
+        fn record_and_submit(
+            &self,
+            commands: vk::CommandBuffer,
+            fence: vk::Fence,
+            copies: &[BufferCopy<'_>],
+            handles: &[[vk::Buffer; 2]],
+            wait: Option<(vk::Semaphore, u64)>,
+            signal: Option<(vk::Semaphore, u64)>,
+        ) -> Result<()> {
             let raw = &self.raw;
+            // After the copies submitted before on this queue: nothing else orders two copy
+            // submissions that touch the same bytes (an upload and the read-back of it).
+            let after_copies = (vk::PipelineStageFlags::TRANSFER, vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE);
+            let to_host = (vk::PipelineStageFlags::HOST, vk::AccessFlags::HOST_READ);
             // SAFETY: the command buffer is reset (new, or reset with its fence after its submission
             // finished) and recorded by this thread only; every buffer handle is live (the wgpu
             // buffers are kept in `in_flight` until the fence signals).
             unsafe {
                 let begin = vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
                 raw.begin_command_buffer(commands, &begin).map_err(|e| anyhow!("vkBeginCommandBuffer: {e}"))?;
-                // After the copies submitted before on this queue: nothing else orders two copy
-                // submissions that touch the same bytes (an upload and the read-back of it).
-                let after_copies = vk::MemoryBarrier::default()
-                    .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
-                    .dst_access_mask(vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE);
-                raw.cmd_pipeline_barrier(
-                    commands,
-                    vk::PipelineStageFlags::TRANSFER,
-                    vk::PipelineStageFlags::TRANSFER,
-                    vk::DependencyFlags::empty(),
-                    &[after_copies],
-                    &[],
-                    &[],
-                );
-                for c in copies {
-                    let (src, dst) = (raw_buffer(c.src)?, raw_buffer(c.dst)?);
+                self.barrier_after_copies(commands, after_copies);
+                for (c, [src, dst]) in copies.iter().zip(handles) {
                     let region = vk::BufferCopy { src_offset: c.src_offset, dst_offset: c.dst_offset, size: c.size };
-                    raw.cmd_copy_buffer(commands, src, dst, &[region]);
+                    raw.cmd_copy_buffer(commands, *src, *dst, &[region]);
                 }
-                let to_host = vk::MemoryBarrier::default()
-                    .src_access_mask(vk::AccessFlags::TRANSFER_WRITE)
-                    .dst_access_mask(vk::AccessFlags::HOST_READ);
-                raw.cmd_pipeline_barrier(
-                    commands,
-                    vk::PipelineStageFlags::TRANSFER,
-                    vk::PipelineStageFlags::HOST,
-                    vk::DependencyFlags::empty(),
-                    &[to_host],
-                    &[],
-                    &[],
-                );
+                self.barrier_after_copies(commands, to_host);
                 raw.end_command_buffer(commands).map_err(|e| anyhow!("vkEndCommandBuffer: {e}"))?;
                 let buffers = [commands];
                 let (wait_sems, wait_values): (Vec<_>, Vec<_>) = wait.into_iter().unzip();
@@ -424,39 +468,60 @@ mod vulkan {
                         .signal_semaphores(&signal_sems)
                         .push_next(&mut timeline);
                 }
-                raw.queue_submit(self.queue, &[submit], fence).map_err(|e| anyhow!("vkQueueSubmit on the {}: {e}", self.kind.name()))?;
+                raw.queue_submit(self.queue, &[submit], fence).map_err(|e| anyhow!("vkQueueSubmit on the {}: {e}", self.kind.name()))
             }
-            let kept = copies.iter().flat_map(|c| [c.src.clone(), c.dst.clone()]).collect();
-            self.in_flight.borrow_mut().push(Submitted { fence, commands, _buffers: kept });
-            Ok(())
+        }
+
+        /// Records a barrier from the copies' writes (transfer stage) to `(stage, access)`.
+        ///
+        /// # Safety
+        /// `commands` is recording, on this thread.
+        unsafe fn barrier_after_copies(&self, commands: vk::CommandBuffer, (stage, access): (vk::PipelineStageFlags, vk::AccessFlags)) {
+            let barrier = vk::MemoryBarrier::default().src_access_mask(vk::AccessFlags::TRANSFER_WRITE).dst_access_mask(access);
+            // SAFETY: the caller's.
+            unsafe {
+                self.raw.cmd_pipeline_barrier(
+                    commands,
+                    vk::PipelineStageFlags::TRANSFER,
+                    stage,
+                    vk::DependencyFlags::empty(),
+                    &[barrier],
+                    &[],
+                    &[],
+                )
+            }
         }
 
         /// Waits for every submission in flight and keeps their fences and command buffers, reset.
+        /// Where the wait fails (a lost or hung device) they stay in flight.
         pub(in crate::device::gpu) fn wait_idle(&self) -> Result<()> {
-            let done: Vec<Submitted> = self.in_flight.borrow_mut().drain(..).collect();
-            if done.is_empty() {
+            let fences: Vec<vk::Fence> = self.in_flight.borrow().iter().map(|s| s.fence).collect();
+            if fences.is_empty() {
                 return Ok(());
             }
-            let fences: Vec<vk::Fence> = done.iter().map(|s| s.fence).collect();
             // SAFETY: the fences are live and were submitted with their command buffers.
             unsafe { self.raw.wait_for_fences(&fences, true, WAIT_LIMIT.as_nanos() as u64) }.map_err(|e| {
                 anyhow!("waiting for the {} ({} submissions, {} s at most): {e}", self.kind.name(), fences.len(), WAIT_LIMIT.as_secs())
             })?;
+            let done: Vec<Submitted> = self.in_flight.borrow_mut().drain(..).collect();
             done.into_iter().try_for_each(|s| self.keep_spare(s.fence, s.commands))
         }
     }
 
     impl Drop for CopyQueue {
         fn drop(&mut self) {
-            // A lost device has finished nothing it will finish; its objects are freed all the same.
-            let _ = self.wait_idle();
+            if let Err(e) = self.wait_idle() {
+                // Its submissions may still run (a hung device): their objects and buffers are leaked
+                // rather than freed under them.
+                eprintln!("warning: the {} did not finish its copies ({e:#}); its command pool is leaked", self.kind.name());
+                std::mem::forget(std::mem::take(&mut *self.in_flight.borrow_mut()));
+                return;
+            }
             let spare = std::mem::take(&mut *self.spare.borrow_mut());
-            let in_flight = std::mem::take(&mut *self.in_flight.borrow_mut());
-            let objects = spare.into_iter().chain(in_flight.into_iter().map(|s| (s.fence, s.commands)));
-            // SAFETY: nothing of this queue's is in flight (waited for above, or the device is lost);
-            // the device outlives this (held by `_device`).
+            // SAFETY: nothing of this queue's is in flight (waited for above); the device outlives
+            // this (held by `_device`).
             unsafe {
-                for (fence, commands) in objects {
+                for (fence, commands) in spare {
                     self.raw.destroy_fence(fence, None);
                     self.raw.free_command_buffers(self.pool, &[commands]);
                 }
@@ -465,13 +530,22 @@ mod vulkan {
         }
     }
 
-    /// The Vulkan handle of a wgpu buffer.
-    fn raw_buffer(buffer: &wgpu::Buffer) -> Result<vk::Buffer> {
-        // SAFETY: the handle is only recorded into a copy; the buffer is kept alive until that
-        // copy's submission is done.
-        let hal = unsafe { buffer.as_hal::<Vulkan>() }.context("a buffer of another backend")?;
+    /// The Vulkan handle of a wgpu buffer (None: not a Vulkan buffer).
+    pub(in crate::device::gpu) fn raw_buffer(buffer: &wgpu::Buffer) -> Option<vk::Buffer> {
+        // SAFETY: the handle is only compared, used as a key, or recorded into a copy whose
+        // submission keeps the buffer alive until it is done.
+        let hal = unsafe { buffer.as_hal::<Vulkan>() }?;
         // SAFETY: as above.
-        Ok(unsafe { hal.raw_handle() })
+        Some(unsafe { hal.raw_handle() })
+    }
+
+    /// The Vulkan handles of each copy's source and destination.
+    pub(in crate::device::gpu) fn raw_handles(copies: &[BufferCopy<'_>]) -> Result<Vec<[vk::Buffer; 2]>> {
+        copies
+            .iter()
+            .map(|c| Some([raw_buffer(c.src)?, raw_buffer(c.dst)?]))
+            .collect::<Option<_>>()
+            .context("a copy-queue copy of a buffer of another backend")
     }
 }
 

@@ -81,7 +81,8 @@ impl GpuDevice {
 
     /// Where a route is set, the read-back is into pinned memory and every tensor is ready for raw
     /// copies: `tensors` copied into `staging` on the copy queue, and what the host waits on; else
-    /// None (the caller copies on wgpu's queue). The caller has flushed wgpu's queue.
+    /// None (the caller copies on wgpu's queue). Flushes wgpu's queue first, so the copy comes after
+    /// the work recorded so far.
     pub(super) fn read_on_copy_queue(&self, tensors: &[&GpuTensor], sizes: &[u64], staging: &ReadStaging) -> Option<(Arc<Timelines>, u64)> {
         let route = self.route()?;
         if !matches!(staging, ReadStaging::Pinned(_)) || !tensors.iter().all(|t| t.ready_for_copies) {
@@ -141,7 +142,7 @@ mod vulkan {
     use ash::vk;
     use wgpu::hal::api::Vulkan;
 
-    use super::super::copy_queue::{BufferCopy, CopyQueue, WAIT_LIMIT};
+    use super::super::copy_queue::{BufferCopy, CopyQueue, WAIT_LIMIT, raw_buffer, raw_handles};
 
     /// Entries kept per map before those every queue has passed are pruned.
     const PRUNE_AT: usize = 4096;
@@ -308,14 +309,15 @@ mod vulkan {
         /// Submits `copies` on `queue` once wgpu's queue is done with their buffers; returns the value
         /// of `copies` that says they are done.
         pub(in crate::device::gpu) fn copy(&self, queue: &CopyQueue, copies: &[BufferCopy<'_>]) -> Result<u64> {
-            let buffers: Vec<vk::Buffer> = copies.iter().flat_map(|c| [c.src, c.dst]).filter_map(raw_buffer).collect();
+            let handles = raw_handles(copies)?;
+            let buffers: Vec<vk::Buffer> = handles.iter().flatten().copied().collect();
             let after = {
                 let last = self.last_compute.borrow();
                 buffers.iter().filter_map(|b| last.get(b)).copied().max().unwrap_or(0).max(self.pruned.get().0)
             };
             let value = self.copy_value.get() + 1;
             let wait = (after > 0).then_some((self.timelines.compute, after));
-            queue.submit(copies, wait, Some((self.timelines.copies, value)))?;
+            queue.submit_resolved(copies, &handles, wait, Some((self.timelines.copies, value)))?;
             self.copy_value.set(value);
             self.timelines.last_copy.store(value, Ordering::Release);
             let mut last = self.last_copy.borrow_mut();
@@ -334,14 +336,6 @@ mod vulkan {
         pub(in crate::device::gpu) fn timelines(&self) -> Arc<Timelines> {
             self.timelines.clone()
         }
-    }
-
-    /// The Vulkan handle of a wgpu buffer (None: not a Vulkan buffer, which a route never meets).
-    fn raw_buffer(buffer: &wgpu::Buffer) -> Option<vk::Buffer> {
-        // SAFETY: the handle is only compared and used as a key.
-        let hal = unsafe { buffer.as_hal::<Vulkan>() }?;
-        // SAFETY: as above.
-        Some(unsafe { hal.raw_handle() })
     }
 }
 

@@ -16,12 +16,16 @@ impl GpuDevice {
         device.poll(wgpu::PollType::Wait { submission_index: submission, timeout: None }).map(drop)
     }
 
-    /// Waits until every recorded pass has run, and every copy issued on a copy queue.
+    /// Waits until every recorded pass and queued write has run, and every copy issued on a copy queue.
     pub fn synchronize(&self) {
-        self.flush();
+        if self.flush().is_none() {
+            // Queued writes reach the GPU only with a submission: one of nothing carries them, so
+            // raw copies after this (`copy_on_queue`) see them.
+            self.queue.submit([]);
+        }
         let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
         if let Err(e) = self.wait_for_copy_queues() {
-            panic!("GPU device lost while waiting for its copy queues: {e:#}");
+            panic!("GPU copy queues failed (device lost, or hung past the wait limit): {e:#}");
         }
     }
 

@@ -137,7 +137,8 @@ impl GpuDevice {
 
     pub(super) fn storage_tensor(&self, len: usize, label: &str) -> Result<GpuTensor> {
         let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
-        // wgpu zero-initialises buffers on creation, so a new tensor reads as zeros.
+        // wgpu zero-fills a buffer before its first use on its queue, so a new tensor reads as zeros
+        // there (raw copies on a copy queue would not see that fill: see `create_tensor`).
         self.create_tensor(len, label, usage)
     }
 
