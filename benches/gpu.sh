@@ -18,10 +18,11 @@
 # Usage:  bash benches/gpu.sh [RESULTS.md]     (default: $OUT/results.md if $OUT is set, else ./gpu-results.md)
 # Environment (all optional):
 #   ZS       the zerostream binary (default: .device/zerostream if present, else target/release/zerostream)
+#   TESTS    the packed GPU test executables (default: tests.tar.xz beside ZS; the part is left out without it)
 #   B, T     micro-batch for kernels, training and PyTorch (default 4 and 1024)
 #   STEPS    training steps per run (default 3; the first includes pipeline creation and is left out of the means)
 #   XL_B, XL_T, XL_STEPS   the same for the 1.5B run (default B, T, STEPS)
-#   SKIP     parts to leave out, space-separated: selftest tune kernels transfer torch train-gpt2 train-gpt2-xl
+#   SKIP     parts to leave out, space-separated: selftest tests tune kernels transfer torch train-gpt2 train-gpt2-xl
 #            train-gpt2-f16 oversized unpinned copyq (the --copy-queue twins of gpt2 and the streamed run)
 #   TUNE_SECONDS  the tuner's --max-seconds, whole seconds (default 150; the part may run 50 s longer)
 #   KERNELS_LIMIT seconds `bench kernels` may run (default 240)
@@ -132,6 +133,20 @@ if summary:
         md += ["Not checked: " + "; ".join(f"{n['kernel']} ({n['why']})" for n in s0["not_checked"]) + "\n"]
 elif read("selftest.err") is not None:
     md += ["## zerostream selftest (no summary)\n", block(tail(read("selftest.err")))]
+
+# The carried GPU test executables (ZEROSTREAM_REQUIRE_GPU=1): each one's result, skips and failures.
+if read("tests.out") is not None:
+    rows, current = [], None
+    for line in read("tests.out").splitlines():
+        if line.startswith("### "): current = line[4:]; rows.append([current, "no result (cut short?)", []])
+        elif line.startswith("test result:") and rows: rows[-1][1] = line[len("test result: "):]
+        elif line.startswith("SKIPPED") and rows: rows[-1][2].append(line)
+    md += ["## GPU tests (test executables built beside the binary)\n", "| tests | result | skipped |", "|---|---|---|"]
+    md += [f"| {name} | {result} | {'; '.join(skips) or '-'} |" for name, result, skips in rows]
+    md.append("")
+    failed = [l for l in read("tests.out").splitlines() if l.startswith("---- ") or "panicked at" in l]
+    if failed or not rows:
+        md += [block(tail(read("tests.out"), 60))]
 
 # tune: the variant chosen per shape class.
 classes = [r for r in jsonl("tune.out") if r.get("kind") == "class"]
@@ -352,6 +367,12 @@ render
 # First: every kernel and variant against its twin (a failure here makes every number below suspect),
 # then the tuner, whose table every later part runs with.
 skipped selftest || part selftest 120 "$ZS" selftest --device gpu --json
+# Then the GPU tests carried beside the binary (gpu-prepare.sh packs them): what only a real GPU can
+# settle, such as --copy-queue's order across two queues. Each runs from the engine folder, as cargo would.
+TESTS=${TESTS:-$(dirname "$ZS")/tests.tar.xz}
+if ! skipped tests && [ -f "$TESTS" ]; then
+  part tests 150 bash "$here/gpu-tests.sh" "$TESTS" "$work/tests"
+fi
 skipped tune || part tune $((TUNE_SECONDS + 50)) "$ZS" tune --json --max-seconds "$TUNE_SECONDS" ${TUNE_FLAGS:-}
 skipped kernels || part kernels ${KERNELS_LIMIT:-240} "$ZS" bench kernels --batch-size "$B" --seq-len "$T" --json ${KERNEL_FLAGS:-}
 # The read-back the trainer uses now (the table's, whether this run's tune or an earlier one chose it).

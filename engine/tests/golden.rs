@@ -7,17 +7,12 @@
 
 mod common;
 
-use std::path::PathBuf;
-
 use common::gpu_or_skip;
+use common::trajectory::golden_dir;
 use safetensors::SafeTensors;
 use zerostream::device::{Backend, CpuDevice};
 use zerostream::model::gpt2::{Gpt2, Gpt2Config, parameter_specs};
 use zerostream_checkpoints::HfModel;
-
-fn golden_dir(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name)
-}
 
 struct Golden {
     bytes: Vec<u8>,
