@@ -150,11 +150,14 @@ mod vulkan {
     /// The two timeline semaphores, shared with the pinned regions whose host writes wait on `copies`
     /// (on the AdamW thread), and destroyed when the last holder goes.
     pub(in crate::device::gpu) struct Timelines {
-        device: wgpu::Device,
+        /// Keeps the Vulkan device alive while the semaphores are.
+        _device: wgpu::Device,
         raw: ash::Device,
         compute: vk::Semaphore,
         copies: vk::Semaphore,
-        /// The last value a copy submission signals, for the wait before the semaphores go.
+        /// The last values a submission of wgpu's queue and of the copy queue signal, for the wait
+        /// before the semaphores go.
+        last_compute: AtomicU64,
         last_copy: AtomicU64,
     }
 
@@ -194,16 +197,20 @@ mod vulkan {
                 // SAFETY: made above, used by nothing yet.
                 unsafe { raw.destroy_semaphore(compute, None) }
             })?;
-            Ok(Timelines { device: device.clone(), raw, compute, copies, last_copy: AtomicU64::new(0) })
+            Ok(Timelines { _device: device.clone(), raw, compute, copies, last_compute: AtomicU64::new(0), last_copy: AtomicU64::new(0) })
         }
 
         /// Blocks until the copies up to `value` are done (at most [`WAIT_LIMIT`]).
         pub(in crate::device::gpu) fn wait_for_copy(&self, value: u64) -> Result<()> {
-            let (sems, values) = ([self.copies], [value]);
-            let info = vk::SemaphoreWaitInfo::default().semaphores(&sems).values(&values);
-            // SAFETY: the semaphore is live (destroyed only in Drop).
+            self.wait(&[self.copies], &[value]).map_err(|e| anyhow!("waiting for copy {value} on the copy queue: {e}"))
+        }
+
+        /// Blocks until each semaphore reaches its value (at most [`WAIT_LIMIT`]).
+        fn wait(&self, semaphores: &[vk::Semaphore], values: &[u64]) -> Result<()> {
+            let info = vk::SemaphoreWaitInfo::default().semaphores(semaphores).values(values);
+            // SAFETY: the semaphores are live (destroyed only in Drop).
             unsafe { self.raw.wait_semaphores(&info, WAIT_LIMIT.as_nanos() as u64) }
-                .map_err(|e| anyhow!("waiting for copy {value} on the copy queue ({} s at most): {e}", WAIT_LIMIT.as_secs()))
+                .map_err(|e| anyhow!("{e} ({} s at most)", WAIT_LIMIT.as_secs()))
         }
 
         fn reached(&self, semaphore: vk::Semaphore) -> u64 {
@@ -214,11 +221,18 @@ mod vulkan {
 
     impl Drop for Timelines {
         fn drop(&mut self) {
-            // Nothing may still wait on or signal them: wgpu's submissions finish, then the copies.
-            let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
-            let _ = self.wait_for_copy(self.last_copy.load(Ordering::Acquire));
-            // SAFETY: no submission in flight refers to them any more (waited for above, or the
-            // device is lost); the device is alive (held by `device`).
+            // Nothing may still wait on or signal them. Every submission that names them signals one
+            // (each of wgpu's signals `compute`, each copy `copies`), so the last values cover them
+            // all; waiting on the semaphores themselves (not polling wgpu's device) keeps this short
+            // on whichever thread lets them go (a pinned region's, on the AdamW thread).
+            let values = [self.last_compute.load(Ordering::Acquire), self.last_copy.load(Ordering::Acquire)];
+            if let Err(e) = self.wait(&[self.compute, self.copies], &values) {
+                // A hung queue may still use them: leaked rather than destroyed under it.
+                eprintln!("warning: --copy-queue's semaphores are leaked: their last submissions did not finish ({e:#})");
+                return;
+            }
+            // SAFETY: no submission in flight refers to them any more (waited for above); the device
+            // is alive (held by `_device`).
             unsafe {
                 self.raw.destroy_semaphore(self.compute, None);
                 self.raw.destroy_semaphore(self.copies, None);
@@ -295,6 +309,7 @@ mod vulkan {
                 return;
             }
             self.compute_value.set(value);
+            self.timelines.last_compute.store(value, Ordering::Release);
             let mut last = self.last_compute.borrow_mut();
             for b in self.pending.borrow_mut().drain(..) {
                 last.insert(b, value);
