@@ -309,8 +309,8 @@ pub struct TrainArgs {
     #[arg(long)]
     no_pin_memory: bool,
     /// With --device gpu on Vulkan: the big uploads (working copies from pinned host memory) and
-    /// read-backs (gradients into pinned host memory, where `zerostream tune` chose them) run on a
-    /// second queue of the GPU, beside the kernels, rather than between them on wgpu's one queue
+    /// read-backs (gradients, into pinned host memory wherever the adapter makes it, whatever
+    /// `zerostream tune` chose) run on a second queue of the GPU, beside the kernels, rather than between them on wgpu's one queue
     /// (`zerostream bench overlap` times whether the GPU overlaps them). Two timeline semaphores keep
     /// every read and write in the one-queue order, so the results are the same bits. Where the adapter
     /// has no second queue, its one queue stands in (no overlap). Refused off Vulkan and with --device

@@ -31,19 +31,26 @@ use anyhow::{Result, bail};
 use super::copy_queue::{BufferCopy, CopyQueueKind};
 use super::pinned::ReadStaging;
 use super::{GpuDevice, GpuTensor};
+use crate::device::ReadBack;
 
 impl GpuDevice {
     /// `--copy-queue`: the big uploads (from pinned host memory) and read-backs (into it) run on a
-    /// second queue of wgpu's family from now on (`on`), or on wgpu's own again. Where the adapter
-    /// has no second queue, wgpu's own stands in (the same order, no overlap: for tests). Refused,
-    /// naming the adapter, off Vulkan. Waits for the device's work first.
+    /// second queue of wgpu's family from now on (`on`), or on wgpu's own again. Read-backs go
+    /// through pinned memory meanwhile wherever the adapter makes it (a mapped read-back can only
+    /// be copied on wgpu's queue), whatever `tune` chose; turning the route off restores that
+    /// choice. Where the adapter has no second queue, wgpu's own stands in (the same order, no
+    /// overlap: for tests). Refused, naming the adapter, off Vulkan. Waits for the device's work first.
     pub fn set_copy_queue(&self, on: bool) -> Result<()> {
         if on == self.copy_route.borrow().is_some() {
             return Ok(());
         }
         self.synchronize();
         if !on {
-            *self.copy_route.borrow_mut() = None;
+            if let Some(route) = self.copy_route.borrow_mut().take()
+                && let Some(chosen) = route.read_back_before
+            {
+                self.set_read_back(chosen)?;
+            }
             return Ok(());
         }
         let usable = [CopyQueueKind::SameFamily, CopyQueueKind::SharedStandIn];
@@ -54,7 +61,12 @@ impl GpuDevice {
                 self.summary.backend
             );
         };
-        *self.copy_route.borrow_mut() = Some(Rc::new(Route::new(&self.device, queue, kind)?));
+        let mut route = Route::new(&self.device, queue, kind)?;
+        if self.read_back() != ReadBack::Pinned && self.pinned_read_back_unavailable().is_none() {
+            route.read_back_before = Some(self.read_back());
+            self.set_read_back(ReadBack::Pinned)?;
+        }
+        *self.copy_route.borrow_mut() = Some(Rc::new(route));
         Ok(())
     }
 
@@ -112,12 +124,14 @@ pub(super) struct Route {
     /// Bytes moved up (pinned uploads) and down (pinned read-backs) on the copy queue.
     pub(super) up_bytes: Cell<u64>,
     pub(super) down_bytes: Cell<u64>,
+    /// The read-back kind chosen before the route moved read-backs to pinned memory, restored after.
+    read_back_before: Option<ReadBack>,
     order: Order,
 }
 
 impl Route {
     fn new(device: &wgpu::Device, queue: usize, kind: CopyQueueKind) -> Result<Self> {
-        Ok(Route { queue, kind, up_bytes: Cell::new(0), down_bytes: Cell::new(0), order: Order::new(device)? })
+        Ok(Route { queue, kind, up_bytes: Cell::new(0), down_bytes: Cell::new(0), read_back_before: None, order: Order::new(device)? })
     }
 }
 
