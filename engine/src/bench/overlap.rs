@@ -16,8 +16,8 @@ use std::time::Instant;
 
 use anyhow::{Result, bail};
 
+use crate::device::gpu::CopyQueueKind;
 use crate::device::gpu::GpuTensor;
-use crate::device::gpu::{CopyQueueKind, HostBuffer};
 use crate::device::transfer::TransferMethod;
 use crate::device::{Backend, GpuDevice, MatmulShape};
 
@@ -71,6 +71,20 @@ impl OverlapRun {
     }
 }
 
+/// A row's timings (see [`OverlapRun`]).
+struct Timings {
+    matmuls: usize,
+    copy_s: f64,
+    kernels_s: f64,
+    both_s: f64,
+}
+
+impl OverlapRun {
+    fn new(method: String, bytes: u64, t: Timings) -> Self {
+        OverlapRun { method, bytes, matmuls: t.matmuls, copy_s: t.copy_s, kernels_s: t.kernels_s, both_s: t.both_s }
+    }
+}
+
 /// The matmul run and the copy's target, allocated once.
 struct Work<'d> {
     dev: &'d GpuDevice,
@@ -86,6 +100,31 @@ impl Work<'_> {
         for _ in 0..count {
             self.dev.matmul(&self.c, &self.a, &self.b, None, &self.shape, false);
         }
+    }
+
+    /// A row's three timings: `copy` alone (after one untimed run), a matmul run of about its length
+    /// alone, and both at once, after `before_both` (untimed).
+    fn time_beside<T>(
+        &self,
+        reps: usize,
+        one_matmul: f64,
+        mut copy: impl FnMut() -> Result<T>,
+        before_both: impl FnOnce() -> Result<()>,
+    ) -> Result<Timings> {
+        self.best(1, &mut copy)?;
+        let copy_s = self.best(reps, &mut copy)?;
+        let matmuls = ((copy_s / one_matmul).round() as usize).clamp(1, 1000);
+        let kernels_s = self.best(reps, || {
+            self.record_matmuls(matmuls);
+            Ok(())
+        })?;
+        before_both()?;
+        let both_s = self.best(reps, || {
+            self.record_matmuls(matmuls);
+            self.dev.submit_recorded();
+            copy()
+        })?;
+        Ok(Timings { matmuls, copy_s, kernels_s, both_s })
     }
 
     /// Best seconds of `reps` runs of `f`, each from an idle device to an idle device (what `f`
@@ -132,73 +171,61 @@ pub fn bench_overlap(dev: &GpuDevice, cfg: &OverlapConfig, mut on_run: impl FnMu
         Ok(())
     })?;
     let mut runs = Vec::new();
-    let mut last_written = Vec::new();
-    for (i, method) in crate::bench::transfer::h2d_methods(dev, cfg.bytes).into_iter().enumerate() {
-        // Different bytes per method, so a copy that never happened cannot pass for the last one's.
-        let host_words: Vec<u32> = (0..words).map(|w| (w as u32).wrapping_mul(2654435761).wrapping_add(i as u32)).collect();
-        let host: &[u8] = bytemuck::cast_slice(&host_words);
-        // A prestaged copy's bytes wait in staging memory filled here, untimed.
-        let staged = if method == TransferMethod::Prestaged { Some(dev.prestage(host)?) } else { None };
-        // A pinned copy's bytes wait in pinned host memory, likewise.
-        let pinned = if method == TransferMethod::Pinned { Some(dev.pinned_copy_of(host)?) } else { None };
-        let issue = || match (&staged, &pinned) {
-            (Some(staged), _) => dev.issue_prestaged_into(&work.dst, staged),
-            (None, Some(pinned)) => dev.issue_h2d_into(&work.dst, pinned.bytes(), method),
-            (None, None) => dev.issue_h2d_into(&work.dst, host, method),
-        };
-        // The first copy of a method is untimed (wgpu grows its staging memory on it).
-        work.best(1, issue)?;
-        let copy_s = work.best(cfg.reps, issue)?;
-        let matmuls = ((copy_s / one_matmul).round() as usize).clamp(1, 1000);
-        let kernels_s = work.best(cfg.reps, || {
-            work.record_matmuls(matmuls);
-            Ok(())
-        })?;
-        dev.fill(&work.dst, 0.0);
-        let both_s = work.best(cfg.reps, || {
-            work.record_matmuls(matmuls);
-            dev.submit_recorded();
-            issue()
-        })?;
-        if dev.read_words(&work.dst) != host_words {
-            bail!("bench overlap: the {method:?} copy did not deliver its bytes");
-        }
-        let run = OverlapRun { method: format!("h2d {method:?}"), bytes: cfg.bytes, matmuls, copy_s, kernels_s, both_s };
+    let mut on_row = |run: OverlapRun| {
         on_run(&run);
         runs.push(run);
-        last_written = host_words;
+    };
+    let mut last_written = Vec::new();
+    for (i, method) in crate::bench::transfer::h2d_methods(dev, cfg.bytes).into_iter().enumerate() {
+        let (run, written) = upload_run(&work, cfg, one_matmul, method, i as u32)?;
+        on_row(run);
+        last_written = written;
     }
     // The way back: what the last upload left in the target, downloaded as the trainer downloads a
     // block's gradients while the next block's backward runs.
-    let download = || -> Result<Vec<Vec<f32>>> { Ok(dev.finish_read(dev.begin_read(&[&work.dst]))) };
-    download()?;
-    let copy_s = work.best(cfg.reps, download)?;
-    let matmuls = ((copy_s / one_matmul).round() as usize).clamp(1, 1000);
-    let kernels_s = work.best(cfg.reps, || {
-        work.record_matmuls(matmuls);
-        Ok(())
-    })?;
     let mut got = Vec::new();
-    let both_s = work.best(cfg.reps, || {
-        work.record_matmuls(matmuls);
-        dev.submit_recorded();
-        got = download()?;
+    let download = || -> Result<()> {
+        got = dev.finish_read(dev.begin_read(&[&work.dst]));
         Ok(())
-    })?;
+    };
+    let timings = work.time_beside(cfg.reps, one_matmul, download, || Ok(()))?;
     let got_words: Vec<u32> = got.concat().iter().map(|x| x.to_bits()).collect();
     if got_words != last_written {
         bail!("bench overlap: the download did not return the bytes on the device");
     }
-    let run = OverlapRun { method: "d2h begin_read".into(), bytes: cfg.bytes, matmuls, copy_s, kernels_s, both_s };
-    on_run(&run);
-    runs.push(run);
+    on_row(OverlapRun::new("d2h begin_read".into(), cfg.bytes, timings));
     for (i, kind) in dev.copy_queue_kinds().into_iter().enumerate() {
-        for run in queue_runs(&work, cfg, one_matmul, kind, i as u32)?.into_iter().flatten() {
-            on_run(&run);
-            runs.push(run);
-        }
+        queue_runs(&work, cfg, one_matmul, kind, i as u32)?.into_iter().flatten().for_each(&mut on_row);
     }
     Ok(runs)
+}
+
+/// The row of one upload method (`bench h2d`'s), and the words it left in the target.
+fn upload_run(work: &Work<'_>, cfg: &OverlapConfig, one_matmul: f64, method: TransferMethod, seed: u32) -> Result<(OverlapRun, Vec<u32>)> {
+    let dev = work.dev;
+    // Different bytes per method, so a copy that never happened cannot pass for the last one's.
+    let host_words: Vec<u32> = (0..cfg.bytes / 4).map(|w| (w as u32).wrapping_mul(2654435761).wrapping_add(seed)).collect();
+    let host: &[u8] = bytemuck::cast_slice(&host_words);
+    // A prestaged copy's bytes wait in staging memory filled here, untimed.
+    let staged = if method == TransferMethod::Prestaged { Some(dev.prestage(host)?) } else { None };
+    // A pinned copy's bytes wait in pinned host memory, likewise.
+    let pinned = if method == TransferMethod::Pinned { Some(dev.pinned_copy_of(host)?) } else { None };
+    let issue = || match (&staged, &pinned) {
+        (Some(staged), _) => dev.issue_prestaged_into(&work.dst, staged),
+        (None, Some(pinned)) => dev.issue_h2d_into(&work.dst, pinned.bytes(), method),
+        (None, None) => dev.issue_h2d_into(&work.dst, host, method),
+    };
+    // The first copy of a method is untimed (wgpu grows its staging memory on it); the target is
+    // cleared before the last, so the check below sees what it delivered.
+    let clear = || {
+        dev.fill(&work.dst, 0.0);
+        Ok(())
+    };
+    let timings = work.time_beside(cfg.reps, one_matmul, issue, clear)?;
+    if dev.read_words(&work.dst) != host_words {
+        bail!("bench overlap: the {method:?} copy did not deliver its bytes");
+    }
+    Ok((OverlapRun::new(format!("h2d {method:?}"), cfg.bytes, timings), host_words))
 }
 
 /// The rows of one copy queue (`gpu_copy_queue.rs`): a copy from host memory into the target, then
@@ -221,25 +248,13 @@ fn queue_runs(work: &Work<'_>, cfg: &OverlapConfig, one_matmul: f64, kind: CopyQ
     let zeros = vec![0; bytes as usize];
     let mut rows = Vec::new();
     for direction in ["h2d", "d2h"] {
-        let copy = |back: &mut HostBuffer| match direction {
-            "h2d" => dev.copy_host_to_tensor_on(kind, &src, &work.dst, bytes),
-            _ => dev.copy_tensor_to_host_on(kind, &work.dst, back, bytes),
-        };
         // Cleared, so a copy down that never happened cannot pass.
         back.write(dev, &zeros)?;
-        // The first copy is untimed (it makes the queue's command buffer).
-        work.best(1, || copy(&mut back))?;
-        let copy_s = work.best(cfg.reps, || copy(&mut back))?;
-        let matmuls = ((copy_s / one_matmul).round() as usize).clamp(1, 1000);
-        let kernels_s = work.best(cfg.reps, || {
-            work.record_matmuls(matmuls);
-            Ok(())
-        })?;
-        let both_s = work.best(cfg.reps, || {
-            work.record_matmuls(matmuls);
-            dev.submit_recorded();
-            copy(&mut back)
-        })?;
+        let copy = || match direction {
+            "h2d" => dev.copy_host_to_tensor_on(kind, &src, &work.dst, bytes),
+            _ => dev.copy_tensor_to_host_on(kind, &work.dst, &mut back, bytes),
+        };
+        let timings = work.time_beside(cfg.reps, one_matmul, copy, || Ok(()))?;
         if direction == "h2d" {
             // The target read on wgpu's queue (what its kernels would see), then on the same queue
             // into cleared host memory.
@@ -253,7 +268,7 @@ fn queue_runs(work: &Work<'_>, cfg: &OverlapConfig, one_matmul: f64, kind: CopyQ
         if back.bytes(dev)? != host_bytes {
             bail!("bench overlap: the copy {direction} on {} did not deliver its bytes", kind.describe());
         }
-        rows.push(OverlapRun { method: format!("{direction} {}", kind.name()), bytes, matmuls, copy_s, kernels_s, both_s });
+        rows.push(OverlapRun::new(format!("{direction} {}", kind.name()), bytes, timings));
     }
     Ok(Some(rows.try_into().expect("two directions")))
 }
