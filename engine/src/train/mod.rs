@@ -48,7 +48,7 @@ mod worker;
 
 use std::cell::RefCell;
 use std::sync::mpsc::{Sender, channel};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -70,8 +70,7 @@ pub use schedule::{LossScaler, LrPlan, LrSchedule};
 pub use shard::{GroupShard, Sharding, ZeroStage};
 use step::{Clock, timed};
 use worker::{
-    OptimizerGroup, Progress, ProgressState, SharedGroup, UpdateFormats, UpdateJob, UpdateRule, WorkerState, adam_seconds_total, lock,
-    optimizer_worker,
+    OptimizerGroup, Progress, SharedGroup, UpdateFormats, UpdateJob, UpdateRule, WorkerState, adam_seconds_total, lock, optimizer_worker,
 };
 
 /// Where the model's initial weights come from.
@@ -207,36 +206,8 @@ impl<'d, D: Backend> Trainer<'d, D> {
         let names: Vec<&str> = layouts.iter().map(|g| g.name.as_str()).collect();
         let exchange = grad_exchange::GradExchange::new(&train, &sharding, &shards, &names, source, nv, &mut io_notes)?;
         let device = Self::allocate_device(dev, &model, &train, &placement)?;
-        let mut scaler = if train.loss_scaled() { LossScaler::new() } else { LossScaler::fixed_one() };
-        // A resumed run carries on from the checkpoint's counters; the working copy it was built with
-        // is whole and current.
-        let (mut step, mut adam_steps) = (0, 0);
-        if let ModelSource::Checkpoint(c) = source {
-            (step, adam_steps) = (c.state.step, c.state.adam_steps);
-            let restored = LossScaler::restore(&c.state.loss_scaler);
-            if train.loss_scaled() && restored.is_fixed() {
-                // A checkpoint of `--matmul-inputs f16` from before that flag scaled the loss.
-                io_notes
-                    .push(format!("the checkpoint's loss scale is fixed at 1: this run scales the loss dynamically from {}", scaler.scale));
-            } else {
-                scaler = restored;
-            }
-            // With --param-compression the uninterrupted run computes with the decoded copy: gather
-            // again (u64::MAX: no update gathered) so that this one does too.
-            let gathered = if train.param_compression.codec().is_some() { u64::MAX } else { adam_steps };
-            shared.iter_mut().for_each(|s: &mut Mutex<SharedGroup>| lock(s).gathered = gathered);
-        }
-        let progress = Arc::new(Progress {
-            state: Mutex::new(ProgressState {
-                updated: vec![adam_steps; layouts.len()],
-                swept: adam_steps,
-                adam_seconds: Vec::new(),
-                failed: None,
-                fresh_waiting: 0,
-                fresh_stopped_through: 0,
-            }),
-            changed: Condvar::new(),
-        });
+        let (step, adam_steps, scaler) = resumed_counters(source, &train, &mut shared, &mut io_notes);
+        let progress = Arc::new(Progress::new(layouts.len(), adam_steps));
         let shared = Arc::new(shared);
         // Overlapped, the device thread's own NVMe reads and writes move to threads of their own.
         let background = |job: Job, tier: Tier| match &nvme {
@@ -422,6 +393,31 @@ fn gather_owned<'a>(comm: &Comm, sharding: &Sharding, mine: &'a [f32], padded_le
 
 /// The update rule `train` asks for. A layer-wise one gets its own channel over the ranks, split from
 /// `comm` here, at the same point on every rank.
+/// The step, the AdamW step and the loss scaler a run starts from: a fresh run's, or a resumed one's
+/// from its checkpoint (whose working copy is whole and current).
+fn resumed_counters(
+    source: &ModelSource<'_>,
+    train: &TrainConfig,
+    shared: &mut [Mutex<SharedGroup>],
+    notes: &mut Vec<String>,
+) -> (u64, u64, LossScaler) {
+    let fresh = if train.loss_scaled() { LossScaler::new() } else { LossScaler::fixed_one() };
+    let ModelSource::Checkpoint(c) = source else { return (0, 0, fresh) };
+    let restored = LossScaler::restore(&c.state.loss_scaler);
+    let scaler = if train.loss_scaled() && restored.is_fixed() {
+        // A checkpoint of `--matmul-inputs f16` from before that flag scaled the loss.
+        notes.push(format!("the checkpoint's loss scale is fixed at 1: this run scales the loss dynamically from {}", fresh.scale));
+        fresh
+    } else {
+        restored
+    };
+    // With --param-compression the uninterrupted run computes with the decoded copy: gather again
+    // (u64::MAX: no update gathered) so that this one does too.
+    let gathered = if train.param_compression.codec().is_some() { u64::MAX } else { c.state.adam_steps };
+    shared.iter_mut().for_each(|s| lock(s).gathered = gathered);
+    (c.state.step, c.state.adam_steps, scaler)
+}
+
 fn update_rule(train: &TrainConfig, comm: &Comm, replicates: bool) -> Result<UpdateRule> {
     let threads = train.adam_threads;
     match layerwise_config(train) {

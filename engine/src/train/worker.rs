@@ -129,6 +129,21 @@ pub(super) struct Progress {
     pub(super) changed: Condvar,
 }
 
+impl Progress {
+    /// `groups` groups, every one updated through AdamW step `adam_steps` (0, or a checkpoint's).
+    pub(super) fn new(groups: usize, adam_steps: u64) -> Self {
+        let state = ProgressState {
+            updated: vec![adam_steps; groups],
+            swept: adam_steps,
+            adam_seconds: Vec::new(),
+            failed: None,
+            fresh_waiting: 0,
+            fresh_stopped_through: 0,
+        };
+        Progress { state: Mutex::new(state), changed: Condvar::new() }
+    }
+}
+
 pub(super) struct ProgressState {
     pub(super) updated: Vec<u64>,
     /// The AdamW step of the last sweep finished whole: every group updated and its state written back
