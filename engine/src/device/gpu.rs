@@ -193,41 +193,9 @@ impl GpuDevice {
     }
 
     fn from_adapter(adapter: &wgpu::Adapter, summary: AdapterSummary, budget_bytes: Option<u64>) -> Result<Self> {
-        let features = adapter.features() & WANTED_FEATURES;
         let limits = adapter.limits();
         matmul::check_limits(&limits, &summary.name)?;
-        // Cooperative matrices are an experimental wgpu feature, usable only with the opt-in token.
-        let experimental_features = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
-            // SAFETY: wgpu asks the caller to accept that experimental features may have bugs. Only
-            // `matmul_coop.wgsl` uses this one, only under `--matmul-inputs f16`, and its results are
-            // checked against the twin by `tests/kernels_coop.rs` on any adapter that has the feature.
-            unsafe { wgpu::ExperimentalFeatures::enabled() }
-        } else {
-            wgpu::ExperimentalFeatures::disabled()
-        };
-        let desc = wgpu::DeviceDescriptor {
-            label: Some("zerostream"),
-            required_features: features,
-            required_limits: limits.clone(),
-            experimental_features,
-            ..Default::default()
-        };
-        // Where Vulkan refuses the extra queues, the device opens as always, without them (said).
-        let opened = match copy_queue::open_with_queues(adapter, &desc) {
-            Ok(opened) => opened,
-            Err(e) => {
-                eprintln!("warning: {e:#}; opening {:?} without copy queues", summary.name);
-                None
-            }
-        };
-        let (device, queue, copy_queues) = match opened {
-            Some(opened) => opened,
-            None => {
-                let (device, queue) =
-                    pollster::block_on(adapter.request_device(&desc)).with_context(|| format!("opening adapter {:?}", summary.name))?;
-                (device, queue, Vec::new())
-            }
-        };
+        let (device, queue, copy_queues) = open_device(adapter, &summary, &limits)?;
         let align_elems = limits.min_storage_buffer_offset_alignment as usize / 4;
         let max_window_elems = (limits.max_storage_buffer_binding_size as usize / 4).saturating_sub(align_elems);
         // Each pass's slot starts at a multiple of the uniform offset alignment.
@@ -423,3 +391,38 @@ mod errors;
 pub use memory::GpuPendingRead;
 pub use pinned::PINNED_COPY_MIN_BYTES;
 pub use staging::Prestaged;
+
+/// Opens `adapter` with the features zerostream uses (where it has them) and all of its limits: the
+/// device, its queue, and the copy queues Vulkan gives beside it (none where it refuses them, said).
+fn open_device(
+    adapter: &wgpu::Adapter,
+    summary: &AdapterSummary,
+    limits: &wgpu::Limits,
+) -> Result<(wgpu::Device, wgpu::Queue, Vec<copy_queue::CopyQueue>)> {
+    let features = adapter.features() & WANTED_FEATURES;
+    // Cooperative matrices are an experimental wgpu feature, usable only with the opt-in token.
+    let experimental_features = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+        // SAFETY: wgpu asks the caller to accept that experimental features may have bugs. Only
+        // `matmul_coop.wgsl` uses this one, only under `--matmul-inputs f16`, and its results are
+        // checked against the twin by `tests/kernels_coop.rs` on any adapter that has the feature.
+        unsafe { wgpu::ExperimentalFeatures::enabled() }
+    } else {
+        wgpu::ExperimentalFeatures::disabled()
+    };
+    let desc = wgpu::DeviceDescriptor {
+        label: Some("zerostream"),
+        required_features: features,
+        required_limits: limits.clone(),
+        experimental_features,
+        ..Default::default()
+    };
+    // Where Vulkan refuses the extra queues, the device opens as always, without them (said).
+    match copy_queue::open_with_queues(adapter, &desc) {
+        Ok(Some(opened)) => return Ok(opened),
+        Ok(None) => {}
+        Err(e) => eprintln!("warning: {e:#}; opening {:?} without copy queues", summary.name),
+    }
+    let (device, queue) =
+        pollster::block_on(adapter.request_device(&desc)).with_context(|| format!("opening adapter {:?}", summary.name))?;
+    Ok((device, queue, Vec::new()))
+}
