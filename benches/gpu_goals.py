@@ -118,10 +118,12 @@ def goals(work):
         pinned = {r["bytes"]: r["gbps"] for r in torch if r.get("kind") == "copy" and r["direction"] == link and r["memory"] == "pinned"}
         ours = {}
         # Prestaged times the device's copy of bytes staged before the clock: a bound, not a path the
-        # trainer takes, so it is not counted as ours; nor is a d2h Pinned read unless the tuner chose
-        # pinned read-backs (the trainer reads through InPlace's mapped buffers otherwise).
-        # The read-back in the adapter's table when the transfers ran (this run's tune, or an earlier one's).
+        # trainer takes, so it is not counted as ours; nor is a d2h Pinned read unless the trainer reads
+        # back that way: where the tuner chose pinned read-backs (the read-back in the adapter's table
+        # when the transfers ran), or in a --copy-queue run that finished (it reads back into pinned
+        # memory whatever the table says); the trainer reads through InPlace's mapped buffers otherwise.
         pinned_reads = any(r.get("read_back") == "pinned" for r in jsonl(work, "devices.json") if r.get("preferred"))
+        pinned_reads = pinned_reads or any(train_tokens(work, f"{n}-copyq")[0] for n in ("gpt2", "oversized-streamed"))
         not_ours = {"Prestaged"} | ({"Pinned"} if link == "d2h" and not pinned_reads else set())
         for run in (rows[0]["runs"] if rows else []):
             if run["method"] not in not_ours:
