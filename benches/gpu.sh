@@ -28,7 +28,8 @@
 #   KERNELS_LIMIT seconds `bench kernels` may run (default 240)
 #   TUNE_FLAGS    flags for `tune` (default: its GPT-2 124M/1.5B and Llama-3.2-1B shape sets; --quick on lavapipe)
 #   OVERSIZED_MODEL, OVERSIZED_BUDGET   the streamed-vs-resident pair (default llama-3.2-1b at 5GiB: its fp32 minimum at B=1 T=1024 is 4.0 GiB, so it
-#            streams its blocks; the resident run gets 60GiB); OVERSIZED_B, OVERSIZED_T (default 1, T)
+#            streams its blocks; the resident run gets 60GiB); OVERSIZED_B, OVERSIZED_T (default 1, T), OVERSIZED_ACCUM
+#            (--grad-accum, default 4: one update per 4 micro-batches, as a run of an oversized model would)
 #   BUDGET_GPT2, BUDGET_XL   --gpu-mem-budget of the two training runs (default 16GiB and 60GiB)
 #   KERNEL_FLAGS  more flags for `bench kernels` (e.g. --quick on a software adapter)
 #   OVERLAP_FLAGS more flags for `bench overlap` (e.g. --m 256 --n 256 --k 256 on a software adapter)
@@ -499,15 +500,18 @@ if "$ZS" devices --json 2>/dev/null | grep -q '"matmul_f16_coop":true'; then
 fi
 # The oversized pair: the same model streamed under a small budget and with every block resident.
 OVERSIZED_MODEL=${OVERSIZED_MODEL:-llama-3.2-1b} OVERSIZED_BUDGET=${OVERSIZED_BUDGET:-5GiB}
-OVERSIZED_B=${OVERSIZED_B:-1} OVERSIZED_T=${OVERSIZED_T:-$T}
+OVERSIZED_B=${OVERSIZED_B:-1} OVERSIZED_T=${OVERSIZED_T:-$T} OVERSIZED_ACCUM=${OVERSIZED_ACCUM:-4}
+# Micro-batches per step: at 1 the update over all parameters paces each step's forward (the
+# 2026-11-28 trace: 0.30 s of 0.90 s waiting for it), which no overlap of copies can hide.
+oversized_flags=(--grad-accum "$OVERSIZED_ACCUM")
 if ! skipped oversized; then
-  train oversized-streamed "$OVERSIZED_MODEL" "$OVERSIZED_BUDGET" 150 "$OVERSIZED_B" "$OVERSIZED_T" "$STEPS"
-  train oversized-resident "$OVERSIZED_MODEL" 60GiB 150 "$OVERSIZED_B" "$OVERSIZED_T" "$STEPS"
-  skipped copyq || train oversized-streamed-copyq "$OVERSIZED_MODEL" "$OVERSIZED_BUDGET" 150 "$OVERSIZED_B" "$OVERSIZED_T" "$STEPS" --copy-queue
+  train oversized-streamed "$OVERSIZED_MODEL" "$OVERSIZED_BUDGET" 150 "$OVERSIZED_B" "$OVERSIZED_T" "$STEPS" "${oversized_flags[@]}"
+  train oversized-resident "$OVERSIZED_MODEL" 60GiB 150 "$OVERSIZED_B" "$OVERSIZED_T" "$STEPS" "${oversized_flags[@]}"
+  skipped copyq || train oversized-streamed-copyq "$OVERSIZED_MODEL" "$OVERSIZED_BUDGET" 150 "$OVERSIZED_B" "$OVERSIZED_T" "$STEPS" "${oversized_flags[@]}" --copy-queue
 fi
 # The streamed run again with the working copies in pageable memory (uploads through the staging ring):
 # what pinned working copies (the default) gained.
-skipped oversized || skipped unpinned || train oversized-streamed-unpinned "$OVERSIZED_MODEL" "$OVERSIZED_BUDGET" 150 "$OVERSIZED_B" "$OVERSIZED_T" "$STEPS" --no-pin-memory
+skipped oversized || skipped unpinned || train oversized-streamed-unpinned "$OVERSIZED_MODEL" "$OVERSIZED_BUDGET" 150 "$OVERSIZED_B" "$OVERSIZED_T" "$STEPS" "${oversized_flags[@]}" --no-pin-memory
 # Last: the 1.5B run, the least needed by the goals.
 skipped train-gpt2-xl || train gpt2-xl gpt2-xl "$BUDGET_XL" 240 "$XL_B" "$XL_T" "$XL_STEPS"
 render

@@ -156,7 +156,7 @@ def goals(work):
                         why=part_note(work, "train-oversized-streamed" if not streamed else "train-oversized-resident")))
     busy = [r.get("gpu_busy_fraction") for r in rows if r.get("gpu_busy_fraction") is not None]
     if busy:
-        out.append(goal("oversized_gpu_busy", 0.9, statistics.mean(busy), f"mean of {len(busy)} steps after the first{flags}"))
+        out.append(goal("oversized_gpu_busy", 0.9, statistics.mean(busy), f"mean of {len(busy)} steps after the first{flags}, {rows[0].get('tokens', '?')} tokens a step"))
     else:
         out.append(goal("oversized_gpu_busy", 0.9, None,
                         why="no gpu_busy_fraction in the streamed run's metrics (an older binary, no timestamps, or the run failed)"))
