@@ -361,7 +361,11 @@ mod copy_queue;
 
 #[path = "gpu_copy_route.rs"]
 mod copy_route;
-pub use copy_queue::{CopyQueueKind, HostBuffer};
+pub use copy_queue::CopyQueueKind;
+
+#[path = "gpu_host_buffer.rs"]
+mod host_buffer;
+pub use host_buffer::HostBuffer;
 
 #[path = "gpu_attention.rs"]
 mod attention;
