@@ -329,7 +329,8 @@ impl Codec {
 
     /// Error feedback around [`Codec::encode`]: `x + residual` is encoded into `out`, and `residual`
     /// becomes what the encoding dropped of it (`x + residual - decoded`), to be sent with the next
-    /// gradient of the same slice. int8 and onebit do it in one pass per chunk while it is in cache.
+    /// gradient of the same slice. bf16 does it in one pass, int8 and onebit in one pass per chunk
+    /// while it is in cache.
     pub fn encode_with_feedback(&self, x: &[f32], residual: &mut [f32], out: &mut [u8]) {
         assert_eq!(out.len(), self.encoded_bytes(x.len()), "encode: output length");
         match self.mode {
@@ -340,6 +341,18 @@ impl Codec {
                     .zip(residual.par_chunks_mut(run).zip(x.par_chunks(run)))
                     .for_each(|((s, p), (r, x))| self.feedback_run(x, r, s, p))
             }
+            // One pass, the same operations per element as the three below.
+            GradCompression::Bf16 => out
+                .par_chunks_mut(2 * ELEMS_PER_TASK)
+                .zip(residual.par_chunks_mut(ELEMS_PER_TASK).zip(x.par_chunks(ELEMS_PER_TASK)))
+                .for_each(|(o, (r, x))| {
+                    for ((o, r), v) in o.chunks_exact_mut(2).zip(r).zip(x) {
+                        *r += v;
+                        let sent = half::bf16::from_f32(*r);
+                        o.copy_from_slice(&sent.to_bits().to_le_bytes());
+                        *r -= sent.to_f32();
+                    }
+                }),
             _ => {
                 residual.par_iter_mut().zip(x).for_each(|(r, v)| *r += v);
                 self.encode(residual, out);
