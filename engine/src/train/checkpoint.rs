@@ -523,3 +523,6 @@ pub fn truncate_metrics(path: &Path, step: u64) -> Result<()> {
         .collect();
     write_file_atomic(path, kept.as_bytes())
 }
+
+#[cfg(test)]
+mod tests;
