@@ -190,6 +190,19 @@ pub const MEANING_FLAGS: &[&str] = &[
     "dropout",
 ];
 
+/// The setting `k` of `f` as one of `E`'s names; where it is missing, `absent` (a checkpoint from
+/// before the flag), or an error where every checkpoint has it (None).
+fn enum_flag<E: ValueEnum>(f: &Flags, k: &str, absent: Option<E>) -> Result<E> {
+    match (f.get(k), absent) {
+        (None, Some(e)) => Ok(e),
+        (None, None) => bail!("the setting {k} is missing"),
+        (Some(v), _) => {
+            let name = v.as_str().with_context(|| format!("{k}: expected a string"))?;
+            E::from_str(name, true).map_err(|e| anyhow::anyhow!("{k}: {e}"))
+        }
+    }
+}
+
 fn enum_name<E: ValueEnum>(e: E) -> String {
     e.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default()
 }
@@ -380,9 +393,8 @@ impl TrainConfig {
         let float = |k: &str| get(k)?.as_f64().with_context(|| format!("{k}: expected a number"));
         let flag = |k: &str| get(k)?.as_bool().with_context(|| format!("{k}: expected true or false"));
         let text = |k: &str| get(k)?.as_str().map(str::to_string).with_context(|| format!("{k}: expected a string"));
-        let parse_enum = |k: &str| -> Result<String> { text(k) };
-        let precision = Precision::from_str(&parse_enum("precision")?, true).map_err(|e| anyhow::anyhow!("precision: {e}"))?;
-        let schedule = LrSchedule::from_str(&parse_enum("lr-schedule")?, true).map_err(|e| anyhow::anyhow!("lr-schedule: {e}"))?;
+        let precision = enum_flag(f, "precision", None)?;
+        let schedule = enum_flag(f, "lr-schedule", None)?;
         let steps = uint("steps")?;
         let engine: IoEngineKind = text("io-engine")?.parse().map_err(|e: String| anyhow::anyhow!("io-engine: {e}"))?;
         let stage = ZeroStage::from_number(uint("zero-stage")? as u8).context("zero-stage: expected 0, 1, 2 or 3")?;
@@ -433,17 +445,9 @@ impl TrainConfig {
                 .and_then(Value::as_u64)
                 .map_or(crate::model::vocab::DEFAULT_CHUNK_ROWS, |n| n as usize),
             // Checkpoints from before --matmul-inputs multiplied f32 inputs.
-            matmul_inputs: match f.get("matmul-inputs") {
-                None => MatmulInputs::F32,
-                Some(_) => {
-                    MatmulInputs::from_str(&parse_enum("matmul-inputs")?, true).map_err(|e| anyhow::anyhow!("matmul-inputs: {e}"))?
-                }
-            },
+            matmul_inputs: enum_flag(f, "matmul-inputs", Some(MatmulInputs::F32))?,
             // Checkpoints from before --adam-state kept fp32 moments.
-            adam_state: match f.get("adam-state") {
-                None => AdamState::Fp32,
-                Some(_) => AdamState::from_str(&parse_enum("adam-state")?, true).map_err(|e| anyhow::anyhow!("adam-state: {e}"))?,
-            },
+            adam_state: enum_flag(f, "adam-state", Some(AdamState::Fp32))?,
             // Checkpoints from before --grad-compression exchanged f32.
             grad_compression: match f.get("grad-compression") {
                 None => GradCompression::None,
@@ -458,22 +462,11 @@ impl TrainConfig {
             // Checkpoints from before --freeze-variance updated it every step.
             freeze_variance: f.get("freeze-variance").and_then(Value::as_bool).unwrap_or(false),
             // Checkpoints from before --all-reduce-phases chose as auto does now.
-            all_reduce_phases: match f.get("all-reduce-phases") {
-                None => crate::comm::AllReducePhases::Auto,
-                Some(_) => crate::comm::AllReducePhases::from_str(&parse_enum("all-reduce-phases")?, true)
-                    .map_err(|e| anyhow::anyhow!("all-reduce-phases: {e}"))?,
-            },
+            all_reduce_phases: enum_flag(f, "all-reduce-phases", Some(crate::comm::AllReducePhases::Auto))?,
             // Checkpoints from before --param-compression gathered the working copy exactly.
-            param_compression: match f.get("param-compression") {
-                None => ParamCompression::None,
-                Some(_) => ParamCompression::from_str(&parse_enum("param-compression")?, true)
-                    .map_err(|e| anyhow::anyhow!("param-compression: {e}"))?,
-            },
+            param_compression: enum_flag(f, "param-compression", Some(ParamCompression::None))?,
             // Checkpoints from before --optimizer trained with AdamW.
-            optimizer: match f.get("optimizer") {
-                None => Optimizer::Adamw,
-                Some(_) => Optimizer::from_str(&parse_enum("optimizer")?, true).map_err(|e| anyhow::anyhow!("optimizer: {e}"))?,
-            },
+            optimizer: enum_flag(f, "optimizer", Some(Optimizer::Adamw))?,
             momentum: f.get("momentum").and_then(Value::as_f64).unwrap_or(0.9),
             trust_coefficient: f.get("trust-coefficient").and_then(Value::as_f64).unwrap_or(0.001),
         })
