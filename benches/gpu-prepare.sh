@@ -19,7 +19,8 @@ strip -o .device/zerostream target/release/zerostream
 # The GPU tests that only a real GPU can settle (cross-queue order under --copy-queue, timestamps, the
 # goldens on that adapter), stripped and packed (xz: a third of their size); gpu.sh runs them.
 tests=$(mktemp -d)
-cargo test --release -p zerostream --no-run --message-format=json $(printf -- '--test %s ' $GPU_TESTS) 2>/dev/null |
+trap 'rm -rf "$tests"' EXIT
+cargo test --release -p zerostream --no-run --message-format=json $(printf -- '--test %s ' $GPU_TESTS) |
   python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)
@@ -28,7 +29,6 @@ for line in sys.stdin:
   while read -r name exe; do strip -o "$tests/$name" "$exe"; done
 [ "$(ls "$tests" | wc -l)" -eq "$(echo $GPU_TESTS | wc -w)" ] || { echo "gpu-prepare: test executables missing: $(ls "$tests")" >&2; exit 1; }
 tar -C "$tests" -cJf .device/tests.tar.xz .
-rm -rf "$tests"
 if ! ls .gl/libvulkan1_*.deb >/dev/null 2>&1; then
   lists=$(mktemp -d); mkdir -p .gl "$lists/partial"
   o="-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=$lists"

@@ -6,8 +6,10 @@
 #
 # Usage: bash benches/gpu-tests.sh TESTS.tar.xz UNPACK_DIR
 set -uo pipefail
+[ $# -eq 2 ] || { echo "usage: bash benches/gpu-tests.sh TESTS.tar.xz UNPACK_DIR" >&2; exit 2; }
 packed=$1 dir=$2
 mkdir -p "$dir" && tar -C "$dir" -xJf "$packed" || { echo "gpu-tests: cannot unpack $packed into $dir" >&2; exit 3; }
+dir=$(cd "$dir" && pwd)
 cd "$(dirname "$0")/../engine" || exit 3
 rc=0
 for t in "$dir"/*; do

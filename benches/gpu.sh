@@ -2,8 +2,10 @@
 # benches/gpu.sh: what a lent GPU machine should measure, in one command, written into ONE markdown file
 # and a JSON file of issue #22's goals beside it (results.json: each goal a named ratio, see
 # benches/gpu_goals.py): first `zerostream selftest --device gpu` (every kernel and matmul variant
-# against its plain-Rust twin on this adapter) and `zerostream tune` (the matmul, attention and cooperative-matrix variants timed per shape
-# class; the table it writes is what every later part runs with), then
+# against its plain-Rust twin on this adapter), the GPU test executables packed beside the binary
+# (benches/gpu-prepare.sh; --copy-queue's order across two queues, the goldens) and `zerostream tune`
+# (the matmul, attention and cooperative-matrix variants timed per shape class; the table it writes
+# is what every later part runs with), then
 # the adapter (zerostream devices, nvidia-smi), `zerostream bench kernels` (GPT-2 124M and 1.5B shapes, and
 # which matmul path the adapter took: tile configuration, subgroup or cooperative-matrix use),
 # `bench h2d` / `bench d2h`, `bench overlap` (whether copies run under kernels on wgpu's one queue), a GPT-2 124M and a GPT-2 1.5B (gpt2-xl) training run on the GPU, and PyTorch
@@ -373,7 +375,7 @@ skipped selftest || part selftest 120 "$ZS" selftest --device gpu --json
 TESTS=${TESTS:-$(dirname "$ZS")/tests.tar.xz}
 if ! skipped tests; then
   if [ -f "$TESTS" ]; then
-    part tests 150 bash "$here/gpu-tests.sh" "$TESTS" "$work/tests"
+    part tests 90 bash "$here/gpu-tests.sh" "$TESTS" "$work/tests"
   else
     echo "tests rc=absent 0s: no packed GPU tests at $TESTS (benches/gpu-prepare.sh makes them)" | tee -a "$work/parts.txt" >&2
   fi

@@ -198,6 +198,12 @@ fn copy_queue_gives_bit_identical_runs() {
         assert!(up > 0 && down > 0, "{:?}: {up} bytes up and {down} down on the copy queue", tc.precision);
         assert!(bits(&two_queues) == bits(&one_queue), "{:?} sequential {}: the copy queue changed the run", tc.precision, tc.sequential);
     }
+    // A read-back kind chosen while the route is on stands after it.
+    gpu.set_copy_queue(false).unwrap();
+    gpu.set_copy_queue(true).unwrap();
+    gpu.set_read_back(ReadBack::Pinned).unwrap();
+    gpu.set_copy_queue(false).unwrap();
+    assert_eq!(gpu.read_back(), ReadBack::Pinned, "turning --copy-queue off undid a later choice");
     drop(gpu);
     let tc = TrainConfig { recompute: true, ..base };
     let cfg = zerostream::model::Model::of_hf(&HfModel::open(&golden_dir("gpt2-tiny-accum").join("model")).unwrap()).unwrap();

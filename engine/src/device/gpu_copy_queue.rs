@@ -18,8 +18,10 @@
 //! is dropped, may run on whichever thread lets it go, after every copy here has finished).
 //!
 //! Buffers: the copies here touch only buffers that wgpu's queue is not using meanwhile (the caller's
-//! rule), and a buffer a copy queue of another family wrote is read back on that same queue, so no
-//! ownership moves between families. Vulkan only (Linux and Windows). A child module of `gpu`.
+//! rule). wgpu's buffers belong to one queue family at a time (EXCLUSIVE), and no ownership moves
+//! between families here: a copy on a transfer-only family's queue overwrites its target whole, and
+//! what it wrote is read back on that same queue only (Vulkan leaves it undefined on another family's
+//! queue without an ownership transfer). Vulkan only (Linux and Windows). A child module of `gpu`.
 
 use anyhow::{Context, Result, bail};
 
@@ -116,16 +118,22 @@ impl GpuDevice {
         let queue = self.copy_queues.iter().find(|q| q.kind() == kind).with_context(|| format!("this device has no {}", kind.name()))?;
         for c in copies {
             let fits = |offset: u64, buffer: &wgpu::Buffer| offset.checked_add(c.size).is_some_and(|end| end <= buffer.size());
-            let words = [c.size, c.src_offset, c.dst_offset].iter().all(|n| n.is_multiple_of(4));
-            if c.size == 0 || !words || !fits(c.src_offset, c.src) || !fits(c.dst_offset, c.dst) {
-                bail!(
-                    "a copy of {} bytes from offset {} of a {}-byte buffer to offset {} of a {}-byte one: empty, out of range or not whole words",
-                    c.size,
-                    c.src_offset,
+            let what = || {
+                let (size, from, to) = (c.size, c.src_offset, c.dst_offset);
+                format!(
+                    "a copy of {size} bytes from offset {from} of a {}-byte buffer to offset {to} of a {}-byte one",
                     c.src.size(),
-                    c.dst_offset,
                     c.dst.size()
-                );
+                )
+            };
+            if c.size == 0 {
+                bail!("{}: empty", what());
+            }
+            if ![c.size, c.src_offset, c.dst_offset].iter().all(|n| n.is_multiple_of(4)) {
+                bail!("{}: not whole 4-byte words", what());
+            }
+            if !fits(c.src_offset, c.src) || !fits(c.dst_offset, c.dst) {
+                bail!("{}: out of range", what());
             }
         }
         queue.submit(copies, None, None)
@@ -330,8 +338,13 @@ mod vulkan {
         ) -> Result<()> {
             let (fence, commands) = self.take_spare()?;
             if let Err(e) = self.record_and_submit(commands, fence, copies, handles, wait, signal) {
-                // Never submitted: both are kept for the next, reset (an unsignalled fence resets too).
-                self.keep_spare(fence, commands)?;
+                // A lost device leaves the fence and command buffer in no known state: leaked. Else
+                // nothing was submitted: both are kept for the next, reset (an unsignalled fence
+                // resets too).
+                let lost = e.root_cause().downcast_ref::<vk::Result>() == Some(&vk::Result::ERROR_DEVICE_LOST);
+                if !lost && let Err(reset) = self.keep_spare(fence, commands) {
+                    return Err(e.context(format!("and resetting its command buffer failed too: {reset:#}")));
+                }
                 return Err(e);
             }
             let kept = copies.iter().flat_map(|c| [c.src.clone(), c.dst.clone()]).collect();
@@ -354,8 +367,8 @@ mod vulkan {
             let after_copies = (vk::PipelineStageFlags::TRANSFER, vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE);
             let to_host = (vk::PipelineStageFlags::HOST, vk::AccessFlags::HOST_READ);
             // SAFETY: the command buffer is reset (new, or reset with its fence after its submission
-            // finished) and recorded by this thread only; every buffer handle is live (the wgpu
-            // buffers are kept in `in_flight` until the fence signals).
+            // finished or failed) and recorded by this thread only; every buffer handle is live (the
+            // wgpu buffers are kept in `in_flight` until the fence signals).
             unsafe {
                 let begin = vk::CommandBufferBeginInfo::default().flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
                 raw.begin_command_buffer(commands, &begin).map_err(|e| anyhow!("vkBeginCommandBuffer: {e}"))?;
@@ -380,7 +393,8 @@ mod vulkan {
                         .signal_semaphores(&signal_sems)
                         .push_next(&mut timeline);
                 }
-                raw.queue_submit(self.queue, &[submit], fence).map_err(|e| anyhow!("vkQueueSubmit on the {}: {e}", self.kind.name()))
+                raw.queue_submit(self.queue, &[submit], fence)
+                    .map_err(|e| anyhow::Error::new(e).context(format!("vkQueueSubmit on the {}", self.kind.name())))
             }
         }
 

@@ -46,9 +46,8 @@ impl GpuDevice {
         }
         self.synchronize();
         if !on {
-            if let Some(route) = self.copy_route.borrow_mut().take()
-                && let Some(chosen) = route.read_back_before
-            {
+            let route = self.copy_route.borrow_mut().take();
+            if let Some(chosen) = route.and_then(|r| r.read_back_before.get()) {
                 self.set_read_back(chosen)?;
             }
             return Ok(());
@@ -61,10 +60,11 @@ impl GpuDevice {
                 self.summary.backend
             );
         };
-        let mut route = Route::new(&self.device, queue, kind)?;
-        if self.read_back() != ReadBack::Pinned && self.pinned_read_back_unavailable().is_none() {
-            route.read_back_before = Some(self.read_back());
-            self.set_read_back(ReadBack::Pinned)?;
+        let route = Route::new(&self.device, queue, kind)?;
+        let chosen = self.read_back();
+        // Where the adapter makes no pinned read-backs, they stay mapped, on wgpu's queue.
+        if chosen != ReadBack::Pinned && self.set_read_back(ReadBack::Pinned).is_ok() {
+            route.read_back_before.set(Some(chosen));
         }
         *self.copy_route.borrow_mut() = Some(Rc::new(route));
         Ok(())
@@ -124,14 +124,29 @@ pub(super) struct Route {
     /// Bytes moved up (pinned uploads) and down (pinned read-backs) on the copy queue.
     pub(super) up_bytes: Cell<u64>,
     pub(super) down_bytes: Cell<u64>,
-    /// The read-back kind chosen before the route moved read-backs to pinned memory, restored after.
-    read_back_before: Option<ReadBack>,
+    /// The read-back kind chosen before the route moved read-backs to pinned memory, restored after
+    /// (None: nothing to restore, or a later choice stands: [`Self::keep_read_back`]).
+    read_back_before: Cell<Option<ReadBack>>,
     order: Order,
 }
 
 impl Route {
     fn new(device: &wgpu::Device, queue: usize, kind: CopyQueueKind) -> Result<Self> {
-        Ok(Route { queue, kind, up_bytes: Cell::new(0), down_bytes: Cell::new(0), read_back_before: None, order: Order::new(device)? })
+        Ok(Route {
+            queue,
+            kind,
+            up_bytes: Cell::new(0),
+            down_bytes: Cell::new(0),
+            read_back_before: Cell::new(None),
+            order: Order::new(device)?,
+        })
+    }
+}
+
+impl Route {
+    /// A read-back kind set while the route is on stands after it, too.
+    pub(super) fn keep_read_back(&self) {
+        self.read_back_before.set(None);
     }
 }
 
@@ -241,8 +256,10 @@ mod vulkan {
             // on whichever thread lets them go (a pinned region's, on the AdamW thread).
             let values = [self.last_compute.load(Ordering::Acquire), self.last_copy.load(Ordering::Acquire)];
             if let Err(e) = self.wait(&[self.compute, self.copies], &values) {
-                // A hung queue may still use them: leaked rather than destroyed under it.
+                // A hung queue may still use them: leaked rather than destroyed under it, with the
+                // device they belong to.
                 eprintln!("warning: --copy-queue's semaphores are leaked: their last submissions did not finish ({e:#})");
+                std::mem::forget(self._device.clone());
                 return;
             }
             // SAFETY: no submission in flight refers to them any more (waited for above); the device

@@ -203,6 +203,9 @@ impl GpuDevice {
         }
         self.pinned.read_back.set(kind);
         self.pinned.read_back_refused.set(false);
+        if let Some(route) = self.route() {
+            route.keep_read_back();
+        }
         self.spare_staging.borrow_mut().retain(|s| s.kind() == kind);
         Ok(())
     }
