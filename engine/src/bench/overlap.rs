@@ -231,8 +231,7 @@ fn upload_run(work: &Work<'_>, cfg: &OverlapConfig, one_matmul: f64, method: Tra
 /// The rows of one copy queue (`gpu_copy_queue.rs`): a copy from host memory into the target, then
 /// the target's bytes back into host memory, each on that queue beside matmuls on wgpu's. Each copy's
 /// bytes are checked: the upload's read back on the same queue, and on wgpu's where the queue is of
-/// wgpu's family. None (and a warning)
-/// where the adapter makes no host buffer.
+/// wgpu's family. None (and a warning) where the adapter makes no host buffer.
 fn queue_runs(work: &Work<'_>, cfg: &OverlapConfig, one_matmul: f64, kind: CopyQueueKind, seed: u32) -> Result<Option<[OverlapRun; 2]>> {
     let dev = work.dev;
     let bytes = cfg.bytes;

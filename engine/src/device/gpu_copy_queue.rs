@@ -328,7 +328,8 @@ mod vulkan {
         /// one command buffer, between a barrier after this queue's earlier copies and one that makes
         /// the writes visible to the host, and submits it, fenced; where given, after the timeline
         /// semaphore `wait` reaches its value (before any copy starts), and signalling `signal`'s value
-        /// when done. On an error nothing was submitted, and the fence and command buffer are kept.
+        /// when done. On an error nothing was submitted, and the fence and command buffer are kept for
+        /// the next (leaked where the device was lost).
         pub(in crate::device::gpu) fn submit_resolved(
             &self,
             copies: &[BufferCopy<'_>],

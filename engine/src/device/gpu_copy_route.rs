@@ -141,9 +141,7 @@ impl Route {
             order: Order::new(device)?,
         })
     }
-}
 
-impl Route {
     /// A read-back kind set while the route is on stands after it, too.
     pub(super) fn keep_read_back(&self) {
         self.read_back_before.set(None);
