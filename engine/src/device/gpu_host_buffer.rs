@@ -48,12 +48,17 @@ impl HostBuffer {
 
     /// Waits for `dev`'s copy queues where a copy was issued with this buffer since the last wait.
     fn wait(&self, dev: &GpuDevice) -> Result<()> {
-        if dev.device != self.device {
-            bail!("a host buffer used with a GPU device other than the one that made it");
-        }
+        self.check_device(dev)?;
         if self.copying.get() {
             dev.wait_for_copy_queues()?;
             self.copying.set(false);
+        }
+        Ok(())
+    }
+
+    fn check_device(&self, dev: &GpuDevice) -> Result<()> {
+        if dev.device != self.device {
+            bail!("a host buffer used with a GPU device other than the one that made it");
         }
         Ok(())
     }
@@ -89,9 +94,7 @@ impl GpuDevice {
     }
 
     fn copy_with_host(&self, kind: CopyQueueKind, host: &HostBuffer, copy: BufferCopy<'_>) -> Result<()> {
-        if host.device != self.device {
-            bail!("a host buffer used with a GPU device other than the one that made it");
-        }
+        host.check_device(self)?;
         self.copy_on_queue(kind, &[copy])?;
         host.copying.set(true);
         Ok(())
