@@ -70,6 +70,19 @@ impl GpuDevice {
         Ok(())
     }
 
+    /// Why `--copy-queue` cannot move both uploads and read-backs here (`selftest` leaves its check out
+    /// then), or None: no queue it may take, no pinned host memory, or no timeline semaphores.
+    pub fn copy_queue_unavailable(&self) -> Option<String> {
+        let usable = [CopyQueueKind::SameFamily, CopyQueueKind::SharedStandIn];
+        let Some((queue, kind)) = self.copy_queue_kinds().into_iter().enumerate().find(|(_, k)| usable.contains(k)) else {
+            return Some(format!("no copy queue on {} (copy queues are Vulkan's: Linux, Windows)", self.summary.backend));
+        };
+        if let Some(why) = self.pinned_read_back_unavailable() {
+            return Some(format!("no pinned host memory for its copies: {why}"));
+        }
+        Route::new(&self.device, queue, kind).err().map(|e| format!("{e:#}"))
+    }
+
     /// Bytes uploaded and read back on the copy queue since `--copy-queue` was last set on.
     pub fn copy_queue_bytes(&self) -> (u64, u64) {
         self.route().map_or((0, 0), |r| (r.up_bytes.get(), r.down_bytes.get()))

@@ -178,3 +178,54 @@ pub fn check_cast_to_f16(dev: &GpuDevice, size: Size) -> Result<Vec<CheckResult>
     }
     Ok(vec![check.finish()])
 }
+
+/// Turns `--copy-queue` off again when dropped (also when a check panics).
+struct RouteOff<'a>(&'a GpuDevice);
+
+impl Drop for RouteOff<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.set_copy_queue(false);
+    }
+}
+
+/// `--copy-queue`'s order between wgpu's queue and the copy queue (`gpu_copy_route.rs`), bit for bit
+/// against the twin: rounds of new values written into one pinned buffer, uploaded from it on the copy
+/// queue into the same tensor, added to a constant by a kernel on wgpu's queue into the same output,
+/// and read back into pinned memory on the copy queue. A copy that ran before the kernel it waits for
+/// (or after the one that waits for it), or a host write before the copy out of the buffer, shows as
+/// another round's values. On lavapipe wgpu's own queue stands in, so only a real second queue tests
+/// the order itself; everywhere the copies, semaphores and waits run. Where the route is refused, the
+/// check says so (`not_checked` names why).
+pub fn check_copy_queue(dev: &GpuDevice) -> Result<Vec<CheckResult>> {
+    let mut check = Check::new("copy_queue order", Tolerance::Bits);
+    // One word past 1 MiB: above the pinned-copy threshold, and ragged.
+    let n = (1 << 18) + 3;
+    let constant = random(9000, n, 1.0);
+    dev.set_copy_queue(true)?;
+    let _off = RouteOff(dev);
+    let mut pinned = match dev.alloc_pinned(4 * n) {
+        Ok(buf) => buf,
+        Err(why) => {
+            check.fail(format!("no pinned host memory for the uploads: {why}"));
+            return Ok(vec![check.finish()]);
+        }
+    };
+    // Made under the route, so each is ready for raw copies (cleared on wgpu's queue first).
+    let (x, c, out) =
+        (dev.alloc(n, "selftest copy-queue x")?, dev.alloc(n, "selftest copy-queue c")?, dev.alloc(n, "selftest copy-queue out")?);
+    dev.write(&c, &constant);
+    let before = dev.copy_queue_bytes();
+    for round in 0..4u64 {
+        let values = random(9001 + round, n, 100.0);
+        pinned.as_mut_slice::<f32>()[..n].copy_from_slice(&values);
+        dev.write(&x, &pinned.as_slice::<f32>()[..n]);
+        dev.residual_forward(&out, &x, &c);
+        let want: Vec<f32> = values.iter().zip(&constant).map(|(v, k)| v + k).collect();
+        check.compare(&format!("round {round}"), &dev.read(&out), &want);
+    }
+    let (up, down) = dev.copy_queue_bytes();
+    if up <= before.0 || down <= before.1 {
+        check.fail(format!("the copies did not take the copy queue ({} bytes up, {} down)", up - before.0, down - before.1));
+    }
+    Ok(vec![check.finish()])
+}

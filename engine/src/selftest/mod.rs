@@ -278,6 +278,9 @@ pub fn run(dev: &AnyDevice, size: Size, progress: &mut dyn FnMut(Event)) -> Repo
             if let Some(variant) = packing.filter(|_| g.has_coop_matmul()) {
                 entries.push(entry("matmul_coop packed pieces", move |d| gpu_only::check_coop_packed_pieces(d, variant)));
             }
+            if g.copy_queue_unavailable().is_none() {
+                entries.push(entry("copy_queue order", gpu_only::check_copy_queue));
+            }
             let mut results = run_entries(g, entries, "", progress);
             results.extend(run_small_bindings(g, progress));
             results
@@ -288,13 +291,15 @@ pub fn run(dev: &AnyDevice, size: Size, progress: &mut dyn FnMut(Event)) -> Repo
 }
 
 /// The kernels [`run`] leaves out on `dev`, and why: the cooperative-matrix matmul on an adapter
-/// without what it needs.
+/// without what it needs, and `--copy-queue`'s order where the route cannot be set.
 pub fn not_checked(dev: &AnyDevice) -> Vec<NotChecked> {
     let AnyDevice::Gpu(g) = dev else { return Vec::new() };
-    gpu::coop_unavailable(g.summary())
-        .map(|why| NotChecked { kernel: "matmul_coop".into(), why: format!("{why}; `--matmul-inputs f16` is refused on this adapter") })
-        .into_iter()
-        .collect()
+    let coop = gpu::coop_unavailable(g.summary())
+        .map(|why| NotChecked { kernel: "matmul_coop".into(), why: format!("{why}; `--matmul-inputs f16` is refused on this adapter") });
+    let copy_queue = g
+        .copy_queue_unavailable()
+        .map(|why| NotChecked { kernel: "copy_queue order".into(), why: format!("{why}; `--copy-queue` cannot move both ways here") });
+    coop.into_iter().chain(copy_queue).collect()
 }
 
 /// What the adapter lacks that zerostream uses where it can, each with what it costs, in words (nothing
