@@ -301,14 +301,21 @@ mod vulkan {
         }
 
         /// Resets a finished (or never submitted) submission's fence and command buffer and keeps them
-        /// for the next.
+        /// for the next; where a reset fails, frees both instead (nothing uses them any more).
         fn keep_spare(&self, fence: vk::Fence, commands: vk::CommandBuffer) -> Result<()> {
-            // SAFETY: the submission is done (its fence signalled) or was never made, so both may be reset.
+            // SAFETY: the submission is done (its fence signalled) or was never made, so both may be
+            // reset, or destroyed.
             unsafe {
-                self.raw.reset_fences(&[fence]).map_err(|e| anyhow!("vkResetFences: {e}"))?;
-                self.raw
-                    .reset_command_buffer(commands, vk::CommandBufferResetFlags::empty())
-                    .map_err(|e| anyhow!("vkResetCommandBuffer: {e}"))?;
+                let reset = self.raw.reset_fences(&[fence]).map_err(|e| anyhow!("vkResetFences: {e}")).and_then(|()| {
+                    self.raw
+                        .reset_command_buffer(commands, vk::CommandBufferResetFlags::empty())
+                        .map_err(|e| anyhow!("vkResetCommandBuffer: {e}"))
+                });
+                if let Err(e) = reset {
+                    self.raw.destroy_fence(fence, None);
+                    self.raw.free_command_buffers(self.pool, &[commands]);
+                    return Err(e);
+                }
             }
             self.spare.borrow_mut().push((fence, commands));
             Ok(())
@@ -431,15 +438,20 @@ mod vulkan {
                 anyhow!("waiting for the {} ({} submissions, {} s at most): {e}", self.kind.name(), fences.len(), WAIT_LIMIT.as_secs())
             })?;
             let done: Vec<Submitted> = self.in_flight.borrow_mut().drain(..).collect();
-            done.into_iter().try_for_each(|s| self.keep_spare(s.fence, s.commands))
+            // Every one kept or freed, the first failure reported.
+            let kept: Vec<Result<()>> = done.into_iter().map(|s| self.keep_spare(s.fence, s.commands)).collect();
+            kept.into_iter().collect()
         }
     }
 
     impl Drop for CopyQueue {
         fn drop(&mut self) {
-            if let Err(e) = self.wait_idle() {
+            if let Err(e) = self.wait_idle()
+                && !self.in_flight.borrow().is_empty()
+            {
                 // Its submissions may still run (a hung device): their objects and buffers are leaked
-                // rather than freed under them.
+                // rather than freed under them. (With none left in flight, only a reset failed: the
+                // copies are done, and what is left is freed below.)
                 eprintln!("warning: the {} did not finish its copies ({e:#}); its command pool is leaked", self.kind.name());
                 std::mem::forget(std::mem::take(&mut *self.in_flight.borrow_mut()));
                 return;

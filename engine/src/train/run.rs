@@ -200,15 +200,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
     // The held-out tokens with the micro-batches each validation reads.
     let validation = validation.as_ref().map(|v| Ok::<_, anyhow::Error>((v, eval_batches(v, options, &train, &say)?))).transpose()?;
     let root = checkpoint_root(&say, options, lead)?;
-    let record = RunRecord {
-        seed: options.seed,
-        data: tokens.path.display().to_string(),
-        data_tokens: tokens.len,
-        settings: run_settings(&train, options, world),
-        save_dtype: options.save_dtype.unwrap_or(SaveDtype::of(train.precision)),
-        keep: options.checkpoints.keep,
-        tokenizer_files: tokenizer_files(&say, options, &model)?,
-    };
+    let record = run_record(options, &train, &model, &tokens, world, &say)?;
     announce_nvme_state(&say, &train, &model, world, dev.alloc_costs());
     let mut trainer = Trainer::with_comm(dev, &source, train, comm)?;
     if let ModelSource::Checkpoint(c) = &source {
@@ -244,14 +236,32 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
     }
     let sample = sample_text(&mut trainer, options, &model, lead, &say)?;
     let traffic = Traffic::of(&outcome.reports, trainer.nvme_traffic());
-    let device = dev.describe();
-    let (placement, data_tokens) = (&trainer.placement, tokens.len);
-    for (i, line) in
-        what_it_did(&model, placement, &outcome.reports, data_tokens, seconds, final_val_loss, &device, &traffic).iter().enumerate()
-    {
-        say(if i == 0 { format!("what it did: {line}") } else { line.clone() });
+    let did = what_it_did(&model, &trainer.placement, &outcome.reports, tokens.len, seconds, final_val_loss, &dev.describe(), &traffic);
+    for (i, line) in did.into_iter().enumerate() {
+        say(if i == 0 { format!("what it did: {line}") } else { line });
     }
     Ok(RunSummary { steps: outcome.reports, seconds, sample, stopped_at: None, checkpoint: outcome.checkpoint, val_loss: final_val_loss })
+}
+
+/// What a checkpoint records of the run besides the trainer's state: the seed, the data, the settings
+/// a resume checks, the save dtype, how many to keep and the tokenizer's files.
+fn run_record(
+    options: &RunOptions,
+    train: &TrainConfig,
+    model: &Model,
+    tokens: &TokenFile,
+    world: usize,
+    say: &dyn Fn(String),
+) -> Result<RunRecord> {
+    Ok(RunRecord {
+        seed: options.seed,
+        data: tokens.path.display().to_string(),
+        data_tokens: tokens.len,
+        settings: run_settings(train, options, world),
+        save_dtype: options.save_dtype.unwrap_or(SaveDtype::of(train.precision)),
+        keep: options.checkpoints.keep,
+        tokenizer_files: tokenizer_files(say, options, model)?,
+    })
 }
 
 /// The steady step predicted from the rates `plan --measure` kept for this run (said, and returned for

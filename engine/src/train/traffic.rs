@@ -95,65 +95,35 @@ impl NvmeTraffic {
         let sharding = Sharding { rank: 0, world: world.max(1), stage: tc.zero_stage };
         let shards: Vec<GroupShard> = group_lens.iter().map(|&len| sharding.group(len)).collect();
         let nvme = |tier: Tier| tier == Tier::Nvme;
-        let (optimizer_on, grads_on, working_on) = (nvme(tc.offload_optimizer), nvme(tc.gradients_tier()), nvme(tc.offload_params));
+        let (optimizer_on, grads_on) = (nvme(tc.offload_optimizer), nvme(tc.gradients_tier()));
         let slice_bytes = |k: usize| 4 * shards[k].slice_len() as u64;
         // A compressed exchange reads and writes the group's error-feedback residual each time.
         let residuals = super::grad_exchange::residual_lens(tc, &sharding, &shards);
         let residual_bytes = |k: usize| if grads_on { 4 * residuals.get(k).copied().unwrap_or(0) as u64 } else { 0 };
         let state_bytes = |k: usize| (tc.state_bytes_per_param() * shards[k].slice_len()) as u64;
-        let working_bytes = |k: usize| (tc.precision.working_bytes_per_param() * shards[k].working_len) as u64;
-        // Stages 1-2 with several ranks gather the working copy in place on its first upload after an
-        // update, and write it back.
-        let gathers = sharding.gathers_working();
+        let mut working = WorkingUploads::new(tc, world, group_lens, block_slots, &sharding, &shards);
         let mut t = NvmeTraffic { micro_batches: tc.grad_accum, ..Default::default() };
 
         let n_layer = group_lens.len().saturating_sub(1);
         let slots = block_slots.max(1);
         let mut slot_holds: Vec<Option<usize>> = vec![None; slots];
-        let mut gathered = vec![false; group_lens.len()];
-        let cached = cached_working_blocks(tc, world, group_lens, block_slots);
-        // Held in RAM since its forward upload: Some(whether a gather completed it, to be written back).
-        let mut held: Vec<Option<bool>> = vec![None; group_lens.len()];
-        // Overlapped, each group's first upload of the step takes the copy the sweep kept fresh
-        // (`worker::FRESH_COPIES_AHEAD`): it reads nothing.
-        let fresh = !tc.sequential;
-        let mut uploaded = vec![false; group_lens.len()];
         let mut micro = 0;
         // Until the step's first vocabulary head, its forward runs beside the previous update's sweep.
         let mut beside_sweep = true;
         // The block whose working copy an `Op::ReadAhead` asked for, until its fetch.
         let mut ahead = None;
-        let mut upload = |t: &mut NvmeTraffic, held: &mut [Option<bool>], k: usize| {
-            if working_on {
-                let was_held = held[k].take();
-                let fresh_copy = fresh && !std::mem::replace(&mut uploaded[k], true);
-                if fresh_copy {
-                    t.fresh_working_bytes += working_bytes(k);
-                }
-                let read = if was_held.is_some() || fresh_copy { 0 } else { working_bytes(k) };
-                let dirty = (gathers && !std::mem::replace(&mut gathered[k], true)) || was_held == Some(true);
-                // Kept from a forward upload, and written back (if a gather completed it) after the
-                // backward's (see `Trainer::upload_group_keeping`).
-                if was_held.is_none() && k > 0 && cached.contains(&(k - 1)) {
-                    held[k] = Some(dirty);
-                    t.working.add(read, 0);
-                } else {
-                    t.working.add(read, if dirty { working_bytes(k) } else { 0 });
-                }
-            }
-        };
         for op in step_schedule(n_layer, tc.grad_accum, !tc.sequential) {
             let before = t.total();
             beside_sweep &= op != Op::Head;
             match op {
-                Op::FetchHead => upload(&mut t, &mut held, 0),
+                Op::FetchHead => working.upload(&mut t, 0),
                 Op::Embed { micro: m } => micro = m,
                 Op::ReadAhead { block } => ahead = Some(block),
                 // A block still in its slot this step is not uploaded again.
                 Op::Fetch { block } if slot_holds[block % slots] != Some(block) => {
                     slot_holds[block % slots] = Some(block);
                     let read_before = t.working.read_bytes;
-                    upload(&mut t, &mut held, 1 + block);
+                    working.upload(&mut t, 1 + block);
                     if ahead.take() == Some(block) && !beside_sweep {
                         t.read_ahead_bytes += t.working.read_bytes - read_before;
                     }
@@ -173,12 +143,7 @@ impl NvmeTraffic {
                     (1..group_lens.len()).for_each(|k| t.gradients.add(residual_bytes(k), slice_bytes(k) + residual_bytes(k)));
                 }
                 Op::Update => {
-                    // What is still held goes back before the update (`Trainer::release_held`).
-                    for (k, h) in held.iter_mut().enumerate() {
-                        if h.take() == Some(true) {
-                            t.working.add(0, working_bytes(k));
-                        }
-                    }
+                    working.release_held(&mut t);
                     for k in 0..group_lens.len() {
                         if optimizer_on {
                             t.optimizer.add(state_bytes(k), state_bytes(k));
@@ -186,9 +151,7 @@ impl NvmeTraffic {
                         if grads_on {
                             t.gradients.add(slice_bytes(k), 0);
                         }
-                        if working_on {
-                            t.working.add(0, working_bytes(k));
-                        }
+                        working.updated(&mut t, k);
                     }
                 }
                 _ => {}
@@ -239,6 +202,79 @@ impl NvmeTraffic {
             per(all.read_bytes) / m as f64,
             per(all.written_bytes) / m as f64,
         )
+    }
+}
+
+/// The working copy's side of [`NvmeTraffic::of`]: what each upload reads and writes back, given what
+/// is held in RAM, gathered or kept fresh by the sweep. Counts nothing with the working copy in RAM.
+struct WorkingUploads {
+    on_nvme: bool,
+    /// Per group: this rank's working copy in bytes.
+    bytes: Vec<u64>,
+    /// Overlapped, each group's first upload of the step takes the copy the sweep kept fresh
+    /// (`worker::FRESH_COPIES_AHEAD`): it reads nothing.
+    fresh: bool,
+    /// Stages 1-2 with several ranks gather the working copy in place on its first upload after an
+    /// update, and write it back.
+    gathers: bool,
+    cached: Range<usize>,
+    uploaded: Vec<bool>,
+    gathered: Vec<bool>,
+    /// Held in RAM since its forward upload: Some(whether a gather completed it, to be written back).
+    held: Vec<Option<bool>>,
+}
+
+impl WorkingUploads {
+    fn new(tc: &TrainConfig, world: usize, group_lens: &[usize], block_slots: usize, sharding: &Sharding, shards: &[GroupShard]) -> Self {
+        let groups = group_lens.len();
+        WorkingUploads {
+            on_nvme: tc.offload_params == Tier::Nvme,
+            bytes: shards.iter().map(|s| (tc.precision.working_bytes_per_param() * s.working_len) as u64).collect(),
+            fresh: !tc.sequential,
+            gathers: sharding.gathers_working(),
+            cached: cached_working_blocks(tc, world, group_lens, block_slots),
+            uploaded: vec![false; groups],
+            gathered: vec![false; groups],
+            held: vec![None; groups],
+        }
+    }
+
+    /// Group `k` uploaded.
+    fn upload(&mut self, t: &mut NvmeTraffic, k: usize) {
+        if !self.on_nvme {
+            return;
+        }
+        let was_held = self.held[k].take();
+        let fresh_copy = self.fresh && !std::mem::replace(&mut self.uploaded[k], true);
+        if fresh_copy {
+            t.fresh_working_bytes += self.bytes[k];
+        }
+        let read = if was_held.is_some() || fresh_copy { 0 } else { self.bytes[k] };
+        let dirty = (self.gathers && !std::mem::replace(&mut self.gathered[k], true)) || was_held == Some(true);
+        // Kept from a forward upload, and written back (if a gather completed it) after the
+        // backward's (see `Trainer::upload_group_keeping`).
+        if was_held.is_none() && k > 0 && self.cached.contains(&(k - 1)) {
+            self.held[k] = Some(dirty);
+            t.working.add(read, 0);
+        } else {
+            t.working.add(read, if dirty { self.bytes[k] } else { 0 });
+        }
+    }
+
+    /// What is still held goes back before the update (`Trainer::release_held`).
+    fn release_held(&mut self, t: &mut NvmeTraffic) {
+        for (k, h) in self.held.iter_mut().enumerate() {
+            if h.take() == Some(true) {
+                t.working.add(0, self.bytes[k]);
+            }
+        }
+    }
+
+    /// The update's sweep wrote group `k`'s new working copy.
+    fn updated(&self, t: &mut NvmeTraffic, k: usize) {
+        if self.on_nvme {
+            t.working.add(0, self.bytes[k]);
+        }
     }
 }
 

@@ -50,19 +50,15 @@ pub(super) fn train_steps<D: Backend>(
     let lead = trainer.sharding.rank == 0;
     let steps = trainer.train.steps;
     let first_step = trainer.step;
-    let mut metrics = match &options.metrics {
-        Some(path) if lead => Some(open_metrics(path, first_step)?),
-        _ => None,
-    };
     let trace = match &options.trace {
         Some(path) if lead => Some(Arc::new(open_trace(path)?)),
         _ => None,
     };
     trainer.set_trace(trace.clone());
-    let mut tensorboard = crate::train::tensorboard::Sink::open(options.tensorboard.as_ref().filter(|_| lead), first_step)?;
-    let bar = crate::train::progress::Progress::new(steps, first_step, options.progress && lead);
+    let mut sinks = StepSinks::open(options, lead, first_step, steps)?;
     let regular = options.metrics.as_ref().is_some_and(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()));
-    let mut out = StepsOutcome { reports: Vec::new(), metrics_written: metrics.is_some() && regular, stopped_at: None, checkpoint: None };
+    let mut out =
+        StepsOutcome { reports: Vec::new(), metrics_written: sinks.metrics.is_some() && regular, stopped_at: None, checkpoint: None };
     let mut skipped_in_a_row = 0;
     while trainer.step < steps {
         // Validation of the weights this step starts from, so step 0's is the initial model's.
@@ -75,30 +71,12 @@ pub(super) fn train_steps<D: Backend>(
         let mut r = trainer.train_step(tokens)?;
         r.val_loss = val_loss;
         r.predicted_step_s = predicted_step_s;
-        // One row for both sinks, so the metrics file and the TensorBoard events always agree.
-        let row = r.to_json();
-        if let Some(warning) = tensorboard.write_step(r.step, &row) {
-            bar.println(warning);
-        }
-        if let Some(m) = metrics.as_mut()
-            && let Err(e) = writeln!(m, "{row}").and_then(|()| m.flush())
-        {
-            // The metrics are a record of the training, not the training: a full disk there stops
-            // the record, not the run (its checkpoints go on, or fail on their own).
-            bar.println(format!("warning: writing --metrics failed at step {} ({e}); training continues without metrics", r.step));
-            metrics = None;
-        }
-        bar.step(progress_message(&r, trainer.scaler.scale));
-        // Beside a bar on a terminal, a line every 25 steps; with no bar (a log file, a pipe), a line a step.
-        let line_due = bar.is_hidden() || r.step % 25 == 0 || r.step + 1 == steps || r.val_loss.is_some();
-        if options.progress && lead && line_due {
-            bar.println(step_line(&r));
-        }
+        sinks.record(&r, trainer.scaler.scale);
         skipped_in_a_row = if r.applied { 0 } else { skipped_in_a_row + 1 };
         let (loss, step) = (r.loss, r.step);
         out.reports.push(r);
         if skipped_in_a_row >= skip_limit(trainer.train.loss_scaled()) {
-            bar.finish();
+            sinks.bar.finish();
             let f16_inputs = trainer.train.matmul_inputs == crate::device::MatmulInputs::F16;
             return Err(diverged(step + 1 - skipped_in_a_row..=step, loss, f16_inputs, out.checkpoint.as_deref()));
         }
@@ -109,10 +87,10 @@ pub(super) fn train_steps<D: Backend>(
             && (cadence || stop || trainer.step == steps)
         {
             let path = trainer.save_checkpoint(dir, root, record)?;
-            if bar.is_hidden() {
+            if sinks.bar.is_hidden() {
                 say(format!("checkpoint: {}", path.display()))
             } else {
-                bar.println(format!("checkpoint: {}", path.display()))
+                sinks.bar.println(format!("checkpoint: {}", path.display()))
             }
             out.checkpoint = Some(path);
         }
@@ -121,13 +99,56 @@ pub(super) fn train_steps<D: Backend>(
             break;
         }
     }
-    bar.finish();
+    sinks.bar.finish();
     trainer.set_trace(None);
     if let Some(Err(e)) = trace.map(|t| t.finish()) {
         // Like the metrics: a record of the run, whose failure stops the record only.
         say(format!("warning: {e:#}"));
     }
     Ok(out)
+}
+
+/// Where each step's report goes on the lead rank: the metrics file and TensorBoard (one row for both,
+/// so they always agree), the progress bar and the log lines.
+struct StepSinks {
+    metrics: Option<std::io::BufWriter<std::fs::File>>,
+    tensorboard: crate::train::tensorboard::Sink,
+    bar: crate::train::progress::Progress,
+    lines: bool,
+    steps: u64,
+}
+
+impl StepSinks {
+    fn open(options: &RunOptions, lead: bool, first_step: u64, steps: u64) -> Result<Self> {
+        let metrics = match &options.metrics {
+            Some(path) if lead => Some(open_metrics(path, first_step)?),
+            _ => None,
+        };
+        let tensorboard = crate::train::tensorboard::Sink::open(options.tensorboard.as_ref().filter(|_| lead), first_step)?;
+        let bar = crate::train::progress::Progress::new(steps, first_step, options.progress && lead);
+        Ok(StepSinks { metrics, tensorboard, bar, lines: options.progress && lead, steps })
+    }
+
+    fn record(&mut self, r: &StepReport, loss_scale: f32) {
+        let row = r.to_json();
+        if let Some(warning) = self.tensorboard.write_step(r.step, &row) {
+            self.bar.println(warning);
+        }
+        if let Some(m) = self.metrics.as_mut()
+            && let Err(e) = writeln!(m, "{row}").and_then(|()| m.flush())
+        {
+            // The metrics are a record of the training, not the training: a full disk there stops
+            // the record, not the run (its checkpoints go on, or fail on their own).
+            self.bar.println(format!("warning: writing --metrics failed at step {} ({e}); training continues without metrics", r.step));
+            self.metrics = None;
+        }
+        self.bar.step(progress_message(r, loss_scale));
+        // Beside a bar on a terminal, a line every 25 steps; with no bar (a log file, a pipe), a line a step.
+        let line_due = self.bar.is_hidden() || r.step.is_multiple_of(25) || r.step + 1 == self.steps || r.val_loss.is_some();
+        if self.lines && line_due {
+            self.bar.println(step_line(r));
+        }
+    }
 }
 
 /// The metrics file: new, or — when resuming at `first_step` — the earlier rows kept and the new
