@@ -3,8 +3,9 @@
 
 use half::{bf16, f16};
 
+use super::chunk::{StepScalars, update};
 use super::rounding::{bf16_from_f32, bf16_stochastic, bf16_to_f32};
-use super::{AdamConfig, Grads, Moments, ParamCopy, StepScalars, update};
+use super::{AdamConfig, Grads, Moments, ParamCopy};
 
 /// The reference: one element at a time, no chunks, no threads. Kept beside the fast path as the oracle
 /// the tests compare it with.
