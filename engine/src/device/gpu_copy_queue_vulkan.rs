@@ -120,7 +120,8 @@ impl CopyQueue {
         if let Some(spare) = self.spare.borrow_mut().pop() {
             return Ok(spare);
         }
-        // SAFETY: valid create infos on a live device; both are freed in Drop.
+        // SAFETY: valid create infos on a live device; both are freed in Drop (or by `keep_spare`
+        // where their reset fails).
         let fence = unsafe { self.raw.create_fence(&vk::FenceCreateInfo::default(), None) }.map_err(|e| anyhow!("vkCreateFence: {e}"))?;
         let alloc =
             vk::CommandBufferAllocateInfo::default().command_pool(self.pool).level(vk::CommandBufferLevel::PRIMARY).command_buffer_count(1);
@@ -134,7 +135,8 @@ impl CopyQueue {
         let mut in_flight = self.in_flight.borrow_mut();
         let mut i = 0;
         while i < in_flight.len() {
-            // SAFETY: the fence is live (made here, destroyed only in Drop).
+            // SAFETY: the fence is live (made here; destroyed in Drop, or by `keep_spare` once out of
+            // `in_flight`).
             let done = unsafe { self.raw.get_fence_status(in_flight[i].fence) }.map_err(|e| anyhow!("vkGetFenceStatus: {e}"))?;
             if done {
                 let s = in_flight.swap_remove(i);
@@ -182,7 +184,7 @@ impl CopyQueue {
     /// the writes visible to the host, and submits it, fenced; where given, after the timeline
     /// semaphore `wait` reaches its value (before any copy starts), and signalling `signal`'s value
     /// when done. On an error nothing was submitted, and the fence and command buffer are kept for
-    /// the next (leaked where the device was lost).
+    /// the next (freed where their reset fails, leaked where the device was lost).
     pub(in crate::device::gpu) fn submit_resolved(
         &self,
         copies: &[BufferCopy<'_>],
@@ -194,10 +196,10 @@ impl CopyQueue {
         if let Err(e) = self.record_and_submit(commands, fence, copies, handles, wait, signal) {
             // A lost device leaves the fence and command buffer in no known state: leaked. Else
             // nothing was submitted: both are kept for the next, reset (an unsignalled fence
-            // resets too).
+            // resets too), or freed where a reset fails.
             let lost = e.root_cause().downcast_ref::<vk::Result>() == Some(&vk::Result::ERROR_DEVICE_LOST);
             if !lost && let Err(reset) = self.keep_spare(fence, commands) {
-                return Err(e.context(format!("and resetting its command buffer failed too: {reset:#}")));
+                return Err(e.context(format!("and resetting its fence and command buffer failed too (both freed): {reset:#}")));
             }
             return Err(e);
         }
@@ -272,8 +274,9 @@ impl CopyQueue {
         }
     }
 
-    /// Waits for every submission in flight and keeps their fences and command buffers, reset.
-    /// Where the wait fails (a lost or hung device) they stay in flight.
+    /// Waits for every submission in flight and keeps their fences and command buffers, reset (each
+    /// pair whose reset fails freed instead, the first failure returned). Where the wait fails (a lost
+    /// or hung device) they stay in flight.
     pub(in crate::device::gpu) fn wait_idle(&self) -> Result<()> {
         let fences: Vec<vk::Fence> = self.in_flight.borrow().iter().map(|s| s.fence).collect();
         if fences.is_empty() {
@@ -292,15 +295,17 @@ impl CopyQueue {
 
 impl Drop for CopyQueue {
     fn drop(&mut self) {
-        if let Err(e) = self.wait_idle()
-            && !self.in_flight.borrow().is_empty()
-        {
-            // Its submissions may still run (a hung device): their objects and buffers are leaked
-            // rather than freed under them. (With none left in flight, only a reset failed: the
-            // copies are done, and what is left is freed below.)
-            eprintln!("warning: the {} did not finish its copies ({e:#}); its command pool is leaked", self.kind.name());
-            std::mem::forget(std::mem::take(&mut *self.in_flight.borrow_mut()));
-            return;
+        if let Err(e) = self.wait_idle() {
+            if !self.in_flight.borrow().is_empty() {
+                // Its submissions may still run (a hung device): their objects and buffers are
+                // leaked rather than freed under them.
+                eprintln!("warning: the {} did not finish its copies ({e:#}); its command pool is leaked", self.kind.name());
+                std::mem::forget(std::mem::take(&mut *self.in_flight.borrow_mut()));
+                return;
+            }
+            // None left in flight: the copies are done, only a reset failed (its pair freed); the
+            // rest is freed below.
+            eprintln!("warning: the {}'s finished copies could not be reset ({e:#})", self.kind.name());
         }
         let spare = std::mem::take(&mut *self.spare.borrow_mut());
         // SAFETY: nothing of this queue's is in flight (waited for above); the device outlives

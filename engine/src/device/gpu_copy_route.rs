@@ -52,8 +52,7 @@ impl GpuDevice {
             }
             return Ok(());
         }
-        let usable = [CopyQueueKind::SameFamily, CopyQueueKind::SharedStandIn];
-        let Some((queue, kind)) = self.copy_queue_kinds().into_iter().enumerate().find(|(_, k)| usable.contains(k)) else {
+        let Some((queue, kind)) = self.route_queue() else {
             bail!(
                 "--copy-queue: adapter {:?} ({}) has no copy queue; copy queues are Vulkan's (Linux, Windows)",
                 self.summary.name,
@@ -70,11 +69,18 @@ impl GpuDevice {
         Ok(())
     }
 
+    /// The copy queue `--copy-queue` takes (its index and kind): a second queue of wgpu's family, or
+    /// wgpu's own standing in. A transfer-only family's is never taken: training's tensors would need
+    /// ownership transfers between the families.
+    fn route_queue(&self) -> Option<(usize, CopyQueueKind)> {
+        let usable = [CopyQueueKind::SameFamily, CopyQueueKind::SharedStandIn];
+        self.copy_queue_kinds().into_iter().enumerate().find(|(_, k)| usable.contains(k))
+    }
+
     /// Why `--copy-queue` cannot move both uploads and read-backs here (`selftest` leaves its check out
     /// then), or None: no queue it may take, no pinned host memory, or no timeline semaphores.
     pub fn copy_queue_unavailable(&self) -> Option<String> {
-        let usable = [CopyQueueKind::SameFamily, CopyQueueKind::SharedStandIn];
-        let Some((queue, kind)) = self.copy_queue_kinds().into_iter().enumerate().find(|(_, k)| usable.contains(k)) else {
+        let Some((queue, kind)) = self.route_queue() else {
             return Some(format!("no copy queue on {} (copy queues are Vulkan's: Linux, Windows)", self.summary.backend));
         };
         if let Some(why) = self.pinned_read_back_unavailable() {

@@ -179,24 +179,31 @@ pub fn check_cast_to_f16(dev: &GpuDevice, size: Size) -> Result<Vec<CheckResult>
     Ok(vec![check.finish()])
 }
 
-/// Turns `--copy-queue` off again when dropped (also when a check panics).
+/// Turns `--copy-queue` off again when dropped; not while a panic unwinds (turning it off waits for
+/// the device, whose failure would panic again and abort the whole selftest rather than fail one check).
 struct RouteOff<'a>(&'a GpuDevice);
 
 impl Drop for RouteOff<'_> {
     fn drop(&mut self) {
-        let _ = self.0.set_copy_queue(false);
+        if !std::thread::panicking() {
+            let _ = self.0.set_copy_queue(false);
+        }
     }
 }
 
 /// `--copy-queue`'s order between wgpu's queue and the copy queue (`gpu_copy_route.rs`), bit for bit
-/// against the twin: rounds of new values written into one pinned buffer, uploaded from it on the copy
-/// queue into the same tensor, added to a constant by a kernel on wgpu's queue into the same output,
-/// and read back into pinned memory on the copy queue. A copy that ran before the kernel it waits for
-/// (or after the one that waits for it), or a host write before the copy out of the buffer, shows as
+/// against the sums made on the host. Rounds run in flight together, none waited for before the
+/// last is issued: each writes new values into one pinned buffer (after the copy out of it for the
+/// round before), uploads them from it on the copy queue into the same tensor x (after the kernels
+/// of the round before have read x), adds a constant to x on wgpu's queue (several times over, so
+/// the kernels read x for longer) into the round's own output, and starts that output's read-back
+/// into pinned memory on the copy queue (after the kernels). A copy that ran out of order shows as
 /// another round's values. On lavapipe wgpu's own queue stands in, so only a real second queue tests
-/// the order itself; everywhere the copies, semaphores and waits run. Where the route is refused, the
-/// check says so (`not_checked` names why).
+/// the order itself; everywhere the copies, semaphores and waits run, and every byte must take the
+/// copy queue. Where the route is refused, the check says so (`not_checked` names why).
 pub fn check_copy_queue(dev: &GpuDevice) -> Result<Vec<CheckResult>> {
+    const ROUNDS: u64 = 4;
+    const KERNELS_PER_ROUND: usize = 8;
     let mut check = Check::new("copy_queue order", Tolerance::Bits);
     // One word past 1 MiB: above the pinned-copy threshold, and ragged.
     let n = (1 << 18) + 3;
@@ -211,21 +218,29 @@ pub fn check_copy_queue(dev: &GpuDevice) -> Result<Vec<CheckResult>> {
         }
     };
     // Made under the route, so each is ready for raw copies (cleared on wgpu's queue first).
-    let (x, c, out) =
-        (dev.alloc(n, "selftest copy-queue x")?, dev.alloc(n, "selftest copy-queue c")?, dev.alloc(n, "selftest copy-queue out")?);
+    let (x, c) = (dev.alloc(n, "selftest copy-queue x")?, dev.alloc(n, "selftest copy-queue c")?);
+    let outs = (0..ROUNDS).map(|_| dev.alloc(n, "selftest copy-queue out")).collect::<Result<Vec<_>>>()?;
     dev.write(&c, &constant);
     let before = dev.copy_queue_bytes();
-    for round in 0..4u64 {
+    let mut rounds = Vec::new();
+    for (round, out) in (0..ROUNDS).zip(&outs) {
         let values = random(9001 + round, n, 100.0);
         pinned.as_mut_slice::<f32>()[..n].copy_from_slice(&values);
         dev.write(&x, &pinned.as_slice::<f32>()[..n]);
-        dev.residual_forward(&out, &x, &c);
+        for _ in 0..KERNELS_PER_ROUND {
+            dev.residual_forward(out, &x, &c);
+        }
         let want: Vec<f32> = values.iter().zip(&constant).map(|(v, k)| v + k).collect();
-        check.compare(&format!("round {round}"), &dev.read(&out), &want);
+        rounds.push((dev.begin_read(&[out]), want));
     }
-    let (up, down) = dev.copy_queue_bytes();
-    if up <= before.0 || down <= before.1 {
-        check.fail(format!("the copies did not take the copy queue ({} bytes up, {} down)", up - before.0, down - before.1));
+    for (round, (pending, want)) in rounds.into_iter().enumerate() {
+        let got = dev.finish_read(pending).pop().expect("one tensor read");
+        check.compare(&format!("round {round}"), &got, &want);
+    }
+    let (up, down) = (dev.copy_queue_bytes().0 - before.0, dev.copy_queue_bytes().1 - before.1);
+    let expected = ROUNDS * 4 * n as u64;
+    if up != expected || down != expected {
+        check.fail(format!("{up} bytes went up and {down} down on the copy queue; every round's {} should have", 4 * n));
     }
     Ok(vec![check.finish()])
 }

@@ -217,6 +217,8 @@ struct WorkingUploads {
     /// Stages 1-2 with several ranks gather the working copy in place on its first upload after an
     /// update, and write it back.
     gathers: bool,
+    /// The blocks `--params-ram-cache` holds from their forward upload to their backward one
+    /// ([`cached_working_blocks`]).
     cached: Range<usize>,
     uploaded: Vec<bool>,
     gathered: Vec<bool>,

@@ -50,12 +50,8 @@ pub(super) fn train_steps<D: Backend>(
     let lead = trainer.sharding.rank == 0;
     let steps = trainer.train.steps;
     let first_step = trainer.step;
-    let trace = match &options.trace {
-        Some(path) if lead => Some(Arc::new(open_trace(path)?)),
-        _ => None,
-    };
-    trainer.set_trace(trace.clone());
     let mut sinks = StepSinks::open(options, lead, first_step, steps)?;
+    trainer.set_trace(sinks.trace.clone());
     let regular = options.metrics.as_ref().is_some_and(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()));
     let mut out =
         StepsOutcome { reports: Vec::new(), metrics_written: sinks.metrics.is_some() && regular, stopped_at: None, checkpoint: None };
@@ -101,7 +97,7 @@ pub(super) fn train_steps<D: Backend>(
     }
     sinks.bar.finish();
     trainer.set_trace(None);
-    if let Some(Err(e)) = trace.map(|t| t.finish()) {
+    if let Some(Err(e)) = sinks.trace.take().map(|t| t.finish()) {
         // Like the metrics: a record of the run, whose failure stops the record only.
         say(format!("warning: {e:#}"));
     }
@@ -109,9 +105,11 @@ pub(super) fn train_steps<D: Backend>(
 }
 
 /// Where each step's report goes on the lead rank: the metrics file and TensorBoard (one row for both,
-/// so they always agree), the progress bar and the log lines.
+/// so they always agree), the progress bar and the log lines; and the `--trace` file the trainer
+/// writes its spans to.
 struct StepSinks {
     metrics: Option<std::io::BufWriter<std::fs::File>>,
+    trace: Option<Arc<Trace>>,
     tensorboard: crate::train::tensorboard::Sink,
     bar: crate::train::progress::Progress,
     lines: bool,
@@ -124,9 +122,13 @@ impl StepSinks {
             Some(path) if lead => Some(open_metrics(path, first_step)?),
             _ => None,
         };
+        let trace = match &options.trace {
+            Some(path) if lead => Some(Arc::new(open_trace(path)?)),
+            _ => None,
+        };
         let tensorboard = crate::train::tensorboard::Sink::open(options.tensorboard.as_ref().filter(|_| lead), first_step)?;
         let bar = crate::train::progress::Progress::new(steps, first_step, options.progress && lead);
-        Ok(StepSinks { metrics, tensorboard, bar, lines: options.progress && lead, steps })
+        Ok(StepSinks { metrics, trace, tensorboard, bar, lines: options.progress && lead, steps })
     }
 
     fn record(&mut self, r: &StepReport, loss_scale: f32) {
