@@ -239,26 +239,7 @@ fn print_devices(json: bool) -> Result<i32> {
     let preferred = device::gpu::preferred_adapter(&adapters);
     if json {
         for a in &adapters {
-            let table = MatmulTable::load(a).0;
-            println!(
-                "{}",
-                serde_json::json!({
-                    "index": a.index, "preferred": preferred == Some(a.index), "name": a.name, "backend": a.backend,
-                    "type": format!("{:?}", a.device_type), "driver": a.driver,
-                    "max_storage_binding_bytes": a.max_storage_binding_bytes,
-                    "max_buffer_bytes": a.max_buffer_bytes,
-                    "max_workgroup_storage_bytes": a.max_workgroup_storage_bytes,
-                    "max_invocations_per_workgroup": a.max_invocations_per_workgroup,
-                    "shader_f16": a.shader_f16, "timestamp_query": a.timestamp_query, "subgroup": a.subgroup,
-                    "cooperative_matrix": a.cooperative_matrix,
-                    "cooperative_matrix_configs": a.cooperative_matrix_configs.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
-                    "matmul_f16_coop": device::gpu::coop_unavailable(a).is_none(),
-                    "matmul_table": table.describe(),
-                    "upload_staging": table.upload_staging.name(),
-                    "read_back": table.read_back.name(),
-                    "attention_table": AttentionTable::load(a).0.describe(),
-                })
-            );
+            println!("{}", adapter_json(a, preferred == Some(a.index)));
         }
         return Ok(0);
     }
@@ -266,54 +247,81 @@ fn print_devices(json: bool) -> Result<i32> {
         println!("no GPU adapters found; `--device auto` will use the cpu device");
     }
     for a in &adapters {
-        let opened = if preferred == Some(a.index) { " (opened by --device gpu without --adapter)" } else { "" };
-        println!("[{}] {} ({}, {:?}) driver: {}{opened}", a.index, a.name, a.backend, a.device_type, a.driver);
-        println!(
-            "    max storage binding {} MiB, max buffer {} MiB, workgroup storage {} KiB, {} invocations/workgroup",
-            a.max_storage_binding_bytes >> 20,
-            a.max_buffer_bytes >> 20,
-            a.max_workgroup_storage_bytes >> 10,
-            a.max_invocations_per_workgroup
-        );
-        println!("    shader-f16: {}, timestamp-query: {}, subgroup: {}", a.shader_f16, a.timestamp_query, a.subgroup);
-        let configs: Vec<String> = a.cooperative_matrix_configs.iter().map(|c| c.to_string()).collect();
-        println!(
-            "    cooperative matrices: {}; --matmul-inputs f16: {}",
-            if configs.is_empty() { "none".to_string() } else { configs.join(", ") },
-            device::gpu::coop_unavailable(a).map_or("available".to_string(), |why| format!("unavailable ({why})"))
-        );
-        let (table, problem) = MatmulTable::load(a);
-        println!("    fp32 matmul variants: {}", table.describe());
-        if let (None, Some(size)) = (device::gpu::coop_unavailable(a), a.coop_f16_size()) {
-            println!(
-                "    cooperative-matrix variants: {} tuned shape classes, default {}",
-                table.coop_entries.values().filter(|t| t.coop == size).count(),
-                table.coop_default_for(size)
-            );
-        }
-        if let Some(problem) = problem {
-            println!("    warning: {problem}");
-        }
-        println!(
-            "    upload staging: {} (`zerostream tune` times mapped buffers against host memory and keeps the faster)",
-            match table.upload_staging {
-                device::UploadStaging::Mapped => "wgpu's mapped buffers",
-                device::UploadStaging::Host => "host memory the GPU copies from",
-            }
-        );
-        println!(
-            "    read-back: {} (`zerostream tune` times mapped buffers against pinned host memory and keeps the faster)",
-            match table.read_back {
-                device::ReadBack::Mapped => "wgpu's mapped buffers",
-                device::ReadBack::Pinned => "pinned host memory the GPU copies into",
-            }
-        );
-        let (attention, problem) = AttentionTable::load(a);
-        println!("    attention variants: {}", attention.describe());
-        if let Some(problem) = problem.filter(|_| matches!(table.source, TableSource::Tuned { .. })) {
-            println!("    warning: {problem}"); // (a file the matmul's loader refused is reported once, above)
-        }
+        print_adapter(a, preferred == Some(a.index));
     }
     println!("cpu: the plain-Rust kernels on {} threads (--device cpu)", rayon::current_num_threads());
     Ok(0)
+}
+
+/// One adapter as `devices --json` prints it: its limits and features, and the tables it would run with.
+fn adapter_json(a: &device::gpu::AdapterSummary, preferred: bool) -> serde_json::Value {
+    let table = MatmulTable::load(a).0;
+    serde_json::json!({
+        "index": a.index, "preferred": preferred, "name": a.name, "backend": a.backend,
+        "type": format!("{:?}", a.device_type), "driver": a.driver,
+        "max_storage_binding_bytes": a.max_storage_binding_bytes,
+        "max_buffer_bytes": a.max_buffer_bytes,
+        "max_workgroup_storage_bytes": a.max_workgroup_storage_bytes,
+        "max_invocations_per_workgroup": a.max_invocations_per_workgroup,
+        "shader_f16": a.shader_f16, "timestamp_query": a.timestamp_query, "subgroup": a.subgroup,
+        "cooperative_matrix": a.cooperative_matrix,
+        "cooperative_matrix_configs": a.cooperative_matrix_configs.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
+        "matmul_f16_coop": device::gpu::coop_unavailable(a).is_none(),
+        "matmul_table": table.describe(),
+        "upload_staging": table.upload_staging.name(),
+        "read_back": table.read_back.name(),
+        "attention_table": AttentionTable::load(a).0.describe(),
+    })
+}
+
+/// One adapter as `devices` prints it, in words: limits, features, what `--matmul-inputs f16` needs,
+/// and the tuning tables (and upload and read-back kinds) it would run with.
+fn print_adapter(a: &device::gpu::AdapterSummary, preferred: bool) {
+    let opened = if preferred { " (opened by --device gpu without --adapter)" } else { "" };
+    println!("[{}] {} ({}, {:?}) driver: {}{opened}", a.index, a.name, a.backend, a.device_type, a.driver);
+    println!(
+        "    max storage binding {} MiB, max buffer {} MiB, workgroup storage {} KiB, {} invocations/workgroup",
+        a.max_storage_binding_bytes >> 20,
+        a.max_buffer_bytes >> 20,
+        a.max_workgroup_storage_bytes >> 10,
+        a.max_invocations_per_workgroup
+    );
+    println!("    shader-f16: {}, timestamp-query: {}, subgroup: {}", a.shader_f16, a.timestamp_query, a.subgroup);
+    let configs: Vec<String> = a.cooperative_matrix_configs.iter().map(|c| c.to_string()).collect();
+    println!(
+        "    cooperative matrices: {}; --matmul-inputs f16: {}",
+        if configs.is_empty() { "none".to_string() } else { configs.join(", ") },
+        device::gpu::coop_unavailable(a).map_or("available".to_string(), |why| format!("unavailable ({why})"))
+    );
+    let (table, problem) = MatmulTable::load(a);
+    println!("    fp32 matmul variants: {}", table.describe());
+    if let (None, Some(size)) = (device::gpu::coop_unavailable(a), a.coop_f16_size()) {
+        println!(
+            "    cooperative-matrix variants: {} tuned shape classes, default {}",
+            table.coop_entries.values().filter(|t| t.coop == size).count(),
+            table.coop_default_for(size)
+        );
+    }
+    if let Some(problem) = problem {
+        println!("    warning: {problem}");
+    }
+    println!(
+        "    upload staging: {} (`zerostream tune` times mapped buffers against host memory and keeps the faster)",
+        match table.upload_staging {
+            device::UploadStaging::Mapped => "wgpu's mapped buffers",
+            device::UploadStaging::Host => "host memory the GPU copies from",
+        }
+    );
+    println!(
+        "    read-back: {} (`zerostream tune` times mapped buffers against pinned host memory and keeps the faster)",
+        match table.read_back {
+            device::ReadBack::Mapped => "wgpu's mapped buffers",
+            device::ReadBack::Pinned => "pinned host memory the GPU copies into",
+        }
+    );
+    let (attention, problem) = AttentionTable::load(a);
+    println!("    attention variants: {}", attention.describe());
+    if let Some(problem) = problem.filter(|_| matches!(table.source, TableSource::Tuned { .. })) {
+        println!("    warning: {problem}"); // (a file the matmul's loader refused is reported once, above)
+    }
 }

@@ -218,6 +218,21 @@ impl Progress {
         self.changed.notify_all();
     }
 
+    /// Group `k` updated (its new working copy kept resident for the forward where `fresh`), counted
+    /// while its lock `group` is still held, so whoever takes the copy finds it counted; then the
+    /// group is unlocked and the waiters woken.
+    fn group_updated(&self, k: usize, fresh: bool, mut group: MutexGuard<'_, SharedGroup>) {
+        let mut p = self.lock();
+        p.updated[k] += 1;
+        if fresh {
+            debug_assert!(!group.fresh, "every sweep starts with no fresh copy left (Trainer::release_held)");
+            group.fresh = true;
+            p.fresh_waiting += 1;
+        }
+        drop((p, group));
+        self.changed.notify_all();
+    }
+
     /// The sweep of `adam_step`, before updating a group: whether it keeps the group's new working
     /// copy resident, waiting (if it `may_wait`) while [`FRESH_COPIES_AHEAD`] are not yet uploaded. No
     /// (and no wait) once the sweep is stopped from keeping them, after a failure, or after
@@ -438,16 +453,7 @@ pub(super) fn optimizer_worker(
                 sh.working.page_out(nvme, true)?;
             }
             sh.grads.page_out(nvme, false)?;
-            // Counted while the group is locked: whoever takes the copy finds it counted.
-            let mut p = progress.lock();
-            p.updated[k] += 1;
-            if keep {
-                debug_assert!(!sh.fresh, "every sweep starts with no fresh copy left (Trainer::release_held)");
-                sh.fresh = true;
-                p.fresh_waiting += 1;
-            }
-            drop((p, sh));
-            progress.changed.notify_all();
+            progress.group_updated(k, keep, sh);
             if let Some(trace) = &job.trace {
                 trace.span(Lane::Optimizer, &format!("update group {k}"), began);
             }
