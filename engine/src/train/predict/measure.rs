@@ -76,6 +76,46 @@ pub fn measure<D: Backend>(
     })
 }
 
+/// One group of `measure_drive`'s stand-in optimizer state, on the drive.
+struct Group {
+    master: Stored,
+    /// The optimizer's moments (m and v; LARS's m alone).
+    moments: Vec<Stored>,
+}
+
+impl Group {
+    fn all(&mut self) -> Vec<&mut Stored> {
+        std::iter::once(&mut self.master).chain(self.moments.iter_mut()).collect()
+    }
+
+    /// The run's update rule over this group, paged in: AdamW, or LAMB's and LARS's two passes.
+    fn update(&mut self, k: usize, pass: u64, train: &TrainConfig, layerwise: Option<&Layerwise>, adam: &AdamW, grads: &[f32]) {
+        let p = self.master.data_mut().as_mut_slice::<f32>();
+        let (m, rest) = self.moments.split_first_mut().expect("a first moment");
+        let (m, v) = (m.data_mut(), rest.first_mut().map(|v| v.data_mut()));
+        if let Some(opt) = layerwise {
+            let (m, mut none) = (m.as_mut_slice::<f32>(), Vec::new());
+            let v = match v {
+                Some(v) => v.as_mut_slice::<f32>(),
+                None => none.as_mut_slice(),
+            };
+            let trust = opt.trust_ratio(opt.measure(p, m, v, grads, pass, 1.0, true), true);
+            opt.apply(p, m, v, grads, ParamCopy::None, pass, 1.0, true, trust);
+            return;
+        }
+        let v = v.expect("AdamW's second moment");
+        let moments = match train.adam_state {
+            AdamState::Fp32 => Moments::F32 { m: m.as_mut_slice(), v: v.as_mut_slice() },
+            AdamState::Bf16 => Moments::Bf16 {
+                m: bytemuck::cast_slice_mut(m.as_mut_slice::<u16>()),
+                v: bytemuck::cast_slice_mut(v.as_mut_slice::<u16>()),
+                noise: MomentNoise::new(0, pass, k as u64, 0),
+            },
+        };
+        adam.step_moments(p, moments, Grads::F32(grads), ParamCopy::None, pass, 1.0, true);
+    }
+}
+
 /// The update's sweep, rehearsed on the drive: 8 groups of the run's largest group size (at most 32M
 /// parameters each) of master weights and moments in the run's format, on `dirs`
 /// (`.zerostream-measure` subdirectories, striped as the run's state is, removed afterwards), swept
@@ -84,16 +124,6 @@ pub fn measure<D: Backend>(
 /// faster for a moment than for a sweep's minutes, and the sweep's three stages set its pace as much
 /// as the drive does.
 fn measure_drive(dirs: &[PathBuf], train: &TrainConfig, group_elems: usize) -> Result<(f64, f64)> {
-    struct Group {
-        master: Stored,
-        /// The optimizer's moments (m and v; LARS's m alone).
-        moments: Vec<Stored>,
-    }
-    impl Group {
-        fn all(&mut self) -> Vec<&mut Stored> {
-            std::iter::once(&mut self.master).chain(self.moments.iter_mut()).collect()
-        }
-    }
     const PASSES: u64 = 3;
     let subdirs: Vec<PathBuf> = dirs.iter().map(|d| d.join(".zerostream-measure")).collect();
     let result = (|| -> Result<(f64, f64)> {
@@ -128,29 +158,7 @@ fn measure_drive(dirs: &[PathBuf], train: &TrainConfig, group_elems: usize) -> R
             let load = |g: &mut Group| Stored::page_in_all(&mut g.all(), Some(nv));
             let store = |g: &mut Group| Stored::page_out_all(&mut g.all(), Some(nv), true);
             let compute = |k: usize, g: &mut Group| {
-                let p = g.master.data_mut().as_mut_slice::<f32>();
-                let (m, rest) = g.moments.split_first_mut().expect("a first moment");
-                let (m, v) = (m.data_mut(), rest.first_mut().map(|v| v.data_mut()));
-                if let Some(opt) = &layerwise {
-                    let (m, mut none) = (m.as_mut_slice::<f32>(), Vec::new());
-                    let v = match v {
-                        Some(v) => v.as_mut_slice::<f32>(),
-                        None => none.as_mut_slice(),
-                    };
-                    let trust = opt.trust_ratio(opt.measure(p, m, v, &grads, pass, 1.0, true), true);
-                    opt.apply(p, m, v, &grads, ParamCopy::None, pass, 1.0, true, trust);
-                    return Ok(());
-                }
-                let v = v.expect("AdamW's second moment");
-                let moments = match train.adam_state {
-                    AdamState::Fp32 => Moments::F32 { m: m.as_mut_slice(), v: v.as_mut_slice() },
-                    AdamState::Bf16 => Moments::Bf16 {
-                        m: bytemuck::cast_slice_mut(m.as_mut_slice::<u16>()),
-                        v: bytemuck::cast_slice_mut(v.as_mut_slice::<u16>()),
-                        noise: MomentNoise::new(0, pass, k as u64, 0),
-                    },
-                };
-                adam.step_moments(p, moments, Grads::F32(&grads), ParamCopy::None, pass, 1.0, true);
+                g.update(k, pass, train, layerwise.as_ref(), &adam, &grads);
                 Ok(())
             };
             groups = zerostream_offload::pipelined_sweep(groups, load, compute, store)?;
