@@ -69,6 +69,41 @@ fn bool_of(map: &Map<String, Value>, key: &str) -> Result<Option<bool>> {
     }
 }
 
+/// The settings of a Llama-family config this engine does not implement, each refused by name: an
+/// activation other than SiLU, mixture-of-experts, sliding-window or other non-full attention,
+/// attention dropout, tensor-parallel pretraining slices.
+fn refuse_unsupported(map: &Map<String, Value>, model_type: &str) -> Result<()> {
+    if let Some(act) = map.get("hidden_act")
+        && act.as_str() != Some("silu")
+    {
+        bail!("hidden_act {act} is not supported (expected \"silu\": the SwiGLU MLP)");
+    }
+    for key in ["num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size"] {
+        if map.get(key).is_some_and(|v| !v.is_null() && v.as_u64() != Some(0)) {
+            bail!("{key}: mixture-of-experts models are not supported");
+        }
+    }
+    if map.get("sliding_window").is_some_and(|v| !v.is_null())
+        && (model_type != "qwen2" || bool_of(map, "use_sliding_window")?.unwrap_or(false))
+    {
+        bail!("sliding_window: sliding-window attention is not supported (every query attends to all earlier tokens)");
+    }
+    if let Some(types) = map.get("layer_types").and_then(Value::as_array)
+        && let Some(other) = types.iter().find(|t| t.as_str() != Some("full_attention"))
+    {
+        bail!("layer_types: {other} layers are not supported (every layer attends to all earlier tokens: full_attention)");
+    }
+    for key in ["attention_dropout"] {
+        if f64_of(map, key)?.is_some_and(|p| p != 0.0) {
+            bail!("{key}: dropout is not implemented (expected 0)");
+        }
+    }
+    if usize_of(map, "pretraining_tp")?.is_some_and(|tp| tp != 1) {
+        bail!("pretraining_tp: only 1 is supported");
+    }
+    Ok(())
+}
+
 fn required(map: &Map<String, Value>, key: &str) -> Result<usize> {
     usize_of(map, key)?.with_context(|| format!("{key} is missing"))
 }
@@ -123,34 +158,7 @@ impl LlamaConfig {
         if !matches!(model_type.as_str(), "llama" | "mistral" | "qwen2") {
             bail!("model_type {model_type:?} is not a Llama-family config (llama, mistral, qwen2)");
         }
-        if let Some(act) = map.get("hidden_act")
-            && act.as_str() != Some("silu")
-        {
-            bail!("hidden_act {act} is not supported (expected \"silu\": the SwiGLU MLP)");
-        }
-        for key in ["num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size"] {
-            if map.get(key).is_some_and(|v| !v.is_null() && v.as_u64() != Some(0)) {
-                bail!("{key}: mixture-of-experts models are not supported");
-            }
-        }
-        if map.get("sliding_window").is_some_and(|v| !v.is_null())
-            && (model_type != "qwen2" || bool_of(map, "use_sliding_window")?.unwrap_or(false))
-        {
-            bail!("sliding_window: sliding-window attention is not supported (every query attends to all earlier tokens)");
-        }
-        if let Some(types) = map.get("layer_types").and_then(Value::as_array)
-            && let Some(other) = types.iter().find(|t| t.as_str() != Some("full_attention"))
-        {
-            bail!("layer_types: {other} layers are not supported (every layer attends to all earlier tokens: full_attention)");
-        }
-        for key in ["attention_dropout"] {
-            if f64_of(map, key)?.is_some_and(|p| p != 0.0) {
-                bail!("{key}: dropout is not implemented (expected 0)");
-            }
-        }
-        if usize_of(map, "pretraining_tp")?.is_some_and(|tp| tp != 1) {
-            bail!("pretraining_tp: only 1 is supported");
-        }
+        refuse_unsupported(map, &model_type)?;
         let hidden_size = required(map, "hidden_size")?;
         let num_attention_heads = required(map, "num_attention_heads")?;
         let num_key_value_heads = usize_of(map, "num_key_value_heads")?.unwrap_or(num_attention_heads);

@@ -104,6 +104,18 @@ impl ModelSource<'_> {
     }
 }
 
+/// The refusals before any work is done: the model and batch settings, the attention shape on this
+/// device, and a gpu adapter without the f16 cooperative matrices (naming itself) or without a copy
+/// queue for `--copy-queue`; each device setting is applied as it is checked.
+fn check_before_work<D: Backend>(dev: &D, model: &Model, train: &TrainConfig) -> Result<()> {
+    model.validate()?;
+    train.check_batch()?;
+    model.check_seq_len(train.seq_len)?;
+    dev.check_attention(model.attention_dims(train.batch, train.seq_len))?;
+    dev.set_matmul_inputs(train.matmul_inputs)?;
+    dev.set_copy_queue(train.copy_queue)
+}
+
 /// A training run in progress.
 pub struct Trainer<'d, D: Backend> {
     dev: &'d D,
@@ -171,13 +183,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             Some(p) => source.model().with_dropout(p)?,
             None => source.model(),
         };
-        model.validate()?;
-        train.check_batch()?;
-        model.check_seq_len(train.seq_len)?;
-        dev.check_attention(model.attention_dims(train.batch, train.seq_len))?;
-        // Before any work: a gpu adapter without the f16 cooperative matrices refuses here, naming itself.
-        dev.set_matmul_inputs(train.matmul_inputs)?;
-        dev.set_copy_queue(train.copy_queue)?;
+        check_before_work(dev, &model, &train)?;
         let sharding = Sharding { rank: comm.rank(), world: comm.world_size(), stage: train.zero_stage };
         check_same_configuration(&comm, &model, &train)?;
         let placement = plan_on(&model, &train, sharding.world, dev.alloc_costs())?;
