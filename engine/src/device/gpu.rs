@@ -168,6 +168,7 @@ impl GpuDevice {
     /// `zerostream devices`; without one, the most capable adapter (discrete first, software last).
     /// On Vulkan it asks for the queues beside wgpu's that copies may run on (`gpu_copy_queue.rs`).
     pub fn open(selector: Option<&str>, budget_bytes: Option<u64>) -> Result<Self> {
+        wait::WaitLimits::from_env()?;
         let instance = instance();
         let found = adapters(&instance);
         if found.is_empty() {
@@ -392,6 +393,9 @@ mod dispatch;
 // wgpu's errors caught per call instead of fatal (`zerostream selftest`).
 #[path = "gpu_errors.rs"]
 mod errors;
+
+#[path = "gpu_wait.rs"]
+mod wait;
 pub use memory::GpuPendingRead;
 pub use pinned::PINNED_COPY_MIN_BYTES;
 pub use staging::Prestaged;

@@ -146,7 +146,7 @@ impl GpuDevice {
 }
 
 #[cfg(any(target_os = "linux", target_os = "windows"))]
-pub(super) use vulkan::{CopyQueue, WAIT_LIMIT, open_with_queues, raw_buffer, raw_handles};
+pub(super) use vulkan::{CopyQueue, open_with_queues, raw_buffer, raw_handles};
 
 #[cfg(any(target_os = "linux", target_os = "windows"))]
 #[path = "gpu_copy_queue_vulkan.rs"]

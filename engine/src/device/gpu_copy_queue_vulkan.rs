@@ -3,16 +3,13 @@
 //! Linux and Windows only; a child of `gpu_copy_queue.rs`.
 
 use std::cell::RefCell;
-use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use ash::vk;
 use wgpu::hal::api::Vulkan;
 
+use super::super::wait::{Slice, WaitLimits, wait_in_slices};
 use super::{BufferCopy, CopyQueueKind, QueueAbilities, QueuePlan};
-
-/// How long a wait for a copy queue may take before it is called a hung device.
-pub(in crate::device::gpu) const WAIT_LIMIT: Duration = Duration::from_secs(120);
 
 /// The priorities of the queues asked for (Vulkan wants one per queue; all equal).
 static PRIORITIES: [f32; 2] = [1.0, 1.0];
@@ -282,9 +279,14 @@ impl CopyQueue {
         if fences.is_empty() {
             return Ok(());
         }
-        // SAFETY: the fences are live and were submitted with their command buffers.
-        unsafe { self.raw.wait_for_fences(&fences, true, WAIT_LIMIT.as_nanos() as u64) }.map_err(|e| {
-            anyhow!("waiting for the {} ({} submissions, {} s at most): {e}", self.kind.name(), fences.len(), WAIT_LIMIT.as_secs())
+        let what = || format!("the {}'s {} submissions", self.kind.name(), fences.len());
+        wait_in_slices(&what, WaitLimits::current(), |slice| {
+            // SAFETY: the fences are live and were submitted with their command buffers.
+            match unsafe { self.raw.wait_for_fences(&fences, true, slice.as_nanos() as u64) } {
+                Ok(()) => Ok(Slice::Done),
+                Err(vk::Result::TIMEOUT) => Ok(Slice::TimedOut),
+                Err(e) => Err(anyhow!("waiting for {}: {e}", what())),
+            }
         })?;
         let done: Vec<Submitted> = self.in_flight.borrow_mut().drain(..).collect();
         // Every one kept or freed, the first failure reported.

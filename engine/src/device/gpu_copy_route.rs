@@ -188,7 +188,8 @@ mod vulkan {
     use ash::vk;
     use wgpu::hal::api::Vulkan;
 
-    use super::super::copy_queue::{BufferCopy, CopyQueue, WAIT_LIMIT, raw_buffer, raw_handles};
+    use super::super::copy_queue::{BufferCopy, CopyQueue, raw_buffer, raw_handles};
+    use super::super::wait::{Slice, WaitLimits, wait_in_slices};
 
     /// Entries kept per map before those every queue has passed are pruned.
     const PRUNE_AT: usize = 4096;
@@ -246,17 +247,23 @@ mod vulkan {
             Ok(Timelines { _device: device.clone(), raw, compute, copies, last_compute: AtomicU64::new(0), last_copy: AtomicU64::new(0) })
         }
 
-        /// Blocks until the copies up to `value` are done (at most [`WAIT_LIMIT`]).
+        /// Blocks until the copies up to `value` are done (within the wait limit).
         pub(in crate::device::gpu) fn wait_for_copy(&self, value: u64) -> Result<()> {
             self.wait(&[self.copies], &[value]).map_err(|e| anyhow!("waiting for copy {value} on the copy queue: {e}"))
         }
 
-        /// Blocks until each semaphore reaches its value (at most [`WAIT_LIMIT`]).
+        /// Blocks until each semaphore reaches its value (within the wait limit).
         fn wait(&self, semaphores: &[vk::Semaphore], values: &[u64]) -> Result<()> {
             let info = vk::SemaphoreWaitInfo::default().semaphores(semaphores).values(values);
-            // SAFETY: the semaphores are live (destroyed only in Drop).
-            unsafe { self.raw.wait_semaphores(&info, WAIT_LIMIT.as_nanos() as u64) }
-                .map_err(|e| anyhow!("{e} ({} s at most)", WAIT_LIMIT.as_secs()))
+            let what = || format!("the copy queue's timeline at {values:?}");
+            wait_in_slices(&what, WaitLimits::current(), |slice| {
+                // SAFETY: the semaphores are live (destroyed only in Drop).
+                match unsafe { self.raw.wait_semaphores(&info, slice.as_nanos() as u64) } {
+                    Ok(()) => Ok(Slice::Done),
+                    Err(vk::Result::TIMEOUT) => Ok(Slice::TimedOut),
+                    Err(e) => Err(anyhow!("{e}")),
+                }
+            })
         }
 
         fn reached(&self, semaphore: vk::Semaphore) -> u64 {

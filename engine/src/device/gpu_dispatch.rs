@@ -1,21 +1,12 @@
 //! Recording and submitting the gpu device's work: the pending command encoder every op records into
-//! (submitted when a result is read back, or after `MAX_PENDING_PASSES` passes), the waits on a
-//! submission, the pipeline cache, and the one place a kernel is dispatched (its Params into the
+//! (submitted when a result is read back, or after `MAX_PENDING_PASSES` passes), `synchronize`
+//! (its waits bounded by `gpu_wait.rs`), the pipeline cache, and the one place a kernel is dispatched (its Params into the
 //! uniform arena's slot). A child module of `gpu`, so it reaches the device's fields.
 
 use super::{GpuDevice, MAX_PARAMS_BYTES, MAX_PENDING_PASSES};
 use zerostream_shaders as shaders;
 
 impl GpuDevice {
-    /// Blocks until `submission` (None: everything submitted) and the submissions before it are done on
-    /// the device, not later ones; Err where the device is lost.
-    pub(in crate::device) fn wait_for_submission(
-        device: &wgpu::Device,
-        submission: Option<wgpu::SubmissionIndex>,
-    ) -> Result<(), wgpu::PollError> {
-        device.poll(wgpu::PollType::Wait { submission_index: submission, timeout: None }).map(drop)
-    }
-
     /// Waits until every recorded pass and queued write has run, and every copy issued on a copy queue.
     pub fn synchronize(&self) {
         if self.flush().is_none() {
@@ -23,7 +14,9 @@ impl GpuDevice {
             // raw copies after this (`copy_on_queue`) see them.
             self.queue.submit([]);
         }
-        let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
+        if let Err(e) = Self::wait_for_submission(&self.device, None) {
+            panic!("waiting for the GPU's work failed: {e:#}");
+        }
         if let Err(e) = self.wait_for_copy_queues() {
             panic!("GPU copy queues failed (device lost, or hung past the wait limit): {e:#}");
         }

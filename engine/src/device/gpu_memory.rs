@@ -259,7 +259,7 @@ impl GpuDevice {
                         timelines.wait_for_copy(*value).unwrap_or_else(|e| panic!("GPU device lost while waiting for a read-back: {e:#}"))
                     }
                     None => Self::wait_for_submission(&self.device, pending.submission)
-                        .unwrap_or_else(|e| panic!("GPU device lost while waiting for a read-back: {e}")),
+                        .unwrap_or_else(|e| panic!("waiting for a read-back: {e:#}")),
                 }
                 let bytes = staging.buffer().size();
                 self.count_pinned_read(bytes);
@@ -292,8 +292,7 @@ impl GpuDevice {
             match mapped.try_recv() {
                 Ok(result) => return result.unwrap_or_else(|e| panic!("mapping {what} failed: {e}")),
                 Err(TryRecvError::Empty) => {
-                    Self::wait_for_submission(&self.device, submission.clone())
-                        .unwrap_or_else(|e| panic!("GPU device lost while waiting for {what}: {e}"));
+                    Self::wait_for_submission(&self.device, submission.clone()).unwrap_or_else(|e| panic!("waiting for {what}: {e:#}"));
                 }
                 Err(TryRecvError::Disconnected) => panic!("the map callback of {what} was dropped"),
             }

@@ -166,7 +166,7 @@ impl GpuDevice {
             Some(InUse::Copying(done, submission)) => {
                 while !done.load(Ordering::Acquire) {
                     Self::wait_for_submission(&self.device, Some(submission.clone()))
-                        .unwrap_or_else(|e| panic!("GPU device lost while waiting for the upload ring: {e}"));
+                        .unwrap_or_else(|e| panic!("waiting for the upload ring: {e:#}"));
                 }
             }
         }

@@ -147,7 +147,7 @@ impl GpuDevice {
             if let Ok(r) = rx.try_recv() {
                 return r.map_err(|e| anyhow!("mapping the timestamp buffer failed: {e}"));
             }
-            self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| anyhow!("GPU device lost: {e}"))?;
+            Self::wait_for_submission(&self.device, None)?;
         }
     }
 }

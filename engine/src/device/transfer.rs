@@ -68,8 +68,7 @@ fn map(buffer: &wgpu::Buffer, mode: wgpu::MapMode) -> Receiver<Result<(), wgpu::
 
 impl GpuDevice {
     fn wait(&self) -> Result<()> {
-        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| anyhow!("GPU device lost: {e}"))?;
-        Ok(())
+        Self::wait_for_submission(&self.device, None)
     }
 
     fn wait_mapped(&self, rx: &Receiver<Result<(), wgpu::BufferAsyncError>>) -> Result<()> {
@@ -261,7 +260,7 @@ impl GpuDevice {
             let submission = self.queue.submit([encoder.finish()]);
             match pinned {
                 Some(_) => {
-                    Self::wait_for_submission(&self.device, Some(submission)).map_err(|e| anyhow!("GPU device lost: {e}"))?;
+                    Self::wait_for_submission(&self.device, Some(submission))?;
                 }
                 None => self.wait_mapped(&map(&staging, wgpu::MapMode::Read))?,
             }
