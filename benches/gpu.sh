@@ -58,6 +58,9 @@ case $TUNE_SECONDS in ''|*[!0-9]*) echo "benches/gpu.sh: TUNE_SECONDS must be a 
 TUNE_SECONDS=$((10#$TUNE_SECONDS))
 work=$(mktemp -d)
 export PYTHONUNBUFFERED=1
+# A hung kernel costs a minute, not its part's whole limit, and says what it hung on (no single wait of
+# these runs comes near it on a GPU: the longest is one training step's submission).
+export ZEROSTREAM_GPU_WAIT_LIMIT_S=${ZEROSTREAM_GPU_WAIT_LIMIT_S:-60}
 mkdir -p "$(dirname "$results")"
 [ -x "$ZS" ] || { echo "no zerostream binary at $ZS (set ZS, or build: cargo build --release)" >&2; exit 1; }
 

@@ -120,13 +120,7 @@ impl GpuDevice {
 
     /// Runs every fp32 product with `tile` (None: the table's choice per shape class again).
     pub fn force_matmul_variant(&self, tile: Option<MatmulTile>) -> Result<()> {
-        if let Some(t) = tile
-            && !self.matmul_variants().contains(&t)
-        {
-            bail!("matmul variant {t} is not one this adapter can run ({})", self.summary.name);
-        }
-        self.matmul_forced.set(tile);
-        Ok(())
+        force_variant(&self.matmul_forced, tile, &self.matmul_variants(), "matmul", &self.summary.name)
     }
 
     /// The device's tuning table (which variant each shape class runs), and where it came from.
@@ -220,24 +214,8 @@ impl GpuDevice {
         let (m, n, k) = (rows.len() as u32, cols.len() as u32, ks.len() as u32);
         let flags =
             accumulate as u32 | (((add_bias && bias.is_some()) as u32) << 1) | ((a4_usable as u32) << 2) | ((b4_usable as u32) << 3);
-        let params = [
-            m,
-            n,
-            k,
-            flags,
-            wa.elem_offset,
-            s.a.row_stride as u32,
-            s.a.col_stride as u32,
-            0,
-            wb.elem_offset,
-            s.b.row_stride as u32,
-            s.b.col_stride as u32,
-            b.format_code(),
-            wc.elem_offset,
-            s.c.row_stride as u32,
-            bias_window.as_ref().map_or(0, |w| w.elem_offset),
-            0,
-        ];
+        let offsets = [wa.elem_offset, wb.elem_offset, wc.elem_offset, bias_window.as_ref().map_or(0, |w| w.elem_offset)];
+        let params = piece_params(s, [m, n, k, flags], offsets, b.format_code());
         // Without a bias the kernel never reads binding 3, but it must be bound: bind A there (binding C
         // would put one buffer in a read-only and a read-write slot of one dispatch, which wgpu forbids).
         let bias_binding = match &bias_window {
@@ -262,6 +240,36 @@ impl GpuDevice {
             [n.div_ceil(tile.tile_n), m.div_ceil(tile.tile_m), 1],
         );
     }
+}
+
+/// A piece's Params as `matmul.wgsl` and `matmul_coop.wgsl` read them: its sizes and flags, then A's,
+/// B's and C's window offsets and strides (B's with its storage format), and the bias's offset.
+fn piece_params(s: &MatmulShape, [m, n, k, flags]: [u32; 4], [a_at, b_at, c_at, bias_at]: [u32; 4], b_format: u32) -> [u32; 16] {
+    #[rustfmt::skip]
+    let params = [
+        m, n, k, flags,
+        a_at, s.a.row_stride as u32, s.a.col_stride as u32, 0,
+        b_at, s.b.row_stride as u32, s.b.col_stride as u32, b_format,
+        c_at, s.c.row_stride as u32, bias_at, 0,
+    ];
+    params
+}
+
+/// Runs every product of one kind with `tile` (None: the table's again), where the adapter can run it.
+pub(super) fn force_variant<T: Copy + PartialEq + std::fmt::Display>(
+    forced: &std::cell::Cell<Option<T>>,
+    tile: Option<T>,
+    runnable: &[T],
+    kind: &str,
+    adapter: &str,
+) -> Result<()> {
+    if let Some(t) = tile
+        && !runnable.contains(&t)
+    {
+        bail!("{kind} variant {t} is not one this adapter can run ({adapter})");
+    }
+    forced.set(tile);
+    Ok(())
 }
 
 /// Where to cut a piece whose operands do not fit one binding: its longest range halved (halving K turns

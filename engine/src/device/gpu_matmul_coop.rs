@@ -8,7 +8,7 @@ use std::ops::Range;
 use anyhow::{Result, bail};
 
 use super::super::{GpuDevice, GpuTensor, Window};
-use super::{Split, fits_adapter};
+use super::{Split, fits_adapter, force_variant};
 use crate::device::alloc::GPU_COOP_SCRATCH_BYTES;
 use crate::device::matmul_tuning::MatmulClass;
 use crate::device::{HalfFormat, MatmulInputs, MatmulShape};
@@ -26,13 +26,7 @@ impl GpuDevice {
 
     /// Runs every cooperative-matrix product with `tile` (None: the table's choice per shape class again).
     pub fn force_coop_variant(&self, tile: Option<CoopTile>) -> Result<()> {
-        if let Some(t) = tile
-            && !self.coop_variants().contains(&t)
-        {
-            bail!("cooperative matmul variant {t} is not one this adapter can run ({})", self.summary.name);
-        }
-        self.coop_forced.set(tile);
-        Ok(())
+        force_variant(&self.coop_forced, tile, &self.coop_variants(), "cooperative matmul", &self.summary.name)
     }
 
     /// The cooperative-matrix variant a product of this shape runs now (forced, else the table's choice

@@ -237,7 +237,8 @@ pub fn check_copy_queue(dev: &GpuDevice) -> Result<Vec<CheckResult>> {
         let got = dev.finish_read(pending).pop().expect("one tensor read");
         check.compare(&format!("round {round}"), &got, &want);
     }
-    let (up, down) = (dev.copy_queue_bytes().0 - before.0, dev.copy_queue_bytes().1 - before.1);
+    let after = dev.copy_queue_bytes();
+    let (up, down) = (after.0 - before.0, after.1 - before.1);
     let expected = ROUNDS * 4 * n as u64;
     if up != expected || down != expected {
         check.fail(format!("{up} bytes went up and {down} down on the copy queue; every round's {} should have", 4 * n));
