@@ -109,7 +109,7 @@ impl DataTokenizer {
         };
         if model_vocab < ours {
             bail!(
-                "the data was tokenised with {} ({ours} tokens), but the model's vocab_size is {model_vocab}: pass --tokenizer                  to name the right one",
+                "the data was tokenised with {} ({ours} tokens), but the model's vocab_size is {model_vocab}: pass --tokenizer to name the right one",
                 self.describe()
             );
         }
