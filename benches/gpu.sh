@@ -6,10 +6,10 @@
 # (benches/gpu-prepare.sh; --copy-queue's order across two queues, the goldens) and `zerostream tune`
 # (the matmul, attention and cooperative-matrix variants timed per shape class; the table it writes
 # is what every later part runs with), then
-# the adapter (zerostream devices, nvidia-smi), `zerostream bench kernels` (GPT-2 124M and 1.5B shapes, and
+# the adapter (zerostream devices, nvidia-smi), `zerostream bench kernels` (GPT-2 124M and 1.5B shapes, Llama-3.2-1B's products, and
 # which matmul path the adapter took: tile configuration, subgroup or cooperative-matrix use),
 # `bench h2d` / `bench d2h`, `bench overlap` (whether copies run under kernels on wgpu's one queue), a GPT-2 124M and a GPT-2 1.5B (gpt2-xl) training run on the GPU, and PyTorch
-# on the same shapes: torch.matmul (fp32 without TF32, bf16 and f16), scaled_dot_product_attention,
+# on the same shapes: torch.matmul (fp32 without TF32, bf16 and f16; Llama's fp32 and bf16), scaled_dot_product_attention,
 # pinned-memory copies, and a Hugging Face GPT2LMHeadModel fp32 training step. Each part is rendered into
 # the results file as soon as it finishes, so a run cut short still leaves what it measured.
 # Where the adapter has 16x16x16 (or 8x8x8) f16 cooperative matrices, tune also times the cooperative-matrix
@@ -453,6 +453,19 @@ for model, (C, NH) in models.items():
         emit(kind="sdpa", model=model, case="forward", shape=shape, dtype=name, seconds=fwd, gflops=flops / fwd / 1e9)
         emit(kind="sdpa", model=model, case="backward (fwd+bwd minus fwd)", shape=shape, dtype=name, seconds=both - fwd, gflops=2.5 * flops / (both - fwd) / 1e9)
         del q, k_, v, go
+# Llama-3.2-1B's products (bench kernels times them for the fp32 and f16-coop goals), nn.Linear's
+# layout: weights (out, in), y = x W^T, dx = dy W, dW = dy^T x; the head by vocabulary chunks.
+LC, LKV, LF, LV = 2048, 8 * 64, 8192, 128256
+for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+    for lin, k, n in (("q_proj", LC, LC), ("k_proj", LC, LKV), ("v_proj", LC, LKV), ("o_proj", LC, LC),
+                      ("gate_proj", LC, LF), ("up_proj", LC, LF), ("down_proj", LF, LC), ("lm_head", LC, min(8192, LV))):
+        inp, w, dout = rnd(bt, k, dtype=dtype), rnd(n, k, dtype=dtype), rnd(bt, n, dtype=dtype)
+        for case, fn, (m_, n_, k_) in ((f"{lin} forward", lambda: inp @ w.t(), (bt, n, k)),
+                                     (f"{lin} dinp", lambda: dout @ w, (bt, k, n)),
+                                     (f"{lin} dW", lambda: dout.t() @ inp, (n, k, bt))):
+            s = bench(fn)
+            emit(kind="matmul", model="llama-3.2-1b", case=case, shape=f"M={m_} N={n_} K={k_}", dtype=name, seconds=s, gflops=2 * m_ * n_ * k_ / s / 1e9)
+        del inp, w, dout
 torch.cuda.empty_cache()
 # Host<->device copies, pinned and pageable, the sizes of bench h2d/d2h.
 for size in (1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20):

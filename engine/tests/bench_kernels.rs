@@ -77,3 +77,39 @@ fn bench_kernels_quick_gives_every_kernel_a_positive_rate() {
     let step = lines.iter().find(|v| v.get("step_kernel_seconds").is_some()).expect("a step estimate line");
     assert!(step["step_kernel_seconds"].as_f64().is_some_and(|s| s.is_finite() && s > 0.0), "{step}");
 }
+
+/// A Llama preset times its step's matrix products (issue #22's fp32 goal is set at Llama-3.2-1B's
+/// shapes too): seven linears' forward, dinp and dW and the head's three, each weight's products also
+/// with a bf16 B, at the model's own shapes (GQA's narrower k and v projections), each linear once per
+/// layer and the head once per vocabulary chunk; no step estimate, since the other kernels are not timed.
+#[test]
+fn bench_kernels_times_a_llama_steps_products() {
+    let test = "bench_kernels_times_a_llama_steps_products";
+    let Some(dev) = common::gpu_or_skip(test) else { return };
+    drop(dev);
+    let out = Command::new(env!("CARGO_BIN_EXE_zerostream"))
+        .args(["bench", "kernels", "--models", "llama-3.2-1b", "--batch-size", "1", "--seq-len", "8", "--reps", "1"])
+        .args(["--only", "matmul", "--copy-size", "16MiB", "--json"])
+        .output()
+        .expect("running zerostream");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench kernels failed: {stderr}");
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let fp32: Vec<&serde_json::Value> =
+        lines.iter().filter(|r| r["model"] == "llama-3.2-1b" && r["kernel"] == "matmul" && r["precision"] == "fp32").collect();
+    assert_eq!(fp32.len(), 7 * 3 + 3, "{fp32:?}");
+    let row = |case: &str| *fp32.iter().find(|r| r["case"] == case).unwrap_or_else(|| panic!("no {case} row"));
+    // hidden 2048, 8 key-value heads of 64, MLP 8192; the head's chunk of 8192 rows.
+    assert_eq!(row("k_proj forward")["shape"], "M=8 N=512 K=2048");
+    assert_eq!(row("down_proj dinp")["shape"], "M=8 N=8192 K=2048");
+    assert_eq!(row("gate_proj dW")["shape"], "M=8192 N=2048 K=8");
+    assert_eq!(row("lm_head forward")["shape"], "M=8 N=8192 K=2048");
+    assert_eq!(row("q_proj dW")["per_step"], 16, "once per layer");
+    assert_eq!(row("lm_head dW")["per_step"], 16, "128256 ids in chunks of 8192");
+    let bf16_b = lines.iter().filter(|r| r["model"] == "llama-3.2-1b" && r["precision"] == "bf16-B").count();
+    assert_eq!(bf16_b, 7 * 2 + 2, "each weight's forward and dinp again with a bf16 B");
+    for r in &fp32 {
+        assert!(r["gflops"].as_f64().is_some_and(|g| g.is_finite() && g > 0.0), "{r}");
+    }
+    assert!(lines.iter().all(|v| v.get("step_kernel_seconds").is_none()), "no step estimate from the products alone");
+}

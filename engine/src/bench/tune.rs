@@ -168,7 +168,7 @@ pub fn step_products(model: &str, batch: usize, seq_len: usize, vocab_chunk_rows
 }
 
 /// Elements an operand of `rows` x `cols` occupies under its strides.
-fn operand_len(op: &Operand, rows: usize, cols: usize) -> usize {
+pub(crate) fn operand_len(op: &Operand, rows: usize, cols: usize) -> usize {
     op.offset + (rows.max(1) - 1) * op.row_stride + (cols.max(1) - 1) * op.col_stride + 1
 }
 

@@ -89,8 +89,9 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Every kernel of a GPT-2 training step on the GPU, at the shapes of GPT-2 124M and 1.5B: GFLOP/s
-    /// (matmul, attention) or GB/s (the rest) beside the adapter's peak and a measured device copy.
+    /// Every kernel of a GPT-2 training step on the GPU, at the shapes of GPT-2 124M and 1.5B, and
+    /// Llama-3.2-1B's matrix products: GFLOP/s (matmul, attention) or GB/s (the rest) beside the
+    /// adapter's peak and a measured device copy.
     Kernels(KernelArgs),
     /// Every link — RAM bandwidth, CPU AdamW, NVMe write and read, h2d, d2h — in one table beside its ceiling.
     All {
@@ -156,8 +157,9 @@ pub struct OverlapArgs {
 
 #[derive(clap::Args)]
 pub struct KernelArgs {
-    /// Model shapes, comma-separated: gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl (1.5B), or tiny.
-    #[arg(long, default_value = "gpt2,gpt2-xl", value_delimiter = ',')]
+    /// Model shapes, comma-separated: gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl (1.5B) or tiny, each
+    /// with every kernel of its step; llama-3.2-1b or llama-3-8b, with their step's matrix products only.
+    #[arg(long, default_value = "gpt2,gpt2-xl,llama-3.2-1b", value_delimiter = ',')]
     models: Vec<String>,
     /// B: sequences per micro-batch.
     #[arg(long, default_value_t = 4)]

@@ -13,6 +13,10 @@
 //! Where the adapter has the cooperative-matrix matmul (`--matmul-inputs f16`), every product is timed
 //! again through it (precision `f16-coop`, with the 16-bit B where the fp32 row has a bf16 one), beside
 //! the fp32 kernel and against the same fp32 peak; the header says when it is unavailable, and why.
+//!
+//! Llama presets (`llama-3.2-1b`, `llama-3-8b`) time their step's matrix products only, as the model
+//! makes them (`tune::step_products`): issue #22's fp32 goal is set at their shapes too. With only
+//! some of its kernels timed, such a model gets no step estimate.
 
 use anyhow::{Context, Result, bail};
 use rand::{Rng, SeedableRng};
@@ -22,6 +26,7 @@ use crate::device::gpu::GpuTensor;
 use crate::device::timing::Timer;
 use crate::device::{AttentionDims, Backend, GpuDevice, HalfFormat};
 use crate::model::gpt2::Gpt2Config;
+use zerostream_checkpoints::LlamaConfig;
 mod others;
 mod products;
 
@@ -33,8 +38,8 @@ const MAX_AUTO_REPS: usize = 200;
 /// What to measure.
 #[derive(Clone, Debug)]
 pub struct KernelBenchConfig {
-    /// Model shapes: GPT-2 presets (gpt2, gpt2-medium, gpt2-large, gpt2-xl) or `tiny` (2 layers, 128 wide,
-    /// vocabulary 1024).
+    /// Model shapes: GPT-2 presets (gpt2, gpt2-medium, gpt2-large, gpt2-xl), `tiny` (2 layers, 128 wide,
+    /// vocabulary 1024), or Llama presets (llama-3.2-1b, llama-3-8b: their products only).
     pub models: Vec<String>,
     /// B: sequences per micro-batch.
     pub batch: usize,
@@ -73,6 +78,24 @@ pub fn model_config(name: &str) -> Result<Gpt2Config> {
         return Ok(cfg);
     }
     Gpt2Config::preset(name).with_context(|| format!("--models {name:?}: not a model shape (gpt2, gpt2-medium, gpt2-large, gpt2-xl, tiny)"))
+}
+
+/// What the bench times of one model.
+enum Shapes {
+    /// Every kernel of a GPT-2 step.
+    Gpt2(Gpt2Config),
+    /// A Llama step's matrix products.
+    Products(LlamaConfig),
+}
+
+/// A model's shapes by name: a GPT-2 preset, `tiny`, or a Llama preset.
+fn model_shapes(name: &str) -> Result<Shapes> {
+    if name == "tiny" || name.starts_with("gpt2") {
+        return model_config(name).map(Shapes::Gpt2);
+    }
+    LlamaConfig::preset(name).map(Shapes::Products).with_context(|| {
+        format!("--models {name:?}: not a model shape (gpt2, gpt2-medium, gpt2-large, gpt2-xl, tiny, llama-3.2-1b, llama-3-8b)")
+    })
 }
 
 /// An adapter's datasheet peaks.
@@ -188,12 +211,18 @@ pub fn bench_kernels(dev: &GpuDevice, cfg: &KernelBenchConfig, mut on_run: impl 
     if cfg.batch == 0 || cfg.seq_len == 0 {
         bail!("--batch-size and --seq-len must be positive");
     }
-    let models = cfg.models.iter().map(|m| Ok((m.clone(), model_config(m)?))).collect::<Result<Vec<_>>>()?;
-    for (name, m) in &models {
-        if cfg.seq_len > m.n_positions {
-            bail!("--seq-len {} is longer than {name}'s n_positions {}", cfg.seq_len, m.n_positions);
+    let models = cfg.models.iter().map(|m| Ok((m.clone(), model_shapes(m)?))).collect::<Result<Vec<_>>>()?;
+    for (name, shapes) in &models {
+        let positions = match shapes {
+            Shapes::Gpt2(m) => m.n_positions,
+            Shapes::Products(m) => m.max_position_embeddings,
+        };
+        if cfg.seq_len > positions {
+            bail!("--seq-len {} is longer than {name}'s {positions} positions", cfg.seq_len);
         }
-        dev.check_attention(AttentionDims::mha(cfg.batch, cfg.seq_len, m.n_embd, m.n_head))?;
+        if let Shapes::Gpt2(m) = shapes {
+            dev.check_attention(AttentionDims::mha(cfg.batch, cfg.seq_len, m.n_embd, m.n_head))?;
+        }
     }
     let timer = if cfg.wall_clock { Timer::WallClock } else { dev.best_timer() };
     let (copy_gbps, copy_bytes) = dev.copy_gbps(cfg.copy_bytes, if cfg.reps > 0 { cfg.reps } else { 20 }, timer)?;
@@ -215,17 +244,22 @@ pub fn bench_kernels(dev: &GpuDevice, cfg: &KernelBenchConfig, mut on_run: impl 
     on_run(&copy);
     let mut bench = Bench { dev, cfg, timer, model: String::new(), runs: vec![copy], on_run: &mut on_run };
     let mut steps = Vec::new();
-    for (i, (name, m)) in models.iter().enumerate() {
+    for (i, (name, shapes)) in models.iter().enumerate() {
         bench.model = name.clone();
         if i == 0 {
             // Once per run, at the first model's grid: the cooperative multiply-add's own rate.
             bench.coop_probe(cfg.batch * cfg.seq_len)?;
         }
         let first = bench.runs.len();
-        bench.model_kernels(m)?;
-        if cfg.only.is_empty() {
-            let seconds = bench.runs[first..].iter().map(|r| r.per_step as f64 * r.seconds).sum();
-            steps.push(StepEstimate { model: name.clone(), layers: m.n_layer, seconds });
+        match shapes {
+            Shapes::Gpt2(m) => {
+                bench.model_kernels(m)?;
+                if cfg.only.is_empty() {
+                    let seconds = bench.runs[first..].iter().map(|r| r.per_step as f64 * r.seconds).sum();
+                    steps.push(StepEstimate { model: name.clone(), layers: m.n_layer, seconds });
+                }
+            }
+            Shapes::Products(m) => bench.step_products(name, m)?,
         }
     }
     Ok(KernelBenchReport {

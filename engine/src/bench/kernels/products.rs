@@ -1,12 +1,16 @@
 //! `bench kernels`' matrix products: each linear layer's forward and both backward products, and the
 //! language-model head, in fp32, with a 16-bit B where the model holds the weight in 16 bits, and
-//! through the cooperative-matrix kernel where the adapter has it.
+//! through the cooperative-matrix kernel where the adapter has it. GPT-2's are written out here; any
+//! other model's come from the tuner's list of a step's products (`tune::step_products`).
 
 use anyhow::Result;
 
 use super::{Bench, Bound, Case, f32_bytes, random_bf16_tensor, random_tensor};
+use crate::bench::tune::operand_len;
 use crate::device::gpu::GpuTensor;
 use crate::device::{Backend, MatmulInputs, MatmulShape, Operand};
+use crate::model::vocab::DEFAULT_CHUNK_ROWS;
+use zerostream_checkpoints::LlamaConfig;
 
 /// One product of the model: C = A @ B (+ bias) (+ C), with the bytes it must move.
 struct Product<'t> {
@@ -156,6 +160,44 @@ impl Bench<'_> {
             let dbias = dev.alloc(n, "d bias")?;
             let case = Case::memory("bias_backward", &format!("{name} dbias"), format!("M={bt} N={n}"), f32_bytes(bt * n + 2 * n), layers);
             self.time(case, || dev.bias_backward(&dbias, &dout, bt, n))?;
+        }
+        Ok(())
+    }
+
+    /// A Llama step's products as the model makes them (`tune::step_products`: nn.Linear's layouts, the
+    /// head one vocabulary chunk at a time), each with fresh operands; a weight's products (forward,
+    /// dinp) also with the weight in bf16. Each linear's products run once per layer, the head's once
+    /// per chunk; a weight's gradient and the head's input gradient add into what is there, as training
+    /// adds them.
+    pub(super) fn step_products(&mut self, model: &str, m: &LlamaConfig) -> Result<()> {
+        if !self.wants("matmul") {
+            return Ok(());
+        }
+        let dev = self.dev;
+        let chunks = m.vocab_size.div_ceil(DEFAULT_CHUNK_ROWS.min(m.vocab_size));
+        let products = crate::bench::tune::step_products(model, self.cfg.batch, self.cfg.seq_len, DEFAULT_CHUNK_ROWS, false)?;
+        for (i, p) in products.iter().enumerate() {
+            let s = p.shape;
+            let case = p.name.strip_prefix(&format!("{model} ")).unwrap_or(&p.name).to_string();
+            let head = case.starts_with("lm_head");
+            let weight_is_b = !case.ends_with(" dW");
+            let seed = 100 + 3 * i as u64;
+            let a = random_tensor(dev, operand_len(&s.a, s.m, s.k), seed, "A")?;
+            let b_len = operand_len(&s.b, s.k, s.n);
+            let b = random_tensor(dev, b_len, seed + 1, "B")?;
+            let b16 = if weight_is_b { Some(random_bf16_tensor(dev, b_len, seed + 1, "B bf16")?) } else { None };
+            let c = random_tensor(dev, operand_len(&s.c, s.m, s.n), seed + 2, "C")?;
+            self.product(Product {
+                accumulate: if head { case.ends_with(" dinp") } else { !weight_is_b },
+                per_step: if head { chunks } else { m.num_hidden_layers },
+                case,
+                shape: s,
+                c: &c,
+                a: &a,
+                b: &b,
+                b16: b16.as_ref(),
+                bias: None,
+            })?;
         }
         Ok(())
     }
