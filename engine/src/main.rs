@@ -167,29 +167,45 @@ const CLOSED_STDOUT_EXIT_CODE: i32 = 141;
 
 /// Makes a closed standard output end the command quietly, as it does Unix's own tools: Rust ignores
 /// SIGPIPE, so `println!` into a closed pipe panics instead. Leaving SIGPIPE ignored keeps a closed
-/// socket under MPI an error the transport reports rather than a silent death.
+/// socket under MPI an error the transport reports rather than a silent death. Any other failure to
+/// write standard output (a full disk, `> /dev/full`) is an error in words, not a panic.
 fn quiet_on_closed_stdout() {
     let report = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         let message = info.payload().downcast_ref::<String>().map(String::as_str).unwrap_or_default();
-        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
-            std::process::exit(CLOSED_STDOUT_EXIT_CODE);
+        if let Some(why) = message.strip_prefix("failed printing to stdout: ") {
+            if why.contains("Broken pipe") {
+                std::process::exit(CLOSED_STDOUT_EXIT_CODE);
+            }
+            eprintln!("error: writing to standard output failed: {why}");
+            std::process::exit(1);
         }
         report(info)
     }));
 }
 
+/// `command` and every subcommand under it taking `-1` as a value (`--lr -1` then meets the flag's own
+/// range check, not clap's "unexpected argument '-1'").
+fn with_negative_numbers(command: clap::Command) -> clap::Command {
+    let names: Vec<String> = command.get_subcommands().map(|s| s.get_name().to_string()).collect();
+    names.iter().fold(command.allow_negative_numbers(true), |c, name| c.mut_subcommand(name, with_negative_numbers))
+}
+
 /// The command line, with `train`/`plan --config-file FILE`'s flags placed before the command line's
 /// own (which win). A later flag overrides an earlier one of the same name.
 fn parse_args() -> Result<clap::ArgMatches> {
-    let command =
-        || cli::config_file::COMMANDS.iter().fold(Cli::command(), |c, name| c.mut_subcommand(*name, |s| s.args_override_self(true)));
+    let command = || {
+        let cli = with_negative_numbers(Cli::command());
+        cli::config_file::COMMANDS.iter().fold(cli, |c, name| c.mut_subcommand(*name, |s| s.args_override_self(true)))
+    };
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let matches = command().get_matches_from(&argv);
     let Some((name, sub_matches)) = matches.subcommand().filter(|(n, _)| cli::config_file::COMMANDS.contains(n)) else {
         return Ok(matches);
     };
-    let cmd = command();
+    let mut cmd = command();
+    // Built, so the subcommand holds the global flags too (`quiet = true` in a config file).
+    cmd.build();
     let sub = cmd.find_subcommand(name).expect("a subcommand of the table");
     let expanded = cli::config_file::expand_args(argv.clone(), name, sub, sub_matches)?;
     if expanded == argv {

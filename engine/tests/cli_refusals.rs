@@ -124,6 +124,28 @@ fn hyperparameters_out_of_range_and_metrics_over_an_input_are_refused_before_any
     let d = data.to_str().unwrap();
     let out = zerostream(&["train", "--device", "cpu", "--config", "gpt2", "--data", d, "--metrics", d]);
     assert!(!out.status.success() && stderr(&out).contains("is the input"), "{}", stderr(&out));
+    // Every output against every input and every other output: --trace onto the data, the --config
+    // file or the --config-file under --metrics or --trace, two outputs on one path.
+    let config = dir.path().join("tiny.json");
+    std::fs::write(&config, r#"{"n_layer": 1, "n_head": 2, "n_embd": 16, "vocab_size": 256, "n_positions": 64}"#).unwrap();
+    let config_file = dir.path().join("run.toml");
+    std::fs::write(&config_file, "steps = 1\n").unwrap();
+    let (c, cf) = (config.to_str().unwrap(), config_file.to_str().unwrap());
+    let other = dir.path().join("out.json");
+    let o = other.to_str().unwrap();
+    for (extra, says) in [
+        (&["--config", "gpt2", "--trace", d][..], "--trace"),
+        (&["--config", c, "--metrics", c][..], "(--config)"),
+        (&["--config", c, "--trace", c][..], "(--config)"),
+        (&["--config", "gpt2", "--config-file", cf, "--metrics", cf][..], "(--config-file)"),
+        (&["--config", "gpt2", "--trace", o, "--metrics", o][..], "is also the --metrics"),
+    ] {
+        let out = zerostream(&[&["train", "--device", "cpu", "--steps", "1", "--data", d][..], extra].concat());
+        let err = stderr(&out);
+        assert!(!out.status.success() && err.contains(says) && !err.contains("placement:"), "{extra:?}: {err}");
+    }
+    assert!(std::fs::read_to_string(&config).unwrap().contains("n_embd") && !other.exists());
+    assert_eq!(std::fs::read_to_string(&config_file).unwrap(), "steps = 1\n");
     // A directory as --metrics is refused before the state is built, not after.
     let out = zerostream(&["train", "--device", "cpu", "--config", "gpt2", "--data", d, "--metrics", dir.path().to_str().unwrap()]);
     let err = stderr(&out);

@@ -67,7 +67,7 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
     }
     let world = mpi_world.or(req.ranks.world_size).unwrap_or(1);
     let finished_at = resume_from_checkpoint(&mut req, world)?;
-    outputs::check_outputs(&req.options)?;
+    outputs::check_outputs(&req.options, req.config_file.as_deref(), req.tensorboard.as_deref())?;
     if let (Some(step), ModelChoice::Resume(dir)) = (finished_at, &req.options.model) {
         return finished_run(dir, step, req.train.steps, req.options.save.as_deref());
     }

@@ -28,26 +28,58 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// Checks the run's outputs before any work: none is one of its inputs (it would be overwritten),
-/// `--save` can be written (its parent is created if missing) and holds no files but a model's, and
-/// `--metrics` is not a directory.
-pub fn check_outputs(options: &RunOptions) -> Result<()> {
-    let mut inputs: Vec<PathBuf> = options.data.iter().chain(&options.val_data).cloned().collect();
-    if let ModelChoice::Hf(dir) | ModelChoice::Resume(dir) = &options.model {
-        inputs.push(dir.clone());
-        inputs.extend(std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| e.path()));
+/// Whether `a` and `b` name one place, existing or not: the same file or directory, or paths that
+/// resolve to the same absolute path (two outputs not yet written).
+fn same_place(a: &Path, b: &Path) -> bool {
+    same_file(a, b) || matches!((std::path::absolute(a), std::path::absolute(b)), (Ok(x), Ok(y)) if x.components().eq(y.components()))
+}
+
+/// Checks the run's outputs before any work: none is one of its inputs (the data, the model, the
+/// `--config` file, the `--config-file`: each would be overwritten), no two are one path, `--save` can
+/// be written (its parent is created if missing) and holds no files but a model's, and `--metrics` is
+/// not a directory.
+pub fn check_outputs(options: &RunOptions, config_file: Option<&Path>, tensorboard: Option<&Path>) -> Result<()> {
+    let mut inputs: Vec<(&str, PathBuf)> = options.data.iter().map(|p| ("--data", p.clone())).collect();
+    inputs.extend(options.val_data.iter().map(|p| ("--val-data", p.clone())));
+    inputs.extend(config_file.map(|p| ("--config-file", p.to_path_buf())));
+    match &options.model {
+        ModelChoice::Hf(dir) | ModelChoice::Resume(dir) => {
+            let flag = if matches!(options.model, ModelChoice::Hf(_)) { "--model" } else { "--resume" };
+            inputs.push((flag, dir.clone()));
+            inputs.extend(std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| (flag, e.path())));
+        }
+        ModelChoice::Config(name) if Path::new(name).is_file() => inputs.push(("--config", PathBuf::from(name))),
+        ModelChoice::Config(_) | ModelChoice::Demo => {}
     }
-    let outputs = [("--metrics", &options.metrics), ("--save", &options.save), ("--checkpoint-dir", &options.checkpoints.dir)];
-    for (flag, path) in outputs {
-        let Some(path) = path else { continue };
-        if let Some(input) = inputs.iter().find(|p| same_file(p, path)) {
-            bail!("{flag} {} is the input {}: it would be overwritten; choose another path", path.display(), input.display());
+    let plot = options.metrics.as_ref().map(|m| m.with_file_name("loss.svg"));
+    let outputs: Vec<(&str, &PathBuf)> = [
+        ("--metrics", options.metrics.as_ref()),
+        ("--metrics' plot", plot.as_ref()),
+        ("--trace", options.trace.as_ref()),
+        ("--save", options.save.as_ref()),
+        ("--checkpoint-dir", options.checkpoints.dir.as_ref()),
+    ]
+    .into_iter()
+    .filter_map(|(flag, path)| Some((flag, path?)))
+    .collect();
+    for (i, &(flag, path)) in outputs.iter().enumerate() {
+        if let Some((input_flag, input)) = inputs.iter().find(|(_, p)| same_file(p, path)) {
+            bail!(
+                "{flag} {} is the input {} ({input_flag}): it would be overwritten; choose another path",
+                path.display(),
+                input.display()
+            );
+        }
+        if let Some((other, _)) = outputs[..i].iter().find(|(_, p)| same_place(p, path)) {
+            bail!("{flag} {} is also the {other}: each output needs a path of its own", path.display());
         }
     }
-    if let (Some(save), Some(root)) = (&options.save, &options.checkpoints.dir)
-        && same_file(save, root)
+    // A file the TensorBoard directory would be made inside of, or one of the run's other files.
+    if let Some(dir) = tensorboard
+        && let Some((flag, _)) =
+            inputs.iter().map(|(f, p)| (*f, p)).chain(outputs.iter().map(|(f, p)| (*f, *p))).find(|(_, p)| same_place(p, dir))
     {
-        bail!("--save {} is also the --checkpoint-dir: give the saved model its own directory", save.display());
+        bail!("--tensorboard {} is also the {flag}: give TensorBoard a directory of its own", dir.display());
     }
     if let Some(save) = &options.save {
         check_save_dir(save)?;
