@@ -395,17 +395,44 @@ pub struct TrainArgs {
     prompt: String,
 }
 
-/// SIGINT and SIGTERM set the returned flag (the run finishes its step, checkpoints and stops); a
-/// second one ends the process at once.
+/// A signal this soon after the first is the same interrupt delivered twice (GNU `timeout` and a
+/// terminal signal the whole process group, and a launcher may pass it on), not a second Ctrl-C.
+const REPEATED_SIGNAL_MS: u64 = 1000;
+
+/// SIGINT and SIGTERM set the returned flag (the run finishes its step, checkpoints and stops, and
+/// says so at once on stderr); another, a second or more after the first, ends the process at once
+/// (exit 130 or 143) without a checkpoint.
 fn stop_on_signals() -> Result<Arc<AtomicBool>> {
     use signal_hook::consts::{SIGINT, SIGTERM};
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
     let stop = Arc::new(AtomicBool::new(false));
+    let began = std::time::Instant::now();
+    // When the first signal came: milliseconds since `began`, plus 1 (0: none yet).
+    let first_ms = Arc::new(AtomicU64::new(0));
     for (signal, code) in [(SIGINT, 130), (SIGTERM, 143)] {
-        // Registered first, so it sees the flag before the second handler sets it: the first signal
-        // only sets it, the second exits.
-        signal_hook::flag::register_conditional_shutdown(signal, code, stop.clone()).context("installing a signal handler")?;
-        signal_hook::flag::register(signal, stop.clone()).context("installing a signal handler")?;
+        let (stop, first_ms) = (stop.clone(), first_ms.clone());
+        let action = move || {
+            let now_ms = began.elapsed().as_millis() as u64 + 1;
+            match first_ms.compare_exchange(0, now_ms, SeqCst, SeqCst) {
+                Ok(_) => stop.store(true, SeqCst),
+                Err(first) if now_ms - first >= REPEATED_SIGNAL_MS => signal_hook::low_level::exit(code),
+                Err(_) => {}
+            }
+        };
+        // SAFETY: the action is async-signal-safe: atomics, the monotonic clock (clock_gettime) and
+        // _exit only; no allocation, lock or output.
+        unsafe { signal_hook::low_level::register(signal, action) }.context("installing a signal handler")?;
     }
+    // The handler cannot print; this thread says what the signal does as soon as it comes.
+    let seen = stop.clone();
+    std::thread::spawn(move || {
+        while !seen.load(SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        eprintln!(
+            "train: stopping after this step (with a checkpoint where --checkpoint-dir is set); signal again to stop at once, without one"
+        );
+    });
     Ok(stop)
 }
 
