@@ -41,7 +41,8 @@ pub fn read_metrics(path: &Path) -> Result<Curve> {
         points.push(Point {
             step: num("step")?,
             tokens,
-            loss: num("loss")?,
+            // A step whose loss was not finite (a diverged run) writes null: a gap in the curve.
+            loss: if row["loss"].is_null() && row.get("loss").is_some() { f64::NAN } else { num("loss")? },
             val_loss: row["val_loss"].as_f64(),
             lr: num("lr")?,
             tokens_per_s: num("tokens_per_s")?,
@@ -79,7 +80,8 @@ pub fn plot(curves: &[Curve], out: &Path) -> Result<()> {
     loss.configure_mesh().x_desc("tokens").y_desc("loss").draw()?;
     for (i, c) in curves.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
-        loss.draw_series(LineSeries::new(c.points.iter().map(|p| (p.tokens, p.loss)), color.stroke_width(2)))?
+        let finite = c.points.iter().filter(|p| p.loss.is_finite());
+        loss.draw_series(LineSeries::new(finite.map(|p| (p.tokens, p.loss)), color.stroke_width(2)))?
             .label(c.label.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
         let val: Vec<(f64, f64)> = c.points.iter().filter_map(|p| p.val_loss.map(|v| (p.tokens, v))).collect();
@@ -137,5 +139,17 @@ mod tests {
         std::fs::write(&bad, "").unwrap();
         assert!(read_metrics(&bad).err().unwrap().to_string().contains("no rows"));
         assert!(read_metrics(Path::new("/dev/zero")).err().unwrap().to_string().contains("not a regular file"));
+        // A diverged run's null losses are gaps, not an error; a row without a loss still is one.
+        let diverged = dir.path().join("diverged.jsonl");
+        std::fs::write(
+            &diverged,
+            "{\"step\":0,\"loss\":3,\"lr\":1,\"tokens_per_s\":1}\n{\"step\":1,\"loss\":null,\"lr\":1,\"tokens_per_s\":1}\n",
+        )
+        .unwrap();
+        let curve = read_metrics(&diverged).unwrap();
+        assert!(curve.points[0].loss == 3.0 && curve.points[1].loss.is_nan());
+        plot(&[curve], &dir.path().join("diverged.svg")).unwrap();
+        std::fs::write(&bad, "{\"step\":0,\"lr\":1,\"tokens_per_s\":1}\n").unwrap();
+        assert!(read_metrics(&bad).err().unwrap().to_string().contains("no number \"loss\""));
     }
 }

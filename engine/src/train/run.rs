@@ -317,7 +317,8 @@ fn plot_metrics(options: &RunOptions, say: &dyn Fn(String)) {
         let svg = metrics.with_file_name("loss.svg");
         match crate::plot::read_metrics(metrics).and_then(|c| crate::plot::plot(&[c], &svg)) {
             Ok(()) => say(format!("plot: {}", svg.display())),
-            Err(e) => say(format!("warning: no plot ({e:#})")),
+            // A warning, so said under --quiet too (`plot_metrics` runs on the lead rank only).
+            Err(e) => eprintln!("warning: no plot ({e:#})"),
         }
     }
     #[cfg(not(feature = "plot"))]

@@ -98,8 +98,9 @@ pub(super) fn train_steps<D: Backend>(
     sinks.bar.finish();
     trainer.set_trace(None);
     if let Some(Err(e)) = sinks.trace.take().map(|t| t.finish()) {
-        // Like the metrics: a record of the run, whose failure stops the record only.
-        say(format!("warning: {e:#}"));
+        // Like the metrics: a record of the run, whose failure stops the record only; said under
+        // --quiet too, as every warning is.
+        sinks.bar.println(format!("warning: {e:#}"));
     }
     Ok(out)
 }
