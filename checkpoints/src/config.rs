@@ -146,8 +146,16 @@ impl Gpt2Config {
 
     /// Checks what the model code relies on.
     pub fn validate(&self) -> Result<()> {
-        if self.n_embd == 0 || self.n_head == 0 || self.n_layer == 0 || self.vocab_size == 0 || self.n_positions == 0 {
-            bail!("config: n_embd, n_head, n_layer, vocab_size and n_positions must all be positive: {self:?}");
+        let sizes = [
+            ("n_embd", self.n_embd),
+            ("n_head", self.n_head),
+            ("n_layer", self.n_layer),
+            ("vocab_size", self.vocab_size),
+            ("n_positions", self.n_positions),
+        ];
+        let zero: Vec<&str> = sizes.iter().filter(|(_, v)| *v == 0).map(|(k, _)| *k).collect();
+        if !zero.is_empty() {
+            bail!("config: {} = 0; n_embd, n_head, n_layer, vocab_size and n_positions must all be positive", zero.join(" = 0, "));
         }
         for (key, value) in [("vocab_size", self.vocab_size), ("n_positions", self.n_positions), ("n_embd", self.n_embd)] {
             if value > MAX_DIM {

@@ -35,6 +35,7 @@ fn config_options_the_engine_does_not_implement_are_refused_by_name() {
         ("layer_norm_epsilon", json!(-1.0), "layer_norm_epsilon = -1 must be a positive number"),
         ("resid_pdrop", json!(1.5), "resid_pdrop = 1.5 is not a dropout probability"),
         ("n_head", json!(-2), "not a GPT-2 config"),
+        ("n_head", json!(0), "n_head = 0; n_embd, n_head, n_layer, vocab_size and n_positions must all be positive"),
     ] {
         let text = config_error(dir.path(), &with(key, value));
         assert!(text.contains(expected), "{key}: {text}");

@@ -94,7 +94,7 @@ pub struct TrainArgs {
     #[arg(long)]
     config: Option<String>,
     /// Token file (llm.c's uint16 or Llama-3 uint32 format, or raw tokens: see --data-dtype; `zerostream
-    /// prepare` writes one). Default: the built-in Hamlet text.
+    /// prepare` writes one). Without --model and --config: the built-in Hamlet text; with either, required.
     #[arg(long)]
     data: Option<PathBuf>,
     /// Token width of a raw --data file without llm.c's header: u16 (GPT-2's vocabulary) or u32 (larger
@@ -294,7 +294,7 @@ pub struct TrainArgs {
     /// gradients are all-reduced: with --grad-compression only compressed gradients cross, no working
     /// copy; for slow links, at a whole model's optimizer state per rank); 1 = fp32 master weights and
     /// Adam moments; 2 = also the gradients; 3 = also the working copy of the parameters (gathered
-    /// before each upload). Default 2.
+    /// before each upload).
     #[arg(long, value_parser = parse_stage, default_value = "2")]
     zero_stage: ZeroStage,
     /// Run the strictly sequential schedule (no upload ahead, no download or AdamW overlapped with

@@ -32,11 +32,11 @@ pub enum ParamCompression {
     None,
     /// Rounded to bfloat16 (the same as none with a bf16 working copy).
     Bf16,
-    /// A scale max|x|/127 per [`PARAM_CHUNK_ELEMS`] elements and a byte per element.
+    /// A scale max|x|/127 per 256 elements and a byte per element.
     Int8,
 }
 
-/// Elements per scale of `--param-compression int8`.
+/// Elements per scale of `--param-compression int8` (its help says 256: `ParamCompression::Int8`).
 pub const PARAM_CHUNK_ELEMS: usize = 256;
 
 impl ParamCompression {
