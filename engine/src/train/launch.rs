@@ -165,7 +165,19 @@ fn resume_from_checkpoint(req: &mut RunRequest, world: usize) -> Result<Option<u
     if !req.explicit_flags.contains("data-dtype") && state.settings.get("data-dtype").and_then(|d| d.as_str()) == Some("u32") {
         req.options.data_dtype = TokenWidth::U32;
     }
-    Ok(resume::is_finished(&state, &req.train).then_some(state.step))
+    let finished = resume::is_finished(&state, &req.train);
+    // Where a run writes is not part of the checkpoint: a resume without --checkpoint-dir keeps
+    // nothing, which must not go unsaid (said once, by the first process of an MPI launch).
+    let first_process = ["OMPI_COMM_WORLD_RANK", "PMI_RANK"].iter().all(|v| std::env::var(v).map_or(true, |r| r.trim() == "0"));
+    if !finished && req.options.checkpoints.dir.is_none() && first_process {
+        let root = dir.parent().filter(|p| p.join("latest").exists()).unwrap_or(&dir);
+        eprintln!(
+            "train: warning: this resumed run writes no checkpoints (--checkpoint-dir is not taken from the checkpoint); \
+             add --checkpoint-dir {} to keep checkpointing where it did",
+            root.display()
+        );
+    }
+    Ok(finished.then_some(state.step))
 }
 
 /// With `--resume`, a `--model` or `--config` given as well must describe the checkpoint's model.
