@@ -150,6 +150,12 @@ fn saved_models_and_checkpoints_carry_the_tokenizer_the_data_was_prepared_with()
         "--json",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
+    // A bad sampling flag is refused before the model loads: nothing printed, the flag named.
+    for (flag, value) in [("--temperature", "NaN"), ("--top-p", "0")] {
+        let out = zerostream(&["generate", "--device", "cpu", "--model", save.to_str().unwrap(), "--prompt", "To be", flag, value]);
+        let err = stderr(&out);
+        assert!(!out.status.success() && err.contains(flag) && !err.contains("model:") && out.stdout.is_empty(), "{flag}: {err}");
+    }
     // A damaged tokenizer file in a checkpoint is caught by its manifest.
     std::fs::write(step.join("merges.txt"), "#version: 0.2\n").unwrap();
     let out = zerostream(&["train", "--device", "cpu", "--resume", step.to_str().unwrap(), "--steps", "2", "--sample-tokens", "0"]);

@@ -80,6 +80,9 @@ impl Text {
 
 /// `quiet`: the text only, without the device, model and plan lines.
 pub fn run(a: GenerateArgs, quiet: bool) -> Result<()> {
+    // The flags first: a bad one is refused before the model loads or the prompt is printed.
+    let sampling = Sampling { max_new_tokens: a.max_new_tokens, temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
+    sampling.check()?;
     let hf = HfModel::open(&a.model)?;
     let model = Model::of_hf(&hf)?;
     let text = match HfTokenizer::from_model_dir(&a.model)? {
@@ -101,7 +104,6 @@ pub fn run(a: GenerateArgs, quiet: bool) -> Result<()> {
         ),
         (None, None, _) => bail!("give --prompt TEXT, --prompt-file FILE or --prompt-tokens ID,ID,..."),
     };
-    let sampling = Sampling { max_new_tokens: a.max_new_tokens, temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
     let dev = zerostream::device::open(a.device.device, a.device.adapter.as_deref(), a.gpu_mem_budget)?;
     if !quiet {
         eprintln!("device: {}; model: {}", dev.describe(), model.describe());
