@@ -88,6 +88,10 @@ fn hyperparameters_out_of_range_and_metrics_over_an_input_are_refused_before_any
         let out = zerostream(&["train", "--device", "cpu", "--steps", "1", &format!("{flag}={value}")]);
         let err = stderr(&out);
         assert!(!out.status.success() && err.contains(flag) && err.contains("must be"), "{flag} {value}: {err}");
+        // The same as two words: a negative number is the flag's value, not an unknown argument.
+        let out = zerostream(&["train", "--device", "cpu", "--steps", "1", flag, value]);
+        let err = stderr(&out);
+        assert!(!out.status.success() && err.contains(flag) && err.contains("must be"), "{flag} {value}: {err}");
     }
     // A cosine "down" to a floor above its peak would raise the rate.
     let out = zerostream(&["train", "--device", "cpu", "--steps", "1", "--min-lr", "1"]);
@@ -305,4 +309,19 @@ fn benches_too_big_for_the_machine_are_refused_before_allocating() {
             .to_string();
         assert!(err.contains("--sizes") && err.contains("largest buffer"), "{err}");
     }
+}
+
+/// Standard output that cannot be written (a full disk: /dev/full) is an error in words with exit
+/// code 1, not a panic and its backtrace.
+#[test]
+fn a_full_standard_output_is_an_error_not_a_panic() {
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").expect("/dev/full");
+    let out = Command::new(env!("CARGO_BIN_EXE_zerostream"))
+        .args(["plan", "--config", "gpt2", "--device", "cpu"])
+        .stdout(full)
+        .output()
+        .expect("running zerostream");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("writing to standard output failed") && !err.contains("panicked"), "{err}");
 }

@@ -63,7 +63,7 @@ fn config_files_with_unknown_keys_or_wrong_types_are_refused_by_file_and_key() {
         ("steps = \"many\"\n", "steps", &["invalid value 'many'", "--steps"]),
         ("recompute = 1\n", "recompute", &["expected true or false"]),
         ("lr = [1, 2]\n", "lr", &["expected a string or a number", "array"]),
-        ("precision = \"fp8\"\n", "precision", &["invalid value 'fp8'"]),
+        ("precision = \"fp8\"\n", "precision", &["invalid value 'fp8'", "[possible values: fp32, bf16, fp16]"]),
         ("config-file = \"x.toml\"\n", "config-file", &["cannot name another"]),
     ];
     for (i, (body, key, expected)) in cases.iter().enumerate() {
@@ -79,6 +79,11 @@ fn config_files_with_unknown_keys_or_wrong_types_are_refused_by_file_and_key() {
             }
         }
     }
+    // The global --quiet is a key like the others.
+    let file = dir.path().join("quiet.toml");
+    std::fs::write(&file, "quiet = true\nsteps = 1\n").unwrap();
+    let out = zerostream(&["train", "--config-file", file.to_str().unwrap(), "--device", "cpu", "--sample-tokens", "0"]);
+    assert!(out.status.success() && !stderr(&out).contains("model:"), "{}", stderr(&out));
     let file = dir.path().join("broken.toml");
     std::fs::write(&file, "steps = = 3\n").unwrap();
     let err = stderr(&zerostream(&["train", "--config-file", file.to_str().unwrap()]));

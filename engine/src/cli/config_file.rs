@@ -66,7 +66,9 @@ pub fn read(file: &Path, sub: &Command) -> Result<Vec<OsString>> {
         if let Err(e) = alone.try_get_matches_from([OsString::from(sub.get_name()), OsString::from(&flag), OsString::from(&text)]) {
             let message = e.render().to_string();
             let first = message.lines().next().unwrap_or_default().trim_start_matches("error: ");
-            bail!(at(first.to_string()));
+            // The values a choice takes, as the command line's own error lists them.
+            let values = message.lines().map(str::trim).find(|l| l.starts_with("[possible values:"));
+            bail!(at(values.map_or(first.to_string(), |v| format!("{first} {v}"))));
         }
         args.push(OsString::from(flag));
         args.push(OsString::from(text));
