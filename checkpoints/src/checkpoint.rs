@@ -286,7 +286,8 @@ pub fn list_checkpoints(root: &Path) -> Result<Vec<(u64, PathBuf)>> {
 /// checkpoint its `latest` names.
 pub fn resolve_resume(path: &Path) -> Result<PathBuf> {
     if !path.is_dir() {
-        bail!("--resume {}: no such directory (expected a checkpoint step-NNNNNNNN/ or a --checkpoint-dir)", path.display());
+        let what = if path.exists() { "not a directory" } else { "no such directory" };
+        bail!("--resume {}: {what} (expected a checkpoint step-NNNNNNNN/ or a --checkpoint-dir)", path.display());
     }
     if path.join(STATE_FILE).is_file() {
         return Ok(path.to_path_buf());

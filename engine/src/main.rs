@@ -237,6 +237,9 @@ fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
             if let Some(input) = metrics.iter().find(|m| zerostream::train::outputs::same_file(m, &out)) {
                 anyhow::bail!("-o {} is the metrics file {}: it would be overwritten", out.display(), input.display());
             }
+            if out.is_dir() {
+                anyhow::bail!("-o {}: is a directory; give the SVG file's path (e.g. {})", out.display(), out.join("loss.svg").display());
+            }
             let curves = metrics.iter().map(|m| zerostream::plot::read_metrics(m)).collect::<Result<Vec<_>>>()?;
             zerostream::plot::plot(&curves, &out)?;
             eprintln!("plot: {} ({} run(s))", out.display(), curves.len());

@@ -310,6 +310,11 @@ fn save_model<D: Backend>(trainer: &mut Trainer<'_, D>, dir: &std::path::Path, r
     Ok(())
 }
 
+/// `v` as written by hand: 0.002, 1e-8, 1e30 (not 0.00000001 or thirty digits).
+fn number(v: f64) -> String {
+    if v != 0.0 && !(1e-4..1e6).contains(&v.abs()) { format!("{v:e}") } else { format!("{v}") }
+}
+
 /// The curves beside the metrics (`loss.svg`); a failure to draw them costs the picture, not the run.
 fn plot_metrics(options: &RunOptions, say: &dyn Fn(String)) {
     #[cfg(feature = "plot")]
@@ -365,10 +370,10 @@ fn describe_run<D: Backend>(
         train.batch,
         train.seq_len,
         if world > 1 { format!(" ({} per rank)", train.grad_accum) } else { String::new() },
-        train.lr.peak,
+        number(train.lr.peak),
         flag(&f["lr-schedule"]),
         train.lr.warmup_steps,
-        train.lr.min,
+        number(train.lr.min),
         match train.optimizer {
             super::Optimizer::Lars => format!("LARS momentum {}, trust coefficient {}", train.momentum, train.trust_coefficient),
             o => format!(
@@ -376,7 +381,7 @@ fn describe_run<D: Backend>(
                 if o == super::Optimizer::Lamb { "LAMB" } else { "AdamW" },
                 train.beta1,
                 train.beta2,
-                train.eps,
+                number(train.eps),
                 match super::variance_frozen_after(train) {
                     Some(step) => format!(" (variance frozen after step {step})"),
                     None => String::new(),

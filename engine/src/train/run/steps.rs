@@ -178,7 +178,7 @@ fn step_line(r: &StepReport) -> String {
 /// The error that stops a run whose `steps` were all skipped for non-finite gradients.
 fn diverged(steps: std::ops::RangeInclusive<u64>, loss: f64, f16_inputs: bool, checkpoint: Option<&Path>) -> anyhow::Error {
     anyhow::anyhow!(
-        "steps {}..={} were all skipped: the gradients held non-finite values (loss {loss}); the model or the learning rate has \
+        "steps {} to {} were all skipped: the gradients held non-finite values (loss {loss}); the model or the learning rate has \
          diverged{}{}",
         steps.start(),
         steps.end(),
