@@ -93,6 +93,12 @@ fn hyperparameters_out_of_range_and_metrics_over_an_input_are_refused_before_any
         let err = stderr(&out);
         assert!(!out.status.success() && err.contains(flag) && err.contains("must be"), "{flag} {value}: {err}");
     }
+    // The NVMe tier's I/O settings, refused at once with or without that tier (not after the first write).
+    for (flag, value) in [("--block-size", "1000"), ("--block-size", "0"), ("--queue-depth", "0")] {
+        let out = zerostream(&["train", "--device", "cpu", "--steps", "1", flag, value]);
+        let err = stderr(&out);
+        assert!(!out.status.success() && err.contains(&format!("{flag} {value}: expected")) && !err.contains("placement:"), "{err}");
+    }
     // A cosine "down" to a floor above its peak would raise the rate.
     let out = zerostream(&["train", "--device", "cpu", "--steps", "1", "--min-lr", "1"]);
     let err = stderr(&out);

@@ -273,6 +273,15 @@ impl TrainConfig {
         if self.uses_nvme() && self.nvme_dirs.is_empty() {
             bail!("--offload-optimizer nvme, --offload-gradients nvme and --offload-params nvme need --nvme-dir DIR");
         }
+        // Checked with or without an NVMe tier: a bad value must not wait for the state's first write.
+        let align = zerostream_offload::ALIGN_BYTES;
+        if self.io.block_bytes == 0 || !self.io.block_bytes.is_multiple_of(align) {
+            bail!("--block-size {}: expected a positive multiple of {align} bytes", self.io.block_bytes);
+        }
+        let max_depth = zerostream_offload::io::MAX_QUEUE_DEPTH;
+        if self.io.queue_depth == 0 || self.io.queue_depth > max_depth {
+            bail!("--queue-depth {}: expected 1 to {max_depth}", self.io.queue_depth);
+        }
         if self.adam_threads > zerostream_offload::MAX_THREADS {
             bail!("--adam-threads {}: at most {} (0: one per core)", self.adam_threads, zerostream_offload::MAX_THREADS);
         }
