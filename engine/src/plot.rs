@@ -80,10 +80,21 @@ pub fn plot(curves: &[Curve], out: &Path) -> Result<()> {
     loss.configure_mesh().x_desc("tokens").y_desc("loss").draw()?;
     for (i, c) in curves.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
-        let finite = c.points.iter().filter(|p| p.loss.is_finite());
-        loss.draw_series(LineSeries::new(finite.map(|p| (p.tokens, p.loss)), color.stroke_width(2)))?
-            .label(c.label.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+        // A run of finite losses per line: a diverged step (null) leaves a gap, not a bridge.
+        let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new()];
+        for p in &c.points {
+            match (p.loss.is_finite(), runs.last_mut()) {
+                (true, Some(run)) => run.push((p.tokens, p.loss)),
+                (false, Some(run)) if !run.is_empty() => runs.push(Vec::new()),
+                _ => {}
+            }
+        }
+        for (j, run) in runs.into_iter().enumerate() {
+            let series = loss.draw_series(LineSeries::new(run, color.stroke_width(2)))?;
+            if j == 0 {
+                series.label(c.label.clone()).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+            }
+        }
         let val: Vec<(f64, f64)> = c.points.iter().filter_map(|p| p.val_loss.map(|v| (p.tokens, v))).collect();
         if !val.is_empty() {
             loss.draw_series(DashedLineSeries::new(val.clone(), 6, 4, color.stroke_width(2)))?;

@@ -415,7 +415,8 @@ fn stop_on_signals() -> Result<Arc<AtomicBool>> {
             let now_ms = began.elapsed().as_millis() as u64 + 1;
             match first_ms.compare_exchange(0, now_ms, SeqCst, SeqCst) {
                 Ok(_) => stop.store(true, SeqCst),
-                Err(first) if now_ms - first >= REPEATED_SIGNAL_MS => signal_hook::low_level::exit(code),
+                // Saturating: another handler may have stored a later time than this one read.
+                Err(first) if now_ms.saturating_sub(first) >= REPEATED_SIGNAL_MS => signal_hook::low_level::exit(code),
                 Err(_) => {}
             }
         };
@@ -423,15 +424,19 @@ fn stop_on_signals() -> Result<Arc<AtomicBool>> {
         // _exit only; no allocation, lock or output.
         unsafe { signal_hook::low_level::register(signal, action) }.context("installing a signal handler")?;
     }
-    // The handler cannot print; this thread says what the signal does as soon as it comes.
+    // The handler cannot print; this thread says what the signal does as soon as it comes (the first
+    // process of an MPI launch only).
     let seen = stop.clone();
     std::thread::spawn(move || {
         while !seen.load(SeqCst) {
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
-        eprintln!(
-            "train: stopping after this step (with a checkpoint where --checkpoint-dir is set); signal again to stop at once, without one"
-        );
+        if zerostream::train::launch::first_process() {
+            eprintln!(
+                "train: stopping after this step (with a checkpoint where --checkpoint-dir is set); signal again, a second or \
+                 more later, to stop at once without one"
+            );
+        }
     });
     Ok(stop)
 }

@@ -7,19 +7,23 @@ use super::{GpuDevice, MAX_PARAMS_BYTES, MAX_PENDING_PASSES};
 use zerostream_shaders as shaders;
 
 impl GpuDevice {
-    /// Waits until every recorded pass and queued write has run, and every copy issued on a copy queue.
+    /// Waits until every recorded pass and queued write has run, and every copy issued on a copy queue;
+    /// panics where the device is lost.
     pub fn synchronize(&self) {
+        if let Err(e) = self.try_synchronize() {
+            panic!("{e:#}");
+        }
+    }
+
+    /// [`Self::synchronize`], with a lost device or a failed copy queue as an error.
+    pub fn try_synchronize(&self) -> anyhow::Result<()> {
         if self.flush().is_none() {
             // Queued writes reach the GPU only with a submission: one of nothing carries them, so
             // raw copies after this (`copy_on_queue`) see them.
             self.queue.submit([]);
         }
-        if let Err(e) = Self::wait_for_submission(&self.device, None) {
-            panic!("waiting for the GPU's work failed: {e:#}");
-        }
-        if let Err(e) = self.wait_for_copy_queues() {
-            panic!("GPU copy queues failed (device lost, or hung past the wait limit): {e:#}");
-        }
+        Self::wait_for_submission(&self.device, None).map_err(|e| e.context("waiting for the GPU's work"))?;
+        self.wait_for_copy_queues().map_err(|e| e.context("waiting for the GPU's copy queues"))
     }
 
     /// Hands the recorded passes to the queue without waiting for them (`bench overlap` issues copies

@@ -15,11 +15,12 @@ impl GpuDevice {
         let scopes = [wgpu::ErrorFilter::Validation, wgpu::ErrorFilter::OutOfMemory, wgpu::ErrorFilter::Internal]
             .map(|filter| self.device.push_error_scope(filter));
         f();
-        self.synchronize();
+        // A lost device is this check's error too, not a panic that ends the whole selftest.
+        let lost = self.try_synchronize().err().map(|e| one_line(&format!("{e:#}")));
         // Scopes pop in the reverse order of their pushing.
         let errors: Vec<String> =
             scopes.into_iter().rev().filter_map(|scope| pollster::block_on(scope.pop())).map(|e| one_line(&e.to_string())).collect();
-        errors.into_iter().next()
+        errors.into_iter().next().or(lost)
     }
 
     /// Creates the pipeline of every entry point of `kernel` (kept in the device's cache for later

@@ -47,6 +47,11 @@ pub struct RunRequest {
     pub tensorboard: Option<PathBuf>,
 }
 
+/// Whether this is the first process of its launch (always, outside MPI): the one that speaks for all.
+pub fn first_process() -> bool {
+    ["OMPI_COMM_WORLD_RANK", "PMI_RANK"].iter().all(|v| std::env::var(v).map_or(true, |r| r.trim() == "0"))
+}
+
 /// How a launched run ended, for this process.
 pub enum Launched {
     /// A resumed run whose checkpoint had reached `--steps`: nothing was trained (exit 0).
@@ -68,6 +73,18 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
     let world = mpi_world.or(req.ranks.world_size).unwrap_or(1);
     let finished_at = resume_from_checkpoint(&mut req, world)?;
     outputs::check_outputs(&req.options, req.config_file.as_deref(), req.tensorboard.as_deref())?;
+    if let (None, ModelChoice::Resume(dir), None) = (finished_at, &req.options.model, &req.options.checkpoints.dir)
+        && first_process()
+    {
+        // Where a run writes is not part of the checkpoint: a resume without --checkpoint-dir keeps
+        // nothing, which must not go unsaid.
+        let root = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        eprintln!(
+            "train: warning: this resumed run writes no checkpoints (--checkpoint-dir is not taken from the checkpoint); \
+             add --checkpoint-dir {} to keep checkpointing where it did",
+            root.display()
+        );
+    }
     if let (Some(step), ModelChoice::Resume(dir)) = (finished_at, &req.options.model) {
         return finished_run(dir, step, req.train.steps, req.options.save.as_deref());
     }
@@ -165,19 +182,7 @@ fn resume_from_checkpoint(req: &mut RunRequest, world: usize) -> Result<Option<u
     if !req.explicit_flags.contains("data-dtype") && state.settings.get("data-dtype").and_then(|d| d.as_str()) == Some("u32") {
         req.options.data_dtype = TokenWidth::U32;
     }
-    let finished = resume::is_finished(&state, &req.train);
-    // Where a run writes is not part of the checkpoint: a resume without --checkpoint-dir keeps
-    // nothing, which must not go unsaid (said once, by the first process of an MPI launch).
-    let first_process = ["OMPI_COMM_WORLD_RANK", "PMI_RANK"].iter().all(|v| std::env::var(v).map_or(true, |r| r.trim() == "0"));
-    if !finished && req.options.checkpoints.dir.is_none() && first_process {
-        let root = dir.parent().filter(|p| p.join("latest").exists()).unwrap_or(&dir);
-        eprintln!(
-            "train: warning: this resumed run writes no checkpoints (--checkpoint-dir is not taken from the checkpoint); \
-             add --checkpoint-dir {} to keep checkpointing where it did",
-            root.display()
-        );
-    }
-    Ok(finished.then_some(state.step))
+    Ok(resume::is_finished(&state, &req.train).then_some(state.step))
 }
 
 /// With `--resume`, a `--model` or `--config` given as well must describe the checkpoint's model.
