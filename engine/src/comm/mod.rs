@@ -317,6 +317,12 @@ pub fn launcher_world_size() -> Option<usize> {
     env_count(&["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
 }
 
+/// This process's rank under an MPI launcher (OpenMPI or MPICH/PMI), from the same environment; 0
+/// outside one.
+pub fn launcher_rank() -> usize {
+    env_count(&["OMPI_COMM_WORLD_RANK", "PMI_RANK"]).unwrap_or(0)
+}
+
 /// The processes of this job on this machine, from the launcher's environment (None: not launched).
 pub fn launcher_local_size() -> Option<usize> {
     env_count(&["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"])

@@ -396,6 +396,23 @@ mod errors;
 
 #[path = "gpu_wait.rs"]
 mod wait;
+
+/// For the library's own GPU tests (as `tests/common::gpu_or_skip` is for the integration tests): the
+/// adapter `--device gpu` opens by default, or None after saying `test` skipped, or a panic under
+/// ZEROSTREAM_REQUIRE_GPU=1 (CI).
+#[cfg(test)]
+pub(crate) fn gpu_or_skip(test: &str) -> Option<GpuDevice> {
+    match GpuDevice::open(None, None) {
+        Ok(dev) => Some(dev),
+        Err(e) if std::env::var("ZEROSTREAM_REQUIRE_GPU").as_deref() == Ok("1") => {
+            panic!("{test}: ZEROSTREAM_REQUIRE_GPU=1 but no GPU adapter: {e:#}")
+        }
+        Err(e) => {
+            eprintln!("SKIPPED {test}: no GPU adapter ({e:#})");
+            None
+        }
+    }
+}
 pub use memory::GpuPendingRead;
 pub use pinned::PINNED_COPY_MIN_BYTES;
 pub use staging::Prestaged;

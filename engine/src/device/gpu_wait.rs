@@ -213,13 +213,7 @@ mod tests {
     /// `--device gpu` opens by default (skipped without one, failed under ZEROSTREAM_REQUIRE_GPU=1).
     #[test]
     fn a_submission_still_running_is_given_up_at_the_limit() {
-        let dev = match GpuDevice::open(None, None) {
-            Ok(dev) => dev,
-            Err(e) if std::env::var("ZEROSTREAM_REQUIRE_GPU").as_deref() == Ok("1") => {
-                panic!("ZEROSTREAM_REQUIRE_GPU=1 but no adapter: {e:#}")
-            }
-            Err(e) => return eprintln!("SKIPPED a_submission_still_running_is_given_up_at_the_limit: no GPU adapter ({e:#})"),
-        };
+        let Some(dev) = super::super::gpu_or_skip("a_submission_still_running_is_given_up_at_the_limit") else { return };
         // 1 GiB of writes: ~0.3 ms on an H200, far longer on lavapipe; either way far past 1 µs.
         let big = crate::device::Backend::alloc(&dev, 32 << 20, "big").unwrap();
         for round in 0..8 {

@@ -49,7 +49,7 @@ pub struct RunRequest {
 
 /// Whether this is the first process of its launch (always, outside MPI): the one that speaks for all.
 pub fn first_process() -> bool {
-    ["OMPI_COMM_WORLD_RANK", "PMI_RANK"].iter().all(|v| std::env::var(v).map_or(true, |r| r.trim() == "0"))
+    crate::comm::launcher_rank() == 0
 }
 
 /// How a launched run ended, for this process.
@@ -211,8 +211,7 @@ fn finished_run(dir: &Path, step: u64, steps: u64, save: Option<&Path>) -> Resul
         "train: the checkpoint {} is at step {step} and --steps is {steps} (counted from the start of training): nothing left to train",
         dir.display()
     );
-    let rank0 = ["OMPI_COMM_WORLD_RANK", "PMI_RANK"].iter().find_map(|v| std::env::var(v).ok()).is_none_or(|r| r.trim() == "0");
-    if let Some(save) = save.filter(|_| rank0) {
+    if let Some(save) = save.filter(|_| first_process()) {
         outputs::save_finished_model(dir, save)?;
     }
     Ok(Launched::AlreadyDone)

@@ -273,13 +273,7 @@ mod tests {
     /// ZEROSTREAM_REQUIRE_GPU=1).
     #[test]
     fn variants_with_other_bits_are_left_out() {
-        let dev = match GpuDevice::open(None, None) {
-            Ok(dev) => dev,
-            Err(e) if std::env::var("ZEROSTREAM_REQUIRE_GPU").as_deref() == Ok("1") => {
-                panic!("ZEROSTREAM_REQUIRE_GPU=1 but no adapter: {e:#}")
-            }
-            Err(e) => return eprintln!("SKIPPED variants_with_other_bits_are_left_out: no GPU adapter ({e:#})"),
-        };
+        let Some(dev) = crate::device::gpu::gpu_or_skip("variants_with_other_bits_are_left_out") else { return };
         let (a, b) = (dev.alloc(1000, "a").unwrap(), dev.alloc(100_003, "b").unwrap());
         let chosen = std::cell::Cell::new(None::<u32>);
         let force = |v: Option<u32>| {

@@ -34,16 +34,11 @@ impl TensorBoard {
     /// Creates `dir` if missing and checks that a file can be written in it, so a bad path is refused
     /// before training starts. Under mpirun only rank 0 checks: the others never write there.
     pub fn prepare(dir: &Path, config_toml: &str) -> Result<TensorBoard> {
-        if launcher_rank() == 0 {
+        if crate::comm::launcher_rank() == 0 {
             check_writable(dir)?;
         }
         Ok(TensorBoard { dir: dir.to_path_buf(), config_toml: config_toml.to_string() })
     }
-}
-
-/// This process's rank under an MPI launcher (OpenMPI or MPICH/PMI), 0 otherwise.
-fn launcher_rank() -> u64 {
-    ["OMPI_COMM_WORLD_RANK", "PMI_RANK"].iter().find_map(|v| std::env::var(v).ok()).and_then(|r| r.trim().parse().ok()).unwrap_or(0)
 }
 
 fn check_writable(dir: &Path) -> Result<()> {
