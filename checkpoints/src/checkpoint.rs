@@ -15,9 +15,10 @@
 //! What a checkpoint holds is the trainer's business; this module moves directories and checks the
 //! manifest of file sizes and CRC32s that lets a reader refuse a truncated or bit-flipped file.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use anyhow::{Context, Result, bail};
 
@@ -74,13 +75,25 @@ pub struct CheckpointRoot {
     /// Checkpoints [`CheckpointRoot::open`] put back under their names: old copies that a save,
     /// interrupted while replacing them without an atomic exchange, had moved aside.
     pub restored: Vec<PathBuf>,
+    /// The root's checkpoints after the one this run resumed from: a line the earlier run went on
+    /// with and this one leaves. Each is replaced if this run saves its step, and never counted or
+    /// removed by [`CheckpointRoot::prune`].
+    pub left_behind: Vec<u64>,
+    /// The step resumed from, where it is one of this root's: the root's checkpoints up to it are
+    /// this run's past.
+    resumed_step: Option<u64>,
+    /// The steps this run has saved here.
+    written: Mutex<BTreeSet<u64>>,
     _lock: File,
 }
 
 impl CheckpointRoot {
     /// Opens (creating it if missing) the root `dir` for writing: takes its lock, so a second run
-    /// given the same directory is refused, and cleans up after interrupted saves.
-    pub fn open(dir: &Path) -> Result<Self> {
+    /// given the same directory is refused, and cleans up after interrupted saves. `resumed_from`:
+    /// the checkpoint this run resumed from, if any. A root holding checkpoints is refused unless
+    /// that checkpoint is one of them: a run that did not come from there would replace and prune
+    /// another run's.
+    pub fn open(dir: &Path, resumed_from: Option<&Path>) -> Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating --checkpoint-dir {}", dir.display()))?;
         if !dir.is_dir() {
             bail!("--checkpoint-dir {}: not a directory", dir.display());
@@ -101,7 +114,31 @@ impl CheckpointRoot {
             );
         }
         let (removed_leftovers, restored) = clean_up_interrupted_saves(dir)?;
-        Ok(CheckpointRoot { dir: dir.to_path_buf(), removed_leftovers, restored, _lock: lock })
+        let held = list_checkpoints(dir)?;
+        let resumed_step = resumed_from.and_then(|c| step_in_root(dir, c));
+        if let (Some((first, _)), Some((last, _)), None) = (held.first(), held.last(), resumed_step) {
+            let what = if first == last { step_name(*first) } else { format!("{} to {}", step_name(*first), step_name(*last)) };
+            let came_from = match resumed_from {
+                Some(c) => format!("this run resumed from {}, not from one of them", c.display()),
+                None => "this run starts afresh".to_string(),
+            };
+            bail!(
+                "--checkpoint-dir {} already holds checkpoints ({what}) and {came_from}: continue that run with --resume {}, \
+                 or give this run a directory of its own (nothing there is replaced or removed)",
+                dir.display(),
+                dir.display()
+            );
+        }
+        let left_behind = held.iter().map(|(s, _)| *s).filter(|s| resumed_step.is_some_and(|r| *s > r)).collect();
+        Ok(CheckpointRoot {
+            dir: dir.to_path_buf(),
+            removed_leftovers,
+            restored,
+            left_behind,
+            resumed_step,
+            written: Mutex::new(BTreeSet::new()),
+            _lock: lock,
+        })
     }
 
     /// The directory a checkpoint of `step` is written into before [`CheckpointRoot::commit`]; ranks
@@ -122,18 +159,21 @@ impl CheckpointRoot {
         // An older copy of this step (a run resumed from an earlier checkpoint went past it before)
         // is replaced whole.
         publish_dir(partial, &target)?;
+        self.written.lock().unwrap_or_else(|e| e.into_inner()).insert(step);
         write_file_atomic(&self.dir.join(LATEST), format!("{}\n", step_name(step)).as_bytes())?;
         Ok(target)
     }
 
-    /// Removes all but the `keep` newest checkpoints at or before `current` (0 keeps all). Later
-    /// steps, left by an earlier run that went further, are not touched.
-    pub fn prune(&self, keep: usize, current: u64) -> Result<Vec<PathBuf>> {
+    /// Removes all but the `keep` newest checkpoints of this run's line (0 keeps all): those up to
+    /// the one it resumed from, and those it wrote. The ones it left behind (after the step it
+    /// resumed from, not yet replaced) are neither counted nor removed.
+    pub fn prune(&self, keep: usize) -> Result<Vec<PathBuf>> {
         if keep == 0 {
             return Ok(Vec::new());
         }
-        let mut steps: Vec<(u64, PathBuf)> = list_checkpoints(&self.dir)?.into_iter().filter(|(s, _)| *s <= current).collect();
-        steps.sort();
+        let written = self.written.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let ours = |s: u64| written.contains(&s) || self.resumed_step.is_some_and(|r| s <= r);
+        let steps: Vec<(u64, PathBuf)> = list_checkpoints(&self.dir)?.into_iter().filter(|(s, _)| ours(*s)).collect();
         let excess = steps.len().saturating_sub(keep);
         let mut removed = Vec::new();
         for (_, path) in steps.into_iter().take(excess) {
@@ -262,6 +302,14 @@ fn parent_of(path: &Path) -> &Path {
     path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
 }
 
+/// The step of `checkpoint` where it is a `step-NNNNNNNN` directory directly under `root` (both
+/// paths resolved, so a relative and an absolute spelling agree).
+fn step_in_root(root: &Path, checkpoint: &Path) -> Option<u64> {
+    let step = parse_step_name(checkpoint.file_name()?.to_str()?)?;
+    let parent = checkpoint.canonicalize().ok()?.parent()?.to_path_buf();
+    (parent == root.canonicalize().ok()?).then_some(step)
+}
+
 /// `.step-NNNNNNNN.partial` under `root`.
 pub fn partial_dir(root: &Path, step: u64) -> PathBuf {
     root.join(format!(".{}{PARTIAL_SUFFIX}", step_name(step)))
@@ -348,16 +396,19 @@ mod tests {
     #[test]
     fn commits_move_into_place_update_latest_and_replace_old_copies() {
         let dir = tempfile::tempdir().unwrap();
-        let root = CheckpointRoot::open(&dir.path().join("ck")).unwrap();
+        let root = CheckpointRoot::open(&dir.path().join("ck"), None).unwrap();
         let a = fake_checkpoint(&root, 1, "one");
         fake_checkpoint(&root, 2, "two");
         assert_eq!(a.file_name().unwrap(), "step-00000001");
         assert_eq!(resolve_resume(&root.dir).unwrap(), root.dir.join("step-00000002"));
+        drop(root);
         // Resumed from step 1, the run writes step 2 again: the new copy replaces the old.
+        let root = CheckpointRoot::open(&dir.path().join("ck"), Some(a.as_path())).unwrap();
+        assert_eq!(root.left_behind, [2]);
         fake_checkpoint(&root, 2, "two again");
         assert_eq!(std::fs::read_to_string(root.dir.join("step-00000002").join(STATE_FILE)).unwrap(), "two again");
         fake_checkpoint(&root, 3, "three");
-        let removed = root.prune(2, 3).unwrap();
+        let removed = root.prune(2).unwrap();
         assert_eq!(removed, vec![root.dir.join("step-00000001")]);
         let names: Vec<_> = std::fs::read_dir(&root.dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
         assert!(names.iter().all(|n| !n.ends_with(PARTIAL_SUFFIX)), "{names:?}");
@@ -365,15 +416,62 @@ mod tests {
     }
 
     #[test]
+    fn a_root_with_checkpoints_takes_only_a_run_resumed_from_one_of_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = CheckpointRoot::open(dir.path(), None).unwrap();
+        fake_checkpoint(&root, 4, "four");
+        drop(root);
+        let elsewhere = tempfile::tempdir().unwrap();
+        for resumed_from in [None, Some(elsewhere.path().join("step-00000004"))] {
+            let err = CheckpointRoot::open(dir.path(), resumed_from.as_deref()).err().unwrap().to_string();
+            assert!(err.contains("already holds checkpoints (step-00000004)") && err.contains("--resume"), "{err}");
+        }
+        assert_eq!(list_checkpoints(dir.path()).unwrap().len(), 1, "nothing removed");
+        // The same checkpoint spelt through a relative path.
+        let cwd = std::env::current_dir().unwrap();
+        let relative = pathdiff(&dir.path().join("step-00000004"), &cwd);
+        CheckpointRoot::open(dir.path(), Some(&relative)).unwrap();
+    }
+
+    /// `path` relative to `base` (`../..` up to their common part).
+    fn pathdiff(path: &Path, base: &Path) -> PathBuf {
+        let (path, base) = (path.canonicalize().unwrap(), base.canonicalize().unwrap());
+        let common = path.components().zip(base.components()).take_while(|(a, b)| a == b).count();
+        let mut out: PathBuf = base.components().skip(common).map(|_| "..").collect();
+        out.extend(path.components().skip(common));
+        out
+    }
+
+    #[test]
+    fn pruning_counts_this_runs_line_and_leaves_the_abandoned_one() {
+        // Checkpoints 10, 20, 30; resumed from 10, the run saves 17 and 24 with --keep-checkpoints 2.
+        let dir = tempfile::tempdir().unwrap();
+        let root = CheckpointRoot::open(dir.path(), None).unwrap();
+        for step in [10, 20, 30] {
+            fake_checkpoint(&root, step, "first line");
+        }
+        drop(root);
+        let root = CheckpointRoot::open(dir.path(), Some(&dir.path().join("step-00000010"))).unwrap();
+        assert_eq!(root.left_behind, [20, 30]);
+        fake_checkpoint(&root, 17, "second line");
+        assert_eq!(root.prune(2).unwrap(), Vec::<PathBuf>::new(), "10 and 17 are the line's two");
+        fake_checkpoint(&root, 24, "second line");
+        assert_eq!(root.prune(2).unwrap(), [dir.path().join("step-00000010")]);
+        let steps: Vec<u64> = list_checkpoints(dir.path()).unwrap().into_iter().map(|(s, _)| s).collect();
+        assert_eq!(steps, [17, 20, 24, 30], "the left-behind 20 and 30 neither counted nor removed");
+        assert_eq!(resolve_resume(dir.path()).unwrap(), dir.path().join("step-00000024"), "latest is this run's");
+    }
+
+    #[test]
     fn a_second_run_is_refused_and_leftovers_are_removed_on_open() {
         let dir = tempfile::tempdir().unwrap();
-        let root = CheckpointRoot::open(dir.path()).unwrap();
-        let err = CheckpointRoot::open(dir.path()).err().unwrap().to_string();
+        let root = CheckpointRoot::open(dir.path(), None).unwrap();
+        let err = CheckpointRoot::open(dir.path(), None).err().unwrap().to_string();
         assert!(err.contains("in use by another zerostream run"), "{err}");
         let interrupted = root.begin(7).unwrap();
         std::fs::write(interrupted.join("model.safetensors"), b"half").unwrap();
         drop(root);
-        let root = CheckpointRoot::open(dir.path()).unwrap();
+        let root = CheckpointRoot::open(dir.path(), None).unwrap();
         assert_eq!(root.removed_leftovers, vec![interrupted.clone()]);
         assert!(!interrupted.exists());
         let err = resolve_resume(dir.path()).unwrap_err().to_string();
@@ -438,12 +536,12 @@ mod tests {
         // took the name (the old one still aside).
         for (steps, want) in [(1, "old"), (2, "new")] {
             let dir = tempfile::tempdir().unwrap();
-            let root = CheckpointRoot::open(dir.path()).unwrap();
+            let root = CheckpointRoot::open(dir.path(), None).unwrap();
             fake_checkpoint(&root, 1, "one");
             fake_checkpoint(&root, 2, "old");
             drop(root);
             interrupted_replacement(dir.path(), steps);
-            let root = CheckpointRoot::open(dir.path()).unwrap();
+            let root = CheckpointRoot::open(dir.path(), Some(&dir.path().join("step-00000001"))).unwrap();
             let step = dir.path().join("step-00000002");
             assert_eq!(std::fs::read_to_string(step.join(STATE_FILE)).unwrap(), want, "after {steps} steps");
             assert_eq!(root.restored.len(), usize::from(steps == 1), "after {steps} steps: {:?}", root.restored);

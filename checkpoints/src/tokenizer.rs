@@ -73,8 +73,13 @@ impl HfTokenizer {
         if !meta.is_file() {
             bail!("tokenizer {}: not a regular file (expected a Hugging Face tokenizer.json)", path.display());
         }
-        let inner = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| anyhow::anyhow!("tokenizer {}: not a Hugging Face tokenizer.json ({e})", path.display()))?;
+        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| {
+            anyhow::anyhow!(
+                "tokenizer {}: not a Hugging Face tokenizer.json ({})",
+                path.display(),
+                why_not_a_tokenizer(path, &e.to_string())
+            )
+        })?;
         Ok(HfTokenizer { path: path.to_path_buf(), inner })
     }
 
@@ -237,6 +242,21 @@ impl TextTokenizer {
 
 /// A tokenizer for a model directory holding `vocab.json` and `merges.txt` (a byte-level BPE such as
 /// GPT-2's), built the way transformers' GPT2TokenizerFast builds it.
+/// Why `path` did not load as a tokenizer, in words: the tokenizers crate's parse error alone reads as
+/// a syntax error even for well-formed JSON of another kind (a config.json given by mistake).
+fn why_not_a_tokenizer(path: &Path, error: &str) -> String {
+    let text = std::fs::read(path).unwrap_or_default();
+    match serde_json::from_slice::<serde_json::Value>(&text) {
+        Err(e) => format!("not JSON: {e}"),
+        Ok(serde_json::Value::Object(o)) if !o.contains_key("model") => {
+            let keys: Vec<&str> = o.keys().take(5).map(String::as_str).collect();
+            format!("JSON without a tokenizer's \"model\" entry; its keys: {}", keys.join(", "))
+        }
+        Ok(serde_json::Value::Object(_)) => error.to_string(),
+        Ok(_) => "JSON, but not an object".to_string(),
+    }
+}
+
 pub fn byte_level_bpe_from_files(vocab: &Path, merges: &Path) -> Result<tokenizers::Tokenizer> {
     use tokenizers::models::bpe::BPE;
     use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -316,7 +336,11 @@ pub(crate) mod tests {
         assert_eq!(hf.decode(&[1, 2]), "to be");
         std::fs::write(dir.path().join("bad.json"), "{ not a tokenizer").unwrap();
         let err = TextTokenizer::parse(dir.path().join("bad.json").to_str().unwrap()).err().unwrap().to_string();
-        assert!(err.contains("bad.json") && err.contains("not a Hugging Face tokenizer.json"), "{err}");
+        assert!(err.contains("bad.json") && err.contains("not a Hugging Face tokenizer.json (not JSON:"), "{err}");
+        // Well-formed JSON of another kind: said so, with its keys, not as a syntax error.
+        std::fs::write(dir.path().join("config.json"), r#"{"n_embd": 768, "n_layer": 12}"#).unwrap();
+        let err = TextTokenizer::parse(dir.path().join("config.json").to_str().unwrap()).err().unwrap().to_string();
+        assert!(err.contains("JSON without a tokenizer's \"model\" entry; its keys: n_embd, n_layer"), "{err}");
         let err = TextTokenizer::parse("llama").err().unwrap().to_string();
         assert!(err.contains("--tokenizer \"llama\""), "{err}");
         assert!(matches!(TextTokenizer::parse("gpt2").unwrap(), TextTokenizer::Builtin(Tokenizer::Gpt2)));

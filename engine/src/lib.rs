@@ -27,6 +27,7 @@ pub mod ops;
 pub mod plot;
 pub mod selftest;
 pub mod train;
+pub mod words;
 
 /// The model, data and checkpoint formats (the `zerostream-checkpoints` crate).
 pub use zerostream_checkpoints as checkpoints;

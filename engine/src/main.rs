@@ -195,7 +195,8 @@ fn with_negative_numbers(command: clap::Command) -> clap::Command {
 /// own (which win). A later flag overrides an earlier one of the same name.
 fn parse_args() -> Result<clap::ArgMatches> {
     let command = || {
-        let cli = with_negative_numbers(Cli::command());
+        // `--measure` is plan's; train refuses it, so its help leaves it out.
+        let cli = with_negative_numbers(Cli::command()).mut_subcommand("train", |t| t.mut_arg("measure", |a| a.hide(true)));
         cli::config_file::COMMANDS.iter().fold(cli, |c, name| c.mut_subcommand(*name, |s| s.args_override_self(true)))
     };
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();

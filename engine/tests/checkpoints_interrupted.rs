@@ -29,6 +29,12 @@ fn sigkill_at_random_instants_loses_nothing_with_the_state_on_nvme_through_the_t
 
 /// `kills_wanted` SIGKILLs of the demo run checkpointing into `ck` (with the flags `extra(ck)`) and
 /// resumes, against one uninterrupted run.
+/// Whether `ck` holds a complete checkpoint: a kill between the first checkpoint's move into place and
+/// `latest` leaves one that a fresh run would be refused over.
+fn holds_a_checkpoint(ck: &Path) -> bool {
+    ck.is_dir() && !zerostream::checkpoints::checkpoint::list_checkpoints(ck).unwrap().is_empty()
+}
+
 fn sigkill_and_resume(kills_wanted: usize, extra: impl Fn(&Path) -> Vec<String>) {
     const STEPS: u64 = 16;
     let demo_args = |ck: &Path, steps: u64| {
@@ -56,7 +62,7 @@ fn sigkill_and_resume(kills_wanted: usize, extra: impl Fn(&Path) -> Vec<String>)
             std::fs::remove_dir_all(&ck).unwrap();
         }
         let mut args = demo_args(&ck, STEPS);
-        if ck.join("latest").exists() {
+        if holds_a_checkpoint(&ck) {
             args.extend(strings(&["--resume", ck.to_str().unwrap()]));
         }
         let mut child = Command::new(env!("CARGO_BIN_EXE_zerostream"))
@@ -86,7 +92,7 @@ fn sigkill_and_resume(kills_wanted: usize, extra: impl Fn(&Path) -> Vec<String>)
     // The last run, resumed from wherever the last kill left it, to the end.
     if std::fs::read_to_string(ck.join("latest")).map_or(true, |l| l.trim() != last) {
         let mut args = demo_args(&ck, STEPS);
-        if ck.join("latest").exists() {
+        if holds_a_checkpoint(&ck) {
             args.extend(strings(&["--resume", ck.to_str().unwrap()]));
         }
         let out = zerostream(&args);

@@ -102,6 +102,39 @@ fn flags_that_change_a_resumed_runs_meaning_are_refused_by_name() {
     assert!(out.status.success(), "{}", stderr(&out));
 }
 
+/// Each checkpoint's name and state file, as a directory holds them.
+fn checkpoints_in(ck: &Path) -> Vec<(String, String)> {
+    zerostream_checkpoints::checkpoint::list_checkpoints(ck)
+        .unwrap()
+        .into_iter()
+        .map(|(_, d)| {
+            (d.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read_to_string(d.join("trainer_state.json")).unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn a_checkpoint_dir_of_another_run_is_refused_and_a_resume_from_an_older_step_warns() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let out = zerostream(&demo_args(&ck, 3));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let before = checkpoints_in(&ck);
+    assert_eq!(before.len(), 2, "--keep-checkpoints 2");
+    // The same command again, without --resume: it would replace and prune the first run's checkpoints.
+    let again = zerostream(&demo_args(&ck, 3));
+    let said = stderr(&again);
+    assert!(!again.status.success(), "{said}");
+    assert!(said.contains("already holds checkpoints (step-00000002 to step-00000003)") && said.contains("--resume"), "{said}");
+    assert_eq!(checkpoints_in(&ck), before, "nothing replaced or removed");
+    // Resumed from the older of the two, the run says it replaces the later one when it saves that step.
+    let mut args = demo_args(&ck, 3);
+    args.extend(strings(&["--resume", ck.join("step-00000002").to_str().unwrap()]));
+    let out = zerostream(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("also holds the checkpoint of step 3 from the run that went on"), "{}", stderr(&out));
+}
+
 #[test]
 fn save_targets_are_checked_before_any_work() {
     let dir = tempfile::tempdir().unwrap();

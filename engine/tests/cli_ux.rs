@@ -1,6 +1,6 @@
 //! The `zerostream` binary's conveniences end to end: `--config-file` and the resolved copy beside the
 //! metrics, the tokenizer files in saved models and checkpoints, a quiet graphics stack, progress off a
-//! terminal and `--quiet`.
+//! terminal and `--quiet`, and flags that would do nothing refused or said to be ignored.
 
 use std::path::Path;
 use std::process::Command;
@@ -318,4 +318,24 @@ fn plan_with_device_auto_plans_the_device_it_opens() {
     let auto = plan("auto");
     assert_eq!(auto, plan(opened), "--device auto plans as --device {opened}");
     assert!(auto.contains("the device's") && auto.contains("host state per rank"), "the device's share of RAM is named: {auto}");
+}
+
+#[test]
+fn flags_that_would_do_nothing_are_refused_or_said_to_be_ignored() {
+    let out = zerostream(&["plan", "--device", "cpu", "--adapter", "0"]);
+    assert!(!out.status.success(), "{}", stderr(&out));
+    let out = zerostream(&["eval", "--device", "cpu", "--adapter", "0", "--model", "m", "--data", "d"]);
+    assert!(!out.status.success() && stderr(&out).contains("--adapter 0 picks a GPU, but --device cpu"), "{}", stderr(&out));
+    for cache in ["1GiB", "auto"] {
+        let out = zerostream(&["plan", "--device", "cpu", "--params-ram-cache", cache]);
+        assert!(!out.status.success() && stderr(&out).contains("add --offload-params nvme"), "{cache}: {}", stderr(&out));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = dir.path().join("m.jsonl");
+    let out = zerostream(&["plan", "--device", "cpu", "--metrics", metrics.to_str().unwrap()]);
+    assert!(out.status.success() && stderr(&out).contains("writes no files: --metrics ignored"), "{}", stderr(&out));
+    assert!(!metrics.exists());
+    let help = zerostream(&["train", "--help"]);
+    assert!(!String::from_utf8_lossy(&help.stdout).contains("--measure"), "train refuses --measure, so its help leaves it out");
+    assert!(String::from_utf8_lossy(&zerostream(&["plan", "--help"]).stdout).contains("--measure"));
 }

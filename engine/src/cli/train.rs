@@ -473,6 +473,12 @@ pub fn train(a: TrainArgs, explicit: &BTreeSet<String>, resolved: &str, quiet: b
 /// `zerostream plan`: the placement `train` would use with the same flags.
 pub fn plan(a: TrainArgs, explicit: &BTreeSet<String>) -> Result<()> {
     let request = resolve_train(&a, false, explicit, "")?;
+    // Taken with the rest of a train command line, but plan trains nothing: say so rather than ignore them unsaid.
+    let train_only = ["save", "save-dtype", "metrics", "trace", "tensorboard", "checkpoint-dir", "checkpoint-every", "keep-checkpoints"];
+    let ignored: Vec<String> = train_only.iter().filter(|f| explicit.contains(**f)).map(|f| format!("--{f}")).collect();
+    if !ignored.is_empty() {
+        eprintln!("note: plan trains nothing and writes no files: {} ignored", ignored.join(", "));
+    }
     let (placement, predicted) = match &a.measure {
         Some(dir) => {
             eprintln!("plan --measure: timing the drive, the update and the device on this run's shapes ...");

@@ -182,7 +182,10 @@ impl GpuDevice {
         let index = match selector {
             Some(sel) => match sel.parse::<usize>() {
                 Ok(i) if i < found.len() => i,
-                Ok(i) => bail!("--adapter {i}: there are only {} adapters (see `zerostream devices`)", found.len()),
+                Ok(i) => bail!(
+                    "--adapter {i}: there {} (see `zerostream devices`; adapters count from 0)",
+                    if found.len() == 1 { "is only adapter 0".to_string() } else { format!("are only {} adapters", found.len()) }
+                ),
                 Err(_) => summaries.iter().position(|s| s.name.to_lowercase().contains(&sel.to_lowercase())).with_context(|| {
                     let names: Vec<_> = summaries.iter().map(|s| s.name.as_str()).collect();
                     format!("--adapter {sel:?} matches no adapter; found: {}", names.join(", "))

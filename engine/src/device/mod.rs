@@ -439,11 +439,21 @@ impl AnyDevice {
 /// Opens the device `choice` asks for. `adapter` (an index or a substring of the name from
 /// `zerostream devices`) picks among wgpu adapters. `budget_bytes` bounds device allocations.
 pub fn open(choice: DeviceChoice, adapter: Option<&str>, budget_bytes: Option<u64>) -> Result<AnyDevice> {
+    check_choice(choice, adapter)?;
     match choice {
         DeviceChoice::Cpu => Ok(AnyDevice::Cpu(CpuDevice::new(budget_bytes))),
         DeviceChoice::Gpu => Ok(AnyDevice::Gpu(GpuDevice::open(adapter, budget_bytes)?)),
         DeviceChoice::Auto => open(resolve_auto(adapter), adapter, budget_bytes),
     }
+}
+
+/// Refuses `--adapter` with `--device cpu`, where it would pick nothing (checked by `open`, and by
+/// `plan`, which opens no device).
+pub fn check_choice(choice: DeviceChoice, adapter: Option<&str>) -> Result<()> {
+    if let (DeviceChoice::Cpu, Some(adapter)) = (choice, adapter) {
+        bail!("--adapter {adapter} picks a GPU, but --device cpu computes on the CPU: leave --adapter out, or give --device gpu");
+    }
+    Ok(())
 }
 
 /// The device `--device auto` opens: the gpu device when `--adapter` names one or wgpu finds a real

@@ -295,7 +295,7 @@ impl<D: Backend> Trainer<'_, D> {
             let path = partial.join(STATE_FILE);
             std::fs::write(&path, serde_json::to_string_pretty(&state)?).with_context(|| format!("writing {}", path.display()))?;
             target = root.commit(self.step, &partial)?;
-            root.prune(record.keep, self.step)?;
+            root.prune(record.keep)?;
         }
         self.comm.barrier()?;
         Ok(target)

@@ -155,7 +155,12 @@ pub(super) fn freeze_variance_note(train: &TrainConfig) -> Option<String> {
     if !train.freeze_variance {
         None
     } else if w >= train.steps {
-        Some(format!("--freeze-variance: the warm-up ({w} steps) lasts the whole run of {} steps, so nothing freezes", train.steps))
+        use crate::words::counted;
+        Some(format!(
+            "--freeze-variance: the warm-up ({}) lasts the whole run of {}, so nothing freezes",
+            counted(w, "step"),
+            counted(train.steps, "step")
+        ))
     } else if train.grad_compression == crate::comm::compress::GradCompression::None {
         Some(format!("--freeze-variance without --grad-compression: the variance freezes after update {w} all the same"))
     } else {

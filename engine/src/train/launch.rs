@@ -156,6 +156,7 @@ pub fn plan_measured(mut req: RunRequest, measure: &Path) -> Result<(Placement, 
 /// What needs no file: the hyper-parameters and the options against each other.
 fn check_request(req: &RunRequest) -> Result<()> {
     req.train.check()?;
+    crate::device::check_choice(req.ranks.device, req.ranks.adapter.as_deref())?;
     let c = &req.options.checkpoints;
     if c.dir.is_none() && (c.every > 0 || c.keep > 0) {
         bail!("--checkpoint-every and --keep-checkpoints need --checkpoint-dir DIR");
@@ -174,6 +175,9 @@ fn resume_from_checkpoint(req: &mut RunRequest, world: usize) -> Result<Option<u
         check_named_model(flag, given, &dir)?;
     }
     req.train = resume::merge(&dir, &state, &req.train, &req.explicit_flags, req.options.seed, world)?;
+    if let Some(note) = resume::schedule_note(&state, &req.train).filter(|_| first_process()) {
+        eprintln!("note: {note}");
+    }
     req.options.seed = state.seed;
     // The built-in text has no path; anything else trained on is a file.
     if req.options.data.is_none() {
@@ -247,8 +251,17 @@ fn check_host_ram(req: &RunRequest, train: &TrainConfig, world: usize, ranks_her
 
 /// `--params-ram-cache auto`: the RAM available now less what `ranks_here` ranks' other state needs
 /// (and the devices' share of RAM, `Placement::host_device_bytes`) and a margin, shared by the ranks
-/// (`Placement::params_ram_cache_room`); nothing without `auto`.
+/// (`Placement::params_ram_cache_room`); nothing without `auto`. Refused, as a flag that would do
+/// nothing, where the working copy is not on NVMe.
 fn size_params_ram_cache(req: &mut RunRequest, world: usize, ranks_here: usize) -> Result<()> {
+    let asked = req.params_ram_cache_auto || (req.explicit_flags.contains("params-ram-cache") && req.train.params_ram_cache_bytes > 0);
+    if asked && req.train.offload_params != zerostream_offload::Tier::Nvme {
+        bail!(
+            "--params-ram-cache keeps the NVMe tier's working copies in RAM between forward and backward, but this run keeps \
+             them in RAM already (--offload-params {}): leave it out, or add --offload-params nvme",
+            req.train.offload_params.name()
+        );
+    }
     if !req.params_ram_cache_auto {
         return Ok(());
     }

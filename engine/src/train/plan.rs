@@ -129,7 +129,7 @@ impl Placement {
             None => "RAM available here unknown".to_string(),
         };
         format!(
-            "host state per rank: {:.2} GiB in RAM (state paged in from NVMe and the device's {:.2} GiB included), {:.2} GiB on NVMe{}; {} rank(s) on one machine: {:.2} GiB of RAM, {verdict}",
+            "host state per rank: {:.2} GiB in RAM (state paged in from NVMe and the device's {:.2} GiB included), {:.2} GiB on NVMe{}; {} on one machine: {:.2} GiB of RAM, {verdict}",
             gib(ram),
             gib(self.host_device_bytes()),
             gib(nvme),
@@ -138,7 +138,7 @@ impl Placement {
             } else {
                 String::new()
             },
-            self.world_size,
+            crate::words::counted(self.world_size as u64, "rank"),
             gib(all)
         )
     }
@@ -161,12 +161,13 @@ impl Placement {
             let reused = zerostream_offload::shard_bytes_in(dir);
             if need > free + reused {
                 bail!(
-                    "--nvme-dir {}: {ranks_here} rank(s) here need {:.2} GiB on NVMe{} ({:.2} GiB of state and up to {:.2} GiB of \
+                    "--nvme-dir {}: {:.2} GiB needed on NVMe{} for {} here ({:.2} GiB of state and up to {:.2} GiB of \
                      spare files per rank), but its file system has {:.2} GiB free{}: free some space, give a larger disk, stripe \
                      over more directories, or keep part of the state in RAM (--offload-params ram)",
                     dir.display(),
                     gib(need),
                     if stripes > 1 { format!(" in this directory, 1/{stripes} of the striped state") } else { String::new() },
+                    crate::words::counted(ranks_here as u64, "rank"),
                     gib(state),
                     gib(self.host_nvme_spare_bytes),
                     gib(free),
@@ -214,9 +215,10 @@ impl Placement {
                  use a higher --zero-stage, or spread the ranks over more machines"
             };
             bail!(
-                "host RAM: {ranks_here} rank(s) here need {:.2} GiB of RAM for their state and devices ({:.2} GiB a rank the \
+                "host RAM: {:.2} GiB needed for the state and devices of {} here ({:.2} GiB a rank the \
                  device's), but only {:.2} GiB is available: {advice}",
                 gib(need),
+                crate::words::counted(ranks_here as u64, "rank"),
                 gib(self.host_device_bytes()),
                 gib(avail)
             );

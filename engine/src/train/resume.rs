@@ -73,9 +73,10 @@ pub fn merge(
     if explicit.contains("grad-accum") {
         if cli.grad_accum * world != per_step {
             bail!(
-                "--grad-accum {} x {world} rank(s) = {} micro-batches per step, but the checkpoint's run took {per_step} ({}): \
+                "--grad-accum {} x {} = {} micro-batches per step, but the checkpoint's run took {per_step} ({}): \
                  resuming must keep the micro-batches per step (give --grad-accum {}, or leave it out)",
                 cli.grad_accum,
+                crate::words::counted(world as u64, "rank"),
                 cli.grad_accum * world,
                 dir.display(),
                 if per_step.is_multiple_of(world) { (per_step / world).to_string() } else { "that divides it".into() }
@@ -98,6 +99,24 @@ pub fn merge(
 /// start of training).
 pub fn is_finished(state: &TrainerState, tc: &TrainConfig) -> bool {
     tc.steps <= state.step
+}
+
+/// What a resume that changes `--steps` does to a cosine schedule, which decays over the whole run:
+/// the learning rates from here on are not the ones the first run planned. None where nothing changes.
+pub fn schedule_note(state: &TrainerState, tc: &TrainConfig) -> Option<String> {
+    let planned_steps = state.settings.get("steps")?.as_u64()?;
+    if planned_steps == tc.steps || tc.lr.schedule != super::LrSchedule::Cosine || is_finished(state, tc) {
+        return None;
+    }
+    Some(format!(
+        "--steps {} (the checkpoint's run planned {planned_steps}): the cosine schedule now reaches --min-lr at step {} instead, \
+         so the learning rates from here on differ from the first run's plan (step {}: {:.4e}, planned {:.4e})",
+        tc.steps,
+        tc.steps,
+        state.step + 1,
+        tc.lr.at(state.step),
+        state.next_lr
+    ))
 }
 
 fn show(v: &serde_json::Value) -> String {
@@ -161,6 +180,25 @@ mod tests {
         assert!(is_finished(&st, &done) && !is_finished(&st, &TrainConfig { steps: st.step + 1, ..done }));
         let seed = BTreeSet::from(["seed".to_string()]);
         assert!(merge(dir, &st, &cli, &seed, 2, 1).unwrap_err().to_string().contains("--seed 2"));
+    }
+
+    #[test]
+    fn a_new_step_count_under_a_cosine_schedule_is_said_with_the_next_rate() {
+        use crate::train::{LrPlan, LrSchedule};
+        let lr = LrPlan { peak: 1e-3, min: 1e-4, warmup_steps: 2, total_steps: 10, schedule: LrSchedule::Cosine };
+        let recorded = TrainConfig { steps: 10, lr, ..TrainConfig::default() };
+        let st = TrainerState { next_lr: lr.at(5), ..state(&recorded, 1) };
+        let longer = TrainConfig { steps: 40, lr: LrPlan { total_steps: 40, ..lr }, ..recorded.clone() };
+        let note = schedule_note(&st, &longer).expect("a note");
+        let (now, planned) = (format!("{:.4e}", longer.lr.at(5)), format!("{:.4e}", lr.at(5)));
+        assert_ne!(now, planned);
+        assert!(
+            note.contains("--steps 40 (the checkpoint's run planned 10)") && note.contains(&format!("step 6: {now}, planned {planned}")),
+            "{note}"
+        );
+        assert_eq!(schedule_note(&st, &recorded), None, "the same steps");
+        let constant = |tc: &TrainConfig| TrainConfig { lr: LrPlan { schedule: LrSchedule::Constant, ..tc.lr }, ..tc.clone() };
+        assert_eq!(schedule_note(&state(&constant(&recorded), 1), &constant(&longer)), None, "no decay to move");
     }
 
     /// `--no-pin-memory` does not carry over: a resume pins unless its own command line says not to.

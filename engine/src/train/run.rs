@@ -280,9 +280,25 @@ fn predict_step<D: Backend>(dev: &D, model: &Model, trainer: &Trainer<'_, D>, sa
 /// Rank 0 holds the checkpoint root (its lock, its leftovers) for the whole run.
 fn checkpoint_root(say: &dyn Fn(String), options: &RunOptions, lead: bool) -> Result<Option<CheckpointRoot>> {
     let (Some(dir), true) = (&options.checkpoints.dir, lead) else { return Ok(None) };
-    let root = CheckpointRoot::open(dir)?;
+    let resumed_from = match &options.model {
+        ModelChoice::Resume(checkpoint) => Some(checkpoint.as_path()),
+        _ => None,
+    };
+    let root = CheckpointRoot::open(dir, resumed_from)?;
     for path in &root.removed_leftovers {
         say(format!("removed {} (left by an interrupted save)", path.display()));
+    }
+    if let (Some(first), Some(last)) = (root.left_behind.first(), root.left_behind.last()) {
+        let which = match root.left_behind.len() {
+            1 => format!("the checkpoint of step {first}"),
+            n => format!("{n} checkpoints, of steps {first} to {last},"),
+        };
+        // A warning, so said under --quiet too: saving one of those steps replaces the earlier run's copy.
+        eprintln!(
+            "warning: {} also holds {which} from the run that went on past the step resumed from: this run replaces each step \
+             it saves again; --keep-checkpoints counts and removes only this run's line",
+            dir.display(),
+        );
     }
     Ok(Some(root))
 }

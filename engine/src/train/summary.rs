@@ -57,10 +57,10 @@ pub fn what_it_did(
     let (first, last) = (reports.first().map_or(f64::NAN, |r| r.loss), reports.last().map_or(f64::NAN, |r| r.loss));
     let validation = val_loss.map_or(String::new(), |v| format!(", validation {v:.3} (perplexity {:.1})", v.exp()));
     let trained = format!(
-        "trained {} parameters ({}) for {} steps on {} tokens ({:.1} passes over {}) in {seconds:.0} s: loss {first:.3} -> {last:.3}{validation}",
+        "trained {} parameters ({}) for {} on {} tokens ({:.1} passes over {}) in {seconds:.0} s: loss {first:.3} -> {last:.3}{validation}",
         count(placement.params as f64),
         model.describe(),
-        reports.len(),
+        crate::words::counted(reports.len() as u64, "step"),
         count(tokens as f64),
         tokens as f64 / data_tokens.max(1) as f64,
         count(data_tokens as f64),

@@ -267,7 +267,7 @@ fn measure_device<D: Backend>(dev: &D, model: &Model, train: &TrainConfig, layer
     let tokens: Vec<u32> = (0..(tc.batch * tc.seq_len + 1) * windows).map(|_| rng.random_range(0..vocab)).collect();
     let data = TokenFile::from_ids("plan --measure", &tokens);
     let mut trainer = Trainer::new(dev, &ModelSource::Random { model: cut, seed: train.seed }, tc)
-        .with_context(|| format!("timing the device on {layers} block(s) of the model"))?;
+        .with_context(|| format!("timing the device on {} of the model", crate::words::counted(layers as u64, "block")))?;
     trainer.sync_forward = true;
     // The fastest of three steps after a warm-up: noise only adds.
     let mut best = DeviceTiming { device_s: f64::INFINITY, forward_s: 0.0, upload_s: 0.0, upload_bytes: 0 };
