@@ -344,13 +344,16 @@ pub struct TrainArgs {
     save_dtype: Option<SaveDtype>,
     /// Write checkpoints under this directory (created if missing): step-NNNNNNNN/ with the model, every
     /// rank's optimizer state and the trainer state, written crash-safe; `latest` names the newest. One
-    /// is always written at the end and when SIGINT/SIGTERM stops the run.
+    /// is always written at the end and when SIGINT/SIGTERM stops the run. A directory already holding
+    /// checkpoints takes only a run resumed from one of them (--resume DIR): a fresh run is refused there.
     #[arg(long)]
     checkpoint_dir: Option<PathBuf>,
     /// Also checkpoint every N optimizer steps (0 = only at the end and when stopped).
     #[arg(long, default_value_t = 0)]
     checkpoint_every: u64,
-    /// Keep only the newest K checkpoints (0 = keep all).
+    /// Keep only the newest K checkpoints of this run's line (0 = keep all): those up to the one it
+    /// resumed from, and those it wrote. A resume from an older step leaves the later ones uncounted
+    /// (each replaced only if this run saves its step again).
     #[arg(long, default_value_t = 0)]
     keep_checkpoints: usize,
     /// Resume from a checkpoint: a step-NNNNNNNN/ directory, or a --checkpoint-dir (its latest). The
