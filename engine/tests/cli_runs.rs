@@ -128,8 +128,10 @@ fn a_full_disk_under_the_metrics_file_does_not_stop_training() {
 fn plot_overlays_runs_and_never_overwrites_its_input() {
     let dir = tempfile::tempdir().unwrap();
     let mut files = Vec::new();
-    for (name, lr) in [("a", "2e-3"), ("b", "1e-3")] {
+    // "a" twice: the second run replaces the first's rows, and says so.
+    for (name, lr) in [("a", "2e-3"), ("a", "2e-3"), ("b", "1e-3")] {
         let metrics = dir.path().join(format!("{name}.jsonl"));
+        let replaced = metrics.exists();
         let out = zerostream(&[
             "train",
             "--device",
@@ -148,9 +150,15 @@ fn plot_overlays_runs_and_never_overwrites_its_input() {
             metrics.to_str().unwrap(),
         ]);
         assert!(out.status.success(), "{}", stderr(&out));
-        files.push(metrics.to_str().unwrap().to_string());
+        assert_eq!(stderr(&out).contains("replacing the 3 rows an earlier run wrote there"), replaced, "{}", stderr(&out));
+        assert_eq!(std::fs::read_to_string(&metrics).unwrap().lines().count(), 3);
+        if !replaced {
+            files.push(metrics.to_str().unwrap().to_string());
+        }
     }
-    assert!(dir.path().join("loss.svg").exists(), "a run writes loss.svg beside its metrics");
+    for name in ["a", "b"] {
+        assert!(dir.path().join(format!("{name}.svg")).exists(), "each run draws NAME.svg beside its NAME.jsonl");
+    }
     let svg = dir.path().join("cmp.svg");
     let out = zerostream(&["plot", &files[0], &files[1], "-o", svg.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));

@@ -506,7 +506,8 @@ pub const FIRST_RUN_DIR: &str = "zerostream-hamlet";
 /// this run's own file names are ever replaced there: a directory holding anything else is left alone.
 fn keep_first_run_files(options: &mut RunOptions) -> Result<()> {
     let dir = PathBuf::from(FIRST_RUN_DIR);
-    let ours = ["metrics.jsonl", "metrics.config.toml", "loss.svg", "model"];
+    // `loss.svg`: the plot's name before it followed the metrics file's.
+    let ours = ["metrics.jsonl", "metrics.config.toml", "metrics.svg", "loss.svg", "model"];
     if dir.exists() {
         let entries = std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?;
         for entry in entries {

@@ -51,7 +51,7 @@ pub fn check_outputs(options: &RunOptions, config_file: Option<&Path>, tensorboa
         ModelChoice::Config(name) if Path::new(name).is_file() => inputs.push(("--config", PathBuf::from(name))),
         ModelChoice::Config(_) | ModelChoice::Demo => {}
     }
-    let plot = options.metrics.as_ref().map(|m| m.with_file_name("loss.svg"));
+    let plot = options.metrics.as_deref().map(plot_path);
     let outputs: Vec<(&str, &PathBuf)> = [
         ("--metrics", options.metrics.as_ref()),
         ("--metrics' plot", plot.as_ref()),
@@ -133,8 +133,19 @@ pub fn check_save_dir(save: &Path) -> Result<()> {
 /// Where the resolved configuration of a run with `--metrics METRICS` goes: `run.jsonl` ->
 /// `run.config.toml`, beside it.
 pub fn resolved_path(metrics: &Path) -> PathBuf {
+    beside(metrics, "config.toml")
+}
+
+/// The loss curves a run draws beside its metrics: `NAME.svg` for `NAME.jsonl`, so two runs' metrics in
+/// one folder keep a picture each.
+pub fn plot_path(metrics: &Path) -> PathBuf {
+    beside(metrics, "svg")
+}
+
+/// `NAME.{extension}` beside `NAME.EXT`.
+fn beside(metrics: &Path, extension: &str) -> PathBuf {
     let stem = metrics.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    metrics.with_file_name(format!("{stem}.config.toml"))
+    metrics.with_file_name(format!("{stem}.{extension}"))
 }
 
 /// Writes `text` as the resolved configuration beside `metrics`, unless that path is the config file

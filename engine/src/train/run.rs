@@ -331,11 +331,12 @@ fn number(v: f64) -> String {
     if v != 0.0 && !(1e-4..1e6).contains(&v.abs()) { format!("{v:e}") } else { format!("{v}") }
 }
 
-/// The curves beside the metrics (`loss.svg`); a failure to draw them costs the picture, not the run.
+/// The curves beside the metrics ([`super::outputs::plot_path`]); a failure to draw them costs the
+/// picture, not the run.
 fn plot_metrics(options: &RunOptions, say: &dyn Fn(String)) {
     #[cfg(feature = "plot")]
     if let Some(metrics) = &options.metrics {
-        let svg = metrics.with_file_name("loss.svg");
+        let svg = super::outputs::plot_path(metrics);
         match crate::plot::read_metrics(metrics).and_then(|c| crate::plot::plot(&[c], &svg)) {
             Ok(()) => say(format!("plot: {}", svg.display())),
             // A warning, so said under --quiet too (`plot_metrics` runs on the lead rank only).

@@ -164,6 +164,18 @@ fn open_metrics(path: &Path, first_step: u64) -> Result<std::io::BufWriter<std::
         truncate_metrics(path, first_step)?;
         std::fs::OpenOptions::new().create(true).append(true).open(path)
     } else {
+        // The command line names the file to write, as --save names the model it replaces; still,
+        // an earlier run's rows going is said (under --quiet too).
+        // Regular files only: /dev/full or a pipe would read without end.
+        let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+        let rows = if regular { std::fs::read_to_string(path).map_or(0, |t| t.lines().count()) } else { 0 };
+        if rows > 0 {
+            eprintln!(
+                "note: --metrics {}: replacing the {} an earlier run wrote there",
+                path.display(),
+                crate::words::counted(rows as u64, "row")
+            );
+        }
         std::fs::File::create(path)
     };
     Ok(std::io::BufWriter::new(file.with_context(|| format!("opening --metrics {}", path.display()))?))
