@@ -32,6 +32,8 @@
 #   OVERSIZED_MODEL, OVERSIZED_BUDGET   the streamed-vs-resident pair (default llama-3.2-1b at 5GiB: its fp32 minimum at B=1 T=1024 is 4.0 GiB, so it
 #            streams its blocks; the resident run gets 60GiB); OVERSIZED_B, OVERSIZED_T (default 1, T), OVERSIZED_ACCUM
 #            (--grad-accum, default 4: one update per 4 micro-batches, as a run of an oversized model would)
+#            The issue's own case, OVERSIZED_MODEL=llama-3.2-3b OVERSIZED_BUDGET=8GiB, holds about 64 GB of host
+#            state per run and takes about 2.5x the 1B pair's time: for a run with minutes to spare.
 #   BUDGET_GPT2, BUDGET_XL   --gpu-mem-budget of the two training runs (default 16GiB and 60GiB)
 #   KERNEL_FLAGS  more flags for `bench kernels` (e.g. --quick on a software adapter)
 #   ZEROSTREAM_GPU_WAIT_LIMIT_S  seconds a wait for the GPU may take before the process stops (default 60

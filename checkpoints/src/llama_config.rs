@@ -46,6 +46,10 @@ pub struct LlamaConfig {
     pub qkv_bias: bool,
     pub mlp_bias: bool,
     pub tie_word_embeddings: bool,
+    /// W, sliding-window attention's span (`sliding_window`; Qwen2's only with `use_sliding_window`):
+    /// each query sees its last W positions. Computed as full causal attention, which it equals on
+    /// sequences of at most W tokens, so the model takes at most W ([`LlamaConfig::context`]).
+    pub sliding_window: Option<usize>,
 }
 
 fn usize_of(map: &Map<String, Value>, key: &str) -> Result<Option<usize>> {
@@ -70,9 +74,9 @@ fn bool_of(map: &Map<String, Value>, key: &str) -> Result<Option<bool>> {
 }
 
 /// The settings of a Llama-family config this engine does not implement, each refused by name: an
-/// activation other than SiLU, mixture-of-experts, sliding-window or other non-full attention,
-/// attention dropout, tensor-parallel pretraining slices.
-fn refuse_unsupported(map: &Map<String, Value>, model_type: &str) -> Result<()> {
+/// activation other than SiLU, mixture-of-experts, layers of other than full attention, attention
+/// dropout, tensor-parallel pretraining slices. (A sliding window is taken as a limit on the context.)
+fn refuse_unsupported(map: &Map<String, Value>) -> Result<()> {
     if let Some(act) = map.get("hidden_act")
         && act.as_str() != Some("silu")
     {
@@ -82,11 +86,6 @@ fn refuse_unsupported(map: &Map<String, Value>, model_type: &str) -> Result<()> 
         if map.get(key).is_some_and(|v| !v.is_null() && v.as_u64() != Some(0)) {
             bail!("{key}: mixture-of-experts models are not supported");
         }
-    }
-    if map.get("sliding_window").is_some_and(|v| !v.is_null())
-        && (model_type != "qwen2" || bool_of(map, "use_sliding_window")?.unwrap_or(false))
-    {
-        bail!("sliding_window: sliding-window attention is not supported (every query attends to all earlier tokens)");
     }
     if let Some(types) = map.get("layer_types").and_then(Value::as_array)
         && let Some(other) = types.iter().find(|t| t.as_str() != Some("full_attention"))
@@ -109,8 +108,9 @@ fn required(map: &Map<String, Value>, key: &str) -> Result<usize> {
 }
 
 impl LlamaConfig {
-    /// Llama shapes by name: `llama-3.2-1b` (16 x 2048, GQA 32/8, vocabulary 128256, tied head) and
-    /// `llama-3-8b` (32 x 4096, GQA 32/8, untied), both with Llama-3's RoPE (theta 500000; 3.2's scaling).
+    /// Llama shapes by name: `llama-3.2-1b` (16 x 2048, GQA 32/8, vocabulary 128256, tied head),
+    /// `llama-3.2-3b` (28 x 3072, GQA 24/8 of 128, tied head) and `llama-3-8b` (32 x 4096, GQA 32/8,
+    /// untied), all with Llama-3's RoPE (theta 500000; 3.2's scaling).
     pub fn preset(name: &str) -> Option<Self> {
         let base = LlamaConfig {
             model_type: "llama".into(),
@@ -134,9 +134,13 @@ impl LlamaConfig {
             qkv_bias: false,
             mlp_bias: false,
             tie_word_embeddings: true,
+            sliding_window: None,
         };
         match name {
             "llama-3.2-1b" => Some(base),
+            "llama-3.2-3b" => {
+                Some(LlamaConfig { hidden_size: 3072, num_hidden_layers: 28, num_attention_heads: 24, head_dim: 128, ..base })
+            }
             "llama-3-8b" => Some(LlamaConfig {
                 hidden_size: 4096,
                 intermediate_size: 14336,
@@ -158,7 +162,7 @@ impl LlamaConfig {
         if !matches!(model_type.as_str(), "llama" | "mistral" | "qwen2") {
             bail!("model_type {model_type:?} is not a Llama-family config (llama, mistral, qwen2)");
         }
-        refuse_unsupported(map, &model_type)?;
+        refuse_unsupported(map)?;
         let hidden_size = required(map, "hidden_size")?;
         let num_attention_heads = required(map, "num_attention_heads")?;
         let num_key_value_heads = usize_of(map, "num_key_value_heads")?.unwrap_or(num_attention_heads);
@@ -203,10 +207,20 @@ impl LlamaConfig {
             qkv_bias: qwen,
             mlp_bias: bool_of(map, "mlp_bias")?.unwrap_or(false),
             tie_word_embeddings: bool_of(map, "tie_word_embeddings")?.unwrap_or(false),
+            sliding_window: match (qwen, bool_of(map, "use_sliding_window")?.unwrap_or(false)) {
+                (true, false) => None,
+                _ => usize_of(map, "sliding_window")?,
+            },
             model_type,
         };
         config.validate()?;
         Ok(config)
+    }
+
+    /// The longest sequence the model takes: `max_position_embeddings`, or the sliding window where it
+    /// is shorter (past it, sliding-window attention would differ from the full attention computed).
+    pub fn context(&self) -> usize {
+        self.max_position_embeddings.min(self.sliding_window.unwrap_or(usize::MAX))
     }
 
     pub fn from_file(path: &Path) -> Result<Self> {
@@ -218,6 +232,17 @@ impl LlamaConfig {
 
     /// config.json as transformers 5 writes it for `LlamaForCausalLM` (RoPE under `rope_parameters`).
     pub fn to_hf_json(&self) -> Value {
+        let mut json = self.hf_json_without_window();
+        if let Some(window) = self.sliding_window {
+            json["sliding_window"] = window.into();
+            if self.model_type == "qwen2" {
+                json["use_sliding_window"] = true.into();
+            }
+        }
+        json
+    }
+
+    fn hf_json_without_window(&self) -> Value {
         let mut rope = serde_json::json!({ "rope_theta": self.rope_theta, "rope_type": "default" });
         if let Some(s) = &self.rope_scaling {
             rope = serde_json::json!({
@@ -257,6 +282,9 @@ impl LlamaConfig {
             bail!(
                 "vocab_size, hidden_size, intermediate_size, num_hidden_layers, heads, head_dim and max_position_embeddings must be positive"
             );
+        }
+        if self.sliding_window == Some(0) {
+            bail!("sliding_window must be positive (or null: none)");
         }
         if dims.iter().any(|&d| d > 1 << 24) || self.num_hidden_layers > 1 << 16 {
             bail!("a dimension is larger than zerostream accepts (2^24, 2^16 layers)");
@@ -332,14 +360,32 @@ mod tests {
     fn what_the_engine_does_not_implement_is_refused_by_name() {
         let base = r#"{"model_type":"mistral","vocab_size":10,"hidden_size":8,"intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2"#;
         let err = |extra: &str| parse(&format!("{base}{extra}}}")).unwrap_err().to_string();
-        assert!(err(r#","sliding_window":4096"#).contains("sliding_window"));
         assert!(err(r#","num_local_experts":8"#).contains("num_local_experts"));
         assert!(err(r#","hidden_act":"gelu""#).contains("hidden_act"));
         assert!(err(r#","num_key_value_heads":3"#).contains("multiple of num_key_value_heads"));
         assert!(err(r#","rope_scaling":{"rope_type":"yarn","factor":2.0}"#).contains("rope_type \"yarn\""));
         assert!(parse(&format!("{base},\"sliding_window\":null}}")).is_ok());
         let qwen = parse(r#"{"model_type":"qwen2","vocab_size":10,"hidden_size":8,"intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2,"sliding_window":32768,"use_sliding_window":false}"#).unwrap();
-        assert!(qwen.qkv_bias && !qwen.attention_bias);
+        assert!(qwen.qkv_bias && !qwen.attention_bias && qwen.sliding_window.is_none());
+    }
+
+    #[test]
+    fn a_sliding_window_limits_the_context_and_is_written_back() {
+        let base = r#"{"model_type":"mistral","vocab_size":10,"hidden_size":8,"intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2,"max_position_embeddings":32768"#;
+        // Mistral-7B-v0.1's: on up to 4096 tokens its attention is the full causal one.
+        let mistral = parse(&format!("{base},\"sliding_window\":4096}}")).unwrap();
+        assert_eq!((mistral.sliding_window, mistral.context()), (Some(4096), 4096));
+        let json = mistral.to_hf_json();
+        assert_eq!(json["sliding_window"], 4096);
+        assert_eq!(LlamaConfig::from_json(json.as_object().unwrap()).unwrap(), mistral);
+        // A window at least the embedded positions changes nothing.
+        let wide = parse(&format!("{base},\"sliding_window\":65536}}")).unwrap();
+        assert_eq!(wide.context(), 32768);
+        assert!(parse(&format!("{base},\"sliding_window\":0}}")).unwrap_err().to_string().contains("sliding_window must be positive"));
+        let qwen = r#"{"model_type":"qwen2","vocab_size":10,"hidden_size":8,"intermediate_size":16,"num_hidden_layers":1,"num_attention_heads":2,"sliding_window":512,"use_sliding_window":true}"#;
+        let qwen = parse(qwen).unwrap();
+        assert_eq!(qwen.context(), 512);
+        assert_eq!(qwen.to_hf_json()["use_sliding_window"], true);
     }
 
     #[test]
@@ -347,6 +393,12 @@ mod tests {
         let one = LlamaConfig::preset("llama-3.2-1b").unwrap();
         let eight = LlamaConfig::preset("llama-3-8b").unwrap();
         assert_eq!((one.hidden_size, one.num_hidden_layers, eight.hidden_size, eight.head_dim), (2048, 16, 4096, 128));
+        // Llama-3.2-3B's 3.21B parameters: the tied embedding, 28 blocks of GQA 24/8 x 128 and a 8192 MLP.
+        let three = LlamaConfig::preset("llama-3.2-3b").unwrap();
+        let (c, kv, f) = (three.hidden_size, three.num_key_value_heads * three.head_dim, three.intermediate_size);
+        let block = 2 * c * c + 2 * c * kv + 3 * c * f + 2 * c;
+        let params = three.vocab_size * c + three.num_hidden_layers * block + c;
+        assert_eq!((params, three.num_attention_heads * three.head_dim), (3_212_749_824, c));
         let f = one.inv_freq();
         assert_eq!(f.len(), 32);
         // High frequencies are kept, the lowest are divided by the factor (transformers' _compute_llama3_parameters).

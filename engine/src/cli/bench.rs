@@ -158,7 +158,7 @@ pub struct OverlapArgs {
 #[derive(clap::Args)]
 pub struct KernelArgs {
     /// Model shapes, comma-separated: gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl (1.5B) or tiny, each
-    /// with every kernel of its step; llama-3.2-1b or llama-3-8b, with their step's matrix products only.
+    /// with every kernel of its step; llama-3.2-1b, llama-3.2-3b or llama-3-8b, with their step's matrix products only.
     #[arg(long, default_value = "gpt2,gpt2-xl,llama-3.2-1b", value_delimiter = ',')]
     models: Vec<String>,
     /// B: sequences per micro-batch.

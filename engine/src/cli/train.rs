@@ -89,7 +89,7 @@ pub struct TrainArgs {
     /// model.safetensors, or sharded).
     #[arg(long, conflicts_with = "config")]
     model: Option<PathBuf>,
-    /// Start from random weights: a preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-3.2-1b, llama-3-8b)
+    /// Start from random weights: a preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-3.2-1b, llama-3.2-3b, llama-3-8b)
     /// or a config.json.
     #[arg(long)]
     config: Option<String>,

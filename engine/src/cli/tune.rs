@@ -14,7 +14,7 @@ pub struct TuneArgs {
     #[arg(long)]
     adapter: Option<String>,
     /// Model shapes whose products and attention are tuned, comma-separated: GPT-2 presets (gpt2 ... gpt2-xl), Llama
-    /// presets (llama-3.2-1b, llama-3-8b) or tiny.
+    /// presets (llama-3.2-1b, llama-3.2-3b, llama-3-8b) or tiny.
     #[arg(long, value_delimiter = ',', default_value = "gpt2,gpt2-xl,llama-3.2-1b")]
     models: Vec<String>,
     /// B: sequences per micro-batch of the runs to tune for (M of most products is B x T).

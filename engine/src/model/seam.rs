@@ -73,7 +73,7 @@ impl Model {
     pub fn preset(name: &str) -> Option<Self> {
         Gpt2Config::preset(name).map(Model::Gpt2).or_else(|| LlamaConfig::preset(name).map(Model::Llama))
     }
-    pub const PRESETS: &'static str = "gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-3.2-1b, llama-3-8b";
+    pub const PRESETS: &'static str = "gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-3.2-1b, llama-3.2-3b, llama-3-8b";
 
     /// The built-in run's model: a 4-layer, 128-wide GPT-2 over the words of its text, with dropout
     /// 0.1 against a corpus this small (0.8M parameters besides the vocab_size x 128 embedding).
@@ -144,7 +144,7 @@ impl Model {
     pub fn max_seq_len(&self) -> usize {
         match self {
             Model::Gpt2(c) => c.n_positions,
-            Model::Llama(c) => c.max_position_embeddings,
+            Model::Llama(c) => c.context(),
         }
     }
 
@@ -156,7 +156,7 @@ impl Model {
                 c.n_layer, c.n_embd, c.n_head, c.vocab_size, c.n_positions
             ),
             Model::Llama(c) => format!(
-                "Llama ({}), {} layers, {} hidden, {} heads ({} key/value) of {}, MLP {}, vocab {}, context {}{}",
+                "Llama ({}), {} layers, {} hidden, {} heads ({} key/value) of {}, MLP {}, vocab {}, context {}{}{}",
                 c.model_type,
                 c.num_hidden_layers,
                 c.hidden_size,
@@ -165,7 +165,12 @@ impl Model {
                 c.head_dim,
                 c.intermediate_size,
                 c.vocab_size,
-                c.max_position_embeddings,
+                c.context(),
+                match c.sliding_window {
+                    Some(w) if w < c.max_position_embeddings =>
+                        format!(" (its sliding window; {} positions embedded)", c.max_position_embeddings),
+                    _ => String::new(),
+                },
                 if c.tie_word_embeddings { ", tied head" } else { "" }
             ),
         }
@@ -263,7 +268,13 @@ impl Model {
     /// Refuses a sequence length the model cannot take.
     pub fn check_seq_len(&self, seq_len: usize) -> Result<()> {
         if seq_len > self.max_seq_len() {
-            bail!("--seq-len {seq_len} is longer than the model's context of {} positions", self.max_seq_len());
+            let window = match self {
+                Model::Llama(c) if c.context() < c.max_position_embeddings => {
+                    ", its sliding window (longer sequences would need sliding-window attention, which is not implemented)"
+                }
+                _ => "",
+            };
+            bail!("--seq-len {seq_len} is longer than the model's context of {} positions{window}", self.max_seq_len());
         }
         Ok(())
     }
