@@ -1,9 +1,25 @@
-//! How messages write counts: "1 step", "2 steps", never "1 steps" or "step(s)".
+//! How messages write counts and sizes: "1 step", "2 steps", never "1 steps" or "step(s)"; "512 B",
+//! "3.5 MiB", never "0.0 MiB".
 
 /// `n` and the noun, plural (with an `s`) unless `n` is 1.
 pub fn counted(n: impl Into<u64>, noun: &str) -> String {
     let n = n.into();
     if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") }
+}
+
+/// `bytes` in the largest binary unit that leaves at least 1 of it, one decimal (whole bytes below 1 KiB).
+pub fn size(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = "B";
+    for u in UNITS {
+        if value < 1024.0 {
+            break;
+        }
+        value /= 1024.0;
+        unit = u;
+    }
+    if unit == "B" { format!("{bytes} B") } else { format!("{value:.1} {unit}") }
 }
 
 #[cfg(test)]
@@ -13,5 +29,14 @@ mod tests {
         assert_eq!(super::counted(1u64, "step"), "1 step");
         assert_eq!(super::counted(0u64, "rank"), "0 ranks");
         assert_eq!(super::counted(3u32, "adapter"), "3 adapters");
+    }
+
+    #[test]
+    fn sizes_take_the_unit_that_shows_them() {
+        assert_eq!(super::size(1), "1 B");
+        assert_eq!(super::size(1023), "1023 B");
+        assert_eq!(super::size(1536), "1.5 KiB");
+        assert_eq!(super::size(3 << 20 | 1 << 19), "3.5 MiB");
+        assert_eq!(super::size(5 << 30), "5.0 GiB");
     }
 }

@@ -297,6 +297,7 @@ fn greedy_generation_matches_transformers_on_both_devices() {
         let small = zerostream(&["generate", "--model", model, "--prompt-tokens", "84", "--device", device, "--gpu-mem-budget", "50KiB"]);
         let err = stderr(&small);
         assert!(!small.status.success() && err.contains("one token needs") && err.contains("--gpu-mem-budget"), "{device}: {err}");
+        assert!(err.contains("leaves 50.0 KiB for generation"), "sizes in the unit that shows them: {err}");
     }
     // Sampling is seeded: the same seed, the same tokens.
     let sampled = |seed: &str| {

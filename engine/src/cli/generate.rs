@@ -113,20 +113,21 @@ pub fn run(a: GenerateArgs, quiet: bool) -> Result<()> {
     let mut load = |g: usize| -> Result<Vec<Vec<f32>>> {
         groups[g].tensors.iter().map(|t| hf.tensor(&t.name, &t.shape).with_context(|| a.model.display().to_string())).collect()
     };
+    // The prompt is printed once the plan is made: a budget refused leaves nothing on stdout.
     let on_plan = |p: &DecodePlan| {
         if !quiet {
             eprintln!("generate: {}", p.describe())
+        }
+        if !a.json
+            && let Some(p) = &prompt_text
+        {
+            print!("{p}");
         }
     };
     // Printed as they come: the text of all new tokens so far, minus what was printed (a character
     // can span tokens).
     let mut new = Vec::new();
     let mut printed = 0;
-    if !a.json
-        && let Some(p) = &prompt_text
-    {
-        print!("{p}");
-    }
     let mut on_token = |id: u32| {
         new.push(id);
         if a.json {

@@ -37,10 +37,6 @@ fn group_bytes(specs: &[crate::model::TensorSpec]) -> u64 {
     4 * specs.iter().map(|t| t.len() as u64).sum::<u64>()
 }
 
-fn mib(bytes: u64) -> String {
-    format!("{:.1} MiB", bytes as f64 / 1048576.0)
-}
-
 impl DecodePlan {
     /// Device bytes of a step of `rows` rows: the family's scratch, two residual buffers and the ids.
     fn step_bytes(model: &Model, rows: usize) -> u64 {
@@ -60,12 +56,12 @@ impl DecodePlan {
             bail!(
                 "the device budget leaves {} for generation; one token needs {} (the head {} + one block {} + the key/value cache {} for {capacity} positions + activations {}): \
                  raise --gpu-mem-budget or shorten the prompt and --max-new-tokens",
-                mib(available),
-                mib(one_token),
-                mib(head_bytes),
-                mib(block_bytes),
-                mib(kv_cache_bytes),
-                mib(Self::step_bytes(model, 1))
+                crate::words::size(available),
+                crate::words::size(one_token),
+                crate::words::size(head_bytes),
+                crate::words::size(block_bytes),
+                crate::words::size(kv_cache_bytes),
+                crate::words::size(Self::step_bytes(model, 1))
             );
         }
         let all = fixed + n_layer as u64 * block_bytes + Self::step_bytes(model, 1);
@@ -100,15 +96,15 @@ impl DecodePlan {
     /// One line for people.
     pub fn describe(&self) -> String {
         format!(
-            "{} of {} blocks resident{}; head {}, blocks {} each, key/value cache {} ({} positions), prompt fed {} rows at a time",
+            "{} of {} blocks resident{}; head {}, blocks {} each, key/value cache {} ({} positions), prompt fed {} at a time",
             self.resident_blocks,
             self.n_layer,
             if self.streams() { ", the rest streamed each token" } else { "" },
-            mib(self.head_bytes),
-            mib(self.block_bytes),
-            mib(self.kv_cache_bytes),
+            crate::words::size(self.head_bytes),
+            crate::words::size(self.block_bytes),
+            crate::words::size(self.kv_cache_bytes),
             self.capacity,
-            self.prefill_rows
+            crate::words::counted(self.prefill_rows as u64, "row")
         )
     }
 }
