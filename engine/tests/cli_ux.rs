@@ -236,6 +236,21 @@ fn devices_json_marks_the_adapter_opened_by_default() {
     assert_eq!(preferred, vec![opened as u64], "{rows:?}");
 }
 
+#[test]
+fn a_tuning_directory_that_is_a_file_is_said_beside_the_untuned_table() {
+    if let Err(e) = zerostream::device::GpuDevice::open(None, None) {
+        assert!(std::env::var("ZEROSTREAM_REQUIRE_GPU").as_deref() != Ok("1"), "ZEROSTREAM_REQUIRE_GPU=1 but no adapter: {e:#}");
+        return eprintln!("SKIPPED a_tuning_directory_that_is_a_file_is_said_beside_the_untuned_table: no GPU adapter ({e:#})");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tune");
+    std::fs::write(&file, "not a directory").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_zerostream")).arg("devices").env("ZEROSTREAM_TUNE_DIR", &file).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && said.contains("not tuned here"), "{said}");
+    assert!(said.contains(&format!("warning: ZEROSTREAM_TUNE_DIR={} is not a directory", file.display())), "{said}");
+}
+
 /// A preemption loop re-runs one command; once the checkpoint is at `--steps`, the command ends at once
 /// with success, writing `--save` from the checkpoint's model if it is missing, and leaving it otherwise.
 #[test]

@@ -182,7 +182,7 @@ impl MatmulTable {
     /// built-in default. A file that cannot be read or is not a table is reported in the second value
     /// (and not used): a cache must never stop a run.
     pub fn load(adapter: &AdapterSummary) -> (Self, Option<String>) {
-        let Some(path) = existing_table(adapter) else { return (Self::builtin(adapter), None) };
+        let Some(path) = existing_table(adapter) else { return (Self::builtin(adapter), tune_dir_problem()) };
         match Self::read(&path, adapter) {
             Ok(table) => (table, None),
             Err(e) => (Self::builtin(adapter), Some(format!("ignoring the matmul tuning table {}: {e:#}", path.display()))),
@@ -337,6 +337,14 @@ pub fn tune_dir() -> Option<PathBuf> {
         Some(dir) if !dir.is_empty() => Some(PathBuf::from(dir)),
         _ => dirs::cache_dir().map(|d| d.join("zerostream").join("tune")),
     }
+}
+
+/// Why no table can be read from the tuning directory at all, if it names something other than a
+/// directory (`ZEROSTREAM_TUNE_DIR` set to a file): said beside "not tuned here", which alone would hide it.
+pub fn tune_dir_problem() -> Option<String> {
+    let dir = tune_dir()?;
+    let from = if std::env::var_os(TUNE_DIR_ENV).is_some_and(|d| !d.is_empty()) { format!("{TUNE_DIR_ENV}=") } else { String::new() };
+    (dir.exists() && !dir.is_dir()).then(|| format!("{from}{} is not a directory: no tuning table is read from it", dir.display()))
 }
 
 /// Where `adapter`'s table lives: a readable stem from its name and a hash of the whole key (driver
