@@ -143,12 +143,15 @@ fn hyperparameters_out_of_range_and_metrics_over_an_input_are_refused_before_any
     let (c, cf) = (config.to_str().unwrap(), config_file.to_str().unwrap());
     let other = dir.path().join("out.json");
     let o = other.to_str().unwrap();
+    let m = dir.path().join("m.jsonl");
+    let (m, resolved) = (m.to_str().unwrap(), dir.path().join("m.config.toml").to_str().unwrap().to_string());
     for (extra, says) in [
         (&["--config", "gpt2", "--trace", d][..], "--trace"),
         (&["--config", c, "--metrics", c][..], "(--config)"),
         (&["--config", c, "--trace", c][..], "(--config)"),
         (&["--config", "gpt2", "--config-file", cf, "--metrics", cf][..], "(--config-file)"),
         (&["--config", "gpt2", "--trace", o, "--metrics", o][..], "is also the --metrics"),
+        (&["--config", "gpt2", "--metrics", m, "--trace", &resolved][..], "is also the --metrics' resolved configuration"),
     ] {
         let out = zerostream(&[&["train", "--device", "cpu", "--steps", "1", "--data", d][..], extra].concat());
         let err = stderr(&out);

@@ -52,9 +52,12 @@ pub fn check_outputs(options: &RunOptions, config_file: Option<&Path>, tensorboa
         ModelChoice::Config(_) | ModelChoice::Demo => {}
     }
     let plot = options.metrics.as_deref().map(plot_path);
+    let resolved = options.metrics.as_deref().map(resolved_path);
+    const RESOLVED: &str = "--metrics' resolved configuration";
     let outputs: Vec<(&str, &PathBuf)> = [
         ("--metrics", options.metrics.as_ref()),
         ("--metrics' plot", plot.as_ref()),
+        (RESOLVED, resolved.as_ref()),
         ("--trace", options.trace.as_ref()),
         ("--save", options.save.as_ref()),
         ("--checkpoint-dir", options.checkpoints.dir.as_ref()),
@@ -63,7 +66,9 @@ pub fn check_outputs(options: &RunOptions, config_file: Option<&Path>, tensorboa
     .filter_map(|(flag, path)| Some((flag, path?)))
     .collect();
     for (i, &(flag, path)) in outputs.iter().enumerate() {
-        if let Some((input_flag, input)) = inputs.iter().find(|(_, p)| same_file(p, path)) {
+        // The resolved copy may be the --config-file it came from: `write_resolved` takes that case.
+        let replaced = |(input_flag, p): &&(&str, PathBuf)| same_file(p, path) && !(flag == RESOLVED && *input_flag == "--config-file");
+        if let Some((input_flag, input)) = inputs.iter().find(replaced) {
             bail!(
                 "{flag} {} is the input {} ({input_flag}): it would be overwritten; choose another path",
                 path.display(),
