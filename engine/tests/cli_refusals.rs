@@ -37,6 +37,9 @@ fn bad_input_is_refused_with_the_flag_and_the_numbers() {
     let bad = format!("{},/proc/nonexistent/dir", a.display());
     let out = zerostream(&["train", "--device", "cpu", "--offload-params", "nvme", "--nvme-dir", &bad, "--steps", "1"]);
     assert!(!out.status.success() && stderr(&out).contains("/proc/nonexistent/dir"), "{}", stderr(&out));
+    let stray = format!("{},", a.display());
+    let out = zerostream(&["plan", "--device", "cpu", "--offload-params", "nvme", "--nvme-dir", &stray]);
+    assert!(!out.status.success() && stderr(&out).contains("a stray comma"), "{}", stderr(&out));
 }
 
 /// `tune`'s shapes and clock are refused by flag before an adapter is opened (a zero batch once tuned

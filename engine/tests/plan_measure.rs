@@ -69,7 +69,12 @@ fn measure_is_plans_flag_and_a_missing_directory_is_named() {
     assert!(!out.status.success() && stderr(&out).contains("--measure is plan's"), "{}", stderr(&out));
     let out =
         zerostream_with(dir.path(), &["plan".into(), "--device".into(), "cpu".into(), "--measure".into(), "/proc/nonexistent/dir".into()]);
-    assert!(!out.status.success() && stderr(&out).contains("/proc/nonexistent/dir"), "{}", stderr(&out));
+    assert!(!out.status.success() && stderr(&out).contains("/proc/nonexistent/dir: no such directory"), "{}", stderr(&out));
+    // A path that does not exist is not created (`-1` read as a directory made one where the command ran).
+    let missing = dir.path().join("typo");
+    let out =
+        zerostream_with(dir.path(), &["plan".into(), "--device".into(), "cpu".into(), "--measure".into(), missing.display().to_string()]);
+    assert!(!out.status.success() && !missing.exists(), "{}", stderr(&out));
 }
 
 /// The drive's rehearsal sweeps the run's own state: LARS's one moment (and its two passes), LAMB's two,

@@ -272,7 +272,7 @@ pub struct TrainArgs {
     /// runs), or several, comma-separated (`--nvme-dir /mnt/a/zs,/mnt/b/zs`), one per drive: every
     /// tensor is then striped over all of them (page-aligned stripes of equal size), so each drive
     /// moves an equal share of every read and write, all in flight at once.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = listed_dir)]
     nvme_dir: Vec<PathBuf>,
     #[command(flatten)]
     io: IoArgs,
@@ -442,6 +442,12 @@ fn stop_on_signals() -> Result<Arc<AtomicBool>> {
         }
     });
     Ok(stop)
+}
+
+/// One directory of `--nvme-dir`'s list: an empty one is a stray comma, said so (clap's own words
+/// would be "a value is required").
+fn listed_dir(text: &str) -> Result<PathBuf, String> {
+    if text.is_empty() { Err("an empty directory name (a stray comma in the list?)".into()) } else { Ok(PathBuf::from(text)) }
 }
 
 /// `zerostream train`: the flags resolved into one request, handed to the library once; then the exit

@@ -129,6 +129,11 @@ pub fn plan(mut req: RunRequest) -> Result<Placement> {
 /// `measure`, else in the run's `--nvme-dir`): the placement and the predicted step, in words.
 pub fn plan_measured(mut req: RunRequest, measure: &Path) -> Result<(Placement, String)> {
     check_request(&req)?;
+    // Not created: a mistyped path (or `-1`) would otherwise time whatever drive holds the new directory.
+    if !measure.as_os_str().is_empty() && !measure.is_dir() {
+        let what = if measure.exists() { "not a directory" } else { "no such directory" };
+        bail!("plan --measure {}: {what} (give an existing directory on the drive to time)", measure.display());
+    }
     let world = req.ranks.world_size.or_else(crate::comm::launcher_world_size).unwrap_or(1).max(1);
     resume_from_checkpoint(&mut req, world)?;
     size_params_ram_cache(&mut req, world, world)?;
