@@ -100,30 +100,33 @@ pub fn prepare(a: PrepareArgs, quiet: bool) -> Result<()> {
     let record = DataTokenizer::parse(&a.tokenizer, "--tokenizer")?;
     write_token_file_u32(&a.out, &train)?;
     record.write_beside(&a.out)?;
-    let say = |line: String| {
-        if !quiet {
-            eprintln!("{line}");
-        }
-    };
-    say(format!(
-        "{}: {} documents, {} bytes of text -> {} tokens ({}, vocab {})",
-        a.out.display(),
-        split,
-        content.len(),
-        train.len(),
-        tokenizer.describe(),
-        tokenizer.vocab_size()
-    ));
     if held_out > 0 {
         write_token_file_u32(&val_out, &val)?;
         record.write_beside(&val_out)?;
-        say(format!(
-            "{}: {} held-out documents -> {} tokens (train --val-data {})",
-            val_out.display(),
-            held_out,
-            val.len(),
-            val_out.display()
-        ));
+    }
+    if !quiet {
+        let (training, held) = documents.split_at(split);
+        let tokenizer = format!("{}, vocab {}", tokenizer.describe(), tokenizer.vocab_size());
+        eprintln!("{}: {} -> {} tokens ({tokenizer})", a.out.display(), part_words(training), train.len());
+        if held_out > 0 {
+            eprintln!(
+                "{}: held out {} -> {} tokens (train --val-data {})",
+                val_out.display(),
+                part_words(held),
+                val.len(),
+                val_out.display()
+            );
+        }
     }
     Ok(())
+}
+
+/// "2 documents, 29 bytes of text": a part of the split, by its own documents' bytes.
+fn part_words(documents: &[&str]) -> String {
+    let bytes: usize = documents.iter().map(|d| d.len()).sum();
+    format!(
+        "{}, {} of text",
+        zerostream::words::counted(documents.len() as u64, "document"),
+        zerostream::words::counted(bytes as u64, "byte")
+    )
 }
