@@ -26,8 +26,9 @@ pub struct SelftestArgs {
     /// Leave out the largest shapes of each check (for slow adapters; the command's default is every shape).
     #[arg(long)]
     quick: bool,
-    /// Seconds one check may take before the adapter is taken to be hung: the run then stops with that
-    /// check failed (exit code 1), whether it is still running or finished late.
+    /// Seconds one check may take before the adapter is taken to be hung (on the cpu device: too slow):
+    /// the run then stops with that check failed (exit code 1), whether it is still running or finished
+    /// late.
     #[arg(long, default_value_t = 120)]
     check_timeout: u64,
 }
@@ -36,6 +37,8 @@ pub struct SelftestArgs {
 struct Progress {
     json: bool,
     device: String,
+    /// What a check past its time says of the device: "the adapter may be hung" on a GPU.
+    hung: &'static str,
     lacks: Vec<String>,
     not_checked: Vec<NotChecked>,
     started: Instant,
@@ -73,7 +76,7 @@ impl Progress {
             println!("{summary}");
         } else {
             if !self.lacks.is_empty() || !self.not_checked.is_empty() {
-                println!("the adapter lacks:");
+                println!("this device lacks:");
             }
             self.lacks.iter().for_each(|l| println!("  {l}"));
             self.not_checked.iter().for_each(|n| println!("  not checked: {} ({})", n.kernel, n.why));
@@ -90,7 +93,7 @@ impl Progress {
         if since.elapsed() <= limit {
             return;
         }
-        let why = format!("did not finish within {} s: the adapter may be hung; the run stops here", limit.as_secs());
+        let why = format!("did not finish within {} s: {}; the run stops here", limit.as_secs(), self.hung);
         let mut r = CheckResult::failed(&name, why.clone());
         r.seconds = since.elapsed().as_secs_f64();
         self.report(&r);
@@ -121,6 +124,10 @@ pub fn run(args: SelftestArgs) -> Result<i32> {
     let progress = Arc::new(Mutex::new(Progress {
         json: args.json,
         device,
+        hung: match dev {
+            device::AnyDevice::Gpu(_) => "the adapter may be hung",
+            device::AnyDevice::Cpu(_) => "too slow for --check-timeout",
+        },
         lacks: selftest::lacks(&dev),
         not_checked: selftest::not_checked(&dev),
         started: Instant::now(),
