@@ -79,6 +79,26 @@ impl Text {
 }
 
 /// `quiet`: the text only, without the device, model and plan lines.
+/// The prompt as text (where given as text) and as token ids.
+fn prompt_of(a: &GenerateArgs, model: &Model, text: Option<&Text>) -> Result<(Option<String>, Vec<u32>)> {
+    let prompt_text = match (&a.prompt, &a.prompt_file) {
+        (Some(p), _) => Some(p.replace("\\n", "\n")),
+        (None, Some(f)) => Some(std::fs::read_to_string(f).with_context(|| format!("reading --prompt-file {}", f.display()))?),
+        (None, None) => None,
+    };
+    let prompt: Vec<u32> = match (&a.prompt_tokens, &prompt_text, text) {
+        (Some(ids), _, _) => ids.clone(),
+        (None, Some(p), Some(t)) => t.encode(p)?,
+        (None, Some(_), None) => bail!(
+            "no tokenizer for this model (vocab_size {}, no tokenizer.json or vocab.json + merges.txt in {}): give --prompt-tokens",
+            model.vocab_size(),
+            a.model.display()
+        ),
+        (None, None, _) => bail!("give --prompt TEXT, --prompt-file FILE or --prompt-tokens ID,ID,..."),
+    };
+    Ok((prompt_text, prompt))
+}
+
 pub fn run(a: GenerateArgs, quiet: bool) -> Result<()> {
     // The flags first: a bad one is refused before the model loads or the prompt is printed.
     let sampling = Sampling { max_new_tokens: a.max_new_tokens, temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
@@ -89,21 +109,7 @@ pub fn run(a: GenerateArgs, quiet: bool) -> Result<()> {
         Some(t) => Some(Text::Hf(t)),
         None => Tokenizer::for_vocab(model.vocab_size()).map(Text::Builtin),
     };
-    let prompt_text = match (&a.prompt, &a.prompt_file) {
-        (Some(p), _) => Some(p.replace("\\n", "\n")),
-        (None, Some(f)) => Some(std::fs::read_to_string(f).with_context(|| format!("reading --prompt-file {}", f.display()))?),
-        (None, None) => None,
-    };
-    let prompt: Vec<u32> = match (&a.prompt_tokens, &prompt_text, &text) {
-        (Some(ids), _, _) => ids.clone(),
-        (None, Some(p), Some(t)) => t.encode(p)?,
-        (None, Some(_), None) => bail!(
-            "no tokenizer for this model (vocab_size {}, no tokenizer.json or vocab.json + merges.txt in {}): give --prompt-tokens",
-            model.vocab_size(),
-            a.model.display()
-        ),
-        (None, None, _) => bail!("give --prompt TEXT, --prompt-file FILE or --prompt-tokens ID,ID,..."),
-    };
+    let (prompt_text, prompt) = prompt_of(&a, &model, text.as_ref())?;
     let dev = zerostream::device::open(a.device.device, a.device.adapter.as_deref(), a.gpu_mem_budget)?;
     if !quiet {
         eprintln!("device: {}; model: {}", dev.describe(), model.describe());

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use serde_json::{Value, json};
-use zerostream_offload::{IoConfig, IoEngineKind, Tier};
+use zerostream_offload::{IoConfig, Tier};
 
 use super::schedule::{LrPlan, LrSchedule};
 use super::shard::ZeroStage;
@@ -405,7 +405,6 @@ impl TrainConfig {
         let precision = enum_flag(f, "precision", None)?;
         let schedule = enum_flag(f, "lr-schedule", None)?;
         let steps = uint("steps")?;
-        let engine: IoEngineKind = text("io-engine")?.parse().map_err(|e: String| anyhow::anyhow!("io-engine: {e}"))?;
         let stage = ZeroStage::from_number(uint("zero-stage")? as u8).context("zero-stage: expected 0, 1, 2 or 3")?;
         Ok(TrainConfig {
             batch: uint("batch-size")? as usize,
@@ -431,12 +430,7 @@ impl TrainConfig {
             // Checkpoints from before --params-ram-cache read the working copy twice.
             params_ram_cache_bytes: f.get("params-ram-cache").and_then(Value::as_u64).unwrap_or(0),
             nvme_dirs: get("nvme-dir")?.as_str().map(split_dirs).unwrap_or_default(),
-            io: IoConfig {
-                engine,
-                block_bytes: uint("block-size")? as usize,
-                queue_depth: uint("queue-depth")? as usize,
-                direct: !flag("buffered")?,
-            },
+            io: io_from_flags(f)?,
             verify: !flag("no-verify")?,
             adam_threads: uint("adam-threads")? as usize,
             zero_stage: stage,
@@ -480,6 +474,19 @@ impl TrainConfig {
             trust_coefficient: f.get("trust-coefficient").and_then(Value::as_f64).unwrap_or(0.001),
         })
     }
+}
+
+/// The NVMe I/O settings among a checkpoint's flags.
+fn io_from_flags(f: &Flags) -> Result<IoConfig> {
+    let get = |k: &str| f.get(k).with_context(|| format!("the setting {k} is missing"));
+    let uint = |k: &str| get(k)?.as_u64().with_context(|| format!("{k}: expected a whole number"));
+    let engine = get("io-engine")?.as_str().context("io-engine: expected a string")?;
+    Ok(IoConfig {
+        engine: engine.parse().map_err(|e: String| anyhow::anyhow!("io-engine: {e}"))?,
+        block_bytes: uint("block-size")? as usize,
+        queue_depth: uint("queue-depth")? as usize,
+        direct: !get("buffered")?.as_bool().context("buffered: expected true or false")?,
+    })
 }
 
 #[cfg(test)]
