@@ -120,7 +120,11 @@ pub(in crate::device) fn wait_in_slices(
         }
         let waited = began.elapsed();
         if limits.limit.is_none_or(|limit| waited < limit) {
-            eprintln!("zerostream: still waiting for the GPU to finish {} ({} s so far)", what(), waited.as_secs());
+            crate::train::progress::eprint_above_bar(&format!(
+                "zerostream: still waiting for the GPU to finish {} ({} s so far)",
+                what(),
+                waited.as_secs()
+            ));
         }
     }
 }

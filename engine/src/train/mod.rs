@@ -29,7 +29,7 @@ pub mod outputs;
 pub mod pipeline;
 mod plan;
 pub mod predict;
-mod progress;
+pub(crate) mod progress;
 pub mod ranks;
 mod report;
 pub mod resume;

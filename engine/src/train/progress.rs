@@ -1,5 +1,19 @@
 //! The step loop's progress bar: indicatif's with the `progress` feature (on by default), else no bar,
-//! the lines it would have printed above itself going to stderr instead.
+//! the lines it would have printed above itself going to stderr instead. Lines from elsewhere (a wait
+//! for the GPU that goes on) go above the bar too, through [`eprint_above_bar`].
+
+/// The bar drawn now, if any: where [`eprint_above_bar`] prints.
+#[cfg(feature = "progress")]
+static DRAWN: std::sync::Mutex<Option<indicatif::ProgressBar>> = std::sync::Mutex::new(None);
+
+/// Prints `line` on stderr, above the progress bar while one is drawn (not through it).
+pub(crate) fn eprint_above_bar(line: &str) {
+    #[cfg(feature = "progress")]
+    if let Some(bar) = DRAWN.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        return bar.println(line);
+    }
+    eprintln!("{line}");
+}
 
 /// A progress bar over the optimizer steps, or nothing.
 pub(crate) struct Progress {
@@ -18,6 +32,9 @@ impl Progress {
                     .expect("a valid template"),
             );
             bar.set_position(position);
+            if show {
+                *DRAWN.lock().unwrap_or_else(|e| e.into_inner()) = Some(bar.clone());
+            }
             Progress { bar }
         }
         #[cfg(not(feature = "progress"))]
@@ -58,5 +75,13 @@ impl Progress {
     pub(crate) fn finish(&self) {
         #[cfg(feature = "progress")]
         self.bar.finish_and_clear();
+    }
+}
+
+impl Drop for Progress {
+    /// However the step loop ends, later lines are printed plainly.
+    fn drop(&mut self) {
+        #[cfg(feature = "progress")]
+        DRAWN.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 }
