@@ -35,8 +35,10 @@ for model in gpt2 llama; do
       --metrics "$work/$name.jsonl" > "$work/$name.log" 2>&1
     python3 - "$work/$name.jsonl" "$model" "$state" <<'PY'
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-val = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
+every = [json.loads(l) for l in open(sys.argv[1])]
+# The last row is the validation after the last step (final_validation): no training fields.
+rows = [r for r in every if not r.get("final_validation")]
+val = [r["val_loss"] for r in every if r.get("val_loss") is not None]
 last = rows[-1]
 mean = lambda k: sum(r["time"][k] for r in rows[1:]) / max(1, len(rows) - 1)
 print(f"| {sys.argv[2]} | {sys.argv[3]} | {last['loss']:.4f} | {val[-1] if val else float('nan'):.4f} | {mean('total_s'):.3f} | {mean('adam_s'):.4f} |")

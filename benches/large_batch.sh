@@ -43,8 +43,10 @@ echo
 python3 - "$work" "adamw-b$b" "adamw-b$big" "lamb-b$big" "lars-b$big" <<'PY'
 import json, sys
 work, names = sys.argv[1], sys.argv[2:]
-def rows(n):
+def every_row(n):
     return [json.loads(l) for l in open(f"{work}/{n}.jsonl")]
+def rows(n):  # the steps' rows, not the validation after the last step (final_validation)
+    return [r for r in every_row(n) if not r.get("final_validation")]
 def trailing(losses, k=20):
     return [sum(losses[max(0, i - k + 1):i + 1]) / (i + 1 - max(0, i - k + 1)) for i in range(len(losses))]
 base = trailing([r["loss"] for r in rows(names[0])])[-1]
@@ -55,7 +57,7 @@ print("|---|---:|---:|---:|---:|---:|")
 for n in names:
     r = rows(n)
     t = trailing([x["loss"] for x in r])
-    val = [x["val_loss"] for x in r if x.get("val_loss") is not None]
+    val = [x["val_loss"] for x in every_row(n) if x.get("val_loss") is not None]
     hit = next((i + 1 for i, x in enumerate(t) if x <= base), None)
     tokens = r[-1].get("tokens", "")
     mean = sum(x["time"]["total_s"] for x in r[1:]) / max(1, len(r) - 1)

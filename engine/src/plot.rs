@@ -32,10 +32,24 @@ pub fn read_metrics(path: &Path) -> Result<Curve> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading metrics {}", path.display()))?;
     let mut points = Vec::new();
     let mut tokens = 0.0;
-    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let row: serde_json::Value =
-            serde_json::from_str(line).with_context(|| format!("{} line {}: not a JSON object", path.display(), i + 1))?;
+    let lines: Vec<(usize, &str)> = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()).collect();
+    for (n, &(i, line)) in lines.iter().enumerate() {
+        let row: serde_json::Value = match serde_json::from_str(line) {
+            Ok(row) => row,
+            // A last line without its newline, cut off by a crash mid-write (a resume drops it too).
+            Err(_) if n + 1 == lines.len() && !text.ends_with('\n') && n > 0 => {
+                eprintln!("warning: {} line {}: cut off (no newline), left out", path.display(), i + 1);
+                break;
+            }
+            Err(e) => return Err(e).with_context(|| format!("{} line {}: not a JSON object", path.display(), i + 1)),
+        };
         let num = |key: &str| row[key].as_f64().with_context(|| format!("{} line {}: no number \"{key}\"", path.display(), i + 1));
+        if row["final_validation"] == true {
+            // The validation after the last step: no training, no tokens.
+            let nan = f64::NAN;
+            points.push(Point { step: num("step")?, tokens, loss: nan, val_loss: Some(num("val_loss")?), lr: nan, tokens_per_s: nan });
+            continue;
+        }
         // Older files have no "tokens": then steps stand in for tokens.
         tokens += row["tokens"].as_f64().unwrap_or(1.0);
         points.push(Point {
@@ -114,7 +128,8 @@ pub fn plot(curves: &[Curve], out: &Path) -> Result<()> {
         chart.configure_mesh().x_desc("step").draw()?;
         for (i, c) in curves.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
-            chart.draw_series(LineSeries::new(c.points.iter().map(|p| (p.step, pick(p))), color.stroke_width(2)))?;
+            let finite = c.points.iter().map(|p| (p.step, pick(p))).filter(|(_, y)| y.is_finite());
+            chart.draw_series(LineSeries::new(finite, color.stroke_width(2)))?;
         }
     }
     root.present().with_context(|| format!("writing {}", out.display()))?;
@@ -162,5 +177,15 @@ mod tests {
         plot(&[curve], &dir.path().join("diverged.svg")).unwrap();
         std::fs::write(&bad, "{\"step\":0,\"lr\":1,\"tokens_per_s\":1}\n").unwrap();
         assert!(read_metrics(&bad).err().unwrap().to_string().contains("no number \"loss\""));
+        // The final validation's row of its own is a validation point, with no training fields.
+        let last = r#"{"step":5,"val_loss":2.5,"val_perplexity":12.18,"final_validation":true}"#;
+        std::fs::write(&good, std::fs::read_to_string(&good).unwrap() + last + "\n").unwrap();
+        let curve = read_metrics(&good).unwrap();
+        let end = curve.points.last().unwrap();
+        assert!(end.step == 5.0 && end.tokens == 1280.0 && end.val_loss == Some(2.5) && end.loss.is_nan() && end.lr.is_nan());
+        plot(&[curve], &svg).unwrap();
+        // A last line cut off by a crash (no newline) is left out; one in the middle is still an error.
+        std::fs::write(&bad, "{\"step\":0,\"loss\":1,\"lr\":1,\"tokens_per_s\":1}\n{\"step\": 1").unwrap();
+        assert_eq!(read_metrics(&bad).unwrap().points.len(), 1);
     }
 }

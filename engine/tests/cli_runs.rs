@@ -36,8 +36,11 @@ fn a_short_run_writes_one_metrics_line_per_step_and_saves_a_loadable_model() {
         "--recompute",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let lines: Vec<serde_json::Value> =
+    let mut lines: Vec<serde_json::Value> =
         std::fs::read_to_string(&metrics).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    // The built-in run holds out its last scenes: the last row is the validation after step 5.
+    let last = lines.pop().unwrap();
+    assert!(last["final_validation"] == true && last["step"] == 6 && last["val_loss"].is_number(), "{last}");
     assert_eq!(lines.len(), 6);
     for (s, line) in lines.iter().enumerate() {
         assert_eq!(line["step"], s as u64);
@@ -150,8 +153,8 @@ fn plot_overlays_runs_and_never_overwrites_its_input() {
             metrics.to_str().unwrap(),
         ]);
         assert!(out.status.success(), "{}", stderr(&out));
-        assert_eq!(stderr(&out).contains("replacing the 3 rows an earlier run wrote there"), replaced, "{}", stderr(&out));
-        assert_eq!(std::fs::read_to_string(&metrics).unwrap().lines().count(), 3);
+        assert_eq!(stderr(&out).contains("replacing the 4 rows an earlier run wrote there"), replaced, "{}", stderr(&out));
+        assert_eq!(std::fs::read_to_string(&metrics).unwrap().lines().count(), 4, "3 steps and the validation after them");
         if !replaced {
             files.push(metrics.to_str().unwrap().to_string());
         }
@@ -209,7 +212,10 @@ fn validation_loss_is_the_number_eval_gives_for_the_same_weights() {
     let rows: Vec<serde_json::Value> =
         std::fs::read_to_string(&metrics).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let has_val: Vec<bool> = rows.iter().map(|r| r["val_loss"].is_number()).collect();
-    assert_eq!(has_val, [true, false, true, false], "steps 0 and 2 are validated");
+    assert_eq!(has_val, [true, false, true, false, true], "steps 0 and 2 are validated, and the weights the last step left");
+    assert!(rows[4]["step"] == 4 && rows[4]["final_validation"] == true && rows[4].get("loss").is_none(), "{}", rows[4]);
+    let said = err.split("validation: loss ").nth(1).and_then(|s| s.split_whitespace().next()).unwrap();
+    assert_eq!(format!("{:.4}", rows[4]["val_loss"].as_f64().unwrap()), said, "the row holds the loss the log says");
     // Step 0's validation is the initial model's: `eval` of the same model on the same micro-batches.
     let eval = zerostream(&[
         "eval",

@@ -13,11 +13,14 @@ fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// Each step's loss (not the row of the validation after the last step).
 fn losses(metrics: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(metrics)
         .unwrap()
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"].clone())
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|row| row["final_validation"] != true)
+        .map(|row| row["loss"].clone())
         .collect()
 }
 

@@ -93,6 +93,12 @@ fn numbers_of(row: &Value) -> BTreeMap<String, f64> {
 fn assert_scalars_match(events: &Value, rows: &[Value]) {
     let mut by_step: BTreeMap<u64, BTreeMap<String, f64>> = BTreeMap::new();
     for e in events["events"].as_array().unwrap() {
+        // A restart purges what earlier files hold from its step on, as TensorBoard does (the first
+        // run's validation after its last step, a step the resumed run trains).
+        if e["session_log"] == "START" {
+            let from = e["step"].as_u64().unwrap();
+            by_step.retain(|step, _| *step < from);
+        }
         if let Some(scalars) = e["scalars"].as_object().filter(|s| !s.is_empty()) {
             let step = by_step.entry(e["step"].as_u64().unwrap()).or_default();
             step.extend(scalars.iter().map(|(t, v)| (t.clone(), v.as_f64().unwrap())));
@@ -144,8 +150,9 @@ fn tensorboard_reads_back_every_metrics_number_and_the_configuration() {
     let events = read_events(&python, &dir.path().join("tb"));
     let rows: Vec<Value> =
         std::fs::read_to_string(dir.path().join("m.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(rows.len(), 6);
-    assert!(rows.iter().filter(|r| r["val_loss"].is_number()).count() == 3, "steps 0, 2, 4 are validated");
+    assert_eq!(rows.len(), 7, "steps 0-5 and the validation after the last");
+    assert!(rows.iter().filter(|r| r["val_loss"].is_number()).count() == 4, "steps 0, 2, 4 and the end are validated");
+    assert!(rows[6]["final_validation"] == true && rows[6]["step"] == 6, "{}", rows[6]);
     assert_scalars_match(&events, &rows);
 
     // Each file starts with its version; the resumed one marks the restart at its first step.

@@ -23,7 +23,7 @@ pub use super::demo::TEXT as DEMO_TEXT;
 
 mod data;
 mod steps;
-use data::{eval_batches, final_validation, open_data, tokenizer_files};
+use data::{eval_batches, open_data, tokenizer_files};
 use steps::train_steps;
 
 /// Where the weights come from.
@@ -215,7 +215,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
     let start = Instant::now();
     let outcome = train_steps(&mut trainer, &tokens, validation, options, root.as_ref(), &record, predicted_step_s, &say)?;
     let last_update_s = trainer.finish()?;
-    let final_val_loss = validation.map(|(v, batches)| final_validation(&mut trainer, v, batches, &say)).transpose()?;
+    let final_val_loss = outcome.final_val_loss;
     let seconds = start.elapsed().as_secs_f64();
     if lead && outcome.metrics_written {
         plot_metrics(options, &say);

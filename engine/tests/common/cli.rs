@@ -28,10 +28,10 @@ pub fn trajectory(metrics: &Path) -> Vec<(u64, u64, u64)> {
     std::fs::read_to_string(metrics)
         .unwrap()
         .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap().to_bits(), v["grad_norm"].as_f64().unwrap().to_bits())
-        })
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        // The validation after the last step has a row of its own, with no step trained.
+        .filter(|v| v["final_validation"] != true)
+        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap().to_bits(), v["grad_norm"].as_f64().unwrap().to_bits()))
         .collect()
 }
 

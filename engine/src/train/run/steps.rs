@@ -25,6 +25,8 @@ pub(super) struct StepsOutcome {
     pub(super) metrics_written: bool,
     pub(super) stopped_at: Option<u64>,
     pub(super) checkpoint: Option<PathBuf>,
+    /// The validation loss of the weights the loop left (with `--val-data`).
+    pub(super) final_val_loss: Option<f64>,
 }
 
 /// Consecutive steps skipped for non-finite gradients after which a run stops: a few without a loss
@@ -53,8 +55,13 @@ pub(super) fn train_steps<D: Backend>(
     let mut sinks = StepSinks::open(options, lead, first_step, steps)?;
     trainer.set_trace(sinks.trace.clone());
     let regular = options.metrics.as_ref().is_some_and(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()));
-    let mut out =
-        StepsOutcome { reports: Vec::new(), metrics_written: sinks.metrics.is_some() && regular, stopped_at: None, checkpoint: None };
+    let mut out = StepsOutcome {
+        reports: Vec::new(),
+        metrics_written: sinks.metrics.is_some() && regular,
+        stopped_at: None,
+        checkpoint: None,
+        final_val_loss: None,
+    };
     let mut skipped_in_a_row = 0;
     while trainer.step < steps {
         // Validation of the weights this step starts from, so step 0's is the initial model's.
@@ -96,6 +103,13 @@ pub(super) fn train_steps<D: Backend>(
         }
     }
     sinks.bar.finish();
+    // The weights the steps left, validated and recorded like a step's start: the row of step N holds
+    // the validation of the weights step N starts from. Not on a stop: the resumed run validates at its end.
+    if let (Some((v, batches)), None) = (validation, out.stopped_at) {
+        let loss = super::data::final_validation(trainer, v, batches, say)?;
+        sinks.record_validation(trainer.step, loss);
+        out.final_val_loss = Some(loss);
+    }
     trainer.set_trace(None);
     if let Some(Err(e)) = sinks.trace.take().map(|t| t.finish()) {
         // Like the metrics: a record of the run, whose failure stops the record only; said under
@@ -133,8 +147,20 @@ impl StepSinks {
     }
 
     fn record(&mut self, r: &StepReport, loss_scale: f32) {
-        let row = r.to_json();
-        if let Some(warning) = self.tensorboard.write_step(r.step, &row) {
+        self.write_row(r.step, &r.to_json());
+        self.bar.step(progress_message(r, loss_scale));
+        // Beside a bar on a terminal, a line every 25 steps; with no bar (a log file, a pipe), a line a step.
+        let line_due = self.bar.is_hidden() || r.step.is_multiple_of(25) || r.step + 1 == self.steps || r.val_loss.is_some();
+        if self.lines && line_due {
+            self.bar.println(step_line(r));
+        }
+    }
+}
+
+impl StepSinks {
+    /// `row` (of step `step`) into the metrics file and TensorBoard.
+    fn write_row(&mut self, step: u64, row: &serde_json::Value) {
+        if let Some(warning) = self.tensorboard.write_step(step, row) {
             self.bar.println(warning);
         }
         if let Some(m) = self.metrics.as_mut()
@@ -142,15 +168,16 @@ impl StepSinks {
         {
             // The metrics are a record of the training, not the training: a full disk there stops
             // the record, not the run (its checkpoints go on, or fail on their own).
-            self.bar.println(format!("warning: writing --metrics failed at step {} ({e}); training continues without metrics", r.step));
+            self.bar.println(format!("warning: writing --metrics failed at step {step} ({e}); training continues without metrics"));
             self.metrics = None;
         }
-        self.bar.step(progress_message(r, loss_scale));
-        // Beside a bar on a terminal, a line every 25 steps; with no bar (a log file, a pipe), a line a step.
-        let line_due = self.bar.is_hidden() || r.step.is_multiple_of(25) || r.step + 1 == self.steps || r.val_loss.is_some();
-        if self.lines && line_due {
-            self.bar.println(step_line(r));
-        }
+    }
+
+    /// The validation after the last step, as a row of its own: the step the weights would start, no
+    /// training fields (`final_validation`: true).
+    fn record_validation(&mut self, step: u64, loss: f64) {
+        let row = serde_json::json!({ "step": step, "val_loss": loss, "val_perplexity": loss.exp(), "final_validation": true });
+        self.write_row(step, &row);
     }
 }
 
