@@ -61,6 +61,11 @@ fn a_short_run_writes_one_metrics_line_per_step_and_saves_a_loadable_model() {
     // The built-in run's word tokenizer goes with the model, so its words come back from `generate`.
     let saved = zerostream_checkpoints::HfTokenizer::from_file(&save.join("tokenizer.json")).unwrap();
     assert_eq!(saved.encode("HAMLET\nWho's there?").unwrap(), demo.tokenizer.encode("HAMLET\nWho's there?").unwrap());
+    // Printed as it comes, decoded after the prompt: the word tokenizer's space between them too.
+    let model = save.to_str().unwrap();
+    let generated = zerostream(&["generate", "--device", "cpu", "--model", model, "--prompt", "HAMLET", "--max-new-tokens", "3"]);
+    let printed = String::from_utf8_lossy(&generated.stdout);
+    assert!(generated.status.success() && printed.starts_with("HAMLET ") && !printed.starts_with("HAMLET  "), "{printed:?}");
     assert!(err.contains("what it did:") && err.contains("state:") && err.contains("traffic:"), "{err}");
 }
 

@@ -131,23 +131,29 @@ pub fn run(a: GenerateArgs, quiet: bool) -> Result<()> {
         }
     };
     // Printed as they come: the text of all new tokens so far, minus what was printed (a character
-    // can span tokens).
-    let mut new = Vec::new();
+    // can span tokens). Decoded after the prompt, so what joins them (a word-level tokenizer's space)
+    // is printed too.
+    let mut all = prompt.clone();
     let mut printed = 0;
+    let prompt_decoded = text.as_ref().map(|t| t.decode(&prompt));
     let mut on_token = |id: u32| {
-        new.push(id);
+        all.push(id);
         if a.json {
             return;
         }
-        match &text {
-            Some(t) => {
-                let so_far = t.decode(&new);
+        match (&text, &prompt_decoded) {
+            (Some(t), Some(before)) => {
+                let whole = t.decode(&all);
+                let so_far = match whole.strip_prefix(before.as_str()) {
+                    Some(after) => after.to_string(),
+                    None => t.decode(&all[prompt.len()..]),
+                };
                 if so_far.len() > printed && !so_far.ends_with('\u{FFFD}') {
                     print!("{}", &so_far[printed..]);
                     printed = so_far.len();
                 }
             }
-            None => print!("{id} "),
+            _ => print!("{id} "),
         }
         let _ = std::io::stdout().flush();
     };
