@@ -109,6 +109,18 @@ impl HfTokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
+    /// The token that stands for text the vocabulary lacks (`[UNK]`) and its id, where the model has
+    /// one (word-level and word-piece models; a byte-level BPE never needs one).
+    pub fn unknown_token(&self) -> Option<(String, u32)> {
+        let json: serde_json::Value = serde_json::from_str(&self.inner.to_string(false).ok()?).ok()?;
+        let model = &json["model"];
+        match (model["unk_token"].as_str(), model["unk_id"].as_u64()) {
+            (Some(token), _) => Some((token.to_string(), self.inner.token_to_id(token)?)),
+            (None, Some(id)) => Some((self.inner.id_to_token(id as u32)?, id as u32)),
+            (None, None) => None,
+        }
+    }
+
     pub fn decode(&self, ids: &[u32]) -> String {
         let text = self.inner.decode(ids, false).unwrap_or_else(|e| format!("<undecodable tokens: {e}>"));
         if matches!(self.inner.get_model(), tokenizers::ModelWrapper::WordLevel(_)) {
@@ -219,6 +231,14 @@ impl TextTokenizer {
         }
     }
 
+    /// [`HfTokenizer::unknown_token`]; the built-in tokenizers cover every text.
+    pub fn unknown_token(&self) -> Option<(String, u32)> {
+        match self {
+            TextTokenizer::Builtin(_) => None,
+            TextTokenizer::Hf(t) => t.unknown_token(),
+        }
+    }
+
     /// The token written between documents: GPT-2's <|endoftext|> (50256), a tokenizer.json's eos token
     /// when it names one; none for bytes.
     pub fn end_of_text(&self) -> Option<u32> {
@@ -310,6 +330,8 @@ pub(crate) mod tests {
         // [UNK] is 0, then by frequency: the line break (7), then "," and "there" (3 each, alphabetical).
         assert_eq!(tok.encode(", there").unwrap(), vec![2, 3]);
         assert_eq!(tok.encode("Hamlet").unwrap(), vec![0]);
+        assert_eq!(tok.unknown_token(), Some(("[UNK]".to_string(), 0)));
+        assert_eq!(TextTokenizer::parse("gpt2").unwrap().unknown_token(), None, "a byte-level BPE covers every text");
         let words: Vec<String> = ids.iter().map(|&i| tok.inner.id_to_token(i).unwrap()).collect();
         assert!(words.contains(&"Who's".to_string()) && words.contains(&"'Tis".to_string()), "{words:?}");
         assert_eq!(tok.decode(&ids), text, "words, punctuation and lines come back");

@@ -89,6 +89,8 @@ fn prepare_tokenises_with_a_hugging_face_tokenizer_json() {
     let file = zerostream_checkpoints::TokenFile::open(&out).unwrap();
     assert_eq!(file.width, zerostream_checkpoints::TokenWidth::U32);
     assert_eq!((0..file.len).map(|i| file.get(i)).collect::<Vec<_>>(), vec![1, 2, 3, 70000, 1, 2, 0]);
+    // "that" is not in the vocabulary: said, not only counted among the tokens.
+    assert!(stderr(&run).contains("warning: 1 of 7 tokens (14.3%) is [UNK] (id 0)"), "{}", stderr(&run));
     let bad = zerostream(&["prepare", "--text", text.to_str().unwrap(), "--out", out.to_str().unwrap(), "--tokenizer", "nonesuch.json"]);
     assert!(!bad.status.success() && stderr(&bad).contains("nonesuch.json"), "{}", stderr(&bad));
 }
@@ -122,4 +124,9 @@ fn prepare_splits_documents_and_holds_out_a_validation_file() {
     let bad = zerostream(&["prepare", "--text", blank.to_str().unwrap(), "--out", out.to_str().unwrap()]);
     assert!(!bad.status.success() && stderr(&bad).contains("no text to tokenise"), "{}", stderr(&bad));
     assert_eq!(std::fs::read(&out).unwrap(), before);
+    // A Windows text's blank lines (CRLF) separate its documents as well.
+    let crlf = dir.path().join("crlf.txt");
+    std::fs::write(&crlf, "hello\r\n\r\nworld\r\n").unwrap();
+    let run = zerostream(&["prepare", "--text", crlf.to_str().unwrap(), "--out", out.to_str().unwrap(), "--val-fraction", "0.5"]);
+    assert!(run.status.success() && stderr(&run).contains("held out 1 document,"), "{}", stderr(&run));
 }

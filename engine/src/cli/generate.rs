@@ -3,6 +3,7 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use zerostream::words::counted;
 
 use anyhow::{Context, Result, bail};
 use zerostream::generate::{DecodePlan, Sampling, generate};
@@ -96,6 +97,18 @@ fn prompt_of(a: &GenerateArgs, model: &Model, text: Option<&Text>) -> Result<(Op
         ),
         (None, None, _) => bail!("give --prompt TEXT, --prompt-file FILE or --prompt-tokens ID,ID,..."),
     };
+    // Words the vocabulary lacks reach the model as its unknown token: say so, or they pass unseen.
+    if let (Some(Text::Hf(t)), Some(_), None) = (text, &prompt_text, &a.prompt_tokens)
+        && let Some((token, id)) = t.unknown_token()
+        && let unknown = prompt.iter().filter(|&&p| p == id).count()
+        && unknown > 0
+    {
+        let are = if unknown == 1 { "is" } else { "are" };
+        eprintln!(
+            "warning: {unknown} of the prompt's {} {are} {token}: words this model's tokenizer lacks",
+            counted(prompt.len() as u64, "token")
+        );
+    }
     Ok((prompt_text, prompt))
 }
 

@@ -64,7 +64,7 @@ pub fn prepare(a: PrepareArgs, quiet: bool) -> Result<()> {
             bail!("{} is the --text file: it would be overwritten", out.display());
         }
     }
-    let documents: Vec<&str> = content.split(separator.as_str()).filter(|d| !d.trim().is_empty()).collect();
+    let documents = split_documents(&content, &separator);
     if documents.is_empty() {
         bail!("--text {}: no text to tokenise ({} bytes, all blank)", a.text.display(), content.len());
     }
@@ -104,21 +104,50 @@ pub fn prepare(a: PrepareArgs, quiet: bool) -> Result<()> {
         write_token_file_u32(&val_out, &val)?;
         record.write_beside(&val_out)?;
     }
+    warn_unknown(&tokenizer, &a.tokenizer, &[&train, &val]);
     if !quiet {
         let (training, held) = documents.split_at(split);
         let tokenizer = format!("{}, vocab {}", tokenizer.describe(), tokenizer.vocab_size());
-        eprintln!("{}: {} -> {} tokens ({tokenizer})", a.out.display(), part_words(training), train.len());
+        let tokens = |n: usize| zerostream::words::counted(n as u64, "token");
+        eprintln!("{}: {} -> {} ({tokenizer})", a.out.display(), part_words(training), tokens(train.len()));
         if held_out > 0 {
             eprintln!(
-                "{}: held out {} -> {} tokens (train --val-data {})",
+                "{}: held out {} -> {} (train --val-data {})",
                 val_out.display(),
                 part_words(held),
-                val.len(),
+                tokens(val.len()),
                 val_out.display()
             );
         }
     }
     Ok(())
+}
+
+/// The documents of `content` between `separator`s, blank ones left out. A separator with line breaks
+/// matches them written as CRLF too (a Windows text's blank lines).
+fn split_documents<'a>(content: &'a str, separator: &str) -> Vec<&'a str> {
+    let crlf = separator.replace('\n', "\r\n");
+    let pieces: Vec<&str> = if crlf != separator && content.contains(crlf.as_str()) {
+        content.split(crlf.as_str()).flat_map(|piece| piece.split(separator)).collect()
+    } else {
+        content.split(separator).collect()
+    };
+    pieces.into_iter().filter(|d| !d.trim().is_empty()).collect()
+}
+
+/// Says (under --quiet too) how much of the text became the tokenizer's unknown token: words its
+/// vocabulary lacks, which a model can learn nothing about.
+fn warn_unknown(tokenizer: &TextTokenizer, spec: &str, parts: &[&[u32]]) {
+    let Some((token, id)) = tokenizer.unknown_token() else { return };
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let unknown = parts.iter().flat_map(|p| p.iter()).filter(|&&t| t == id).count();
+    if unknown > 0 {
+        eprintln!(
+            "warning: {unknown} of {total} tokens ({:.1}%) {} {token} (id {id}): text the vocabulary of --tokenizer {spec} lacks",
+            100.0 * unknown as f64 / total.max(1) as f64,
+            if unknown == 1 { "is" } else { "are" }
+        );
+    }
 }
 
 /// "2 documents, 29 bytes of text": a part of the split, by its own documents' bytes.
