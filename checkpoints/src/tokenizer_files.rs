@@ -116,6 +116,18 @@ impl DataTokenizer {
         Ok(())
     }
 
+    /// Whether two records name one tokenizer: the same kind, and for tokenizer.json the same JSON
+    /// (however it is spaced).
+    pub fn same_as(&self, other: &DataTokenizer) -> bool {
+        match (self, other) {
+            (DataTokenizer::Json(a), DataTokenizer::Json(b)) => {
+                a == b
+                    || matches!((serde_json::from_slice::<serde_json::Value>(a), serde_json::from_slice::<serde_json::Value>(b)), (Ok(x), Ok(y)) if x == y)
+            }
+            _ => self == other,
+        }
+    }
+
     /// `gpt2`, `bytes` or `tokenizer.json`.
     pub fn describe(&self) -> &'static str {
         match self {

@@ -95,6 +95,26 @@ fn prepare_tokenises_with_a_hugging_face_tokenizer_json() {
     assert!(!bad.status.success() && stderr(&bad).contains("nonesuch.json"), "{}", stderr(&bad));
 }
 
+/// Validation data prepared with another tokenizer than the training data is refused by both records.
+#[test]
+fn validation_data_of_another_tokenizer_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("t.txt");
+    std::fs::write(&text, "Something is rotten in the state of Denmark. ".repeat(40)).unwrap();
+    let (bpe, bytes) = (dir.path().join("bpe.bin"), dir.path().join("bytes.bin"));
+    for (out, tokenizer) in [(&bpe, "gpt2"), (&bytes, "bytes")] {
+        let run = zerostream(&["prepare", "--text", text.to_str().unwrap(), "--out", out.to_str().unwrap(), "--tokenizer", tokenizer]);
+        assert!(run.status.success(), "{}", stderr(&run));
+    }
+    let (d, v) = (bpe.to_str().unwrap(), bytes.to_str().unwrap());
+    let run = zerostream(&["train", "--device", "cpu", "--config", "gpt2", "--data", d, "--val-data", v, "--steps", "1", "--seq-len", "8"]);
+    let err = stderr(&run);
+    assert!(
+        !run.status.success() && err.contains("prepared with another tokenizer") && err.contains("bytes (") && err.contains("gpt2 ("),
+        "{err}"
+    );
+}
+
 #[test]
 fn prepare_splits_documents_and_holds_out_a_validation_file() {
     let dir = tempfile::tempdir().unwrap();

@@ -21,6 +21,7 @@ pub(super) fn open_data(options: &RunOptions, model: &Model, source: &ModelSourc
         Some(path) => {
             let v = TokenFile::open_with(path, options.data_dtype)?;
             v.check_vocab(model.vocab_size())?;
+            check_same_tokenizer(&tokens.path, path)?;
             Some(v)
         }
         None if options.data.is_none() => Some(Demo::get()?.val_tokens()),
@@ -39,6 +40,24 @@ pub(super) fn open_data(options: &RunOptions, model: &Model, source: &ModelSourc
         );
     }
     Ok((tokens, validation))
+}
+
+/// Refuses validation data prepared with another tokenizer than the training data (by the records
+/// `zerostream prepare` leaves beside each): a loss over other ids would mean nothing.
+fn check_same_tokenizer(data: &std::path::Path, val_data: &std::path::Path) -> Result<()> {
+    if let (Some(a), Some(b)) = (DataTokenizer::read_beside(data)?, DataTokenizer::read_beside(val_data)?)
+        && !a.same_as(&b)
+    {
+        let name = |t: &DataTokenizer, p: &std::path::Path| format!("{} ({})", t.describe(), DataTokenizer::sidecar(p).display());
+        bail!(
+            "--val-data {} was prepared with another tokenizer than --data {}: {} against {}; prepare both with one",
+            val_data.display(),
+            data.display(),
+            name(&b, val_data),
+            name(&a, data)
+        );
+    }
+    Ok(())
 }
 
 /// The micro-batches each validation reads: `--eval-batches`, or all `v` holds where that is fewer
