@@ -108,14 +108,17 @@ pub fn schedule_note(state: &TrainerState, tc: &TrainConfig) -> Option<String> {
     if planned_steps == tc.steps || tc.lr.schedule != super::LrSchedule::Cosine || is_finished(state, tc) {
         return None;
     }
+    // The first step whose rate moves: the next one, or the first after the warm-up (steps count from
+    // 0, as the metrics and the progress lines do).
+    let planned = super::LrPlan { total_steps: planned_steps, ..tc.lr };
+    let first = state.step.max(tc.lr.warmup_steps);
     Some(format!(
         "--steps {} (the checkpoint's run planned {planned_steps}): the cosine schedule now reaches --min-lr at step {} instead, \
-         so the learning rates from here on differ from the first run's plan (step {}: {:.4e}, planned {:.4e})",
+         so the learning rates from step {first} on differ from the first run's plan (step {first}: {:.4e}, planned {:.4e})",
         tc.steps,
-        tc.steps,
-        state.step + 1,
-        tc.lr.at(state.step),
-        state.next_lr
+        tc.steps - 1,
+        tc.lr.at(first),
+        planned.at(first)
     ))
 }
 
@@ -193,9 +196,14 @@ mod tests {
         let (now, planned) = (format!("{:.4e}", longer.lr.at(5)), format!("{:.4e}", lr.at(5)));
         assert_ne!(now, planned);
         assert!(
-            note.contains("--steps 40 (the checkpoint's run planned 10)") && note.contains(&format!("step 6: {now}, planned {planned}")),
+            note.contains("--steps 40 (the checkpoint's run planned 10)") && note.contains(&format!("step 5: {now}, planned {planned}")),
             "{note}"
         );
+        // Resumed inside the warm-up, the rates part where it ends.
+        let early = TrainerState { step: 1, ..st.clone() };
+        let note = schedule_note(&early, &longer).unwrap();
+        let part = format!("from step 2 on differ from the first run's plan (step 2: {:.4e}, planned {:.4e})", longer.lr.at(2), lr.at(2));
+        assert!(note.contains(&part), "{note}");
         assert_eq!(schedule_note(&st, &recorded), None, "the same steps");
         let constant = |tc: &TrainConfig| TrainConfig { lr: LrPlan { schedule: LrSchedule::Constant, ..tc.lr }, ..tc.clone() };
         assert_eq!(schedule_note(&state(&constant(&recorded), 1), &constant(&longer)), None, "no decay to move");
