@@ -353,6 +353,24 @@ fn flags_that_would_do_nothing_are_refused_or_said_to_be_ignored() {
     let out = zerostream(&["plan", "--device", "cpu", "--metrics", metrics.to_str().unwrap()]);
     assert!(out.status.success() && stderr(&out).contains("writes no files: --metrics ignored"), "{}", stderr(&out));
     assert!(!metrics.exists());
+    // train: a flag the resolved run leaves idle is named, once, with why.
+    let out = zerostream(&[
+        "train",
+        "--device",
+        "cpu",
+        "--steps",
+        "1",
+        "--batch-size",
+        "1",
+        "--seq-len",
+        "8",
+        "--sample-tokens",
+        "0",
+        "--momentum",
+        "0.5",
+    ]);
+    let said = stderr(&out);
+    assert!(out.status.success() && said.matches("--momentum does nothing here").count() == 1, "{said}");
     let help = zerostream(&["train", "--help"]);
     assert!(!String::from_utf8_lossy(&help.stdout).contains("--measure"), "train refuses --measure, so its help leaves it out");
     assert!(String::from_utf8_lossy(&zerostream(&["plan", "--help"]).stdout).contains("--measure"));

@@ -73,6 +73,11 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
     let world = mpi_world.or(req.ranks.world_size).unwrap_or(1);
     let finished_at = resume_from_checkpoint(&mut req, world)?;
     outputs::check_outputs(&req.options, req.config_file.as_deref(), req.tensorboard.as_deref())?;
+    if first_process() && req.options.progress {
+        for line in super::ignored::ignored_flags(&req.explicit_flags, &req.train, &req.options) {
+            eprintln!("note: {line}");
+        }
+    }
     if let (None, ModelChoice::Resume(dir), None) = (finished_at, &req.options.model, &req.options.checkpoints.dir)
         && first_process()
     {

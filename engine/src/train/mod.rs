@@ -23,6 +23,7 @@ pub mod demo;
 mod device_state;
 mod grad_exchange;
 mod host_init;
+pub mod ignored;
 pub mod launch;
 pub mod layout;
 pub mod outputs;

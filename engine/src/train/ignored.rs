@@ -1,0 +1,57 @@
+//! The flags a run was given that do nothing in it (a validation cadence without validation data, a
+//! LARS setting under AdamW): said at start-up, so a typo'd or misunderstood flag is not taken as in
+//! effect. Refusals stay with the settings that cannot train (`TrainConfig::check`).
+
+use std::collections::BTreeSet;
+
+use super::run::RunOptions;
+use super::{LrSchedule, Optimizer, TrainConfig};
+
+/// One line per flag in `explicit` (typed, by name) that this run, as resolved (a resume's settings
+/// merged), leaves without effect: the flag and why.
+pub fn ignored_flags(explicit: &BTreeSet<String>, train: &TrainConfig, options: &RunOptions) -> Vec<String> {
+    let no_validation = options.val_data.is_none() && options.data.is_some();
+    let optimizer = train.optimizer.name();
+    let rules: [(&str, bool, String); 10] = [
+        ("eval-every", no_validation, "without --val-data there is nothing to validate".into()),
+        ("eval-batches", no_validation, "without --val-data there is nothing to validate".into()),
+        (
+            "save-dtype",
+            options.save.is_none() && options.checkpoints.dir.is_none(),
+            "no model is written without --save or --checkpoint-dir".into(),
+        ),
+        ("prompt", options.sample_tokens == 0, "--sample-tokens 0 generates no sample".into()),
+        ("momentum", train.optimizer != Optimizer::Lars, format!("it is LARS's; --optimizer {optimizer} has none")),
+        ("trust-coefficient", train.optimizer != Optimizer::Lars, format!("it is LARS's; --optimizer {optimizer} has none")),
+        ("beta1", train.optimizer == Optimizer::Lars, "it is AdamW's and LAMB's; --optimizer lars has none".into()),
+        ("beta2", train.optimizer == Optimizer::Lars, "it is AdamW's and LAMB's; --optimizer lars has none".into()),
+        ("min-lr", train.lr.schedule == LrSchedule::Constant, "--lr-schedule constant never decays to it".into()),
+        ("nvme-dir", !train.uses_nvme(), "no state is on NVMe (--offload-optimizer, --offload-gradients or --offload-params nvme)".into()),
+    ];
+    rules
+        .into_iter()
+        .filter(|(flag, idle, _)| *idle && explicit.contains(*flag))
+        .map(|(flag, _, why)| format!("--{flag} does nothing here: {why}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::run::ModelChoice;
+
+    #[test]
+    fn idle_flags_are_named_only_when_given_and_idle() {
+        let options = RunOptions { data: Some("book.bin".into()), ..RunOptions::new(ModelChoice::Demo) };
+        let train = TrainConfig::default();
+        let given = |flags: &[&str]| flags.iter().map(|f| f.to_string()).collect::<BTreeSet<_>>();
+        let said = ignored_flags(&given(&["eval-every", "momentum", "beta1", "lr"]), &train, &options);
+        assert_eq!(said.len(), 2, "{said:?}");
+        assert!(said[0].starts_with("--eval-every does nothing here") && said[1].contains("--optimizer adamw has none"), "{said:?}");
+        // With validation data and LARS, those two are in effect and beta1 is not.
+        let options = RunOptions { val_data: Some("book.val.bin".into()), ..options };
+        let lars = TrainConfig { optimizer: Optimizer::Lars, ..train };
+        let said = ignored_flags(&given(&["eval-every", "momentum", "beta1"]), &lars, &options);
+        assert_eq!(said, ["--beta1 does nothing here: it is AdamW's and LAMB's; --optimizer lars has none"]);
+    }
+}
