@@ -97,9 +97,7 @@ pub fn micro_batches_to_read(
 /// model's size.
 pub fn evaluate<D: Backend>(dev: &D, model_dir: &Path, eval: &EvalData<'_>) -> Result<EvalReport> {
     let EvalData { path: data, dtype: data_dtype, batch, seq_len, batches, progress } = *eval;
-    if batch == 0 || seq_len == 0 || batches == 0 {
-        bail!("--batch-size, --seq-len and --batches must be positive");
-    }
+    crate::words::require_positive(&[("--batch-size", batch), ("--seq-len", seq_len), ("--batches", batches)])?;
     let hf = HfModel::open(model_dir)?;
     let model = Model::of_hf(&hf)?;
     let tokens = TokenFile::open_with(data, data_dtype)?;

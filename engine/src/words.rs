@@ -22,6 +22,14 @@ pub fn size(bytes: u64) -> String {
     if unit == "B" { format!("{bytes} B") } else { format!("{value:.1} {unit}") }
 }
 
+/// Refuses the first of `flags` (name, value) that is 0, by name: "--seq-len 0: must be at least 1".
+pub fn require_positive(flags: &[(&str, usize)]) -> anyhow::Result<()> {
+    match flags.iter().find(|(_, v)| *v == 0) {
+        Some((flag, _)) => anyhow::bail!("{flag} 0: must be at least 1"),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -29,6 +37,12 @@ mod tests {
         assert_eq!(super::counted(1u64, "step"), "1 step");
         assert_eq!(super::counted(0u64, "rank"), "0 ranks");
         assert_eq!(super::counted(3u32, "adapter"), "3 adapters");
+    }
+
+    #[test]
+    fn the_zero_flag_is_named() {
+        assert!(super::require_positive(&[("--a", 1), ("--b", 2)]).is_ok());
+        assert_eq!(super::require_positive(&[("--a", 1), ("--b", 0)]).unwrap_err().to_string(), "--b 0: must be at least 1");
     }
 
     #[test]

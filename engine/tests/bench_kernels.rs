@@ -112,4 +112,8 @@ fn bench_kernels_times_a_llama_steps_products() {
         assert!(r["gflops"].as_f64().is_some_and(|g| g.is_finite() && g > 0.0), "{r}");
     }
     assert!(lines.iter().all(|v| v.get("step_kernel_seconds").is_none()), "no step estimate from the products alone");
+    // A name that matches no kernel is refused with the list, not answered with an empty table.
+    let out = Command::new(env!("CARGO_BIN_EXE_zerostream")).args(["bench", "kernels", "--quick", "--only", "matmull"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("--only \"matmull\" matches no kernel (the kernels: matmul,"), "{stderr}");
 }

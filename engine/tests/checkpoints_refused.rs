@@ -82,7 +82,7 @@ fn flags_that_change_a_resumed_runs_meaning_are_refused_by_name() {
         (&["--lr-schedule", "constant"][..], "--lr-schedule constant differs from the checkpoint's cosine"),
         (&["--grad-accum", "3"][..], "micro-batches per step"),
         (&["--seed", "5"][..], "--seed 5 differs"),
-        (&["--dropout", "0.2"][..], "--dropout 0.2 differs from the checkpoint's (none)"),
+        (&["--dropout", "0.2"][..], "--dropout 0.2 differs from the checkpoint's (none: the model config's own rates)"),
         (&["--matmul-inputs", "f16"][..], "--matmul-inputs f16 differs from the checkpoint's f32"),
         (&["--adam-state", "bf16"][..], "--adam-state bf16 differs from the checkpoint's fp32"),
         (&["--config", "gpt2"][..], "is not the checkpoint's model"),

@@ -150,17 +150,22 @@ impl Model {
 
     /// One line for people: family and shape.
     pub fn describe(&self) -> String {
+        use crate::words::counted;
         match self {
             Model::Gpt2(c) => format!(
-                "GPT-2, {} layers, {} channels, {} heads, vocab {}, context {}",
-                c.n_layer, c.n_embd, c.n_head, c.vocab_size, c.n_positions
+                "GPT-2, {}, {} channels, {}, vocab {}, context {}",
+                counted(c.n_layer as u64, "layer"),
+                c.n_embd,
+                counted(c.n_head as u64, "head"),
+                c.vocab_size,
+                c.n_positions
             ),
             Model::Llama(c) => format!(
-                "Llama ({}), {} layers, {} hidden, {} heads ({} key/value) of {}, MLP {}, vocab {}, context {}{}{}",
+                "Llama ({}), {}, {} hidden, {} ({} key/value) of {}, MLP {}, vocab {}, context {}{}{}",
                 c.model_type,
-                c.num_hidden_layers,
+                counted(c.num_hidden_layers as u64, "layer"),
                 c.hidden_size,
-                c.num_attention_heads,
+                counted(c.num_attention_heads as u64, "head"),
                 c.num_key_value_heads,
                 c.head_dim,
                 c.intermediate_size,

@@ -255,9 +255,7 @@ impl TrainConfig {
     /// Refuses an empty micro-batch or step, or one of more micro-batches than [`MAX_GRAD_ACCUM`]
     /// (checked again by every trainer, whoever made its config).
     pub fn check_batch(&self) -> Result<()> {
-        if self.batch == 0 || self.seq_len == 0 || self.grad_accum == 0 {
-            bail!("--batch-size, --seq-len and --grad-accum must be positive");
-        }
+        crate::words::require_positive(&[("--batch-size", self.batch), ("--seq-len", self.seq_len), ("--grad-accum", self.grad_accum)])?;
         if self.grad_accum > MAX_GRAD_ACCUM {
             bail!("--grad-accum {}: at most {MAX_GRAD_ACCUM} micro-batches a step (raise --batch-size instead)", self.grad_accum);
         }

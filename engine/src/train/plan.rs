@@ -235,7 +235,7 @@ impl Placement {
         };
         format!(
             "placement: {} parameters{ranks} master weights + {} {} {:.1} MiB on {}; gradients {:.1} MiB on {}; working copy {:.1} MiB on {}{}{}\n\
-             device{}: head {:.1} MiB ({}) + {} block slots x {:.1} MiB + activations {:.1} MiB + other {:.1} MiB = {:.1} MiB (budget {})\n{}",
+             device{}: head {:.1} MiB ({}) + {} x {:.1} MiB + activations {:.1} MiB + other {:.1} MiB = {:.1} MiB (budget {})\n{}",
             self.params,
             self.adam_state.name(),
             self.optimizer.state_words(),
@@ -268,7 +268,7 @@ impl Placement {
             if self.world_size > 1 { " (each rank)" } else { "" },
             mib(self.device_head_bytes),
             if self.vocab_resident { "output projection resident" } else { "output projection streamed a vocabulary chunk at a time" },
-            self.block_slots,
+            crate::words::counted(self.block_slots as u64, "block slot"),
             mib(self.device_block_slot_bytes),
             mib(self.device_activation_bytes),
             mib(self.device_other_bytes),

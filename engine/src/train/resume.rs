@@ -49,6 +49,13 @@ pub fn merge(
         }
         let recorded = flags.get(name).or_else(|| recorded_or_default.get(name));
         if MEANING_FLAGS.contains(&name.as_str()) && recorded != Some(value) {
+            // A run without --dropout trained with its config's own rates, whatever they were.
+            let recorded = match (name.as_str(), recorded) {
+                ("dropout", Some(serde_json::Value::Null) | None) => {
+                    Some(&serde_json::Value::String("(none: the model config's own rates)".into()))
+                }
+                _ => recorded,
+            };
             bail!(
                 "--{name} {} differs from the checkpoint's {} ({}): it changes what the run computes, so a resumed run keeps it; \
                  leave --{name} out to use the checkpoint's",

@@ -381,9 +381,9 @@ fn describe_run<D: Backend>(
     let flag = |v: &serde_json::Value| v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
     let f = train.to_flags();
     say(format!(
-        "training: {} steps x {} micro-batches of {}x{} tokens{}; lr {} ({}, warmup {}, min {}), {}, weight decay {}, clip {}, {}{}{}{}{}",
-        train.steps,
-        train.grad_accum * world,
+        "training: {} x {} of {}x{} tokens{}; lr {} ({}, warmup {}, min {}), {}, weight decay {}, clip {}, {}{}{}{}{}",
+        crate::words::counted(train.steps, "step"),
+        crate::words::counted((train.grad_accum * world) as u64, "micro-batch"),
         train.batch,
         train.seq_len,
         if world > 1 { format!(" ({} per rank)", train.grad_accum) } else { String::new() },

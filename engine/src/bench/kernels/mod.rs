@@ -206,10 +206,29 @@ pub struct KernelBenchReport {
     pub steps: Vec<StepEstimate>,
 }
 
+/// The kernels `bench kernels` times, by the names `--only` matches (a part of one names it).
+pub const KERNELS: &[&str] = &[
+    "matmul",
+    "matmul_coop_mma",
+    "attention",
+    "layernorm",
+    "gelu",
+    "residual",
+    "bias_backward",
+    "encoder",
+    "crossentropy",
+    "crossentropy_chunk_stats",
+    "crossentropy_chunk_grad",
+    "axpy",
+    "fill",
+    "cast",
+];
+
 /// Times every kernel at every model shape of `cfg`; `on_run` sees each row as it is measured.
 pub fn bench_kernels(dev: &GpuDevice, cfg: &KernelBenchConfig, mut on_run: impl FnMut(&KernelRun)) -> Result<KernelBenchReport> {
-    if cfg.batch == 0 || cfg.seq_len == 0 {
-        bail!("--batch-size and --seq-len must be positive");
+    crate::words::require_positive(&[("--batch-size", cfg.batch), ("--seq-len", cfg.seq_len)])?;
+    if let Some(o) = cfg.only.iter().find(|o| !KERNELS.iter().any(|k| k.contains(o.as_str()))) {
+        bail!("--only {o:?} matches no kernel (the kernels: {})", KERNELS.join(", "));
     }
     let models = cfg.models.iter().map(|m| Ok((m.clone(), model_shapes(m)?))).collect::<Result<Vec<_>>>()?;
     for (name, shapes) in &models {
@@ -315,6 +334,7 @@ fn f32_bytes(n: usize) -> f64 {
 
 impl Bench<'_> {
     fn wants(&self, kernel: &str) -> bool {
+        debug_assert!(KERNELS.contains(&kernel), "{kernel} is missing from KERNELS, which --only is checked against");
         self.cfg.only.is_empty() || self.cfg.only.iter().any(|o| kernel.contains(o.as_str()))
     }
 

@@ -1,7 +1,7 @@
 //! The tokens a run reads: the training data and the validation data (with how many of its
 //! micro-batches each validation reads, and the final one), and the tokenizer saved models carry.
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use zerostream_checkpoints::{DataTokenizer, TokenFile};
 
 use super::super::demo::Demo;
@@ -13,13 +13,13 @@ use crate::model::Model;
 /// checked against the model's vocabulary and, resuming, against the checkpoint's data.
 pub(super) fn open_data(options: &RunOptions, model: &Model, source: &ModelSource<'_>) -> Result<(TokenFile, Option<TokenFile>)> {
     let tokens = match &options.data {
-        Some(path) => TokenFile::open_with(path, options.data_dtype)?,
+        Some(path) => TokenFile::open_with(path, options.data_dtype).with_context(|| format!("--data {}", path.display()))?,
         None => Demo::get()?.train_tokens(),
     };
     tokens.check_vocab(model.vocab_size())?;
     let validation = match &options.val_data {
         Some(path) => {
-            let v = TokenFile::open_with(path, options.data_dtype)?;
+            let v = TokenFile::open_with(path, options.data_dtype).with_context(|| format!("--val-data {}", path.display()))?;
             v.check_vocab(model.vocab_size())?;
             check_same_tokenizer(&tokens.path, path)?;
             Some(v)
@@ -77,10 +77,10 @@ pub(super) fn final_validation<D: Backend>(
 ) -> Result<f64> {
     let loss = trainer.validation_loss(v, batches)?;
     say(format!(
-        "validation: loss {loss:.4} (perplexity {:.2}) after step {} on {} micro-batches of {}",
+        "validation: loss {loss:.4} (perplexity {:.1}) after step {} on {} of {}",
         loss.exp(),
         trainer.step,
-        batches,
+        crate::words::counted(batches as u64, "micro-batch"),
         v.path.display()
     ));
     Ok(loss)
