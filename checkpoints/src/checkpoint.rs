@@ -359,6 +359,16 @@ pub fn resolve_resume(path: &Path) -> Result<PathBuf> {
     }
 }
 
+/// The model directory `--model PATH` means: PATH itself, or — given a checkpoint root (no
+/// config.json of its own) — the checkpoint its `latest` names, whose model files `eval` and
+/// `generate` read as any Hugging Face directory's.
+pub fn model_dir(path: &Path) -> PathBuf {
+    if path.join("config.json").exists() {
+        return path.to_path_buf();
+    }
+    resolve_resume(path).ok().filter(|dir| dir.join("config.json").exists()).unwrap_or_else(|| path.to_path_buf())
+}
+
 /// Checks every file of a checkpoint against the manifest written with it: present, of the recorded
 /// size, and with the recorded CRC32. Names the first file that is not, and what is wrong with it.
 pub fn verify_files(dir: &Path, manifest: &BTreeMap<String, FileDigest>) -> Result<()> {

@@ -47,7 +47,8 @@ enum Command {
     },
     /// Mean loss of a model over the first micro-batches of a token file; prints one JSON line.
     Eval {
-        /// A Hugging Face model directory (GPT-2 or Llama): config.json and model.safetensors (or sharded).
+        /// A Hugging Face model directory (GPT-2 or Llama): config.json and model.safetensors (or sharded);
+        /// or a --checkpoint-dir, meaning the checkpoint its `latest` names.
         #[arg(long)]
         model: PathBuf,
         /// Token file: llm.c's formats (header with magic 20240520: uint16 tokens; 20240801: uint32) or raw
@@ -226,6 +227,8 @@ fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
                 eprintln!("device: {}", dev.describe());
             }
             let eval = zerostream::EvalData { path: &data, dtype: data_dtype, batch: batch_size, seq_len, batches, progress: !cli_quiet };
+            // A checkpoint root means its latest checkpoint's model.
+            let model = zerostream::checkpoints::checkpoint::model_dir(&model);
             let report = zerostream::eval::evaluate_on(&dev, &model, &eval)?;
             println!("{}", report.to_json(&dev.describe()));
             Ok(0)

@@ -15,7 +15,8 @@ use crate::DeviceArgs;
 
 #[derive(clap::Args)]
 pub struct GenerateArgs {
-    /// A Hugging Face model directory: `--save`'s output, a checkpoint's step-NNNNNNNN/, or a download.
+    /// A Hugging Face model directory: `--save`'s output, a checkpoint's step-NNNNNNNN/ (or the
+    /// --checkpoint-dir, meaning the checkpoint its `latest` names), or a download.
     #[arg(long)]
     model: PathBuf,
     /// Text to continue (tokenised with the model directory's tokenizer.json or vocab.json + merges.txt,
@@ -112,7 +113,9 @@ fn prompt_of(a: &GenerateArgs, model: &Model, text: Option<&Text>) -> Result<(Op
     Ok((prompt_text, prompt))
 }
 
-pub fn run(a: GenerateArgs, quiet: bool) -> Result<()> {
+pub fn run(mut a: GenerateArgs, quiet: bool) -> Result<()> {
+    // A checkpoint root means its latest checkpoint's model.
+    a.model = zerostream::checkpoints::checkpoint::model_dir(&a.model);
     // The flags first: a bad one is refused before the model loads or the prompt is printed.
     let sampling = Sampling { max_new_tokens: a.max_new_tokens, temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
     sampling.check()?;
