@@ -348,6 +348,11 @@ fn the_end_of_run_sample_runs_on_every_rank() {
     let out = zerostream(&[&args[..], &["--offload-optimizer", "nvme", "--nvme-dir", dir.path().to_str().unwrap()]].concat());
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stderr(&out).matches("sample (12 tokens").count(), 1, "{}", stderr(&out));
+    // The text is the run's result on stdout, once, and stays there under --quiet.
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.lines().filter(|l| !l.is_empty()).count() >= 1, "{text:?}");
+    let quiet = zerostream(&[&["--quiet"][..], &args[..5], &["--batch-size", "1", "--seq-len", "8", "--sample-tokens", "5"]].concat());
+    assert!(quiet.status.success() && !quiet.stdout.is_empty() && quiet.stderr.is_empty(), "{}", stderr(&quiet));
 }
 
 /// Whether a GPU adapter is there (a test that needs one fails under ZEROSTREAM_REQUIRE_GPU=1 without it).

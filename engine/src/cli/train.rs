@@ -467,6 +467,10 @@ pub fn train(a: TrainArgs, explicit: &BTreeSet<String>, resolved: &str, quiet: b
         Launched::AlreadyDone => return Ok(0),
         Launched::Ran { rank, summary } => (rank, summary),
     };
+    // The sample is the run's one text result: stdout, as generate's is.
+    if let Some(text) = &summary.sample {
+        println!("{text}");
+    }
     let Some(step) = summary.stopped_at else { return Ok(0) };
     if rank == 0 {
         match &summary.checkpoint {

@@ -457,6 +457,7 @@ fn sample_text<D: Backend>(
         return Ok(None);
     }
     let text = tok.decode(&[prompt, ids].concat());
-    say(format!("sample ({} tokens, temperature 0.8):\n{text}", options.sample_tokens));
+    // The text itself is the run's summary's: `zerostream train` prints it on stdout, under --quiet too.
+    say(format!("sample ({} tokens, temperature 0.8), on stdout", options.sample_tokens));
     Ok(Some(text))
 }
