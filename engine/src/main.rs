@@ -244,9 +244,14 @@ fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
             if out.is_dir() {
                 anyhow::bail!("-o {}: is a directory; give the SVG file's path (e.g. {})", out.display(), out.join("loss.svg").display());
             }
+            if out.extension().is_some_and(|e| !e.eq_ignore_ascii_case("svg")) {
+                anyhow::bail!("-o {}: plot writes SVG only; give a .svg path (or one without an extension)", out.display());
+            }
             let curves = metrics.iter().map(|m| zerostream::plot::read_metrics(m)).collect::<Result<Vec<_>>>()?;
             zerostream::plot::plot(&curves, &out)?;
-            eprintln!("plot: {} ({} run(s))", out.display(), curves.len());
+            if !cli_quiet {
+                eprintln!("plot: {} ({})", out.display(), zerostream::words::counted(curves.len() as u64, "run"));
+            }
             Ok(0)
         }
         Command::Prepare(args) => cli::prepare::prepare(args, cli_quiet).map(|()| 0),

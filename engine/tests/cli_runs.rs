@@ -179,6 +179,10 @@ fn plot_overlays_runs_and_never_overwrites_its_input() {
     let missing = dir.path().join("missing.jsonl");
     let out = zerostream(&["plot", missing.to_str().unwrap(), "-o", dir.path().join("new.svg").to_str().unwrap()]);
     assert!(!out.status.success() && stderr(&out).contains("missing.jsonl: No such file"), "{}", stderr(&out));
+    // Only SVG is drawn: a .png name is refused rather than filled with SVG.
+    let png = dir.path().join("cmp.png");
+    let out = zerostream(&["plot", &files[0], "-o", png.to_str().unwrap()]);
+    assert!(!out.status.success() && stderr(&out).contains("SVG only") && !png.exists(), "{}", stderr(&out));
 }
 
 #[test]
