@@ -303,8 +303,10 @@ fn benches_too_big_for_the_machine_are_refused_before_allocating() {
         (&["bench", "collectives", "--world-size", "100000"][..], "--world-size 100000"),
     ] {
         let err = stderr(&zerostream(args));
-        assert!(err.contains(flag) && (err.contains("at most") || err.contains("1 to 1024")), "{err}");
+        assert!(err.contains(flag) && (err.contains("at most") || err.contains("2 to 1024")), "{err}");
     }
+    let err = stderr(&zerostream(&["bench", "collectives", "--world-size", "1"]));
+    assert!(err.contains("--world-size 1: 2 to 1024") && err.contains("exchanges nothing"), "{err}");
     let err = stderr(&zerostream(&["bench", "collectives", "--world-size", "1000", "--sizes", "1GiB"]));
     assert!(err.contains("--world-size 1000") && err.contains("GiB of RAM"), "{err}");
     let err = stderr(&zerostream(&["bench", "collectives", "--sizes", "6"]));

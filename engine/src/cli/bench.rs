@@ -68,7 +68,7 @@ pub enum BenchCommand {
     /// beside a memcpy ceiling, or under mpirun (built with the mpi feature) beside MPI's own
     /// MPI_Allgather and MPI_Reduce_scatter_block on the same sizes.
     Collectives {
-        /// In-process ranks (ignored under mpirun, where the world is mpirun's -n).
+        /// In-process ranks, at least 2 (ignored under mpirun, where the world is mpirun's -n).
         #[arg(long, default_value_t = 2)]
         world_size: usize,
         /// Bytes of each rank's slice, comma-separated.

@@ -12,8 +12,8 @@ pub fn bench_collectives(world_size: usize, sizes: &[u64], reps: usize, codec: C
         bail!("--sizes {bad}: every slice must be a positive multiple of 4 bytes (whole f32 words)");
     }
     if launched <= 1 {
-        if world_size == 0 || world_size > zerostream_offload::MAX_THREADS {
-            bail!("--world-size {world_size}: 1 to {} in-process ranks", zerostream_offload::MAX_THREADS);
+        if world_size < 2 || world_size > zerostream_offload::MAX_THREADS {
+            bail!("--world-size {world_size}: 2 to {} in-process ranks (one rank exchanges nothing)", zerostream_offload::MAX_THREADS);
         }
         // Each in-process rank holds two world-sized buffers of the largest slice (the gathered copy
         // and the reduce-scatter's input), and a compressed exchange's gradient and residual besides.
@@ -45,7 +45,9 @@ pub fn bench_collectives(world_size: usize, sizes: &[u64], reps: usize, codec: C
     }
     println!("collectives: {transport}; GB/s per rank = bytes a rank receives from the others / time");
     for r in &runs {
-        let codec = if r.codec_seconds > 0.0 { format!(", of which coding {:.3} ms", 1e3 * r.codec_seconds) } else { String::new() };
+        // The coding time is the mean of every call's, the time beside it the best call's: not a part of it.
+        let codec =
+            if r.codec_seconds > 0.0 { format!("; coding {:.3} ms a call, on average", 1e3 * r.codec_seconds) } else { String::new() };
         println!(
             "{:<28} slice {:>8}: {:8.3} ms  {:7.2} GB/s per rank  ({} on the wire per rank{codec})",
             r.op,
