@@ -12,7 +12,7 @@ pub fn bench_collectives(world_size: usize, sizes: &[u64], reps: usize, codec: C
         bail!("--sizes {bad}: every slice must be a positive multiple of 4 bytes (whole f32 words)");
     }
     if launched <= 1 {
-        if world_size < 2 || world_size > zerostream_offload::MAX_THREADS {
+        if !(2..=zerostream_offload::MAX_THREADS).contains(&world_size) {
             bail!("--world-size {world_size}: 2 to {} in-process ranks (one rank exchanges nothing)", zerostream_offload::MAX_THREADS);
         }
         // Each in-process rank holds two world-sized buffers of the largest slice (the gathered copy
