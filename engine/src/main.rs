@@ -20,8 +20,10 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// Print only results, warnings and errors: no progress bar or progress lines, no run description
-    /// or summary (train, eval, generate and prepare; placed before or after the command). Without it,
-    /// progress is a bar on a terminal and one plain line per update elsewhere (a log file, a pipe).
+    /// or summary (train, eval, generate, prepare, plot, and selftest --json's text lines on stderr;
+    /// placed before or after the command; bench and tune, which are all progress, print theirs).
+    /// Without it, progress is a bar on a terminal and one plain line per update elsewhere (a log file,
+    /// a pipe).
     #[arg(long, global = true)]
     quiet: bool,
 }
@@ -256,7 +258,7 @@ fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
         }
         Command::Prepare(args) => cli::prepare::prepare(args, cli_quiet).map(|()| 0),
         Command::Generate(args) => cli::generate::run(*args, cli_quiet).map(|()| 0),
-        Command::Selftest(args) => cli::selftest::run(args),
+        Command::Selftest(args) => cli::selftest::run(args, cli_quiet),
     }
 }
 

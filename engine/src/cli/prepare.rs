@@ -105,6 +105,10 @@ pub fn prepare(a: PrepareArgs, quiet: bool) -> Result<()> {
         record.write_beside(&val_out)?;
     }
     warn_unknown(&tokenizer, &a.tokenizer, &[&train, &val]);
+    if held_out == 0 && val_out.exists() {
+        // Not removed (it may be wanted), but not left to be taken for this text's either.
+        eprintln!("note: {} is an earlier prepare's: this one holds nothing out (--val-fraction 0)", val_out.display());
+    }
     if !quiet {
         let (training, held) = documents.split_at(split);
         let tokenizer = format!("{}, vocab {}", tokenizer.describe(), tokenizer.vocab_size());

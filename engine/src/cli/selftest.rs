@@ -36,6 +36,8 @@ pub struct SelftestArgs {
 /// What the output has said so far, shared with the watchdog.
 struct Progress {
     json: bool,
+    /// `--quiet`: with --json, no text lines on stderr.
+    quiet: bool,
     device: String,
     /// What a check past its time says of the device: "the adapter may be hung" on a GPU.
     hung: &'static str,
@@ -58,7 +60,9 @@ impl Progress {
         }
         if self.json {
             println!("{}", r.to_json());
-            eprintln!("{}", r.line());
+            if !self.quiet {
+                eprintln!("{}", r.line());
+            }
         } else {
             println!("{}", r.line());
         }
@@ -113,16 +117,19 @@ fn watchdog(progress: Arc<Mutex<Progress>>, limit: Duration) {
 }
 
 /// Runs the self-test; returns the exit code (1 when a check failed).
-pub fn run(args: SelftestArgs) -> Result<i32> {
+pub fn run(args: SelftestArgs, quiet: bool) -> Result<i32> {
     let dev = device::open(args.device.device, args.device.adapter.as_deref(), None)?;
     let device = dev.describe();
     if args.json {
-        eprintln!("selftest on {device}");
+        if !quiet {
+            eprintln!("selftest on {device}");
+        }
     } else {
         println!("selftest on {device}");
     }
     let progress = Arc::new(Mutex::new(Progress {
         json: args.json,
+        quiet,
         device,
         hung: match dev {
             device::AnyDevice::Gpu(_) => "the adapter may be hung",
