@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-use super::run::{ModelChoice, RunOptions};
+use super::run::{ModelChoice, RunOptions, plot_path};
 
 /// Files a model directory `--save` may replace holds.
 pub const MODEL_FILES: &[&str] = &[
@@ -138,19 +138,7 @@ pub fn check_save_dir(save: &Path) -> Result<()> {
 /// Where the resolved configuration of a run with `--metrics METRICS` goes: `run.jsonl` ->
 /// `run.config.toml`, beside it.
 pub fn resolved_path(metrics: &Path) -> PathBuf {
-    beside(metrics, "config.toml")
-}
-
-/// The loss curves a run draws beside its metrics: `NAME.svg` for `NAME.jsonl`, so two runs' metrics in
-/// one folder keep a picture each.
-pub fn plot_path(metrics: &Path) -> PathBuf {
-    beside(metrics, "svg")
-}
-
-/// `NAME.{extension}` beside `NAME.EXT`.
-fn beside(metrics: &Path, extension: &str) -> PathBuf {
-    let stem = metrics.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-    metrics.with_file_name(format!("{stem}.{extension}"))
+    super::run::beside(metrics, "config.toml")
 }
 
 /// Writes `text` as the resolved configuration beside `metrics`, unless that path is the config file

@@ -331,12 +331,23 @@ fn number(v: f64) -> String {
     if v != 0.0 && !(1e-4..1e6).contains(&v.abs()) { format!("{v:e}") } else { format!("{v}") }
 }
 
-/// The curves beside the metrics ([`super::outputs::plot_path`]); a failure to draw them costs the
-/// picture, not the run.
+/// The loss curves a run draws beside its metrics: `NAME.svg` for `NAME.jsonl`, so two runs' metrics in
+/// one folder keep a picture each.
+pub fn plot_path(metrics: &std::path::Path) -> PathBuf {
+    beside(metrics, "svg")
+}
+
+/// `NAME.{extension}` beside the metrics file `NAME.EXT` (its plot, its resolved configuration).
+pub(crate) fn beside(metrics: &std::path::Path, extension: &str) -> PathBuf {
+    let stem = metrics.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    metrics.with_file_name(format!("{stem}.{extension}"))
+}
+
+/// The curves beside the metrics ([`plot_path`]); a failure to draw them costs the picture, not the run.
 fn plot_metrics(options: &RunOptions, say: &dyn Fn(String)) {
     #[cfg(feature = "plot")]
     if let Some(metrics) = &options.metrics {
-        let svg = super::outputs::plot_path(metrics);
+        let svg = plot_path(metrics);
         match crate::plot::read_metrics(metrics).and_then(|c| crate::plot::plot(&[c], &svg)) {
             Ok(()) => say(format!("plot: {}", svg.display())),
             // A warning, so said under --quiet too (`plot_metrics` runs on the lead rank only).
