@@ -114,21 +114,8 @@ impl CheckpointRoot {
             );
         }
         let (removed_leftovers, restored) = clean_up_interrupted_saves(dir)?;
+        let resumed_step = check_root_takes(dir, resumed_from)?;
         let held = list_checkpoints(dir)?;
-        let resumed_step = resumed_from.and_then(|c| step_in_root(dir, c));
-        if let (Some((first, _)), Some((last, _)), None) = (held.first(), held.last(), resumed_step) {
-            let what = if first == last { step_name(*first) } else { format!("{} to {}", step_name(*first), step_name(*last)) };
-            let came_from = match resumed_from {
-                Some(c) => format!("this run resumed from {}, not from one of them", c.display()),
-                None => "this run starts afresh".to_string(),
-            };
-            bail!(
-                "--checkpoint-dir {} already holds checkpoints ({what}) and {came_from}: continue that run with --resume {}, \
-                 or give this run a directory of its own (nothing there is replaced or removed)",
-                dir.display(),
-                dir.display()
-            );
-        }
         let left_behind = held.iter().map(|(s, _)| *s).filter(|s| resumed_step.is_some_and(|r| *s > r)).collect();
         Ok(CheckpointRoot {
             dir: dir.to_path_buf(),
@@ -302,12 +289,34 @@ fn parent_of(path: &Path) -> &Path {
     path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
 }
 
-/// The step of `checkpoint` where it is a `step-NNNNNNNN` directory directly under `root` (both
-/// paths resolved, so a relative and an absolute spelling agree).
+/// Refuses the root `dir` (if it exists) to a run not resumed from one of the checkpoints it holds:
+/// that run would replace and prune another run's. Returns the step resumed from where it is one of
+/// the root's. Read-only: checked before any work, and again by [`CheckpointRoot::open`] under the lock.
+pub fn check_root_takes(dir: &Path, resumed_from: Option<&Path>) -> Result<Option<u64>> {
+    let resumed_step = resumed_from.and_then(|c| step_in_root(dir, c));
+    let held = if dir.is_dir() { list_checkpoints(dir)? } else { Vec::new() };
+    if let (Some((first, _)), Some((last, _)), None) = (held.first(), held.last(), resumed_step) {
+        let what = if first == last { step_name(*first) } else { format!("{} to {}", step_name(*first), step_name(*last)) };
+        let came_from = match resumed_from {
+            Some(c) => format!("this run resumed from {}, not from one of them", c.display()),
+            None => "this run starts afresh".to_string(),
+        };
+        bail!(
+            "--checkpoint-dir {} already holds checkpoints ({what}) and {came_from}: continue that run with --resume {}, \
+             or give this run a directory of its own (nothing there is replaced or removed)",
+            dir.display(),
+            dir.display()
+        );
+    }
+    Ok(resumed_step)
+}
+
+/// The step of `checkpoint` where it is a `step-NNNNNNNN` directory directly under `root`, both paths
+/// resolved first (a relative and an absolute spelling agree; a link to a step directory is the step's).
 fn step_in_root(root: &Path, checkpoint: &Path) -> Option<u64> {
-    let step = parse_step_name(checkpoint.file_name()?.to_str()?)?;
-    let parent = checkpoint.canonicalize().ok()?.parent()?.to_path_buf();
-    (parent == root.canonicalize().ok()?).then_some(step)
+    let resolved = checkpoint.canonicalize().ok()?;
+    let step = parse_step_name(resolved.file_name()?.to_str()?)?;
+    (resolved.parent()? == root.canonicalize().ok()?).then_some(step)
 }
 
 /// `.step-NNNNNNNN.partial` under `root`.

@@ -1,10 +1,15 @@
 //! How messages write counts and sizes: "1 step", "2 steps", never "1 steps" or "step(s)"; "512 B",
 //! "3.5 MiB", never "0.0 MiB".
 
-/// `n` and the noun, plural (with an `s`) unless `n` is 1.
+/// `n` and the noun, plural unless `n` is 1 (`-es` after s, x, ch and sh: "micro-batches").
 pub fn counted(n: impl Into<u64>, noun: &str) -> String {
     let n = n.into();
-    if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") }
+    let es = ["s", "x", "ch", "sh"].iter().any(|end| noun.ends_with(end));
+    match n {
+        1 => format!("1 {noun}"),
+        _ if es => format!("{n} {noun}es"),
+        _ => format!("{n} {noun}s"),
+    }
 }
 
 /// `bytes` in the largest binary unit that leaves at least 1 of it, one decimal (whole bytes below 1 KiB).
@@ -37,6 +42,8 @@ mod tests {
         assert_eq!(super::counted(1u64, "step"), "1 step");
         assert_eq!(super::counted(0u64, "rank"), "0 ranks");
         assert_eq!(super::counted(3u32, "adapter"), "3 adapters");
+        assert_eq!(super::counted(4u32, "micro-batch"), "4 micro-batches");
+        assert_eq!(super::counted(1u32, "micro-batch"), "1 micro-batch");
     }
 
     #[test]

@@ -122,9 +122,11 @@ fn a_checkpoint_dir_of_another_run_is_refused_and_a_resume_from_an_older_step_wa
     let before = checkpoints_in(&ck);
     assert_eq!(before.len(), 2, "--keep-checkpoints 2");
     // The same command again, without --resume: it would replace and prune the first run's checkpoints.
-    let again = zerostream(&demo_args(&ck, 3));
+    let metrics = dir.path().join("m.jsonl");
+    let again = zerostream(&[demo_args(&ck, 3), strings(&["--metrics", metrics.to_str().unwrap()])].concat());
     let said = stderr(&again);
     assert!(!again.status.success(), "{said}");
+    assert!(!dir.path().join("m.config.toml").exists() && !said.contains("placement:"), "refused before any work: {said}");
     assert!(said.contains("already holds checkpoints (step-00000002 to step-00000003)") && said.contains("--resume"), "{said}");
     assert_eq!(checkpoints_in(&ck), before, "nothing replaced or removed");
     // Resumed from the older of the two, the run says it replaces the later one when it saves that step.

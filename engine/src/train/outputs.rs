@@ -89,6 +89,14 @@ pub fn check_outputs(options: &RunOptions, config_file: Option<&Path>, tensorboa
     if let Some(save) = &options.save {
         check_save_dir(save)?;
     }
+    // Before the resolved configuration is written beside the metrics, or anything else is done.
+    if let Some(dir) = &options.checkpoints.dir {
+        let resumed_from = match &options.model {
+            ModelChoice::Resume(checkpoint) => Some(checkpoint.as_path()),
+            _ => None,
+        };
+        zerostream_checkpoints::checkpoint::check_root_takes(dir, resumed_from)?;
+    }
     // The metrics file is opened after the state is built, which can take minutes on NVMe.
     if let Some(metrics) = &options.metrics
         && metrics.is_dir()

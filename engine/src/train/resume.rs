@@ -115,10 +115,10 @@ pub fn schedule_note(state: &TrainerState, tc: &TrainConfig) -> Option<String> {
     if planned_steps == tc.steps || tc.lr.schedule != super::LrSchedule::Cosine || is_finished(state, tc) {
         return None;
     }
-    // The first step whose rate moves: the next one, or the first after the warm-up (steps count from
-    // 0, as the metrics and the progress lines do).
+    // The first step whose rate moves: the next one, or the first after the warm-up's last, whose rate
+    // is the peak in both plans (steps count from 0, as the metrics and the progress lines do).
     let planned = super::LrPlan { total_steps: planned_steps, ..tc.lr };
-    let first = state.step.max(tc.lr.warmup_steps);
+    let first = state.step.max(tc.lr.warmup_steps + 1);
     Some(format!(
         "--steps {} (the checkpoint's run planned {planned_steps}): the cosine schedule now reaches --min-lr at step {} instead, \
          so the learning rates from step {first} on differ from the first run's plan (step {first}: {:.4e}, planned {:.4e})",
@@ -209,8 +209,9 @@ mod tests {
         // Resumed inside the warm-up, the rates part where it ends.
         let early = TrainerState { step: 1, ..st.clone() };
         let note = schedule_note(&early, &longer).unwrap();
-        let part = format!("from step 2 on differ from the first run's plan (step 2: {:.4e}, planned {:.4e})", longer.lr.at(2), lr.at(2));
+        let part = format!("from step 3 on differ from the first run's plan (step 3: {:.4e}, planned {:.4e})", longer.lr.at(3), lr.at(3));
         assert!(note.contains(&part), "{note}");
+        assert_ne!(format!("{:.4e}", longer.lr.at(3)), format!("{:.4e}", lr.at(3)), "the step named is one whose rate moved");
         assert_eq!(schedule_note(&st, &recorded), None, "the same steps");
         let constant = |tc: &TrainConfig| TrainConfig { lr: LrPlan { schedule: LrSchedule::Constant, ..tc.lr }, ..tc.clone() };
         assert_eq!(schedule_note(&state(&constant(&recorded), 1), &constant(&longer)), None, "no decay to move");
