@@ -149,13 +149,16 @@ fn main() {
                 .collect()
         })
         .unwrap_or_default();
+    // Of those, the ones whose value is not their default: the resolved copy a run is repeated from
+    // lists every flag, and only a value someone chose is worth a note that it does nothing.
+    let changed: BTreeSet<String> = matches.subcommand().map(|(name, sub)| changed_flags(name, sub, &explicit)).unwrap_or_default();
     // `train`'s flags as resolved (file, command line, defaults), for the copy beside its metrics.
     let resolved = matches
         .subcommand()
         .filter(|(name, _)| *name == "train")
         .map(|(name, sub)| cli::config_file::resolved(Cli::command().find_subcommand(name).expect("train"), sub))
         .unwrap_or_default();
-    match run(cli, &explicit, &resolved) {
+    match run(cli, &Given { explicit, changed }, &resolved) {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -219,7 +222,31 @@ fn parse_args() -> Result<clap::ArgMatches> {
 }
 
 /// Runs a subcommand; returns the exit code (non-zero when training was stopped by a signal).
-fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
+/// The flags of `explicit` whose values differ from their defaults (a flag without a default counts).
+fn changed_flags(name: &str, sub: &clap::ArgMatches, explicit: &BTreeSet<String>) -> BTreeSet<String> {
+    let command = Cli::command();
+    let Some(sub_command) = command.find_subcommand(name) else { return explicit.clone() };
+    let text = |v: &std::ffi::OsStr| v.to_string_lossy().into_owned();
+    explicit
+        .iter()
+        .filter(|flag| {
+            let id = flag.replace('-', "_");
+            let Some(arg) = sub_command.get_arguments().find(|a| a.get_id().as_str() == id) else { return true };
+            let defaults: Vec<String> = arg.get_default_values().iter().map(|v| text(v)).collect();
+            let given: Vec<String> = sub.get_raw(&id).map(|values| values.map(text).collect()).unwrap_or_default();
+            defaults.is_empty() || given != defaults
+        })
+        .cloned()
+        .collect()
+}
+
+/// The flags given: typed (on the command line or in a --config-file) and, of those, not at their defaults.
+pub(crate) struct Given {
+    pub(crate) explicit: BTreeSet<String>,
+    pub(crate) changed: BTreeSet<String>,
+}
+
+fn run(cli: Cli, given: &Given, resolved: &str) -> Result<i32> {
     let cli_quiet = cli.quiet;
     match cli.command {
         Command::Devices { json } => print_devices(json),
@@ -235,8 +262,8 @@ fn run(cli: Cli, explicit: &BTreeSet<String>, resolved: &str) -> Result<i32> {
             println!("{}", report.to_json(&dev.describe()));
             Ok(0)
         }
-        Command::Train(args) => cli::train::train(*args, explicit, resolved, cli_quiet),
-        Command::Plan(args) => cli::train::plan(*args, explicit).map(|()| 0),
+        Command::Train(args) => cli::train::train(*args, given, resolved, cli_quiet),
+        Command::Plan(args) => cli::train::plan(*args, given).map(|()| 0),
         Command::Bench(b) => cli::bench::run(b).map(|()| 0),
         Command::Tune(args) => cli::tune::run(*args),
         Command::Plot { metrics, out } => {

@@ -371,6 +371,29 @@ fn flags_that_would_do_nothing_are_refused_or_said_to_be_ignored() {
     ]);
     let said = stderr(&out);
     assert!(out.status.success() && said.matches("--momentum does nothing here").count() == 1, "{said}");
+    // A run repeated from its resolved configuration (every flag, defaults too) gets no such note.
+    let metrics = dir.path().join("r.jsonl");
+    let m = metrics.to_str().unwrap();
+    let out = zerostream(&[
+        "train",
+        "--device",
+        "cpu",
+        "--steps",
+        "1",
+        "--batch-size",
+        "1",
+        "--seq-len",
+        "8",
+        "--sample-tokens",
+        "0",
+        "--metrics",
+        m,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let resolved = dir.path().join("r.config.toml");
+    let again =
+        zerostream(&["train", "--config-file", resolved.to_str().unwrap(), "--metrics", dir.path().join("r2.jsonl").to_str().unwrap()]);
+    assert!(again.status.success() && !stderr(&again).contains("does nothing here"), "{}", stderr(&again));
     let help = zerostream(&["train", "--help"]);
     assert!(!String::from_utf8_lossy(&help.stdout).contains("--measure"), "train refuses --measure, so its help leaves it out");
     assert!(String::from_utf8_lossy(&zerostream(&["plan", "--help"]).stdout).contains("--measure"));

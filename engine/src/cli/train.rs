@@ -2,7 +2,6 @@
 //! the library once ([`zerostream::train::launch`] checks and runs it), SIGINT/SIGTERM, the exit code;
 //! and where the first run (no arguments at all) keeps its files.
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -453,11 +452,12 @@ fn listed_dir(text: &str) -> Result<PathBuf, String> {
 /// `zerostream train`: the flags resolved into one request, handed to the library once; then the exit
 /// code, with a line saying how to continue a run a signal stopped (rank 0's).
 /// `quiet`: no progress, description or summary (warnings and errors still print).
-pub fn train(a: TrainArgs, explicit: &BTreeSet<String>, resolved: &str, quiet: bool) -> Result<i32> {
+pub fn train(a: TrainArgs, given: &crate::Given, resolved: &str, quiet: bool) -> Result<i32> {
+    let explicit = &given.explicit;
     if a.measure.is_some() {
         bail!("--measure is plan's: `zerostream plan --measure [DIR] ...` with the same flags predicts this run's step time");
     }
-    let mut request = resolve_train(&a, true, explicit, resolved)?;
+    let mut request = resolve_train(&a, true, given, resolved)?;
     request.options.progress = !quiet;
     if explicit.is_empty() {
         keep_first_run_files(&mut request.options)?;
@@ -484,11 +484,11 @@ pub fn train(a: TrainArgs, explicit: &BTreeSet<String>, resolved: &str, quiet: b
 }
 
 /// `zerostream plan`: the placement `train` would use with the same flags.
-pub fn plan(a: TrainArgs, explicit: &BTreeSet<String>) -> Result<()> {
-    let request = resolve_train(&a, false, explicit, "")?;
+pub fn plan(a: TrainArgs, given: &crate::Given) -> Result<()> {
+    let request = resolve_train(&a, false, given, "")?;
     // Taken with the rest of a train command line, but plan trains nothing: say so rather than ignore them unsaid.
     let train_only = ["save", "save-dtype", "metrics", "trace", "tensorboard", "checkpoint-dir", "checkpoint-every", "keep-checkpoints"];
-    let ignored: Vec<String> = train_only.iter().filter(|f| explicit.contains(**f)).map(|f| format!("--{f}")).collect();
+    let ignored: Vec<String> = train_only.iter().filter(|f| given.changed.contains(**f)).map(|f| format!("--{f}")).collect();
     if !ignored.is_empty() {
         eprintln!("note: plan trains nothing and writes no files: {} ignored", ignored.join(", "));
     }

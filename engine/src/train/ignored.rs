@@ -7,9 +7,9 @@ use std::collections::BTreeSet;
 use super::run::RunOptions;
 use super::{LrSchedule, Optimizer, TrainConfig};
 
-/// One line per flag in `explicit` (typed, by name) that this run, as resolved (a resume's settings
-/// merged), leaves without effect: the flag and why.
-pub fn ignored_flags(explicit: &BTreeSet<String>, train: &TrainConfig, options: &RunOptions) -> Vec<String> {
+/// One line per flag in `changed` (given at other than its default, by name) that this run, as
+/// resolved (a resume's settings merged), leaves without effect: the flag and why.
+pub fn ignored_flags(changed: &BTreeSet<String>, train: &TrainConfig, options: &RunOptions) -> Vec<String> {
     let no_validation = options.val_data.is_none() && options.data.is_some();
     let optimizer = train.optimizer.name();
     let rules: [(&str, bool, String); 10] = [
@@ -17,7 +17,7 @@ pub fn ignored_flags(explicit: &BTreeSet<String>, train: &TrainConfig, options: 
         ("eval-batches", no_validation, "without --val-data there is nothing to validate".into()),
         (
             "save-dtype",
-            options.save.is_none() && options.checkpoints.dir.is_none(),
+            options.save_dtype.is_some() && options.save.is_none() && options.checkpoints.dir.is_none(),
             "no model is written without --save or --checkpoint-dir".into(),
         ),
         ("prompt", options.sample_tokens == 0, "--sample-tokens 0 generates no sample".into()),
@@ -26,11 +26,15 @@ pub fn ignored_flags(explicit: &BTreeSet<String>, train: &TrainConfig, options: 
         ("beta1", train.optimizer == Optimizer::Lars, "it is AdamW's and LAMB's; --optimizer lars has none".into()),
         ("beta2", train.optimizer == Optimizer::Lars, "it is AdamW's and LAMB's; --optimizer lars has none".into()),
         ("min-lr", train.lr.schedule == LrSchedule::Constant, "--lr-schedule constant never decays to it".into()),
-        ("nvme-dir", !train.uses_nvme(), "no state is on NVMe (--offload-optimizer, --offload-gradients or --offload-params nvme)".into()),
+        (
+            "nvme-dir",
+            !train.nvme_dirs.is_empty() && !train.uses_nvme(),
+            "no state is on NVMe (--offload-optimizer, --offload-gradients or --offload-params nvme)".into(),
+        ),
     ];
     rules
         .into_iter()
-        .filter(|(flag, idle, _)| *idle && explicit.contains(*flag))
+        .filter(|(flag, idle, _)| *idle && changed.contains(*flag))
         .map(|(flag, _, why)| format!("--{flag} does nothing here: {why}"))
         .collect()
 }

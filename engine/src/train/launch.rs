@@ -35,6 +35,8 @@ pub struct RunRequest {
     /// The flags the user gave (by long name, from the command line or a config file): a resumed run
     /// takes every other setting from its checkpoint.
     pub explicit_flags: BTreeSet<String>,
+    /// Of those, the ones not at their defaults: [`super::ignored::ignored_flags`] names the idle ones.
+    pub changed_flags: BTreeSet<String>,
     /// `--params-ram-cache auto`: `train.params_ram_cache_bytes` is sized here from the RAM available.
     pub params_ram_cache_auto: bool,
     /// With `--resume`, the `--model` or `--config` also given (flag, model): it must be the checkpoint's.
@@ -74,7 +76,7 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
     let finished_at = resume_from_checkpoint(&mut req, world)?;
     outputs::check_outputs(&req.options, req.config_file.as_deref(), req.tensorboard.as_deref())?;
     if first_process() && req.options.progress {
-        for line in super::ignored::ignored_flags(&req.explicit_flags, &req.train, &req.options) {
+        for line in super::ignored::ignored_flags(&req.changed_flags, &req.train, &req.options) {
             eprintln!("note: {line}");
         }
     }

@@ -1,8 +1,6 @@
 //! `train`'s and `plan`'s flags resolved into the [`RunRequest`] the library checks and runs: which model,
 //! the training configuration, the run's options and its ranks.
 
-use std::collections::BTreeSet;
-
 use anyhow::{Result, bail};
 use zerostream::train::launch::{RankRequest, RunRequest};
 use zerostream::train::ranks::RankDevice;
@@ -15,7 +13,7 @@ use super::{OffloadTarget, RamCache, TrainArgs};
 /// The run `train` would make of these flags, for the library to check and run: the flags' values
 /// as they are, no file read. `plan` needs no data (`needs_data` false). `resolved` is every flag's
 /// value as TOML (the copy beside the metrics).
-pub(super) fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet<String>, resolved: &str) -> Result<RunRequest> {
+pub(super) fn resolve_train(a: &TrainArgs, needs_data: bool, given: &crate::Given, resolved: &str) -> Result<RunRequest> {
     let (model, named_model) = model_choice(a, needs_data)?;
     let train = train_config(a);
     let options = run_options(a, model)?;
@@ -24,7 +22,8 @@ pub(super) fn resolve_train(a: &TrainArgs, needs_data: bool, explicit: &BTreeSet
         options,
         train,
         ranks: RankRequest { world_size: a.world_size, devices, device: a.device.device, adapter: a.device.adapter.clone() },
-        explicit_flags: explicit.clone(),
+        explicit_flags: given.explicit.clone(),
+        changed_flags: given.changed.clone(),
         params_ram_cache_auto: matches!(a.params_ram_cache, RamCache::Auto),
         named_model,
         resolved_config: resolved.to_string(),
