@@ -260,8 +260,6 @@ impl TextTokenizer {
     }
 }
 
-/// A tokenizer for a model directory holding `vocab.json` and `merges.txt` (a byte-level BPE such as
-/// GPT-2's), built the way transformers' GPT2TokenizerFast builds it.
 /// Why `path` did not load as a tokenizer, in words: the tokenizers crate's parse error alone reads as
 /// a syntax error even for well-formed JSON of another kind (a config.json given by mistake).
 fn why_not_a_tokenizer(path: &Path, error: &str) -> String {
@@ -277,6 +275,8 @@ fn why_not_a_tokenizer(path: &Path, error: &str) -> String {
     }
 }
 
+/// A tokenizer for a model directory holding `vocab.json` and `merges.txt` (a byte-level BPE such as
+/// GPT-2's), built the way transformers' GPT2TokenizerFast builds it.
 pub fn byte_level_bpe_from_files(vocab: &Path, merges: &Path) -> Result<tokenizers::Tokenizer> {
     use tokenizers::models::bpe::BPE;
     use tokenizers::pre_tokenizers::byte_level::ByteLevel;

@@ -27,14 +27,14 @@ fn sigkill_at_random_instants_loses_nothing_with_the_state_on_nvme_through_the_t
     });
 }
 
-/// `kills_wanted` SIGKILLs of the demo run checkpointing into `ck` (with the flags `extra(ck)`) and
-/// resumes, against one uninterrupted run.
 /// Whether `ck` holds a complete checkpoint: a kill between the first checkpoint's move into place and
 /// `latest` leaves one that a fresh run would be refused over.
 fn holds_a_checkpoint(ck: &Path) -> bool {
     ck.is_dir() && !zerostream::checkpoints::checkpoint::list_checkpoints(ck).unwrap().is_empty()
 }
 
+/// `kills_wanted` SIGKILLs of the demo run checkpointing into `ck` (with the flags `extra(ck)`) and
+/// resumes, against one uninterrupted run.
 fn sigkill_and_resume(kills_wanted: usize, extra: impl Fn(&Path) -> Vec<String>) {
     const STEPS: u64 = 16;
     let demo_args = |ck: &Path, steps: u64| {

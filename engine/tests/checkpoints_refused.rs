@@ -134,7 +134,7 @@ fn a_checkpoint_dir_of_another_run_is_refused_and_a_resume_from_an_older_step_wa
     args.extend(strings(&["--resume", ck.join("step-00000002").to_str().unwrap()]));
     let out = zerostream(&args);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(stderr(&out).contains("also holds the checkpoint of step 3 from the run that went on"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("also holds the checkpoint of step 3, later than the step resumed from"), "{}", stderr(&out));
     // The root stands for its latest checkpoint's model where a model directory is asked for.
     let ck = ck.to_str().unwrap();
     let out = zerostream(&["generate", "--device", "cpu", "--model", ck, "--prompt-tokens", "1", "--max-new-tokens", "2", "--json"]);

@@ -316,7 +316,9 @@ pub struct TrainArgs {
     /// cpu. Not carried over by --resume: each run's own command line says.
     #[arg(long)]
     copy_queue: bool,
-    /// Write one JSON object per optimizer step to this file.
+    /// Write one JSON object per optimizer step to this file (and one for the validation after the last
+    /// step, where there is validation data); beside it the loss curves, NAME.svg, and the resolved
+    /// configuration, NAME.config.toml.
     #[arg(long)]
     metrics: Option<PathBuf>,
     /// Write a timeline of the steps to this file (replaced if it exists), in the Chrome trace format:
@@ -342,7 +344,7 @@ pub struct TrainArgs {
     #[arg(long, value_enum)]
     save_dtype: Option<SaveDtype>,
     /// Write checkpoints under this directory (created if missing): step-NNNNNNNN/ with the model, every
-    /// rank's optimizer state and the trainer state, written crash-safe; `latest` names the newest. One
+    /// rank's optimizer state and the trainer state, written crash-safe; `latest` names the last saved. One
     /// is always written at the end and when SIGINT/SIGTERM stops the run. A directory already holding
     /// checkpoints takes only a run resumed from one of them (--resume DIR): a fresh run is refused there.
     #[arg(long)]
@@ -469,6 +471,9 @@ pub fn train(a: TrainArgs, given: &crate::Given, resolved: &str, quiet: bool) ->
     };
     // The sample is the run's one text result: stdout, as generate's is.
     if let Some(text) = &summary.sample {
+        if !quiet {
+            eprintln!("sample, on stdout:");
+        }
         println!("{text}");
     }
     let Some(step) = summary.stopped_at else { return Ok(0) };

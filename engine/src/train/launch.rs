@@ -187,7 +187,7 @@ fn resume_from_checkpoint(req: &mut RunRequest, world: usize) -> Result<Option<u
         check_named_model(flag, given, &dir)?;
     }
     req.train = resume::merge(&dir, &state, &req.train, &req.explicit_flags, req.options.seed, world)?;
-    if let Some(note) = resume::schedule_note(&state, &req.train).filter(|_| first_process()) {
+    if let Some(note) = resume::schedule_note(&state, &req.train).filter(|_| first_process() && req.options.progress) {
         eprintln!("note: {note}");
     }
     req.options.seed = state.seed;

@@ -32,7 +32,7 @@ impl Progress {
                     .expect("a valid template"),
             );
             bar.set_position(position);
-            if show {
+            if !bar.is_hidden() {
                 *DRAWN.lock().unwrap_or_else(|e| e.into_inner()) = Some(bar.clone());
             }
             Progress { bar }
@@ -81,7 +81,10 @@ impl Progress {
 impl Drop for Progress {
     /// However the step loop ends, later lines are printed plainly.
     fn drop(&mut self) {
+        // Only the bar this one drew: another rank's hidden bar must not clear the lead's.
         #[cfg(feature = "progress")]
-        DRAWN.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if !self.bar.is_hidden() {
+            DRAWN.lock().unwrap_or_else(|e| e.into_inner()).take();
+        }
     }
 }

@@ -295,8 +295,8 @@ fn checkpoint_root(say: &dyn Fn(String), options: &RunOptions, lead: bool) -> Re
         };
         // A warning, so said under --quiet too: saving one of those steps replaces the earlier run's copy.
         eprintln!(
-            "warning: {} also holds {which} from the run that went on past the step resumed from: this run replaces each step \
-             it saves again; --keep-checkpoints counts and removes only this run's line",
+            "warning: {} also holds {which}, later than the step resumed from: this run replaces each step it saves again; \
+             --keep-checkpoints counts and removes only this run's line",
             dir.display(),
         );
     }
@@ -469,6 +469,6 @@ fn sample_text<D: Backend>(
     }
     let text = tok.decode(&[prompt, ids].concat());
     // The text itself is the run's summary's: `zerostream train` prints it on stdout, under --quiet too.
-    say(format!("sample ({} tokens, temperature 0.8), on stdout", options.sample_tokens));
+    say(format!("sample ({} tokens, temperature 0.8) done", options.sample_tokens));
     Ok(Some(text))
 }
