@@ -370,12 +370,16 @@ pub fn resolve_resume(path: &Path) -> Result<PathBuf> {
 
 /// The model directory `--model PATH` means: PATH itself, or — given a checkpoint root (no
 /// config.json of its own) — the checkpoint its `latest` names, whose model files `eval` and
-/// `generate` read as any Hugging Face directory's.
-pub fn model_dir(path: &Path) -> PathBuf {
-    if path.join("config.json").exists() {
-        return path.to_path_buf();
+/// `generate` read as any Hugging Face directory's. A root whose `latest` is broken is refused with
+/// what is wrong with it; any other path is given back for the model's reader to name what it lacks.
+pub fn model_dir(path: &Path) -> Result<PathBuf> {
+    if path.join("config.json").exists() || !path.is_dir() {
+        return Ok(path.to_path_buf());
     }
-    resolve_resume(path).ok().filter(|dir| dir.join("config.json").exists()).unwrap_or_else(|| path.to_path_buf())
+    if !path.join(LATEST).exists() && list_checkpoints(path)?.is_empty() {
+        return Ok(path.to_path_buf());
+    }
+    resolve_resume(path).with_context(|| format!("--model {}: a checkpoint directory", path.display()))
 }
 
 /// Checks every file of a checkpoint against the manifest written with it: present, of the recorded
@@ -450,6 +454,22 @@ mod tests {
         let cwd = std::env::current_dir().unwrap();
         let relative = pathdiff(&dir.path().join("step-00000004"), &cwd);
         CheckpointRoot::open(dir.path(), Some(&relative)).unwrap();
+    }
+
+    #[test]
+    fn a_model_path_that_is_a_root_means_its_latest_and_a_broken_latest_is_said() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = CheckpointRoot::open(dir.path(), None).unwrap();
+        let step = fake_checkpoint(&root, 3, "three");
+        std::fs::write(step.join("config.json"), "{}").unwrap();
+        assert_eq!(model_dir(dir.path()).unwrap(), step);
+        assert_eq!(model_dir(&step).unwrap(), step);
+        // Not a root: given back for the model's reader to refuse.
+        let plain = tempfile::tempdir().unwrap();
+        assert_eq!(model_dir(plain.path()).unwrap(), plain.path());
+        std::fs::write(dir.path().join(LATEST), "step-00000009\n").unwrap();
+        let err = format!("{:#}", model_dir(dir.path()).unwrap_err());
+        assert!(err.contains("names step-00000009, which is missing"), "{err}");
     }
 
     /// `path` relative to `base` (`../..` up to their common part).

@@ -257,7 +257,7 @@ fn run(cli: Cli, given: &Given, resolved: &str) -> Result<i32> {
             }
             let eval = zerostream::EvalData { path: &data, dtype: data_dtype, batch: batch_size, seq_len, batches, progress: !cli_quiet };
             // A checkpoint root means its latest checkpoint's model.
-            let model = zerostream::checkpoints::checkpoint::model_dir(&model);
+            let model = zerostream::checkpoints::checkpoint::model_dir(&model)?;
             let report = zerostream::eval::evaluate_on(&dev, &model, &eval)?;
             println!("{}", report.to_json(&dev.describe()));
             Ok(0)

@@ -27,6 +27,27 @@ pub fn size(bytes: u64) -> String {
     if unit == "B" { format!("{bytes} B") } else { format!("{value:.1} {unit}") }
 }
 
+/// `bytes` exactly, in the largest binary unit that divides it, as a flag takes it: "256MiB", "1536B".
+pub fn exact_size(bytes: u64) -> String {
+    for (shift, unit) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    format!("{bytes}B")
+}
+
+/// A duration for people: "0.42 s", "3.1 s", "95 s", "12 min 5 s", "2 h 3 min".
+pub fn seconds(s: f64) -> String {
+    match s {
+        s if s < 1.0 => format!("{s:.2} s"),
+        s if s < 10.0 => format!("{s:.1} s"),
+        s if s < 120.0 => format!("{s:.0} s"),
+        s if s < 7200.0 => format!("{} min {} s", (s / 60.0) as u64, s as u64 % 60),
+        s => format!("{} h {} min", (s / 3600.0) as u64, s as u64 % 3600 / 60),
+    }
+}
+
 /// Refuses the first of `flags` (name, value) that is 0, by name: "--seq-len 0: must be at least 1".
 pub fn require_positive(flags: &[(&str, usize)]) -> anyhow::Result<()> {
     match flags.iter().find(|(_, v)| *v == 0) {
@@ -59,5 +80,17 @@ mod tests {
         assert_eq!(super::size(1536), "1.5 KiB");
         assert_eq!(super::size(3 << 20 | 1 << 19), "3.5 MiB");
         assert_eq!(super::size(5 << 30), "5.0 GiB");
+        assert_eq!(super::exact_size(256 << 20), "256MiB");
+        assert_eq!(super::exact_size(1536), "1536B");
+        assert_eq!(super::exact_size(3 << 40), "3TiB");
+    }
+
+    #[test]
+    fn durations_take_the_unit_that_shows_them() {
+        assert_eq!(super::seconds(0.123), "0.12 s");
+        assert_eq!(super::seconds(3.07), "3.1 s");
+        assert_eq!(super::seconds(95.4), "95 s");
+        assert_eq!(super::seconds(725.0), "12 min 5 s");
+        assert_eq!(super::seconds(7380.0), "2 h 3 min");
     }
 }

@@ -10,6 +10,7 @@ use zerostream::bench::transfer::Link;
 use zerostream::comm::compress::GradCompression;
 use zerostream::device::GpuDevice;
 use zerostream::train::{AdamState, Optimizer};
+use zerostream::words::exact_size;
 
 use crate::{parse_grad_compression, parse_size};
 
@@ -240,18 +241,6 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
     }
 }
 
-fn human_bytes(b: u64) -> String {
-    if b >= 1 << 30 && b.is_multiple_of(1 << 30) {
-        format!("{}GiB", b >> 30)
-    } else if b >= 1 << 20 && b.is_multiple_of(1 << 20) {
-        format!("{}MiB", b >> 20)
-    } else if b >= 1 << 10 && b.is_multiple_of(1 << 10) {
-        format!("{}KiB", b >> 10)
-    } else {
-        format!("{b}B")
-    }
-}
-
 fn transfer_command(t: TransferArgs, link: Link) -> Result<()> {
     let dev = GpuDevice::open(t.adapter.as_deref(), None)?;
     if !t.json {
@@ -259,7 +248,7 @@ fn transfer_command(t: TransferArgs, link: Link) -> Result<()> {
     }
     let runs = zerostream::bench::transfer::bench_transfer(&dev, link, &t.sizes, t.reps, |r| {
         if !t.json {
-            println!("{:>8} {:>12}: {:6.2} GB/s", human_bytes(r.bytes), format!("{:?}", r.method), r.gbps);
+            println!("{:>8} {:>12}: {:6.2} GB/s", exact_size(r.bytes), format!("{:?}", r.method), r.gbps);
         }
     })?;
     let ceiling = zerostream::bench::memcpy_gbps(256 << 20, 3);
@@ -280,7 +269,7 @@ fn overlap_command(o: OverlapArgs) -> Result<()> {
         for kind in dev.copy_queue_kinds() {
             println!("copy queue `{}`: {}", kind.name(), kind.describe());
         }
-        println!("copies of {} beside matmuls of {} x {} x {} (best of {}):", human_bytes(cfg.bytes), cfg.m, cfg.n, cfg.k, cfg.reps);
+        println!("copies of {} beside matmuls of {} x {} x {} (best of {}):", exact_size(cfg.bytes), cfg.m, cfg.n, cfg.k, cfg.reps);
         println!("{:>18} {:>10} {:>8} {:>12} {:>10} {:>7}", "method", "copy ms", "matmuls", "kernels ms", "both ms", "hidden");
     }
     bench_overlap(&dev, &cfg, |r| {

@@ -115,7 +115,7 @@ fn prompt_of(a: &GenerateArgs, model: &Model, text: Option<&Text>) -> Result<(Op
 
 pub fn run(mut a: GenerateArgs, quiet: bool) -> Result<()> {
     // A checkpoint root means its latest checkpoint's model.
-    a.model = zerostream::checkpoints::checkpoint::model_dir(&a.model);
+    a.model = zerostream::checkpoints::checkpoint::model_dir(&a.model)?;
     // The flags first: a bad one is refused before the model loads or the prompt is printed.
     let sampling = Sampling { max_new_tokens: a.max_new_tokens, temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed };
     sampling.check()?;

@@ -325,10 +325,16 @@ impl<'d, D: Backend> Trainer<'d, D> {
         Ok(())
     }
 
-    /// Waits for the last update and stops the worker; returns the AdamW seconds it spent after the
-    /// last step's report.
-    pub fn finish(&mut self) -> Result<f64> {
-        let before = adam_seconds_total(&self.progress);
+    /// The AdamW seconds the optimizer thread has spent since the trainer opened, over every update:
+    /// a step's report holds those spent while it ran, so a run's total is the difference of two
+    /// readings (the last update finishes after the last report, during the final validation or
+    /// [`Self::finish`]).
+    pub fn adam_seconds(&self) -> f64 {
+        adam_seconds_total(&self.progress)
+    }
+
+    /// Waits for the last update and stops the worker.
+    pub fn finish(&mut self) -> Result<()> {
         // No forward follows: the last sweep must not wait to keep copies for one.
         self.progress.stop_fresh(self.adam_steps);
         self.jobs = None; // closing the channel ends the worker's loop
@@ -337,7 +343,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             self.optimizer = Some(optimizer);
             self.rule = Some(rule);
         }
-        Ok(adam_seconds_total(&self.progress) - before)
+        Ok(())
     }
 
     /// Group g's fp32 master weights in table order (g as in the layout: 0 the head, 1 + l block l),

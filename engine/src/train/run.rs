@@ -213,14 +213,16 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
     }
     let predicted_step_s = predict_step(dev, &model, &trainer, &say);
     let start = Instant::now();
+    let adam_before_s = trainer.adam_seconds();
     let outcome = train_steps(&mut trainer, &tokens, validation, options, root.as_ref(), &record, predicted_step_s, &say)?;
-    let last_update_s = trainer.finish()?;
+    trainer.finish()?;
+    let adam_total_s = trainer.adam_seconds() - adam_before_s;
     let final_val_loss = outcome.final_val_loss;
     let seconds = start.elapsed().as_secs_f64();
     if lead && outcome.metrics_written {
         plot_metrics(options, &say);
     }
-    summarise(&say, &outcome.reports, seconds, last_update_s, dev.alloc_stats().peak_bytes);
+    summarise(&say, &outcome.reports, seconds, adam_total_s, dev.alloc_stats().peak_bytes);
     if let Some(step) = outcome.stopped_at {
         return Ok(RunSummary {
             steps: outcome.reports,

@@ -4,6 +4,7 @@
 use super::StepReport;
 use super::plan::Placement;
 use crate::model::Model;
+use crate::words::{seconds, size};
 
 /// Byte counts of one run's offload links, all ranks' state included where the run knows it.
 #[derive(Clone, Copy, Debug, Default)]
@@ -35,10 +36,14 @@ fn count(n: f64) -> String {
     }
 }
 
-/// `17.1 MiB`, `2.30 GiB`.
-fn bytes(b: u64) -> String {
-    let b = b as f64;
-    if b >= (1u64 << 30) as f64 { format!("{:.2} GiB", b / (1u64 << 30) as f64) } else { format!("{:.1} MiB", b / (1u64 << 20) as f64) }
+/// Passes over the data: two significant digits below 1 ("0.0053"), one decimal above.
+fn passes(p: f64) -> String {
+    if p >= 1.0 || p == 0.0 {
+        format!("{p:.1}")
+    } else {
+        let decimals = (1.0 - p.log10().floor()) as usize;
+        format!("{p:.decimals$}")
+    }
 }
 
 /// The three closing lines of a run: what it trained, where the state lived, what moved.
@@ -48,7 +53,7 @@ pub fn what_it_did(
     placement: &Placement,
     reports: &[StepReport],
     data_tokens: usize,
-    seconds: f64,
+    run_s: f64,
     val_loss: Option<f64>,
     device: &str,
     traffic: &Traffic,
@@ -57,13 +62,14 @@ pub fn what_it_did(
     let (first, last) = (reports.first().map_or(f64::NAN, |r| r.loss), reports.last().map_or(f64::NAN, |r| r.loss));
     let validation = val_loss.map_or(String::new(), |v| format!(", validation {v:.3} (perplexity {:.1})", v.exp()));
     let trained = format!(
-        "trained {} parameters ({}) for {} on {} tokens ({:.1} passes over {}) in {seconds:.0} s: loss {first:.3} -> {last:.3}{validation}",
+        "trained {} parameters ({}) for {} on {} tokens ({} passes over {}) in {}: loss {first:.3} -> {last:.3}{validation}",
         count(placement.params as f64),
         model.describe(),
         crate::words::counted(reports.len() as u64, "step"),
         count(tokens as f64),
-        tokens as f64 / data_tokens.max(1) as f64,
+        passes(tokens as f64 / data_tokens.max(1) as f64),
         count(data_tokens as f64),
+        seconds(run_s),
     );
     let ranks = if placement.world_size > 1 {
         format!(" per rank ({} ranks, ZeRO stage {})", placement.world_size, placement.zero_stage.number())
@@ -74,27 +80,27 @@ pub fn what_it_did(
         "state{ranks}: fp32 master weights + {} {} {} in {}, working copy {} in {}, gradients {} in {}; on the device ({device}) at most {} ({})",
         placement.adam_state.name(),
         placement.optimizer.state_words(),
-        bytes(placement.host_optimizer_bytes),
+        size(placement.host_optimizer_bytes),
         tier_place(placement.optimizer_tier),
-        bytes(placement.host_working_bytes),
+        size(placement.host_working_bytes),
         tier_place(placement.params_tier),
-        bytes(placement.host_grad_bytes + placement.host_stage1_grad_bytes),
+        size(placement.host_grad_bytes + placement.host_stage1_grad_bytes),
         tier_place(placement.grads_tier),
-        bytes(reports.iter().map(|r| r.peak_device_bytes).max().unwrap_or(0)),
-        placement.device_budget_bytes.map_or("no budget".to_string(), |b| format!("budget {}", bytes(b))),
+        size(reports.iter().map(|r| r.peak_device_bytes).max().unwrap_or(0)),
+        placement.device_budget_bytes.map_or("no budget".to_string(), |b| format!("budget {}", size(b))),
     );
     let steps = reports.len().max(1) as u64;
     let nvme = match traffic.nvme_bytes {
-        Some((read, written)) => format!("NVMe read {} and wrote {}", bytes(read), bytes(written)),
+        Some((read, written)) => format!("NVMe read {} and wrote {}", size(read), size(written)),
         None => "nothing on NVMe".to_string(),
     };
     let moved = format!(
         "traffic{}: {} host -> device and {} device -> host ({} and {} a step); {nvme}",
         if placement.world_size > 1 { " (rank 0)" } else { "" },
-        bytes(traffic.upload_bytes),
-        bytes(traffic.download_bytes),
-        bytes(traffic.upload_bytes / steps),
-        bytes(traffic.download_bytes / steps),
+        size(traffic.upload_bytes),
+        size(traffic.download_bytes),
+        size(traffic.upload_bytes / steps),
+        size(traffic.download_bytes / steps),
     );
     [trained, lived, moved]
 }
@@ -106,24 +112,27 @@ fn tier_place(tier: zerostream_offload::Tier) -> &'static str {
     }
 }
 
-/// The `done:` line: steps, loss, throughput, and the mean of each part of a step.
-pub fn summarise(say: &dyn Fn(String), reports: &[StepReport], seconds: f64, last_update_s: f64, peak_device_bytes: u64) {
+/// The `done:` line: steps, loss, throughput, and the mean of each part of a step. `adam_total_s`
+/// is the run's AdamW time over every update, the last one's included: no step's report holds it,
+/// since it runs after the last step.
+pub fn summarise(say: &dyn Fn(String), reports: &[StepReport], run_s: f64, adam_total_s: f64, peak_device_bytes: u64) {
     let (Some(first), Some(last)) = (reports.first(), reports.last()) else { return };
     let n = reports.len() as f64;
     let mean = |f: fn(&StepReport) -> f64| reports.iter().map(f).sum::<f64>() / n;
     say(format!(
-        "done: {} steps in {seconds:.1} s; loss {:.4} -> {:.4}; {:.0} tokens/s; per step: compute {:.3} s, upload {:.3} s, download {:.3} s, AdamW {:.3} s (waited {:.3} s), NVMe wait {:.3} s; device peak {:.1} MiB",
-        reports.len(),
+        "done: {} in {}; loss {:.4} -> {:.4}; {:.0} tokens/s; per step: compute {:.3} s, upload {:.3} s, download {:.3} s, AdamW {:.3} s (waited {:.3} s), NVMe wait {:.3} s; device peak {}",
+        crate::words::counted(reports.len() as u64, "step"),
+        seconds(run_s),
         first.loss,
         last.loss,
-        reports.iter().map(|r| r.tokens).sum::<usize>() as f64 / seconds,
+        reports.iter().map(|r| r.tokens).sum::<usize>() as f64 / run_s,
         mean(|r| r.compute_s),
         mean(|r| r.upload_s),
         mean(|r| r.download_s),
-        (reports.iter().map(|r| r.adam_s).sum::<f64>() + last_update_s) / n,
+        adam_total_s / n,
         mean(|r| r.update_wait_s),
         mean(|r| r.io_wait_s),
-        peak_device_bytes as f64 / 1048576.0,
+        size(peak_device_bytes),
     ));
 }
 
@@ -136,7 +145,19 @@ mod tests {
         assert_eq!(count(1_489_920.0), "1.5M");
         assert_eq!(count(1_557_611_200.0), "1.56B");
         assert_eq!(count(44_249.0), "44k");
-        assert_eq!(bytes(17_930_000), "17.1 MiB");
-        assert_eq!(bytes(5 << 30), "5.00 GiB");
+        assert_eq!(passes(0.0053), "0.0053");
+        assert_eq!(passes(0.25), "0.25");
+        assert_eq!(passes(12.04), "12.0");
+    }
+
+    #[test]
+    fn the_done_line_counts_every_update_once() {
+        // Two steps whose reports hold 0.5 s of updates between them; the last update's 1.5 s ran
+        // after the last report and reaches the line only through the run's total.
+        let step = |adam_s| StepReport { loss: 3.0, tokens: 8, adam_s, ..Default::default() };
+        let reports = [step(0.0), step(0.5)];
+        let line = std::cell::RefCell::new(String::new());
+        summarise(&|l| *line.borrow_mut() = l, &reports, 1.0, 2.0, 0);
+        assert!(line.borrow().contains("AdamW 1.000 s"), "{}", line.borrow());
     }
 }

@@ -3,7 +3,7 @@
 use anyhow::{Result, bail};
 use zerostream::comm::compress::Codec;
 
-use super::human_bytes;
+use zerostream::words::exact_size;
 
 pub fn bench_collectives(world_size: usize, sizes: &[u64], reps: usize, codec: Codec, json: bool) -> Result<()> {
     use zerostream::bench::comm::{CollectiveRun, bench_collectives};
@@ -20,7 +20,7 @@ pub fn bench_collectives(world_size: usize, sizes: &[u64], reps: usize, codec: C
         let buffers = if codec.mode == zerostream::comm::compress::GradCompression::None { 2 } else { 4 };
         let largest = sizes.iter().copied().max().unwrap_or(0);
         let need_bytes = (buffers * world_size as u64 * world_size as u64).saturating_mul(largest);
-        let what = format!("--world-size {world_size} with --sizes up to {}", human_bytes(largest));
+        let what = format!("--world-size {world_size} with --sizes up to {}", exact_size(largest));
         zerostream::train::refuse_past_available_ram(need_bytes, &what)?;
     }
     let (runs, transport): (Vec<CollectiveRun>, String) = if launched > 1 {
@@ -51,10 +51,10 @@ pub fn bench_collectives(world_size: usize, sizes: &[u64], reps: usize, codec: C
         println!(
             "{:<28} slice {:>8}: {:8.3} ms  {:7.2} GB/s per rank  ({} on the wire per rank{codec})",
             r.op,
-            human_bytes(r.slice_bytes),
+            exact_size(r.slice_bytes),
             1e3 * r.seconds,
             r.gbps_per_rank,
-            human_bytes(r.wire_bytes_per_rank)
+            exact_size(r.wire_bytes_per_rank)
         );
     }
     println!("ceiling: host memcpy (one thread) {memcpy:.2} GB/s");

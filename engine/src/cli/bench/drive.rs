@@ -6,8 +6,8 @@ use anyhow::Result;
 use zerostream::bench::io::{self as bench_io, IoBenchConfig, IoRun};
 use zerostream_offload::IoEngineKind;
 
-use super::human_bytes;
 use crate::parse_size;
+use zerostream::words::exact_size;
 
 /// `bench io`'s engines when none are named: io_uring and the portable threads engine where both exist.
 const BENCH_ENGINES: &str = if cfg!(target_os = "linux") { "uring,threads" } else { "threads" };
@@ -63,7 +63,7 @@ pub fn io_command(a: IoArgs) -> Result<()> {
                 "{:>7} {:<8} block {:>8} qd {:>4}: write {:6.2} GB/s, read {:6.2} GB/s",
                 r.engine.name(),
                 r.kind(),
-                human_bytes(r.block_bytes),
+                exact_size(r.block_bytes),
                 r.queue_depth,
                 r.write_gbps,
                 r.read_gbps
@@ -124,7 +124,7 @@ fn print_text(runs: &[IoRun], best: [Option<&IoRun>; 2], fio: FioBeside<'_>) {
             "best {}: --io-engine {} --block-size {} --queue-depth {} (write {:.2} GB/s, read {:.2} GB/s){}",
             best.kind(),
             best.engine.name(),
-            human_bytes(best.block_bytes),
+            exact_size(best.block_bytes),
             best.queue_depth,
             best.write_gbps,
             best.read_gbps,
@@ -136,7 +136,7 @@ fn print_text(runs: &[IoRun], best: [Option<&IoRun>; 2], fio: FioBeside<'_>) {
             "{} / uring, {} block {} qd {}: write {:.2}x, read {:.2}x",
             run.engine,
             run.kind(),
-            human_bytes(run.block_bytes),
+            exact_size(run.block_bytes),
             run.queue_depth,
             run.write_gbps / base.write_gbps,
             run.read_gbps / base.read_gbps
@@ -145,7 +145,7 @@ fn print_text(runs: &[IoRun], best: [Option<&IoRun>; 2], fio: FioBeside<'_>) {
     if let Some(((w, r), b)) = fio {
         println!(
             "fio (O_DIRECT, io_uring, bs {}, iodepth {}): write {w:.2} GB/s, read {r:.2} GB/s; best O_DIRECT above is {:.0}% / {:.0}% of it",
-            human_bytes(b.block_bytes),
+            exact_size(b.block_bytes),
             b.queue_depth,
             100.0 * b.write_gbps / w,
             100.0 * b.read_gbps / r
