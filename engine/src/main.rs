@@ -79,7 +79,9 @@ enum Command {
     Train(Box<TrainArgs>),
     /// Does it fit? The placement `train` would use with the same flags — host bytes per rank on each
     /// tier, device bytes, block slots — for a model, a batch, a world size and a ZeRO stage, without
-    /// loading weights or training. Exits non-zero, with the numbers, when the device budget is too small.
+    /// loading weights or training. Exits 1, with the numbers, when the device budget is too small, and 3
+    /// when all ranks' host state would not fit in the RAM available on this machine (ranks spread
+    /// over several machines may still fit).
     Plan(Box<TrainArgs>),
     /// Tokenise a text file into token files `train --data` / `--val-data` read (llm.c's format).
     Prepare(cli::prepare::PrepareArgs),
@@ -263,7 +265,7 @@ fn run(cli: Cli, given: &Given, resolved: &str) -> Result<i32> {
             Ok(0)
         }
         Command::Train(args) => cli::train::train(*args, given, resolved, cli_quiet),
-        Command::Plan(args) => cli::train::plan(*args, given).map(|()| 0),
+        Command::Plan(args) => cli::train::plan(*args, given),
         Command::Bench(b) => cli::bench::run(b).map(|()| 0),
         Command::Tune(args) => cli::tune::run(*args),
         Command::Plot { metrics, out } => {

@@ -338,6 +338,21 @@ fn plan_with_device_auto_plans_the_device_it_opens() {
     assert!(auto.contains("the device's") && auto.contains("host state per rank"), "the device's share of RAM is named: {auto}");
 }
 
+/// A plan that does not fit this machine's RAM exits 3, apart from errors (1): Llama-3-8B's fp32 state
+/// on the cpu device, 190 GiB, against the RAM of any machine this test runs on (checked, not assumed).
+#[test]
+fn a_plan_that_exceeds_this_machines_ram_exits_3() {
+    let out = zerostream(&["plan", "--config", "llama-3-8b", "--device", "cpu"]);
+    let text = String::from_utf8(out.stdout.clone()).unwrap();
+    if zerostream::device::alloc::available_ram_bytes().is_some_and(|avail| avail < 150 << 30) {
+        assert!(text.contains("does NOT fit in the"), "{text}");
+    }
+    let exceeds = text.contains("does NOT fit in the");
+    assert_eq!(out.status.code(), Some(if exceeds { 3 } else { 0 }), "{text}{}", stderr(&out));
+    let out = zerostream(&["plan", "--config", "gpt2", "--device", "cpu"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
 #[test]
 fn flags_that_would_do_nothing_are_refused_or_said_to_be_ignored() {
     let out = zerostream(&["plan", "--device", "cpu", "--adapter", "0"]);

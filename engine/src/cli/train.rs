@@ -489,7 +489,11 @@ pub fn train(a: TrainArgs, given: &crate::Given, resolved: &str, quiet: bool) ->
 }
 
 /// `zerostream plan`: the placement `train` would use with the same flags.
-pub fn plan(a: TrainArgs, given: &crate::Given) -> Result<()> {
+/// `plan`'s exit code when every rank's host state would not fit in this machine's available RAM:
+/// apart from 1 (an error, or a device budget too small) since ranks on several machines may still fit.
+pub const PLAN_EXCEEDS_RAM_HERE: i32 = 3;
+
+pub fn plan(a: TrainArgs, given: &crate::Given) -> Result<i32> {
     let request = resolve_train(&a, false, given, "")?;
     // Taken with the rest of a train command line, but plan trains nothing: say so rather than ignore them unsaid.
     let train_only = ["save", "save-dtype", "metrics", "trace", "tensorboard", "checkpoint-dir", "checkpoint-every", "keep-checkpoints"];
@@ -506,11 +510,12 @@ pub fn plan(a: TrainArgs, given: &crate::Given) -> Result<()> {
         None => (zerostream::train::launch::plan(request)?, None),
     };
     println!("{}", placement.describe());
-    println!("{}", placement.host_summary());
+    let (host, fits) = placement.host_verdict();
+    println!("{host}");
     if let Some(line) = predicted {
         println!("{line}");
     }
-    Ok(())
+    Ok(if fits == Some(false) { PLAN_EXCEEDS_RAM_HERE } else { 0 })
 }
 
 /// Where `zerostream train` with no arguments at all keeps what it made.

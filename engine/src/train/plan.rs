@@ -117,10 +117,18 @@ impl Placement {
     /// One line: the host state per rank and for all ranks on one machine, against the RAM this
     /// machine has available now.
     pub fn host_summary(&self) -> String {
+        self.host_verdict().0
+    }
+
+    /// [`Self::host_summary`]'s line, and whether all ranks' host RAM fits in the RAM available here
+    /// (None: unknown), from one reading of it: `plan`'s output and exit code.
+    pub fn host_verdict(&self) -> (String, Option<bool>) {
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let (ram, nvme) = (self.ram_bytes_per_rank(), self.host_bytes_per_rank().1);
         let all = ram * self.world_size as u64;
-        let verdict = match available_ram_bytes() {
+        let available = available_ram_bytes();
+        let fits = available.map(|avail| all <= avail);
+        let verdict = match available {
             Some(avail) if all <= avail => format!("fits in the {:.1} GiB of RAM available here", gib(avail)),
             Some(avail) => format!(
                 "does NOT fit in the {:.1} GiB of RAM available here (put more state on NVMe, or more ranks on other machines)",
@@ -128,7 +136,7 @@ impl Placement {
             ),
             None => "RAM available here unknown".to_string(),
         };
-        format!(
+        let line = format!(
             "host state per rank: {:.2} GiB in RAM (state paged in from NVMe and the device's {:.2} GiB included), {:.2} GiB on NVMe{}; {} on one machine: {:.2} GiB of RAM, {verdict}",
             gib(ram),
             gib(self.host_device_bytes()),
@@ -140,7 +148,8 @@ impl Placement {
             },
             crate::words::counted(self.world_size as u64, "rank"),
             gib(all)
-        )
+        );
+        (line, fits)
     }
 
     /// Refuses, with the numbers, a run whose NVMe state (and spare files) for `ranks_here` ranks on
