@@ -61,10 +61,10 @@ enum Command {
         #[arg(long, value_enum, default_value = "u16")]
         data_dtype: zerostream_checkpoints::TokenWidth,
         /// B: sequences per micro-batch.
-        #[arg(long, default_value_t = 4)]
+        #[arg(long, default_value_t = 4, value_parser = crate::positive_count())]
         batch_size: usize,
         /// T: tokens per sequence (at most the model's n_positions).
-        #[arg(long, default_value_t = 64)]
+        #[arg(long, default_value_t = 64, value_parser = crate::positive_count())]
         seq_len: usize,
         /// N: how many micro-batches, from the start of the file; at most as many as it holds (said when
         /// this asks for more, since the first ones read again would count twice).
@@ -120,9 +120,14 @@ pub(crate) fn parse_grad_compression(text: &str) -> Result<zerostream::comm::com
     text.parse().map_err(|e: anyhow::Error| e.to_string())
 }
 
-/// The value parser of a count that must be at least 1 (a batch, a world size, a number of batches).
-pub(crate) fn positive_count() -> clap::builder::RangedU64ValueParser<usize> {
-    clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+/// The value parser of a count that must be at least 1 (a batch, a world size, a number of batches):
+/// "invalid value '0' for '--seq-len <SEQ_LEN>': must be at least 1".
+pub(crate) fn positive_count() -> fn(&str) -> Result<usize, String> {
+    |text| match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_string()),
+        Ok(n) => Ok(n),
+        Err(_) => Err("expected a whole number of at least 1".to_string()),
+    }
 }
 
 /// `--gpu-mem-budget 2GiB`, `--block-size 1MiB`: bytes with an optional binary unit.

@@ -59,6 +59,20 @@ fn counts_and_clocks_out_of_range_are_refused() {
         let err = stderr(&out);
         assert!(out.status.code() == Some(2) && err.contains(named), "tune {args:?}: {err}");
     }
+    // Zero counts are refused as the command line is read, by flag, in every command that takes them.
+    for args in [
+        &["train", "--grad-accum", "0"][..],
+        &["plan", "--seq-len", "0"],
+        &["eval", "--model", "m", "--data", "d", "--batch-size", "0"],
+        &["bench", "kernels", "--seq-len", "0"],
+    ] {
+        let out = zerostream(args);
+        let (err, flag) = (stderr(&out), args[args.len() - 2]);
+        assert!(
+            out.status.code() == Some(2) && err.contains(&format!("for '{flag} <")) && err.contains("must be at least 1"),
+            "{args:?}: {err}"
+        );
+    }
     // plan took --world-size 0 for one rank.
     let out = zerostream(&["plan", "--config", "gpt2", "--world-size", "0"]);
     assert!(out.status.code() == Some(2) && stderr(&out).contains("--world-size"), "{}", stderr(&out));

@@ -163,10 +163,10 @@ pub struct KernelArgs {
     #[arg(long, default_value = "gpt2,gpt2-xl,llama-3.2-1b", value_delimiter = ',')]
     models: Vec<String>,
     /// B: sequences per micro-batch.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = crate::positive_count())]
     batch_size: usize,
     /// T: tokens per sequence (at most 1024, the presets' n_positions).
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = crate::positive_count())]
     seq_len: usize,
     /// Timed repetitions per kernel, after one warm-up; the median is reported (0 = as many as fill
     /// about 0.2 s, between 3 and 200).

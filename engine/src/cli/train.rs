@@ -121,14 +121,14 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 4, value_parser = crate::positive_count())]
     eval_batches: usize,
     /// B: sequences per micro-batch.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = crate::positive_count())]
     batch_size: usize,
     /// T: tokens per sequence (at most the model's n_positions).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = crate::positive_count())]
     seq_len: usize,
     /// Micro-batches per optimizer step (gradients accumulate on the host, where the optimizer state lives);
     /// at most 65536.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = crate::positive_count())]
     grad_accum: usize,
     /// Optimizer steps.
     #[arg(long, default_value_t = 300)]
