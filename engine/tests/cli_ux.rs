@@ -353,6 +353,18 @@ fn a_plan_that_exceeds_this_machines_ram_exits_3() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }
 
+/// The help of every flag that takes a preset lists each one (the list is written out in each doc
+/// comment, which clap cannot build from a constant).
+#[test]
+fn every_preset_is_in_the_help_of_every_flag_that_takes_one() {
+    for command in [&["train", "--help"][..], &["tune", "--help"], &["bench", "kernels", "--help"]] {
+        let help = String::from_utf8(zerostream(command).stdout).unwrap();
+        for preset in zerostream::model::Model::PRESETS.split(", ") {
+            assert!(help.contains(preset), "{command:?} does not name {preset}:\n{help}");
+        }
+    }
+}
+
 #[test]
 fn flags_that_would_do_nothing_are_refused_or_said_to_be_ignored() {
     let out = zerostream(&["plan", "--device", "cpu", "--adapter", "0"]);

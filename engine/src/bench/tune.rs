@@ -25,9 +25,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use zerostream_checkpoints::LlamaConfig;
 use zerostream_shaders::{AttentionTile, CoopTile, MatmulTile};
 
+use crate::bench::kernels::{Shapes, model_shapes};
 use crate::device::attention_tuning::AttentionTable;
 use crate::device::gpu::GpuTensor;
 use crate::device::matmul_tuning::{
@@ -106,28 +106,25 @@ pub fn step_products(model: &str, batch: usize, seq_len: usize, vocab_chunk_rows
     let bt = batch * seq_len;
     // (linear name, in, out), and whether weights are stored (out, in) as nn.Linear (Llama) or (in, out)
     // as GPT-2's Conv1D.
-    let (linears, c, vocab, linear_layout): (Vec<(&str, usize, usize)>, usize, usize, bool) = if model == "tiny"
-        || model.starts_with("gpt2")
-    {
-        let cfg = crate::bench::kernels::model_config(model)?;
-        let c = cfg.n_embd;
-        (vec![("qkv", c, 3 * c), ("attn_proj", c, c), ("fc", c, 4 * c), ("fc_proj", 4 * c, c)], c, cfg.vocab_size, false)
-    } else {
-        let cfg = LlamaConfig::preset(model).with_context(|| {
-                format!("--models {model:?}: not a model shape (gpt2, gpt2-medium, gpt2-large, gpt2-xl, llama-3.2-1b, llama-3.2-3b, llama-3-8b, tiny)")
-            })?;
-        let (c, f) = (cfg.hidden_size, cfg.intermediate_size);
-        let (qw, kvw) = (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim);
-        let linears = vec![
-            ("q_proj", c, qw),
-            ("k_proj", c, kvw),
-            ("v_proj", c, kvw),
-            ("o_proj", qw, c),
-            ("gate_proj", c, f),
-            ("up_proj", c, f),
-            ("down_proj", f, c),
-        ];
-        (linears, c, cfg.vocab_size, true)
+    let (linears, c, vocab, linear_layout): (Vec<(&str, usize, usize)>, usize, usize, bool) = match model_shapes(model)? {
+        Shapes::Gpt2(cfg) => {
+            let c = cfg.n_embd;
+            (vec![("qkv", c, 3 * c), ("attn_proj", c, c), ("fc", c, 4 * c), ("fc_proj", 4 * c, c)], c, cfg.vocab_size, false)
+        }
+        Shapes::Products(cfg) => {
+            let (c, f) = (cfg.hidden_size, cfg.intermediate_size);
+            let (qw, kvw) = (cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim);
+            let linears = vec![
+                ("q_proj", c, qw),
+                ("k_proj", c, kvw),
+                ("v_proj", c, kvw),
+                ("o_proj", qw, c),
+                ("gate_proj", c, f),
+                ("up_proj", c, f),
+                ("down_proj", f, c),
+            ];
+            (linears, c, cfg.vocab_size, true)
+        }
     };
     let chunk = vocab.min(vocab_chunk_rows.max(1));
     let mut out = Vec::new();

@@ -13,8 +13,8 @@ pub struct TuneArgs {
     /// Which wgpu adapter: its index or part of its name, as `zerostream devices` lists them.
     #[arg(long)]
     adapter: Option<String>,
-    /// Model shapes whose products and attention are tuned, comma-separated: GPT-2 presets (gpt2 ... gpt2-xl), Llama
-    /// presets (llama-3.2-1b, llama-3.2-3b, llama-3-8b) or tiny.
+    /// Model shapes whose products and attention are tuned, comma-separated: GPT-2 presets (gpt2, gpt2-medium,
+    /// gpt2-large, gpt2-xl), Llama presets (llama-3.2-1b, llama-3.2-3b, llama-3-8b) or tiny.
     #[arg(long, value_delimiter = ',', default_value = "gpt2,gpt2-xl,llama-3.2-1b")]
     models: Vec<String>,
     /// B: sequences per micro-batch of the runs to tune for (M of most products is B x T).

@@ -14,7 +14,7 @@
 //! again through it (precision `f16-coop`, with the 16-bit B where the fp32 row has a bf16 one), beside
 //! the fp32 kernel and against the same fp32 peak; the header says when it is unavailable, and why.
 //!
-//! Llama presets (`llama-3.2-1b`, `llama-3-8b`) time their step's matrix products only, as the model
+//! Llama presets (`llama-3.2-1b`, ...) time their step's matrix products only, as the model
 //! makes them (`tune::step_products`): issue #22's fp32 goal is set at their shapes too. With only
 //! some of its kernels timed, such a model gets no step estimate.
 
@@ -38,8 +38,8 @@ const MAX_AUTO_REPS: usize = 200;
 /// What to measure.
 #[derive(Clone, Debug)]
 pub struct KernelBenchConfig {
-    /// Model shapes: GPT-2 presets (gpt2, gpt2-medium, gpt2-large, gpt2-xl), `tiny` (2 layers, 128 wide,
-    /// vocabulary 1024), or Llama presets (llama-3.2-1b, llama-3-8b: their products only).
+    /// Model shapes: presets ([`crate::model::Model::PRESETS`]; of a Llama, its products only) or `tiny`
+    /// (GPT-2, 2 layers, 128 wide, vocabulary 1024).
     pub models: Vec<String>,
     /// B: sequences per micro-batch.
     pub batch: usize,
@@ -77,11 +77,16 @@ pub fn model_config(name: &str) -> Result<Gpt2Config> {
         (cfg.vocab_size, cfg.n_embd, cfg.n_layer, cfg.n_head) = (1024, 128, 2, 4);
         return Ok(cfg);
     }
-    Gpt2Config::preset(name).with_context(|| format!("--models {name:?}: not a model shape (gpt2, gpt2-medium, gpt2-large, gpt2-xl, tiny)"))
+    Gpt2Config::preset(name).with_context(|| not_a_shape(name))
+}
+
+/// The refusal of a `--models` name that is no preset and not `tiny`.
+fn not_a_shape(name: &str) -> String {
+    format!("--models {name:?}: not a model shape ({}, tiny)", crate::model::Model::PRESETS)
 }
 
 /// What the bench times of one model.
-enum Shapes {
+pub(crate) enum Shapes {
     /// Every kernel of a GPT-2 step.
     Gpt2(Gpt2Config),
     /// A Llama step's matrix products.
@@ -89,13 +94,11 @@ enum Shapes {
 }
 
 /// A model's shapes by name: a GPT-2 preset, `tiny`, or a Llama preset.
-fn model_shapes(name: &str) -> Result<Shapes> {
+pub(crate) fn model_shapes(name: &str) -> Result<Shapes> {
     if name == "tiny" || name.starts_with("gpt2") {
         return model_config(name).map(Shapes::Gpt2);
     }
-    LlamaConfig::preset(name).map(Shapes::Products).with_context(|| {
-        format!("--models {name:?}: not a model shape (gpt2, gpt2-medium, gpt2-large, gpt2-xl, tiny, llama-3.2-1b, llama-3-8b)")
-    })
+    LlamaConfig::preset(name).map(Shapes::Products).with_context(|| not_a_shape(name))
 }
 
 /// An adapter's datasheet peaks.
