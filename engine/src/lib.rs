@@ -25,6 +25,7 @@ pub mod model;
 pub mod ops;
 #[cfg(feature = "plot")]
 pub mod plot;
+pub(crate) mod progress;
 pub mod selftest;
 pub mod train;
 pub mod words;

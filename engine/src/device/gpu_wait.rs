@@ -120,7 +120,7 @@ pub(in crate::device) fn wait_in_slices(
         }
         let waited = began.elapsed();
         if limits.limit.is_none_or(|limit| waited < limit) {
-            crate::train::progress::eprint_above_bar(&format!(
+            crate::progress::eprint_above_bar(&format!(
                 "zerostream: still waiting for the GPU to finish {} ({} s so far)",
                 what(),
                 waited.as_secs()

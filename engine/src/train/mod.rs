@@ -30,7 +30,6 @@ pub mod outputs;
 pub mod pipeline;
 mod plan;
 pub mod predict;
-pub(crate) mod progress;
 pub mod ranks;
 mod report;
 pub mod resume;

@@ -126,7 +126,7 @@ struct StepSinks {
     metrics: Option<std::io::BufWriter<std::fs::File>>,
     trace: Option<Arc<Trace>>,
     tensorboard: crate::train::tensorboard::Sink,
-    bar: crate::train::progress::Progress,
+    bar: crate::progress::Progress,
     lines: bool,
     steps: u64,
 }
@@ -142,7 +142,7 @@ impl StepSinks {
             _ => None,
         };
         let tensorboard = crate::train::tensorboard::Sink::open(options.tensorboard.as_ref().filter(|_| lead), first_step)?;
-        let bar = crate::train::progress::Progress::new(steps, first_step, options.progress && lead);
+        let bar = crate::progress::Progress::new(steps, first_step, options.progress && lead);
         Ok(StepSinks { metrics, trace, tensorboard, bar, lines: options.progress && lead, steps })
     }
 
