@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-use crate::tokenizer::{HfTokenizer, Tokenizer};
+use crate::tokenizer::{HfTokenizer, TextTokenizer, Tokenizer};
 
 /// What a token file was tokenised with.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,6 +46,53 @@ impl DataTokenizer {
             }
             other => bail!("{flag} {other:?}: expected gpt2, bytes, or the path of a Hugging Face tokenizer.json (no such file)"),
         }
+    }
+
+    /// The tokenizer a model directory carries (its tokenizer.json, or GPT-2's vocab.json and
+    /// merges.txt) as a record; None where it carries none.
+    pub fn of_model_dir(dir: &Path) -> Result<Option<Self>> {
+        let json = dir.join("tokenizer.json");
+        if json.is_file() {
+            return Ok(Some(DataTokenizer::Json(std::fs::read(&json).with_context(|| format!("reading {}", json.display()))?)));
+        }
+        let Some(tok) = HfTokenizer::from_model_dir(dir)? else { return Ok(None) };
+        let json = tok.inner.to_string(false).map_err(|e| anyhow::anyhow!("{}: {e}", tok.path.display()))?;
+        Ok(Some(DataTokenizer::Json(json.into_bytes())))
+    }
+
+    /// Refuses token data (`flag` PATH) prepared with another tokenizer than the one the model
+    /// directory carries, where both are known: a loss over other ids would mean nothing.
+    pub fn check_data_fits_model(model_dir: &Path, data: &Path, flag: &str) -> Result<()> {
+        if let (Some(model), Some(prepared)) = (Self::of_model_dir(model_dir)?, Self::read_beside(data)?)
+            && !model.same_as(&prepared)
+        {
+            let json = model_dir.join("tokenizer.json");
+            let hint = match () {
+                _ if json.is_file() => json.display().to_string(),
+                _ if model.same_as(&DataTokenizer::Gpt2) => "gpt2".to_string(),
+                _ => "the model's tokenizer.json".to_string(),
+            };
+            bail!(
+                "{flag} {} was prepared with {} ({}), not with the tokenizer of the model {}: prepare it with `zerostream prepare --tokenizer {hint}`",
+                data.display(),
+                prepared.describe(),
+                Self::sidecar(data).display(),
+                model_dir.display(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The tokenizer itself, to encode and decode with; `label` names a tokenizer.json's source in errors.
+    pub fn text_tokenizer(&self, label: &Path) -> Result<TextTokenizer> {
+        Ok(match self {
+            DataTokenizer::Gpt2 => TextTokenizer::Builtin(Tokenizer::Gpt2),
+            DataTokenizer::Bytes => TextTokenizer::Builtin(Tokenizer::Bytes),
+            DataTokenizer::Json(bytes) => {
+                let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| anyhow::anyhow!("tokenizer {}: {e}", label.display()))?;
+                TextTokenizer::Hf(HfTokenizer { path: label.to_path_buf(), inner })
+            }
+        })
     }
 
     /// `book.bin` -> `book.bin.tokenizer`: where `prepare` records the tokenizer of a token file.
@@ -116,15 +163,31 @@ impl DataTokenizer {
         Ok(())
     }
 
-    /// Whether two records name one tokenizer: the same kind, and for tokenizer.json the same JSON
-    /// (however it is spaced).
+    /// Whether two records give ids one meaning: the same record (for tokenizer.json the same JSON,
+    /// however it is spaced), or the same vocabulary, id for id — GPT-2's tokenizer.json and the
+    /// built-in `gpt2` agree so.
     pub fn same_as(&self, other: &DataTokenizer) -> bool {
-        match (self, other) {
+        let same_json = match (self, other) {
             (DataTokenizer::Json(a), DataTokenizer::Json(b)) => {
-                a == b
-                    || matches!((serde_json::from_slice::<serde_json::Value>(a), serde_json::from_slice::<serde_json::Value>(b)), (Ok(x), Ok(y)) if x == y)
+                matches!((serde_json::from_slice::<serde_json::Value>(a), serde_json::from_slice::<serde_json::Value>(b)), (Ok(x), Ok(y)) if x == y)
             }
-            _ => self == other,
+            _ => false,
+        };
+        self == other || same_json || matches!((self.vocab(), other.vocab()), (Some(x), Some(y)) if x == y)
+    }
+
+    /// Each token's text (byte-level BPE's printable form for GPT-2) and id; None for bytes, whose ids
+    /// are the bytes themselves, and for a JSON the tokenizers crate cannot read.
+    fn vocab(&self) -> Option<HashMap<String, u32>> {
+        match self {
+            DataTokenizer::Gpt2 => {
+                let table = bytes_to_unicode();
+                let mut vocab: HashMap<String, u32> = gpt2_tokens().ok()?.iter().zip(0..).map(|(t, id)| (shown(&table, t), id)).collect();
+                vocab.insert(END_OF_TEXT.into(), END_OF_TEXT_ID);
+                Some(vocab)
+            }
+            DataTokenizer::Json(bytes) => tokenizers::Tokenizer::from_bytes(bytes).ok().map(|t| t.get_vocab(true)),
+            DataTokenizer::Bytes => None,
         }
     }
 
@@ -179,6 +242,17 @@ fn bytes_to_unicode() -> [char; 256] {
     table
 }
 
+/// `bytes` in byte-level BPE's printable form (`table` from [`bytes_to_unicode`]).
+fn shown(table: &[char; 256], bytes: &[u8]) -> String {
+    bytes.iter().map(|&b| table[b as usize]).collect()
+}
+
+/// GPT-2's tokens but the end-of-text one, as bytes, in id order.
+fn gpt2_tokens() -> Result<Vec<Vec<u8>>> {
+    let bpe = tiktoken_rs::r50k_base_singleton();
+    (0..END_OF_TEXT_ID).map(|id| bpe.decode_bytes(&[id]).map_err(|e| anyhow::anyhow!("GPT-2 token {id}: {e}"))).collect()
+}
+
 /// The parts BPE leaves `token` in when only merges of rank below `max_rank` may apply (tiktoken's
 /// merge rule: always the adjacent pair whose concatenation has the lowest rank).
 fn bpe_parts<'a>(token: &'a [u8], ranks: &HashMap<&[u8], u32>, max_rank: u32) -> Vec<&'a [u8]> {
@@ -196,13 +270,10 @@ fn bpe_parts<'a>(token: &'a [u8], ranks: &HashMap<&[u8], u32>, max_rank: u32) ->
 
 /// GPT-2's `vocab.json` and `merges.txt`, from tiktoken's r50k_base ranks.
 pub fn gpt2_vocab_and_merges() -> Result<(String, String)> {
-    let bpe = tiktoken_rs::r50k_base_singleton();
-    let tokens: Vec<Vec<u8>> = (0..END_OF_TEXT_ID)
-        .map(|id| bpe.decode_bytes(&[id]).map_err(|e| anyhow::anyhow!("GPT-2 token {id}: {e}")))
-        .collect::<Result<_>>()?;
+    let tokens = gpt2_tokens()?;
     let ranks: HashMap<&[u8], u32> = tokens.iter().enumerate().map(|(id, t)| (t.as_slice(), id as u32)).collect();
     let table = bytes_to_unicode();
-    let shown = |bytes: &[u8]| bytes.iter().map(|&b| table[b as usize]).collect::<String>();
+    let shown = |bytes: &[u8]| shown(&table, bytes);
     let mut vocab = serde_json::Map::new();
     let mut merges = String::from("#version: 0.2\n");
     for (id, token) in tokens.iter().enumerate() {
@@ -278,5 +349,19 @@ mod tests {
         assert!(err.contains("book.bin.tokenizer") && err.contains("not a Hugging Face tokenizer.json"), "{err}");
         let err = DataTokenizer::parse("sentencepiece", "--tokenizer").unwrap_err().to_string();
         assert!(err.contains("--tokenizer \"sentencepiece\""), "{err}");
+    }
+
+    #[test]
+    fn gpt2s_tokenizer_json_and_the_builtin_gpt2_are_one_tokenizer() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, bytes) in DataTokenizer::Gpt2.model_files(1024).unwrap() {
+            std::fs::write(dir.path().join(name), bytes).unwrap();
+        }
+        let tok = crate::tokenizer::byte_level_bpe_from_files(&dir.path().join("vocab.json"), &dir.path().join("merges.txt")).unwrap();
+        let json = DataTokenizer::Json(tok.to_string(false).unwrap().into_bytes());
+        assert!(json.same_as(&DataTokenizer::Gpt2) && DataTokenizer::Gpt2.same_as(&json));
+        let words = DataTokenizer::Json(std::fs::read(crate::tokenizer::tests::word_level_tokenizer(dir.path())).unwrap());
+        assert!(!words.same_as(&DataTokenizer::Gpt2) && !words.same_as(&json) && !DataTokenizer::Bytes.same_as(&DataTokenizer::Gpt2));
+        assert!(words.same_as(&words.clone()));
     }
 }

@@ -102,6 +102,7 @@ pub fn evaluate<D: Backend>(dev: &D, model_dir: &Path, eval: &EvalData<'_>) -> R
     let model = Model::of_hf(&hf)?;
     let tokens = TokenFile::open_with(data, data_dtype)?;
     tokens.check_vocab(model.vocab_size())?;
+    zerostream_checkpoints::DataTokenizer::check_data_fits_model(model_dir, data, "--data")?;
     model.check_seq_len(seq_len).with_context(|| model_dir.display().to_string())?;
     dev.check_attention(model.attention_dims(batch, seq_len))?;
     let say = |line: String| eprintln!("eval: {line}");

@@ -91,6 +91,18 @@ fn prepare_tokenises_with_a_hugging_face_tokenizer_json() {
     assert_eq!((0..file.len).map(|i| file.get(i)).collect::<Vec<_>>(), vec![1, 2, 3, 70000, 1, 2, 0]);
     // "that" is not in the vocabulary: said, not only counted among the tokens.
     assert!(stderr(&run).contains("warning: 1 of 7 tokens (14.3%) is [UNK] (id 0)"), "{}", stderr(&run));
+    // The end-of-run sample is written with the data's tokenizer: its words, the prompt's first (ids
+    // the tokenizer lacks, most of this model's vocabulary, decode to nothing). No built-in tokenizer
+    // has 70001 ids, so without the data's there would be no sample.
+    let config = dir.path().join("tiny.json");
+    std::fs::write(&config, r#"{"model_type":"gpt2","n_layer":1,"n_head":2,"n_embd":16,"n_positions":8,"vocab_size":70001}"#).unwrap();
+    let (c, o) = (config.to_str().unwrap(), out.to_str().unwrap());
+    let args = ["train", "--device", "cpu", "--config", c, "--data", o, "--steps", "1", "--seq-len", "2", "--batch-size", "1"];
+    let run = zerostream(&[&args[..], &["--prompt", "to be", "--sample-tokens", "4"]].concat());
+    let sample = String::from_utf8(run.stdout.clone()).unwrap();
+    let words: Vec<&str> = sample.split_whitespace().collect();
+    assert!(run.status.success() && words.len() >= 2 && words[..2] == ["to", "be"], "{sample:?} {}", stderr(&run));
+    assert!(words.iter().all(|w| ["[UNK]", "to", "be", "or", "not"].contains(w)), "{sample:?}");
     let bad = zerostream(&["prepare", "--text", text.to_str().unwrap(), "--out", out.to_str().unwrap(), "--tokenizer", "nonesuch.json"]);
     assert!(!bad.status.success() && stderr(&bad).contains("nonesuch.json"), "{}", stderr(&bad));
 }
@@ -113,6 +125,30 @@ fn validation_data_of_another_tokenizer_is_refused() {
         !run.status.success() && err.contains("prepared with another tokenizer") && err.contains("bytes (") && err.contains("gpt2 ("),
         "{err}"
     );
+    // A model saved from the GPT-2 data carries GPT-2's vocab.json and merges.txt: eval and a run
+    // from it take data of that tokenizer, and refuse the bytes' by both records.
+    let config = dir.path().join("tiny.json");
+    std::fs::write(&config, r#"{"model_type":"gpt2","n_layer":1,"n_head":2,"n_embd":32,"n_positions":16,"vocab_size":50257}"#).unwrap();
+    let model = dir.path().join("model");
+    let m = model.to_str().unwrap();
+    let tiny = ["--device", "cpu", "--seq-len", "8", "--batch-size", "1"];
+    let run = zerostream(
+        &[&["train", "--config", config.to_str().unwrap(), "--data", d, "--steps", "1", "--save", m, "--sample-tokens", "0"][..], &tiny]
+            .concat(),
+    );
+    assert!(run.status.success(), "{}", stderr(&run));
+    let eval = |data: &str| zerostream(&["eval", "--model", m, "--data", data, "--device", "cpu", "--seq-len", "8", "--batch-size", "1"]);
+    assert!(eval(d).status.success(), "{}", stderr(&eval(d)));
+    for run in [eval(v), zerostream(&[&["train", "--model", m, "--data", v, "--steps", "1", "--sample-tokens", "0"][..], &tiny].concat())] {
+        let err = stderr(&run);
+        assert!(
+            !run.status.success()
+                && err.contains("was prepared with bytes")
+                && err.contains("not with the tokenizer of the model")
+                && err.contains("--tokenizer gpt2"),
+            "{err}"
+        );
+    }
 }
 
 #[test]

@@ -391,7 +391,8 @@ pub struct TrainArgs {
     /// run keeps it.
     #[arg(long, value_enum, default_value_t = zerostream::device::MatmulInputs::F32)]
     matmul_inputs: zerostream::device::MatmulInputs,
-    /// Tokens of text to sample at the end (0 = none).
+    /// Tokens of text to sample at the end (0 = none), written with the data's tokenizer (--tokenizer, or the
+    /// one `prepare` recorded beside --data; else the built-in one of the vocabulary's size).
     #[arg(long, default_value_t = 300)]
     sample_tokens: usize,
     /// Text the sample continues.

@@ -452,11 +452,13 @@ fn sample_text<D: Backend>(
     if options.sample_tokens == 0 {
         return Ok(None);
     }
-    // The built-in run's words, else the built-in tokenizer of the vocabulary's size.
-    let tok = match (options.data.is_none(), Tokenizer::for_vocab(model.vocab_size())) {
-        (true, _) => TextTokenizer::Hf(Demo::get()?.tokenizer.clone()),
-        (false, Some(t)) => TextTokenizer::Builtin(t),
-        (false, None) => {
+    // The data's tokenizer, else the built-in tokenizer of the vocabulary's size.
+    let recorded = data::run_tokenizer(options)?;
+    let label = options.data.as_deref().map_or_else(|| std::path::PathBuf::from("the built-in run's words"), DataTokenizer::sidecar);
+    let tok = match (recorded, Tokenizer::for_vocab(model.vocab_size())) {
+        (Some(t), _) => t.text_tokenizer(&label)?,
+        (None, Some(t)) => TextTokenizer::Builtin(t),
+        (None, None) => {
             say(format!("no sample: no known tokenizer has the model's vocab_size {}", model.vocab_size()));
             return Ok(None);
         }

@@ -10,13 +10,16 @@ use crate::device::Backend;
 use crate::model::Model;
 
 /// The training tokens and the validation tokens (`--val-data`, or the built-in text's last scenes),
-/// checked against the model's vocabulary and, resuming, against the checkpoint's data.
+/// checked against the model's vocabulary and tokenizer and, resuming, against the checkpoint's data.
 pub(super) fn open_data(options: &RunOptions, model: &Model, source: &ModelSource<'_>) -> Result<(TokenFile, Option<TokenFile>)> {
     let tokens = match &options.data {
         Some(path) => TokenFile::open_with(path, options.data_dtype).with_context(|| format!("--data {}", path.display()))?,
         None => Demo::get()?.train_tokens(),
     };
     tokens.check_vocab(model.vocab_size())?;
+    if let (ModelSource::Hf(hf), Some(data)) = (source, &options.data) {
+        DataTokenizer::check_data_fits_model(&hf.dir, data, "--data")?;
+    }
     let validation = match &options.val_data {
         Some(path) => {
             let v = TokenFile::open_with(path, options.data_dtype).with_context(|| format!("--val-data {}", path.display()))?;
@@ -86,15 +89,20 @@ pub(super) fn final_validation<D: Backend>(
     Ok(loss)
 }
 
-/// The files that make saved model directories carry the data's tokenizer (see
-/// [`RunOptions::tokenizer`]); says which, or why there are none.
-pub(super) fn tokenizer_files(say: &dyn Fn(String), options: &RunOptions, model: &Model) -> Result<Vec<(String, Vec<u8>)>> {
-    let found = match (&options.tokenizer, &options.data) {
+/// The tokenizer of the run's data: `--tokenizer`, else the record `prepare` left beside `--data`,
+/// else the built-in run's words; None where the data has no record.
+pub(super) fn run_tokenizer(options: &RunOptions) -> Result<Option<DataTokenizer>> {
+    Ok(match (&options.tokenizer, &options.data) {
         (Some(t), _) => Some(t.clone()),
         (None, Some(data)) => DataTokenizer::read_beside(data)?,
         (None, None) => Some(DataTokenizer::Json(Demo::get()?.tokenizer.to_json()?)),
-    };
-    let Some(tokenizer) = found else {
+    })
+}
+
+/// The files that make saved model directories carry the data's tokenizer (see
+/// [`RunOptions::tokenizer`]); says which, or why there are none.
+pub(super) fn tokenizer_files(say: &dyn Fn(String), options: &RunOptions, model: &Model) -> Result<Vec<(String, Vec<u8>)>> {
+    let Some(tokenizer) = run_tokenizer(options)? else {
         if options.save.is_some() || options.checkpoints.dir.is_some() {
             let data = options.data.as_deref().map(|d| DataTokenizer::sidecar(d).display().to_string()).unwrap_or_default();
             say(format!("tokenizer: unknown (no {data}; pass --tokenizer): saved models get no tokenizer files"));
