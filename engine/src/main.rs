@@ -41,9 +41,11 @@ pub struct DeviceArgs {
 
 #[derive(Subcommand)]
 enum Command {
-    /// List the GPU adapters wgpu finds, with the limits and features zerostream uses.
+    /// List the GPU adapters wgpu finds, with the limits and features zerostream uses, and the cpu device.
     Devices {
-        /// Print one JSON object per adapter instead of a table.
+        /// Print one JSON object per device instead of a table: each adapter (`"device": "gpu"`, its
+        /// index, limits, features and tables), then the cpu device (`"device": "cpu"`, its threads);
+        /// `"auto": true` marks the one `--device auto` opens.
         #[arg(long)]
         json: bool,
     },
@@ -302,9 +304,16 @@ fn print_devices(json: bool) -> Result<i32> {
     let adapters = device::gpu::list_adapters();
     let preferred = device::gpu::preferred_adapter(&adapters);
     if json {
+        // One row a device, as the text lists them: each adapter, then the cpu device; `auto`: the one
+        // `--device auto` opens.
+        let auto = device::resolve_auto(None);
         for a in &adapters {
-            println!("{}", adapter_json(a, preferred == Some(a.index)));
+            let mut row = adapter_json(a, preferred == Some(a.index));
+            row["auto"] = (auto == DeviceChoice::Gpu && preferred == Some(a.index)).into();
+            println!("{row}");
         }
+        let threads = rayon::current_num_threads();
+        println!("{}", serde_json::json!({ "device": "cpu", "threads": threads, "auto": auto == DeviceChoice::Cpu }));
         return Ok(0);
     }
     if adapters.is_empty() {
@@ -321,7 +330,7 @@ fn print_devices(json: bool) -> Result<i32> {
 fn adapter_json(a: &device::gpu::AdapterSummary, preferred: bool) -> serde_json::Value {
     let table = MatmulTable::load(a).0;
     serde_json::json!({
-        "index": a.index, "preferred": preferred, "name": a.name, "backend": a.backend,
+        "device": "gpu", "index": a.index, "preferred": preferred, "name": a.name, "backend": a.backend,
         "type": format!("{:?}", a.device_type), "driver": a.driver,
         "max_storage_binding_bytes": a.max_storage_binding_bytes,
         "max_buffer_bytes": a.max_buffer_bytes,

@@ -237,6 +237,14 @@ fn devices_json_marks_the_adapter_opened_by_default() {
     let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let preferred: Vec<u64> = rows.iter().filter(|r| r["preferred"] == true).map(|r| r["index"].as_u64().unwrap()).collect();
     assert_eq!(preferred, vec![opened as u64], "{rows:?}");
+    // The cpu device is listed last, as in the text, and exactly one row is the one `--device auto` opens.
+    assert_eq!(rows.last().unwrap()["device"], "cpu", "{rows:?}");
+    let auto: Vec<&serde_json::Value> = rows.iter().filter(|r| r["auto"] == true).collect();
+    let expected = match zerostream::device::resolve_auto(None) {
+        zerostream::device::DeviceChoice::Cpu => "cpu",
+        _ => "gpu",
+    };
+    assert!(auto.len() == 1 && auto[0]["device"] == expected, "{rows:?}");
 }
 
 #[test]
