@@ -122,6 +122,15 @@ pub(crate) fn parse_grad_compression(text: &str) -> Result<zerostream::comm::com
     text.parse().map_err(|e: anyhow::Error| e.to_string())
 }
 
+/// The value parser of a time in seconds (`tune --max-seconds`, `selftest --check-timeout`): 0 to 1e9,
+/// fractions allowed.
+pub(crate) fn parse_seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(s) if s.is_finite() && (0.0..=1e9).contains(&s) => Ok(s),
+        _ => Err(format!("expected seconds from 0 to 1e9, e.g. 170 or 2.5; got {text:?}")),
+    }
+}
+
 /// The value parser of a count that must be at least 1 (a batch, a world size, a number of batches):
 /// "invalid value '0' for '--seq-len <SEQ_LEN>': must be at least 1".
 pub(crate) fn positive_count() -> fn(&str) -> Result<usize, String> {

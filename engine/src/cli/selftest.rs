@@ -28,9 +28,9 @@ pub struct SelftestArgs {
     quick: bool,
     /// Seconds one check may take before the adapter is taken to be hung (on the cpu device: too slow):
     /// the run then stops with that check failed (exit code 1), whether it is still running or finished
-    /// late.
-    #[arg(long, default_value_t = 120)]
-    check_timeout: u64,
+    /// late. 0: no limit, as ZEROSTREAM_GPU_WAIT_LIMIT_S=0 for the waits of other commands.
+    #[arg(long, default_value_t = 120.0, value_parser = crate::parse_seconds)]
+    check_timeout: f64,
 }
 
 /// What the output has said so far, shared with the watchdog.
@@ -92,12 +92,12 @@ impl Progress {
 
     /// When the running check has taken longer than `limit`: reports it failed, says what was found so
     /// far and ends the process (exit code 1).
-    fn stop_if_overdue(&mut self, limit: Duration) {
-        let Some((name, since)) = self.running.clone() else { return };
+    fn stop_if_overdue(&mut self, limit: Option<Duration>) {
+        let (Some((name, since)), Some(limit)) = (self.running.clone(), limit) else { return };
         if since.elapsed() <= limit {
             return;
         }
-        let why = format!("did not finish within {} s: {}; the run stops here", limit.as_secs(), self.hung);
+        let why = format!("did not finish within {} s: {}; the run stops here", limit.as_secs_f64(), self.hung);
         let mut r = CheckResult::failed(&name, why.clone());
         r.seconds = since.elapsed().as_secs_f64();
         self.report(&r);
@@ -106,8 +106,12 @@ impl Progress {
     }
 }
 
-/// Watches the running check (five times a second) and stops the run when it is overdue.
-fn watchdog(progress: Arc<Mutex<Progress>>, limit: Duration) {
+/// Watches the running check (five times a second) and stops the run when it is overdue; none
+/// without a limit.
+fn watchdog(progress: Arc<Mutex<Progress>>, limit: Option<Duration>) {
+    if limit.is_none() {
+        return;
+    }
     std::thread::spawn(move || {
         loop {
             std::thread::sleep(Duration::from_millis(200));
@@ -142,7 +146,7 @@ pub fn run(args: SelftestArgs, quiet: bool) -> Result<i32> {
         passed: 0,
         failed: 0,
     }));
-    let limit = Duration::from_secs(args.check_timeout);
+    let limit = (args.check_timeout > 0.0).then(|| Duration::from_secs_f64(args.check_timeout));
     watchdog(progress.clone(), limit);
     let size = if args.quick { Size::Quick } else { Size::Full };
     let report = selftest::run(&dev, size, &mut |event| {

@@ -61,7 +61,7 @@ pub struct TuneArgs {
     /// timed is left untuned (the clock is read before each variant, whose compiling can take minutes on a
     /// CPU driver). Where the adapter has cooperative matrices the fp32 classes stop at 60% of it and
     /// theirs take the rest.
-    #[arg(long, default_value_t = 170.0, value_parser = parse_max_seconds)]
+    #[arg(long, default_value_t = 170.0, value_parser = crate::parse_seconds)]
     max_seconds: f64,
     /// The tiny model's shapes at B=2 T=64 in place of --models, --batch-size, --seq-len and
     /// --vocab-chunk-rows: seconds on a software adapter such as lavapipe.
@@ -332,12 +332,4 @@ fn print_link_choice((kind, title, what): (&str, &str, &str), bytes: u64, mapped
         (None, None) => "unavailable".into(),
     };
     println!("{title}: mapped buffers {mapped_gbps:.1} GB/s, {} {rate} for {} MiB {what}: {chosen} chosen", other.label, bytes >> 20);
-}
-
-/// `--max-seconds`: a finite, non-negative number of seconds (0 tunes nothing and keeps the table).
-fn parse_max_seconds(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(s) if s.is_finite() && (0.0..=1e9).contains(&s) => Ok(s),
-        _ => Err(format!("expected seconds from 0 to 1e9, e.g. 170 or 2.5; got {text:?}")),
-    }
 }
