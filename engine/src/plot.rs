@@ -69,13 +69,32 @@ pub fn read_metrics(path: &Path) -> Result<Curve> {
     Ok(Curve { label, points })
 }
 
+/// The axis over `values`, 5% wider on each side: of their spread, or of the one value a one-row
+/// file has (half a unit about zero).
 fn range(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
     let (lo, hi) = values.filter(|v| v.is_finite()).fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
     if lo > hi {
         return 0.0..1.0;
     }
-    let pad = ((hi - lo) * 0.05).max(hi.abs() * 1e-3).max(1e-12);
+    let pad = match hi - lo {
+        spread if spread > hi.abs() * 1e-9 => spread * 0.05,
+        _ if hi != 0.0 => hi.abs() * 0.05,
+        _ => 0.5,
+    };
     (lo - pad)..(hi + pad)
+}
+
+/// Tick labels of a value axis over `range`: as many decimals as a tenth of its span needs ("0.00105",
+/// never "0.001" five times), and no "-0".
+fn decimal_labels(range: &std::ops::Range<f64>) -> impl Fn(&f64) -> String + use<> {
+    let span = range.end - range.start;
+    let decimals = (-(span / 10.0).log10().floor()).clamp(0.0, 12.0) as usize;
+    move |v| if v.abs() < span * 1e-9 { format!("{:.decimals$}", 0.0) } else { format!("{v:.decimals$}") }
+}
+
+/// Tick labels of a count axis (steps, tokens): whole numbers only, blank between them.
+fn whole_labels(v: &f64) -> String {
+    if (v - v.round()).abs() < 1e-6 { format!("{}", v.round() as i64) } else { String::new() }
 }
 
 /// Draws `curves` into the SVG file `out`: loss against tokens on top, learning rate and tokens/s below.
@@ -85,13 +104,15 @@ pub fn plot(curves: &[Curve], out: &Path) -> Result<()> {
     let (top, bottom) = root.split_vertically(440);
     let lower = bottom.split_evenly((1, 2));
     let all = || curves.iter().flat_map(|c| c.points.iter());
+    let losses = range(all().flat_map(|p| std::iter::once(p.loss).chain(p.val_loss)));
+    let loss_labels = decimal_labels(&losses);
     let mut loss = ChartBuilder::on(&top)
         .caption("loss (solid: training, dashed: validation) against tokens seen", ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(35)
         .y_label_area_size(55)
-        .build_cartesian_2d(range(all().map(|p| p.tokens)), range(all().flat_map(|p| std::iter::once(p.loss).chain(p.val_loss))))?;
-    loss.configure_mesh().x_desc("tokens").y_desc("loss").draw()?;
+        .build_cartesian_2d(range(all().map(|p| p.tokens)), losses)?;
+    loss.configure_mesh().x_desc("tokens").y_desc("loss").x_label_formatter(&whole_labels).y_label_formatter(&loss_labels).draw()?;
     for (i, c) in curves.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         // A run of finite losses per line: a diverged step (null) leaves a gap, not a bridge.
@@ -119,13 +140,15 @@ pub fn plot(curves: &[Curve], out: &Path) -> Result<()> {
     type Pick = fn(&Point) -> f64;
     let panels: [(&str, Pick); 2] = [("learning rate", |p| p.lr), ("tokens/s", |p| p.tokens_per_s)];
     for (area, (title, pick)) in lower.iter().zip(panels) {
+        let values = range(all().map(pick));
+        let labels = decimal_labels(&values);
         let mut chart = ChartBuilder::on(area)
             .caption(format!("{title} against the step"), ("sans-serif", 16))
             .margin(12)
             .x_label_area_size(35)
             .y_label_area_size(60)
-            .build_cartesian_2d(range(all().map(|p| p.step)), range(all().map(pick)))?;
-        chart.configure_mesh().x_desc("step").draw()?;
+            .build_cartesian_2d(range(all().map(|p| p.step)), values)?;
+        chart.configure_mesh().x_desc("step").x_label_formatter(&whole_labels).y_label_formatter(&labels).draw()?;
         for (i, c) in curves.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             let finite = c.points.iter().map(|p| (p.step, pick(p))).filter(|(_, y)| y.is_finite());
@@ -187,5 +210,22 @@ mod tests {
         // A last line cut off by a crash (no newline) is left out; one in the middle is still an error.
         std::fs::write(&bad, "{\"step\":0,\"loss\":1,\"lr\":1,\"tokens_per_s\":1}\n{\"step\": 1").unwrap();
         assert_eq!(read_metrics(&bad).unwrap().points.len(), 1);
+    }
+
+    #[test]
+    fn a_one_row_file_gets_axes_people_can_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let (one, svg) = (dir.path().join("one.jsonl"), dir.path().join("one.svg"));
+        std::fs::write(&one, "{\"step\":0,\"tokens\":256,\"loss\":10.8,\"lr\":0.001,\"tokens_per_s\":1000}\n").unwrap();
+        plot(&[read_metrics(&one).unwrap()], &svg).unwrap();
+        let text = std::fs::read_to_string(&svg).unwrap();
+        let labels: Vec<&str> = text.split("</text>").filter_map(|t| t.rsplit('>').next()).map(str::trim).collect();
+        assert!(!labels.iter().any(|l| l.starts_with("-0")), "{labels:?}");
+        // The learning rate's ticks differ from each other; the step's are whole.
+        let lr: Vec<&&str> = labels.iter().filter(|l| l.starts_with("0.00")).collect();
+        assert!(lr.len() > 2 && lr.windows(2).all(|w| w[0] != w[1]), "{labels:?}");
+        assert!(labels.contains(&"0") && !labels.iter().any(|l| l.starts_with("0.") && l.len() < 4), "{labels:?}");
+        assert_eq!(whole_labels(&3.0), "3");
+        assert_eq!(whole_labels(&2.5), "");
     }
 }
