@@ -20,8 +20,8 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// Print only results, warnings and errors: no progress bar or progress lines, no run description
-    /// or summary (train, eval, generate, prepare, plot, and selftest --json's text lines on stderr;
-    /// placed before or after the command; bench and tune, which are all progress, print theirs).
+    /// or summary (train, eval, generate, prepare, plot, bench adam and bench kernels, and selftest
+    /// --json's text lines on stderr; placed before or after the command; tune prints what it times).
     /// Without it, progress is a bar on a terminal and one plain line per update elsewhere (a log file,
     /// a pipe).
     #[arg(long, global = true)]
@@ -282,7 +282,7 @@ fn run(cli: Cli, given: &Given, resolved: &str) -> Result<i32> {
         }
         Command::Train(args) => cli::train::train(*args, given, resolved, cli_quiet),
         Command::Plan(args) => cli::train::plan(*args, given),
-        Command::Bench(b) => cli::bench::run(b).map(|()| 0),
+        Command::Bench(b) => cli::bench::run(b, cli_quiet).map(|()| 0),
         Command::Tune(args) => cli::tune::run(*args),
         Command::Plot { metrics, out } => {
             if let Some(input) = metrics.iter().find(|m| zerostream::train::outputs::same_file(m, &out)) {

@@ -92,4 +92,10 @@ fn bench_adam_times_lamb_and_lars() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains("--grad f32"), "{optimizer}: {err}");
     }
+    // Its progress lines go to stderr, and not under --quiet.
+    for (quiet, said) in [(false, true), (true, false)] {
+        let out = bench(if quiet { &["--quiet"] } else { &[] });
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && err.contains("bench adam: ") == said, "--quiet {quiet}: {err}");
+    }
 }

@@ -42,6 +42,16 @@ pub struct AdamBenchConfig {
     /// The update rule (`train --optimizer`).
     pub optimizer: Optimizer,
     pub reps: usize,
+    /// Say on stderr what it is doing (allocating, measuring the triad); off under `--quiet`.
+    pub progress: bool,
+}
+
+impl AdamBenchConfig {
+    fn say(&self, line: std::fmt::Arguments<'_>) {
+        if self.progress {
+            eprintln!("{line}");
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -100,7 +110,7 @@ pub fn bench_adam(cfg: &AdamBenchConfig) -> Result<AdamBenchReport> {
     let adam = AdamW::new(AdamConfig::default(), cfg.threads, DEFAULT_CHUNK_ELEMS);
     let n = cfg.params;
     let pool = rayon::ThreadPoolBuilder::new().num_threads(adam.threads()).build()?;
-    eprintln!("bench adam: {n} parameters, {} threads, {} instructions; allocating...", adam.threads(), adam.isa().name());
+    cfg.say(format_args!("bench adam: {n} parameters, {} threads, {} instructions; allocating...", adam.threads(), adam.isa().name()));
     // First touch on the benchmark's own threads.
     let filled = |value: f32| -> Vec<f32> {
         pool.install(|| {
@@ -135,7 +145,7 @@ pub fn bench_adam(cfg: &AdamBenchConfig) -> Result<AdamBenchReport> {
         adam.step_moments(&mut p, moments, grads, copy.param_copy(), step, 1.0, true);
         start.elapsed().as_secs_f64()
     });
-    eprintln!("bench adam: measuring memory bandwidth (triad)...");
+    cfg.say(format_args!("bench adam: measuring memory bandwidth (triad)..."));
     drop((g16, gb16, copy));
     let triad = membw::triad_gbps(&pool, n.max(1 << 24), cfg.reps.max(3));
     let copy_bytes = if cfg.copy == HalfOrFull::F32 { 0 } else { 2 };
@@ -184,7 +194,7 @@ fn bench_layerwise(cfg: &AdamBenchConfig) -> Result<AdamBenchReport> {
         crate::train::layerwise_config(&TrainConfig { optimizer: cfg.optimizer, ..TrainConfig::default() }).expect("a layer-wise rule");
     let opt = Layerwise::new(config, cfg.threads);
     let n = cfg.params;
-    eprintln!("bench adam: {name}, {n} parameters, {} threads; allocating...", opt.threads());
+    cfg.say(format_args!("bench adam: {name}, {n} parameters, {} threads; allocating...", opt.threads()));
     let pool = rayon::ThreadPoolBuilder::new().num_threads(opt.threads()).build()?;
     let filled = |value: f32, len: usize| -> Vec<f32> { pool.install(|| vec![value; len]) };
     let (mut p, grads, mut m) = (filled(0.5, n), filled(1e-3, n), filled(0.0, n));
@@ -197,7 +207,7 @@ fn bench_layerwise(cfg: &AdamBenchConfig) -> Result<AdamBenchReport> {
         opt.apply(&mut p, &mut m, &v, &grads, copy.param_copy(), step, 1.0, true, trust);
         start.elapsed().as_secs_f64()
     });
-    eprintln!("bench adam: measuring memory bandwidth (triad)...");
+    cfg.say(format_args!("bench adam: measuring memory bandwidth (triad)..."));
     drop(copy);
     let triad = membw::triad_gbps(&pool, n.max(1 << 24), cfg.reps.max(3));
     // Pass 1 reads p and g (LAMB also m and v, and writes them back); pass 2 reads p and the state

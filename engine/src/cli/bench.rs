@@ -195,7 +195,8 @@ pub struct KernelArgs {
 }
 
 /// Runs one `zerostream bench` subcommand.
-pub fn run(cmd: BenchCommand) -> Result<()> {
+/// Runs a bench; `quiet` leaves out the progress lines of the long ones (adam, kernels).
+pub fn run(cmd: BenchCommand, quiet: bool) -> Result<()> {
     match cmd {
         BenchCommand::Io(a) => drive::io_command(a),
         BenchCommand::H2d(t) => transfer_command(t, Link::HostToDevice),
@@ -205,7 +206,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             let codec = zerostream::comm::compress::Codec::new(grad_compression, grad_compression_chunk)?;
             collectives::bench_collectives(world_size, &sizes, reps, codec, json)
         }
-        BenchCommand::Kernels(k) => kernels_command(k),
+        BenchCommand::Kernels(k) => kernels_command(k, quiet),
         BenchCommand::All { dir, size, params, adapter, json } => all::bench_all(&dir, size, params, adapter.as_deref(), json),
         BenchCommand::Adam { params, threads, grad, copy, adam_state, optimizer, reps, json } => {
             let r = zerostream::bench::adam::bench_adam(&AdamBenchConfig {
@@ -216,6 +217,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 moments: adam_state,
                 optimizer,
                 reps,
+                progress: !quiet,
             })?;
             if json {
                 println!("{}", r.to_json());
@@ -284,7 +286,7 @@ fn overlap_command(o: OverlapArgs) -> Result<()> {
     Ok(())
 }
 
-fn kernels_command(k: KernelArgs) -> Result<()> {
+fn kernels_command(k: KernelArgs, quiet: bool) -> Result<()> {
     let cfg = if k.quick {
         KernelBenchConfig { only: k.only, wall_clock: k.wall_clock, ..KernelBenchConfig::quick() }
     } else {
@@ -299,15 +301,19 @@ fn kernels_command(k: KernelArgs) -> Result<()> {
         }
     };
     let dev = GpuDevice::open(k.adapter.as_deref(), None)?;
-    eprintln!(
-        "bench kernels: {} (B={}, T={}, models {})",
-        zerostream::device::Backend::describe(&dev),
-        cfg.batch,
-        cfg.seq_len,
-        cfg.models.join(",")
-    );
+    if !quiet {
+        eprintln!(
+            "bench kernels: {} (B={}, T={}, models {})",
+            zerostream::device::Backend::describe(&dev),
+            cfg.batch,
+            cfg.seq_len,
+            cfg.models.join(",")
+        );
+    }
     let report = zerostream::bench::kernels::bench_kernels(&dev, &cfg, |r| {
-        eprintln!("  {} {} {} {} {}: {:.1} us", r.model, r.kernel, r.case, r.precision, r.shape, r.seconds * 1e6)
+        if !quiet {
+            eprintln!("  {} {} {} {} {}: {:.1} us", r.model, r.kernel, r.case, r.precision, r.shape, r.seconds * 1e6)
+        }
     })?;
     if k.json {
         for r in &report.runs {

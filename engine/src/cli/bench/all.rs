@@ -20,6 +20,7 @@ pub fn bench_all(dir: &std::path::Path, size: u64, params: usize, adapter: Optio
         moments: AdamState::Fp32,
         optimizer: Optimizer::Adamw,
         reps: 3,
+        progress: true,
     })?;
     // The triad is a ceiling, printed once as such; AdamW is held against it.
     rows.push(LinkRow { link: "RAM (STREAM triad, all threads)".into(), gbps: adam.triad_gbps, ceiling: None });
