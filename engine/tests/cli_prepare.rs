@@ -16,6 +16,18 @@ fn prepare_writes_a_token_file_train_can_read() {
     assert!(out.status.success(), "{}", stderr(&out));
     let file = zerostream_checkpoints::TokenFile::open(&tokens).unwrap();
     assert_eq!(file.get(0), 2514, "GPT-2's id for \"To\"");
+    // `--text -` reads the same text from standard input, to the same bytes.
+    let piped = dir.path().join("piped.bin");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_zerostream"))
+        .args(["prepare", "--text", "-", "--out", piped.to_str().unwrap()])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), &std::fs::read(&text).unwrap()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&piped).unwrap(), std::fs::read(&tokens).unwrap());
 }
 
 #[test]

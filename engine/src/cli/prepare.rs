@@ -13,7 +13,7 @@ use zerostream_checkpoints::{DataTokenizer, TextTokenizer, write_token_file_u32}
 
 #[derive(clap::Args)]
 pub struct PrepareArgs {
-    /// UTF-8 text to tokenise.
+    /// UTF-8 text to tokenise; `-` reads standard input (`cat *.txt | zerostream prepare --text - ...`).
     #[arg(long)]
     text: PathBuf,
     /// Token file to write (the training part, with --val-fraction).
@@ -36,6 +36,22 @@ pub struct PrepareArgs {
     val_fraction: f64,
 }
 
+/// The text of `--text PATH`, or of standard input for `-` (refused from a terminal, where it would
+/// wait for typing).
+fn read_text(path: &Path) -> Result<String> {
+    use std::io::{IsTerminal, Read};
+    if path != Path::new("-") {
+        return std::fs::read_to_string(path).with_context(|| format!("reading --text {}", path.display()));
+    }
+    let mut stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        bail!("--text -: standard input is a terminal; pipe the text in (`cat book.txt | zerostream prepare --text - ...`)");
+    }
+    let mut text = String::new();
+    stdin.read_to_string(&mut text).context("reading --text - (standard input): expected UTF-8 text")?;
+    Ok(text)
+}
+
 /// `x.bin` -> `x.val.bin`.
 fn val_path(out: &Path) -> PathBuf {
     let stem = out.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
@@ -56,7 +72,7 @@ pub fn prepare(a: PrepareArgs, quiet: bool) -> Result<()> {
         bail!("--doc-separator: must not be empty");
     }
     let tokenizer = TextTokenizer::parse(&a.tokenizer)?;
-    let content = std::fs::read_to_string(&a.text).with_context(|| format!("reading --text {}", a.text.display()))?;
+    let content = read_text(&a.text)?;
     let val_out = val_path(&a.out);
     let records = [DataTokenizer::sidecar(&a.out), DataTokenizer::sidecar(&val_out)];
     for out in [&a.out, &val_out, &records[0], &records[1]] {
