@@ -6,7 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::cli::{demo_args, stderr, strings, zerostream};
+use common::cli::{demo_args, one_step_train, stderr, strings, zerostream};
 
 #[test]
 fn corrupt_checkpoints_are_refused_by_name_and_the_previous_one_still_resumes() {
@@ -147,23 +147,7 @@ fn save_targets_are_checked_before_any_work() {
     let busy = dir.path().join("busy");
     std::fs::create_dir(&busy).unwrap();
     std::fs::write(busy.join("notes.txt"), "mine").unwrap();
-    let run = |save: &Path| {
-        zerostream(&strings(&[
-            "train",
-            "--device",
-            "cpu",
-            "--steps",
-            "1",
-            "--batch-size",
-            "1",
-            "--seq-len",
-            "8",
-            "--sample-tokens",
-            "0",
-            "--save",
-            save.to_str().unwrap(),
-        ]))
-    };
+    let run = |save: &Path| zerostream(&one_step_train(&["--save", save.to_str().unwrap()]));
     let out = run(&busy);
     assert!(!out.status.success() && stderr(&out).contains("notes.txt"), "{}", stderr(&out));
     assert_eq!(std::fs::read_to_string(busy.join("notes.txt")).unwrap(), "mine");

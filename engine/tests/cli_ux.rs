@@ -2,16 +2,12 @@
 //! metrics, the tokenizer files in saved models and checkpoints, a quiet graphics stack, progress off a
 //! terminal and `--quiet`, and flags that would do nothing refused or said to be ignored.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
-fn zerostream(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_zerostream")).args(args).output().expect("running zerostream")
-}
-
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
+use common::cli::{one_step_train, stderr, zerostream};
 
 /// Each step's loss (not the row of the validation after the last step).
 fn losses(metrics: &Path) -> Vec<serde_json::Value> {
@@ -389,41 +385,13 @@ fn flags_that_would_do_nothing_are_refused_or_said_to_be_ignored() {
     assert!(out.status.success() && stderr(&out).contains("writes no files: --metrics ignored"), "{}", stderr(&out));
     assert!(!metrics.exists());
     // train: a flag the resolved run leaves idle is named, once, with why.
-    let out = zerostream(&[
-        "train",
-        "--device",
-        "cpu",
-        "--steps",
-        "1",
-        "--batch-size",
-        "1",
-        "--seq-len",
-        "8",
-        "--sample-tokens",
-        "0",
-        "--momentum",
-        "0.5",
-    ]);
+    let out = zerostream(&one_step_train(&["--momentum", "0.5"]));
     let said = stderr(&out);
     assert!(out.status.success() && said.matches("--momentum does nothing here").count() == 1, "{said}");
     // A run repeated from its resolved configuration (every flag, defaults too) gets no such note.
     let metrics = dir.path().join("r.jsonl");
     let m = metrics.to_str().unwrap();
-    let out = zerostream(&[
-        "train",
-        "--device",
-        "cpu",
-        "--steps",
-        "1",
-        "--batch-size",
-        "1",
-        "--seq-len",
-        "8",
-        "--sample-tokens",
-        "0",
-        "--metrics",
-        m,
-    ]);
+    let out = zerostream(&one_step_train(&["--metrics", m]));
     assert!(out.status.success(), "{}", stderr(&out));
     let resolved = dir.path().join("r.config.toml");
     let again =

@@ -23,6 +23,13 @@ pub fn path(p: &Path) -> String {
     p.to_str().unwrap().to_string()
 }
 
+/// `train` of one step of the built-in run on the cpu device at its smallest shape (B=1, T=8, no
+/// sample), then `extra`: the quickest whole run, for tests of what a run says or writes.
+pub fn one_step_train(extra: &[&str]) -> Vec<String> {
+    let base = ["train", "--device", "cpu", "--steps", "1", "--batch-size", "1", "--seq-len", "8", "--sample-tokens", "0"];
+    strings(&[&base[..], extra].concat())
+}
+
 /// (step, loss bits, grad norm bits) of each metrics row.
 pub fn trajectory(metrics: &Path) -> Vec<(u64, u64, u64)> {
     std::fs::read_to_string(metrics)

@@ -155,9 +155,7 @@ impl StepSinks {
             self.bar.println(step_line(r));
         }
     }
-}
 
-impl StepSinks {
     /// `row` (of step `step`) into the metrics file and TensorBoard.
     fn write_row(&mut self, step: u64, row: &serde_json::Value) {
         if let Some(warning) = self.tensorboard.write_step(step, row) {
