@@ -497,10 +497,8 @@ pub const PLAN_EXCEEDS_RAM_HERE: i32 = 3;
 pub fn plan(a: TrainArgs, given: &crate::Given) -> Result<i32> {
     let request = resolve_train(&a, false, given, "")?;
     // Taken with the rest of a train command line, but plan trains nothing: say so rather than ignore them unsaid.
-    let train_only = ["save", "save-dtype", "metrics", "trace", "tensorboard", "checkpoint-dir", "checkpoint-every", "keep-checkpoints"];
-    let ignored: Vec<String> = train_only.iter().filter(|f| given.changed.contains(**f)).map(|f| format!("--{f}")).collect();
-    if !ignored.is_empty() {
-        eprintln!("note: plan trains nothing and writes no files: {} ignored", ignored.join(", "));
+    if let Some(line) = zerostream::train::ignored::ignored_by_plan(&given.changed) {
+        eprintln!("note: {line}");
     }
     let (placement, predicted) = match &a.measure {
         Some(dir) => {

@@ -1,6 +1,7 @@
 //! The flags a run was given that do nothing in it (a validation cadence without validation data, a
 //! LARS setting under AdamW): said at start-up, so a typo'd or misunderstood flag is not taken as in
-//! effect. Refusals stay with the settings that cannot train (`TrainConfig::check`).
+//! effect; and those `plan`, which trains nothing, takes and leaves idle. Refusals stay with the
+//! settings that cannot train (`TrainConfig::check`).
 
 use std::collections::BTreeSet;
 
@@ -37,6 +38,17 @@ pub fn ignored_flags(changed: &BTreeSet<String>, train: &TrainConfig, options: &
         .filter(|(flag, idle, _)| *idle && changed.contains(*flag))
         .map(|(flag, _, why)| format!("--{flag} does nothing here: {why}"))
         .collect()
+}
+
+/// The train flags `plan` takes with the rest of a command line and leaves idle, since it trains
+/// nothing and writes no files.
+const TRAIN_ONLY: [&str; 8] =
+    ["save", "save-dtype", "metrics", "trace", "tensorboard", "checkpoint-dir", "checkpoint-every", "keep-checkpoints"];
+
+/// `plan`'s one line naming the flags in `changed` it leaves idle; None when it was given none.
+pub fn ignored_by_plan(changed: &BTreeSet<String>) -> Option<String> {
+    let ignored: Vec<String> = TRAIN_ONLY.iter().filter(|f| changed.contains(**f)).map(|f| format!("--{f}")).collect();
+    (!ignored.is_empty()).then(|| format!("plan trains nothing and writes no files: {} ignored", ignored.join(", ")))
 }
 
 #[cfg(test)]
