@@ -390,13 +390,19 @@ fn block_slots(model: &Model, tc: &TrainConfig, needs: &DeviceNeeds, minimum: u6
     let Some(budget) = tc.gpu_mem_budget else { return Ok(model.n_layer()) };
     let DeviceNeeds { head_bytes, slot_bytes, activation_bytes, other_bytes } = *needs;
     if budget < minimum {
+        // "the minimum of N bytes" is read by scripts (benches/scale.sh): its words stay.
+        use crate::words::size;
         bail!(
-            "--gpu-mem-budget {budget} bytes ({:.1} MiB) cannot hold the minimum of {minimum} bytes ({:.1} MiB): \
-             head parameters+gradients (one vocabulary chunk of the output projection) {head_bytes}, 2 block slots x {slot_bytes}, activations {activation_bytes}{}, other {other_bytes}. \
+            "--gpu-mem-budget {budget} bytes ({}) cannot hold the minimum of {minimum} bytes ({}): \
+             head parameters+gradients (one vocabulary chunk of the output projection) {}, 2 block slots x {}, activations {}{}, other {}. \
              Raise the budget, lower --batch-size/--seq-len{}",
-            budget as f64 / 1048576.0,
-            minimum as f64 / 1048576.0,
+            size(budget),
+            size(minimum),
+            size(head_bytes),
+            size(slot_bytes),
+            size(activation_bytes),
             if tc.recompute { " (with --recompute)" } else { "" },
+            size(other_bytes),
             if tc.recompute { "" } else { ", or add --recompute" },
         );
     }
