@@ -223,26 +223,21 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         plot_metrics(options, &say);
     }
     summarise(&say, &outcome.reports, seconds, adam_total_s, dev.alloc_stats().peak_bytes);
-    if let Some(step) = outcome.stopped_at {
-        return Ok(RunSummary {
-            steps: outcome.reports,
-            seconds,
-            sample: None,
-            stopped_at: Some(step),
-            checkpoint: outcome.checkpoint,
-            val_loss: final_val_loss,
-        });
+    // A stopped run saves, samples and sums up nothing: its resumed run will.
+    let mut sample = None;
+    if outcome.stopped_at.is_none() {
+        if let Some(dir) = &options.save {
+            save_model(&mut trainer, dir, &record, &say)?;
+        }
+        sample = sample_text(&mut trainer, options, &model, lead, &say)?;
+        let traffic = Traffic::of(&outcome.reports, trainer.nvme_traffic());
+        let did = what_it_did(&model, &trainer.placement, &outcome.reports, tokens.len, seconds, final_val_loss, &dev.describe(), &traffic);
+        for (i, line) in did.into_iter().enumerate() {
+            say(if i == 0 { format!("what it did: {line}") } else { line });
+        }
     }
-    if let Some(dir) = &options.save {
-        save_model(&mut trainer, dir, &record, &say)?;
-    }
-    let sample = sample_text(&mut trainer, options, &model, lead, &say)?;
-    let traffic = Traffic::of(&outcome.reports, trainer.nvme_traffic());
-    let did = what_it_did(&model, &trainer.placement, &outcome.reports, tokens.len, seconds, final_val_loss, &dev.describe(), &traffic);
-    for (i, line) in did.into_iter().enumerate() {
-        say(if i == 0 { format!("what it did: {line}") } else { line });
-    }
-    Ok(RunSummary { steps: outcome.reports, seconds, sample, stopped_at: None, checkpoint: outcome.checkpoint, val_loss: final_val_loss })
+    let steps::StepsOutcome { reports, stopped_at, checkpoint, .. } = outcome;
+    Ok(RunSummary { steps: reports, seconds, sample, stopped_at, checkpoint, val_loss: final_val_loss })
 }
 
 /// What a checkpoint records of the run besides the trainer's state: the seed, the data, the settings
