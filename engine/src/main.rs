@@ -20,7 +20,7 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// Print only results, warnings and errors: no progress bar or progress lines, no run description
-    /// or summary (train, eval, generate, prepare, plot, bench adam and bench kernels, and selftest
+    /// or summary (train, eval, generate, prepare, plot, bench adam, kernels and all, and selftest
     /// --json's text lines on stderr; placed before or after the command; tune prints what it times).
     /// Without it, progress is a bar on a terminal and one plain line per update elsewhere (a log file,
     /// a pipe).

@@ -195,7 +195,7 @@ pub struct KernelArgs {
 }
 
 /// Runs one `zerostream bench` subcommand.
-/// Runs a bench; `quiet` leaves out the progress lines of the long ones (adam, kernels).
+/// Runs a bench; `quiet` leaves out the progress lines of the long ones (adam, kernels, all).
 pub fn run(cmd: BenchCommand, quiet: bool) -> Result<()> {
     match cmd {
         BenchCommand::Io(a) => drive::io_command(a),
@@ -207,7 +207,7 @@ pub fn run(cmd: BenchCommand, quiet: bool) -> Result<()> {
             collectives::bench_collectives(world_size, &sizes, reps, codec, json)
         }
         BenchCommand::Kernels(k) => kernels_command(k, quiet),
-        BenchCommand::All { dir, size, params, adapter, json } => all::bench_all(&dir, size, params, adapter.as_deref(), json),
+        BenchCommand::All { dir, size, params, adapter, json } => all::bench_all(&dir, size, params, adapter.as_deref(), json, quiet),
         BenchCommand::Adam { params, threads, grad, copy, adam_state, optimizer, reps, json } => {
             let r = zerostream::bench::adam::bench_adam(&AdamBenchConfig {
                 params,

@@ -9,9 +9,25 @@ use zerostream::device::transfer::TransferMethod;
 use zerostream::train::{AdamState, Optimizer};
 use zerostream_offload::IoEngineKind;
 
-pub fn bench_all(dir: &std::path::Path, size: u64, params: usize, adapter: Option<&str>, json: bool) -> Result<()> {
-    use zerostream::bench::{Ceiling, LinkRow};
-    let mut rows: Vec<LinkRow> = Vec::new();
+use zerostream::bench::{Ceiling, LinkRow};
+
+pub fn bench_all(dir: &std::path::Path, size: u64, params: usize, adapter: Option<&str>, json: bool, quiet: bool) -> Result<()> {
+    let mut rows: Vec<LinkRow> = adam_rows(params, quiet)?.into();
+    rows.extend(nvme_rows(dir, size)?);
+    match GpuDevice::open(adapter, None) {
+        Ok(dev) => rows.extend(transfer_rows(&dev)?),
+        Err(e) => eprintln!("no GPU adapter, h2d and d2h not measured: {e:#}"),
+    }
+    if json {
+        println!("{}", serde_json::json!({ "links": rows.iter().map(LinkRow::to_json).collect::<Vec<_>>() }));
+    } else {
+        print!("{}", zerostream::bench::links_table(&rows));
+    }
+    Ok(())
+}
+
+/// The RAM's triad (a ceiling, printed once as such) and AdamW held against it.
+fn adam_rows(params: usize, quiet: bool) -> Result<[LinkRow; 2]> {
     let adam = zerostream::bench::adam::bench_adam(&AdamBenchConfig {
         params,
         threads: 0,
@@ -20,23 +36,28 @@ pub fn bench_all(dir: &std::path::Path, size: u64, params: usize, adapter: Optio
         moments: AdamState::Fp32,
         optimizer: Optimizer::Adamw,
         reps: 3,
-        progress: true,
+        progress: !quiet,
     })?;
-    // The triad is a ceiling, printed once as such; AdamW is held against it.
-    rows.push(LinkRow { link: "RAM (STREAM triad, all threads)".into(), gbps: adam.triad_gbps, ceiling: None });
-    rows.push(LinkRow {
-        link: format!("CPU AdamW ({:.2} Gparam/s, {} B/param)", adam.gparams_per_s, adam.bytes_per_param),
-        gbps: adam.adam_gbps,
-        ceiling: Some(Ceiling {
-            name: "triad".into(),
-            gbps: adam.triad_gbps,
-            exceeded_because: format!(
-                "AdamW's {:.0} MiB of state may sit in this CPU's caches, where the triad's arrays are sized to stream from RAM: \
-                 raise --params past the cache to measure RAM",
-                (adam.bytes_per_param * adam.params) as f64 / 1048576.0
-            ),
-        }),
-    });
+    Ok([
+        LinkRow { link: "RAM (STREAM triad, all threads)".into(), gbps: adam.triad_gbps, ceiling: None },
+        LinkRow {
+            link: format!("CPU AdamW ({:.2} Gparam/s, {} B/param)", adam.gparams_per_s, adam.bytes_per_param),
+            gbps: adam.adam_gbps,
+            ceiling: Some(Ceiling {
+                name: "triad".into(),
+                gbps: adam.triad_gbps,
+                exceeded_because: format!(
+                    "AdamW's {:.0} MiB of state may sit in this CPU's caches, where the triad's arrays are sized to stream from RAM: \
+                     raise --params past the cache to measure RAM",
+                    (adam.bytes_per_param * adam.params) as f64 / 1048576.0
+                ),
+            }),
+        },
+    ])
+}
+
+/// The drive's write and read in `dir` (1 MiB blocks, 32 deep), each beside fio's on the same terms.
+fn nvme_rows(dir: &std::path::Path, size: u64) -> Result<[LinkRow; 2]> {
     let (block, depth) = (1u64 << 20, 32);
     let _made = bench_io::BenchDir::open(dir)?;
     let io_cfg = IoBenchConfig {
@@ -59,34 +80,33 @@ pub fn bench_all(dir: &std::path::Path, size: u64, params: usize, adapter: Optio
         })
     };
     let label = |what: &str| format!("NVMe {what} ({}, {kind}, 1MiB x 32)", dir.display());
-    rows.push(LinkRow { link: label("write"), gbps: io[0].write_gbps, ceiling: fio_ceiling(fio.map_or(f64::NAN, |f| f.0)) });
-    rows.push(LinkRow { link: label("read"), gbps: io[0].read_gbps, ceiling: fio_ceiling(fio.map_or(f64::NAN, |f| f.1)) });
-    match GpuDevice::open(adapter, None) {
-        Ok(dev) => {
-            let memcpy = zerostream::bench::memcpy_gbps(256 << 20, 3);
-            for link in [Link::HostToDevice, Link::DeviceToHost] {
-                let runs = zerostream::bench::transfer::bench_transfer(&dev, link, &[256 << 20], 2, |_| {})?;
-                // Prestaged times a copy whose bytes were staged before the clock: not a way the trainer moves them.
-                let paths = runs.iter().filter(|r| r.method != TransferMethod::Prestaged);
-                let best = paths.max_by(|a, b| a.gbps.total_cmp(&b.gbps)).expect("two methods ran");
-                let name = if link == Link::HostToDevice { "h2d" } else { "d2h" };
-                rows.push(LinkRow {
-                    link: format!("{name} 256MiB {:?} ({})", best.method, zerostream::device::Backend::describe(&dev)),
-                    gbps: best.gbps,
-                    ceiling: Some(Ceiling {
-                        name: "host memcpy, one thread".into(),
-                        gbps: memcpy,
-                        exceeded_because: "the driver may copy with several threads or DMA straight from our memory, where one memcpy thread is the reference".into(),
-                    }),
-                });
-            }
-        }
-        Err(e) => eprintln!("no GPU adapter, h2d and d2h not measured: {e:#}"),
+    Ok([
+        LinkRow { link: label("write"), gbps: io[0].write_gbps, ceiling: fio_ceiling(fio.map_or(f64::NAN, |f| f.0)) },
+        LinkRow { link: label("read"), gbps: io[0].read_gbps, ceiling: fio_ceiling(fio.map_or(f64::NAN, |f| f.1)) },
+    ])
+}
+
+/// The fastest way the trainer moves 256 MiB up and down, beside one thread's host memcpy.
+fn transfer_rows(dev: &GpuDevice) -> Result<Vec<LinkRow>> {
+    let memcpy = zerostream::bench::memcpy_gbps(256 << 20, 3);
+    let mut rows = Vec::new();
+    for link in [Link::HostToDevice, Link::DeviceToHost] {
+        let runs = zerostream::bench::transfer::bench_transfer(dev, link, &[256 << 20], 2, |_| {})?;
+        // Prestaged times a copy whose bytes were staged before the clock: not a way the trainer moves them.
+        let paths = runs.iter().filter(|r| r.method != TransferMethod::Prestaged);
+        let best = paths.max_by(|a, b| a.gbps.total_cmp(&b.gbps)).expect("two methods ran");
+        let name = if link == Link::HostToDevice { "h2d" } else { "d2h" };
+        rows.push(LinkRow {
+            link: format!("{name} 256MiB {:?} ({})", best.method, zerostream::device::Backend::describe(dev)),
+            gbps: best.gbps,
+            ceiling: Some(Ceiling {
+                name: "host memcpy, one thread".into(),
+                gbps: memcpy,
+                exceeded_because:
+                    "the driver may copy with several threads or DMA straight from our memory, where one memcpy thread is the reference"
+                        .into(),
+            }),
+        });
     }
-    if json {
-        println!("{}", serde_json::json!({ "links": rows.iter().map(LinkRow::to_json).collect::<Vec<_>>() }));
-    } else {
-        print!("{}", zerostream::bench::links_table(&rows));
-    }
-    Ok(())
+    Ok(rows)
 }
