@@ -250,27 +250,8 @@ unsafe fn key_value_head_backward(
                     product(rows, keys, hd, probs.as_mut_ptr(), keys, false, q, k_t, 1.0);
                     product(rows, keys, hd, grads.as_mut_ptr(), keys, false, dout_block, v_t, 1.0);
                 }
-                // probs <- p m (what dv needs); grads <- ds = p (m dout . v - delta).
-                for r in 0..rows {
-                    let t = i0 + r;
-                    let (row_lse, row_delta) = (lse[stat0 + t], delta[stat0 + t]);
-                    let (p_row, p_masked) = probs[r * keys..][..keys].split_at_mut(t + 1);
-                    let (g_row, g_masked) = grads[r * keys..][..keys].split_at_mut(t + 1);
-                    p_masked.fill(0.0);
-                    g_masked.fill(0.0);
-                    fast_math::exp_affine(p_row, d.scale, row_lse, 1.0);
-                    if d.dropout.is_some() {
-                        for (j, (p, g)) in p_row.iter_mut().zip(g_row.iter_mut()).enumerate() {
-                            let m = d.prob_dropout(b, h, t, j);
-                            *g = *p * (*g * m - row_delta);
-                            *p *= m;
-                        }
-                    } else {
-                        for (p, g) in p_row.iter().zip(g_row.iter_mut()) {
-                            *g = p * (*g - row_delta);
-                        }
-                    }
-                }
+                let block = ScoreBlock { b, h, i0, rows, keys, stats: stat0 };
+                softmax_backward_rows(&mut probs[..rows * keys], &mut grads[..rows * keys], &block, lse, delta, d);
                 let pm_t = View { ptr: probs.as_ptr(), row_stride: 1, col_stride: keys };
                 let ds_t = View { ptr: grads.as_ptr(), row_stride: 1, col_stride: keys };
                 let ds = View { ptr: grads.as_ptr(), row_stride: keys, col_stride: 1 };
@@ -293,6 +274,43 @@ unsafe fn key_value_head_backward(
             }
         }
     });
+}
+
+/// Where a block of scores sits: batch `b`, head `h`, query rows `i0..i0 + rows` against keys
+/// `0..keys`, the head's softmax statistics from `stats`.
+struct ScoreBlock {
+    b: usize,
+    h: usize,
+    i0: usize,
+    rows: usize,
+    keys: usize,
+    stats: usize,
+}
+
+/// Row by row over a block of raw scores `probs` (q k^T) and `grads` (dout v^T), both (rows, keys):
+/// probs <- p m, what dv needs; grads <- ds = p (m dout . v - delta); the causally masked keys zeroed.
+fn softmax_backward_rows(probs: &mut [f32], grads: &mut [f32], s: &ScoreBlock, lse: &[f32], delta: &[f32], d: &AttentionDims) {
+    let keys = s.keys;
+    for r in 0..s.rows {
+        let t = s.i0 + r;
+        let (row_lse, row_delta) = (lse[s.stats + t], delta[s.stats + t]);
+        let (p_row, p_masked) = probs[r * keys..][..keys].split_at_mut(t + 1);
+        let (g_row, g_masked) = grads[r * keys..][..keys].split_at_mut(t + 1);
+        p_masked.fill(0.0);
+        g_masked.fill(0.0);
+        fast_math::exp_affine(p_row, d.scale, row_lse, 1.0);
+        if d.dropout.is_some() {
+            for (j, (p, g)) in p_row.iter_mut().zip(g_row.iter_mut()).enumerate() {
+                let m = d.prob_dropout(s.b, s.h, t, j);
+                *g = *p * (*g * m - row_delta);
+                *p *= m;
+            }
+        } else {
+            for (p, g) in p_row.iter().zip(g_row.iter_mut()) {
+                *g = p * (*g - row_delta);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
