@@ -99,7 +99,30 @@ impl HfModel {
             }
             model.shards.push(Shard { path, file, stamp });
         }
+        model.check_layer_count()?;
         Ok(model)
+    }
+
+    /// Refuses weights holding a block past the layers config.json declares (`h.N.` for GPT-2,
+    /// `layers.N.` for Llama): the model would be built without it and run silently wrong. Too few
+    /// blocks are refused where the missing tensor is read.
+    fn check_layer_count(&self) -> Result<()> {
+        let (layers, key, marker) = match &self.config {
+            ArchConfig::Gpt2(c) => (c.n_layer, "n_layer", "h"),
+            ArchConfig::Llama(c) => (c.num_hidden_layers, "num_hidden_layers", "layers"),
+        };
+        let layer_of = |name: &str| {
+            let parts: Vec<&str> = name.split('.').collect();
+            parts.windows(2).find(|w| w[0] == marker).and_then(|w| w[1].parse::<usize>().ok())
+        };
+        let beyond = self.index.keys().filter_map(|name| layer_of(name).filter(|&l| l >= layers).map(|l| (l, name))).max();
+        if let Some((layer, name)) = beyond {
+            bail!(
+                "{}: config.json says {key} {layers}, but the weights hold block {layer} ({name}): the config does not describe these weights",
+                self.dir.display()
+            );
+        }
+        Ok(())
     }
 
     /// The stored name of `name` (`transformer.h.0.ln_1.weight`), also accepting checkpoints saved
@@ -240,5 +263,12 @@ mod tests {
         assert_eq!(model.tensor_rows("wte", &[5, 3], 4..4).unwrap(), Vec::<f32>::new());
         let err = model.tensor_rows("wte", &[5, 3], 2..6).unwrap_err().to_string();
         assert!(err.contains("wte") && err.contains("2..6") && err.contains('5'), "{err}");
+        // A block past config.json's layers is refused by name, not dropped.
+        let values = [0u8; 8];
+        let view = |shape| safetensors::tensor::TensorView::new(Dtype::F32, shape, &values).unwrap();
+        let tensors = [("transformer.h.0.ln_1.weight", view(vec![2])), ("transformer.h.1.ln_1.weight", view(vec![2]))];
+        safetensors::serialize_to_file(tensors, None, &dir.path().join("model.safetensors")).unwrap();
+        let err = HfModel::open(dir.path()).err().unwrap().to_string();
+        assert!(err.contains("config.json says n_layer 1, but the weights hold block 1 (transformer.h.1.ln_1.weight)"), "{err}");
     }
 }
