@@ -109,21 +109,26 @@ pub fn is_finished(state: &TrainerState, tc: &TrainConfig) -> bool {
 }
 
 /// What a resume that changes `--steps` does to a cosine schedule, which decays over the whole run:
-/// the learning rates from here on are not the ones the first run planned. None where nothing changes.
+/// the learning rates from here on are not the ones the first run planned. None where no step still to
+/// run changes its rate (a change within the warm-up, which does not depend on the run's length).
 pub fn schedule_note(state: &TrainerState, tc: &TrainConfig) -> Option<String> {
     let planned_steps = state.settings.get("steps")?.as_u64()?;
     if planned_steps == tc.steps || tc.lr.schedule != super::LrSchedule::Cosine || is_finished(state, tc) {
         return None;
     }
-    // The first step whose rate moves: the next one, or the first after the warm-up's last, whose rate
-    // is the peak in both plans (steps count from 0, as the metrics and the progress lines do).
+    // The first step still to run whose rate moves (steps count from 0, as the metrics and the
+    // progress lines do).
     let planned = super::LrPlan { total_steps: planned_steps, ..tc.lr };
-    let first = state.step.max(tc.lr.warmup_steps + 1);
+    let first = (state.step..tc.steps).find(|&s| tc.lr.at(s) != planned.at(s))?;
+    let end = if tc.lr.warmup_steps < tc.steps - 1 {
+        format!("now reaches --min-lr at step {}", tc.steps - 1)
+    } else {
+        format!("now ends within its warm-up (--warmup-steps {})", tc.lr.warmup_steps)
+    };
     Some(format!(
-        "--steps {} (the checkpoint's run planned {planned_steps}): the cosine schedule now reaches --min-lr at step {} instead, \
+        "--steps {} (the checkpoint's run planned {planned_steps}): the cosine schedule {end} instead, \
          so the learning rates from step {first} on differ from the first run's plan (step {first}: {:.4e}, planned {:.4e})",
         tc.steps,
-        tc.steps - 1,
         tc.lr.at(first),
         planned.at(first)
     ))
@@ -213,6 +218,11 @@ mod tests {
         assert!(note.contains(&part), "{note}");
         assert_ne!(format!("{:.4e}", longer.lr.at(3)), format!("{:.4e}", lr.at(3)), "the step named is one whose rate moved");
         assert_eq!(schedule_note(&st, &recorded), None, "the same steps");
+        // Both runs inside a warm-up longer than either: the rates to come are the first run's.
+        let warm = LrPlan { warmup_steps: 20, total_steps: 4, ..lr };
+        let short = TrainConfig { steps: 4, lr: warm, ..recorded.clone() };
+        let eight = TrainConfig { steps: 8, lr: LrPlan { total_steps: 8, ..warm }, ..short.clone() };
+        assert_eq!(schedule_note(&TrainerState { step: 4, ..state(&short, 1) }, &eight), None);
         let constant = |tc: &TrainConfig| TrainConfig { lr: LrPlan { schedule: LrSchedule::Constant, ..tc.lr }, ..tc.clone() };
         assert_eq!(schedule_note(&state(&constant(&recorded), 1), &constant(&longer)), None, "no decay to move");
     }
