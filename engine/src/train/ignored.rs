@@ -8,12 +8,38 @@ use std::collections::BTreeSet;
 use super::run::RunOptions;
 use super::{LrSchedule, Optimizer, TrainConfig};
 
+/// Where a run computes, as far as its idle flags go.
+#[derive(Clone, Copy, Debug)]
+pub struct RunShape {
+    /// Ranks in all: one exchanges nothing.
+    pub world: usize,
+    /// Every rank on the cpu device: nothing is copied to a GPU.
+    pub cpu_only: bool,
+}
+
 /// One line per flag in `changed` (given at other than its default, by name) that this run, as
 /// resolved (a resume's settings merged), leaves without effect: the flag and why.
-pub fn ignored_flags(changed: &BTreeSet<String>, train: &TrainConfig, options: &RunOptions) -> Vec<String> {
+pub fn ignored_flags(changed: &BTreeSet<String>, train: &TrainConfig, options: &RunOptions, shape: RunShape) -> Vec<String> {
     let no_validation = options.val_data.is_none() && options.data.is_some();
     let optimizer = train.optimizer.name();
-    let rules: [(&str, bool, String); 10] = [
+    let one_rank = shape.world == 1;
+    let exchange = || "one rank exchanges nothing (--world-size, or mpirun's -n)".to_string();
+    let no_nvme = !train.uses_nvme();
+    let drive = || "no state is on NVMe (--offload-optimizer, --offload-gradients or --offload-params nvme)".to_string();
+    let gpu_copies = || "the cpu device copies nothing to a GPU".to_string();
+    let rules: [(&str, bool, String); 22] = [
+        ("grad-compression", one_rank, exchange()),
+        ("grad-compression-warmup", one_rank, exchange()),
+        ("grad-compression-chunk", one_rank, exchange()),
+        ("param-compression", one_rank, exchange()),
+        ("all-reduce-phases", one_rank, exchange()),
+        ("io-engine", no_nvme, drive()),
+        ("block-size", no_nvme, drive()),
+        ("queue-depth", no_nvme, drive()),
+        ("buffered", no_nvme, drive()),
+        ("no-verify", no_nvme, drive()),
+        ("no-pin-memory", shape.cpu_only, gpu_copies()),
+        ("copy-queue", shape.cpu_only, gpu_copies()),
         ("eval-every", no_validation, "without --val-data there is nothing to validate".into()),
         ("eval-batches", no_validation, "without --val-data there is nothing to validate".into()),
         (
@@ -27,11 +53,7 @@ pub fn ignored_flags(changed: &BTreeSet<String>, train: &TrainConfig, options: &
         ("beta1", train.optimizer == Optimizer::Lars, "it is AdamW's and LAMB's; --optimizer lars has none".into()),
         ("beta2", train.optimizer == Optimizer::Lars, "it is AdamW's and LAMB's; --optimizer lars has none".into()),
         ("min-lr", train.lr.schedule == LrSchedule::Constant, "--lr-schedule constant never decays to it".into()),
-        (
-            "nvme-dir",
-            !train.nvme_dirs.is_empty() && !train.uses_nvme(),
-            "no state is on NVMe (--offload-optimizer, --offload-gradients or --offload-params nvme)".into(),
-        ),
+        ("nvme-dir", !train.nvme_dirs.is_empty() && no_nvme, drive()),
     ];
     rules
         .into_iter()
@@ -56,18 +78,28 @@ mod tests {
     use super::*;
     use crate::train::run::ModelChoice;
 
+    const ONE_GPU: RunShape = RunShape { world: 1, cpu_only: false };
+
     #[test]
     fn idle_flags_are_named_only_when_given_and_idle() {
         let options = RunOptions { data: Some("book.bin".into()), ..RunOptions::new(ModelChoice::Demo) };
         let train = TrainConfig::default();
         let given = |flags: &[&str]| flags.iter().map(|f| f.to_string()).collect::<BTreeSet<_>>();
-        let said = ignored_flags(&given(&["eval-every", "momentum", "beta1", "lr"]), &train, &options);
+        let said = ignored_flags(&given(&["eval-every", "momentum", "beta1", "lr"]), &train, &options, ONE_GPU);
         assert_eq!(said.len(), 2, "{said:?}");
         assert!(said[0].starts_with("--eval-every does nothing here") && said[1].contains("--optimizer adamw has none"), "{said:?}");
         // With validation data and LARS, those two are in effect and beta1 is not.
         let options = RunOptions { val_data: Some("book.val.bin".into()), ..options };
         let lars = TrainConfig { optimizer: Optimizer::Lars, ..train };
-        let said = ignored_flags(&given(&["eval-every", "momentum", "beta1"]), &lars, &options);
+        let said = ignored_flags(&given(&["eval-every", "momentum", "beta1"]), &lars, &options, ONE_GPU);
         assert_eq!(said, ["--beta1 does nothing here: it is AdamW's and LAMB's; --optimizer lars has none"]);
+        // What one rank, no NVMe tier and the cpu device leave idle, and what two ranks on a GPU use.
+        let flags = given(&["grad-compression", "io-engine", "no-pin-memory"]);
+        let said = ignored_flags(&flags, &train, &options, RunShape { world: 1, cpu_only: true });
+        assert_eq!(said.len(), 3, "{said:?}");
+        assert!(said[0].contains("one rank exchanges nothing") && said[1].contains("no state is on NVMe"), "{said:?}");
+        assert!(said[2].starts_with("--no-pin-memory does nothing here: the cpu device"), "{said:?}");
+        let nvme = TrainConfig { offload_optimizer: zerostream_offload::Tier::Nvme, ..TrainConfig::default() };
+        assert!(ignored_flags(&flags, &nvme, &options, RunShape { world: 2, cpu_only: false }).is_empty());
     }
 }

@@ -76,7 +76,15 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
     let finished_at = resume_from_checkpoint(&mut req, world)?;
     outputs::check_outputs(&req.options, req.config_file.as_deref(), req.tensorboard.as_deref())?;
     if first_process() && req.options.progress {
-        for line in super::ignored::ignored_flags(&req.changed_flags, &req.train, &req.options) {
+        let default_cpu = match req.ranks.device {
+            DeviceChoice::Auto => crate::device::resolve_auto(req.ranks.adapter.as_deref()) == DeviceChoice::Cpu,
+            choice => choice == DeviceChoice::Cpu,
+        };
+        // No --devices: every rank on the default device.
+        let on_cpu = |d: &RankDevice| matches!(d, RankDevice::Cpu) || matches!(d, RankDevice::Default) && default_cpu;
+        let cpu_only = if req.ranks.devices.is_empty() { default_cpu } else { req.ranks.devices.iter().all(on_cpu) };
+        let shape = super::ignored::RunShape { world, cpu_only };
+        for line in super::ignored::ignored_flags(&req.changed_flags, &req.train, &req.options, shape) {
             eprintln!("note: {line}");
         }
     }

@@ -389,7 +389,7 @@ fn describe_run<D: Backend>(
     let flag = |v: &serde_json::Value| v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
     let f = train.to_flags();
     say(format!(
-        "training: {} x {} of {}x{} tokens{}; lr {} ({}, warmup {}, min {}), {}, weight decay {}, clip {}, {}{}{}{}{}",
+        "training: {} x {} of {}x{} tokens{}; lr {} ({}, warmup {}{}), {}, weight decay {}, clip {}, {}{}{}{}{}",
         crate::words::counted(train.steps, "step"),
         crate::words::counted((train.grad_accum * world) as u64, "micro-batch"),
         train.batch,
@@ -398,7 +398,8 @@ fn describe_run<D: Backend>(
         number(train.lr.peak),
         flag(&f["lr-schedule"]),
         train.lr.warmup_steps,
-        number(train.lr.min),
+        // A constant schedule never decays to --min-lr.
+        if train.lr.schedule == super::LrSchedule::Constant { String::new() } else { format!(", min {}", number(train.lr.min)) },
         match train.optimizer {
             super::Optimizer::Lars => format!("LARS momentum {}, trust coefficient {}", train.momentum, train.trust_coefficient),
             o => format!(
