@@ -90,7 +90,7 @@ mod tests {
         assert!(said[0].starts_with("--eval-every does nothing here") && said[1].contains("--optimizer adamw has none"), "{said:?}");
         // With validation data and LARS, those two are in effect and beta1 is not.
         let options = RunOptions { val_data: Some("book.val.bin".into()), ..options };
-        let lars = TrainConfig { optimizer: Optimizer::Lars, ..train };
+        let lars = TrainConfig { optimizer: Optimizer::Lars, ..train.clone() };
         let said = ignored_flags(&given(&["eval-every", "momentum", "beta1"]), &lars, &options, ONE_GPU);
         assert_eq!(said, ["--beta1 does nothing here: it is AdamW's and LAMB's; --optimizer lars has none"]);
         // What one rank, no NVMe tier and the cpu device leave idle, and what two ranks on a GPU use.
