@@ -349,7 +349,7 @@ fn a_plan_that_exceeds_this_machines_ram_exits_3() {
     let out = zerostream(&["plan", "--config", "llama-3-8b", "--device", "cpu"]);
     let text = String::from_utf8(out.stdout.clone()).unwrap();
     if zerostream::device::alloc::available_ram_bytes().is_some_and(|avail| avail < 150 << 30) {
-        assert!(text.contains("does NOT fit in the"), "{text}");
+        assert!(text.contains("does NOT fit in the") && text.contains("put more state on NVMe: --offload-optimizer nvme,"), "{text}");
     }
     let exceeds = text.contains("does NOT fit in the");
     assert_eq!(out.status.code(), Some(if exceeds { 3 } else { 0 }), "{text}{}", stderr(&out));

@@ -130,10 +130,7 @@ impl Placement {
         let fits = available.map(|avail| all <= avail);
         let verdict = match available {
             Some(avail) if all <= avail => format!("fits in the {:.1} GiB of RAM available here", gib(avail)),
-            Some(avail) => format!(
-                "does NOT fit in the {:.1} GiB of RAM available here (put more state on NVMe, or more ranks on other machines)",
-                gib(avail)
-            ),
+            Some(avail) => format!("does NOT fit in the {:.1} GiB of RAM available here ({})", gib(avail), self.ram_advice()),
             None => "RAM available here unknown".to_string(),
         };
         let line = format!(
@@ -150,6 +147,32 @@ impl Placement {
             gib(all)
         );
         (line, fits)
+    }
+
+    /// What would lower the RAM a run needs: the state still in RAM put on NVMe, or — everything
+    /// there already — what the RAM then holds, which only more ranks (each paging in its own slice)
+    /// shrink.
+    fn ram_advice(&self) -> String {
+        let in_ram: Vec<&str> = [
+            (self.optimizer_tier, "--offload-optimizer nvme"),
+            (self.grads_tier, "--offload-gradients nvme"),
+            (self.params_tier, "--offload-params nvme"),
+        ]
+        .into_iter()
+        .filter(|(tier, _)| *tier == Tier::Ram)
+        .map(|(_, flag)| flag)
+        .collect();
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        if in_ram.is_empty() {
+            format!(
+                "all state is on NVMe already: the RAM holds the state paged in at once, {:.2} GiB, and the device's {:.2} GiB; \
+                 more ranks, on other machines, each page in a smaller slice",
+                gib(self.host_paged_in_bytes + self.host_stage1_grad_bytes),
+                gib(self.host_device_bytes())
+            )
+        } else {
+            format!("put more state on NVMe: {}; or more ranks on other machines", in_ram.join(", "))
+        }
     }
 
     /// Refuses, with the numbers, a run whose NVMe state (and spare files) for `ranks_here` ranks on
