@@ -149,6 +149,9 @@ fn validation_data_of_another_tokenizer_is_refused() {
             .concat(),
     );
     assert!(run.status.success(), "{}", stderr(&run));
+    // An empty prompt starts from GPT-2's end-of-text token, said.
+    let out = zerostream(&["generate", "--model", m, "--device", "cpu", "--prompt", "", "--max-new-tokens", "2"]);
+    assert!(out.status.success() && stderr(&out).contains("starting from the end-of-text token (id 50256)"), "{}", stderr(&out));
     let eval = |data: &str| zerostream(&["eval", "--model", m, "--data", data, "--device", "cpu", "--seq-len", "8", "--batch-size", "1"]);
     assert!(eval(d).status.success(), "{}", stderr(&eval(d)));
     for run in [eval(v), zerostream(&[&["train", "--model", m, "--data", v, "--steps", "1", "--sample-tokens", "0"][..], &tiny].concat())] {

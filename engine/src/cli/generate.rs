@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use zerostream::generate::{DecodePlan, Sampling, generate};
 use zerostream::model::Model;
 use zerostream::train::layout::group_layouts;
-use zerostream_checkpoints::{HfModel, HfTokenizer, Tokenizer};
+use zerostream_checkpoints::{HfModel, HfTokenizer, TextTokenizer, Tokenizer};
 
 use crate::DeviceArgs;
 
@@ -20,7 +20,8 @@ pub struct GenerateArgs {
     #[arg(long)]
     model: PathBuf,
     /// Text to continue (tokenised with the model directory's tokenizer.json or vocab.json + merges.txt,
-    /// else GPT-2's BPE / bytes by the vocabulary size).
+    /// else GPT-2's BPE / bytes by the vocabulary size). One of --prompt, --prompt-file and
+    /// --prompt-tokens is needed; a text that makes no tokens starts from the end-of-text token.
     #[arg(long, conflicts_with_all = ["prompt_file", "prompt_tokens"])]
     prompt: Option<String>,
     /// A file whose text to continue.
@@ -58,31 +59,10 @@ pub struct GenerateArgs {
     gpu_mem_budget: Option<u64>,
 }
 
-/// Text <-> ids for a model directory.
-#[allow(clippy::large_enum_variant, reason = "one per command; boxing would buy nothing")]
-enum Text {
-    Builtin(Tokenizer),
-    Hf(HfTokenizer),
-}
-
-impl Text {
-    fn encode(&self, s: &str) -> Result<Vec<u32>> {
-        match self {
-            Text::Builtin(t) => Ok(t.encode(s)?.into_iter().map(u32::from).collect()),
-            Text::Hf(t) => t.encode(s),
-        }
-    }
-    fn decode(&self, ids: &[u32]) -> String {
-        match self {
-            Text::Builtin(t) => t.decode(ids),
-            Text::Hf(t) => t.decode(ids),
-        }
-    }
-}
-
-/// `quiet`: the text only, without the device, model and plan lines.
-/// The prompt as text (where given as text) and as token ids.
-fn prompt_of(a: &GenerateArgs, model: &Model, text: Option<&Text>) -> Result<(Option<String>, Vec<u32>)> {
+/// The prompt as text (where given as text) and as token ids. A text that makes no tokens starts from
+/// the tokenizer's end-of-text token, said (GPT-2's unconditional samples start so); without one it is
+/// refused.
+fn prompt_of(a: &GenerateArgs, model: &Model, text: Option<&TextTokenizer>) -> Result<(Option<String>, Vec<u32>)> {
     let prompt_text = match (&a.prompt, &a.prompt_file) {
         (Some(p), _) => Some(p.replace("\\n", "\n")),
         (None, Some(f)) => Some(std::fs::read_to_string(f).with_context(|| format!("reading --prompt-file {}", f.display()))?),
@@ -98,8 +78,18 @@ fn prompt_of(a: &GenerateArgs, model: &Model, text: Option<&Text>) -> Result<(Op
         ),
         (None, None, _) => bail!("give --prompt TEXT, --prompt-file FILE or --prompt-tokens ID,ID,..."),
     };
+    let prompt = match (prompt.is_empty(), text.and_then(TextTokenizer::end_of_text)) {
+        (false, _) => prompt,
+        (true, Some(id)) => {
+            eprintln!("note: the prompt makes no tokens: starting from the end-of-text token (id {id})");
+            vec![id]
+        }
+        (true, None) => {
+            bail!("the prompt makes no tokens and this tokenizer has no end-of-text token to start from: give text or --prompt-tokens")
+        }
+    };
     // Words the vocabulary lacks reach the model as its unknown token: say so, or they pass unseen.
-    if let (Some(Text::Hf(t)), Some(_), None) = (text, &prompt_text, &a.prompt_tokens)
+    if let (Some(TextTokenizer::Hf(t)), Some(_), None) = (text, &prompt_text, &a.prompt_tokens)
         && let Some((token, id)) = t.unknown_token()
         && let unknown = prompt.iter().filter(|&&p| p == id).count()
         && unknown > 0
@@ -113,6 +103,7 @@ fn prompt_of(a: &GenerateArgs, model: &Model, text: Option<&Text>) -> Result<(Op
     Ok((prompt_text, prompt))
 }
 
+/// `quiet`: the text only, without the device, model and plan lines.
 pub fn run(mut a: GenerateArgs, quiet: bool) -> Result<()> {
     // A checkpoint root means its latest checkpoint's model.
     a.model = zerostream::checkpoints::checkpoint::model_dir(&a.model)?;
@@ -122,8 +113,8 @@ pub fn run(mut a: GenerateArgs, quiet: bool) -> Result<()> {
     let hf = HfModel::open(&a.model)?;
     let model = Model::of_hf(&hf)?;
     let text = match HfTokenizer::from_model_dir(&a.model)? {
-        Some(t) => Some(Text::Hf(t)),
-        None => Tokenizer::for_vocab(model.vocab_size()).map(Text::Builtin),
+        Some(t) => Some(TextTokenizer::Hf(t)),
+        None => Tokenizer::for_vocab(model.vocab_size()).map(TextTokenizer::Builtin),
     };
     let (prompt_text, prompt) = prompt_of(&a, &model, text.as_ref())?;
     let dev = zerostream::device::open(a.device.device, a.device.adapter.as_deref(), a.gpu_mem_budget)?;

@@ -318,7 +318,8 @@ pub struct TrainArgs {
     copy_queue: bool,
     /// Write one JSON object per optimizer step to this file (and one for the validation after the last
     /// step, where there is validation data); beside it the loss curves, NAME.svg, and the resolved
-    /// configuration, NAME.config.toml.
+    /// configuration, NAME.config.toml. A fresh run replaces an existing file (saying how many rows
+    /// go); a resumed one keeps its rows up to the checkpoint's step and appends.
     #[arg(long)]
     metrics: Option<PathBuf>,
     /// Write a timeline of the steps to this file (replaced if it exists), in the Chrome trace format:
@@ -391,7 +392,8 @@ pub struct TrainArgs {
     /// run keeps it.
     #[arg(long, value_enum, default_value_t = zerostream::device::MatmulInputs::F32)]
     matmul_inputs: zerostream::device::MatmulInputs,
-    /// Tokens of text to sample at the end (0 = none), written with the data's tokenizer (--tokenizer, or the
+    /// Tokens of text to sample at the end at temperature 0.8 (0 = none; `zerostream generate` samples a
+    /// saved model with every setting), written with the data's tokenizer (--tokenizer, or the
     /// one `prepare` recorded beside --data; else the built-in one of the vocabulary's size).
     #[arg(long, default_value_t = 300)]
     sample_tokens: usize,

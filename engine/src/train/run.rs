@@ -219,8 +219,8 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
     let adam_total_s = trainer.adam_seconds() - adam_before_s;
     let final_val_loss = outcome.final_val_loss;
     let seconds = start.elapsed().as_secs_f64();
-    if lead && outcome.metrics_written {
-        plot_metrics(options, &say);
+    if lead {
+        say_records(options, outcome.metrics_written, &say);
     }
     summarise(&say, &outcome.reports, seconds, adam_total_s, dev.alloc_stats().peak_bytes);
     // A stopped run saves, samples and sums up nothing: its resumed run will.
@@ -340,6 +340,20 @@ pub(crate) fn beside(metrics: &std::path::Path, extension: &str) -> PathBuf {
     metrics.with_file_name(format!("{stem}.{extension}"))
 }
 
+/// Where the run's records went (the plot drawn from the metrics first, where they were written),
+/// as the checkpoints say theirs.
+fn say_records(options: &RunOptions, metrics_written: bool, say: &dyn Fn(String)) {
+    if metrics_written {
+        plot_metrics(options, say);
+    }
+    if let Some(path) = &options.trace {
+        say(format!("trace: {} (open in https://ui.perfetto.dev)", path.display()));
+    }
+    if let Some(tb) = &options.tensorboard {
+        say(format!("tensorboard: {} (tensorboard --logdir {})", tb.dir.display(), tb.dir.display()));
+    }
+}
+
 /// The curves beside the metrics ([`plot_path`]); a failure to draw them costs the picture, not the run.
 fn plot_metrics(options: &RunOptions, say: &dyn Fn(String)) {
     #[cfg(feature = "plot")]
@@ -430,7 +444,7 @@ fn describe_run<D: Backend>(
         say(format!(
             "checkpoints: {} ({}; keep {})",
             dir.display(),
-            if every > 0 { format!("every {every} steps and at the end") } else { "at the end".into() },
+            if every > 0 { format!("every {} and at the end", crate::words::counted(every, "step")) } else { "at the end".into() },
             if options.checkpoints.keep > 0 { options.checkpoints.keep.to_string() } else { "all".into() }
         ));
     }
@@ -469,6 +483,6 @@ fn sample_text<D: Backend>(
     }
     let text = tok.decode(&[prompt, ids].concat());
     // The text itself is the run's summary's: `zerostream train` prints it on stdout, under --quiet too.
-    say(format!("sample ({} tokens, temperature 0.8) done", options.sample_tokens));
+    say(format!("sample ({}, temperature 0.8) done", crate::words::counted(options.sample_tokens as u64, "token")));
     Ok(Some(text))
 }
