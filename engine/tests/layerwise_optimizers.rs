@@ -70,8 +70,8 @@ fn the_goldens_differ_from_adamw_so_the_rule_is_really_used() {
     assert!(result.is_err(), "AdamW reproduced the LAMB golden");
 }
 
-/// `bench adam --optimizer lamb|lars` times the two passes and counts their bytes; the 16-bit
-/// gradients that AdamW's bench defaults to are refused by name (the layer-wise rules read f32).
+/// `bench adam --optimizer lamb|lars` times the two passes and counts their bytes, with f32 gradients
+/// by default; 16-bit gradients asked for are refused by name (the layer-wise rules read f32).
 #[test]
 fn bench_adam_times_lamb_and_lars() {
     let bench = |args: &[&str]| {
@@ -88,7 +88,9 @@ fn bench_adam_times_lamb_and_lars() {
         assert_eq!(r["optimizer"], optimizer);
         assert_eq!(r["bytes_per_param"], bytes_per_param, "{optimizer}: {r}");
         assert!(r["gparams_per_s"].as_f64().unwrap() > 0.0, "{optimizer}: {r}");
-        let out = bench(&["--optimizer", optimizer]);
+        // f32 gradients are their default; 16-bit ones asked for are refused by name.
+        assert!(bench(&["--optimizer", optimizer]).status.success(), "{optimizer} with its default gradients");
+        let out = bench(&["--optimizer", optimizer, "--grad", "bf16"]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains("--grad f32"), "{optimizer}: {err}");
     }

@@ -29,9 +29,10 @@ pub enum BenchCommand {
         /// CPU threads (0 = one per core).
         #[arg(long, default_value_t = 0)]
         threads: usize,
-        /// Precision of the gradients the update reads.
-        #[arg(long, value_enum, default_value = "bf16")]
-        grad: HalfOrFull,
+        /// Precision of the gradients the update reads. Default: bf16 for adamw, f32 for lamb and lars
+        /// (which read only f32).
+        #[arg(long, value_enum)]
+        grad: Option<HalfOrFull>,
         /// Precision of the parameter copy written for the GPU (`f32` = no copy).
         #[arg(long, value_enum, default_value = "bf16")]
         copy: HalfOrFull,
@@ -40,7 +41,7 @@ pub enum BenchCommand {
         #[arg(long, value_enum, default_value = "fp32")]
         adam_state: AdamState,
         /// The update rule, as `train --optimizer` takes it: adamw, or lamb and lars (two passes per
-        /// step: the norms, then the step; f32 gradients, so with `--grad f32`).
+        /// step: the norms, then the step; f32 gradients).
         #[arg(long, value_enum, default_value = "adamw")]
         optimizer: Optimizer,
         /// Timed steps; the best is reported.
@@ -212,7 +213,7 @@ pub fn run(cmd: BenchCommand, quiet: bool) -> Result<()> {
             let r = zerostream::bench::adam::bench_adam(&AdamBenchConfig {
                 params,
                 threads,
-                grad,
+                grad: grad.unwrap_or(if optimizer == Optimizer::Adamw { HalfOrFull::Bf16 } else { HalfOrFull::F32 }),
                 copy,
                 moments: adam_state,
                 optimizer,
