@@ -52,6 +52,16 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
     os::sync_dir(dir).with_context(|| format!("syncing directory {}", dir.display()))
 }
 
+/// Makes the folder an output `path` (given as `flag`) goes into, where missing; a file in the way is
+/// named as such rather than by the OS's "File exists".
+pub fn create_parent_dir(flag: &str, path: &Path) -> Result<()> {
+    let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) else { return Ok(()) };
+    if let Some(file) = parent.ancestors().find(|a| a.exists()).filter(|a| !a.is_dir()) {
+        bail!("{flag} {}: {} is a file, not a directory", path.display(), file.display());
+    }
+    std::fs::create_dir_all(parent).with_context(|| format!("{flag} {}: creating {}", path.display(), parent.display()))
+}
+
 /// Writes `text` to `path` through a fsynced temporary beside it and a rename: readers see the old
 /// file or the new one, never a mix.
 pub fn write_file_atomic(path: &Path, text: &[u8]) -> Result<()> {

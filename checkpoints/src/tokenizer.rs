@@ -266,6 +266,7 @@ fn why_not_a_tokenizer(path: &Path, error: &str) -> String {
     let text = std::fs::read(path).unwrap_or_default();
     match serde_json::from_slice::<serde_json::Value>(&text) {
         Err(e) => format!("not JSON: {e}"),
+        Ok(serde_json::Value::Object(o)) if o.is_empty() => "an empty JSON object".to_string(),
         Ok(serde_json::Value::Object(o)) if !o.contains_key("model") => {
             let keys: Vec<&str> = o.keys().take(5).map(String::as_str).collect();
             format!("JSON without a tokenizer's \"model\" entry; its keys: {}", keys.join(", "))
@@ -363,6 +364,9 @@ pub(crate) mod tests {
         std::fs::write(dir.path().join("config.json"), r#"{"n_embd": 768, "n_layer": 12}"#).unwrap();
         let err = TextTokenizer::parse(dir.path().join("config.json").to_str().unwrap()).err().unwrap().to_string();
         assert!(err.contains("JSON without a tokenizer's \"model\" entry; its keys: n_embd, n_layer"), "{err}");
+        std::fs::write(dir.path().join("empty.json"), "{}").unwrap();
+        let err = TextTokenizer::parse(dir.path().join("empty.json").to_str().unwrap()).err().unwrap().to_string();
+        assert!(err.contains("not a Hugging Face tokenizer.json (an empty JSON object)"), "{err}");
         let err = TextTokenizer::parse("llama").err().unwrap().to_string();
         assert!(err.contains("--tokenizer \"llama\""), "{err}");
         assert!(matches!(TextTokenizer::parse("gpt2").unwrap(), TextTokenizer::Builtin(Tokenizer::Gpt2)));

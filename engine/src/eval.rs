@@ -54,6 +54,21 @@ pub struct EvalData<'a> {
     pub progress: bool,
 }
 
+/// The micro-batches of B x T tokens `tokens` (the file of flag `what`) holds, or its refusal, by flag,
+/// where it holds none.
+pub fn holds_a_micro_batch(tokens: &TokenFile, what: &str, batch: usize, seq_len: usize) -> Result<usize> {
+    let held = tokens.micro_batches(batch, seq_len);
+    if held == 0 {
+        bail!(
+            "{what} {}: {} tokens, fewer than one micro-batch of --batch-size {batch} x --seq-len {seq_len} + 1 = {} tokens",
+            tokens.path.display(),
+            tokens.len,
+            batch.saturating_mul(seq_len).saturating_add(1)
+        );
+    }
+    Ok(held)
+}
+
 /// How many micro-batches of B x T an evaluation asked for `asked` (by `flag`) reads from `tokens`
 /// (`what`, named in the refusal): all the file holds where that is fewer, said through `say` (past them
 /// the first ones would be read again and weigh twice). A file without one is refused. `eval` and
@@ -70,15 +85,7 @@ pub fn micro_batches_to_read(
     if asked == 0 {
         bail!("{flag} must be at least 1");
     }
-    let held = tokens.micro_batches(batch, seq_len);
-    if held == 0 {
-        bail!(
-            "{what} {}: {} tokens, fewer than one micro-batch of --batch-size {batch} x --seq-len {seq_len} + 1 = {} tokens",
-            tokens.path.display(),
-            tokens.len,
-            batch.saturating_mul(seq_len).saturating_add(1)
-        );
-    }
+    let held = holds_a_micro_batch(tokens, what, batch, seq_len)?;
     if asked > held {
         say(format!(
             "{} holds {held} micro-batches of B x T tokens, fewer than {flag} {asked}: reading those {held}",
@@ -108,11 +115,10 @@ pub fn evaluate<D: Backend>(dev: &D, model_dir: &Path, eval: &EvalData<'_>) -> R
     let say = |line: String| eprintln!("eval: {line}");
     let batches = micro_batches_to_read(&tokens, "--data", batch, seq_len, batches, "--batches", &say)?;
     let groups = group_layouts(&model);
-    let loading = || format!("loading {}", model_dir.display());
     // Fills `slot` with block group `g`'s parameters, read one tensor at a time.
     let fill = |g: &GroupLayout, slot: &[D::Tensor]| -> Result<()> {
         for (t, x) in g.tensors.iter().zip(slot) {
-            dev.write(x, &hf.tensor(&t.name, &t.shape).with_context(loading)?);
+            dev.write(x, &hf.tensor(&t.name, &t.shape)?);
         }
         Ok(())
     };
@@ -143,7 +149,7 @@ pub fn evaluate<D: Backend>(dev: &D, model_dir: &Path, eval: &EvalData<'_>) -> R
         model.final_norm_forward(dev, &head, &head_acts, &residual[model.n_layer() % 2]);
         for j in 0..chunks.count() {
             let ids = chunks.range(j);
-            dev.write(&vocab_slot, &hf.tensor_rows(&projection.name, &projection.shape, ids).with_context(loading)?);
+            dev.write(&vocab_slot, &hf.tensor_rows(&projection.name, &projection.shape, ids)?);
             vocab::forward_chunk(dev, loss_acts, h, Rows::Chunk(&vocab_slot), &y, j, width);
         }
         sum += vocab::finish_loss(dev, loss_acts) as f64;
@@ -181,7 +187,7 @@ fn head_but_vocabulary<D: Backend>(dev: &D, hf: &HfModel, head: &GroupLayout, vo
                 return dev.alloc(0, &t.name);
             }
             let x = dev.alloc(t.len, &t.name)?;
-            dev.write(&x, &hf.tensor(&t.name, &t.shape).with_context(|| format!("loading {}", hf.dir.display()))?);
+            dev.write(&x, &hf.tensor(&t.name, &t.shape)?);
             Ok(x)
         })
         .collect()
@@ -192,9 +198,7 @@ fn embedding_rows(hf: &HfModel, embedding: &TensorSlot, ids: &[u32]) -> Result<V
     let mut rows = Vec::with_capacity(ids.len() * embedding.shape.get(1).copied().unwrap_or(1));
     for &id in ids {
         let id = id as usize;
-        rows.extend(
-            hf.tensor_rows(&embedding.name, &embedding.shape, id..id + 1).with_context(|| format!("loading {}", hf.dir.display()))?,
-        );
+        rows.extend(hf.tensor_rows(&embedding.name, &embedding.shape, id..id + 1)?);
     }
     Ok(rows)
 }

@@ -123,9 +123,7 @@ pub fn run(mut a: GenerateArgs, quiet: bool) -> Result<()> {
     }
     // Group g's tensors, read from the model's files one group at a time.
     let groups = group_layouts(&model);
-    let mut load = |g: usize| -> Result<Vec<Vec<f32>>> {
-        groups[g].tensors.iter().map(|t| hf.tensor(&t.name, &t.shape).with_context(|| a.model.display().to_string())).collect()
-    };
+    let mut load = |g: usize| -> Result<Vec<Vec<f32>>> { groups[g].tensors.iter().map(|t| hf.tensor(&t.name, &t.shape)).collect() };
     // The prompt is printed once the plan is made: a budget refused leaves nothing on stdout.
     let on_plan = |p: &DecodePlan| {
         if !quiet {

@@ -129,9 +129,7 @@ pub fn check_save_dir(save: &Path) -> Result<()> {
         }
     }
     let partial = super::checkpoint::save_partial_dir(save)?;
-    if let Some(parent) = partial.parent() {
-        std::fs::create_dir_all(parent).with_context(|| format!("--save {}: creating {}", save.display(), parent.display()))?;
-    }
+    zerostream_checkpoints::checkpoint::create_parent_dir("--save", save)?;
     // A probe now rather than an error after the whole run; named for this process, since every rank
     // of an MPI launch probes at once (a shared name raced: one rank removed the other's probe).
     let mut probe = partial.into_os_string();
@@ -166,9 +164,7 @@ pub fn write_resolved(metrics: &Path, text: &str, config_file: Option<&Path>) ->
             path.display()
         );
     }
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    }
+    zerostream_checkpoints::checkpoint::create_parent_dir("--metrics", metrics)?;
     zerostream_checkpoints::checkpoint::write_file_atomic(&path, text.as_bytes())?;
     Ok(path)
 }

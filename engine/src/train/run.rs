@@ -186,7 +186,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         Some(p) => source.model().with_dropout(p)?,
         None => source.model(),
     };
-    let (tokens, validation) = open_data(options, &model, &source)?;
+    let (tokens, validation) = open_data(options, &train, &model, &source)?;
     // Before anything is said or written: a gpu adapter without the f16 cooperative matrices refuses
     // `--matmul-inputs f16` here, naming itself (the trainer sets it again, for library callers).
     dev.set_matmul_inputs(train.matmul_inputs)?;

@@ -11,12 +11,20 @@ use crate::model::Model;
 
 /// The training tokens and the validation tokens (`--val-data`, or the built-in text's last scenes),
 /// checked against the model's vocabulary and tokenizer and, resuming, against the checkpoint's data.
-pub(super) fn open_data(options: &RunOptions, model: &Model, source: &ModelSource<'_>) -> Result<(TokenFile, Option<TokenFile>)> {
+pub(super) fn open_data(
+    options: &RunOptions,
+    train: &TrainConfig,
+    model: &Model,
+    source: &ModelSource<'_>,
+) -> Result<(TokenFile, Option<TokenFile>)> {
     let tokens = match &options.data {
         Some(path) => TokenFile::open_with(path, options.data_dtype).with_context(|| format!("--data {}", path.display()))?,
         None => Demo::get()?.train_tokens(),
     };
     tokens.check_vocab(model.vocab_size())?;
+    // Refused here, by flag, rather than by the first step's read.
+    let what = if options.data.is_some() { "--data" } else { "the built-in text" };
+    crate::eval::holds_a_micro_batch(&tokens, what, train.batch, train.seq_len)?;
     if let (ModelSource::Hf(hf), Some(data)) = (source, &options.data) {
         DataTokenizer::check_data_fits_model(&hf.dir, data, "--data")?;
     }

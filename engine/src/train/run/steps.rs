@@ -182,9 +182,7 @@ impl StepSinks {
 /// The metrics file: new, or — when resuming at `first_step` — the earlier rows kept and the new
 /// ones appended.
 fn open_metrics(path: &Path, first_step: u64) -> Result<std::io::BufWriter<std::fs::File>> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).with_context(|| format!("--metrics {}: creating {}", path.display(), parent.display()))?;
-    }
+    zerostream_checkpoints::checkpoint::create_parent_dir("--metrics", path)?;
     let file = if first_step > 0 {
         truncate_metrics(path, first_step)?;
         std::fs::OpenOptions::new().create(true).append(true).open(path)
@@ -231,9 +229,7 @@ fn diverged(steps: std::ops::RangeInclusive<u64>, loss: f64, f16_inputs: bool, c
 
 /// `--trace`'s file, its folder made where missing.
 fn open_trace(path: &Path) -> Result<Trace> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).with_context(|| format!("--trace {}: creating {}", path.display(), parent.display()))?;
-    }
+    zerostream_checkpoints::checkpoint::create_parent_dir("--trace", path)?;
     Trace::create(path)
 }
 
