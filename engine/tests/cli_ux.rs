@@ -54,6 +54,27 @@ fn config_file_flags_apply_the_command_line_wins_and_the_resolved_copy_repeats_t
     assert_eq!(losses(&metrics), first, "nothing ran");
 }
 
+/// The resolved file holds its paths absolute and every directory of `--nvme-dir`, so it repeats the
+/// run from another folder.
+#[test]
+fn the_resolved_configuration_repeats_the_run_from_any_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_zerostream"))
+        .args(one_step_train(&["--metrics", "m.jsonl", "--nvme-dir", "a,b"]))
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", stderr(&run));
+    let text = std::fs::read_to_string(dir.path().join("m.config.toml")).unwrap();
+    let at = |name: &str| dir.path().canonicalize().unwrap().join(name).display().to_string();
+    for line in [format!("metrics = \"{}\"", at("m.jsonl")), format!("nvme-dir = \"{},{}\"", at("a"), at("b"))] {
+        assert!(text.lines().any(|l| l == line), "{line:?} not in:\n{text}");
+    }
+    std::fs::remove_file(dir.path().join("m.jsonl")).unwrap();
+    let again = zerostream(&["train", "--config-file", dir.path().join("m.config.toml").to_str().unwrap()]);
+    assert!(again.status.success() && dir.path().join("m.jsonl").exists(), "{}", stderr(&again));
+}
+
 #[test]
 fn config_files_with_unknown_keys_or_wrong_types_are_refused_by_file_and_key() {
     let dir = tempfile::tempdir().unwrap();

@@ -76,8 +76,44 @@ pub fn read(file: &Path, sub: &Command) -> Result<Vec<OsString>> {
     Ok(args)
 }
 
+/// The flags whose values are paths (`config` and `tokenizer` where the value is a file rather than a
+/// preset's name): written absolute in the resolved file, so that it repeats the run from any folder.
+const PATH_FLAGS: &[&str] = &[
+    "model",
+    "config",
+    "data",
+    "val-data",
+    "resume",
+    "tokenizer",
+    "save",
+    "metrics",
+    "trace",
+    "tensorboard",
+    "checkpoint-dir",
+    "nvme-dir",
+    "measure",
+];
+
+/// `value` of flag `long` as the resolved file keeps it: each comma-separated path of a path flag made
+/// absolute (a name that is no file left as it is for `--config` and `--tokenizer`).
+fn resolved_value(long: &str, value: String) -> String {
+    if !PATH_FLAGS.contains(&long) || value.is_empty() {
+        return value;
+    }
+    let names_a_preset = matches!(long, "config" | "tokenizer");
+    let absolute = |part: &str| {
+        let path = Path::new(part);
+        match std::path::absolute(path) {
+            Ok(abs) if path.is_relative() && !(names_a_preset && !path.exists()) => abs.display().to_string(),
+            _ => part.to_string(),
+        }
+    };
+    value.split(',').map(absolute).collect::<Vec<_>>().join(",")
+}
+
 /// Every flag of `sub` as resolved in `matches` (command line, config file and defaults), as a TOML
-/// file `--config-file` repeats the run with. Flags not given and without a default are left out.
+/// file `--config-file` repeats the run with, from any folder (paths absolute). Flags not given and
+/// without a default are left out.
 pub fn resolved(sub: &Command, matches: &ArgMatches) -> String {
     let mut out = format!(
         "# The resolved configuration of a `zerostream {}` run (every flag, given or defaulted).\n\
@@ -93,8 +129,12 @@ pub fn resolved(sub: &Command, matches: &ArgMatches) -> String {
         let value = if matches!(arg.get_action(), ArgAction::SetTrue) {
             toml::Value::Boolean(matches.get_flag(id))
         } else {
-            let Some(raw) = matches.get_raw(id).and_then(|mut v| v.next()) else { continue };
-            let raw = raw.to_string_lossy().into_owned();
+            // Every value of a comma-separated flag (`--nvme-dir a,b`), joined as given.
+            let values: Vec<String> = matches.get_raw(id).into_iter().flatten().map(|v| v.to_string_lossy().into_owned()).collect();
+            if values.is_empty() {
+                continue;
+            }
+            let raw = resolved_value(long, values.join(","));
             // A number only where reading it back gives the same text (see `read`); anything else,
             // including text that merely looks numeric, stays a string.
             match (raw.parse::<i64>(), raw.parse::<f64>()) {
@@ -106,4 +146,19 @@ pub fn resolved(sub: &Command, matches: &ArgMatches) -> String {
         out.push_str(&format!("{long} = {value}\n"));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn path_flags_are_kept_absolute_and_preset_names_as_given() {
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(super::resolved_value("data", "x.bin".into()), cwd.join("x.bin").display().to_string());
+        assert_eq!(super::resolved_value("data", "/abs/x.bin".into()), "/abs/x.bin");
+        assert_eq!(super::resolved_value("config", "gpt2".into()), "gpt2", "a preset, no file of that name");
+        assert_eq!(super::resolved_value("tokenizer", "bytes".into()), "bytes");
+        assert_eq!(super::resolved_value("lr", "0.1".into()), "0.1");
+        let both = format!("{},{}", cwd.join("a").display(), cwd.join("b").display());
+        assert_eq!(super::resolved_value("nvme-dir", "a,b".into()), both);
+    }
 }
