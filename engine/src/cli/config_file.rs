@@ -104,7 +104,7 @@ fn resolved_value(long: &str, value: String) -> String {
     let absolute = |part: &str| {
         let path = Path::new(part);
         match std::path::absolute(path) {
-            Ok(abs) if path.is_relative() && !(names_a_preset && !path.exists()) => abs.display().to_string(),
+            Ok(abs) if path.is_relative() && (path.exists() || !names_a_preset) => abs.display().to_string(),
             _ => part.to_string(),
         }
     };
