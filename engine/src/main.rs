@@ -77,7 +77,8 @@ enum Command {
     },
     /// Train a GPT-2 or Llama-family model with parameters streamed to the device and AdamW on the CPU.
     /// With no --model, --config or --data: a small GPT-2 on Shakespeare's Hamlet in words (built in), a
-    /// few minutes.
+    /// few minutes. Exits 0 when done, 130 or 143 when SIGINT or SIGTERM stopped it (after the step and
+    /// its checkpoint), 1 on an error, 2 on a bad flag.
     Train(Box<TrainArgs>),
     /// Does it fit? The placement `train` would use with the same flags — host bytes per rank on each
     /// tier, device bytes, block slots — for a model, a batch, a world size and a ZeRO stage, without

@@ -1,6 +1,6 @@
 //! Checkpoints survive the process being stopped through the `zerostream` binary: SIGKILL at seeded
 //! random instants (saves included) loses nothing, with the state in RAM or on NVMe, and SIGINT
-//! finishes the step, checkpoints it and exits 130.
+//! finishes the step, checkpoints it and exits 130 (143 for SIGTERM).
 
 mod common;
 
@@ -106,8 +106,16 @@ fn sigkill_and_resume(kills_wanted: usize, extra: impl Fn(&Path) -> Vec<String>)
     assert!(in_save > 0, "no kill landed in a save: the test did not test saves");
 }
 
+/// SIGINT exits 130 and SIGTERM 143 (128 + the signal, as shells report them), each after its step's
+/// checkpoint.
 #[test]
-fn sigint_finishes_the_step_checkpoints_and_exits_130_even_when_delivered_twice() {
+fn a_signal_finishes_the_step_checkpoints_and_exits_128_plus_it_even_when_delivered_twice() {
+    for (signal, code) in [("-INT", 130), ("-TERM", 143)] {
+        stop_by(signal, code);
+    }
+}
+
+fn stop_by(signal: &str, code: i32) {
     let dir = tempfile::tempdir().unwrap();
     let ck = dir.path().join("ck");
     let metrics = dir.path().join("m.jsonl");
@@ -122,11 +130,11 @@ fn sigint_finishes_the_step_checkpoints_and_exits_130_even_when_delivered_twice(
     // Twice at once, as GNU timeout or a terminal delivers it to a process group: still one stop, with
     // its checkpoint (only a signal a second or more after the first stops at once).
     let pid = child.id().to_string();
-    let sent = Command::new("kill").args(["-INT", &pid, &pid]).status().unwrap();
+    let sent = Command::new("kill").args([signal, &pid, &pid]).status().unwrap();
     assert!(sent.success());
     let out = child.wait_with_output().unwrap();
     let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert_eq!(out.status.code(), Some(code), "{signal}: {err}");
     assert!(err.contains("stopped by a signal") && err.contains("--resume"), "{err}");
     let latest = std::fs::read_to_string(ck.join("latest")).unwrap();
     let steps = std::fs::read_to_string(&metrics).unwrap().lines().count();

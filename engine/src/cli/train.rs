@@ -406,9 +406,13 @@ pub struct TrainArgs {
 /// terminal signal the whole process group, and a launcher may pass it on), not a second Ctrl-C.
 const REPEATED_SIGNAL_MS: u64 = 1000;
 
+/// The exit code of a run a signal stopped: 128 + the first signal's number (130 for SIGINT, 143 for
+/// SIGTERM, as shells report them); 130 where it came to another rank of an MPI launch.
+static STOPPED_EXIT_CODE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(130);
+
 /// SIGINT and SIGTERM set the returned flag (the run finishes its step, checkpoints and stops, and
-/// says so at once on stderr); another, a second or more after the first, ends the process at once
-/// (exit 130 or 143) without a checkpoint.
+/// says so at once on stderr; it then exits 130 or 143); another, a second or more after the first,
+/// ends the process at once (exit 130 or 143) without a checkpoint.
 fn stop_on_signals() -> Result<Arc<AtomicBool>> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
@@ -421,7 +425,10 @@ fn stop_on_signals() -> Result<Arc<AtomicBool>> {
         let action = move || {
             let now_ms = began.elapsed().as_millis() as u64 + 1;
             match first_ms.compare_exchange(0, now_ms, SeqCst, SeqCst) {
-                Ok(_) => stop.store(true, SeqCst),
+                Ok(_) => {
+                    STOPPED_EXIT_CODE.store(code, SeqCst);
+                    stop.store(true, SeqCst)
+                }
                 // Saturating: another handler may have stored a later time than this one read.
                 Err(first) if now_ms.saturating_sub(first) >= REPEATED_SIGNAL_MS => signal_hook::low_level::exit(code),
                 Err(_) => {}
@@ -488,7 +495,7 @@ pub fn train(a: TrainArgs, given: &crate::Given, resolved: &str, quiet: bool) ->
             None => eprintln!("stopped by a signal after step {step}; no --checkpoint-dir was given, so nothing was saved"),
         }
     }
-    Ok(130)
+    Ok(STOPPED_EXIT_CODE.load(std::sync::atomic::Ordering::SeqCst))
 }
 
 /// `zerostream plan`: the placement `train` would use with the same flags.
