@@ -37,9 +37,10 @@ pub fn exact_size(bytes: u64) -> String {
     format!("{bytes}B")
 }
 
-/// A duration for people: "0.42 s", "3.1 s", "95 s", "12 min 5 s", "2 h 3 min".
+/// A duration for people: "0 s", "0.42 s", "3.1 s", "95 s", "12 min 5 s", "2 h 3 min".
 pub fn seconds(s: f64) -> String {
     match s {
+        0.0 => "0 s".to_string(),
         s if s < 1.0 => format!("{s:.2} s"),
         s if s < 10.0 => format!("{s:.1} s"),
         s if s < 120.0 => format!("{s:.0} s"),
@@ -87,6 +88,7 @@ mod tests {
 
     #[test]
     fn durations_take_the_unit_that_shows_them() {
+        assert_eq!(super::seconds(0.0), "0 s");
         assert_eq!(super::seconds(0.123), "0.12 s");
         assert_eq!(super::seconds(3.07), "3.1 s");
         assert_eq!(super::seconds(95.4), "95 s");

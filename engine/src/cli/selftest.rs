@@ -84,7 +84,7 @@ impl Progress {
             }
             self.lacks.iter().for_each(|l| println!("  {l}"));
             self.not_checked.iter().for_each(|n| println!("  not checked: {} ({})", n.kernel, n.why));
-            println!("{:.1} s on {}", seconds, self.device);
+            println!("{} on {}", zerostream::words::seconds(seconds), self.device);
             println!("{}", selftest::summary_line(self.passed, self.failed));
         }
         let _ = std::io::stdout().flush();

@@ -193,16 +193,20 @@ impl Tuned<'_> {
             return;
         }
         println!(
-            "tune: {} matmul, {} attention and {} cooperative-matrix shape classes in {seconds:.1} s",
+            "tune: {} matmul, {} attention and {} cooperative-matrix shape classes in {}",
             self.results.len(),
             self.attention.len(),
-            self.coop.len()
+            self.coop.len(),
+            zerostream::words::seconds(seconds)
         );
         for (what, s) in [("matmul", matmul), ("attention", attention), ("cooperative-matrix", coop)] {
             if s.total_s() > 0.0 {
+                let secs = zerostream::words::seconds;
                 println!(
-                    "  {what}: {:.1} s making operands, {:.1} s first runs and bit checks, {:.1} s timed runs",
-                    s.setup_s, s.check_s, s.timing_s
+                    "  {what}: {} making operands, {} first runs and bit checks, {} timed runs",
+                    secs(s.setup_s),
+                    secs(s.check_s),
+                    secs(s.timing_s)
                 );
             }
         }

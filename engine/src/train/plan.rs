@@ -259,23 +259,23 @@ impl Placement {
     }
 
     pub fn describe(&self) -> String {
-        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let size = crate::words::size;
         let ranks = if self.world_size > 1 {
             format!("; {} ranks, ZeRO stage {}, per rank:", self.world_size, self.zero_stage.number())
         } else {
             ";".to_string()
         };
         format!(
-            "placement: {} parameters{ranks} master weights + {} {} {:.1} MiB on {}; gradients {:.1} MiB on {}; working copy {:.1} MiB on {}{}{}\n\
-             device{}: head {:.1} MiB ({}) + {} x {:.1} MiB + activations {:.1} MiB + other {:.1} MiB = {:.1} MiB (budget {})\n{}",
+            "placement: {} parameters{ranks} master weights + {} {} {} on {}; gradients {} on {}; working copy {} on {}{}{}\n\
+             device{}: head {} ({}) + {} x {} + activations {} + other {} = {} (budget {})\n{}",
             self.params,
             self.adam_state.name(),
             self.optimizer.state_words(),
-            mib(self.host_optimizer_bytes),
+            size(self.host_optimizer_bytes),
             self.optimizer_tier.name(),
-            mib(self.host_grad_bytes),
+            size(self.host_grad_bytes),
             self.grads_tier.name(),
-            mib(self.host_working_bytes),
+            size(self.host_working_bytes),
             self.params_tier.name(),
             match self.cached_working_blocks.len() {
                 0 => String::new(),
@@ -287,25 +287,25 @@ impl Placement {
             },
             [
                 (self.host_residual_bytes > 0).then(|| format!(
-                    "; error-feedback residuals {:.1} MiB on {}",
-                    mib(self.host_residual_bytes),
+                    "; error-feedback residuals {} on {}",
+                    size(self.host_residual_bytes),
                     self.grads_tier.name()
                 )),
                 (self.host_stage1_grad_bytes > 0)
-                    .then(|| format!("; whole-block gradient sums {:.1} MiB in RAM", mib(self.host_stage1_grad_bytes))),
+                    .then(|| format!("; whole-block gradient sums {} in RAM", size(self.host_stage1_grad_bytes))),
             ]
             .into_iter()
             .flatten()
             .collect::<String>(),
             if self.world_size > 1 { " (each rank)" } else { "" },
-            mib(self.device_head_bytes),
+            size(self.device_head_bytes),
             if self.vocab_resident { "output projection resident" } else { "output projection streamed a vocabulary chunk at a time" },
             crate::words::counted(self.block_slots as u64, "block slot"),
-            mib(self.device_block_slot_bytes),
-            mib(self.device_activation_bytes),
-            mib(self.device_other_bytes),
-            mib(self.device_bytes()),
-            self.device_budget_bytes.map_or("none".to_string(), |b| format!("{:.1} MiB", mib(b))),
+            size(self.device_block_slot_bytes),
+            size(self.device_activation_bytes),
+            size(self.device_other_bytes),
+            size(self.device_bytes()),
+            self.device_budget_bytes.map_or("none".to_string(), |b| size(b)),
             self.nvme_traffic.describe(self.params),
         )
     }
