@@ -305,7 +305,7 @@ impl Placement {
             size(self.device_activation_bytes),
             size(self.device_other_bytes),
             size(self.device_bytes()),
-            self.device_budget_bytes.map_or("none".to_string(), |b| size(b)),
+            self.device_budget_bytes.map_or("none".to_string(), size),
             self.nvme_traffic.describe(self.params),
         )
     }
