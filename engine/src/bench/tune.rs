@@ -16,7 +16,7 @@ mod upload;
 mod variants;
 
 pub use attention::{AttentionCall, AttentionResult, attention_calls, attention_variants, tune_attention};
-pub use upload::{DownloadResult, UploadResult, tune_download, tune_upload};
+pub use upload::{DownloadResult, HOST_MARGIN, UploadResult, tune_download, tune_upload};
 pub use variants::{Spent, VariantTimes};
 
 use variants::{Candidates, Clock, Hopeless, time_variants, values};

@@ -54,13 +54,16 @@ pub struct TuneArgs {
     /// write (16 MiB with --quick) through the upload ring's two kinds of staging memory, wgpu's
     /// mappable buffers and host memory the GPU's copy engine reads (Vulkan only), then a read of the
     /// same size into a mapped buffer and into pinned host memory (Vulkan only), and keeps the faster of
-    /// each: a training run's uploads and gradient read-backs then use them.
+    /// each (host or pinned memory only when at least 5% faster: a tie goes to the mapped buffers every
+    /// adapter has): a training run's uploads and gradient read-backs then use them.
     #[arg(long)]
     no_upload: bool,
     /// Stop after this many seconds: the classes done are kept and merged into the table, one still being
     /// timed is left untuned (the clock is read before each variant, whose compiling can take minutes on a
     /// CPU driver). Where the adapter has cooperative matrices the fp32 classes stop at 60% of it and
-    /// theirs take the rest.
+    /// theirs take the rest. The upload and read-back timings come first and, once started, run to their
+    /// end (a few seconds on a GPU, longer on a CPU driver: --quick copies 16 MiB rather than 256), so
+    /// the whole can overrun a small budget.
     #[arg(long, default_value_t = 170.0, value_parser = crate::parse_seconds)]
     max_seconds: f64,
     /// The tiny model's shapes at B=2 T=64 in place of --models, --batch-size, --seq-len and
@@ -125,7 +128,12 @@ pub fn run(args: TuneArgs) -> Result<i32> {
     if let Some(u) = &upload {
         print_upload(u, args.json);
     }
-    let download = if time_upload { Some(zerostream::bench::tune::tune_download(&dev, upload_bytes)?) } else { None };
+    // Each copy timing runs to its end once started: the read-back's is not started past the budget.
+    let time_download = time_upload && start.elapsed().as_secs_f64() < args.max_seconds;
+    if time_upload && !time_download {
+        eprintln!("tune: the upload's timing used --max-seconds {}: read-backs not timed", args.max_seconds);
+    }
+    let download = if time_download { Some(zerostream::bench::tune::tune_download(&dev, upload_bytes)?) } else { None };
     if let Some(d) = &download {
         print_download(d, args.json);
     }
@@ -330,7 +338,11 @@ fn print_link_choice((kind, title, what): (&str, &str, &str), bytes: u64, mapped
         println!("{}", serde_json::Value::Object(row));
         return;
     }
+    let margin_pct = (zerostream::bench::tune::HOST_MARGIN - 1.0) * 100.0;
     let rate = match (other.gbps, other.unavailable) {
+        (Some(g), _) if chosen == "mapped" && g > mapped_gbps => {
+            format!("{g:.1} GB/s (not {margin_pct:.0}% faster: a tie goes to mapped buffers)")
+        }
         (Some(g), _) => format!("{g:.1} GB/s"),
         (None, Some(why)) => format!("unavailable ({why})"),
         (None, None) => "unavailable".into(),

@@ -12,7 +12,7 @@ use crate::device::transfer::TransferMethod;
 use crate::device::{GpuDevice, ReadBack, UploadStaging};
 
 /// How much faster host staging must be to be chosen: a tie goes to what every adapter has.
-const HOST_MARGIN: f64 = 1.05;
+pub const HOST_MARGIN: f64 = 1.05;
 
 /// Timed runs per staging kind (after one untimed run that makes the ring's buffers); the best counts.
 const REPS: usize = 3;
