@@ -46,8 +46,14 @@ pub fn bench_collectives(world_size: usize, sizes: &[u64], reps: usize, codec: C
     println!("collectives: {transport}; GB/s per rank = bytes a rank receives from the others / time");
     for r in &runs {
         // The coding time is the mean of every call's, the time beside it the best call's: not a part of it.
-        let codec =
-            if r.codec_seconds > 0.0 { format!("; coding {:.3} ms a call on this rank, the mean of every call (the warm-up's too) where the time is the best call's", 1e3 * r.codec_seconds) } else { String::new() };
+        let codec = if r.codec_seconds > 0.0 {
+            format!(
+                "; coding {:.3} ms a call on this rank, the mean of every call (the warm-up's too) where the time is the best call's",
+                1e3 * r.codec_seconds
+            )
+        } else {
+            String::new()
+        };
         println!(
             "{:<28} slice {:>8}: {:8.3} ms  {:7.2} GB/s per rank  ({} on the wire per rank{codec})",
             r.op,

@@ -121,7 +121,7 @@ fn print_json(runs: &[IoRun], size: u64, best: [Option<&IoRun>; 2], fio: FioBesi
 fn print_text(runs: &[IoRun], best: [Option<&IoRun>; 2], fio: FioBeside<'_>) {
     for best in best.into_iter().flatten() {
         println!(
-            "best {}: --io-engine {} --block-size {} --queue-depth {} (write {:.2} GB/s, read {:.2} GB/s){}",
+            "best {} (least time to write and read the same bytes): --io-engine {} --block-size {} --queue-depth {} (write {:.2} GB/s, read {:.2} GB/s){}",
             best.kind(),
             best.engine.name(),
             exact_size(best.block_bytes),
