@@ -27,12 +27,25 @@ pub fn ignored_flags(changed: &BTreeSet<String>, train: &TrainConfig, options: &
     let no_nvme = !train.uses_nvme();
     let drive = || "no state is on NVMe (--offload-optimizer, --offload-gradients or --offload-params nvme)".to_string();
     let gpu_copies = || "the cpu device copies nothing to a GPU".to_string();
-    let rules: [(&str, bool, String); 22] = [
+    use crate::comm::codec::GradCompression;
+    let compressed = train.grad_compression != GradCompression::None;
+    let chunked = matches!(train.grad_compression, GradCompression::Int8 | GradCompression::OneBit);
+    let stage0 = train.zero_stage == super::ZeroStage::Zero;
+    let rules: [(&str, bool, String); 26] = [
         ("grad-compression", one_rank, exchange()),
-        ("grad-compression-warmup", one_rank, exchange()),
         ("grad-compression-chunk", one_rank, exchange()),
         ("param-compression", one_rank, exchange()),
         ("all-reduce-phases", one_rank, exchange()),
+        // The warm-up also times --freeze-variance, which applies on one rank too.
+        ("grad-compression-warmup", one_rank && !train.freeze_variance, exchange()),
+        (
+            "grad-compression-warmup",
+            !one_rank && !compressed && !train.freeze_variance,
+            "nothing is compressed (--grad-compression none) and --freeze-variance is off".into(),
+        ),
+        ("grad-compression-chunk", !one_rank && !chunked, "only --grad-compression int8 and onebit use chunks".into()),
+        ("all-reduce-phases", !one_rank && (!stage0 || !compressed), "it applies to --zero-stage 0 with --grad-compression".into()),
+        ("param-compression", !one_rank && stage0, "--zero-stage 0 gathers no working copy".into()),
         ("io-engine", no_nvme, drive()),
         ("block-size", no_nvme, drive()),
         ("queue-depth", no_nvme, drive()),
@@ -101,5 +114,11 @@ mod tests {
         assert!(said[2].starts_with("--no-pin-memory does nothing here: the cpu device"), "{said:?}");
         let nvme = TrainConfig { offload_optimizer: zerostream_offload::Tier::Nvme, ..TrainConfig::default() };
         assert!(ignored_flags(&flags, &nvme, &options, RunShape { world: 2, cpu_only: false }).is_empty());
+        // The warm-up times --freeze-variance on one rank too; on two, it needs compression or the freeze.
+        let warmup = given(&["grad-compression-warmup"]);
+        let freeze = TrainConfig { freeze_variance: true, ..TrainConfig::default() };
+        assert!(ignored_flags(&warmup, &freeze, &options, ONE_GPU).is_empty());
+        let said = ignored_flags(&warmup, &train, &options, RunShape { world: 2, cpu_only: false });
+        assert!(said.len() == 1 && said[0].contains("nothing is compressed"), "{said:?}");
     }
 }
