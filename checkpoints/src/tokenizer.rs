@@ -200,13 +200,20 @@ pub enum TextTokenizer {
 }
 
 impl TextTokenizer {
-    /// `gpt2`, `bytes`, or the path of a Hugging Face tokenizer.json.
+    /// `gpt2`, `bytes`, the path of a Hugging Face tokenizer.json, or a model directory, meaning the
+    /// tokenizer it carries.
     pub fn parse(spec: &str) -> Result<Self> {
         match spec {
             "gpt2" => Ok(TextTokenizer::Builtin(Tokenizer::Gpt2)),
             "bytes" => Ok(TextTokenizer::Builtin(Tokenizer::Bytes)),
+            dir if Path::new(dir).is_dir() => match HfTokenizer::from_model_dir(Path::new(dir))? {
+                Some(t) => Ok(TextTokenizer::Hf(t)),
+                None => bail!("--tokenizer {dir}: a directory without tokenizer.json, or vocab.json and merges.txt"),
+            },
             path if Path::new(path).exists() => Ok(TextTokenizer::Hf(HfTokenizer::from_file(Path::new(path))?)),
-            other => bail!("--tokenizer {other:?}: expected gpt2, bytes, or the path of a Hugging Face tokenizer.json (no such file)"),
+            other => bail!(
+                "--tokenizer {other:?}: expected gpt2, bytes, the path of a Hugging Face tokenizer.json or a model directory (no such file)"
+            ),
         }
     }
 
@@ -249,6 +256,18 @@ impl TextTokenizer {
                 ["<|end_of_text|>", "<|endoftext|>", "</s>", "<|im_end|>", "<eos>"].iter().find_map(|w| t.inner.token_to_id(w))
             }
         }
+    }
+
+    /// The token an unconditional sample starts from, and its text: the begin-of-text token where the
+    /// vocabulary has one (Llama's `<|begin_of_text|>`, `<s>`), else the end-of-text token (GPT-2's
+    /// `<|endoftext|>`, which GPT-2 starts from).
+    pub fn start_token(&self) -> Option<(u32, String)> {
+        if let TextTokenizer::Hf(t) = self
+            && let Some((w, id)) = ["<|begin_of_text|>", "<s>", "<bos>"].iter().find_map(|w| t.inner.token_to_id(w).map(|id| (w, id)))
+        {
+            return Some((id, w.to_string()));
+        }
+        self.end_of_text().map(|id| (id, self.decode(&[id])))
     }
 
     pub fn describe(&self) -> String {

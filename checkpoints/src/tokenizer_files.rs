@@ -34,17 +34,22 @@ const END_OF_TEXT: &str = "<|endoftext|>";
 const END_OF_TEXT_ID: u32 = 50256;
 
 impl DataTokenizer {
-    /// `gpt2`, `bytes`, or the path of a Hugging Face tokenizer.json (checked to load); `flag` names
-    /// the option in errors.
+    /// `gpt2`, `bytes`, the path of a Hugging Face tokenizer.json (checked to load), or a model
+    /// directory, meaning the tokenizer it carries; `flag` names the option in errors.
     pub fn parse(spec: &str, flag: &str) -> Result<Self> {
         match spec {
             "gpt2" => Ok(DataTokenizer::Gpt2),
             "bytes" => Ok(DataTokenizer::Bytes),
+            dir if Path::new(dir).is_dir() => Self::of_model_dir(Path::new(dir))
+                .with_context(|| format!("{flag} {dir}"))?
+                .with_context(|| format!("{flag} {dir}: a directory without tokenizer.json, or vocab.json and merges.txt")),
             path if Path::new(path).exists() => {
                 HfTokenizer::from_file(Path::new(path)).with_context(|| format!("{flag} {path}"))?;
                 Ok(DataTokenizer::Json(std::fs::read(path).with_context(|| format!("{flag}: reading {path}"))?))
             }
-            other => bail!("{flag} {other:?}: expected gpt2, bytes, or the path of a Hugging Face tokenizer.json (no such file)"),
+            other => bail!(
+                "{flag} {other:?}: expected gpt2, bytes, the path of a Hugging Face tokenizer.json or a model directory (no such file)"
+            ),
         }
     }
 
@@ -60,24 +65,19 @@ impl DataTokenizer {
         Ok(Some(DataTokenizer::Json(json.into_bytes())))
     }
 
-    /// Refuses token data (`flag` PATH) prepared with another tokenizer than the one the model
-    /// directory carries, where both are known: a loss over other ids would mean nothing.
-    pub fn check_data_fits_model(model_dir: &Path, data: &Path, flag: &str) -> Result<()> {
-        if let (Some(model), Some(prepared)) = (Self::of_model_dir(model_dir)?, Self::read_beside(data)?)
-            && !model.same_as(&prepared)
+    /// Refuses data tokenised with this tokenizer (`what`: where the run learnt which, e.g. the record
+    /// beside `--data`) where the model directory carries another: a loss over other ids would mean
+    /// nothing. Nothing to check where the model carries none.
+    pub fn check_fits_model(&self, model_dir: &Path, what: &str) -> Result<()> {
+        if let Some(model) = Self::of_model_dir(model_dir)?
+            && !model.same_as(self)
         {
-            let json = model_dir.join("tokenizer.json");
-            let hint = match () {
-                _ if json.is_file() => json.display().to_string(),
-                _ if model.same_as(&DataTokenizer::Gpt2) => "gpt2".to_string(),
-                _ => "the model's tokenizer.json".to_string(),
-            };
             bail!(
-                "{flag} {} was prepared with {} ({}), not with the tokenizer of the model {}: prepare it with `zerostream prepare --tokenizer {hint}`",
-                data.display(),
-                prepared.describe(),
-                Self::sidecar(data).display(),
+                "{what}: the data's tokenizer is {}, not the tokenizer of the model {}: prepare the data with \
+                 `zerostream prepare --tokenizer {}`",
+                self.describe(),
                 model_dir.display(),
+                model_dir.display()
             );
         }
         Ok(())
@@ -167,13 +167,16 @@ impl DataTokenizer {
     /// however it is spaced), or the same vocabulary, id for id — GPT-2's tokenizer.json and the
     /// built-in `gpt2` agree so.
     pub fn same_as(&self, other: &DataTokenizer) -> bool {
+        if self == other {
+            return true;
+        }
         let same_json = match (self, other) {
             (DataTokenizer::Json(a), DataTokenizer::Json(b)) => {
                 matches!((serde_json::from_slice::<serde_json::Value>(a), serde_json::from_slice::<serde_json::Value>(b)), (Ok(x), Ok(y)) if x == y)
             }
             _ => false,
         };
-        self == other || same_json || matches!((self.vocab(), other.vocab()), (Some(x), Some(y)) if x == y)
+        same_json || matches!((self.vocab(), other.vocab()), (Some(x), Some(y)) if x == y)
     }
 
     /// Each token's text (byte-level BPE's printable form for GPT-2) and id; None for bytes, whose ids

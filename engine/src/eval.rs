@@ -109,7 +109,10 @@ pub fn evaluate<D: Backend>(dev: &D, model_dir: &Path, eval: &EvalData<'_>) -> R
     let model = Model::of_hf(&hf)?;
     let tokens = TokenFile::open_with(data, data_dtype)?;
     tokens.check_vocab(model.vocab_size())?;
-    zerostream_checkpoints::DataTokenizer::check_data_fits_model(model_dir, data, "--data")?;
+    if let Some(prepared) = zerostream_checkpoints::DataTokenizer::read_beside(data)? {
+        let what = format!("--data {} ({})", data.display(), zerostream_checkpoints::DataTokenizer::sidecar(data).display());
+        prepared.check_fits_model(model_dir, &what)?;
+    }
     model.check_seq_len(seq_len).with_context(|| model_dir.display().to_string())?;
     dev.check_attention(model.attention_dims(batch, seq_len))?;
     let say = |line: String| eprintln!("eval: {line}");

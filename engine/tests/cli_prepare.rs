@@ -151,19 +151,24 @@ fn validation_data_of_another_tokenizer_is_refused() {
     assert!(run.status.success(), "{}", stderr(&run));
     // An empty prompt starts from GPT-2's end-of-text token, said.
     let out = zerostream(&["generate", "--model", m, "--device", "cpu", "--prompt", "", "--max-new-tokens", "2"]);
-    assert!(out.status.success() && stderr(&out).contains("starting from the end-of-text token (id 50256)"), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(out.status.success() && said.contains("start token \"<|endoftext|>\" (id 50256)"), "{said}");
     let eval = |data: &str| zerostream(&["eval", "--model", m, "--data", data, "--device", "cpu", "--seq-len", "8", "--batch-size", "1"]);
     assert!(eval(d).status.success(), "{}", stderr(&eval(d)));
     for run in [eval(v), zerostream(&[&["train", "--model", m, "--data", v, "--steps", "1", "--sample-tokens", "0"][..], &tiny].concat())] {
-        let err = stderr(&run);
+        let (err, hint) = (stderr(&run), format!("`zerostream prepare --tokenizer {m}`"));
         assert!(
-            !run.status.success()
-                && err.contains("was prepared with bytes")
-                && err.contains("not with the tokenizer of the model")
-                && err.contains("--tokenizer gpt2"),
+            !run.status.success() && err.contains("the data's tokenizer is bytes, not the tokenizer of the model") && err.contains(&hint),
             "{err}"
         );
     }
+    // The hint works: the model directory as --tokenizer gives data eval takes, GPT-2's ids either way.
+    let again = dir.path().join("again.bin");
+    let run = zerostream(&["prepare", "--text", text.to_str().unwrap(), "--out", again.to_str().unwrap(), "--tokenizer", m]);
+    assert!(run.status.success(), "{}", stderr(&run));
+    let out = eval(again.to_str().unwrap());
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&again).unwrap(), std::fs::read(&bpe).unwrap());
 }
 
 #[test]

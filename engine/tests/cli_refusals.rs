@@ -310,6 +310,11 @@ fn benches_too_big_for_the_machine_are_refused_before_allocating() {
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "an error, not an abort: {err}");
     assert!(err.contains("fewer than one micro-batch of --batch-size 100000000 x --seq-len 16"), "{err}");
+    // train refuses it by flag at start-up too, before any step reads it.
+    let out = zerostream(&["train", "--device", "cpu", "--model", model, "--data", data, "--batch-size", "1000", "--seq-len", "16"]);
+    let err = stderr(&out);
+    assert!(err.contains(&format!("--data {data}: ")) && err.contains("fewer than one micro-batch of --batch-size 1000"), "{err}");
+    assert!(!err.contains("step "), "refused before training: {err}");
     // Thread counts past any machine's are refused, not attempted.
     for (args, flag) in [
         (&["bench", "adam", "--params", "1000", "--threads", "100000"][..], "--threads 100000"),

@@ -94,21 +94,26 @@ const PATH_FLAGS: &[&str] = &[
     "measure",
 ];
 
-/// `value` of flag `long` as the resolved file keeps it: each comma-separated path of a path flag made
-/// absolute (a name that is no file left as it is for `--config` and `--tokenizer`).
-fn resolved_value(long: &str, value: String) -> String {
-    if !PATH_FLAGS.contains(&long) || value.is_empty() {
+/// `value` of flag `long` as the resolved file keeps it: a path flag's path made absolute (each of a
+/// `listed` flag's comma-separated ones), a preset's name left as it is (`--config gpt2`, `--tokenizer
+/// bytes`: taken as the preset before any file of that name, as the run takes them).
+fn resolved_value(long: &str, value: String, listed: bool) -> String {
+    let preset = match long {
+        "config" => zerostream::model::Model::preset(&value).is_some(),
+        "tokenizer" => matches!(value.as_str(), "gpt2" | "bytes"),
+        _ => false,
+    };
+    if !PATH_FLAGS.contains(&long) || value.is_empty() || preset {
         return value;
     }
-    let names_a_preset = matches!(long, "config" | "tokenizer");
     let absolute = |part: &str| {
         let path = Path::new(part);
         match std::path::absolute(path) {
-            Ok(abs) if path.is_relative() && (path.exists() || !names_a_preset) => abs.display().to_string(),
+            Ok(abs) if path.is_relative() => abs.display().to_string(),
             _ => part.to_string(),
         }
     };
-    value.split(',').map(absolute).collect::<Vec<_>>().join(",")
+    if listed { value.split(',').map(absolute).collect::<Vec<_>>().join(",") } else { absolute(&value) }
 }
 
 /// Every flag of `sub` as resolved in `matches` (command line, config file and defaults), as a TOML
@@ -134,7 +139,7 @@ pub fn resolved(sub: &Command, matches: &ArgMatches) -> String {
             if values.is_empty() {
                 continue;
             }
-            let raw = resolved_value(long, values.join(","));
+            let raw = resolved_value(long, values.join(","), arg.get_value_delimiter() == Some(','));
             // A number only where reading it back gives the same text (see `read`); anything else,
             // including text that merely looks numeric, stays a string.
             match (raw.parse::<i64>(), raw.parse::<f64>()) {
@@ -153,12 +158,16 @@ mod tests {
     #[test]
     fn path_flags_are_kept_absolute_and_preset_names_as_given() {
         let cwd = std::env::current_dir().unwrap();
-        assert_eq!(super::resolved_value("data", "x.bin".into()), cwd.join("x.bin").display().to_string());
-        assert_eq!(super::resolved_value("data", "/abs/x.bin".into()), "/abs/x.bin");
-        assert_eq!(super::resolved_value("config", "gpt2".into()), "gpt2", "a preset, no file of that name");
-        assert_eq!(super::resolved_value("tokenizer", "bytes".into()), "bytes");
-        assert_eq!(super::resolved_value("lr", "0.1".into()), "0.1");
-        let both = format!("{},{}", cwd.join("a").display(), cwd.join("b").display());
-        assert_eq!(super::resolved_value("nvme-dir", "a,b".into()), both);
+        let at = |name: &str| std::path::absolute(cwd.join(name)).unwrap().display().to_string();
+        assert_eq!(super::resolved_value("data", "x.bin".into(), false), at("x.bin"));
+        assert_eq!(super::resolved_value("data", "run,1.bin".into(), false), at("run,1.bin"), "a comma in one path");
+        let abs = at("x.bin");
+        assert_eq!(super::resolved_value("data", abs.clone(), false), abs);
+        // Presets are taken before files of their names: kept as names, whatever the folder holds.
+        assert_eq!(super::resolved_value("config", "gpt2".into(), false), "gpt2");
+        assert_eq!(super::resolved_value("config", "tiny.json".into(), false), at("tiny.json"));
+        assert_eq!(super::resolved_value("tokenizer", "bytes".into(), false), "bytes");
+        assert_eq!(super::resolved_value("lr", "0.1".into(), false), "0.1");
+        assert_eq!(super::resolved_value("nvme-dir", "a,b".into(), true), format!("{},{}", at("a"), at("b")));
     }
 }

@@ -21,7 +21,8 @@ pub struct GenerateArgs {
     model: PathBuf,
     /// Text to continue (tokenised with the model directory's tokenizer.json or vocab.json + merges.txt,
     /// else GPT-2's BPE / bytes by the vocabulary size). One of --prompt, --prompt-file and
-    /// --prompt-tokens is needed; a text that makes no tokens starts from the end-of-text token.
+    /// --prompt-tokens is needed; a text that makes no tokens starts from the begin-of-text token (the
+    /// end-of-text token where there is none, as for GPT-2).
     #[arg(long, conflicts_with_all = ["prompt_file", "prompt_tokens"])]
     prompt: Option<String>,
     /// A file whose text to continue.
@@ -60,8 +61,7 @@ pub struct GenerateArgs {
 }
 
 /// The prompt as text (where given as text) and as token ids. A text that makes no tokens starts from
-/// the tokenizer's end-of-text token, said (GPT-2's unconditional samples start so); without one it is
-/// refused.
+/// the tokenizer's start token ([`TextTokenizer::start_token`]), said; without one it is refused.
 fn prompt_of(a: &GenerateArgs, model: &Model, text: Option<&TextTokenizer>) -> Result<(Option<String>, Vec<u32>)> {
     let prompt_text = match (&a.prompt, &a.prompt_file) {
         (Some(p), _) => Some(p.replace("\\n", "\n")),
@@ -78,15 +78,15 @@ fn prompt_of(a: &GenerateArgs, model: &Model, text: Option<&TextTokenizer>) -> R
         ),
         (None, None, _) => bail!("give --prompt TEXT, --prompt-file FILE or --prompt-tokens ID,ID,..."),
     };
-    let prompt = match (prompt.is_empty(), text.and_then(TextTokenizer::end_of_text)) {
+    let prompt = match (prompt.is_empty(), text.and_then(TextTokenizer::start_token)) {
         (false, _) => prompt,
-        (true, Some(id)) => {
-            eprintln!("note: the prompt makes no tokens: starting from the end-of-text token (id {id})");
+        (true, Some((id, word))) => {
+            eprintln!("note: the prompt makes no tokens: starting from the tokenizer's start token {word:?} (id {id})");
             vec![id]
         }
-        (true, None) => {
-            bail!("the prompt makes no tokens and this tokenizer has no end-of-text token to start from: give text or --prompt-tokens")
-        }
+        (true, None) => bail!(
+            "the prompt makes no tokens and this tokenizer has no begin- or end-of-text token to start from: give text or --prompt-tokens"
+        ),
     };
     // Words the vocabulary lacks reach the model as its unknown token: say so, or they pass unseen.
     if let (Some(TextTokenizer::Hf(t)), Some(_), None) = (text, &prompt_text, &a.prompt_tokens)

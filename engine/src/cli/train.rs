@@ -1,10 +1,8 @@
 //! `zerostream train` and `zerostream plan`: their flags, resolved into one [`RunRequest`] handed to
-//! the library once ([`zerostream::train::launch`] checks and runs it), SIGINT/SIGTERM, the exit code;
+//! the library once ([`zerostream::train::launch`] checks and runs it), SIGINT/SIGTERM (`signals.rs`), the exit code;
 //! and where the first run (no arguments at all) keeps its files.
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use anyhow::{Context, Result, bail};
 use zerostream::comm::compress::{GradCompression, ParamCompression};
@@ -17,6 +15,7 @@ use zerostream_offload::{IoConfig, IoEngineKind, Tier};
 use crate::{DeviceArgs, parse_grad_compression, parse_size};
 
 mod resolve;
+mod signals;
 use resolve::resolve_train;
 
 /// `--params-ram-cache`: a size, or `auto` (sized by `train::launch` from the RAM available).
@@ -402,59 +401,6 @@ pub struct TrainArgs {
     prompt: String,
 }
 
-/// A signal this soon after the first is the same interrupt delivered twice (GNU `timeout` and a
-/// terminal signal the whole process group, and a launcher may pass it on), not a second Ctrl-C.
-const REPEATED_SIGNAL_MS: u64 = 1000;
-
-/// The exit code of a run a signal stopped: 128 + the first signal's number (130 for SIGINT, 143 for
-/// SIGTERM, as shells report them); 130 where it came to another rank of an MPI launch.
-static STOPPED_EXIT_CODE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(130);
-
-/// SIGINT and SIGTERM set the returned flag (the run finishes its step, checkpoints and stops, and
-/// says so at once on stderr; it then exits 130 or 143); another, a second or more after the first,
-/// ends the process at once (exit 130 or 143) without a checkpoint.
-fn stop_on_signals() -> Result<Arc<AtomicBool>> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
-    let stop = Arc::new(AtomicBool::new(false));
-    let began = std::time::Instant::now();
-    // When the first signal came: milliseconds since `began`, plus 1 (0: none yet).
-    let first_ms = Arc::new(AtomicU64::new(0));
-    for (signal, code) in [(SIGINT, 130), (SIGTERM, 143)] {
-        let (stop, first_ms) = (stop.clone(), first_ms.clone());
-        let action = move || {
-            let now_ms = began.elapsed().as_millis() as u64 + 1;
-            match first_ms.compare_exchange(0, now_ms, SeqCst, SeqCst) {
-                Ok(_) => {
-                    STOPPED_EXIT_CODE.store(code, SeqCst);
-                    stop.store(true, SeqCst)
-                }
-                // Saturating: another handler may have stored a later time than this one read.
-                Err(first) if now_ms.saturating_sub(first) >= REPEATED_SIGNAL_MS => signal_hook::low_level::exit(code),
-                Err(_) => {}
-            }
-        };
-        // SAFETY: the action is async-signal-safe: atomics, the monotonic clock (clock_gettime) and
-        // _exit only; no allocation, lock or output.
-        unsafe { signal_hook::low_level::register(signal, action) }.context("installing a signal handler")?;
-    }
-    // The handler cannot print; this thread says what the signal does as soon as it comes (the first
-    // process of an MPI launch only).
-    let seen = stop.clone();
-    std::thread::spawn(move || {
-        while !seen.load(SeqCst) {
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        if zerostream::train::launch::first_process() {
-            eprintln!(
-                "train: stopping after this step (with a checkpoint where --checkpoint-dir is set); signal again, a second or \
-                 more later, to stop at once without one"
-            );
-        }
-    });
-    Ok(stop)
-}
-
 /// One directory of `--nvme-dir`'s list: an empty one is a stray comma, said so (clap's own words
 /// would be "a value is required").
 fn listed_dir(text: &str) -> Result<PathBuf, String> {
@@ -474,7 +420,7 @@ pub fn train(a: TrainArgs, given: &crate::Given, resolved: &str, quiet: bool) ->
     if explicit.is_empty() {
         keep_first_run_files(&mut request.options)?;
     }
-    request.options.stop = Some(stop_on_signals()?);
+    request.options.stop = Some(signals::stop_on_signals()?);
     let (rank, summary) = match zerostream::train::launch::launch(request)? {
         Launched::AlreadyDone => return Ok(0),
         Launched::Ran { rank, summary } => (rank, summary),
@@ -495,14 +441,14 @@ pub fn train(a: TrainArgs, given: &crate::Given, resolved: &str, quiet: bool) ->
             None => eprintln!("stopped by a signal after step {step}; no --checkpoint-dir was given, so nothing was saved"),
         }
     }
-    Ok(STOPPED_EXIT_CODE.load(std::sync::atomic::Ordering::SeqCst))
+    Ok(signals::stopped_exit_code())
 }
 
-/// `zerostream plan`: the placement `train` would use with the same flags.
 /// `plan`'s exit code when every rank's host state would not fit in this machine's available RAM:
 /// apart from 1 (an error, or a device budget too small) since ranks on several machines may still fit.
 pub const PLAN_EXCEEDS_RAM_HERE: i32 = 3;
 
+/// `zerostream plan`: the placement `train` would use with the same flags; returns the exit code.
 pub fn plan(a: TrainArgs, given: &crate::Given) -> Result<i32> {
     let request = resolve_train(&a, false, given, "")?;
     // Taken with the rest of a train command line, but plan trains nothing: say so rather than ignore them unsaid.

@@ -31,7 +31,7 @@ pub fn ignored_flags(changed: &BTreeSet<String>, train: &TrainConfig, options: &
     let compressed = train.grad_compression != GradCompression::None;
     let chunked = matches!(train.grad_compression, GradCompression::Int8 | GradCompression::OneBit);
     let stage0 = train.zero_stage == super::ZeroStage::Zero;
-    let rules: [(&str, bool, String); 26] = [
+    let rules: [(&str, bool, String); 25] = [
         ("grad-compression", one_rank, exchange()),
         ("grad-compression-chunk", one_rank, exchange()),
         ("param-compression", one_rank, exchange()),
@@ -52,7 +52,6 @@ pub fn ignored_flags(changed: &BTreeSet<String>, train: &TrainConfig, options: &
         ("buffered", no_nvme, drive()),
         ("no-verify", no_nvme, drive()),
         ("no-pin-memory", shape.cpu_only, gpu_copies()),
-        ("copy-queue", shape.cpu_only, gpu_copies()),
         ("eval-every", no_validation, "without --val-data there is nothing to validate".into()),
         ("eval-batches", no_validation, "without --val-data there is nothing to validate".into()),
         (

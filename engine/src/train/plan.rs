@@ -165,7 +165,7 @@ impl Placement {
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         if in_ram.is_empty() {
             format!(
-                "all state is on NVMe already: the RAM holds the state paged in at once, {:.2} GiB, and the device's {:.2} GiB; \
+                "all state is on NVMe already: the RAM holds the state paged in at once (and any whole-block gradient sums), {:.2} GiB, and the device's {:.2} GiB; \
                  more ranks, on other machines, each page in a smaller slice",
                 gib(self.host_paged_in_bytes + self.host_stage1_grad_bytes),
                 gib(self.host_device_bytes())

@@ -119,16 +119,14 @@ pub fn schedule_note(state: &TrainerState, tc: &TrainConfig) -> Option<String> {
     // The first step still to run whose rate moves (steps count from 0, as the metrics and the
     // progress lines do).
     let planned = super::LrPlan { total_steps: planned_steps, ..tc.lr };
+    // A warm-up rate does not depend on the run's length: a step found is past the warm-up, so the
+    // schedule reaches --min-lr at the new run's last step.
     let first = (state.step..tc.steps).find(|&s| tc.lr.at(s) != planned.at(s))?;
-    let end = if tc.lr.warmup_steps < tc.steps - 1 {
-        format!("now reaches --min-lr at step {}", tc.steps - 1)
-    } else {
-        format!("now ends within its warm-up (--warmup-steps {})", tc.lr.warmup_steps)
-    };
     Some(format!(
-        "--steps {} (the checkpoint's run planned {planned_steps}): the cosine schedule {end} instead, \
+        "--steps {} (the checkpoint's run planned {planned_steps}): the cosine schedule now reaches --min-lr at step {} instead, \
          so the learning rates from step {first} on differ from the first run's plan (step {first}: {:.4e}, planned {:.4e})",
         tc.steps,
+        tc.steps - 1,
         tc.lr.at(first),
         planned.at(first)
     ))

@@ -463,10 +463,16 @@ fn sample_text<D: Backend>(
         return Ok(None);
     }
     // The data's tokenizer, else the built-in tokenizer of the vocabulary's size.
+    // Trained and saved by now: a tokenizer that will not load costs the sample, not the run.
     let recorded = data::run_tokenizer(options)?;
-    let label = options.data.as_deref().map_or_else(|| std::path::PathBuf::from("the built-in run's words"), DataTokenizer::sidecar);
     let tok = match (recorded, Tokenizer::for_vocab(model.vocab_size())) {
-        (Some(t), _) => t.text_tokenizer(&label)?,
+        (Some(t), _) => match t.text_tokenizer(std::path::Path::new(&data::tokenizer_source(options))) {
+            Ok(tok) => tok,
+            Err(e) => {
+                say(format!("no sample: {e:#}"));
+                return Ok(None);
+            }
+        },
         (None, Some(t)) => TextTokenizer::Builtin(t),
         (None, None) => {
             say(format!("no sample: no known tokenizer has the model's vocab_size {}", model.vocab_size()));

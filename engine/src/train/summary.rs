@@ -151,9 +151,9 @@ mod tests {
     }
 
     #[test]
-    fn the_done_line_counts_every_update_once() {
-        // Two steps whose reports hold 0.5 s of updates between them; the last update's 1.5 s ran
-        // after the last report and reaches the line only through the run's total.
+    fn the_done_lines_update_time_is_the_runs_total_a_step() {
+        // The reports' own times leave out the last update, which runs after the last report: the
+        // line reads the run's total instead (2 s over 2 steps), whatever the reports hold.
         let step = |adam_s| StepReport { loss: 3.0, tokens: 8, adam_s, ..Default::default() };
         let reports = [step(0.0), step(0.5)];
         let line = std::cell::RefCell::new(String::new());

@@ -74,6 +74,25 @@ fn host_ram_counts_what_the_device_takes_of_it() {
     assert_eq!(gpu.host_device_bytes(), (512 << 20) + 2 * block + 2 * block);
 }
 
+/// The advice beside a plan too big for the RAM names what applies: the flags that would move what is
+/// still in RAM, or, all of it on NVMe already, what the RAM then holds.
+#[test]
+fn the_ram_advice_names_what_would_help() {
+    let model = Model::preset("gpt2").unwrap();
+    let in_ram = plan_on(&model, &TrainConfig::default(), 1, AllocCosts::GPU).unwrap();
+    let advice = in_ram.ram_advice();
+    assert!(advice.contains("--offload-optimizer nvme, --offload-gradients nvme, --offload-params nvme"), "{advice}");
+    let nvme = TrainConfig {
+        offload_optimizer: Tier::Nvme,
+        offload_gradients: Some(Tier::Nvme),
+        offload_params: Tier::Nvme,
+        nvme_dirs: vec!["/tmp/zs".into()],
+        ..TrainConfig::default()
+    };
+    let advice = plan_on(&model, &nvme, 1, AllocCosts::GPU).unwrap().ram_advice();
+    assert!(advice.starts_with("all state is on NVMe already") && !advice.contains("--offload"), "{advice}");
+}
+
 /// At --zero-stage 0 every rank plans the whole model's state, as one rank does (master, moments,
 /// gradients and working copy), and error-feedback residuals over whole groups; the sharded stages
 /// plan slices, and residuals over the other ranks' slices only.

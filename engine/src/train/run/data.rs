@@ -25,8 +25,10 @@ pub(super) fn open_data(
     // Refused here, by flag, rather than by the first step's read.
     let what = if options.data.is_some() { "--data" } else { "the built-in text" };
     crate::eval::holds_a_micro_batch(&tokens, what, train.batch, train.seq_len)?;
-    if let (ModelSource::Hf(hf), Some(data)) = (source, &options.data) {
-        DataTokenizer::check_data_fits_model(&hf.dir, data, "--data")?;
+    if let ModelSource::Hf(hf) = source
+        && let Some(tokenizer) = run_tokenizer(options)?
+    {
+        tokenizer.check_fits_model(&hf.dir, &tokenizer_source(options))?;
     }
     let validation = match &options.val_data {
         Some(path) => {
@@ -105,6 +107,15 @@ pub(super) fn run_tokenizer(options: &RunOptions) -> Result<Option<DataTokenizer
         (None, Some(data)) => DataTokenizer::read_beside(data)?,
         (None, None) => Some(DataTokenizer::Json(Demo::get()?.tokenizer.to_json()?)),
     })
+}
+
+/// Where [`run_tokenizer`] found the run's tokenizer, for messages.
+pub(super) fn tokenizer_source(options: &RunOptions) -> String {
+    match (&options.tokenizer, &options.data) {
+        (Some(_), _) => "--tokenizer".to_string(),
+        (None, Some(data)) => format!("--data {} ({})", data.display(), DataTokenizer::sidecar(data).display()),
+        (None, None) => "the built-in text".to_string(),
+    }
 }
 
 /// The files that make saved model directories carry the data's tokenizer (see
