@@ -115,11 +115,16 @@ impl HfModel {
             let parts: Vec<&str> = name.split('.').collect();
             parts.windows(2).find(|w| w[0] == marker).and_then(|w| w[1].parse::<usize>().ok())
         };
-        let beyond = self.index.keys().filter_map(|name| layer_of(name).filter(|&l| l >= layers).map(|l| (l, name))).max();
-        if let Some((layer, name)) = beyond {
+        let beyond = self
+            .index
+            .iter()
+            .filter_map(|(name, entry)| layer_of(name).filter(|&l| l >= layers).map(|l| (l, name, entry)))
+            .max_by_key(|(l, name, _)| (*l, *name));
+        if let Some((layer, name, entry)) = beyond {
             bail!(
-                "{}: config.json says {key} {layers}, but the weights hold block {layer} ({name}): the config does not describe these weights",
-                self.dir.display()
+                "{}: holds block {layer} ({name}), but {} says {key} {layers}: the config does not describe these weights",
+                self.shards[entry.shard].path.display(),
+                self.dir.join("config.json").display()
             );
         }
         Ok(())
@@ -269,6 +274,10 @@ mod tests {
         let tensors = [("transformer.h.0.ln_1.weight", view(vec![2])), ("transformer.h.1.ln_1.weight", view(vec![2]))];
         safetensors::serialize_to_file(tensors, None, &dir.path().join("model.safetensors")).unwrap();
         let err = HfModel::open(dir.path()).err().unwrap().to_string();
-        assert!(err.contains("config.json says n_layer 1, but the weights hold block 1 (transformer.h.1.ln_1.weight)"), "{err}");
+        assert!(
+            err.contains("model.safetensors: holds block 1 (transformer.h.1.ln_1.weight), but ")
+                && err.contains("config.json says n_layer 1"),
+            "{err}"
+        );
     }
 }

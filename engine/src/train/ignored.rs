@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 
 use super::run::RunOptions;
 use super::{LrSchedule, Optimizer, TrainConfig};
+use crate::comm::codec::GradCompression;
 
 /// Where a run computes, as far as its idle flags go.
 #[derive(Clone, Copy, Debug)]
@@ -27,7 +28,6 @@ pub fn ignored_flags(changed: &BTreeSet<String>, train: &TrainConfig, options: &
     let no_nvme = !train.uses_nvme();
     let drive = || "no state is on NVMe (--offload-optimizer, --offload-gradients or --offload-params nvme)".to_string();
     let gpu_copies = || "the cpu device copies nothing to a GPU".to_string();
-    use crate::comm::codec::GradCompression;
     let compressed = train.grad_compression != GradCompression::None;
     let chunked = matches!(train.grad_compression, GradCompression::Int8 | GradCompression::OneBit);
     let stage0 = train.zero_stage == super::ZeroStage::Zero;
