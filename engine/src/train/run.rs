@@ -466,7 +466,7 @@ fn sample_text<D: Backend>(
     // Trained and saved by now: a tokenizer that will not load costs the sample, not the run.
     let recorded = data::run_tokenizer(options)?;
     let tok = match (recorded, Tokenizer::for_vocab(model.vocab_size())) {
-        (Some(t), _) => match t.text_tokenizer(std::path::Path::new(&data::tokenizer_source(options))) {
+        (Some((t, source)), _) => match t.text_tokenizer(std::path::Path::new(&source)) {
             Ok(tok) => tok,
             Err(e) => {
                 say(format!("no sample: {e:#}"));

@@ -26,9 +26,9 @@ pub(super) fn open_data(
     let what = if options.data.is_some() { "--data" } else { "the built-in text" };
     crate::eval::holds_a_micro_batch(&tokens, what, train.batch, train.seq_len)?;
     if let ModelSource::Hf(hf) = source
-        && let Some(tokenizer) = run_tokenizer(options)?
+        && let Some((tokenizer, source)) = run_tokenizer(options)?
     {
-        tokenizer.check_fits_model(&hf.dir, &tokenizer_source(options))?;
+        tokenizer.check_fits_model(&hf.dir, &source)?;
     }
     let validation = match &options.val_data {
         Some(path) => {
@@ -99,29 +99,22 @@ pub(super) fn final_validation<D: Backend>(
     Ok(loss)
 }
 
-/// The tokenizer of the run's data: `--tokenizer`, else the record `prepare` left beside `--data`,
-/// else the built-in run's words; None where the data has no record.
-pub(super) fn run_tokenizer(options: &RunOptions) -> Result<Option<DataTokenizer>> {
+/// The tokenizer of the run's data and where it was found, for messages: `--tokenizer`, else the
+/// record `prepare` left beside `--data`, else the built-in run's words; None where the data has no
+/// record.
+pub(super) fn run_tokenizer(options: &RunOptions) -> Result<Option<(DataTokenizer, String)>> {
     Ok(match (&options.tokenizer, &options.data) {
-        (Some(t), _) => Some(t.clone()),
-        (None, Some(data)) => DataTokenizer::read_beside(data)?,
-        (None, None) => Some(DataTokenizer::Json(Demo::get()?.tokenizer.to_json()?)),
+        (Some(t), _) => Some((t.clone(), "--tokenizer".to_string())),
+        (None, Some(data)) => DataTokenizer::read_beside(data)?
+            .map(|t| (t, format!("--data {} ({})", data.display(), DataTokenizer::sidecar(data).display()))),
+        (None, None) => Some((DataTokenizer::Json(Demo::get()?.tokenizer.to_json()?), "the built-in text".to_string())),
     })
-}
-
-/// Where [`run_tokenizer`] found the run's tokenizer, for messages.
-pub(super) fn tokenizer_source(options: &RunOptions) -> String {
-    match (&options.tokenizer, &options.data) {
-        (Some(_), _) => "--tokenizer".to_string(),
-        (None, Some(data)) => format!("--data {} ({})", data.display(), DataTokenizer::sidecar(data).display()),
-        (None, None) => "the built-in text".to_string(),
-    }
 }
 
 /// The files that make saved model directories carry the data's tokenizer (see
 /// [`RunOptions::tokenizer`]); says which, or why there are none.
 pub(super) fn tokenizer_files(say: &dyn Fn(String), options: &RunOptions, model: &Model) -> Result<Vec<(String, Vec<u8>)>> {
-    let Some(tokenizer) = run_tokenizer(options)? else {
+    let Some((tokenizer, _)) = run_tokenizer(options)? else {
         if options.save.is_some() || options.checkpoints.dir.is_some() {
             let data = options.data.as_deref().map(|d| DataTokenizer::sidecar(d).display().to_string()).unwrap_or_default();
             say(format!("tokenizer: unknown (no {data}; pass --tokenizer): saved models get no tokenizer files"));
