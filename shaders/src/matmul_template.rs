@@ -47,7 +47,7 @@ impl MatmulTile {
     /// The variants `zerostream tune` tries, the default first. Each fits 16 KiB of workgroup memory
     /// (every Vulkan/Metal/DX12 device's minimum) and 256 invocations, except where noted by
     /// [`Self::workgroup_bytes`]: the tuner skips those an adapter cannot run.
-    pub const CANDIDATES: [MatmulTile; 12] = [
+    pub const CANDIDATES: [MatmulTile; 14] = [
         Self::DEFAULT,
         MatmulTile { double_buffer: false, ..Self::DEFAULT },
         MatmulTile { tile_k: 16, ..Self::DEFAULT },
@@ -65,6 +65,11 @@ impl MatmulTile {
         // SM, each K step's loads in flight behind only 16 multiply-adds per output; a 32-deep K step
         // halves the barriers per multiply-add and doubles the loads in flight (16 KiB, the minimum).
         MatmulTile { tile_m: 32, tile_n: 32, tile_k: 32, thread_m: 4, thread_n: 4, ..Self::DEFAULT },
+        // Tiles that divide GPT-2's widths into about two workgroups per SM (768 = 16 x 48: 256 for a
+        // 768 x 768 dW on 132 SMs, where 32 x 32 leaves a fifth round a third full and 64 x 64 a second
+        // round of 12), at 144 invocations; the K step of 12 fits 16 KiB, 24 needs 18 KiB.
+        MatmulTile { tile_m: 48, tile_n: 48, tile_k: 12, thread_m: 4, thread_n: 4, ..Self::DEFAULT },
+        MatmulTile { tile_m: 48, tile_n: 48, tile_k: 24, thread_m: 4, thread_n: 4, ..Self::DEFAULT },
     ];
 
     /// A stable name: `128x128x8/8x8/db/v4` (workgroup tile x K step / per-invocation tile / `db`
