@@ -412,7 +412,13 @@ fn bench_io_measures_and_leaves_no_trace() {
     let runs = report["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 1, "{report}");
     assert!(runs[0]["write_gbps"].as_f64().unwrap() > 0.0 && runs[0]["read_gbps"].as_f64().unwrap() > 0.0, "{report}");
+    assert_eq!(runs[0]["bytes"], 4 << 20, "{report}");
     assert!(!tmp.path().join("new").exists(), "bench io left {} behind", tmp.path().join("new").display());
+    // A size that is no whole number of blocks moves the next whole number, and says so.
+    let odd = ["bench", "io", "--dir", dir.to_str().unwrap(), "--size", "2500KiB", "--block-size", "1MiB", "--queue-depth", "2"];
+    let out = zerostream(&[&odd[..], &["--io-engine", "threads"]].concat());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("(3MiB each way: --size rounded up"), "{text}{}", stderr(&out));
     // Bad flags are named, before anything is written (they ran, or named a Rust struct).
     for (flag, value) in [("--size", "0"), ("--block-size", "3"), ("--queue-depth", "0")] {
         let out = zerostream(&["bench", "io", "--dir", dir.to_str().unwrap(), flag, value]);

@@ -26,6 +26,8 @@ pub struct IoRun {
     pub block_bytes: u64,
     pub queue_depth: usize,
     pub direct: bool,
+    /// Bytes written, then read: `--size` rounded up to whole transfers of the engine's buffer.
+    pub bytes: u64,
     pub write_gbps: f64,
     pub read_gbps: f64,
 }
@@ -40,7 +42,7 @@ impl IoRun {
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "io_engine": self.engine.name(), "block_size": self.block_bytes, "queue_depth": self.queue_depth,
-            "direct": self.direct, "kind": self.kind(), "write_gbps": self.write_gbps, "read_gbps": self.read_gbps,
+            "direct": self.direct, "kind": self.kind(), "bytes": self.bytes, "write_gbps": self.write_gbps, "read_gbps": self.read_gbps,
         })
     }
 }
@@ -85,6 +87,7 @@ pub fn run_one(path: &Path, size: u64, config: IoConfig) -> Result<IoRun> {
         block_bytes: config.block_bytes as u64,
         queue_depth: config.queue_depth,
         direct,
+        bytes: size,
         write_gbps,
         read_gbps,
     })
@@ -258,8 +261,15 @@ mod tests {
 
     #[test]
     fn the_best_run_writes_and_reads_in_the_least_time() {
-        let run =
-            |engine, write_gbps, read_gbps| IoRun { engine, block_bytes: 1 << 20, queue_depth: 32, direct: true, write_gbps, read_gbps };
+        let run = |engine, write_gbps, read_gbps| IoRun {
+            engine,
+            block_bytes: 1 << 20,
+            queue_depth: 32,
+            direct: true,
+            bytes: 1 << 30,
+            write_gbps,
+            read_gbps,
+        };
         // A fast read beside a slow write loses to two middling rates: 1/0.82 + 1/12.89 > 1/1.89 + 1/2.
         let runs = [run(IoEngineKind::Threads, 0.82, 12.89), run(IoEngineKind::NATIVE, 1.89, 2.0)];
         assert_eq!(best(&runs, true).unwrap().write_gbps, 1.89);

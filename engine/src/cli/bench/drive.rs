@@ -18,7 +18,8 @@ pub struct IoArgs {
     /// creates is removed again).
     #[arg(long)]
     pub dir: PathBuf,
-    /// Bytes written then read per configuration.
+    /// Bytes written then read per configuration, rounded up to whole transfers of the buffer (the
+    /// block size times the queue depth times 4, at least 64 MiB, at most --size rounded up to a block).
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     pub size: u64,
     /// Block sizes to try, comma-separated.
@@ -60,13 +61,14 @@ pub fn io_command(a: IoArgs) -> Result<()> {
     let runs = bench_io::bench_io(&cfg, |r| {
         if !json {
             println!(
-                "{:>7} {:<8} block {:>8} qd {:>4}: write {:6.2} GB/s, read {:6.2} GB/s",
+                "{:>7} {:<8} block {:>8} qd {:>4}: write {:6.2} GB/s, read {:6.2} GB/s{}",
                 r.engine.name(),
                 r.kind(),
                 exact_size(r.block_bytes),
                 r.queue_depth,
                 r.write_gbps,
-                r.read_gbps
+                r.read_gbps,
+                rounded_note(r.bytes, size)
             );
         }
     })?;
@@ -97,6 +99,11 @@ pub fn io_command(a: IoArgs) -> Result<()> {
         print_text(&runs, best, fio_gbps);
     }
     Ok(())
+}
+
+/// Where a run moved more than `--size` (rounded up to whole transfers of its buffer), how much.
+fn rounded_note(bytes: u64, size: u64) -> String {
+    if bytes == size { String::new() } else { format!(" ({} each way: --size rounded up to whole transfers)", exact_size(bytes)) }
 }
 
 /// What fio measured (write, read GB/s) beside the best O_DIRECT run it ran like.
