@@ -316,7 +316,7 @@ fn print_devices(json: bool) -> Result<i32> {
     if json {
         // One row a device, as the text lists them: each adapter, then the cpu device; `auto`: the one
         // `--device auto` opens.
-        let auto = device::resolve_auto(None);
+        let auto = device::auto_among(&adapters);
         for a in &adapters {
             let mut row = adapter_json(a, preferred == Some(a.index));
             row["auto"] = (auto == DeviceChoice::Gpu && preferred == Some(a.index)).into();

@@ -462,8 +462,17 @@ pub fn check_choice(choice: DeviceChoice, adapter: Option<&str>) -> Result<()> {
 /// the adapters again to pick one).
 pub fn resolve_auto(adapter: Option<&str>) -> DeviceChoice {
     static REAL_GPU_FOUND: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let real_gpu_found = || *REAL_GPU_FOUND.get_or_init(|| gpu::list_adapters().iter().any(|a| a.is_real_gpu()));
+    let real_gpu_found = || *REAL_GPU_FOUND.get_or_init(|| any_real_gpu(&gpu::list_adapters()));
     if adapter.is_some() || real_gpu_found() { DeviceChoice::Gpu } else { DeviceChoice::Cpu }
+}
+
+/// [`resolve_auto`]'s choice without `--adapter`, among adapters already listed (`devices`).
+pub fn auto_among(adapters: &[gpu::AdapterSummary]) -> DeviceChoice {
+    if any_real_gpu(adapters) { DeviceChoice::Gpu } else { DeviceChoice::Cpu }
+}
+
+fn any_real_gpu(adapters: &[gpu::AdapterSummary]) -> bool {
+    adapters.iter().any(|a| a.is_real_gpu())
 }
 
 /// Parses a byte size such as `512MiB`, `2GiB`, `4GB`, `1048576`.

@@ -27,6 +27,29 @@ pub struct RankRequest {
     pub adapter: Option<String>,
 }
 
+impl RankRequest {
+    /// Which ranks compute on the cpu device, as `device::open` decides (`--devices cpu,...`,
+    /// `--device cpu`, or `auto` finding no GPU: `device::resolve_auto`): (any of them, all of them).
+    /// Without `--devices`, every rank is on the default device.
+    fn on_cpu(&self) -> (bool, bool) {
+        let default = match self.device {
+            DeviceChoice::Auto => crate::device::resolve_auto(self.adapter.as_deref()),
+            choice => choice,
+        };
+        Self::on_cpu_given(&self.devices, default == DeviceChoice::Cpu)
+    }
+
+    /// [`Self::on_cpu`] with the default device's answer given.
+    fn on_cpu_given(devices: &[RankDevice], default_cpu: bool) -> (bool, bool) {
+        let on_cpu = |d: &RankDevice| match d {
+            RankDevice::Cpu => true,
+            RankDevice::Default => default_cpu,
+            RankDevice::Adapter(_) => false,
+        };
+        if devices.is_empty() { (default_cpu, default_cpu) } else { (devices.iter().any(on_cpu), devices.iter().all(on_cpu)) }
+    }
+}
+
 /// A training run as asked for, before the library's checks.
 pub struct RunRequest {
     pub options: RunOptions,
@@ -76,13 +99,7 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
     let finished_at = resume_from_checkpoint(&mut req, world)?;
     outputs::check_outputs(&req.options, req.config_file.as_deref(), req.tensorboard.as_deref())?;
     if first_process() && req.options.progress {
-        let default_cpu = match req.ranks.device {
-            DeviceChoice::Auto => crate::device::resolve_auto(req.ranks.adapter.as_deref()) == DeviceChoice::Cpu,
-            choice => choice == DeviceChoice::Cpu,
-        };
-        // No --devices: every rank on the default device.
-        let on_cpu = |d: &RankDevice| matches!(d, RankDevice::Cpu) || matches!(d, RankDevice::Default) && default_cpu;
-        let cpu_only = if req.ranks.devices.is_empty() { default_cpu } else { req.ranks.devices.iter().all(on_cpu) };
+        let (_, cpu_only) = req.ranks.on_cpu();
         let shape = super::ignored::RunShape { world, cpu_only };
         for line in super::ignored::ignored_flags(&req.changed_flags, &req.train, &req.options, shape) {
             eprintln!("note: {line}");
@@ -242,21 +259,10 @@ fn finished_run(dir: &Path, step: u64, steps: u64, save: Option<&Path>) -> Resul
 }
 
 /// What the ranks' devices charge for their allocations, for planning before they are opened: the cpu
-/// device's costs where any rank computes on it (`--devices cpu,...`, `--device cpu`, or `auto` finding
-/// no GPU, as `device::open` decides: `device::resolve_auto`), since its whole memory is RAM, so the RAM
-/// planned covers every rank; a GPU's otherwise.
+/// device's costs where any rank computes on it ([`RankRequest::on_cpu`]), since its whole memory is
+/// RAM, so the RAM planned covers every rank; a GPU's otherwise.
 fn planned_costs(ranks: &RankRequest) -> AllocCosts {
-    let default = match ranks.device {
-        DeviceChoice::Auto => crate::device::resolve_auto(ranks.adapter.as_deref()),
-        choice => choice,
-    };
-    let on_cpu = |d: &RankDevice| match d {
-        RankDevice::Cpu => true,
-        RankDevice::Default => default == DeviceChoice::Cpu,
-        RankDevice::Adapter(_) => false,
-    };
-    let any_cpu = if ranks.devices.is_empty() { default == DeviceChoice::Cpu } else { ranks.devices.iter().any(on_cpu) };
-    if any_cpu { AllocCosts::CPU } else { AllocCosts::GPU }
+    if ranks.on_cpu().0 { AllocCosts::CPU } else { AllocCosts::GPU }
 }
 
 /// Refuses before any work a run (`req` with the settings `train`) whose state would not fit in this
@@ -359,5 +365,23 @@ mod tests {
         assert_eq!(planned_costs(&ranks(DeviceChoice::Gpu, vec![adapter(), RankDevice::Cpu])), AllocCosts::CPU);
         assert_eq!(planned_costs(&ranks(DeviceChoice::Cpu, vec![adapter(), RankDevice::Default])), AllocCosts::CPU);
         assert_eq!(planned_costs(&ranks(DeviceChoice::Cpu, vec![adapter(), adapter()])), AllocCosts::GPU);
+    }
+
+    /// Any and all ranks on the cpu device, for each way `--devices` and the default can name it.
+    #[test]
+    fn ranks_on_the_cpu_device_as_open_decides() {
+        let gpu = || RankDevice::Adapter("0".into());
+        for (devices, default_cpu, want) in [
+            (vec![], true, (true, true)),
+            (vec![], false, (false, false)),
+            (vec![RankDevice::Cpu, RankDevice::Cpu], false, (true, true)),
+            (vec![RankDevice::Cpu, gpu()], true, (true, false)),
+            (vec![RankDevice::Default, gpu()], true, (true, false)),
+            (vec![RankDevice::Default, RankDevice::Cpu], true, (true, true)),
+            (vec![RankDevice::Default, RankDevice::Cpu], false, (true, false)),
+            (vec![gpu(), gpu()], true, (false, false)),
+        ] {
+            assert_eq!(RankRequest::on_cpu_given(&devices, default_cpu), want, "{devices:?}, default on the cpu: {default_cpu}");
+        }
     }
 }
