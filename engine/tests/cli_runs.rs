@@ -245,6 +245,13 @@ fn validation_loss_is_the_number_eval_gives_for_the_same_weights() {
     let eval: serde_json::Value = serde_json::from_slice(&eval.stdout).unwrap();
     assert_eq!(rows[0]["val_loss"].as_f64(), eval["loss"].as_f64());
     assert!((rows[0]["val_perplexity"].as_f64().unwrap() - rows[0]["val_loss"].as_f64().unwrap().exp()).abs() < 1e-9);
+}
+
+#[test]
+fn a_short_file_is_read_whole_by_eval_and_validation_and_one_too_short_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny");
+    let (model, data) = (format!("{golden}/model"), format!("{golden}/tokens.bin"));
     // Asked for more micro-batches than the file holds, both read each of them once, and say so.
     let shape = ["--device", "cpu", "--data", &data, "--batch-size", "2", "--seq-len", "16"];
     let all = zerostream(&[&["eval", "--model", &model, "--batches", "100000"][..], &shape].concat());
