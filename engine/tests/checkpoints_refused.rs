@@ -5,6 +5,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use common::cli::{demo_args, one_step_train, stderr, strings, zerostream};
 
@@ -163,4 +164,41 @@ fn save_targets_are_checked_before_any_work() {
     zerostream_checkpoints::HfModel::open(&model).unwrap();
     let names: Vec<PathBuf> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().path()).collect();
     assert!(names.iter().all(|p| !p.to_string_lossy().ends_with(".partial")), "{names:?}");
+}
+
+/// A checkpoint records its data from the root, so a resume from another folder trains on the same
+/// file; a recorded data file that is gone is named with the checkpoint, before any work.
+#[test]
+fn a_resume_from_another_folder_finds_the_data_and_a_missing_one_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny");
+    std::fs::copy(format!("{golden}/tokens.bin"), run.join("d.bin")).unwrap();
+    let bin = env!("CARGO_BIN_EXE_zerostream");
+    let shape = ["--device", "cpu", "--batch-size", "1", "--seq-len", "8", "--sample-tokens", "0"];
+    let model = format!("{golden}/model");
+    let first = ["train", "--model", &model, "--data", "d.bin", "--steps", "1", "--checkpoint-dir", "ck"];
+    let out = Command::new(bin).args([&first[..], &shape].concat()).current_dir(&run).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let state_path = run.join("ck/step-00000001/trainer_state.json");
+    let mut state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&state_path).unwrap()).unwrap();
+    let recorded = std::path::absolute(run.join("d.bin")).unwrap();
+    assert_eq!(state["settings"]["data"].as_str(), recorded.to_str(), "{}", state["settings"]);
+    assert_eq!(state["data"].as_str(), recorded.to_str());
+    // From the folder above, where no d.bin lies.
+    let resume = ["train", "--resume", "run/ck", "--steps", "2"];
+    let out = Command::new(bin).args([&resume[..], &shape].concat()).current_dir(dir.path()).output().unwrap();
+    assert!(out.status.success() && stderr(&out).contains(recorded.to_str().unwrap()), "{}", stderr(&out));
+    // An older checkpoint's path as typed, not found from here: named with the checkpoint.
+    state["settings"]["data"] = "d.bin".into();
+    std::fs::write(&state_path, state.to_string()).unwrap();
+    let older = ["train", "--resume", "run/ck/step-00000001", "--steps", "2"];
+    let out = Command::new(bin).args([&older[..], &shape].concat()).current_dir(dir.path()).output().unwrap();
+    let err = stderr(&out);
+    assert!(
+        !out.status.success() && err.contains("the checkpoint run/ck/step-00000001 was trained on d.bin") && err.contains("give --data"),
+        "{err}"
+    );
+    assert!(!err.contains("placement:"), "refused before any work: {err}");
 }

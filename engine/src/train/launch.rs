@@ -219,6 +219,15 @@ fn resume_from_checkpoint(req: &mut RunRequest, world: usize) -> Result<Option<u
     // The built-in text has no path; anything else trained on is a file.
     if req.options.data.is_none() {
         req.options.data = state.settings.get("data").and_then(|d| d.as_str()).map(PathBuf::from);
+        if let Some(data) = req.options.data.as_ref().filter(|d| !d.exists()) {
+            // Checkpoints before absolute paths recorded the path as typed, from wherever that run started.
+            bail!(
+                "the checkpoint {} was trained on {}, which is not there{}: give --data",
+                dir.display(),
+                data.display(),
+                if data.is_relative() { " from this folder (the path is the one that run was given)" } else { "" }
+            );
+        }
     }
     if !req.explicit_flags.contains("data-dtype") && state.settings.get("data-dtype").and_then(|d| d.as_str()) == Some("u32") {
         req.options.data_dtype = TokenWidth::U32;

@@ -252,7 +252,7 @@ fn run_record(
 ) -> Result<RunRecord> {
     Ok(RunRecord {
         seed: options.seed,
-        data: tokens.path.display().to_string(),
+        data: absolute(&tokens.path).display().to_string(),
         data_tokens: tokens.len,
         settings: run_settings(train, options, world),
         save_dtype: options.save_dtype.unwrap_or(SaveDtype::of(train.precision)),
@@ -370,10 +370,16 @@ fn plot_metrics(options: &RunOptions, say: &dyn Fn(String)) {
 }
 
 /// Every setting of the run by flag name: the trainer's, the seed, the data and the world size.
+/// `path` from the root, as a checkpoint records the data: a resume from another folder finds it
+/// (and never a file of the same name there).
+fn absolute(path: &std::path::Path) -> std::path::PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
 fn run_settings(train: &TrainConfig, options: &RunOptions, world: usize) -> Flags {
     let mut settings = train.to_flags();
     settings.insert("seed".into(), options.seed.into());
-    settings.insert("data".into(), options.data.as_ref().map(|p| p.display().to_string()).into());
+    settings.insert("data".into(), options.data.as_ref().map(|p| absolute(p).display().to_string()).into());
     settings.insert("world-size".into(), world.into());
     settings.insert("data-dtype".into(), if options.data_dtype == TokenWidth::U32 { "u32" } else { "u16" }.into());
     settings
