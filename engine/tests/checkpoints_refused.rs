@@ -202,3 +202,50 @@ fn a_resume_from_another_folder_finds_the_data_and_a_missing_one_is_named() {
     );
     assert!(!err.contains("placement:"), "refused before any work: {err}");
 }
+
+/// `--metrics` naming a file of anything but metrics rows is refused before any work (a run would
+/// replace it), and so are another run's rows on a resume (it would trim and continue them); the
+/// run's own rows resume.
+#[test]
+fn metrics_of_another_kind_or_another_run_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ck, metrics) = (dir.path().join("ck"), dir.path().join("m.jsonl"));
+    let m = metrics.to_str().unwrap();
+    let out = zerostream(&[demo_args(&ck, 2), strings(&["--metrics", m])].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(ck.join("step-00000002/trainer_state.json")).unwrap()).unwrap();
+    let rows: Vec<serde_json::Value> =
+        std::fs::read_to_string(&metrics).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(state["last_loss"], rows[1]["loss"], "the checkpoint records step 1's loss as its row holds it");
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "the run's notes\n").unwrap();
+    let out = zerostream(&one_step_train(&["--metrics", text.to_str().unwrap()]));
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("line 1 is not a metrics row") && !err.contains("placement:"), "{err}");
+    assert_eq!(std::fs::read_to_string(&text).unwrap(), "the run's notes\n");
+    // Another run's rows: step 1's loss is not the checkpoint's.
+    let other = dir.path().join("other.jsonl");
+    let mut changed = rows.clone();
+    changed[1]["loss"] = (rows[1]["loss"].as_f64().unwrap() + 0.5).into();
+    let other_text: String = changed.iter().map(|r| format!("{r}\n")).collect();
+    std::fs::write(&other, &other_text).unwrap();
+    let resume = |metrics: &Path| {
+        let ck = ck.to_str().unwrap();
+        zerostream(&[demo_args(Path::new(ck), 3), strings(&["--resume", ck, "--metrics", metrics.to_str().unwrap()])].concat())
+    };
+    let out = resume(&other);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("the rows are another run's") && err.contains("row of step 1"), "{err}");
+    assert_eq!(std::fs::read_to_string(&other).unwrap(), other_text, "left as it was");
+    // The run's own rows, with a half-written last line a stop could leave: resumed.
+    std::fs::write(&metrics, format!("{}{{\"step\": 2, \"lo", std::fs::read_to_string(&metrics).unwrap())).unwrap();
+    let out = resume(&metrics);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let steps: Vec<u64> = std::fs::read_to_string(&metrics)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps[..3], [0, 1, 2], "{steps:?}");
+}

@@ -118,6 +118,10 @@ pub struct TrainerState {
     pub settings: Flags,
     /// Size and CRC32 of every other file of the checkpoint.
     pub files: BTreeMap<String, FileDigest>,
+    /// The loss of the last step run (`step - 1`) as its metrics row holds it, so a resume knows its
+    /// `--metrics` rows from another run's; absent from older checkpoints, and where it was not finite.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_loss: Option<f64>,
 }
 
 /// What a checkpoint records about the run beyond the trainer's own state.
@@ -281,7 +285,14 @@ impl<D: Backend> Trainer<'_, D> {
 
     /// Collective: writes checkpoint `step-{self.step}` under `root_dir`, whose lock rank 0 holds
     /// (`root`). Returns the checkpoint's directory once it is committed on every rank.
-    pub fn save_checkpoint(&mut self, root_dir: &Path, root: Option<&CheckpointRoot>, record: &RunRecord) -> Result<PathBuf> {
+    /// `last_loss`: the loss of the step just run, recorded for [`TrainerState::last_loss`].
+    pub fn save_checkpoint(
+        &mut self,
+        root_dir: &Path,
+        root: Option<&CheckpointRoot>,
+        record: &RunRecord,
+        last_loss: f64,
+    ) -> Result<PathBuf> {
         let partial = match root {
             Some(root) => root.begin(self.step)?,
             None => partial_dir(root_dir, self.step),
@@ -291,7 +302,8 @@ impl<D: Backend> Trainer<'_, D> {
             self.write_state(&partial, record.save_dtype, true, &record.tokenizer_files)?.into_iter().collect();
         let mut target = root_dir.join(zerostream_checkpoints::checkpoint::step_name(self.step));
         if let Some(root) = root {
-            let state = self.trainer_state(record, std::mem::take(&mut files));
+            let mut state = self.trainer_state(record, std::mem::take(&mut files));
+            state.last_loss = Some(last_loss).filter(|l| l.is_finite());
             let path = partial.join(STATE_FILE);
             std::fs::write(&path, serde_json::to_string_pretty(&state)?).with_context(|| format!("writing {}", path.display()))?;
             target = root.commit(self.step, &partial)?;
@@ -321,6 +333,7 @@ impl<D: Backend> Trainer<'_, D> {
             model: self.model.to_hf_json(),
             settings: record.settings.clone(),
             files,
+            last_loss: None,
         }
     }
 

@@ -216,6 +216,9 @@ fn resume_from_checkpoint(req: &mut RunRequest, world: usize) -> Result<Option<u
         eprintln!("note: {note}");
     }
     req.options.seed = state.seed;
+    if let Some(metrics) = &req.options.metrics {
+        outputs::check_metrics_continue(metrics, &dir, &state)?;
+    }
     // The built-in text has no path; anything else trained on is a file.
     if req.options.data.is_none() {
         req.options.data = state.settings.get("data").and_then(|d| d.as_str()).map(PathBuf::from);

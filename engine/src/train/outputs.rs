@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
+use super::checkpoint::TrainerState;
 use super::run::{ModelChoice, RunOptions, plot_path};
 
 /// Files a model directory `--save` may replace holds.
@@ -37,7 +38,7 @@ fn same_place(a: &Path, b: &Path) -> bool {
 /// Checks the run's outputs before any work: none is one of its inputs (the data, the model, the
 /// `--config` file, the `--config-file`: each would be overwritten), no two are one path, `--save` can
 /// be written (its parent is created if missing) and holds no files but a model's, and `--metrics` is
-/// not a directory.
+/// not a directory, nor a file of anything but metrics rows.
 pub fn check_outputs(options: &RunOptions, config_file: Option<&Path>, tensorboard: Option<&Path>) -> Result<()> {
     let mut inputs: Vec<(&str, PathBuf)> = options.data.iter().map(|p| ("--data", p.clone())).collect();
     inputs.extend(options.val_data.iter().map(|p| ("--val-data", p.clone())));
@@ -98,13 +99,65 @@ pub fn check_outputs(options: &RunOptions, config_file: Option<&Path>, tensorboa
         zerostream_checkpoints::checkpoint::check_root_takes(dir, resumed_from)?;
     }
     // The metrics file is opened after the state is built, which can take minutes on NVMe.
-    if let Some(metrics) = &options.metrics
-        && metrics.is_dir()
+    if let Some(metrics) = &options.metrics {
+        if metrics.is_dir() {
+            bail!(
+                "--metrics {}: is a directory; give the metrics file's path (e.g. {})",
+                metrics.display(),
+                metrics.join("run.jsonl").display()
+            );
+        }
+        metrics_rows(metrics)?;
+    }
+    Ok(())
+}
+
+/// The rows of the `--metrics` file there is (none where there is no regular file), refused where a
+/// line is not a metrics row (a JSON object with a step): a fresh run replaces the file and a resumed
+/// one trims it, so anything else there would be lost. A last line without its newline is a row a
+/// stopped run left half written, which a resume drops.
+pub fn metrics_rows(path: &Path) -> Result<Vec<serde_json::Value>> {
+    // Regular files only: /dev/full or a pipe would read without end.
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return Ok(Vec::new());
+    }
+    let not_metrics = |what: String| {
+        anyhow::anyhow!(
+            "--metrics {}: {what}, so it is not a metrics file (one JSON object with a step per line), which the run would \
+             replace; name another path, or move the file away",
+            path.display()
+        )
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| not_metrics(format!("cannot be read as text ({e})")))?;
+    let mut rows = Vec::new();
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    for (i, line) in lines.iter().enumerate() {
+        let row = serde_json::from_str::<serde_json::Value>(line).ok().filter(|v| v["step"].is_u64());
+        match row {
+            Some(row) => rows.push(row),
+            None if line.trim().is_empty() => {}
+            None if i + 1 == lines.len() && !line.ends_with('\n') => {}
+            None => return Err(not_metrics(format!("line {} is not a metrics row", i + 1))),
+        }
+    }
+    Ok(rows)
+}
+
+/// Refuses, on a resume from the checkpoint `dir`, a `--metrics` file whose row of the checkpoint's
+/// last step has another loss than the checkpoint recorded for it: another run's rows, which the
+/// resume would trim and continue as if they were this run's.
+pub fn check_metrics_continue(path: &Path, dir: &Path, state: &TrainerState) -> Result<()> {
+    let (Some(want), Some(last)) = (state.last_loss, state.step.checked_sub(1)) else { return Ok(()) };
+    let rows = metrics_rows(path)?;
+    let row = rows.iter().rev().find(|r| r["step"].as_u64() == Some(last) && r["loss"].is_number());
+    if let Some(got) = row.and_then(|r| r["loss"].as_f64())
+        && got != want
     {
         bail!(
-            "--metrics {}: is a directory; give the metrics file's path (e.g. {})",
-            metrics.display(),
-            metrics.join("run.jsonl").display()
+            "--metrics {}: its row of step {last} has loss {got}, but the checkpoint {} recorded loss {want} for that step: \
+             the rows are another run's; name this run's metrics file, or a new one",
+            path.display(),
+            dir.display()
         );
     }
     Ok(())

@@ -89,7 +89,7 @@ pub(super) fn train_steps<D: Backend>(
         if let Some(dir) = &options.checkpoints.dir
             && (cadence || stop || trainer.step == steps)
         {
-            let path = trainer.save_checkpoint(dir, root, record)?;
+            let path = trainer.save_checkpoint(dir, root, record, loss)?;
             if sinks.bar.is_hidden() {
                 say(format!("checkpoint: {}", path.display()))
             } else {
