@@ -52,6 +52,47 @@ pub struct LlamaConfig {
     pub sliding_window: Option<usize>,
 }
 
+/// RoPE's base frequency and scaling: transformers 5 keeps them in `rope_parameters`, older configs
+/// at the top level (`rope_theta`, `rope_scaling`), and configs written for both hold both, which
+/// must then agree (transformers 4 reads the one, 5 the other).
+fn rope_settings(map: &Map<String, Value>) -> Result<(f64, Option<Llama3RopeScaling>)> {
+    let mut legacy = map.get("rope_scaling").and_then(Value::as_object).cloned().unwrap_or_default();
+    if let Some(theta) = map.get("rope_theta") {
+        legacy.insert("rope_theta".into(), theta.clone());
+    }
+    let Some(Value::Object(parameters)) = map.get("rope_parameters") else { return rope_of(&legacy) };
+    let rope = rope_of(parameters)?;
+    if !legacy.is_empty() {
+        let top = rope_of(&legacy).context("rope_theta / rope_scaling")?;
+        if top != rope {
+            bail!(
+                "rope_parameters ({}) and the top-level rope_theta / rope_scaling ({}) disagree: transformers 5 reads the one and 4 the \
+                 other; make them agree or remove one",
+                Value::Object(parameters.clone()),
+                Value::Object(legacy)
+            );
+        }
+    }
+    Ok(rope)
+}
+
+/// The base frequency (10000 where not given) and scaling of one spelling of the RoPE settings.
+fn rope_of(rope: &Map<String, Value>) -> Result<(f64, Option<Llama3RopeScaling>)> {
+    let rope_type = rope.get("rope_type").or_else(|| rope.get("type")).and_then(Value::as_str).unwrap_or("default");
+    let scaling = match rope_type {
+        "default" => None,
+        "llama3" => Some(Llama3RopeScaling {
+            factor: f64_of(rope, "factor")?.context("rope llama3: factor is missing")?,
+            low_freq_factor: f64_of(rope, "low_freq_factor")?.context("rope llama3: low_freq_factor is missing")?,
+            high_freq_factor: f64_of(rope, "high_freq_factor")?.context("rope llama3: high_freq_factor is missing")?,
+            original_max_position_embeddings: usize_of(rope, "original_max_position_embeddings")?
+                .context("rope llama3: original_max_position_embeddings is missing")?,
+        }),
+        other => bail!("rope_type {other:?} is not supported (default or llama3)"),
+    };
+    Ok((f64_of(rope, "rope_theta")?.unwrap_or(10_000.0), scaling))
+}
+
 fn usize_of(map: &Map<String, Value>, key: &str) -> Result<Option<usize>> {
     match map.get(key) {
         None | Some(Value::Null) => Ok(None),
@@ -167,29 +208,7 @@ impl LlamaConfig {
         let num_attention_heads = required(map, "num_attention_heads")?;
         let num_key_value_heads = usize_of(map, "num_key_value_heads")?.unwrap_or(num_attention_heads);
         let head_dim = usize_of(map, "head_dim")?.unwrap_or(hidden_size.checked_div(num_attention_heads).unwrap_or(0));
-        // transformers 5 keeps the RoPE settings in `rope_parameters`; older configs at the top level.
-        let rope = match map.get("rope_parameters") {
-            Some(Value::Object(r)) => r.clone(),
-            _ => {
-                let mut r = map.get("rope_scaling").and_then(Value::as_object).cloned().unwrap_or_default();
-                if let Some(theta) = map.get("rope_theta") {
-                    r.insert("rope_theta".into(), theta.clone());
-                }
-                r
-            }
-        };
-        let rope_type = rope.get("rope_type").or_else(|| rope.get("type")).and_then(Value::as_str).unwrap_or("default");
-        let rope_scaling = match rope_type {
-            "default" => None,
-            "llama3" => Some(Llama3RopeScaling {
-                factor: f64_of(&rope, "factor")?.context("rope llama3: factor is missing")?,
-                low_freq_factor: f64_of(&rope, "low_freq_factor")?.context("rope llama3: low_freq_factor is missing")?,
-                high_freq_factor: f64_of(&rope, "high_freq_factor")?.context("rope llama3: high_freq_factor is missing")?,
-                original_max_position_embeddings: usize_of(&rope, "original_max_position_embeddings")?
-                    .context("rope llama3: original_max_position_embeddings is missing")?,
-            }),
-            other => bail!("rope_type {other:?} is not supported (default or llama3)"),
-        };
+        let (rope_theta, rope_scaling) = rope_settings(map)?;
         let qwen = model_type == "qwen2";
         let config = LlamaConfig {
             vocab_size: required(map, "vocab_size")?,
@@ -201,7 +220,7 @@ impl LlamaConfig {
             head_dim,
             max_position_embeddings: usize_of(map, "max_position_embeddings")?.unwrap_or(2048),
             rms_norm_eps: f64_of(map, "rms_norm_eps")?.unwrap_or(1e-6),
-            rope_theta: f64_of(&rope, "rope_theta")?.unwrap_or(10_000.0),
+            rope_theta,
             rope_scaling,
             attention_bias: bool_of(map, "attention_bias")?.unwrap_or(false),
             qkv_bias: qwen,
@@ -230,7 +249,9 @@ impl LlamaConfig {
         Self::from_json(map).with_context(|| format!("{}", path.display()))
     }
 
-    /// config.json as transformers 5 writes it for `LlamaForCausalLM` (RoPE under `rope_parameters`).
+    /// config.json as transformers writes it for the family's `...ForCausalLM`, with RoPE's settings
+    /// both as transformers 5 spells them (`rope_parameters`) and as 4 does (`rope_theta`,
+    /// `rope_scaling`): each reads its own, and would otherwise fall back to its default frequency.
     pub fn to_hf_json(&self) -> Value {
         let mut json = self.hf_json_without_window();
         if let Some(window) = self.sliding_window {
@@ -243,19 +264,25 @@ impl LlamaConfig {
     }
 
     fn hf_json_without_window(&self) -> Value {
-        let mut rope = serde_json::json!({ "rope_theta": self.rope_theta, "rope_type": "default" });
-        if let Some(s) = &self.rope_scaling {
-            rope = serde_json::json!({
-                "rope_theta": self.rope_theta,
+        // The scaling as transformers 4 spells it (`rope_scaling`), and with the base frequency as 5
+        // does (`rope_parameters`).
+        let scaling = self.rope_scaling.as_ref().map(|s| {
+            serde_json::json!({
                 "rope_type": "llama3",
                 "factor": s.factor,
                 "low_freq_factor": s.low_freq_factor,
                 "high_freq_factor": s.high_freq_factor,
                 "original_max_position_embeddings": s.original_max_position_embeddings,
-            });
-        }
+            })
+        });
+        let mut rope = scaling.clone().unwrap_or_else(|| serde_json::json!({ "rope_type": "default" }));
+        rope["rope_theta"] = self.rope_theta.into();
         serde_json::json!({
-            "architectures": ["LlamaForCausalLM"],
+            "architectures": [match self.model_type.as_str() {
+                "mistral" => "MistralForCausalLM",
+                "qwen2" => "Qwen2ForCausalLM",
+                _ => "LlamaForCausalLM",
+            }],
             "model_type": self.model_type,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
@@ -267,6 +294,8 @@ impl LlamaConfig {
             "max_position_embeddings": self.max_position_embeddings,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_parameters": rope,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": scaling,
             "attention_bias": self.attention_bias,
             "mlp_bias": self.mlp_bias,
             "hidden_act": "silu",
@@ -354,6 +383,14 @@ mod tests {
             .replace("\"rope_theta\":500000.0,\"rope_scaling\":", "\"rope_parameters\":")
             .replace("\"rope_type\":\"llama3\"", "\"rope_type\":\"llama3\",\"rope_theta\":500000.0");
         assert_eq!(parse(&new).unwrap(), c);
+        // Written with both spellings, read back the same; the two disagreeing are refused by name.
+        let both = c.to_hf_json();
+        assert_eq!((both["rope_theta"].as_f64(), &both["rope_scaling"]["factor"]), (Some(500000.0), &serde_json::json!(8.0)));
+        assert_eq!(LlamaConfig::from_json(both.as_object().unwrap()).unwrap(), c);
+        let e = parse(&new.replace("\"hidden_act\"", "\"rope_theta\":10000.0,\"hidden_act\"")).unwrap_err().to_string();
+        assert!(e.contains("rope_parameters") && e.contains("disagree") && e.contains("10000"), "{e}");
+        let plain = parse(golden).unwrap().to_hf_json();
+        assert_eq!((&plain["rope_scaling"], plain["rope_parameters"]["rope_type"].as_str()), (&Value::Null, Some("default")));
     }
 
     #[test]
@@ -376,7 +413,10 @@ mod tests {
         let mistral = parse(&format!("{base},\"sliding_window\":4096}}")).unwrap();
         assert_eq!((mistral.sliding_window, mistral.context()), (Some(4096), 4096));
         let json = mistral.to_hf_json();
-        assert_eq!(json["sliding_window"], 4096);
+        assert_eq!(
+            (&json["sliding_window"], &json["architectures"][0]),
+            (&serde_json::json!(4096), &serde_json::json!("MistralForCausalLM"))
+        );
         assert_eq!(LlamaConfig::from_json(json.as_object().unwrap()).unwrap(), mistral);
         // A window at least the embedded positions changes nothing.
         let wide = parse(&format!("{base},\"sliding_window\":65536}}")).unwrap();
