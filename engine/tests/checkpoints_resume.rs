@@ -330,7 +330,9 @@ fn a_checkpoint_resumes_at_another_world_size_on_the_golden_trajectory() {
     ];
     for (before, after) in splits {
         let dir = tempfile::tempdir().unwrap();
-        let (ck, metrics) = (dir.path().join("ck"), dir.path().join("m.jsonl"));
+        let (ck, metrics, nvme) = (dir.path().join("ck"), dir.path().join("m.jsonl"), dir.path().join("nvme"));
+        // The optimizer state on NVMe, in one directory both runs use: the resume finds the first
+        // run's files, of another world size's shard sizes, and sizes them anew.
         let base = |steps: &str| {
             strings(&[
                 "train",
@@ -362,6 +364,10 @@ fn a_checkpoint_resumes_at_another_world_size_on_the_golden_trajectory() {
                 ck.to_str().unwrap(),
                 "--metrics",
                 metrics.to_str().unwrap(),
+                "--offload-optimizer",
+                "nvme",
+                "--nvme-dir",
+                nvme.to_str().unwrap(),
             ])
         };
         let mut a = base("4");

@@ -116,8 +116,10 @@ pub struct ShardFile {
 
 impl ShardFile {
     /// Opens `{name}.rank{r}.bin`, creating it (zeros: never written) at the page-aligned size of
-    /// `len_bytes` plus the footer's page, or reusing it if it has that size. A file of another size is
-    /// refused rather than silently resized: it belongs to another model, run or version. A `.next`
+    /// `len_bytes` plus the footer's page, or reusing its blocks. A file of another size, left by a run
+    /// of another shape (a model, a world size, a stripe count), is emptied and sized anew: a tier's
+    /// files are a run's scratch, written before they are read (a run's state lives in its
+    /// checkpoints), and the directory's lock, held by `nvme`, means no other run is using it. A `.next`
     /// file left by an interrupted write (or a run's spare) is removed: it is never the state (and the
     /// directory's lock, held by `nvme`, means no other run is writing it now). Earlier versions kept
     /// that spare per shard; now spares live in the directory's pool, and this removes an old one.
@@ -135,15 +137,14 @@ impl ShardFile {
         if !meta.is_file() {
             return Err(StoreError(format!("shard {}: not a regular file; remove it or use another directory", path.display())));
         }
-        let actual = meta.len();
+        let mut actual = meta.len();
         if actual != size && actual != 0 {
-            return Err(StoreError(format!(
-                "shard {} is {actual} bytes, expected {size}: it was written by another version or for another model or configuration; remove it or use another directory",
-                path.display()
-            )));
+            file.set_len(0).map_err(|e| io_error("emptying the earlier run's", &path, e))?;
+            actual = 0;
         }
         if actual == 0 {
-            // New (or created by a run that died before sizing it): nothing in it to keep.
+            // New (or created by a run that died before sizing it, or by a run of another shape):
+            // nothing in it to keep.
             if let Err(e) = os::preallocate(&file, size) {
                 let _ = std::fs::remove_file(&path);
                 return Err(io_error("allocating shard", &path, e));

@@ -266,8 +266,9 @@ pub struct TrainArgs {
     /// bytes saved; results are bit-identical with or without it.
     #[arg(long, value_name = "SIZE|auto", value_parser = parse_ram_cache, default_value = "0")]
     params_ram_cache: RamCache,
-    /// Directory for the NVMe tier's files (`rank{r}/{group}.{kind}.rank{r}.bin`; reused by later
-    /// runs), or several, comma-separated (`--nvme-dir /mnt/a/zs,/mnt/b/zs`), one per drive: every
+    /// Directory for the NVMe tier's files (`rank{r}/{group}.{kind}.rank{r}.bin`: scratch, written
+    /// before they are read, and reused by later runs, a run of another shape sizing them anew; a
+    /// run's state lives in its checkpoints), or several, comma-separated (`--nvme-dir /mnt/a/zs,/mnt/b/zs`), one per drive: every
     /// tensor is then striped over all of them (page-aligned stripes of equal size), so each drive
     /// moves an equal share of every read and write, all in flight at once.
     #[arg(long, value_delimiter = ',', value_parser = listed_dir)]
