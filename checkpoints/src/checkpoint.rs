@@ -364,17 +364,27 @@ pub fn resolve_resume(path: &Path) -> Result<PathBuf> {
         let name = std::fs::read_to_string(&latest).with_context(|| format!("reading {}", latest.display()))?;
         let name = name.trim();
         if parse_step_name(name).is_none() {
-            bail!("{}: expected a checkpoint name like step-00000010, found {name:?}", latest.display());
+            bail!("{}: expected a checkpoint name like step-00000010, found {name:?}{}", latest.display(), complete_ones(path));
         }
         let dir = path.join(name);
         if !dir.join(STATE_FILE).is_file() {
-            bail!("{} names {name}, which is missing or incomplete", latest.display());
+            bail!("{} names {name}, which is missing or incomplete{}", latest.display(), complete_ones(path));
         }
         return Ok(dir);
     }
     match list_checkpoints(path)?.pop() {
         Some((_, dir)) => Ok(dir),
         None => bail!("--resume {}: neither a checkpoint (no {STATE_FILE}) nor a checkpoint directory holding one", path.display()),
+    }
+}
+
+/// Where `root`'s `latest` is broken, the complete checkpoints beside it and how to name one.
+fn complete_ones(root: &Path) -> String {
+    let complete = list_checkpoints(root).unwrap_or_default();
+    let names: Vec<String> = complete.iter().map(|(step, _)| step_name(*step)).collect();
+    match complete.last() {
+        None => "; the folder holds no complete checkpoint".into(),
+        Some((_, last)) => format!("; complete checkpoints there: {} (name one, e.g. {})", names.join(", "), last.display()),
     }
 }
 

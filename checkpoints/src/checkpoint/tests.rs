@@ -62,6 +62,10 @@ fn a_model_path_that_is_a_root_means_its_latest_and_a_broken_latest_is_said() {
     std::fs::write(dir.path().join(LATEST), "step-00000009\n").unwrap();
     let err = format!("{:#}", model_dir(dir.path()).unwrap_err());
     assert!(err.contains("names step-00000009, which is missing"), "{err}");
+    let want = format!("complete checkpoints there: step-00000003 (name one, e.g. {})", step.display());
+    assert!(err.contains(&want), "{err}");
+    let err = resolve_resume(dir.path()).unwrap_err().to_string();
+    assert!(err.contains(&want), "{err}");
 }
 
 /// `path` relative to `base` (`../..` up to their common part).

@@ -8,12 +8,11 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use zerostream_checkpoints::checkpoint::CheckpointRoot;
 use zerostream_checkpoints::{DataTokenizer, HfModel, TextTokenizer, TokenFile, TokenWidth, Tokenizer};
 
 use super::checkpoint::{Checkpoint, RunRecord, SaveDtype};
 use super::summary::{Traffic, summarise, what_it_did};
-use super::{Flags, ModelSource, StepReport, TrainConfig, Trainer};
+use super::{ModelSource, StepReport, TrainConfig, Trainer};
 use crate::comm::Comm;
 use crate::device::{AnyDevice, Backend};
 use crate::model::Model;
@@ -22,8 +21,10 @@ use super::demo::Demo;
 pub use super::demo::TEXT as DEMO_TEXT;
 
 mod data;
+mod record;
 mod steps;
-use data::{eval_batches, open_data, tokenizer_files};
+use data::{eval_batches, open_data};
+use record::{checkpoint_root, run_record};
 use steps::train_steps;
 
 /// Where the weights come from.
@@ -240,27 +241,6 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
     Ok(RunSummary { steps: reports, seconds, sample, stopped_at, checkpoint, val_loss: final_val_loss })
 }
 
-/// What a checkpoint records of the run besides the trainer's state: the seed, the data, the settings
-/// a resume checks, the save dtype, how many to keep and the tokenizer's files.
-fn run_record(
-    options: &RunOptions,
-    train: &TrainConfig,
-    model: &Model,
-    tokens: &TokenFile,
-    world: usize,
-    say: &dyn Fn(String),
-) -> Result<RunRecord> {
-    Ok(RunRecord {
-        seed: options.seed,
-        data: absolute(&tokens.path).display().to_string(),
-        data_tokens: tokens.len,
-        settings: run_settings(train, options, world),
-        save_dtype: options.save_dtype.unwrap_or(SaveDtype::of(train.precision)),
-        keep: options.checkpoints.keep,
-        tokenizer_files: tokenizer_files(say, options, model)?,
-    })
-}
-
 /// The steady step predicted from the rates `plan --measure` kept for this run (said, and returned for
 /// the metrics), or a line saying how to get one.
 fn predict_step<D: Backend>(dev: &D, model: &Model, trainer: &Trainer<'_, D>, say: &dyn Fn(String)) -> Option<f64> {
@@ -272,32 +252,6 @@ fn predict_step<D: Backend>(dev: &D, model: &Model, trainer: &Trainer<'_, D>, sa
     let prediction = predict(&rates, &trainer.placement, model, &trainer.train, shares_cores(dev));
     say(prediction.describe(&rates, &trainer.placement));
     Some(prediction.step_s)
-}
-
-/// Rank 0 holds the checkpoint root (its lock, its leftovers) for the whole run.
-fn checkpoint_root(say: &dyn Fn(String), options: &RunOptions, lead: bool) -> Result<Option<CheckpointRoot>> {
-    let (Some(dir), true) = (&options.checkpoints.dir, lead) else { return Ok(None) };
-    let resumed_from = match &options.model {
-        ModelChoice::Resume(checkpoint) => Some(checkpoint.as_path()),
-        _ => None,
-    };
-    let root = CheckpointRoot::open(dir, resumed_from)?;
-    for path in &root.removed_leftovers {
-        say(format!("removed {} (left by an interrupted save)", path.display()));
-    }
-    if let (Some(first), Some(last)) = (root.left_behind.first(), root.left_behind.last()) {
-        let which = match root.left_behind.len() {
-            1 => format!("the checkpoint of step {first}"),
-            n => format!("{n} checkpoints, of steps {first} to {last},"),
-        };
-        // A warning, so said under --quiet too: saving one of those steps replaces the earlier run's copy.
-        eprintln!(
-            "warning: {} also holds {which}, later than the step resumed from: this run replaces each step it saves again; \
-             --keep-checkpoints counts and removes only this run's line",
-            dir.display(),
-        );
-    }
-    Ok(Some(root))
 }
 
 /// Large models spend minutes writing their initial state to NVMe before the first step: say so.
@@ -367,22 +321,6 @@ fn plot_metrics(options: &RunOptions, say: &dyn Fn(String)) {
     }
     #[cfg(not(feature = "plot"))]
     let _ = (options, say);
-}
-
-/// Every setting of the run by flag name: the trainer's, the seed, the data and the world size.
-/// `path` from the root, as a checkpoint records the data: a resume from another folder finds it
-/// (and never a file of the same name there).
-fn absolute(path: &std::path::Path) -> std::path::PathBuf {
-    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
-}
-
-fn run_settings(train: &TrainConfig, options: &RunOptions, world: usize) -> Flags {
-    let mut settings = train.to_flags();
-    settings.insert("seed".into(), options.seed.into());
-    settings.insert("data".into(), options.data.as_ref().map(|p| absolute(p).display().to_string()).into());
-    settings.insert("world-size".into(), world.into());
-    settings.insert("data-dtype".into(), if options.data_dtype == TokenWidth::U32 { "u32" } else { "u16" }.into());
-    settings
 }
 
 /// The lines a run starts with: devices, ranks, model, data and the training settings.

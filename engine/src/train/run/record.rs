@@ -1,0 +1,97 @@
+//! What a run keeps on disk besides the model: the record each checkpoint carries (the seed, the data
+//! from the root, every setting by flag name), and the checkpoint root rank 0 holds, with what it
+//! says about checkpoints a resume from an earlier step finds there.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use zerostream_checkpoints::checkpoint::CheckpointRoot;
+use zerostream_checkpoints::{TokenFile, TokenWidth};
+
+use super::data::tokenizer_files;
+use super::{ModelChoice, RunOptions};
+use crate::model::Model;
+use crate::train::checkpoint::{RunRecord, SaveDtype};
+use crate::train::{Flags, TrainConfig};
+
+/// What a checkpoint records of the run besides the trainer's state: the seed, the data, the settings
+/// a resume checks, the save dtype, how many to keep and the tokenizer's files.
+pub(super) fn run_record(
+    options: &RunOptions,
+    train: &TrainConfig,
+    model: &Model,
+    tokens: &TokenFile,
+    world: usize,
+    say: &dyn Fn(String),
+) -> Result<RunRecord> {
+    Ok(RunRecord {
+        seed: options.seed,
+        data: absolute(&tokens.path).display().to_string(),
+        data_tokens: tokens.len,
+        settings: run_settings(train, options, world),
+        save_dtype: options.save_dtype.unwrap_or(SaveDtype::of(train.precision)),
+        keep: options.checkpoints.keep,
+        tokenizer_files: tokenizer_files(say, options, model)?,
+    })
+}
+
+/// Rank 0 holds the checkpoint root (its lock, its leftovers) for the whole run.
+pub(super) fn checkpoint_root(say: &dyn Fn(String), options: &RunOptions, lead: bool) -> Result<Option<CheckpointRoot>> {
+    let (Some(dir), true) = (&options.checkpoints.dir, lead) else { return Ok(None) };
+    let resumed_from = match &options.model {
+        ModelChoice::Resume(checkpoint) => Some(checkpoint.as_path()),
+        _ => None,
+    };
+    let root = CheckpointRoot::open(dir, resumed_from)?;
+    for path in &root.removed_leftovers {
+        say(format!("removed {} (left by an interrupted save)", path.display()));
+    }
+    if let Some(warning) = later_checkpoints_warning(dir, &root.left_behind) {
+        // A warning, so said under --quiet too: saving one of those steps replaces the earlier run's copy.
+        eprintln!("{warning}");
+    }
+    Ok(Some(root))
+}
+
+/// The warning for a resume from an earlier step than `dir`'s checkpoints `later` reach.
+fn later_checkpoints_warning(dir: &Path, later: &[u64]) -> Option<String> {
+    let (first, last) = (later.first()?, later.last()?);
+    let which = match later.len() {
+        1 => format!("the checkpoint of step {first}"),
+        n => format!("{n} checkpoints, of steps {first} to {last}"),
+    };
+    Some(format!(
+        "warning: {} also holds {which}, later than the step resumed from: this run replaces each step it saves again; \
+         --keep-checkpoints counts and removes only this run's line",
+        dir.display(),
+    ))
+}
+
+/// `path` from the root, as a checkpoint records the data: a resume from another folder finds it
+/// (and never a file of the same name there).
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// Every setting of the run by flag name: the trainer's, the seed, the data and the world size.
+fn run_settings(train: &TrainConfig, options: &RunOptions, world: usize) -> Flags {
+    let mut settings = train.to_flags();
+    settings.insert("seed".into(), options.seed.into());
+    settings.insert("data".into(), options.data.as_ref().map(|p| absolute(p).display().to_string()).into());
+    settings.insert("world-size".into(), world.into());
+    settings.insert("data-dtype".into(), if options.data_dtype == TokenWidth::U32 { "u32" } else { "u16" }.into());
+    settings
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn later_checkpoints_are_counted_in_words() {
+        let dir = std::path::Path::new("ck");
+        assert_eq!(super::later_checkpoints_warning(dir, &[]), None);
+        let one = super::later_checkpoints_warning(dir, &[5]).unwrap();
+        assert!(one.starts_with("warning: ck also holds the checkpoint of step 5, later than"), "{one}");
+        let two = super::later_checkpoints_warning(dir, &[5, 6]).unwrap();
+        assert!(two.starts_with("warning: ck also holds 2 checkpoints, of steps 5 to 6, later than"), "{two}");
+    }
+}
