@@ -47,6 +47,10 @@ fn bench_kernels_quick_gives_every_kernel_a_positive_rate() {
     for k in STEP_KERNELS.iter().chain(OTHER_KERNELS) {
         assert!(kernels.contains(k), "no row for {k}; rows: {kernels:?}");
     }
+    // Every row's name is one --only takes (the device's copy is the ceiling, not a kernel).
+    for k in kernels.iter().filter(|k| **k != "copy_buffer_to_buffer") {
+        assert!(zerostream::bench::kernels::ROWS.contains(k), "{k} is missing from bench::kernels::ROWS");
+    }
     assert!(rows.iter().any(|r| r["precision"] == "bf16-B"), "no row for the matmul with a 16-bit B operand");
     // The cooperative-matrix matmul: timed beside the fp32 one where the adapter has it, else every row
     // says it is unavailable (and why) and none claims it.
@@ -116,4 +120,14 @@ fn bench_kernels_times_a_llama_steps_products() {
     let out = Command::new(env!("CARGO_BIN_EXE_zerostream")).args(["bench", "kernels", "--quick", "--only", "matmull"]).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("--only \"matmull\" matches no kernel (the kernels: matmul,"), "{stderr}");
+    // A row's name, as the table prints it, times that row alone.
+    let out = Command::new(env!("CARGO_BIN_EXE_zerostream"))
+        .args(["bench", "kernels", "--models", "gpt2", "--batch-size", "1", "--seq-len", "8", "--reps", "1"])
+        .args(["--only", "gelu_backward", "--copy-size", "16MiB", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let kernels: Vec<&str> = rows.iter().filter(|r| r["model"] == "gpt2").filter_map(|r| r["kernel"].as_str()).collect();
+    assert_eq!(kernels, ["gelu_backward"], "{rows:?}");
 }

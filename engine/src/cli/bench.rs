@@ -173,7 +173,8 @@ pub struct KernelArgs {
     /// about 0.2 s, between 3 and 200).
     #[arg(long, default_value_t = 0)]
     reps: usize,
-    /// Only kernels whose name contains one of these, comma-separated (e.g. matmul,attention).
+    /// Only the kernels whose name contains one of these, comma-separated (e.g. matmul,attention), or
+    /// the rows a table's kernel column names (e.g. gelu_backward).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Bytes of the device-to-device copy that measures the memory ceiling.
