@@ -65,6 +65,12 @@ fn counts_and_clocks_out_of_range_are_refused() {
         &["plan", "--seq-len", "0"],
         &["eval", "--model", "m", "--data", "d", "--batch-size", "0"],
         &["bench", "kernels", "--seq-len", "0"],
+        // Each bench's timed repetitions (h2d, d2h, overlap and collectives ran one for 0).
+        &["bench", "h2d", "--reps", "0"],
+        &["bench", "d2h", "--reps", "0"],
+        &["bench", "overlap", "--reps", "0"],
+        &["bench", "collectives", "--reps", "0"],
+        &["bench", "adam", "--reps", "0"],
     ] {
         let out = zerostream(args);
         let (err, flag) = (stderr(&out), args[args.len() - 2]);
@@ -72,6 +78,12 @@ fn counts_and_clocks_out_of_range_are_refused() {
             out.status.code() == Some(2) && err.contains(&format!("for '{flag} <")) && err.contains("must be at least 1"),
             "{args:?}: {err}"
         );
+    }
+    // bench overlap's copy and matmul are checked before the adapter is opened or a line printed.
+    for (flag, value) in [("--bytes", "3"), ("--m", "0")] {
+        let out = zerostream(&["bench", "overlap", flag, value]);
+        let (err, said) = (stderr(&out), String::from_utf8_lossy(&out.stdout).into_owned());
+        assert!(!out.status.success() && err.contains(flag) && err.contains("must be") && said.is_empty(), "{said}{err}");
     }
     // plan took --world-size 0 for one rank.
     let out = zerostream(&["plan", "--config", "gpt2", "--world-size", "0"]);

@@ -82,10 +82,16 @@ impl LinkRow {
 
 /// `bench all`'s table: each link once, beside its own ceiling.
 pub fn links_table(rows: &[LinkRow]) -> String {
-    let mut out = format!("{:<60} {:>9} {:>9}  ceiling\n", "link", "GB/s", "ceiling");
+    // As wide as the longest link (an adapter's name can be long), so the numbers stay in columns.
+    let width = rows.iter().map(|r| r.link.chars().count()).max().unwrap_or(0).max(60);
+    let mut out = format!("{:<width$} {:>9} {:>9}  ceiling\n", "link", "GB/s", "ceiling");
     for r in rows {
-        let ceiling_gbps = r.ceiling.as_ref().map_or(String::new(), |c| format!("{:.2}", c.gbps));
-        out += &format!("{:<60} {:>9.2} {:>9}  {}\n", r.link, r.gbps, ceiling_gbps, r.ceiling_text());
+        let ceiling_gbps = match &r.ceiling {
+            None => String::new(),
+            Some(c) if c.gbps.is_finite() => format!("{:.2}", c.gbps),
+            Some(_) => "-".into(), // not measured (fio not installed)
+        };
+        out += &format!("{:<width$} {:>9.2} {:>9}  {}\n", r.link, r.gbps, ceiling_gbps, r.ceiling_text());
     }
     out
 }
@@ -114,6 +120,14 @@ mod tests {
         assert!(table.contains("fio (120%: above it, because noise)"), "{table}");
         assert!(table.contains("fio (90%)") && !table.contains("90%: above"), "{table}");
         assert!(table.contains("(a ceiling itself)") && table.contains("fio (not measured)"), "{table}");
+        assert!(!table.contains("NaN"), "an unmeasured ceiling is a dash:\n{table}");
+        // A link longer than the column widens it: every row's GB/s ends in the same place.
+        let long = [row(&"h2d 256MiB Pinned (a very long adapter name) ".repeat(2), 1.0, 2.0), row("NVMe read", 1.2, 1.0)];
+        let wide = links_table(&long);
+        let width = long[0].link.len();
+        for line in wide.lines().skip(1) {
+            assert!(line[width + 1..width + 10].trim().parse::<f64>().is_ok(), "GB/s out of its column:\n{wide}");
+        }
         for r in &rows {
             assert_eq!(table.matches(&format!("{} ", r.link)).count(), 1, "{} printed more than once:\n{table}", r.link);
         }

@@ -56,9 +56,23 @@ pub struct OverlapRun {
     pub both_s: f64,
 }
 
+impl OverlapConfig {
+    /// Refuses, by flag, a copy or a matmul no run can make (before anything is printed or allocated).
+    pub fn check(&self) -> Result<()> {
+        if self.bytes == 0 || !self.bytes.is_multiple_of(4 * wgpu::COPY_BUFFER_ALIGNMENT) {
+            bail!("--bytes {}: must be a positive multiple of 16", self.bytes);
+        }
+        if [self.m, self.n, self.k].contains(&0) {
+            bail!("the matmul's --m, --n and --k must be positive (got {} x {} x {})", self.m, self.n, self.k);
+        }
+        Ok(())
+    }
+}
+
 impl OverlapRun {
     /// The share of the shorter part hidden under the longer: (copy + kernels - both) / min(copy,
-    /// kernels). Near 1: they overlap; near 0 (or below, with noise): they serialise.
+    /// kernels). Near 1: they overlap; near 0 (or below, with noise): they serialise. Above 1 only by
+    /// noise: both together timed shorter than the longer part alone.
     pub fn hidden(&self) -> f64 {
         (self.copy_s + self.kernels_s - self.both_s) / self.copy_s.min(self.kernels_s)
     }
@@ -146,12 +160,7 @@ impl Work<'_> {
 /// Times each transfer method alone, beside a matmul run of about its length, and both together;
 /// `on_run` sees each as it is measured.
 pub fn bench_overlap(dev: &GpuDevice, cfg: &OverlapConfig, mut on_run: impl FnMut(&OverlapRun)) -> Result<Vec<OverlapRun>> {
-    if cfg.bytes == 0 || !cfg.bytes.is_multiple_of(4 * wgpu::COPY_BUFFER_ALIGNMENT) {
-        bail!("--bytes {}: must be a positive multiple of 16", cfg.bytes);
-    }
-    if [cfg.m, cfg.n, cfg.k].contains(&0) {
-        bail!("the matmul's --m, --n and --k must be positive (got {} x {} x {})", cfg.m, cfg.n, cfg.k);
-    }
+    cfg.check()?;
     let words = (cfg.bytes / 4) as usize;
     let work = Work {
         dev,

@@ -43,15 +43,7 @@ fn adam_rows(params: usize, quiet: bool) -> Result<[LinkRow; 2]> {
         LinkRow {
             link: format!("CPU AdamW ({:.2} Gparam/s, {} B/param)", adam.gparams_per_s, adam.bytes_per_param),
             gbps: adam.adam_gbps,
-            ceiling: Some(Ceiling {
-                name: "triad".into(),
-                gbps: adam.triad_gbps,
-                exceeded_because: format!(
-                    "AdamW's {:.0} MiB of state may sit in this CPU's caches, where the triad's arrays are sized to stream from RAM: \
-                     raise --params past the cache to measure RAM",
-                    (adam.bytes_per_param * adam.params) as f64 / 1048576.0
-                ),
-            }),
+            ceiling: Some(Ceiling { name: "triad".into(), gbps: adam.triad_gbps, exceeded_because: adam.above_triad_because() }),
         },
     ])
 }
