@@ -28,6 +28,17 @@ fn prepare_writes_a_token_file_train_can_read() {
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(std::fs::read(&piped).unwrap(), std::fs::read(&tokens).unwrap());
+    // From a terminal (util-linux's `script` gives the command one), `-` is refused rather than
+    // waiting for typing, and nothing is written.
+    let typed = dir.path().join("typed.bin");
+    let command = format!("{} prepare --text - --out {}", env!("CARGO_BIN_EXE_zerostream"), typed.display());
+    let out = std::process::Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("running util-linux's `script` (bsdutils), which gives the command a terminal");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success() && said.contains("standard input is a terminal") && !typed.exists(), "{said}");
 }
 
 #[test]
