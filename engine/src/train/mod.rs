@@ -186,7 +186,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
         check_before_work(dev, &model, &train)?;
         let sharding = Sharding { rank: comm.rank(), world: comm.world_size(), stage: train.zero_stage };
         check_same_configuration(&comm, &model, &train)?;
-        let placement = plan_on(&model, &train, sharding.world, dev.alloc_costs())?;
+        let placement = plan::plan_for_rank(&model, &train, &comm, dev.alloc_costs())?;
         let layouts = Arc::new(group_layouts(&model));
         let shards: Arc<Vec<GroupShard>> = Arc::new(layouts.iter().map(|g| sharding.group(g.len)).collect());
 

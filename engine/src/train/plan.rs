@@ -13,8 +13,10 @@ use crate::device::alloc::available_ram_bytes;
 use crate::model::Model;
 
 mod device_needs;
+mod ranks;
 use device_needs::DeviceNeeds;
 pub(super) use device_needs::slot_format;
+pub use ranks::plan_for_rank;
 
 /// Where everything lives and how many device bytes each part takes: decided once at start-up.
 #[derive(Clone, Debug)]
@@ -329,6 +331,26 @@ pub fn minimum_device_bytes(model: &Model, tc: &TrainConfig) -> u64 {
     minimum_device_bytes_on(model, tc, AllocCosts::GPU)
 }
 
+/// What a rank's schedule of uploads depends on besides the model: how many block slots the device
+/// keeps, and whether the output projection stays resident.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScheduleLimit {
+    pub block_slots: usize,
+    pub vocab_resident: bool,
+}
+
+impl ScheduleLimit {
+    /// No limit: what the rank's own device holds.
+    pub const NONE: ScheduleLimit = ScheduleLimit { block_slots: usize::MAX, vocab_resident: true };
+}
+
+impl Placement {
+    /// The schedule this placement keeps.
+    pub fn schedule(&self) -> ScheduleLimit {
+        ScheduleLimit { block_slots: self.block_slots, vocab_resident: self.vocab_resident }
+    }
+}
+
 /// The smallest budget [`plan_on`] accepts on a device that allocates with `costs`.
 pub fn minimum_device_bytes_on(model: &Model, tc: &TrainConfig, costs: AllocCosts) -> u64 {
     DeviceNeeds::of(model, tc, costs, false).minimum()
@@ -343,15 +365,21 @@ pub fn plan(model: &Model, tc: &TrainConfig, world_size: usize) -> Result<Placem
 /// with `costs` (`Backend::alloc_costs`), or refuses a budget that cannot hold the device minimum, with
 /// the numbers. The device bytes planned are those the trainer allocates, tensor by tensor.
 pub fn plan_on(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocCosts) -> Result<Placement> {
+    plan_within(model, tc, world_size, costs, ScheduleLimit::NONE)
+}
+
+/// [`plan_on`] keeping at most `limit`'s block slots, and the output projection resident only where
+/// `limit` allows it: the schedule another rank's device holds ([`ranks::plan_for_rank`]).
+fn plan_within(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocCosts, limit: ScheduleLimit) -> Result<Placement> {
     let groups = group_layouts(model);
     let params: usize = groups.iter().map(|g| g.len).sum();
     let streamed = DeviceNeeds::of(model, tc, costs, false);
     let minimum = streamed.minimum();
     // The output projection stays resident whole when the budget holds it with two block slots.
     let resident = DeviceNeeds::of(model, tc, costs, true);
-    let vocab_resident = tc.gpu_mem_budget.is_none_or(|budget| budget >= resident.minimum());
+    let vocab_resident = limit.vocab_resident && tc.gpu_mem_budget.is_none_or(|budget| budget >= resident.minimum());
     let needs = if vocab_resident { resident } else { streamed };
-    let block_slots = block_slots(model, tc, &needs, minimum)?;
+    let block_slots = block_slots(model, tc, &needs, minimum)?.min(limit.block_slots);
     let DeviceNeeds { head_bytes, slot_bytes, activation_bytes, other_bytes } = needs;
     // Rank 0's share (the largest, with padding) of each kind of host state, group by group.
     let sharding = Sharding { rank: 0, world: world_size.max(1), stage: tc.zero_stage };
