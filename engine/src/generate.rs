@@ -40,7 +40,7 @@ impl Sampling {
 /// Positions the caches need for `prompt` (or one start token) and `max_new_tokens`, at most the
 /// model's context.
 pub fn cache_positions(model: &Model, prompt: &[u32], max_new_tokens: usize) -> usize {
-    (prompt.len().max(1) + max_new_tokens).min(model.max_seq_len())
+    prompt.len().max(1).saturating_add(max_new_tokens).min(model.max_seq_len())
 }
 
 /// Continues `prompt` with up to `s.max_new_tokens` tokens, calling `on_token` with each as it comes;
@@ -73,7 +73,8 @@ pub fn generate<D: Backend>(
     let mut session = Session::new(dev, model, load, capacity, first.len())?;
     on_plan(session.plan());
     let mut logits = session.feed(first)?;
-    let mut out = Vec::with_capacity(s.max_new_tokens);
+    // Grown as tokens come: a count given as "no limit" (--max-new-tokens 99999999999) reserves nothing.
+    let mut out = Vec::new();
     loop {
         let next = pick(&logits, s, &mut rng);
         on_token(next);
@@ -152,6 +153,16 @@ mod tests {
 
     fn settings(temperature: f32, top_k: usize, top_p: f32) -> Sampling {
         Sampling { max_new_tokens: 1, temperature, top_k, top_p, seed: 1 }
+    }
+
+    /// Any count of new tokens (usize::MAX included, which wrapped to a cache of 2) caps at the context.
+    #[test]
+    fn the_cache_holds_the_prompt_and_new_tokens_up_to_the_context() {
+        let model = Model::preset("gpt2").unwrap();
+        assert_eq!(cache_positions(&model, &[1, 2, 3], 5), 8);
+        assert_eq!(cache_positions(&model, &[], 5), 6, "one start token");
+        assert_eq!(cache_positions(&model, &[1, 2, 3], usize::MAX), 1024);
+        assert_eq!(cache_positions(&model, &[1, 2, 3], usize::MAX - 1), 1024);
     }
 
     #[test]
