@@ -78,7 +78,8 @@ enum Command {
     /// Train a GPT-2 or Llama-family model with parameters streamed to the device and AdamW on the CPU.
     /// With no --model, --config or --data: a small GPT-2 on Shakespeare's Hamlet in words (built in), a
     /// few minutes. Exits 0 when done, 130 or 143 when SIGINT or SIGTERM stopped it (after the step and
-    /// its checkpoint), 1 on an error, 2 on a bad flag.
+    /// its checkpoint), 2 when the command line cannot be read (an unknown flag, a value of the wrong
+    /// form), 1 on any other error (a value refused once read, such as a rate out of range, included).
     Train(Box<TrainArgs>),
     /// Does it fit? The placement `train` would use with the same flags — host bytes per rank on each
     /// tier, device bytes, block slots — for a model, a batch, a world size and a ZeRO stage, without
