@@ -85,13 +85,15 @@ fn the_resolved_configuration_repeats_the_run_from_any_folder() {
 #[test]
 fn config_files_with_unknown_keys_or_wrong_types_are_refused_by_file_and_key() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&str, &str, &[&str]); 6] = [
+    let cases: [(&str, &str, &[&str]); 7] = [
         ("bogus = 1\n", "bogus", &["has no flag --bogus"]),
         ("steps = \"many\"\n", "steps", &["invalid value 'many'", "--steps"]),
         ("recompute = 1\n", "recompute", &["expected true or false"]),
         ("lr = [1, 2]\n", "lr", &["expected a string or a number", "array"]),
         ("precision = \"fp8\"\n", "precision", &["invalid value 'fp8'", "[possible values: fp32, bf16, fp16]"]),
         ("config-file = \"x.toml\"\n", "config-file", &["cannot name another"]),
+        // Two spellings of one flag (TOML itself refuses the same key twice).
+        ("batch-size = 2\nbatch_size = 3\n", "batch_size", &["--batch-size is given twice, also as `batch-size`"]),
     ];
     for (i, (body, key, expected)) in cases.iter().enumerate() {
         let file = dir.path().join(format!("bad{i}.toml"));

@@ -36,9 +36,14 @@ pub fn read(file: &Path, sub: &Command) -> Result<Vec<OsString>> {
     let text = std::fs::read_to_string(file).with_context(|| format!("--config-file {}: cannot read it", file.display()))?;
     let table: toml::Table = text.parse().map_err(|e| anyhow::anyhow!("--config-file {}: not valid TOML: {e}", file.display()))?;
     let mut args = Vec::new();
+    let mut seen: std::collections::BTreeMap<String, &str> = Default::default();
     for (key, value) in &table {
         let name = key.replace('_', "-");
         let at = |what: String| anyhow::anyhow!("--config-file {}: key `{key}`: {what}", file.display());
+        // `batch-size` and `batch_size` are one flag: given twice, neither may silently win.
+        if let Some(other) = seen.insert(name.clone(), key) {
+            bail!(at(format!("--{name} is given twice, also as `{other}`; keep one")));
+        }
         let Some(arg) = sub.get_arguments().find(|a| a.get_long() == Some(name.as_str())) else {
             bail!(at(format!("`{}` has no flag --{name} (`zerostream {} --help` lists them)", sub.get_name(), sub.get_name())));
         };
