@@ -28,6 +28,13 @@ fn prepare_writes_a_token_file_train_can_read() {
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(std::fs::read(&piped).unwrap(), std::fs::read(&tokens).unwrap());
+    // A byte-order mark an editor put first is not text: the same tokens.
+    let marked = dir.path().join("marked.txt");
+    std::fs::write(&marked, [&b"\xef\xbb\xbf"[..], &std::fs::read(&text).unwrap()].concat()).unwrap();
+    let unmarked = dir.path().join("marked.bin");
+    let out = zerostream(&["prepare", "--text", marked.to_str().unwrap(), "--out", unmarked.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(&unmarked).unwrap(), std::fs::read(&tokens).unwrap());
     // From a terminal (util-linux's `script` gives the command one), `-` is refused rather than
     // waiting for typing, and nothing is written.
     let typed = dir.path().join("typed.bin");

@@ -37,8 +37,16 @@ pub struct PrepareArgs {
 }
 
 /// The text of `--text PATH`, or of standard input for `-` (refused from a terminal, where it would
-/// wait for typing).
+/// wait for typing), without a leading byte-order mark: an editor's marker, not text (it would start
+/// the data with three tokens no one wrote).
 fn read_text(path: &Path) -> Result<String> {
+    read_text_with_mark(path).map(|text| match text.strip_prefix('\u{feff}') {
+        Some(rest) => rest.to_string(),
+        None => text,
+    })
+}
+
+fn read_text_with_mark(path: &Path) -> Result<String> {
     use std::io::{IsTerminal, Read};
     if path != Path::new("-") {
         return std::fs::read_to_string(path).with_context(|| format!("reading --text {}", path.display()));
