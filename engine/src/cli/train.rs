@@ -239,8 +239,8 @@ pub struct TrainArgs {
     /// How the working copy crosses between ranks in its all-gather (ZeRO++'s quantised weights): none
     /// (its words as they are), bf16 (2 bytes per element; the same as none with --precision bf16,
     /// refused with fp16: as many bytes, fewer bits) or int8 (1 byte plus a 4-byte scale per 256
-    /// elements). Every rank, the sender included, computes
-    /// with the decoded copy, so ranks stay identical; the fp32 master weights stay exact. Does nothing
+    /// elements). Every rank, the sender included, computes with the decoded copy from the first step
+    /// on, so ranks stay identical and stages 1-3 give one run; the fp32 master weights stay exact. Does nothing
     /// with one rank or at --zero-stage 0 (no working copy is gathered).
     #[arg(long, value_enum, default_value = "none")]
     param_compression: ParamCompression,

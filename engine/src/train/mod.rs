@@ -414,7 +414,16 @@ fn resumed_counters(
     notes: &mut Vec<String>,
 ) -> (u64, u64, LossScaler) {
     let fresh = if train.loss_scaled() { LossScaler::new() } else { LossScaler::fixed_one() };
-    let ModelSource::Checkpoint(c) = source else { return (0, 0, fresh) };
+    // With --param-compression every rank computes with the decoded copy, the first step's too (stage
+    // 3 gathers before every upload; stages 1-2 would start from the exact one): gather before the
+    // first upload (u64::MAX: no update gathered), after a resume too, as the uninterrupted run did.
+    let gather_first = train.param_compression.codec().is_some();
+    let ModelSource::Checkpoint(c) = source else {
+        if gather_first {
+            shared.iter_mut().for_each(|s| lock(s).gathered = u64::MAX);
+        }
+        return (0, 0, fresh);
+    };
     let restored = LossScaler::restore(&c.state.loss_scaler);
     let scaler = if train.loss_scaled() && restored.is_fixed() {
         // A checkpoint of `--matmul-inputs f16` from before that flag scaled the loss.
@@ -423,9 +432,7 @@ fn resumed_counters(
     } else {
         restored
     };
-    // With --param-compression the uninterrupted run computes with the decoded copy: gather again
-    // (u64::MAX: no update gathered) so that this one does too.
-    let gathered = if train.param_compression.codec().is_some() { u64::MAX } else { c.state.adam_steps };
+    let gathered = if gather_first { u64::MAX } else { c.state.adam_steps };
     shared.iter_mut().for_each(|s| lock(s).gathered = gathered);
     (c.state.step, c.state.adam_steps, scaler)
 }
