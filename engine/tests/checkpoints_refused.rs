@@ -201,6 +201,9 @@ fn a_resume_from_another_folder_finds_the_data_and_a_missing_one_is_named() {
         "{err}"
     );
     assert!(!err.contains("placement:"), "refused before any work: {err}");
+    // `plan`, which reads no data, goes on without it.
+    let out = Command::new(bin).args(["plan", "--resume", "run/ck/step-00000001"]).current_dir(dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
 }
 
 /// `--metrics` naming a file of anything but metrics rows is refused before any work (a run would

@@ -403,3 +403,54 @@ fn two_ranks_writing_behind_and_reading_ahead_give_the_sequential_bits() {
         }
     }
 }
+
+/// A run in an `--nvme-dir` another model's run used keeps only its own shard files there: the other
+/// model's (groups this one has not) are removed, and said, as the start-up room check counted them.
+#[test]
+fn a_run_removes_the_shards_of_another_model_from_its_directory() {
+    use common::cli::{stderr, zerostream};
+    let dir = tempfile::tempdir().unwrap();
+    let golden = common::trajectory::golden_dir("gpt2-tiny");
+    let config = dir.path().join("one-layer.json");
+    std::fs::write(&config, r#"{"model_type": "gpt2", "n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 256, "n_positions": 64}"#)
+        .unwrap();
+    let (data, model, one) = (golden.join("tokens.bin"), golden.join("model"), config.to_str().unwrap());
+    let train = |model_flag: &str, model: &str, nvme: &std::path::Path| {
+        let out = zerostream(&[
+            "train",
+            "--device",
+            "cpu",
+            model_flag,
+            model,
+            "--data",
+            data.to_str().unwrap(),
+            "--steps",
+            "1",
+            "--batch-size",
+            "1",
+            "--seq-len",
+            "8",
+            "--sample-tokens",
+            "0",
+            "--offload-optimizer",
+            "nvme",
+            "--offload-params",
+            "nvme",
+            "--nvme-dir",
+            nvme.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let names = |d: std::path::PathBuf| -> std::collections::BTreeSet<String> {
+            std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+        };
+        (stderr(&out), names(nvme.join("rank0")))
+    };
+    let (own, fresh) = (dir.path().join("own"), dir.path().join("shared"));
+    let (_, alone) = train("--config", one, &own);
+    let (_, two_layers) = train("--model", model.to_str().unwrap(), &fresh);
+    assert!(two_layers.len() > alone.len(), "{two_layers:?} against {alone:?}");
+    let (said, after) = train("--config", one, &fresh);
+    assert_eq!(after, alone, "only the one-layer run's files remain");
+    let removed = two_layers.iter().filter(|n| n.ends_with(".bin") && !alone.contains(*n)).count();
+    assert!(said.contains(&format!("removed {removed} shard files an earlier run of another shape left")), "{said}");
+}

@@ -31,6 +31,8 @@ pub struct NvmeDir {
     written_bytes: AtomicU64,
     /// The buffers of tensors paged out, reused by the next page-in.
     pub pool: BufferPool,
+    /// Every shard file opened through this tier: what [`NvmeDir::remove_unopened`] keeps.
+    opened: std::sync::Mutex<std::collections::BTreeSet<PathBuf>>,
 }
 
 /// One directory of the tier.
@@ -111,7 +113,38 @@ impl NvmeDir {
             read_bytes: AtomicU64::new(0),
             written_bytes: AtomicU64::new(0),
             pool: BufferPool::default(),
+            opened: Default::default(),
         })
+    }
+
+    /// Notes a shard file this run uses.
+    pub(crate) fn note_opened(&self, path: &Path) {
+        self.opened.lock().unwrap_or_else(|p| p.into_inner()).insert(path.to_path_buf());
+    }
+
+    /// Removes the shard files (`*.bin`) in this tier's directories that no tensor opened: left by a run
+    /// of another shape (another model's groups), never read (a run writes its shards before reading
+    /// them) and, under the directories' locks, no other run's. Returns (files, bytes) removed, so the
+    /// space they held is this run's, as the start-up check of the room counted it.
+    pub fn remove_unopened(&self) -> Result<(usize, u64)> {
+        let opened = self.opened.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let (mut files, mut bytes) = (0, 0);
+        for stripe in &self.stripes {
+            let entries = std::fs::read_dir(&stripe.dir).map_err(|e| io_error("listing the NVMe directory", &stripe.dir, e))?;
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let shard = name.ends_with(".bin") && !name.starts_with(crate::spare_pool::SPARE_PREFIX);
+                let Ok(meta) = entry.metadata() else { continue };
+                if !shard || !meta.is_file() || opened.contains(&path) {
+                    continue;
+                }
+                std::fs::remove_file(&path).map_err(|e| io_error("removing an earlier run's shard", &path, e))?;
+                files += 1;
+                bytes += meta.len();
+            }
+        }
+        Ok((files, bytes))
     }
 
     /// How many directories the tensors are striped over.

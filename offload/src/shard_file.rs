@@ -130,6 +130,7 @@ impl ShardFile {
     /// [`ShardFile::open`] of `name`'s file in directory `stripe` of the tier, holding `len_bytes`.
     pub fn open_stripe(nvme: &NvmeDir, stripe: usize, name: &str, len_bytes: usize) -> Result<Self> {
         let path = nvme.stripe_path(stripe, name);
+        nvme.note_opened(&path);
         remove_if_present("removing the unfinished write", &next_path(&path))?;
         let size = file_bytes(len_bytes);
         let (file, direct) = open_in_dir(&nvme.io, "opening shard", &path, true)?;

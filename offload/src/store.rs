@@ -242,9 +242,10 @@ pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
     os::free_bytes(at)
 }
 
-/// Bytes of the shard files (`*.bin`) in `dir`'s `rank*/` subdirectories: what a new run in `dir`
-/// overwrites rather than adds.
-pub fn shard_bytes_in(dir: &Path) -> u64 {
+/// Bytes of the shard files (`*.bin`) in `dir`'s `rank{r}/` subdirectories for the `world`'s ranks:
+/// what a new run in `dir` overwrites or removes (`NvmeDir::remove_unopened`) rather than adds. Those
+/// of ranks past the world's are another run's, left as they are, and not counted.
+pub fn shard_bytes_in(dir: &Path, world: usize) -> u64 {
     let files_in = |d: &Path| -> u64 {
         std::fs::read_dir(d)
             .into_iter()
@@ -258,7 +259,10 @@ pub fn shard_bytes_in(dir: &Path) -> u64 {
         .into_iter()
         .flatten()
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("rank") && e.path().is_dir())
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_prefix("rank").and_then(|r| r.parse::<usize>().ok()).is_some_and(|r| r < world) && e.path().is_dir()
+        })
         .map(|e| files_in(&e.path()))
         .sum()
 }

@@ -31,6 +31,22 @@ pub(super) fn open_nvme(train: &TrainConfig, sharding: &Sharding, io_notes: &mut
     Ok(Some(Arc::new(nvme)))
 }
 
+/// Removes the shard files in this rank's NVMe directories that none of its tensors opened (an earlier
+/// run's of another model or shape: scratch, never read), said in `notes`; called once every tensor
+/// of the run has its file.
+pub(super) fn remove_stale_shards(nvme: Option<&NvmeDir>, notes: &mut Vec<String>) -> Result<()> {
+    let Some(nvme) = nvme else { return Ok(()) };
+    let (files, bytes) = nvme.remove_unopened()?;
+    if files > 0 {
+        notes.push(format!(
+            "removed {} an earlier run of another shape left in the NVMe tier ({}): the tier's files are scratch",
+            crate::words::counted(files as u64, "shard file"),
+            crate::words::size(bytes)
+        ));
+    }
+    Ok(())
+}
+
 /// Where the working copies kept in RAM are made: in the device's pinned host memory
 /// (`Backend::alloc_pinned`) while it makes it, with `TrainConfig::pin_memory`. Not for the slices of
 /// stage 3 with several ranks, which are gathered into a temporary before every upload and never

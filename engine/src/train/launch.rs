@@ -120,6 +120,7 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
     if let (Some(step), ModelChoice::Resume(dir)) = (finished_at, &req.options.model) {
         return finished_run(dir, step, req.train.steps, req.options.save.as_deref());
     }
+    check_recorded_data(&req)?;
     if let Some(metrics) = &req.options.metrics {
         outputs::write_resolved(metrics, &req.resolved_config, req.config_file.as_deref())?;
     }
@@ -222,20 +223,28 @@ fn resume_from_checkpoint(req: &mut RunRequest, world: usize) -> Result<Option<u
     // The built-in text has no path; anything else trained on is a file.
     if req.options.data.is_none() {
         req.options.data = state.settings.get("data").and_then(|d| d.as_str()).map(PathBuf::from);
-        if let Some(data) = req.options.data.as_ref().filter(|d| !d.exists()) {
-            // Checkpoints before absolute paths recorded the path as typed, from wherever that run started.
-            bail!(
-                "the checkpoint {} was trained on {}, which is not there{}: give --data",
-                dir.display(),
-                data.display(),
-                if data.is_relative() { " from this folder (the path is the one that run was given)" } else { "" }
-            );
-        }
     }
     if !req.explicit_flags.contains("data-dtype") && state.settings.get("data-dtype").and_then(|d| d.as_str()) == Some("u32") {
         req.options.data_dtype = TokenWidth::U32;
     }
     Ok(resume::is_finished(&state, &req.train).then_some(state.step))
+}
+
+/// A resumed run trains on the data its checkpoint recorded, unless `--data` says otherwise: refused
+/// before any work, naming the checkpoint, where that file is not there (a finished run or `plan`,
+/// which read no data, go on without it).
+fn check_recorded_data(req: &RunRequest) -> Result<()> {
+    let (ModelChoice::Resume(dir), Some(data)) = (&req.options.model, &req.options.data) else { return Ok(()) };
+    if req.explicit_flags.contains("data") || data.exists() {
+        return Ok(());
+    }
+    // Checkpoints before absolute paths recorded the path as typed, from wherever that run started.
+    bail!(
+        "the checkpoint {} was trained on {}, which is not there{}: give --data",
+        dir.display(),
+        data.display(),
+        if data.is_relative() { " from this folder (the path is the one that run was given)" } else { "" }
+    )
 }
 
 /// With `--resume`, a `--model` or `--config` given as well must describe the checkpoint's model.

@@ -211,6 +211,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
         io_notes.extend(host_init::freeze_variance_note(&train));
         let names: Vec<&str> = layouts.iter().map(|g| g.name.as_str()).collect();
         let exchange = grad_exchange::GradExchange::new(&train, &sharding, &shards, &names, source, nv, &mut io_notes)?;
+        host_init::remove_stale_shards(nv, &mut io_notes)?;
         let device = Self::allocate_device(dev, &model, &train, &placement)?;
         let (step, adam_steps, scaler) = resumed_counters(source, &train, &mut shared, &mut io_notes);
         let progress = Arc::new(Progress::new(layouts.len(), adam_steps));

@@ -192,7 +192,7 @@ impl Placement {
         let need = ((state + self.host_nvme_spare_bytes) * ranks_here as u64).div_ceil(stripes);
         for dir in dirs {
             let Ok(free) = zerostream_offload::free_bytes(dir) else { continue };
-            let reused = zerostream_offload::shard_bytes_in(dir);
+            let reused = zerostream_offload::shard_bytes_in(dir, self.world_size);
             if need > free + reused {
                 bail!(
                     "--nvme-dir {}: {:.2} GiB needed on NVMe{} for {} here ({:.2} GiB of state and up to {:.2} GiB of \
