@@ -251,4 +251,11 @@ fn metrics_of_another_kind_or_another_run_are_refused() {
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
         .collect();
     assert_eq!(steps[..3], [0, 1, 2], "{steps:?}");
+    // Rows, but none of the checkpoint's last step: said, not refused (a crash can lose that row).
+    let gap = dir.path().join("gap.jsonl");
+    std::fs::write(&gap, format!("{}\n", rows[0])).unwrap();
+    let from = ck.join("step-00000002");
+    let args = [demo_args(&ck, 3), strings(&["--resume", from.to_str().unwrap(), "--metrics", gap.to_str().unwrap()])].concat();
+    let out = zerostream(&args);
+    assert!(out.status.success() && stderr(&out).contains("holds 1 row but none of step 1"), "{}", stderr(&out));
 }

@@ -318,8 +318,9 @@ pub struct TrainArgs {
     copy_queue: bool,
     /// Write one JSON object per optimizer step to this file (and one for the validation after the last
     /// step, where there is validation data); beside it the loss curves, NAME.svg, and the resolved
-    /// configuration, NAME.config.toml. A fresh run replaces an existing file (saying how many rows
-    /// go); a resumed one keeps its rows up to the checkpoint's step and appends.
+    /// configuration, NAME.config.toml. A fresh run replaces an existing metrics file (saying how many
+    /// rows go); a resumed one keeps its rows up to the checkpoint's step and appends. A file of anything
+    /// else is refused, and on a resume so are another run's rows (the checkpoint's last loss differs).
     #[arg(long)]
     metrics: Option<PathBuf>,
     /// Write a timeline of the steps to this file (replaced if it exists), in the Chrome trace format:
