@@ -27,6 +27,8 @@ use crate::device::timing::Timer;
 use crate::device::{AttentionDims, Backend, GpuDevice, HalfFormat};
 use crate::model::gpt2::Gpt2Config;
 use zerostream_checkpoints::LlamaConfig;
+mod only;
+pub use only::{KERNELS, ROWS};
 mod others;
 mod products;
 
@@ -209,66 +211,10 @@ pub struct KernelBenchReport {
     pub steps: Vec<StepEstimate>,
 }
 
-/// The kernels `bench kernels` times, by the names `--only` matches (a part of one names it).
-pub const KERNELS: &[&str] = &[
-    "matmul",
-    "matmul_coop_mma",
-    "attention",
-    "layernorm",
-    "gelu",
-    "residual",
-    "bias_backward",
-    "encoder",
-    "crossentropy",
-    "crossentropy_chunk_stats",
-    "crossentropy_chunk_grad",
-    "axpy",
-    "fill",
-    "cast",
-];
-
-/// Every row's kernel name, each beginning with its family's (`KERNELS`): what `--only` may name besides
-/// the families (the tests hold every row to this list).
-pub const ROWS: &[&str] = &[
-    "matmul",
-    "matmul_coop_mma",
-    "attention_forward",
-    "attention_backward",
-    "layernorm_forward",
-    "layernorm_backward",
-    "gelu_forward",
-    "gelu_backward",
-    "residual_forward",
-    "bias_backward",
-    "encoder_forward",
-    "encoder_backward",
-    "crossentropy",
-    "crossentropy_chunk_stats",
-    "crossentropy_chunk_grad",
-    "axpy",
-    "fill",
-    "cast_f32_to_f16",
-    "cast_half_to_f32",
-];
-
-/// Whether `--only`'s `o` names kernel `family`, or a row of it: part of the family's name (`gelu`,
-/// `cross`), or a row's whole name (`gelu_backward`, `layernorm_forward`).
-fn names_family(o: &str, family: &str) -> bool {
-    family.contains(o) || ROWS.contains(&o) && o.starts_with(family)
-}
-
-/// Whether a row of kernel `kernel` is kept under `--only`: the rows whose names contain one of its
-/// words (every row of a family named, since a row's name begins with its family's).
-fn keeps_row(only: &[String], kernel: &str) -> bool {
-    only.is_empty() || only.iter().any(|o| kernel.contains(o.as_str()))
-}
-
 /// Times every kernel at every model shape of `cfg`; `on_run` sees each row as it is measured.
 pub fn bench_kernels(dev: &GpuDevice, cfg: &KernelBenchConfig, mut on_run: impl FnMut(&KernelRun)) -> Result<KernelBenchReport> {
     crate::words::require_positive(&[("--batch-size", cfg.batch), ("--seq-len", cfg.seq_len)])?;
-    if let Some(o) = cfg.only.iter().find(|o| !KERNELS.iter().any(|k| names_family(o, k))) {
-        bail!("--only {o:?} matches no kernel (the kernels: {}, and their rows' names, such as gelu_backward)", KERNELS.join(", "));
-    }
+    only::check(&cfg.only)?;
     let models = cfg.models.iter().map(|m| Ok((m.clone(), model_shapes(m)?))).collect::<Result<Vec<_>>>()?;
     for (name, shapes) in &models {
         let positions = match shapes {
@@ -374,16 +320,17 @@ fn f32_bytes(n: usize) -> f64 {
 impl Bench<'_> {
     fn wants(&self, kernel: &str) -> bool {
         debug_assert!(KERNELS.contains(&kernel), "{kernel} is missing from KERNELS, which --only is checked against");
-        self.cfg.only.is_empty() || self.cfg.only.iter().any(|o| names_family(o, kernel))
+        only::wants_family(&self.cfg.only, kernel)
     }
 
-    /// Warms `op` up, repeats it, and keeps the median repetition; a row `--only` leaves out is not run.
+    /// Warms `op` up, repeats it, and keeps the median repetition. A row `--only` leaves out runs once,
+    /// untimed, for the rows after it (a backward reads its forward's outputs).
     fn time(&mut self, c: Case, mut op: impl FnMut()) -> Result<()> {
         debug_assert!(ROWS.contains(&c.kernel), "{} is missing from ROWS, which --only is checked against", c.kernel);
-        if !keeps_row(&self.cfg.only, c.kernel) {
+        op(); // pipeline creation and first touch stay out of the numbers
+        if !only::keeps_row(&self.cfg.only, c.kernel) {
             return Ok(());
         }
-        op(); // pipeline creation and first touch stay out of the numbers
         self.dev.synchronize();
         let reps = match self.cfg.reps {
             0 => {
