@@ -380,11 +380,17 @@ pub fn resolve_resume(path: &Path) -> Result<PathBuf> {
 
 /// Where `root`'s `latest` is broken, the complete checkpoints beside it and how to name one.
 fn complete_ones(root: &Path) -> String {
-    let complete = list_checkpoints(root).unwrap_or_default();
-    let names: Vec<String> = complete.iter().map(|(step, _)| step_name(*step)).collect();
+    let complete = match list_checkpoints(root) {
+        Ok(complete) => complete,
+        Err(e) => return format!("; listing the others failed: {e:#}"),
+    };
+    // The latest few: a long run keeps many.
+    const SAID: usize = 5;
+    let names: Vec<String> = complete.iter().rev().take(SAID).rev().map(|(step, _)| step_name(*step)).collect();
+    let more = if complete.len() > SAID { format!("{} more, then ", complete.len() - SAID) } else { String::new() };
     match complete.last() {
         None => "; the folder holds no complete checkpoint".into(),
-        Some((_, last)) => format!("; complete checkpoints there: {} (name one, e.g. {})", names.join(", "), last.display()),
+        Some((_, last)) => format!("; complete checkpoints there: {more}{} (name one, e.g. {})", names.join(", "), last.display()),
     }
 }
 

@@ -35,8 +35,15 @@ fn prepare_writes_a_token_file_train_can_read() {
     let out = zerostream(&["prepare", "--text", marked.to_str().unwrap(), "--out", unmarked.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(std::fs::read(&unmarked).unwrap(), std::fs::read(&tokens).unwrap());
-    // From a terminal (util-linux's `script` gives the command one), `-` is refused rather than
-    // waiting for typing, and nothing is written.
+}
+
+/// From a terminal (util-linux's `script` gives the command one: Linux only, where bsdutils, an
+/// essential package, has it), `--text -` is refused rather than waiting for typing, and nothing is
+/// written.
+#[cfg(target_os = "linux")]
+#[test]
+fn prepare_from_a_terminal_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
     let typed = dir.path().join("typed.bin");
     let command = format!("{} prepare --text - --out {}", env!("CARGO_BIN_EXE_zerostream"), typed.display());
     let out = std::process::Command::new("script")

@@ -40,10 +40,11 @@ pub struct PrepareArgs {
 /// wait for typing), without a leading byte-order mark: an editor's marker, not text (it would start
 /// the data with three tokens no one wrote).
 fn read_text(path: &Path) -> Result<String> {
-    read_text_with_mark(path).map(|text| match text.strip_prefix('\u{feff}') {
-        Some(rest) => rest.to_string(),
-        None => text,
-    })
+    let mut text = read_text_with_mark(path)?;
+    if text.starts_with('\u{feff}') {
+        text.drain(..'\u{feff}'.len_utf8()); // in place: a large text is not copied
+    }
+    Ok(text)
 }
 
 fn read_text_with_mark(path: &Path) -> Result<String> {

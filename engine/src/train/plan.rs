@@ -16,7 +16,7 @@ mod device_needs;
 mod ranks;
 use device_needs::DeviceNeeds;
 pub(super) use device_needs::slot_format;
-pub use ranks::plan_for_rank;
+pub use ranks::{ScheduleLimit, plan_for_rank};
 
 /// Where everything lives and how many device bytes each part takes: decided once at start-up.
 #[derive(Clone, Debug)]
@@ -329,26 +329,6 @@ pub fn refuse_past_available_ram(need_bytes: u64, what: &str) -> Result<()> {
 /// device.
 pub fn minimum_device_bytes(model: &Model, tc: &TrainConfig) -> u64 {
     minimum_device_bytes_on(model, tc, AllocCosts::GPU)
-}
-
-/// What a rank's schedule of uploads depends on besides the model: how many block slots the device
-/// keeps, and whether the output projection stays resident.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ScheduleLimit {
-    pub block_slots: usize,
-    pub vocab_resident: bool,
-}
-
-impl ScheduleLimit {
-    /// No limit: what the rank's own device holds.
-    pub const NONE: ScheduleLimit = ScheduleLimit { block_slots: usize::MAX, vocab_resident: true };
-}
-
-impl Placement {
-    /// The schedule this placement keeps.
-    pub fn schedule(&self) -> ScheduleLimit {
-        ScheduleLimit { block_slots: self.block_slots, vocab_resident: self.vocab_resident }
-    }
 }
 
 /// The smallest budget [`plan_on`] accepts on a device that allocates with `costs`.

@@ -7,12 +7,32 @@
 
 use anyhow::Result;
 
-use super::{Placement, ScheduleLimit, plan_on, plan_within};
+use super::{Placement, plan_on, plan_within};
 use crate::comm::Comm;
 use crate::device::AllocCosts;
 use crate::model::Model;
 use crate::train::TrainConfig;
 use crate::train::shard::Sharding;
+
+/// What a rank's schedule of uploads depends on besides the model: how many block slots the device
+/// keeps, and whether the output projection stays resident.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScheduleLimit {
+    pub block_slots: usize,
+    pub vocab_resident: bool,
+}
+
+impl ScheduleLimit {
+    /// No limit: what the rank's own device holds.
+    pub const NONE: ScheduleLimit = ScheduleLimit { block_slots: usize::MAX, vocab_resident: true };
+}
+
+impl Placement {
+    /// The schedule this placement keeps.
+    pub fn schedule(&self) -> ScheduleLimit {
+        ScheduleLimit { block_slots: self.block_slots, vocab_resident: self.vocab_resident }
+    }
+}
 
 /// Collective: this rank's placement ([`plan_on`] with its device's `costs`), under the schedule every
 /// rank's device holds where the ranks' uploads are collective.
@@ -55,5 +75,29 @@ mod tests {
         assert!(own.block_slots >= 2, "{}", own.block_slots);
         let kept = plan_within(&model, &tc, 2, AllocCosts::CPU, limit(2, false)).unwrap();
         assert_eq!(kept.schedule(), limit(2, false));
+    }
+
+    /// Two in-process ranks planning with the cpu device's and a GPU's costs under a budget where
+    /// those hold different slot counts come out with one schedule, the fewer slots.
+    #[test]
+    fn ranks_with_other_costs_plan_one_schedule() {
+        let model = Model::preset("gpt2").unwrap();
+        let base = TrainConfig { zero_stage: ZeroStage::Three, batch: 1, seq_len: 64, ..TrainConfig::default() };
+        let slots = |budget, costs| {
+            plan_on(&model, &TrainConfig { gpu_mem_budget: Some(budget), ..base.clone() }, 2, costs).map_or(0, |p| p.block_slots)
+        };
+        let minimum = crate::train::minimum_device_bytes_on(&model, &base, AllocCosts::GPU);
+        let budget = (0..400u64)
+            .map(|i| minimum + (i << 20))
+            .find(|&b| slots(b, AllocCosts::CPU) > slots(b, AllocCosts::GPU))
+            .expect("a budget where the cpu device holds more block slots than a GPU");
+        let tc = TrainConfig { gpu_mem_budget: Some(budget), ..base.clone() };
+        let schedules = crate::train::ranks::in_process(2, |comm: Comm| {
+            let costs = if comm.rank() == 0 { AllocCosts::CPU } else { AllocCosts::GPU };
+            plan_for_rank(&model, &tc, &comm, costs).map(|p| p.schedule())
+        })
+        .unwrap();
+        assert_eq!(schedules[0], schedules[1]);
+        assert_eq!(schedules[0].block_slots, slots(budget, AllocCosts::GPU));
     }
 }

@@ -26,7 +26,8 @@ pub(super) fn run_record(
 ) -> Result<RunRecord> {
     Ok(RunRecord {
         seed: options.seed,
-        data: absolute(&tokens.path).display().to_string(),
+        // The built-in text's label is no path.
+        data: if options.data.is_some() { absolute(&tokens.path) } else { tokens.path.clone() }.display().to_string(),
         data_tokens: tokens.len,
         settings: run_settings(train, options, world),
         save_dtype: options.save_dtype.unwrap_or(SaveDtype::of(train.precision)),
