@@ -122,19 +122,20 @@ impl NvmeDir {
         self.opened.lock().unwrap_or_else(|p| p.into_inner()).insert(path.to_path_buf());
     }
 
-    /// Removes the shard files (`*.bin`) in this tier's directories that no tensor opened: left by a run
+    /// Removes the shard files (`*.rank{r}.bin`, this rank's) in this tier's directories that no tensor opened: left by a run
     /// of another shape (another model's groups), never read (a run writes its shards before reading
     /// them) and, under the directories' locks, no other run's. Returns (files, bytes) removed, so the
     /// space they held is this run's, as the start-up check of the room counted it.
     pub fn remove_unopened(&self) -> Result<(usize, u64)> {
         let opened = self.opened.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let (mut files, mut bytes) = (0, 0);
+        let suffix = format!(".rank{}.bin", self.rank);
         for stripe in &self.stripes {
             let entries = std::fs::read_dir(&stripe.dir).map_err(|e| io_error("listing the NVMe directory", &stripe.dir, e))?;
             for entry in entries.flatten() {
                 let path = entry.path();
                 let name = entry.file_name().to_string_lossy().into_owned();
-                let shard = name.ends_with(".bin") && !name.starts_with(crate::spare_pool::SPARE_PREFIX);
+                let shard = name.ends_with(&suffix) && !name.starts_with(crate::spare_pool::SPARE_PREFIX);
                 let Ok(meta) = entry.metadata() else { continue };
                 if !shard || !meta.is_file() || opened.contains(&path) {
                     continue;
