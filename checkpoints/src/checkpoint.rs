@@ -116,7 +116,7 @@ impl CheckpointRoot {
             .open(&lock_path)
             .with_context(|| format!("--checkpoint-dir {}: cannot create {} (is it writable?)", dir.display(), lock_path.display()))?;
         // std's lock (flock, LockFileEx on Windows) goes with the process however it ends.
-        if lock.try_lock().is_err() {
+        if !lock_patiently(&lock) {
             bail!(
                 "--checkpoint-dir {} is in use by another zerostream run (it holds {}): give each run its own directory",
                 dir.display(),
@@ -430,6 +430,19 @@ pub fn verify_files(dir: &Path, manifest: &BTreeMap<String, FileDigest>) -> Resu
         }
     }
     Ok(())
+}
+
+/// `try_lock`, tried again for half a second before giving up: a lock its holder just released lingers
+/// while a child process that holder's process was starting still has a copy of the descriptor
+/// (between its fork and its exec), so a run that follows another in one process could find it held.
+fn lock_patiently(file: &File) -> bool {
+    for _ in 0..20 {
+        if file.try_lock().is_ok() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    file.try_lock().is_ok()
 }
 
 #[cfg(test)]

@@ -434,3 +434,124 @@ fn bench_io_measures_and_leaves_no_trace() {
         assert!(!tmp.path().join("new").exists());
     }
 }
+
+// Tests that start processes live in binaries without in-process trainers: a child started while a
+// trainer drops its NVMe directory holds the directory's lock (a copy of the descriptor) until it
+// execs, and the next trainer in that directory found it in use.
+
+/// Stage 3 with a cpu rank beside a GPU rank under one budget: the cpu device charges less, so it
+/// held more block slots, and its uploads' gathers met the GPU rank's other ones (a panic). The ranks
+/// keep the fewer slots, and the run follows the cpu-only one.
+#[test]
+fn ranks_on_devices_of_other_sizes_keep_one_upload_schedule() {
+    let Some(gpu) = common::gpu_or_skip("ranks_on_devices_of_other_sizes_keep_one_upload_schedule") else { return };
+    drop(gpu);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("six.json");
+    std::fs::write(&config, r#"{"model_type": "gpt2", "n_layer": 6, "n_embd": 32, "n_head": 2, "vocab_size": 256, "n_positions": 64}"#)
+        .unwrap();
+    let model = zerostream::train::run::model_config(&zerostream::train::run::ModelChoice::Config(config.display().to_string())).unwrap();
+    let base = zerostream::train::TrainConfig {
+        zero_stage: zerostream::train::ZeroStage::Three,
+        batch: 2,
+        seq_len: 16,
+        ..zerostream::train::TrainConfig::default()
+    };
+    // A budget where the GPU holds fewer block slots than the cpu device.
+    let slots = |budget, costs| {
+        let tc = zerostream::train::TrainConfig { gpu_mem_budget: Some(budget), ..base.clone() };
+        zerostream::train::plan_on(&model, &tc, 2, costs).map_or(0, |p| p.block_slots)
+    };
+    let (cpu, gpu) = (zerostream::device::AllocCosts::CPU, zerostream::device::AllocCosts::GPU);
+    let minimum = zerostream::train::minimum_device_bytes_on(&model, &base, gpu);
+    let budget = (0..256u64)
+        .map(|i| minimum + i * 4096)
+        .find(|&b| slots(b, cpu) > slots(b, gpu))
+        .expect("a budget where the cpu device holds more block slots than the GPU");
+    let data = common::trajectory::golden_dir("gpt2-tiny-accum").join("tokens.bin");
+    let losses = |devices: &str| {
+        let metrics = dir.path().join(format!("{devices}.jsonl"));
+        let out = zerostream(&[
+            "train",
+            "--config",
+            config.to_str().unwrap(),
+            "--data",
+            data.to_str().unwrap(),
+            "--steps",
+            "3",
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "16",
+            "--sample-tokens",
+            "0",
+            "--world-size",
+            "2",
+            "--devices",
+            devices,
+            "--zero-stage",
+            "3",
+            "--gpu-mem-budget",
+            &budget.to_string(),
+            "--metrics",
+            metrics.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "--devices {devices}: {}", stderr(&out));
+        common::cli::trajectory(&metrics).into_iter().map(|(_, loss, _)| f64::from_bits(loss)).collect::<Vec<f64>>()
+    };
+    let (mixed, cpu_only) = (losses("cpu,0"), losses("cpu,cpu"));
+    assert_eq!(mixed.len(), 3);
+    for (s, (a, b)) in mixed.iter().zip(&cpu_only).enumerate() {
+        assert!((a - b).abs() <= 1e-5 * b.abs(), "step {s}: loss {a} on cpu + GPU ranks against {b} on two cpu ranks");
+    }
+}
+
+/// A run in an `--nvme-dir` another model's run used keeps only its own shard files there: the other
+/// model's (groups this one has not) are removed, and said, as the start-up room check counted them.
+#[test]
+fn a_run_removes_the_shards_of_another_model_from_its_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let golden = common::trajectory::golden_dir("gpt2-tiny");
+    let config = dir.path().join("one-layer.json");
+    std::fs::write(&config, r#"{"model_type": "gpt2", "n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 256, "n_positions": 64}"#)
+        .unwrap();
+    let (data, model, one) = (golden.join("tokens.bin"), golden.join("model"), config.to_str().unwrap());
+    let train = |model_flag: &str, model: &str, nvme: &std::path::Path| {
+        let out = zerostream(&[
+            "train",
+            "--device",
+            "cpu",
+            model_flag,
+            model,
+            "--data",
+            data.to_str().unwrap(),
+            "--steps",
+            "1",
+            "--batch-size",
+            "1",
+            "--seq-len",
+            "8",
+            "--sample-tokens",
+            "0",
+            "--offload-optimizer",
+            "nvme",
+            "--offload-params",
+            "nvme",
+            "--nvme-dir",
+            nvme.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let names = |d: std::path::PathBuf| -> std::collections::BTreeSet<String> {
+            std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+        };
+        (stderr(&out), names(nvme.join("rank0")))
+    };
+    let (own, fresh) = (dir.path().join("own"), dir.path().join("shared"));
+    let (_, alone) = train("--config", one, &own);
+    let (_, two_layers) = train("--model", model.to_str().unwrap(), &fresh);
+    assert!(two_layers.len() > alone.len(), "{two_layers:?} against {alone:?}");
+    let (said, after) = train("--config", one, &fresh);
+    assert_eq!(after, alone, "only the one-layer run's files remain");
+    let removed = two_layers.iter().filter(|n| n.ends_with(".bin") && !alone.contains(*n)).count();
+    assert!(said.contains(&format!("removed {removed} shard files an earlier run of another shape left")), "{said}");
+}

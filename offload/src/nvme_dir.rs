@@ -60,7 +60,7 @@ impl StripeDir {
         // Not truncated (it holds nothing), never a link, locked through std's File::try_lock (flock,
         // or LockFileEx on Windows): the lock goes with the process, however it ends.
         let (lock, _) = os::open(&lock_path, true, true, false).map_err(|e| open_error("NVMe directory lock", &lock_path, e))?;
-        if lock.try_lock().is_err() {
+        if !lock_patiently(&lock) {
             return Err(StoreError(format!(
                 "NVMe directory {} is in use by another zerostream run (it holds {}): give each run its own --nvme-dir",
                 dir.display(),
@@ -182,4 +182,17 @@ impl NvmeDir {
     pub fn stripe_path(&self, stripe: usize, name: &str) -> PathBuf {
         self.stripes[stripe].dir.join(format!("{name}.rank{}.bin", self.rank))
     }
+}
+
+/// `try_lock`, tried again for half a second before giving up: a lock its holder just released lingers
+/// while a child process that holder's process was starting still has a copy of the descriptor
+/// (between its fork and its exec), so a run that follows another in one process could find it held.
+fn lock_patiently(file: &File) -> bool {
+    for _ in 0..20 {
+        if file.try_lock().is_ok() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    file.try_lock().is_ok()
 }
