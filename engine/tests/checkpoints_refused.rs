@@ -1,6 +1,6 @@
 //! What the `zerostream` binary refuses around checkpoints, by name and before any work: a corrupt
 //! checkpoint (the previous one still resumes), flags that would change a resumed run's meaning, and
-//! `--save` targets that are not free to write.
+//! `--save` targets that are not free to write; and what a resume keeps (the data, the outputs).
 
 mod common;
 
@@ -204,6 +204,44 @@ fn a_resume_from_another_folder_finds_the_data_and_a_missing_one_is_named() {
     // `plan`, which reads no data, goes on without it.
     let out = Command::new(bin).args(["plan", "--resume", "run/ck/step-00000001"]).current_dir(dir.path()).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// A resume given no output flags goes on writing where the run did, from any folder: checkpoints
+/// in the directory the checkpoint lies in at the run's cadence and count, validation, and the
+/// metrics appended; a flag given wins.
+#[test]
+fn a_resume_keeps_the_runs_outputs_unless_told_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny");
+    std::fs::copy(format!("{golden}/tokens.bin"), run.join("d.bin")).unwrap();
+    let bin = env!("CARGO_BIN_EXE_zerostream");
+    let shape = ["--device", "cpu", "--batch-size", "1", "--seq-len", "8", "--sample-tokens", "0"];
+    let model = format!("{golden}/model");
+    let outputs = ["--checkpoint-dir", "ck", "--checkpoint-every", "1", "--keep-checkpoints", "2", "--metrics", "m.jsonl"];
+    let first =
+        [&["train", "--model", &model, "--data", "d.bin", "--val-data", "d.bin", "--eval-every", "1", "--steps", "2"][..], &outputs]
+            .concat();
+    let out = Command::new(bin).args([&first[..], &shape].concat()).current_dir(&run).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    // From the folder above, with no output flag.
+    let resume = ["train", "--resume", "run/ck", "--steps", "4"];
+    let out = Command::new(bin).args([&resume[..], &shape].concat()).current_dir(dir.path()).output().unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success() && err.contains("note: resumed with the run's own --checkpoint-dir run/ck"), "{err}");
+    assert_eq!(checkpoints_in(&run.join("ck")).iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["step-00000003", "step-00000004"]);
+    let rows: Vec<serde_json::Value> =
+        std::fs::read_to_string(run.join("m.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let steps: Vec<u64> = rows.iter().filter(|r| r["final_validation"] != true).map(|r| r["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, [0, 1, 2, 3], "appended to the run's own metrics");
+    assert!(rows.iter().filter(|r| r["final_validation"] != true).all(|r| r["val_loss"].is_number()), "validated every step: {rows:?}");
+    assert!(!dir.path().join("m.jsonl").exists() && !dir.path().join("ck").exists(), "nothing written in the folder resumed from");
+    // A flag given wins: no checkpoint between here and the end.
+    let more = ["train", "--resume", "run/ck", "--steps", "6", "--checkpoint-every", "0"];
+    let out = Command::new(bin).args([&more[..], &shape].concat()).current_dir(dir.path()).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(checkpoints_in(&run.join("ck")).iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["step-00000004", "step-00000006"]);
 }
 
 /// `--metrics` naming a file of anything but metrics rows is refused before any work (a run would

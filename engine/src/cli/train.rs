@@ -365,6 +365,10 @@ pub struct TrainArgs {
     /// checkpointing), and flags that would change what is computed (precision, batch geometry,
     /// optimizer, schedule, seed) must match it. --data defaults to the checkpoint's; --model or
     /// --config, if given, must name the checkpoint's model (its weights come from the checkpoint).
+    /// Where the run wrote goes on unless given: checkpoints in the directory the checkpoint lies in,
+    /// at its --checkpoint-every and --keep-checkpoints; its --val-data, --eval-every, --eval-batches,
+    /// --metrics (appended), --tensorboard, --save, --save-dtype, --sample-tokens and --prompt (said at
+    /// start-up). Never its --trace.
     #[arg(long)]
     resume: Option<PathBuf>,
     /// Seed of the random initialisation (with --config or the built-in model) and of the sample.
@@ -438,12 +442,26 @@ pub fn train(a: TrainArgs, given: &crate::Given, resolved: &str, quiet: bool) ->
     if rank == 0 {
         match &summary.checkpoint {
             Some(path) => {
-                eprintln!("stopped by a signal after step {step}; checkpoint {}; continue with --resume {}", path.display(), path.display())
+                eprintln!(
+                    "stopped by a signal {}; checkpoint {}; continue with --resume {}",
+                    after_steps(step),
+                    path.display(),
+                    path.display()
+                )
             }
-            None => eprintln!("stopped by a signal after step {step}; no --checkpoint-dir was given, so nothing was saved"),
+            None => eprintln!("stopped by a signal {}; no --checkpoint-dir was given, so nothing was saved", after_steps(step)),
         }
     }
     Ok(signals::stopped_exit_code())
+}
+
+/// When a run stopped by a signal stopped, given the steps done (`done`): steps count from 0, as the
+/// progress lines and the metrics do, and a checkpoint is named by the steps done.
+fn after_steps(done: u64) -> String {
+    match done.checked_sub(1) {
+        Some(last) => format!("after step {last} ({} done)", zerostream::words::counted(done, "step")),
+        None => "before the first step".into(),
+    }
 }
 
 /// `plan`'s exit code when every rank's host state would not fit in this machine's available RAM:

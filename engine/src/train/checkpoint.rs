@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use safetensors::Dtype;
 use serde::{Deserialize, Serialize};
-use zerostream_checkpoints::checkpoint::{CheckpointRoot, FileDigest, STATE_FILE, partial_dir, write_file_atomic};
+use zerostream_checkpoints::checkpoint::{CheckpointRoot, FileDigest, STATE_FILE, partial_dir};
 use zerostream_checkpoints::safetensors_stream::{StreamWriter, TensorEntry};
 
 use super::config::{AdamState, Flags};
@@ -116,6 +116,11 @@ pub struct TrainerState {
     pub model: serde_json::Value,
     /// Every training setting by flag name.
     pub settings: Flags,
+    /// Where the run writes and how often (checkpoints, validation, metrics, TensorBoard, `--save`,
+    /// the sample), by flag name with paths from the root: a resume takes each not given again
+    /// (`run::kept_outputs`). Absent from older checkpoints.
+    #[serde(default, skip_serializing_if = "Flags::is_empty")]
+    pub outputs: Flags,
     /// Size and CRC32 of every other file of the checkpoint.
     pub files: BTreeMap<String, FileDigest>,
     /// The loss of the last step run (`step - 1`) as its metrics row holds it, so a resume knows its
@@ -130,6 +135,8 @@ pub struct RunRecord {
     pub data: String,
     pub data_tokens: usize,
     pub settings: Flags,
+    /// Where the run writes and how often, by flag name ([`TrainerState::outputs`]).
+    pub outputs: Flags,
     pub save_dtype: SaveDtype,
     /// Checkpoints to keep (0 = all).
     pub keep: usize,
@@ -332,6 +339,7 @@ impl<D: Backend> Trainer<'_, D> {
             data_tokens: record.data_tokens,
             model: self.model.to_hf_json(),
             settings: record.settings.clone(),
+            outputs: record.outputs.clone(),
             files,
             last_loss: None,
         }
@@ -387,18 +395,6 @@ fn check_replicas_agree(comm: &crate::comm::Comm, name: &str, master: &[f32]) ->
         );
     }
     Ok(())
-}
-
-/// Replaces `path` (a metrics file of a run being resumed) with its rows of steps before `step`, so
-/// the resumed run's rows continue it without duplicates.
-pub fn truncate_metrics(path: &Path, step: u64) -> Result<()> {
-    let Ok(text) = std::fs::read_to_string(path) else { return Ok(()) };
-    let kept: String = text
-        .lines()
-        .filter(|line| serde_json::from_str::<serde_json::Value>(line).ok().and_then(|v| v["step"].as_u64()).is_some_and(|s| s < step))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    write_file_atomic(path, kept.as_bytes())
 }
 
 #[cfg(test)]

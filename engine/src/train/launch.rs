@@ -13,7 +13,7 @@ use zerostream_checkpoints::TokenWidth;
 
 use super::ranks::{RankDevice, train_in_process};
 use super::run::{ModelChoice, RunOptions, RunSummary, model_config, run_on};
-use super::{Placement, TrainConfig, outputs, plan_on, predict, resume};
+use super::{Placement, TrainConfig, metrics_file, outputs, plan_on, predict, resume};
 use crate::device::{AllocCosts, AnyDevice, Backend, DeviceChoice};
 
 /// Which devices the ranks compute on, and how many ranks.
@@ -108,19 +108,18 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
     if let (None, ModelChoice::Resume(dir), None) = (finished_at, &req.options.model, &req.options.checkpoints.dir)
         && first_process()
     {
-        // Where a run writes is not part of the checkpoint: a resume without --checkpoint-dir keeps
-        // nothing, which must not go unsaid.
-        let root = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        // A checkpoint copied out of its root under another name has no directory to go on in: a
+        // resume that keeps nothing must not go unsaid.
         eprintln!(
-            "train: warning: this resumed run writes no checkpoints (--checkpoint-dir is not taken from the checkpoint); \
-             add --checkpoint-dir {} to keep checkpointing where it did",
-            root.display()
+            "train: warning: this resumed run writes no checkpoints: {} lies in no checkpoint directory (its name is not \
+             step-NNNNNNNN); give --checkpoint-dir DIR to keep checkpointing",
+            dir.display()
         );
     }
     if let (Some(step), ModelChoice::Resume(dir)) = (finished_at, &req.options.model) {
         return finished_run(dir, step, req.train.steps, req.options.save.as_deref());
     }
-    check_recorded_data(&req)?;
+    check_recorded_data(&mut req)?;
     if let Some(metrics) = &req.options.metrics {
         outputs::write_resolved(metrics, &req.resolved_config, req.config_file.as_deref())?;
     }
@@ -195,7 +194,14 @@ pub fn plan_measured(mut req: RunRequest, measure: &Path) -> Result<(Placement, 
 fn check_request(req: &RunRequest) -> Result<()> {
     req.train.check()?;
     crate::device::check_choice(req.ranks.device, req.ranks.adapter.as_deref())?;
-    let c = &req.options.checkpoints;
+    if matches!(req.options.model, ModelChoice::Resume(_)) {
+        return Ok(()); // a resume's checkpoint directory may be the checkpoint's own
+    }
+    check_checkpoint_flags(&req.options)
+}
+
+fn check_checkpoint_flags(options: &RunOptions) -> Result<()> {
+    let c = &options.checkpoints;
     if c.dir.is_none() && (c.every > 0 || c.keep > 0) {
         bail!("--checkpoint-every and --keep-checkpoints need --checkpoint-dir DIR");
     }
@@ -213,12 +219,17 @@ fn resume_from_checkpoint(req: &mut RunRequest, world: usize) -> Result<Option<u
         check_named_model(flag, given, &dir)?;
     }
     req.train = resume::merge(&dir, &state, &req.train, &req.explicit_flags, req.options.seed, world)?;
+    let taken = super::run::kept_outputs::take(&dir, &state.outputs, &req.explicit_flags, &mut req.options, &mut req.tensorboard);
+    if !taken.is_empty() && first_process() && req.options.progress && !resume::is_finished(&state, &req.train) {
+        eprintln!("note: resumed with the run's own {} (give a flag to change it)", taken.join(", "));
+    }
+    check_checkpoint_flags(&req.options)?;
     if let Some(note) = resume::schedule_note(&state, &req.train).filter(|_| first_process() && req.options.progress) {
         eprintln!("note: {note}");
     }
     req.options.seed = state.seed;
     if let Some(metrics) = &req.options.metrics {
-        outputs::check_metrics_continue(metrics, &dir, &state)?;
+        metrics_file::check_metrics_continue(metrics, &dir, &state)?;
     }
     // The built-in text has no path; anything else trained on is a file.
     if req.options.data.is_none() {
@@ -232,8 +243,23 @@ fn resume_from_checkpoint(req: &mut RunRequest, world: usize) -> Result<Option<u
 
 /// A resumed run trains on the data its checkpoint recorded, unless `--data` says otherwise: refused
 /// before any work, naming the checkpoint, where that file is not there (a finished run or `plan`,
-/// which read no data, go on without it).
-fn check_recorded_data(req: &RunRequest) -> Result<()> {
+/// which read no data, go on without it). Recorded validation data that is not there is left out,
+/// with a warning: the run can go on without it.
+fn check_recorded_data(req: &mut RunRequest) -> Result<()> {
+    if let (ModelChoice::Resume(dir), Some(val)) = (&req.options.model, &req.options.val_data)
+        && !req.explicit_flags.contains("val-data")
+        && !val.exists()
+    {
+        if first_process() {
+            eprintln!(
+                "train: warning: the checkpoint {}'s run validated on {}, which is not there: this run validates on nothing \
+                 (give --val-data FILE)",
+                dir.display(),
+                val.display()
+            );
+        }
+        req.options.val_data = None;
+    }
     let (ModelChoice::Resume(dir), Some(data)) = (&req.options.model, &req.options.data) else { return Ok(()) };
     if req.explicit_flags.contains("data") || data.exists() {
         return Ok(());

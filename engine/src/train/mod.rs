@@ -26,6 +26,7 @@ mod host_init;
 pub mod ignored;
 pub mod launch;
 pub mod layout;
+pub mod metrics_file;
 pub mod outputs;
 pub mod pipeline;
 mod plan;

@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-use super::checkpoint::TrainerState;
 use super::run::{ModelChoice, RunOptions, plot_path};
 
 /// Files a model directory `--save` may replace holds.
@@ -107,73 +106,7 @@ pub fn check_outputs(options: &RunOptions, config_file: Option<&Path>, tensorboa
                 metrics.join("run.jsonl").display()
             );
         }
-        metrics_rows(metrics, |_| {})?;
-    }
-    Ok(())
-}
-
-/// Shows `row` each row of the `--metrics` file there is (none where there is no regular file), one
-/// at a time, refusing a line that is not a metrics row (a JSON object with a step): a fresh run
-/// replaces the file and a resumed one trims it, so anything else there would be lost. A last line
-/// without its newline is a row a stopped run left half written, which a resume drops.
-pub fn metrics_rows(path: &Path, mut row: impl FnMut(serde_json::Value)) -> Result<()> {
-    use std::io::BufRead;
-    // Regular files only: /dev/full or a pipe would read without end.
-    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
-        return Ok(());
-    }
-    let file = std::fs::File::open(path).with_context(|| format!("--metrics {}: cannot read it", path.display()))?;
-    let mut reader = std::io::BufReader::new(file);
-    let (mut line, mut number) = (Vec::new(), 0);
-    loop {
-        line.clear();
-        let read = reader.read_until(b'\n', &mut line).with_context(|| format!("--metrics {}: cannot read it", path.display()))?;
-        if read == 0 {
-            return Ok(());
-        }
-        number += 1;
-        let parsed = serde_json::from_slice::<serde_json::Value>(&line).ok().filter(|v| v["step"].is_u64());
-        match parsed {
-            Some(r) => row(r),
-            None if line.trim_ascii().is_empty() => {}
-            None if !line.ends_with(b"\n") => {} // the last line, half written
-            None => bail!(
-                "--metrics {}: line {number} is not a metrics row, so it is not a metrics file (one JSON object with a step per \
-                 line), which the run would replace (or, resumed, trim); name another path, or move the file away",
-                path.display()
-            ),
-        }
-    }
-}
-
-/// Refuses, on a resume from the checkpoint `dir`, a `--metrics` file whose row of the checkpoint's
-/// last step has another loss than the checkpoint recorded for it: another run's rows, which the
-/// resume would trim and continue as if they were this run's. A file with rows but none of that step
-/// is warned about (a row lost with a crash after the checkpoint is possible, so not refused).
-pub fn check_metrics_continue(path: &Path, dir: &Path, state: &TrainerState) -> Result<()> {
-    let (Some(want), Some(last)) = (state.last_loss, state.step.checked_sub(1)) else { return Ok(()) };
-    let (mut rows, mut got) = (0usize, None);
-    metrics_rows(path, |r| {
-        rows += 1;
-        if r["step"].as_u64() == Some(last) && r["loss"].is_number() {
-            got = r["loss"].as_f64();
-        }
-    })?;
-    match got {
-        Some(got) if got != want => bail!(
-            "--metrics {}: its row of step {last} has loss {got}, but the checkpoint {} recorded loss {want} for that step: \
-             the rows are another run's; name this run's metrics file, or a new one",
-            path.display(),
-            dir.display()
-        ),
-        None if rows > 0 => eprintln!(
-            "warning: --metrics {} holds {} but none of step {last}, the last the checkpoint {} trained: if they are \
-             another run's, the resumed run's rows will follow them",
-            path.display(),
-            crate::words::counted(rows as u64, "row"),
-            dir.display()
-        ),
-        _ => {}
+        super::metrics_file::count_rows(metrics)?;
     }
     Ok(())
 }

@@ -164,6 +164,7 @@ mod tests {
             model: serde_json::Value::Null,
             settings: tc.to_flags(),
             files: Default::default(),
+            outputs: Default::default(),
             last_loss: None,
         }
     }

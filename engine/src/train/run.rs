@@ -21,6 +21,7 @@ use super::demo::Demo;
 pub use super::demo::TEXT as DEMO_TEXT;
 
 mod data;
+pub mod kept_outputs;
 mod record;
 mod steps;
 use data::{eval_batches, open_data};

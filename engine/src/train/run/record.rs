@@ -30,6 +30,7 @@ pub(super) fn run_record(
         data: if options.data.is_some() { absolute(&tokens.path) } else { tokens.path.clone() }.display().to_string(),
         data_tokens: tokens.len,
         settings: run_settings(train, options, world),
+        outputs: super::kept_outputs::record(options),
         save_dtype: options.save_dtype.unwrap_or(SaveDtype::of(train.precision)),
         keep: options.checkpoints.keep,
         tokenizer_files: tokenizer_files(say, options, model)?,

@@ -13,7 +13,8 @@ use zerostream_checkpoints::checkpoint::CheckpointRoot;
 
 use super::RunOptions;
 use crate::device::Backend;
-use crate::train::checkpoint::{RunRecord, truncate_metrics};
+use crate::train::checkpoint::RunRecord;
+use crate::train::metrics_file;
 use crate::train::trace::Trace;
 use crate::train::{StepReport, Trainer};
 
@@ -54,7 +55,7 @@ pub(super) fn train_steps<D: Backend>(
     let first_step = trainer.step;
     let mut sinks = StepSinks::open(options, lead, first_step, steps)?;
     trainer.set_trace(sinks.trace.clone());
-    let regular = options.metrics.as_ref().is_some_and(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file()));
+    let regular = options.metrics.as_deref().is_some_and(metrics_file::is_regular_file);
     let mut out = StepsOutcome {
         reports: Vec::new(),
         metrics_written: sinks.metrics.is_some() && regular,
@@ -184,19 +185,17 @@ impl StepSinks {
 fn open_metrics(path: &Path, first_step: u64) -> Result<std::io::BufWriter<std::fs::File>> {
     zerostream_checkpoints::checkpoint::create_parent_dir("--metrics", path)?;
     let file = if first_step > 0 {
-        truncate_metrics(path, first_step)?;
+        metrics_file::keep_rows_before(path, first_step)?;
         std::fs::OpenOptions::new().create(true).append(true).open(path)
     } else {
         // The command line names the file to write, as --save names the model it replaces; still,
         // an earlier run's rows going is said (under --quiet too).
-        // Regular files only: /dev/full or a pipe would read without end.
-        let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
-        let rows = if regular { std::fs::read_to_string(path).map_or(0, |t| t.lines().count()) } else { 0 };
+        let rows = metrics_file::count_rows(path)?;
         if rows > 0 {
             eprintln!(
                 "note: --metrics {}: replacing the {} an earlier run wrote there",
                 path.display(),
-                crate::words::counted(rows as u64, "row")
+                crate::words::counted(rows, "row")
             );
         }
         std::fs::File::create(path)
