@@ -133,3 +133,36 @@ pub fn peak_rss_bytes() -> Option<u64> {
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// docs/METRICS.md documents every field a row can hold, in its field table and, for each number
+    /// TensorBoard gets, in its tag table: the one place a new field is held to being documented.
+    #[test]
+    fn every_metrics_field_is_documented() {
+        let docs = include_str!("../../../docs/METRICS.md");
+        let (fields, tags) = docs.split_once("## TensorBoard").expect("METRICS.md has a TensorBoard section");
+        let report = StepReport { predicted_step_s: Some(1.0), val_loss: Some(1.0), peak_rss_bytes: Some(1), ..StepReport::default() };
+        let row = report.to_json();
+        let mut missing = Vec::new();
+        for (name, value) in row.as_object().unwrap() {
+            let inner: Vec<String> = match value.as_object() {
+                Some(parts) => parts.keys().map(|k| format!("{name}.{k}")).collect(),
+                None => vec![name.clone()],
+            };
+            for field in inner {
+                if !fields.contains(&format!("`{field}`")) {
+                    missing.push(format!("{field} (field table)"));
+                }
+            }
+            // TensorBoard's table names the top-level numbers; `time/…` stands for every part of time.
+            let scalar = !matches!(name.as_str(), "step" | "applied" | "time");
+            if scalar && !tags.contains(&format!("`{name}`")) {
+                missing.push(format!("{name} (TensorBoard table)"));
+            }
+        }
+        assert!(missing.is_empty(), "docs/METRICS.md lacks: {missing:?}");
+    }
+}
