@@ -32,11 +32,31 @@ impl RankRequest {
     /// `--device cpu`, or `auto` finding no GPU: `device::resolve_auto`): (any of them, all of them).
     /// Without `--devices`, every rank is on the default device.
     fn on_cpu(&self) -> (bool, bool) {
+        Self::on_cpu_given(&self.devices, self.default_is_cpu())
+    }
+
+    /// The allocation costs of each of `world` ranks' devices, for `plan` (which opens none): the cpu
+    /// device's where a rank computes on it, a GPU's elsewhere.
+    fn costs_by_rank(&self, world: usize) -> Vec<AllocCosts> {
+        let default_cpu = self.default_is_cpu();
+        let costs = |d: &RankDevice| {
+            if Self::on_cpu_given(std::slice::from_ref(d), default_cpu).0 { AllocCosts::CPU } else { AllocCosts::GPU }
+        };
+        match self.devices.len() {
+            0 => vec![costs(&RankDevice::Default); world],
+            n if n == world => self.devices.iter().map(costs).collect(),
+            // A list of another length is refused when the run starts; planned as a whole here.
+            _ => vec![planned_costs(self); world],
+        }
+    }
+
+    /// Whether the default device is the cpu device, as `device::open` decides.
+    fn default_is_cpu(&self) -> bool {
         let default = match self.device {
             DeviceChoice::Auto => crate::device::resolve_auto(self.adapter.as_deref()),
             choice => choice,
         };
-        Self::on_cpu_given(&self.devices, default == DeviceChoice::Cpu)
+        default == DeviceChoice::Cpu
     }
 
     /// [`Self::on_cpu`] with the default device's answer given.
@@ -154,7 +174,7 @@ pub fn plan(mut req: RunRequest) -> Result<Placement> {
     resume_from_checkpoint(&mut req, world)?;
     size_params_ram_cache(&mut req, world, world)?;
     let model = model_config(&req.options.model)?;
-    plan_on(&model, &req.train, world, planned_costs(&req.ranks))
+    super::plan::plan_for_ranks(&model, &req.train, &req.ranks.costs_by_rank(world))
 }
 
 /// [`plan`], and the links it would use timed on this machine (`plan --measure`: the drive in
@@ -170,7 +190,7 @@ pub fn plan_measured(mut req: RunRequest, measure: &Path) -> Result<(Placement, 
     resume_from_checkpoint(&mut req, world)?;
     size_params_ram_cache(&mut req, world, world)?;
     let model = model_config(&req.options.model)?;
-    let placement = plan_on(&model, &req.train, world, planned_costs(&req.ranks))?;
+    let placement = super::plan::plan_for_ranks(&model, &req.train, &req.ranks.costs_by_rank(world))?;
     let dirs = predict::drive_dirs(measure, &req.train);
     let dev = RankDevice::Default.open(req.ranks.device, req.ranks.adapter.as_deref(), req.train.gpu_mem_budget)?;
     let (rates, shared_cores, device) = match &dev {
@@ -412,6 +432,9 @@ mod tests {
         assert_eq!(planned_costs(&ranks(DeviceChoice::Gpu, vec![adapter(), RankDevice::Cpu])), AllocCosts::CPU);
         assert_eq!(planned_costs(&ranks(DeviceChoice::Cpu, vec![adapter(), RankDevice::Default])), AllocCosts::CPU);
         assert_eq!(planned_costs(&ranks(DeviceChoice::Cpu, vec![adapter(), adapter()])), AllocCosts::GPU);
+        // `plan` plans each rank with its own device's costs.
+        assert_eq!(ranks(DeviceChoice::Gpu, vec![adapter(), RankDevice::Cpu]).costs_by_rank(2), [AllocCosts::GPU, AllocCosts::CPU]);
+        assert_eq!(ranks(DeviceChoice::Cpu, vec![]).costs_by_rank(3), [AllocCosts::CPU; 3]);
     }
 
     /// Any and all ranks on the cpu device, for each way `--devices` and the default can name it.

@@ -12,11 +12,12 @@ use crate::device::AllocCosts;
 use crate::device::alloc::available_ram_bytes;
 use crate::model::Model;
 
+mod describe;
 mod device_needs;
 mod ranks;
 use device_needs::DeviceNeeds;
 pub(super) use device_needs::slot_format;
-pub use ranks::{ScheduleLimit, plan_for_rank};
+pub use ranks::{ScheduleLimit, plan_for_rank, plan_for_ranks};
 
 /// Where everything lives and how many device bytes each part takes: decided once at start-up.
 #[derive(Clone, Debug)]
@@ -66,6 +67,9 @@ pub struct Placement {
     /// chunk's logits, or uploaded a chunk at a time with one chunk's logits (when the budget cannot
     /// hold it whole). The embedding's rows are gathered on the host either way.
     pub vocab_resident: bool,
+    /// Each rank's device bytes in all, where the ranks' devices hold different amounts (a cpu rank
+    /// beside a GPU, GPUs of other sizes: [`plan_for_rank`]); empty where every rank's are these.
+    pub device_bytes_by_rank: Vec<u64>,
     pub device_head_bytes: u64,
     pub device_block_slot_bytes: u64,
     pub device_activation_bytes: u64,
@@ -259,58 +263,6 @@ impl Placement {
         }
         Ok(())
     }
-
-    pub fn describe(&self) -> String {
-        let size = crate::words::size;
-        let ranks = if self.world_size > 1 {
-            format!("; {} ranks, ZeRO stage {}, per rank:", self.world_size, self.zero_stage.number())
-        } else {
-            ";".to_string()
-        };
-        format!(
-            "placement: {} parameters{ranks} master weights + {} {} {} on {}; gradients {} on {}; working copy {} on {}{}{}\n\
-             device{}: head {} ({}) + {} x {} + activations {} + other {} = {} (budget {})\n{}",
-            self.params,
-            self.adam_state.name(),
-            self.optimizer.state_words(),
-            size(self.host_optimizer_bytes),
-            self.optimizer_tier.name(),
-            size(self.host_grad_bytes),
-            self.grads_tier.name(),
-            size(self.host_working_bytes),
-            self.params_tier.name(),
-            match self.cached_working_blocks.len() {
-                0 => String::new(),
-                n => format!(
-                    " (blocks {}-{}, {n} of them, kept in RAM from forward to backward by --params-ram-cache)",
-                    self.cached_working_blocks.start,
-                    self.cached_working_blocks.end - 1
-                ),
-            },
-            [
-                (self.host_residual_bytes > 0).then(|| format!(
-                    "; error-feedback residuals {} on {}",
-                    size(self.host_residual_bytes),
-                    self.grads_tier.name()
-                )),
-                (self.host_stage1_grad_bytes > 0)
-                    .then(|| format!("; whole-block gradient sums {} in RAM", size(self.host_stage1_grad_bytes))),
-            ]
-            .into_iter()
-            .flatten()
-            .collect::<String>(),
-            if self.world_size > 1 { " (each rank)" } else { "" },
-            size(self.device_head_bytes),
-            if self.vocab_resident { "output projection resident" } else { "output projection streamed a vocabulary chunk at a time" },
-            crate::words::counted(self.block_slots as u64, "block slot"),
-            size(self.device_block_slot_bytes),
-            size(self.device_activation_bytes),
-            size(self.device_other_bytes),
-            size(self.device_bytes()),
-            self.device_budget_bytes.map_or("none".to_string(), size),
-            self.nvme_traffic.describe(self.params),
-        )
-    }
 }
 
 /// Refuses work that needs `need_bytes` of RAM when less is available now (unchecked where the platform
@@ -404,6 +356,7 @@ fn plan_within(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
         device_staging_bytes: if costs.memory_is_ram { 0 } else { costs.host_staging_bytes + spare_read_backs + read_backs },
         device_memory_is_ram: costs.memory_is_ram,
         vocab_resident,
+        device_bytes_by_rank: Vec::new(),
         device_head_bytes: head_bytes,
         device_block_slot_bytes: slot_bytes,
         device_activation_bytes: activation_bytes,

@@ -5,7 +5,7 @@
 //! output projection resident only where every rank keeps it so; results do not change, only how
 //! often the larger devices upload.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use super::{Placement, plan_on, plan_within};
 use crate::comm::Comm;
@@ -35,18 +35,45 @@ impl Placement {
 }
 
 /// Collective: this rank's placement ([`plan_on`] with its device's `costs`), under the schedule every
-/// rank's device holds where the ranks' uploads are collective.
+/// rank's device holds where the ranks' uploads are collective, with every rank's device total where
+/// they differ (so the run's device line says whose it is).
 pub fn plan_for_rank(model: &Model, tc: &TrainConfig, comm: &Comm, costs: AllocCosts) -> Result<Placement> {
     let world = comm.world_size();
     let mine = plan_on(model, tc, world, costs)?;
-    let sharding = Sharding { rank: comm.rank(), world, stage: tc.zero_stage };
-    if !sharding.shards_params() {
+    if world == 1 {
         return Ok(mine);
     }
+    let sharding = Sharding { rank: comm.rank(), world, stage: tc.zero_stage };
     let own = mine.schedule();
     let all = comm.gather_scalars([own.block_slots as u64, own.vocab_resident as u64])?;
     let agreed = agree(all.iter().map(|&[slots, resident]| ScheduleLimit { block_slots: slots as usize, vocab_resident: resident != 0 }));
-    if agreed == own { Ok(mine) } else { plan_within(model, tc, world, costs, agreed) }
+    let placement = if agreed == own || !sharding.shards_params() { mine } else { plan_within(model, tc, world, costs, agreed)? };
+    let totals = comm.gather_scalars(placement.device_bytes())?;
+    Ok(with_totals(placement, totals))
+}
+
+/// [`plan_for_rank`] without ranks to ask (`plan`, which opens no device): rank 0's placement where
+/// the ranks' devices have `costs` (one per rank), with the schedule they would agree on.
+pub fn plan_for_ranks(model: &Model, tc: &TrainConfig, costs: &[AllocCosts]) -> Result<Placement> {
+    let world = costs.len();
+    let own = costs.iter().map(|&c| plan_on(model, tc, world, c)).collect::<Result<Vec<_>>>()?;
+    let agreed = agree(own.iter().map(Placement::schedule));
+    let sharding = Sharding { rank: 0, world, stage: tc.zero_stage };
+    let placed = if sharding.shards_params() {
+        costs.iter().map(|&c| plan_within(model, tc, world, c, agreed)).collect::<Result<Vec<_>>>()?
+    } else {
+        own
+    };
+    let totals: Vec<u64> = placed.iter().map(Placement::device_bytes).collect();
+    Ok(with_totals(placed.into_iter().next().context("no ranks to plan")?, totals))
+}
+
+/// `placement` with every rank's device total (`totals`) where they differ.
+fn with_totals(mut placement: Placement, totals: Vec<u64>) -> Placement {
+    if totals.iter().any(|&t| t != totals[0]) {
+        placement.device_bytes_by_rank = totals;
+    }
+    placement
 }
 
 /// The schedule every one of `ranks` holds: the fewest block slots, and the projection resident only
@@ -92,12 +119,24 @@ mod tests {
             .find(|&b| slots(b, AllocCosts::CPU) > slots(b, AllocCosts::GPU))
             .expect("a budget where the cpu device holds more block slots than a GPU");
         let tc = TrainConfig { gpu_mem_budget: Some(budget), ..base.clone() };
-        let schedules = crate::train::ranks::in_process(2, |comm: Comm| {
+        let placements = crate::train::ranks::in_process(2, |comm: Comm| {
             let costs = if comm.rank() == 0 { AllocCosts::CPU } else { AllocCosts::GPU };
-            plan_for_rank(&model, &tc, &comm, costs).map(|p| p.schedule())
+            plan_for_rank(&model, &tc, &comm, costs)
         })
         .unwrap();
-        assert_eq!(schedules[0], schedules[1]);
-        assert_eq!(schedules[0].block_slots, slots(budget, AllocCosts::GPU));
+        assert_eq!(placements[0].schedule(), placements[1].schedule());
+        assert_eq!(placements[0].block_slots, slots(budget, AllocCosts::GPU));
+        // The device line says it is rank 0's, and each rank's total.
+        let by_rank = &placements[0].device_bytes_by_rank;
+        assert_eq!(by_rank, &[placements[0].device_bytes(), placements[1].device_bytes()]);
+        assert_ne!(by_rank[0], by_rank[1]);
+        let said = placements[0].describe();
+        assert!(said.contains("device (rank 0's; the ranks' devices differ") && !said.contains("(each rank)"), "{said}");
+        // `plan`, asking no ranks, plans the same.
+        let planned = plan_for_ranks(&model, &tc, &[AllocCosts::CPU, AllocCosts::GPU]).unwrap();
+        assert_eq!((planned.schedule(), &planned.device_bytes_by_rank), (placements[0].schedule(), by_rank));
+        // Alike devices: every rank's.
+        let alike = crate::train::ranks::in_process(2, |comm: Comm| plan_for_rank(&model, &tc, &comm, AllocCosts::GPU)).unwrap();
+        assert!(alike[0].device_bytes_by_rank.is_empty() && alike[0].describe().contains("device (each rank)"));
     }
 }
