@@ -166,18 +166,24 @@ fn save_targets_are_checked_before_any_work() {
     assert!(names.iter().all(|p| !p.to_string_lossy().ends_with(".partial")), "{names:?}");
 }
 
-/// A checkpoint records its data from the root, so a resume from another folder trains on the same
-/// file; a recorded data file that is gone is named with the checkpoint, before any work.
-#[test]
-fn a_resume_from_another_folder_finds_the_data_and_a_missing_one_is_named() {
+/// A temporary folder with a run's folder `run/` in it holding the golden tokens as `d.bin`, and the
+/// golden model's path.
+fn run_folder() -> (tempfile::TempDir, PathBuf, String) {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     std::fs::create_dir(&run).unwrap();
     let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny");
     std::fs::copy(format!("{golden}/tokens.bin"), run.join("d.bin")).unwrap();
+    (dir, run, format!("{golden}/model"))
+}
+
+/// A checkpoint records its data from the root, so a resume from another folder trains on the same
+/// file; a recorded data file that is gone is named with the checkpoint, before any work.
+#[test]
+fn a_resume_from_another_folder_finds_the_data_and_a_missing_one_is_named() {
+    let (dir, run, model) = run_folder();
     let bin = env!("CARGO_BIN_EXE_zerostream");
     let shape = ["--device", "cpu", "--batch-size", "1", "--seq-len", "8", "--sample-tokens", "0"];
-    let model = format!("{golden}/model");
     let first = ["train", "--model", &model, "--data", "d.bin", "--steps", "1", "--checkpoint-dir", "ck"];
     let out = Command::new(bin).args([&first[..], &shape].concat()).current_dir(&run).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
@@ -211,14 +217,9 @@ fn a_resume_from_another_folder_finds_the_data_and_a_missing_one_is_named() {
 /// metrics appended; a flag given wins.
 #[test]
 fn a_resume_keeps_the_runs_outputs_unless_told_otherwise() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    std::fs::create_dir(&run).unwrap();
-    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny");
-    std::fs::copy(format!("{golden}/tokens.bin"), run.join("d.bin")).unwrap();
+    let (dir, run, model) = run_folder();
     let bin = env!("CARGO_BIN_EXE_zerostream");
     let shape = ["--device", "cpu", "--batch-size", "1", "--seq-len", "8", "--sample-tokens", "0"];
-    let model = format!("{golden}/model");
     let outputs = ["--checkpoint-dir", "ck", "--checkpoint-every", "1", "--keep-checkpoints", "2", "--metrics", "m.jsonl"];
     let first =
         [&["train", "--model", &model, "--data", "d.bin", "--val-data", "d.bin", "--eval-every", "1", "--steps", "2"][..], &outputs]
