@@ -203,6 +203,10 @@ impl DataTokenizer {
         }
     }
 
+    /// Every name [`Self::model_files`] gives (a model directory's tokenizer files).
+    pub const FILE_NAMES: &'static [&'static str] =
+        &["vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"];
+
     /// The files (name, contents) a model directory gets for this tokenizer; `model_max_length` is the
     /// model's context length. Empty for bytes.
     pub fn model_files(&self, model_max_length: usize) -> Result<Vec<(String, Vec<u8>)>> {
@@ -303,6 +307,9 @@ mod tests {
         let files = DataTokenizer::Gpt2.model_files(1024).unwrap();
         let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json"]);
+        let json = DataTokenizer::Json(b"{}".to_vec()).model_files(1024).unwrap();
+        assert!(names.iter().all(|n| DataTokenizer::FILE_NAMES.contains(n)));
+        assert!(json.iter().all(|(n, _)| DataTokenizer::FILE_NAMES.contains(&n.as_str())));
         for (name, bytes) in &files {
             std::fs::write(dir.path().join(name), bytes).unwrap();
         }

@@ -165,6 +165,19 @@ fn saved_models_and_checkpoints_carry_the_tokenizer_the_data_was_prepared_with()
         assert!(save.join(f).is_file() && step.join(f).is_file(), "{f} missing");
         assert!(state["files"][f]["crc32"].is_number(), "{f} not in the checkpoint's manifest: {}", state["files"]);
     }
+    // A resume whose data has no tokenizer record (a raw token file given --tokenizer) carries the
+    // checkpoint's tokenizer files on into its checkpoints and its --save.
+    let sidecar = dir.path().join("t.bin.tokenizer");
+    std::fs::remove_file(&sidecar).unwrap();
+    let out = zerostream(&["train", "--device", "cpu", "--resume", step.to_str().unwrap(), "--steps", "2"]);
+    let err = stderr(&out);
+    assert!(out.status.success() && err.contains("tokenizer: the checkpoint's (vocab.json, merges.txt"), "{err}");
+    for f in files {
+        let carried = std::fs::read(ckpt.join("step-00000002").join(f)).unwrap();
+        assert_eq!(carried, std::fs::read(step.join(f)).unwrap(), "{f}");
+        assert!(save.join(f).is_file(), "{f} missing from the resumed run's --save");
+    }
+    std::fs::write(&sidecar, "gpt2\n").unwrap();
     // The saved files tokenise as the built-in GPT-2 BPE does, and `generate` uses them.
     let tok = zerostream_checkpoints::HfTokenizer::from_model_dir(&save).unwrap().expect("a tokenizer");
     assert!(tok.path.ends_with("vocab.json"));

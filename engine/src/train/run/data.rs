@@ -115,6 +115,18 @@ pub(super) fn run_tokenizer(options: &RunOptions) -> Result<Option<(DataTokenize
 /// [`RunOptions::tokenizer`]); says which, or why there are none.
 pub(super) fn tokenizer_files(say: &dyn Fn(String), options: &RunOptions, model: &Model) -> Result<Vec<(String, Vec<u8>)>> {
     let Some((tokenizer, _)) = run_tokenizer(options)? else {
+        // A resume carries on the tokenizer files its checkpoint holds (a `--tokenizer` the run was
+        // given, with no record beside the data), checked by the checkpoint's manifest when it opened.
+        if let super::ModelChoice::Resume(dir) = &options.model {
+            let carried = checkpoint_tokenizer_files(dir)?;
+            if !carried.is_empty() {
+                say(format!(
+                    "tokenizer: the checkpoint's ({}), carried on",
+                    carried.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(", ")
+                ));
+                return Ok(carried);
+            }
+        }
         if options.save.is_some() || options.checkpoints.dir.is_some() {
             let data = options.data.as_deref().map(|d| DataTokenizer::sidecar(d).display().to_string()).unwrap_or_default();
             say(format!("tokenizer: unknown (no {data}; pass --tokenizer): saved models get no tokenizer files"));
@@ -127,4 +139,18 @@ pub(super) fn tokenizer_files(say: &dyn Fn(String), options: &RunOptions, model:
         say(format!("tokenizer: {} (no Hugging Face tokenizer files exist for it: saved models get none)", tokenizer.describe()));
     }
     Ok(files)
+}
+
+/// The tokenizer files a checkpoint directory holds (name, contents), as [`DataTokenizer::model_files`]
+/// names them.
+fn checkpoint_tokenizer_files(dir: &std::path::Path) -> Result<Vec<(String, Vec<u8>)>> {
+    DataTokenizer::FILE_NAMES
+        .iter()
+        .map(|name| dir.join(name))
+        .filter(|path| path.is_file())
+        .map(|path| {
+            let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+            Ok((path.file_name().unwrap_or_default().to_string_lossy().into_owned(), bytes))
+        })
+        .collect()
 }
