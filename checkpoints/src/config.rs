@@ -202,9 +202,7 @@ impl Gpt2Config {
     /// Reads a Hugging Face `config.json`, refusing (by key) options the engine does not implement
     /// and model families other than GPT-2, then [`Gpt2Config::validate`]s it.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let (mut file, _) = crate::io::open_regular(path, "config")?;
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut file, &mut text).with_context(|| format!("reading config {}", path.display()))?;
+        let text = crate::io::read_regular_text(path, "config")?;
         let value: Value = serde_json::from_str(&text).with_context(|| format!("config {}: not valid JSON", path.display()))?;
         let Some(object) = value.as_object() else {
             bail!("config {}: expected a JSON object (Hugging Face's config.json), found {}", path.display(), kind(&value));

@@ -130,13 +130,19 @@ impl HfModel {
         Ok(())
     }
 
-    /// The stored name of `name` (`transformer.h.0.ln_1.weight`), also accepting checkpoints saved
-    /// without the `transformer.` prefix (as the original `gpt2` upload is).
-    fn resolve(&self, name: &str) -> Option<&str> {
+    /// Every tensor name the model's files store.
+    pub fn stored_names(&self) -> impl Iterator<Item = &str> {
+        self.index.keys().map(String::as_str)
+    }
+
+    /// The stored name of `name` (`transformer.h.0.ln_1.weight`, `model.layers.0.mlp.up_proj.weight`),
+    /// also accepting checkpoints saved without the base model's prefix (as the original `gpt2` upload
+    /// is, and as a `LlamaModel` saves its weights).
+    pub fn resolve(&self, name: &str) -> Option<&str> {
         if let Some((k, _)) = self.index.get_key_value(name) {
             return Some(k);
         }
-        let bare = name.strip_prefix("transformer.")?;
+        let bare = name.strip_prefix("transformer.").or_else(|| name.strip_prefix("model."))?;
         self.index.get_key_value(bare).map(|(k, _)| k.as_str())
     }
 
@@ -236,7 +242,7 @@ pub enum ArchConfig {
 
 impl ArchConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text = crate::io::read_regular_text(path, "config")?;
         let value: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("parsing {} as JSON", path.display()))?;
         match value.get("model_type").and_then(|v| v.as_str()) {
             Some("llama" | "mistral" | "qwen2") => Ok(ArchConfig::Llama(LlamaConfig::from_file(path)?)),
@@ -264,6 +270,10 @@ mod tests {
         safetensors::serialize_to_file([("wte", view)], None, &dir.path().join("model.safetensors")).unwrap();
         let model = HfModel::open(dir.path()).unwrap();
         let whole = model.tensor("wte", &[5, 3]).unwrap();
+        // Stored without the base model's prefix, as the original gpt2 upload and a LlamaModel save.
+        assert_eq!(model.resolve("transformer.wte"), Some("wte"));
+        assert_eq!(model.resolve("model.wte"), Some("wte"));
+        assert_eq!(model.resolve("lm_head.wte"), None);
         assert_eq!(model.tensor_rows("wte", &[5, 3], 1..4).unwrap(), whole[3..12]);
         assert_eq!(model.tensor_rows("wte", &[5, 3], 4..4).unwrap(), Vec::<f32>::new());
         let err = model.tensor_rows("wte", &[5, 3], 2..6).unwrap_err().to_string();

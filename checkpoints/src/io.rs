@@ -27,6 +27,15 @@ pub(crate) fn open_regular(path: &Path, what: &str) -> Result<(File, Metadata)> 
     Ok((file, meta))
 }
 
+/// The text of the regular file `path` ([`open_regular`]: a FIFO given as config.json is refused,
+/// not waited on for ever).
+pub(crate) fn read_regular_text(path: &Path, what: &str) -> Result<String> {
+    let (mut file, _) = open_regular(path, what)?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut file, &mut text).with_context(|| format!("reading {what} {}", path.display()))?;
+    Ok(text)
+}
+
 fn refuse_irregular(path: &Path, what: &str, meta: &Metadata) -> Result<()> {
     if !meta.is_file() {
         let kind = if meta.is_dir() { "a directory" } else { "a pipe, socket or device" };

@@ -243,7 +243,7 @@ impl LlamaConfig {
     }
 
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text = crate::io::read_regular_text(path, "config")?;
         let value: Value = serde_json::from_str(&text).with_context(|| format!("parsing {} as JSON", path.display()))?;
         let map = value.as_object().with_context(|| format!("{}: expected a JSON object", path.display()))?;
         Self::from_json(map).with_context(|| format!("{}", path.display()))

@@ -109,7 +109,7 @@ impl DataTokenizer {
         if !path.exists() {
             return Ok(None);
         }
-        let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        let bytes = crate::io::read_regular_text(&path, "tokenizer record")?.into_bytes();
         let tok = match String::from_utf8_lossy(&bytes).trim() {
             "gpt2" => DataTokenizer::Gpt2,
             "bytes" => DataTokenizer::Bytes,

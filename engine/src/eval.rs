@@ -107,6 +107,9 @@ pub fn evaluate<D: Backend>(dev: &D, model_dir: &Path, eval: &EvalData<'_>) -> R
     crate::words::require_positive(&[("--batch-size", batch), ("--seq-len", seq_len), ("--batches", batches)])?;
     let hf = HfModel::open(model_dir)?;
     let model = Model::of_hf(&hf)?;
+    if let Some(warning) = model.unused_tensors_warning(&hf) {
+        eprintln!("{warning}");
+    }
     let tokens = TokenFile::open_with(data, data_dtype)?;
     tokens.check_vocab(model.vocab_size())?;
     if let Some(prepared) = zerostream_checkpoints::DataTokenizer::read_beside(data)? {

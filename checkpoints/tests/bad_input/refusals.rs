@@ -4,7 +4,7 @@ use std::path::Path;
 
 use safetensors::Dtype;
 use serde_json::{Value, json};
-use zerostream_checkpoints::{Gpt2Config, HfModel, TokenFile, write_token_file};
+use zerostream_checkpoints::{Gpt2Config, HfModel, LlamaConfig, TokenFile, write_token_file};
 
 use crate::common::*;
 
@@ -255,4 +255,21 @@ fn pipes_and_directories_given_as_files_are_refused_at_once() {
     let m = model.clone();
     let err = within_10s(move || HfModel::open(&m).err().map(|e| format!("{e:#}"))).unwrap();
     assert!(err.contains(&model.join("model.safetensors").display().to_string()) && err.contains("not a regular file"), "{err}");
+
+    // A model directory whose config.json is a FIFO (read by every family's reader), and a token
+    // file's tokenizer record.
+    let piped = dir.path().join("piped");
+    std::fs::create_dir(&piped).unwrap();
+    mkfifo(&piped.join("config.json"));
+    let (p, f) = (piped.clone(), fifo.clone());
+    let (hf, llama) =
+        within_10s(move || (HfModel::open(&p).err().map(|e| format!("{e:#}")), LlamaConfig::from_file(&f).err().map(|e| format!("{e:#}"))));
+    let hf = hf.unwrap();
+    assert!(hf.contains(&piped.join("config.json").display().to_string()) && hf.contains("not a regular file"), "{hf}");
+    assert!(llama.unwrap().contains("not a regular file"));
+    let tokens = dir.path().join("t.bin");
+    write_token_file(&tokens, &[1, 2]).unwrap();
+    mkfifo(&zerostream_checkpoints::DataTokenizer::sidecar(&tokens));
+    let record = within_10s(move || zerostream_checkpoints::DataTokenizer::read_beside(&tokens).err().map(|e| format!("{e:#}")));
+    assert!(record.unwrap().contains("not a regular file"));
 }

@@ -112,6 +112,9 @@ pub fn run(mut a: GenerateArgs, quiet: bool) -> Result<()> {
     sampling.check()?;
     let hf = HfModel::open(&a.model)?;
     let model = Model::of_hf(&hf)?;
+    if let Some(warning) = model.unused_tensors_warning(&hf) {
+        eprintln!("{warning}");
+    }
     let text = match HfTokenizer::from_model_dir(&a.model)? {
         Some(t) => Some(TextTokenizer::Hf(t)),
         None => Tokenizer::for_vocab(model.vocab_size()).map(TextTokenizer::Builtin),

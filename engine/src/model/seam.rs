@@ -69,6 +69,31 @@ impl Model {
         Self::of_arch(hf.config.clone())
     }
 
+    /// A warning naming the tensors `hf` stores that this model reads none of: weights config.json does
+    /// not describe (a bias where it says none, a norm the family has no place for), which training
+    /// would drop from the saved model as transformers would ignore them. Buffers a save carries
+    /// besides the weights (GPT-2's attention masks, rotary frequencies) and a tied head's stored
+    /// copy are not weights. None where every stored tensor is read.
+    pub fn unused_tensors_warning(&self, hf: &HfModel) -> Option<String> {
+        let read: std::collections::HashSet<&str> = self.checkpoint_specs().iter().filter_map(|s| hf.resolve(&s.name)).collect();
+        let buffer = |name: &str| {
+            [".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq"].iter().any(|b| name.ends_with(b)) || name == "lm_head.weight"
+        };
+        let mut unused: Vec<&str> = hf.stored_names().filter(|n| !read.contains(n) && !buffer(n)).collect();
+        if unused.is_empty() {
+            return None;
+        }
+        unused.sort_unstable();
+        let shown = unused.iter().take(5).copied().collect::<Vec<_>>().join(", ");
+        let more = if unused.len() > 5 { format!(" and {} more", unused.len() - 5) } else { String::new() };
+        Some(format!(
+            "warning: {} holds {} config.json does not describe; they are left out of the model (and of any model saved \
+             from it): {shown}{more}",
+            hf.dir.display(),
+            crate::words::counted(unused.len() as u64, "tensor"),
+        ))
+    }
+
     /// A preset by name, with random weights to come.
     pub fn preset(name: &str) -> Option<Self> {
         Gpt2Config::preset(name).map(Model::Gpt2).or_else(|| LlamaConfig::preset(name).map(Model::Llama))
@@ -282,5 +307,36 @@ impl Model {
             bail!("--seq-len {seq_len} is longer than the model's context of {} positions{window}", self.max_seq_len());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Stored tensors the config does not describe are named; buffers a save carries and the golden
+    /// model's own weights are not.
+    #[test]
+    fn tensors_no_part_of_the_model_reads_are_named() {
+        let golden = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny/model"));
+        let hf = HfModel::open(golden).unwrap();
+        let model = Model::of_hf(&hf).unwrap();
+        assert_eq!(model.unused_tensors_warning(&hf), None);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(golden.join("config.json"), dir.path().join("config.json")).unwrap();
+        let bytes = std::fs::read(golden.join("model.safetensors")).unwrap();
+        let stored = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let extra = [0u8; 16];
+        let view = |shape: Vec<usize>| safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape, &extra).unwrap();
+        let mut tensors: Vec<(String, safetensors::tensor::TensorView<'_>)> = stored.tensors();
+        tensors.push(("transformer.h.0.attn.q_norm.weight".into(), view(vec![4])));
+        tensors.push(("transformer.h.1.attn.bias".into(), view(vec![1, 1, 2, 2])));
+        safetensors::serialize_to_file(tensors, None, &dir.path().join("model.safetensors")).unwrap();
+        let hf = HfModel::open(dir.path()).unwrap();
+        let warning = model.unused_tensors_warning(&hf).expect("a warning");
+        assert!(
+            warning.contains("holds 1 tensor config.json does not describe") && warning.ends_with("transformer.h.0.attn.q_norm.weight"),
+            "{warning}"
+        );
     }
 }

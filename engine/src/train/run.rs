@@ -172,6 +172,9 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
     let source = match &options.model {
         ModelChoice::Hf(dir) => {
             hf = HfModel::open(dir)?;
+            if let Some(warning) = Model::of_hf(&hf)?.unused_tensors_warning(&hf).filter(|_| lead) {
+                eprintln!("{warning}");
+            }
             ModelSource::Hf(&hf)
         }
         ModelChoice::Config(spec) => ModelSource::Random { model: resolve_config(spec)?, seed: options.seed },
