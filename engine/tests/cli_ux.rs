@@ -219,7 +219,7 @@ fn saved_models_and_checkpoints_carry_the_tokenizer_the_data_was_prepared_with()
 }
 
 #[test]
-fn a_token_file_without_a_tokenizer_record_saves_a_model_without_tokenizer_files_and_says_so() {
+fn a_token_file_without_a_tokenizer_record_saves_a_model_without_tokenizer_files_and_says_so_and_keeps_the_sources_ids() {
     let dir = tempfile::tempdir().unwrap();
     let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny");
     let save = dir.path().join("saved");
@@ -246,7 +246,13 @@ fn a_token_file_without_a_tokenizer_record_saves_a_model_without_tokenizer_files
     assert!(out.status.success() && err.contains("tokenizer: unknown") && err.contains("tokens.bin.tokenizer"), "{err}");
     let mut names: Vec<String> = std::fs::read_dir(&save).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     names.sort();
-    assert_eq!(names, ["config.json", "model.safetensors"]);
+    assert_eq!(names, ["config.json", "generation_config.json", "model.safetensors"]);
+    // The source's token ids and generation settings go with the model (transformers' generate reads them).
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(save.join("config.json")).unwrap()).unwrap();
+    assert_eq!((&config["bos_token_id"], &config["eos_token_id"]), (&50256.into(), &50256.into()), "{config}");
+    assert!(config.get("pad_token_id").is_none(), "a null id is left out: {config}");
+    let generation = std::fs::read(format!("{golden}/model/generation_config.json")).unwrap();
+    assert_eq!(std::fs::read(save.join("generation_config.json")).unwrap(), generation);
     let out = zerostream(&["train", "--device", "cpu", "--tokenizer", "sentencepiece", "--steps", "1"]);
     let err = stderr(&out);
     assert!(!out.status.success() && err.contains("--tokenizer \"sentencepiece\""), "{err}");

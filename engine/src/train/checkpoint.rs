@@ -11,8 +11,9 @@
 //!   re-split the state (stage 0: the replicas hold the same bits, their master weights checked by CRC at every save;
 //!   rank 0's file holds the whole once, every rank's file its residual, laid out as its metadata's
 //!   `grad_residual_layout` says);
-//! - the tokenizer's files when the run knows its tokenizer (`RunRecord::tokenizer_files`: GPT-2's
-//!   vocab.json + merges.txt + tokenizer_config.json + special_tokens_map.json, or a tokenizer.json);
+//! - the tokenizer's files when the run knows its tokenizer (`ModelExtras::files`: GPT-2's
+//!   vocab.json + merges.txt + tokenizer_config.json + special_tokens_map.json, or a tokenizer.json),
+//!   and the source model's generation_config.json;
 //! - `trainer_state.json`: counters, loss scaler, data position, every setting, and the manifest
 //!   (size and CRC32 of every other file).
 //!
@@ -140,9 +141,27 @@ pub struct RunRecord {
     pub save_dtype: SaveDtype,
     /// Checkpoints to keep (0 = all).
     pub keep: usize,
-    /// Files (name, contents) that make the saved model directories carry the data's tokenizer
-    /// (`DataTokenizer::model_files`); empty when it is unknown or has none (bytes).
-    pub tokenizer_files: Vec<(String, Vec<u8>)>,
+    /// What the saved model directories carry besides the weights and the model's own config.
+    pub extras: ModelExtras,
+}
+
+/// What a saved model directory carries besides its weights and the model's configuration: files
+/// (the data's tokenizer, `DataTokenizer::model_files`; the source model's generation_config.json)
+/// and config.json keys the source had that describe no weights (its token ids), so transformers
+/// generates from the saved model as from the source.
+#[derive(Clone, Debug, Default)]
+pub struct ModelExtras {
+    /// (name, contents); no tokenizer files where the tokenizer is unknown or has none (bytes).
+    pub files: Vec<(String, Vec<u8>)>,
+    /// Keys merged into the saved config.json.
+    pub config_keys: serde_json::Map<String, serde_json::Value>,
+}
+
+impl ModelExtras {
+    /// The config.json keys a saved model keeps from its source: the special tokens' ids.
+    pub const CONFIG_KEYS: &'static [&'static str] = &["bos_token_id", "eos_token_id", "pad_token_id"];
+    /// The file a saved model keeps from its source beside the tokenizer's.
+    pub const GENERATION_CONFIG: &'static str = "generation_config.json";
 }
 
 /// Writes `files` (name, contents) into `dir`; returns their digests.
@@ -157,9 +176,17 @@ fn write_extra_files(dir: &Path, files: &[(String, Vec<u8>)]) -> Result<Vec<(Str
         .collect()
 }
 
-/// Writes config.json for `config` saved in `dtype`; returns its digest.
-fn write_config(dir: &Path, model: &Model, dtype: SaveDtype) -> Result<(String, FileDigest)> {
+/// Writes config.json for `config` saved in `dtype`, with the source's `keys`; returns its digest.
+fn write_config(
+    dir: &Path,
+    model: &Model,
+    dtype: SaveDtype,
+    keys: &serde_json::Map<String, serde_json::Value>,
+) -> Result<(String, FileDigest)> {
     let mut json = model.to_hf_json();
+    for (key, value) in keys {
+        json[key] = value.clone();
+    }
     json["torch_dtype"] = dtype.torch_name().into();
     let text = serde_json::to_string_pretty(&json)?;
     let path = dir.join(CONFIG_FILE);
@@ -169,16 +196,10 @@ fn write_config(dir: &Path, model: &Model, dtype: SaveDtype) -> Result<(String, 
 
 impl<D: Backend> Trainer<'_, D> {
     /// Collective: writes into `dir` (which must exist) this rank's optimizer slices (stage 0: rank 0
-    /// the whole state, the other ranks their residuals only) and, on rank 0, the model (gathered group by group) in `dtype` and the `extra` files; with `optimizer` false
-    /// only the model and `extra`. Returns the files rank 0 wrote and the digests of every rank's
+    /// the whole state, the other ranks their residuals only) and, on rank 0, the model (gathered group by group) in `dtype` and the `extras`; with `optimizer` false
+    /// only the model and `extras`. Returns the files rank 0 wrote and the digests of every rank's
     /// optimizer file (rank 0 only).
-    fn write_state(
-        &mut self,
-        dir: &Path,
-        dtype: SaveDtype,
-        optimizer: bool,
-        extra: &[(String, Vec<u8>)],
-    ) -> Result<Vec<(String, FileDigest)>> {
+    fn write_state(&mut self, dir: &Path, dtype: SaveDtype, optimizer: bool, extras: &ModelExtras) -> Result<Vec<(String, FileDigest)>> {
         self.finish()?;
         let (rank, world) = (self.sharding.rank, self.sharding.world);
         let lead = rank == 0;
@@ -232,8 +253,8 @@ impl<D: Backend> Trainer<'_, D> {
         let mut files = Vec::new();
         if let Some(w) = model {
             files.push((MODEL_FILE.to_string(), w.finish()?));
-            files.push(write_config(dir, &self.model, dtype)?);
-            files.extend(write_extra_files(dir, extra)?);
+            files.push(write_config(dir, &self.model, dtype, &extras.config_keys)?);
+            files.extend(write_extra_files(dir, &extras.files)?);
         }
         if let Some(w) = opt {
             let digest = w.finish()?;
@@ -306,7 +327,7 @@ impl<D: Backend> Trainer<'_, D> {
         };
         self.comm.barrier()?; // the directory exists for every rank
         let mut files: BTreeMap<String, FileDigest> =
-            self.write_state(&partial, record.save_dtype, true, &record.tokenizer_files)?.into_iter().collect();
+            self.write_state(&partial, record.save_dtype, true, &record.extras)?.into_iter().collect();
         let mut target = root_dir.join(zerostream_checkpoints::checkpoint::step_name(self.step));
         if let Some(root) = root {
             let mut state = self.trainer_state(record, std::mem::take(&mut files));
@@ -346,9 +367,9 @@ impl<D: Backend> Trainer<'_, D> {
     }
 
     /// Collective: saves the model as a Hugging Face directory `dir` (config.json + model.safetensors in
-    /// `dtype`, and the `tokenizer_files`, see [`RunRecord::tokenizer_files`]), written beside it and
-    /// moved into place whole; an existing model there is replaced.
-    pub fn save_model(&mut self, dir: &Path, dtype: SaveDtype, tokenizer_files: &[(String, Vec<u8>)]) -> Result<()> {
+    /// `dtype`, and the `extras`), written beside it and moved into place whole; an existing model
+    /// there is replaced.
+    pub fn save_model(&mut self, dir: &Path, dtype: SaveDtype, extras: &ModelExtras) -> Result<()> {
         let partial = save_partial_dir(dir)?;
         if self.sharding.rank == 0 {
             if partial.exists() {
@@ -357,7 +378,7 @@ impl<D: Backend> Trainer<'_, D> {
             std::fs::create_dir_all(&partial).with_context(|| format!("creating {}", partial.display()))?;
         }
         self.comm.barrier()?;
-        self.write_state(&partial, dtype, false, tokenizer_files)?;
+        self.write_state(&partial, dtype, false, extras)?;
         if self.sharding.rank == 0 {
             zerostream_checkpoints::checkpoint::publish_dir(&partial, dir)?;
         }

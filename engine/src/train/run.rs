@@ -272,10 +272,11 @@ fn announce_nvme_state(say: &dyn Fn(String), train: &TrainConfig, model: &Model,
     }
 }
 
-/// `--save DIR`: the trained model, in the record's dtype, with the data's tokenizer files.
+/// `--save DIR`: the trained model, in the record's dtype, with the data's tokenizer files and what
+/// it keeps from its source.
 fn save_model<D: Backend>(trainer: &mut Trainer<'_, D>, dir: &std::path::Path, record: &RunRecord, say: &dyn Fn(String)) -> Result<()> {
-    trainer.save_model(dir, record.save_dtype, &record.tokenizer_files)?;
-    let names: Vec<&str> = record.tokenizer_files.iter().map(|(n, _)| n.as_str()).collect();
+    trainer.save_model(dir, record.save_dtype, &record.extras)?;
+    let names: Vec<&str> = record.extras.files.iter().map(|(n, _)| n.as_str()).collect();
     let tokenizer = if names.is_empty() { String::new() } else { format!(", {}", names.join(", ")) };
     say(format!("saved {} (config.json, model.safetensors{tokenizer}; {})", dir.display(), record.save_dtype.flag()));
     Ok(())

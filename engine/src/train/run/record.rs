@@ -4,14 +4,14 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use zerostream_checkpoints::checkpoint::CheckpointRoot;
 use zerostream_checkpoints::{TokenFile, TokenWidth};
 
 use super::data::tokenizer_files;
 use super::{ModelChoice, RunOptions};
 use crate::model::Model;
-use crate::train::checkpoint::{RunRecord, SaveDtype};
+use crate::train::checkpoint::{ModelExtras, RunRecord, SaveDtype};
 use crate::train::{Flags, TrainConfig};
 
 /// What a checkpoint records of the run besides the trainer's state: the seed, the data, the settings
@@ -33,8 +33,35 @@ pub(super) fn run_record(
         outputs: super::kept_outputs::record(options),
         save_dtype: options.save_dtype.unwrap_or(SaveDtype::of(train.precision)),
         keep: options.checkpoints.keep,
-        tokenizer_files: tokenizer_files(say, options, model)?,
+        extras: model_extras(say, options, model)?,
     })
+}
+
+/// What the models the run saves carry besides their weights: the data's tokenizer files, and the
+/// source model's token ids and generation_config.json (a Hugging Face directory's, a checkpoint's,
+/// or a `--config` file's ids).
+fn model_extras(say: &dyn Fn(String), options: &RunOptions, model: &Model) -> Result<ModelExtras> {
+    let mut extras = ModelExtras { files: tokenizer_files(say, options, model)?, ..ModelExtras::default() };
+    let config = match &options.model {
+        ModelChoice::Hf(dir) | ModelChoice::Resume(dir) => dir.join("config.json"),
+        ModelChoice::Config(spec) if Model::preset(spec).is_none() && Path::new(spec).is_file() => PathBuf::from(spec),
+        _ => return Ok(extras),
+    };
+    // The model's reader has read this file whole already; a key it holds is carried as it is.
+    let text = std::fs::read_to_string(&config).with_context(|| format!("reading {}", config.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{}: not JSON", config.display()))?;
+    for key in ModelExtras::CONFIG_KEYS {
+        if let Some(value) = json.get(*key).filter(|v| !v.is_null()) {
+            extras.config_keys.insert(key.to_string(), value.clone());
+        }
+    }
+    let generation = config.with_file_name(ModelExtras::GENERATION_CONFIG);
+    if !matches!(options.model, ModelChoice::Config(_)) && generation.is_file() {
+        let bytes = std::fs::read(&generation).with_context(|| format!("reading {}", generation.display()))?;
+        serde_json::from_slice::<serde_json::Value>(&bytes).with_context(|| format!("{}: not JSON", generation.display()))?;
+        extras.files.push((ModelExtras::GENERATION_CONFIG.to_string(), bytes));
+    }
+    Ok(extras)
 }
 
 /// Rank 0 holds the checkpoint root (its lock, its leftovers) for the whole run.
