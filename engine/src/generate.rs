@@ -48,7 +48,10 @@ pub fn cache_positions(model: &Model, prompt: &[u32], max_new_tokens: usize) -> 
 /// the device bytes are spent before the first token.
 ///
 /// Each step sees the last `max_seq_len` tokens, as a full recompute would: once the cache is full,
-/// it is refilled from the last `max_seq_len` tokens (positions start again at 0).
+/// it is refilled from the last `max_seq_len` tokens (positions start again at 0). A model whose
+/// sliding window bounds its context is another model past the window (its deeper layers' keys carry
+/// the history before it), so a prompt longer than the window is refused and generation stops there,
+/// saying so.
 pub fn generate<D: Backend>(
     dev: &D,
     model: &Model,
@@ -68,6 +71,15 @@ pub fn generate<D: Backend>(
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(s.seed);
     let mut context: Vec<u32> = if prompt.is_empty() { vec![0] } else { prompt.to_vec() };
     let window = model.max_seq_len();
+    if let Some(w) = model.sliding_window()
+        && context.len() > w
+    {
+        bail!(
+            "the prompt's {} are more than the model's sliding window of {w}: each layer attends over its last {w} positions, \
+             computed from the whole text, which generation here does not keep past the window; give at most {w} tokens",
+            crate::words::counted(context.len() as u64, "token")
+        );
+    }
     let capacity = cache_positions(model, &context, s.max_new_tokens);
     let first = &context[context.len().saturating_sub(window)..];
     let mut session = Session::new(dev, model, load, capacity, first.len())?;
@@ -85,6 +97,13 @@ pub fn generate<D: Backend>(
         }
         logits = if session.past() < capacity {
             session.feed(&[next])?
+        } else if let Some(w) = model.sliding_window() {
+            eprintln!(
+                "note: generation stopped after {} at the model's sliding window of {w} positions: past it each layer \
+                 attends over keys computed from the text before the window, which generation here does not keep",
+                crate::words::counted(out.len() as u64, "new token")
+            );
+            return Ok(out);
         } else {
             session.reset();
             session.feed(&context[context.len() - window..])?

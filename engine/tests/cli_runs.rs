@@ -280,6 +280,49 @@ fn a_short_file_is_read_whole_by_eval_and_validation_and_one_too_short_is_refuse
 
 /// Greedy decoding gives the tokens transformers' greedy `generate` gives (recorded from it: see
 /// tests/golden/gpt2-tiny-trained/README.md), on the cpu device and the GPU.
+/// A model whose sliding window bounds its context generates as the model without the window up to
+/// it, then stops, saying why; a prompt longer than the window is refused (past the window, each
+/// layer's keys carry the text before it, which a recompute over the window would not).
+#[test]
+fn generation_stops_at_a_sliding_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/llama-tiny/model");
+    for name in ["config.json", "model.safetensors"] {
+        std::fs::copy(format!("{golden}/{name}"), dir.path().join(name)).unwrap();
+    }
+    let config_path = dir.path().join("config.json");
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["sliding_window"] = 8.into();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let ids = |model: &str, prompt: &str| {
+        let out = zerostream(&[
+            "generate",
+            "--device",
+            "cpu",
+            "--model",
+            model,
+            "--prompt-tokens",
+            prompt,
+            "--max-new-tokens",
+            "20",
+            "--temperature",
+            "0",
+            "--json",
+        ]);
+        let row: serde_json::Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap_or("null")).unwrap();
+        (row["ids"].as_array().map(|ids| ids.iter().map(|i| i.as_u64().unwrap()).collect::<Vec<_>>()), stderr(&out))
+    };
+    let windowed = dir.path().to_str().unwrap();
+    let (full, _) = ids(golden, "5,17,99,3");
+    let (within, err) = ids(windowed, "5,17,99,3");
+    let within = within.unwrap();
+    assert_eq!(within.len(), 5, "4 prompt tokens + 5 new: the last from position 7 ({err})");
+    assert_eq!(within[..], full.unwrap()[..5], "the window changes nothing within it");
+    assert!(err.contains("generation stopped after 5 new tokens at the model's sliding window of 8"), "{err}");
+    let (refused, err) = ids(windowed, "1,2,3,4,5,6,7,8,9");
+    assert!(refused.is_none() && err.contains("the prompt's 9 tokens are more than the model's sliding window of 8"), "{err}");
+}
+
 #[test]
 fn greedy_generation_matches_transformers_on_both_devices() {
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny-trained");

@@ -173,6 +173,16 @@ impl Model {
         }
     }
 
+    /// The sliding window where it, not the position table, bounds the context (Mistral's, Qwen2's
+    /// with `use_sliding_window`): each layer attends over its last W keys and values, computed from
+    /// the whole history, so past W a recompute over the last W tokens is another model.
+    pub fn sliding_window(&self) -> Option<usize> {
+        match self {
+            Model::Gpt2(_) => None,
+            Model::Llama(c) => c.sliding_window.filter(|&w| w < c.max_position_embeddings),
+        }
+    }
+
     /// One line for people: family and shape.
     pub fn describe(&self) -> String {
         use crate::words::counted;
