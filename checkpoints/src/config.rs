@@ -208,7 +208,8 @@ impl Gpt2Config {
             bail!("config {}: expected a JSON object (Hugging Face's config.json), found {}", path.display(), kind(&value));
         };
         refuse_unsupported(object).map_err(|e| anyhow::anyhow!("config {}: {e}", path.display()))?;
-        let config: Gpt2Config = serde_json::from_value(value).with_context(|| format!("config {}: not a GPT-2 config", path.display()))?;
+        let config: Gpt2Config = serde_path_to_error::deserialize(value)
+            .map_err(|e| anyhow::anyhow!("config {}: not a GPT-2 config: {}: {}", path.display(), e.path(), e.inner()))?;
         config.validate().with_context(|| format!("config {}", path.display()))?;
         Ok(config)
     }

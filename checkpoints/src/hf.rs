@@ -43,6 +43,9 @@ pub struct HfModel {
     pub config: ArchConfig,
     shards: Vec<Shard>,
     index: HashMap<String, Entry>,
+    /// A sharded model's `weight_map` (tensor -> shard file), to say where a missing tensor was
+    /// promised; empty for one model.safetensors.
+    weight_map: HashMap<String, String>,
 }
 
 impl HfModel {
@@ -62,6 +65,7 @@ impl HfModel {
         let config = ArchConfig::from_file(&dir.join("config.json"))?;
         let single = dir.join("model.safetensors");
         let sharded = dir.join("model.safetensors.index.json");
+        let mut weight_map = HashMap::new();
         let shard_names: Vec<String> = if single.exists() {
             vec!["model.safetensors".into()]
         } else if sharded.exists() {
@@ -72,14 +76,15 @@ impl HfModel {
             let (file, _) = open_regular(&sharded, "safetensors index")?;
             let index: Index = serde_json::from_reader(std::io::BufReader::new(file))
                 .with_context(|| format!("safetensors index {}: expected a JSON object with a weight_map", sharded.display()))?;
-            let mut names: Vec<String> = index.weight_map.into_values().collect();
+            weight_map = index.weight_map;
+            let mut names: Vec<String> = weight_map.values().cloned().collect();
             names.sort();
             names.dedup();
             names
         } else {
             bail!("{}: neither model.safetensors nor model.safetensors.index.json found", dir.display());
         };
-        let mut model = HfModel { dir: dir.to_path_buf(), config, shards: Vec::new(), index: HashMap::new() };
+        let mut model = HfModel { dir: dir.to_path_buf(), config, shards: Vec::new(), index: HashMap::new(), weight_map };
         for name in shard_names {
             let path = dir.join(&name);
             let (file, meta) = open_regular(&path, "safetensors file")?;
@@ -146,6 +151,20 @@ impl HfModel {
         self.index.get_key_value(bare).map(|(k, _)| k.as_str())
     }
 
+    /// Why `name` is not there, naming the shard the index promised it in, if any.
+    fn not_found(&self, name: &str, shape: &[usize]) -> String {
+        let promised = [name, name.strip_prefix("transformer.").unwrap_or(name), name.strip_prefix("model.").unwrap_or(name)]
+            .into_iter()
+            .find_map(|n| self.weight_map.get(n));
+        match promised {
+            Some(shard) => format!(
+                "{}: model.safetensors.index.json names tensor {name} in {shard}, which does not hold it (expected shape {shape:?})",
+                self.dir.display()
+            ),
+            None => format!("{}: tensor {name} not found (expected shape {shape:?})", self.dir.display()),
+        }
+    }
+
     /// The tensor `name` as f32 (converted from f16, bf16 or f64), checked against `shape`. NaN and
     /// infinities (also f64 values too large for f32) are refused: training from them would only
     /// skip every step.
@@ -157,8 +176,7 @@ impl HfModel {
     /// and converted as [`Self::tensor`] converts the whole: a (V, C) vocabulary matrix streamed a
     /// chunk of rows at a time never sits whole in host memory.
     pub fn tensor_rows(&self, name: &str, shape: &[usize], rows: std::ops::Range<usize>) -> Result<Vec<f32>> {
-        let stored =
-            self.resolve(name).with_context(|| format!("{}: tensor {name} not found (expected shape {shape:?})", self.dir.display()))?;
+        let stored = self.resolve(name).with_context(|| self.not_found(name, shape))?;
         let entry = &self.index[stored];
         let shard = &self.shards[entry.shard];
         let path = shard.path.display();
@@ -213,13 +231,58 @@ fn read_header(file: &File, size: u64) -> std::result::Result<(u64, Metadata), S
     let mut header = vec![0u8; n as usize];
     read_exact_at(file, &mut header, 8).map_err(|e| format!("reading the {n}-byte header: {e}"))?;
     let text = std::str::from_utf8(&header).map_err(|e| format!("header is not UTF-8 ({e})"))?;
-    let metadata: Metadata = serde_json::from_str(text).map_err(|e| format!("invalid header: {e}"))?;
+    let metadata: Metadata = serde_json::from_str(text).map_err(|e| match header_fault(text) {
+        Some(fault) => format!("invalid header: {fault}"),
+        None => format!("invalid header: {e}"),
+    })?;
     let data = size - 8 - n;
     if metadata.data_len() as u64 != data {
         let why = if (metadata.data_len() as u64) > data { "truncated?" } else { "trailing bytes" };
         return Err(format!("header describes {} bytes of tensor data but {data} follow it ({why})", metadata.data_len()));
     }
     Ok((8 + n, metadata))
+}
+
+/// Which tensor of a header safetensors refused is wrong, and how (the crate's error names none): an
+/// unknown dtype, a shape or offsets that are not numbers, a byte range that is not the shape's size,
+/// or ranges that leave a gap or overlap. None where the fault is elsewhere.
+fn header_fault(text: &str) -> Option<String> {
+    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(text).ok()?;
+    let mut ranges = Vec::new();
+    for (name, info) in map.iter().filter(|(name, _)| *name != "__metadata__") {
+        let dtype = info["dtype"].as_str().unwrap_or("(none)");
+        let size: u64 = match dtype {
+            "BOOL" | "U8" | "I8" | "F8_E5M2" | "F8_E4M3" => 1,
+            "U16" | "I16" | "F16" | "BF16" => 2,
+            "U32" | "I32" | "F32" => 4,
+            "U64" | "I64" | "F64" => 8,
+            _ => return Some(format!("tensor {name}: dtype {dtype:?} is not one this reader knows (F32, F16, BF16, F64, ...)")),
+        };
+        let numbers = |key: &str| info[key].as_array().and_then(|a| a.iter().map(|v| v.as_u64()).collect::<Option<Vec<u64>>>());
+        let Some(shape) = numbers("shape") else { return Some(format!("tensor {name}: shape {} is not a list of sizes", info["shape"])) };
+        let Some(&[begin, end]) = numbers("data_offsets").as_deref() else {
+            return Some(format!("tensor {name}: data_offsets {} is not [begin, end]", info["data_offsets"]));
+        };
+        let want = shape.iter().try_fold(size, |n, &d| n.checked_mul(d));
+        if end < begin || want != Some(end - begin) {
+            return Some(format!(
+                "tensor {name}: data_offsets [{begin}, {end}] hold {} bytes, but shape {shape:?} of {dtype} is {} bytes",
+                end.saturating_sub(begin),
+                want.map_or("more than 2^64".to_string(), |w| w.to_string())
+            ));
+        }
+        ranges.push((begin, end, name));
+    }
+    ranges.sort();
+    let mut next = 0;
+    for (begin, end, name) in ranges {
+        if begin != next {
+            let what = if begin < next { "overlaps the tensor before it" } else { "leaves a gap after the tensor before it" };
+            return Some(format!("tensor {name}: data_offsets [{begin}, {end}] {what} (which ends at {next})"));
+        }
+        next = end;
+    }
+    None
 }
 
 /// Decodes little-endian tensor bytes to f32.

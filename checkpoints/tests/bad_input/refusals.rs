@@ -34,7 +34,8 @@ fn config_options_the_engine_does_not_implement_are_refused_by_name() {
         ("n_inner", json!(0), "n_inner = 0 must be positive"),
         ("layer_norm_epsilon", json!(-1.0), "layer_norm_epsilon = -1 must be a positive number"),
         ("resid_pdrop", json!(1.5), "resid_pdrop = 1.5 is not a dropout probability"),
-        ("n_head", json!(-2), "not a GPT-2 config"),
+        ("n_head", json!(-2), "not a GPT-2 config: n_head: invalid value: integer `-2`"),
+        ("n_embd", json!("32"), "not a GPT-2 config: n_embd: invalid type: string"),
         ("n_head", json!(0), "n_head = 0; n_embd, n_head, n_layer, vocab_size and n_positions must all be positive"),
     ] {
         let text = config_error(dir.path(), &with(key, value));
@@ -156,6 +157,24 @@ fn invalid_or_truncated_safetensors_are_refused_naming_the_file() {
     let mut bad_json = good.clone();
     bad_json[8] = b'[';
     assert!(open_error(&bad_json).contains("invalid header"));
+    // A header safetensors refuses: the tensor at fault named, and how.
+    let file_of =
+        |header: &str, data_bytes: usize| [&(header.len() as u64).to_le_bytes()[..], header.as_bytes(), &vec![0u8; data_bytes]].concat();
+    let tensor = |name: &str, dtype: &str, shape: &str, offsets: &str| {
+        format!(r#""{name}":{{"dtype":"{dtype}","shape":{shape},"data_offsets":{offsets}}}"#)
+    };
+    let a = tensor("wte.weight", "F32", "[4,3]", "[0,48]");
+    for (b, want) in [
+        (tensor("wpe.weight", "F4", "[2]", "[48,56]"), "tensor wpe.weight: dtype \"F4\" is not one this reader knows"),
+        (
+            tensor("wpe.weight", "F32", "[3]", "[48,56]"),
+            "tensor wpe.weight: data_offsets [48, 56] hold 8 bytes, but shape [3] of F32 is 12 bytes",
+        ),
+        (tensor("wpe.weight", "F32", "[2]", "[40,48]"), "tensor wpe.weight: data_offsets [40, 48] overlaps the tensor before it"),
+    ] {
+        let err = open_error(&file_of(&format!("{{{a},{b}}}"), 56));
+        assert!(err.contains(want), "{err}");
+    }
 
     // Truncated after opening: an error when the tensor is read, not SIGBUS.
     write_model(dir.path(), &tiny_config(), &good);
@@ -272,4 +291,27 @@ fn pipes_and_directories_given_as_files_are_refused_at_once() {
     mkfifo(&zerostream_checkpoints::DataTokenizer::sidecar(&tokens));
     let record = within_10s(move || zerostream_checkpoints::DataTokenizer::read_beside(&tokens).err().map(|e| format!("{e:#}")));
     assert!(record.unwrap().contains("not a regular file"));
+}
+
+/// A sharded model (model.safetensors.index.json and its shards) reads as one; a tensor the index
+/// promises in a shard that does not hold it is named with the shard.
+#[test]
+fn a_sharded_model_reads_as_one_and_a_broken_promise_names_its_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let tensors = tiny_tensors();
+    let (first, second) = tensors.split_at(2);
+    std::fs::write(dir.path().join("config.json"), serde_json::to_vec(&tiny_config()).unwrap()).unwrap();
+    std::fs::write(dir.path().join("model-00001-of-00002.safetensors"), safetensors_bytes(first)).unwrap();
+    std::fs::write(dir.path().join("model-00002-of-00002.safetensors"), safetensors_bytes(second)).unwrap();
+    let shard_of = |i: usize| if i < 2 { "model-00001-of-00002.safetensors" } else { "model-00002-of-00002.safetensors" };
+    let mut map: serde_json::Map<String, Value> = tensors.iter().enumerate().map(|(i, t)| (t.0.to_string(), json!(shard_of(i)))).collect();
+    let index = dir.path().join("model.safetensors.index.json");
+    std::fs::write(&index, json!({"metadata": {}, "weight_map": map}).to_string()).unwrap();
+    let model = HfModel::open(dir.path()).unwrap();
+    assert_eq!(model.tensor("transformer.wpe.weight", &[2, 3]).unwrap(), [0.5, 1.5, 2.5, 3.5, 4.5, 5.5]);
+    assert_eq!(model.tensor("wte.weight", &[4, 3]).unwrap()[11], 11.5);
+    map.insert("ln_f.weight".into(), json!("model-00002-of-00002.safetensors"));
+    std::fs::write(&index, json!({"weight_map": map}).to_string()).unwrap();
+    let err = HfModel::open(dir.path()).unwrap().tensor("transformer.ln_f.weight", &[3]).unwrap_err().to_string();
+    assert!(err.contains("model.safetensors.index.json names tensor transformer.ln_f.weight in model-00002-of-00002.safetensors"), "{err}");
 }
