@@ -151,17 +151,26 @@ impl HfModel {
         self.index.get_key_value(bare).map(|(k, _)| k.as_str())
     }
 
+    /// The shape tensor `name` is stored with (resolved as [`Self::resolve`] does), from the headers
+    /// alone; an error saying why where it is not stored.
+    pub fn stored_shape(&self, name: &str) -> Result<&[usize]> {
+        let stored = self.resolve(name).with_context(|| self.not_found(name, &[]))?;
+        Ok(&self.index[stored].shape)
+    }
+
     /// Why `name` is not there, naming the shard the index promised it in, if any.
     fn not_found(&self, name: &str, shape: &[usize]) -> String {
+        let expected = |shape: &[usize]| if shape.is_empty() { String::new() } else { format!(" (expected shape {shape:?})") };
         let promised = [name, name.strip_prefix("transformer.").unwrap_or(name), name.strip_prefix("model.").unwrap_or(name)]
             .into_iter()
             .find_map(|n| self.weight_map.get(n));
         match promised {
             Some(shard) => format!(
-                "{}: model.safetensors.index.json names tensor {name} in {shard}, which does not hold it (expected shape {shape:?})",
-                self.dir.display()
+                "{}: model.safetensors.index.json names tensor {name} in {shard}, which does not hold it{}",
+                self.dir.display(),
+                expected(shape)
             ),
-            None => format!("{}: tensor {name} not found (expected shape {shape:?})", self.dir.display()),
+            None => format!("{}: tensor {name} not found{}", self.dir.display(), expected(shape)),
         }
     }
 

@@ -375,3 +375,21 @@ fn a_full_standard_output_is_an_error_not_a_panic() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("writing to standard output failed") && !err.contains("panicked"), "{err}");
 }
+
+/// `plan --model` reads no weights but checks their headers: weights config.json does not describe
+/// are refused by tensor, as a run would refuse them, rather than planned.
+#[test]
+fn plan_checks_a_model_directorys_weights_against_its_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny/model");
+    let plan = |model: &str| zerostream(&["plan", "--device", "cpu", "--model", model, "--batch-size", "1", "--seq-len", "8"]);
+    let out = plan(golden);
+    assert!(out.status.success(), "{}", stderr(&out));
+    std::fs::copy(format!("{golden}/model.safetensors"), dir.path().join("model.safetensors")).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(format!("{golden}/config.json")).unwrap()).unwrap();
+    config["n_embd"] = 64.into();
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let out = plan(dir.path().to_str().unwrap());
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("is stored with shape [128, 32], but config.json makes it [128, 64]"), "{err}");
+}

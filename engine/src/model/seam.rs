@@ -69,6 +69,24 @@ impl Model {
         Self::of_arch(hf.config.clone())
     }
 
+    /// Refuses, from the files' headers alone, weights this model cannot be read from: a tensor it needs
+    /// that is not stored, or stored in another shape (`plan`, which reads no weights, would otherwise
+    /// plan a model that cannot load).
+    pub fn check_stored_shapes(&self, hf: &HfModel) -> Result<()> {
+        for spec in self.checkpoint_specs() {
+            let stored = hf.stored_shape(&spec.name)?;
+            if stored != spec.shape.as_slice() {
+                bail!(
+                    "{}: tensor {} is stored with shape {stored:?}, but config.json makes it {:?}",
+                    hf.dir.display(),
+                    spec.name,
+                    spec.shape
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// A warning naming the tensors `hf` stores that this model reads none of: weights config.json does
     /// not describe (a bias where it says none, a norm the family has no place for), which training
     /// would drop from the saved model as transformers would ignore them. Buffers a save carries

@@ -173,8 +173,22 @@ pub fn plan(mut req: RunRequest) -> Result<Placement> {
     let world = req.ranks.world_size.or_else(crate::comm::launcher_world_size).unwrap_or(1).max(1);
     resume_from_checkpoint(&mut req, world)?;
     size_params_ram_cache(&mut req, world, world)?;
-    let model = model_config(&req.options.model)?;
+    let model = planned_model(&req.options.model)?;
     super::plan::plan_for_ranks(&model, &req.train, &req.ranks.costs_by_rank(world))
+}
+
+/// The model `plan` plans: a Hugging Face directory's checked against its files' headers too (its
+/// weights are never read), so a plan that fits is one that loads.
+fn planned_model(choice: &ModelChoice) -> Result<crate::model::Model> {
+    let model = model_config(choice)?;
+    if let ModelChoice::Hf(dir) = choice {
+        let hf = zerostream_checkpoints::HfModel::open(dir)?;
+        model.check_stored_shapes(&hf)?;
+        if let Some(warning) = model.unused_tensors_warning(&hf) {
+            eprintln!("{warning}");
+        }
+    }
+    Ok(model)
 }
 
 /// [`plan`], and the links it would use timed on this machine (`plan --measure`: the drive in
@@ -189,7 +203,7 @@ pub fn plan_measured(mut req: RunRequest, measure: &Path) -> Result<(Placement, 
     let world = req.ranks.world_size.or_else(crate::comm::launcher_world_size).unwrap_or(1).max(1);
     resume_from_checkpoint(&mut req, world)?;
     size_params_ram_cache(&mut req, world, world)?;
-    let model = model_config(&req.options.model)?;
+    let model = planned_model(&req.options.model)?;
     let placement = super::plan::plan_for_ranks(&model, &req.train, &req.ranks.costs_by_rank(world))?;
     let dirs = predict::drive_dirs(measure, &req.train);
     let dev = RankDevice::Default.open(req.ranks.device, req.ranks.adapter.as_deref(), req.train.gpu_mem_budget)?;
