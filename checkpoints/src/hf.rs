@@ -260,24 +260,26 @@ fn header_fault(text: &str) -> Option<String> {
     let mut ranges = Vec::new();
     for (name, info) in map.iter().filter(|(name, _)| *name != "__metadata__") {
         let dtype = info["dtype"].as_str().unwrap_or("(none)");
-        let size: u64 = match dtype {
-            "BOOL" | "U8" | "I8" | "F8_E5M2" | "F8_E4M3" => 1,
-            "U16" | "I16" | "F16" | "BF16" => 2,
-            "U32" | "I32" | "F32" => 4,
-            "U64" | "I64" | "F64" => 8,
-            _ => return Some(format!("tensor {name}: dtype {dtype:?} is not one this reader knows (F32, F16, BF16, F64, ...)")),
+        let Ok(kind) = serde_json::from_value::<Dtype>(info["dtype"].clone()) else {
+            return Some(format!("tensor {name}: dtype {dtype:?} is not one safetensors names (F32, F16, BF16, F64, ...)"));
         };
         let numbers = |key: &str| info[key].as_array().and_then(|a| a.iter().map(|v| v.as_u64()).collect::<Option<Vec<u64>>>());
         let Some(shape) = numbers("shape") else { return Some(format!("tensor {name}: shape {} is not a list of sizes", info["shape"])) };
         let Some(&[begin, end]) = numbers("data_offsets").as_deref() else {
             return Some(format!("tensor {name}: data_offsets {} is not [begin, end]", info["data_offsets"]));
         };
-        let want = shape.iter().try_fold(size, |n, &d| n.checked_mul(d));
+        // Sub-byte types (F4, F6) pack their elements: whole bytes only.
+        let bits = shape.iter().try_fold(kind.bitsize() as u64, |n, &d| n.checked_mul(d));
+        let want = bits.filter(|b| b % 8 == 0).map(|b| b / 8);
         if end < begin || want != Some(end - begin) {
+            let size = match (bits, want) {
+                (_, Some(bytes)) => format!("{bytes} bytes"),
+                (Some(bits), None) => format!("{bits} bits, not whole bytes"),
+                (None, _) => "more than 2^64 bits".to_string(),
+            };
             return Some(format!(
-                "tensor {name}: data_offsets [{begin}, {end}] hold {} bytes, but shape {shape:?} of {dtype} is {} bytes",
-                end.saturating_sub(begin),
-                want.map_or("more than 2^64".to_string(), |w| w.to_string())
+                "tensor {name}: data_offsets [{begin}, {end}] hold {} bytes, but shape {shape:?} of {dtype} is {size}",
+                end.saturating_sub(begin)
             ));
         }
         ranges.push((begin, end, name));
@@ -286,8 +288,12 @@ fn header_fault(text: &str) -> Option<String> {
     let mut next = 0;
     for (begin, end, name) in ranges {
         if begin != next {
-            let what = if begin < next { "overlaps the tensor before it" } else { "leaves a gap after the tensor before it" };
-            return Some(format!("tensor {name}: data_offsets [{begin}, {end}] {what} (which ends at {next})"));
+            let what = match next {
+                0 => "leave a gap before it: the first tensor's data starts at 0".to_string(),
+                _ if begin < next => format!("overlap the tensor before it, which ends at {next}"),
+                _ => format!("leave a gap after the tensor before it, which ends at {next}"),
+            };
+            return Some(format!("tensor {name}: data_offsets [{begin}, {end}] {what}"));
         }
         next = end;
     }

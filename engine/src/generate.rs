@@ -97,18 +97,24 @@ pub fn generate<D: Backend>(
         }
         logits = if session.past() < capacity {
             session.feed(&[next])?
-        } else if let Some(w) = model.sliding_window() {
-            eprintln!(
-                "note: generation stopped after {} at the model's sliding window of {w} positions: past it each layer \
-                 attends over keys computed from the text before the window, which generation here does not keep",
-                crate::words::counted(out.len() as u64, "new token")
-            );
-            return Ok(out);
+        } else if model.sliding_window().is_some() {
+            return Ok(out); // the caller says why ([`window_stop_note`])
         } else {
             session.reset();
             session.feed(&context[context.len() - window..])?
         };
     }
+}
+
+/// Why [`generate`] gave fewer than the `asked` tokens it was asked for (`got`): it stops at a sliding
+/// window. None where it gave them all.
+pub fn window_stop_note(model: &Model, asked: usize, got: usize) -> Option<String> {
+    let w = model.sliding_window().filter(|_| got < asked)?;
+    Some(format!(
+        "note: generation stopped after {} at the model's sliding window of {w} positions: past it each layer attends over \
+         keys computed from the text before the window, which generation here does not keep",
+        crate::words::counted(got as u64, "new token")
+    ))
 }
 
 /// The cpu device's budget for the end-of-run sample: blocks beyond it are streamed from the trainer's

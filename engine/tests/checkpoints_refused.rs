@@ -230,7 +230,11 @@ fn a_resume_keeps_the_runs_outputs_unless_told_otherwise() {
     let resume = ["train", "--resume", "run/ck", "--steps", "4"];
     let out = Command::new(bin).args([&resume[..], &shape].concat()).current_dir(dir.path()).output().unwrap();
     let err = stderr(&out);
-    assert!(out.status.success() && err.contains("note: resumed with the run's own --checkpoint-dir run/ck"), "{err}");
+    let root = run.join("ck").canonicalize().unwrap();
+    assert!(
+        out.status.success() && err.contains(&format!("note: resumed with the run's own --checkpoint-dir {}", root.display())),
+        "{err}"
+    );
     assert_eq!(checkpoints_in(&run.join("ck")).iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["step-00000003", "step-00000004"]);
     let rows: Vec<serde_json::Value> =
         std::fs::read_to_string(run.join("m.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
@@ -243,6 +247,18 @@ fn a_resume_keeps_the_runs_outputs_unless_told_otherwise() {
     let out = Command::new(bin).args([&more[..], &shape].concat()).current_dir(dir.path()).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(checkpoints_in(&run.join("ck")).iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["step-00000004", "step-00000006"]);
+    // The run's resolved configuration beside its metrics is the run's still (a resume's would not repeat it).
+    let resolved = std::fs::read_to_string(run.join("m.config.toml")).unwrap();
+    assert!(resolved.contains("checkpoint-every = 1") && !resolved.contains("resume ="), "{resolved}");
+    // A branch from an older checkpoint writes none of the run's files: its metrics stay as they are.
+    let metrics_before = std::fs::read_to_string(run.join("m.jsonl")).unwrap();
+    let branch = ["train", "--resume", "run/ck/step-00000004", "--steps", "5"];
+    let out = Command::new(bin).args([&branch[..], &shape].concat()).current_dir(dir.path()).output().unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success() && err.contains("so this run branches from it") && err.contains("--metrics"), "{err}");
+    assert!(err.contains("this resumed run writes no checkpoints"), "{err}");
+    assert_eq!(std::fs::read_to_string(run.join("m.jsonl")).unwrap(), metrics_before);
+    assert_eq!(checkpoints_in(&run.join("ck")).len(), 2);
 }
 
 /// `--metrics` naming a file of anything but metrics rows is refused before any work (a run would

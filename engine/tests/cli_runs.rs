@@ -278,8 +278,6 @@ fn a_short_file_is_read_whole_by_eval_and_validation_and_one_too_short_is_refuse
     assert!(!err.contains("tok/s"), "no step ran: {err}");
 }
 
-/// Greedy decoding gives the tokens transformers' greedy `generate` gives (recorded from it: see
-/// tests/golden/gpt2-tiny-trained/README.md), on the cpu device and the GPU.
 /// A model whose sliding window bounds its context generates as the model without the window up to
 /// it, then stops, saying why; a prompt longer than the window is refused (past the window, each
 /// layer's keys carry the text before it, which a recompute over the window would not).
@@ -323,6 +321,8 @@ fn generation_stops_at_a_sliding_window() {
     assert!(refused.is_none() && err.contains("the prompt's 9 tokens are more than the model's sliding window of 8"), "{err}");
 }
 
+/// Greedy decoding gives the tokens transformers' greedy `generate` gives (recorded from it: see
+/// tests/golden/gpt2-tiny-trained/README.md), on the cpu device and the GPU.
 #[test]
 fn greedy_generation_matches_transformers_on_both_devices() {
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny-trained");

@@ -165,12 +165,16 @@ fn invalid_or_truncated_safetensors_are_refused_naming_the_file() {
     };
     let a = tensor("wte.weight", "F32", "[4,3]", "[0,48]");
     for (b, want) in [
-        (tensor("wpe.weight", "F4", "[2]", "[48,56]"), "tensor wpe.weight: dtype \"F4\" is not one this reader knows"),
+        (tensor("wpe.weight", "F5", "[2]", "[48,56]"), "tensor wpe.weight: dtype \"F5\" is not one safetensors names"),
+        (tensor("wpe.weight", "F4", "[3]", "[48,56]"), "shape [3] of F4 is 12 bits, not whole bytes"),
         (
             tensor("wpe.weight", "F32", "[3]", "[48,56]"),
             "tensor wpe.weight: data_offsets [48, 56] hold 8 bytes, but shape [3] of F32 is 12 bytes",
         ),
-        (tensor("wpe.weight", "F32", "[2]", "[40,48]"), "tensor wpe.weight: data_offsets [40, 48] overlaps the tensor before it"),
+        (
+            tensor("wpe.weight", "F32", "[2]", "[40,48]"),
+            "tensor wpe.weight: data_offsets [40, 48] overlap the tensor before it, which ends at 48",
+        ),
     ] {
         let err = open_error(&file_of(&format!("{{{a},{b}}}"), 56));
         assert!(err.contains(want), "{err}");

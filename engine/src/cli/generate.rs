@@ -169,6 +169,9 @@ pub fn run(mut a: GenerateArgs, quiet: bool) -> Result<()> {
         zerostream::device::AnyDevice::Cpu(d) => generate(d, &model, &mut load, &prompt, &sampling, on_plan, &mut on_token)?,
         zerostream::device::AnyDevice::Gpu(d) => generate(d, &model, &mut load, &prompt, &sampling, on_plan, &mut on_token)?,
     };
+    if let Some(note) = zerostream::generate::window_stop_note(&model, sampling.max_new_tokens, ids.len()) {
+        eprintln!("{note}");
+    }
     if a.json {
         let mut line = serde_json::json!({ "new_tokens": ids.len(), "ids": ids });
         if let Some(t) = &text {

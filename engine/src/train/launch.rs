@@ -116,7 +116,11 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
         );
     }
     let world = mpi_world.or(req.ranks.world_size).unwrap_or(1);
-    let finished_at = resume_from_checkpoint(&mut req, world)?;
+    let resumed = resume_from_checkpoint(&mut req, world)?;
+    if let Some(r) = &resumed {
+        r.before_the_run(&req)?;
+    }
+    let finished_at = resumed.as_ref().filter(|r| r.finished).map(|r| r.state.step);
     outputs::check_outputs(&req.options, req.config_file.as_deref(), req.tensorboard.as_deref())?;
     if first_process() && req.options.progress {
         let (_, cpu_only) = req.ranks.on_cpu();
@@ -128,11 +132,11 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
     if let (None, ModelChoice::Resume(dir), None) = (finished_at, &req.options.model, &req.options.checkpoints.dir)
         && first_process()
     {
-        // A checkpoint copied out of its root under another name has no directory to go on in: a
-        // resume that keeps nothing must not go unsaid.
+        // A branch (an older or copied checkpoint) has no directory of its own to go on in: a resume
+        // that keeps nothing must not go unsaid.
         eprintln!(
-            "train: warning: this resumed run writes no checkpoints: {} lies in no checkpoint directory (its name is not \
-             step-NNNNNNNN); give --checkpoint-dir DIR to keep checkpointing",
+            "train: warning: this resumed run writes no checkpoints: {} is not the newest checkpoint of its run's checkpoint \
+             directory; give --checkpoint-dir DIR to checkpoint",
             dir.display()
         );
     }
@@ -140,7 +144,10 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
         return finished_run(dir, step, req.train.steps, req.options.save.as_deref());
     }
     check_recorded_data(&mut req)?;
-    if let Some(metrics) = &req.options.metrics {
+    // A resume appending to the run's own metrics leaves the run's resolved configuration beside them
+    // (the resume's command line would not repeat the run).
+    let metrics_taken = resumed.is_some() && !req.explicit_flags.contains("metrics");
+    if let Some(metrics) = req.options.metrics.as_ref().filter(|_| !metrics_taken) {
         outputs::write_resolved(metrics, &req.resolved_config, req.config_file.as_deref())?;
     }
     if let Some(dir) = &req.tensorboard {
@@ -243,9 +250,9 @@ fn check_checkpoint_flags(options: &RunOptions) -> Result<()> {
 }
 
 /// With `--resume`, the run's settings: the checkpoint's, except the flags given that may change (see
-/// [`resume::merge`]); its seed, and its data unless `--data` is given. Returns the checkpoint's step
-/// when it has reached `--steps` already.
-fn resume_from_checkpoint(req: &mut RunRequest, world: usize) -> Result<Option<u64>> {
+/// [`resume::merge`]); its seed, its outputs (`run::kept_outputs`), and its data unless `--data` is
+/// given.
+fn resume_from_checkpoint(req: &mut RunRequest, world: usize) -> Result<Option<Resumed>> {
     let ModelChoice::Resume(dir) = &req.options.model else { return Ok(None) };
     let dir = dir.clone();
     let state = resume::read_state(&dir)?;
@@ -253,18 +260,9 @@ fn resume_from_checkpoint(req: &mut RunRequest, world: usize) -> Result<Option<u
         check_named_model(flag, given, &dir)?;
     }
     req.train = resume::merge(&dir, &state, &req.train, &req.explicit_flags, req.options.seed, world)?;
-    let taken = super::run::kept_outputs::take(&dir, &state.outputs, &req.explicit_flags, &mut req.options, &mut req.tensorboard);
-    if !taken.is_empty() && first_process() && req.options.progress && !resume::is_finished(&state, &req.train) {
-        eprintln!("note: resumed with the run's own {} (give a flag to change it)", taken.join(", "));
-    }
+    let kept = super::run::kept_outputs::take(&dir, &state.outputs, &req.explicit_flags, &mut req.options, &mut req.tensorboard);
     check_checkpoint_flags(&req.options)?;
-    if let Some(note) = resume::schedule_note(&state, &req.train).filter(|_| first_process() && req.options.progress) {
-        eprintln!("note: {note}");
-    }
     req.options.seed = state.seed;
-    if let Some(metrics) = &req.options.metrics {
-        metrics_file::check_metrics_continue(metrics, &dir, &state)?;
-    }
     // The built-in text has no path; anything else trained on is a file.
     if req.options.data.is_none() {
         req.options.data = state.settings.get("data").and_then(|d| d.as_str()).map(PathBuf::from);
@@ -272,7 +270,44 @@ fn resume_from_checkpoint(req: &mut RunRequest, world: usize) -> Result<Option<u
     if !req.explicit_flags.contains("data-dtype") && state.settings.get("data-dtype").and_then(|d| d.as_str()) == Some("u32") {
         req.options.data_dtype = TokenWidth::U32;
     }
-    Ok(resume::is_finished(&state, &req.train).then_some(state.step))
+    let finished = resume::is_finished(&state, &req.train);
+    Ok(Some(Resumed { dir, state, kept, finished }))
+}
+
+/// What [`resume_from_checkpoint`] found: the checkpoint, its state, the outputs taken from it and
+/// whether it is at `--steps` already.
+struct Resumed {
+    dir: PathBuf,
+    state: super::checkpoint::TrainerState,
+    kept: super::run::kept_outputs::Taken,
+    finished: bool,
+}
+
+impl Resumed {
+    /// What a run (not `plan`) says and checks before going on from the checkpoint: the outputs it
+    /// took or left (said under --quiet too: they decide what is written), the schedule's change,
+    /// and that the metrics file it appends to holds the checkpoint's run's rows.
+    fn before_the_run(&self, req: &RunRequest) -> Result<()> {
+        let lead = first_process();
+        if lead && !self.finished && !self.kept.taken.is_empty() {
+            eprintln!("note: resumed with the run's own {} (give a flag to change it)", self.kept.taken.join(", "));
+        }
+        if lead && !self.kept.withheld.is_empty() {
+            eprintln!(
+                "warning: {} is not the newest checkpoint of the directory its run checkpointed into, so this run branches \
+                 from it and writes none of that run's files ({}): give them, or new paths, to write",
+                self.dir.display(),
+                self.kept.withheld.join(", ")
+            );
+        }
+        if let Some(note) = resume::schedule_note(&self.state, &req.train).filter(|_| lead && req.options.progress) {
+            eprintln!("note: {note}");
+        }
+        if let Some(metrics) = &req.options.metrics {
+            metrics_file::check_metrics_continue(metrics, &self.dir, &self.state, lead)?;
+        }
+        Ok(())
+    }
 }
 
 /// A resumed run trains on the data its checkpoint recorded, unless `--data` says otherwise: refused

@@ -59,8 +59,9 @@ pub fn count_rows(path: &Path) -> Result<u64> {
 /// Refuses, on a resume from the checkpoint `dir`, a `--metrics` file whose row of the checkpoint's
 /// last step has another loss than the checkpoint recorded for it: another run's rows, which the
 /// resume would trim and continue as if they were this run's. A file with rows but none of that step
-/// is warned about (a row lost with a crash after the checkpoint is possible, so not refused).
-pub fn check_metrics_continue(path: &Path, dir: &Path, state: &TrainerState) -> Result<()> {
+/// is warned about (a row lost with a crash after the checkpoint is possible, so not refused), where
+/// `say` (one process of a launch says it).
+pub fn check_metrics_continue(path: &Path, dir: &Path, state: &TrainerState, say: bool) -> Result<()> {
     let (Some(want), Some(last)) = (state.last_loss, state.step.checked_sub(1)) else { return Ok(()) };
     let (mut rows, mut got) = (0u64, None);
     metrics_rows(path, |r, _| {
@@ -76,7 +77,7 @@ pub fn check_metrics_continue(path: &Path, dir: &Path, state: &TrainerState) -> 
             path.display(),
             dir.display()
         ),
-        None if rows > 0 => eprintln!(
+        None if rows > 0 && say => eprintln!(
             "warning: --metrics {} holds {} but none of step {last}, the last the checkpoint {} trained: if they are \
              another run's, the resumed run's rows will follow them",
             path.display(),

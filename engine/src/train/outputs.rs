@@ -8,17 +8,13 @@ use anyhow::{Context, Result, bail};
 
 use super::run::{ModelChoice, RunOptions, plot_path};
 
-/// Files a model directory `--save` may replace holds.
-pub const MODEL_FILES: &[&str] = &[
-    "config.json",
-    "model.safetensors",
-    "generation_config.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-];
+/// Whether `name` is one of the files a saved model directory holds, so `--save` may replace it: the
+/// weights and config, what `ModelExtras` adds (the tokenizer's files, generation_config.json).
+pub fn is_model_file(name: &str) -> bool {
+    use super::checkpoint::ModelExtras;
+    ["config.json", "model.safetensors", ModelExtras::GENERATION_CONFIG].contains(&name)
+        || zerostream_checkpoints::DataTokenizer::FILE_NAMES.contains(&name)
+}
 
 /// Whether `a` and `b` name one existing file or directory (a path that does not exist is nobody's).
 pub fn same_file(a: &Path, b: &Path) -> bool {
@@ -121,7 +117,7 @@ pub fn check_save_dir(save: &Path) -> Result<()> {
         let entries = std::fs::read_dir(save).with_context(|| format!("--save {}: cannot list it", save.display()))?;
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if !MODEL_FILES.contains(&name.as_str()) {
+            if !is_model_file(&name) {
                 bail!(
                     "--save {} holds {name}, which is not part of a model: saving replaces the whole directory; choose a new or empty one",
                     save.display()

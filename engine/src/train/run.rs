@@ -431,13 +431,20 @@ fn sample_text<D: Backend>(
     // Every rank generates the same tokens: the loader's gathers are collectives, called by each rank
     // in the same order. One group at a time is in RAM beside the cpu device's bounded budget.
     let prompt = tok.encode(&options.prompt)?;
+    if let Some(w) = model.sliding_window().filter(|&w| prompt.len() > w) {
+        say(format!("no sample: the --prompt's {} tokens are more than the model's sliding window of {w}", prompt.len()));
+        return Ok(None);
+    }
     let mut load = |g: usize| trainer.master_group(g);
     let ids = crate::generate::sample(model, &mut load, &prompt, options.sample_tokens, 0.8, options.seed)?;
     if !lead {
         return Ok(None);
     }
-    let text = tok.decode(&[prompt, ids].concat());
+    if let Some(note) = crate::generate::window_stop_note(model, options.sample_tokens, ids.len()) {
+        say(note);
+    }
+    let text = tok.decode(&[prompt, ids.clone()].concat());
     // The text itself is the run's summary's: `zerostream train` prints it on stdout, under --quiet too.
-    say(format!("sample ({}, temperature 0.8) done", crate::words::counted(options.sample_tokens as u64, "token")));
+    say(format!("sample ({}, temperature 0.8) done", crate::words::counted(ids.len() as u64, "token")));
     Ok(Some(text))
 }

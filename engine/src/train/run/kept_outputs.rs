@@ -1,14 +1,16 @@
 //! Where a run writes and how often, kept across a resume: each checkpoint records the run's outputs
 //! by flag name (`TrainerState::outputs`, paths from the root), and a resume takes every one not
-//! given again, so `train --resume DIR` goes on checkpointing, validating and writing its metrics as
-//! the run did. Checkpoints go on into the directory the resumed checkpoint lies in. `--trace`, one
-//! process's timeline, is never taken (it would replace the earlier run's).
+//! given again. The files it writes (`--metrics`, trimmed to the step resumed from; `--save`;
+//! `--tensorboard`) and the checkpoint directory are taken only where the resume continues the run's
+//! line, from the newest checkpoint of the directory the run checkpointed into: a branch from an
+//! older or copied checkpoint would trim, replace or mix the run's own, so there they are named in a
+//! warning instead. `--trace`, one process's timeline, is never taken.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use zerostream_checkpoints::checkpoint::parse_step_name;
+use zerostream_checkpoints::checkpoint::{list_checkpoints, parse_step_name};
 
 use super::RunOptions;
 use crate::train::Flags;
@@ -35,94 +37,125 @@ pub fn record(options: &RunOptions) -> Flags {
     ])
 }
 
+/// What a resume took from its checkpoint's record, as flags, and the files it did not take (a
+/// branch), as flags, both to be said.
+#[derive(Debug, Default, PartialEq)]
+pub struct Taken {
+    pub taken: Vec<String>,
+    pub withheld: Vec<String>,
+}
+
 /// Takes into `options` (and `tensorboard`, set apart until it is prepared) each output `recorded`
-/// by the checkpoint `checkpoint` that the user did not give (`explicit`, by flag name); the
-/// checkpoint directory is the one the checkpoint lies in (where it was found, whatever the record
-/// says, so a moved root goes on where it now is). Returns what was taken, as flags, to be said.
+/// by the checkpoint `checkpoint` that the user did not give (`explicit`, by flag name); see the
+/// module's text for which files are taken where.
 pub fn take(
     checkpoint: &Path,
     recorded: &Flags,
     explicit: &BTreeSet<String>,
     options: &mut RunOptions,
     tensorboard: &mut Option<PathBuf>,
-) -> Vec<String> {
-    let mut taken = Vec::new();
+) -> Taken {
+    let mut out = Taken::default();
     let wanted = |name: &str| (!explicit.contains(name)).then(|| recorded.get(name)).flatten();
     let path = |v: &Value| v.as_str().filter(|s| !s.is_empty()).map(PathBuf::from);
     let number = |v: &Value| v.as_u64();
-    if !explicit.contains("checkpoint-dir")
-        && let Some(root) = root_of(checkpoint)
-    {
-        taken.push(format!("--checkpoint-dir {}", root.display()));
-        options.checkpoints.dir = Some(root);
+    let line = continues_its_line(checkpoint, recorded);
+    if let Some(root) = line.as_ref().filter(|_| !explicit.contains("checkpoint-dir")) {
+        out.taken.push(format!("--checkpoint-dir {}", root.display()));
+        options.checkpoints.dir = Some(root.clone());
     }
     // How often and how many only where checkpoints are written at all.
     if options.checkpoints.dir.is_some() {
         if let Some(every) = wanted("checkpoint-every").and_then(number).filter(|&n| n != options.checkpoints.every) {
             options.checkpoints.every = every;
-            taken.push(format!("--checkpoint-every {every}"));
+            out.taken.push(format!("--checkpoint-every {every}"));
         }
         if let Some(keep) = wanted("keep-checkpoints").and_then(number).filter(|&n| n as usize != options.checkpoints.keep) {
             options.checkpoints.keep = keep as usize;
-            taken.push(format!("--keep-checkpoints {keep}"));
+            out.taken.push(format!("--keep-checkpoints {keep}"));
         }
     }
-    for (name, slot) in
-        [("val-data", &mut options.val_data), ("metrics", &mut options.metrics), ("save", &mut options.save), ("tensorboard", tensorboard)]
-    {
+    // The validation data is read, never written: taken wherever the run is resumed.
+    if let Some(p) = wanted("val-data").and_then(path).filter(|p| options.val_data.as_ref() != Some(p)) {
+        out.taken.push(format!("--val-data {}", p.display()));
+        options.val_data = Some(p);
+    }
+    for (name, slot) in [("metrics", &mut options.metrics), ("save", &mut options.save), ("tensorboard", tensorboard)] {
         if let Some(p) = wanted(name).and_then(path).filter(|p| slot.as_ref() != Some(p)) {
-            taken.push(format!("--{name} {}", p.display()));
-            *slot = Some(p);
+            if line.is_some() {
+                out.taken.push(format!("--{name} {}", p.display()));
+                *slot = Some(p);
+            } else {
+                out.withheld.push(format!("--{name} {}", p.display()));
+            }
         }
     }
-    if options.val_data.is_some() {
-        if let Some(every) = wanted("eval-every").and_then(number).filter(|&n| n != options.eval_every) {
-            options.eval_every = every;
-            taken.push(format!("--eval-every {every}"));
-        }
-        if let Some(batches) = wanted("eval-batches").and_then(number).filter(|&n| n as usize != options.eval_batches) {
-            options.eval_batches = batches as usize;
-            taken.push(format!("--eval-batches {batches}"));
-        }
+    if let Some(every) = wanted("eval-every").and_then(number).filter(|&n| n != options.eval_every) {
+        options.eval_every = every;
+        out.taken.push(format!("--eval-every {every}"));
+    }
+    if let Some(batches) = wanted("eval-batches").and_then(number).filter(|&n| n as usize != options.eval_batches) {
+        options.eval_batches = batches as usize;
+        out.taken.push(format!("--eval-batches {batches}"));
     }
     if let Some(dtype) = wanted("save-dtype").and_then(Value::as_str).and_then(|s| <SaveDtype as clap::ValueEnum>::from_str(s, false).ok())
     {
         if options.save_dtype != Some(dtype) {
-            taken.push(format!("--save-dtype {}", dtype.flag()));
+            out.taken.push(format!("--save-dtype {}", dtype.flag()));
         }
         options.save_dtype = Some(dtype);
     }
     if let Some(n) = wanted("sample-tokens").and_then(number).filter(|&n| n as usize != options.sample_tokens) {
         options.sample_tokens = n as usize;
-        taken.push(format!("--sample-tokens {n}"));
+        out.taken.push(format!("--sample-tokens {n}"));
     }
     if let Some(prompt) = wanted("prompt").and_then(Value::as_str).filter(|p| *p != options.prompt) {
-        taken.push(format!("--prompt {prompt:?}"));
+        out.taken.push(format!("--prompt {prompt:?}"));
         options.prompt = prompt.to_string();
     }
-    taken
+    out
 }
 
-/// The checkpoint root `checkpoint` lies in: its folder, where the checkpoint is one of a root's
-/// (`step-NNNNNNNN`); None for a checkpoint copied elsewhere under another name.
-fn root_of(checkpoint: &Path) -> Option<PathBuf> {
-    parse_step_name(checkpoint.file_name()?.to_str()?)?;
-    Some(checkpoint.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf())
+/// The run's checkpoint directory where `checkpoint` continues the run's line: the newest complete
+/// checkpoint of the directory the run checkpointed into (both resolved, so any spelling of either
+/// agrees). Checkpoints older than the record of where they were written have no record: then the
+/// directory the checkpoint lies in stands for it.
+fn continues_its_line(checkpoint: &Path, recorded: &Flags) -> Option<PathBuf> {
+    let resolved = checkpoint.canonicalize().ok()?;
+    let step = parse_step_name(resolved.file_name()?.to_str()?)?;
+    let root = resolved.parent()?;
+    if let Some(dir) = recorded.get("checkpoint-dir").and_then(Value::as_str)
+        && Path::new(dir).canonicalize().ok().as_deref() != Some(root)
+    {
+        return None;
+    }
+    let newest = list_checkpoints(root).ok()?.last().map(|(s, _)| *s);
+    (newest == Some(step)).then(|| root.to_path_buf())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::train::run::ModelChoice;
+    use crate::train::run::{CheckpointOptions, ModelChoice};
 
     fn options() -> RunOptions {
         RunOptions::new(ModelChoice::Demo)
     }
 
-    #[test]
-    fn a_resume_takes_every_output_not_given_again() {
+    /// A checkpoint root `ck` holding complete checkpoints of `steps`.
+    fn root_with(dir: &Path, steps: &[u64]) -> PathBuf {
+        let root = dir.join("ck");
+        for &s in steps {
+            let step = root.join(zerostream_checkpoints::checkpoint::step_name(s));
+            std::fs::create_dir_all(&step).unwrap();
+            std::fs::write(step.join(zerostream_checkpoints::checkpoint::STATE_FILE), "{}").unwrap();
+        }
+        root
+    }
+
+    fn recorded(root: &Path) -> Flags {
         let mut run = options();
-        run.checkpoints = super::super::CheckpointOptions { dir: Some("ck".into()), every: 2, keep: 3 };
+        run.checkpoints = CheckpointOptions { dir: Some(root.to_path_buf()), every: 2, keep: 3 };
         run.val_data = Some("val.bin".into());
         run.eval_every = 5;
         run.eval_batches = 7;
@@ -130,40 +163,60 @@ mod tests {
         run.save = Some("out".into());
         run.save_dtype = Some(SaveDtype::Bf16);
         run.sample_tokens = 0;
-        let recorded = record(&run);
+        record(&run)
+    }
+
+    #[test]
+    fn a_resume_of_the_newest_checkpoint_takes_every_output_not_given_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = root_with(dir.path(), &[2, 4]);
+        let recorded = recorded(&root);
         let here = std::env::current_dir().unwrap();
         assert_eq!(recorded["metrics"], here.join("m.jsonl").display().to_string(), "paths from the root");
 
         let (mut resumed, mut tensorboard) = (options(), None);
-        let checkpoint = Path::new("/runs/ck/step-00000004");
-        let taken = take(checkpoint, &recorded, &BTreeSet::new(), &mut resumed, &mut tensorboard);
-        assert_eq!(resumed.checkpoints.dir.as_deref(), Some(Path::new("/runs/ck")), "where the checkpoint lies");
+        let taken = take(&root.join("step-00000004"), &recorded, &BTreeSet::new(), &mut resumed, &mut tensorboard);
+        assert_eq!(resumed.checkpoints.dir, Some(root.canonicalize().unwrap()), "where the checkpoint lies");
         assert_eq!((resumed.checkpoints.every, resumed.checkpoints.keep), (2, 3));
         assert_eq!(resumed.val_data, Some(here.join("val.bin")));
         assert_eq!((resumed.eval_every, resumed.eval_batches), (5, 7));
-        assert_eq!(resumed.metrics, Some(here.join("m.jsonl")));
-        assert_eq!(resumed.save, Some(here.join("out")));
+        assert_eq!((resumed.metrics, resumed.save), (Some(here.join("m.jsonl")), Some(here.join("out"))));
         assert_eq!((resumed.save_dtype, resumed.sample_tokens, tensorboard), (Some(SaveDtype::Bf16), 0, None));
-        assert_eq!(taken.len(), 10, "{taken:?}");
+        assert_eq!((taken.taken.len(), taken.withheld.len()), (10, 0), "{taken:?}");
 
-        // A flag given wins, even where it is the default; a checkpoint under another name keeps no root.
+        // A flag given wins, even where it is the default.
         let explicit: BTreeSet<String> = ["checkpoint-every", "metrics", "sample-tokens"].map(String::from).into();
         let (mut resumed, mut tensorboard) = (options(), None);
-        resumed.checkpoints.dir = Some("elsewhere".into());
-        take(Path::new("/runs/ck/step-00000004"), &recorded, &explicit, &mut resumed, &mut tensorboard);
-        assert_eq!(resumed.checkpoints.dir.as_deref(), Some(Path::new("/runs/ck")), "--checkpoint-dir not among the given");
+        take(&root.join("step-00000004"), &recorded, &explicit, &mut resumed, &mut tensorboard);
         assert_eq!((resumed.checkpoints.every, resumed.checkpoints.keep, resumed.metrics, resumed.sample_tokens), (0, 3, None, 300));
-        let (mut resumed, mut tensorboard) = (options(), None);
-        take(Path::new("/copies/best"), &recorded, &BTreeSet::new(), &mut resumed, &mut tensorboard);
-        assert_eq!(resumed.checkpoints.dir, None);
-        assert_eq!(resumed.checkpoints.every, 0, "no cadence without a directory");
+    }
+
+    /// A branch (an older checkpoint, or one copied elsewhere) takes the settings and the data read,
+    /// never the files the run writes, which it names instead.
+    #[test]
+    fn a_branch_takes_no_file_the_run_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = root_with(dir.path(), &[2, 4]);
+        let recorded = recorded(&root);
+        let copy = dir.path().join("copies");
+        std::fs::create_dir_all(copy.join("step-00000004")).unwrap();
+        std::fs::write(copy.join("step-00000004").join(zerostream_checkpoints::checkpoint::STATE_FILE), "{}").unwrap();
+        for branch in [root.join("step-00000002"), copy.join("step-00000004")] {
+            let (mut resumed, mut tensorboard) = (options(), None);
+            let taken = take(&branch, &recorded, &BTreeSet::new(), &mut resumed, &mut tensorboard);
+            assert_eq!((resumed.checkpoints.dir, resumed.metrics, resumed.save), (None, None, None), "{}", branch.display());
+            assert_eq!(taken.withheld.len(), 2, "--metrics and --save named: {taken:?}");
+            assert!(resumed.val_data.is_some() && resumed.eval_every == 5 && resumed.checkpoints.every == 0);
+        }
     }
 
     #[test]
     fn an_older_checkpoint_without_a_record_takes_only_its_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = root_with(dir.path(), &[2]);
         let (mut resumed, mut tensorboard) = (options(), None);
-        let taken = take(Path::new("step-00000002"), &Flags::new(), &BTreeSet::new(), &mut resumed, &mut tensorboard);
-        assert_eq!(taken, ["--checkpoint-dir ."]);
+        let taken = take(&root.join("step-00000002"), &Flags::new(), &BTreeSet::new(), &mut resumed, &mut tensorboard);
+        assert_eq!(taken.taken, [format!("--checkpoint-dir {}", root.canonicalize().unwrap().display())]);
         assert_eq!(resumed.metrics, None);
     }
 }
