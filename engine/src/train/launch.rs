@@ -181,7 +181,7 @@ pub fn plan(mut req: RunRequest) -> Result<Placement> {
     resume_from_checkpoint(&mut req, world)?;
     size_params_ram_cache(&mut req, world, world)?;
     let model = planned_model(&req.options.model)?;
-    super::plan::plan_for_ranks(&model, &req.train, &req.ranks.costs_by_rank(world))
+    super::plan::plan_for_ranks(&model, &req.train, &req.ranks.costs_by_rank(world), planned_costs(&req.ranks))
 }
 
 /// The model `plan` plans: a Hugging Face directory's checked against its files' headers too (its
@@ -211,7 +211,7 @@ pub fn plan_measured(mut req: RunRequest, measure: &Path) -> Result<(Placement, 
     resume_from_checkpoint(&mut req, world)?;
     size_params_ram_cache(&mut req, world, world)?;
     let model = planned_model(&req.options.model)?;
-    let placement = super::plan::plan_for_ranks(&model, &req.train, &req.ranks.costs_by_rank(world))?;
+    let placement = super::plan::plan_for_ranks(&model, &req.train, &req.ranks.costs_by_rank(world), planned_costs(&req.ranks))?;
     let dirs = predict::drive_dirs(measure, &req.train);
     let dev = RankDevice::Default.open(req.ranks.device, req.ranks.adapter.as_deref(), req.train.gpu_mem_budget)?;
     let (rates, shared_cores, device) = match &dev {

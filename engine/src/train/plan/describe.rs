@@ -56,8 +56,8 @@ impl Placement {
         )
     }
 
-    /// Whose device the device line describes: every rank's, or rank 0's where the ranks' devices
-    /// hold different amounts (then each rank's total follows).
+    /// Whose device the device line describes: every rank's, or, where the ranks' devices hold
+    /// different amounts, each rank's total and which kind of device the parts are of.
     fn whose_device(&self) -> String {
         let size = crate::words::size;
         match (self.world_size, self.device_bytes_by_rank.as_slice()) {
@@ -65,7 +65,8 @@ impl Placement {
             (_, []) => " (each rank)".into(),
             (_, by_rank) => {
                 let totals: Vec<String> = by_rank.iter().enumerate().map(|(r, &b)| format!("rank {r} {}", size(b))).collect();
-                format!(" (rank 0's; the ranks' devices differ, in all: {})", totals.join(", "))
+                let kind = if self.device_memory_is_ram { "the cpu device's" } else { "a GPU's" };
+                format!(" (the ranks' devices differ, in all: {}; the parts, {kind})", totals.join(", "))
             }
         }
     }

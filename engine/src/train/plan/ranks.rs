@@ -5,7 +5,7 @@
 //! output projection resident only where every rank keeps it so; results do not change, only how
 //! often the larger devices upload.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use super::{Placement, plan_on, plan_within};
 use crate::comm::Comm;
@@ -52,20 +52,19 @@ pub fn plan_for_rank(model: &Model, tc: &TrainConfig, comm: &Comm, costs: AllocC
     Ok(with_totals(placement, totals))
 }
 
-/// [`plan_for_rank`] without ranks to ask (`plan`, which opens no device): rank 0's placement where
-/// the ranks' devices have `costs` (one per rank), with the schedule they would agree on.
-pub fn plan_for_ranks(model: &Model, tc: &TrainConfig, costs: &[AllocCosts]) -> Result<Placement> {
+/// [`plan_for_rank`] without ranks to ask (`plan`, which opens no device): where the ranks' devices
+/// have `costs` (one per rank), the placement with the `shown` device's costs under the schedule the
+/// ranks would agree on, with every rank's device total where they differ. `shown` is the costs the
+/// run's host-RAM check plans with (the cpu device's where any rank computes there: its memory is
+/// RAM), so `plan` and `train` agree on what fits.
+pub fn plan_for_ranks(model: &Model, tc: &TrainConfig, costs: &[AllocCosts], shown: AllocCosts) -> Result<Placement> {
     let world = costs.len();
     let own = costs.iter().map(|&c| plan_on(model, tc, world, c)).collect::<Result<Vec<_>>>()?;
     let agreed = agree(own.iter().map(Placement::schedule));
     let sharding = Sharding { rank: 0, world, stage: tc.zero_stage };
-    let placed = if sharding.shards_params() {
-        costs.iter().map(|&c| plan_within(model, tc, world, c, agreed)).collect::<Result<Vec<_>>>()?
-    } else {
-        own
-    };
-    let totals: Vec<u64> = placed.iter().map(Placement::device_bytes).collect();
-    Ok(with_totals(placed.into_iter().next().context("no ranks to plan")?, totals))
+    let limit = if sharding.shards_params() { agreed } else { ScheduleLimit::NONE };
+    let totals = costs.iter().map(|&c| plan_within(model, tc, world, c, limit).map(|p| p.device_bytes())).collect::<Result<Vec<_>>>()?;
+    Ok(with_totals(plan_within(model, tc, world, shown, limit)?, totals))
 }
 
 /// `placement` with every rank's device total (`totals`) where they differ.
@@ -131,10 +130,14 @@ mod tests {
         assert_eq!(by_rank, &[placements[0].device_bytes(), placements[1].device_bytes()]);
         assert_ne!(by_rank[0], by_rank[1]);
         let said = placements[0].describe();
-        assert!(said.contains("device (rank 0's; the ranks' devices differ") && !said.contains("(each rank)"), "{said}");
+        assert!(
+            said.contains("device (the ranks' devices differ, in all: rank 0 ") && said.contains("the parts, the cpu device's)"),
+            "{said}"
+        );
         // `plan`, asking no ranks, plans the same.
-        let planned = plan_for_ranks(&model, &tc, &[AllocCosts::CPU, AllocCosts::GPU]).unwrap();
+        let planned = plan_for_ranks(&model, &tc, &[AllocCosts::CPU, AllocCosts::GPU], AllocCosts::CPU).unwrap();
         assert_eq!((planned.schedule(), &planned.device_bytes_by_rank), (placements[0].schedule(), by_rank));
+        assert_eq!(planned.device_bytes(), placements[0].device_bytes(), "the cpu device's parts, as the RAM check plans");
         // Alike devices: every rank's.
         let alike = crate::train::ranks::in_process(2, |comm: Comm| plan_for_rank(&model, &tc, &comm, AllocCosts::GPU)).unwrap();
         assert!(alike[0].device_bytes_by_rank.is_empty() && alike[0].describe().contains("device (each rank)"));
