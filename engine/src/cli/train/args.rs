@@ -356,10 +356,12 @@ pub struct TrainArgs {
     /// checkpointing), and flags that would change what is computed (precision, batch geometry,
     /// optimizer, schedule, seed) must match it. --data defaults to the checkpoint's; --model or
     /// --config, if given, must name the checkpoint's model (its weights come from the checkpoint).
-    /// Where the run wrote goes on unless given: checkpoints in the directory the checkpoint lies in,
-    /// at its --checkpoint-every and --keep-checkpoints; its --val-data, --eval-every, --eval-batches,
-    /// --metrics (appended), --tensorboard, --save, --save-dtype, --sample-tokens and --prompt (said at
-    /// start-up). Never its --trace.
+    /// What the run wrote goes on unless given (said at start-up): resumed from the newest checkpoint
+    /// of the directory the run checkpointed into, checkpoints go on there, and its --metrics
+    /// (appended), --tensorboard and --save are this run's; from an older or copied checkpoint (a
+    /// branch) none of those files is taken, and a warning names them. Its --checkpoint-every,
+    /// --keep-checkpoints, --val-data, --eval-every, --eval-batches, --save-dtype, --sample-tokens and
+    /// --prompt are taken either way. Never its --trace.
     #[arg(long)]
     pub(in crate::cli) resume: Option<PathBuf>,
     /// Seed of the random initialisation (with --config or the built-in model) and of the sample.
