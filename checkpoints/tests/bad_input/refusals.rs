@@ -4,7 +4,7 @@ use std::path::Path;
 
 use safetensors::Dtype;
 use serde_json::{Value, json};
-use zerostream_checkpoints::{Gpt2Config, HfModel, LlamaConfig, TokenFile, write_token_file};
+use zerostream_checkpoints::{Gpt2Config, HfModel, TokenFile, write_token_file};
 
 use crate::common::*;
 
@@ -285,8 +285,12 @@ fn pipes_and_directories_given_as_files_are_refused_at_once() {
     std::fs::create_dir(&piped).unwrap();
     mkfifo(&piped.join("config.json"));
     let (p, f) = (piped.clone(), fifo.clone());
-    let (hf, llama) =
-        within_10s(move || (HfModel::open(&p).err().map(|e| format!("{e:#}")), LlamaConfig::from_file(&f).err().map(|e| format!("{e:#}"))));
+    let (hf, llama) = within_10s(move || {
+        (
+            HfModel::open(&p).err().map(|e| format!("{e:#}")),
+            zerostream_checkpoints::LlamaConfig::from_file(&f).err().map(|e| format!("{e:#}")),
+        )
+    });
     let hf = hf.unwrap();
     assert!(hf.contains(&piped.join("config.json").display().to_string()) && hf.contains("not a regular file"), "{hf}");
     assert!(llama.unwrap().contains("not a regular file"));
