@@ -141,13 +141,14 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
         );
     }
     if let (Some(step), ModelChoice::Resume(dir)) = (finished_at, &req.options.model) {
-        return finished_run(dir, step, req.train.steps, req.options.save.as_deref());
+        let dtype_given = req.explicit_flags.contains("save-dtype");
+        return finished_run(dir, step, req.train.steps, req.options.save.as_deref(), dtype_given);
     }
-    check_recorded_data(&mut req)?;
+    check_recorded_data(&req)?;
     // A resume appending to the run's own metrics leaves the run's resolved configuration beside them
     // (the resume's command line would not repeat the run).
     let metrics_taken = resumed.is_some() && !req.explicit_flags.contains("metrics");
-    if let Some(metrics) = req.options.metrics.as_ref().filter(|_| !metrics_taken) {
+    if let Some(metrics) = req.options.metrics.as_ref().filter(|m| !metrics_taken || !outputs::resolved_path(m).exists()) {
         outputs::write_resolved(metrics, &req.resolved_config, req.config_file.as_deref())?;
     }
     if let Some(dir) = &req.tensorboard {
@@ -294,10 +295,18 @@ impl Resumed {
         }
         if lead && !self.kept.withheld.is_empty() {
             eprintln!(
-                "warning: {} is not the newest checkpoint of the directory its run checkpointed into, so this run branches \
-                 from it and writes none of that run's files ({}): give them, or new paths, to write",
+                "warning: {} is neither the newest checkpoint nor latest of the directory its run checkpointed into, so \
+                 this run branches from it and writes none of that run's files ({}): give new paths to write them (the \
+                 same paths would trim or replace that run's)",
                 self.dir.display(),
                 self.kept.withheld.join(", ")
+            );
+        }
+        if lead && !self.kept.missing.is_empty() {
+            eprintln!(
+                "warning: the checkpoint's run wrote or read {}, whose file or folder is not there now: this run leaves them \
+                 out (give them to write or read them)",
+                self.kept.missing.join(", ")
             );
         }
         if let Some(note) = resume::schedule_note(&self.state, &req.train).filter(|_| lead && req.options.progress) {
@@ -312,23 +321,9 @@ impl Resumed {
 
 /// A resumed run trains on the data its checkpoint recorded, unless `--data` says otherwise: refused
 /// before any work, naming the checkpoint, where that file is not there (a finished run or `plan`,
-/// which read no data, go on without it). Recorded validation data that is not there is left out,
-/// with a warning: the run can go on without it.
-fn check_recorded_data(req: &mut RunRequest) -> Result<()> {
-    if let (ModelChoice::Resume(dir), Some(val)) = (&req.options.model, &req.options.val_data)
-        && !req.explicit_flags.contains("val-data")
-        && !val.exists()
-    {
-        if first_process() {
-            eprintln!(
-                "train: warning: the checkpoint {}'s run validated on {}, which is not there: this run validates on nothing \
-                 (give --val-data FILE)",
-                dir.display(),
-                val.display()
-            );
-        }
-        req.options.val_data = None;
-    }
+/// which read no data, go on without it). Recorded validation data that is not there is left out
+/// with a warning (`run::kept_outputs`): the run can go on without it.
+fn check_recorded_data(req: &RunRequest) -> Result<()> {
     let (ModelChoice::Resume(dir), Some(data)) = (&req.options.model, &req.options.data) else { return Ok(()) };
     if req.explicit_flags.contains("data") || data.exists() {
         return Ok(());
@@ -363,12 +358,18 @@ fn check_named_model(flag: &str, given: &ModelChoice, checkpoint: &Path) -> Resu
 /// A resumed run whose checkpoint is at `--steps` already (a preemption loop re-running its command
 /// after the last save, say): nothing to train, so it ends at once with success, after writing
 /// `--save` from the checkpoint's model if that is asked for and missing (rank 0 only under mpirun).
-fn finished_run(dir: &Path, step: u64, steps: u64, save: Option<&Path>) -> Result<Launched> {
+fn finished_run(dir: &Path, step: u64, steps: u64, save: Option<&Path>, dtype_given: bool) -> Result<Launched> {
     eprintln!(
         "train: the checkpoint {} is at step {step} and --steps is {steps} (counted from the start of training): nothing left to train",
         dir.display()
     );
     if let Some(save) = save.filter(|_| first_process()) {
+        if dtype_given && !save.exists() {
+            // The checkpoint's model files are copied as they are: no weights are loaded to convert.
+            eprintln!(
+                "train: warning: --save-dtype is not applied here: --save copies the checkpoint's model in the dtype it was saved in"
+            );
+        }
         outputs::save_finished_model(dir, save)?;
     }
     Ok(Launched::AlreadyDone)

@@ -90,21 +90,26 @@ pub fn check_metrics_continue(path: &Path, dir: &Path, state: &TrainerState, say
 }
 
 /// Replaces the metrics file at `path` (a resumed run's) with its rows of steps before `step`, as
-/// written, so the resumed run's rows continue it without duplicates. No regular file, nothing done.
-pub fn keep_rows_before(path: &Path, step: u64) -> Result<()> {
+/// written, so the resumed run's rows continue it without duplicates; returns how many rows went.
+/// No regular file, nothing done.
+pub fn keep_rows_before(path: &Path, step: u64) -> Result<u64> {
     if !is_regular_file(path) {
-        return Ok(());
+        return Ok(0);
     }
-    let mut kept = Vec::new();
+    let (mut kept, mut dropped) = (Vec::new(), 0);
     metrics_rows(path, |r, line| {
         if r["step"].as_u64().is_some_and(|s| s < step) {
             kept.extend_from_slice(line);
             if !line.ends_with(b"\n") {
                 kept.push(b'\n');
             }
+        } else {
+            dropped += 1;
         }
     })?;
-    write_file_atomic(path, &kept)
+    // Written even with no row dropped: a half-written last line goes too.
+    write_file_atomic(path, &kept)?;
+    Ok(dropped)
 }
 
 #[cfg(test)]
@@ -124,7 +129,7 @@ mod tests {
         let rows = "{\"step\":0,\"loss\":2.5}\n\n{\"loss\":2.25, \"step\":1}\n{\"step\":2,\"loss\":2.0}\n{\"step\":3,\"lo";
         let path = file_with("trim", rows);
         assert_eq!(count_rows(&path).unwrap(), 3);
-        keep_rows_before(&path, 2).unwrap();
+        assert_eq!(keep_rows_before(&path, 2).unwrap(), 1);
         // Kept byte for byte (key order and spacing as the run wrote them), the blank line gone.
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\"step\":0,\"loss\":2.5}\n{\"loss\":2.25, \"step\":1}\n");
         // A complete last row without its newline is kept, and given one.

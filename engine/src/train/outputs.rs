@@ -174,7 +174,9 @@ pub fn save_finished_model(dir: &Path, save: &Path) -> Result<()> {
         eprintln!("train: --save {} exists already; left as it is", save.display());
         return Ok(());
     }
-    let partial = save.with_extension("partial");
+    // The hidden name a run's own save is written under (`with_extension` had named `final.v2`'s
+    // `final.partial`, a directory of the user's, and removed it).
+    let partial = super::checkpoint::save_partial_dir(save)?;
     if partial.exists() {
         std::fs::remove_dir_all(&partial).with_context(|| format!("removing the leftover {}", partial.display()))?;
     }

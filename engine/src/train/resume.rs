@@ -91,8 +91,9 @@ pub fn merge(
         }
     } else if !per_step.is_multiple_of(world) {
         bail!(
-            "the checkpoint's run took {per_step} micro-batches per step, which {world} ranks cannot share evenly ({}): \
+            "the checkpoint's run took {} per step, which {world} ranks cannot share evenly ({}): \
              resume with a world size that divides {per_step}",
+            crate::words::counted(per_step as u64, "micro-batch"),
             dir.display()
         );
     } else {

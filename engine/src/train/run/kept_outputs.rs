@@ -37,12 +37,14 @@ pub fn record(options: &RunOptions) -> Flags {
     ])
 }
 
-/// What a resume took from its checkpoint's record, as flags, and the files it did not take (a
-/// branch), as flags, both to be said.
+/// What a resume took from its checkpoint's record, as flags, the files it did not take (a branch),
+/// and those whose file or folder is no longer there (not made again at the old place), each to be
+/// said.
 #[derive(Debug, Default, PartialEq)]
 pub struct Taken {
     pub taken: Vec<String>,
     pub withheld: Vec<String>,
+    pub missing: Vec<String>,
 }
 
 /// Takes into `options` (and `tensorboard`, set apart until it is prepared) each output `recorded`
@@ -75,18 +77,24 @@ pub fn take(
             out.taken.push(format!("--keep-checkpoints {keep}"));
         }
     }
-    // The validation data is read, never written: taken wherever the run is resumed.
+    // The validation data is read, never written: taken wherever the run is resumed, if it is there.
     if let Some(p) = wanted("val-data").and_then(path).filter(|p| options.val_data.as_ref() != Some(p)) {
-        out.taken.push(format!("--val-data {}", p.display()));
-        options.val_data = Some(p);
+        if p.exists() {
+            out.taken.push(format!("--val-data {}", p.display()));
+            options.val_data = Some(p);
+        } else {
+            out.missing.push(format!("--val-data {}", p.display()));
+        }
     }
     for (name, slot) in [("metrics", &mut options.metrics), ("save", &mut options.save), ("tensorboard", tensorboard)] {
         if let Some(p) = wanted(name).and_then(path).filter(|p| slot.as_ref() != Some(p)) {
-            if line.is_some() {
+            if line.is_none() {
+                out.withheld.push(format!("--{name} {}", p.display()));
+            } else if !folder_is_there(&p) {
+                out.missing.push(format!("--{name} {}", p.display()));
+            } else {
                 out.taken.push(format!("--{name} {}", p.display()));
                 *slot = Some(p);
-            } else {
-                out.withheld.push(format!("--{name} {}", p.display()));
             }
         }
     }
@@ -116,21 +124,30 @@ pub fn take(
     out
 }
 
-/// The run's checkpoint directory where `checkpoint` continues the run's line: the newest complete
-/// checkpoint of the directory the run checkpointed into (both resolved, so any spelling of either
-/// agrees). Checkpoints older than the record of where they were written have no record: then the
-/// directory the checkpoint lies in stands for it.
+/// The run's checkpoint directory where `checkpoint` continues the run's line: the checkpoint its
+/// directory's `latest` names, or its newest complete one, in the directory the run checkpointed
+/// into (both resolved, so any spelling of either agrees). Where that directory is no longer there
+/// (the run's folder moved), or the checkpoint is older than the record of it, the directory the
+/// checkpoint lies in stands for it.
 fn continues_its_line(checkpoint: &Path, recorded: &Flags) -> Option<PathBuf> {
     let resolved = checkpoint.canonicalize().ok()?;
-    let step = parse_step_name(resolved.file_name()?.to_str()?)?;
+    let name = resolved.file_name()?.to_str()?;
+    let step = parse_step_name(name)?;
     let root = resolved.parent()?;
-    if let Some(dir) = recorded.get("checkpoint-dir").and_then(Value::as_str)
-        && Path::new(dir).canonicalize().ok().as_deref() != Some(root)
+    if let Some(Ok(dir)) = recorded.get("checkpoint-dir").and_then(Value::as_str).map(|d| Path::new(d).canonicalize())
+        && dir != root
     {
         return None;
     }
+    let latest = std::fs::read_to_string(root.join(zerostream_checkpoints::checkpoint::LATEST)).unwrap_or_default();
     let newest = list_checkpoints(root).ok()?.last().map(|(s, _)| *s);
-    (newest == Some(step)).then(|| root.to_path_buf())
+    (latest.trim() == name || newest == Some(step)).then(|| root.to_path_buf())
+}
+
+/// Whether the output file `path` can be written where the run wrote it: its folder is still there
+/// (a run folder moved or removed since would otherwise be made again at the old place).
+fn folder_is_there(path: &Path) -> bool {
+    path.parent().is_none_or(|p| p.as_os_str().is_empty() || p.is_dir())
 }
 
 #[cfg(test)]
@@ -156,7 +173,9 @@ mod tests {
     fn recorded(root: &Path) -> Flags {
         let mut run = options();
         run.checkpoints = CheckpointOptions { dir: Some(root.to_path_buf()), every: 2, keep: 3 };
-        run.val_data = Some("val.bin".into());
+        let val = root.with_file_name("val.bin");
+        std::fs::write(&val, b"").unwrap();
+        run.val_data = Some(val);
         run.eval_every = 5;
         run.eval_batches = 7;
         run.metrics = Some("m.jsonl".into());
@@ -178,7 +197,7 @@ mod tests {
         let taken = take(&root.join("step-00000004"), &recorded, &BTreeSet::new(), &mut resumed, &mut tensorboard);
         assert_eq!(resumed.checkpoints.dir, Some(root.canonicalize().unwrap()), "where the checkpoint lies");
         assert_eq!((resumed.checkpoints.every, resumed.checkpoints.keep), (2, 3));
-        assert_eq!(resumed.val_data, Some(here.join("val.bin")));
+        assert_eq!(resumed.val_data, Some(dir.path().join("val.bin")));
         assert_eq!((resumed.eval_every, resumed.eval_batches), (5, 7));
         assert_eq!((resumed.metrics, resumed.save), (Some(here.join("m.jsonl")), Some(here.join("out"))));
         assert_eq!((resumed.save_dtype, resumed.sample_tokens, tensorboard), (Some(SaveDtype::Bf16), 0, None));
@@ -208,6 +227,30 @@ mod tests {
             assert_eq!(taken.withheld.len(), 2, "--metrics and --save named: {taken:?}");
             assert!(resumed.val_data.is_some() && resumed.eval_every == 5 && resumed.checkpoints.every == 0);
         }
+        // The checkpoint `latest` names continues the line, newest or not (a resume from an older step
+        // in place, or a stop between a checkpoint's rename and latest's).
+        std::fs::write(root.join("latest"), "step-00000002").unwrap();
+        let (mut resumed, mut tensorboard) = (options(), None);
+        let taken = take(&root.join("step-00000002"), &recorded, &BTreeSet::new(), &mut resumed, &mut tensorboard);
+        assert!(resumed.checkpoints.dir.is_some() && resumed.metrics.is_some() && taken.withheld.is_empty(), "{taken:?}");
+    }
+
+    /// A run folder moved away: the checkpoint's own directory continues the line, and outputs whose
+    /// folder or file is gone are named rather than made again at the old place.
+    #[test]
+    fn outputs_no_longer_there_are_named_not_made_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = root_with(dir.path(), &[2]);
+        let mut recorded = recorded(&root);
+        recorded.insert("checkpoint-dir".into(), dir.path().join("gone/ck").display().to_string().into());
+        recorded.insert("save".into(), dir.path().join("gone/out").display().to_string().into());
+        std::fs::remove_file(dir.path().join("val.bin")).unwrap();
+        let (mut resumed, mut tensorboard) = (options(), None);
+        let taken = take(&root.join("step-00000002"), &recorded, &BTreeSet::new(), &mut resumed, &mut tensorboard);
+        assert_eq!(resumed.checkpoints.dir, Some(root.canonicalize().unwrap()));
+        assert_eq!((resumed.save, resumed.val_data), (None, None));
+        assert_eq!(taken.missing.len(), 2, "{taken:?}");
+        assert!(resumed.metrics.is_some(), "the metrics' folder is there");
     }
 
     #[test]

@@ -185,7 +185,17 @@ impl StepSinks {
 fn open_metrics(path: &Path, first_step: u64) -> Result<std::io::BufWriter<std::fs::File>> {
     zerostream_checkpoints::checkpoint::create_parent_dir("--metrics", path)?;
     let file = if first_step > 0 {
-        metrics_file::keep_rows_before(path, first_step)?;
+        // Rows past the checkpoint are a stopped run's (or, resumed from an older step, a later line's).
+        let dropped = metrics_file::keep_rows_before(path, first_step)?;
+        if dropped > 0 {
+            eprintln!(
+                "note: --metrics {}: the {} from step {first_step} on left out, the resumed run's follow from there",
+                path.display(),
+                crate::words::counted(dropped, "row")
+            );
+        } else if !path.exists() {
+            eprintln!("note: --metrics {} is not there: its rows start again at step {first_step}", path.display());
+        }
         std::fs::OpenOptions::new().create(true).append(true).open(path)
     } else {
         // The command line names the file to write, as --save names the model it replaces; still,
