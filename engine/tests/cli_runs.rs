@@ -560,29 +560,9 @@ fn a_run_removes_the_shards_of_another_model_from_its_directory() {
         .unwrap();
     let (data, model, one) = (golden.join("tokens.bin"), golden.join("model"), config.to_str().unwrap());
     let train = |model_flag: &str, model: &str, nvme: &std::path::Path| {
-        let out = zerostream(&[
-            "train",
-            "--device",
-            "cpu",
-            model_flag,
-            model,
-            "--data",
-            data.to_str().unwrap(),
-            "--steps",
-            "1",
-            "--batch-size",
-            "1",
-            "--seq-len",
-            "8",
-            "--sample-tokens",
-            "0",
-            "--offload-optimizer",
-            "nvme",
-            "--offload-params",
-            "nvme",
-            "--nvme-dir",
-            nvme.to_str().unwrap(),
-        ]);
+        let nvme_state = ["--offload-optimizer", "nvme", "--offload-params", "nvme", "--nvme-dir", nvme.to_str().unwrap()];
+        let out =
+            zerostream(&common::cli::one_step_train(&[&[model_flag, model, "--data", data.to_str().unwrap()][..], &nvme_state].concat()));
         assert!(out.status.success(), "{}", stderr(&out));
         let names = |d: std::path::PathBuf| -> std::collections::BTreeSet<String> {
             std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()

@@ -28,6 +28,12 @@ use data::{eval_batches, open_data};
 use record::{checkpoint_root, run_record};
 use steps::train_steps;
 
+/// `path` from the root, as a checkpoint records its data and outputs: a resume from another folder
+/// finds them (and never a file of the same name there).
+fn absolute(path: &std::path::Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
 /// Where the weights come from.
 pub enum ModelChoice {
     /// A Hugging Face directory.

@@ -19,7 +19,7 @@ use crate::train::checkpoint::SaveDtype;
 /// The run's outputs as its checkpoints record them: paths made absolute, so a resume from another
 /// folder writes where the run did.
 pub fn record(options: &RunOptions) -> Flags {
-    let path = |p: Option<&Path>| p.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()).display().to_string()).into();
+    let path = |p: Option<&Path>| p.map(|p| super::absolute(p).display().to_string()).into();
     let c = &options.checkpoints;
     Flags::from([
         ("checkpoint-dir".into(), path(c.dir.as_deref())),

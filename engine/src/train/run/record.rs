@@ -9,7 +9,7 @@ use zerostream_checkpoints::checkpoint::CheckpointRoot;
 use zerostream_checkpoints::{TokenFile, TokenWidth};
 
 use super::data::tokenizer_files;
-use super::{ModelChoice, RunOptions};
+use super::{ModelChoice, RunOptions, absolute};
 use crate::model::Model;
 use crate::train::checkpoint::{ModelExtras, RunRecord, SaveDtype};
 use crate::train::{Flags, TrainConfig};
@@ -94,12 +94,6 @@ fn later_checkpoints_warning(dir: &Path, later: &[u64]) -> Option<String> {
          --keep-checkpoints counts and removes only this run's line",
         dir.display(),
     ))
-}
-
-/// `path` from the root, as a checkpoint records the data: a resume from another folder finds it
-/// (and never a file of the same name there).
-fn absolute(path: &Path) -> PathBuf {
-    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// Every setting of the run by flag name: the trainer's, the seed, the data and the world size.
