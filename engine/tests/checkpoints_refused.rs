@@ -261,6 +261,37 @@ fn a_resume_keeps_the_runs_outputs_unless_told_otherwise() {
     assert_eq!(checkpoints_in(&run.join("ck")).len(), 2);
 }
 
+/// A resume goes on writing the run's `--save` and `--tensorboard` too; one refused after reading
+/// its checkpoint (here for a flag its run cannot use) has said nothing of what it took and made no
+/// output.
+#[test]
+fn a_resume_keeps_save_and_tensorboard_and_a_refused_one_says_and_makes_nothing() {
+    let (dir, run, model) = run_folder();
+    let bin = env!("CARGO_BIN_EXE_zerostream");
+    let shape = ["--device", "cpu", "--batch-size", "1", "--seq-len", "8", "--sample-tokens", "0"];
+    let first = ["train", "--model", &model, "--data", "d.bin", "--steps", "2", "--checkpoint-dir", "ck", "--save", "final"];
+    let out = Command::new(bin).args([&first[..], &["--tensorboard", "tb"], &shape].concat()).current_dir(&run).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let weights = |p: &Path| std::fs::read(p.join("model.safetensors")).unwrap();
+    let events_bytes = |p: &Path| std::fs::read_dir(p).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum::<u64>();
+    let (saved_before, events_before) = (weights(&run.join("final")), events_bytes(&run.join("tb")));
+    // Refused for --params-ram-cache (parameters are not on NVMe): no note, no new directory.
+    let refused = ["train", "--resume", "run/ck", "--steps", "4", "--params-ram-cache", "1GiB", "--tensorboard", "tb2"];
+    let out = Command::new(bin).args([&refused[..], &shape].concat()).current_dir(dir.path()).output().unwrap();
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("--params-ram-cache"), "{err}");
+    assert!(!err.contains("resumed with"), "a refused run says nothing of what it took: {err}");
+    assert!(!dir.path().join("tb2").exists() && !run.join("tb2").exists(), "a refused run makes no output");
+    // From the folder above, with no output flag: the run's --save is replaced, its TensorBoard grows.
+    let resume = ["train", "--resume", "run/ck", "--steps", "4"];
+    let out = Command::new(bin).args([&resume[..], &shape].concat()).current_dir(dir.path()).output().unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success() && err.contains("--save ") && err.contains("--tensorboard "), "{err}");
+    assert_ne!(weights(&run.join("final")), saved_before, "the run's --save holds the resumed run's model");
+    assert!(events_bytes(&run.join("tb")) > events_before, "the run's TensorBoard directory has the resumed steps");
+    assert!(!dir.path().join("final").exists() && !dir.path().join("tb").exists(), "nothing written in the folder resumed from");
+}
+
 /// `--metrics` naming a file of anything but metrics rows is refused before any work (a run would
 /// replace it), and so are another run's rows on a resume (it would trim and continue them); the
 /// run's own rows resume.

@@ -118,12 +118,43 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
         );
     }
     let world = mpi_world.or(req.ranks.world_size).unwrap_or(1);
+    // First everything that may refuse the run, so that a refused run has said nothing and made no
+    // output (the check of --save creates its missing parent folders).
     let resumed = resume_from_checkpoint(&mut req, world)?;
-    if let Some(r) = &resumed {
-        r.before_the_run(&req)?;
-    }
-    let finished_at = resumed.as_ref().filter(|r| r.finished).map(|r| r.state.step);
+    let metrics_warning = match &resumed {
+        Some(r) => r.check(&req)?,
+        None => None,
+    };
     outputs::check_outputs(&req.options, req.config_file.as_deref(), req.tensorboard.as_deref())?;
+    if let Some(r) = resumed.as_ref().filter(|r| r.finished) {
+        r.say(&req, metrics_warning);
+        let dtype_given = req.explicit_flags.contains("save-dtype");
+        return finished_run(&r.dir, r.state.step, req.train.steps, req.options.save.as_deref(), dtype_given);
+    }
+    check_recorded_data(&req)?;
+    let ranks_here = if mpi_world.is_some() { crate::comm::launcher_local_size().unwrap_or(world) } else { world };
+    size_params_ram_cache(&mut req, world, ranks_here)?;
+    let mut one_device = None;
+    if mpi_world.is_none() {
+        check_host_ram(&req, &req.train, world, world)?;
+        let ranks = &req.ranks;
+        if world == 1 && ranks.devices.len() > 1 {
+            bail!("--devices lists {} devices but --world-size is 1: add --world-size {}", ranks.devices.len(), ranks.devices.len());
+        }
+        if world == 1 {
+            let which = ranks.devices.first().cloned().unwrap_or(RankDevice::Default);
+            one_device = Some(which.open(ranks.device, ranks.adapter.as_deref(), req.train.gpu_mem_budget)?);
+        }
+    }
+    // Last, the check that makes something: TensorBoard's directory, refused where no file can be
+    // written in it.
+    if let Some(dir) = &req.tensorboard {
+        req.options.tensorboard = Some(super::tensorboard::TensorBoard::prepare(dir, &req.resolved_config)?);
+    }
+    // Then what the run says, and the resolved configuration written before it starts.
+    if let Some(r) = &resumed {
+        r.say(&req, metrics_warning);
+    }
     if first_process() && req.options.progress {
         let (_, cpu_only) = req.ranks.on_cpu();
         let shape = super::ignored::RunShape { world, cpu_only };
@@ -131,44 +162,17 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
             eprintln!("note: {line}");
         }
     }
-    if let (None, ModelChoice::Resume(dir), None) = (finished_at, &req.options.model, &req.options.checkpoints.dir)
-        && first_process()
-    {
-        // A branch (an older or copied checkpoint) has no directory of its own to go on in: a resume
-        // that keeps nothing must not go unsaid.
-        eprintln!(
-            "train: warning: this resumed run writes no checkpoints: {} does not continue its run's checkpoint directory (it is \
-             neither its newest checkpoint nor its latest); give --checkpoint-dir DIR to checkpoint",
-            dir.display()
-        );
-    }
-    if let (Some(step), ModelChoice::Resume(dir)) = (finished_at, &req.options.model) {
-        let dtype_given = req.explicit_flags.contains("save-dtype");
-        return finished_run(dir, step, req.train.steps, req.options.save.as_deref(), dtype_given);
-    }
-    check_recorded_data(&req)?;
     // A resume appending to the run's own metrics leaves the run's resolved configuration beside them
     // (the resume's command line would not repeat the run).
     let metrics_taken = resumed.is_some() && !req.explicit_flags.contains("metrics");
     if let Some(metrics) = req.options.metrics.as_ref().filter(|m| !metrics_taken || !outputs::resolved_path(m).exists()) {
         outputs::write_resolved(metrics, &req.resolved_config, req.config_file.as_deref())?;
     }
-    if let Some(dir) = &req.tensorboard {
-        req.options.tensorboard = Some(super::tensorboard::TensorBoard::prepare(dir, &req.resolved_config)?);
-    }
-    let ranks_here = if mpi_world.is_some() { crate::comm::launcher_local_size().unwrap_or(world) } else { world };
-    size_params_ram_cache(&mut req, world, ranks_here)?;
     if mpi_world.is_some() {
         return launch_mpi(&req);
     }
-    check_host_ram(&req, &req.train, world, world)?;
     let RunRequest { options, mut train, ranks, .. } = req;
-    if world == 1 {
-        if ranks.devices.len() > 1 {
-            bail!("--devices lists {} devices but --world-size is 1: add --world-size {}", ranks.devices.len(), ranks.devices.len());
-        }
-        let which = ranks.devices.first().cloned().unwrap_or(RankDevice::Default);
-        let dev = which.open(ranks.device, ranks.adapter.as_deref(), train.gpu_mem_budget)?;
+    if let Some(dev) = one_device {
         return Ok(Launched::Ran { rank: 0, summary: run_on(&dev, &options, train)? });
     }
     train.adam_threads = adam_threads_per_rank(train.adam_threads, world);

@@ -59,10 +59,10 @@ pub fn count_rows(path: &Path) -> Result<u64> {
 /// Refuses, on a resume from the checkpoint `dir`, a `--metrics` file whose row of the checkpoint's
 /// last step has another loss than the checkpoint recorded for it: another run's rows, which the
 /// resume would trim and continue as if they were this run's. A file with rows but none of that step
-/// is warned about (a row lost with a crash after the checkpoint is possible, so not refused), where
-/// `say` (one process of a launch says it).
-pub fn check_metrics_continue(path: &Path, dir: &Path, state: &TrainerState, say: bool) -> Result<()> {
-    let (Some(want), Some(last)) = (state.last_loss, state.step.checked_sub(1)) else { return Ok(()) };
+/// is not refused (a row lost with a crash after the checkpoint is possible): the warning to give is
+/// returned, for the launch to say once nothing else refuses the run.
+pub fn check_metrics_continue(path: &Path, dir: &Path, state: &TrainerState) -> Result<Option<String>> {
+    let (Some(want), Some(last)) = (state.last_loss, state.step.checked_sub(1)) else { return Ok(None) };
     let (mut rows, mut got) = (0u64, None);
     metrics_rows(path, |r, _| {
         rows += 1;
@@ -77,16 +77,15 @@ pub fn check_metrics_continue(path: &Path, dir: &Path, state: &TrainerState, say
             path.display(),
             dir.display()
         ),
-        None if rows > 0 && say => eprintln!(
+        None if rows > 0 => Ok(Some(format!(
             "warning: --metrics {} holds {} but none of step {last}, the last the checkpoint {} trained: if they are \
              another run's, the resumed run's rows will follow them",
             path.display(),
             crate::words::counted(rows, "row"),
             dir.display()
-        ),
-        _ => {}
+        ))),
+        _ => Ok(None),
     }
-    Ok(())
 }
 
 /// Replaces the metrics file at `path` (a resumed run's) with its rows of steps before `step`, as

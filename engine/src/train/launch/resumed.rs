@@ -47,15 +47,26 @@ pub(super) struct Resumed {
 }
 
 impl Resumed {
-    /// What a run (not `plan`) says and checks before going on from the checkpoint: the outputs it
-    /// took or left (said under --quiet too: they decide what is written), the schedule's change,
-    /// and that the metrics file it appends to holds the checkpoint's run's rows.
-    pub(super) fn before_the_run(&self, req: &RunRequest) -> Result<()> {
-        let lead = first_process();
-        if lead && !self.finished && !self.kept.taken.is_empty() {
+    /// Refuses a `--metrics` file the run would append to that holds another run's rows; returns the
+    /// warning to give where it holds rows but not the checkpoint's last step.
+    pub(super) fn check(&self, req: &RunRequest) -> Result<Option<String>> {
+        match &req.options.metrics {
+            Some(metrics) => metrics_file::check_metrics_continue(metrics, &self.dir, &self.state),
+            None => Ok(None),
+        }
+    }
+
+    /// What a run (not `plan`) says before going on from the checkpoint, once nothing refuses it: the
+    /// outputs it took or left (said under --quiet too: they decide what is written), the schedule's
+    /// change, and [`Self::check`]'s warning.
+    pub(super) fn say(&self, req: &RunRequest, metrics_warning: Option<String>) {
+        if !first_process() {
+            return;
+        }
+        if !self.finished && !self.kept.taken.is_empty() {
             eprintln!("note: resumed with the run's own {} (give a flag to change it)", self.kept.taken.join(", "));
         }
-        if lead && !self.kept.withheld.is_empty() {
+        if !self.kept.withheld.is_empty() {
             eprintln!(
                 "warning: {} is neither the newest checkpoint nor latest of the directory its run checkpointed into, so \
                  this run branches from it and writes none of that run's files ({}): give new paths to write them (the \
@@ -64,20 +75,28 @@ impl Resumed {
                 self.kept.withheld.join(", ")
             );
         }
-        if lead && !self.kept.missing.is_empty() {
+        if !self.kept.missing.is_empty() {
             eprintln!(
                 "warning: the checkpoint's run wrote or read {}, whose file or folder is not there now: this run leaves them \
                  out (give them to write or read them)",
                 self.kept.missing.join(", ")
             );
         }
-        if let Some(note) = resume::schedule_note(&self.state, &req.train).filter(|_| lead && req.options.progress) {
+        if let Some(note) = resume::schedule_note(&self.state, &req.train).filter(|_| req.options.progress) {
             eprintln!("note: {note}");
         }
-        if let Some(metrics) = &req.options.metrics {
-            metrics_file::check_metrics_continue(metrics, &self.dir, &self.state, lead)?;
+        if let Some(warning) = metrics_warning {
+            eprintln!("{warning}");
         }
-        Ok(())
+        if !self.finished && req.options.checkpoints.dir.is_none() {
+            // A branch (an older or copied checkpoint) has no directory of its own to go on in: a
+            // resume that keeps nothing must not go unsaid.
+            eprintln!(
+                "train: warning: this resumed run writes no checkpoints: {} does not continue its run's checkpoint directory (it \
+                 is neither its newest checkpoint nor its latest); give --checkpoint-dir DIR to checkpoint",
+                self.dir.display()
+            );
+        }
     }
 }
 

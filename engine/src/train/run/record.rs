@@ -91,8 +91,10 @@ fn later_checkpoints_warning(dir: &Path, later: &[u64]) -> Option<String> {
     };
     Some(format!(
         "warning: {} also holds {which}, later than the step resumed from: this run replaces each step it saves again; \
-         --keep-checkpoints counts and removes only this run's line",
+         --keep-checkpoints counts and removes only this run's line (to go on from step {last} instead, stop this run and \
+         resume from {})",
         dir.display(),
+        dir.join(zerostream_checkpoints::checkpoint::step_name(*last)).display()
     ))
 }
 
