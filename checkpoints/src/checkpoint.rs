@@ -71,7 +71,12 @@ pub fn write_file_atomic(path: &Path, text: &[u8]) -> Result<()> {
     let tmp = dir.join(format!(".{name}.{}{PARTIAL_SUFFIX}", std::process::id()));
     let mut f =
         File::options().write(true).create(true).truncate(true).open(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    f.write_all(text).and_then(|()| os::sync_file(&f)).with_context(|| format!("writing {}", tmp.display()))?;
+    if let Err(e) = f.write_all(text).and_then(|()| os::sync_file(&f)) {
+        // Not left to fill the disk that refused it.
+        drop(f);
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("writing {} (through {})", path.display(), tmp.display()));
+    }
     drop(f);
     os::replace_file(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
     sync_dir(dir)

@@ -1,7 +1,8 @@
-//! Hugging Face GPT-2 directories: `config.json` plus `model.safetensors`, or shards listed in
-//! `model.safetensors.index.json`. Opening reads and checks each file's header; a tensor is read on
-//! request with a positioned read (not memory-mapped, so a file truncated under a run is an error, not
-//! SIGBUS) and converted to f32, refusing NaN and infinities.
+//! Hugging Face model directories of the families zerostream implements (GPT-2, and Llama, Mistral and
+//! Qwen2: [`ArchConfig`] picks by `model_type`): `config.json` plus `model.safetensors`, or shards
+//! listed in `model.safetensors.index.json`. Opening reads and checks each file's header; a tensor is
+//! read on request with a positioned read (not memory-mapped, so a file truncated under a run is an
+//! error, not SIGBUS) and converted to f32, refusing NaN and infinities.
 
 use std::collections::HashMap;
 use std::fs::File;

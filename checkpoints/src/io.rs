@@ -110,3 +110,73 @@ pub(crate) fn rename_into_place(tmp: &Path, path: &Path) -> Result<()> {
     }
     Ok(())
 }
+
+/// Files written whole under temporary names ([`create_temp_beside`]), then renamed into place
+/// together by [`StagedFiles::commit`]: a failure while writing any of them (a full disk) leaves
+/// every target as it was, so files that belong together (a token file and its tokenizer record)
+/// are never left half old and half new. Temporaries not committed are removed when it drops.
+#[derive(Default)]
+pub struct StagedFiles {
+    /// (temporary, target), in the order they are renamed.
+    staged: Vec<(PathBuf, PathBuf)>,
+}
+
+impl StagedFiles {
+    /// Writes `bytes` to a synced temporary file beside `path`.
+    pub fn stage(&mut self, path: &Path, bytes: &[u8]) -> Result<()> {
+        use std::io::Write;
+        let (mut file, tmp) = create_temp_beside(path)?;
+        // Synced before the rename: otherwise a crash can leave `path` renamed but empty.
+        if let Err(e) = file.write_all(bytes).and_then(|()| os::sync_file(&file)) {
+            drop(file);
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e).with_context(|| format!("writing {} (through {})", path.display(), tmp.display()));
+        }
+        self.staged.push((tmp, path.to_path_buf()));
+        Ok(())
+    }
+
+    /// Renames every staged file onto its target, in the order staged.
+    pub fn commit(mut self) -> Result<()> {
+        while !self.staged.is_empty() {
+            let (tmp, path) = self.staged.remove(0);
+            rename_into_place(&tmp, &path)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for StagedFiles {
+    fn drop(&mut self) {
+        for (tmp, _) in &self.staged {
+            let _ = std::fs::remove_file(tmp);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failure staging the second file leaves both targets as they were, and no temporary behind.
+    #[test]
+    fn staged_files_replace_all_or_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.bin"), dir.path().join("b.bin"));
+        std::fs::write(&a, "old a").unwrap();
+        std::fs::write(&b, "old b").unwrap();
+        let mut staged = StagedFiles::default();
+        staged.stage(&a, b"new a").unwrap();
+        // A target in a folder that is not there: its temporary cannot be made.
+        assert!(staged.stage(&dir.path().join("gone/c.bin"), b"c").is_err());
+        drop(staged);
+        assert_eq!(std::fs::read_to_string(&a).unwrap(), "old a");
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 2, "no temporary left: {names:?}");
+        let mut staged = StagedFiles::default();
+        staged.stage(&a, b"new a").unwrap();
+        staged.stage(&b, b"new b").unwrap();
+        staged.commit().unwrap();
+        assert_eq!((std::fs::read_to_string(&a).unwrap(), std::fs::read_to_string(&b).unwrap()), ("new a".into(), "new b".into()));
+    }
+}

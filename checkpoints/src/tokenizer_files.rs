@@ -131,13 +131,22 @@ impl DataTokenizer {
 
     /// Records this tokenizer beside `token_file` (written aside and renamed into place).
     pub fn write_beside(&self, token_file: &Path) -> Result<PathBuf> {
+        let mut staged = crate::StagedFiles::default();
+        let path = self.stage_beside(&mut staged, token_file)?;
+        staged.commit()?;
+        Ok(path)
+    }
+
+    /// [`Self::write_beside`] staged with other files (the token file it describes), to be renamed
+    /// into place with them.
+    pub fn stage_beside(&self, staged: &mut crate::StagedFiles, token_file: &Path) -> Result<PathBuf> {
         let path = Self::sidecar(token_file);
         let bytes: &[u8] = match self {
             DataTokenizer::Gpt2 => b"gpt2\n",
             DataTokenizer::Bytes => b"bytes\n",
             DataTokenizer::Json(bytes) => bytes,
         };
-        crate::checkpoint::write_file_atomic(&path, bytes)?;
+        staged.stage(&path, bytes)?;
         Ok(path)
     }
 

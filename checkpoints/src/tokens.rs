@@ -5,12 +5,11 @@
 //! naming it, where a map would have killed the process with SIGBUS.
 
 use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-use crate::io::{Stamp, create_temp_beside, open_regular, read_exact_at, rename_into_place};
+use crate::io::{StagedFiles, Stamp, open_regular, read_exact_at};
 
 pub const LLMC_MAGIC: i32 = 20240520;
 /// llm.c's Llama-3 token files: version 7, uint32 tokens.
@@ -245,11 +244,24 @@ pub fn write_token_file(path: &Path, tokens: &[u16]) -> Result<()> {
 /// [`write_token_file`] for ids of any size: llm.c's uint16 format when every id fits 16 bits, its
 /// Llama-3 format (magic 20240801, version 7, uint32) otherwise.
 pub fn write_token_file_u32(path: &Path, tokens: &[u32]) -> Result<()> {
-    let width = if tokens.iter().all(|&t| t <= u16::MAX as u32) { TokenWidth::U16 } else { TokenWidth::U32 };
-    write_tokens(path, tokens, width)
+    let mut staged = StagedFiles::default();
+    stage_token_file_u32(&mut staged, path, tokens)?;
+    staged.commit()
 }
 
 fn write_tokens(path: &Path, tokens: &[u32], width: TokenWidth) -> Result<()> {
+    let mut staged = StagedFiles::default();
+    stage_tokens(&mut staged, path, tokens, width)?;
+    staged.commit()
+}
+
+/// [`write_token_file_u32`] staged with other files, to be renamed into place with them.
+pub fn stage_token_file_u32(staged: &mut StagedFiles, path: &Path, tokens: &[u32]) -> Result<()> {
+    let width = if tokens.iter().all(|&t| t <= u16::MAX as u32) { TokenWidth::U16 } else { TokenWidth::U32 };
+    stage_tokens(staged, path, tokens, width)
+}
+
+fn stage_tokens(staged: &mut StagedFiles, path: &Path, tokens: &[u32], width: TokenWidth) -> Result<()> {
     if let Ok(meta) = std::fs::metadata(path)
         && !meta.is_file()
     {
@@ -267,20 +279,13 @@ fn write_tokens(path: &Path, tokens: &[u32], width: TokenWidth) -> Result<()> {
         TokenWidth::U16 => bytes.extend(tokens.iter().flat_map(|&t| (t as u16).to_le_bytes())),
         TokenWidth::U32 => bytes.extend(tokens.iter().flat_map(|t| t.to_le_bytes())),
     }
-    let (mut file, tmp) = create_temp_beside(path)?;
-    // Synced before the rename: otherwise a crash can leave `path` renamed but empty.
-    if let Err(e) = file.write_all(&bytes).and_then(|()| crate::os::sync_file(&file)) {
-        drop(file);
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("writing token file {} (through {})", path.display(), tmp.display()));
-    }
-    drop(file);
-    rename_into_place(&tmp, path)
+    staged.stage(path, &bytes)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     fn write(bytes: &[u8]) -> tempfile::NamedTempFile {
         let mut f = tempfile::NamedTempFile::new().unwrap();

@@ -1,5 +1,7 @@
-//! How messages write counts and sizes: "1 step", "2 steps", never "1 steps" or "step(s)"; "512 B",
-//! "3.5 MiB", never "0.0 MiB".
+//! How messages write counts, sizes and durations: "1 step", "2 steps", never "1 steps" or "step(s)";
+//! "512 B", "3.5 MiB", never "0.0 MiB", or exactly as a flag takes them ("256MiB"); "0.42 s",
+//! "12 min 5 s". And the one refusal of a zero where a flag needs a count ([`require_positive`]:
+//! "--seq-len 0: must be at least 1").
 
 /// `n` and the noun, plural unless `n` is 1 (`-es` after s, x, ch and sh: "micro-batches").
 pub fn counted(n: impl Into<u64>, noun: &str) -> String {

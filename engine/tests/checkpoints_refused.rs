@@ -57,6 +57,19 @@ fn corrupt_checkpoints_are_refused_by_name_and_the_previous_one_still_resumes() 
         let err = stderr(&out);
         assert!(!out.status.success() && err.contains(file) && err.contains(says), "{file}: {err}");
     }
+    // The state file, which the manifest inside it cannot cover: its step held to the directory's name.
+    let state_text = std::fs::read_to_string(last.join("trainer_state.json")).unwrap();
+    let mut state: serde_json::Value = serde_json::from_str(&state_text).unwrap();
+    state["step"] = 2.into();
+    std::fs::write(last.join("trainer_state.json"), state.to_string()).unwrap();
+    let out = resume(&last);
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("records step 2, but its directory is step 3's"), "{err}");
+    state["step"] = 3.into();
+    state["next_micro_batch"] = 5.into();
+    std::fs::write(last.join("trainer_state.json"), state.to_string()).unwrap();
+    let out = resume(&last);
+    assert!(!out.status.success() && stderr(&out).contains("records next micro-batch 5"), "{}", stderr(&out));
     std::fs::write(last.join("trainer_state.json"), "{ not json").unwrap();
     let out = resume(&last);
     assert!(!out.status.success() && stderr(&out).contains("trainer_state.json"), "{}", stderr(&out));

@@ -231,3 +231,28 @@ fn prepare_splits_documents_and_holds_out_a_validation_file() {
     let run = zerostream(&["prepare", "--text", crlf.to_str().unwrap(), "--out", out.to_str().unwrap(), "--val-fraction", "0.5"]);
     assert!(run.status.success() && stderr(&run).contains("held out 1 document,"), "{}", stderr(&run));
 }
+
+/// The token file, the held-out file and their tokenizer records are replaced together or not at all:
+/// a held-out file that cannot be written (here a directory in its place) leaves the earlier
+/// prepare's token file and record as they were, and no temporary file behind.
+#[test]
+fn a_failed_prepare_leaves_the_earlier_files_as_they_were() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("docs.txt");
+    std::fs::write(&text, "One document.\n\nAnother document.\n").unwrap();
+    let out = dir.path().join("docs.bin");
+    let first = zerostream(&["prepare", "--text", text.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let record = dir.path().join("docs.bin.tokenizer");
+    let (tokens_before, record_before) = (std::fs::read(&out).unwrap(), std::fs::read(&record).unwrap());
+    std::fs::create_dir(dir.path().join("docs.val.bin")).unwrap();
+    let args =
+        ["prepare", "--text", text.to_str().unwrap(), "--out", out.to_str().unwrap(), "--tokenizer", "bytes", "--val-fraction", "0.5"];
+    let bad = zerostream(&args);
+    assert!(!bad.status.success() && stderr(&bad).contains("docs.val.bin"), "{}", stderr(&bad));
+    assert_eq!(std::fs::read(&out).unwrap(), tokens_before, "the earlier token file is kept");
+    assert_eq!(std::fs::read(&record).unwrap(), record_before, "and its record, which still describes it");
+    let mut names: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
+    names.sort();
+    assert_eq!(names, ["docs.bin", "docs.bin.tokenizer", "docs.txt", "docs.val.bin"], "no temporary left behind");
+}

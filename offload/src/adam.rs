@@ -1,9 +1,10 @@
 //! AdamW over one shard of fp32 master parameters, in one pass over memory.
 //!
-//! The update is memory-bound (28 bytes per parameter with bf16 gradients in and bf16 parameters out), so
-//! everything happens in a single sweep: unscale the gradient, decay, update the moments, step, and write
-//! the 16-bit working copy for the GPU. The arithmetic follows PyTorch's single-tensor AdamW operation by
-//! operation, so results agree with `torch.optim.AdamW` to rounding:
+//! The update is memory-bound (as the trainer calls it, with its f32 gradient accumulator in and fp32
+//! moments: 30 bytes per parameter with a 16-bit working copy out, 32 with an f32 one; 8 fewer with bf16
+//! moments; [`bytes_per_param`]), so everything happens in a single sweep: unscale the gradient, decay,
+//! update the moments, step, and write the working copy for the GPU. The arithmetic follows PyTorch's
+//! single-tensor AdamW operation by operation, so results agree with `torch.optim.AdamW` to rounding:
 //!
 //! ```text
 //! g     = grad * grad_scale                 (loss-scale unscaling x clip coefficient x 1/micro-batches)

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use zerostream_checkpoints::{DataTokenizer, TextTokenizer, write_token_file_u32};
+use zerostream_checkpoints::{DataTokenizer, StagedFiles, TextTokenizer, stage_token_file_u32};
 
 #[derive(clap::Args)]
 pub struct PrepareArgs {
@@ -123,12 +123,16 @@ pub fn prepare(a: PrepareArgs, quiet: bool) -> Result<()> {
     }
     bar.finish_and_clear();
     let record = DataTokenizer::parse(&a.tokenizer, "--tokenizer")?;
-    write_token_file_u32(&a.out, &train)?;
-    record.write_beside(&a.out)?;
+    // Every file written aside first, then all renamed into place: a failure (a full disk) leaves an
+    // earlier prepare's files as they were, never a token file beside another text's record.
+    let mut staged = StagedFiles::default();
+    stage_token_file_u32(&mut staged, &a.out, &train)?;
+    record.stage_beside(&mut staged, &a.out)?;
     if held_out > 0 {
-        write_token_file_u32(&val_out, &val)?;
-        record.write_beside(&val_out)?;
+        stage_token_file_u32(&mut staged, &val_out, &val)?;
+        record.stage_beside(&mut staged, &val_out)?;
     }
+    staged.commit()?;
     warn_unknown(&tokenizer, &a.tokenizer, &[&train, &val]);
     if held_out == 0 && val_out.exists() {
         // Not removed (it may be wanted), but not left to be taken for this text's either.

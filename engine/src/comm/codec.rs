@@ -1,5 +1,13 @@
 //! The codecs behind `--grad-compression` and `--param-compression`: a slice of f32 values to bytes
-//! for the wire and back, with the error feedback folded into the encoding pass.
+//! for the wire and back, with the error feedback folded into the encoding pass
+//! ([`Codec::encode_with_feedback`]: what a codec drops from a gradient slice is added into the next
+//! gradient sent for that slice, so nothing is lost, only delayed: 1-bit SGD, Seide et al. 2014;
+//! error-feedback SGD, Karimireddy et al. 2019). The modes ([`GradCompression`]) are here too; their
+//! defaults and `--param-compression` are in `compress.rs`.
+//!
+//! Each codec's output has a size fixed by the slice's length alone, so the exchange stays one
+//! all-to-all of equal chunks; encoding and decoding are pure functions of their input, so every rank
+//! and both transports decode the same values and the rank-order sum stays deterministic.
 //!
 //! int8 and onebit work chunk by chunk (a scale per chunk), and every chunk's bytes depend on that
 //! chunk alone, so runs of whole chunks are encoded and decoded on rayon's threads with the bits of

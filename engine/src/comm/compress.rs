@@ -1,14 +1,8 @@
-//! Compressed gradient exchange (`--grad-compression`, and `--param-compression` for the working
-//! copy's all-gather): the codecs that turn a slice of f32 values into bytes for the wire and back,
-//! and the error feedback that keeps training on course (what a codec drops from a gradient slice is
-//! added into the next gradient sent for that slice, so nothing is lost, only delayed: 1-bit SGD,
-//! Seide et al. 2014; error-feedback SGD, Karimireddy et al. 2019).
-//!
-//! Each codec's output has a size fixed by the slice's length alone, so the exchange stays one
-//! all-to-all of equal chunks; encoding and decoding are pure functions of their input, so every rank
-//! and both transports decode the same values and the rank-order sum stays deterministic. The codecs
-//! and their modes (`GradCompression`) are in `codec.rs`; this file holds the defaults and
-//! `--param-compression`.
+//! The settings of compressed exchange: [`DEFAULT_CHUNK_ELEMS`], the elements per scale of
+//! `--grad-compression int8` and `onebit` unless `--grad-compression-chunk` says otherwise (and why
+//! that many), and `--param-compression` for the working copy's all-gather ([`ParamCompression`], at
+//! [`PARAM_CHUNK_ELEMS`] per scale). The codecs themselves, their modes ([`GradCompression`],
+//! re-exported here) and the error feedback are in `codec.rs`.
 
 pub use super::codec::{Codec, GradCompression};
 

@@ -1,7 +1,13 @@
-//! The ops of training, one file per op. Each file holds the plain-Rust twin of the WGSL kernel of
-//! the same name in `shaders/wgsl/`: the `cpu` device runs these twins, and the kernel tests compare every
-//! GPU kernel against its twin. Twins are written for clarity first, parallelised with rayon where the op
-//! is large; shapes are named as in llm.c: B batch, T sequence, C channels, V vocabulary, H heads.
+//! The ops of training, mostly one file per op, holding the plain-Rust twin of the WGSL kernels of the
+//! same name in `shaders/wgsl/` (`gelu.rs`: `gelu_forward` and `gelu_backward`): the `cpu` device runs
+//! these twins, and the kernel tests compare every GPU kernel against its twin. Twins are written for
+//! clarity first, parallelised with rayon where the op is large; shapes are named as in llm.c: B batch,
+//! T sequence, C channels, V vocabulary, H heads. Files not named after a kernel: `elementwise.rs` (the
+//! twins of the small kernels: residual add, fill, axpy, sum of squares, the casts; and the trainer's
+//! host passes over whole gradients), `matmul_f16.rs` (the twin of `matmul_coop.wgsl`), `activation.rs`
+//! (which activation a GPT-2 config names, each in its own twin file), `fast_math.rs` (below) and
+//! `step_times.rs` (tests only: the cpu device's ops timed at one step's shapes). Also here, two numbers of
+//! the kernels' geometry the twins and the gpu device share: [`MAX_GRID_DIM`] and [`COLUMN_BLOCK_ROWS`].
 //!
 //! The `*_fast` files are not twins: they are the `cpu` device's fast kernels for the ops that dominate a
 //! training step (`matmul_fast` through the `gemm` crate's run-time dispatched SIMD kernels,

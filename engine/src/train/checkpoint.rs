@@ -325,16 +325,33 @@ impl<D: Backend> Trainer<'_, D> {
             Some(root) => root.begin(self.step)?,
             None => partial_dir(root_dir, self.step),
         };
+        let written = self.write_checkpoint(&partial, root_dir, root, record, last_loss);
+        if written.is_err() && root.is_some() && partial.exists() {
+            // Not left to fill the disk that refused it (the next run's open would remove it too).
+            let _ = std::fs::remove_dir_all(&partial);
+        }
+        written
+    }
+
+    /// [`Self::save_checkpoint`] into its `partial` directory, then committed by rank 0.
+    fn write_checkpoint(
+        &mut self,
+        partial: &Path,
+        root_dir: &Path,
+        root: Option<&CheckpointRoot>,
+        record: &RunRecord,
+        last_loss: f64,
+    ) -> Result<PathBuf> {
         self.comm.barrier()?; // the directory exists for every rank
         let mut files: BTreeMap<String, FileDigest> =
-            self.write_state(&partial, record.save_dtype, true, &record.extras)?.into_iter().collect();
+            self.write_state(partial, record.save_dtype, true, &record.extras)?.into_iter().collect();
         let mut target = root_dir.join(zerostream_checkpoints::checkpoint::step_name(self.step));
         if let Some(root) = root {
             let mut state = self.trainer_state(record, std::mem::take(&mut files));
             state.last_loss = Some(last_loss).filter(|l| l.is_finite());
             let path = partial.join(STATE_FILE);
             std::fs::write(&path, serde_json::to_string_pretty(&state)?).with_context(|| format!("writing {}", path.display()))?;
-            target = root.commit(self.step, &partial)?;
+            target = root.commit(self.step, partial)?;
             root.prune(record.keep)?;
         }
         self.comm.barrier()?;
@@ -378,9 +395,16 @@ impl<D: Backend> Trainer<'_, D> {
             std::fs::create_dir_all(&partial).with_context(|| format!("creating {}", partial.display()))?;
         }
         self.comm.barrier()?;
-        self.write_state(&partial, dtype, false, extras)?;
-        if self.sharding.rank == 0 {
-            zerostream_checkpoints::checkpoint::publish_dir(&partial, dir)?;
+        let written = self.write_state(&partial, dtype, false, extras).and_then(|_| match self.sharding.rank {
+            0 => zerostream_checkpoints::checkpoint::publish_dir(&partial, dir),
+            _ => Ok(()),
+        });
+        if let Err(e) = written {
+            if self.sharding.rank == 0 && partial.exists() {
+                // Not left to fill the disk that refused it; an existing model at `dir` is untouched.
+                let _ = std::fs::remove_dir_all(&partial);
+            }
+            return Err(e).with_context(|| format!("--save {}", dir.display()));
         }
         self.comm.barrier()
     }

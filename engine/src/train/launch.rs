@@ -1,7 +1,8 @@
 //! The one way into a training run: [`launch`] takes the run a caller asked for ([`RunRequest`]: what
 //! the command line resolved from its flags, or what a program built), checks what the library owns —
-//! the hyper-parameters, `--resume` against its checkpoint, the outputs, host RAM and disk, the devices
-//! — and runs it on one rank, on in-process ranks or as this process's part of an MPI job. It returns
+//! the hyper-parameters, `--resume` against its checkpoint and metrics, the outputs, host RAM and disk,
+//! the device — before it says or makes anything, and runs it on one rank, on in-process ranks or as
+//! this process's part of an MPI job. It returns
 //! the run's summary; the caller prints what it likes. [`plan`] is the same walk stopping at the
 //! placement.
 

@@ -2,13 +2,18 @@
 //!
 //! Host side, per parameter group (the head, then each block; see [`layout`]): fp32 master weights and
 //! Adam moments on the optimizer tier, the working copy the device computes with (f32, or 16-bit per
-//! `--precision`) on the parameter tier, and an f32 gradient accumulator in RAM.
+//! `--precision`) on the parameter tier, and an f32 gradient accumulator on the gradients' tier
+//! (`--offload-gradients`, else the optimizer's: on NVMe with the optimizer state there).
 //!
-//! Device side, under the byte budget: the head's parameters and gradients, the residual stream, the
-//! activations (every block's, or one block's with `--recompute`), and a few block parameter slots that
-//! blocks are uploaded into just before use; the next block's upload is issued while the current block
-//! computes. After each block's backward its gradients are downloaded and added into the host
-//! accumulator.
+//! Device side, under the byte budget: the head's tensors but its vocabulary matrices, and their
+//! gradients; the output projection resident whole when the plan says so, else one vocabulary chunk's
+//! slot it is streamed through (see `vocab_head.rs`: the embedding's rows are gathered on the host, or
+//! on the device from a resident tied projection, and the vocabulary matrices' gradients are summed on
+//! the host, downloaded a chunk at a time); the residual stream, the
+//! activations (every block's, or one block's with `--recompute`), a few block parameter slots that
+//! blocks are uploaded into just before use, and two block gradient buffers. The next block's upload is
+//! issued while the current block computes; after each block's backward its gradients are downloaded
+//! and added into the host accumulator while the next block's backward computes into the other buffer.
 //!
 //! The update runs on a worker thread: once a step's gradient norm is known, the worker updates the
 //! groups in order (head, block 0, block 1, ...) while the device thread starts the next step, which

@@ -41,7 +41,7 @@ pub use measure::measure;
 /// What each link did when timed.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct LinkRates {
-    /// Bytes per second read and written at once, both directions counted (None: no drive timed).
+    /// GB/s (1e9 bytes a second) read and written at once, both directions counted (None: no drive timed).
     pub drive_gbps: Option<f64>,
     /// The share of all the cores the sweep kept busy while timed (the update, checksums, the I/O's system
     /// time): the part of the drive's time the cpu device's work cannot overlap.

@@ -191,8 +191,9 @@ fn adam_config(train: &TrainConfig) -> AdamConfig {
     }
 }
 
-/// The update's parameters per second over 8M parameters (one tensor) with the run's optimizer,
-/// moments and working copy: AdamW's one pass, or LAMB's and LARS's two (norms, then the step).
+/// The update's rate in Gparams/s (1e9 parameters a second), the best of steps 2 to 4 over 8M
+/// parameters (one tensor) with the run's optimizer and moments, f32 gradients in and a bf16 working
+/// copy out whatever the run's precision: AdamW's one pass, or LAMB's and LARS's two (norms, then the step).
 fn measure_adam(train: &TrainConfig) -> f64 {
     let n = 8 << 20;
     let (mut p, grads) = (vec![0.5f32; n], vec![1e-3f32; n]);
