@@ -268,6 +268,9 @@ pub(crate) struct Given {
 
 fn run(cli: Cli, given: &Given, resolved: &str) -> Result<i32> {
     let cli_quiet = cli.quiet;
+    if !runs_in_this_process(&cli.command) {
+        return Ok(0);
+    }
     match cli.command {
         Command::Devices { json } => print_devices(json),
         Command::Eval { model, data, data_dtype, batch_size, seq_len, batches, device } => {
@@ -306,6 +309,20 @@ fn run(cli: Cli, given: &Given, resolved: &str) -> Result<i32> {
         Command::Prepare(args) => cli::prepare::prepare(args, cli_quiet).map(|()| 0),
         Command::Generate(args) => cli::generate::run(*args, cli_quiet).map(|()| 0),
         Command::Selftest(args) => cli::selftest::run(args, cli_quiet),
+    }
+}
+
+/// Under mpirun, whether this process runs `command`. `train` and `bench collectives` run on every
+/// rank (they are the job); a command about one machine (`devices`, `tune`, `selftest`, the other
+/// benches) on the first process of each machine; any other (`eval`, `generate`, `plan`, `prepare`,
+/// `plot`) on the first process alone, so it is done and printed once rather than once a process.
+/// The others end at once with success.
+fn runs_in_this_process(command: &Command) -> bool {
+    use zerostream::comm::{launcher_local_rank, launcher_rank};
+    match command {
+        Command::Train(_) | Command::Bench(BenchCommand::Collectives { .. }) => true,
+        Command::Devices { .. } | Command::Tune(_) | Command::Selftest(_) | Command::Bench(_) => launcher_local_rank() == 0,
+        Command::Eval { .. } | Command::Generate(_) | Command::Plan(_) | Command::Prepare(_) | Command::Plot { .. } => launcher_rank() == 0,
     }
 }
 

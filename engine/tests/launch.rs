@@ -182,3 +182,38 @@ fn check_mpi_equals_in_process_at(world: &str, stage: &str, extra: &[&str]) {
     assert!(weights(local.path()) == weights(mpi.path()), "{what}: saved weights differ between in-process and MPI");
     println!("{what}: mpirun -n {world} and --world-size {world} are bit-identical over {} steps: {a:?}", a.len());
 }
+
+/// Under mpirun each process reads its own command line and files: ranks given other data (here
+/// the same flags but another token file) are refused, naming it, and a `--devices` list too short
+/// for the node's ranks ends the job with its error rather than leaving the others waiting; `plan`
+/// prints once, not once a process.
+#[cfg(feature = "mpi")]
+#[test]
+fn mpirun_ranks_given_other_data_or_too_few_devices_are_refused_and_plan_prints_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let other = dir.path().join("other.bin");
+    let mut tokens = std::fs::read(golden("tokens.bin")).unwrap();
+    let low_byte = tokens.len() - 2;
+    tokens[low_byte] ^= 1; // the last token's low bit: the count and the header are the same
+    std::fs::write(&other, &tokens).unwrap();
+    let bin = env!("CARGO_BIN_EXE_zerostream");
+    let mpirun = || {
+        let mut c = Command::new("mpirun");
+        c.args(["--allow-run-as-root", "--oversubscribe"]);
+        c
+    };
+    let mine = train_args(dir.path(), "2");
+    let mut theirs = mine.clone();
+    let data = theirs.iter().position(|a| a == "--data").unwrap() + 1;
+    theirs[data] = other.to_str().unwrap().to_string();
+    let out = mpirun().args(["-n", "1", bin]).args(&mine).arg(":").args(["-n", "1", bin]).args(&theirs).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("were not given the same --data (the tokens read) (ranks [1])"), "{err}");
+    let out = mpirun().args(["-n", "2", bin]).args(&mine).args(["--devices", "cpu"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--devices lists 1 device, but this node runs at least 2 ranks"), "{err}");
+    let out = mpirun().args(["-n", "2", bin, "plan", "--config", "gpt2", "--device", "cpu"]).output().unwrap();
+    check(&out, "plan under mpirun");
+    let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(said.matches("placement").count(), 1, "{said}");
+}

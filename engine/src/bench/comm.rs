@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 
 use crate::comm::compress::{Codec, GradCompression};
 use crate::comm::{AllReducePhases, Comm};
@@ -97,6 +97,15 @@ pub fn bench_collectives(
     mut extra: impl FnMut(usize, usize) -> Result<Vec<CollectiveRun>>,
 ) -> Result<Vec<CollectiveRun>> {
     let world = comm.world_size();
+    // Under mpirun each process reads its own arguments: sizes or counts that differ would pair
+    // collectives of other lengths (MPI writes past a buffer) or leave a rank waiting.
+    let asked = format!("{slice_sizes_bytes:?} {reps} {codec:?}");
+    let differ = comm.ranks_differing(crate::comm::fingerprint(asked.as_bytes()))?;
+    if !differ.is_empty() {
+        bail!(
+            "bench collectives: ranks {differ:?} were given other --sizes, --reps or --grad-compression than rank 0; give every rank the same"
+        );
+    }
     let mut runs = Vec::new();
     for &size in slice_sizes_bytes {
         let n = (size as usize / 4).max(1);

@@ -233,6 +233,13 @@ impl Comm {
         })
     }
 
+    /// The ranks whose `x` differs from rank 0's (every rank gets the same answer): with
+    /// [`fingerprint`], which ranks were given something else.
+    pub fn ranks_differing(&self, x: u64) -> Result<Vec<usize>> {
+        let all = self.gather_scalars(x)?;
+        Ok((0..all.len()).filter(|&r| all[r] != all[0]).collect())
+    }
+
     /// Every rank's value of `x`, in rank order.
     pub fn gather_scalars<T: bytemuck::Pod + Default>(&self, x: T) -> Result<Vec<T>> {
         let mut out = vec![T::default(); self.world_size()];
@@ -323,6 +330,11 @@ pub fn launcher_rank() -> usize {
     env_count(&["OMPI_COMM_WORLD_RANK", "PMI_RANK"]).unwrap_or(0)
 }
 
+/// This process's rank among the job's processes on this machine (0 outside a launcher).
+pub fn launcher_local_rank() -> usize {
+    env_count(&["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"]).unwrap_or(0)
+}
+
 /// The processes of this job on this machine, from the launcher's environment (None: not launched).
 pub fn launcher_local_size() -> Option<usize> {
     env_count(&["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"])
@@ -330,4 +342,10 @@ pub fn launcher_local_size() -> Option<usize> {
 
 fn env_count(vars: &[&str]) -> Option<usize> {
     vars.iter().find_map(|v| std::env::var(v).ok()).and_then(|s| s.trim().parse().ok())
+}
+
+/// FNV-1a of `bytes`: the same on every process of any build, so ranks compare what they were given
+/// ([`Comm::ranks_differing`]) without sending it.
+pub fn fingerprint(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
 }

@@ -336,9 +336,12 @@ fn launch_mpi(req: &RunRequest) -> Result<Launched> {
     let (devices, choice, adapter) = (&req.ranks.devices, req.ranks.device, req.ranks.adapter.as_deref());
     let which = match devices.get(local_rank) {
         Some(d) => d.clone(),
-        None if !devices.is_empty() => {
-            bail!("--devices lists {} devices, but this node runs at least {} ranks", devices.len(), local_rank + 1)
-        }
+        // Aborted, not returned: the other ranks would wait for this one in their first collective.
+        None if !devices.is_empty() => mpi.abort(&format!(
+            "rank {rank}: --devices lists {}, but this node runs at least {} ranks: list one device per rank on a node",
+            crate::words::counted(devices.len() as u64, "device"),
+            local_rank + 1
+        )),
         None => super::ranks::default_device_for_local_rank(local_rank, choice, adapter),
     };
     let comm = Comm::new(Box::new(mpi.comm()));

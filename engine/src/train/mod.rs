@@ -483,23 +483,29 @@ fn checkpoint_order(model: &Model) -> std::collections::HashMap<String, usize> {
 }
 
 /// Refuses to start unless every rank was given the same model and configuration (a hash of both,
-/// gathered from every rank): under MPI each process parses its own command line.
+/// gathered from every rank): under MPI each process parses its own command line. The flags that
+/// differ are named.
 fn check_same_configuration(comm: &Comm, config: &Model, train: &TrainConfig) -> Result<()> {
     if comm.world_size() == 1 {
         return Ok(());
     }
-    let text = format!("{config:?}\n{train:?}");
-    // FNV-1a: the same on every process of any build.
-    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
-    let hashes = comm.gather_scalars(hash)?;
-    let differ: Vec<usize> = (0..hashes.len()).filter(|&r| hashes[r] != hashes[0]).collect();
-    if !differ.is_empty() {
-        bail!(
-            "ranks {differ:?} were started with a different model or configuration than rank 0 (configuration hashes {hashes:x?}); \
-             every rank must get the same flags"
-        );
+    let whole = crate::comm::fingerprint(format!("{config:?}\n{train:?}").as_bytes());
+    let differ = comm.ranks_differing(whole)?;
+    if differ.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    // Every rank walks the same flag names (one build's), so the collectives pair up.
+    let mut named = Vec::new();
+    if !comm.ranks_differing(crate::comm::fingerprint(format!("{config:?}").as_bytes()))?.is_empty() {
+        named.push("the model (--model, --config or --resume)".to_string());
+    }
+    for (flag, value) in train.to_flags() {
+        if !comm.ranks_differing(crate::comm::fingerprint(value.to_string().as_bytes()))?.is_empty() {
+            named.push(format!("--{flag}"));
+        }
+    }
+    let what = if named.is_empty() { "a different configuration".to_string() } else { named.join(", ") };
+    bail!("ranks {differ:?} were started with other values than rank 0 of {what}; every rank must get the same flags")
 }
 
 /// A parameter tensor on the host: (Hugging Face name, shape, values).

@@ -142,7 +142,7 @@ pub fn train_in_process(
     train: TrainConfig,
 ) -> Result<Vec<RunSummary>> {
     if !devices.is_empty() && devices.len() != world {
-        bail!("--devices lists {} devices for --world-size {world}: give one per rank", devices.len());
+        bail!("--devices lists {} for --world-size {world}: give one per rank", crate::words::counted(devices.len() as u64, "device"));
     }
     in_process(world, |comm| {
         let rank = comm.rank();

@@ -20,6 +20,7 @@ use crate::model::Model;
 use super::demo::Demo;
 pub use super::demo::TEXT as DEMO_TEXT;
 
+mod agree;
 mod data;
 pub mod kept_outputs;
 mod record;
@@ -198,6 +199,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         None => source.model(),
     };
     let (tokens, validation) = open_data(options, &train, &model, &source)?;
+    agree::check_ranks_agree(&comm, options, &tokens, validation.as_ref())?;
     // Before anything is said or written: a gpu adapter without the f16 cooperative matrices refuses
     // `--matmul-inputs f16` here, naming itself (the trainer sets it again, for library callers).
     dev.set_matmul_inputs(train.matmul_inputs)?;
