@@ -347,6 +347,7 @@ impl<D: Backend> Trainer<'_, D> {
             self.write_state(partial, record.save_dtype, true, &record.extras)?.into_iter().collect();
         let mut target = root_dir.join(zerostream_checkpoints::checkpoint::step_name(self.step));
         if let Some(root) = root {
+            check_every_file_is_here(partial, &files)?;
             let mut state = self.trainer_state(record, std::mem::take(&mut files));
             state.last_loss = Some(last_loss).filter(|l| l.is_finite());
             let path = partial.join(STATE_FILE);
@@ -408,6 +409,27 @@ impl<D: Backend> Trainer<'_, D> {
         }
         self.comm.barrier()
     }
+}
+
+/// Before rank 0 commits a checkpoint: every file its manifest names (each rank's optimizer file
+/// included) is in `partial` at its size. Ranks on machines that do not share `--checkpoint-dir`'s
+/// filesystem write their files elsewhere; the checkpoint would be committed whole-looking and
+/// refused on resume.
+fn check_every_file_is_here(partial: &Path, files: &BTreeMap<String, FileDigest>) -> Result<()> {
+    for (name, digest) in files {
+        let path = partial.join(name);
+        match std::fs::metadata(&path) {
+            Ok(meta) if meta.len() == digest.bytes => {}
+            found => bail!(
+                "checkpoint {}: {name} is {}, though its writer wrote {} bytes: under mpirun every rank must write into the \
+                 same --checkpoint-dir, on a filesystem the machines share",
+                partial.display(),
+                found.map_or("missing".into(), |m| format!("{} bytes", m.len())),
+                digest.bytes
+            ),
+        }
+    }
+    Ok(())
 }
 
 /// Where `--save DIR` is written before it is moved into place: `.{name}.partial` beside it.

@@ -1,7 +1,11 @@
-//! Checkpoint refusals that need several ranks.
+//! Checkpoint refusals that need several ranks, or a rank's file not where rank 0 commits it.
 
 use crate::comm::Comm;
 use crate::comm::local::LocalWorld;
+
+use std::collections::BTreeMap;
+
+use super::{FileDigest, check_every_file_is_here};
 
 /// At stage 0 the replicas are the same bits; where one rank's differ by one bit, every rank
 /// refuses the checkpoint, naming that rank and the group.
@@ -31,4 +35,21 @@ fn diverged_replicas_are_refused_by_rank_and_group() {
         let e = differ.expect_err("a diverged replica was accepted");
         assert!(e.contains("rank 2's master weights of h.0 differ from rank 0's"), "rank {rank}: {e}");
     }
+}
+
+/// A rank's file missing from the directory rank 0 commits (ranks that do not share the filesystem),
+/// or of another size than its writer wrote, stops the commit, naming it.
+#[test]
+fn a_checkpoint_missing_a_ranks_file_is_not_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("optimizer.rank0.safetensors"), [0u8; 8]).unwrap();
+    let digest = |bytes| FileDigest { bytes, crc32: 0 };
+    let mut files = BTreeMap::from([("optimizer.rank0.safetensors".to_string(), digest(8))]);
+    check_every_file_is_here(dir.path(), &files).unwrap();
+    files.insert("optimizer.rank1.safetensors".into(), digest(8));
+    let err = check_every_file_is_here(dir.path(), &files).unwrap_err().to_string();
+    assert!(err.contains("optimizer.rank1.safetensors is missing") && err.contains("same --checkpoint-dir"), "{err}");
+    files.insert("optimizer.rank0.safetensors".into(), digest(9));
+    let err = check_every_file_is_here(dir.path(), &files).unwrap_err().to_string();
+    assert!(err.contains("optimizer.rank0.safetensors is 8 bytes, though its writer wrote 9 bytes"), "{err}");
 }
