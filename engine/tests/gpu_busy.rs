@@ -1,4 +1,4 @@
-//! The kernels' busy time by GPU timestamps (`device/gpu_busy.rs`): it grows by what a product's own
+//! The kernels' busy time by GPU timestamps (`device/gpu/busy.rs`): it grows by what a product's own
 //! timestamps say it took, and the cpu device has no such clock.
 
 mod common;

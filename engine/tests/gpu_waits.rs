@@ -1,6 +1,6 @@
 //! No wait on the GPU is unbounded: every call that blocks until the GPU finishes (wgpu's `poll` with a
 //! wait, Vulkan's fence and timeline-semaphore waits, a device or queue's idle wait) is one slice of
-//! `gpu_wait::wait_in_slices`, which reports a wait that goes on and gives it up at the limit
+//! `device::gpu::wait::wait_in_slices`, which reports a wait that goes on and gives it up at the limit
 //! (`ZEROSTREAM_GPU_WAIT_LIMIT_S`). A new blocking call elsewhere fails here: route it through
 //! `GpuDevice::wait_for_submission` or `wait_in_slices` instead.
 
@@ -15,9 +15,9 @@ const BLOCKING: &[&str] =
     &["PollType::Wait", "wait_indefinitely", "raw.wait_for_fences(", "raw.wait_semaphores(", "device_wait_idle", "queue_wait_idle"];
 /// The one place each may appear (under engine/src/), as a slice of `wait_in_slices`.
 const SLICES: &[(&str, &str)] = &[
-    ("device/gpu_wait.rs", "PollType::Wait"),
-    ("device/gpu_copy_queue_vulkan.rs", "raw.wait_for_fences("),
-    ("device/gpu_copy_route.rs", "raw.wait_semaphores("),
+    ("device/gpu/wait.rs", "PollType::Wait"),
+    ("device/gpu/copy_queue/vulkan.rs", "raw.wait_for_fences("),
+    ("device/gpu/copy_route.rs", "raw.wait_semaphores("),
 ];
 
 fn scan(src: &Path, dir: &Path, found: &mut Vec<(String, String, String)>) {

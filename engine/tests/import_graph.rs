@@ -1,6 +1,7 @@
 //! No import circles between the source files of any crate: the graph of `use crate::…` and
 //! `super::…` paths between files (a path resolved to the deepest module file it names; a child's
-//! imports from its own ancestors, which re-export, left out) has no cycle. A newcomer can then read
+//! imports from its own ancestors, which re-export, left out) has no cycle, every module's file where
+//! Rust looks for it (no `#[path]`, whose `super::` the scan would misread). A newcomer can then read
 //! each crate bottom-up, every file after the files it uses.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -83,6 +84,9 @@ fn graph(src: &Path) -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
     for file in files {
         let own = module_path(src, &file);
         let text = std::fs::read_to_string(&file).unwrap();
+        // A module loaded through `#[path]` lives where its file's place does not say: the scan
+        // would read its `super::` as another module's, and miss its circles.
+        assert!(!text.contains("#[path"), "{}: a module loaded through #[path]: move its file where Rust looks for it", file.display());
         // Code only: comments dropped, and a trailing `#[cfg(test)] mod tests` (its `use super::*`).
         let code: String = text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n");
         let code = code.split("#[cfg(test)]\nmod tests").next().unwrap_or("");

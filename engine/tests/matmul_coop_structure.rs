@@ -261,7 +261,7 @@ fn multiply_step(t: &Tile, p: &Params, tile_halves: &[u16], step: usize, sweep: 
     }
 }
 
-/// The engine's packing for the packing variants (`gpu_matmul.rs`'s `pack_operands`, the twin
+/// The engine's packing for the packing variants (`gpu/matmul.rs`'s `pack_operands`, the twin
 /// `pack_f16`): A as [M_pad][K_pad] and B as [K_pad][N_pad] halves, padded to whole tiles along M and N
 /// and whole K steps along K; and the Params the kernel then gets (offsets 0, the padded row lengths as
 /// row strides, B as f16).

@@ -101,7 +101,7 @@ fn copies_issued_behind_kernels_deliver_their_bytes() {
     assert!(err.contains("--k"), "{err}");
 }
 
-/// A device opened with copy queues (`gpu_copy_queue.rs`) has one on Vulkan, at least the stand-in
+/// A device opened with copy queues (`gpu/copy_queue.rs`) has one on Vulkan, at least the stand-in
 /// on wgpu's own queue (lavapipe has no other), and `bench overlap` times a copy each way on each,
 /// checking the bytes on that queue (and on wgpu's, for a queue of its family); an empty copy, one of
 /// part of a word, one out of a tensor's range, a host buffer of no whole words, and a queue the

@@ -3,10 +3,10 @@
 //
 // The opt-in 16-bit path of `train --matmul-inputs f16`; matmul.wgsl (fp32 FMA) stays the default and the
 // fallback. Same Params, same bindings 0-4 and the same strided-operand conventions as matmul.wgsl, so one
-// dispatch path (engine/src/device/gpu_matmul.rs) serves both; flags bits 2-3 (matmul.wgsl's vec4 views)
+// dispatch path (engine/src/device/gpu/matmul.rs) serves both; flags bits 2-3 (matmul.wgsl's vec4 views)
 // are ignored here. It needs three adapter features: SHADER_F16, SUBGROUP (for subgroup_id) and
 // EXPERIMENTAL_COOPERATIVE_MATRIX with a COOP x COOP x COOP f16 x f16 -> f32 configuration (16 on NVIDIA,
-// 8 on Mesa's lavapipe; gpu_matmul.rs's `coop_unavailable` checks them all).
+// 8 on Mesa's lavapipe; gpu/matmul.rs's `coop_unavailable` checks them all).
 //
 // This file is a TEMPLATE: `shaders/src/matmul_coop_template.rs` fills the holes (NAMES in double braces)
 // from a `CoopTile` (cooperative size COOP, workgroup tile TILE_M x TILE_N, K step TILE_K, accumulators per

@@ -9,7 +9,7 @@
 //! other, 0 when they ran one after the other. Every copy's bytes are read back and checked. Last, the
 //! same for the way back: the trainer's gradient download (`Backend::begin_read`, finished by
 //! `finish_read`) issued behind the matmuls. Then, on each copy queue a Vulkan device has beside
-//! wgpu's (`gpu_copy_queue.rs`), a copy each way while the matmuls run on wgpu's queue: whether a
+//! wgpu's (`gpu/copy_queue.rs`), a copy each way while the matmuls run on wgpu's queue: whether a
 //! second queue hides what one serialises.
 
 use std::time::Instant;
@@ -237,7 +237,7 @@ fn upload_run(work: &Work<'_>, cfg: &OverlapConfig, one_matmul: f64, method: Tra
     Ok((OverlapRun::new(format!("h2d {method:?}"), cfg.bytes, timings), host_words))
 }
 
-/// The rows of one copy queue (`gpu_copy_queue.rs`): a copy from host memory into the target, then
+/// The rows of one copy queue (`gpu/copy_queue.rs`): a copy from host memory into the target, then
 /// the target's bytes back into host memory, each on that queue beside matmuls on wgpu's. Each copy's
 /// bytes are checked: the upload's read back on the same queue, and on wgpu's where the queue is of
 /// wgpu's family. None (and a warning) where the adapter makes no host buffer.

@@ -6,21 +6,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Result, bail};
 
-/// The gpu device's scratch for the column sums' partials (`gpu_columns.rs`): 1 MiB holds 63 blocks
+/// The gpu device's scratch for the column sums' partials (`gpu/columns.rs`): 1 MiB holds 63 blocks
 /// (4032 rows) of sums of a 4096-wide output, less the alignment slack.
 pub const GPU_COLUMN_PARTIALS_BYTES: u64 = 1 << 20;
 
 /// The gpu device's scratch for a product's operands rounded to f16 (`--matmul-inputs f16` with a precast
-/// or packing cooperative-matrix variant, `gpu_matmul.rs`): 32 Mi halves, A and B of GPT-2 XL's or
+/// or packing cooperative-matrix variant, `gpu/matmul.rs`): 32 Mi halves, A and B of GPT-2 XL's or
 /// Llama-3.2-1B's largest products at 1024 tokens and 4 sequences, padded to whole tiles (a piece that
 /// needs more runs staged from A and B as they are: the same bits).
 pub const GPU_COOP_SCRATCH_BYTES: u64 = 64 << 20;
 
-/// Bytes of each buffer of the gpu device's upload ring (`gpu_staging.rs`): a chunk of a write.
+/// Bytes of each buffer of the gpu device's upload ring (`gpu/staging.rs`): a chunk of a write.
 pub const GPU_UPLOAD_CHUNK_BYTES: u64 = 8 << 20;
 /// Buffers the upload ring may grow to (512 MiB) while writes outrun the device's copies.
 pub const GPU_UPLOAD_RING_MAX_LEN: usize = 64;
-/// The most bytes of finished reads' staging buffers the gpu device keeps for reuse (`gpu_memory.rs`), or
+/// The most bytes of finished reads' staging buffers the gpu device keeps for reuse (`gpu/memory.rs`), or
 /// two buffers of the largest read's size where that is more ([`AllocCosts::spare_readback_bytes`]): room
 /// for a block's buffer beside the other sizes' (vocabulary chunks, the head), since a buffer made afresh for
 /// each read costs more than the copy itself (Llama-3.2-1B's 232 MiB blocks spent 1.4 s a step waiting

@@ -33,7 +33,7 @@ const MAX_PENDING_PASSES: usize = 256;
 /// Threads per workgroup of the 1-D kernels (elementwise and per-row).
 const WORKGROUP_THREADS: usize = 256;
 /// The optional features zerostream uses when an adapter has them (cooperative matrices only for
-/// `--matmul-inputs f16`, and only where the adapter lists them: see `gpu_matmul.rs`).
+/// `--matmul-inputs f16`, and only where the adapter lists them: see `gpu/matmul.rs`).
 const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
     .union(wgpu::Features::TIMESTAMP_QUERY)
     .union(wgpu::Features::SUBGROUP)
@@ -47,7 +47,7 @@ pub struct GpuTensor {
     /// f32, or 16-bit values packed two per word (element 2i in the low half).
     format: Option<HalfFormat>,
     /// Made while a copy route was set, and cleared on wgpu's queue then, so wgpu counts it as
-    /// initialised and a raw copy may write it (`gpu_copy_route.rs`).
+    /// initialised and a raw copy may write it (`gpu/copy_route.rs`).
     ready_for_copies: bool,
     _charge: Charge,
 }
@@ -122,9 +122,9 @@ pub struct GpuDevice {
     spare_staging: RefCell<Vec<pinned::ReadStaging>>,
     /// The largest read-back so far: the spares kept are capped as the planner counts them.
     largest_read_bytes: Cell<u64>,
-    /// Large writes' staging buffers (`gpu_staging.rs`).
+    /// Large writes' staging buffers (`gpu/staging.rs`).
     upload_ring: staging::UploadRing,
-    /// Host buffers uploads copy from directly (`gpu_pinned.rs`).
+    /// Host buffers uploads copy from directly (`gpu/pinned.rs`).
     pinned: pinned::PinnedRegions,
     /// `--matmul-inputs`: f16 runs every matmul through `matmul_coop.wgsl` (set only where it can run).
     matmul_inputs: Cell<MatmulInputs>,
@@ -138,18 +138,18 @@ pub struct GpuDevice {
     attention_table: RefCell<AttentionTable>,
     /// One attention variant for every call, whatever the table says (the tuner and the tests).
     attention_forced: Cell<Option<AttentionTile>>,
-    /// The kernels' busy time from GPU timestamps (`gpu_busy.rs`), where the adapter has them.
+    /// The kernels' busy time from GPU timestamps (`gpu/busy.rs`), where the adapter has them.
     busy: Option<BusyClock>,
-    /// The column sums' partials per block of rows (`gpu_columns.rs`), made by the first column sum
+    /// The column sums' partials per block of rows (`gpu/columns.rs`), made by the first column sum
     /// (the planner counts it in `AllocCosts::fixed_bytes`; generation never needs it).
     column_partials: std::cell::OnceCell<GpuTensor>,
-    /// A precast product's operands rounded to f16 (`gpu_matmul.rs`), made by the first such product
+    /// A precast product's operands rounded to f16 (`gpu/matmul.rs`), made by the first such product
     /// (the planner counts it in `AllocCosts::f16_inputs_bytes`); None where the budget could not hold it.
     coop_scratch: std::cell::OnceCell<Option<GpuTensor>>,
-    /// Queues beside wgpu's that copies may run on (`gpu_copy_queue.rs`): none off Vulkan.
+    /// Queues beside wgpu's that copies may run on (`gpu/copy_queue.rs`): none off Vulkan.
     copy_queues: Vec<copy_queue::CopyQueue>,
     /// `--copy-queue`: the copy queue the big uploads and read-backs take, and the order kept between
-    /// it and wgpu's queue (`gpu_copy_route.rs`); None: everything on wgpu's queue.
+    /// it and wgpu's queue (`gpu/copy_route.rs`); None: everything on wgpu's queue.
     copy_route: RefCell<Option<std::rc::Rc<copy_route::Route>>>,
 }
 
@@ -166,7 +166,7 @@ impl GpuTensor {
 impl GpuDevice {
     /// Opens an adapter: `selector` is an index or a case-insensitive substring of the name, as listed by
     /// `zerostream devices`; without one, the most capable adapter (discrete first, software last).
-    /// On Vulkan it asks for the queues beside wgpu's that copies may run on (`gpu_copy_queue.rs`).
+    /// On Vulkan it asks for the queues beside wgpu's that copies may run on (`gpu/copy_queue.rs`).
     pub fn open(selector: Option<&str>, budget_bytes: Option<u64>) -> Result<Self> {
         wait::WaitLimits::from_env()?;
         let instance = instance();
@@ -330,75 +330,41 @@ impl GpuDevice {
     }
 }
 
-// Llama's kernels (RMSNorm, RoPE, SwiGLU) are dispatched from gpu_llama.rs, a child module so that it
-// shares this file's private helpers (windows, pieces) and gpu_dispatch.rs's `dispatch` without
-// widening their visibility.
-#[path = "gpu_llama.rs"]
-mod llama;
-// The decode attention of generation with a KV cache, likewise.
-#[path = "gpu_decode.rs"]
-mod decode;
-// The matmul's dispatch (and its splitting across bindings) is in gpu_matmul.rs.
-#[path = "gpu_matmul.rs"]
-mod matmul;
-
-#[path = "gpu_busy.rs"]
-mod busy;
-// The cross-entropy's dispatches, whole rows and vocabulary chunks, likewise.
-#[path = "gpu_crossentropy.rs"]
-mod crossentropy;
-
-#[path = "gpu_memory.rs"]
-mod memory;
-
-#[path = "gpu_staging.rs"]
-mod staging;
-
-#[path = "gpu_host_staging.rs"]
-mod host_staging;
-
-#[path = "gpu_pinned.rs"]
-mod pinned;
-
-#[path = "gpu_copy_queue.rs"]
-mod copy_queue;
-
-#[path = "gpu_copy_route.rs"]
-mod copy_route;
-pub use copy_queue::CopyQueueKind;
-
-#[path = "gpu_host_buffer.rs"]
-mod host_buffer;
-pub use host_buffer::HostBuffer;
-
-#[path = "gpu_attention.rs"]
+// The children below share this file's private fields and helpers (windows, pieces) and
+// gpu/dispatch.rs's `dispatch` without widening their visibility.
+// The ops by family and kind: Llama's kernels (RMSNorm, RoPE, SwiGLU), the decode attention of
+// generation with a KV cache, the matmul's dispatch (and its splitting across bindings), the
+// cross-entropy's (whole rows and vocabulary chunks), attention, GPT-2's, the column sums, and the
+// casts (f32 to packed halves and back).
 mod attention;
-
-#[path = "gpu_gpt2.rs"]
-mod gpt2;
-
-#[path = "gpu_columns.rs"]
-mod columns;
-
-// Rounding f32 to packed halves and widening them back.
-#[path = "gpu_casts.rs"]
 mod casts;
-
+mod columns;
+mod crossentropy;
+mod decode;
+mod gpt2;
+mod llama;
+mod matmul;
 // The `Backend` ops, each to its dispatch: the element-wise kernels inline, the others in the
 // family's file above.
-#[path = "gpu_backend.rs"]
 mod backend;
-
-// Recording, submission, the pipeline cache and dispatch.
-#[path = "gpu_dispatch.rs"]
+// Recording, submission, the pipeline cache and dispatch; wgpu's errors caught per call instead of
+// fatal (`zerostream selftest`); waits bounded and reported; the kernels' busy time.
+mod busy;
 mod dispatch;
-
-// wgpu's errors caught per call instead of fatal (`zerostream selftest`).
-#[path = "gpu_errors.rs"]
 mod errors;
-
-#[path = "gpu_wait.rs"]
 mod wait;
+// Moving bytes: uploads and read-backs, the upload ring, host staging, pinned memory, the parallel
+// fills of staging, the copy queues and the route the trainer's copies take.
+mod copy_queue;
+mod copy_route;
+mod fill;
+mod host_buffer;
+mod host_staging;
+mod memory;
+mod pinned;
+mod staging;
+pub use copy_queue::CopyQueueKind;
+pub use host_buffer::HostBuffer;
 
 /// For the library's own GPU tests (as `tests/common::gpu_or_skip` is for the integration tests): the
 /// adapter `--device gpu` opens by default, or None after saying `test` skipped, or a panic under

@@ -103,7 +103,7 @@ pub trait Backend {
     /// Waits until all work recorded so far has run (a no-op where ops run synchronously).
     fn synchronize(&self) {}
     /// Seconds the device's kernels have kept it busy so far, by the device's own clock (the gpu device's
-    /// timestamps: `device/gpu_busy.rs`), once all work recorded so far has run; None where there is no
+    /// timestamps: `device/gpu/busy.rs`), once all work recorded so far has run; None where there is no
     /// such clock (the cpu device, adapters without timestamp queries).
     fn kernel_seconds(&self) -> Option<f64> {
         None
@@ -114,7 +114,7 @@ pub trait Backend {
         false
     }
     /// A zeroed host buffer of `len_bytes` that uploads copy from without staging (the gpu device's
-    /// pinned memory: `device/gpu_pinned.rs`), for data uploaded often (the working copies); Some(Err)
+    /// pinned memory: `device/gpu/pinned.rs`), for data uploaded often (the working copies); Some(Err)
     /// says why it made none; None where the device reads host memory as it is (cpu).
     fn alloc_pinned(&self, _len_bytes: usize) -> Option<std::result::Result<zerostream_offload::AlignedBuf, PinRefused>> {
         None
@@ -151,7 +151,7 @@ pub trait Backend {
     /// naming itself.
     fn set_matmul_inputs(&self, inputs: MatmulInputs) -> Result<()>;
     /// `--copy-queue`: a gpu device's big uploads and read-backs on a second queue beside the kernels,
-    /// the same bits (`gpu_copy_route.rs`); the cpu device, which copies nothing, refuses `on`.
+    /// the same bits (`gpu/copy_route.rs`); the cpu device, which copies nothing, refuses `on`.
     fn set_copy_queue(&self, on: bool) -> Result<()>;
     /// dbias (N) += column sums of dout (M, N).
     fn bias_backward(&self, dbias: &Self::Tensor, dout: &Self::Tensor, m: usize, n: usize);

@@ -52,7 +52,7 @@ pub enum TransferMethod {
 }
 
 /// Chunk size and ring length of the d2h staging ring (the h2d ring is the device's own,
-/// `gpu_staging.rs`).
+/// `gpu/staging.rs`).
 const RING_CHUNK_BYTES: u64 = 8 << 20;
 const RING_LEN: usize = 4;
 /// Bytes per rayon task copying out of a mapping.

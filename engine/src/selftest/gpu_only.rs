@@ -191,7 +191,7 @@ impl Drop for RouteOff<'_> {
     }
 }
 
-/// `--copy-queue`'s order between wgpu's queue and the copy queue (`gpu_copy_route.rs`), bit for bit
+/// `--copy-queue`'s order between wgpu's queue and the copy queue (`gpu/copy_route.rs`), bit for bit
 /// against the sums made on the host. Rounds run in flight together, none waited for before the
 /// last is issued: each writes new values into one pinned buffer (after the copy out of it for the
 /// round before), uploads them from it on the copy queue into the same tensor x (after the kernels

@@ -1,5 +1,5 @@
 // The Params and binding 0 of every matmul kernel (matmul.wgsl, matmul_coop.wgsl, matmul_coop_direct.wgsl),
-// so that one dispatch path (engine/src/device/gpu_matmul.rs) serves them all.
+// so that one dispatch path (engine/src/device/gpu/matmul.rs) serves them all.
 
 struct Params {
     m: u32, n: u32, k: u32, flags: u32, // flags: bit 0 accumulate into C, 1 add bias, 2 a4 usable, 3 b4 usable (matmul.wgsl)

@@ -1,4 +1,4 @@
-//! Host buffers for `bench overlap`'s copies on the copy queues (`gpu_copy_queue.rs`): mapped host
+//! Host buffers for `bench overlap`'s copies on the copy queues (`gpu/copy_queue.rs`): mapped host
 //! memory that a copy reads or writes while the host keeps its hands off, enforced by the types (a
 //! copy into it takes `&mut`, its reads and writes wait for the copies issued with it). A child
 //! module of `gpu`.
@@ -9,7 +9,7 @@ use super::GpuDevice;
 use super::copy_queue::{BufferCopy, CopyQueueKind};
 
 /// A buffer in host memory the copy queues copy into or out of, mapped for its lifetime (`bench
-/// overlap`'s source and read-back; see `gpu_host_staging.rs` for the memory).
+/// overlap`'s source and read-back; see `gpu/host_staging.rs` for the memory).
 ///
 /// The host touches it only once the copies issued with it are done: [`Self::write`] and
 /// [`Self::bytes`] wait for the device's copy queues first where one was issued since, and a copy

@@ -9,8 +9,8 @@
 use std::sync::mpsc::{Receiver, TryRecvError};
 
 use anyhow::{Result, bail};
-use rayon::prelude::*;
 
+use super::fill::fill_in_parallel;
 use super::pinned::ReadStaging;
 use super::{GpuDevice, GpuTensor};
 use crate::device::{AllocCosts, HalfFormat};
@@ -20,44 +20,6 @@ pub(super) type Mapped = Receiver<Result<(), wgpu::BufferAsyncError>>;
 
 /// Below this an upload is one `write_buffer` (threads and a submission would cost more than they save).
 const RING_UPLOAD_MIN_BYTES: usize = 1 << 20;
-/// Bytes per rayon task filling mapped staging memory.
-const FILL_PIECE_BYTES: usize = 1 << 20;
-
-/// Copies `src` into the start of `dst` (write-only mapped memory) on rayon's threads, a piece each.
-pub(super) fn fill_in_parallel(mut dst: wgpu::WriteOnly<'_, [u8]>, src: &[u8]) {
-    assert!(src.len() <= dst.len(), "{} bytes into a mapping of {}", src.len(), dst.len());
-    // SAFETY: the mapping is at least `src.len()` bytes and `dst` is borrowed mutably while this runs.
-    unsafe { fill_raw_in_parallel(dst.as_raw_element_ptr().as_ptr(), src) }
-}
-
-/// Copies `src` to `dst` on rayon's threads, a piece each.
-///
-/// # Safety
-/// `dst` must be valid for writes of `src.len()` bytes, not overlap `src`, and be written by nothing
-/// else while this runs.
-pub(super) unsafe fn fill_raw_in_parallel(dst: *mut u8, src: &[u8]) {
-    let base = StagingPtr(dst);
-    src.par_chunks(FILL_PIECE_BYTES).enumerate().for_each(|(i, piece)| {
-        // SAFETY: piece i goes to bytes i * PIECE .. of `dst`, which holds `src.len()` bytes (the
-        // caller's promise): in bounds, disjoint between tasks, and only written.
-        unsafe { std::ptr::copy_nonoverlapping(piece.as_ptr(), base.get().add(i * FILL_PIECE_BYTES), piece.len()) }
-    });
-}
-
-/// The mapping's base pointer, shared by the tasks that each write their own disjoint piece (wgpu's
-/// `WriteOnly<[u8]>` is not `Send`, so it cannot be split among them).
-#[derive(Clone, Copy)]
-struct StagingPtr(*mut u8);
-// SAFETY: the tasks write disjoint byte ranges through it, inside the mapping, which outlives them.
-unsafe impl Send for StagingPtr {}
-unsafe impl Sync for StagingPtr {}
-
-impl StagingPtr {
-    /// Through a method, so that closures capture the whole `StagingPtr` (Send), not its field.
-    fn get(self) -> *mut u8 {
-        self.0
-    }
-}
 
 // `write_halves` uploads 16-bit values as they lie in memory, which is the device's packing only on a
 // little-endian host (every target zerostream builds for).
@@ -78,7 +40,7 @@ pub struct GpuPendingRead {
 impl GpuDevice {
     /// Writes `bytes` into `dst` at `offset`, ordered after the work recorded before it (submitted
     /// first) and before the work recorded after it: bytes in pinned host memory by one device copy
-    /// from there (`gpu_pinned.rs`), other large writes through the upload ring (`gpu_staging.rs`),
+    /// from there (`gpu/pinned.rs`), other large writes through the upload ring (`gpu/staging.rs`),
     /// small ones through `write_buffer`, which lands before the next submission.
     pub(in crate::device) fn upload(&self, t: &GpuTensor, offset: u64, bytes: &[u8]) {
         let dst = &t.buffer;
@@ -199,7 +161,7 @@ impl GpuDevice {
             spares.iter().position(|s| s.buffer().size() == total && s.kind() == kind).map(|i| spares.swap_remove(i))
         };
         let staging = spare.unwrap_or_else(|| self.new_read_staging(total));
-        if let Some(pending) = self.read_on_copy_queue(tensors, &sizes, &staging) {
+        if let Some(pending) = self.read_on_copy_queue(tensors, &sizes, staging.pinned_buffer()) {
             return GpuPendingRead { staging: Some(staging), sizes, formats, mapped: None, submission: None, copy: Some(pending) };
         }
         self.track_uses(&tensors.iter().map(|t| &t.buffer).chain([staging.buffer()]).collect::<Vec<_>>());

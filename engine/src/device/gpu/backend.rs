@@ -1,7 +1,7 @@
 //! `impl Backend for GpuDevice`: every op of the device trait, each to its dispatch — the element-wise
 //! kernels (fill, axpy, the gradient norm's sum of squares, activations, residual, dropout, bias
-//! backward) here, the others in their family's file (`gpu_gpt2.rs`, `gpu_attention.rs`, `gpu_llama.rs`,
-//! `gpu_crossentropy.rs`, `gpu_matmul.rs`, `gpu_decode.rs`, `gpu_memory.rs`).
+//! backward) here, the others in their family's file (`gpu/gpt2.rs`, `gpu/attention.rs`, `gpu/llama.rs`,
+//! `gpu/crossentropy.rs`, `gpu/matmul.rs`, `gpu/decode.rs`, `gpu/memory.rs`).
 
 use super::*;
 
@@ -329,7 +329,7 @@ impl Backend for GpuDevice {
         }
     }
 
-    // The cross-entropy ops: the dispatch code is in gpu_crossentropy.rs.
+    // The cross-entropy ops: the dispatch code is in gpu/crossentropy.rs.
     fn crossentropy(&self, losses: &GpuTensor, logits: &GpuTensor, targets: &GpuTokens, vocab: usize, grad_scale: Option<f32>) {
         self.dispatch_crossentropy(losses, logits, targets, vocab, grad_scale)
     }
@@ -340,7 +340,7 @@ impl Backend for GpuDevice {
         self.dispatch_crossentropy_chunk_grad(logits, lse, targets, chunk, grad_scale)
     }
 
-    // Llama's ops: the dispatch code is in gpu_llama.rs.
+    // Llama's ops: the dispatch code is in gpu/llama.rs.
     fn rmsnorm_forward(
         &self,
         out: &GpuTensor,

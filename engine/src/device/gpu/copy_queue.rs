@@ -7,7 +7,7 @@
 //! device asks for those when it opens, beside wgpu's own (through wgpu's Vulkan hal,
 //! `open_with_callback`), and moves bytes on them with raw `vkCmdCopyBuffer`s, each submission fenced:
 //! `bench overlap` times copies there beside kernels on wgpu's queue, and `--copy-queue` moves the
-//! trainer's big uploads and read-backs to the second queue of wgpu's family (`gpu_copy_route.rs`).
+//! trainer's big uploads and read-backs to the second queue of wgpu's family (`gpu/copy_route.rs`).
 //!
 //! Where the adapter has no second queue of wgpu's family (lavapipe has one queue in all), a stand-in
 //! submits to wgpu's own queue ([`CopyQueueKind::SharedStandIn`]): it overlaps nothing, and tests the
@@ -149,7 +149,6 @@ impl GpuDevice {
 pub(super) use vulkan::{CopyQueue, open_with_queues, raw_buffer, raw_handles};
 
 #[cfg(any(target_os = "linux", target_os = "windows"))]
-#[path = "gpu_copy_queue_vulkan.rs"]
 mod vulkan;
 
 #[cfg(not(any(target_os = "linux", target_os = "windows")))]

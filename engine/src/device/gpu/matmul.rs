@@ -14,7 +14,7 @@
 //! adapter that [`coop_unavailable`] accepts: `matmul_coop.wgsl` staged from A and B as they are (or
 //! precast), `matmul_coop_direct.wgsl` and the wide `matmul_coop.wgsl` from A and B packed here first
 //! (`pack_f16.wgsl`, `Loads`). Its variants of one size give the same bits as each other. That side
-//! (variant choice, scratch, precast and packing, dispatch) is the child `gpu_matmul_coop.rs`. The
+//! (variant choice, scratch, precast and packing, dispatch) is the child `gpu/matmul/coop.rs`. The
 //! fp32 kernel is the default and the fallback everywhere.
 //!
 //! [`Backend::matmul`]: crate::device::Backend::matmul
@@ -28,7 +28,6 @@ use crate::device::matmul_tuning::{MatmulClass, MatmulTable};
 use crate::device::{MatmulInputs, MatmulShape};
 use zerostream_shaders::{CoopTile, MatmulTile};
 
-#[path = "gpu_matmul_coop.rs"]
 mod coop;
 use coop::CoopPiece;
 

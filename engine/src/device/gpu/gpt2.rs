@@ -1,6 +1,6 @@
 //! The gpu device's GPT-2 row ops: the encoder (token and position embeddings) and layer norm, forward
 //! and backward — the dispatches behind the [`Backend`] methods of the same names (whose docs give the
-//! shapes). Like the Llama ops in `gpu_llama.rs`, each splits its rows into pieces whose windows fit one
+//! shapes). Like the Llama ops in `gpu/llama.rs`, each splits its rows into pieces whose windows fit one
 //! binding. A child module of `gpu`, so it uses that file's private helpers.
 //!
 //! [`Backend`]: crate::device::Backend

@@ -10,7 +10,7 @@
 //!   buffer's only mutable access), so a copy never reads words the host is rewriting.
 //! - **Read-backs** ([`ReadBack::Pinned`], where `zerostream tune` found it faster): the device copies
 //!   gradients into such a buffer and the host reads them there once the copy's submission is done,
-//!   without wgpu's `map_async` round trip (`gpu_memory.rs` reads them).
+//!   without wgpu's `map_async` round trip (`gpu/memory.rs` reads them).
 //!
 //! A child module of `gpu`, so it uses that file's private fields.
 
@@ -120,7 +120,7 @@ impl GpuDevice {
     /// Records and submits a device copy of `bytes` into `dst` at `offset`, after the work recorded
     /// before it, where `bytes` lie in a pinned region (whole 32-bit words, as copies move, and at least
     /// [`PINNED_COPY_MIN_BYTES`]); false (nothing done) where they do not. On the copy queue where a
-    /// route is set and `dst` is ready for raw copies (`gpu_copy_route.rs`), else on wgpu's queue.
+    /// route is set and `dst` is ready for raw copies (`gpu/copy_route.rs`), else on wgpu's queue.
     pub(in crate::device) fn copy_from_pinned(&self, dst: &wgpu::Buffer, dst_ready_for_copies: bool, offset: u64, bytes: &[u8]) -> bool {
         if bytes.len() < self.pinned.min_bytes.get().unwrap_or(PINNED_COPY_MIN_BYTES) {
             return false;
@@ -261,6 +261,14 @@ pub(super) enum ReadStaging {
 }
 
 impl ReadStaging {
+    /// The buffer, where it is pinned memory (a copy queue may write it).
+    pub(super) fn pinned_buffer(&self) -> Option<&wgpu::Buffer> {
+        match self {
+            ReadStaging::Pinned(PinnedRead { buffer, .. }) => Some(buffer),
+            ReadStaging::Mapped(_) => None,
+        }
+    }
+
     pub(super) fn buffer(&self) -> &wgpu::Buffer {
         match self {
             ReadStaging::Mapped(buffer) | ReadStaging::Pinned(PinnedRead { buffer, .. }) => buffer,

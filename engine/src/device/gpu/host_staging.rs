@@ -8,11 +8,11 @@
 //! type), mapped once for its lifetime, and handed to wgpu as a copy source (or destination, for a
 //! pinned read-back). Vulkan only (Linux and Windows); elsewhere [`GpuDevice::create_host_buffer`]
 //! says it is unavailable. The same kind of buffer, in cached memory, holds working copies the device
-//! copies from directly (`gpu_pinned.rs`).
+//! copies from directly (`gpu/pinned.rs`).
 //! A child module of `gpu`, so it uses that file's private fields.
 
 use super::GpuDevice;
-use super::memory::fill_raw_in_parallel;
+use super::fill::fill_raw_in_parallel;
 
 /// A copy source in host memory, mapped for its lifetime (wgpu frees the buffer and its memory when
 /// the buffer is dropped, which unmaps it).

@@ -4,7 +4,7 @@
 //! every write (which the driver must map and pin) and copies only after the whole write is filled: on
 //! an H100 it reached 28 GB/s at 64 MiB and 12 GB/s at 256 MiB against a 55 GB/s pinned copy
 //! (benches/results/2026-11-26-h100-gpu.md). The buffers are wgpu's mappable ones or host memory the
-//! device reads (`UploadStaging`, `gpu_host_staging.rs`; `zerostream tune` keeps the faster), not
+//! device reads (`UploadStaging`, `gpu/host_staging.rs`; `zerostream tune` keeps the faster), not
 //! charged to the device's byte budget (the planner counts them in host RAM). A child module of
 //! `gpu`, so it uses that file's private fields.
 
@@ -16,8 +16,9 @@ use std::sync::mpsc::{TryRecvError, channel};
 use anyhow::{Result, bail};
 
 use super::GpuDevice;
+use super::fill::fill_in_parallel;
 use super::host_staging::HostStaging;
-use super::memory::{Mapped, fill_in_parallel};
+use super::memory::Mapped;
 use crate::device::UploadStaging;
 use crate::device::alloc::{GPU_UPLOAD_CHUNK_BYTES, GPU_UPLOAD_RING_MAX_LEN};
 

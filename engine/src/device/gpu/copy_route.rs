@@ -1,6 +1,6 @@
 //! The trainer's big copies on a copy queue (`--copy-queue`, issue #22 item 4): uploads from pinned
 //! host memory (the working copies) and read-backs into pinned host memory (the gradients) leave wgpu's
-//! queue for a second queue of its family (`gpu_copy_queue.rs`), so that they can run while the
+//! queue for a second queue of its family (`gpu/copy_queue.rs`), so that they can run while the
 //! kernels do. A second queue of the same family needs no ownership transfers; a copy-only family's
 //! would, so it is not used here.
 //!
@@ -29,7 +29,6 @@ use std::sync::Arc;
 use anyhow::{Result, bail};
 
 use super::copy_queue::{BufferCopy, CopyQueueKind};
-use super::pinned::ReadStaging;
 use super::{GpuDevice, GpuTensor};
 use crate::device::ReadBack;
 
@@ -110,21 +109,24 @@ impl GpuDevice {
         }
     }
 
-    /// Where a route is set, the read-back is into pinned memory and every tensor is ready for raw
-    /// copies: `tensors` copied into `staging` on the copy queue, and what the host waits on; else
-    /// None (the caller copies on wgpu's queue). Flushes wgpu's queue first, so the copy comes after
-    /// the work recorded so far.
-    pub(super) fn read_on_copy_queue(&self, tensors: &[&GpuTensor], sizes: &[u64], staging: &ReadStaging) -> Option<(Arc<Timelines>, u64)> {
+    /// Where a route is set, the read-back is into pinned memory (`pinned`: its buffer) and every
+    /// tensor is ready for raw copies: `tensors` copied into it on the copy queue, and what the host
+    /// waits on; else None (the caller copies on wgpu's queue). Flushes wgpu's queue first, so the
+    /// copy comes after the work recorded so far.
+    pub(super) fn read_on_copy_queue(
+        &self,
+        tensors: &[&GpuTensor],
+        sizes: &[u64],
+        pinned: Option<&wgpu::Buffer>,
+    ) -> Option<(Arc<Timelines>, u64)> {
         let route = self.route()?;
-        if !matches!(staging, ReadStaging::Pinned(_)) || !tensors.iter().all(|t| t.ready_for_copies) {
-            return None;
-        }
+        let pinned = pinned.filter(|_| tensors.iter().all(|t| t.ready_for_copies))?;
         self.flush();
         let mut offset = 0;
         let mut copies = Vec::new();
         for (t, &size) in tensors.iter().zip(sizes) {
             if size > 0 {
-                copies.push(BufferCopy { src: &t.buffer, src_offset: 0, dst: staging.buffer(), dst_offset: offset, size });
+                copies.push(BufferCopy { src: &t.buffer, src_offset: 0, dst: pinned, dst_offset: offset, size });
             }
             offset += size;
         }

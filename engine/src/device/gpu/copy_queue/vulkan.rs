@@ -1,6 +1,6 @@
-//! The Vulkan side of the copy queues (`gpu_copy_queue.rs`): opening the device with the extra
+//! The Vulkan side of the copy queues (`gpu/copy_queue.rs`): opening the device with the extra
 //! queues, and each queue's command pool, fenced submissions of raw `vkCmdCopyBuffer`s and their waits.
-//! Linux and Windows only; a child of `gpu_copy_queue.rs`.
+//! Linux and Windows only; a child of `gpu/copy_queue.rs`.
 
 use std::cell::RefCell;
 

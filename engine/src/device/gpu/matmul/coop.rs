@@ -1,6 +1,6 @@
 //! The cooperative-matrix side of the gpu matmul (`--matmul-inputs f16`): which variant a product
 //! runs, the f16 operand scratch, precasting or packing a piece's operands into it, cutting a piece
-//! whose packed operands would not fit it, and the dispatch. A child of `gpu_matmul.rs`, whose
+//! whose packed operands would not fit it, and the dispatch. A child of `gpu/matmul.rs`, whose
 //! [`GpuDevice::matmul_piece`] cuts a product into pieces and hands each here under f16 inputs.
 
 use std::ops::Range;

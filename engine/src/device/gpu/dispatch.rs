@@ -1,6 +1,6 @@
 //! Recording and submitting the gpu device's work: the pending command encoder every op records into
 //! (submitted when a result is read back, or after `MAX_PENDING_PASSES` passes), `synchronize` (its
-//! waits bounded by `gpu_wait.rs`), the pipeline cache, and the one place a kernel is dispatched (its
+//! waits bounded by `gpu/wait.rs`), the pipeline cache, and the one place a kernel is dispatched (its
 //! Params into the uniform arena's slot). A child module of `gpu`, so it reaches the device's fields.
 
 use super::{GpuDevice, MAX_PARAMS_BYTES, MAX_PENDING_PASSES};
