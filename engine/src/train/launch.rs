@@ -156,6 +156,12 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
     if let Some(r) = &resumed {
         r.say(&req, metrics_warning);
     }
+    if first_process() {
+        // Under --quiet too: a full disk would end the run at its first save.
+        for warning in outputs::room_warnings(&req.options, &model_config(&req.options.model)?, &req.train) {
+            eprintln!("{warning}");
+        }
+    }
     if first_process() && req.options.progress {
         let (_, cpu_only) = req.ranks.on_cpu();
         let shape = super::ignored::RunShape { world, cpu_only };

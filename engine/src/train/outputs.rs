@@ -194,3 +194,42 @@ pub fn save_finished_model(dir: &Path, save: &Path) -> Result<()> {
     eprintln!("train: saved the checkpoint's model to {}", save.display());
     Ok(())
 }
+
+/// Warnings for a `--checkpoint-dir` or `--save` whose file system has less room free than one
+/// checkpoint (or the model) of `model` takes, an estimate from its parameters: a full disk would
+/// otherwise be found at the first save, after the steps before it. Warned, not refused: the bytes
+/// are estimated, and a disk may be freed while the run trains.
+pub fn room_warnings(options: &RunOptions, model: &crate::model::Model, train: &super::TrainConfig) -> Vec<String> {
+    use super::checkpoint::SaveDtype;
+    let params: u64 = super::layout::group_layouts(model).iter().map(|g| g.len as u64).sum();
+    let dtype = options.save_dtype.unwrap_or(SaveDtype::of(train.precision));
+    let model_bytes = params * if dtype == SaveDtype::F32 { 4 } else { 2 };
+    let moment_bytes = match train.adam_state {
+        super::choices::AdamState::Fp32 => 4,
+        super::choices::AdamState::Bf16 => 2,
+    };
+    // The master weights in f32 and the moments, over all ranks' optimizer files.
+    let optimizer_bytes = params * (4 + moment_bytes * train.optimizer.moment_names().len() as u64);
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let mut warnings = Vec::new();
+    let mut check = |flag: &str, path: &Path, need: u64, what: &str| {
+        if let Ok(free) = zerostream_offload::free_bytes(path)
+            && free < need
+        {
+            warnings.push(format!(
+                "warning: {flag} {}: {what} takes about {:.2} GiB, but its file system has {:.2} GiB free: the save would \
+                 fail for want of room (free some space, or name a roomier place)",
+                path.display(),
+                gib(need),
+                gib(free)
+            ));
+        }
+    };
+    if let Some(dir) = &options.checkpoints.dir {
+        check("--checkpoint-dir", dir, model_bytes + optimizer_bytes, "a checkpoint (the model and the optimizer's state)");
+    }
+    if let Some(save) = &options.save {
+        check("--save", save, model_bytes, "the model");
+    }
+    warnings
+}
