@@ -137,7 +137,7 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
     size_params_ram_cache(&mut req, world, ranks_here)?;
     let mut one_device = None;
     if mpi_world.is_none() {
-        check_host_ram(&req, &req.train, world, world)?;
+        check_host_room(&req, &req.train, world, world)?;
         let ranks = &req.ranks;
         if world == 1 && ranks.devices.len() > 1 {
             bail!("--devices lists {} devices but --world-size is 1: add --world-size {}", ranks.devices.len(), ranks.devices.len());
@@ -273,7 +273,7 @@ fn planned_costs(ranks: &RankRequest) -> AllocCosts {
 /// Refuses before any work a run (`req` with the settings `train`) whose state would not fit in this
 /// machine's RAM or on its NVMe directory's disk (`ranks_here` ranks), or whose device budget the
 /// chosen device cannot keep.
-fn check_host_ram(req: &RunRequest, train: &TrainConfig, world: usize, ranks_here: usize) -> Result<()> {
+fn check_host_room(req: &RunRequest, train: &TrainConfig, world: usize, ranks_here: usize) -> Result<()> {
     let model = model_config(&req.options.model)?;
     let placement = plan_on(&model, train, world, planned_costs(&req.ranks))?;
     placement.check_host_ram(ranks_here)?;
@@ -335,7 +335,7 @@ fn launch_mpi(req: &RunRequest) -> Result<Launched> {
         // holds the same blocks and the checkpoint records the size they all used.
         train.params_ram_cache_bytes = mpi.min_u64(train.params_ram_cache_bytes);
     }
-    if let Err(e) = check_host_ram(req, &train, mpi.size(), mpi.node_local_size()) {
+    if let Err(e) = check_host_room(req, &train, mpi.size(), mpi.node_local_size()) {
         mpi.abort(&format!("rank {rank}: {e:#}"));
     }
     train.adam_threads = adam_threads_per_rank(train.adam_threads, mpi.node_local_size());

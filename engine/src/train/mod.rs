@@ -92,11 +92,17 @@ pub enum ModelSource<'a> {
 }
 
 impl ModelSource<'_> {
-    pub fn model(&self) -> Model {
-        match self {
-            ModelSource::Hf(m) => Model::of_hf(m).expect("checked when the source was made"),
+    /// The model as `train` runs it: the source's, every dropout probability `--dropout`'s where
+    /// given.
+    pub fn trained_model(&self, train: &TrainConfig) -> Result<Model> {
+        let model = match self {
+            ModelSource::Hf(m) => Model::of_hf(m)?,
             ModelSource::Random { model, .. } => model.clone(),
             ModelSource::Checkpoint(c) => c.model.clone(),
+        };
+        match train.dropout {
+            Some(p) => model.with_dropout(p),
+            None => Ok(model),
         }
     }
 
@@ -185,10 +191,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
     /// This rank's part of a run of `comm.world_size()` ranks: every rank calls this with the same
     /// model and configuration (checked), then calls the same methods in the same order.
     pub fn with_comm(dev: &'d D, source: &ModelSource<'_>, train: TrainConfig, comm: Comm) -> Result<Self> {
-        let model = match train.dropout {
-            Some(p) => source.model().with_dropout(p)?,
-            None => source.model(),
-        };
+        let model = source.trained_model(&train)?;
         check_before_work(dev, &model, &train)?;
         let sharding = Sharding { rank: comm.rank(), world: comm.world_size(), stage: train.zero_stage };
         check_same_configuration(&comm, &model, &train)?;

@@ -71,7 +71,6 @@ pub struct RunOptions {
     pub eval_every: u64,
     /// Micro-batches of --val-data per validation (at most as many as it holds).
     pub eval_batches: usize,
-    pub seed: u64,
     pub metrics: Option<PathBuf>,
     /// A timeline of rank 0's steps in the Chrome trace format ([`super::trace`]).
     pub trace: Option<PathBuf>,
@@ -94,7 +93,7 @@ pub struct RunOptions {
 }
 
 impl RunOptions {
-    /// `model` with the command line's defaults: the built-in text, seed 1337, no files written, a
+    /// `model` with the command line's defaults: the built-in text, no files written, a
     /// 300-token sample after "HAMLET", progress on stderr.
     pub fn new(model: ModelChoice) -> Self {
         RunOptions {
@@ -104,7 +103,6 @@ impl RunOptions {
             val_data: None,
             eval_every: 0,
             eval_batches: 4,
-            seed: 1337,
             metrics: None,
             trace: None,
             tensorboard: None,
@@ -184,20 +182,14 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
             }
             ModelSource::Hf(&hf)
         }
-        ModelChoice::Config(spec) => ModelSource::Random { model: resolve_config(spec)?, seed: options.seed },
-        ModelChoice::Demo => ModelSource::Random { model: Demo::get()?.model(), seed: options.seed },
+        ModelChoice::Config(spec) => ModelSource::Random { model: resolve_config(spec)?, seed: train.seed },
+        ModelChoice::Demo => ModelSource::Random { model: Demo::get()?.model(), seed: train.seed },
         ModelChoice::Resume(dir) => {
             resumed = Checkpoint::open(dir)?;
             ModelSource::Checkpoint(&resumed)
         }
     };
-    // One seed for the initialisation, the dropout masks and the sample.
-    let train = TrainConfig { seed: options.seed, ..train };
-    // The model as the trainer will run it (`--dropout` applied).
-    let model = match train.dropout {
-        Some(p) => source.model().with_dropout(p)?,
-        None => source.model(),
-    };
+    let model = source.trained_model(&train)?;
     let (tokens, validation) = open_data(options, &train, &model, &source)?;
     agree::check_ranks_agree(&comm, options, &tokens, validation.as_ref())?;
     // Before anything is said or written: a gpu adapter without the f16 cooperative matrices refuses
@@ -443,8 +435,9 @@ fn sample_text<D: Backend>(
         say(format!("no sample: the --prompt's {} tokens are more than the model's sliding window of {w}", prompt.len()));
         return Ok(None);
     }
+    let seed = trainer.train.seed;
     let mut load = |g: usize| trainer.master_group(g);
-    let ids = crate::generate::sample(model, &mut load, &prompt, options.sample_tokens, 0.8, options.seed)?;
+    let ids = crate::generate::sample(model, &mut load, &prompt, options.sample_tokens, 0.8, seed)?;
     if !lead {
         return Ok(None);
     }

@@ -110,7 +110,6 @@ fn run_options(a: &TrainArgs, model: ModelChoice) -> Result<RunOptions> {
         val_data: a.val_data.clone(),
         eval_every: a.eval_every,
         eval_batches: a.eval_batches,
-        seed: a.seed,
         metrics: a.metrics.clone(),
         trace: a.trace.clone(),
         tensorboard: None,

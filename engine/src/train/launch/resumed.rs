@@ -22,10 +22,10 @@ pub(super) fn resume_from_checkpoint(req: &mut RunRequest, world: usize) -> Resu
     if let Some((flag, given)) = &req.named_model {
         check_named_model(flag, given, &dir)?;
     }
-    req.train = resume::merge(&dir, &state, &req.train, &req.explicit_flags, req.options.seed, world)?;
+    req.train = resume::merge(&dir, &state, &req.train, &req.explicit_flags, req.train.seed, world)?;
     let kept = kept_outputs::take(&dir, &state.outputs, &req.explicit_flags, &mut req.options, &mut req.tensorboard);
     check_checkpoint_flags(&req.options)?;
-    req.options.seed = state.seed;
+    req.train.seed = state.seed;
     // The built-in text has no path; anything else trained on is a file.
     if req.options.data.is_none() {
         req.options.data = state.settings.get("data").and_then(|d| d.as_str()).map(PathBuf::from);

@@ -25,7 +25,7 @@ pub(super) fn run_record(
     say: &dyn Fn(String),
 ) -> Result<RunRecord> {
     Ok(RunRecord {
-        seed: options.seed,
+        seed: train.seed,
         // The built-in text's label is no path.
         data: if options.data.is_some() { absolute(&tokens.path) } else { tokens.path.clone() }.display().to_string(),
         data_tokens: tokens.len,
@@ -101,7 +101,7 @@ fn later_checkpoints_warning(dir: &Path, later: &[u64]) -> Option<String> {
 /// Every setting of the run by flag name: the trainer's, the seed, the data and the world size.
 fn run_settings(train: &TrainConfig, options: &RunOptions, world: usize) -> Flags {
     let mut settings = train.to_flags();
-    settings.insert("seed".into(), options.seed.into());
+    settings.insert("seed".into(), train.seed.into());
     settings.insert("data".into(), options.data.as_ref().map(|p| absolute(p).display().to_string()).into());
     settings.insert("world-size".into(), world.into());
     settings.insert("data-dtype".into(), if options.data_dtype == TokenWidth::U32 { "u32" } else { "u16" }.into());
