@@ -178,8 +178,15 @@ impl CheckpointRoot {
         let steps: Vec<(u64, PathBuf)> = list_checkpoints(&self.dir)?.into_iter().filter(|(s, _)| ours(*s)).collect();
         let excess = steps.len().saturating_sub(keep);
         let mut removed = Vec::new();
-        for (_, path) in steps.into_iter().take(excess) {
-            std::fs::remove_dir_all(&path).with_context(|| format!("removing old checkpoint {}", path.display()))?;
+        for (step, path) in steps.into_iter().take(excess) {
+            // Out of the list first, whole (a removal that stops half-way must not leave a checkpoint
+            // that lists as complete); what the removal leaves, the next open clears as a leftover.
+            let going = partial_dir(&self.dir, step);
+            if going.exists() {
+                let _ = std::fs::remove_dir_all(&going);
+            }
+            std::fs::rename(&path, &going).with_context(|| format!("removing old checkpoint {}", path.display()))?;
+            let _ = std::fs::remove_dir_all(&going);
             removed.push(path);
         }
         Ok(removed)

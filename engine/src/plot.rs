@@ -187,6 +187,7 @@ mod tests {
         assert!(err.contains("bad.jsonl line 2"), "{err}");
         std::fs::write(&bad, "").unwrap();
         assert!(read_metrics(&bad).err().unwrap().to_string().contains("no rows"));
+        #[cfg(unix)]
         assert!(read_metrics(Path::new("/dev/zero")).err().unwrap().to_string().contains("not a regular file"));
         // A diverged run's null losses are gaps, not an error; a row without a loss still is one.
         let diverged = dir.path().join("diverged.jsonl");

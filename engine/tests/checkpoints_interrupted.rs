@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cli::{assert_same_checkpoint, demo_args, demo_args_every, stderr, strings, zerostream};
+use common::cli::{assert_same_checkpoint, demo_args, stderr, strings, zerostream};
 use rand::{Rng, SeedableRng};
 
 /// SIGKILL at seeded random instants — during steps and during saves — then resume, dozens of times:
@@ -107,7 +107,8 @@ fn sigkill_and_resume(kills_wanted: usize, extra: impl Fn(&Path) -> Vec<String>)
 }
 
 /// SIGINT exits 130 and SIGTERM 143 (128 + the signal, as shells report them), each after its step's
-/// checkpoint.
+/// checkpoint. (Unix: it sends them with `kill`.)
+#[cfg(unix)]
 #[test]
 fn a_signal_finishes_the_step_checkpoints_and_exits_128_plus_it_even_when_delivered_twice() {
     for (signal, code) in [("-INT", 130), ("-TERM", 143)] {
@@ -115,11 +116,12 @@ fn a_signal_finishes_the_step_checkpoints_and_exits_128_plus_it_even_when_delive
     }
 }
 
+#[cfg(unix)]
 fn stop_by(signal: &str, code: i32) {
     let dir = tempfile::tempdir().unwrap();
     let ck = dir.path().join("ck");
     let metrics = dir.path().join("m.jsonl");
-    let mut args = demo_args_every(&ck, 100_000, 0);
+    let mut args = common::cli::demo_args_every(&ck, 100_000, 0);
     args.extend(strings(&["--metrics", metrics.to_str().unwrap()]));
     let child = Command::new(env!("CARGO_BIN_EXE_zerostream")).args(&args).stderr(std::process::Stdio::piped()).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);

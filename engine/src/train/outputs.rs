@@ -16,6 +16,12 @@ pub fn is_model_file(name: &str) -> bool {
         || zerostream_checkpoints::DataTokenizer::FILE_NAMES.contains(&name)
 }
 
+/// Whether `name` is a file a file browser leaves in a folder it shows (Finder's `.DS_Store` and `._*`
+/// files, Explorer's `Thumbs.db` and `desktop.ini`): a directory looked at is still the run's.
+pub fn is_browser_litter(name: &str) -> bool {
+    name == ".DS_Store" || name.starts_with("._") || name.eq_ignore_ascii_case("Thumbs.db") || name.eq_ignore_ascii_case("desktop.ini")
+}
+
 /// Whether `a` and `b` name one existing file or directory (a path that does not exist is nobody's).
 pub fn same_file(a: &Path, b: &Path) -> bool {
     match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
@@ -117,7 +123,7 @@ pub fn check_save_dir(save: &Path) -> Result<()> {
         let entries = std::fs::read_dir(save).with_context(|| format!("--save {}: cannot list it", save.display()))?;
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if !is_model_file(&name) {
+            if !is_model_file(&name) && !is_browser_litter(&name) {
                 bail!(
                     "--save {} holds {name}, which is not part of a model: saving replaces the whole directory; choose a new or empty one",
                     save.display()
@@ -232,4 +238,25 @@ pub fn room_warnings(options: &RunOptions, model: &crate::model::Model, train: &
         check("--save", save, model_bytes, "the model");
     }
     warnings
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--save` replaces a model directory, one a file browser has looked at included, and refuses one
+    /// holding anything else, naming it: the replacement would remove it.
+    #[test]
+    fn save_replaces_only_a_model_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let save = dir.path().join("model");
+        std::fs::create_dir(&save).unwrap();
+        for name in ["config.json", "model.safetensors", ".DS_Store", "Thumbs.db"] {
+            std::fs::write(save.join(name), "x").unwrap();
+        }
+        check_save_dir(&save).unwrap();
+        std::fs::write(save.join("notes.txt"), "mine").unwrap();
+        let err = check_save_dir(&save).unwrap_err().to_string();
+        assert!(err.contains("holds notes.txt, which is not part of a model"), "{err}");
+    }
 }

@@ -173,21 +173,20 @@ pub fn run_rank_on(dev: &AnyDevice, options: &RunOptions, train: TrainConfig, co
 pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: Comm) -> Result<RunSummary> {
     let lead = comm.rank() == 0;
     let world = comm.world_size();
-    let (hf, resumed);
+    // Held only until the trainer has its state: their files stay mapped while they live, and a
+    // mapped file cannot be removed on Windows (pruning the checkpoint resumed from would fail).
+    let (mut hf, mut resumed) = (None, None::<Checkpoint>);
     let source = match &options.model {
         ModelChoice::Hf(dir) => {
-            hf = HfModel::open(dir)?;
-            if let Some(warning) = Model::of_hf(&hf)?.unused_tensors_warning(&hf).filter(|_| lead) {
+            let hf = hf.insert(HfModel::open(dir)?);
+            if let Some(warning) = Model::of_hf(hf)?.unused_tensors_warning(hf).filter(|_| lead) {
                 eprintln!("{warning}");
             }
-            ModelSource::Hf(&hf)
+            ModelSource::Hf(hf)
         }
         ModelChoice::Config(spec) => ModelSource::Random { model: resolve_config(spec)?, seed: train.seed },
         ModelChoice::Demo => ModelSource::Random { model: Demo::get()?.model(), seed: train.seed },
-        ModelChoice::Resume(dir) => {
-            resumed = Checkpoint::open(dir)?;
-            ModelSource::Checkpoint(&resumed)
-        }
+        ModelChoice::Resume(dir) => ModelSource::Checkpoint(resumed.insert(Checkpoint::open(dir)?)),
     };
     let model = source.trained_model(&train)?;
     let (tokens, validation) = open_data(options, &train, &model, &source)?;
@@ -212,6 +211,7 @@ pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: 
         say(format!("resumed from {} at step {} (next micro-batch {})", c.dir.display(), c.state.step, c.state.next_micro_batch));
     }
     drop(source);
+    drop((hf, resumed));
     say(trainer.placement.describe());
     for note in &trainer.io_notes {
         say(note.clone());
