@@ -1,5 +1,7 @@
-//! 02: train the built-in byte-level GPT-2 on Hamlet through the library, with the optimizer state on
-//! the NVMe tier (a temporary directory) and a small device budget, then print a sample.
+//! 02: train the built-in GPT-2 on Hamlet in words through the library, with the optimizer state on
+//! the NVMe tier (a temporary directory) and a small device budget, then print a sample. The budget
+//! is given twice: to the device, which enforces it, and to `TrainConfig`, which plans the placement
+//! under it.
 //!
 //! Shows: `TrainConfig` (the same settings `zerostream train` has flags for), the placement the
 //! trainer decides at start-up, and the per-step reports.
@@ -27,9 +29,12 @@ fn main() -> anyhow::Result<()> {
     };
     let options = RunOptions { sample_tokens: 200, ..RunOptions::new(ModelChoice::Demo) };
     let dev = device::open(DeviceChoice::Auto, None, Some(budget))?;
-    let summary = zerostream::train::run::run_on(&dev, &options, train)?;
-    let (first, last) = (summary.steps.first().unwrap(), summary.steps.last().unwrap());
-    println!("loss {:.3} -> {:.3} in {:.1} s", first.loss, last.loss, summary.seconds);
+    let summary = zerostream::train::run::run_on(&dev, &options, train);
+    // The NVMe tier's files go whether or not the run succeeded.
     std::fs::remove_dir_all(&nvme)?;
+    let summary = summary?;
+    if let (Some(first), Some(last)) = (summary.steps.first(), summary.steps.last()) {
+        println!("loss {:.3} -> {:.3} in {:.1} s", first.loss, last.loss, summary.seconds);
+    }
     Ok(())
 }

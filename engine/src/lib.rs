@@ -12,6 +12,13 @@
 //! plotters) are on by default; `default-features = false` leaves both out. `mpi` adds multi-process
 //! ranks.
 //!
+//! What a program embedding the library shares with it: a GPU wait past
+//! `ZEROSTREAM_GPU_WAIT_LIMIT_S` (600 s by default) ends the process with the error, since wgpu's
+//! device cannot be dropped while its GPU hangs; progress and notes go to stderr unless
+//! `RunOptions::progress` is off (warnings always do); `ZEROSTREAM_TUNE_DIR` (or the user's cache
+//! directory) holds the tuning tables read at device opening; under an MPI launcher's environment
+//! (`OMPI_*`, `PMI_*`) `launch` runs as one of its ranks; no signal handler is installed.
+//!
 //! To read the code, start at [`device::Backend`] (the ops every device implements), then
 //! [`model::gpt2`] (GPT-2's forward and backward written against that trait). `docs/ARCHITECTURE.md`
 //! has the map of the whole project.

@@ -108,7 +108,7 @@ fn keep_first_run_files(options: &mut RunOptions) -> Result<()> {
         let entries = std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?;
         for entry in entries {
             let name = entry?.file_name();
-            if !ours.iter().any(|o| name == *o) && !zerostream::train::outputs::is_browser_litter(&name.to_string_lossy()) {
+            if !ours.iter().any(|o| name == *o) && !zerostream::train::save_dir::is_browser_litter(&name.to_string_lossy()) {
                 eprintln!(
                     "note: {} holds {} (not this run's): the run writes no files; give --metrics/--save to keep them elsewhere",
                     dir.display(),

@@ -28,10 +28,14 @@ pub struct TrainConfig {
     pub batch: usize,
     /// T: tokens per sequence.
     pub seq_len: usize,
-    /// Micro-batches per optimizer step.
+    /// Micro-batches per optimizer step, on each rank.
     pub grad_accum: usize,
+    /// Optimizer steps, counted from the start of training (a resumed run goes on to this many).
     pub steps: u64,
+    /// The learning rate of each step; its `total_steps` should be `steps` for the cosine to end
+    /// where the run does.
     pub lr: LrPlan,
+    /// AdamW's first- and second-moment decay rates, and the epsilon added to the denominator.
     pub beta1: f64,
     pub beta2: f64,
     pub eps: f64,
@@ -40,7 +44,9 @@ pub struct TrainConfig {
     /// Clip the global gradient L2 norm to this (0 = off).
     pub grad_clip: f64,
     pub precision: Precision,
-    /// Device bytes the run may hold at once (None = no limit).
+    /// Device bytes the run may hold at once (None = no limit), which the placement is planned
+    /// under; the device opened for the run enforces its own budget (`device::open`'s), so a library
+    /// caller gives both the same.
     pub gpu_mem_budget: Option<u64>,
     /// Keep only each block's input and recompute its activations in backward.
     pub recompute: bool,

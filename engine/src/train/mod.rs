@@ -40,6 +40,7 @@ pub mod ranks;
 mod report;
 pub mod resume;
 pub mod run;
+pub mod save_dir;
 pub mod schedule;
 pub mod shard;
 mod step;
@@ -121,7 +122,8 @@ impl ModelSource<'_> {
 /// queue for `--copy-queue`; each device setting is applied as it is checked.
 fn check_before_work<D: Backend>(dev: &D, model: &Model, train: &TrainConfig) -> Result<()> {
     model.validate()?;
-    train.check_batch()?;
+    // Here, not only in `launch`: a library caller's configuration reaches the trainer directly.
+    train.check()?;
     model.check_seq_len(train.seq_len)?;
     dev.check_attention(model.attention_dims(train.batch, train.seq_len))?;
     dev.set_matmul_inputs(train.matmul_inputs)?;

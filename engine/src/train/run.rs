@@ -84,7 +84,8 @@ pub struct RunOptions {
     /// checkpoint. None: the record `zerostream prepare` left beside --data (`NAME.tokenizer`), or
     /// the word tokenizer of the built-in text; with neither, no tokenizer files are written.
     pub tokenizer: Option<DataTokenizer>,
-    /// Set by SIGINT/SIGTERM: finish the step, checkpoint, stop.
+    /// Checked after each step: once set (the command line's SIGINT/SIGTERM handler does, or another
+    /// thread), the run finishes the step, checkpoints and stops, without `--save` or the sample.
     pub stop: Option<Arc<AtomicBool>>,
     pub sample_tokens: usize,
     pub prompt: String,
@@ -155,7 +156,12 @@ fn resolve_config(spec: &str) -> Result<Model> {
     Model::from_config_file(path)
 }
 
-/// Runs `zerostream train` on one rank, on whichever device was opened.
+/// Runs `zerostream train` on one rank, on whichever device was opened, with `train` as given: the
+/// hyper-parameters are checked ([`TrainConfig::check`]) and `--save` must name a model directory or a
+/// new one, but a `ModelChoice::Resume` trains `train`'s settings, not the checkpoint's, and no other
+/// output is checked against the inputs. [`super::launch::launch`] is the whole walk the command
+/// line takes: the checkpoint's settings and outputs merged in, every output checked, the RAM and the
+/// disks sized, the ranks started.
 pub fn run_on(dev: &AnyDevice, options: &RunOptions, train: TrainConfig) -> Result<RunSummary> {
     run_rank_on(dev, options, train, Comm::single())
 }
@@ -173,6 +179,11 @@ pub fn run_rank_on(dev: &AnyDevice, options: &RunOptions, train: TrainConfig, co
 pub fn run<D: Backend>(dev: &D, options: &RunOptions, train: TrainConfig, comm: Comm) -> Result<RunSummary> {
     let lead = comm.rank() == 0;
     let world = comm.world_size();
+    // Here too, not only in `launch`: a library caller's --save reaches the run directly, and saving
+    // replaces the whole directory.
+    if let Some(save) = options.save.as_ref().filter(|_| lead) {
+        super::save_dir::check_save_dir(save)?;
+    }
     // Held only until the trainer has its state: their files stay mapped while they live, and a
     // mapped file cannot be removed on Windows (pruning the checkpoint resumed from would fail).
     let (mut hf, mut resumed) = (None, None::<Checkpoint>);

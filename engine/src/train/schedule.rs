@@ -12,9 +12,15 @@ pub enum LrSchedule {
 /// The learning rate of each optimizer step.
 #[derive(Clone, Copy, Debug)]
 pub struct LrPlan {
+    /// `--lr`: the rate after warm-up.
     pub peak: f64,
+    /// `--min-lr`: where the cosine ends.
     pub min: f64,
+    /// `--warmup-steps`: steps of the linear warm-up.
     pub warmup_steps: u64,
+    /// The step count the cosine spans: `--steps` on the command line. A library caller sets it with
+    /// `TrainConfig::steps` (a shorter span holds `min` from its end on; a longer one stops the run
+    /// part-way down the curve).
     pub total_steps: u64,
     pub schedule: LrSchedule,
 }
