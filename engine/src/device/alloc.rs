@@ -170,12 +170,23 @@ impl Drop for Charge {
     }
 }
 
-/// The RAM available now, in bytes: MemAvailable from /proc/meminfo (Linux); None elsewhere.
+/// The RAM available now, in bytes: MemAvailable from /proc/meminfo on Linux, the system's own count
+/// elsewhere (sysinfo: free and reclaimable pages on macOS, GlobalMemoryStatusEx on Windows); None
+/// where it cannot be read.
 pub fn available_ram_bytes() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    #[cfg(target_os = "linux")]
+    {
+        let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let mut system = sysinfo::System::new();
+        system.refresh_memory();
+        Some(system.available_memory()).filter(|&bytes| bytes > 0)
+    }
 }
 
 #[cfg(test)]
