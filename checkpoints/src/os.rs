@@ -134,27 +134,29 @@ mod windows {
 
     /// `MoveFileEx` with write-through (it returns once the move is on the disk), replacing a file at
     /// `to` if asked. Where it is refused, tried again a few times when another process holds a file
-    /// a moment (a virus scanner reading the fresh temporary, a reader of `latest`), then std's
-    /// rename: POSIX semantics where the system has them (a file open with FILE_SHARE_DELETE is
-    /// replaced), and paths past MAX_PATH, which this raw call does not prefix.
+    /// a moment (a virus scanner reading the fresh temporary, a reader of `latest`), then, for a
+    /// replacement, std's rename: POSIX semantics where the system has them (a file open with
+    /// FILE_SHARE_DELETE is replaced), and paths past MAX_PATH, which this raw call does not prefix.
     pub(super) fn move_file(from: &Path, to: &Path, replace: bool) -> io::Result<()> {
         let wide = |p: &Path| p.as_os_str().encode_wide().chain(std::iter::once(0)).collect::<Vec<u16>>();
         let flags = MOVEFILE_WRITE_THROUGH | if replace { MOVEFILE_REPLACE_EXISTING } else { 0 };
         let (w_from, w_to) = (wide(from), wide(to));
-        for attempt in 1..=5u64 {
+        let mut attempt = 0;
+        let refused = loop {
             // SAFETY: two NUL-terminated wide strings that outlive the call.
             if unsafe { MoveFileExW(w_from.as_ptr(), w_to.as_ptr(), flags) } != 0 {
                 return Ok(());
             }
-            let held = io::Error::last_os_error()
-                .raw_os_error()
-                .is_some_and(|c| c == ERROR_ACCESS_DENIED as i32 || c == ERROR_SHARING_VIOLATION as i32);
-            if !held {
-                break;
+            let e = io::Error::last_os_error();
+            let held = e.raw_os_error().is_some_and(|c| c == ERROR_ACCESS_DENIED as i32 || c == ERROR_SHARING_VIOLATION as i32);
+            attempt += 1;
+            if !held || attempt == 5 {
+                break e;
             }
             std::thread::sleep(std::time::Duration::from_millis(50 * attempt));
-        }
-        std::fs::rename(from, to)
+        };
+        // std's rename replaces what is at `to`: only where replacing was asked for.
+        if replace { std::fs::rename(from, to) } else { Err(refused) }
     }
 
     pub(super) fn read_exact_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {

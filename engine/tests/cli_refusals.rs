@@ -96,6 +96,13 @@ fn counts_and_clocks_out_of_range_are_refused() {
     let model = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny/model");
     let out = zerostream(&["train", "--model", model, "--data", data, "--steps", "1", "--world-size", "2", "--devices", "99,cpu"]);
     assert!(!out.status.success() && stderr(&out).contains("rank 0 of 2: opening its device: --devices 99"), "{}", stderr(&out));
+    // A list of another length than the ranks is refused before any output is made.
+    let tensorboard = std::env::temp_dir().join(format!("zs-devices-refused-{}", std::process::id()));
+    let tb = tensorboard.to_str().unwrap();
+    let out =
+        zerostream(&["train", "--model", model, "--data", data, "--world-size", "2", "--devices", "cpu,cpu,cpu", "--tensorboard", tb]);
+    assert!(!out.status.success() && stderr(&out).contains("--devices lists 3 devices for --world-size 2"), "{}", stderr(&out));
+    assert!(!tensorboard.exists(), "a refused run makes no --tensorboard directory");
     // A billion micro-batches a step took 16 GB of RAM to plan before anything was said.
     let out = zerostream(&["plan", "--config", "gpt2", "--grad-accum", "1000000000"]);
     assert!(!out.status.success() && stderr(&out).contains("--grad-accum 1000000000: at most 65536"), "{}", stderr(&out));

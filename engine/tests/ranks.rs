@@ -199,7 +199,7 @@ fn ranks_started_with_different_configurations_are_refused() {
     })
     .err()
     .expect("a mismatch is refused");
-    assert!(format!("{err:#}").contains("ranks [1] were started with other values than rank 0 of --lr;"), "{err:#}");
+    assert!(format!("{err:#}").contains("ranks [1] were given other values of --lr than rank 0;"), "{err:#}");
 }
 
 #[test]

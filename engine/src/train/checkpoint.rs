@@ -432,6 +432,35 @@ fn check_every_file_is_here(partial: &Path, files: &BTreeMap<String, FileDigest>
     Ok(())
 }
 
+impl TrainerState {
+    /// The state file is the one file of a checkpoint its manifest cannot cover: its counts are held to
+    /// each other and to the directory's name instead, so an edited or damaged step is refused rather
+    /// than resumed at the wrong place in the data and the schedule.
+    pub(super) fn check_counts(&self, path: &Path, dir: &Path) -> Result<()> {
+        let state = self;
+        let damaged = "edited or damaged: resume from another checkpoint";
+        let named = dir.file_name().and_then(|n| n.to_str()).and_then(zerostream_checkpoints::checkpoint::parse_step_name);
+        if let Some(named) = named.filter(|&n| n != state.step) {
+            bail!("{}: records step {}, but its directory is step {named}'s; {damaged}", path.display(), state.step);
+        }
+        if state.adam_steps > state.step {
+            bail!("{}: records {} optimizer steps in {} training steps; {damaged}", path.display(), state.adam_steps, state.step);
+        }
+        let want = state.step.checked_mul(state.micro_batches_per_step as u64);
+        if want != Some(state.next_micro_batch) {
+            bail!(
+                "{}: records next micro-batch {}, but {} steps of {} micro-batches end at {}; {damaged}",
+                path.display(),
+                state.next_micro_batch,
+                state.step,
+                state.micro_batches_per_step,
+                want.map_or("(too many)".into(), |w| w.to_string())
+            );
+        }
+        Ok(())
+    }
+}
+
 /// Where `--save DIR` is written before it is moved into place: `.{name}.partial` beside it.
 pub fn save_partial_dir(dir: &Path) -> Result<PathBuf> {
     let name = dir.file_name().and_then(|n| n.to_str()).with_context(|| format!("--save {}: needs a directory name", dir.display()))?;

@@ -1,10 +1,10 @@
 //! The one way into a training run: [`launch`] takes the run a caller asked for ([`RunRequest`]: what
 //! the command line resolved from its flags, or what a program built), checks what the library owns —
 //! the hyper-parameters, `--resume` against its checkpoint and metrics, the outputs, host RAM and disk,
-//! the device — before it says or makes anything, and runs it on one rank, on in-process ranks or as
-//! this process's part of an MPI job. It returns
-//! the run's summary; the caller prints what it likes. [`plan`] is the same walk stopping at the
-//! placement.
+//! the device — before it says or makes anything (an MPI rank checks its node's RAM, disk and device
+//! once MPI has started), and runs it on one rank, on in-process ranks or as this process's part of
+//! an MPI job. It returns the run's summary; the caller prints what it likes. [`plan`] is the same
+//! walk stopping at the placement.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -142,6 +142,10 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
         if world == 1 && ranks.devices.len() > 1 {
             bail!("--devices lists {} devices but --world-size is 1: add --world-size {}", ranks.devices.len(), ranks.devices.len());
         }
+        if world > 1 && !ranks.devices.is_empty() && ranks.devices.len() != world {
+            let listed = crate::words::counted(ranks.devices.len() as u64, "device");
+            bail!("--devices lists {listed} for --world-size {world}: give one per rank");
+        }
         if world == 1 {
             let which = ranks.devices.first().cloned().unwrap_or(RankDevice::Default);
             one_device = Some(which.open(ranks.device, ranks.adapter.as_deref(), req.train.gpu_mem_budget)?);
@@ -158,8 +162,11 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
     }
     if first_process() {
         // Under --quiet too: a full disk would end the run at its first save.
-        for warning in outputs::room_warnings(&req.options, &model_config(&req.options.model)?, &req.train) {
-            eprintln!("{warning}");
+        // A model that cannot be read is refused where the run reads it, not by a warning.
+        if let Ok(model) = model_config(&req.options.model) {
+            for warning in outputs::room_warnings(&req.options, &model, &req.train) {
+                eprintln!("{warning}");
+            }
         }
     }
     if first_process() && req.options.progress {

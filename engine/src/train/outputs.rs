@@ -123,7 +123,8 @@ pub fn write_resolved(metrics: &Path, text: &str, config_file: Option<&Path>) ->
         );
     }
     zerostream_checkpoints::checkpoint::create_parent_dir("--metrics", metrics)?;
-    zerostream_checkpoints::checkpoint::write_file_atomic(&path, text.as_bytes())?;
+    zerostream_checkpoints::checkpoint::write_file_atomic(&path, text.as_bytes())
+        .with_context(|| format!("--metrics {}: writing the run's resolved configuration beside it", metrics.display()))?;
     Ok(path)
 }
 
@@ -142,16 +143,13 @@ pub fn save_finished_model(dir: &Path, save: &Path) -> Result<()> {
         std::fs::remove_dir_all(&partial).with_context(|| format!("removing the leftover {}", partial.display()))?;
     }
     std::fs::create_dir_all(&partial).with_context(|| format!("creating {}", partial.display()))?;
-    // The checkpoint is a model directory plus the optimizer's and trainer's state.
-    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
-        let path = entry?.path();
-        let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
-        let state_file = name.starts_with("optimizer.rank") || name == zerostream_checkpoints::checkpoint::STATE_FILE;
-        if path.is_file() && !state_file {
-            std::fs::copy(&path, partial.join(&name)).with_context(|| format!("copying {} into {}", path.display(), partial.display()))?;
-        }
+    let copied = copy_model_files(dir, &partial)
+        .and_then(|()| std::fs::rename(&partial, save).with_context(|| format!("renaming {} to {}", partial.display(), save.display())));
+    if let Err(e) = copied {
+        // Not left to fill the disk that refused it.
+        let _ = std::fs::remove_dir_all(&partial);
+        return Err(e).with_context(|| format!("--save {}", save.display()));
     }
-    std::fs::rename(&partial, save).with_context(|| format!("renaming {} to {}", partial.display(), save.display()))?;
     eprintln!("train: saved the checkpoint's model to {}", save.display());
     Ok(())
 }
@@ -193,4 +191,18 @@ pub fn room_warnings(options: &RunOptions, model: &crate::model::Model, train: &
         check("--save", save, model_bytes, "the model");
     }
     warnings
+}
+
+/// Copies the model files of the checkpoint `dir` (a model directory plus the optimizer's and the
+/// trainer's state) into `into`.
+fn copy_model_files(dir: &Path, into: &Path) -> Result<()> {
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+        let state_file = name.starts_with("optimizer.rank") || name == zerostream_checkpoints::checkpoint::STATE_FILE;
+        if path.is_file() && !state_file {
+            std::fs::copy(&path, into.join(&name)).with_context(|| format!("copying {} into {}", path.display(), into.display()))?;
+        }
+    }
+    Ok(())
 }

@@ -25,34 +25,8 @@ pub fn read_state(dir: &Path) -> Result<TrainerState> {
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let state: TrainerState =
         serde_json::from_str(&text).with_context(|| format!("{}: not a zerostream trainer state (corrupt?)", path.display()))?;
-    check_counts_agree(&path, dir, &state)?;
+    state.check_counts(&path, dir)?;
     Ok(state)
-}
-
-/// The state file is the one file of a checkpoint its manifest cannot cover: its counts are held to
-/// each other and to the directory's name instead, so an edited or damaged step is refused rather
-/// than resumed at the wrong place in the data and the schedule.
-fn check_counts_agree(path: &Path, dir: &Path, state: &TrainerState) -> Result<()> {
-    let damaged = "edited or damaged: resume from another checkpoint";
-    let named = dir.file_name().and_then(|n| n.to_str()).and_then(zerostream_checkpoints::checkpoint::parse_step_name);
-    if let Some(named) = named.filter(|&n| n != state.step) {
-        bail!("{}: records step {}, but its directory is step {named}'s; {damaged}", path.display(), state.step);
-    }
-    if state.adam_steps > state.step {
-        bail!("{}: records {} optimizer steps in {} training steps; {damaged}", path.display(), state.adam_steps, state.step);
-    }
-    let want = state.step.checked_mul(state.micro_batches_per_step as u64);
-    if want != Some(state.next_micro_batch) {
-        bail!(
-            "{}: records next micro-batch {}, but {} steps of {} micro-batches end at {}; {damaged}",
-            path.display(),
-            state.next_micro_batch,
-            state.step,
-            state.micro_batches_per_step,
-            want.map_or("(too many)".into(), |w| w.to_string())
-        );
-    }
-    Ok(())
 }
 
 /// The configuration of a run resuming from `state` (in `dir`) at `world` ranks, given the command

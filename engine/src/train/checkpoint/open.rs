@@ -41,6 +41,7 @@ impl Checkpoint {
         let text = std::fs::read_to_string(&state_path).with_context(|| format!("reading {}", state_path.display()))?;
         let state: TrainerState =
             serde_json::from_str(&text).with_context(|| format!("{}: not a zerostream trainer state (corrupt?)", state_path.display()))?;
+        state.check_counts(&state_path, dir)?;
         if state.format != FORMAT || state.format_version != FORMAT_VERSION {
             bail!(
                 "{}: format {} version {}, expected {FORMAT} version {FORMAT_VERSION}",

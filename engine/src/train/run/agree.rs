@@ -49,7 +49,8 @@ pub(super) fn check_ranks_agree(comm: &Comm, options: &RunOptions, tokens: &Toke
 fn tokens_fingerprint(tokens: &TokenFile) -> Result<u64> {
     let mut bytes = (tokens.len as u64).to_le_bytes().to_vec();
     let step = tokens.len.div_ceil(SAMPLED_TOKENS).max(1);
-    for i in (0..tokens.len).step_by(step) {
+    // The last token too: a file cut short and refilled differs at its end.
+    for i in (0..tokens.len).step_by(step).chain(tokens.len.checked_sub(1)) {
         bytes.extend(tokens.try_get(i)?.to_le_bytes());
     }
     Ok(fingerprint(&bytes))

@@ -186,7 +186,8 @@ fn open_metrics(path: &Path, first_step: u64) -> Result<std::io::BufWriter<std::
     zerostream_checkpoints::checkpoint::create_parent_dir("--metrics", path)?;
     let file = if first_step > 0 {
         // Rows past the checkpoint are a stopped run's (or, resumed from an older step, a later line's).
-        let dropped = metrics_file::keep_rows_before(path, first_step)?;
+        let dropped = metrics_file::keep_rows_before(path, first_step)
+            .with_context(|| format!("--metrics {}: keeping the rows before step {first_step}", path.display()))?;
         if dropped > 0 {
             eprintln!(
                 "note: --metrics {}: the {} from step {first_step} on left out, the resumed run's follow from there",
