@@ -1,5 +1,6 @@
-//! SIGINT and SIGTERM during `zerostream train`: the first finishes the step, checkpoints and stops
-//! with 128 + the signal; another, a second or more later, ends the process at once.
+//! SIGINT and SIGTERM (and Windows' Ctrl-Break, SIGBREAK) during `zerostream train`: the first finishes
+//! the step, checkpoints and stops with 128 + the signal; another, a second or more later, ends the
+//! process at once.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -24,7 +25,12 @@ pub(super) fn stop_on_signals() -> Result<Arc<AtomicBool>> {
     let began = std::time::Instant::now();
     // When the first signal came: milliseconds since `began`, plus 1 (0: none yet).
     let first_ms = Arc::new(AtomicU64::new(0));
-    for (signal, code) in [(SIGINT, 130), (SIGTERM, 143)] {
+    // Windows raises no SIGTERM; its console's Ctrl-Break comes as SIGBREAK (21).
+    #[cfg(windows)]
+    let ctrl_break = Some((signal_hook::consts::SIGBREAK, 128 + signal_hook::consts::SIGBREAK));
+    #[cfg(not(windows))]
+    let ctrl_break = None;
+    for (signal, code) in [(SIGINT, 130), (SIGTERM, 143)].into_iter().chain(ctrl_break) {
         let (stop, first_ms) = (stop.clone(), first_ms.clone());
         let action = move || {
             let now_ms = began.elapsed().as_millis() as u64 + 1;
