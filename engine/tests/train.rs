@@ -244,3 +244,29 @@ fn pinned_read_backs_give_bit_identical_runs() {
         assert!(bits(&pinned) == bits(&mapped), "{precision:?}: pinned read-backs changed the run");
     }
 }
+
+/// A library caller's data reaches the trainer without `run`'s vocabulary check: an input id past the
+/// vocabulary is refused where it is embedded, and so is a target id (it would fall in no chunk of
+/// the loss and count as logit 0); a configuration that cannot train is refused by the trainer too.
+#[test]
+fn the_trainer_refuses_ids_past_the_vocabulary_and_a_configuration_that_cannot_train() {
+    use zerostream::model::Model;
+    use zerostream::train::{ModelSource, Trainer};
+    use zerostream_checkpoints::TokenFile;
+    let dir = golden_dir("gpt2-tiny");
+    let model = Model::of_hf(&HfModel::open(&dir.join("model")).unwrap()).unwrap();
+    let vocab = model.vocab_size() as u32;
+    let tc = TrainConfig { steps: 1, batch: 1, seq_len: 4, ..TrainConfig::default() };
+    let dev = CpuDevice::new(None);
+    let source = ModelSource::Random { model: model.clone(), seed: 1 };
+    // One micro-batch of 4 inputs: ids 0..4, and the target after the last, past the vocabulary.
+    let target_past = TokenFile::from_ids("target-past", &[1, 2, 3, 4, vocab]);
+    let err = Trainer::new(&dev, &source, tc.clone()).unwrap().train_step(&target_past).unwrap_err().to_string();
+    assert!(err.contains(&format!("target token id {vocab}")), "{err}");
+    // The first input, which is no target.
+    let input_past = TokenFile::from_ids("input-past", &[vocab, 2, 3, 4, 5]);
+    let err = Trainer::new(&dev, &source, tc.clone()).unwrap().train_step(&input_past).unwrap_err().to_string();
+    assert!(err.contains(&format!("token id {vocab} (position 0 of the micro-batch)")), "{err}");
+    let err = Trainer::new(&dev, &source, TrainConfig { steps: 0, ..tc }).err().expect("refused").to_string();
+    assert!(err.contains("--steps must be at least 1"), "{err}");
+}

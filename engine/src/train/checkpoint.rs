@@ -353,7 +353,10 @@ impl<D: Backend> Trainer<'_, D> {
             let path = partial.join(STATE_FILE);
             std::fs::write(&path, serde_json::to_string_pretty(&state)?).with_context(|| format!("writing {}", path.display()))?;
             target = root.commit(self.step, partial)?;
-            root.prune(record.keep)?;
+            if let Err(e) = root.prune(record.keep) {
+                // The new checkpoint is committed: the run is not ended for an old one that would not go.
+                eprintln!("warning: --keep-checkpoints {}: {e:#}", record.keep);
+            }
         }
         self.comm.barrier()?;
         Ok(target)

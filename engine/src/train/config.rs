@@ -224,9 +224,10 @@ fn split_dirs(joined: &str) -> Vec<PathBuf> {
 
 fn tier_from(name: &str) -> Result<Tier> {
     match name {
-        "cpu" => Ok(Tier::Ram),
+        // `ram` as the gradients' flag spells it; `cpu` as the optimizer's and the parameters' do.
+        "cpu" | "ram" => Ok(Tier::Ram),
         "nvme" => Ok(Tier::Nvme),
-        other => bail!("expected cpu or nvme, got {other:?}"),
+        other => bail!("expected cpu (or ram) or nvme, got {other:?}"),
     }
 }
 

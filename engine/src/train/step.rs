@@ -205,6 +205,14 @@ impl<D: Backend> Trainer<'_, D> {
         let (rank, world) = (self.sharding.rank, self.sharding.world);
         let g = self.step as usize * st.micro_batches + micro * world + rank;
         let (x, y) = data.micro_batch(g, self.train.batch, self.train.seq_len)?;
+        // The inputs are checked where they are embedded; a target past the vocabulary would fall in
+        // no chunk of the loss and count as logit 0, a wrong loss without a word.
+        if let Some((i, id)) = y.iter().enumerate().find(|&(_, &id)| id as usize >= self.model.vocab_size()) {
+            bail!(
+                "target token id {id} (position {i} of micro-batch {g}) is outside the model's vocabulary of {} ids",
+                self.model.vocab_size()
+            );
+        }
         // The previous micro-batch's ids go first: the plan counts one micro-batch's on the device.
         st.tokens = None;
         let (x_dev, y_dev) = (dev.tokens(&x)?, dev.tokens(&y)?);

@@ -67,7 +67,9 @@ impl Checkpoint {
     /// Elements `range` (group coordinates) of `group`'s `kind` (master, adam_m, adam_v), gathered from
     /// whichever ranks' slices hold them; elements past the group's tensors (padding) are zero.
     pub fn read_range(&self, group: &str, kind: &str, range: Range<usize>, out: &mut [f32]) -> Result<()> {
-        assert_eq!(out.len(), range.len());
+        if out.len() != range.len() {
+            bail!("reading {group}.{kind} {range:?} from {}: {} elements asked for into {}", self.dir.display(), range.len(), out.len());
+        }
         out.fill(0.0);
         // Stage 0's state is in rank 0's file alone (the other ranks' hold residuals).
         let holders = if self.state.zero_stage == 0 { &self.ranks[..1] } else { &self.ranks[..] };
