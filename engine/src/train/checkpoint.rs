@@ -405,8 +405,10 @@ impl<D: Backend> Trainer<'_, D> {
         });
         if let Err(e) = written {
             if self.sharding.rank == 0 && partial.exists() {
-                // Not left to fill the disk that refused it; an existing model at `dir` is untouched.
+                // Not left to fill the disk that refused it; an earlier model that a replacement without
+                // an atomic exchange had moved aside goes back under `dir`.
                 let _ = std::fs::remove_dir_all(&partial);
+                let _ = zerostream_checkpoints::checkpoint::restore_replaced(dir);
             }
             return Err(e).with_context(|| format!("--save {}", dir.display()));
         }
