@@ -314,7 +314,8 @@ fn resuming_equals_not_stopping_on_the_gpu() {
 
 /// The golden contract's run (gpt2-tiny-accum: 8 steps of 2 micro-batches) split at step 4 between two
 /// world sizes, or between stage 0 (every rank's file the whole state) and a sharded stage: the resumed
-/// trajectory stays within the golden tolerances.
+/// trajectory is the uninterrupted one-rank run's bit for bit (one micro-batch per rank, so every
+/// stage sums in the micro-batches' order), which stays within the golden tolerances.
 #[test]
 fn a_checkpoint_resumes_at_another_world_size_on_the_golden_trajectory() {
     let golden = common::trajectory::Golden::load("gpt2-tiny-accum");
@@ -328,7 +329,8 @@ fn a_checkpoint_resumes_at_another_world_size_on_the_golden_trajectory() {
         (("2", "1", "3"), ("2", "0")),
         (("2", "1", "0"), ("1", "2")),
     ];
-    for (before, after) in splits {
+    let mut uninterrupted = None;
+    for (before, after) in std::iter::once((("1", "2", "2"), ("", ""))).chain(splits) {
         let dir = tempfile::tempdir().unwrap();
         let (ck, metrics, nvme) = (dir.path().join("ck"), dir.path().join("m.jsonl"), dir.path().join("nvme"));
         // The optimizer state on NVMe, in one directory both runs use: the resume finds the first
@@ -370,7 +372,7 @@ fn a_checkpoint_resumes_at_another_world_size_on_the_golden_trajectory() {
                 nvme.to_str().unwrap(),
             ])
         };
-        let mut a = base("4");
+        let mut a = base(if after.0.is_empty() { "8" } else { "4" });
         a.extend(strings(&[
             "--model",
             g.join("model").to_str().unwrap(),
@@ -393,12 +395,22 @@ fn a_checkpoint_resumes_at_another_world_size_on_the_golden_trajectory() {
             assert!(zero.names().iter().any(|n| n.ends_with(".master")) && zero.names().iter().any(|n| n.ends_with(".adam_v")));
             assert!(one.names().is_empty(), "stage 0: rank 1 wrote {:?}; expected no state (rank 0 holds it)", one.names());
         }
+        if after.0.is_empty() {
+            uninterrupted = Some(trajectory(&metrics));
+            continue;
+        }
         let mut b = base("8");
         b.extend(strings(&["--resume", ck.to_str().unwrap(), "--world-size", after.0, "--zero-stage", after.1]));
         let out = zerostream(&b);
         assert!(out.status.success(), "{}", stderr(&out));
         let rows = trajectory(&metrics);
         assert_eq!(rows.len(), 8);
+        let what = format!("world {} stage {} -> {} stage {}", before.0, before.2, after.0, after.1);
+        assert_eq!(
+            Some(&rows),
+            uninterrupted.as_ref(),
+            "{what}: (step, loss bits, norm bits) differ from the uninterrupted one-rank run's"
+        );
         for (s, &(step, loss, norm)) in rows.iter().enumerate() {
             assert_eq!(step, s as u64);
             let (loss, norm) = (f64::from_bits(loss), f64::from_bits(norm));
@@ -415,7 +427,7 @@ fn a_checkpoint_resumes_at_another_world_size_on_the_golden_trajectory() {
                 want_norm[s]
             );
         }
-        eprintln!("world {} (stage {}) -> world {} (stage {}): 8 steps within the golden tolerances", before.0, before.2, after.0, after.1);
+        eprintln!("{what}: 8 steps equal to the uninterrupted run's bits, within the golden tolerances");
     }
 }
 

@@ -12,12 +12,28 @@ impl Comm {
     /// Reduce-scatter of f32: `full` is world_size slices of n = `out.len()` elements; `out` becomes the
     /// sum over ranks of their slice `rank`, added in rank order: ((s_0 + s_1) + s_2) + ...
     pub fn reduce_scatter_sum(&self, full: &[f32], out: &mut [f32], device_busy: bool) -> Result<()> {
+        self.reduce_scatter(full, out, false, device_busy)
+    }
+
+    /// [`Comm::reduce_scatter_sum`] added onto what `out` holds, one rank at a time in rank order:
+    /// ((out + s_0) + s_1) + ... So a step's micro-batches, exchanged one accumulation index at a
+    /// time, are summed in the order of their global index at every world size: world 1 adds them
+    /// one after another in that order too (the training contract gives micro-batch j to rank
+    /// j % world at accumulation index j / world).
+    pub fn reduce_scatter_add(&self, full: &[f32], out: &mut [f32], device_busy: bool) -> Result<()> {
+        self.reduce_scatter(full, out, true, device_busy)
+    }
+
+    fn reduce_scatter(&self, full: &[f32], out: &mut [f32], onto: bool, device_busy: bool) -> Result<()> {
         let (world, n) = (self.world_size(), out.len());
         if full.len() != world * n {
             bail!("reduce-scatter: {} elements in for {} ranks of {}", full.len(), world, n);
         }
         if world == 1 {
-            out.copy_from_slice(full);
+            match onto {
+                true => out.iter_mut().zip(full).for_each(|(a, b)| *a += b),
+                false => out.copy_from_slice(full),
+            }
             return Ok(());
         }
         let mut received = self.received.borrow_mut();
@@ -43,8 +59,10 @@ impl Comm {
             let c = chunk.min(n - start);
             let parts = &received[world * start..world * (start + c)];
             let o = &mut out[start..start + c];
-            o.copy_from_slice(&parts[..c]);
-            for r in 1..world {
+            if !onto {
+                o.copy_from_slice(&parts[..c]);
+            }
+            for r in usize::from(!onto)..world {
                 o.iter_mut().zip(&parts[r * c..(r + 1) * c]).for_each(|(a, b)| *a += b);
             }
         }
@@ -56,18 +74,21 @@ impl Comm {
     /// those of the other ranks in rank order, this rank's skipped); it is added in before encoding and
     /// replaced by what this encoding drops. This rank's own slice crosses no wire and is summed
     /// exactly. Every rank decodes the same bytes, so the rank-order sum is the same on every
-    /// transport. `none` is [`Comm::reduce_scatter_sum`] itself (`residual` untouched).
+    /// transport. `none` is [`Comm::reduce_scatter_sum`] itself (`residual` untouched). `onto`: the
+    /// sum is added onto what `out` holds, as [`Comm::reduce_scatter_add`] adds it.
+    #[allow(clippy::too_many_arguments)]
     pub fn reduce_scatter_sum_compressed(
         &self,
         full: &[f32],
         out: &mut [f32],
+        onto: bool,
         codec: &Codec,
         residual: &mut [f32],
         device_busy: bool,
     ) -> Result<()> {
         let (world, n, me) = (self.world_size(), out.len(), self.rank());
         if codec.mode == GradCompression::None || world == 1 {
-            return self.reduce_scatter_sum(full, out, device_busy);
+            return self.reduce_scatter(full, out, onto, device_busy);
         }
         if full.len() != world * n || residual.len() != (world - 1) * n {
             bail!("reduce-scatter: {} elements in and {} of residual for {} ranks of {}", full.len(), residual.len(), world, n);
@@ -94,7 +115,7 @@ impl Comm {
             let own = &full[me * n + start..me * n + start + c];
             self.time_codec(|| {
                 for r in 0..world {
-                    match (r == me, r == 0) {
+                    match (r == me, r == 0 && !onto) {
                         (true, true) => o.copy_from_slice(own),
                         (true, false) => o.iter_mut().zip(own).for_each(|(a, b)| *a += b),
                         (false, true) => codec.decode(&recv[..eb], o),
@@ -162,7 +183,7 @@ impl Comm {
         // Taken out of its cell for the calls, which borrow the others.
         let mut mine = std::mem::take(&mut *self.reduced.borrow_mut());
         mine.resize(slice, 0.0);
-        let r = self.reduce_scatter_sum_compressed(full, &mut mine, codec, worker, device_busy);
+        let r = self.reduce_scatter_sum_compressed(full, &mut mine, false, codec, worker, device_busy);
         let r = r.and_then(|_| self.gather_encoded_slices(&mine, out, codec, server, device_busy));
         *self.reduced.borrow_mut() = mine;
         r

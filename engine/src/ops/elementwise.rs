@@ -1,5 +1,5 @@
 //! Small elementwise utilities: residual add, fill, axpy, sum of squares, f32 <-> f16 casts, and the
-//! host-side passes over whole gradients (parallel copy and add, the norm's f64 sum of squares).
+//! host-side passes over whole gradients (parallel copy and add).
 
 use rayon::prelude::*;
 
@@ -42,26 +42,6 @@ pub fn add_into(acc: &mut [f32], x: &[f32]) {
     acc.par_chunks_mut(HOST_CHUNK).zip(x.par_chunks(HOST_CHUNK)).for_each(|(a, x)| a.iter_mut().zip(x).for_each(|(a, x)| *a += x));
 }
 
-/// Sum of x^2 in f64 (the global gradient norm's): each chunk of [`HOST_CHUNK`] elements summed in 8
-/// lanes, the lanes and then the chunks added in a fixed order, so the bits do not depend on the number of
-/// threads.
-pub fn sum_squares_f64(x: &[f32]) -> f64 {
-    let chunk_sum = |c: &[f32]| {
-        let mut lanes = [0.0f64; 8];
-        let mut groups = c.chunks_exact(8);
-        for g in &mut groups {
-            for (l, v) in lanes.iter_mut().zip(g) {
-                *l += (*v as f64) * (*v as f64);
-            }
-        }
-        for (l, v) in lanes.iter_mut().zip(groups.remainder()) {
-            *l += (*v as f64) * (*v as f64);
-        }
-        lanes.iter().sum::<f64>()
-    };
-    x.par_chunks(HOST_CHUNK).map(chunk_sum).collect::<Vec<f64>>().iter().sum()
-}
-
 /// f32 -> f16 bits, round to nearest even. Twin of `cast_f32_to_f16.wgsl` (which packs two per word).
 pub fn cast_f32_to_f16(out: &mut [u16], x: &[f32]) {
     use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
@@ -90,6 +70,7 @@ pub fn cast_f16_to_f32(out: &mut [f32], x: &[u16]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::square_sums::SquareSums;
 
     fn random(len: usize, seed: u64) -> Vec<f32> {
         use rand::{Rng, SeedableRng};
@@ -98,7 +79,7 @@ mod tests {
     }
 
     /// The parallel host passes against a plain loop, at lengths that are multiples of no chunk, and the
-    /// sum of squares' bits on pools of 1, 2 and 3 threads.
+    /// exact sum of squares' bits on pools of 1, 2 and 3 threads.
     #[test]
     fn host_passes_match_plain_loops() {
         for len in [0, 1, 7, HOST_CHUNK - 1, 3 * HOST_CHUNK + 5] {
@@ -109,11 +90,11 @@ mod tests {
             add_into(&mut dst, &y);
             assert!(dst.iter().zip(x.iter().zip(&y)).all(|(d, (a, b))| *d == a + b), "add_into at {len}");
             let plain: f64 = x.iter().map(|v| (*v as f64) * (*v as f64)).sum();
-            let got = sum_squares_f64(&x);
-            assert!((got - plain).abs() <= 1e-12 * plain.max(1.0), "sum_squares_f64 at {len}: {got} vs {plain}");
+            let got = SquareSums::of(&x).to_f64();
+            assert!((got - plain).abs() <= 1e-12 * plain.max(1.0), "exact sum of squares at {len}: {got} vs {plain}");
             for threads in [1, 2, 3] {
                 let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-                assert_eq!(pool.install(|| sum_squares_f64(&x)).to_bits(), got.to_bits(), "{threads} threads at {len}");
+                assert_eq!(pool.install(|| SquareSums::of(&x).to_f64()).to_bits(), got.to_bits(), "{threads} threads at {len}");
             }
         }
     }

@@ -159,7 +159,7 @@ pub(super) fn group_state(
     // Gradients live with the optimizer state (written whole by the step's first micro-batch).
     let mut grads = Stored::new(&format!("{}.grad", g.name), 4 * slice, train.gradients_tier(), nv)?;
     grads.page_out(nv, false)?;
-    let shared = SharedGroup { grads, grad_sum_squares: 0.0, working, gathered: 0, held_for_backward: None, fresh: false };
+    let shared = SharedGroup { grads, grad_squares: Default::default(), working, gathered: 0, held_for_backward: None, fresh: false };
     Ok((shared, OptimizerGroup { group: k, master, m, v }))
 }
 

@@ -142,11 +142,11 @@ pub struct Trainer<'d, D: Backend> {
     sharding: Sharding,
     comm: Comm,
     shared: Arc<Vec<Mutex<SharedGroup>>>,
-    /// Stage 1 with several ranks: each block group's whole gradient, summed over this rank's
-    /// micro-batches and reduce-scattered once at the end of the step (empty otherwise).
+    /// Stage 1 with several ranks: each group's whole gradient (the head's too), summed over this
+    /// rank's micro-batches and reduce-scattered once at the end of the step (empty otherwise).
     stage1_grads: Vec<Vec<f32>>,
-    /// A block's whole downloaded gradient and this rank's reduced slice of it, reused between calls.
-    reduce_scratch: (Vec<f32>, Vec<f32>),
+    /// A group's whole downloaded gradient, laid out for the exchange, reused between calls.
+    reduce_scratch: Vec<f32>,
     /// `--param-compression`: a working-copy slice as f32, to encode and decode, reused between gathers.
     gather_values: RefCell<Vec<f32>>,
     /// How gradients cross between ranks, with the error-feedback residuals of a compressed exchange.
@@ -213,7 +213,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             let (group, state) = host_init::group_state(k, g, shard, &train, source, &specs_index, nv, &mut |n| pinned.alloc(n))?;
             shared.push(Mutex::new(group));
             optimizer.push(state);
-            stage1_grads.push(if k > 0 && !sharding.shards_grads() { vec![0.0; shard.padded_len] } else { Vec::new() });
+            stage1_grads.push(if !sharding.shards_grads() { vec![0.0; shard.padded_len] } else { Vec::new() });
         }
 
         io_notes.extend(pinned.note());
@@ -245,7 +245,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             comm,
             shared,
             stage1_grads,
-            reduce_scratch: (Vec::new(), Vec::new()),
+            reduce_scratch: Vec::new(),
             gather_values: RefCell::default(),
             exchange,
             progress,

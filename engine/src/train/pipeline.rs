@@ -11,7 +11,7 @@ use std::fmt;
 pub enum Op {
     /// Wait for the head group's update, gather it (several ranks), upload it; it stays for the step.
     FetchHead,
-    /// Upload micro-batch `micro`'s tokens (zeroing the head's gradients on the first) and embed them.
+    /// Upload micro-batch `micro`'s tokens (zeroing the head's gradients) and embed them.
     Embed {
         micro: usize,
     },
@@ -46,10 +46,11 @@ pub enum Op {
     },
     /// The embedding's backward; waits for the device.
     EmbedBackward,
-    /// Download the head's gradients (summed over the micro-batches on the device) and reduce-scatter them.
+    /// Download the head's gradients of the micro-batch, reduce-scatter them (stages 2-3) and add them
+    /// to the accumulator, as `FinishDownload` does a block's.
     DownloadHead,
-    /// Stage 1 with several ranks: reduce-scatter each block's locally summed gradients.
-    ReduceBlocks,
+    /// Stage 1 with several ranks: reduce-scatter each group's locally summed gradients.
+    ReduceStage1,
     /// Agree on the loss, the global norm and fp16 overflow across ranks; hand the update to the AdamW
     /// thread (which gathers nothing: the next step's fetches gather the new working copy).
     Update,
@@ -80,12 +81,12 @@ impl fmt::Display for Op {
 /// after the next block's backward is submitted (two gradient buffers); the update runs behind the next
 /// step. Sequential: each operation waits for the one before.
 pub fn step_schedule(n_layer: usize, accum: usize, overlapped: bool) -> impl Iterator<Item = Op> {
-    let end = [Op::DownloadHead, Op::ReduceBlocks, Op::Update].into_iter().chain((!overlapped).then_some(Op::AwaitUpdate));
+    let end = [Op::ReduceStage1, Op::Update].into_iter().chain((!overlapped).then_some(Op::AwaitUpdate));
     std::iter::once(Op::FetchHead).chain((0..accum).flat_map(move |micro| micro_batch_ops(n_layer, micro, overlapped))).chain(end)
 }
 
 /// One micro-batch's operations: embed, the blocks' forward, the head, the blocks' backward with their
-/// downloads, the embedding's backward.
+/// downloads, the embedding's backward, the head's download.
 fn micro_batch_ops(n_layer: usize, micro: usize, overlapped: bool) -> Vec<Op> {
     let mut ops = vec![Op::Embed { micro }];
     for block in 0..n_layer {
@@ -122,6 +123,7 @@ fn micro_batch_ops(n_layer: usize, micro: usize, overlapped: bool) -> Vec<Op> {
         ops.push(Op::FinishDownload { block: 0 });
     }
     ops.push(Op::EmbedBackward);
+    ops.push(Op::DownloadHead);
     ops
 }
 

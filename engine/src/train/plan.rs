@@ -324,8 +324,8 @@ fn plan_within(model: &Model, tc: &TrainConfig, world_size: usize, costs: AllocC
     let host_paged_in_bytes = host_paged_in_bytes(tc, &shards, &residuals, cached_working_blocks.clone());
     let host_nvme_spare_bytes = nvme_spare_bytes(tc, &shards, &residuals);
     let state_bytes = tc.state_bytes_per_param() as u64;
-    // Stage 1 with several ranks keeps each block's whole gradient (the head's is reduced at once).
-    let stage1_grads = if sharding.shards_grads() { 0 } else { shards[1..].iter().map(|s| s.padded_len).sum::<usize>() as u64 };
+    // Stage 1 with several ranks keeps each group's whole gradient until the step's end.
+    let stage1_grads = if sharding.shards_grads() { 0 } else { shards.iter().map(|s| s.padded_len).sum::<usize>() as u64 };
     let largest_block = group_lens[1..].iter().max().copied().unwrap_or(0);
     let vocab_chunk = model.vocab_chunks(tc.vocab_chunk_rows).rows_per_chunk * model.width();
     // In flight at once: two blocks' gradients, or two vocabulary chunks' (each read back while the

@@ -13,6 +13,7 @@ use super::worker::{UpdateJob, adam_seconds_total, lock};
 use super::{StepReport, Trainer, report};
 use crate::device::Backend;
 use crate::ops::dropout::DropoutKeys;
+use crate::ops::square_sums::SquareSums;
 
 /// What one step carries from operation to operation.
 pub(super) struct StepState<D: Backend> {
@@ -180,8 +181,11 @@ impl<D: Backend> Trainer<'_, D> {
                 self.embed_backward(&ids, st.dropout.as_ref(), &mut st.clock)?;
                 st.input_ids = ids;
             }
-            Op::DownloadHead => st.overflow |= self.download_head(&mut st.clock)?,
-            Op::ReduceBlocks => self.reduce_stage1_grads()?,
+            Op::DownloadHead => {
+                let (first, last) = (st.micro == 0, st.micro + 1 == self.train.grad_accum);
+                st.overflow |= self.download_head(first, last, &mut st.clock)?;
+            }
+            Op::ReduceStage1 => self.reduce_stage1_grads()?,
             Op::Update => {
                 self.settle_background(&mut st.clock)?;
                 self.release_held(&mut st.clock)?;
@@ -197,7 +201,7 @@ impl<D: Backend> Trainer<'_, D> {
     }
 
     /// Micro-batch `micro` of this rank's share of the step: its tokens uploaded (the head's gradients
-    /// zeroed on the first) and embedded.
+    /// zeroed: each micro-batch's is added into the accumulator on its own) and embedded.
     fn embed_micro_batch(&mut self, micro: usize, data: &TokenFile, st: &mut StepState<D>) -> Result<()> {
         let (dev, d) = (self.dev, &self.device);
         // The training contract: micro-batch i of the step goes to rank i % world, accumulation index
@@ -216,10 +220,8 @@ impl<D: Backend> Trainer<'_, D> {
         // The previous micro-batch's ids go first: the plan counts one micro-batch's on the device.
         st.tokens = None;
         let (x_dev, y_dev) = (dev.tokens(&x)?, dev.tokens(&y)?);
-        if micro == 0 {
-            d.head_grads.iter().for_each(|t| dev.fill(t, 0.0));
-            self.clear_vocab_grads();
-        }
+        d.head_grads.iter().for_each(|t| dev.fill(t, 0.0));
+        self.clear_vocab_grads();
         // Masks are keyed by the global micro-batch index, so they do not depend on the world size.
         st.dropout = self.model.dropout_keys(self.train.seed, self.step, g as u64);
         self.embed(&x, &x_dev, st.dropout.as_ref(), &mut st.clock)?;
@@ -241,7 +243,7 @@ impl<D: Backend> Trainer<'_, D> {
         }
         let y = &st.tokens.as_ref().expect("embedded first").1;
         let scale = Some(st.loss_scale / st.micro_batches as f32);
-        let loss = self.head_loss(y, scale, st.micro == 0, &mut st.clock)?;
+        let loss = self.head_loss(y, scale, &mut st.clock)?;
         st.loss_sum += loss as f64;
         Ok(())
     }
@@ -258,11 +260,21 @@ impl<D: Backend> Trainer<'_, D> {
     /// The end of a step: the loss, the global norm and overflow (loss-scaled runs) agreed across ranks, the loss
     /// scale updated, and AdamW handed to the worker thread (unless the step is skipped).
     fn update(&mut self, st: &mut StepState<D>) -> Result<()> {
-        // Global norm over every group's (scaled) gradient, in f64: each rank sums its slices in group
-        // order, and the ranks' sums are added in rank order (stage 0: every rank's sum is the whole's).
-        let sum_squares: f64 = self.shared.iter().map(|s| lock(s).grad_sum_squares).sum();
-        let sum_squares = if self.sharding.replicates() { sum_squares } else { self.comm.sum_f64(sum_squares)? };
-        st.grad_norm = sum_squares.sqrt() / st.loss_scale as f64;
+        // Global norm over every group's (scaled) gradient: the exact sums of squares of this rank's
+        // slices, and (stages 1-3 with several ranks) every rank's, so the world size never changes
+        // a bit of it (stage 0: every rank's is the whole's).
+        let mut squares = SquareSums::default();
+        self.shared.iter().for_each(|s| squares.add(&lock(s).grad_squares));
+        if self.sharding.world > 1 && !self.sharding.replicates() {
+            let mine = squares.to_words();
+            let mut all = vec![0u64; mine.len() * self.sharding.world];
+            self.comm.all_gather(&mine, &mut all, false)?;
+            squares = all.chunks_exact(mine.len()).fold(SquareSums::default(), |mut sum, rank| {
+                sum.add(&SquareSums::from_words(rank));
+                sum
+            });
+        }
+        st.grad_norm = squares.to_f64().sqrt() / st.loss_scale as f64;
         let overflow = self.comm.any(st.overflow || !st.grad_norm.is_finite())?;
         st.loss_sum = self.comm.sum_f64(st.loss_sum)?;
         st.applied = self.scaler.update(overflow);

@@ -7,9 +7,9 @@
 //! What moves, for this rank's share of each group (its slices; the working copy as it keeps it):
 //! - the update's sweep reads the master weights, both moments and the gradient, writes the master
 //!   weights and moments back and writes the new working copy;
-//! - each gradient download is added into the accumulator: read (except the step's first
-//!   contribution, which overwrites it) and written back; the head's once per step, stage 1 with
-//!   several ranks its blocks once per step too (their sums stay in RAM until the step's end);
+//! - each gradient download (every group's, every micro-batch) is added into the accumulator: read
+//!   (except the step's first contribution, which overwrites it) and written back; stage 1 with
+//!   several ranks once per step (the whole sums stay in RAM until the step's end);
 //! - each upload reads the working copy (a block still in its device slot this step is not read again),
 //!   and with several ranks in stages 1-2 the first upload after an update writes it back completed by
 //!   the all-gather; a block `--params-ram-cache` holds ([`cached_working_blocks`]) stays in RAM from
@@ -128,19 +128,20 @@ impl NvmeTraffic {
                         t.read_ahead_bytes += t.working.read_bytes - read_before;
                     }
                 }
-                Op::FinishDownload { block } if grads_on && sharding.shards_grads() => {
-                    let read = if micro == 0 { 0 } else { slice_bytes(1 + block) };
+                Op::FinishDownload { .. } | Op::DownloadHead if grads_on && sharding.shards_grads() => {
+                    let k = if let Op::FinishDownload { block } = op { 1 + block } else { 0 };
+                    let read = if micro == 0 { 0 } else { slice_bytes(k) };
                     // Stage 0 exchanges (and reads and writes the residual) with the last micro-batch only.
                     let exchanged = !sharding.replicates() || micro + 1 == tc.grad_accum;
-                    let residual = if exchanged { residual_bytes(1 + block) } else { 0 };
-                    t.gradients.add(read + residual, slice_bytes(1 + block) + residual);
-                    if !tc.sequential && !beside_sweep {
-                        t.written_behind_bytes += slice_bytes(1 + block);
+                    let residual = if exchanged { residual_bytes(k) } else { 0 };
+                    t.gradients.add(read + residual, slice_bytes(k) + residual);
+                    // The head's is written at once: no block computes after it.
+                    if k > 0 && !tc.sequential && !beside_sweep {
+                        t.written_behind_bytes += slice_bytes(k);
                     }
                 }
-                Op::DownloadHead if grads_on => t.gradients.add(residual_bytes(0), slice_bytes(0) + residual_bytes(0)),
-                Op::ReduceBlocks if grads_on && !sharding.shards_grads() => {
-                    (1..group_lens.len()).for_each(|k| t.gradients.add(residual_bytes(k), slice_bytes(k) + residual_bytes(k)));
+                Op::ReduceStage1 if grads_on && !sharding.shards_grads() => {
+                    (0..group_lens.len()).for_each(|k| t.gradients.add(residual_bytes(k), slice_bytes(k) + residual_bytes(k)));
                 }
                 Op::Update => {
                     working.release_held(&mut t);

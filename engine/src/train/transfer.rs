@@ -225,10 +225,10 @@ impl<D: Backend> Trainer<'_, D> {
     }
 
     /// Finishes a gradient group's download and adds it into this rank's accumulator (or stores it, for
-    /// the step's `first` contribution; `last` is the step's last): with several ranks, after
-    /// reduce-scattering it (stages 2-3, and the head in every stage), or whole (stage 1 blocks, reduced
-    /// at the end of the step; stage 0, all-reduced with the step's last). Returns whether any value
-    /// would overflow 16-bit storage (checked in fp16 only).
+    /// the step's `first` contribution; `last` is the step's last): with several ranks, reduce-scattered
+    /// onto it (stages 2-3), or whole (stage 1, reduced at the end of the step; stage 0, all-reduced
+    /// with the step's last). Returns whether any value would overflow 16-bit storage (checked in fp16
+    /// only).
     pub(super) fn accumulate(&mut self, k: usize, pending: D::PendingRead, first: bool, last: bool, clock: &mut Clock) -> Result<bool> {
         // Added straight out of the device's read-back memory where it lends it (the gpu device's
         // mapping): no host copy of the gradient between the link and the accumulator.
@@ -279,7 +279,7 @@ impl<D: Backend> Trainer<'_, D> {
             // (stage 0) the step's sum is all-reduced once, with the last micro-batch.
             let all_reduce = last && self.sharding.replicates();
             let (exchange, comm, updates, busy) = (&mut self.exchange, &self.comm, self.adam_steps, self.dev.is_async());
-            let local = &mut self.reduce_scratch.0;
+            let local = &mut self.reduce_scratch;
             change_grads_behind(write_behind, &self.shared, k, nv, first, last, io_wait, |acc| {
                 for (data, slot) in downloaded.iter().zip(&layout.tensors) {
                     add(&mut acc[slot.range()], data.as_ref());
@@ -287,7 +287,7 @@ impl<D: Backend> Trainer<'_, D> {
                 if all_reduce {
                     local.clear();
                     local.extend_from_slice(acc);
-                    exchange.reduce(comm, nv, updates, k, local, acc, busy)?;
+                    exchange.reduce(comm, nv, updates, k, local, acc, false, busy)?;
                 }
                 Ok(())
             })?;
@@ -297,25 +297,26 @@ impl<D: Backend> Trainer<'_, D> {
             }
         } else {
             let shard = &self.shards[k];
-            let (whole, mine) = &mut self.reduce_scratch;
+            let whole = &mut self.reduce_scratch;
             // The tensors cover 0..len; the padding after them must be zero (an earlier, longer group may
             // have left values there).
             whole.resize(shard.padded_len, 0.0);
             whole[shard.len..].fill(0.0);
-            mine.resize(shard.slice_len(), 0.0);
             for (data, slot) in downloaded.iter().zip(&layout.tensors) {
                 whole[slot.range()].copy_from_slice(data.as_ref());
             }
-            self.exchange.reduce(&self.comm, nv, self.adam_steps, k, whole, mine, self.dev.is_async())?;
+            // Reduce-scattered onto the accumulator one rank at a time, so this micro-batch's
+            // contributions land in the order of their global index, as on one rank (the world size
+            // never changes a bit: `tests/ranks.rs`).
+            let (exchange, comm, updates, busy) = (&mut self.exchange, &self.comm, self.adam_steps, self.dev.is_async());
             change_grads_behind(write_behind, &self.shared, k, nv, first, last, io_wait, |acc| {
-                add(acc, mine);
-                Ok(())
+                exchange.reduce(comm, nv, updates, k, whole, acc, !first, busy)
             })?;
         }
         Ok(overflow)
     }
 
-    /// Stage 1 with several ranks: reduce-scatters each block's whole gradient (this rank's micro-batches
+    /// Stage 1 with several ranks: reduce-scatters each group's whole gradient (this rank's micro-batches
     /// summed) into this rank's slice.
     pub(super) fn reduce_stage1_grads(&mut self) -> Result<()> {
         let nv = self.nvme.clone();
@@ -326,7 +327,7 @@ impl<D: Backend> Trainer<'_, D> {
             let whole = &self.stage1_grads[k];
             let (comm, exchange, updates) = (&self.comm, &mut self.exchange, self.adam_steps);
             lock(&self.shared[k]).change_grads(nv.as_deref(), true, true, AfterChange::PageOut, |mine| {
-                exchange.reduce(comm, nv.as_deref(), updates, k, whole, mine, false)
+                exchange.reduce(comm, nv.as_deref(), updates, k, whole, mine, false, false)
             })?;
         }
         Ok(())

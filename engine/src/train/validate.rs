@@ -33,7 +33,7 @@ impl<D: Backend> Trainer<'_, D> {
                 let acts = &d.block_acts[l.min(d.block_acts.len() - 1)];
                 self.model.block_forward(dev, l, &d.slots[slot], acts, &d.residual[l], &d.residual[l + 1], batch, seq_len, None);
             }
-            sum += self.head_loss(&y, None, false, &mut clock)? as f64;
+            sum += self.head_loss(&y, None, &mut clock)? as f64;
         }
         // Forward only: what `--params-ram-cache` held for a backward goes back now.
         self.release_held(&mut clock)?;

@@ -1,9 +1,10 @@
 //! The trainer's side of the vocabulary ([`crate::model::vocab`]): the embedding's rows gathered on the
 //! host from the step's copy of the head group's vocabulary matrices, the output projection and loss a
 //! vocabulary chunk at a time (the projection resident whole, or each chunk uploaded into one slot, as
-//! the plan says), and the vocabulary matrices' gradients summed on the host — chunk by chunk from the
-//! projection's backward, row by row from the embedding's — so the device never holds a (V, C)
-//! gradient and, when streamed, no (V, C) matrix at all. Where the projection lives never changes a
+//! the plan says), and the vocabulary matrices' gradients made on the host for each micro-batch — chunk
+//! by chunk from the projection's backward, row by row from the embedding's — and added into the
+//! accumulator as the blocks' are, so the device never holds a (V, C) gradient and, when streamed, no
+//! (V, C) matrix at all. Where the projection lives never changes a
 //! bit: the same per-chunk products and sums run either way (`tests/train.rs`).
 
 use anyhow::{Result, bail};
@@ -76,8 +77,11 @@ pub(super) struct VocabHost {
     /// The working copies of those the device does not hold whole (as uploaded at the start of the
     /// step), by table index: a tied embedding resident as the projection is gathered on the device.
     words: Vec<(usize, HostWords)>,
-    /// Their gradients summed over the step's micro-batches (V x C each, allocated on first use).
+    /// Their gradients of the current micro-batch (V x C each, allocated on first use).
     pub(super) grads: Vec<Vec<f32>>,
+    /// The rows an untied embedding's gradient was given by the last micro-batch (None: any row may
+    /// hold a value), the only ones to zero for the next.
+    embedding_rows: Option<Vec<u32>>,
 }
 
 impl VocabHost {
@@ -156,15 +160,9 @@ impl<D: Backend> Trainer<'_, D> {
 
     /// The final norm, the output projection and the mean loss of the last block's output against
     /// `targets`, chunk by chunk. With `loss_grad_scale`, also their backward: each chunk's projection
-    /// gradient added into the host's sum (stored, at the step's `first_micro`), and d(last block's
-    /// output) left in the head's residual gradient.
-    pub(super) fn head_loss(
-        &mut self,
-        targets: &D::Tokens,
-        loss_grad_scale: Option<f32>,
-        first_micro: bool,
-        clock: &mut Clock,
-    ) -> Result<f32> {
+    /// gradient stored into the host's micro-batch gradient, and d(last block's output) left in the
+    /// head's residual gradient.
+    pub(super) fn head_loss(&mut self, targets: &D::Tokens, loss_grad_scale: Option<f32>, clock: &mut Clock) -> Result<f32> {
         let (dev, model, width) = (self.dev, &self.model, self.model.width());
         let n_layer = model.n_layer();
         let d = &self.device;
@@ -181,7 +179,7 @@ impl<D: Backend> Trainer<'_, D> {
         // Backward in reverse chunk order: the last chunk uploaded is still in the slot. Each chunk's
         // projection gradient is read back while the next chunk computes: its read begins (its kernels
         // and the copy submitted, so the next chunk's may reuse the buffer), then the chunk before's is
-        // added into the host's sum while the device runs this one.
+        // stored into the host's gradient while the device runs this one.
         let (_, staged) = self.vocab.projection();
         let mut in_flight: Option<(D::PendingRead, std::ops::Range<usize>)> = None;
         for (i, j) in (0..n_chunks).rev().enumerate() {
@@ -209,13 +207,13 @@ impl<D: Backend> Trainer<'_, D> {
             let ids = loss_acts.chunks.range(j);
             clock.download_bytes += 4 * (ids.len() * width) as u64;
             if let Some((before, ids)) = in_flight.replace((pending, ids)) {
-                let sum = &mut self.vocab.grads[staged][ids.start * width..ids.end * width];
-                timed(&mut clock.download, || add_chunk_grad(dev, sum, before, first_micro));
+                let rows = &mut self.vocab.grads[staged][ids.start * width..ids.end * width];
+                timed(&mut clock.download, || store_chunk_grad(dev, rows, before));
             }
         }
         if let Some((last, ids)) = in_flight {
-            let sum = &mut self.vocab.grads[staged][ids.start * width..ids.end * width];
-            timed(&mut clock.download, || add_chunk_grad(dev, sum, last, first_micro));
+            let rows = &mut self.vocab.grads[staged][ids.start * width..ids.end * width];
+            timed(&mut clock.download, || store_chunk_grad(dev, rows, last));
         }
         let d = &self.device;
         timed(&mut clock.compute, || model.final_norm_backward(dev, &d.head, &d.head_grads, acts, &d.residual[n_layer]));
@@ -223,7 +221,7 @@ impl<D: Backend> Trainer<'_, D> {
     }
 
     /// Backward of [`Self::embed`]: the embedding's row gradients downloaded and added into the host's
-    /// sum at the tokens' rows, in token order.
+    /// micro-batch gradient at the tokens' rows, in token order.
     pub(super) fn embed_backward(&mut self, ids: &[u32], dropout: Option<&DropoutKeys>, clock: &mut Clock) -> Result<()> {
         let (dev, d, width) = (self.dev, &self.device, self.model.width());
         let d_rows = timed(&mut clock.compute, || self.model.embed_rows_backward(dev, &d.head_grads, &d.head_acts, &d.positions, dropout));
@@ -234,34 +232,45 @@ impl<D: Backend> Trainer<'_, D> {
         for (&id, g) in ids.iter().zip(d_rows.chunks_exact(width)) {
             sum[id as usize * width..][..width].iter_mut().zip(g).for_each(|(s, g)| *s += g);
         }
+        if self.vocab.tensors.len() == 2 {
+            self.vocab.embedding_rows = Some(ids.to_vec());
+        }
         dev.recycle(vec![d_rows]);
         Ok(())
     }
 
-    /// The host's vocabulary gradient sums at the start of a step: an untied embedding's zeroed (its
-    /// rows are scattered into); the projection's is stored whole by the first micro-batch.
+    /// The host's vocabulary gradients at the start of a micro-batch: an untied embedding's zeroed (its
+    /// rows are scattered into); the projection's is stored whole by the head's backward.
     pub(super) fn clear_vocab_grads(&mut self) {
-        let len = self.model.vocab_size() * self.model.width();
+        let (len, width) = (self.model.vocab_size() * self.model.width(), self.model.width());
         let untied = self.vocab.tensors.len() == 2;
         self.vocab.grads.resize_with(self.vocab.tensors.len(), Vec::new);
+        let rows = self.vocab.embedding_rows.take();
         for (k, g) in self.vocab.grads.iter_mut().enumerate() {
-            if untied && k == 0 {
-                g.fill(0.0);
+            if untied && k == 0 && g.len() == len {
+                match &rows {
+                    // Only the last micro-batch's tokens' rows hold values: a (V, C) fill for every
+                    // micro-batch would cost more than the scatter it clears.
+                    Some(ids) => ids.iter().for_each(|&id| g[id as usize * width..][..width].fill(0.0)),
+                    None => g.fill(0.0),
+                }
             }
             g.resize(len, 0.0);
         }
     }
 
-    /// The head group's gradient of the step into the accumulator: its device tensors downloaded, the
-    /// vocabulary matrices' from the host's sums.
-    pub(super) fn download_head(&mut self, clock: &mut Clock) -> Result<bool> {
+    /// The head group's gradient of the micro-batch into the accumulator (`first`, `last`: of the
+    /// step, as [`Self::accumulate`] takes them): its device tensors downloaded, the vocabulary
+    /// matrices' from the host's. Each micro-batch's is added on its own, as the blocks' are, so the
+    /// sum runs in the micro-batches' global order at every world size.
+    pub(super) fn download_head(&mut self, first: bool, last: bool, clock: &mut Clock) -> Result<bool> {
         let d = &self.device;
         let pending = timed(&mut clock.download, || dev_read_all(self.dev, &d.head_grads));
         let mut grads = timed(&mut clock.download, || self.dev.finish_read(pending));
         for (k, &i) in self.vocab.tensors.iter().enumerate() {
             grads[i] = std::mem::take(&mut self.vocab.grads[k]);
         }
-        let overflow = self.add_grads(0, &grads, true, true, clock)?;
+        let overflow = self.add_grads(0, &grads, first, last, clock)?;
         for (k, &i) in self.vocab.tensors.clone().iter().enumerate() {
             self.vocab.grads[k] = std::mem::take(&mut grads[i]);
         }
@@ -270,17 +279,11 @@ impl<D: Backend> Trainer<'_, D> {
     }
 }
 
-/// A chunk's projection gradient, read back by `pending`, into its rows of the host's sum: stored at
-/// the step's first micro-batch (the gradient is dense: every row gets a value, nothing needs zeroing),
-/// else added, straight out of the read-back memory (see `Trainer::accumulate`).
-fn add_chunk_grad<D: Backend>(dev: &D, sum: &mut [f32], pending: D::PendingRead, first_micro: bool) {
-    dev.finish_read_with(pending, |chunk_grad| {
-        if first_micro {
-            elementwise::copy(sum, &chunk_grad[0][..sum.len()]);
-        } else {
-            elementwise::add_into(sum, &chunk_grad[0][..sum.len()]);
-        }
-    })
+/// A chunk's projection gradient, read back by `pending`, stored into its rows of the host's
+/// micro-batch gradient (it is dense: every row gets a value, nothing needs zeroing), straight out of
+/// the read-back memory (see `Trainer::accumulate`).
+fn store_chunk_grad<D: Backend>(dev: &D, rows: &mut [f32], pending: D::PendingRead) {
+    dev.finish_read_with(pending, |chunk_grad| elementwise::copy(rows, &chunk_grad[0][..rows.len()]))
 }
 
 fn dev_read_all<D: Backend>(dev: &D, tensors: &[D::Tensor]) -> D::PendingRead {

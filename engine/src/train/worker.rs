@@ -14,6 +14,7 @@ use zerostream_offload::layerwise::SquaredNorms;
 use zerostream_offload::{AdamW, Grads, Layerwise, MomentNoise, Moments, NvmeDir, ParamCopy, Stored, Tier, pipelined_sweep};
 
 use crate::comm::Comm;
+use crate::ops::square_sums::SquareSums;
 
 use super::config::{AdamState, Precision};
 use super::layout::GroupLayout;
@@ -27,10 +28,10 @@ pub(super) struct SharedGroup {
     /// the optimizer state: in RAM, or on NVMe (paged in to add a micro-batch into it and for the
     /// update), so host RAM does not grow by 4 bytes per parameter when the state is on NVMe.
     pub(super) grads: Stored,
-    /// The sum of squares of `grads` (f64, in element order), taken when the step's last contribution
-    /// was added: the global norm is the rank-order sum of these, group by group, without paging the
-    /// gradients in again.
-    pub(super) grad_sum_squares: f64,
+    /// The exact sum of squares of `grads`, taken when the step's last contribution was added: the
+    /// global norm sums these over groups and ranks (exactly, so at any world size the same bits)
+    /// without paging the gradients in again.
+    pub(super) grad_squares: SquareSums,
     /// This rank's working copy: the whole group (its own slice fresh from the update, the others'
     /// gathered by the device thread before upload) or, in stage 3, its slice alone.
     pub(super) working: Stored,
@@ -67,7 +68,7 @@ impl SharedGroup {
         let grads = self.grads.data_mut().as_mut_slice::<f32>();
         f(grads)?;
         if last {
-            self.grad_sum_squares = crate::ops::elementwise::sum_squares_f64(grads);
+            self.grad_squares = SquareSums::of(grads);
         }
         if after == AfterChange::PageOut {
             self.grads.page_out(nvme, true)?;

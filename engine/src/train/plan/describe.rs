@@ -37,8 +37,7 @@ impl Placement {
                     size(self.host_residual_bytes),
                     self.grads_tier.name()
                 )),
-                (self.host_stage1_grad_bytes > 0)
-                    .then(|| format!("; whole-block gradient sums {} in RAM", size(self.host_stage1_grad_bytes))),
+                (self.host_stage1_grad_bytes > 0).then(|| format!("; whole gradient sums {} in RAM", size(self.host_stage1_grad_bytes))),
             ]
             .into_iter()
             .flatten()
