@@ -32,15 +32,17 @@
 //! As in the authors' BERT code, tensors excluded from weight decay (biases, norms' gains) are also
 //! excluded from the adaptation: their trust ratio is 1 (LAMB is then Adam, LARS plain momentum SGD).
 //!
-//! Norms are sums of squares in f64 over fixed blocks of [`NORM_BLOCK_ELEMS`] from the slice's start
-//! (each in eight interleaved lanes), added in block order: the same bits for any thread count. No
-//! multiply-add is ever contracted, so every CPU and instruction set gives the same bits too.
+//! Norms are exact sums of squares ([`SquareSums`], taken over blocks of [`NORM_BLOCK_ELEMS`], the
+//! unit of the passes' parallel work): the same bits for any thread count and however the ranks'
+//! slices cut a tensor, so every world size takes the same trust ratios. No multiply-add is ever
+//! contracted, so every CPU and instruction set gives the same bits too.
 
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use crate::adam::rounding::bf16_from_f32;
 use crate::adam::{Isa, ParamCopy};
+use crate::square_sums::SquareSums;
 
 /// Which rule, with its own hyper-parameters. f64, as Python hands them to PyTorch.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -70,22 +72,25 @@ impl LayerwiseConfig {
     }
 }
 
-/// A slice's (or, summed, a tensor's) squared norms: of the parameters and of what the trust ratio
-/// divides by (LAMB's update u, LARS's gradient g).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+/// A slice's (or, summed, a tensor's) squared norms, exact: of the parameters and of what the trust
+/// ratio divides by (LAMB's update u, LARS's gradient g). Exact sums add up to the same bits however
+/// a tensor is cut into blocks, threads and ranks' slices.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SquaredNorms {
-    pub param: f64,
-    pub update: f64,
+    pub param: SquareSums,
+    pub update: SquareSums,
 }
 
 impl std::ops::Add for SquaredNorms {
     type Output = SquaredNorms;
-    fn add(self, o: SquaredNorms) -> SquaredNorms {
-        SquaredNorms { param: self.param + o.param, update: self.update + o.update }
+    fn add(mut self, o: SquaredNorms) -> SquaredNorms {
+        self.param.add(&o.param);
+        self.update.add(&o.update);
+        self
     }
 }
 
-/// Elements per block of a norm's partial sums.
+/// Elements per block of the passes' parallel work.
 pub const NORM_BLOCK_ELEMS: usize = 1 << 14;
 
 /// The per-step scalars, computed in f64 and rounded to f32 once.
@@ -160,41 +165,6 @@ impl Scalars {
     }
 }
 
-/// Independent partial sums per block: the squares of elements i with i % 8 == j go to lane j, and
-/// the lanes are added in order at the end. A fixed order (the same bits on every CPU and thread
-/// count) that still lets the loop run as vectors instead of one chain of dependent additions.
-const LANES: usize = 8;
-
-/// Adds the squares of `x` (at most [`LANES`] values) into the lanes, value j into lane j.
-#[inline(always)]
-fn add_squares(acc: &mut [f64; LANES], x: &[f32]) {
-    for (a, &x) in acc.iter_mut().zip(x) {
-        *a += x as f64 * x as f64;
-    }
-}
-
-/// The lanes added in order.
-fn lanes_total(acc: &[f64; LANES]) -> f64 {
-    acc.iter().fold(0.0, |s, a| s + a)
-}
-
-/// The squared norm of `x * scale`, by lanes (element i in lane i % 8): whole lanes' worth at a time,
-/// so the loop runs as vectors, then the tail.
-#[inline(always)]
-fn sum_squares(x: &[f32], scale: f32) -> f64 {
-    let mut acc = [0.0f64; LANES];
-    let whole = x.chunks_exact(LANES);
-    let tail = whole.remainder();
-    for c in whole {
-        let c: &[f32; LANES] = c.try_into().expect("a lane");
-        add_squares(&mut acc, &c.map(|x| x * scale));
-    }
-    let mut scaled = [0.0f32; LANES];
-    tail.iter().zip(scaled.iter_mut()).for_each(|(x, s)| *s = x * scale);
-    add_squares(&mut acc, &scaled[..tail.len()]);
-    lanes_total(&acc)
-}
-
 thread_local! {
     /// LAMB's u of one block: pass 1 writes it element by element, then sums its squares. Two plain
     /// loops, each compiled to whole vectors; written as one, the compiler split it into 4-wide pieces
@@ -209,16 +179,16 @@ thread_local! {
 fn measure_block(k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32], scratch: &mut Vec<f32>) -> SquaredNorms {
     let n = p.len();
     let (m, grads) = (&mut m[..n], &grads[..n]);
-    let param = sum_squares(p, 1.0);
+    let param = SquareSums::of_scaled(p, 1.0);
     let update = match k.rule {
         Rule::Lamb { .. } => {
             if scratch.len() < n {
                 scratch.resize(n, 0.0);
             }
             k.lamb_moments(p, m, &mut v[..n], grads, &mut scratch[..n]);
-            sum_squares(&scratch[..n], 1.0)
+            SquareSums::of_scaled(&scratch[..n], 1.0)
         }
-        Rule::Lars { .. } => sum_squares(grads, k.grad_scale),
+        Rule::Lars { .. } => SquareSums::of_scaled(grads, k.grad_scale),
     };
     SquaredNorms { param, update }
 }
@@ -316,11 +286,11 @@ mod wide {
 }
 
 /// The trust ratio of a whole tensor from its summed squared norms (1 for tensors without decay).
-pub fn trust_ratio(cfg: &LayerwiseConfig, norms: SquaredNorms, decay: bool) -> f32 {
+pub fn trust_ratio(cfg: &LayerwiseConfig, norms: &SquaredNorms, decay: bool) -> f32 {
     if !decay {
         return 1.0;
     }
-    let (p, u) = (norms.param.sqrt() as f32, norms.update.sqrt() as f32);
+    let (p, u) = (norms.param.to_f64().sqrt() as f32, norms.update.to_f64().sqrt() as f32);
     if p <= 0.0 || u <= 0.0 {
         return 1.0;
     }
@@ -353,7 +323,7 @@ pub fn layerwise_reference(
         let vb: &mut [f32] = if v.is_empty() { &mut [] } else { &mut v[s..e] };
         norms = norms + measure_block(&k, &p[s..e], &mut m[s..e], vb, &grads[s..e], &mut scratch);
     }
-    let trust = trust_ratio(cfg, norms, decay);
+    let trust = trust_ratio(cfg, &norms, decay);
     let mut copy = copy;
     apply_block(&k, trust, p, m, v, grads, &mut copy);
 }
@@ -414,7 +384,7 @@ impl Layerwise {
     }
 
     /// The trust ratio of a whole tensor from its squared norms summed over every slice.
-    pub fn trust_ratio(&self, norms: SquaredNorms, decay: bool) -> f32 {
+    pub fn trust_ratio(&self, norms: &SquaredNorms, decay: bool) -> f32 {
         trust_ratio(&self.config, norms, decay)
     }
 

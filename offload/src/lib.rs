@@ -12,6 +12,7 @@ mod nvme_dir;
 mod os;
 mod shard_file;
 mod spare_pool;
+pub mod square_sums;
 pub mod store;
 pub mod sweep;
 

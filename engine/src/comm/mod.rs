@@ -19,6 +19,7 @@ use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
+use zerostream_offload::square_sums::SquareSums;
 
 /// Moves bytes between the ranks of one world. Every rank calls the same collectives in the same
 /// order; a rank that fails calls [`Collectives::abort`] so that the others stop instead of waiting.
@@ -252,16 +253,22 @@ impl Comm {
         Ok(self.gather_scalars(x)?.into_iter().fold(0.0, |a, b| a + b))
     }
 
-    /// The element-wise sum over ranks of `xs` (the same length on every rank), in rank order.
-    pub fn sum_f64s(&self, xs: &[f64]) -> Result<Vec<f64>> {
-        let n = xs.len();
-        let mut all = vec![0.0f64; n * self.world_size()];
-        self.all_gather(xs, &mut all, false)?;
-        let mut sum = vec![0.0f64; n];
-        for rank in all.chunks_exact(n.max(1)) {
-            sum.iter_mut().zip(rank).for_each(|(s, x)| *s += x);
+    /// The element-wise sum over ranks of `sums` (as many on every rank): exact, so the same bits on
+    /// every rank and transport, and at every world size however the ranks' slices cut the values.
+    pub fn sum_square_sums(&self, sums: &[SquareSums]) -> Result<Vec<SquareSums>> {
+        if self.world_size() == 1 {
+            return Ok(sums.to_vec());
         }
-        Ok(sum)
+        let mine: Vec<u64> = sums.iter().flat_map(|s| s.to_words()).collect();
+        let mut all = vec![0u64; mine.len() * self.world_size()];
+        self.all_gather(&mine, &mut all, false)?;
+        let mut total = vec![SquareSums::default(); sums.len()];
+        for rank in all.chunks_exact(mine.len().max(1)) {
+            for (t, words) in total.iter_mut().zip(rank.chunks_exact(SquareSums::WORDS)) {
+                t.add(&SquareSums::from_words(words));
+            }
+        }
+        Ok(total)
     }
 
     /// A second [`Comm`] over the same ranks, independent of this one, for another thread (the

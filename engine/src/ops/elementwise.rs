@@ -70,7 +70,7 @@ pub fn cast_f16_to_f32(out: &mut [f32], x: &[u16]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::square_sums::SquareSums;
+    use zerostream_offload::square_sums::SquareSums;
 
     fn random(len: usize, seed: u64) -> Vec<f32> {
         use rand::{Rng, SeedableRng};

@@ -5,8 +5,7 @@
 //! T sequence, C channels, V vocabulary, H heads. Files not named after a kernel: `elementwise.rs` (the
 //! twins of the small kernels: residual add, fill, axpy, sum of squares, the casts; and the trainer's
 //! host passes over whole gradients), `matmul_f16.rs` (the twin of `matmul_coop.wgsl`), `activation.rs`
-//! (which activation a GPT-2 config names, each in its own twin file), `square_sums.rs` (exact sums of
-//! squares for the step's norms, the same bits however the values are split), `fast_math.rs` (below) and
+//! (which activation a GPT-2 config names, each in its own twin file), `fast_math.rs` (below) and
 //! `step_times.rs` (tests only: the cpu device's ops timed at one step's shapes). Also here, two numbers of
 //! the kernels' geometry the twins and the gpu device share: [`MAX_GRID_DIM`] and [`COLUMN_BLOCK_ROWS`].
 //!
@@ -36,7 +35,6 @@ pub mod matmul_f16;
 pub mod matmul_fast;
 pub mod reduce_fast;
 pub mod relu;
-pub mod square_sums;
 #[cfg(test)]
 mod step_times;
 

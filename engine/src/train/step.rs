@@ -13,7 +13,7 @@ use super::worker::{UpdateJob, adam_seconds_total, lock};
 use super::{StepReport, Trainer, report};
 use crate::device::Backend;
 use crate::ops::dropout::DropoutKeys;
-use crate::ops::square_sums::SquareSums;
+use zerostream_offload::square_sums::SquareSums;
 
 /// What one step carries from operation to operation.
 pub(super) struct StepState<D: Backend> {
@@ -265,14 +265,8 @@ impl<D: Backend> Trainer<'_, D> {
         // a bit of it (stage 0: every rank's is the whole's).
         let mut squares = SquareSums::default();
         self.shared.iter().for_each(|s| squares.add(&lock(s).grad_squares));
-        if self.sharding.world > 1 && !self.sharding.replicates() {
-            let mine = squares.to_words();
-            let mut all = vec![0u64; mine.len() * self.sharding.world];
-            self.comm.all_gather(&mine, &mut all, false)?;
-            squares = all.chunks_exact(mine.len()).fold(SquareSums::default(), |mut sum, rank| {
-                sum.add(&SquareSums::from_words(rank));
-                sum
-            });
+        if !self.sharding.replicates() {
+            squares = self.comm.sum_square_sums(&[squares])?.pop().expect("one sum");
         }
         st.grad_norm = squares.to_f64().sqrt() / st.loss_scale as f64;
         let overflow = self.comm.any(st.overflow || !st.grad_norm.is_finite())?;

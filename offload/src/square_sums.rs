@@ -1,6 +1,7 @@
 //! Exact sums of squares of f32 values, for the norms that decide a step (the global gradient norm
-//! clipping divides by): the same bits whatever splits the values and in whatever order the parts are
-//! added, so a norm taken over ranks' slices equals one taken over the whole at any world size.
+//! clipping divides by, LAMB's and LARS's per-tensor norms): the same bits whatever splits the values
+//! and in whatever order the parts are added, so a norm taken over ranks' slices equals one taken over
+//! the whole at any world size.
 //!
 //! An f32 `x` with exponent field `e` is `m * 2^(e - 150)` with an integer `m < 2^24` (subnormals
 //! read as `e = 1` without the implicit bit), so `x^2 = m^2 * 2^(2e - 300)` with `m^2 < 2^48`: the
@@ -30,16 +31,26 @@ impl Default for SquareSums {
 impl SquareSums {
     /// The exact sum of squares of `x`, on rayon's threads (the bits never depend on how many).
     pub fn of(x: &[f32]) -> Self {
-        x.par_chunks(TASK_ELEMS).map(Self::of_task).reduce(Self::default, |mut a, b| {
+        x.par_chunks(TASK_ELEMS).map(|x| Self::of_scaled(x, 1.0)).reduce(Self::default, |mut a, b| {
             a.add(&b);
             a
         })
     }
 
-    fn of_task(x: &[f32]) -> Self {
+    /// The exact sum of squares of the f32 products `x[i] * scale`, on this thread.
+    pub fn of_scaled(x: &[f32], scale: f32) -> Self {
+        let mut out = Self::default();
+        for task in x.chunks(TASK_ELEMS) {
+            out.by_exponent.iter_mut().zip(Self::task_sums(task, scale)).for_each(|(o, s)| *o += s as u128);
+        }
+        out
+    }
+
+    /// At most [`TASK_ELEMS`] values' sums, in u64.
+    fn task_sums(x: &[f32], scale: f32) -> [u64; 256] {
         let mut sums = [0u64; 256];
         for v in x {
-            let bits = v.to_bits();
+            let bits = (v * scale).to_bits();
             let e = (bits >> 23) & 0xff;
             let frac = (bits & 0x7f_ffff) as u64;
             let (slot, m) = match e {
@@ -50,9 +61,7 @@ impl SquareSums {
             };
             sums[slot] += m * m;
         }
-        let mut out = Self::default();
-        out.by_exponent.iter_mut().zip(sums).for_each(|(o, s)| *o = s as u128);
-        out
+        sums
     }
 
     /// Adds `other`'s values to these (exactly).
@@ -73,14 +82,17 @@ impl SquareSums {
         (1..255).map(|e| self.by_exponent[e] as f64 * f64::from_bits(((2 * e as u64 + 1023) - 300) << 52)).sum()
     }
 
+    /// Words of [`Self::to_words`].
+    pub const WORDS: usize = 512;
+
     /// As little-endian u64 words (two per exponent), for the ranks to exchange.
     pub fn to_words(&self) -> Vec<u64> {
         self.by_exponent.iter().flat_map(|&s| [s as u64, (s >> 64) as u64]).collect()
     }
 
-    /// The inverse of [`Self::to_words`] (512 words).
+    /// The inverse of [`Self::to_words`].
     pub fn from_words(words: &[u64]) -> Self {
-        assert_eq!(words.len(), 512, "SquareSums::from_words: 2 words per exponent");
+        assert_eq!(words.len(), Self::WORDS, "SquareSums::from_words: 2 words per exponent");
         let mut out = Self::default();
         out.by_exponent.iter_mut().zip(words.chunks_exact(2)).for_each(|(o, w)| *o = w[0] as u128 | (w[1] as u128) << 64);
         out
@@ -122,6 +134,9 @@ mod tests {
         reversed.reverse();
         assert_eq!(SquareSums::of(&reversed).to_f64().to_bits(), whole.to_f64().to_bits());
         assert_eq!(SquareSums::from_words(&whole.to_words()), whole);
+        assert_eq!(SquareSums::of_scaled(&y, 1.0), whole, "one thread, tasks in order");
+        let halves: Vec<f32> = x.iter().map(|v| v * 0.5).collect();
+        assert_eq!(SquareSums::of_scaled(&x, 0.5), SquareSums::of(&halves), "scaled");
         // A few values far apart: the f64 sum of the smallest first is exact to f64's precision.
         let few = [3.0f32, 1e-30, 2.5e-41, 1e20];
         let want = few.iter().map(|&v| v as f64 * v as f64).fold(0.0, |a, b| a + b);
