@@ -168,7 +168,7 @@ fn the_compressed_reduce_scatter_decodes_and_sums_in_rank_order() {
     let results = in_process(world, |comm: Comm| {
         let r = comm.rank();
         let (full, mut mine, mut residual) = (full_of(r), vec![0.0f32; n], vec![0.0f32; (world - 1) * n]);
-        comm.reduce_scatter_sum_compressed(&full, &mut mine, false, &codec, &mut residual, false)?;
+        comm.reduce_scatter_sum_compressed(&full, &mut mine, &codec, &mut residual, false)?;
         Ok((mine, residual, comm.stats().grad_sent_bytes))
     })
     .unwrap();

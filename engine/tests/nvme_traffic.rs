@@ -362,10 +362,10 @@ fn working_copies_read_ahead_and_gradients_written_behind_change_nothing() {
     // are still in their slots from the first's backward).
     let want = placement.nvme_traffic.read_ahead_bytes;
     assert_eq!(want, 12 * block_bytes, "{:?}", placement.nvme_traffic);
-    // Both micro-batches write every block's gradient behind (the head's is written at once).
-    let grad_bytes = 4 * sharding.group(placement.group_lens[1]).slice_len() as u64;
+    // Both micro-batches write every group's gradient behind, the head's too.
+    let grad_bytes = |k: usize| 4 * sharding.group(placement.group_lens[k]).slice_len() as u64;
     let behind = placement.nvme_traffic.written_behind_bytes;
-    assert_eq!(behind, 2 * 6 * grad_bytes, "{:?}", placement.nvme_traffic);
+    assert_eq!(behind, 2 * (grad_bytes(0) + 6 * grad_bytes(1)), "{:?}", placement.nvme_traffic);
     let printed = placement.nvme_traffic.describe(placement.params);
     assert!(printed.contains("GB read ahead") && printed.contains("GB written behind"), "plan prints them: {printed}");
     for (step, r) in overlapped.iter().enumerate().skip(1) {

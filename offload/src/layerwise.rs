@@ -167,30 +167,30 @@ impl Scalars {
 
 thread_local! {
     /// LAMB's u of one block: pass 1 writes it element by element, then sums its squares. Two plain
-    /// loops, each compiled to whole vectors; written as one, the compiler split it into 4-wide pieces
-    /// with the lanes spilled to the stack (0.35 Gparam/s, 47% of triad, with AVX-512). Borrowed
+    /// loops, the first compiled to whole vectors; written as one, the compiler split the moments'
+    /// arithmetic into 4-wide pieces with the lanes spilled to the stack (0.35 Gparam/s, 47% of
+    /// triad, with AVX-512, when the sum was an f64 one). Borrowed
     /// outside the instruction-set builds: a closure passed to `with` is compiled for the baseline.
     static BLOCK_UPDATE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Pass 1 over one block: LAMB's moments, and the block's squared norms. `scratch` holds LAMB's u of
-/// the block ([`BLOCK_UPDATE`]).
+/// Pass 1 over one block: LAMB's moments, and the block's squared norms added into `norms`. `scratch`
+/// holds LAMB's u of the block ([`BLOCK_UPDATE`]).
 #[inline(always)]
-fn measure_block(k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32], scratch: &mut Vec<f32>) -> SquaredNorms {
+fn measure_block(k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32], scratch: &mut Vec<f32>, norms: &mut SquaredNorms) {
     let n = p.len();
     let (m, grads) = (&mut m[..n], &grads[..n]);
-    let param = SquareSums::of_scaled(p, 1.0);
-    let update = match k.rule {
+    norms.param.add_squares(p, 1.0);
+    match k.rule {
         Rule::Lamb { .. } => {
             if scratch.len() < n {
                 scratch.resize(n, 0.0);
             }
             k.lamb_moments(p, m, &mut v[..n], grads, &mut scratch[..n]);
-            SquareSums::of_scaled(&scratch[..n], 1.0)
+            norms.update.add_squares(&scratch[..n], 1.0);
         }
-        Rule::Lars { .. } => SquareSums::of_scaled(grads, k.grad_scale),
-    };
-    SquaredNorms { param, update }
+        Rule::Lars { .. } => norms.update.add_squares(grads, k.grad_scale),
+    }
 }
 
 /// Pass 2 over one block: the step with the tensor's trust ratio, and the copy.
@@ -230,8 +230,16 @@ mod wide {
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-    fn measure_avx512(k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32], scratch: &mut Vec<f32>) -> SquaredNorms {
-        measure_block(k, p, m, v, grads, scratch)
+    fn measure_avx512(
+        k: &Scalars,
+        p: &[f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        grads: &[f32],
+        scratch: &mut Vec<f32>,
+        norms: &mut SquaredNorms,
+    ) {
+        measure_block(k, p, m, v, grads, scratch, norms)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -242,8 +250,8 @@ mod wide {
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    fn measure_avx2(k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32], scratch: &mut Vec<f32>) -> SquaredNorms {
-        measure_block(k, p, m, v, grads, scratch)
+    fn measure_avx2(k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32], scratch: &mut Vec<f32>, norms: &mut SquaredNorms) {
+        measure_block(k, p, m, v, grads, scratch, norms)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -252,14 +260,15 @@ mod wide {
         apply_block(k, trust, p, m, v, grads, copy)
     }
 
-    pub(super) fn measure(isa: Isa, k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32]) -> SquaredNorms {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn measure(isa: Isa, k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32], norms: &mut SquaredNorms) {
         BLOCK_UPDATE.with_borrow_mut(|scratch| match isa {
             // SAFETY: a `Layerwise` holds only an instruction set this CPU has (checked in `with_isa`).
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe { measure_avx512(k, p, m, v, grads, scratch) },
+            Isa::Avx512 => unsafe { measure_avx512(k, p, m, v, grads, scratch, norms) },
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2Fma => unsafe { measure_avx2(k, p, m, v, grads, scratch) },
-            _ => measure_block(k, p, m, v, grads, scratch),
+            Isa::Avx2Fma => unsafe { measure_avx2(k, p, m, v, grads, scratch, norms) },
+            _ => measure_block(k, p, m, v, grads, scratch, norms),
         })
     }
 
@@ -321,7 +330,7 @@ pub fn layerwise_reference(
     for s in (0..n).step_by(NORM_BLOCK_ELEMS) {
         let e = (s + NORM_BLOCK_ELEMS).min(n);
         let vb: &mut [f32] = if v.is_empty() { &mut [] } else { &mut v[s..e] };
-        norms = norms + measure_block(&k, &p[s..e], &mut m[s..e], vb, &grads[s..e], &mut scratch);
+        measure_block(&k, &p[s..e], &mut m[s..e], vb, &grads[s..e], &mut scratch, &mut norms);
     }
     let trust = trust_ratio(cfg, &norms, decay);
     let mut copy = copy;
@@ -368,19 +377,22 @@ impl Layerwise {
     pub fn measure(&self, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32], step: u64, grad_scale: f32, decay: bool) -> SquaredNorms {
         self.check_lens(p.len(), m.len(), v.len(), grads.len());
         let k = Scalars::new(&self.config, step, grad_scale, decay);
-        let blocks: Vec<SquaredNorms> = self.pool.install(|| {
+        self.pool.install(|| {
             let vs: Vec<&mut [f32]> = if v.is_empty() {
                 (0..p.len().div_ceil(NORM_BLOCK_ELEMS)).map(|_| &mut [][..]).collect()
             } else {
                 v.chunks_mut(NORM_BLOCK_ELEMS).collect()
             };
+            // Exact sums: however rayon groups the blocks, the total has the same bits.
             p.par_chunks(NORM_BLOCK_ELEMS)
                 .zip(m.par_chunks_mut(NORM_BLOCK_ELEMS))
                 .zip(vs.into_par_iter().zip(grads.par_chunks(NORM_BLOCK_ELEMS)))
-                .map(|((p, m), (v, g))| wide::measure(self.isa, &k, p, m, v, g))
-                .collect()
-        });
-        blocks.into_iter().fold(SquaredNorms::default(), |a, b| a + b)
+                .fold(SquaredNorms::default, |mut norms, ((p, m), (v, g))| {
+                    wide::measure(self.isa, &k, p, m, v, g, &mut norms);
+                    norms
+                })
+                .reduce(SquaredNorms::default, |a, b| a + b)
+        })
     }
 
     /// The trust ratio of a whole tensor from its squared norms summed over every slice.

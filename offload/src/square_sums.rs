@@ -11,8 +11,12 @@
 
 use rayon::prelude::*;
 
-/// Values per parallel task: 2^16 squares below 2^48 each still fit a u64 per exponent.
+/// Values per task: 2^16 squares below 2^48 each still fit a u64 per exponent.
 const TASK_ELEMS: usize = 1 << 16;
+
+/// Interleaved histograms per task: consecutive values of one exponent (the usual case) add into
+/// different ones, so the additions do not wait on each other through memory.
+const LANES: usize = 4;
 
 /// The exact sum of squares of a set of f32 values, one integer per exponent (see the module doc).
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -31,7 +35,11 @@ impl Default for SquareSums {
 impl SquareSums {
     /// The exact sum of squares of `x`, on rayon's threads (the bits never depend on how many).
     pub fn of(x: &[f32]) -> Self {
-        x.par_chunks(TASK_ELEMS).map(|x| Self::of_scaled(x, 1.0)).reduce(Self::default, |mut a, b| {
+        let add = |mut sums: SquareSums, task: &[f32]| {
+            sums.add_squares(task, 1.0);
+            sums
+        };
+        x.par_chunks(TASK_ELEMS).fold(Self::default, add).reduce(Self::default, |mut a, b| {
             a.add(&b);
             a
         })
@@ -40,28 +48,15 @@ impl SquareSums {
     /// The exact sum of squares of the f32 products `x[i] * scale`, on this thread.
     pub fn of_scaled(x: &[f32], scale: f32) -> Self {
         let mut out = Self::default();
-        for task in x.chunks(TASK_ELEMS) {
-            out.by_exponent.iter_mut().zip(Self::task_sums(task, scale)).for_each(|(o, s)| *o += s as u128);
-        }
+        out.add_squares(x, scale);
         out
     }
 
-    /// At most [`TASK_ELEMS`] values' sums, in u64.
-    fn task_sums(x: &[f32], scale: f32) -> [u64; 256] {
-        let mut sums = [0u64; 256];
-        for v in x {
-            let bits = (v * scale).to_bits();
-            let e = (bits >> 23) & 0xff;
-            let frac = (bits & 0x7f_ffff) as u64;
-            let (slot, m) = match e {
-                0 => (1, frac),
-                255 if frac != 0 => (0, 1),
-                255 => (255, 1),
-                _ => (e as usize, frac | 1 << 23),
-            };
-            sums[slot] += m * m;
+    /// Adds the squares of the f32 products `x[i] * scale`, on this thread.
+    pub fn add_squares(&mut self, x: &[f32], scale: f32) {
+        for task in x.chunks(TASK_ELEMS) {
+            self.by_exponent.iter_mut().zip(task_sums(task, scale)).for_each(|(o, s)| *o += s as u128);
         }
-        sums
     }
 
     /// Adds `other`'s values to these (exactly).
@@ -99,6 +94,38 @@ impl SquareSums {
     }
 }
 
+/// At most [`TASK_ELEMS`] values' sums, in u64: the lanes' together stay below 2^16 * 2^48. Without
+/// branches: NaNs are counted apart (entry 0), and infinity and NaN both land in entry 255.
+fn task_sums(x: &[f32], scale: f32) -> [u64; 256] {
+    let mut lanes = [[0u64; 256]; LANES];
+    let mut nan = false;
+    let mut add = |lane: &mut [u64; 256], v: f32| {
+        let bits = (v * scale).to_bits() & 0x7fff_ffff;
+        let e = bits >> 23;
+        let normal = u32::from(e != 0);
+        // Subnormals (e = 0) are m * 2^(1 - 150) without the implicit bit: entry 1's scale.
+        let (slot, m) = ((e | (normal ^ 1)) as usize, (bits & 0x7f_ffff | normal << 23) as u64);
+        lane[slot] += m * m;
+        nan |= bits > 0x7f80_0000;
+    };
+    let whole = x.chunks_exact(LANES);
+    let tail = whole.remainder();
+    for values in whole {
+        for (lane, &v) in lanes.iter_mut().zip(values) {
+            add(lane, v);
+        }
+    }
+    for &v in tail {
+        add(&mut lanes[0], v);
+    }
+    let mut sums = lanes[0];
+    for lane in &lanes[1..] {
+        sums.iter_mut().zip(lane).for_each(|(s, l)| *s += l);
+    }
+    sums[0] += u64::from(nan);
+    sums
+}
+
 #[cfg(test)]
 mod tests {
     use super::SquareSums;
@@ -120,7 +147,8 @@ mod tests {
             state ^= state << 17;
             state
         };
-        let mut y: Vec<f32> = (0..200_003).map(|_| f32::from_bits((next() as u32) & 0x7f7f_ffff | (next() as u32 & 1) << 31)).collect();
+        // Every exponent field but 255 (infinity and NaN), both signs.
+        let mut y: Vec<f32> = (0..200_003).map(|_| f32::from_bits(next() as u32)).filter(|v| v.is_finite()).collect();
         y.extend([f32::from_bits(1), f32::from_bits(0x007f_ffff), 0.0, -0.0, f32::MAX, f32::MIN_POSITIVE]);
         let whole = SquareSums::of(&y);
         for parts in [2usize, 3, 7, 64] {

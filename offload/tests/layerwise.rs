@@ -87,7 +87,7 @@ fn matches_pytorch_lamb_and_lars_at_every_length() {
                     let mut m = vec![0.0; n];
                     let mut v = if rule == "lamb" { vec![0.0; n] } else { Vec::new() };
                     run_fast(&opt, &mut p, &mut m, &mut v, &grads, steps, decay);
-                    // fp32 against fp32: the norms differ in how they are summed (f64 blocks here,
+                    // fp32 against fp32: the norms differ in how they are summed (exactly here,
                     // PyTorch's f32 reduction there), so the trust ratios, and every step, differ by
                     // about an f32 rounding; 1e-6 of the tensor's largest magnitude is that, with room.
                     let errs = [

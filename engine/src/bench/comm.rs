@@ -122,7 +122,7 @@ pub fn bench_collectives(
             let mut residual = vec![0.0f32; (world - 1) * n];
             let op = format!("reduce-scatter {}", codec.mode);
             runs.push(time_compressed(comm, reps, &op, n, || {
-                comm.reduce_scatter_sum_compressed(&full, &mut out, false, &codec, &mut residual, false)
+                comm.reduce_scatter_sum_compressed(&full, &mut out, &codec, &mut residual, false)
             })?);
             // Stage 0's exchange of the same gradient (one phase at 2 ranks, two from 3).
             let (mut sum, mut residual) = (vec![0.0f32; world * n], vec![0.0f32; world * n]);

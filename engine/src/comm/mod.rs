@@ -15,6 +15,8 @@ pub mod local;
 pub mod mpi;
 mod reduce;
 
+pub use reduce::Onto;
+
 use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
 

@@ -8,35 +8,38 @@ use anyhow::{Result, bail};
 use super::compress::{Codec, GradCompression};
 use super::{Comm, MAX_CHUNK_BYTES, Traffic};
 
+/// What [`Comm::sum_exchanged`] does with what its output holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Onto {
+    /// The sum replaces it.
+    Replace,
+    /// The slices are added onto it, one rank at a time.
+    Add,
+}
+
 impl Comm {
     /// Reduce-scatter of f32: `full` is world_size slices of n = `out.len()` elements; `out` becomes the
     /// sum over ranks of their slice `rank`, added in rank order: ((s_0 + s_1) + s_2) + ...
     pub fn reduce_scatter_sum(&self, full: &[f32], out: &mut [f32], device_busy: bool) -> Result<()> {
-        self.reduce_scatter(full, out, false, device_busy)
+        self.exchange_slices(full, out.len(), device_busy)?;
+        self.sum_exchanged(out, Onto::Replace)
     }
 
-    /// [`Comm::reduce_scatter_sum`] added onto what `out` holds, one rank at a time in rank order:
-    /// ((out + s_0) + s_1) + ... So a step's micro-batches, exchanged one accumulation index at a
-    /// time, are summed in the order of their global index at every world size: world 1 adds them
-    /// one after another in that order too (the training contract gives micro-batch j to rank
-    /// j % world at accumulation index j / world).
-    pub fn reduce_scatter_add(&self, full: &[f32], out: &mut [f32], device_busy: bool) -> Result<()> {
-        self.reduce_scatter(full, out, true, device_busy)
-    }
-
-    fn reduce_scatter(&self, full: &[f32], out: &mut [f32], onto: bool, device_busy: bool) -> Result<()> {
-        let (world, n) = (self.world_size(), out.len());
+    /// The first half of a reduce-scatter: rank r's slice of `full` (n elements each) sent to rank r,
+    /// and this rank's slice of every rank's received, kept until [`Comm::sum_exchanged`]. Apart, so
+    /// the sum can go where a lock or a page-in is held only for it, and the exchange overlap what
+    /// the caller waits for before.
+    pub fn exchange_slices(&self, full: &[f32], n: usize, device_busy: bool) -> Result<()> {
+        let world = self.world_size();
         if full.len() != world * n {
             bail!("reduce-scatter: {} elements in for {} ranks of {}", full.len(), world, n);
         }
+        let mut received = self.received.borrow_mut();
+        received.clear();
         if world == 1 {
-            match onto {
-                true => out.iter_mut().zip(full).for_each(|(a, b)| *a += b),
-                false => out.copy_from_slice(full),
-            }
+            received.extend_from_slice(full);
             return Ok(());
         }
-        let mut received = self.received.borrow_mut();
         received.resize(world * n, 0.0);
         let chunk = (MAX_CHUNK_BYTES / 4).max(1);
         self.count((world - 1) * n * 4, Traffic::Grads, device_busy, || {
@@ -53,16 +56,35 @@ impl Comm {
                 self.transport.all_to_all_bytes(bytemuck::cast_slice(send_slice), bytemuck::cast_slice_mut(recv))?;
             }
             Ok(())
-        })?;
-        // received holds, chunk by chunk, each rank's part of this rank's slice: sum them in rank order.
+        })
+    }
+
+    /// The second half: `out` = the received slices summed in rank order, ((s_0 + s_1) + s_2) + ...,
+    /// or with [`Onto::Add`] added onto what `out` holds one rank at a time, ((out + s_0) + s_1) + ...
+    /// The latter sums a step's micro-batches, exchanged one accumulation index at a time, in the
+    /// order of their global index at every world size, as one rank adds them (the training contract
+    /// gives micro-batch j to rank j % world at accumulation index j / world).
+    pub fn sum_exchanged(&self, out: &mut [f32], onto: Onto) -> Result<()> {
+        let (world, n) = (self.world_size(), out.len());
+        let received = self.received.borrow();
+        if received.len() != world * n {
+            bail!("internal: {} elements received for {world} ranks' slices of {n}", received.len());
+        }
+        // `received` holds, chunk by chunk, each rank's part of this rank's slice.
+        let chunk = (MAX_CHUNK_BYTES / 4).max(1);
         for start in (0..n).step_by(chunk) {
             let c = chunk.min(n - start);
             let parts = &received[world * start..world * (start + c)];
             let o = &mut out[start..start + c];
-            if !onto {
-                o.copy_from_slice(&parts[..c]);
-            }
-            for r in usize::from(!onto)..world {
+            // Replacing, rank 0's part is stored and the others added; adding, every rank's is added.
+            let first_added = match onto {
+                Onto::Replace => {
+                    o.copy_from_slice(&parts[..c]);
+                    1
+                }
+                Onto::Add => 0,
+            };
+            for r in first_added..world {
                 o.iter_mut().zip(&parts[r * c..(r + 1) * c]).for_each(|(a, b)| *a += b);
             }
         }
@@ -74,21 +96,18 @@ impl Comm {
     /// those of the other ranks in rank order, this rank's skipped); it is added in before encoding and
     /// replaced by what this encoding drops. This rank's own slice crosses no wire and is summed
     /// exactly. Every rank decodes the same bytes, so the rank-order sum is the same on every
-    /// transport. `none` is [`Comm::reduce_scatter_sum`] itself (`residual` untouched). `onto`: the
-    /// sum is added onto what `out` holds, as [`Comm::reduce_scatter_add`] adds it.
-    #[allow(clippy::too_many_arguments)]
+    /// transport. `none` is [`Comm::reduce_scatter_sum`] itself (`residual` untouched).
     pub fn reduce_scatter_sum_compressed(
         &self,
         full: &[f32],
         out: &mut [f32],
-        onto: bool,
         codec: &Codec,
         residual: &mut [f32],
         device_busy: bool,
     ) -> Result<()> {
         let (world, n, me) = (self.world_size(), out.len(), self.rank());
         if codec.mode == GradCompression::None || world == 1 {
-            return self.reduce_scatter(full, out, onto, device_busy);
+            return self.reduce_scatter_sum(full, out, device_busy);
         }
         if full.len() != world * n || residual.len() != (world - 1) * n {
             bail!("reduce-scatter: {} elements in and {} of residual for {} ranks of {}", full.len(), residual.len(), world, n);
@@ -115,7 +134,7 @@ impl Comm {
             let own = &full[me * n + start..me * n + start + c];
             self.time_codec(|| {
                 for r in 0..world {
-                    match (r == me, r == 0 && !onto) {
+                    match (r == me, r == 0) {
                         (true, true) => o.copy_from_slice(own),
                         (true, false) => o.iter_mut().zip(own).for_each(|(a, b)| *a += b),
                         (false, true) => codec.decode(&recv[..eb], o),
@@ -183,7 +202,7 @@ impl Comm {
         // Taken out of its cell for the calls, which borrow the others.
         let mut mine = std::mem::take(&mut *self.reduced.borrow_mut());
         mine.resize(slice, 0.0);
-        let r = self.reduce_scatter_sum_compressed(full, &mut mine, false, codec, worker, device_busy);
+        let r = self.reduce_scatter_sum_compressed(full, &mut mine, codec, worker, device_busy);
         let r = r.and_then(|_| self.gather_encoded_slices(&mine, out, codec, server, device_busy));
         *self.reduced.borrow_mut() = mine;
         r

@@ -161,12 +161,18 @@ impl GradExchange {
         Ok(GradExchange { codec, warmup_steps, residuals, all_reduce, two_phases, padding })
     }
 
+    /// Whether group `k`'s exchange after `updates_applied` updates sends the values as they are
+    /// (no compression, or still in its warm-up) as a plain reduce-scatter: what
+    /// [`Comm::exchange_slices`] and [`Comm::sum_exchanged`] do in two halves.
+    pub fn plain_reduce_scatter(&self, k: usize, updates_applied: u64) -> bool {
+        !self.all_reduce && (self.residuals.get(k).is_none() || updates_applied < self.warmup_steps)
+    }
+
     /// Group `k`'s reduce-scatter after `updates_applied` optimizer updates: `mine` = the sum over ranks
     /// of their parts of this rank's slice of `whole` (stage 0: of all of it, `mine` as long as
     /// `whole`), each sent as the codec encodes it (exactly, for `none` and during the warm-up). The
     /// warm-up counts applied updates, not steps, as `--freeze-variance` does, so a skipped step
-    /// cannot start the compression before the variance is frozen. `onto` (the reduce-scatter only):
-    /// the sum is added onto what `mine` holds, one rank at a time ([`Comm::reduce_scatter_add`]).
+    /// cannot start the compression before the variance is frozen.
     #[allow(clippy::too_many_arguments)]
     pub fn reduce(
         &mut self,
@@ -176,25 +182,20 @@ impl GradExchange {
         k: usize,
         whole: &[f32],
         mine: &mut [f32],
-        onto: bool,
         device_busy: bool,
     ) -> Result<()> {
-        if onto && self.all_reduce {
-            bail!("internal: the all-reduce replaces its result; it cannot add onto one");
-        }
         let residual = self.residuals.get_mut(k).filter(|_| updates_applied >= self.warmup_steps);
         let Some(residual) = residual else {
-            return match (self.all_reduce, onto) {
-                (true, _) => comm.all_reduce_sum(whole, mine, device_busy),
-                (false, false) => comm.reduce_scatter_sum(whole, mine, device_busy),
-                (false, true) => comm.reduce_scatter_add(whole, mine, device_busy),
+            return match self.all_reduce {
+                true => comm.all_reduce_sum(whole, mine, device_busy),
+                false => comm.reduce_scatter_sum(whole, mine, device_busy),
             };
         };
         residual.page_in(nvme)?;
         let (codec, values) = (&self.codec, residual.data_mut().as_mut_slice());
         match self.all_reduce {
             true => comm.all_reduce_sum_compressed(whole, mine, codec, values, self.two_phases, device_busy)?,
-            false => comm.reduce_scatter_sum_compressed(whole, mine, onto, codec, values, device_busy)?,
+            false => comm.reduce_scatter_sum_compressed(whole, mine, codec, values, device_busy)?,
         }
         let padding = &self.padding[k];
         Padding::zero(&padding.in_result, mine);

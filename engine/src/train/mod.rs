@@ -8,8 +8,8 @@
 //! Device side, under the byte budget: the head's tensors but its vocabulary matrices, and their
 //! gradients; the output projection resident whole when the plan says so, else one vocabulary chunk's
 //! slot it is streamed through (see `vocab_head.rs`: the embedding's rows are gathered on the host, or
-//! on the device from a resident tied projection, and the vocabulary matrices' gradients are summed on
-//! the host, downloaded a chunk at a time); the residual stream, the
+//! on the device from a resident tied projection, and the vocabulary matrices' gradients are made on
+//! the host for each micro-batch, downloaded a chunk at a time); the residual stream, the
 //! activations (every block's, or one block's with `--recompute`), a few block parameter slots that
 //! blocks are uploaded into just before use, and two block gradient buffers. The next block's upload is
 //! issued while the current block computes; after each block's backward its gradients are downloaded
@@ -145,8 +145,9 @@ pub struct Trainer<'d, D: Backend> {
     /// Stage 1 with several ranks: each group's whole gradient (the head's too), summed over this
     /// rank's micro-batches and reduce-scattered once at the end of the step (empty otherwise).
     stage1_grads: Vec<Vec<f32>>,
-    /// A group's whole downloaded gradient, laid out for the exchange, reused between calls.
-    reduce_scratch: Vec<f32>,
+    /// A group's whole downloaded gradient, laid out for the exchange, and (compressed) this rank's
+    /// reduced slice of it, reused between calls.
+    reduce_scratch: (Vec<f32>, Vec<f32>),
     /// `--param-compression`: a working-copy slice as f32, to encode and decode, reused between gathers.
     gather_values: RefCell<Vec<f32>>,
     /// How gradients cross between ranks, with the error-feedback residuals of a compressed exchange.
@@ -245,7 +246,7 @@ impl<'d, D: Backend> Trainer<'d, D> {
             comm,
             shared,
             stage1_grads,
-            reduce_scratch: Vec::new(),
+            reduce_scratch: (Vec::new(), Vec::new()),
             gather_values: RefCell::default(),
             exchange,
             progress,

@@ -135,8 +135,7 @@ impl NvmeTraffic {
                     let exchanged = !sharding.replicates() || micro + 1 == tc.grad_accum;
                     let residual = if exchanged { residual_bytes(k) } else { 0 };
                     t.gradients.add(read + residual, slice_bytes(k) + residual);
-                    // The head's is written at once: no block computes after it.
-                    if k > 0 && !tc.sequential && !beside_sweep {
+                    if !tc.sequential && !beside_sweep {
                         t.written_behind_bytes += slice_bytes(k);
                     }
                 }

@@ -12,6 +12,7 @@ use super::background_io::BackgroundIo;
 use super::vocab_head::HostWords;
 use super::worker::{AfterChange, SharedGroup, lock};
 use super::{Clock, Precision, Trainer, schedule, timed};
+use crate::comm::Onto;
 use crate::comm::compress::GradCompression;
 use crate::device::{Backend, HalfFormat};
 use crate::ops::elementwise;
@@ -268,9 +269,9 @@ impl<D: Backend> Trainer<'_, D> {
         };
         let nv = self.nvme.clone();
         let nv = nv.as_deref();
-        // A block's write overlaps the next block's backward; the head's is written at once, as no
-        // block computes after it.
-        let write_behind = if k == 0 { None } else { self.write_behind.as_ref() };
+        // A block's write overlaps the next block's backward, the head's the next micro-batch's
+        // forward (or, after the step's last, the update's wait for it: `Op::Update` settles it).
+        let write_behind = self.write_behind.as_ref();
         // The gradient's read-modify-write on NVMe (the addition included) is the device thread's wait
         // for its tier.
         let io_wait = if self.train.gradients_tier() == Tier::Nvme { Some(&mut clock.io_wait) } else { None };
@@ -279,7 +280,7 @@ impl<D: Backend> Trainer<'_, D> {
             // (stage 0) the step's sum is all-reduced once, with the last micro-batch.
             let all_reduce = last && self.sharding.replicates();
             let (exchange, comm, updates, busy) = (&mut self.exchange, &self.comm, self.adam_steps, self.dev.is_async());
-            let local = &mut self.reduce_scratch;
+            let local = &mut self.reduce_scratch.0;
             change_grads_behind(write_behind, &self.shared, k, nv, first, last, io_wait, |acc| {
                 for (data, slot) in downloaded.iter().zip(&layout.tensors) {
                     add(&mut acc[slot.range()], data.as_ref());
@@ -287,7 +288,7 @@ impl<D: Backend> Trainer<'_, D> {
                 if all_reduce {
                     local.clear();
                     local.extend_from_slice(acc);
-                    exchange.reduce(comm, nv, updates, k, local, acc, false, busy)?;
+                    exchange.reduce(comm, nv, updates, k, local, acc, busy)?;
                 }
                 Ok(())
             })?;
@@ -297,7 +298,7 @@ impl<D: Backend> Trainer<'_, D> {
             }
         } else {
             let shard = &self.shards[k];
-            let whole = &mut self.reduce_scratch;
+            let (whole, mine) = &mut self.reduce_scratch;
             // The tensors cover 0..len; the padding after them must be zero (an earlier, longer group may
             // have left values there).
             whole.resize(shard.padded_len, 0.0);
@@ -305,13 +306,24 @@ impl<D: Backend> Trainer<'_, D> {
             for (data, slot) in downloaded.iter().zip(&layout.tensors) {
                 whole[slot.range()].copy_from_slice(data.as_ref());
             }
-            // Reduce-scattered onto the accumulator one rank at a time, so this micro-batch's
-            // contributions land in the order of their global index, as on one rank (the world size
-            // never changes a bit: `tests/ranks.rs`).
-            let (exchange, comm, updates, busy) = (&mut self.exchange, &self.comm, self.adam_steps, self.dev.is_async());
-            change_grads_behind(write_behind, &self.shared, k, nv, first, last, io_wait, |acc| {
-                exchange.reduce(comm, nv, updates, k, whole, acc, !first, busy)
-            })?;
+            let busy = self.dev.is_async();
+            if self.exchange.plain_reduce_scatter(k, self.adam_steps) {
+                // Exchanged first (beside the previous group's write-behind), then added onto the
+                // accumulator one rank at a time, so this micro-batch's contributions land in the
+                // order of their global index, as on one rank: the world size never changes a bit
+                // (`tests/ranks.rs`).
+                self.comm.exchange_slices(whole, shard.slice_len(), busy)?;
+                let (comm, onto) = (&self.comm, if first { Onto::Replace } else { Onto::Add });
+                change_grads_behind(write_behind, &self.shared, k, nv, first, last, io_wait, |acc| comm.sum_exchanged(acc, onto))?;
+            } else {
+                // Compressed, the sum is near the gradients' only: reduced, then added.
+                mine.resize(shard.slice_len(), 0.0);
+                self.exchange.reduce(&self.comm, nv, self.adam_steps, k, whole, mine, busy)?;
+                change_grads_behind(write_behind, &self.shared, k, nv, first, last, io_wait, |acc| {
+                    add(acc, mine);
+                    Ok(())
+                })?;
+            }
         }
         Ok(overflow)
     }
@@ -327,7 +339,7 @@ impl<D: Backend> Trainer<'_, D> {
             let whole = &self.stage1_grads[k];
             let (comm, exchange, updates) = (&self.comm, &mut self.exchange, self.adam_steps);
             lock(&self.shared[k]).change_grads(nv.as_deref(), true, true, AfterChange::PageOut, |mine| {
-                exchange.reduce(comm, nv.as_deref(), updates, k, whole, mine, false, false)
+                exchange.reduce(comm, nv.as_deref(), updates, k, whole, mine, false)
             })?;
         }
         Ok(())

@@ -394,12 +394,11 @@ fn layerwise_group(
         };
         mine.extend([norms.param, norms.update]);
     }
-    let mut total = comm.sum_square_sums(&mine)?.into_iter();
+    let mut over_ranks = comm.sum_square_sums(&mine)?.into_iter();
     for part in parts {
-        let (param, update) = (total.next().expect("two per part"), total.next().expect("two per part"));
+        let (param, update) = (over_ranks.next().expect("two per part"), over_ranks.next().expect("two per part"));
         let Some((_, o, w, decay)) = part.clone() else { continue };
-        let total = SquaredNorms { param, update };
-        let trust = opt.trust_ratio(&total, decay);
+        let trust = opt.trust_ratio(&SquaredNorms { param, update }, decay);
         let vo = v_part(v, &o);
         let copy = copy_into(working_precision, working, w);
         opt.apply(&mut p[o.clone()], &mut m[o.clone()], &v[vo], &grads[o], copy, job.adam_step, job.grad_multiplier, decay, trust);
