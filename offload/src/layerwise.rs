@@ -32,17 +32,15 @@
 //! As in the authors' BERT code, tensors excluded from weight decay (biases, norms' gains) are also
 //! excluded from the adaptation: their trust ratio is 1 (LAMB is then Adam, LARS plain momentum SGD).
 //!
-//! Norms are exact sums of squares ([`SquareSums`], taken over blocks of [`NORM_BLOCK_ELEMS`], the
-//! unit of the passes' parallel work): the same bits for any thread count and however the ranks'
-//! slices cut a tensor, so every world size takes the same trust ratios. No multiply-add is ever
-//! contracted, so every CPU and instruction set gives the same bits too.
+//! Norms are sums of squares in f64 over fixed blocks of [`NORM_BLOCK_ELEMS`] from the slice's start
+//! (each in eight interleaved lanes), added in block order: the same bits for any thread count. No
+//! multiply-add is ever contracted, so every CPU and instruction set gives the same bits too.
 
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use crate::adam::rounding::bf16_from_f32;
 use crate::adam::{Isa, ParamCopy};
-use crate::square_sums::SquareSums;
 
 /// Which rule, with its own hyper-parameters. f64, as Python hands them to PyTorch.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -72,25 +70,22 @@ impl LayerwiseConfig {
     }
 }
 
-/// A slice's (or, summed, a tensor's) squared norms, exact: of the parameters and of what the trust
-/// ratio divides by (LAMB's update u, LARS's gradient g). Exact sums add up to the same bits however
-/// a tensor is cut into blocks, threads and ranks' slices.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// A slice's (or, summed, a tensor's) squared norms: of the parameters and of what the trust ratio
+/// divides by (LAMB's update u, LARS's gradient g).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SquaredNorms {
-    pub param: SquareSums,
-    pub update: SquareSums,
+    pub param: f64,
+    pub update: f64,
 }
 
 impl std::ops::Add for SquaredNorms {
     type Output = SquaredNorms;
-    fn add(mut self, o: SquaredNorms) -> SquaredNorms {
-        self.param.add(&o.param);
-        self.update.add(&o.update);
-        self
+    fn add(self, o: SquaredNorms) -> SquaredNorms {
+        SquaredNorms { param: self.param + o.param, update: self.update + o.update }
     }
 }
 
-/// Elements per block of the passes' parallel work.
+/// Elements per block of a norm's partial sums.
 pub const NORM_BLOCK_ELEMS: usize = 1 << 14;
 
 /// The per-step scalars, computed in f64 and rounded to f32 once.
@@ -165,32 +160,67 @@ impl Scalars {
     }
 }
 
+/// Independent partial sums per block: the squares of elements i with i % 8 == j go to lane j, and
+/// the lanes are added in order at the end. A fixed order (the same bits on every CPU and thread
+/// count) that still lets the loop run as vectors instead of one chain of dependent additions.
+const LANES: usize = 8;
+
+/// Adds the squares of `x` (at most [`LANES`] values) into the lanes, value j into lane j.
+#[inline(always)]
+fn add_squares(acc: &mut [f64; LANES], x: &[f32]) {
+    for (a, &x) in acc.iter_mut().zip(x) {
+        *a += x as f64 * x as f64;
+    }
+}
+
+/// The lanes added in order.
+fn lanes_total(acc: &[f64; LANES]) -> f64 {
+    acc.iter().fold(0.0, |s, a| s + a)
+}
+
+/// The squared norm of `x * scale`, by lanes (element i in lane i % 8): whole lanes' worth at a time,
+/// so the loop runs as vectors, then the tail.
+#[inline(always)]
+fn sum_squares(x: &[f32], scale: f32) -> f64 {
+    let mut acc = [0.0f64; LANES];
+    let whole = x.chunks_exact(LANES);
+    let tail = whole.remainder();
+    for c in whole {
+        let c: &[f32; LANES] = c.try_into().expect("a lane");
+        add_squares(&mut acc, &c.map(|x| x * scale));
+    }
+    let mut scaled = [0.0f32; LANES];
+    tail.iter().zip(scaled.iter_mut()).for_each(|(x, s)| *s = x * scale);
+    add_squares(&mut acc, &scaled[..tail.len()]);
+    lanes_total(&acc)
+}
+
 thread_local! {
     /// LAMB's u of one block: pass 1 writes it element by element, then sums its squares. Two plain
-    /// loops, the first compiled to whole vectors; written as one, the compiler split the moments'
-    /// arithmetic into 4-wide pieces with the lanes spilled to the stack (0.35 Gparam/s, 47% of
-    /// triad, with AVX-512, when the sum was an f64 one). Borrowed
+    /// loops, each compiled to whole vectors; written as one, the compiler split it into 4-wide pieces
+    /// with the lanes spilled to the stack (0.35 Gparam/s, 47% of triad, with AVX-512). Borrowed
     /// outside the instruction-set builds: a closure passed to `with` is compiled for the baseline.
     static BLOCK_UPDATE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Pass 1 over one block: LAMB's moments, and the block's squared norms added into `norms`. `scratch`
-/// holds LAMB's u of the block ([`BLOCK_UPDATE`]).
+/// Pass 1 over one block: LAMB's moments, and the block's squared norms. `scratch` holds LAMB's u of
+/// the block ([`BLOCK_UPDATE`]).
 #[inline(always)]
-fn measure_block(k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32], scratch: &mut Vec<f32>, norms: &mut SquaredNorms) {
+fn measure_block(k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32], scratch: &mut Vec<f32>) -> SquaredNorms {
     let n = p.len();
     let (m, grads) = (&mut m[..n], &grads[..n]);
-    norms.param.add_squares(p, 1.0);
-    match k.rule {
+    let param = sum_squares(p, 1.0);
+    let update = match k.rule {
         Rule::Lamb { .. } => {
             if scratch.len() < n {
                 scratch.resize(n, 0.0);
             }
             k.lamb_moments(p, m, &mut v[..n], grads, &mut scratch[..n]);
-            norms.update.add_squares(&scratch[..n], 1.0);
+            sum_squares(&scratch[..n], 1.0)
         }
-        Rule::Lars { .. } => norms.update.add_squares(grads, k.grad_scale),
-    }
+        Rule::Lars { .. } => sum_squares(grads, k.grad_scale),
+    };
+    SquaredNorms { param, update }
 }
 
 /// Pass 2 over one block: the step with the tensor's trust ratio, and the copy.
@@ -230,16 +260,8 @@ mod wide {
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-    fn measure_avx512(
-        k: &Scalars,
-        p: &[f32],
-        m: &mut [f32],
-        v: &mut [f32],
-        grads: &[f32],
-        scratch: &mut Vec<f32>,
-        norms: &mut SquaredNorms,
-    ) {
-        measure_block(k, p, m, v, grads, scratch, norms)
+    fn measure_avx512(k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32], scratch: &mut Vec<f32>) -> SquaredNorms {
+        measure_block(k, p, m, v, grads, scratch)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -250,8 +272,8 @@ mod wide {
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    fn measure_avx2(k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32], scratch: &mut Vec<f32>, norms: &mut SquaredNorms) {
-        measure_block(k, p, m, v, grads, scratch, norms)
+    fn measure_avx2(k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32], scratch: &mut Vec<f32>) -> SquaredNorms {
+        measure_block(k, p, m, v, grads, scratch)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -260,15 +282,14 @@ mod wide {
         apply_block(k, trust, p, m, v, grads, copy)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn measure(isa: Isa, k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32], norms: &mut SquaredNorms) {
+    pub(super) fn measure(isa: Isa, k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32]) -> SquaredNorms {
         BLOCK_UPDATE.with_borrow_mut(|scratch| match isa {
             // SAFETY: a `Layerwise` holds only an instruction set this CPU has (checked in `with_isa`).
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe { measure_avx512(k, p, m, v, grads, scratch, norms) },
+            Isa::Avx512 => unsafe { measure_avx512(k, p, m, v, grads, scratch) },
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2Fma => unsafe { measure_avx2(k, p, m, v, grads, scratch, norms) },
-            _ => measure_block(k, p, m, v, grads, scratch, norms),
+            Isa::Avx2Fma => unsafe { measure_avx2(k, p, m, v, grads, scratch) },
+            _ => measure_block(k, p, m, v, grads, scratch),
         })
     }
 
@@ -295,11 +316,11 @@ mod wide {
 }
 
 /// The trust ratio of a whole tensor from its summed squared norms (1 for tensors without decay).
-pub fn trust_ratio(cfg: &LayerwiseConfig, norms: &SquaredNorms, decay: bool) -> f32 {
+pub fn trust_ratio(cfg: &LayerwiseConfig, norms: SquaredNorms, decay: bool) -> f32 {
     if !decay {
         return 1.0;
     }
-    let (p, u) = (norms.param.to_f64().sqrt() as f32, norms.update.to_f64().sqrt() as f32);
+    let (p, u) = (norms.param.sqrt() as f32, norms.update.sqrt() as f32);
     if p <= 0.0 || u <= 0.0 {
         return 1.0;
     }
@@ -330,9 +351,9 @@ pub fn layerwise_reference(
     for s in (0..n).step_by(NORM_BLOCK_ELEMS) {
         let e = (s + NORM_BLOCK_ELEMS).min(n);
         let vb: &mut [f32] = if v.is_empty() { &mut [] } else { &mut v[s..e] };
-        measure_block(&k, &p[s..e], &mut m[s..e], vb, &grads[s..e], &mut scratch, &mut norms);
+        norms = norms + measure_block(&k, &p[s..e], &mut m[s..e], vb, &grads[s..e], &mut scratch);
     }
-    let trust = trust_ratio(cfg, &norms, decay);
+    let trust = trust_ratio(cfg, norms, decay);
     let mut copy = copy;
     apply_block(&k, trust, p, m, v, grads, &mut copy);
 }
@@ -377,26 +398,23 @@ impl Layerwise {
     pub fn measure(&self, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32], step: u64, grad_scale: f32, decay: bool) -> SquaredNorms {
         self.check_lens(p.len(), m.len(), v.len(), grads.len());
         let k = Scalars::new(&self.config, step, grad_scale, decay);
-        self.pool.install(|| {
+        let blocks: Vec<SquaredNorms> = self.pool.install(|| {
             let vs: Vec<&mut [f32]> = if v.is_empty() {
                 (0..p.len().div_ceil(NORM_BLOCK_ELEMS)).map(|_| &mut [][..]).collect()
             } else {
                 v.chunks_mut(NORM_BLOCK_ELEMS).collect()
             };
-            // Exact sums: however rayon groups the blocks, the total has the same bits.
             p.par_chunks(NORM_BLOCK_ELEMS)
                 .zip(m.par_chunks_mut(NORM_BLOCK_ELEMS))
                 .zip(vs.into_par_iter().zip(grads.par_chunks(NORM_BLOCK_ELEMS)))
-                .fold(SquaredNorms::default, |mut norms, ((p, m), (v, g))| {
-                    wide::measure(self.isa, &k, p, m, v, g, &mut norms);
-                    norms
-                })
-                .reduce(SquaredNorms::default, |a, b| a + b)
-        })
+                .map(|((p, m), (v, g))| wide::measure(self.isa, &k, p, m, v, g))
+                .collect()
+        });
+        blocks.into_iter().fold(SquaredNorms::default(), |a, b| a + b)
     }
 
     /// The trust ratio of a whole tensor from its squared norms summed over every slice.
-    pub fn trust_ratio(&self, norms: &SquaredNorms, decay: bool) -> f32 {
+    pub fn trust_ratio(&self, norms: SquaredNorms, decay: bool) -> f32 {
         trust_ratio(&self.config, norms, decay)
     }
 

@@ -218,7 +218,7 @@ fn bench_layerwise(cfg: &AdamBenchConfig) -> Result<AdamBenchReport> {
     let best = best_step_seconds(cfg.reps, |step| {
         let start = Instant::now();
         let norms = opt.measure(&p, &mut m, &mut v, &grads, step, 1.0, true);
-        let trust = opt.trust_ratio(&norms, true);
+        let trust = opt.trust_ratio(norms, true);
         opt.apply(&mut p, &mut m, &v, &grads, copy.param_copy(), step, 1.0, true, trust);
         start.elapsed().as_secs_f64()
     });

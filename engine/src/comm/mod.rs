@@ -255,6 +255,18 @@ impl Comm {
         Ok(self.gather_scalars(x)?.into_iter().fold(0.0, |a, b| a + b))
     }
 
+    /// The element-wise sum over ranks of `xs` (the same length on every rank), in rank order.
+    pub fn sum_f64s(&self, xs: &[f64]) -> Result<Vec<f64>> {
+        let n = xs.len();
+        let mut all = vec![0.0f64; n * self.world_size()];
+        self.all_gather(xs, &mut all, false)?;
+        let mut sum = vec![0.0f64; n];
+        for rank in all.chunks_exact(n.max(1)) {
+            sum.iter_mut().zip(rank).for_each(|(s, x)| *s += x);
+        }
+        Ok(sum)
+    }
+
     /// The element-wise sum over ranks of `sums` (as many on every rank): exact, so the same bits on
     /// every rank and transport, and at every world size however the ranks' slices cut the values.
     pub fn sum_square_sums(&self, sums: &[SquareSums]) -> Result<Vec<SquareSums>> {

@@ -11,10 +11,10 @@ use anyhow::{Result, bail};
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use half::{bf16, f16};
 use zerostream_offload::layerwise::SquaredNorms;
+use zerostream_offload::square_sums::SquareSums;
 use zerostream_offload::{AdamW, Grads, Layerwise, MomentNoise, Moments, NvmeDir, ParamCopy, Stored, Tier, pipelined_sweep};
 
 use crate::comm::Comm;
-use zerostream_offload::square_sums::SquareSums;
 
 use super::config::{AdamState, Precision};
 use super::layout::GroupLayout;
@@ -381,24 +381,18 @@ fn layerwise_group(
     let v = g.v.data_mut().as_mut_slice::<f32>();
     // LARS keeps no v: its slices are empty.
     let v_part = |v: &mut [f32], o: &Range<usize>| if v.is_empty() { 0..0 } else { o.clone() };
-    // Each part's exact sums (zero for a tensor this rank holds none of), added over the ranks:
-    // exactly, so every world size takes the same trust ratios.
-    let mut mine = Vec::with_capacity(2 * parts.len());
-    for part in parts {
-        let norms = match part {
-            Some((_, o, _, decay)) => {
-                let vo = v_part(v, o);
-                opt.measure(&p[o.clone()], &mut m[o.clone()], &mut v[vo], &grads[o.clone()], job.adam_step, job.grad_multiplier, *decay)
-            }
-            None => SquaredNorms::default(),
-        };
-        mine.extend([norms.param, norms.update]);
+    let mut partial = vec![0.0f64; 2 * parts.len()];
+    for (i, part) in parts.iter().enumerate() {
+        let Some((_, o, _, decay)) = part else { continue };
+        let vo = v_part(v, o);
+        let norms =
+            opt.measure(&p[o.clone()], &mut m[o.clone()], &mut v[vo], &grads[o.clone()], job.adam_step, job.grad_multiplier, *decay);
+        (partial[2 * i], partial[2 * i + 1]) = (norms.param, norms.update);
     }
-    let mut over_ranks = comm.sum_square_sums(&mine)?.into_iter();
-    for part in parts {
-        let (param, update) = (over_ranks.next().expect("two per part"), over_ranks.next().expect("two per part"));
+    let total = comm.sum_f64s(&partial)?;
+    for (i, part) in parts.iter().enumerate() {
         let Some((_, o, w, decay)) = part.clone() else { continue };
-        let trust = opt.trust_ratio(&SquaredNorms { param, update }, decay);
+        let trust = opt.trust_ratio(SquaredNorms { param: total[2 * i], update: total[2 * i + 1] }, decay);
         let vo = v_part(v, &o);
         let copy = copy_into(working_precision, working, w);
         opt.apply(&mut p[o.clone()], &mut m[o.clone()], &v[vo], &grads[o], copy, job.adam_step, job.grad_multiplier, decay, trust);
