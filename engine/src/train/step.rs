@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 use zerostream_checkpoints::TokenFile;
+use zerostream_offload::square_sums::SquareSums;
 
 use super::pipeline::{self, Op};
 use super::trace::{Lane, traced};
@@ -13,7 +14,6 @@ use super::worker::{UpdateJob, adam_seconds_total, lock};
 use super::{StepReport, Trainer, report};
 use crate::device::Backend;
 use crate::ops::dropout::DropoutKeys;
-use zerostream_offload::square_sums::SquareSums;
 
 /// What one step carries from operation to operation.
 pub(super) struct StepState<D: Backend> {
