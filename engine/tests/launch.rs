@@ -1,6 +1,6 @@
 //! The `zerostream` binary with ranks: `--world-size` in one process, and `mpirun -n 2` (with the `mpi`
-//! feature) giving bit-identical losses, gradient norms and saved weights; and the refusals around MPI
-//! launches.
+//! feature) giving bit-identical losses, gradient norms and saved weights, to each other and (stages
+//! 2-3) to one rank given the same micro-batches per step; and the refusals around MPI launches.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -152,6 +152,33 @@ fn mpirun_with_the_state_on_nvme_equals_in_process_bit_for_bit() {
         let dir = nvme.path().to_str().unwrap();
         let on_nvme = ["--offload-optimizer", "nvme", "--offload-params", "nvme", "--nvme-dir", dir, "--params-ram-cache", "auto"];
         check_mpi_equals_in_process(stage, &[&on_nvme[..], &["--optimizer", optimizer]].concat());
+    }
+}
+
+/// At stages 2-3 each micro-batch's gradient is exchanged on its own and added in the order of its
+/// global index, and the global norm is exact: mpirun -n 2 x accum 2 is one process x accum 4, bit for
+/// bit (losses, norms, saved weights).
+#[cfg(feature = "mpi")]
+#[test]
+fn mpirun_two_processes_equal_one_rank_with_the_same_micro_batches() {
+    for stage in ["2", "3"] {
+        let (one, mpi) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut args = train_args(one.path(), stage);
+        args.extend(["--grad-accum".into(), "4".into()]);
+        check(&Command::new(env!("CARGO_BIN_EXE_zerostream")).args(&args).output().unwrap(), "one rank x accum 4");
+        let out = Command::new("mpirun")
+            .args(["--allow-run-as-root", "--oversubscribe", "-n", "2", env!("CARGO_BIN_EXE_zerostream")])
+            .args(train_args(mpi.path(), stage))
+            .args(["--grad-accum", "2"])
+            .output()
+            .expect("running mpirun (apt-get install openmpi-bin)");
+        check(&out, "mpirun -n 2 x accum 2");
+        let (a, b) = (trajectory(one.path()), trajectory(mpi.path()));
+        assert_eq!(a.len(), 4);
+        assert_eq!(a, b, "stage {stage}: losses and gradient norms, one rank x 4 vs mpirun -n 2 x 2");
+        let weights = |d: &Path| std::fs::read(d.join("model/model.safetensors")).unwrap();
+        assert!(weights(one.path()) == weights(mpi.path()), "stage {stage}: saved weights differ");
+        println!("stage {stage}: mpirun -n 2 x accum 2 equals one rank x accum 4 over {} steps: {a:?}", a.len());
     }
 }
 
