@@ -285,8 +285,8 @@ mod tests {
     use super::*;
 
     /// Overlapped, the sweep's bytes move beside the sweep, and the first forward's uploads read nothing
-    /// (they take the sweep's fresh copies); the backward's re-upload and the gradients' writes come
-    /// after it. Sequential, every upload reads.
+    /// (they take the sweep's fresh copies); the backward's re-upload and the gradients' writes (each
+    /// group's, behind) come after it. Sequential, every upload reads.
     #[test]
     fn the_sweep_moves_beside_the_first_forward_which_takes_its_fresh_copies() {
         let tc = TrainConfig { offload_optimizer: Tier::Nvme, offload_params: Tier::Nvme, ..Default::default() };
@@ -306,7 +306,7 @@ mod tests {
         assert_eq!(all.written_bytes - beside.written_bytes, t.gradients.written_bytes);
         assert!(t.gradients.written_bytes > 0);
         assert_eq!(t.read_ahead_bytes, 4 * 640, "block 0's second upload is read ahead, during block 1's backward");
-        assert_eq!(t.written_behind_bytes, 2 * 4 * 640, "both blocks' gradients are written behind");
+        assert_eq!(t.written_behind_bytes, 4 * (1024 + 2 * 640), "every group's gradient is written behind, the head's too");
 
         let sequential = NvmeTraffic::of(&TrainConfig { sequential: true, ..tc }, 1, &lens, 1);
         assert_eq!(sequential.fresh_working_bytes, 0);
