@@ -166,20 +166,35 @@ fn mpirun_two_processes_equal_one_rank_with_the_same_micro_batches() {
         let mut args = train_args(one.path(), stage);
         args.extend(["--grad-accum".into(), "4".into()]);
         check(&Command::new(env!("CARGO_BIN_EXE_zerostream")).args(&args).output().unwrap(), "one rank x accum 4");
-        let out = Command::new("mpirun")
-            .args(["--allow-run-as-root", "--oversubscribe", "-n", "2", env!("CARGO_BIN_EXE_zerostream")])
-            .args(train_args(mpi.path(), stage))
-            .args(["--grad-accum", "2"])
-            .output()
-            .expect("running mpirun (apt-get install openmpi-bin)");
-        check(&out, "mpirun -n 2 x accum 2");
-        let (a, b) = (trajectory(one.path()), trajectory(mpi.path()));
-        assert_eq!(a.len(), 4);
-        assert_eq!(a, b, "stage {stage}: losses and gradient norms, one rank x 4 vs mpirun -n 2 x 2");
-        let weights = |d: &Path| std::fs::read(d.join("model/model.safetensors")).unwrap();
-        assert!(weights(one.path()) == weights(mpi.path()), "stage {stage}: saved weights differ");
+        train_under_mpirun("2", mpi.path(), stage, &["--grad-accum", "2"]);
+        let what = format!("stage {stage}, one rank x accum 4 vs mpirun -n 2 x accum 2");
+        let a = assert_same_run(one.path(), mpi.path(), &what);
         println!("stage {stage}: mpirun -n 2 x accum 2 equals one rank x accum 4 over {} steps: {a:?}", a.len());
     }
+}
+
+/// `train_args(dir, stage)` plus `extra` under `mpirun -n world`, which must succeed.
+#[cfg(feature = "mpi")]
+fn train_under_mpirun(world: &str, dir: &Path, stage: &str, extra: &[&str]) {
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-n", world, env!("CARGO_BIN_EXE_zerostream")])
+        .args(train_args(dir, stage))
+        .args(extra)
+        .output()
+        .expect("running mpirun (apt-get install openmpi-bin)");
+    check(&out, &format!("mpirun -n {world} {}", extra.join(" ")));
+}
+
+/// The runs written into `a` and `b` have the same four (loss, grad norm) rows and saved weights, bit
+/// for bit; returns the rows.
+#[cfg(feature = "mpi")]
+fn assert_same_run(a: &Path, b: &Path, what: &str) -> Vec<(String, String)> {
+    let (rows, other) = (trajectory(a), trajectory(b));
+    assert_eq!(rows.len(), 4);
+    assert_eq!(rows, other, "{what}: losses and gradient norms");
+    let weights = |d: &Path| std::fs::read(d.join("model/model.safetensors")).unwrap();
+    assert!(weights(a) == weights(b), "{what}: saved weights differ");
+    rows
 }
 
 #[cfg(feature = "mpi")]
@@ -195,18 +210,8 @@ fn check_mpi_equals_in_process_at(world: &str, stage: &str, extra: &[&str]) {
     args.extend(extra.iter().map(|s| s.to_string()));
     args.extend(["--world-size".into(), world.into()]);
     check(&Command::new(env!("CARGO_BIN_EXE_zerostream")).args(&args).output().unwrap(), &format!("--world-size {world}"));
-    let out = Command::new("mpirun")
-        .args(["--allow-run-as-root", "--oversubscribe", "-n", world, env!("CARGO_BIN_EXE_zerostream")])
-        .args(train_args(mpi.path(), stage))
-        .args(extra)
-        .output()
-        .expect("running mpirun (apt-get install openmpi-bin)");
-    check(&out, &format!("mpirun -n {world}"));
-    let (a, b) = (trajectory(local.path()), trajectory(mpi.path()));
-    assert_eq!(a.len(), 4);
-    assert_eq!(a, b, "{what}: losses and gradient norms, in-process vs MPI");
-    let weights = |d: &Path| std::fs::read(d.join("model/model.safetensors")).unwrap();
-    assert!(weights(local.path()) == weights(mpi.path()), "{what}: saved weights differ between in-process and MPI");
+    train_under_mpirun(world, mpi.path(), stage, extra);
+    let a = assert_same_run(local.path(), mpi.path(), &format!("{what}: in-process vs MPI"));
     println!("{what}: mpirun -n {world} and --world-size {world} are bit-identical over {} steps: {a:?}", a.len());
 }
 

@@ -174,7 +174,8 @@ impl<D: Backend> Trainer<'_, D> {
             Op::FinishDownload { block } => {
                 let (done, pending) = st.in_flight.pop_front().expect("a download was begun");
                 debug_assert_eq!(done, block, "downloads finish in the order they began");
-                st.overflow |= self.accumulate(1 + done, pending, st.micro == 0, st.micro + 1 == self.train.grad_accum, &mut st.clock)?;
+                let (first, last) = self.first_and_last(st.micro);
+                st.overflow |= self.accumulate(1 + done, pending, first, last, &mut st.clock)?;
             }
             Op::EmbedBackward => {
                 let ids = std::mem::take(&mut st.input_ids);
@@ -182,7 +183,7 @@ impl<D: Backend> Trainer<'_, D> {
                 st.input_ids = ids;
             }
             Op::DownloadHead => {
-                let (first, last) = (st.micro == 0, st.micro + 1 == self.train.grad_accum);
+                let (first, last) = self.first_and_last(st.micro);
                 st.overflow |= self.download_head(first, last, &mut st.clock)?;
             }
             Op::ReduceStage1 => self.reduce_stage1_grads()?,
@@ -246,6 +247,12 @@ impl<D: Backend> Trainer<'_, D> {
         let loss = self.head_loss(y, scale, &mut st.clock)?;
         st.loss_sum += loss as f64;
         Ok(())
+    }
+
+    /// Whether micro-batch `micro` gives the step's first and its last contribution to a group's
+    /// accumulator.
+    fn first_and_last(&self, micro: usize) -> (bool, bool) {
+        (micro == 0, micro + 1 == self.train.grad_accum)
     }
 
     /// The slot that holds block `l` this step (its Fetch comes first in every schedule).
