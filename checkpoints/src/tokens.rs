@@ -78,14 +78,9 @@ impl TokenFile {
         TokenFile { path: PathBuf::from(label), len: tokens.len(), source: Source::Memory(tokens.to_vec()), width }
     }
 
-    /// Token `i`. Panics when `i` is out of range or the file cannot be read (it changed during the
-    /// run); [`TokenFile::try_get`] returns those as errors.
-    pub fn get(&self, i: usize) -> u32 {
-        self.try_get(i).unwrap_or_else(|e| panic!("{e:#}"))
-    }
-
-    /// Token `i`, or an error naming the file when `i` is out of range or the file cannot be read.
-    pub fn try_get(&self, i: usize) -> Result<u32> {
+    /// Token `i`, or an error naming the file when `i` is out of range or the file cannot be read (it
+    /// changed during the run).
+    pub fn get(&self, i: usize) -> Result<u32> {
         if i >= self.len {
             bail!("{}: token position {i} is past the end ({} tokens)", self.path.display(), self.len);
         }
@@ -311,11 +306,11 @@ mod tests {
         let files = [TokenFile::open(a.path()).unwrap(), TokenFile::open(b.path()).unwrap(), TokenFile::from_tokens("mem", &tokens)];
         for tf in files {
             assert_eq!(tf.len, 11);
-            assert_eq!(tf.get(10), 10);
+            assert_eq!(tf.get(10).unwrap(), 10);
             // B*T = 4: windows = (11-1)/4 = 2; micro-batch 2 wraps to window 0.
             assert_eq!(tf.micro_batch(1, 2, 2).unwrap(), (vec![4, 5, 6, 7], vec![5, 6, 7, 8]));
             assert_eq!(tf.micro_batch(2, 2, 2).unwrap(), tf.micro_batch(0, 2, 2).unwrap());
-            assert!(tf.try_get(11).is_err());
+            assert!(tf.get(11).is_err());
             tf.check_vocab(11).unwrap();
             assert!(tf.check_vocab(10).unwrap_err().to_string().contains("token 10 at position 10"));
         }
@@ -328,8 +323,8 @@ mod tests {
         write_token_file_u32(&wide, &[1, 70_000, 3]).unwrap();
         write_token_file_u32(&narrow, &[1, 65_535, 3]).unwrap();
         let (w, n) = (TokenFile::open(&wide).unwrap(), TokenFile::open(&narrow).unwrap());
-        assert_eq!((w.width, w.get(1)), (TokenWidth::U32, 70_000));
-        assert_eq!((n.width, n.get(1)), (TokenWidth::U16, 65_535));
+        assert_eq!((w.width, w.get(1).unwrap()), (TokenWidth::U32, 70_000));
+        assert_eq!((n.width, n.get(1).unwrap()), (TokenWidth::U16, 65_535));
     }
 
     #[test]
@@ -344,7 +339,7 @@ mod tests {
         let llama = TokenFile::open(write(&bytes).path()).unwrap();
         let raw = TokenFile::open_with(write(&bytes[HEADER_BYTES..]).path(), TokenWidth::U32).unwrap();
         for tf in [llama, raw] {
-            assert_eq!((tf.len, tf.width, tf.get(2)), (4, TokenWidth::U32, 128_255));
+            assert_eq!((tf.len, tf.width, tf.get(2).unwrap()), (4, TokenWidth::U32, 128_255));
             assert_eq!(tf.micro_batch(0, 1, 3).unwrap(), (vec![0, 70_000, 128_255], vec![70_000, 128_255, 5]));
             assert!(tf.check_vocab(128_000).unwrap_err().to_string().contains("token 128255 at position 2"));
         }

@@ -15,7 +15,7 @@ fn prepare_writes_a_token_file_train_can_read() {
     let out = zerostream(&["prepare", "--text", text.to_str().unwrap(), "--out", tokens.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     let file = zerostream_checkpoints::TokenFile::open(&tokens).unwrap();
-    assert_eq!(file.get(0), 2514, "GPT-2's id for \"To\"");
+    assert_eq!(file.get(0).unwrap(), 2514, "GPT-2's id for \"To\"");
     // `--text -` reads the same text from standard input, to the same bytes.
     let piped = dir.path().join("piped.bin");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_zerostream"))
@@ -61,7 +61,7 @@ fn raw_uint32_token_files_train_like_the_uint16_original() {
     let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny");
     let original = zerostream_checkpoints::TokenFile::open(std::path::Path::new(&format!("{golden}/tokens.bin"))).unwrap();
     let raw = dir.path().join("tokens.u32");
-    let words: Vec<u8> = (0..original.len).flat_map(|i| original.get(i).to_le_bytes()).collect();
+    let words: Vec<u8> = (0..original.len).flat_map(|i| original.get(i).unwrap().to_le_bytes()).collect();
     std::fs::write(&raw, words).unwrap();
     let losses = |data: &str, dtype: &str| {
         let metrics = dir.path().join(format!("{dtype}.jsonl"));
@@ -125,7 +125,7 @@ fn prepare_tokenises_with_a_hugging_face_tokenizer_json() {
     assert!(run.status.success(), "{}", stderr(&run));
     let file = zerostream_checkpoints::TokenFile::open(&out).unwrap();
     assert_eq!(file.width, zerostream_checkpoints::TokenWidth::U32);
-    assert_eq!((0..file.len).map(|i| file.get(i)).collect::<Vec<_>>(), vec![1, 2, 3, 70000, 1, 2, 0]);
+    assert_eq!((0..file.len).map(|i| file.get(i).unwrap()).collect::<Vec<_>>(), vec![1, 2, 3, 70000, 1, 2, 0]);
     // "that" is not in the vocabulary: said, not only counted among the tokens.
     assert!(stderr(&run).contains("warning: 1 of 7 tokens (14.3%) is [UNK] (id 0)"), "{}", stderr(&run));
     // The end-of-run sample is written with the data's tokenizer: its words, the prompt's first (ids
@@ -207,7 +207,7 @@ fn prepare_splits_documents_and_holds_out_a_validation_file() {
     assert!(run.status.success(), "{}", stderr(&run));
     let read = |p: &std::path::Path| {
         let f = zerostream_checkpoints::TokenFile::open(p).unwrap();
-        (0..f.len).map(|i| f.get(i)).collect::<Vec<u32>>()
+        (0..f.len).map(|i| f.get(i).unwrap()).collect::<Vec<u32>>()
     };
     let (train, val) = (read(&out), read(&dir.path().join("docs.val.bin")));
     // GPT-2's <|endoftext|> between documents: 8 training documents, 2 held out.

@@ -247,7 +247,8 @@ fn pinned_read_backs_give_bit_identical_runs() {
 
 /// A library caller's data reaches the trainer without `run`'s vocabulary check: an input id past the
 /// vocabulary is refused where it is embedded, and so is a target id (it would fall in no chunk of
-/// the loss and count as logit 0); a configuration that cannot train is refused by the trainer too.
+/// the loss and count as logit 0); a configuration that cannot train is refused by the trainer too,
+/// and so is a validation of more micro-batches than the data holds (it would count some twice).
 #[test]
 fn the_trainer_refuses_ids_past_the_vocabulary_and_a_configuration_that_cannot_train() {
     use zerostream::model::Model;
@@ -267,6 +268,12 @@ fn the_trainer_refuses_ids_past_the_vocabulary_and_a_configuration_that_cannot_t
     let input_past = TokenFile::from_ids("input-past", &[vocab, 2, 3, 4, 5]);
     let err = Trainer::new(&dev, &source, tc.clone()).unwrap().train_step(&input_past).unwrap_err().to_string();
     assert!(err.contains(&format!("token id {vocab} (position 0 of the micro-batch)")), "{err}");
+    // Two micro-batches of 4 tokens (9 ids): the first two are read, a third is refused.
+    let held_out = TokenFile::from_ids("held-out", &[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    let mut trainer = Trainer::new(&dev, &source, tc.clone()).unwrap();
+    assert!(trainer.validation_loss(&held_out, 2).unwrap().is_finite());
+    let err = trainer.validation_loss(&held_out, 3).unwrap_err().to_string();
+    assert!(err.contains("held-out holds 2 micro-batches of B x T tokens, fewer than the 3 asked"), "{err}");
     let err = Trainer::new(&dev, &source, TrainConfig { steps: 0, ..tc }).err().expect("refused").to_string();
     assert!(err.contains("--steps must be at least 1"), "{err}");
 }

@@ -13,12 +13,21 @@ impl<D: Backend> Trainer<'_, D> {
     /// Mean loss over micro-batches `0..batches` of `data` (B x T of the training run). Every rank
     /// computes all of them (the same uploads and collectives in the same order) and gets the same
     /// number. A block uploaded here stays in its slot for the coming step's forward: the weights are
-    /// the same.
+    /// the same. More micro-batches than `data` holds are refused rather than read twice (the command
+    /// line reads those it holds: `eval::micro_batches_to_read`).
     pub fn validation_loss(&mut self, data: &TokenFile, batches: usize) -> Result<f64> {
         if batches == 0 {
             bail!("--eval-batches must be at least 1");
         }
         let (dev, batch, seq_len) = (self.dev, self.train.batch, self.train.seq_len);
+        let held = data.micro_batches(batch, seq_len);
+        if batches > held {
+            bail!(
+                "{} holds {} of B x T tokens, fewer than the {batches} asked for validation",
+                data.path.display(),
+                crate::words::counted(held as u64, "micro-batch")
+            );
+        }
         let n_layer = self.model.n_layer();
         let mut clock = Clock::default();
         self.fetch_head(&mut clock)?;
