@@ -77,6 +77,12 @@ impl Stamp {
 /// It is created with `create_new`, so it is never a file that already exists (another run's
 /// temporary file, or a user's `x.tmp`): on a clash the next number is tried.
 pub(crate) fn create_temp_beside(path: &Path) -> Result<(File, PathBuf)> {
+    claim_name_beside(path, "creating a temporary file", |tmp| OpenOptions::new().write(true).create_new(true).open(tmp))
+}
+
+/// Calls `claim` with temporary names beside `path` until one is not taken (`claim` fails with
+/// `AlreadyExists` on a taken one, as `create_new` and `hard_link` do).
+fn claim_name_beside<T>(path: &Path, doing: &str, claim: impl Fn(&Path) -> std::io::Result<T>) -> Result<(T, PathBuf)> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let name = path.file_name().with_context(|| format!("{}: not a file name", path.display()))?;
     let dir = match path.parent() {
@@ -88,10 +94,10 @@ pub(crate) fn create_temp_beside(path: &Path) -> Result<(File, PathBuf)> {
     for _ in 0..1000 {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let tmp = dir.join(format!(".{}.zerostream-{}-{nanos}-{n}.tmp", name.to_string_lossy(), std::process::id()));
-        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
-            Ok(file) => return Ok((file, tmp)),
+        match claim(&tmp) {
+            Ok(claimed) => return Ok((claimed, tmp)),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e).with_context(|| format!("writing {}: creating a temporary file in {}", path.display(), dir.display())),
+            Err(e) => return Err(e).with_context(|| format!("writing {}: {doing} in {}", path.display(), dir.display())),
         }
     }
     bail!("writing {}: no free temporary name in {} after 1000 tries", path.display(), dir.display())
@@ -112,7 +118,7 @@ pub(crate) fn rename_into_place(tmp: &Path, path: &Path) -> Result<()> {
 }
 
 /// Files written whole under temporary names ([`create_temp_beside`]), then renamed into place
-/// together by [`StagedFiles::commit`]: a failure while writing any of them (a full disk) leaves
+/// together by [`StagedFiles::commit`]: a failure while writing or renaming any of them leaves
 /// every target as it was, so files that belong together (a token file and its tokenizer record)
 /// are never left half old and half new. Temporaries not committed are removed when it drops.
 #[derive(Default)]
@@ -136,11 +142,38 @@ impl StagedFiles {
         Ok(())
     }
 
-    /// Renames every staged file onto its target, in the order staged.
+    /// Renames every staged file onto its target, in the order staged. A rename that fails (a target
+    /// made a directory meanwhile) undoes those before it: each target replaced is first kept under a
+    /// second name (a hard link, so the rename still replaces it in one step), put back on failure and
+    /// removed on success. A file system without hard links keeps no copy: there a failure part-way
+    /// leaves the earlier targets new. (A crash part-way leaves them new too: no journal is kept.)
     pub fn commit(mut self) -> Result<()> {
+        // (target, its old file's second name where it had one), for each target renamed onto.
+        let mut done: Vec<(PathBuf, Option<PathBuf>)> = Vec::new();
         while !self.staged.is_empty() {
             let (tmp, path) = self.staged.remove(0);
-            rename_into_place(&tmp, &path)?;
+            let kept = std::fs::symlink_metadata(&path)
+                .is_ok_and(|m| m.is_file())
+                .then(|| claim_name_beside(&path, "keeping the old file", |aside| std::fs::hard_link(&path, aside)).ok())
+                .flatten()
+                .map(|((), aside)| aside);
+            if let Err(e) = rename_into_place(&tmp, &path) {
+                // This target's old file was never replaced: only its second name goes.
+                if let Some(aside) = kept {
+                    let _ = std::fs::remove_file(aside);
+                }
+                for (path, kept) in done.iter().rev() {
+                    let _ = match kept {
+                        Some(aside) => os::replace_file(aside, path),
+                        None => std::fs::remove_file(path),
+                    };
+                }
+                return Err(e);
+            }
+            done.push((path, kept));
+        }
+        for aside in done.into_iter().filter_map(|(_, kept)| kept) {
+            let _ = std::fs::remove_file(aside);
         }
         Ok(())
     }
@@ -178,5 +211,31 @@ mod tests {
         staged.stage(&b, b"new b").unwrap();
         staged.commit().unwrap();
         assert_eq!((std::fs::read_to_string(&a).unwrap(), std::fs::read_to_string(&b).unwrap()), ("new a".into(), "new b".into()));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2, "no old file kept after a commit");
+    }
+
+    /// A rename that fails part-way through a commit (its target became a directory) puts back the
+    /// targets renamed before it: a replaced one holds its old bytes again, a new one is gone, and no
+    /// temporary or kept old file is left.
+    #[test]
+    fn a_commit_that_fails_part_way_puts_back_what_it_renamed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, fresh, b) = (dir.path().join("a.bin"), dir.path().join("fresh.bin"), dir.path().join("b.bin"));
+        std::fs::write(&a, "old a").unwrap();
+        std::fs::write(&b, "old b").unwrap();
+        let mut staged = StagedFiles::default();
+        staged.stage(&a, b"new a").unwrap();
+        staged.stage(&fresh, b"new").unwrap();
+        staged.stage(&b, b"new b").unwrap();
+        std::fs::remove_file(&b).unwrap();
+        std::fs::create_dir(&b).unwrap();
+        std::fs::write(b.join("inside"), "x").unwrap();
+        let err = format!("{:#}", staged.commit().unwrap_err());
+        assert!(err.contains("b.bin"), "{err}");
+        assert_eq!(std::fs::read_to_string(&a).unwrap(), "old a");
+        assert!(!fresh.exists(), "the new file is removed");
+        let mut names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        names.sort();
+        assert_eq!(names, ["a.bin", "b.bin"], "no temporary or old file left");
     }
 }
