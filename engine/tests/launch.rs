@@ -103,6 +103,7 @@ fn a_build_without_mpi_says_so_under_mpirun() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("built without MPI support") && stderr.contains("--features zerostream/mpi"), "{stderr}");
+    assert!(!dir.path().join("metrics.config.toml").exists(), "a refused run writes no resolved configuration");
 }
 
 /// mpirun -n 2 and --world-size 2 give the same bits, at each stage.
@@ -217,8 +218,8 @@ fn check_mpi_equals_in_process_at(world: &str, stage: &str, extra: &[&str]) {
 
 /// Under mpirun each process reads its own command line and files: ranks given other data (here
 /// the same flags but another token file) are refused, naming it, and a `--devices` list too short
-/// for the node's ranks ends the job with its error rather than leaving the others waiting; `plan`
-/// prints once, not once a process.
+/// for the node's ranks ends the job with its error rather than leaving the others waiting, before
+/// any rank has made an output; `plan` prints once, not once a process.
 #[cfg(feature = "mpi")]
 #[test]
 fn mpirun_ranks_given_other_data_or_too_few_devices_are_refused_and_plan_prints_once() {
@@ -241,9 +242,12 @@ fn mpirun_ranks_given_other_data_or_too_few_devices_are_refused_and_plan_prints_
     let out = mpirun().args(["-n", "1", bin]).args(&mine).arg(":").args(["-n", "1", bin]).args(&theirs).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("were not given the same --data (the tokens read) (ranks [1])"), "{err}");
-    let out = mpirun().args(["-n", "2", bin]).args(&mine).args(["--devices", "cpu"]).output().unwrap();
+    // (The refusal above comes once the run has started: in a fresh folder.)
+    let fresh = tempfile::tempdir().unwrap();
+    let out = mpirun().args(["-n", "2", bin]).args(train_args(fresh.path(), "2")).args(["--devices", "cpu"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("--devices lists 1 device, but this node runs at least 2 ranks"), "{err}");
+    assert!(!fresh.path().join("metrics.config.toml").exists(), "rank 0 wrote its resolved configuration for a refused run");
     let out = mpirun().args(["-n", "2", bin, "plan", "--config", "gpt2", "--device", "cpu"]).output().unwrap();
     check(&out, "plan under mpirun");
     let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);

@@ -1,8 +1,8 @@
 //! The one way into a training run: [`launch`] takes the run a caller asked for ([`RunRequest`]: what
 //! the command line resolved from its flags, or what a program built), checks what the library owns —
 //! the hyper-parameters, `--resume` against its checkpoint and metrics, the outputs, host RAM and disk,
-//! the device — before it says or makes anything (an MPI rank checks its node's RAM, disk and device
-//! once MPI has started), and runs it on one rank, on in-process ranks or as this process's part of
+//! the device (an MPI rank its own node's, once MPI has started) — before it says or makes anything,
+//! and runs it on one rank, on in-process ranks or as this process's part of
 //! an MPI job. It returns the run's summary; the caller prints what it likes. [`plan`] is the same
 //! walk stopping at the placement.
 
@@ -136,6 +136,9 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
     let ranks_here = if mpi_world.is_some() { crate::comm::launcher_local_size().unwrap_or(world) } else { world };
     size_params_ram_cache(&mut req, world, ranks_here)?;
     let mut one_device = None;
+    // An MPI rank checks its node and opens its device here too, and waits for every other rank's
+    // checks, so that no rank makes an output for a run another rank refuses.
+    let mpi_rank = if mpi_world.is_some() { Some(check_mpi_rank(&req)?) } else { None };
     if mpi_world.is_none() {
         check_host_room(&req, &req.train, world, world)?;
         let ranks = &req.ranks;
@@ -182,8 +185,8 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
     if let Some(metrics) = req.options.metrics.as_ref().filter(|m| !metrics_taken || !outputs::resolved_path(m).exists()) {
         outputs::write_resolved(metrics, &req.resolved_config, req.config_file.as_deref())?;
     }
-    if mpi_world.is_some() {
-        return launch_mpi(&req);
+    if let Some(rank) = mpi_rank {
+        return run_mpi_rank(rank, &req);
     }
     let RunRequest { options, mut train, ranks, .. } = req;
     if let Some(dev) = one_device {
@@ -319,8 +322,20 @@ fn adam_threads_per_rank(requested: usize, ranks: usize) -> usize {
     (cores / ranks.max(1)).max(1)
 }
 
+/// This process's rank of an MPI job, checked and with its device open, not yet run.
+#[cfg(feature = "mpi")]
+struct MpiRank {
+    mpi: crate::comm::mpi::MpiWorld,
+    train: TrainConfig,
+    dev: AnyDevice,
+}
+
+/// None is built without MPI.
 #[cfg(not(feature = "mpi"))]
-fn launch_mpi(_: &RunRequest) -> Result<Launched> {
+enum MpiRank {}
+
+#[cfg(not(feature = "mpi"))]
+fn check_mpi_rank(_: &RunRequest) -> Result<MpiRank> {
     let n = crate::comm::launcher_world_size().unwrap_or(1);
     bail!(
         "started by mpirun as one of {n} processes, but this zerostream was built without MPI support: \
@@ -329,11 +344,18 @@ fn launch_mpi(_: &RunRequest) -> Result<Launched> {
     )
 }
 
-/// This process's rank of an MPI job: its node-local device, the checks on this node, then the run. A
-/// failing rank aborts the job rather than leave the others waiting in a collective.
+#[cfg(not(feature = "mpi"))]
+fn run_mpi_rank(rank: MpiRank, _: &RunRequest) -> Result<Launched> {
+    match rank {}
+}
+
+/// This process's rank of an MPI job before any output is made: MPI started, the checks on this node
+/// (RAM, disk, `--devices`), its node-local device opened. A failing rank aborts the job rather than
+/// leave the others waiting in a collective; the collective at the end holds every rank until all
+/// have passed (one that fails aborts those waiting).
 #[cfg(feature = "mpi")]
-fn launch_mpi(req: &RunRequest) -> Result<Launched> {
-    use crate::comm::{Comm, mpi::MpiWorld};
+fn check_mpi_rank(req: &RunRequest) -> Result<MpiRank> {
+    use crate::comm::mpi::MpiWorld;
     let mpi = MpiWorld::init().context("initialising MPI")?;
     let (rank, local_rank) = (mpi.rank(), mpi.node_local_rank());
     let mut train = req.train.clone();
@@ -349,7 +371,6 @@ fn launch_mpi(req: &RunRequest) -> Result<Launched> {
     let (devices, choice, adapter) = (&req.ranks.devices, req.ranks.device, req.ranks.adapter.as_deref());
     let which = match devices.get(local_rank) {
         Some(d) => d.clone(),
-        // Aborted, not returned: the other ranks would wait for this one in their first collective.
         None if !devices.is_empty() => mpi.abort(&format!(
             "rank {rank}: --devices lists {}, but this node runs at least {} ranks: list one device per rank on a node",
             crate::words::counted(devices.len() as u64, "device"),
@@ -357,9 +378,21 @@ fn launch_mpi(req: &RunRequest) -> Result<Launched> {
         )),
         None => super::ranks::default_device_for_local_rank(local_rank, choice, adapter),
     };
+    let dev = match which.open(choice, adapter, train.gpu_mem_budget) {
+        Ok(dev) => dev,
+        Err(e) => mpi.abort(&format!("rank {rank}: {e:#}")),
+    };
+    mpi.min_u64(1);
+    Ok(MpiRank { mpi, train, dev })
+}
+
+/// Runs the checked rank ([`check_mpi_rank`]); a failing rank aborts the job.
+#[cfg(feature = "mpi")]
+fn run_mpi_rank(MpiRank { mpi, train, dev }: MpiRank, req: &RunRequest) -> Result<Launched> {
+    use crate::comm::Comm;
+    let rank = mpi.rank();
     let comm = Comm::new(Box::new(mpi.comm()));
-    let opened = which.open(choice, adapter, train.gpu_mem_budget);
-    match opened.and_then(|dev| super::run::run_rank_on(&dev, &req.options, train, comm)) {
+    match super::run::run_rank_on(&dev, &req.options, train, comm) {
         Ok(summary) => Ok(Launched::Ran { rank, summary }),
         Err(e) => mpi.abort(&format!("rank {rank}: {e:#}")),
     }
