@@ -21,5 +21,5 @@ pub use aligned::{ALIGN_BYTES, AlignedBuf, BufferPool, HostMemory};
 pub use io::{Direction, IoConfig, IoEngine, IoEngineKind};
 pub use layerwise::{Layerwise, LayerwiseConfig, Rule};
 pub use spare_pool::{SPARE_PREFIX, SPARES_PER_SIZE};
-pub use store::{NvmeDir, StoreError, Stored, Tier, free_bytes, shard_bytes_in};
+pub use store::{NvmeDir, StoreError, Stored, Tier, by_file_system, free_bytes, shard_bytes_in};
 pub use sweep::pipelined_sweep;

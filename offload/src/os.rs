@@ -96,6 +96,12 @@ pub(crate) fn free_bytes(dir: &Path) -> io::Result<u64> {
     platform::free_bytes(dir)
 }
 
+/// An identity of the file system holding the existing `dir` (its device number; on Windows, its
+/// volume's serial number): two directories with the same one share their free space.
+pub(crate) fn file_system_id(dir: &Path) -> io::Result<u64> {
+    platform::file_system_id(dir)
+}
+
 /// Advises the kernel to back `len` bytes at `ptr` (2 MiB-aligned) with huge pages, where it can;
 /// advice only, ignored elsewhere.
 pub(crate) fn advise_huge_pages(ptr: *mut u8, len: usize) {

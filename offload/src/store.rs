@@ -235,11 +235,31 @@ impl Stored {
 /// Bytes free for an unprivileged writer on the file system that holds `path` (or its nearest existing
 /// ancestor, for a directory still to be made).
 pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
+    os::free_bytes(nearest_existing(path))
+}
+
+/// Groups `paths` (existing or not: each stands for its nearest existing ancestor) by the file system
+/// holding them, in the order each group's first path comes; a path whose file system cannot be told
+/// is a group of its own. The groups share free space within, not between.
+pub fn by_file_system<P: AsRef<Path>>(paths: &[P]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(Option<u64>, Vec<usize>)> = Vec::new();
+    for (i, path) in paths.iter().enumerate() {
+        let id = os::file_system_id(nearest_existing(path.as_ref())).ok();
+        match groups.iter_mut().find(|(other, _)| id.is_some() && *other == id) {
+            Some((_, members)) => members.push(i),
+            None => groups.push((id, vec![i])),
+        }
+    }
+    groups.into_iter().map(|(_, members)| members).collect()
+}
+
+/// `path`, or its nearest ancestor that exists (`.` for a relative path none of whose parents do).
+fn nearest_existing(path: &Path) -> &Path {
     let mut at = path;
     while !at.exists() {
         at = at.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     }
-    os::free_bytes(at)
+    at
 }
 
 /// Bytes of the shard files (`*.bin`) in `dir`'s `rank{r}/` subdirectories for the `world`'s ranks:
@@ -276,6 +296,18 @@ mod tests {
 
     fn nvme(dir: &Path, verify: bool) -> NvmeDir {
         NvmeDir::new(dir, IoEngine::new(IoConfig { block_bytes: 8192, queue_depth: 4, ..IoConfig::default() }).unwrap(), verify, 0).unwrap()
+    }
+
+    /// Paths in one file system (made or still to be made) fall in one group; another file system's
+    /// path in its own, in the order first seen.
+    #[test]
+    fn paths_are_grouped_by_the_file_system_that_holds_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b/not/made"));
+        std::fs::create_dir(&a).unwrap();
+        assert_eq!(by_file_system(&[&a, &b]), [vec![0, 1]]);
+        #[cfg(target_os = "linux")]
+        assert_eq!(by_file_system(&[a.as_path(), Path::new("/proc"), &b]), [vec![0, 2], vec![1]]);
     }
 
     #[test]

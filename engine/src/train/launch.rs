@@ -18,6 +18,7 @@ use super::ranks::{RankDevice, train_in_process};
 use super::run::{ModelChoice, RunOptions, RunSummary, model_config, run_on};
 use super::{Placement, TrainConfig, outputs, plan_on, predict};
 use crate::device::{AllocCosts, AnyDevice, Backend, DeviceChoice};
+use crate::model::Model;
 
 /// Which devices the ranks compute on, and how many ranks.
 #[derive(Clone, Debug)]
@@ -134,13 +135,15 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
     }
     check_recorded_data(&req)?;
     let ranks_here = if mpi_world.is_some() { crate::comm::launcher_local_size().unwrap_or(world) } else { world };
-    size_params_ram_cache(&mut req, world, ranks_here)?;
+    // Read once here for the checks below, the MPI rank's and the room warnings.
+    let model = model_config(&req.options.model)?;
+    size_params_ram_cache(&mut req, &model, world, ranks_here)?;
     let mut one_device = None;
     // An MPI rank checks its node and opens its device here too, and waits for every other rank's
     // checks, so that no rank makes an output for a run another rank refuses.
-    let mpi_rank = if mpi_world.is_some() { Some(check_mpi_rank(&req)?) } else { None };
+    let mpi_rank = if mpi_world.is_some() { Some(check_mpi_rank(&req, &model)?) } else { None };
     if mpi_world.is_none() {
-        check_host_room(&req, &req.train, world, world)?;
+        check_host_room(&req, &model, &req.train, world, world)?;
         let ranks = &req.ranks;
         if world == 1 && ranks.devices.len() > 1 {
             bail!("--devices lists {} devices but --world-size is 1: add --world-size {}", ranks.devices.len(), ranks.devices.len());
@@ -165,11 +168,8 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
     }
     if first_process() {
         // Under --quiet too: a full disk would end the run at its first save.
-        // A model that cannot be read is refused where the run reads it, not by a warning.
-        if let Ok(model) = model_config(&req.options.model) {
-            for warning in outputs::room_warnings(&req.options, &model, &req.train) {
-                eprintln!("{warning}");
-            }
+        for warning in outputs::room_warnings(&req.options, &model, &req.train) {
+            eprintln!("{warning}");
         }
     }
     if first_process() && req.options.progress {
@@ -203,14 +203,14 @@ pub fn plan(mut req: RunRequest) -> Result<Placement> {
     check_request(&req)?;
     let world = req.ranks.world_size.or_else(crate::comm::launcher_world_size).unwrap_or(1).max(1);
     resume_from_checkpoint(&mut req, world)?;
-    size_params_ram_cache(&mut req, world, world)?;
     let model = planned_model(&req.options.model)?;
+    size_params_ram_cache(&mut req, &model, world, world)?;
     super::plan::plan_for_ranks(&model, &req.train, &req.ranks.costs_by_rank(world), planned_costs(&req.ranks))
 }
 
 /// The model `plan` plans: a Hugging Face directory's checked against its files' headers too (its
 /// weights are never read), so a plan that fits is one that loads.
-fn planned_model(choice: &ModelChoice) -> Result<crate::model::Model> {
+fn planned_model(choice: &ModelChoice) -> Result<Model> {
     let model = model_config(choice)?;
     if let ModelChoice::Hf(dir) = choice {
         let hf = zerostream_checkpoints::HfModel::open(dir)?;
@@ -233,8 +233,8 @@ pub fn plan_measured(mut req: RunRequest, measure: &Path) -> Result<(Placement, 
     }
     let world = req.ranks.world_size.or_else(crate::comm::launcher_world_size).unwrap_or(1).max(1);
     resume_from_checkpoint(&mut req, world)?;
-    size_params_ram_cache(&mut req, world, world)?;
     let model = planned_model(&req.options.model)?;
+    size_params_ram_cache(&mut req, &model, world, world)?;
     let placement = super::plan::plan_for_ranks(&model, &req.train, &req.ranks.costs_by_rank(world), planned_costs(&req.ranks))?;
     let dirs = predict::drive_dirs(measure, &req.train);
     let dev = RankDevice::Default.open(req.ranks.device, req.ranks.adapter.as_deref(), req.train.gpu_mem_budget)?;
@@ -283,9 +283,8 @@ fn planned_costs(ranks: &RankRequest) -> AllocCosts {
 /// Refuses before any work a run (`req` with the settings `train`) whose state would not fit in this
 /// machine's RAM or on its NVMe directory's disk (`ranks_here` ranks), or whose device budget the
 /// chosen device cannot keep.
-fn check_host_room(req: &RunRequest, train: &TrainConfig, world: usize, ranks_here: usize) -> Result<()> {
-    let model = model_config(&req.options.model)?;
-    let placement = plan_on(&model, train, world, planned_costs(&req.ranks))?;
+fn check_host_room(req: &RunRequest, model: &Model, train: &TrainConfig, world: usize, ranks_here: usize) -> Result<()> {
+    let placement = plan_on(model, train, world, planned_costs(&req.ranks))?;
     placement.check_host_ram(ranks_here)?;
     placement.check_nvme_room(&train.nvme_dirs, ranks_here)
 }
@@ -294,7 +293,7 @@ fn check_host_room(req: &RunRequest, train: &TrainConfig, world: usize, ranks_he
 /// (and the devices' share of RAM, `Placement::host_device_bytes`) and a margin, shared by the ranks
 /// (`Placement::params_ram_cache_room`); nothing without `auto`. Refused, as a flag that would do
 /// nothing, where the working copy is not on NVMe.
-fn size_params_ram_cache(req: &mut RunRequest, world: usize, ranks_here: usize) -> Result<()> {
+fn size_params_ram_cache(req: &mut RunRequest, model: &Model, world: usize, ranks_here: usize) -> Result<()> {
     let asked = req.params_ram_cache_auto || (req.explicit_flags.contains("params-ram-cache") && req.train.params_ram_cache_bytes > 0);
     if asked && req.train.offload_params != zerostream_offload::Tier::Nvme {
         bail!(
@@ -306,9 +305,8 @@ fn size_params_ram_cache(req: &mut RunRequest, world: usize, ranks_here: usize) 
     if !req.params_ram_cache_auto {
         return Ok(());
     }
-    let model = model_config(&req.options.model)?;
     let without = TrainConfig { params_ram_cache_bytes: 0, ..req.train.clone() };
-    let placement = plan_on(&model, &without, world, planned_costs(&req.ranks))?;
+    let placement = plan_on(model, &without, world, planned_costs(&req.ranks))?;
     req.train.params_ram_cache_bytes = placement.params_ram_cache_room(ranks_here);
     Ok(())
 }
@@ -335,7 +333,7 @@ struct MpiRank {
 enum MpiRank {}
 
 #[cfg(not(feature = "mpi"))]
-fn check_mpi_rank(_: &RunRequest) -> Result<MpiRank> {
+fn check_mpi_rank(_: &RunRequest, _: &Model) -> Result<MpiRank> {
     let n = crate::comm::launcher_world_size().unwrap_or(1);
     bail!(
         "started by mpirun as one of {n} processes, but this zerostream was built without MPI support: \
@@ -354,7 +352,7 @@ fn run_mpi_rank(rank: MpiRank, _: &RunRequest) -> Result<Launched> {
 /// leave the others waiting in a collective; the collective at the end holds every rank until all
 /// have passed (one that fails aborts those waiting).
 #[cfg(feature = "mpi")]
-fn check_mpi_rank(req: &RunRequest) -> Result<MpiRank> {
+fn check_mpi_rank(req: &RunRequest, model: &Model) -> Result<MpiRank> {
     use crate::comm::mpi::MpiWorld;
     let mpi = MpiWorld::init().context("initialising MPI")?;
     let (rank, local_rank) = (mpi.rank(), mpi.node_local_rank());
@@ -364,7 +362,7 @@ fn check_mpi_rank(req: &RunRequest) -> Result<MpiRank> {
         // holds the same blocks and the checkpoint records the size they all used.
         train.params_ram_cache_bytes = mpi.min_u64(train.params_ram_cache_bytes);
     }
-    if let Err(e) = check_host_room(req, &train, mpi.size(), mpi.node_local_size()) {
+    if let Err(e) = check_host_room(req, model, &train, mpi.size(), mpi.node_local_size()) {
         mpi.abort(&format!("rank {rank}: {e:#}"));
     }
     train.adam_threads = adam_threads_per_rank(train.adam_threads, mpi.node_local_size());

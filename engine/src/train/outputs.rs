@@ -169,26 +169,40 @@ pub fn room_warnings(options: &RunOptions, model: &crate::model::Model, train: &
     };
     // The master weights in f32 and the moments, over all ranks' optimizer files.
     let optimizer_bytes = params * (4 + moment_bytes * train.optimizer.moment_names().len() as u64);
-    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    let mut warnings = Vec::new();
-    let mut check = |flag: &str, path: &Path, need: u64, what: &str| {
-        if let Ok(free) = zerostream_offload::free_bytes(path)
-            && free < need
-        {
-            warnings.push(format!(
-                "warning: {flag} {}: {what} takes about {:.2} GiB, but its file system has {:.2} GiB free: the save would \
-                 fail for want of room (free some space, or name a roomier place)",
-                path.display(),
-                gib(need),
-                gib(free)
-            ));
-        }
-    };
+    // (flag, path, bytes it needs, what they hold)
+    let mut outputs: Vec<(&str, &Path, u64, &str)> = Vec::new();
     if let Some(dir) = &options.checkpoints.dir {
-        check("--checkpoint-dir", dir, model_bytes + optimizer_bytes, "a checkpoint (the model and the optimizer's state)");
+        outputs.push(("--checkpoint-dir", dir, model_bytes + optimizer_bytes, "a checkpoint (the model and the optimizer's state)"));
     }
     if let Some(save) = &options.save {
-        check("--save", save, model_bytes, "the model");
+        outputs.push(("--save", save, model_bytes, "the model"));
+    }
+    short_of_room(&outputs, |path| zerostream_offload::free_bytes(path).ok())
+}
+
+/// The warnings for `outputs` (flag, path, bytes needed, what they hold) whose file system has less
+/// free (`free_bytes`, None where it cannot be told) than they need. Outputs on one file system share
+/// its free space: checked together.
+fn short_of_room(outputs: &[(&str, &Path, u64, &str)], free_bytes: impl Fn(&Path) -> Option<u64>) -> Vec<String> {
+    let paths: Vec<&Path> = outputs.iter().map(|o| o.1).collect();
+    let mut warnings = Vec::new();
+    for group in zerostream_offload::by_file_system(&paths) {
+        let Some(free) = free_bytes(paths[group[0]]) else { continue };
+        let need: u64 = group.iter().map(|&o| outputs[o].2).sum();
+        if free >= need {
+            continue;
+        }
+        let named: Vec<String> = group.iter().map(|&o| format!("{} {}", outputs[o].0, outputs[o].1.display())).collect();
+        let held: Vec<&str> = group.iter().map(|&o| outputs[o].3).collect();
+        let (takes, fs) = if group.len() == 1 { ("takes", "its file system has") } else { ("take together", "their one file system has") };
+        warnings.push(format!(
+            "warning: {}: {} {takes} about {}, but {fs} {} free: the save would fail for want of room (free some space, \
+             or name a roomier place)",
+            named.join(" and "),
+            held.join(" and "),
+            crate::words::size(need),
+            crate::words::size(free)
+        ));
     }
     warnings
 }
@@ -205,4 +219,33 @@ fn copy_model_files(dir: &Path, into: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A checkpoint folder and `--save` on one file system are warned about together when each fits
+    /// its free space alone but not both; on file systems of their own, neither is.
+    #[test]
+    fn outputs_on_one_file_system_share_its_free_space() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ckpt, save) = (dir.path().join("ckpt"), dir.path().join("final"));
+        let outputs = [("--checkpoint-dir", ckpt.as_path(), 3 << 30, "a checkpoint"), ("--save", save.as_path(), 1 << 30, "the model")];
+        let warnings = short_of_room(&outputs, |_| Some(7 << 29));
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        let want = format!(
+            "--checkpoint-dir {} and --save {}: a checkpoint and the model take together about 4.0 GiB, but their one file system has 3.5 GiB free",
+            ckpt.display(),
+            save.display()
+        );
+        assert!(warnings[0].contains(&want), "{warnings:?}");
+        assert!(short_of_room(&outputs, |_| Some(4 << 30)).is_empty());
+        assert!(short_of_room(&outputs[..1], |_| Some(7 << 29)).is_empty());
+        #[cfg(target_os = "linux")]
+        {
+            let apart = [outputs[0], ("--save", Path::new("/proc/final"), 1 << 30, "the model")];
+            assert!(short_of_room(&apart, |_| Some(7 << 29)).is_empty());
+        }
+    }
 }

@@ -184,8 +184,8 @@ impl Placement {
     /// Refuses, with the numbers, a run whose NVMe state (and spare files) for `ranks_here` ranks on
     /// this machine would not fit in the free space of `dirs`' file systems, each directory holding an
     /// equal share when the state is striped (counting the shard files of an earlier run there, which it
-    /// overwrites): better at start-up than a full disk mid-write. Directories on one file system are
-    /// each checked for their own share only.
+    /// overwrites): better at start-up than a full disk mid-write. Directories on one file system share
+    /// its free space, so they are checked together.
     pub fn check_nvme_room(&self, dirs: &[std::path::PathBuf], ranks_here: usize) -> Result<()> {
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let (_, state) = self.host_bytes_per_rank();
@@ -193,18 +193,24 @@ impl Placement {
             return Ok(());
         }
         let stripes = dirs.len() as u64;
-        let need = ((state + self.host_nvme_spare_bytes) * ranks_here as u64).div_ceil(stripes);
-        for dir in dirs {
-            let Ok(free) = zerostream_offload::free_bytes(dir) else { continue };
-            let reused = zerostream_offload::shard_bytes_in(dir, self.world_size);
+        let share = ((state + self.host_nvme_spare_bytes) * ranks_here as u64).div_ceil(stripes);
+        for group in zerostream_offload::by_file_system(dirs) {
+            let Ok(free) = zerostream_offload::free_bytes(&dirs[group[0]]) else { continue };
+            let reused: u64 = group.iter().map(|&d| zerostream_offload::shard_bytes_in(&dirs[d], self.world_size)).sum();
+            let need = share * group.len() as u64;
             if need > free + reused {
+                let names: Vec<String> = group.iter().map(|&d| dirs[d].display().to_string()).collect();
+                let (here, fs) = match group.len() {
+                    1 => ("in this directory".to_string(), "its file system has"),
+                    n => (format!("in these {n} directories, which share a file system"), "it has"),
+                };
                 bail!(
                     "--nvme-dir {}: {:.2} GiB needed on NVMe{} for {} here ({:.2} GiB of state and up to {:.2} GiB of \
-                     spare files per rank), but its file system has {:.2} GiB free{}: free some space, give a larger disk, stripe \
-                     over more directories, or keep part of the state in RAM (--offload-params ram)",
-                    dir.display(),
+                     spare files per rank), but {fs} {:.2} GiB free{}: free some space, give a larger disk, stripe \
+                     over more directories on other disks, or keep part of the state in RAM (--offload-params ram)",
+                    names.join(", "),
                     gib(need),
-                    if stripes > 1 { format!(" in this directory, 1/{stripes} of the striped state") } else { String::new() },
+                    if stripes > 1 { format!(" {here}, {}/{stripes} of the striped state", group.len()) } else { String::new() },
                     crate::words::counted(ranks_here as u64, "rank"),
                     gib(state),
                     gib(self.host_nvme_spare_bytes),

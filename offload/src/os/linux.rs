@@ -6,7 +6,7 @@ use std::os::unix::io::AsRawFd;
 use std::path::Path;
 
 use super::unix;
-pub(super) use super::unix::{free_bytes, is_refused_link, read_at, replace, same_file, write_at};
+pub(super) use super::unix::{file_system_id, free_bytes, is_refused_link, read_at, replace, same_file, write_at};
 
 pub(super) const UNCACHED: &str = "O_DIRECT";
 

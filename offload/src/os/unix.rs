@@ -40,6 +40,10 @@ pub(super) fn same_file(file: &File, path: &Path) -> bool {
     }
 }
 
+pub(super) fn file_system_id(dir: &Path) -> io::Result<u64> {
+    Ok(std::fs::metadata(dir)?.dev() as u64)
+}
+
 pub(super) fn free_bytes(dir: &Path) -> io::Result<u64> {
     let c_path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).map_err(io::Error::other)?;
     let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();

@@ -121,6 +121,12 @@ pub(super) fn same_file(file: &File, path: &Path) -> bool {
     }
 }
 
+pub(super) fn file_system_id(dir: &Path) -> io::Result<u64> {
+    // Metadata only; a directory needs backup semantics to be opened at all.
+    let opened = OpenOptions::new().access_mode(0).custom_flags(FILE_FLAG_BACKUP_SEMANTICS).open(dir)?;
+    identity(&opened).map(|(volume, _, _)| volume as u64).ok_or_else(io::Error::last_os_error)
+}
+
 pub(super) fn free_bytes(dir: &Path) -> io::Result<u64> {
     let mut free_to_caller = 0u64;
     // SAFETY: a NUL-terminated wide path and an output that outlives the call; the totals are not asked for.

@@ -114,3 +114,22 @@ fn stage_zero_plans_the_whole_state_on_every_rank() {
     assert_eq!(two.host_residual_bytes, two.host_grad_bytes, "stage 2's residuals: the other rank's slices");
     assert_eq!(2 * three.host_working_bytes, one.host_working_bytes, "stage 3 holds half the working copy");
 }
+
+/// Two stripes in one file system share its free space: state that fits half of it in each stripe but
+/// not the whole is refused, naming both directories; on file systems of their own it would not be.
+#[test]
+fn nvme_stripes_on_one_file_system_are_checked_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let stripes: Vec<std::path::PathBuf> = ["a", "b"].iter().map(|s| dir.path().join(s)).collect();
+    let model = Model::preset("gpt2").unwrap();
+    let tc = TrainConfig { offload_optimizer: Tier::Nvme, nvme_dirs: stripes.clone(), ..TrainConfig::default() };
+    let p = plan(&model, &tc, 1).unwrap();
+    let per_rank = p.host_bytes_per_rank().1 + p.host_nvme_spare_bytes;
+    let free = zerostream_offload::free_bytes(dir.path()).unwrap();
+    // The ranks whose state is about 1.5x the free space: each stripe's half is about 0.75x of it.
+    let ranks_here = (free + free / 2).div_ceil(per_rank) as usize;
+    let err = p.check_nvme_room(&stripes, ranks_here).unwrap_err().to_string();
+    assert!(err.contains("in these 2 directories, which share a file system, 2/2 of the striped state"), "{err}");
+    assert!(err.contains(&format!("{}, {}", stripes[0].display(), stripes[1].display())), "{err}");
+    p.check_nvme_room(&stripes[..1], ranks_here / 2).unwrap();
+}
