@@ -331,6 +331,51 @@ fn a_finished_run_resumed_is_done_not_an_error() {
     assert!(out.status.success() && stderr(&out).contains("exists already"), "{}", stderr(&out));
 }
 
+/// `--save` of a finished run asked for another `--save-dtype` writes the weights in it from the
+/// checkpoint's f32 master weights: a bf16 run saved as f32 gives values that round to the
+/// checkpoint's bf16 ones but are not all bf16 values themselves; the tokenizer's files come along.
+#[test]
+fn a_finished_run_saved_in_another_dtype_is_written_from_its_master_weights() {
+    use safetensors::{Dtype, SafeTensors};
+    let dir = tempfile::tempdir().unwrap();
+    let (ckpt, save) = (dir.path().join("ckpt"), dir.path().join("final"));
+    let (ckpt_s, save_s) = (ckpt.to_str().unwrap(), save.to_str().unwrap());
+    let common = ["--device", "cpu", "--batch-size", "2", "--seq-len", "16", "--sample-tokens", "0", "--precision", "bf16"];
+    let out = zerostream(&[&["train", "--steps", "2", "--checkpoint-dir", ckpt_s, "--checkpoint-every", "2"][..], &common].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = zerostream(&["train", "--resume", ckpt_s, "--steps", "2", "--save", save_s, "--save-dtype", "f32", "--device", "cpu"]);
+    assert!(
+        out.status.success() && stderr(&out).contains("in f32 (from its f32 master weights; the checkpoint saved bf16)"),
+        "{}",
+        stderr(&out)
+    );
+    let step = ckpt.join("step-00000002");
+    let names = |d: &Path| {
+        let mut n: Vec<String> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        n.retain(|f| !f.starts_with("optimizer.") && f != "trainer_state.json");
+        n.sort();
+        n
+    };
+    assert_eq!(names(&save), names(&step), "the same files as the checkpoint's model");
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(save.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["torch_dtype"], "float32");
+    let (theirs, ours) = (std::fs::read(step.join("model.safetensors")).unwrap(), std::fs::read(save.join("model.safetensors")).unwrap());
+    let (theirs, ours) = (SafeTensors::deserialize(&theirs).unwrap(), SafeTensors::deserialize(&ours).unwrap());
+    assert_eq!(theirs.len(), ours.len());
+    let mut off_the_bf16_grid = 0;
+    for (name, t) in theirs.tensors() {
+        let o = ours.tensor(&name).unwrap();
+        assert_eq!((t.dtype(), o.dtype(), t.shape()), (Dtype::BF16, Dtype::F32, o.shape()), "{name}");
+        let bf16: Vec<u16> = t.data().chunks(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+        let f32s: Vec<f32> = o.data().chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        for (&h, &x) in bf16.iter().zip(&f32s) {
+            assert_eq!(half::bf16::from_f32(x).to_bits(), h, "{name}: {x} does not round to the checkpoint's bf16");
+            off_the_bf16_grid += usize::from(half::bf16::from_f32(x).to_f32() != x);
+        }
+    }
+    assert!(off_the_bf16_grid > 0, "every f32 weight is a bf16 value: read from the model file, not the master weights");
+}
+
 #[test]
 fn progress_is_one_plain_line_per_step_off_a_terminal_and_quiet_prints_none() {
     // The test's stderr is a pipe, not a terminal: no bar, so every step gets its own line.

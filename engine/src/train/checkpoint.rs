@@ -35,6 +35,7 @@ use super::{Precision, Trainer};
 use crate::device::Backend;
 use crate::model::Model;
 
+mod convert;
 mod open;
 pub use open::Checkpoint;
 

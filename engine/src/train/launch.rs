@@ -130,8 +130,7 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
     outputs::check_outputs(&req.options, req.config_file.as_deref(), req.tensorboard.as_deref())?;
     if let Some(r) = resumed.as_ref().filter(|r| r.finished) {
         r.say(&req, metrics_warning);
-        let dtype_given = req.explicit_flags.contains("save-dtype");
-        return finished_run(&r.dir, r.state.step, req.train.steps, req.options.save.as_deref(), dtype_given);
+        return finished_run(&r.dir, r.state.step, req.train.steps, req.options.save.as_deref(), req.options.save_dtype);
     }
     check_recorded_data(&req)?;
     let ranks_here = if mpi_world.is_some() { crate::comm::launcher_local_size().unwrap_or(world) } else { world };

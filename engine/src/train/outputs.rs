@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
+use super::checkpoint::{Checkpoint, SaveDtype};
 use super::run::{ModelChoice, RunOptions, plot_path};
 
 /// Whether `a` and `b` name one existing file or directory (a path that does not exist is nobody's).
@@ -129,9 +130,10 @@ pub fn write_resolved(metrics: &Path, text: &str, config_file: Option<&Path>) ->
 }
 
 /// `--save` of a resumed run whose checkpoint `dir` is at `--steps` already: the checkpoint's model
-/// files copied aside, then renamed into place (a crash leaves no half-written `--save`). An existing
-/// `--save` is left as it is. Says what it did on stderr.
-pub fn save_finished_model(dir: &Path, save: &Path) -> Result<()> {
+/// files copied aside, then renamed into place (a crash leaves no half-written `--save`). Asked for a
+/// `dtype` other than the one the checkpoint saved, the weights are written in it from the f32
+/// master weights instead. An existing `--save` is left as it is. Says what it did on stderr.
+pub fn save_finished_model(dir: &Path, save: &Path, dtype: Option<SaveDtype>) -> Result<()> {
     if save.exists() {
         eprintln!("train: --save {} exists already; left as it is", save.display());
         return Ok(());
@@ -143,14 +145,34 @@ pub fn save_finished_model(dir: &Path, save: &Path) -> Result<()> {
         std::fs::remove_dir_all(&partial).with_context(|| format!("removing the leftover {}", partial.display()))?;
     }
     std::fs::create_dir_all(&partial).with_context(|| format!("creating {}", partial.display()))?;
-    let copied = copy_model_files(dir, &partial)
-        .and_then(|()| std::fs::rename(&partial, save).with_context(|| format!("renaming {} to {}", partial.display(), save.display())));
+    let mut converted = None;
+    let copied = (|| {
+        let checkpoint = match dtype {
+            Some(dtype) => Some(Checkpoint::open(dir)?).filter(|c| c.saved_dtype().is_ok_and(|saved| saved != dtype)),
+            None => None,
+        };
+        // Converted: the model file and config.json are written anew, the rest copied.
+        copy_model_files(dir, &partial, checkpoint.is_some())?;
+        if let (Some(checkpoint), Some(dtype)) = (checkpoint, dtype) {
+            checkpoint.write_model(&partial, dtype)?;
+            converted = Some((checkpoint.saved_dtype()?, dtype));
+        }
+        std::fs::rename(&partial, save).with_context(|| format!("renaming {} to {}", partial.display(), save.display()))
+    })();
     if let Err(e) = copied {
         // Not left to fill the disk that refused it.
         let _ = std::fs::remove_dir_all(&partial);
         return Err(e).with_context(|| format!("--save {}", save.display()));
     }
-    eprintln!("train: saved the checkpoint's model to {}", save.display());
+    match converted {
+        Some((from, to)) => eprintln!(
+            "train: saved the checkpoint's model to {} in {} (from its f32 master weights; the checkpoint saved {})",
+            save.display(),
+            to.flag(),
+            from.flag()
+        ),
+        None => eprintln!("train: saved the checkpoint's model to {}", save.display()),
+    }
     Ok(())
 }
 
@@ -159,7 +181,6 @@ pub fn save_finished_model(dir: &Path, save: &Path) -> Result<()> {
 /// otherwise be found at the first save, after the steps before it. Warned, not refused: the bytes
 /// are estimated, and a disk may be freed while the run trains.
 pub fn room_warnings(options: &RunOptions, model: &crate::model::Model, train: &super::TrainConfig) -> Vec<String> {
-    use super::checkpoint::SaveDtype;
     let params: u64 = super::layout::group_layouts(model).iter().map(|g| g.len as u64).sum();
     let dtype = options.save_dtype.unwrap_or(SaveDtype::of(train.precision));
     let model_bytes = params * if dtype == SaveDtype::F32 { 4 } else { 2 };
@@ -208,13 +229,14 @@ fn short_of_room(outputs: &[(&str, &Path, u64, &str)], free_bytes: impl Fn(&Path
 }
 
 /// Copies the model files of the checkpoint `dir` (a model directory plus the optimizer's and the
-/// trainer's state) into `into`.
-fn copy_model_files(dir: &Path, into: &Path) -> Result<()> {
+/// trainer's state) into `into`; `but_weights`: not its model file and config.json either.
+fn copy_model_files(dir: &Path, into: &Path, but_weights: bool) -> Result<()> {
     for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
         let path = entry?.path();
         let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
         let state_file = name.starts_with("optimizer.rank") || name == zerostream_checkpoints::checkpoint::STATE_FILE;
-        if path.is_file() && !state_file {
+        let weights = name == "model.safetensors" || name == "config.json";
+        if path.is_file() && !state_file && !(but_weights && weights) {
             std::fs::copy(&path, into.join(&name)).with_context(|| format!("copying {} into {}", path.display(), into.display()))?;
         }
     }

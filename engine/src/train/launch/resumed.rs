@@ -7,7 +7,7 @@ use anyhow::{Result, bail};
 use zerostream_checkpoints::TokenWidth;
 
 use super::{Launched, RunRequest, check_checkpoint_flags, first_process};
-use crate::train::checkpoint::TrainerState;
+use crate::train::checkpoint::{SaveDtype, TrainerState};
 use crate::train::run::kept_outputs::{self, Taken};
 use crate::train::run::{ModelChoice, model_config};
 use crate::train::{metrics_file, outputs, resume};
@@ -139,19 +139,13 @@ fn check_named_model(flag: &str, given: &ModelChoice, checkpoint: &Path) -> Resu
 /// A resumed run whose checkpoint is at `--steps` already (a preemption loop re-running its command
 /// after the last save, say): nothing to train, so it ends at once with success, after writing
 /// `--save` from the checkpoint's model if that is asked for and missing (rank 0 only under mpirun).
-pub(super) fn finished_run(dir: &Path, step: u64, steps: u64, save: Option<&Path>, dtype_given: bool) -> Result<Launched> {
+pub(super) fn finished_run(dir: &Path, step: u64, steps: u64, save: Option<&Path>, dtype: Option<SaveDtype>) -> Result<Launched> {
     eprintln!(
         "train: the checkpoint {} is at step {step} and --steps is {steps} (counted from the start of training): nothing left to train",
         dir.display()
     );
     if let Some(save) = save.filter(|_| first_process()) {
-        if dtype_given && !save.exists() {
-            // The checkpoint's model files are copied as they are: no weights are loaded to convert.
-            eprintln!(
-                "train: warning: --save-dtype is not applied here: --save copies the checkpoint's model in the dtype it was saved in"
-            );
-        }
-        outputs::save_finished_model(dir, save)?;
+        outputs::save_finished_model(dir, save, dtype)?;
     }
     Ok(Launched::AlreadyDone)
 }
