@@ -4,7 +4,8 @@
 //! is split between them):
 //!
 //! 1. [`Layerwise::measure`]: this slice's squared norms (LAMB also updates its moments here);
-//! 2. [`Layerwise::trust_ratio`] of the whole tensor's norms, then [`Layerwise::apply`] steps the slice.
+//! 2. [`Layerwise::trust_ratio`] of the whole tensor's norms (the slices' put together by
+//!    [`NormSlots`]), then [`Layerwise::apply`] steps the slice.
 //!
 //! LAMB, after You et al. 2020 ("Large Batch Optimization for Deep Learning: Training BERT in 76
 //! Minutes", Algorithm 2, with its bias correction and φ the identity):
@@ -32,15 +33,20 @@
 //! As in the authors' BERT code, tensors excluded from weight decay (biases, norms' gains) are also
 //! excluded from the adaptation: their trust ratio is 1 (LAMB is then Adam, LARS plain momentum SGD).
 //!
-//! Norms are sums of squares in f64 over fixed blocks of [`NORM_BLOCK_ELEMS`] from the slice's start
-//! (each in eight interleaved lanes), added in block order: the same bits for any thread count. No
-//! multiply-add is ever contracted, so every CPU and instruction set gives the same bits too.
+//! Norms are sums of squares in f64 in pieces of [`NORM_PIECE_ELEMS`] (each in eight interleaved
+//! lanes), blocks of [`NORM_BLOCK_ELEMS`] and the tensor, each at fixed places of the group and added
+//! in order (`layerwise/norms.rs`): the same bits for any thread count, and for any world size however
+//! the ranks' slices cut the tensor. No multiply-add is ever contracted, so every CPU and instruction
+//! set gives the same bits too.
 
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use crate::adam::rounding::bf16_from_f32;
 use crate::adam::{Isa, ParamCopy};
+
+mod norms;
+pub use norms::{NORM_BLOCK_ELEMS, NORM_PIECE_ELEMS, NormSlots, PartNorms};
 
 /// Which rule, with its own hyper-parameters. f64, as Python hands them to PyTorch.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -84,9 +90,6 @@ impl std::ops::Add for SquaredNorms {
         SquaredNorms { param: self.param + o.param, update: self.update + o.update }
     }
 }
-
-/// Elements per block of a norm's partial sums.
-pub const NORM_BLOCK_ELEMS: usize = 1 << 14;
 
 /// The per-step scalars, computed in f64 and rounded to f32 once.
 #[derive(Clone, Copy, Debug)]
@@ -203,24 +206,46 @@ thread_local! {
     static BLOCK_UPDATE: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Pass 1 over one block: LAMB's moments, and the block's squared norms. `scratch` holds LAMB's u of
-/// the block ([`BLOCK_UPDATE`]).
+/// Pass 1 over one block (or the part of one a slice holds): LAMB's moments, and the block's squared
+/// norms, its pieces added in order; the first piece is `first_piece` elements long (the rest of the
+/// piece the block starts in), the others [`NORM_PIECE_ELEMS`]. With `pieces`, each piece's norms are
+/// pushed there too. `scratch` holds LAMB's u of the block ([`BLOCK_UPDATE`]).
 #[inline(always)]
-fn measure_block(k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32], scratch: &mut Vec<f32>) -> SquaredNorms {
+#[allow(clippy::too_many_arguments)]
+fn measure_block(
+    k: &Scalars,
+    p: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    grads: &[f32],
+    first_piece: usize,
+    scratch: &mut Vec<f32>,
+    mut pieces: Option<&mut Vec<SquaredNorms>>,
+) -> SquaredNorms {
     let n = p.len();
     let (m, grads) = (&mut m[..n], &grads[..n]);
-    let param = sum_squares(p, 1.0);
-    let update = match k.rule {
+    let (update, scale): (&[f32], f32) = match k.rule {
         Rule::Lamb { .. } => {
             if scratch.len() < n {
                 scratch.resize(n, 0.0);
             }
             k.lamb_moments(p, m, &mut v[..n], grads, &mut scratch[..n]);
-            sum_squares(&scratch[..n], 1.0)
+            (&scratch[..n], 1.0)
         }
-        Rule::Lars { .. } => sum_squares(grads, k.grad_scale),
+        Rule::Lars { .. } => (grads, k.grad_scale),
     };
-    SquaredNorms { param, update }
+    let mut block = SquaredNorms::default();
+    let (mut s, mut len) = (0, first_piece);
+    while s < n {
+        let e = (s + len).min(n);
+        let piece = SquaredNorms { param: sum_squares(&p[s..e], 1.0), update: sum_squares(&update[s..e], scale) };
+        block = block + piece;
+        if let Some(pieces) = pieces.as_deref_mut() {
+            pieces.push(piece);
+        }
+        (s, len) = (e, NORM_PIECE_ELEMS);
+    }
+    block
 }
 
 /// Pass 2 over one block: the step with the tensor's trust ratio, and the copy.
@@ -260,8 +285,18 @@ mod wide {
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
-    fn measure_avx512(k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32], scratch: &mut Vec<f32>) -> SquaredNorms {
-        measure_block(k, p, m, v, grads, scratch)
+    #[allow(clippy::too_many_arguments, reason = "measure_block's, one for one")]
+    fn measure_avx512(
+        k: &Scalars,
+        p: &[f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        grads: &[f32],
+        first: usize,
+        s: &mut Vec<f32>,
+        pieces: Pieces,
+    ) -> SquaredNorms {
+        measure_block(k, p, m, v, grads, first, s, pieces)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -272,8 +307,18 @@ mod wide {
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    fn measure_avx2(k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32], scratch: &mut Vec<f32>) -> SquaredNorms {
-        measure_block(k, p, m, v, grads, scratch)
+    #[allow(clippy::too_many_arguments, reason = "measure_block's, one for one")]
+    fn measure_avx2(
+        k: &Scalars,
+        p: &[f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        grads: &[f32],
+        first: usize,
+        s: &mut Vec<f32>,
+        pieces: Pieces,
+    ) -> SquaredNorms {
+        measure_block(k, p, m, v, grads, first, s, pieces)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -282,14 +327,27 @@ mod wide {
         apply_block(k, trust, p, m, v, grads, copy)
     }
 
-    pub(super) fn measure(isa: Isa, k: &Scalars, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32]) -> SquaredNorms {
-        BLOCK_UPDATE.with_borrow_mut(|scratch| match isa {
+    /// Where a block's pieces go, when they are kept.
+    pub(super) type Pieces<'a> = Option<&'a mut Vec<SquaredNorms>>;
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn measure(
+        isa: Isa,
+        k: &Scalars,
+        p: &[f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        grads: &[f32],
+        first: usize,
+        pieces: Pieces,
+    ) -> SquaredNorms {
+        BLOCK_UPDATE.with_borrow_mut(|s| match isa {
             // SAFETY: a `Layerwise` holds only an instruction set this CPU has (checked in `with_isa`).
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => unsafe { measure_avx512(k, p, m, v, grads, scratch) },
+            Isa::Avx512 => unsafe { measure_avx512(k, p, m, v, grads, first, s, pieces) },
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2Fma => unsafe { measure_avx2(k, p, m, v, grads, scratch) },
-            _ => measure_block(k, p, m, v, grads, scratch),
+            Isa::Avx2Fma => unsafe { measure_avx2(k, p, m, v, grads, first, s, pieces) },
+            _ => measure_block(k, p, m, v, grads, first, s, pieces),
         })
     }
 
@@ -330,7 +388,8 @@ pub fn trust_ratio(cfg: &LayerwiseConfig, norms: SquaredNorms, decay: bool) -> f
     }
 }
 
-/// The reference: one whole tensor, one element and one block at a time, no threads. Kept beside the
+/// The reference: one whole tensor (the first of its group, so its pieces and blocks start with it),
+/// one element and one block at a time, no threads. Kept beside the
 /// fast path as the oracle the tests compare it with. `v` is empty for LARS.
 #[allow(clippy::too_many_arguments, reason = "the fast path's arguments, one for one")]
 pub fn layerwise_reference(
@@ -351,7 +410,7 @@ pub fn layerwise_reference(
     for s in (0..n).step_by(NORM_BLOCK_ELEMS) {
         let e = (s + NORM_BLOCK_ELEMS).min(n);
         let vb: &mut [f32] = if v.is_empty() { &mut [] } else { &mut v[s..e] };
-        norms = norms + measure_block(&k, &p[s..e], &mut m[s..e], vb, &grads[s..e], &mut scratch);
+        norms = norms + measure_block(&k, &p[s..e], &mut m[s..e], vb, &grads[s..e], NORM_PIECE_ELEMS, &mut scratch, None);
     }
     let trust = trust_ratio(cfg, norms, decay);
     let mut copy = copy;
@@ -392,25 +451,64 @@ impl Layerwise {
         assert!(m == p && v == v_expected && grads == p, "layer-wise optimizer: p, moments and grads must agree in length");
     }
 
-    /// Pass 1 over a slice of one tensor: LAMB's moments updated, and the slice's squared norms. `v` is
+    /// Pass 1 over a part of one tensor: LAMB's moments updated, and the part's squared norms by the
+    /// group's blocks ([`PartNorms`]); `at` is the part's first element's place in its group. `v` is
     /// empty for LARS.
     #[allow(clippy::too_many_arguments)]
-    pub fn measure(&self, p: &[f32], m: &mut [f32], v: &mut [f32], grads: &[f32], step: u64, grad_scale: f32, decay: bool) -> SquaredNorms {
+    pub fn measure(
+        &self,
+        p: &[f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        grads: &[f32],
+        step: u64,
+        grad_scale: f32,
+        decay: bool,
+        at: usize,
+    ) -> PartNorms {
         self.check_lens(p.len(), m.len(), v.len(), grads.len());
         let k = Scalars::new(&self.config, step, grad_scale, decay);
-        let blocks: Vec<SquaredNorms> = self.pool.install(|| {
-            let vs: Vec<&mut [f32]> = if v.is_empty() {
-                (0..p.len().div_ceil(NORM_BLOCK_ELEMS)).map(|_| &mut [][..]).collect()
-            } else {
-                v.chunks_mut(NORM_BLOCK_ELEMS).collect()
-            };
-            p.par_chunks(NORM_BLOCK_ELEMS)
-                .zip(m.par_chunks_mut(NORM_BLOCK_ELEMS))
-                .zip(vs.into_par_iter().zip(grads.par_chunks(NORM_BLOCK_ELEMS)))
-                .map(|((p, m), (v, g))| wide::measure(self.isa, &k, p, m, v, g))
+        let n = p.len();
+        // The part cut where the group's blocks start.
+        let mut cuts = vec![0];
+        let mut next = (NORM_BLOCK_ELEMS - at % NORM_BLOCK_ELEMS).min(n);
+        while next < n {
+            cuts.push(next);
+            next = (next + NORM_BLOCK_ELEMS).min(n);
+        }
+        cuts.push(n);
+        let blocks = cuts.len() - 1;
+        let (mut m_rest, mut v_rest) = (m, v);
+        let mut chunks = Vec::with_capacity(blocks);
+        for (i, w) in cuts.windows(2).enumerate() {
+            let len = w[1] - w[0];
+            let (mb, mr) = std::mem::take(&mut m_rest).split_at_mut(len);
+            let (vb, vr) = if v_rest.is_empty() { (&mut [][..], &mut [][..]) } else { std::mem::take(&mut v_rest).split_at_mut(len) };
+            (m_rest, v_rest) = (mr, vr);
+            let first_piece = NORM_PIECE_ELEMS - (at + w[0]) % NORM_PIECE_ELEMS;
+            let edge = i == 0 || i == blocks - 1;
+            chunks.push((&p[w[0]..w[1]], mb, vb, &grads[w[0]..w[1]], first_piece, edge));
+        }
+        let measured: Vec<(SquaredNorms, Option<Vec<SquaredNorms>>)> = self.pool.install(|| {
+            chunks
+                .into_par_iter()
+                .map(|(p, m, v, g, first_piece, edge)| {
+                    let mut pieces = edge.then(|| Vec::with_capacity(NORM_BLOCK_ELEMS / NORM_PIECE_ELEMS));
+                    let block = wide::measure(self.isa, &k, p, m, v, g, first_piece, pieces.as_mut());
+                    (block, pieces)
+                })
                 .collect()
         });
-        blocks.into_iter().fold(SquaredNorms::default(), |a, b| a + b)
+        let first_block = at / NORM_BLOCK_ELEMS;
+        let mut part = PartNorms { first_block, blocks: Vec::with_capacity(blocks), edges: Vec::new() };
+        for (i, (block, pieces)) in measured.into_iter().enumerate() {
+            part.blocks.push(block);
+            if let Some(pieces) = pieces {
+                let start = at + cuts[i];
+                part.edges.push((first_block + i, start % NORM_BLOCK_ELEMS / NORM_PIECE_ELEMS, pieces));
+            }
+        }
+        part
     }
 
     /// The trust ratio of a whole tensor from its squared norms summed over every slice.

@@ -10,7 +10,9 @@ use rand_chacha::ChaCha8Rng;
 use safetensors::SafeTensors;
 use zerostream_offload::ParamCopy;
 use zerostream_offload::adam::Isa;
-use zerostream_offload::layerwise::{Layerwise, LayerwiseConfig, NORM_BLOCK_ELEMS, Rule, SquaredNorms, layerwise_reference};
+use zerostream_offload::layerwise::{
+    Layerwise, LayerwiseConfig, NORM_BLOCK_ELEMS, NORM_PIECE_ELEMS, NormSlots, Rule, SquaredNorms, layerwise_reference,
+};
 
 fn golden() -> Vec<u8> {
     std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/layerwise.safetensors")).expect("tests/golden/layerwise.safetensors")
@@ -61,7 +63,7 @@ fn run_fast(opt: &Layerwise, p: &mut [f32], m: &mut [f32], v: &mut [f32], grads:
     let n = p.len();
     for s in 0..steps {
         let g = &grads[s * n..(s + 1) * n];
-        let norms = opt.measure(p, m, v, g, s as u64 + 1, 1.0, decay);
+        let norms = opt.measure(p, m, v, g, s as u64 + 1, 1.0, decay, 0).total();
         let trust = opt.trust_ratio(norms, decay);
         opt.apply(p, m, v, g, ParamCopy::None, s as u64 + 1, 1.0, decay, trust);
     }
@@ -129,7 +131,7 @@ fn fast_path_is_bit_identical_to_the_reference_for_any_thread_count_and_instruct
                 let (mut fp, mut fm, mut fv) = (p0.clone(), vec![0.0; n], vec![0.0; v_len]);
                 let mut fcopy = vec![half::bf16::ZERO; n];
                 for (s, g) in grads.iter().enumerate() {
-                    let norms = opt.measure(&fp, &mut fm, &mut fv, g, s as u64 + 1, 0.5, decay);
+                    let norms = opt.measure(&fp, &mut fm, &mut fv, g, s as u64 + 1, 0.5, decay, 0).total();
                     let trust = opt.trust_ratio(norms, decay);
                     opt.apply(&mut fp, &mut fm, &fv, g, ParamCopy::Bf16(&mut fcopy), s as u64 + 1, 0.5, decay, trust);
                 }
@@ -169,33 +171,60 @@ fn trust_ratio_follows_each_papers_formula_and_falls_back_to_one() {
     }
 }
 
+/// What the trainer relies on across ranks: each rank measures its slice of a group's tensors, the
+/// slices are put together through `NormSlots`, and every tensor's norms have the bits one rank
+/// measuring the whole group gets, whatever the slices' length (any multiple of a piece) and however
+/// the tensors sit in the group. LAMB's moments are the same too.
 #[test]
-fn norms_of_slices_add_up_to_the_whole_tensors() {
-    // What the trainer relies on across ranks: each rank measures its slice, the sums are added.
+fn norms_of_slices_put_together_have_the_bits_of_the_whole_tensors() {
     let mut rng = ChaCha8Rng::seed_from_u64(5);
-    let n = 2 * NORM_BLOCK_ELEMS + 1000;
+    // A group of three tensors at awkward offsets: one block and a bit, a short one, three blocks.
+    let lens = [NORM_BLOCK_ELEMS + 1000, 37, 3 * NORM_BLOCK_ELEMS + 5];
+    let mut tensors = Vec::new();
+    for len in lens {
+        let start = tensors.last().map_or(0, |t: &std::ops::Range<usize>| t.end);
+        tensors.push(start..start + len);
+    }
+    let n = tensors.last().unwrap().end;
     let p: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
     let g: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
-    let opt = Layerwise::new(
-        LayerwiseConfig {
-            lr: 0.1,
-            weight_decay: 0.0,
-            rule: Rule::Lars { momentum: 0.9, trust_coefficient: 0.001 },
-            variance_frozen_after: None,
-        },
-        2,
-    );
-    let mut m = vec![0.0; n];
-    let whole = opt.measure(&p, &mut m, &mut [], &g, 1, 1.0, true);
-    let cut = 12345;
-    let (a, b) = (
-        opt.measure(&p[..cut], &mut m[..cut], &mut [], &g[..cut], 1, 1.0, true),
-        opt.measure(&p[cut..], &mut m[cut..], &mut [], &g[cut..], 1, 1.0, true),
-    );
-    let sum = a + b;
-    let exact_p: f64 = p.iter().map(|&x| (x as f64) * (x as f64)).sum();
-    for (got, want) in [(whole.param, exact_p), (sum.param, exact_p), (sum.update, whole.update)] {
-        assert!((got - want).abs() <= 1e-12 * want, "{got} vs {want}");
+    for rule in [Rule::Lamb { beta1: 0.9, beta2: 0.99, eps: 1e-8 }, Rule::Lars { momentum: 0.9, trust_coefficient: 0.001 }] {
+        let opt = Layerwise::new(LayerwiseConfig { lr: 0.1, weight_decay: 0.01, rule, variance_frozen_after: None }, 2);
+        let lamb = opt.config.moments() == 2;
+        // (norms, m, v) with slices of `slice_len` (one slice: the whole group).
+        let measured = |slice_len: usize| {
+            let slots = NormSlots::new(&tensors, slice_len);
+            let (mut m, mut v) = (vec![0.0f32; n], vec![0.0f32; if lamb { n } else { 0 }]);
+            let mut summed = vec![0.0f64; slots.values()];
+            for owned in (0..n.next_multiple_of(slice_len)).step_by(slice_len).map(|s| s..s + slice_len) {
+                let mut mine = vec![0.0f64; slots.values()];
+                for (t, range) in tensors.iter().enumerate() {
+                    let r = range.start.max(owned.start)..range.end.min(owned.end);
+                    if r.is_empty() {
+                        continue;
+                    }
+                    let vr = if lamb { r.clone() } else { 0..0 };
+                    let part = opt.measure(&p[r.clone()], &mut m[r.clone()], &mut v[vr], &g[r.clone()], 1, 1.0, true, r.start);
+                    slots.fill(t, &part, &mut mine);
+                }
+                summed.iter_mut().zip(&mine).for_each(|(s, x)| *s += x);
+            }
+            (slots.totals(&summed), m, v)
+        };
+        let whole = measured(n.next_multiple_of(NORM_PIECE_ELEMS));
+        let exact_p: f64 = p[tensors[2].clone()].iter().map(|&x| (x as f64) * (x as f64)).sum();
+        assert!((whole.0[2].param - exact_p).abs() <= 1e-12 * exact_p, "{} vs {exact_p}", whole.0[2].param);
+        for slice_len in [64, 640, NORM_BLOCK_ELEMS - 64, NORM_BLOCK_ELEMS, NORM_BLOCK_ELEMS + 128, 2 * NORM_BLOCK_ELEMS + 64 * 7] {
+            let sliced = measured(slice_len);
+            for (t, (a, b)) in sliced.0.iter().zip(&whole.0).enumerate() {
+                assert_eq!(
+                    (a.param.to_bits(), a.update.to_bits()),
+                    (b.param.to_bits(), b.update.to_bits()),
+                    "{rule:?} {slice_len}: tensor {t}"
+                );
+            }
+            assert!(sliced.1 == whole.1 && sliced.2 == whole.2, "{rule:?} {slice_len}: the moments");
+        }
     }
 }
 
@@ -220,7 +249,7 @@ fn lamb_with_a_frozen_variance_keeps_its_bits() {
         let g: Vec<f32> = (0..n).map(|_| rng.random_range(-0.1..0.1)).collect();
         let m_before = m.clone();
         layerwise_reference(&cfg, &mut p, &mut m, &mut v, &g, ParamCopy::None, step, 1.0, true);
-        let norms = opt.measure(&fp, &mut fm, &mut fv, &g, step, 1.0, true);
+        let norms = opt.measure(&fp, &mut fm, &mut fv, &g, step, 1.0, true, 0).total();
         opt.apply(&mut fp, &mut fm, &fv, &g, ParamCopy::None, step, 1.0, true, opt.trust_ratio(norms, true));
         assert!((&fp, &fm, &fv) == (&p, &m, &v), "step {step}: the fast path differs from the reference");
         if step == 1 {

@@ -10,7 +10,7 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use half::{bf16, f16};
-use zerostream_offload::layerwise::SquaredNorms;
+use zerostream_offload::layerwise::NormSlots;
 use zerostream_offload::square_sums::SquareSums;
 use zerostream_offload::{AdamW, Grads, Layerwise, MomentNoise, Moments, NvmeDir, ParamCopy, Stored, Tier, pipelined_sweep};
 
@@ -363,12 +363,14 @@ fn adamw_group(
 }
 
 /// LAMB or LARS over group `k`'s slice: every tensor part's squared norms (LAMB's moments updated on
-/// the way), the norms summed over the ranks in one collective for the whole group, then each part
-/// stepped with its tensor's trust ratio.
+/// the way), put together over the ranks in one collective for the whole group (`slots`: in one order
+/// of addition at every world size), then each part stepped with its tensor's trust ratio.
+#[allow(clippy::too_many_arguments)]
 fn layerwise_group(
     opt: &Layerwise,
     comm: &Comm,
     parts: &[TensorPart],
+    slots: &NormSlots,
     g: &mut OptimizerGroup,
     sh: &mut SharedGroup,
     job: &UpdateJob,
@@ -381,18 +383,19 @@ fn layerwise_group(
     let v = g.v.data_mut().as_mut_slice::<f32>();
     // LARS keeps no v: its slices are empty.
     let v_part = |v: &mut [f32], o: &Range<usize>| if v.is_empty() { 0..0 } else { o.clone() };
-    let mut partial = vec![0.0f64; 2 * parts.len()];
-    for (i, part) in parts.iter().enumerate() {
-        let Some((_, o, _, decay)) = part else { continue };
+    let mut mine = vec![0.0f64; slots.values()];
+    for (t, part) in parts.iter().enumerate() {
+        let Some((r, o, _, decay)) = part else { continue };
         let vo = v_part(v, o);
-        let norms =
-            opt.measure(&p[o.clone()], &mut m[o.clone()], &mut v[vo], &grads[o.clone()], job.adam_step, job.grad_multiplier, *decay);
-        (partial[2 * i], partial[2 * i + 1]) = (norms.param, norms.update);
+        let (step, multiplier) = (job.adam_step, job.grad_multiplier);
+        let norms = opt.measure(&p[o.clone()], &mut m[o.clone()], &mut v[vo], &grads[o.clone()], step, multiplier, *decay, r.start);
+        slots.fill(t, &norms, &mut mine);
     }
-    let total = comm.sum_f64s(&partial)?;
-    for (i, part) in parts.iter().enumerate() {
+    // One owner per slot: the ranks' vectors add up to the same bits in any order.
+    let totals = slots.totals(&comm.sum_f64s(&mine)?);
+    for (t, part) in parts.iter().enumerate() {
         let Some((_, o, w, decay)) = part.clone() else { continue };
-        let trust = opt.trust_ratio(SquaredNorms { param: total[2 * i], update: total[2 * i + 1] }, decay);
+        let trust = opt.trust_ratio(totals[t], decay);
         let vo = v_part(v, &o);
         let copy = copy_into(working_precision, working, w);
         opt.apply(&mut p[o.clone()], &mut m[o.clone()], &v[vo], &grads[o], copy, job.adam_step, job.grad_multiplier, decay, trust);
@@ -418,6 +421,13 @@ pub(super) fn optimizer_worker(
     formats: UpdateFormats,
 ) -> Result<WorkerState> {
     let parts: Vec<Vec<TensorPart>> = layouts.iter().zip(shards).map(|(l, s)| tensor_parts(l, s)).collect();
+    // Where LAMB's and LARS's norms meet the other ranks' (a slice is the whole group where every rank
+    // holds all of it).
+    let slots: Vec<NormSlots> = layouts
+        .iter()
+        .zip(shards)
+        .map(|(l, s)| NormSlots::new(&l.tensors.iter().map(|t| t.range()).collect::<Vec<_>>(), s.owned.len()))
+        .collect();
     let working_on_nvme = shared.first().is_some_and(|s| lock(s).working.tier() == Tier::Nvme);
     // A sweep that meets the other ranks' (LAMB's and LARS's norms) never waits for room: a rank
     // whose device thread failed waits for its own sweep, which needs this one's, while this rank's
@@ -446,7 +456,7 @@ pub(super) fn optimizer_worker(
             sh.working.page_in_zeroed(nvme);
             match &rule {
                 UpdateRule::AdamW(adam) => adamw_group(adam, k, &parts[k], g, &mut sh, &job, formats),
-                UpdateRule::Layerwise(opt, comm) => layerwise_group(opt, comm, &parts[k], g, &mut sh, &job, formats.working)?,
+                UpdateRule::Layerwise(opt, comm) => layerwise_group(opt, comm, &parts[k], &slots[k], g, &mut sh, &job, formats.working)?,
             }
             if keep {
                 sh.working.write_back(nvme)?;

@@ -99,7 +99,7 @@ impl Group {
                 Some(v) => v.as_mut_slice::<f32>(),
                 None => none.as_mut_slice(),
             };
-            let trust = opt.trust_ratio(opt.measure(p, m, v, grads, pass, 1.0, true), true);
+            let trust = opt.trust_ratio(opt.measure(p, m, v, grads, pass, 1.0, true, 0).total(), true);
             opt.apply(p, m, v, grads, ParamCopy::None, pass, 1.0, true, trust);
             return;
         }
@@ -212,7 +212,7 @@ fn measure_adam(train: &TrainConfig) -> f64 {
         }
         for step in 1..=4u64 {
             let start = Instant::now();
-            let norms = opt.measure(&p, &mut m32, &mut v32, &grads, step, 1.0, true);
+            let norms = opt.measure(&p, &mut m32, &mut v32, &grads, step, 1.0, true, 0).total();
             let trust = opt.trust_ratio(norms, true);
             opt.apply(&mut p, &mut m32, &v32, &grads, ParamCopy::Bf16(&mut copy), step, 1.0, true, trust);
             time(step, start.elapsed().as_secs_f64());
