@@ -161,7 +161,7 @@ fn sharded_runs_are_bit_identical_across_tiers_budgets_and_recompute() {
 /// copy once per step from step 1 on, and stage 3 gathers it before each upload (once per step here,
 /// where every block stays resident between forward and backward); stage 0 gathers the reduced
 /// gradients instead, once a step whatever the accumulation; plus the norm's sums, the overflow flag and the
-/// loss (the flag and the loss in stage 0).
+/// micro-batches' losses (the flag and the losses in stage 0).
 #[test]
 fn comm_bytes_match_the_zero_volumes() {
     let golden = Golden::load(GOLDEN);
@@ -173,8 +173,8 @@ fn comm_bytes_match_the_zero_volumes() {
             .map(|g| zerostream::train::Sharding { rank: 0, world, stage: ZeroStage::Two }.group(g.len).padded_len)
             .sum();
         let share = |bytes_per_param: usize| ((world - 1) * psi / world * bytes_per_param) as u64;
-        // The global norm's exact sums of squares (512 words), the overflow flag, the loss sum.
-        let scalars = ((world - 1) * (NORM_BYTES + 1 + 8)) as u64;
+        // The global norm's exact sums of squares (512 words), the overflow flag, the micro-batch's loss.
+        let scalars = ((world - 1) * (NORM_BYTES + 1 + 4)) as u64;
         for stage in STAGES {
             for precision in [zerostream::train::Precision::Fp32, zerostream::train::Precision::Bf16] {
                 let tc = TrainConfig { steps: 3, precision, ..with(&golden.train_config(), 1, stage) };
@@ -194,7 +194,7 @@ fn comm_bytes_match_the_zero_volumes() {
         // Stage 0 sums a rank's micro-batches locally and all-reduces once a step, however many.
         let tc = TrainConfig { steps: 2, ..with(&golden.train_config(), 2, ZeroStage::Zero) };
         let got = run_world(Dev::Cpu, world, tc).unwrap();
-        assert_eq!(got.comm_bytes, [2 * share(4) + ((world - 1) * (1 + 8)) as u64; 2], "world {world} stage 0, 2 micro-batches a step");
+        assert_eq!(got.comm_bytes, [2 * share(4) + ((world - 1) * (1 + 2 * 4)) as u64; 2], "world {world} stage 0, 2 micro-batches a step");
         println!(
             "world {world}: comm bytes per step = 2 x (N-1)/N x Ψ bytes in fp32 (Ψ = {psi} padded parameters), as ZeRO says (stage 0: the all-reduce's)"
         );

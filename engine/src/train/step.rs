@@ -31,6 +31,9 @@ pub(super) struct StepState<D: Backend> {
     micro: usize,
     /// The current micro-batch's dropout masks' keys (None without dropout).
     dropout: Option<DropoutKeys>,
+    /// This rank's micro-batches' losses, in accumulation order.
+    losses: Vec<f32>,
+    /// The step's losses summed over every rank's micro-batches ([`Trainer::update`]).
     loss_sum: f64,
     overflow: bool,
     grad_norm: f64,
@@ -78,6 +81,7 @@ impl<D: Backend> Trainer<'_, D> {
             in_flight: VecDeque::new(),
             micro: 0,
             dropout: None,
+            losses: Vec::with_capacity(self.train.grad_accum),
             loss_sum: 0.0,
             overflow: false,
             grad_norm: 0.0,
@@ -245,8 +249,20 @@ impl<D: Backend> Trainer<'_, D> {
         let y = &st.tokens.as_ref().expect("embedded first").1;
         let scale = Some(st.loss_scale / st.micro_batches as f32);
         let loss = self.head_loss(y, scale, &mut st.clock)?;
-        st.loss_sum += loss as f64;
+        st.losses.push(loss);
         Ok(())
+    }
+
+    /// The sum in f64 of every rank's micro-batch `losses`, in the micro-batches' global order (micro-batch
+    /// j is rank j % N's accumulation index j / N), as one rank adds them: the world size never changes
+    /// a bit of it.
+    fn loss_sum(&self, losses: &[f32]) -> Result<f64> {
+        let world = self.sharding.world;
+        let mut all = vec![0f32; losses.len() * world];
+        self.comm.all_gather(losses, &mut all, false)?;
+        let (all, n) = (&all, losses.len());
+        let by_micro_batch = (0..n).flat_map(|i| (0..world).map(move |r| all[r * n + i]));
+        Ok(by_micro_batch.fold(0.0, |sum, loss| sum + loss as f64))
     }
 
     /// Whether micro-batch `micro` gives the step's first and its last contribution to a group's
@@ -277,7 +293,7 @@ impl<D: Backend> Trainer<'_, D> {
         }
         st.grad_norm = squares.to_f64().sqrt() / st.loss_scale as f64;
         let overflow = self.comm.any(st.overflow || !st.grad_norm.is_finite())?;
-        st.loss_sum = self.comm.sum_f64(st.loss_sum)?;
+        st.loss_sum = self.loss_sum(&st.losses)?;
         st.applied = self.scaler.update(overflow);
         if st.applied {
             // torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), at most 1, in f32.
