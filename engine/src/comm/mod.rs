@@ -243,6 +243,14 @@ impl Comm {
         Ok((0..all.len()).filter(|&r| all[r] != all[0]).collect())
     }
 
+    /// [`Comm::ranks_differing`] for each of `xs` (as many on every rank), in one collective.
+    pub fn ranks_differing_each(&self, xs: &[u64]) -> Result<Vec<Vec<usize>>> {
+        let mut all = vec![0u64; xs.len() * self.world_size()];
+        self.all_gather(xs, &mut all, false)?;
+        let rank = |r: usize| &all[r * xs.len()..(r + 1) * xs.len()];
+        Ok((0..xs.len()).map(|i| (0..self.world_size()).filter(|&r| rank(r)[i] != rank(0)[i]).collect()).collect())
+    }
+
     /// Every rank's value of `x`, in rank order.
     pub fn gather_scalars<T: bytemuck::Pod + Default>(&self, x: T) -> Result<Vec<T>> {
         let mut out = vec![T::default(); self.world_size()];

@@ -502,16 +502,12 @@ fn check_same_configuration(comm: &Comm, config: &Model, train: &TrainConfig) ->
     if differ.is_empty() {
         return Ok(());
     }
-    // Every rank walks the same flag names (one build's), so the collectives pair up.
-    let mut named = Vec::new();
-    if !comm.ranks_differing(crate::comm::fingerprint(format!("{config:?}").as_bytes()))?.is_empty() {
-        named.push("the model (--model, --config or --resume)".to_string());
-    }
-    for (flag, value) in train.to_flags() {
-        if !comm.ranks_differing(crate::comm::fingerprint(value.to_string().as_bytes()))?.is_empty() {
-            named.push(format!("--{flag}"));
-        }
-    }
+    // Every rank names the same flags (one build's), so the fingerprints pair up.
+    let mut items = vec![("the model (--model, --config or --resume)".to_string(), format!("{config:?}"))];
+    items.extend(train.to_flags().into_iter().map(|(flag, value)| (format!("--{flag}"), value.to_string())));
+    let hashes: Vec<u64> = items.iter().map(|(_, value)| crate::comm::fingerprint(value.as_bytes())).collect();
+    let differing = comm.ranks_differing_each(&hashes)?;
+    let named: Vec<String> = items.into_iter().zip(differing).filter(|(_, ranks)| !ranks.is_empty()).map(|((what, _), _)| what).collect();
     let what = if named.is_empty() { "a different configuration".to_string() } else { named.join(", ") };
     bail!("ranks {differ:?} were given other values of {what} than rank 0; every rank must get the same flags")
 }

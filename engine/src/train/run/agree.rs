@@ -28,13 +28,14 @@ pub(super) fn check_ranks_agree(comm: &Comm, options: &RunOptions, tokens: &Toke
         ("--save, --save-dtype", fingerprint(format!("{:?} {:?}", options.save, options.save_dtype.map(|d| d.flag())).as_bytes())),
         ("--sample-tokens, --prompt", fingerprint(format!("{} {:?}", options.sample_tokens, options.prompt).as_bytes())),
     ];
-    let mut differ = Vec::new();
-    for (what, hash) in items {
-        let ranks = comm.ranks_differing(hash)?;
-        if !ranks.is_empty() {
-            differ.push(format!("{what} (ranks {ranks:?})"));
-        }
-    }
+    let hashes: Vec<u64> = items.iter().map(|(_, hash)| *hash).collect();
+    let differing = comm.ranks_differing_each(&hashes)?;
+    let differ: Vec<String> = items
+        .iter()
+        .zip(differing)
+        .filter(|(_, ranks)| !ranks.is_empty())
+        .map(|((what, _), ranks)| format!("{what} (ranks {ranks:?})"))
+        .collect();
     if !differ.is_empty() {
         bail!(
             "the ranks were not given the same {} as rank 0: every rank must get the same flags and see the same files at the \
