@@ -277,3 +277,24 @@ fn the_trainer_refuses_ids_past_the_vocabulary_and_a_configuration_that_cannot_t
     let err = Trainer::new(&dev, &source, TrainConfig { steps: 0, ..tc }).err().expect("refused").to_string();
     assert!(err.contains("--steps must be at least 1"), "{err}");
 }
+
+/// A program builds a run with `RunRequest::new` and launches it as the command line does: the steps
+/// run, and `--metrics` gets its rows and the resolved configuration beside it, made from the
+/// program's settings.
+#[test]
+fn a_run_request_built_by_a_program_launches_as_the_command_line_does() {
+    use zerostream::DeviceChoice;
+    use zerostream::train::launch::{Launched, RunRequest, launch};
+    use zerostream::train::run::{ModelChoice, RunOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = dir.path().join("run.jsonl");
+    let mut options = RunOptions::new(ModelChoice::Demo);
+    (options.progress, options.sample_tokens, options.metrics) = (false, 0, Some(metrics.clone()));
+    let mut req = RunRequest::new(options, TrainConfig { steps: 2, batch: 2, seq_len: 16, ..TrainConfig::default() });
+    req.ranks.device = DeviceChoice::Cpu;
+    let Launched::Ran { rank: 0, summary } = launch(req).unwrap() else { panic!("nothing was trained") };
+    assert_eq!(summary.steps.len(), 2);
+    assert_eq!(std::fs::read_to_string(&metrics).unwrap().lines().filter(|l| l.contains("\"loss\"")).count(), 2);
+    let resolved: toml::Table = std::fs::read_to_string(dir.path().join("run.config.toml")).unwrap().parse().unwrap();
+    assert_eq!((resolved["steps"].as_integer(), resolved["batch-size"].as_integer()), (Some(2), Some(2)), "{resolved}");
+}

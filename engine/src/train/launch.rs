@@ -96,6 +96,34 @@ pub struct RunRequest {
     pub tensorboard: Option<PathBuf>,
 }
 
+impl RunRequest {
+    /// A library caller's run: `options` and `train` as given, every rank on the default device
+    /// (`--device auto`, one rank or mpirun's), no flags counted as given (so a resume, `options.model`
+    /// being [`ModelChoice::Resume`], takes every setting and output from its checkpoint: name in
+    /// `explicit_flags` those of `train` to keep, by long flag name, e.g. `steps`), and the resolved
+    /// configuration beside `--metrics` made from `train`'s settings.
+    pub fn new(options: RunOptions, train: TrainConfig) -> Self {
+        let flags: toml::Table = train
+            .to_flags()
+            .into_iter()
+            .filter(|(_, v)| !v.is_null())
+            .filter_map(|(k, v)| Some((k, toml::Value::try_from(v).ok()?)))
+            .collect();
+        RunRequest {
+            options,
+            train,
+            ranks: RankRequest { world_size: None, devices: Vec::new(), device: DeviceChoice::Auto, adapter: None },
+            explicit_flags: BTreeSet::new(),
+            changed_flags: BTreeSet::new(),
+            params_ram_cache_auto: false,
+            named_model: None,
+            resolved_config: flags.to_string(),
+            config_file: None,
+            tensorboard: None,
+        }
+    }
+}
+
 /// Whether this is the first process of its launch (always, outside MPI): the one that speaks for all.
 pub fn first_process() -> bool {
     crate::comm::launcher_rank() == 0
