@@ -298,3 +298,33 @@ fn a_run_request_built_by_a_program_launches_as_the_command_line_does() {
     let resolved: toml::Table = std::fs::read_to_string(dir.path().join("run.config.toml")).unwrap().parse().unwrap();
     assert_eq!((resolved["steps"].as_integer(), resolved["batch-size"].as_integer()), (Some(2), Some(2)), "{resolved}");
 }
+
+/// A program saving a checkpoint on one rank without the root it holds is refused before anything is
+/// written (nothing would commit the files); with the root, the checkpoint is committed.
+#[test]
+fn a_checkpoint_saved_without_its_root_on_rank_zero_is_refused() {
+    use zerostream::train::{ModelSource, RunRecord, SaveDtype, Trainer};
+    use zerostream_checkpoints::checkpoint::CheckpointRoot;
+    let demo = zerostream::train::demo::Demo::get().unwrap();
+    let dev = CpuDevice::new(None);
+    let source = ModelSource::Random { model: demo.model(), seed: 1 };
+    let mut trainer = Trainer::new(&dev, &source, TrainConfig { steps: 1, batch: 1, seq_len: 8, ..TrainConfig::default() }).unwrap();
+    trainer.train_step(&demo.train_tokens()).unwrap();
+    let record = RunRecord {
+        seed: 1,
+        data: "hamlet".into(),
+        data_tokens: demo.train_tokens().len,
+        settings: trainer.train.to_flags(),
+        outputs: Default::default(),
+        save_dtype: SaveDtype::F32,
+        keep: 0,
+        extras: Default::default(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let err = trainer.save_checkpoint(dir.path(), None, &record, 1.0).unwrap_err().to_string();
+    assert!(err.contains("rank 0 commits it and needs its root"), "{err}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing written");
+    let root = CheckpointRoot::open(dir.path(), None).unwrap();
+    let saved = trainer.save_checkpoint(dir.path(), Some(&root), &record, 1.0).unwrap();
+    assert!(saved.join("trainer_state.json").is_file() && saved.join("model.safetensors").is_file(), "{}", saved.display());
+}

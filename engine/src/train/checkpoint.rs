@@ -313,8 +313,9 @@ impl<D: Backend> Trainer<'_, D> {
     }
 
     /// Collective: writes checkpoint `step-{self.step}` under `root_dir`, whose lock rank 0 holds
-    /// (`root`). Returns the checkpoint's directory once it is committed on every rank.
-    /// `last_loss`: the loss of the step just run, recorded for [`TrainerState::last_loss`].
+    /// (`root`: rank 0 passes it, the other ranks None). Returns the checkpoint's directory once it is
+    /// committed on every rank. `last_loss`: the loss of the step just run, recorded for
+    /// [`TrainerState::last_loss`].
     pub fn save_checkpoint(
         &mut self,
         root_dir: &Path,
@@ -322,6 +323,13 @@ impl<D: Backend> Trainer<'_, D> {
         record: &RunRecord,
         last_loss: f64,
     ) -> Result<PathBuf> {
+        if root.is_none() && self.sharding.rank == 0 {
+            // Nothing would commit the files written: no checkpoint, and a directory left half made.
+            bail!(
+                "saving a checkpoint in {}: rank 0 commits it and needs its root (`CheckpointRoot::open`, held for the run)",
+                root_dir.display()
+            );
+        }
         let partial = match root {
             Some(root) => root.begin(self.step)?,
             None => partial_dir(root_dir, self.step),
