@@ -12,6 +12,13 @@ use crate::device::{Backend, CpuDevice};
 use crate::model::Model;
 pub use session::{DecodePlan, GroupLoader, Session};
 
+/// The loader [`generate`] takes for a model read from Hugging Face files: group `g`'s tensors, read
+/// from `hf` one group at a time (in `train::layout`'s groups, as `model`, made from `hf`, lays them out).
+pub fn hf_group_loader<'a>(hf: &'a zerostream_checkpoints::HfModel, model: &Model) -> impl FnMut(usize) -> Result<Vec<Vec<f32>>> + 'a {
+    let groups = crate::train::layout::group_layouts(model);
+    move |g| groups[g].tensors.iter().map(|t| hf.tensor(&t.name, &t.shape)).collect()
+}
+
 /// How the next token is chosen.
 #[derive(Clone, Debug)]
 pub struct Sampling {

@@ -8,9 +8,8 @@ mod common;
 use anyhow::Result;
 use common::{assert_close, gpu_or_skip};
 use zerostream::device::{Backend, CpuDevice, GpuDevice};
-use zerostream::generate::{DecodePlan, Sampling, Session, cache_positions, generate};
+use zerostream::generate::{DecodePlan, Sampling, Session, cache_positions, generate, hf_group_loader};
 use zerostream::model::Model;
-use zerostream::train::layout::group_layouts;
 use zerostream_checkpoints::HfModel;
 
 const GPT2: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/gpt2-tiny-trained");
@@ -20,12 +19,6 @@ fn open(dir: &str) -> (HfModel, Model) {
     let hf = HfModel::open(std::path::Path::new(dir)).unwrap();
     let model = Model::of_hf(&hf).unwrap();
     (hf, model)
-}
-
-/// Group g's tensors from the model's files.
-fn loader<'a>(hf: &'a HfModel, model: &Model) -> impl FnMut(usize) -> Result<Vec<Vec<f32>>> + 'a {
-    let groups = group_layouts(model);
-    move |g| groups[g].tensors.iter().map(|t| hf.tensor(&t.name, &t.shape)).collect()
 }
 
 fn argmax(row: &[f32]) -> u32 {
@@ -41,7 +34,7 @@ fn cached_logits_match<D: Backend>(dev: &D, dir: &str, label: &str, bits: bool) 
     let (hf, model) = open(dir);
     let weight = |name: &str, shape: &[usize]| hf.tensor(name, shape);
     let mut full = model.resident_logits(dev, &weight).unwrap();
-    let mut load = loader(&hf, &model);
+    let mut load = hf_group_loader(&hf, &model);
     let mut context = vec![84u32, 104, 101, 7, 0, 99];
     let mut session = Session::new(dev, &model, &mut load, 16, context.len()).unwrap();
     let mut cached = session.feed(&context).unwrap();
@@ -91,7 +84,7 @@ fn recomputed_tokens<D: Backend>(dev: &D, hf: &HfModel, model: &Model, prompt: &
 fn greedy<D: Backend>(dev: &D, hf: &HfModel, model: &Model, prompt: &[u32], n: usize) -> Result<(Vec<u32>, DecodePlan)> {
     let s = Sampling { max_new_tokens: n, temperature: 0.0, top_k: 0, top_p: 1.0, seed: 1 };
     let mut plan = None;
-    let ids = generate(dev, model, &mut loader(hf, model), prompt, &s, |p| plan = Some(p.clone()), |_| {})?;
+    let ids = generate(dev, model, &mut hf_group_loader(hf, model), prompt, &s, |p| plan = Some(p.clone()), |_| {})?;
     Ok((ids, plan.unwrap()))
 }
 

@@ -8,7 +8,6 @@ use zerostream::words::counted;
 use anyhow::{Context, Result, bail};
 use zerostream::generate::{DecodePlan, Sampling, generate};
 use zerostream::model::Model;
-use zerostream::train::layout::group_layouts;
 use zerostream_checkpoints::{HfModel, HfTokenizer, TextTokenizer, Tokenizer};
 
 use crate::DeviceArgs;
@@ -124,9 +123,7 @@ pub fn run(mut a: GenerateArgs, quiet: bool) -> Result<()> {
     if !quiet {
         eprintln!("device: {}; model: {}", dev.describe(), model.describe());
     }
-    // Group g's tensors, read from the model's files one group at a time.
-    let groups = group_layouts(&model);
-    let mut load = |g: usize| -> Result<Vec<Vec<f32>>> { groups[g].tensors.iter().map(|t| hf.tensor(&t.name, &t.shape)).collect() };
+    let mut load = zerostream::generate::hf_group_loader(&hf, &model);
     // The prompt is printed once the plan is made: a budget refused leaves nothing on stdout.
     let on_plan = |p: &DecodePlan| {
         if !quiet {
