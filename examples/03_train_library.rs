@@ -16,10 +16,10 @@ fn train<D: Backend>(dev: &D, steps: u64) -> anyhow::Result<(f64, f64, f64)> {
     let lr = LrPlan { peak: 2e-3, min: 1e-4, warmup_steps: steps / 10, total_steps: steps, schedule: LrSchedule::Cosine };
     let config = TrainConfig { batch: 8, seq_len: 64, steps, lr, ..TrainConfig::default() };
     let mut trainer = Trainer::new(dev, &ModelSource::Random { model: model.clone(), seed: 1337 }, config)?;
-    println!("{}", trainer.placement.describe());
+    println!("{}", trainer.placement().describe());
 
     let mut losses = Vec::new();
-    while trainer.step < steps {
+    while trainer.step() < steps {
         let report = trainer.train_step(&tokens)?;
         if report.step % 10 == 0 {
             println!("step {:>4}: loss {:.4} ({:.0} tokens/s)", report.step, report.loss, report.tokens_per_s());

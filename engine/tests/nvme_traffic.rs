@@ -177,7 +177,7 @@ fn a_ram_cache_for_the_working_copy_reads_each_block_once_and_changes_nothing() 
         let reports: Vec<_> = (0..3).map(|_| trainer.train_step(&tokens).unwrap()).collect();
         let bits: Vec<u64> = reports.iter().flat_map(|r| [r.loss.to_bits(), r.grad_norm.to_bits()]).collect();
         let bytes: Vec<(u64, u64)> = reports.iter().map(|r| (r.nvme_read_bytes, r.nvme_written_bytes)).collect();
-        let placement = trainer.placement.clone();
+        let placement = trainer.placement().clone();
         trainer.finish().unwrap();
         (bits, bytes, placement)
     };
@@ -278,7 +278,7 @@ fn two_ranks_keep_a_gathered_working_copy_for_the_backward() {
                 let dev = CpuDevice::new(tc.gpu_mem_budget);
                 let mut trainer = Trainer::with_comm(&dev, &ModelSource::Random { model: model.clone(), seed: 5 }, tc.clone(), comm)?;
                 let reports: Vec<_> = (0..3).map(|_| trainer.train_step(&tokens)).collect::<anyhow::Result<_>>()?;
-                let placement = trainer.placement.clone();
+                let placement = trainer.placement().clone();
                 trainer.finish()?;
                 Ok((reports, placement))
             })
@@ -320,7 +320,7 @@ fn nothing_held_in_the_ram_cache_outlives_its_step() {
         let dev = CpuDevice::new(tc.gpu_mem_budget);
         let mut trainer = Trainer::new(&dev, &ModelSource::Random { model: model.clone(), seed: 5 }, tc).unwrap();
         trainer.validation_loss(&tokens, 1).unwrap();
-        let want = trainer.placement.nvme_traffic.total();
+        let want = trainer.placement().nvme_traffic.total();
         for step in 0..3 {
             let r = trainer.train_step(&tokens).unwrap();
             if step > 0 {
@@ -349,7 +349,7 @@ fn working_copies_read_ahead_and_gradients_written_behind_change_nothing() {
         let dev = CpuDevice::new(tc.gpu_mem_budget);
         let mut trainer = Trainer::new(&dev, &ModelSource::Random { model: model.clone(), seed: 5 }, tc).unwrap();
         let reports: Vec<_> = (0..4).map(|_| trainer.train_step(&tokens).unwrap()).collect();
-        let placement = trainer.placement.clone();
+        let placement = trainer.placement().clone();
         let weights = trainer.master_weights().unwrap();
         let bits: Vec<u64> = reports.iter().flat_map(|r| [r.loss.to_bits(), r.grad_norm.to_bits()]).collect();
         (reports, placement, bits, weights)

@@ -314,7 +314,7 @@ fn a_checkpoint_saved_without_its_root_on_rank_zero_is_refused() {
         seed: 1,
         data: "hamlet".into(),
         data_tokens: demo.train_tokens().len,
-        settings: trainer.train.to_flags(),
+        settings: trainer.train().to_flags(),
         outputs: Default::default(),
         save_dtype: SaveDtype::F32,
         keep: 0,

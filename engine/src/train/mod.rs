@@ -133,9 +133,11 @@ fn check_before_work<D: Backend>(dev: &D, model: &Model, train: &TrainConfig) ->
 /// A training run in progress.
 pub struct Trainer<'d, D: Backend> {
     dev: &'d D,
-    pub model: Model,
-    pub train: TrainConfig,
-    pub placement: Placement,
+    // The run's own: read through the accessors below outside `train` (a caller changing them under a
+    // running trainer would leave its state, slots and schedule describing another run).
+    pub(crate) model: Model,
+    pub(crate) train: TrainConfig,
+    pub(crate) placement: Placement,
     layouts: Arc<Vec<GroupLayout>>,
     /// This rank's slice of each group.
     shards: Arc<Vec<GroupShard>>,
@@ -168,9 +170,9 @@ pub struct Trainer<'d, D: Backend> {
     device: DeviceState<D>,
     /// The head group's vocabulary matrices on the host during a step (their words, their gradients).
     vocab: vocab_head::VocabHost,
-    pub scaler: LossScaler,
+    pub(crate) scaler: LossScaler,
     /// Optimizer steps done (the next step's index).
-    pub step: u64,
+    pub(crate) step: u64,
     /// AdamW steps taken (skipped fp16 steps excluded): each is one update job that the worker applies
     /// to every group, so group k is current once it has had this many.
     adam_steps: u64,
@@ -185,6 +187,31 @@ pub struct Trainer<'d, D: Backend> {
 }
 
 impl<'d, D: Backend> Trainer<'d, D> {
+    /// The model trained.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The run's settings.
+    pub fn train(&self) -> &TrainConfig {
+        &self.train
+    }
+
+    /// Where the state lives and what the device holds.
+    pub fn placement(&self) -> &Placement {
+        &self.placement
+    }
+
+    /// The loss scaler (fp16 and f16 matmul inputs; a fixed scale of 1 otherwise).
+    pub fn scaler(&self) -> &LossScaler {
+        &self.scaler
+    }
+
+    /// Optimizer steps done: the next step's index.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
     /// A single-rank run: host state (on its tiers) and device state (under the budget) for `source`'s
     /// weights.
     pub fn new(dev: &'d D, source: &ModelSource<'_>, train: TrainConfig) -> Result<Self> {

@@ -102,7 +102,7 @@ pub fn run_rank<D: Backend>(dev: &D, name: &str, tc: TrainConfig, comm: Comm) ->
         comm_bytes.push(r.comm.sent_bytes);
         nvme_bytes.push((r.nvme_read_bytes, r.nvme_written_bytes));
     }
-    let predicted_nvme = trainer.placement.nvme_traffic;
+    let predicted_nvme = trainer.placement().nvme_traffic;
     let final_params = trainer.master_weights()?;
     Ok(Run { losses, norms, comm_bytes, final_params, peak_bytes: dev.alloc_stats().peak_bytes, nvme_bytes, predicted_nvme })
 }
