@@ -18,9 +18,19 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
 }
 
 /// Whether `a` and `b` name one place, existing or not: the same file or directory, or paths that
-/// resolve to the same absolute path (two outputs not yet written).
+/// resolve to the same absolute path (two outputs not yet written), on macOS and Windows whatever
+/// their letters' case (their usual file systems ignore it).
 fn same_place(a: &Path, b: &Path) -> bool {
-    same_file(a, b) || matches!((std::path::absolute(a), std::path::absolute(b)), (Ok(x), Ok(y)) if x.components().eq(y.components()))
+    same_file(a, b) || matches!((std::path::absolute(a), std::path::absolute(b)), (Ok(x), Ok(y)) if same_names(&x, &y))
+}
+
+fn same_names(x: &Path, y: &Path) -> bool {
+    if cfg!(any(target_os = "macos", windows)) {
+        let folded = |p: &Path| p.components().map(|c| c.as_os_str().to_string_lossy().to_lowercase()).collect::<Vec<_>>();
+        folded(x) == folded(y)
+    } else {
+        x.components().eq(y.components())
+    }
 }
 
 /// Checks the run's outputs before any work: none is one of its inputs (the data, the model, the
@@ -257,6 +267,15 @@ fn copy_model_files(dir: &Path, into: &Path, but_weights: bool) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two outputs differing only in case are one place where the file system ignores case.
+    #[test]
+    fn paths_differing_in_case_are_one_place_on_macos_and_windows() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("Run.jsonl"), dir.path().join("run.jsonl"));
+        assert_eq!(same_place(&a, &b), cfg!(any(target_os = "macos", windows)));
+        assert!(same_place(&a, &a.clone()) && !same_place(&a, &dir.path().join("other.jsonl")));
+    }
 
     /// A checkpoint folder and `--save` on one file system are warned about together when each fits
     /// its free space alone but not both; on file systems of their own, neither is.
