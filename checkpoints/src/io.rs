@@ -143,40 +143,64 @@ impl StagedFiles {
     }
 
     /// Renames every staged file onto its target, in the order staged. A rename that fails (a target
-    /// made a directory meanwhile) undoes those before it: each target replaced is first kept under a
-    /// second name (a hard link, so the rename still replaces it in one step), put back on failure and
-    /// removed on success. A file system without hard links keeps no copy: there a failure part-way
-    /// leaves the earlier targets new. (A crash part-way leaves them new too: no journal is kept.)
+    /// made a directory meanwhile) undoes those before it: a target that was not there is removed, and
+    /// each target replaced was first kept under a second name (a hard link, so the rename still
+    /// replaces it in one step), put back on failure and removed on success. Where no hard link can be
+    /// made (a file system without them, a link or another owner's file under protected hard links)
+    /// that target is left new, and the error says so. (A crash part-way leaves the renamed ones new
+    /// too: no journal is kept.)
     pub fn commit(mut self) -> Result<()> {
-        // (target, its old file's second name where it had one), for each target renamed onto.
-        let mut done: Vec<(PathBuf, Option<PathBuf>)> = Vec::new();
+        let mut done: Vec<(PathBuf, Before)> = Vec::new();
         while !self.staged.is_empty() {
             let (tmp, path) = self.staged.remove(0);
-            let kept = std::fs::symlink_metadata(&path)
-                .is_ok_and(|m| m.is_file())
-                .then(|| claim_name_beside(&path, "keeping the old file", |aside| std::fs::hard_link(&path, aside)).ok())
-                .flatten()
-                .map(|((), aside)| aside);
+            let before = match std::fs::symlink_metadata(&path) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Before::Absent,
+                Ok(m) if m.is_file() => match claim_name_beside(&path, "keeping the old file", |aside| std::fs::hard_link(&path, aside)) {
+                    Ok(((), aside)) => Before::Kept(aside),
+                    Err(_) => Before::Unkept,
+                },
+                _ => Before::Unkept,
+            };
             if let Err(e) = rename_into_place(&tmp, &path) {
                 // This target's old file was never replaced: only its second name goes.
-                if let Some(aside) = kept {
+                if let Before::Kept(aside) = before {
                     let _ = std::fs::remove_file(aside);
                 }
-                for (path, kept) in done.iter().rev() {
-                    let _ = match kept {
-                        Some(aside) => os::replace_file(aside, path),
-                        None => std::fs::remove_file(path),
+                let mut left_new = Vec::new();
+                for (path, before) in done.iter().rev() {
+                    let undone = match before {
+                        Before::Kept(aside) => os::replace_file(aside, path),
+                        Before::Absent => std::fs::remove_file(path),
+                        Before::Unkept => Err(std::io::Error::other("no copy of the old file")),
                     };
+                    if undone.is_err() {
+                        left_new.push(path.display().to_string());
+                    }
+                }
+                if !left_new.is_empty() {
+                    return Err(e).with_context(|| format!("{} could not be put back and hold the new contents", left_new.join(", ")));
                 }
                 return Err(e);
             }
-            done.push((path, kept));
+            done.push((path, before));
         }
-        for aside in done.into_iter().filter_map(|(_, kept)| kept) {
-            let _ = std::fs::remove_file(aside);
+        for (_, before) in done {
+            if let Before::Kept(aside) = before {
+                let _ = std::fs::remove_file(aside);
+            }
         }
         Ok(())
     }
+}
+
+/// What a staged file's target was before the commit renamed onto it.
+enum Before {
+    /// Nothing: undone by removing the new file.
+    Absent,
+    /// A file, kept under this second name: undone by renaming it back.
+    Kept(PathBuf),
+    /// Something that could not be kept: left new.
+    Unkept,
 }
 
 impl Drop for StagedFiles {
@@ -237,5 +261,24 @@ mod tests {
         let mut names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
         names.sort();
         assert_eq!(names, ["a.bin", "b.bin"], "no temporary or old file left");
+    }
+
+    /// A target that could not be kept (a link, not a file) is not removed when the commit fails
+    /// after it: it is left new, and the error says so.
+    #[cfg(unix)]
+    #[test]
+    fn a_target_that_could_not_be_kept_is_left_new_and_said() {
+        let dir = tempfile::tempdir().unwrap();
+        let (real, link, b) = (dir.path().join("real"), dir.path().join("a.bin"), dir.path().join("b.bin"));
+        std::fs::write(&real, "real").unwrap();
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let mut staged = StagedFiles::default();
+        staged.stage(&link, b"new a").unwrap();
+        staged.stage(&b, b"new b").unwrap();
+        std::fs::create_dir(&b).unwrap();
+        std::fs::write(b.join("inside"), "x").unwrap();
+        let err = format!("{:#}", staged.commit().unwrap_err());
+        assert!(err.contains(&format!("{} could not be put back and hold the new contents", link.display())), "{err}");
+        assert_eq!((std::fs::read_to_string(&link).unwrap(), std::fs::read_to_string(&real).unwrap()), ("new a".into(), "real".into()));
     }
 }

@@ -16,7 +16,10 @@ pub use session::{DecodePlan, GroupLoader, Session};
 /// from `hf` one group at a time (in `train::layout`'s groups, as `model`, made from `hf`, lays them out).
 pub fn hf_group_loader<'a>(hf: &'a zerostream_checkpoints::HfModel, model: &Model) -> impl FnMut(usize) -> Result<Vec<Vec<f32>>> + 'a {
     let groups = crate::train::layout::group_layouts(model);
-    move |g| groups[g].tensors.iter().map(|t| hf.tensor(&t.name, &t.shape)).collect()
+    move |g| match groups.get(g) {
+        Some(group) => group.tensors.iter().map(|t| hf.tensor(&t.name, &t.shape)).collect(),
+        None => bail!("{}: no parameter group {g} (the model has {})", hf.dir.display(), groups.len()),
+    }
 }
 
 /// How the next token is chosen.

@@ -37,6 +37,7 @@ use crate::model::Model;
 
 mod convert;
 mod open;
+pub use convert::saved_dtype;
 pub use open::Checkpoint;
 
 /// `--save-dtype`: the dtype of the saved model's weights (the optimizer state is always fp32).
@@ -325,10 +326,15 @@ impl<D: Backend> Trainer<'_, D> {
     ) -> Result<PathBuf> {
         if root.is_none() && self.sharding.rank == 0 {
             // Nothing would commit the files written: no checkpoint, and a directory left half made.
-            bail!(
+            let e = format!(
                 "saving a checkpoint in {}: rank 0 commits it and needs its root (`CheckpointRoot::open`, held for the run)",
                 root_dir.display()
             );
+            // The other ranks are on their way into the save's collectives.
+            if self.sharding.world > 1 {
+                self.comm.abort(&e);
+            }
+            bail!(e);
         }
         let partial = match root {
             Some(root) => root.begin(self.step)?,

@@ -103,12 +103,9 @@ impl RunRequest {
     /// `explicit_flags` those of `train` to keep, by long flag name, e.g. `steps`), and the resolved
     /// configuration beside `--metrics` made from `train`'s settings.
     pub fn new(options: RunOptions, train: TrainConfig) -> Self {
-        let flags: toml::Table = train
-            .to_flags()
-            .into_iter()
-            .filter(|(_, v)| !v.is_null())
-            .filter_map(|(k, v)| Some((k, toml::Value::try_from(v).ok()?)))
-            .collect();
+        // TOML has no null, and no integer past i64's (a seed may be): those said as text.
+        let toml_of = |v: serde_json::Value| toml::Value::try_from(&v).unwrap_or_else(|_| toml::Value::String(v.to_string()));
+        let flags: toml::Table = train.to_flags().into_iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k, toml_of(v))).collect();
         RunRequest {
             options,
             train,
@@ -184,18 +181,46 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
             one_device = Some(which.open(ranks.device, ranks.adapter.as_deref(), req.train.gpu_mem_budget)?);
         }
     }
-    // Last, the check that makes something: TensorBoard's directory, refused where no file can be
-    // written in it.
+    if let Err(e) = make_outputs(&mut req, resumed.as_ref(), metrics_warning, &model, world) {
+        // Every rank passed its checks and the others go on into the run's collectives: ended here,
+        // they would wait for this one for ever.
+        if let Some(rank) = &mpi_rank {
+            rank.abort(&e);
+        }
+        return Err(e);
+    }
+    if let Some(rank) = mpi_rank {
+        return run_mpi_rank(rank, &req);
+    }
+    let RunRequest { options, mut train, ranks, .. } = req;
+    if let Some(dev) = one_device {
+        return Ok(Launched::Ran { rank: 0, summary: run_on(&dev, &options, train)? });
+    }
+    train.adam_threads = adam_threads_per_rank(train.adam_threads, world);
+    let summaries = train_in_process(world, &ranks.devices, ranks.device, ranks.adapter.as_deref(), &options, train)?;
+    let summary = summaries.into_iter().next().context("no rank returned a summary")?;
+    Ok(Launched::Ran { rank: 0, summary })
+}
+
+/// After every check has passed: the one check that makes something (TensorBoard's directory,
+/// refused where no file can be written in it), what the run says, and the resolved configuration
+/// written before it starts.
+fn make_outputs(
+    req: &mut RunRequest,
+    resumed: Option<&resumed::Resumed>,
+    metrics_warning: Option<String>,
+    model: &Model,
+    world: usize,
+) -> Result<()> {
     if let Some(dir) = &req.tensorboard {
         req.options.tensorboard = Some(super::tensorboard::TensorBoard::prepare(dir, &req.resolved_config)?);
     }
-    // Then what the run says, and the resolved configuration written before it starts.
-    if let Some(r) = &resumed {
-        r.say(&req, metrics_warning);
+    if let Some(r) = resumed {
+        r.say(req, metrics_warning);
     }
     if first_process() {
         // Under --quiet too: a full disk would end the run at its first save.
-        for warning in outputs::room_warnings(&req.options, &model, &req.train) {
+        for warning in outputs::room_warnings(&req.options, model, &req.train) {
             eprintln!("{warning}");
         }
     }
@@ -212,17 +237,7 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
     if let Some(metrics) = req.options.metrics.as_ref().filter(|m| !metrics_taken || !outputs::resolved_path(m).exists()) {
         outputs::write_resolved(metrics, &req.resolved_config, req.config_file.as_deref())?;
     }
-    if let Some(rank) = mpi_rank {
-        return run_mpi_rank(rank, &req);
-    }
-    let RunRequest { options, mut train, ranks, .. } = req;
-    if let Some(dev) = one_device {
-        return Ok(Launched::Ran { rank: 0, summary: run_on(&dev, &options, train)? });
-    }
-    train.adam_threads = adam_threads_per_rank(train.adam_threads, world);
-    let summaries = train_in_process(world, &ranks.devices, ranks.device, ranks.adapter.as_deref(), &options, train)?;
-    let summary = summaries.into_iter().next().context("no rank returned a summary")?;
-    Ok(Launched::Ran { rank: 0, summary })
+    Ok(())
 }
 
 /// The placement the run would use, without loading weights or training (`zerostream plan`).
@@ -372,6 +387,21 @@ fn check_mpi_rank(_: &RunRequest, _: &Model) -> Result<MpiRank> {
 #[cfg(not(feature = "mpi"))]
 fn run_mpi_rank(rank: MpiRank, _: &RunRequest) -> Result<Launched> {
     match rank {}
+}
+
+#[cfg(not(feature = "mpi"))]
+impl MpiRank {
+    fn abort(&self, _: &anyhow::Error) -> ! {
+        match *self {}
+    }
+}
+
+#[cfg(feature = "mpi")]
+impl MpiRank {
+    /// Ends the whole job with this rank's error `e` (the others are in, or on their way to, a collective).
+    fn abort(&self, e: &anyhow::Error) -> ! {
+        self.mpi.abort(&format!("rank {}: {e:#}", self.mpi.rank()))
+    }
 }
 
 /// This process's rank of an MPI job before any output is made: MPI started, the checks on this node

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-use super::checkpoint::{Checkpoint, SaveDtype};
+use super::checkpoint::{Checkpoint, SaveDtype, saved_dtype};
 use super::run::{ModelChoice, RunOptions, plot_path};
 
 /// Whether `a` and `b` name one existing file or directory (a path that does not exist is nobody's).
@@ -168,15 +168,15 @@ pub fn save_finished_model(dir: &Path, save: &Path, dtype: Option<SaveDtype>) ->
     std::fs::create_dir_all(&partial).with_context(|| format!("creating {}", partial.display()))?;
     let mut converted = None;
     let copied = (|| {
-        let checkpoint = match dtype {
-            Some(dtype) => Some(Checkpoint::open(dir)?).filter(|c| c.saved_dtype().is_ok_and(|saved| saved != dtype)),
-            None => None,
-        };
-        // Converted: the model file and config.json are written anew, the rest copied.
-        copy_model_files(dir, &partial, checkpoint.is_some())?;
-        if let (Some(checkpoint), Some(dtype)) = (checkpoint, dtype) {
-            checkpoint.write_model(&partial, dtype)?;
-            converted = Some((checkpoint.saved_dtype()?, dtype));
+        // Another dtype than the checkpoint saved: the model file and config.json written anew, the
+        // rest copied.
+        // A dtype that cannot be read is converted too: the master weights are right whatever it was.
+        let saved = saved_dtype(dir).ok();
+        let convert = dtype.filter(|&asked| saved != Some(asked));
+        copy_model_files(dir, &partial, convert.is_some())?;
+        if let Some(asked) = convert {
+            Checkpoint::open(dir)?.write_model(&partial, asked)?;
+            converted = Some((saved, asked));
         }
         std::fs::rename(&partial, save).with_context(|| format!("renaming {} to {}", partial.display(), save.display()))
     })();
@@ -190,7 +190,7 @@ pub fn save_finished_model(dir: &Path, save: &Path, dtype: Option<SaveDtype>) ->
             "train: saved the checkpoint's model to {} in {} (from its f32 master weights; the checkpoint saved {})",
             save.display(),
             to.flag(),
-            from.flag()
+            from.map_or("a dtype its config.json does not name", SaveDtype::flag)
         ),
         None => eprintln!("train: saved the checkpoint's model to {}", save.display()),
     }

@@ -11,19 +11,23 @@ use zerostream_checkpoints::safetensors_stream::{StreamWriter, TensorEntry};
 use super::{CONFIG_FILE, Checkpoint, MODEL_FILE, ModelExtras, SaveDtype, write_config};
 use crate::train::layout::group_layouts;
 
-impl Checkpoint {
-    /// The dtype the checkpoint's model file was saved in, as its config.json's `torch_dtype` says.
-    pub fn saved_dtype(&self) -> Result<SaveDtype> {
-        let config = self.config_json()?;
-        let named = config.get("torch_dtype").and_then(|v| v.as_str()).unwrap_or_default();
-        match [SaveDtype::F32, SaveDtype::Bf16, SaveDtype::F16].into_iter().find(|d| d.torch_name() == named) {
-            Some(dtype) => Ok(dtype),
-            None => {
-                bail!("{}: torch_dtype {named:?} is none a checkpoint saves (float32, bfloat16, float16)", self.config_path().display())
-            }
-        }
+/// The dtype the model file of the checkpoint `dir` was saved in, as its config.json's `torch_dtype`
+/// says (read without opening the checkpoint's other files).
+pub fn saved_dtype(dir: &Path) -> Result<SaveDtype> {
+    let path = dir.join(CONFIG_FILE);
+    let named = config_json(&path)?.get("torch_dtype").and_then(|v| v.as_str()).map(str::to_string).unwrap_or_default();
+    match [SaveDtype::F32, SaveDtype::Bf16, SaveDtype::F16].into_iter().find(|d| d.torch_name() == named) {
+        Some(dtype) => Ok(dtype),
+        None => bail!("{}: torch_dtype {named:?} is none a checkpoint saves (float32, bfloat16, float16)", path.display()),
     }
+}
 
+fn config_json(path: &Path) -> Result<serde_json::Value> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))
+}
+
+impl Checkpoint {
     /// Writes config.json and model.safetensors into the existing directory `dir`, the weights in
     /// `dtype` from the master weights (one group in memory at a time), config.json keeping the
     /// checkpoint's special-token ids. Its other files (the tokenizer's) are the caller's to copy.
@@ -40,19 +44,9 @@ impl Checkpoint {
             }
         }
         model.finish()?;
-        let config = self.config_json()?;
+        let config = config_json(&self.dir.join(CONFIG_FILE))?;
         let keys = ModelExtras::CONFIG_KEYS.iter().filter_map(|&k| config.get(k).map(|v| (k.to_string(), v.clone()))).collect();
         write_config(dir, &self.model, dtype, &keys)?;
         Ok(())
-    }
-
-    fn config_path(&self) -> std::path::PathBuf {
-        self.dir.join(CONFIG_FILE)
-    }
-
-    fn config_json(&self) -> Result<serde_json::Value> {
-        let path = self.config_path();
-        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))
     }
 }
