@@ -218,8 +218,9 @@ fn check_mpi_equals_in_process_at(world: &str, stage: &str, extra: &[&str]) {
 
 /// Under mpirun each process reads its own command line and files: ranks given other data (here
 /// the same flags but another token file) are refused, naming it, and a `--devices` list too short
-/// for the node's ranks ends the job with its error rather than leaving the others waiting, before
-/// any rank has made an output; `plan` prints once, not once a process.
+/// for the node's ranks, or a rank whose model is not there, ends the job with its error rather than
+/// leaving the others waiting, before any rank has made an output; `plan` prints once, not once a
+/// process.
 #[cfg(feature = "mpi")]
 #[test]
 fn mpirun_ranks_given_other_data_or_too_few_devices_are_refused_and_plan_prints_once() {
@@ -244,6 +245,16 @@ fn mpirun_ranks_given_other_data_or_too_few_devices_are_refused_and_plan_prints_
     assert!(!out.status.success() && err.contains("were not given the same --data (the tokens read) (ranks [1])"), "{err}");
     // (The refusal above comes once the run has started: in a fresh folder.)
     let fresh = tempfile::tempdir().unwrap();
+    // A rank refused before any collective (its model is not there) ends the whole job with its error,
+    // the others having made nothing.
+    let mine = train_args(fresh.path(), "2");
+    let mut missing = mine.clone();
+    let model = missing.iter().position(|a| a == "--model").unwrap() + 1;
+    missing[model] = fresh.path().join("no-model").to_str().unwrap().to_string();
+    let out = mpirun().args(["-n", "1", bin]).args(&mine).arg(":").args(["-n", "1", bin]).args(&missing).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("rank 1: ") && err.contains("no-model"), "{err}");
+    assert!(!fresh.path().join("metrics.config.toml").exists(), "rank 0 made an output for a refused run");
     let out = mpirun().args(["-n", "2", bin]).args(train_args(fresh.path(), "2")).args(["--devices", "cpu"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("--devices lists 1 device, but this node runs at least 2 ranks"), "{err}");

@@ -1,9 +1,9 @@
 //! The one way into a training run: [`launch`] takes the run a caller asked for ([`RunRequest`]: what
 //! the command line resolved from its flags, or what a program built), checks what the library owns —
 //! the hyper-parameters, `--resume` against its checkpoint and metrics, the outputs, host RAM and disk,
-//! the device (an MPI rank its own node's, once MPI has started) — before it says or makes anything,
-//! and runs it on one rank, on in-process ranks or as this process's part of
-//! an MPI job. It returns the run's summary; the caller prints what it likes. [`plan`] is the same
+//! the device (an MPI rank its own node's) — before it says or makes anything, and runs it on one
+//! rank, on in-process ranks or as this process's part of an MPI job (`launch/mpi.rs`: MPI started
+//! first, so that a refusal on any rank ends the whole job). It returns the run's summary; the caller prints what it likes. [`plan`] is the same
 //! walk stopping at the placement.
 
 use std::collections::BTreeSet;
@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
+mod mpi;
 mod resumed;
 use resumed::{check_recorded_data, finished_run, resume_from_checkpoint};
 
@@ -135,7 +136,7 @@ pub enum Launched {
 }
 
 /// Checks the request and runs it (see the module's text).
-pub fn launch(mut req: RunRequest) -> Result<Launched> {
+pub fn launch(req: RunRequest) -> Result<Launched> {
     check_request(&req)?;
     let mpi_world = crate::comm::launcher_world_size().filter(|&n| n > 1);
     if let (Some(n), Some(_)) = (mpi_world, req.ranks.world_size) {
@@ -145,6 +146,17 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
         );
     }
     let world = mpi_world.or(req.ranks.world_size).unwrap_or(1);
+    // Under MPI, MPI starts first: a refusal on any rank then ends the whole job, where a rank that
+    // ended before starting MPI would leave the others waiting for it in theirs (under srun, say).
+    let mpi = mpi_world.map(|_| mpi::start()).transpose()?;
+    match (launch_checked(req, world, mpi.as_ref()), &mpi) {
+        (Err(e), Some(mpi)) => mpi::abort(mpi, &e),
+        (launched, _) => launched,
+    }
+}
+
+/// [`launch`] once the world is known (`mpi`: this process's part of an MPI job).
+fn launch_checked(mut req: RunRequest, world: usize, mpi: Option<&mpi::Mpi>) -> Result<Launched> {
     // First everything that may refuse the run, so that a refused run has said nothing and made no
     // output (the check of --save creates its missing parent folders).
     let resumed = resume_from_checkpoint(&mut req, world)?;
@@ -158,15 +170,15 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
         return finished_run(&r.dir, r.state.step, req.train.steps, req.options.save.as_deref(), req.options.save_dtype);
     }
     check_recorded_data(&req)?;
-    let ranks_here = if mpi_world.is_some() { crate::comm::launcher_local_size().unwrap_or(world) } else { world };
+    let ranks_here = if mpi.is_some() { crate::comm::launcher_local_size().unwrap_or(world) } else { world };
     // Read once here for the checks below, the MPI rank's and the room warnings.
     let model = model_config(&req.options.model)?;
     size_params_ram_cache(&mut req, &model, world, ranks_here)?;
     let mut one_device = None;
     // An MPI rank checks its node and opens its device here too, and waits for every other rank's
     // checks, so that no rank makes an output for a run another rank refuses.
-    let mpi_rank = if mpi_world.is_some() { Some(check_mpi_rank(&req, &model)?) } else { None };
-    if mpi_world.is_none() {
+    let mpi_rank = mpi.map(|mpi| mpi::check_rank(mpi, &req, &model)).transpose()?;
+    if mpi.is_none() {
         check_host_room(&req, &model, &req.train, world, world)?;
         let ranks = &req.ranks;
         if world == 1 && ranks.devices.len() > 1 {
@@ -181,16 +193,9 @@ pub fn launch(mut req: RunRequest) -> Result<Launched> {
             one_device = Some(which.open(ranks.device, ranks.adapter.as_deref(), req.train.gpu_mem_budget)?);
         }
     }
-    if let Err(e) = make_outputs(&mut req, resumed.as_ref(), metrics_warning, &model, world) {
-        // Every rank passed its checks and the others go on into the run's collectives: ended here,
-        // they would wait for this one for ever.
-        if let Some(rank) = &mpi_rank {
-            rank.abort(&e);
-        }
-        return Err(e);
-    }
-    if let Some(rank) = mpi_rank {
-        return run_mpi_rank(rank, &req);
+    make_outputs(&mut req, resumed.as_ref(), metrics_warning, &model, world)?;
+    if let (Some(mpi), Some(rank)) = (mpi, mpi_rank) {
+        return mpi::run_rank(mpi, rank, &req);
     }
     let RunRequest { options, mut train, ranks, .. } = req;
     if let Some(dev) = one_device {
@@ -360,97 +365,6 @@ fn adam_threads_per_rank(requested: usize, ranks: usize) -> usize {
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     (cores / ranks.max(1)).max(1)
-}
-
-/// This process's rank of an MPI job, checked and with its device open, not yet run.
-#[cfg(feature = "mpi")]
-struct MpiRank {
-    mpi: crate::comm::mpi::MpiWorld,
-    train: TrainConfig,
-    dev: AnyDevice,
-}
-
-/// None is built without MPI.
-#[cfg(not(feature = "mpi"))]
-enum MpiRank {}
-
-#[cfg(not(feature = "mpi"))]
-fn check_mpi_rank(_: &RunRequest, _: &Model) -> Result<MpiRank> {
-    let n = crate::comm::launcher_world_size().unwrap_or(1);
-    bail!(
-        "started by mpirun as one of {n} processes, but this zerostream was built without MPI support: \
-         rebuild with `cargo build --release --features zerostream/mpi` (needs OpenMPI and libclang), \
-         or run one process with --world-size N for ranks on this machine"
-    )
-}
-
-#[cfg(not(feature = "mpi"))]
-fn run_mpi_rank(rank: MpiRank, _: &RunRequest) -> Result<Launched> {
-    match rank {}
-}
-
-#[cfg(not(feature = "mpi"))]
-impl MpiRank {
-    fn abort(&self, _: &anyhow::Error) -> ! {
-        match *self {}
-    }
-}
-
-#[cfg(feature = "mpi")]
-impl MpiRank {
-    /// Ends the whole job with this rank's error `e` (the others are in, or on their way to, a collective).
-    fn abort(&self, e: &anyhow::Error) -> ! {
-        self.mpi.abort(&format!("rank {}: {e:#}", self.mpi.rank()))
-    }
-}
-
-/// This process's rank of an MPI job before any output is made: MPI started, the checks on this node
-/// (RAM, disk, `--devices`), its node-local device opened. A failing rank aborts the job rather than
-/// leave the others waiting in a collective; the collective at the end holds every rank until all
-/// have passed (one that fails aborts those waiting).
-#[cfg(feature = "mpi")]
-fn check_mpi_rank(req: &RunRequest, model: &Model) -> Result<MpiRank> {
-    use crate::comm::mpi::MpiWorld;
-    let mpi = MpiWorld::init().context("initialising MPI")?;
-    let (rank, local_rank) = (mpi.rank(), mpi.node_local_rank());
-    let mut train = req.train.clone();
-    if req.params_ram_cache_auto {
-        // Each process sized the cache from its own machine's RAM: all take the smallest, so every rank
-        // holds the same blocks and the checkpoint records the size they all used.
-        train.params_ram_cache_bytes = mpi.min_u64(train.params_ram_cache_bytes);
-    }
-    if let Err(e) = check_host_room(req, model, &train, mpi.size(), mpi.node_local_size()) {
-        mpi.abort(&format!("rank {rank}: {e:#}"));
-    }
-    train.adam_threads = adam_threads_per_rank(train.adam_threads, mpi.node_local_size());
-    let (devices, choice, adapter) = (&req.ranks.devices, req.ranks.device, req.ranks.adapter.as_deref());
-    let which = match devices.get(local_rank) {
-        Some(d) => d.clone(),
-        None if !devices.is_empty() => mpi.abort(&format!(
-            "rank {rank}: --devices lists {}, but this node runs at least {} ranks: list one device per rank on a node",
-            crate::words::counted(devices.len() as u64, "device"),
-            local_rank + 1
-        )),
-        None => super::ranks::default_device_for_local_rank(local_rank, choice, adapter),
-    };
-    let dev = match which.open(choice, adapter, train.gpu_mem_budget) {
-        Ok(dev) => dev,
-        Err(e) => mpi.abort(&format!("rank {rank}: {e:#}")),
-    };
-    mpi.min_u64(1);
-    Ok(MpiRank { mpi, train, dev })
-}
-
-/// Runs the checked rank ([`check_mpi_rank`]); a failing rank aborts the job.
-#[cfg(feature = "mpi")]
-fn run_mpi_rank(MpiRank { mpi, train, dev }: MpiRank, req: &RunRequest) -> Result<Launched> {
-    use crate::comm::Comm;
-    let rank = mpi.rank();
-    let comm = Comm::new(Box::new(mpi.comm()));
-    match super::run::run_rank_on(&dev, &req.options, train, comm) {
-        Ok(summary) => Ok(Launched::Ran { rank, summary }),
-        Err(e) => mpi.abort(&format!("rank {rank}: {e:#}")),
-    }
 }
 
 #[cfg(test)]
