@@ -105,9 +105,13 @@ fn trace_writes_the_step_schedule_as_a_chrome_timeline() {
     assert!((2 * 5..=3 * 5).contains(&updates), "{updates} update spans: 5 groups a step");
 }
 
+/// A stream as the metrics (here /dev/full, which fails every write with ENOSPC, as a full disk does)
+/// gets its rows, and nothing is written beside it: no resolved configuration or plot in /dev.
 #[test]
 fn a_full_disk_under_the_metrics_file_does_not_stop_training() {
-    // /dev/full fails every write with ENOSPC.
+    let beside = ["/dev/full.config.toml", "/dev/full.svg"];
+    // Left by runs before streams were told apart.
+    beside.iter().for_each(|p| drop(std::fs::remove_file(p)));
     let dir = tempfile::tempdir().unwrap();
     let ck = dir.path().join("ck");
     let out = zerostream(&[
@@ -130,6 +134,7 @@ fn a_full_disk_under_the_metrics_file_does_not_stop_training() {
     let err = stderr(&out);
     assert!(out.status.success() && err.contains("writing --metrics failed at step 0"), "{err}");
     assert_eq!(std::fs::read_to_string(ck.join("latest")).unwrap().trim(), "step-00000002", "the training finished: {err}");
+    assert!(beside.iter().all(|p| !std::path::Path::new(p).exists()), "a file was written beside /dev/full");
 }
 
 #[test]

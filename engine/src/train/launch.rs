@@ -239,7 +239,9 @@ fn make_outputs(
     // A resume appending to the run's own metrics leaves the run's resolved configuration beside them
     // (the resume's command line would not repeat the run).
     let metrics_taken = resumed.is_some() && !req.explicit_flags.contains("metrics");
-    if let Some(metrics) = req.options.metrics.as_ref().filter(|m| !metrics_taken || !outputs::resolved_path(m).exists()) {
+    // Nothing beside a stream (`--metrics /dev/stdout`).
+    let beside = |m: &&PathBuf| (!metrics_taken || !outputs::resolved_path(m).exists()) && !outputs::metrics_is_a_stream(m);
+    if let Some(metrics) = req.options.metrics.as_ref().filter(beside) {
         outputs::write_resolved(metrics, &req.resolved_config, req.config_file.as_deref())?;
     }
     Ok(())

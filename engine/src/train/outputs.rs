@@ -97,28 +97,23 @@ pub fn check_outputs(options: &RunOptions, config_file: Option<&Path>, tensorboa
         zerostream_checkpoints::checkpoint::check_root_takes(dir, resumed_from)?;
     }
     // The metrics file is opened after the state is built, which can take minutes on NVMe.
-    // Files written a row or an event at a time: a directory, a device or a pipe is refused (a write to
-    // /dev/full would fail at the first row, with the resolved configuration already made in /dev).
-    for (flag, path, name) in [("--metrics", options.metrics.as_ref(), "run.jsonl"), ("--trace", options.trace.as_ref(), "trace.json")] {
-        if let Some(path) = path {
-            refuse_all_but_a_file(flag, path, name)?;
-        }
-    }
     if let Some(metrics) = &options.metrics {
+        if metrics.is_dir() {
+            bail!(
+                "--metrics {}: is a directory; give the metrics file's path (e.g. {})",
+                metrics.display(),
+                metrics.join("run.jsonl").display()
+            );
+        }
         super::metrics_file::count_rows(metrics)?;
     }
     Ok(())
 }
 
-/// Refuses an existing `path` that is not a regular file (a link to one is one), naming what it is.
-fn refuse_all_but_a_file(flag: &str, path: &Path, example: &str) -> Result<()> {
-    let Ok(meta) = std::fs::metadata(path) else { return Ok(()) };
-    if meta.is_file() {
-        return Ok(());
-    }
-    let (kind, example) =
-        if meta.is_dir() { ("a directory", path.join(example)) } else { ("a device, pipe or socket", PathBuf::from(example)) };
-    bail!("{flag} {}: is {kind}, not a file; give the file's path (e.g. {})", path.display(), example.display());
+/// Whether the rows go to a stream rather than a file (`--metrics /dev/stdout`, a pipe): nothing is
+/// written beside it (no resolved configuration or plot in /dev) and nothing is read back.
+pub fn metrics_is_a_stream(metrics: &Path) -> bool {
+    std::fs::metadata(metrics).is_ok_and(|m| !m.is_file() && !m.is_dir())
 }
 
 /// Where the resolved configuration of a run with `--metrics METRICS` goes: `run.jsonl` ->
