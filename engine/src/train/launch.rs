@@ -3,8 +3,8 @@
 //! the hyper-parameters, `--resume` against its checkpoint and metrics, the outputs, host RAM and disk,
 //! the device (an MPI rank its own node's) — before it says or makes anything, and runs it on one
 //! rank, on in-process ranks or as this process's part of an MPI job (`launch/mpi.rs`: MPI started
-//! first, so that a refusal on any rank ends the whole job). It returns the run's summary; the caller prints what it likes. [`plan`] is the same
-//! walk stopping at the placement.
+//! first, so that a refusal on any rank ends the whole job). It returns the run's summary; the
+//! caller prints what it likes. [`plan`] is the same walk stopping at the placement.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
