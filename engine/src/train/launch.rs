@@ -240,7 +240,7 @@ fn make_outputs(
     // (the resume's command line would not repeat the run).
     let metrics_taken = resumed.is_some() && !req.explicit_flags.contains("metrics");
     // Nothing beside a stream (`--metrics /dev/stdout`).
-    let beside = |m: &&PathBuf| (!metrics_taken || !outputs::resolved_path(m).exists()) && !outputs::metrics_is_a_stream(m);
+    let beside = |m: &&PathBuf| (!metrics_taken || !outputs::resolved_path(m).exists()) && !super::metrics_file::is_a_stream(m);
     if let Some(metrics) = req.options.metrics.as_ref().filter(beside) {
         outputs::write_resolved(metrics, &req.resolved_config, req.config_file.as_deref())?;
     }

@@ -16,6 +16,12 @@ pub fn is_regular_file(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.is_file())
 }
 
+/// Whether the rows go to a stream rather than a file (`--metrics /dev/stdout`, a pipe): nothing is
+/// written beside it (no resolved configuration or plot in /dev) and nothing is read back.
+pub fn is_a_stream(metrics: &Path) -> bool {
+    std::fs::metadata(metrics).is_ok_and(|m| !m.is_file() && !m.is_dir())
+}
+
 /// Shows `row` each row of the `--metrics` file there is (none where there is no regular file), one
 /// at a time with its line as written, refusing a line that is not a metrics row (a JSON object with
 /// a step): a fresh run replaces the file and a resumed one trims it, so anything else there would be

@@ -110,12 +110,6 @@ pub fn check_outputs(options: &RunOptions, config_file: Option<&Path>, tensorboa
     Ok(())
 }
 
-/// Whether the rows go to a stream rather than a file (`--metrics /dev/stdout`, a pipe): nothing is
-/// written beside it (no resolved configuration or plot in /dev) and nothing is read back.
-pub fn metrics_is_a_stream(metrics: &Path) -> bool {
-    std::fs::metadata(metrics).is_ok_and(|m| !m.is_file() && !m.is_dir())
-}
-
 /// Where the resolved configuration of a run with `--metrics METRICS` goes: `run.jsonl` ->
 /// `run.config.toml`, beside it.
 pub fn resolved_path(metrics: &Path) -> PathBuf {

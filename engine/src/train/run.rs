@@ -327,7 +327,7 @@ fn say_records(options: &RunOptions, metrics_written: bool, say: &dyn Fn(String)
 /// The curves beside the metrics ([`plot_path`]); a failure to draw them costs the picture, not the run.
 fn plot_metrics(options: &RunOptions, say: &dyn Fn(String)) {
     #[cfg(feature = "plot")]
-    if let Some(metrics) = options.metrics.as_ref().filter(|m| !super::outputs::metrics_is_a_stream(m)) {
+    if let Some(metrics) = options.metrics.as_ref().filter(|m| !super::metrics_file::is_a_stream(m)) {
         let svg = plot_path(metrics);
         match crate::plot::read_metrics(metrics).and_then(|c| crate::plot::plot(&[c], &svg)) {
             Ok(()) => say(format!("plot: {}", svg.display())),
