@@ -239,8 +239,7 @@ impl Comm {
     /// The ranks whose `x` differs from rank 0's (every rank gets the same answer): with
     /// [`fingerprint`], which ranks were given something else.
     pub fn ranks_differing(&self, x: u64) -> Result<Vec<usize>> {
-        let all = self.gather_scalars(x)?;
-        Ok((0..all.len()).filter(|&r| all[r] != all[0]).collect())
+        Ok(self.ranks_differing_each(&[x])?.pop().unwrap_or_default())
     }
 
     /// [`Comm::ranks_differing`] for each of `xs` (as many on every rank), in one collective.
